@@ -1,0 +1,45 @@
+// Types shared by the three fluxkv services (external, master, peer).
+namespace go common
+namespace py fluxkv._gen.common
+
+// Every response carries one of these codes and a human-readable message.
+enum ErrorCode {
+  OK = 0,
+  KEY_NOT_FOUND = 1,
+  NO_SPACE = 2,
+  INVALID_ARGUMENT = 3,
+  ALREADY_EXISTS = 4,
+  BUSY = 5,
+  STALE_GENERATION = 6,
+  UNAVAILABLE = 7,
+  INTERNAL = 8,
+}
+
+// Where the bytes a get hands out came from.
+enum Source {
+  MEMORY = 1,
+  SSD = 2,
+}
+
+struct CapacityStat {
+  1: i64 capacity_bytes,
+  2: i64 used_bytes,
+}
+
+struct MemberStat {
+  1: string node_id,
+  2: i64 generation,
+  3: CapacityStat memory_segment,
+  4: CapacityStat kv_ssd,
+  5: bool alive,
+  6: string data_addr,
+  7: string peer_addr,
+  8: i64 memory_replicas,
+  9: i64 ssd_replicas,
+  10: i64 holders,
+}
+
+struct KeyVersion {
+  1: string key,
+  2: i64 put_id,
+}

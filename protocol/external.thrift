@@ -1,0 +1,231 @@
+// external <-> owner: the API an inference process speaks over the owner's Unix sockets.
+//
+// Attach first: connect to DIR/fluxkv.sock, send one frame holding an AttachHello
+// (4-byte big-endian length + TBinaryProtocol struct), receive one frame holding an
+// AttachReply together with the segment's memfd as SCM_RIGHTS ancillary data. Keep that
+// connection open: its close releases everything the client holds. Then speak framed
+// binary thrift (TFramedTransport + TBinaryProtocol) to ExternalService on the socket
+// named in AttachReply.rpc_socket (DIR/fluxkv.sock.rpc).
+namespace go external
+namespace py fluxkv._gen.external
+
+include "common.thrift"
+
+const i32 PROTOCOL_VERSION = 1
+const i32 MAX_KEY_BYTES = 4096
+
+struct AttachHello {
+  1: i32 protocol_version,
+  2: string name,
+  3: i32 pid,
+}
+
+struct AttachReply {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i32 protocol_version,
+  4: i64 client_id,
+  5: i64 session_token,
+  6: i64 owner_generation,
+  7: i64 segment_size,
+  8: string rpc_socket,
+  9: string node_id,
+}
+
+// Session names the caller in every RPC. releases piggybacks holder releases
+// (processed after the call itself) so a get + release loop costs one round trip.
+struct Session {
+  1: i64 client_id,
+  2: i64 session_token,
+  3: i64 owner_generation,
+  4: list<i64> releases,
+}
+
+struct PutOptions {
+  1: bool reject_if_exists,
+}
+
+struct PutStartRequest {
+  1: Session session,
+  2: string key,
+  3: i64 len,
+  4: PutOptions opts,
+}
+
+// The external copies len bytes into its read-write mapping at offset, then calls PutEnd.
+struct PutStartResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 put_id,
+  4: i64 offset,
+}
+
+struct PutEndRequest {
+  1: Session session,
+  2: string key,
+  3: i64 put_id,
+}
+
+struct PutEndResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct PutAbortRequest {
+  1: Session session,
+  2: string key,
+  3: i64 put_id,
+}
+
+struct PutAbortResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct GetRequest {
+  1: Session session,
+  2: string key,
+}
+
+// A holder: len bytes at offset of the segment, valid until Release(holder_id).
+struct GetResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 holder_id,
+  4: i64 offset,
+  5: i64 len,
+  6: common.Source source,
+  7: i64 put_id,
+}
+
+struct ReleaseRequest {
+  1: Session session,
+  2: list<i64> holder_ids,
+}
+
+// results[i] is OK or INVALID_ARGUMENT (unknown holder or already released).
+struct ReleaseResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<common.ErrorCode> results,
+}
+
+struct DeleteRequest {
+  1: Session session,
+  2: string key,
+}
+
+struct DeleteResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: bool deleted,
+}
+
+struct ExistsRequest {
+  1: Session session,
+  2: string key,
+}
+
+struct ExistsResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: bool exists,
+}
+
+struct PutStartItem {
+  1: string key,
+  2: i64 len,
+  3: PutOptions opts,
+}
+
+struct BatchPutStartRequest {
+  1: Session session,
+  2: list<PutStartItem> items,
+}
+
+struct BatchPutStartResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<PutStartResponse> results,
+}
+
+struct PutEndItem {
+  1: string key,
+  2: i64 put_id,
+}
+
+struct BatchPutEndRequest {
+  1: Session session,
+  2: list<PutEndItem> items,
+}
+
+struct BatchPutEndResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<PutEndResponse> results,
+}
+
+struct BatchPutAbortRequest {
+  1: Session session,
+  2: list<PutEndItem> items,
+}
+
+struct BatchPutAbortResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<PutAbortResponse> results,
+}
+
+struct BatchKeysRequest {
+  1: Session session,
+  2: list<string> keys,
+}
+
+struct BatchGetResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<GetResponse> results,
+}
+
+struct BatchExistsResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<ExistsResponse> results,
+}
+
+struct BatchDeleteResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<DeleteResponse> results,
+}
+
+struct StatRequest {
+  1: Session session,
+}
+
+struct StatResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<common.MemberStat> members,
+  4: i64 keys,
+  5: string node_id,
+  6: i64 client_holders,
+  7: i64 clients,
+}
+
+service ExternalService {
+  PutStartResponse PutStart(1: PutStartRequest req),
+  PutEndResponse PutEnd(1: PutEndRequest req),
+  PutAbortResponse PutAbort(1: PutAbortRequest req),
+  GetResponse Get(1: GetRequest req),
+  ReleaseResponse Release(1: ReleaseRequest req),
+  DeleteResponse Delete(1: DeleteRequest req),
+  ExistsResponse Exists(1: ExistsRequest req),
+  BatchPutStartResponse BatchPutStart(1: BatchPutStartRequest req),
+  BatchPutEndResponse BatchPutEnd(1: BatchPutEndRequest req),
+  BatchPutAbortResponse BatchPutAbort(1: BatchPutAbortRequest req),
+  BatchGetResponse BatchGet(1: BatchKeysRequest req),
+  BatchExistsResponse BatchExists(1: BatchKeysRequest req),
+  BatchDeleteResponse BatchDelete(1: BatchKeysRequest req),
+  StatResponse Stat(1: StatRequest req),
+}

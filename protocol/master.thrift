@@ -1,0 +1,231 @@
+// owner -> master: routing, allocation and membership. The master never touches payload bytes.
+namespace go master
+namespace py fluxkv._gen.master
+
+include "common.thrift"
+
+// NodeRef names the calling owner incarnation. A request from an unknown or tombed
+// incarnation gets STALE_GENERATION: the owner re-registers.
+struct NodeRef {
+  1: string node_id,
+  2: i64 generation,
+}
+
+struct KvSsdStorageInfo {
+  1: bool enabled,
+  2: i64 capacity_bytes,
+  3: i64 used_bytes,
+}
+
+// A range of the owner's segment that an external still views (a holder) or writes
+// (an in-flight put) when the owner registers again after a master restart; the new
+// master keeps it allocated until the owner acks pin_id through BatchDeleteAck.
+struct PinnedRange {
+  1: i64 pin_id,
+  2: i64 offset,
+  3: i64 len,
+}
+
+struct RegisterRequest {
+  1: NodeRef node,
+  2: i64 segment_size,
+  3: string data_addr,
+  4: string peer_addr,
+  5: KvSsdStorageInfo kv_ssd_storage,
+  6: list<PinnedRange> pinned,
+}
+
+struct RegisterResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 master_epoch,
+  4: i64 heartbeat_interval_ms,
+  5: i64 node_ttl_ms,
+}
+
+struct HeartbeatRequest {
+  1: NodeRef node,
+  2: KvSsdStorageInfo kv_ssd_storage,
+}
+
+struct HeartbeatResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 master_epoch,
+}
+
+struct PutStartRequest {
+  1: NodeRef node,
+  2: string key,
+  3: i64 len,
+  4: bool reject_if_exists,
+}
+
+// source_offset is where the external writes (in the requester's segment); when the
+// target is the requester itself, source_offset == target_offset and nothing moves.
+struct PutStartResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 put_id,
+  4: string target_node_id,
+  5: string target_data_addr,
+  6: i64 target_offset,
+  7: i64 source_offset,
+  8: bool persist_to_ssd,
+}
+
+struct PutDoneRequest {
+  1: NodeRef node,
+  2: string key,
+  3: i64 put_id,
+}
+
+struct PutDoneResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct PutRevokeRequest {
+  1: NodeRef node,
+  2: string key,
+  3: i64 put_id,
+}
+
+struct PutRevokeResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct GetStartRequest {
+  1: NodeRef node,
+  2: string key,
+}
+
+// When done is true the get needed no transfer (a local memory replica was reused) and
+// holder_id is already recorded: no GetDone follows. Otherwise the requester moves the
+// bytes into target_offset as source says, then calls GetDone (or GetRevoke).
+struct GetStartResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 get_id,
+  4: i64 put_id,
+  5: i64 len,
+  6: common.Source source,
+  7: string source_node_id,
+  8: string source_data_addr,
+  9: string source_peer_addr,
+  10: i64 source_offset,
+  11: i64 target_offset,
+  12: i64 stage_offset,
+  13: i64 stage_len,
+  14: bool done,
+  15: i64 holder_id,
+}
+
+struct GetDoneRequest {
+  1: NodeRef node,
+  2: string key,
+  3: i64 get_id,
+}
+
+struct GetDoneResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 holder_id,
+  4: bool promoted,
+}
+
+struct GetRevokeRequest {
+  1: NodeRef node,
+  2: string key,
+  3: i64 get_id,
+  4: bool drop_ssd_source,
+}
+
+struct GetRevokeResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct DeleteRequest {
+  1: NodeRef node,
+  2: string key,
+}
+
+struct DeleteResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: bool deleted,
+}
+
+struct ExistsRequest {
+  1: NodeRef node,
+  2: string key,
+}
+
+struct ExistsResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: bool exists,
+}
+
+struct SsdReplicaCommitRequest {
+  1: NodeRef node,
+  2: string key,
+  3: i64 put_id,
+  4: i64 len,
+}
+
+// OK whether the commit was published or ignored (stale put_id, replica gone, node tombed).
+struct SsdReplicaCommitResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct BatchSsdReplicaEvictRequest {
+  1: NodeRef node,
+  2: list<common.KeyVersion> entries,
+}
+
+struct BatchSsdReplicaEvictResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+struct BatchDeleteAckRequest {
+  1: NodeRef node,
+  2: list<i64> holder_ids,
+}
+
+struct BatchDeleteAckResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 unknown,
+}
+
+struct StatRequest {
+}
+
+struct StatResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<common.MemberStat> members,
+  4: i64 keys,
+}
+
+service MasterService {
+  RegisterResponse Register(1: RegisterRequest req),
+  HeartbeatResponse Heartbeat(1: HeartbeatRequest req),
+  PutStartResponse PutStart(1: PutStartRequest req),
+  PutDoneResponse PutDone(1: PutDoneRequest req),
+  PutRevokeResponse PutRevoke(1: PutRevokeRequest req),
+  GetStartResponse GetStart(1: GetStartRequest req),
+  GetDoneResponse GetDone(1: GetDoneRequest req),
+  GetRevokeResponse GetRevoke(1: GetRevokeRequest req),
+  DeleteResponse Delete(1: DeleteRequest req),
+  ExistsResponse Exists(1: ExistsRequest req),
+  SsdReplicaCommitResponse SsdReplicaCommit(1: SsdReplicaCommitRequest req),
+  BatchSsdReplicaEvictResponse BatchSsdReplicaEvict(1: BatchSsdReplicaEvictRequest req),
+  BatchDeleteAckResponse BatchDeleteAck(1: BatchDeleteAckRequest req),
+  StatResponse Stat(1: StatRequest req),
+}

@@ -1,0 +1,59 @@
+// master -> owner and owner <-> owner control calls. Bulk bytes never travel here: they
+// go over the data-plane connection pool, read from and written to the segment directly.
+namespace go peer
+namespace py fluxkv._gen.peer
+
+include "common.thrift"
+
+// Persist len bytes at offset of the owner's segment (the memory replica of key@put_id)
+// to the local SSD ring, then commit with master SsdReplicaCommit.
+struct SsdReplicaPersistRequest {
+  1: string key,
+  2: i64 put_id,
+  3: i64 offset,
+  4: i64 len,
+  5: i64 generation,
+}
+
+struct SsdReplicaPersistResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+// Read key@put_id from this owner's SSD into the staging range, push it chunk by chunk
+// to target_offset in target_node's segment, then call master GetDone on its behalf.
+struct SsdStageReadRequest {
+  1: string key,
+  2: i64 put_id,
+  3: i64 get_id,
+  4: i64 stage_offset,
+  5: i64 stage_len,
+  6: string target_node_id,
+  7: string target_data_addr,
+  8: i64 target_offset,
+  9: i64 len,
+  10: i64 generation,
+}
+
+struct SsdStageReadResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 done_holder_id,
+  4: bool done_promoted,
+}
+
+struct InvalidateCachedInfoRequest {
+  1: list<common.KeyVersion> entries,
+  2: i64 generation,
+}
+
+struct InvalidateCachedInfoResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
+service PeerService {
+  SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),
+  SsdStageReadResponse SsdStageRead(1: SsdStageReadRequest req),
+  InvalidateCachedInfoResponse InvalidateCachedInfo(1: InvalidateCachedInfoRequest req),
+}
