@@ -1,0 +1,58 @@
+package fluxkv
+
+import (
+	"sync/atomic"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+)
+
+// MemHolder is a zero-copy view of a value in the shared segment, valid until Release.
+// The owner keeps the bytes for as long as the holder is held, even if the key is
+// overwritten, deleted or evicted meanwhile.
+type MemHolder struct {
+	c        *Client
+	id       int64
+	off, n   int64
+	source   common.Source
+	putID    int64
+	released atomic.Bool
+}
+
+// Bytes is the value, read-only (writing faults): a view of the read-only mapping, not
+// a copy. It must not be used after Release. Nil once released.
+func (h *MemHolder) Bytes() []byte {
+	if h.released.Load() {
+		return nil
+	}
+	return h.c.ro.Bytes()[h.off : h.off+h.n : h.off+h.n]
+}
+
+// Len is the value's length.
+func (h *MemHolder) Len() int64 { return h.n }
+
+// Offset is where the value lies in the segment.
+func (h *MemHolder) Offset() int64 { return h.off }
+
+// ID is the owner's holder id.
+func (h *MemHolder) ID() int64 { return h.id }
+
+// PutID is the version of the value.
+func (h *MemHolder) PutID() int64 { return h.putID }
+
+// Source says where the bytes came from: "memory" or "ssd".
+func (h *MemHolder) Source() string {
+	if h.source == common.Source_SSD {
+		return "ssd"
+	}
+	return "memory"
+}
+
+// Release gives the bytes back; the release is batched onto the next call. A second
+// Release returns ErrClosed.
+func (h *MemHolder) Release() error {
+	if h.released.Swap(true) {
+		return ErrClosed
+	}
+	h.c.queueRelease(h.id)
+	return nil
+}

@@ -1,0 +1,47 @@
+// Command fluxkv is the single fluxkv binary: the master, the owner sidecar, the
+// embedded single-node cache (up), operator commands and benchmarks. main only wires:
+// flags → components → run → wait for a signal → stop in reverse order.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	app := &cli.App{
+		Name:  "fluxkv",
+		Usage: "distributed DRAM + SSD key-value cache for AI inference",
+		Flags: logFlags(),
+		Before: func(c *cli.Context) error {
+			return setupLogging(c)
+		},
+		Commands: []*cli.Command{
+			masterCommand(),
+			ownerCommand(),
+			upCommand(),
+			putCommand(),
+			getCommand(),
+			delCommand(),
+			existsCommand(),
+			statusCommand(),
+			{
+				Name:        "bench",
+				Usage:       "benchmarks",
+				Subcommands: []*cli.Command{benchSSDCommand()},
+			},
+		},
+	}
+	if err := app.Run(os.Args); err != nil {
+		if ec, ok := err.(cli.ExitCoder); ok {
+			if msg := ec.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, "fluxkv:", msg)
+			}
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "fluxkv:", err)
+		os.Exit(2)
+	}
+}

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+func socketFlag() cli.Flag {
+	return &cli.StringFlag{Name: "socket", Value: wire.DefaultSocket(), Usage: "the owner's socket (DIR/fluxkv.sock)", EnvVars: []string{"FLUXKV_SOCKET"}}
+}
+
+func connect(c *cli.Context) (*fluxkv.Client, error) {
+	cl, err := fluxkv.Connect(fluxkv.Options{Socket: c.String("socket"), Name: "fluxkv-cli"})
+	if err != nil {
+		return nil, cli.Exit(err.Error(), 2)
+	}
+	return cl, nil
+}
+
+// oneKey returns the single KEY argument (and an optional second one).
+func args(c *cli.Context, min, max int, usage string) ([]string, error) {
+	a := c.Args().Slice()
+	if len(a) < min || len(a) > max {
+		return nil, cli.Exit("usage: fluxkv "+c.Command.Name+" "+usage+" (flags go before the key)", 2)
+	}
+	return a, nil
+}
+
+func failure(err error) error {
+	if errors.Is(err, fluxkv.ErrKeyNotFound) {
+		return cli.Exit("not found", 1)
+	}
+	return cli.Exit(err.Error(), 2)
+}
+
+func putCommand() *cli.Command {
+	return &cli.Command{
+		Name: "put", Usage: "store a value: put KEY [FILE|-] (default: standard input)", ArgsUsage: "KEY [FILE|-]",
+		Flags: []cli.Flag{socketFlag(), &cli.BoolFlag{Name: "nx", Usage: "fail if the key already exists"}},
+		Action: func(c *cli.Context) error {
+			a, err := args(c, 1, 2, "KEY [FILE|-]")
+			if err != nil {
+				return err
+			}
+			cl, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			opts := fluxkv.PutOptions{RejectIfExists: c.Bool("nx")}
+			if len(a) == 2 && a[1] != "-" {
+				f, err := os.Open(a[1])
+				if err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
+				defer f.Close()
+				fi, err := f.Stat()
+				if err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
+				// Read the file straight into the shared segment: no intermediate buffer.
+				err = cl.PutWith(a[0], fi.Size(), opts, func(dst []byte) error {
+					_, err := io.ReadFull(f, dst)
+					return err
+				})
+				if err != nil {
+					return failure(err)
+				}
+				return nil
+			}
+			data, err := io.ReadAll(os.Stdin)
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			err = cl.PutWith(a[0], int64(len(data)), opts, func(dst []byte) error { copy(dst, data); return nil })
+			if err != nil {
+				return failure(err)
+			}
+			return nil
+		},
+	}
+}
+
+func getCommand() *cli.Command {
+	return &cli.Command{
+		Name: "get", Usage: "fetch a value: get [-o FILE|-] KEY; a miss exits 1", ArgsUsage: "KEY",
+		Flags: []cli.Flag{socketFlag(), &cli.StringFlag{Name: "o", Aliases: []string{"output"}, Value: "-", Usage: "write the value to FILE (- = standard output)"}},
+		Action: func(c *cli.Context) error {
+			a, err := args(c, 1, 1, "[-o FILE|-] KEY")
+			if err != nil {
+				return err
+			}
+			cl, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			h, err := cl.Get(a[0])
+			if err != nil {
+				return failure(err)
+			}
+			defer h.Release()
+			out := os.Stdout
+			if p := c.String("o"); p != "-" {
+				f, err := os.Create(p)
+				if err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
+				defer f.Close()
+				out = f
+			}
+			if _, err := out.Write(h.Bytes()); err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			return nil
+		},
+	}
+}
+
+func delCommand() *cli.Command {
+	return &cli.Command{
+		Name: "del", Usage: "delete a key: del KEY", ArgsUsage: "KEY",
+		Flags: []cli.Flag{socketFlag()},
+		Action: func(c *cli.Context) error {
+			a, err := args(c, 1, 1, "KEY")
+			if err != nil {
+				return err
+			}
+			cl, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			ok, err := cl.Delete(a[0])
+			if err != nil {
+				return failure(err)
+			}
+			if ok {
+				fmt.Println("deleted")
+			} else {
+				fmt.Println("not found")
+			}
+			return nil
+		},
+	}
+}
+
+func existsCommand() *cli.Command {
+	return &cli.Command{
+		Name: "exists", Usage: "exit 0 if KEY has a value, 1 if not", ArgsUsage: "KEY",
+		Flags: []cli.Flag{socketFlag()},
+		Action: func(c *cli.Context) error {
+			a, err := args(c, 1, 1, "KEY")
+			if err != nil {
+				return err
+			}
+			cl, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			ok, err := cl.Exists(a[0])
+			if err != nil {
+				return failure(err)
+			}
+			if !ok {
+				return cli.Exit("", 1)
+			}
+			return nil
+		},
+	}
+}
+
+type capacityJSON struct {
+	CapacityBytes int64 `json:"capacity_bytes"`
+	UsedBytes     int64 `json:"used_bytes"`
+}
+
+type memberJSON struct {
+	NodeID         string       `json:"node_id"`
+	MemorySegment  capacityJSON `json:"memory_segment"`
+	KvSsd          capacityJSON `json:"kv_ssd"`
+	MemoryReplicas int64        `json:"memory_replicas"`
+	SsdReplicas    int64        `json:"ssd_replicas"`
+	Holders        int64        `json:"holders"`
+}
+
+type statusJSON struct {
+	Members []memberJSON `json:"members"`
+	Keys    int64        `json:"keys"`
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name: "status", Usage: "members, memory and SSD capacity/used, keys",
+		Flags: []cli.Flag{socketFlag(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+		Action: func(c *cli.Context) error {
+			cl, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			st, err := cl.Stat()
+			if err != nil {
+				return failure(err)
+			}
+			out := statusJSON{Members: []memberJSON{}, Keys: st.Keys}
+			for _, m := range st.Members {
+				mj := memberJSON{NodeID: m.NodeId, MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders}
+				if m.MemorySegment != nil {
+					mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
+				}
+				if m.KvSsd != nil {
+					mj.KvSsd = capacityJSON{m.KvSsd.CapacityBytes, m.KvSsd.UsedBytes}
+				}
+				out.Members = append(out.Members, mj)
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(os.Stdout)
+				return enc.Encode(out)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NODE\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
+			for _, m := range out.Members {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID,
+					human(m.MemorySegment.UsedBytes), human(m.MemorySegment.CapacityBytes),
+					human(m.KvSsd.UsedBytes), human(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
+			}
+			tw.Flush()
+			fmt.Printf("keys: %d\n", out.Keys)
+			return nil
+		},
+	}
+}
+
+func human(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}

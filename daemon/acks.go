@@ -1,0 +1,101 @@
+package daemon
+
+import (
+	"sync"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+)
+
+// acker batches holder releases to the master (BatchDeleteAck): ids collect for up to
+// AckDelay or 256 of them, then go in one call.
+type acker struct {
+	o       *Owner
+	mu      sync.Mutex // protects pending
+	pending []int64
+	kick    chan struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newAcker(o *Owner) *acker {
+	a := &acker{o: o, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	a.wg.Add(1)
+	go a.loop()
+	return a
+}
+
+// add queues a master holder id. Safe to call with Owner.mu held.
+func (a *acker) add(id int64) {
+	a.mu.Lock()
+	a.pending = append(a.pending, id)
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (a *acker) loop() {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-a.done:
+			a.flush()
+			return
+		case <-a.kick:
+		}
+		select {
+		case <-a.done:
+		case <-time.After(a.o.opts.AckDelay):
+		}
+		a.flush()
+	}
+}
+
+func (a *acker) flush() {
+	for {
+		a.mu.Lock()
+		n := min(len(a.pending), 256)
+		batch := append([]int64(nil), a.pending[:n]...)
+		a.pending = a.pending[n:]
+		a.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		ctx, cancel := a.o.master.ctx()
+		resp, err := a.o.master.c.BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch})
+		cancel()
+		switch {
+		case err != nil:
+			// The master is unreachable; if it restarted, re-registration pins only what
+			// is still in use, so these ranges are free there anyway. Keep them for a retry.
+			a.o.log.Warn().Err(err).Int("holders", n).Msg("holder ack failed; will retry")
+			a.mu.Lock()
+			a.pending = append(batch, a.pending...)
+			a.mu.Unlock()
+			select {
+			case <-a.done:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		case resp.Code == common.ErrorCode_STALE_GENERATION:
+			a.o.log.Debug().Int("holders", n).Msg("holder acks for a previous master registration dropped")
+		case resp.Unknown > 0:
+			a.o.log.Warn().Int64("unknown", resp.Unknown).Msg("master did not know some acked holders")
+		}
+	}
+}
+
+func (a *acker) close() {
+	select {
+	case <-a.done:
+	default:
+		close(a.done)
+	}
+	a.wg.Wait()
+}
+
+// sync sends every queued ack now (Stat calls it so used bytes reflect releases).
+func (a *acker) sync() { a.flush() }

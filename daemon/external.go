@@ -1,0 +1,252 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// externalHandler implements ExternalService for the framed Unix-socket server.
+type externalHandler struct{ o *Owner }
+
+var _ external.ExternalService = (*externalHandler)(nil)
+
+// serve validates the session, runs f, then processes the releases piggybacked on the
+// request (after the call, so a get + release loop on one key never leaves the cache).
+func (o *Owner) serve(s *external.Session, f func(c *session) error) (common.ErrorCode, string) {
+	o.mu.Lock()
+	c, err := o.sessionLocked(s)
+	o.mu.Unlock()
+	if err == nil {
+		err = f(c)
+	}
+	if c != nil && len(s.Releases) > 0 {
+		o.mu.Lock()
+		for _, id := range s.Releases {
+			o.releaseLocked(c, id)
+		}
+		o.mu.Unlock()
+	}
+	return wire.ToResponse(err)
+}
+
+func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRequest) (*external.PutStartResponse, error) {
+	resp := &external.PutStartResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) (err error) {
+		resp.PutId, resp.Offset, err = h.o.putStart(c, req.Key, req.Len, req.Opts)
+		return err
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) PutEnd(ctx context.Context, req *external.PutEndRequest) (*external.PutEndResponse, error) {
+	resp := &external.PutEndResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error { return h.o.putEnd(c, req.Key, req.PutId) })
+	return resp, nil
+}
+
+func (h *externalHandler) PutAbort(ctx context.Context, req *external.PutAbortRequest) (*external.PutAbortResponse, error) {
+	resp := &external.PutAbortResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error { return h.o.putAbort(c, req.Key, req.PutId) })
+	return resp, nil
+}
+
+func (h *externalHandler) Get(ctx context.Context, req *external.GetRequest) (*external.GetResponse, error) {
+	var resp *external.GetResponse
+	code, msg := h.o.serve(req.Session, func(c *session) (err error) {
+		resp, err = h.o.get(c, req.Key)
+		return err
+	})
+	if resp == nil {
+		resp = &external.GetResponse{}
+	}
+	resp.Code, resp.Message = code, msg
+	return resp, nil
+}
+
+func (h *externalHandler) Release(ctx context.Context, req *external.ReleaseRequest) (*external.ReleaseResponse, error) {
+	resp := &external.ReleaseResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.HolderIds)); err != nil {
+			return err
+		}
+		bad := 0
+		h.o.mu.Lock()
+		for _, id := range req.HolderIds {
+			code := common.ErrorCode_OK
+			if !h.o.releaseLocked(c, id) {
+				code = common.ErrorCode_INVALID_ARGUMENT
+				bad++
+			}
+			resp.Results = append(resp.Results, code)
+		}
+		h.o.mu.Unlock()
+		if bad > 0 {
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "%d of %d holders unknown or already released", bad, len(req.HolderIds))
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) Delete(ctx context.Context, req *external.DeleteRequest) (*external.DeleteResponse, error) {
+	resp := &external.DeleteResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) (err error) {
+		resp.Deleted, err = h.o.delete(req.Key)
+		return err
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) Exists(ctx context.Context, req *external.ExistsRequest) (*external.ExistsResponse, error) {
+	resp := &external.ExistsResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) (err error) {
+		resp.Exists, err = h.o.exists(req.Key)
+		return err
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) BatchPutStart(ctx context.Context, req *external.BatchPutStartRequest) (*external.BatchPutStartResponse, error) {
+	resp := &external.BatchPutStartResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.Items)); err != nil {
+			return err
+		}
+		for _, it := range req.Items {
+			r := &external.PutStartResponse{}
+			if it == nil {
+				r.Code, r.Message = wire.ToResponse(errCode(common.ErrorCode_INVALID_ARGUMENT, "null item"))
+			} else {
+				var err error
+				r.PutId, r.Offset, err = h.o.putStart(c, it.Key, it.Len, it.Opts)
+				r.Code, r.Message = wire.ToResponse(err)
+			}
+			resp.Results = append(resp.Results, r)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPutEndRequest) (*external.BatchPutEndResponse, error) {
+	resp := &external.BatchPutEndResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.Items)); err != nil {
+			return err
+		}
+		for _, it := range req.Items {
+			r := &external.PutEndResponse{}
+			r.Code, r.Message = wire.ToResponse(itemErr(it, func() error { return h.o.putEnd(c, it.Key, it.PutId) }))
+			resp.Results = append(resp.Results, r)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) BatchPutAbort(ctx context.Context, req *external.BatchPutAbortRequest) (*external.BatchPutAbortResponse, error) {
+	resp := &external.BatchPutAbortResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.Items)); err != nil {
+			return err
+		}
+		for _, it := range req.Items {
+			r := &external.PutAbortResponse{}
+			r.Code, r.Message = wire.ToResponse(itemErr(it, func() error { return h.o.putAbort(c, it.Key, it.PutId) }))
+			resp.Results = append(resp.Results, r)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func itemErr(it *external.PutEndItem, f func() error) error {
+	if it == nil {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "null item")
+	}
+	return f()
+}
+
+func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchGetResponse, error) {
+	resp := &external.BatchGetResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
+			return err
+		}
+		for _, k := range req.Keys {
+			r, err := h.o.get(c, k)
+			if r == nil {
+				r = &external.GetResponse{}
+			}
+			r.Code, r.Message = wire.ToResponse(err)
+			resp.Results = append(resp.Results, r)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) BatchExists(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchExistsResponse, error) {
+	resp := &external.BatchExistsResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
+			return err
+		}
+		for _, k := range req.Keys {
+			r := &external.ExistsResponse{}
+			var err error
+			r.Exists, err = h.o.exists(k)
+			r.Code, r.Message = wire.ToResponse(err)
+			resp.Results = append(resp.Results, r)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchDeleteResponse, error) {
+	resp := &external.BatchDeleteResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
+			return err
+		}
+		for _, k := range req.Keys {
+			r := &external.DeleteResponse{}
+			var err error
+			r.Deleted, err = h.o.delete(k)
+			r.Code, r.Message = wire.ToResponse(err)
+			resp.Results = append(resp.Results, r)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (*external.StatResponse, error) {
+	resp := &external.StatResponse{}
+	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+		// Releases piggybacked on Stat must count: apply them first.
+		h.o.mu.Lock()
+		for _, id := range req.Session.Releases {
+			h.o.releaseLocked(c, id)
+		}
+		req.Session.Releases = nil
+		resp.ClientHolders = int64(len(c.holders))
+		resp.Clients = int64(len(h.o.sessions))
+		h.o.mu.Unlock()
+		h.o.acks.sync()
+		ctx, cancel := h.o.master.ctx()
+		defer cancel()
+		r, err := h.o.master.c.Stat(ctx, &mp.StatRequest{})
+		if err != nil {
+			return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
+		}
+		resp.Members, resp.Keys, resp.NodeId = r.Members, r.Keys, h.o.opts.NodeID
+		return wire.FromResponse(r.Code, r.Message)
+	})
+	return resp, nil
+}

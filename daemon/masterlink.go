@@ -1,0 +1,152 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cloudwego/kitex/client"
+	"github.com/cloudwego/kitex/pkg/klog"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// masterLink is the owner's connection to the master: registration, heartbeats and
+// re-registration after a master restart.
+type masterLink struct {
+	o      *Owner
+	c      masterservice.Client
+	ref    *mp.NodeRef
+	stop   chan struct{}
+	once   sync.Once
+	regMu  sync.Mutex // serialises (re-)registration
+	period time.Duration
+}
+
+func newMasterLink(o *Owner) (*masterLink, error) {
+	klog.SetLevel(klog.LevelWarn)
+	c, err := masterservice.NewClient("fluxkv-master",
+		client.WithHostPorts(o.opts.MasterAddr),
+		client.WithRPCTimeout(o.opts.MasterTimeout),
+		client.WithConnectTimeout(time.Second),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("master client: %w", err)
+	}
+	return &masterLink{o: o, c: c, stop: make(chan struct{}), period: time.Second,
+		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}, nil
+}
+
+func (m *masterLink) close() { m.once.Do(func() { close(m.stop) }) }
+
+// registerUntil retries Register until it succeeds or ctx ends.
+func (m *masterLink) registerUntil(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := m.register(ctx)
+		if err == nil {
+			return nil
+		}
+		m.o.log.Warn().Err(err).Int("attempt", attempt).Str("master", m.o.opts.MasterAddr).Msg("register with master failed; retrying")
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("register with master %s: %w", m.o.opts.MasterAddr, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// register announces this incarnation with every range externals still use, so a
+// restarted master never hands them out again.
+func (m *masterLink) register(ctx context.Context) error {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	o := m.o
+	o.mu.Lock()
+	var pins []*mp.PinnedRange
+	seen := make(map[*holding]bool)
+	for _, s := range o.sessions {
+		for _, h := range s.holders {
+			if !seen[h] {
+				seen[h] = true
+				pins = append(pins, &mp.PinnedRange{PinId: h.masterID, Offset: h.offset, Len: h.len})
+			}
+		}
+		for _, p := range s.puts {
+			p.pinned = true
+			pins = append(pins, &mp.PinnedRange{PinId: p.putID, Offset: p.offset, Len: p.len})
+		}
+	}
+	// The new master knows no versions: forget cached infos (holders stay pinned).
+	o.invalSeq++
+	clear(o.cache)
+	o.mu.Unlock()
+	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
+		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: o.peer.addr(),
+		KvSsdStorage: &mp.KvSsdStorageInfo{}, Pinned: pins,
+	})
+	if err != nil {
+		return err
+	}
+	if err := wire.FromResponse(resp.Code, resp.Message); err != nil {
+		return err
+	}
+	if resp.HeartbeatIntervalMs > 0 {
+		m.period = time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond
+	}
+	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Int("pinned", len(pins)).Msg("registered with master")
+	return nil
+}
+
+func (m *masterLink) heartbeatLoop() {
+	defer m.o.wg.Done()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-time.After(m.period):
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: &mp.KvSsdStorageInfo{}})
+		cancel()
+		if err != nil {
+			m.o.log.Warn().Err(err).Msg("heartbeat failed")
+			continue
+		}
+		if resp.Code == common.ErrorCode_STALE_GENERATION {
+			m.o.log.Warn().Str("why", resp.Message).Msg("master does not know this owner (master restarted?); registering again")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := m.register(ctx); err != nil {
+				m.o.log.Warn().Err(err).Msg("re-register failed")
+			}
+			cancel()
+		}
+	}
+}
+
+// ctx bounds one master call.
+func (m *masterLink) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), m.o.opts.MasterTimeout)
+}
+
+// check maps a master call's outcome to an error: transport failures are UNAVAILABLE;
+// STALE_GENERATION (the master lost this owner) triggers re-registration in the background.
+func (m *masterLink) check(code common.ErrorCode, msg string, err error) error {
+	if err != nil {
+		return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
+	}
+	if code == common.ErrorCode_STALE_GENERATION {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := m.register(ctx); err != nil {
+				m.o.log.Warn().Err(err).Msg("re-register failed")
+			}
+		}()
+		return errCode(common.ErrorCode_UNAVAILABLE, "master lost this owner's registration (restarted); retry: %s", msg)
+	}
+	return wire.FromResponse(code, msg)
+}

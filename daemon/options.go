@@ -1,0 +1,99 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// Options configures an owner. Zero fields take the defaults below.
+type Options struct {
+	// Dir holds the sockets: Dir/fluxkv.sock (attach) and Dir/fluxkv.sock.rpc.
+	Dir string
+	// DRAM is the segment size in bytes, rounded up to the page size. Default 1 GiB.
+	DRAM int64
+	// MasterAddr is the master's host:port. Required.
+	MasterAddr string
+	// NodeID names this owner in the cluster. Default: the host name.
+	NodeID string
+	// PeerListen is the TCP address of the PeerService (master → owner calls). Default 127.0.0.1:0.
+	PeerListen string
+	// SocketMode is the permission of both sockets. Default 0660: the socket's group decides who may attach.
+	SocketMode os.FileMode
+	// AllowedUIDs may attach besides root, this process's uid and members of the
+	// socket's group (checked with SO_PEERCRED).
+	AllowedUIDs []uint32
+	// RegisterTimeout bounds the wait for the master at start. Default 30s.
+	RegisterTimeout time.Duration
+	// MasterTimeout bounds one call to the master. Default 15s (a put may wait 5s for space).
+	MasterTimeout time.Duration
+	// AckDelay is how long holder acks may wait to be batched. Default 1ms.
+	AckDelay time.Duration
+	// ShutdownTimeout bounds Stop. Default 4s.
+	ShutdownTimeout time.Duration
+	// Logger receives structured logs. Default: disabled.
+	Logger *zerolog.Logger
+}
+
+const pageSize = 4096
+
+func (o *Options) setDefaults() {
+	if o.Dir == "" {
+		o.Dir = wire.DefaultDir()
+	}
+	if o.DRAM == 0 {
+		o.DRAM = 1 << 30
+	}
+	o.DRAM = (o.DRAM + pageSize - 1) / pageSize * pageSize
+	if o.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "owner"
+		}
+		o.NodeID = h
+	}
+	if o.PeerListen == "" {
+		o.PeerListen = "127.0.0.1:0"
+	}
+	if o.SocketMode == 0 {
+		o.SocketMode = 0o660
+	}
+	if o.RegisterTimeout == 0 {
+		o.RegisterTimeout = 30 * time.Second
+	}
+	if o.MasterTimeout == 0 {
+		o.MasterTimeout = 15 * time.Second
+	}
+	if o.AckDelay == 0 {
+		o.AckDelay = time.Millisecond
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = 4 * time.Second
+	}
+	if o.Logger == nil {
+		l := zerolog.Nop()
+		o.Logger = &l
+	}
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if o.MasterAddr == "" {
+		return fmt.Errorf("owner: master address is required")
+	}
+	if o.DRAM < 0 {
+		return fmt.Errorf("owner: dram %d must be positive", o.DRAM)
+	}
+	if err := wire.ValidateNodeID(o.NodeID); o.NodeID != "" && err != nil {
+		return fmt.Errorf("owner: %w", err)
+	}
+	return nil
+}
+
+// SocketPath is the attach socket users name.
+func (o *Options) SocketPath() string { return filepath.Join(o.Dir, wire.SocketName) }

@@ -1,0 +1,200 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external/externalservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/shm"
+)
+
+// Owner is one node's sidecar.
+type Owner struct {
+	opts       Options
+	log        zerolog.Logger
+	generation int64 // this incarnation; externals must name it in every call
+	seg        *shm.Segment
+
+	master *masterLink
+	peer   *peerServer
+	acks   *acker
+
+	attachLn *net.UnixListener
+	rpc      *framedServer
+
+	mu       sync.Mutex // protects sessions, cache, invalSeq, nextID
+	sessions map[int64]*session
+	cache    map[string]*holding // key → live holder of the current version
+	invalSeq uint64              // bumped whenever cached info is dropped
+	nextID   int64               // client ids and external holder ids
+
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New validates the options; Start brings the owner up.
+func New(opts Options) (*Owner, error) {
+	opts.setDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	return &Owner{
+		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
+		generation: randomID(), sessions: make(map[int64]*session), cache: make(map[string]*holding),
+	}, nil
+}
+
+// randomID is a random positive int64 (generations, session tokens).
+func randomID() int64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("BUG: crypto/rand: %v", err))
+	}
+	return int64(binary.LittleEndian.Uint64(b[:])>>1) | 1
+}
+
+// Start creates the segment, serves the peer API, registers with the master, and only
+// then opens the sockets: a client that finds the socket finds a ready node.
+func (o *Owner) Start(ctx context.Context) error {
+	t0 := time.Now()
+	if err := os.MkdirAll(o.opts.Dir, 0o755); err != nil {
+		return fmt.Errorf("socket dir: %w", err)
+	}
+	seg, err := shm.CreateSegment("fluxkv-"+o.opts.NodeID, o.opts.DRAM)
+	if err != nil {
+		return fmt.Errorf("create segment: %w", err)
+	}
+	o.seg = seg
+	o.log.Info().Int64("bytes", o.opts.DRAM).Dur("took", time.Since(t0)).Msg("segment created")
+
+	o.peer, err = startPeerServer(o, o.opts.PeerListen)
+	if err != nil {
+		o.closeResources()
+		return err
+	}
+	o.master, err = newMasterLink(o)
+	if err != nil {
+		o.closeResources()
+		return err
+	}
+	o.acks = newAcker(o)
+	rctx, cancel := context.WithTimeout(ctx, o.opts.RegisterTimeout)
+	err = o.master.registerUntil(rctx)
+	cancel()
+	if err != nil {
+		o.closeResources()
+		return err
+	}
+	o.wg.Add(1)
+	go o.master.heartbeatLoop()
+
+	svc := externalservice.NewServiceInfo()
+	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log)
+	if err != nil {
+		o.closeResources()
+		return err
+	}
+	// The attach socket comes last: its appearance means "ready".
+	o.attachLn, err = shm.ListenUnix(o.opts.SocketPath(), o.opts.SocketMode)
+	if err != nil {
+		o.closeResources()
+		return err
+	}
+	o.wg.Add(1)
+	go o.acceptAttach()
+	o.log.Info().Str("socket", o.opts.SocketPath()).Int64("generation", o.generation).Dur("took", time.Since(t0)).Msg("owner ready")
+	return nil
+}
+
+// Generation is this incarnation's id.
+func (o *Owner) Generation() int64 { return o.generation }
+
+// SocketPath is the attach socket.
+func (o *Owner) SocketPath() string { return o.opts.SocketPath() }
+
+// Stop stops accepting, ends every session (revoking in-flight puts, releasing
+// holders), flushes acks to the master, and removes the sockets. Bounded by
+// ShutdownTimeout.
+func (o *Owner) Stop() error {
+	o.stopOnce.Do(func() {
+		t0 := time.Now()
+		if o.attachLn != nil {
+			o.attachLn.Close()
+		}
+		if o.rpc != nil {
+			o.rpc.close()
+		}
+		o.mu.Lock()
+		ss := make([]*session, 0, len(o.sessions))
+		for _, s := range o.sessions {
+			ss = append(ss, s)
+		}
+		o.mu.Unlock()
+		done := make(chan struct{})
+		go func() {
+			for _, s := range ss {
+				o.endSession(s, "owner shutting down")
+			}
+			if o.acks != nil {
+				o.acks.close()
+			}
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(o.opts.ShutdownTimeout):
+			o.log.Warn().Msg("shutdown: in-flight work did not finish in time")
+		}
+		if o.master != nil {
+			o.master.close()
+		}
+		o.wg.Wait()
+		o.closeResources()
+		o.log.Info().Dur("took", time.Since(t0)).Msg("owner stopped")
+	})
+	return nil
+}
+
+func (o *Owner) closeResources() {
+	if o.peer != nil {
+		o.peer.stop()
+		o.peer = nil
+	}
+	if o.seg != nil {
+		o.seg.Close()
+		o.seg = nil
+	}
+}
+
+// Stats is the owner's own view, for status and metrics.
+type Stats struct {
+	Clients     int
+	Holders     int
+	CachedKeys  int
+	SegmentSize int64
+}
+
+// LocalStats counts sessions and holders.
+func (o *Owner) LocalStats() Stats {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := Stats{Clients: len(o.sessions), CachedKeys: len(o.cache), SegmentSize: o.opts.DRAM}
+	for _, s := range o.sessions {
+		st.Holders += len(s.holders)
+	}
+	return st
+}
+
+func errCode(code common.ErrorCode, format string, args ...any) error {
+	return wire.Errorf(code, format, args...)
+}

@@ -1,0 +1,176 @@
+package master
+
+import (
+	"context"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// handler adapts Kitex requests to State calls. Errors travel as (code, message) in
+// the response, never as transport errors.
+type handler struct{ s *Server }
+
+var _ mp.MasterService = (*handler)(nil)
+
+func ref(n *mp.NodeRef) NodeRef {
+	if n == nil {
+		return NodeRef{}
+	}
+	return NodeRef{ID: n.NodeId, Generation: n.Generation}
+}
+
+func ssdInfo(i *mp.KvSsdStorageInfo) SSDInfo {
+	if i == nil {
+		return SSDInfo{}
+	}
+	return SSDInfo{Enabled: i.Enabled, CapacityBytes: i.CapacityBytes, UsedBytes: i.UsedBytes}
+}
+
+func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.RegisterResponse, error) {
+	pins := make([]Pin, 0, len(req.Pinned))
+	for _, p := range req.Pinned {
+		if p != nil {
+			pins = append(pins, Pin{PinID: p.PinId, Offset: p.Offset, Len: p.Len})
+		}
+	}
+	err := h.s.withState(func(st *State) error {
+		return st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+	})
+	resp := &mp.RegisterResponse{MasterEpoch: h.s.epoch,
+		HeartbeatIntervalMs: h.s.opts.HeartbeatInterval.Milliseconds(), NodeTtlMs: h.s.opts.NodeTTL.Milliseconds()}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.HeartbeatResponse, error) {
+	err := h.s.withState(func(st *State) error { return st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage)) })
+	resp := &mp.HeartbeatResponse{MasterEpoch: h.s.epoch}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.PutStartResponse, error) {
+	var plan PutPlan
+	err := h.s.withSpace(ctx, func(st *State) (err error) {
+		plan, err = st.PutStart(time.Now(), ref(req.Node), req.Key, req.Len, req.RejectIfExists)
+		return err
+	})
+	resp := &mp.PutStartResponse{PutId: plan.PutID, TargetNodeId: plan.TargetNode, TargetDataAddr: plan.TargetAddr,
+		TargetOffset: plan.TargetOffset, SourceOffset: plan.SourceOffset, PersistToSsd: plan.PersistToSSD}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutDoneResponse, error) {
+	var invs []Invalidation
+	err := h.s.withState(func(st *State) (err error) {
+		invs, err = st.PutDone(time.Now(), ref(req.Node), req.Key, req.PutId)
+		return err
+	})
+	h.s.inval.add(invs)
+	resp := &mp.PutDoneResponse{}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest) (*mp.PutRevokeResponse, error) {
+	err := h.s.withState(func(st *State) error { return st.PutRevoke(ref(req.Node), req.Key, req.PutId) })
+	resp := &mp.PutRevokeResponse{}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.GetStartResponse, error) {
+	var p GetPlan
+	err := h.s.withSpace(ctx, func(st *State) (err error) {
+		p, err = st.GetStart(time.Now(), ref(req.Node), req.Key)
+		return err
+	})
+	resp := &mp.GetStartResponse{GetId: p.GetID, PutId: p.PutID, Len: p.Len, Source: p.Source,
+		SourceNodeId: p.SourceNode, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
+		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, StageOffset: p.StageOffset,
+		StageLen: p.StageLen, Done: p.Done, HolderId: p.HolderID}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) GetDone(ctx context.Context, req *mp.GetDoneRequest) (*mp.GetDoneResponse, error) {
+	resp := &mp.GetDoneResponse{}
+	err := h.s.withState(func(st *State) (err error) {
+		resp.HolderId, resp.Promoted, err = st.GetDone(ref(req.Node), req.Key, req.GetId)
+		return err
+	})
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest) (*mp.GetRevokeResponse, error) {
+	err := h.s.withState(func(st *State) error {
+		return st.GetRevoke(ref(req.Node), req.Key, req.GetId, req.DropSsdSource)
+	})
+	resp := &mp.GetRevokeResponse{}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) Delete(ctx context.Context, req *mp.DeleteRequest) (*mp.DeleteResponse, error) {
+	resp := &mp.DeleteResponse{}
+	var invs []Invalidation
+	err := h.s.withState(func(st *State) (err error) {
+		resp.Deleted, invs, err = st.Delete(ref(req.Node), req.Key)
+		return err
+	})
+	h.s.inval.add(invs)
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) Exists(ctx context.Context, req *mp.ExistsRequest) (*mp.ExistsResponse, error) {
+	resp := &mp.ExistsResponse{}
+	err := h.s.withState(func(st *State) (err error) {
+		resp.Exists, err = st.Exists(ref(req.Node), req.Key)
+		return err
+	})
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) SsdReplicaCommit(ctx context.Context, req *mp.SsdReplicaCommitRequest) (*mp.SsdReplicaCommitResponse, error) {
+	err := h.s.withState(func(st *State) error {
+		_, err := st.SsdReplicaCommit(ref(req.Node), req.Key, req.PutId, req.Len)
+		return err
+	})
+	resp := &mp.SsdReplicaCommitResponse{}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdReplicaEvictRequest) (*mp.BatchSsdReplicaEvictResponse, error) {
+	err := h.s.withState(func(st *State) error { return st.BatchSsdReplicaEvict(ref(req.Node), req.Entries) })
+	resp := &mp.BatchSsdReplicaEvictResponse{}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckRequest) (*mp.BatchDeleteAckResponse, error) {
+	resp := &mp.BatchDeleteAckResponse{}
+	err := h.s.withState(func(st *State) error {
+		u, err := st.BatchDeleteAck(ref(req.Node), req.HolderIds)
+		resp.Unknown = int64(u)
+		return err
+	})
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) Stat(ctx context.Context, req *mp.StatRequest) (*mp.StatResponse, error) {
+	resp := &mp.StatResponse{Code: common.ErrorCode_OK}
+	h.s.Inspect(func(st *State) {
+		resp.Members = st.Members()
+		resp.Keys = int64(st.Keys())
+	})
+	return resp, nil
+}

@@ -1,0 +1,180 @@
+package master
+
+import (
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// inflightPut keeps a put's target alive between PutStart and PutDone/PutRevoke.
+type inflightPut struct {
+	key            string
+	node           *node
+	target         *Allocation
+	deadline       time.Time
+	rejectIfExists bool
+	persistToSSD   bool
+}
+
+func (s *State) dropPutLocked(id int64, p *inflightPut) {
+	delete(s.puts, id)
+	p.target.Release()
+}
+
+// inflightGet keeps a get's target (in the requester's segment) and its source (a
+// memory replica elsewhere, or SSD staging) alive between GetStart and GetDone/Revoke.
+type inflightGet struct {
+	key        string
+	putID      int64
+	node       *node // requester
+	target     *Allocation
+	source     *Allocation // nil for a local SSD read
+	sourceNode *node
+	kind       common.Source
+	deadline   time.Time
+}
+
+func (s *State) dropGetLocked(id int64, g *inflightGet) {
+	delete(s.gets, id)
+	g.target.Release()
+	if g.source != nil {
+		g.source.Release()
+	}
+}
+
+// GetPlan is the master's answer to GetStart.
+type GetPlan struct {
+	GetID, PutID, Len int64
+	Source            common.Source
+	SourceNode        string
+	SourceDataAddr    string
+	SourcePeerAddr    string
+	SourceOffset      int64
+	TargetOffset      int64
+	StageOffset       int64
+	StageLen          int64
+	// Done: a local memory replica was reused; HolderID is recorded, no GetDone follows.
+	Done     bool
+	HolderID int64
+}
+
+// GetStart plans a get: reuse of a local memory replica (done at once), a pull from a
+// remote memory replica, or an SSD refill into a target in the requester's segment.
+// SSD is chosen only when no memory replica of the current version is readable.
+func (s *State) GetStart(now time.Time, ref NodeRef, key string) (GetPlan, error) {
+	n, err := s.nodeLocked(ref)
+	if err != nil {
+		return GetPlan{}, err
+	}
+	if err := wire.ValidateKey(key); err != nil {
+		return GetPlan{}, err
+	}
+	r := s.routes[key]
+	if r == nil {
+		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
+	}
+	if a := r.memoryReplica(n); a != nil {
+		id := s.newID()
+		n.holders[id] = a.Retain()
+		n.policy.Touch(key)
+		return GetPlan{PutID: r.putID, Len: r.len, Source: common.Source_MEMORY, SourceNode: n.id,
+			SourceOffset: a.Offset(), TargetOffset: a.Offset(), Done: true, HolderID: id}, nil
+	}
+	var src *node
+	kind := common.Source_MEMORY
+	for m, rep := range r.replicas {
+		if rep.memory != nil && !m.tombed {
+			src = m
+			break
+		}
+	}
+	if src == nil {
+		kind = common.Source_SSD
+		// Prefer the requester's own SSD, then any other.
+		if rep := r.replicas[n]; rep != nil && rep.ssd {
+			src = n
+		} else {
+			for m, rep := range r.replicas {
+				if rep.ssd && !m.tombed {
+					src = m
+					break
+				}
+			}
+		}
+	}
+	if src == nil {
+		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
+	}
+	target := s.allocateLocked(n, r.len)
+	if target == nil {
+		return GetPlan{}, noSpace(n, r.len)
+	}
+	g := &inflightGet{key: key, putID: r.putID, node: n, target: target, sourceNode: src, kind: kind,
+		deadline: now.Add(s.opts.InflightTTL)}
+	plan := GetPlan{PutID: r.putID, Len: r.len, Source: kind, SourceNode: src.id,
+		SourceDataAddr: src.dataAddr, SourcePeerAddr: src.peerAddr, TargetOffset: target.Offset()}
+	switch {
+	case kind == common.Source_MEMORY:
+		g.source = r.replicas[src].memory.Retain()
+		src.policy.Touch(key)
+		plan.SourceOffset = g.source.Offset()
+	case src != n:
+		stage := s.allocateLocked(src, roundUp(r.len, AllocGranule))
+		if stage == nil {
+			target.Release()
+			return GetPlan{}, noSpace(src, r.len)
+		}
+		g.source = stage
+		plan.StageOffset, plan.StageLen = stage.Offset(), stage.Size()
+	}
+	plan.GetID = s.newID()
+	s.gets[plan.GetID] = g
+	return plan, nil
+}
+
+// GetDone turns the get's target into a holder of the requesting owner and, if the key
+// still has that version, the requester has no memory replica and fewer than
+// MaxPromotions promotions happened, also into a new memory replica.
+func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, promoted bool, err error) {
+	n, err := s.nodeLocked(ref)
+	if err != nil {
+		return 0, false, err
+	}
+	g := s.gets[getID]
+	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
+		return 0, false, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key (expired, revoked or never started)", getID)
+	}
+	delete(s.gets, getID)
+	if g.source != nil {
+		g.source.Release()
+	}
+	holderID = s.newID()
+	g.node.holders[holderID] = g.target
+	if r := s.routes[key]; r != nil && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.MaxPromotions {
+		r.promotions++
+		s.setMemoryLocked(key, r, g.node, g.target.Retain())
+		promoted = true
+	}
+	return holderID, promoted, nil
+}
+
+// GetRevoke abandons an in-flight get. With dropSSDSource the SSD replica it tried to
+// read is dropped from the route (a failed SSD read).
+func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bool) error {
+	n, err := s.nodeLocked(ref)
+	if err != nil {
+		return err
+	}
+	g := s.gets[getID]
+	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key", getID)
+	}
+	s.dropGetLocked(getID, g)
+	if dropSSDSource && g.kind == common.Source_SSD {
+		if r := s.routes[key]; r != nil && r.putID == g.putID {
+			s.clearSSDLocked(key, r, g.sourceNode)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package master
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cloudwego/kitex/client"
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
+)
+
+// invalidator batches InvalidateCachedInfo broadcasts per owner: entries collect for
+// up to a millisecond (or 256 of them) and go out in one call per owner.
+type invalidator struct {
+	log zerolog.Logger
+
+	mu      sync.Mutex // protects pending, clients
+	pending map[string][]*common.KeyVersion
+	clients map[string]peerservice.Client
+
+	kick chan struct{}
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newInvalidator(log zerolog.Logger) *invalidator {
+	v := &invalidator{log: log, pending: make(map[string][]*common.KeyVersion),
+		clients: make(map[string]peerservice.Client), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	v.wg.Add(1)
+	go v.loop()
+	return v
+}
+
+func (v *invalidator) add(invs []Invalidation) {
+	if len(invs) == 0 {
+		return
+	}
+	v.mu.Lock()
+	for _, iv := range invs {
+		v.pending[iv.PeerAddr] = append(v.pending[iv.PeerAddr], &common.KeyVersion{Key: iv.Key, PutId: iv.PutID})
+	}
+	v.mu.Unlock()
+	select {
+	case v.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (v *invalidator) loop() {
+	defer v.wg.Done()
+	for {
+		select {
+		case <-v.done:
+			return
+		case <-v.kick:
+		}
+		time.Sleep(time.Millisecond)
+		v.flush()
+	}
+}
+
+func (v *invalidator) flush() {
+	v.mu.Lock()
+	batch := v.pending
+	v.pending = make(map[string][]*common.KeyVersion)
+	v.mu.Unlock()
+	for addr, entries := range batch {
+		c, err := v.client(addr)
+		if err != nil {
+			v.log.Warn().Err(err).Str("peer", addr).Msg("invalidate: no client")
+			continue
+		}
+		for len(entries) > 0 {
+			n := min(len(entries), 256)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries[:n]})
+			cancel()
+			if err != nil {
+				v.log.Warn().Err(err).Str("peer", addr).Int("entries", n).Msg("invalidate cached info failed")
+			}
+			entries = entries[n:]
+		}
+	}
+}
+
+func (v *invalidator) client(addr string) (peerservice.Client, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if c := v.clients[addr]; c != nil {
+		return c, nil
+	}
+	c, err := peerservice.NewClient("fluxkv-owner", client.WithHostPorts(addr))
+	if err != nil {
+		return nil, err
+	}
+	v.clients[addr] = c
+	return c, nil
+}
+
+func (v *invalidator) close() {
+	close(v.done)
+	v.wg.Wait()
+}

@@ -1,0 +1,141 @@
+package master
+
+import (
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// SSDInfo is what an owner declares about its local SSD cache.
+type SSDInfo struct {
+	Enabled       bool
+	CapacityBytes int64
+	UsedBytes     int64
+}
+
+// Pin is a range an owner still has in use when it registers again (after a master
+// restart): a holder an external views or an in-flight put an external writes. The
+// master keeps it allocated as a holder with id PinID until the owner acks it.
+type Pin struct {
+	PinID  int64
+	Offset int64
+	Len    int64
+}
+
+// node is one owner incarnation: (id, generation). A restarted owner is a new node; the
+// old one is tombed and nothing of it is reused.
+type node struct {
+	id          string
+	generation  int64
+	segmentSize int64
+	dataAddr    string
+	peerAddr    string
+	ssd         SSDInfo
+	lastSeen    time.Time
+	tombed      bool
+
+	alloc   *Allocator
+	policy  *Policy[string]       // keys whose memory replica lives here, in eviction order
+	holders map[int64]*Allocation // holder id → the range it keeps alive
+	allocs  int                   // live Allocations in this segment (leak checks)
+}
+
+// NodeRef names an owner incarnation in a request.
+type NodeRef struct {
+	ID         string
+	Generation int64
+}
+
+// Register admits an owner incarnation. A previous incarnation under the same id is
+// tombed first (its replicas vanish). Pinned ranges are re-reserved as holders.
+func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr, peerAddr string, ssd SSDInfo, pinned []Pin) error {
+	if err := wire.ValidateNodeID(ref.ID); err != nil {
+		return err
+	}
+	if ref.Generation == 0 {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "generation must be non-zero")
+	}
+	if segmentSize < AllocGranule {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "segment size %d is below %d bytes", segmentSize, AllocGranule)
+	}
+	if old := s.nodes[ref.ID]; old != nil {
+		s.log.Info().Str("node", ref.ID).Int64("old_generation", old.generation).Int64("generation", ref.Generation).Msg("owner re-registered; tombing the previous incarnation")
+		s.tombLocked(old)
+	}
+	n := &node{
+		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
+		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
+		alloc:   NewAllocator(segmentSize),
+		policy:  NewPolicy[string](),
+		holders: make(map[int64]*Allocation),
+	}
+	s.nodes[ref.ID] = n
+	for _, p := range pinned {
+		if p.Len <= 0 || p.Offset < 0 || p.Offset%AllocGranule != 0 {
+			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Msg("ignoring malformed pinned range")
+			continue
+		}
+		r := Range{Offset: p.Offset, Size: roundUp(p.Len, AllocGranule)}
+		if _, dup := n.holders[p.PinID]; dup || !n.alloc.Reserve(r) {
+			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pinned range overlaps another; ignored")
+			continue
+		}
+		n.holders[p.PinID] = newAllocation(n, r, p.Len)
+	}
+	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).
+		Bool("ssd", ssd.Enabled).Int("pinned", len(n.holders)).Msg("owner registered")
+	return nil
+}
+
+// Heartbeat refreshes an owner's liveness and SSD figures.
+func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo) error {
+	n, err := s.nodeLocked(ref)
+	if err != nil {
+		return err
+	}
+	n.lastSeen = now
+	n.ssd = ssd
+	return nil
+}
+
+// nodeLocked finds the live incarnation ref names, or STALE_GENERATION.
+func (s *State) nodeLocked(ref NodeRef) (*node, error) {
+	n := s.nodes[ref.ID]
+	if n == nil || n.generation != ref.Generation {
+		return nil, wire.Errorf(common.ErrorCode_STALE_GENERATION, "node %q generation %d is not registered with this master: register again", ref.ID, ref.Generation)
+	}
+	return n, nil
+}
+
+// tombLocked removes an owner incarnation: its replicas vanish from routes, its
+// holders and in-flight operations are dropped, and its allocator is discarded.
+func (s *State) tombLocked(n *node) {
+	n.tombed = true
+	delete(s.nodes, n.id)
+	for key, r := range s.routes {
+		if rep := r.replicas[n]; rep != nil {
+			if rep.memory != nil {
+				rep.memory.Release()
+			}
+			delete(r.replicas, n)
+			if len(r.replicas) == 0 {
+				delete(s.routes, key)
+			}
+		}
+	}
+	for id, a := range n.holders {
+		a.Release()
+		delete(n.holders, id)
+	}
+	for id, p := range s.puts {
+		if p.node == n {
+			s.dropPutLocked(id, p)
+		}
+	}
+	for id, g := range s.gets {
+		if g.node == n || g.sourceNode == n {
+			s.dropGetLocked(id, g)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package master
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Options configures the master. Zero fields take the defaults below.
+type Options struct {
+	// HeartbeatInterval is how often owners heartbeat (told to them at Register). Default 1s.
+	HeartbeatInterval time.Duration
+	// NodeTTL is how long an owner may stay silent before it is tombed. Default 5s.
+	NodeTTL time.Duration
+	// InflightTTL bounds an in-flight put or get; past it the master revokes it. Default 60s.
+	InflightTTL time.Duration
+	// AllocRetryInterval and AllocWait bound the wait for space when a segment is full
+	// and eviction freed nothing usable: retry every interval, give up with NO_SPACE
+	// after AllocWait. Defaults 2ms and 5s.
+	AllocRetryInterval time.Duration
+	AllocWait          time.Duration
+	// MaxPromotions caps durable promotions of one key version (a refilled get target
+	// becoming a memory replica). Default 2.
+	MaxPromotions int
+	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
+	// ids of a restarted master never collide with ids owners still hold.
+	IDBase int64
+	// Logger receives structured logs. Default: disabled.
+	Logger *zerolog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = time.Second
+	}
+	if o.NodeTTL == 0 {
+		o.NodeTTL = 5 * time.Second
+	}
+	if o.InflightTTL == 0 {
+		o.InflightTTL = 60 * time.Second
+	}
+	if o.AllocRetryInterval == 0 {
+		o.AllocRetryInterval = 2 * time.Millisecond
+	}
+	if o.AllocWait == 0 {
+		o.AllocWait = 5 * time.Second
+	}
+	if o.MaxPromotions == 0 {
+		o.MaxPromotions = 2
+	}
+	if o.IDBase == 0 {
+		o.IDBase = time.Now().UnixNano()
+	}
+	if o.Logger == nil {
+		l := zerolog.Nop()
+		o.Logger = &l
+	}
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if o.HeartbeatInterval < 0 || o.NodeTTL < 0 || o.InflightTTL < 0 || o.AllocRetryInterval < 0 || o.AllocWait < 0 {
+		return fmt.Errorf("master options: durations must not be negative")
+	}
+	if o.NodeTTL != 0 && o.HeartbeatInterval != 0 && o.NodeTTL <= o.HeartbeatInterval {
+		return fmt.Errorf("master options: node TTL %v must exceed the heartbeat interval %v", o.NodeTTL, o.HeartbeatInterval)
+	}
+	if o.MaxPromotions < 0 {
+		return fmt.Errorf("master options: max promotions must not be negative")
+	}
+	return nil
+}

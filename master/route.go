@@ -1,0 +1,98 @@
+package master
+
+// replica is one owner's copy of a key version: a memory range, an SSD entry, or both.
+// The map key of route.replicas is the owner incarnation (*node), which doubles as the
+// tomb tag: a restarted owner is another *node and never matches an old replica.
+type replica struct {
+	memory *Allocation
+	ssd    bool
+	ssdLen int64
+}
+
+// route is the current version of one key.
+type route struct {
+	putID      int64
+	len        int64
+	replicas   map[*node]*replica
+	promotions int // durable promotions of this version
+}
+
+func (r *route) memoryReplica(n *node) *Allocation {
+	if rep := r.replicas[n]; rep != nil {
+		return rep.memory
+	}
+	return nil
+}
+
+// setMemoryLocked makes a the memory replica of key on n (taking over the caller's
+// reference) and enters it in n's eviction policy.
+func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation) {
+	rep := r.replicas[n]
+	if rep == nil {
+		rep = &replica{}
+		r.replicas[n] = rep
+	}
+	if rep.memory != nil {
+		panic("BUG: memory replica set twice")
+	}
+	rep.memory = a
+	n.policy.Insert(key, a.Size())
+}
+
+// clearMemoryLocked drops the memory replica of key on n (eviction, node loss).
+func (s *State) clearMemoryLocked(key string, r *route, n *node) {
+	rep := r.replicas[n]
+	if rep == nil || rep.memory == nil {
+		return
+	}
+	rep.memory.Release()
+	rep.memory = nil
+	n.policy.Remove(key)
+	s.pruneLocked(key, r, n)
+}
+
+// clearSSDLocked drops the SSD replica of key on n (ring eviction, read failure).
+func (s *State) clearSSDLocked(key string, r *route, n *node) {
+	rep := r.replicas[n]
+	if rep == nil || !rep.ssd {
+		return
+	}
+	rep.ssd = false
+	rep.ssdLen = 0
+	s.pruneLocked(key, r, n)
+}
+
+// pruneLocked removes an entry with neither medium, and a route with no entries.
+func (s *State) pruneLocked(key string, r *route, n *node) {
+	if rep := r.replicas[n]; rep != nil && rep.memory == nil && !rep.ssd {
+		delete(r.replicas, n)
+	}
+	if len(r.replicas) == 0 && s.routes[key] == r {
+		delete(s.routes, key)
+	}
+}
+
+// dropRouteLocked removes a whole route (delete, overwrite) and releases its replicas.
+// Holders of the old version keep their bytes: they hold their own references.
+func (s *State) dropRouteLocked(key string, r *route) {
+	for n, rep := range r.replicas {
+		if rep.memory != nil {
+			rep.memory.Release()
+			n.policy.Remove(key)
+		}
+		delete(r.replicas, n)
+	}
+	if s.routes[key] == r {
+		delete(s.routes, key)
+	}
+}
+
+// readableLocked reports whether a route has any replica that a get could use.
+func (r *route) readable() bool {
+	for n, rep := range r.replicas {
+		if !n.tombed && (rep.memory != nil || rep.ssd) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,53 @@
+package wire
+
+import (
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+)
+
+// MaxKeyBytes is the longest key any server accepts.
+const MaxKeyBytes = int(external.MAX_KEY_BYTES)
+
+// MaxBatch bounds the items of one batch request.
+const MaxBatch = 4096
+
+// MaxNodeIDBytes bounds a node id.
+const MaxNodeIDBytes = 256
+
+// ValidateKey checks a key: 1..MaxKeyBytes bytes.
+func ValidateKey(key string) error {
+	switch {
+	case len(key) == 0:
+		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "empty key")
+	case len(key) > MaxKeyBytes:
+		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "key of %d bytes exceeds the limit of %d", len(key), MaxKeyBytes)
+	}
+	return nil
+}
+
+// ValidateLen checks a value length against the segment it must fit in.
+func ValidateLen(n, segment int64) error {
+	switch {
+	case n <= 0:
+		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "value length %d: must be at least 1 byte", n)
+	case n > segment:
+		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "value length %d exceeds the segment size %d", n, segment)
+	}
+	return nil
+}
+
+// ValidateBatch checks the item count of a batch request.
+func ValidateBatch(n int) error {
+	if n > MaxBatch {
+		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "batch of %d items exceeds the limit of %d", n, MaxBatch)
+	}
+	return nil
+}
+
+// ValidateNodeID checks a node id.
+func ValidateNodeID(id string) error {
+	if id == "" || len(id) > MaxNodeIDBytes {
+		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "node id must be 1..%d bytes, got %d", MaxNodeIDBytes, len(id))
+	}
+	return nil
+}
