@@ -136,12 +136,16 @@ func unixClose(fd int) {
 }
 
 // NodeID is the owner's node id; Generation its incarnation; SegmentSize the mapping size.
-func (c *Client) NodeID() string       { return c.reply.NodeId }
-func (c *Client) Generation() int64    { return c.reply.OwnerGeneration }
-func (c *Client) SegmentSize() int64   { return c.reply.SegmentSize }
-func (c *Client) ClientID() int64      { return c.reply.ClientId }
-func (c *Client) Segment() []byte      { return c.ro.Bytes() }
-func (c *Client) Options() Options     { return c.opts }
+func (c *Client) NodeID() string     { return c.reply.NodeId }
+func (c *Client) Generation() int64  { return c.reply.OwnerGeneration }
+func (c *Client) SegmentSize() int64 { return c.reply.SegmentSize }
+func (c *Client) ClientID() int64    { return c.reply.ClientId }
+func (c *Client) Segment() []byte    { return c.ro.Bytes() }
+func (c *Client) Options() Options   { return c.opts }
+
+// SessionToken is the session's secret; with ClientID and Generation it lets callers
+// build raw requests for Call.
+func (c *Client) SessionToken() int64 { return c.reply.SessionToken }
 
 // Close sends pending releases, closes connections and unmaps the segment. Holders
 // still open become invalid: their Bytes must not be used after Close.

@@ -1,0 +1,201 @@
+"""What the client speaks on the owner's sockets (DESIGN.md §3, protocol/external.thrift).
+
+Attach: one frame each way on DIR/fluxkv.sock. A frame is a 4-byte big-endian length and a
+TBinaryProtocol struct: AttachHello out, AttachReply back, with the segment's memfd riding
+as SCM_RIGHTS ancillary data on the first bytes of the reply. The attach connection stays
+open for the client's life; its close makes the owner release everything the client holds.
+
+RPC: framed binary thrift (TFramedTransport + TBinaryProtocol, accelerated where the C
+extension is present) to ExternalService on the socket the reply names.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+
+from thrift.protocol import TBinaryProtocol
+from thrift.transport import TSocket, TTransport
+
+from fluxkv._gen.common.ttypes import ErrorCode
+from fluxkv._gen.external import ExternalService
+from fluxkv._gen.external.constants import PROTOCOL_VERSION
+from fluxkv._gen.external.ttypes import AttachHello, AttachReply
+from fluxkv.errors import Error, Unavailable, error_for
+
+__all__ = [
+    "SOCKET_NAME",
+    "MAX_ATTACH_FRAME",
+    "default_socket",
+    "resolve_socket",
+    "encode_struct",
+    "decode_struct",
+    "frame",
+    "attach",
+    "recv_frame_with_fds",
+    "RPCConnection",
+    "ACCELERATED",
+]
+
+SOCKET_NAME = "fluxkv.sock"
+MAX_ATTACH_FRAME = 1 << 20
+_MAX_FDS = 4
+
+try:
+    from thrift.protocol import fastbinary  # noqa: F401
+
+    ACCELERATED = True
+except ImportError:  # pure-Python thrift runtime
+    ACCELERATED = False
+
+
+def default_socket() -> str:
+    """The daemon's default attach socket: $FLUXKV_SOCKET, else
+    $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock, else /run/fluxkv/fluxkv.sock."""
+    env = os.environ.get("FLUXKV_SOCKET")
+    if env:
+        return env
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = os.path.join(runtime, "fluxkv") if runtime else "/run/fluxkv"
+    return os.path.join(base, SOCKET_NAME)
+
+
+def resolve_socket(sock) -> str:
+    """A path given by the user: None means the default; a directory means DIR/fluxkv.sock."""
+    if sock is None:
+        return default_socket()
+    path = os.fspath(sock)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, SOCKET_NAME)
+    return path
+
+
+def _protocol_factory():
+    if ACCELERATED:
+        return TBinaryProtocol.TBinaryProtocolAcceleratedFactory()
+    return TBinaryProtocol.TBinaryProtocolFactory()
+
+
+def encode_struct(obj) -> bytes:
+    buf = TTransport.TMemoryBuffer()
+    obj.write(_protocol_factory().getProtocol(buf))
+    return buf.getvalue()
+
+
+def decode_struct(cls, data: bytes):
+    obj = cls()
+    obj.read(_protocol_factory().getProtocol(TTransport.TMemoryBuffer(data)))
+    return obj
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+def recv_frame_with_fds(sock: socket.socket, max_frame: int = MAX_ATTACH_FRAME) -> tuple[bytes, list[int]]:
+    """Read exactly one length-prefixed frame and every fd passed with any of its bytes.
+    Never reads past the frame. The fds are close-on-exec; the caller owns them."""
+    fds: list[int] = []
+    data = bytearray()
+    need = 4
+    cmsg_space = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+    try:
+        while len(data) < need:
+            chunk, ancdata, flags, _ = sock.recvmsg(need - len(data), cmsg_space, socket.MSG_CMSG_CLOEXEC)
+            for level, kind, cdata in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = array.array("i")
+                    got.frombytes(cdata[: len(cdata) - len(cdata) % got.itemsize])
+                    fds.extend(got)
+            if flags & socket.MSG_CTRUNC:
+                raise Error("attach reply: ancillary data truncated (too many file descriptors)")
+            if not chunk:
+                raise Unavailable(f"attach socket closed after {len(data)} of {need} bytes of the reply")
+            data += chunk
+            if need == 4 and len(data) == 4:
+                (size,) = struct.unpack(">I", bytes(data))
+                if size > max_frame:
+                    raise Error(f"attach reply frame of {size} bytes exceeds {max_frame}")
+                need = 4 + size
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return bytes(data[4:]), fds
+
+
+def attach(path: str, name: str, pid: int, timeout: float):
+    """Attach to the owner at ``path``. Returns (attach socket, AttachReply, memfd).
+    Raises Unavailable when nobody listens there, the matching Error for a refusal."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as e:
+            raise Unavailable(f"no fluxkv owner at {path}: {e.strerror or e}") from None
+        except socket.timeout:
+            raise Unavailable(f"connect to {path} timed out") from None
+        hello = AttachHello(protocol_version=PROTOCOL_VERSION, name=name, pid=pid)
+        try:
+            sock.sendall(frame(encode_struct(hello)))
+            payload, fds = recv_frame_with_fds(sock)
+        except socket.timeout:
+            raise Unavailable(f"attach to {path}: no reply within {timeout} s") from None
+        except (ConnectionResetError, BrokenPipeError) as e:
+            raise Unavailable(f"attach to {path}: {e.strerror or e}") from None
+        try:
+            reply = decode_struct(AttachReply, payload)
+            if reply.code != ErrorCode.OK:
+                raise error_for(reply.code if reply.code is not None else ErrorCode.INTERNAL, f"attach refused: {reply.message or ''}")
+            if reply.protocol_version not in (None, PROTOCOL_VERSION):
+                raise Error(f"owner speaks protocol version {reply.protocol_version}, this client {PROTOCOL_VERSION}")
+            if len(fds) != 1:
+                raise Error(f"attach reply carried {len(fds)} file descriptors, expected the segment's memfd")
+            if not reply.segment_size or reply.segment_size <= 0:
+                raise Error(f"attach reply announces segment size {reply.segment_size}")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        sock.settimeout(None)
+        return sock, reply, fds[0]
+    except BaseException:
+        sock.close()
+        raise
+
+
+class RPCConnection:
+    """One framed-binary thrift connection to ExternalService. Not safe for concurrent use:
+    the client hands each connection to one thread at a time."""
+
+    __slots__ = ("transport", "client", "_sock")
+
+    def __init__(self, path: str, timeout: float):
+        # Connect ourselves (TSocket.open logs every refused connect at error level).
+        handle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            handle.settimeout(timeout)
+            handle.connect(path)
+        except BaseException:
+            handle.close()
+            raise
+        self._sock = TSocket.TSocket(unix_socket=path)
+        self._sock.setHandle(handle)
+        self.transport = TTransport.TFramedTransport(self._sock)
+        if ACCELERATED:
+            proto = TBinaryProtocol.TBinaryProtocolAccelerated(self.transport)
+        else:
+            proto = TBinaryProtocol.TBinaryProtocol(self.transport)
+        self.client = ExternalService.Client(proto)
+
+    def close(self) -> None:
+        # close(2) only, never shutdown(2): after fork() the other process may still use it.
+        try:
+            self._sock.close()
+        except OSError:
+            pass

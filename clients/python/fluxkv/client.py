@@ -1,0 +1,795 @@
+"""The fluxkv client: attach to the local owner, then speak ExternalService to it.
+
+One :class:`Client` owns one *attach session* at a time (:class:`_Session`): the attach
+connection (kept open for the session's life), both mappings of the segment, a pool of
+RPC connections and the queue of holder releases waiting to be acknowledged. The session is
+replaced, and the call retried once, when the owner restarted (STALE_GENERATION, or the
+attach connection reached EOF after a broken call). After ``fork()`` the child drops the
+parent's session (its connections are closed in the child only) and attaches on its next
+call. Holders of a replaced session raise on use.
+
+Thread safety: every call borrows one RPC connection from the session's pool (a new one
+is opened when none is idle), so any number of threads may share a client. Session
+replacement is serialized by ``Client._lock``. Release acks are queued lock-free (they may
+be queued from finalizers) and ride on the next call's ``Session.releases``; a flusher
+thread sends the ones no call picked up within ``release_delay`` seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket as _socketmod
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+
+from thrift.protocol.TProtocol import TProtocolException
+from thrift.Thrift import TApplicationException
+from thrift.transport.TTransport import TTransportException
+
+from fluxkv._gen.common.ttypes import ErrorCode
+from fluxkv._gen.external.ttypes import (
+    BatchKeysRequest,
+    BatchPutAbortRequest,
+    BatchPutEndRequest,
+    BatchPutStartRequest,
+    DeleteRequest,
+    ExistsRequest,
+    GetRequest,
+    PutAbortRequest,
+    PutEndItem,
+    PutEndRequest,
+    PutOptions,
+    PutStartItem,
+    PutStartRequest,
+    ReleaseRequest,
+    Session,
+    StatRequest,
+)
+from fluxkv._segment import Segment
+from fluxkv._wire import RPCConnection, attach, resolve_socket
+from fluxkv.errors import Error, InvalidArgument, Unavailable, error_for, raise_for
+from fluxkv.holder import MemHolder, writable_nbytes
+
+__all__ = ["Client", "connect"]
+
+BATCH_CHUNK = 1024  # items per batch request (the server's limit is higher)
+RELEASE_CHUNK = 4096  # holder ids per Release request or piggyback
+_OK = ErrorCode.OK
+_KEY_NOT_FOUND = ErrorCode.KEY_NOT_FOUND
+_STALE = ErrorCode.STALE_GENERATION
+
+_CLIENTS: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+class _Broken(Exception):
+    """The RPC connection failed (EOF, reset, refused, timeout): no response was read."""
+
+    def __init__(self, cause: BaseException, timed_out: bool = False):
+        super().__init__(str(cause))
+        self.timed_out = timed_out
+
+
+class _Stale(Exception):
+    """The owner answered STALE_GENERATION: it restarted since this session attached."""
+
+
+def _is_timeout(e: BaseException) -> bool:
+    if isinstance(e, TimeoutError):
+        return True
+    if isinstance(e, TTransportException):
+        return e.type == TTransportException.TIMED_OUT or isinstance(getattr(e, "inner", None), TimeoutError)
+    return False
+
+
+class _Session:
+    """One attach session: valid while ``state`` is None; "closed", "replaced" or "forked" after."""
+
+    def __init__(self, client: "Client", path: str, name: str, attach_timeout: float, timeout: float, max_idle: int):
+        self.pid = os.getpid()
+        sock, reply, fd = attach(path, name, self.pid, attach_timeout)
+        try:
+            self.segment = Segment(fd, reply.segment_size)
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            os.close(fd)
+        self.attach_sock = sock
+        self.path = path
+        self.client_id = reply.client_id
+        self.session_token = reply.session_token
+        self.generation = reply.owner_generation
+        self.node_id = reply.node_id or ""
+        self.rpc_path = reply.rpc_socket or path + ".rpc"
+        self.timeout = timeout
+        self.max_idle = max_idle
+        self.idle: collections.deque[RPCConnection] = collections.deque()
+        self.pending: collections.deque[int] = collections.deque()  # holder ids to release
+        self.pins: set[int] = set()  # live exports of every holder of this session
+        self.state: str | None = None
+        self.closing = False  # closed by the user; the attach socket waits for the last pin
+        self.rpc_count = 0
+        self.release_errors = 0
+        self._client = weakref.ref(client)
+
+    # -- used by holders (may run in finalizers: no locks, no RPCs) ---------------------------
+
+    def unusable_reason(self) -> str | None:
+        if self.state is None:
+            return None
+        return {
+            "closed": "the client was closed",
+            "replaced": "the owner restarted (its generation changed) or the session was replaced",
+            "forked": "it belongs to the parent process (fork)",
+        }.get(self.state, self.state)
+
+    def queue_release(self, holder_id: int, wake: bool) -> None:
+        if self.state is not None:
+            return  # the attach session's end released it
+        self.pending.append(holder_id)
+        if wake:
+            c = self._client()
+            if c is not None:
+                c._kick()
+
+    def unpin(self, token: int) -> None:
+        self.pins.discard(token)
+        if self.closing and not self.pins:
+            self._close_attach()
+
+    # -- RPC ------------------------------------------------------------------------------------------
+
+    def drain(self, limit: int = RELEASE_CHUNK) -> list[int]:
+        out: list[int] = []
+        pending = self.pending
+        if not pending:
+            return out
+        pop = pending.popleft
+        try:
+            while len(out) < limit:
+                out.append(pop())
+        except IndexError:
+            pass
+        return out
+
+    def call(self, fn, piggyback: bool = True):
+        """fn(generated client, Session struct) -> response. Raises _Broken when the connection
+        failed, _Stale on STALE_GENERATION; any other response is returned as is."""
+        if self.state is not None:
+            if self.state == "replaced":
+                raise _Stale("the session was replaced by another thread")
+            raise Error(f"session unusable: {self.unusable_reason()}")
+        try:
+            conn = self.idle.pop()
+        except IndexError:
+            try:
+                conn = RPCConnection(self.rpc_path, self.timeout)
+            except OSError as e:
+                raise _Broken(e, _is_timeout(e)) from None
+        releases = self.drain() if piggyback else []
+        try:
+            resp = fn(conn.client, Session(self.client_id, self.session_token, self.generation, releases))
+        except (TTransportException, TProtocolException, OSError, EOFError) as e:
+            conn.close()
+            self.pending.extendleft(reversed(releases))
+            raise _Broken(e, _is_timeout(e)) from None
+        except TApplicationException as e:
+            conn.close()
+            self.pending.extendleft(reversed(releases))
+            raise Error(f"owner failed the call: {e}", ErrorCode.INTERNAL) from None
+        except BaseException:
+            conn.close()  # the frame may be half written
+            self.pending.extendleft(reversed(releases))
+            raise
+        self.rpc_count += 1
+        if len(self.idle) < self.max_idle and self.state is None:
+            self.idle.append(conn)
+        else:
+            conn.close()
+        if resp.code == _STALE:
+            raise _Stale(resp.message or "stale generation")
+        return resp
+
+    def flush_releases(self) -> None:
+        """Send every queued release with the plain Release call."""
+        while self.pending:
+            ids = self.drain()
+            if not ids:
+                return
+            resp = self.call(lambda c, s: c.Release(ReleaseRequest(s, ids)), piggyback=False)
+            if resp.code != _OK:
+                self.release_errors += len(ids)
+                continue
+            for code in resp.results or ():
+                if code != _OK:
+                    self.release_errors += 1
+
+    def attach_alive(self) -> bool:
+        """False once the owner closed the attach connection (it exited or restarted)."""
+        sock = self.attach_sock
+        if sock is None:
+            return False
+        try:
+            data = sock.recv(1, _MSG_PEEK_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return bool(data)
+
+    def drop_idle(self) -> None:
+        while True:
+            try:
+                self.idle.pop().close()
+            except IndexError:
+                return
+
+    # -- end -------------------------------------------------------------------------------------------
+
+    def retire(self, state: str) -> None:
+        """End the session. A user's close keeps the attach connection (and so every holder's
+        bytes) until the last exported view is gone; other ends close it now."""
+        if self.state is not None:
+            return
+        self.state = state
+        self.pending.clear()
+        self.drop_idle()
+        if state == "closed" and self.pins:
+            self.closing = True
+            if self.pins:
+                return
+        self._close_attach()
+
+    def _close_attach(self) -> None:
+        sock, self.attach_sock = self.attach_sock, None
+        if sock is not None:
+            try:
+                sock.close()  # close(2) only: a forked twin may still use it
+            except OSError:
+                pass
+
+
+_MSG_PEEK_DONTWAIT = _socketmod.MSG_PEEK | _socketmod.MSG_DONTWAIT
+
+
+def _norm_key(key) -> str:
+    if type(key) is str:
+        k = key
+    elif isinstance(key, str):
+        k = str(key)
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        try:
+            k = bytes(key).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidArgument(f"key is not valid UTF-8: {e}") from None
+        return k
+    else:
+        raise TypeError(f"key must be str or UTF-8 bytes, not {type(key).__name__}")
+    if not k.isascii():
+        try:
+            k.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgument(f"key cannot be encoded as UTF-8: {e}") from None
+    return k
+
+
+def _norm_value(value):
+    """(buffer object, nbytes) for a C-contiguous buffer; the object itself is copied later."""
+    try:
+        mv = memoryview(value)
+    except TypeError:
+        raise TypeError(f"value must support the buffer protocol, not {type(value).__name__}") from None
+    with mv:
+        if not mv.c_contiguous:
+            raise InvalidArgument("value must be a C-contiguous buffer")
+        return value, mv.nbytes
+
+
+def _default_name() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return f"python:{argv0 or 'python'}"
+
+
+class Client:
+    """A connection to the local fluxkv owner. Thread-safe; use as a context manager or
+    call :meth:`close`. See :func:`connect`."""
+
+    def __init__(
+        self,
+        socket=None,
+        *,
+        name: str | None = None,
+        timeout: float = 60.0,
+        attach_timeout: float = 10.0,
+        max_idle_connections: int = 16,
+        release_delay: float = 0.002,
+    ):
+        self._path = resolve_socket(socket)
+        self._name = name or _default_name()
+        self._timeout = float(timeout)
+        self._attach_timeout = float(attach_timeout)
+        self._max_idle = int(max_idle_connections)
+        self._release_delay = float(release_delay)
+        self._lock = threading.RLock()  # protects _s replacement, _closed, _flusher
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        self._s: _Session | None = None
+        self._released_errors_retired = 0
+        with self._lock:
+            self._s = self._new_session_locked()
+        _CLIENTS.add(self)
+
+    # -- session management ----------------------------------------------------------------------
+
+    def _new_session_locked(self) -> _Session:
+        s = _Session(self, self._path, self._name, self._attach_timeout, self._timeout, self._max_idle)
+        if self._flusher is None or not self._flusher.is_alive():
+            t = threading.Thread(
+                target=_flush_loop,
+                args=(weakref.ref(self), self._wake, self._release_delay),
+                name="fluxkv-release-flusher",
+                daemon=True,
+            )
+            t.start()
+            self._flusher = t
+        return s
+
+    def _current(self) -> _Session:
+        s = self._s
+        if s is not None and s.state is None:
+            return s
+        return self._renew(s)
+
+    def _renew(self, old: _Session | None) -> _Session:
+        """The current session, attaching a new one if ``old`` is still current (or none is)."""
+        with self._lock:
+            if self._closed:
+                raise Error("the client is closed")
+            cur = self._s
+            if cur is not None and cur is not old and cur.state is None:
+                return cur
+            if cur is not None:
+                self._released_errors_retired += cur.release_errors
+                cur.retire("replaced")
+                self._s = None
+            self._s = self._new_session_locked()
+            return self._s
+
+    def _run(self, op):
+        """Run op(session) with one recovery: on STALE_GENERATION, or a broken connection to
+        an owner whose attach connection has closed, attach again and retry once. A broken
+        connection to a live owner is retried once on a fresh connection."""
+        s = self._current()
+        try:
+            return op(s)
+        except _Stale as e:
+            why = f"the owner restarted ({e})"
+            s2 = self._renew(s)
+        except _Broken as e:
+            if e.timed_out:
+                raise Unavailable(f"call to the owner at {s.rpc_path} timed out after {self._timeout} s") from None
+            if s.attach_alive():
+                why = f"the connection to the owner broke ({e})"
+                s.drop_idle()
+                s2 = s
+            else:
+                why = f"the owner closed the session ({e})"
+                try:
+                    s2 = self._renew(s)
+                except Unavailable as u:
+                    raise Unavailable(f"{why}; attaching again failed: {u}") from None
+        try:
+            return op(s2)
+        except _Stale as e:
+            raise Unavailable(f"{why}; the retry failed too: stale generation ({e})") from None
+        except _Broken as e:
+            raise Unavailable(f"{why}; the retry failed too: {e}") from None
+
+    def _kick(self) -> None:
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._flusher = None
+        s, self._s = self._s, None
+        if s is not None:
+            s.retire("forked")
+
+    # -- public: lifecycle --------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> str:
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def node_id(self) -> str:
+        return self._current().node_id
+
+    @property
+    def generation(self) -> int:
+        """The owner generation of the current attach session."""
+        return self._current().generation
+
+    @property
+    def client_id(self) -> int:
+        return self._current().client_id
+
+    @property
+    def segment_size(self) -> int:
+        return self._current().segment.size
+
+    @property
+    def release_errors(self) -> int:
+        """Release acks the owner refused (unknown or double release): 0 unless something is wrong."""
+        s = self._s
+        return self._released_errors_retired + (s.release_errors if s is not None else 0)
+
+    def flush(self) -> None:
+        """Send the queued holder releases now."""
+        s = self._s
+        if s is None or s.state is not None or not s.pending:
+            return
+        try:
+            s.flush_releases()
+        except (_Broken, _Stale):
+            pass  # the owner is gone; its end of the session released them
+
+    def close(self) -> None:
+        """Flush releases and end the attach session. Idempotent. Views still exported keep
+        the session (and their bytes) until they go; holders raise from now on."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            s, self._s = self._s, None
+        self._wake.set()
+        _CLIENTS.discard(self)
+        if s is None:
+            return
+        try:
+            if s.state is None and s.pending:
+                s.flush_releases()
+        except (_Broken, _Stale, Error):
+            pass
+        finally:
+            self._released_errors_retired += s.release_errors
+            s.retire("closed")
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"client_id={self._s.client_id if self._s else None}"
+        return f"<fluxkv.Client {self._path} {state}>"
+
+    # -- public: single-key calls ---------------------------------------------------------------
+
+    def put(self, key, value, reject_if_exists: bool = False) -> None:
+        """Store ``value`` (any C-contiguous buffer) under ``key``: one copy, into shared memory.
+        Raises AlreadyExists when ``reject_if_exists`` and the key exists."""
+        k = _norm_key(key)
+        obj, n = _norm_value(value)
+        opts = PutOptions(bool(reject_if_exists))
+        self._run(lambda s: _put_once(s, k, obj, n, opts))
+
+    def get(self, key) -> MemHolder:
+        """A holder of the value of ``key``; raises KeyNotFound on a miss."""
+        k = _norm_key(key)
+        return self._run(lambda s: _get_once(s, k))
+
+    def get_into(self, key, buffer) -> int:
+        """Copy the value of ``key`` into a writable buffer; returns its length."""
+        size = writable_nbytes(buffer)
+        with self.get(key) as h:
+            if size < len(h):
+                raise InvalidArgument(f"buffer of {size} bytes is smaller than the value of {h.key!r} ({len(h)} bytes)")
+            return h.copy_into(buffer)
+
+    def delete(self, key) -> bool:
+        """Remove ``key``; True when it existed. Holders of it keep their bytes."""
+        k = _norm_key(key)
+
+        def op(s):
+            r = s.call(lambda c, ss: c.Delete(DeleteRequest(ss, k)))
+            if r.code == _KEY_NOT_FOUND:
+                return False
+            raise_for(r.code, r.message)
+            return bool(r.deleted)
+
+        return self._run(op)
+
+    def exists(self, key) -> bool:
+        k = _norm_key(key)
+
+        def op(s):
+            r = s.call(lambda c, ss: c.Exists(ExistsRequest(ss, k)))
+            if r.code == _KEY_NOT_FOUND:
+                return False
+            raise_for(r.code, r.message)
+            return bool(r.exists)
+
+        return self._run(op)
+
+    # -- public: batch calls ---------------------------------------------------------------------
+
+    def batch_put(self, items, reject_if_exists: bool = False) -> None:
+        """Store many values: ``items`` is a mapping or an iterable of (key, value). Every item
+        is attempted; if any failed, the first failure is raised with ``errors`` (a list
+        aligned with the items: None or the item's exception) attached."""
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        prepared = []
+        for k, v in pairs:
+            obj, n = _norm_value(v)
+            prepared.append((_norm_key(k), obj, n))
+        if not prepared:
+            return
+        opts = PutOptions(bool(reject_if_exists))
+        errors = self._run(lambda s: _batch_put_once(s, prepared, opts))
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            first.errors = errors
+            raise first
+
+    def batch_get(self, keys) -> list:
+        """One holder (or None for a miss) per key. Any other per-key error releases the
+        holders obtained and raises."""
+        ks = [_norm_key(k) for k in keys]
+        if not ks:
+            return []
+        return self._run(lambda s: _batch_get_once(s, ks))
+
+    def batch_exists(self, keys) -> list:
+        ks = [_norm_key(k) for k in keys]
+        return self._run(lambda s: _batch_flags(s, ks, "BatchExists", "exists")) if ks else []
+
+    def batch_delete(self, keys) -> list:
+        ks = [_norm_key(k) for k in keys]
+        return self._run(lambda s: _batch_flags(s, ks, "BatchDelete", "deleted")) if ks else []
+
+    # -- public: status ------------------------------------------------------------------------------
+
+    def stat(self) -> dict:
+        """The owner's status: members with memory and SSD capacity/used, key count, holders
+        and clients. Queued releases are sent first, so status reflects them."""
+
+        def op(s):
+            s.flush_releases()
+            r = s.call(lambda c, ss: c.Stat(StatRequest(ss)), piggyback=False)
+            raise_for(r.code, r.message)
+            return _stat_dict(r)
+
+        return self._run(op)
+
+
+def connect(socket=None, **kwargs) -> Client:
+    """Attach to the local fluxkv owner and return a :class:`Client`.
+
+    ``socket`` is the owner's attach socket (``DIR/fluxkv.sock``) or its directory; by
+    default ``$FLUXKV_SOCKET``, else ``$XDG_RUNTIME_DIR/fluxkv/fluxkv.sock``, else
+    ``/run/fluxkv/fluxkv.sock``. Raises Unavailable when no owner listens there.
+    Keyword arguments: ``name`` (shown by the owner), ``timeout`` (seconds per call),
+    ``attach_timeout``, ``max_idle_connections``, ``release_delay``."""
+    return Client(socket, **kwargs)
+
+
+# -- the operations, each run against one session (Client._run retries them once) ----------------
+
+
+def _put_once(s: _Session, k: str, obj, n: int, opts: PutOptions) -> None:
+    r = s.call(lambda c, ss: c.PutStart(PutStartRequest(ss, k, n, opts)))
+    raise_for(r.code, r.message)
+    put_id, off = r.put_id, r.offset
+    try:
+        if not s.segment.contains(off, n):
+            raise Error(
+                f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
+                ErrorCode.INTERNAL,
+            )
+        s.segment.write(off, obj, n)
+    except BaseException:
+        _abort(s, [(k, put_id)])
+        raise
+    r = s.call(lambda c, ss: c.PutEnd(PutEndRequest(ss, k, put_id)))
+    raise_for(r.code, r.message)
+
+
+def _abort(s: _Session, puts) -> None:
+    """Best effort PutAbort of (key, put_id) pairs; the owner also revokes them when the
+    session ends or their TTL passes."""
+    try:
+        if len(puts) == 1:
+            k, pid = puts[0]
+            s.call(lambda c, ss: c.PutAbort(PutAbortRequest(ss, k, pid)))
+        elif puts:
+            items = [PutEndItem(k, pid) for k, pid in puts]
+            s.call(lambda c, ss: c.BatchPutAbort(BatchPutAbortRequest(ss, items)))
+    except Exception:
+        pass
+
+
+def _holder(s: _Session, k: str, r) -> MemHolder:
+    if r.holder_id is None or r.offset is None or r.len is None or not s.segment.contains(r.offset, r.len):
+        if r.holder_id is not None:
+            s.queue_release(r.holder_id, wake=True)
+        raise Error(
+            f"Get({k!r}) returned holder {r.holder_id} at offset {r.offset} len {r.len}, "
+            f"outside the {s.segment.size}-byte segment",
+            ErrorCode.INTERNAL,
+        )
+    return MemHolder(s, k, r.holder_id, r.offset, r.len, r.source, r.put_id)
+
+
+def _get_once(s: _Session, k: str) -> MemHolder:
+    r = s.call(lambda c, ss: c.Get(GetRequest(ss, k)))
+    if r.code != _OK:
+        raise_for(r.code, r.message)
+    return _holder(s, k, r)
+
+
+def _chunks(seq, size=BATCH_CHUNK):
+    for i in range(0, len(seq), size):
+        yield i, seq[i : i + size]
+
+
+def _check_count(name: str, results, want: int):
+    if results is None or len(results) != want:
+        got = "no" if results is None else len(results)
+        raise Error(f"{name}: {got} results for {want} items", ErrorCode.INTERNAL)
+    return results
+
+
+def _batch_get_once(s: _Session, ks: list) -> list:
+    out: list = []
+    try:
+        for _, chunk in _chunks(ks):
+            r = s.call(lambda c, ss: c.BatchGet(BatchKeysRequest(ss, chunk)))
+            raise_for(r.code, r.message)
+            for k, res in zip(chunk, _check_count("BatchGet", r.results, len(chunk))):
+                if res.code == _OK:
+                    out.append(_holder(s, k, res))
+                elif res.code == _KEY_NOT_FOUND:
+                    out.append(None)
+                else:
+                    if res.holder_id:
+                        s.queue_release(res.holder_id, wake=True)
+                    raise error_for(res.code, f"key {k!r}: {res.message or ''}")
+    except BaseException:
+        for h in out:
+            if h is not None:
+                h.release()
+        raise
+    return out
+
+
+def _batch_flags(s: _Session, ks: list, method: str, field: str) -> list:
+    out: list = []
+    for _, chunk in _chunks(ks):
+        r = s.call(lambda c, ss: getattr(c, method)(BatchKeysRequest(ss, chunk)))
+        raise_for(r.code, r.message)
+        for k, res in zip(chunk, _check_count(method, r.results, len(chunk))):
+            if res.code == _KEY_NOT_FOUND:
+                out.append(False)
+                continue
+            if res.code != _OK:
+                raise error_for(res.code, f"key {k!r}: {res.message or ''}")
+            out.append(bool(getattr(res, field)))
+    return out
+
+
+def _batch_put_once(s: _Session, prepared: list, opts: PutOptions) -> list:
+    errors: list = [None] * len(prepared)
+    for base, chunk in _chunks(prepared):
+        items = [PutStartItem(k, n, opts) for k, _, n in chunk]
+        r = s.call(lambda c, ss: c.BatchPutStart(BatchPutStartRequest(ss, items)))
+        raise_for(r.code, r.message)
+        results = _check_count("BatchPutStart", r.results, len(chunk))
+        started = [(i, res.put_id, res.offset) for i, res in enumerate(results) if res.code == _OK]
+        for i, res in enumerate(results):
+            if res.code != _OK:
+                errors[base + i] = error_for(res.code, f"key {chunk[i][0]!r}: {res.message or ''}")
+        written = []
+        try:
+            for i, put_id, off in started:
+                k, obj, n = chunk[i]
+                if not s.segment.contains(off, n):
+                    errors[base + i] = Error(
+                        f"BatchPutStart returned offset {off} for {k!r} (len {n}) outside the segment",
+                        ErrorCode.INTERNAL,
+                    )
+                    _abort(s, [(k, put_id)])
+                    continue
+                s.segment.write(off, obj, n)
+                written.append((i, put_id))
+        except BaseException:
+            _abort(s, [(chunk[i][0], pid) for i, pid, _ in started])  # none of them was ended
+            raise
+        if not written:
+            continue
+        ends = [PutEndItem(chunk[i][0], pid) for i, pid in written]
+        r = s.call(lambda c, ss: c.BatchPutEnd(BatchPutEndRequest(ss, ends)))
+        raise_for(r.code, r.message)
+        for (i, _), res in zip(written, _check_count("BatchPutEnd", r.results, len(ends))):
+            if res.code != _OK:
+                errors[base + i] = error_for(res.code, f"key {chunk[i][0]!r}: {res.message or ''}")
+    return errors
+
+
+def _cap(c) -> dict:
+    if c is None:
+        return {"capacity_bytes": 0, "used_bytes": 0}
+    return {"capacity_bytes": c.capacity_bytes or 0, "used_bytes": c.used_bytes or 0}
+
+
+def _stat_dict(r) -> dict:
+    members = []
+    for m in r.members or ():
+        members.append(
+            {
+                "node_id": m.node_id or "",
+                "generation": m.generation or 0,
+                "alive": bool(m.alive),
+                "memory_segment": _cap(m.memory_segment),
+                "kv_ssd": _cap(m.kv_ssd),
+                "data_addr": m.data_addr or "",
+                "peer_addr": m.peer_addr or "",
+                "memory_replicas": m.memory_replicas or 0,
+                "ssd_replicas": m.ssd_replicas or 0,
+                "holders": m.holders or 0,
+            }
+        )
+    return {
+        "node_id": r.node_id or "",
+        "keys": r.keys or 0,
+        "client_holders": r.client_holders or 0,
+        "clients": r.clients or 0,
+        "members": members,
+    }
+
+
+def _flush_loop(client_ref, wake: threading.Event, delay: float) -> None:
+    """Send queued releases that no call picked up within ``delay`` seconds. Exits when the
+    client is closed, collected, or replaced its event (fork)."""
+    while True:
+        wake.wait(1.0)
+        c = client_ref()
+        if c is None or c._closed or c._wake is not wake:
+            return
+        s = c._s
+        del c
+        if s is None or s.state is not None or not s.pending:
+            wake.clear()
+            continue
+        seen = s.rpc_count
+        time.sleep(delay)
+        wake.clear()
+        if s.state is None and s.pending and s.rpc_count == seen:
+            try:
+                s.flush_releases()
+            except Exception:
+                pass  # the owner is gone or the session ended: the session's end released them
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_CLIENTS):
+        try:
+            c._after_fork_in_child()
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

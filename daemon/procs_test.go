@@ -1,0 +1,302 @@
+package daemon_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+)
+
+// bin is the fluxkv binary built once for the integration tests.
+var bin string
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("FLUXKV_TEST_CHILD"); mode != "" {
+		os.Exit(runChild(mode))
+	}
+	dir, err := os.MkdirTemp("", "fluxkv-it-")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "fluxkv")
+	if p := os.Getenv("FLUXKV_BIN"); p != "" {
+		bin = p
+	} else {
+		out, err := exec.Command("go", "build", "-o", bin, "../cmd/fluxkv").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build fluxkv: %v\n%s", err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a fluxkv process started by a test; Cleanup stops it with SIGTERM and checks
+// that it exits 0 and leaves no socket behind.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stderr *syncWriter
+	socket string
+	addr   string // master address, for master processes
+	done   chan error
+	exited bool
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, append([]string{"--log-level", "debug"}, args...)...)
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+// startUp runs `fluxkv up` and waits for its socket.
+func startUp(t *testing.T, dram string, extra ...string) *proc {
+	t.Helper()
+	dir := t.TempDir()
+	p := start(t, append([]string{"up", "--dir", dir, "--dram", dram}, extra...)...)
+	p.socket = filepath.Join(dir, "fluxkv.sock")
+	p.waitSocket()
+	return p
+}
+
+// startMaster runs `fluxkv master` on a free port and waits until it accepts.
+func startMaster(t *testing.T, addr string) *proc {
+	t.Helper()
+	if addr == "" {
+		addr = freePort(t)
+	}
+	p := start(t, "master", "--listen", addr, "--node-ttl", "2s")
+	p.addr = addr
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return p
+		}
+		p.checkAlive()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("master did not listen on %s:\n%s", addr, p.stderr)
+	return nil
+}
+
+// startOwner runs `fluxkv owner` against a master and waits for its socket.
+func startOwner(t *testing.T, dir, masterAddr, dram string) *proc {
+	t.Helper()
+	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", "owner-1")
+	p.socket = filepath.Join(dir, "fluxkv.sock")
+	p.waitSocket()
+	return p
+}
+
+func (p *proc) checkAlive() {
+	select {
+	case err := <-p.done:
+		p.exited = true
+		p.t.Fatalf("fluxkv exited early (%v):\n%s", err, p.stderr)
+	default:
+	}
+}
+
+func (p *proc) waitSocket() {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if fi, err := os.Stat(p.socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return
+		}
+		p.checkAlive()
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.t.Fatalf("socket %s did not appear:\n%s", p.socket, p.stderr)
+}
+
+// stop sends SIGTERM and requires a clean exit within 5 s with the sockets removed.
+func (p *proc) stop() {
+	if p.exited {
+		return
+	}
+	p.exited = true
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			p.t.Errorf("fluxkv exited with %v after SIGTERM:\n%s", err, tail(p.stderr.String()))
+		}
+	case <-time.After(5 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+		p.t.Errorf("fluxkv did not exit within 5s of SIGTERM:\n%s", tail(p.stderr.String()))
+	}
+	if p.socket != "" {
+		for _, s := range []string{p.socket, p.socket + ".rpc"} {
+			if _, err := os.Stat(s); err == nil {
+				p.t.Errorf("socket %s left behind after SIGTERM", s)
+			}
+		}
+	}
+}
+
+// kill sends SIGKILL (a crash: nothing is cleaned up).
+func (p *proc) kill() {
+	p.exited = true
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+func tail(s string) string {
+	if len(s) > 4000 {
+		return "..." + s[len(s)-4000:]
+	}
+	return s
+}
+
+// syncWriter lets the process's stderr be read while it is being written.
+type syncWriter struct {
+	mu sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w *syncWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(b)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+func connect(t *testing.T, socket string) *fluxkv.Client {
+	t.Helper()
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: socket, Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// usage returns (used bytes, holders, keys) as the master sees them.
+func usage(t *testing.T, c *fluxkv.Client) (used, holders, keys int64) {
+	t.Helper()
+	c.Flush()
+	st, err := c.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Members {
+		used += m.MemorySegment.UsedBytes
+		holders += m.Holders
+	}
+	return used, holders, st.Keys
+}
+
+// waitUsage polls until used bytes and holders reach the wanted values (acks are
+// asynchronous and batched), failing after timeout.
+func waitUsage(t *testing.T, c *fluxkv.Client, wantUsed, wantHolders int64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		used, holders, _ := usage(t, c)
+		if used == wantUsed && holders == wantHolders {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: used=%d holders=%d, want used=%d holders=%d", timeout, used, holders, wantUsed, wantHolders)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// leakCheck deletes every key it is given and requires the segment back to empty.
+func leakCheck(t *testing.T, c *fluxkv.Client, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, err := c.Delete(k); err != nil {
+			t.Fatalf("delete %s: %v", k, err)
+		}
+	}
+	waitUsage(t, c, 0, 0, 3*time.Second)
+}
+
+// runChild is a test external run as its own process (re-executed test binary), so a
+// test can SIGKILL it while it holds holders or is mid-put.
+func runChild(mode string) int {
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: os.Getenv("FLUXKV_TEST_SOCKET"), Name: "child"})
+	if err != nil {
+		fmt.Println("connect:", err)
+		return 1
+	}
+	switch mode {
+	case "hold":
+		for _, k := range strings.Split(os.Getenv("FLUXKV_TEST_KEYS"), ",") {
+			if _, err := c.Get(k); err != nil {
+				fmt.Println("get:", err)
+				return 1
+			}
+		}
+	case "midput":
+		// Start a put and never end it.
+		err := c.PutWith("midput", 1<<20, fluxkv.PutOptions{}, func(dst []byte) error {
+			fmt.Println("ready")
+			select {}
+		})
+		fmt.Println("put:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+// startChild runs runChild(mode) in a new process and waits for it to say ready.
+func startChild(t *testing.T, socket, mode string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append(env, "FLUXKV_TEST_CHILD="+mode, "FLUXKV_TEST_SOCKET="+socket)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child did not get ready: %q %v", line, err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}

@@ -1,0 +1,302 @@
+package master
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// TestScenarios replays the master protocol scripts in testdata/ (put, overwrite,
+// delete, eviction, holders, late SSD commits, tombs, TTL expiry) against State.
+func TestScenarios(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		st := NewState(Options{IDBase: 100, NodeTTL: 5 * time.Second, InflightTTL: 60 * time.Second})
+		now := time.Unix(1000, 0)
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			out, err := runCmd(st, &now, d)
+			if err != nil {
+				return "error: " + err.Error() + "\n"
+			}
+			return out
+		})
+	})
+}
+
+func arg(d *datadriven.TestData, key string) string {
+	for _, a := range d.CmdArgs {
+		if a.Key == key {
+			if len(a.Vals) == 0 {
+				return "true"
+			}
+			return a.Vals[0]
+		}
+	}
+	return ""
+}
+
+func argInt(d *datadriven.TestData, key string) int64 {
+	v := arg(d, key)
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return n
+	}
+	n, err := parseSizeForTest(v)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func parseSizeForTest(v string) (int64, error) {
+	for suf, mul := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20} {
+		if strings.HasSuffix(v, suf) {
+			n, err := strconv.ParseInt(strings.TrimSuffix(v, suf), 10, 64)
+			return n * mul, err
+		}
+	}
+	return 0, fmt.Errorf("bad number %q", v)
+}
+
+func nref(st *State, d *datadriven.TestData) NodeRef {
+	id := arg(d, "node")
+	if g := argInt(d, "gen"); g != 0 {
+		return NodeRef{ID: id, Generation: g}
+	}
+	if n := st.nodes[id]; n != nil {
+		return NodeRef{ID: id, Generation: n.generation}
+	}
+	return NodeRef{ID: id, Generation: 1}
+}
+
+func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
+	key := arg(d, "key")
+	switch d.Cmd {
+	case "register":
+		var pins []Pin
+		for _, line := range strings.Fields(d.Input) {
+			var p Pin
+			if _, err := fmt.Sscanf(line, "%d:%d+%d", &p.PinID, &p.Offset, &p.Len); err != nil {
+				return "", err
+			}
+			pins = append(pins, p)
+		}
+		ssd := SSDInfo{Enabled: arg(d, "ssd") != "", CapacityBytes: argInt(d, "ssd")}
+		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), "", "peer-"+arg(d, "node"), ssd, pins)
+	case "heartbeat":
+		return "ok\n", st.Heartbeat(*now, nref(st, d), SSDInfo{})
+	case "put", "put-start":
+		p, err := st.PutStart(*now, nref(st, d), key, argInt(d, "len"), arg(d, "nx") != "")
+		if err != nil {
+			return "", err
+		}
+		if d.Cmd == "put-start" {
+			return fmt.Sprintf("put_id=%d offset=%d ssd=%v\n", p.PutID, p.TargetOffset, p.PersistToSSD), nil
+		}
+		invs, err := st.PutDone(*now, nref(st, d), key, p.PutID)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("put_id=%d offset=%d%s\n", p.PutID, p.TargetOffset, fmtInv(invs)), nil
+	case "put-done":
+		invs, err := st.PutDone(*now, nref(st, d), key, argInt(d, "id"))
+		if err != nil {
+			return "", err
+		}
+		return "ok" + fmtInv(invs) + "\n", nil
+	case "put-revoke":
+		return "ok\n", st.PutRevoke(nref(st, d), key, argInt(d, "id"))
+	case "get":
+		p, err := st.GetStart(*now, nref(st, d), key)
+		if err != nil {
+			return "", err
+		}
+		if p.Done {
+			return fmt.Sprintf("holder=%d offset=%d len=%d put_id=%d source=%s\n", p.HolderID, p.TargetOffset, p.Len, p.PutID, p.Source), nil
+		}
+		return fmt.Sprintf("get_id=%d source=%s from=%s target=%d stage=%d+%d len=%d\n", p.GetID, p.Source, p.SourceNode, p.TargetOffset, p.StageOffset, p.StageLen, p.Len), nil
+	case "get-done":
+		h, promoted, err := st.GetDone(nref(st, d), key, argInt(d, "id"))
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("holder=%d promoted=%v\n", h, promoted), nil
+	case "get-revoke":
+		return "ok\n", st.GetRevoke(nref(st, d), key, argInt(d, "id"), arg(d, "drop-ssd") != "")
+	case "ack":
+		var ids []int64
+		for _, f := range strings.Split(arg(d, "ids"), ",") {
+			n, _ := strconv.ParseInt(f, 10, 64)
+			ids = append(ids, n)
+		}
+		u, err := st.BatchDeleteAck(nref(st, d), ids)
+		return fmt.Sprintf("unknown=%d\n", u), err
+	case "delete":
+		ok, invs, err := st.Delete(nref(st, d), key)
+		return fmt.Sprintf("deleted=%v%s\n", ok, fmtInv(invs)), err
+	case "exists":
+		ok, err := st.Exists(nref(st, d), key)
+		return fmt.Sprintf("%v\n", ok), err
+	case "ssd-commit":
+		ok, err := st.SsdReplicaCommit(nref(st, d), key, argInt(d, "put"), argInt(d, "len"))
+		return fmt.Sprintf("published=%v\n", ok), err
+	case "ssd-evict":
+		return "ok\n", st.BatchSsdReplicaEvict(nref(st, d), []*common.KeyVersion{{Key: key, PutId: argInt(d, "put")}})
+	case "tick":
+		dur, err := time.ParseDuration(arg(d, "advance"))
+		if err != nil {
+			return "", err
+		}
+		*now = now.Add(dur)
+		tombed := st.Maintain(*now)
+		return fmt.Sprintf("tombed=%v\n", tombed), nil
+	case "state":
+		return dumpState(st), nil
+	}
+	return "", fmt.Errorf("unknown command %q", d.Cmd)
+}
+
+func fmtInv(invs []Invalidation) string {
+	if len(invs) == 0 {
+		return ""
+	}
+	var ns []string
+	for _, iv := range invs {
+		ns = append(ns, iv.NodeID)
+	}
+	sort.Strings(ns)
+	return " invalidate=" + strings.Join(ns, ",")
+}
+
+func dumpState(st *State) string {
+	var b strings.Builder
+	ids := make([]string, 0, len(st.nodes))
+	for id := range st.nodes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		n := st.nodes[id]
+		fmt.Fprintf(&b, "node %s gen=%d used=%d/%d replicas=%d holders=%d\n", id, n.generation, n.alloc.Used(), n.alloc.Capacity(), n.policy.Len(), len(n.holders))
+	}
+	keys := make([]string, 0, len(st.routes))
+	for k := range st.routes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		r := st.routes[k]
+		var reps []string
+		for n, rep := range r.replicas {
+			s := n.id + ":"
+			if rep.memory != nil {
+				s += fmt.Sprintf("mem@%d", rep.memory.Offset())
+			}
+			if rep.ssd {
+				s += "+ssd"
+			}
+			reps = append(reps, s)
+		}
+		sort.Strings(reps)
+		fmt.Fprintf(&b, "route %s put_id=%d len=%d [%s]\n", k, r.putID, r.len, strings.Join(reps, " "))
+	}
+	fmt.Fprintf(&b, "inflight puts=%d gets=%d\n", len(st.puts), len(st.gets))
+	return b.String()
+}
+
+// TestValidation covers bad requests at the master: every one is an error code, never a panic.
+func TestValidation(t *testing.T) {
+	st := NewState(Options{IDBase: 1})
+	now := time.Unix(1, 0)
+	ref := NodeRef{ID: "n1", Generation: 7}
+	if err := st.Register(now, ref, 1<<20, "", "", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		err  error
+		code common.ErrorCode
+	}{
+		{"empty key", second(st.PutStart(now, ref, "", 10, false)), common.ErrorCode_INVALID_ARGUMENT},
+		{"long key", second(st.PutStart(now, ref, strings.Repeat("k", 5000), 10, false)), common.ErrorCode_INVALID_ARGUMENT},
+		{"zero len", second(st.PutStart(now, ref, "k", 0, false)), common.ErrorCode_INVALID_ARGUMENT},
+		{"negative len", second(st.PutStart(now, ref, "k", -5, false)), common.ErrorCode_INVALID_ARGUMENT},
+		{"len > segment", second(st.PutStart(now, ref, "k", 2<<20, false)), common.ErrorCode_INVALID_ARGUMENT},
+		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false)), common.ErrorCode_STALE_GENERATION},
+		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k")), common.ErrorCode_STALE_GENERATION},
+		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
+		{"unknown get", st.GetRevoke(ref, "k", 12345, false), common.ErrorCode_INVALID_ARGUMENT},
+		{"miss", second(st.GetStart(now, ref, "k")), common.ErrorCode_KEY_NOT_FOUND},
+		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+	}
+	for _, c := range cases {
+		if got := wire.CodeOf(c.err); got != c.code {
+			t.Errorf("%s: got %v (%v), want %v", c.name, got, c.err, c.code)
+		}
+	}
+	if used := st.nodes["n1"].alloc.Used(); used != 0 {
+		t.Fatalf("bad requests leaked %d bytes", used)
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
+
+// TestFillBeforeEviction: with 1 MiB − 128 B values the segment is fully used before
+// the first eviction, and every put is admitted and readable right after it returns.
+func TestFillBeforeEviction(t *testing.T) {
+	st := NewState(Options{IDBase: 1})
+	now := time.Unix(1, 0)
+	ref := NodeRef{ID: "n1", Generation: 1}
+	const seg = 64 << 20
+	if err := st.Register(now, ref, seg, "", "", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := st.nodes["n1"]
+	firstEvictionUsed := int64(-1)
+	for i := 0; i < 256; i++ {
+		before := n.alloc.Used()
+		replicas := n.policy.Len()
+		key := fmt.Sprintf("k%03d", i)
+		p, err := st.PutStart(now, ref, key, 1<<20-128, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.PutDone(now, ref, key, p.PutID); err != nil {
+			t.Fatal(err)
+		}
+		if firstEvictionUsed < 0 && n.policy.Len() <= replicas {
+			firstEvictionUsed = before
+		}
+		g, err := st.GetStart(now, ref, key)
+		if err != nil || !g.Done {
+			t.Fatalf("put %s not readable right after it returned: %v", key, err)
+		}
+		if _, err := st.BatchDeleteAck(ref, []int64{g.HolderID}); err != nil {
+			t.Fatal(err)
+		}
+		if n.alloc.Used() > seg {
+			t.Fatalf("used %d exceeds capacity", n.alloc.Used())
+		}
+	}
+	share := float64(firstEvictionUsed) / seg
+	t.Logf("segment share in use at the first eviction: %.2f%%", share*100)
+	if share < 0.95 {
+		t.Fatalf("first eviction at %.1f%% of the segment, want ≥ 95%%", share*100)
+	}
+	for k, r := range st.routes {
+		st.dropRouteLocked(k, r)
+	}
+	if n.alloc.Used() != 0 || n.allocs != 0 {
+		t.Fatalf("leak: used=%d allocations=%d", n.alloc.Used(), n.allocs)
+	}
+}

@@ -1,0 +1,200 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// requiredSeals are the seals a segment carries and MapFd insists on: with them nobody
+// can shrink the memfd under a live mapping (which would turn accesses into SIGBUS) or
+// grow it past what the master allocates from.
+const requiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+
+// maxMemfdName is the longest name memfd_create accepts (249 bytes, NAME_MAX minus the
+// "memfd:" prefix the kernel adds).
+const maxMemfdName = 249
+
+// Segment is the owner's shared memory: a sealed memfd mapped read-write in the owner.
+//
+// The Segment owns both its fd and its mapping; Close releases both. Mappings made from
+// the fd (MapFd, in this process or another one that received the fd) stay valid after
+// Close: the memory lives as long as any mapping or fd refers to it.
+// The methods are safe for concurrent use; the bytes themselves are not guarded.
+type Segment struct {
+	name string
+	size int64
+
+	mu   sync.Mutex // protects fd, data
+	fd   int        // -1 once closed
+	data []byte     // nil once closed
+}
+
+// CreateSegment creates a memfd named name (visible in /proc/PID/fd as "memfd:name") of
+// size bytes, seals it with F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL and maps it MAP_SHARED
+// read-write. size must be positive and a multiple of the page size. The fd is close-on-exec.
+func CreateSegment(name string, size int64) (*Segment, error) {
+	if err := checkSize(size, true); err != nil {
+		return nil, fmt.Errorf("create segment %q: %w", name, err)
+	}
+	if len(name) > maxMemfdName {
+		return nil, fmt.Errorf("create segment: name is %d bytes, memfd_create allows at most %d", len(name), maxMemfdName)
+	}
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("create segment %q: memfd_create: %w", name, err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("create segment %q: ftruncate to %d bytes: %w", name, size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, requiredSeals|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("create segment %q: seal: %w", name, err)
+	}
+	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("create segment %q: mmap %d bytes: %w", name, size, err)
+	}
+	return &Segment{name: name, size: size, fd: fd, data: data}, nil
+}
+
+// Name is the name the memfd was created with.
+func (s *Segment) Name() string { return s.name }
+
+// Fd is the memfd, or -1 after Close. The Segment still owns it: send it (SendFd), never
+// close it.
+func (s *Segment) Fd() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fd
+}
+
+// Size is the segment's size in bytes.
+func (s *Segment) Size() int64 { return s.size }
+
+// Bytes is the read-write mapping, nil after Close. The slice must not be used after
+// Close: the memory is unmapped and an access faults.
+func (s *Segment) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.data
+}
+
+// Close unmaps the segment and closes its fd. It is idempotent.
+func (s *Segment) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	if s.data != nil {
+		if err := unix.Munmap(s.data); err != nil {
+			errs = append(errs, fmt.Errorf("munmap segment %q: %w", s.name, err))
+		}
+		s.data = nil
+	}
+	if s.fd >= 0 {
+		if err := unix.Close(s.fd); err != nil {
+			errs = append(errs, fmt.Errorf("close segment %q: %w", s.name, err))
+		}
+		s.fd = -1
+	}
+	return errors.Join(errs...)
+}
+
+// Mapping is a client's mapping of a received memfd. It does not own the fd.
+// The methods are safe for concurrent use; the bytes themselves are not guarded.
+type Mapping struct {
+	size     int64
+	writable bool
+
+	mu   sync.Mutex // protects data
+	data []byte     // nil once closed
+}
+
+// MapFd maps size bytes of the memfd fd MAP_SHARED, read-only or read-write. It first
+// checks with F_GET_SEALS that the file is sealed against shrinking and growing and
+// with fstat that it is exactly size bytes long, so the mapping can never lose pages
+// under its user. It does not take ownership of fd: the caller still closes it (the
+// mapping stays valid after that).
+func MapFd(fd int, size int64, writable bool) (*Mapping, error) {
+	if err := checkSize(size, false); err != nil {
+		return nil, fmt.Errorf("map fd %d: %w", fd, err)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return nil, fmt.Errorf("map fd %d: not a sealable memfd (F_GET_SEALS: %w)", fd, err)
+		}
+		return nil, fmt.Errorf("map fd %d: F_GET_SEALS: %w", fd, err)
+	}
+	if seals&requiredSeals != requiredSeals {
+		return nil, fmt.Errorf("map fd %d: memfd is not sealed against shrink and grow (seals %#x, want %#x set)", fd, seals, requiredSeals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("map fd %d: fstat: %w", fd, err)
+	}
+	if st.Size != size {
+		return nil, fmt.Errorf("map fd %d: memfd is %d bytes, expected %d", fd, st.Size, size)
+	}
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	data, err := unix.Mmap(fd, 0, int(size), prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map fd %d: mmap %d bytes (writable=%t): %w", fd, size, writable, err)
+	}
+	return &Mapping{size: size, writable: writable, data: data}, nil
+}
+
+// Bytes is the mapped memory, nil after Close. Writing through a read-only mapping
+// faults (SIGSEGV). The slice must not be used after Close.
+func (m *Mapping) Bytes() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.data
+}
+
+// Size is the mapping's size in bytes.
+func (m *Mapping) Size() int64 { return m.size }
+
+// Writable reports whether the mapping is PROT_WRITE.
+func (m *Mapping) Writable() bool { return m.writable }
+
+// Close unmaps the memory. It is idempotent and does not close the fd it was mapped from.
+func (m *Mapping) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.data == nil {
+		return nil
+	}
+	err := unix.Munmap(m.data)
+	m.data = nil
+	if err != nil {
+		return fmt.Errorf("munmap mapping: %w", err)
+	}
+	return nil
+}
+
+// checkSize validates a segment size: positive, addressable, and (for creation) a
+// multiple of the page size.
+func checkSize(size int64, pageMultiple bool) error {
+	if size <= 0 {
+		return fmt.Errorf("size %d must be > 0", size)
+	}
+	if size > math.MaxInt {
+		return fmt.Errorf("size %d does not fit in the address space", size)
+	}
+	if pageMultiple {
+		if page := int64(os.Getpagesize()); size%page != 0 {
+			return fmt.Errorf("size %d is not a multiple of the page size %d", size, page)
+		}
+	}
+	return nil
+}
