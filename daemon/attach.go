@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -46,6 +47,10 @@ func (o *Owner) serveAttach(conn *net.UnixConn) {
 	}
 	conn.SetDeadline(time.Now().Add(attachHelloTimeout))
 	body, err := shm.ReadFrame(conn, 64<<10)
+	if errors.Is(err, io.EOF) {
+		o.log.Debug().Int32("pid", cred.Pid).Msg("attach: closed before hello (a liveness probe)")
+		return
+	}
 	if err != nil {
 		o.log.Warn().Err(err).Int32("pid", cred.Pid).Msg("attach: bad hello frame")
 		return
@@ -65,7 +70,7 @@ func (o *Owner) serveAttach(conn *net.UnixConn) {
 		o.attachReject(conn, common.ErrorCode_INVALID_ARGUMENT, "caller not allowed to attach")
 		return
 	}
-	c := &session{token: randomID(), name: hello.Name, cred: cred,
+	c := &session{token: randomID(), name: hello.Name, cred: cred, conn: conn,
 		holders: make(map[int64]*holding), puts: make(map[int64]*pendingPut)}
 	o.mu.Lock()
 	o.nextID++

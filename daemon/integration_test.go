@@ -189,6 +189,11 @@ func TestSeparateMasterAndOwner(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	hv, err := c.Get("after")
+	if err != nil || !bytes.Equal(hv.Bytes(), payload(8, 1000)) {
+		t.Fatalf("get after restart: %v", err)
+	}
+	hv.Release()
 	// Fill the segment: the new master must not hand out the held range.
 	for i := 0; i < 16; i++ {
 		if err := c.Put(fmt.Sprintf("fill%d", i), payload(int64(100+i), 1<<20)); err != nil {
@@ -199,11 +204,6 @@ func TestSeparateMasterAndOwner(t *testing.T) {
 		t.Fatal("a range held across the master restart was overwritten")
 	}
 	h.Release()
-	hv, err := c.Get("after")
-	if err != nil || !bytes.Equal(hv.Bytes(), payload(8, 1000)) {
-		t.Fatalf("get after restart: %v", err)
-	}
-	hv.Release()
 	keys := []string{"after"}
 	for i := 0; i < 16; i++ {
 		keys = append(keys, fmt.Sprintf("fill%d", i))

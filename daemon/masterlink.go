@@ -8,6 +8,7 @@ import (
 
 	"github.com/cloudwego/kitex/client"
 	"github.com/cloudwego/kitex/pkg/klog"
+	"github.com/cloudwego/kitex/transport"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -33,6 +34,7 @@ func newMasterLink(o *Owner) (*masterLink, error) {
 		client.WithHostPorts(o.opts.MasterAddr),
 		client.WithRPCTimeout(o.opts.MasterTimeout),
 		client.WithConnectTimeout(time.Second),
+		client.WithTransportProtocol(transport.Framed),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("master client: %w", err)

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 // proc is a fluxkv process started by a test; Cleanup stops it with SIGTERM and checks
 // that it exits 0 and leaves no socket behind.
 type proc struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	stderr *syncWriter
 	socket string
@@ -55,7 +55,7 @@ type proc struct {
 	exited bool
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -65,7 +65,7 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func start(t *testing.T, args ...string) *proc {
+func start(t testing.TB, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, append([]string{"--log-level", "debug"}, args...)...)
@@ -79,7 +79,7 @@ func start(t *testing.T, args ...string) *proc {
 }
 
 // startUp runs `fluxkv up` and waits for its socket.
-func startUp(t *testing.T, dram string, extra ...string) *proc {
+func startUp(t testing.TB, dram string, extra ...string) *proc {
 	t.Helper()
 	dir := t.TempDir()
 	p := start(t, append([]string{"up", "--dir", dir, "--dram", dram}, extra...)...)
@@ -89,7 +89,7 @@ func startUp(t *testing.T, dram string, extra ...string) *proc {
 }
 
 // startMaster runs `fluxkv master` on a free port and waits until it accepts.
-func startMaster(t *testing.T, addr string) *proc {
+func startMaster(t testing.TB, addr string) *proc {
 	t.Helper()
 	if addr == "" {
 		addr = freePort(t)
@@ -110,7 +110,7 @@ func startMaster(t *testing.T, addr string) *proc {
 }
 
 // startOwner runs `fluxkv owner` against a master and waits for its socket.
-func startOwner(t *testing.T, dir, masterAddr, dram string) *proc {
+func startOwner(t testing.TB, dir, masterAddr, dram string) *proc {
 	t.Helper()
 	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", "owner-1")
 	p.socket = filepath.Join(dir, "fluxkv.sock")
@@ -130,7 +130,9 @@ func (p *proc) checkAlive() {
 func (p *proc) waitSocket() {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if fi, err := os.Stat(p.socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		// A crashed predecessor may have left a stale socket file: wait for one that accepts.
+		if c, err := net.Dial("unix", p.socket); err == nil {
+			c.Close()
 			return
 		}
 		p.checkAlive()
@@ -197,7 +199,7 @@ func (w *syncWriter) String() string {
 	return w.b.String()
 }
 
-func connect(t *testing.T, socket string) *fluxkv.Client {
+func connect(t testing.TB, socket string) *fluxkv.Client {
 	t.Helper()
 	c, err := fluxkv.Connect(fluxkv.Options{Socket: socket, Name: t.Name()})
 	if err != nil {

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"net"
+
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/shm"
@@ -13,6 +15,7 @@ type session struct {
 	token int64
 	name  string
 	cred  shm.Cred
+	conn  *net.UnixConn // the attach connection: closing it ends the session
 
 	// Protected by Owner.mu.
 	holders map[int64]*holding // external holder id → shared holding
@@ -46,8 +49,8 @@ type holding struct {
 // sessionLocked checks a request's session: known client, matching token, current
 // generation.
 func (o *Owner) sessionLocked(s *external.Session) (*session, error) {
-	if s == nil {
-		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "missing session")
+	if s == nil || (s.ClientId == 0 && s.OwnerGeneration == 0) {
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "missing session: attach first")
 	}
 	if s.OwnerGeneration != o.generation {
 		return nil, errCode(common.ErrorCode_STALE_GENERATION, "owner generation %d is not %d: the owner restarted, attach again", s.OwnerGeneration, o.generation)
@@ -116,6 +119,7 @@ func (o *Owner) endSession(c *session, why string) {
 	puts := c.puts
 	c.puts = nil
 	o.mu.Unlock()
+	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)
 	for _, p := range puts {
 		o.abandonPut(p)
 	}

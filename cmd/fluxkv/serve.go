@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -58,11 +57,13 @@ func masterCommand() *cli.Command {
 		Usage: "run the master (routes, allocation, membership) over TCP",
 		Flags: masterFlags("127.0.0.1:7700"),
 		Action: func(c *cli.Context) error {
+			ctx, cancel := signalContext()
+			defer cancel()
 			m, err := startMaster(c)
 			if err != nil {
 				return cli.Exit(err.Error(), 1)
 			}
-			waitForSignal()
+			waitStop(ctx)
 			return stopStep("master", m.Stop)
 		},
 	}
@@ -74,11 +75,13 @@ func ownerCommand() *cli.Command {
 		Usage: "run the per-node owner sidecar; it registers with a master",
 		Flags: append(ownerFlags(), &cli.StringFlag{Name: "master", Required: true, Usage: "master address host:port"}),
 		Action: func(c *cli.Context) error {
-			o, err := startOwner(c, c.String("master"))
+			ctx, cancel := signalContext()
+			defer cancel()
+			o, err := startOwner(ctx, c, c.String("master"))
 			if err != nil {
 				return cli.Exit(err.Error(), 1)
 			}
-			waitForSignal()
+			waitStop(ctx)
 			return stopStep("owner", o.Stop)
 		},
 	}
@@ -90,16 +93,18 @@ func upCommand() *cli.Command {
 		Usage: "run a single-node cache: an embedded master and an owner in one process (still meeting over TCP)",
 		Flags: append(ownerFlags(), masterFlags("127.0.0.1:0")...),
 		Action: func(c *cli.Context) error {
+			ctx, cancel := signalContext()
+			defer cancel()
 			m, err := startMaster(c)
 			if err != nil {
 				return cli.Exit(err.Error(), 1)
 			}
-			o, err := startOwner(c, m.Addr().String())
+			o, err := startOwner(ctx, c, m.Addr().String())
 			if err != nil {
 				m.Stop()
 				return cli.Exit(err.Error(), 1)
 			}
-			waitForSignal()
+			waitStop(ctx)
 			if err := stopStep("owner", o.Stop); err != nil {
 				return err
 			}
@@ -121,7 +126,7 @@ func startMaster(c *cli.Context) (*master.Server, error) {
 	return m, nil
 }
 
-func startOwner(c *cli.Context, masterAddr string) (*daemon.Owner, error) {
+func startOwner(ctx context.Context, c *cli.Context, masterAddr string) (*daemon.Owner, error) {
 	t0 := time.Now()
 	opts, err := ownerOptions(c, masterAddr)
 	if err != nil {
@@ -131,19 +136,23 @@ func startOwner(c *cli.Context, masterAddr string) (*daemon.Owner, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := o.Start(context.Background()); err != nil {
+	if err := o.Start(ctx); err != nil {
 		return nil, err
 	}
 	logger.Info().Str("socket", o.SocketPath()).Dur("took", time.Since(t0)).Msg("owner started")
 	return o, nil
 }
 
-func waitForSignal() {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
-	s := <-ch
-	signal.Stop(ch)
-	logger.Info().Str("signal", s.String()).Msg("stopping")
+// signalContext is cancelled by SIGINT or SIGTERM. It is set up before anything starts,
+// so a signal during start-up also stops the process cleanly.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+// waitStop blocks until the signal context ends.
+func waitStop(ctx context.Context) {
+	<-ctx.Done()
+	logger.Info().Msg("signal received; stopping")
 }
 
 func stopStep(what string, stop func() error) error {
