@@ -16,7 +16,7 @@ var _ external.ExternalService = (*externalHandler)(nil)
 
 // serve validates the session, runs f, then processes the releases piggybacked on the
 // request (after the call, so a get + release loop on one key never leaves the cache).
-func (o *Owner) serve(s *external.Session, f func(c *session) error) (common.ErrorCode, string) {
+func (o *Owner) serve(ctx context.Context, s *external.Session, f func(c *session) error) (common.ErrorCode, string) {
 	o.mu.Lock()
 	c, err := o.sessionLocked(s)
 	o.mu.Unlock()
@@ -30,12 +30,13 @@ func (o *Owner) serve(s *external.Session, f func(c *session) error) (common.Err
 		}
 		o.mu.Unlock()
 	}
+	setResult(ctx, err)
 	return wire.ToResponse(err)
 }
 
 func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRequest) (*external.PutStartResponse, error) {
 	resp := &external.PutStartResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) (err error) {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp.PutId, resp.Offset, err = h.o.putStart(c, req.Key, req.Len, req.Opts)
 		return err
 	})
@@ -44,20 +45,23 @@ func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRe
 
 func (h *externalHandler) PutEnd(ctx context.Context, req *external.PutEndRequest) (*external.PutEndResponse, error) {
 	resp := &external.PutEndResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error { return h.o.putEnd(c, req.Key, req.PutId) })
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putEnd(c, req.Key, req.PutId) })
 	return resp, nil
 }
 
 func (h *externalHandler) PutAbort(ctx context.Context, req *external.PutAbortRequest) (*external.PutAbortResponse, error) {
 	resp := &external.PutAbortResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error { return h.o.putAbort(c, req.Key, req.PutId) })
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putAbort(c, req.Key, req.PutId) })
 	return resp, nil
 }
 
 func (h *externalHandler) Get(ctx context.Context, req *external.GetRequest) (*external.GetResponse, error) {
 	var resp *external.GetResponse
-	code, msg := h.o.serve(req.Session, func(c *session) (err error) {
+	code, msg := h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp, err = h.o.get(c, req.Key)
+		if err == nil {
+			setHit(ctx, resp.Source)
+		}
 		return err
 	})
 	if resp == nil {
@@ -69,7 +73,7 @@ func (h *externalHandler) Get(ctx context.Context, req *external.GetRequest) (*e
 
 func (h *externalHandler) Release(ctx context.Context, req *external.ReleaseRequest) (*external.ReleaseResponse, error) {
 	resp := &external.ReleaseResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.HolderIds)); err != nil {
 			return err
 		}
@@ -94,7 +98,7 @@ func (h *externalHandler) Release(ctx context.Context, req *external.ReleaseRequ
 
 func (h *externalHandler) Delete(ctx context.Context, req *external.DeleteRequest) (*external.DeleteResponse, error) {
 	resp := &external.DeleteResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) (err error) {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp.Deleted, err = h.o.delete(req.Key)
 		return err
 	})
@@ -103,7 +107,7 @@ func (h *externalHandler) Delete(ctx context.Context, req *external.DeleteReques
 
 func (h *externalHandler) Exists(ctx context.Context, req *external.ExistsRequest) (*external.ExistsResponse, error) {
 	resp := &external.ExistsResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) (err error) {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp.Exists, err = h.o.exists(req.Key)
 		return err
 	})
@@ -112,7 +116,7 @@ func (h *externalHandler) Exists(ctx context.Context, req *external.ExistsReques
 
 func (h *externalHandler) BatchPutStart(ctx context.Context, req *external.BatchPutStartRequest) (*external.BatchPutStartResponse, error) {
 	resp := &external.BatchPutStartResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Items)); err != nil {
 			return err
 		}
@@ -134,7 +138,7 @@ func (h *externalHandler) BatchPutStart(ctx context.Context, req *external.Batch
 
 func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPutEndRequest) (*external.BatchPutEndResponse, error) {
 	resp := &external.BatchPutEndResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Items)); err != nil {
 			return err
 		}
@@ -150,7 +154,7 @@ func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPu
 
 func (h *externalHandler) BatchPutAbort(ctx context.Context, req *external.BatchPutAbortRequest) (*external.BatchPutAbortResponse, error) {
 	resp := &external.BatchPutAbortResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Items)); err != nil {
 			return err
 		}
@@ -173,7 +177,7 @@ func itemErr(it *external.PutEndItem, f func() error) error {
 
 func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchGetResponse, error) {
 	resp := &external.BatchGetResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
@@ -192,7 +196,7 @@ func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysR
 
 func (h *externalHandler) BatchExists(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchExistsResponse, error) {
 	resp := &external.BatchExistsResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
@@ -210,7 +214,7 @@ func (h *externalHandler) BatchExists(ctx context.Context, req *external.BatchKe
 
 func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchDeleteResponse, error) {
 	resp := &external.BatchDeleteResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
@@ -228,7 +232,7 @@ func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKe
 
 func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (*external.StatResponse, error) {
 	resp := &external.StatResponse{}
-	resp.Code, resp.Message = h.o.serve(req.Session, func(c *session) error {
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		// Releases piggybacked on Stat must count: apply them first.
 		h.o.mu.Lock()
 		for _, id := range req.Session.Releases {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -38,6 +39,8 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// Logger receives structured logs. Default: disabled.
 	Logger *zerolog.Logger
+	// Metrics receives per-call counters and latencies. Default: none.
+	Metrics *metrics.Metrics
 }
 
 const pageSize = 4096

@@ -12,8 +12,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external/externalservice"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 )
@@ -99,7 +101,7 @@ func (o *Owner) Start(ctx context.Context) error {
 	go o.master.heartbeatLoop()
 
 	svc := externalservice.NewServiceInfo()
-	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log)
+	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics)
 	if err != nil {
 		o.closeResources()
 		return err
@@ -193,6 +195,23 @@ func (o *Owner) LocalStats() Stats {
 		st.Holders += len(s.holders)
 	}
 	return st
+}
+
+// Capacity reports segment and SSD capacity and use for metrics; the segment's used
+// bytes come from the master (it owns allocation), so this makes one master call.
+func (o *Owner) Capacity() metrics.Capacity {
+	c := metrics.Capacity{SegmentCapacity: o.opts.DRAM}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := o.master.c.Stat(ctx, &mp.StatRequest{})
+	if err == nil {
+		for _, m := range r.Members {
+			if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {
+				c.SegmentUsed = m.MemorySegment.UsedBytes
+			}
+		}
+	}
+	return c
 }
 
 func errCode(code common.ErrorCode, format string, args ...any) error {

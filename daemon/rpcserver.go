@@ -10,11 +10,15 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
 	"github.com/cloudwego/kitex/pkg/serviceinfo"
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 )
 
@@ -34,6 +38,7 @@ type framedServer struct {
 	svc     *serviceinfo.ServiceInfo
 	handler any
 	log     zerolog.Logger
+	metrics *metrics.Metrics // nil: no metrics
 
 	mu     sync.Mutex // protects conns
 	conns  map[net.Conn]struct{}
@@ -41,12 +46,12 @@ type framedServer struct {
 	wg     sync.WaitGroup
 }
 
-func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, handler any, log zerolog.Logger) (*framedServer, error) {
+func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, handler any, log zerolog.Logger, m *metrics.Metrics) (*framedServer, error) {
 	ln, err := shm.ListenUnix(path, mode)
 	if err != nil {
 		return nil, err
 	}
-	s := &framedServer{ln: ln, svc: svc, handler: handler, log: log, conns: make(map[net.Conn]struct{})}
+	s := &framedServer{ln: ln, svc: svc, handler: handler, log: log, metrics: m, conns: make(map[net.Conn]struct{})}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -133,12 +138,49 @@ func (s *framedServer) dispatch(method string, typ thrift.TMessageType, seq int3
 		return exceptionMsg(method, seq, ex), fmt.Errorf("garbage %s arguments: %w", method, err)
 	}
 	result := mi.NewResult().(thrift.FastCodec)
-	if err := mi.Handler()(context.Background(), s.handler, args, result); err != nil {
+	start := time.Now()
+	done := s.metrics.Inflight(method)
+	res := new(string)
+	err := mi.Handler()(context.WithValue(context.Background(), resultKey{}, res), s.handler, args, result)
+	done()
+	if err != nil {
+		s.metrics.Observe(method, metrics.ResultError, time.Since(start))
 		ex := thrift.NewApplicationException(thrift.INTERNAL_ERROR, err.Error())
 		return exceptionMsg(method, seq, ex), nil
 	}
+	s.metrics.Observe(method, *res, time.Since(start))
 	b, _ := thrift.MarshalFastMsg(method, thrift.REPLY, seq, result)
 	return b, nil
+}
+
+// resultKey carries a call's metrics result (ok, hit_memory, hit_ssd, miss, error)
+// from the handler back to dispatch.
+type resultKey struct{}
+
+// setResult records the outcome of a call for metrics, unless a handler already did.
+func setResult(ctx context.Context, err error) {
+	p, _ := ctx.Value(resultKey{}).(*string)
+	if p == nil || *p != "" {
+		return
+	}
+	switch {
+	case err == nil:
+		*p = metrics.ResultOK
+	case errors.Is(err, wire.ErrKeyNotFound):
+		*p = metrics.ResultMiss
+	default:
+		*p = metrics.ResultError
+	}
+}
+
+// setHit records a get's hit source.
+func setHit(ctx context.Context, src common.Source) {
+	if p, _ := ctx.Value(resultKey{}).(*string); p != nil {
+		*p = metrics.ResultHitMemory
+		if src == common.Source_SSD {
+			*p = metrics.ResultHitSSD
+		}
+	}
 }
 
 func exceptionMsg(method string, seq int32, ex *thrift.ApplicationException) []byte {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/metrics"
 )
 
 // Options configures the master. Zero fields take the defaults below.
@@ -28,6 +30,8 @@ type Options struct {
 	IDBase int64
 	// Logger receives structured logs. Default: disabled.
 	Logger *zerolog.Logger
+	// Metrics receives per-call counters and latencies. Default: none.
+	Metrics *metrics.Metrics
 }
 
 func (o *Options) setDefaults() {

@@ -8,10 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cloudwego/kitex/pkg/endpoint"
 	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 
+	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -56,6 +58,7 @@ func (s *Server) Start(addr string) error {
 		server.WithServiceAddr(ln.Addr()),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-master"}),
 		server.WithExitWaitTime(time.Second),
+		server.WithMiddleware(s.metricsMiddleware),
 	)
 	errc := make(chan error, 1)
 	go func() { errc <- s.svr.Run() }()
@@ -135,11 +138,32 @@ func (s *Server) Inspect(f func(st *State)) {
 	f(s.st)
 }
 
-// usedBytes sums used segment bytes over members (for tests and status).
-func usedBytes(ms []*common.MemberStat) int64 {
-	var u int64
-	for _, m := range ms {
-		u += m.MemorySegment.UsedBytes
+// metricsMiddleware counts every call by method and result code.
+func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
+	return func(ctx context.Context, req, resp any) error {
+		ri := rpcinfo.GetRPCInfo(ctx)
+		method := "unknown"
+		if ri != nil && ri.To() != nil {
+			method = ri.To().Method()
+		}
+		done := s.opts.Metrics.Inflight(method)
+		start := time.Now()
+		err := next(ctx, req, resp)
+		done()
+		result := metrics.ResultError
+		if err == nil {
+			if r, ok := resp.(interface{ GetResult() any }); ok {
+				if c, ok := r.GetResult().(interface{ GetCode() common.ErrorCode }); ok {
+					switch c.GetCode() {
+					case common.ErrorCode_OK:
+						result = metrics.ResultOK
+					case common.ErrorCode_KEY_NOT_FOUND:
+						result = metrics.ResultMiss
+					}
+				}
+			}
+		}
+		s.opts.Metrics.Observe(method, result, time.Since(start))
+		return err
 	}
-	return u
 }

@@ -1,0 +1,240 @@
+package master
+
+import "fmt"
+
+// Policy orders the memory replicas of one node for eviction, weighted by the bytes
+// they hold: a weighted S3-FIFO. New keys enter a small FIFO (about 10% of the total
+// weight); keys hit while there move to the main FIFO when they reach its tail, the
+// others are evicted and remembered in a ghost FIFO of keys only. A key found in the
+// ghost when it is inserted again goes straight to main. Main is a FIFO with
+// reinsertion: a tail key that was hit goes back to the head with its frequency
+// decremented (frequencies are capped at 3). A one-shot scan therefore passes through
+// small without disturbing main, where the hot keys live.
+//
+// Every insert is admitted (a put is readable right after it returns), and the most
+// recently inserted key is chosen as a victim only when it is the last key left.
+// Each operation is O(1) amortized. Create one with NewPolicy; not safe for concurrent
+// use.
+type Policy[K comparable] struct {
+	entries map[K]*policyEntry[K] // live keys and ghosts
+	small   policyQueue[K]
+	main    policyQueue[K]
+	ghost   policyQueue[K] // weights are zero here
+	newest  *policyEntry[K]
+}
+
+const (
+	maxFreq = 3
+	// smallPercent is the small FIFO's share of the total weight.
+	smallPercent = 10
+	// minGhost is the fewest ghost keys kept however few keys are live.
+	minGhost = 16
+)
+
+type queueID uint8
+
+const (
+	inSmall queueID = iota
+	inMain
+	inGhost
+)
+
+type policyEntry[K comparable] struct {
+	key        K
+	weight     int64
+	freq       uint8
+	queue      queueID
+	prev, next *policyEntry[K]
+}
+
+// policyQueue is an intrusive FIFO: new entries at the head, the oldest at the tail.
+// Its root is a sentinel: root.next is the head, root.prev the tail.
+type policyQueue[K comparable] struct {
+	root   policyEntry[K]
+	n      int
+	weight int64
+}
+
+func (q *policyQueue[K]) tail() *policyEntry[K] {
+	if q.n == 0 {
+		return nil
+	}
+	return q.root.prev
+}
+
+func (q *policyQueue[K]) pushHead(e *policyEntry[K], id queueID) {
+	if q.root.next == nil {
+		q.root.next, q.root.prev = &q.root, &q.root
+	}
+	e.queue = id
+	e.prev, e.next = &q.root, q.root.next
+	q.root.next.prev = e
+	q.root.next = e
+	q.n++
+	q.weight += e.weight
+}
+
+func (q *policyQueue[K]) remove(e *policyEntry[K]) {
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev, e.next = nil, nil
+	q.n--
+	q.weight -= e.weight
+}
+
+// NewPolicy returns an empty policy.
+func NewPolicy[K comparable]() *Policy[K] {
+	return &Policy[K]{entries: make(map[K]*policyEntry[K])}
+}
+
+// Len is the number of live keys.
+func (p *Policy[K]) Len() int { return p.small.n + p.main.n }
+
+// Weight is the total weight of live keys.
+func (p *Policy[K]) Weight() int64 { return p.small.weight + p.main.weight }
+
+// Insert adds k with the given weight; it is always admitted. A key remembered in the
+// ghost goes straight to main. Inserting a live key again updates its weight and counts
+// as an access.
+func (p *Policy[K]) Insert(k K, weight int64) {
+	if weight < 0 {
+		panic(fmt.Sprintf("BUG: policy insert of %v with negative weight %d", k, weight))
+	}
+	e := p.entries[k]
+	switch {
+	case e == nil:
+		e = &policyEntry[K]{key: k, weight: weight}
+		p.entries[k] = e
+		p.small.pushHead(e, inSmall)
+	case e.queue == inGhost:
+		p.ghost.remove(e)
+		e.weight, e.freq = weight, 0
+		p.main.pushHead(e, inMain)
+	default:
+		q := p.queue(e)
+		q.weight += weight - e.weight
+		e.weight = weight
+		e.freq = min(e.freq+1, maxFreq)
+	}
+	p.newest = e
+}
+
+// Touch records a hit on k; unknown keys and ghosts are ignored.
+func (p *Policy[K]) Touch(k K) {
+	if e := p.entries[k]; e != nil && e.queue != inGhost {
+		e.freq = min(e.freq+1, maxFreq)
+	}
+}
+
+// Remove forgets a live key (deleted or overwritten) without reporting it as a victim.
+// It reports whether k was live; a key only in the ghost stays there.
+func (p *Policy[K]) Remove(k K) bool {
+	e := p.entries[k]
+	if e == nil || e.queue == inGhost {
+		return false
+	}
+	p.queue(e).remove(e)
+	delete(p.entries, k)
+	if p.newest == e {
+		p.newest = nil
+	}
+	p.trimGhost()
+	return true
+}
+
+// Victim chooses the next key to evict, removes it and returns it; false when no key
+// is live. Small is evicted from while it holds more than 10% of the weight (or main
+// is empty), main otherwise.
+func (p *Policy[K]) Victim() (K, bool) {
+	for p.Len() > 0 {
+		var e *policyEntry[K]
+		var ok bool
+		if p.small.n > 0 && (p.main.n == 0 || p.small.weight*100 > p.Weight()*smallPercent) {
+			if e, ok = p.stepSmall(); !ok {
+				e, ok = p.stepMain()
+			}
+		} else if e, ok = p.stepMain(); !ok {
+			e, ok = p.stepSmall()
+		}
+		if !ok {
+			panic("BUG: policy found no victim among live keys")
+		}
+		if e != nil {
+			return e.key, true
+		}
+	}
+	var zero K
+	return zero, false
+}
+
+// stepSmall handles small's oldest key: a key hit since it was inserted moves to main,
+// any other is evicted (victim set) and remembered in the ghost. ok is false when that
+// key is the newest and others are left: it stays, and main must evict instead.
+func (p *Policy[K]) stepSmall() (victim *policyEntry[K], ok bool) {
+	e := p.small.tail()
+	if e.freq > 0 {
+		p.small.remove(e)
+		e.freq = 0
+		p.main.pushHead(e, inMain)
+		return nil, true
+	}
+	if e == p.newest && p.Len() > 1 {
+		return nil, false // small holds only the newest key (a re-inserted one has freq > 0)
+	}
+	p.small.remove(e)
+	p.evicted(e)
+	e.weight = 0
+	p.ghost.pushHead(e, inGhost)
+	p.trimGhost()
+	return e, true
+}
+
+// stepMain handles main's oldest key: a key hit since its last lap goes back to the
+// head with one hit less, any other is evicted (victim set). The newest key goes back
+// to the head untouched while main holds others; ok is false when main holds only it.
+func (p *Policy[K]) stepMain() (victim *policyEntry[K], ok bool) {
+	e := p.main.tail()
+	switch {
+	case e.freq > 0:
+		e.freq--
+	case e == p.newest && p.Len() > 1:
+		if p.main.n == 1 {
+			return nil, false
+		}
+	default:
+		p.main.remove(e)
+		p.evicted(e)
+		delete(p.entries, e.key)
+		p.trimGhost()
+		return e, true
+	}
+	p.main.remove(e)
+	p.main.pushHead(e, inMain)
+	return nil, true
+}
+
+// trimGhost forgets the oldest ghosts beyond as many as there are live keys.
+func (p *Policy[K]) trimGhost() {
+	for p.ghost.n > max(p.Len(), minGhost) {
+		g := p.ghost.tail()
+		p.ghost.remove(g)
+		delete(p.entries, g.key)
+	}
+}
+
+func (p *Policy[K]) evicted(e *policyEntry[K]) {
+	if p.newest == e {
+		p.newest = nil
+	}
+}
+
+func (p *Policy[K]) queue(e *policyEntry[K]) *policyQueue[K] {
+	switch e.queue {
+	case inSmall:
+		return &p.small
+	case inMain:
+		return &p.main
+	default:
+		return &p.ghost
+	}
+}

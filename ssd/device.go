@@ -1,0 +1,122 @@
+package ssd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// device is one de-duplicated cache root: its shard files, its writer and reader
+// queues (slot semaphores bounding persists and loads in flight) and its io engine.
+type device struct {
+	id        int
+	root      string
+	dev       uint64
+	shardSize int64
+	shards    []*shard
+	engine    Engine
+	kind      string // engine kind, kept after close
+
+	writeSlots chan struct{}
+	readSlots  chan struct{}
+	nextShard  int // round-robin start for allocations; guarded by Storage.mu
+}
+
+// shardCount splits a device's limit into at most perDevice shards of at least
+// minSize bytes (one shard if the limit is smaller).
+func shardCount(limit int64, perDevice int, minSize int64) int {
+	n := perDevice
+	for n > 1 && limit/int64(n) < minSize {
+		n--
+	}
+	return n
+}
+
+// openDevice creates (truncating) the shard files of one root and starts its engine.
+func openDevice(o *Options, id int, root string, dev uint64, limit int64, engineKind string) (_ *device, err error) {
+	n := shardCount(limit, o.ShardsPerDevice, o.minShardSize)
+	d := &device{
+		id:         id,
+		root:       root,
+		dev:        dev,
+		shardSize:  alignDown(limit / int64(n)),
+		writeSlots: make(chan struct{}, o.WriteInflight),
+		readSlots:  make(chan struct{}, o.ReadInflight),
+	}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
+	flags := unix.O_RDWR | unix.O_CREAT | unix.O_TRUNC | unix.O_CLOEXEC
+	if !o.BufferedIO {
+		flags |= unix.O_DIRECT
+	}
+	var fallocErr error
+	for k := range n {
+		path := filepath.Join(root, fmt.Sprintf("shard-%03d.dat", k))
+		f, err := o.OpenFile(path, flags, 0o600)
+		if err != nil {
+			if !o.BufferedIO && errors.Is(err, unix.EINVAL) {
+				return nil, fmt.Errorf("open shard %s: the file system does not support O_DIRECT (tmpfs?): %w", path, err)
+			}
+			return nil, fmt.Errorf("open shard %s: %w", path, err)
+		}
+		d.shards = append(d.shards, &shard{dev: d, file: f, ring: newRing(d.shardSize)})
+		if k == 0 && !o.BufferedIO {
+			if a := directIOAlign(path); a > Align {
+				return nil, fmt.Errorf("ssd root %s: the device needs %d-byte aligned direct IO, fluxkv aligns to %d", root, a, Align)
+			}
+		}
+		if err := f.Truncate(d.shardSize); err != nil {
+			return nil, fmt.Errorf("size shard %s to %d bytes: %w", path, d.shardSize, err)
+		}
+		// Reserve the blocks up front so that writes do not allocate (and cannot hit
+		// ENOSPC later). Best effort: the limit bounds ring use, not the disk.
+		if err := unix.Fallocate(f.Fd(), 0, 0, d.shardSize); err != nil && fallocErr == nil {
+			fallocErr = fmt.Errorf("fallocate %s: %w", path, err)
+		}
+	}
+	// Shard files beyond n are left from a run with more shards: free their space.
+	if old, err := filepath.Glob(filepath.Join(root, "shard-*.dat")); err == nil {
+		for _, p := range old {
+			var k int
+			if _, err := fmt.Sscanf(filepath.Base(p), "shard-%d.dat", &k); err == nil && k >= n {
+				os.Remove(p)
+			}
+		}
+	}
+	if fallocErr != nil {
+		o.Logger.Warn().Err(fallocErr).Str("root", root).Msg("ssd: could not preallocate shard files; writes will allocate blocks")
+	}
+	d.engine, err = NewEngine(engineKind, o.IODepth)
+	if err != nil && engineKind == EngineUring && o.Engine == EngineAuto {
+		o.Logger.Warn().Err(err).Str("root", root).Msg("ssd: io_uring setup failed, using the pread/pwrite engine for this device")
+		d.engine, err = NewEngine(EnginePsync, o.IODepth)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ssd root %s: start %s engine: %w", root, engineKind, err)
+	}
+	d.kind = d.engine.Kind()
+	return d, nil
+}
+
+func (d *device) capacity() int64 { return d.shardSize * int64(len(d.shards)) }
+
+// close stops the engine (after its IOs finished) and closes the shard files.
+func (d *device) close() error {
+	var errs []error
+	if d.engine != nil {
+		errs = append(errs, d.engine.Close())
+		d.engine = nil
+	}
+	for _, sh := range d.shards {
+		if err := sh.file.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close shard %s: %w", sh.file.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,20 @@
+package ssd
+
+import "errors"
+
+// The sentinels callers branch on; every other error is wrapped with context and
+// may wrap an OS error (errors.Is(err, unix.ENOSPC) works).
+var (
+	// ErrNotFound: no readable entry for this key and put id (never stored, evicted,
+	// overtaken, removed, still writing, or another version).
+	ErrNotFound = errors.New("ssd: entry not found")
+	// ErrClosed: the storage (or engine) is closed or closing.
+	ErrClosed = errors.New("ssd: closed")
+	// ErrTooLarge: the aligned value is larger than any shard file.
+	ErrTooLarge = errors.New("ssd: value larger than a shard")
+	// ErrStale: a persist lost to a newer (or equal) put id of the same key, or the
+	// key was removed while its bytes were being written.
+	ErrStale = errors.New("ssd: put id superseded")
+	// ErrBusy: ring space stayed held by writing or pinned entries for BusyWait.
+	ErrBusy = errors.New("ssd: ring space busy")
+)

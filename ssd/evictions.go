@@ -1,0 +1,86 @@
+package ssd
+
+import "time"
+
+// Eviction names an SSD replica the ring overwrote: the owner tells the master,
+// which drops it from the route if the key still has that put id.
+type Eviction struct {
+	Key   string
+	PutID int64
+}
+
+// report queues evictions for the batcher; if the owner does not keep up they are
+// dropped and counted (a stale SSD route only costs the master a failed read).
+func (s *Storage) report(evs []Eviction) {
+	for i, ev := range evs {
+		select {
+		case s.evq <- ev:
+		default:
+			if s.evDropped.Add(uint64(len(evs)-i)) == uint64(len(evs)-i) {
+				s.log.Warn().Msg("ssd: eviction queue full, dropping eviction reports (is Evictions() consumed?)")
+			}
+			return
+		}
+	}
+}
+
+// Evictions delivers batches of overwritten replicas: a batch is sent when it holds
+// EvictionBatch entries or EvictionDelay after its first entry. The channel is closed
+// by Close. Reports that the consumer does not take in time are dropped
+// (Stats.DroppedEvictions).
+func (s *Storage) Evictions() <-chan []Eviction { return s.evOut }
+
+func (s *Storage) batchEvictions() {
+	defer close(s.evDone)
+	defer close(s.evOut)
+	var batch []Eviction
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		timer.Stop()
+		select {
+		case s.evOut <- batch:
+			batch = nil
+		case <-s.evStop:
+		}
+	}
+	for {
+		select {
+		case ev := <-s.evq:
+			batch = append(batch, ev)
+			if len(batch) == 1 {
+				timer.Reset(s.opts.EvictionDelay)
+			}
+			if len(batch) >= s.opts.EvictionBatch {
+				flush()
+			}
+		case <-timer.C:
+			flush()
+		case <-s.evStop:
+		drain:
+			for {
+				select {
+				case ev := <-s.evq:
+					batch = append(batch, ev)
+				default:
+					break drain
+				}
+			}
+			for len(batch) > 0 {
+				k := min(len(batch), s.opts.EvictionBatch)
+				select {
+				case s.evOut <- batch[:k:k]:
+					batch = batch[k:]
+				default:
+					s.evDropped.Add(uint64(len(batch)))
+					batch = nil
+				}
+			}
+			return
+		}
+	}
+}

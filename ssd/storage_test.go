@@ -1,0 +1,783 @@
+package ssd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func persist(t *testing.T, s *Storage, key string, putID int64, data []byte) {
+	t.Helper()
+	pin, err := s.Persist(key, putID, data)
+	if err != nil {
+		t.Fatalf("persist %s/%d (%d bytes): %v", key, putID, len(data), err)
+	}
+	pin.Release()
+}
+
+func TestRoundTripSizes(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 64<<20, nil)
+		if s.Engine() != kind {
+			t.Fatalf("engine %s, want %s", s.Engine(), kind)
+		}
+		sizes := []int64{1, 511, 512, 513, 4<<20 - 128, 16<<20 - 128 + 1}
+		for i, n := range sizes {
+			key := fmt.Sprintf("size-%d", n)
+			want := pattern(key, n)
+			persist(t, s, key, int64(i+1), want)
+
+			// Direct: aligned address, capacity covers the aligned length.
+			dst := AllocAligned(n)
+			before := s.Stats()
+			if err := s.LoadInto(key, int64(i+1), dst, n); err != nil {
+				t.Fatalf("load %s direct: %v", key, err)
+			}
+			if !bytes.Equal(dst, want) {
+				t.Fatalf("load %s direct: bytes differ", key)
+			}
+			if pad := dst[n:cap(dst)]; !bytes.Equal(pad, make([]byte, len(pad))) {
+				t.Fatalf("load %s: padding is not zero", key)
+			}
+			after := s.Stats()
+			if after.ScratchReadChunks != before.ScratchReadChunks || after.DirectReadChunks == before.DirectReadChunks {
+				t.Fatalf("load %s into aligned memory went through scratch", key)
+			}
+
+			// Scratch: misaligned address and a tight capacity with a guard band after
+			// the value that must stay untouched.
+			raw := make([]byte, n+1+64)
+			for j := range raw {
+				raw[j] = 0xAA
+			}
+			dst = raw[1 : 1+n]
+			if err := s.LoadInto(key, int64(i+1), dst, n); err != nil {
+				t.Fatalf("load %s scratch: %v", key, err)
+			}
+			if !bytes.Equal(dst, want) {
+				t.Fatalf("load %s scratch: bytes differ", key)
+			}
+			if raw[0] != 0xAA || !bytes.Equal(raw[1+n:], bytes.Repeat([]byte{0xAA}, 64)) {
+				t.Fatalf("load %s scratch wrote outside dst[:n]", key)
+			}
+			if s.Stats().ScratchReadChunks == after.ScratchReadChunks {
+				t.Fatalf("load %s into misaligned memory did not use scratch", key)
+			}
+		}
+		// Everything is still there, and wrong versions or lengths are refused.
+		for i, n := range sizes {
+			key := fmt.Sprintf("size-%d", n)
+			if !s.Contains(key, int64(i+1)) {
+				t.Fatalf("%s gone", key)
+			}
+			if err := s.LoadInto(key, int64(i+2), make([]byte, n), n); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("wrong put id: %v", err)
+			}
+		}
+		if err := s.LoadInto("size-513", 4, make([]byte, 600), 600); err == nil || errors.Is(err, ErrNotFound) {
+			t.Fatalf("wrong length: %v", err)
+		}
+		if err := s.LoadInto("nope", 1, make([]byte, 10), 10); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("absent key: %v", err)
+		}
+		st := s.Stats()
+		var aligned int64
+		for _, n := range sizes {
+			aligned += AlignedLen(n)
+		}
+		if st.UsedBytes < aligned || st.UsedBytes > st.CapacityBytes || st.Entries != len(sizes) {
+			t.Fatalf("stats %+v, want used >= %d", st, aligned)
+		}
+	})
+}
+
+func TestLoadChunksInOrder(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		for _, tc := range []struct {
+			name      string
+			n, chunk  int64
+			inflight  int
+			misaligne bool
+		}{
+			{"4MiB-chunks", 16<<20 - 127, 0, 0, false},
+			{"small-chunks", 1<<20 + 77, 4096, 4, false},
+			{"small-chunks-scratch", 1<<20 + 77, 8192, 3, true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				s := openTest(t, kind, 64<<20, func(o *Options) {
+					o.ChunkSize, o.ChunkInflight = tc.chunk, tc.inflight
+				})
+				want := pattern(tc.name, tc.n)
+				persist(t, s, "v", 7, want)
+				dst := AllocAligned(tc.n + 1)[:tc.n]
+				if tc.misaligne {
+					dst = make([]byte, tc.n+1)[1:]
+				}
+				chunk := s.opts.ChunkSize
+				var next int64
+				calls := 0
+				err := s.LoadChunks("v", 7, dst, tc.n, func(off, n int64) error {
+					calls++
+					if off != next || (n != chunk && off+n != tc.n) {
+						return fmt.Errorf("chunk (%d, %d), want offset %d", off, n, next)
+					}
+					if !bytes.Equal(dst[off:off+n], want[off:off+n]) {
+						return fmt.Errorf("chunk at %d not ready when handed over", off)
+					}
+					next += n
+					return nil
+				})
+				if err != nil || next != tc.n {
+					t.Fatalf("load: %v (delivered %d of %d)", err, next, tc.n)
+				}
+				if wantCalls := int((tc.n + chunk - 1) / chunk); calls != wantCalls {
+					t.Fatalf("%d chunks, want %d", calls, wantCalls)
+				}
+				// An error from the callback stops the load; the entry stays readable.
+				stop := errors.New("stop")
+				calls = 0
+				err = s.LoadChunks("v", 7, dst, tc.n, func(off, n int64) error {
+					calls++
+					if calls == 2 {
+						return stop
+					}
+					return nil
+				})
+				if !errors.Is(err, stop) || calls != 2 {
+					t.Fatalf("callback error: %v after %d calls", err, calls)
+				}
+				if err := s.LoadInto("v", 7, dst, tc.n); err != nil || !bytes.Equal(dst, want) {
+					t.Fatalf("reload: %v", err)
+				}
+			})
+		}
+	})
+}
+
+// collect gathers eviction batches until the channel closes.
+func collect(s *Storage) (batches chan [][]Eviction) {
+	out := make(chan [][]Eviction, 1)
+	go func() {
+		var all [][]Eviction
+		for b := range s.Evictions() {
+			all = append(all, b)
+		}
+		out <- all
+	}()
+	return out
+}
+
+func TestEvictionsReportedAndBatched(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		// 1 MiB ring of 4 KiB values: 256 fit. Batches flush only when full (delay of
+		// an hour) or at Close, so the batching is deterministic.
+		dir, buffered := storageDir(t)
+		s, err := Open(Options{Cluster: "c", InstanceKey: "i", Paths: []string{dir}, Limits: []int64{1 << 20},
+			Engine: kind, BufferedIO: buffered, EvictionDelay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := collect(s)
+		const total = 256 + 600
+		for i := range total {
+			persist(t, s, fmt.Sprintf("k%04d", i), 1, pattern(fmt.Sprint(i), 4096-100))
+		}
+		// The 600 oldest were overwritten, oldest first; the rest are readable.
+		for i := range total {
+			key := fmt.Sprintf("k%04d", i)
+			err := s.LoadInto(key, 1, make([]byte, 3996), 3996)
+			if i < 600 && !errors.Is(err, ErrNotFound) || i >= 600 && err != nil {
+				t.Fatalf("%s: %v", key, err)
+			}
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		batches := <-got
+		var sizes []int
+		var flat []Eviction
+		for _, b := range batches {
+			sizes = append(sizes, len(b))
+			flat = append(flat, b...)
+		}
+		if fmt.Sprint(sizes) != "[256 256 88]" {
+			t.Fatalf("batch sizes %v, want [256 256 88]", sizes)
+		}
+		for i, ev := range flat {
+			if ev != (Eviction{Key: fmt.Sprintf("k%04d", i), PutID: 1}) {
+				t.Fatalf("eviction %d is %+v", i, ev)
+			}
+		}
+	})
+}
+
+func TestEvictionsFlushAfterDelay(t *testing.T) {
+	checkLeaks(t)
+	s := openTest(t, EngineAuto, 8192, nil) // two 4 KiB values fit
+	for i := range 5 {
+		persist(t, s, fmt.Sprint(i), 1, pattern("x", 4096))
+	}
+	// Three evictions, far fewer than a batch: they come after the 10 ms delay
+	// (in one batch unless the persists themselves took longer than that).
+	var got []Eviction
+	for len(got) < 3 {
+		select {
+		case b := <-s.Evictions():
+			got = append(got, b...)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %v within 5s", got)
+		}
+	}
+	if fmt.Sprint(got) != "[{0 1} {1 1} {2 1}]" {
+		t.Fatalf("evictions %v", got)
+	}
+}
+
+func TestEvictionsDroppedWhenNotConsumed(t *testing.T) {
+	checkLeaks(t)
+	s := openTest(t, EngineAuto, 1024, func(o *Options) { o.EvictionBatch = 1 })
+	for i := range 300 { // nobody reads Evictions: persists must not block
+		persist(t, s, fmt.Sprint(i), 1, []byte{byte(i)})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().DroppedEvictions == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	// 298 evictions: at most 32 queued + 64 batches + 1 in the batcher's hands.
+	if d := s.Stats().DroppedEvictions; d < 298-97 {
+		t.Fatalf("dropped %d", d)
+	}
+}
+
+func TestRemoveSupersedeStale(t *testing.T) {
+	checkLeaks(t)
+	s := openTest(t, EngineAuto, 16384, nil)
+	v1, v2 := pattern("v1", 1000), pattern("v2", 3000)
+	persist(t, s, "k", 1, v1)
+	if _, err := s.Persist("k", 1, v1); !errors.Is(err, ErrStale) {
+		t.Fatalf("same put id again: %v", err)
+	}
+	persist(t, s, "k", 2, v2)
+	if _, err := s.Persist("k", 1, v1); !errors.Is(err, ErrStale) {
+		t.Fatalf("older put id: %v", err)
+	}
+	if err := s.LoadInto("k", 1, make([]byte, 1000), 1000); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("superseded version: %v", err)
+	}
+	dst := make([]byte, 3000)
+	if err := s.LoadInto("k", 2, dst, 3000); err != nil || !bytes.Equal(dst, v2) {
+		t.Fatalf("current version: %v", err)
+	}
+	if s.Remove("k", 1) || !s.Remove("k", 2) || s.Remove("k", 2) {
+		t.Fatal("remove results")
+	}
+	if err := s.LoadInto("k", 2, dst, 3000); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("removed: %v", err)
+	}
+	// Neither the superseded nor the removed entry is reported when overwritten.
+	for i := range 8 {
+		persist(t, s, fmt.Sprint("fill", i), 1, pattern("f", 4096))
+	}
+	time.Sleep(30 * time.Millisecond)
+	select {
+	case b := <-s.Evictions():
+		for _, ev := range b {
+			if ev.Key == "k" {
+				t.Fatalf("removed key reported: %+v", b)
+			}
+		}
+	default:
+	}
+	if _, err := s.Persist("", 1, v1); err == nil {
+		t.Fatal("empty key accepted")
+	}
+	if _, err := s.Persist("e", 1, nil); err == nil {
+		t.Fatal("empty value accepted")
+	}
+	if _, err := s.Persist("big", 1, make([]byte, 16385)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("too large: %v", err)
+	}
+}
+
+func TestPinsBlockTheWriter(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 8192, func(o *Options) { o.BusyWait = 100 * time.Millisecond })
+		a := pattern("a", 4096)
+		pinA, err := s.Persist("a", 1, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		persist(t, s, "b", 1, pattern("b", 4096))
+		// c needs a's range, which is commit-pinned.
+		if _, err := s.Persist("c", 1, pattern("c", 4096)); !errors.Is(err, ErrBusy) {
+			t.Fatalf("persist over a commit pin: %v", err)
+		}
+		s.opts.BusyWait = 10 * time.Second
+		done := make(chan error, 1)
+		go func() {
+			pin, err := s.Persist("c", 1, pattern("c", 4096))
+			pin.Release()
+			done <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		if !s.Contains("a", 1) {
+			t.Fatal("a overwritten while commit-pinned")
+		}
+		pinA.Release()
+		pinA.Release() // idempotent
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if s.Contains("a", 1) || !s.Contains("c", 1) {
+			t.Fatal("c did not replace a after the pin was released")
+		}
+
+		// A load in progress pins b: a writer needing b's range waits for it.
+		release := make(chan struct{})
+		loaded := make(chan error, 1)
+		dst := make([]byte, 4096)
+		go func() {
+			loaded <- s.LoadChunks("b", 1, dst, 4096, func(off, n int64) error {
+				<-release
+				return nil
+			})
+		}()
+		for s.Stats().Entries == 0 || !pinnedRead(s, "b") {
+			time.Sleep(time.Millisecond)
+		}
+		go func() {
+			pin, err := s.Persist("d", 1, pattern("d", 4096))
+			pin.Release()
+			done <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		select {
+		case err := <-done:
+			t.Fatalf("writer overtook a read-pinned entry: %v", err)
+		default:
+		}
+		close(release)
+		if err := <-loaded; err != nil || !bytes.Equal(dst, pattern("b", 4096)) {
+			t.Fatalf("pinned load: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if s.Contains("b", 1) || !s.Contains("d", 1) {
+			t.Fatal("d did not replace b after the read")
+		}
+	})
+}
+
+func pinnedRead(s *Storage, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.index[key]
+	return e != nil && e.readPins > 0
+}
+
+func TestIOFaults(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		var faults Faults
+		s := openTest(t, kind, 1<<20, func(o *Options) { o.OpenFile = faults.OpenFile })
+		data := pattern("payload", 70000)
+		for _, tc := range []struct {
+			name   string
+			inject func()
+			want   error
+		}{
+			{"write-EIO", func() { faults.Fail(OpWrite, unix.EIO, 1) }, unix.EIO},
+			{"write-ENOSPC", func() { faults.Fail(OpWrite, unix.ENOSPC, 1) }, unix.ENOSPC},
+			{"short-write", func() { faults.Short(OpWrite, 1) }, io.ErrShortWrite},
+		} {
+			tc.inject()
+			_, err := s.Persist(tc.name, 1, data)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("%s: persist error %v, want %v", tc.name, err, tc.want)
+			}
+			if s.Contains(tc.name, 1) {
+				t.Fatalf("%s: failed write left a committed entry", tc.name)
+			}
+			if err := s.LoadInto(tc.name, 1, make([]byte, len(data)), int64(len(data))); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("%s: load after failed write: %v", tc.name, err)
+			}
+			// The same version can be persisted again, byte-exact.
+			persist(t, s, tc.name, 1, data)
+			got := make([]byte, len(data))
+			if err := s.LoadInto(tc.name, 1, got, int64(len(got))); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("%s: retry: %v", tc.name, err)
+			}
+		}
+		// Read errors surface; the entry stays and reads fine afterwards.
+		got := make([]byte, len(data))
+		faults.Fail(OpRead, unix.EIO, 1)
+		if err := s.LoadInto("write-EIO", 1, got, int64(len(got))); !errors.Is(err, unix.EIO) {
+			t.Fatalf("read EIO: %v", err)
+		}
+		faults.Short(OpRead, 1)
+		if err := s.LoadInto("write-EIO", 1, got, int64(len(got))); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("short read: %v", err)
+		}
+		if err := s.LoadInto("write-EIO", 1, got, int64(len(got))); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read after faults: %v", err)
+		}
+		// A chunked load failing midway hands over no chunk after the failure.
+		big := pattern("big", 200000)
+		persist(t, s, "big", 1, big)
+		s.opts.ChunkSize = 16384
+		faults.Fail(OpRead, unix.EIO, -1)
+		delivered := 0
+		err := s.LoadChunks("big", 1, make([]byte, len(big)), int64(len(big)), func(off, n int64) error { delivered++; return nil })
+		if !errors.Is(err, unix.EIO) || delivered != 0 {
+			t.Fatalf("failing chunked load: %v, %d chunks delivered", err, delivered)
+		}
+		faults.Clear()
+		// Failed writes left only dead ranges: the ring keeps cycling and every
+		// written value is exact.
+		for i := range 40 {
+			if i%7 == 3 {
+				faults.Fail(OpWrite, unix.EIO, 1)
+			}
+			key := fmt.Sprint("cycle", i)
+			v := pattern(key, 60000)
+			pin, err := s.Persist(key, 1, v)
+			pin.Release()
+			if i%7 == 3 {
+				if !errors.Is(err, unix.EIO) {
+					t.Fatalf("%s: %v", key, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(v))
+			if err := s.LoadInto(key, 1, got, int64(len(v))); err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("%s: %v", key, err)
+			}
+		}
+		if faults.Hits() == 0 {
+			t.Fatal("no faults hit")
+		}
+	})
+}
+
+func TestConcurrentUse(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 6<<20, func(o *Options) {
+			o.minShardSize = 1 << 20
+			o.ShardsPerDevice = 3
+			o.IODepth = 4
+			o.WriteInflight = 3
+			o.ReadInflight = 4
+			o.ChunkSize = 64 << 10
+		})
+		if n := len(s.devices[0].shards); n != 3 {
+			t.Fatalf("%d shards, want 3", n)
+		}
+		evicted := collect(s)
+		const keys = 40
+		var latest [keys]atomic.Int64 // highest put id persisted per key
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		var loads, hits atomic.Int64
+		value := func(k int, put int64) []byte {
+			key := fmt.Sprint("key", k, "/", put)
+			return pattern(key, int64(1+(k*7919+int(put)*104729)%300000))
+		}
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(w), 1))
+				for i := 0; i < 60; i++ {
+					k := rng.IntN(keys)
+					put := latest[k].Add(1)
+					pin, err := s.Persist(fmt.Sprint("key", k), put, value(k, put))
+					if err != nil && !errors.Is(err, ErrStale) {
+						t.Errorf("persist: %v", err)
+					}
+					if rng.IntN(4) == 0 {
+						time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+					}
+					pin.Release()
+					if rng.IntN(10) == 0 {
+						s.Remove(fmt.Sprint("key", k), put)
+					}
+				}
+			}()
+		}
+		for r := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(r), 2))
+				for !stop.Load() {
+					k := rng.IntN(keys)
+					put := latest[k].Load()
+					if put == 0 {
+						continue
+					}
+					want := value(k, put)
+					dst := make([]byte, len(want))
+					if rng.IntN(2) == 0 {
+						dst = AllocAligned(int64(len(want)))
+					}
+					loads.Add(1)
+					err := s.LoadInto(fmt.Sprint("key", k), put, dst, int64(len(want)))
+					switch {
+					case err == nil:
+						hits.Add(1)
+						if !bytes.Equal(dst, want) {
+							t.Errorf("key%d/%d: wrong bytes", k, put)
+						}
+					case !errors.Is(err, ErrNotFound):
+						t.Errorf("load: %v", err)
+					}
+					_ = s.Stats()
+				}
+			}()
+		}
+		time.Sleep(10 * time.Millisecond)
+		for s.Stats().Entries == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		// Let the writers finish, then stop the readers.
+		waitWriters := make(chan struct{})
+		go func() {
+			for {
+				total := int64(0)
+				for i := range latest {
+					total += latest[i].Load()
+				}
+				if total >= 4*60 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+			stop.Store(true)
+			close(waitWriters)
+		}()
+		<-waitWriters
+		wg.Wait()
+		st := s.Stats()
+		if st.UsedBytes > st.CapacityBytes {
+			t.Fatalf("used %d > capacity %d", st.UsedBytes, st.CapacityBytes)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, b := range <-evicted {
+			n += len(b)
+		}
+		t.Logf("%d loads, %d hits, %d evictions reported, stats %+v", loads.Load(), hits.Load(), n, st)
+		if hits.Load() == 0 || n == 0 {
+			t.Fatal("the workload did not exercise hits and evictions")
+		}
+	})
+}
+
+func TestDevicesDedupAndRoundRobin(t *testing.T) {
+	checkLeaks(t)
+	dir, buffered := storageDir(t)
+	a, b, c := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "c")
+	s, err := Open(Options{Cluster: "prod/x", InstanceKey: "host:1/gpu0", Paths: []string{a, b},
+		Limits: []int64{1 << 20, 2 << 20}, BufferedIO: buffered})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if len(st.Devices) != 1 || st.CapacityBytes != 1<<20 {
+		t.Fatalf("same-device roots not de-duplicated: %+v", st)
+	}
+	root := st.Devices[0].Root
+	if filepath.Dir(filepath.Dir(root)) != a || !strings.HasPrefix(filepath.Base(filepath.Dir(root)), "prod_x-") ||
+		!strings.HasSuffix(filepath.Dir(root), "_cluster_kv_ssd_storage") || !strings.HasPrefix(filepath.Base(root), "host_1_gpu0-") {
+		t.Fatalf("root %s", root)
+	}
+	if files := shardFiles(t, s); len(files) != 1 {
+		t.Fatalf("shard files %v", files)
+	}
+	s.Close()
+	if _, err := os.Stat(filepath.Join(b, safeName("prod/x")+"_cluster_kv_ssd_storage")); err != nil {
+		t.Fatalf("the skipped root was not created: %v", err)
+	}
+
+	// Three fake devices: values go round-robin, one device each.
+	ids := map[string]uint64{}
+	s, err = Open(Options{Cluster: "c", InstanceKey: "i", Paths: []string{a, b, c}, Limits: []int64{1 << 20, 1 << 20, 1 << 20},
+		BufferedIO: buffered, devOf: func(root string) (uint64, error) {
+			if _, ok := ids[root]; !ok {
+				ids[root] = uint64(len(ids) + 1)
+			}
+			return ids[root], nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if len(s.devices) != 3 {
+		t.Fatalf("%d devices", len(s.devices))
+	}
+	perDev := map[int]int{}
+	for i := range 9 {
+		key := fmt.Sprint("k", i)
+		persist(t, s, key, 1, pattern(key, 1000))
+		s.mu.Lock()
+		perDev[s.index[key].shard.dev.id]++
+		s.mu.Unlock()
+	}
+	if fmt.Sprint(perDev) != "map[0:3 1:3 2:3]" {
+		t.Fatalf("values per device %v", perDev)
+	}
+	for i := range 9 {
+		key := fmt.Sprint("k", i)
+		got := make([]byte, 1000)
+		if err := s.LoadInto(key, 1, got, 1000); err != nil || !bytes.Equal(got, pattern(key, 1000)) {
+			t.Fatalf("%s: %v", key, err)
+		}
+	}
+}
+
+func TestReopenTruncatesAndDropsExtraShards(t *testing.T) {
+	checkLeaks(t)
+	dir, buffered := storageDir(t)
+	opts := Options{Cluster: "c", InstanceKey: "i", Paths: []string{dir}, Limits: []int64{3 << 20}, BufferedIO: buffered,
+		ShardsPerDevice: 3, minShardSize: 1 << 20}
+	s, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	persist(t, s, "k", 1, pattern("k", 5000))
+	if n := len(shardFiles(t, s)); n != 3 {
+		t.Fatalf("%d shard files", n)
+	}
+	s.Close()
+	opts.ShardsPerDevice = 1
+	s, err = Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	files := shardFiles(t, s)
+	if len(files) != 1 || filepath.Base(files[0]) != "shard-000.dat" {
+		t.Fatalf("shard files after reopen: %v", files)
+	}
+	if st, err := os.Stat(files[0]); err != nil || st.Size() != 3<<20 {
+		t.Fatalf("shard size: %v %v", st.Size(), err)
+	}
+	// Runtime cache: nothing survives a restart.
+	if err := s.LoadInto("k", 1, make([]byte, 5000), 5000); !errors.Is(err, ErrNotFound) || s.Stats().UsedBytes != 0 {
+		t.Fatalf("after reopen: %v, used %d", err, s.Stats().UsedBytes)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	checkLeaks(t)
+	dir := t.TempDir()
+	base := Options{Cluster: "c", InstanceKey: "i", Paths: []string{dir}, Limits: []int64{4096}}
+	for _, tc := range []struct {
+		name string
+		edit func(o *Options)
+		want string
+	}{
+		{"no cluster", func(o *Options) { o.Cluster = "" }, "cluster"},
+		{"no paths", func(o *Options) { o.Paths, o.Limits = nil, nil }, "no paths"},
+		{"length mismatch", func(o *Options) { o.Limits = []int64{4096, 4096} }, "same length"},
+		{"tiny limit", func(o *Options) { o.Limits = []int64{100} }, "large_limit_size[0]"},
+		{"engine", func(o *Options) { o.Engine = "aio" }, "unknown engine"},
+		{"chunk", func(o *Options) { o.ChunkSize = 1000 }, "chunk size"},
+		{"not a dir", func(o *Options) { o.Paths = []string{"/dev/null"} }, "large_file_paths[0]"},
+	} {
+		o := base
+		tc.edit(&o)
+		if _, err := Open(o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// A file system without O_DIRECT (tmpfs) is refused with a clear message.
+	var fs unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Skip("no tmpfs at /dev/shm")
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "fluxkv-ssd-test-")
+	if err != nil {
+		t.Skip(err)
+	}
+	defer os.RemoveAll(shm)
+	if ProbeDirectIO(shm) == nil {
+		t.Skip("this kernel's tmpfs accepts O_DIRECT (Linux 6.6+)")
+	}
+	o := base
+	o.Paths = []string{shm}
+	s, err := Open(o)
+	if err == nil {
+		s.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "O_DIRECT") {
+		t.Fatalf("tmpfs: %v", err)
+	}
+}
+
+func TestCloseUnblocksAndRefuses(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		dir, buffered := storageDir(t)
+		s, err := Open(Options{Cluster: "c", InstanceKey: "i", Paths: []string{dir}, Limits: []int64{4096},
+			Engine: kind, BufferedIO: buffered})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin, err := s.Persist("a", 1, pattern("a", 4096))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocked := make(chan error, 1)
+		go func() {
+			_, err := s.Persist("b", 1, pattern("b", 4096))
+			blocked <- err
+		}()
+		time.Sleep(20 * time.Millisecond)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-blocked; !errors.Is(err, ErrClosed) {
+			t.Fatalf("waiting persist: %v", err)
+		}
+		pin.Release() // after Close: harmless
+		if _, err := s.Persist("c", 1, []byte("x")); !errors.Is(err, ErrClosed) {
+			t.Fatalf("persist after close: %v", err)
+		}
+		if err := s.LoadInto("a", 1, make([]byte, 4096), 4096); !errors.Is(err, ErrClosed) {
+			t.Fatalf("load after close: %v", err)
+		}
+		if _, ok := <-s.Evictions(); ok {
+			t.Fatal("evictions channel open after close")
+		}
+		if st := s.Stats(); st.Engine != kind || len(st.Devices) != 1 || st.Devices[0].Engine != kind {
+			t.Fatalf("stats after close: %+v", st)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
