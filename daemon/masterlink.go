@@ -88,7 +88,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	o.mu.Unlock()
 	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: o.peer.addr(),
-		KvSsdStorage: &mp.KvSsdStorageInfo{}, Pinned: pins,
+		KvSsdStorage: o.ssdInfo(), Pinned: pins,
 	})
 	if err != nil {
 		return err
@@ -112,7 +112,7 @@ func (m *masterLink) heartbeatLoop() {
 		case <-time.After(m.period):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: &mp.KvSsdStorageInfo{}})
+		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo()})
 		cancel()
 		if err != nil {
 			m.o.log.Warn().Err(err).Msg("heartbeat failed")

@@ -110,20 +110,10 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	seq := o.invalSeq
 	o.mu.Unlock()
 
-	ctx, cancel := o.master.ctx()
-	defer cancel()
-	plan, err := o.master.c.GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key})
-	if err := o.master.check(respCode(plan, err)); err != nil {
+	h, err := o.planGet(key)
+	if err != nil {
 		return nil, err
 	}
-	if !plan.Done {
-		r, err := o.master.c.GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
-		if err := o.master.check(respCode(r, err)); err != nil {
-			o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
-		}
-		return nil, errCode(common.ErrorCode_UNAVAILABLE, "the key's replica is on node %q (%s): owner-to-owner transfer and SSD refill are not available in this build", plan.SourceNodeId, plan.Source)
-	}
-	h := &holding{key: key, putID: plan.PutId, offset: plan.TargetOffset, len: plan.Len, source: plan.Source, masterID: plan.HolderId}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if c.closed {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // Options configures an owner. Zero fields take the defaults below.
@@ -41,6 +42,8 @@ type Options struct {
 	Logger *zerolog.Logger
 	// Metrics receives per-call counters and latencies. Default: none.
 	Metrics *metrics.Metrics
+	// SSD enables the SSD tier (DESIGN §6) with these storage options; nil = memory only.
+	SSD *ssd.Options
 }
 
 const pageSize = 4096

@@ -18,6 +18,7 @@ import (
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // Owner is one node's sidecar.
@@ -26,6 +27,7 @@ type Owner struct {
 	log        zerolog.Logger
 	generation int64 // this incarnation; externals must name it in every call
 	seg        *shm.Segment
+	store      *ssd.Storage // nil: no SSD tier
 
 	master *masterLink
 	peer   *peerServer
@@ -79,6 +81,21 @@ func (o *Owner) Start(ctx context.Context) error {
 	o.seg = seg
 	o.log.Info().Int64("bytes", o.opts.DRAM).Dur("took", time.Since(t0)).Msg("segment created")
 
+	if o.opts.SSD != nil {
+		so := *o.opts.SSD
+		if so.Logger == nil {
+			l := o.log
+			so.Logger = &l
+		}
+		t1 := time.Now()
+		if o.store, err = ssd.Open(so); err != nil {
+			o.closeResources()
+			return fmt.Errorf("open SSD tier: %w", err)
+		}
+		st := o.store.Stats()
+		o.log.Info().Int64("capacity", st.CapacityBytes).Int("devices", len(st.Devices)).Str("engine", st.Engine).
+			Dur("took", time.Since(t1)).Msg("SSD tier opened")
+	}
 	o.peer, err = startPeerServer(o, o.opts.PeerListen)
 	if err != nil {
 		o.closeResources()
@@ -99,6 +116,10 @@ func (o *Owner) Start(ctx context.Context) error {
 	}
 	o.wg.Add(1)
 	go o.master.heartbeatLoop()
+	if o.store != nil {
+		o.wg.Add(1)
+		go o.forwardEvictions()
+	}
 
 	svc := externalservice.NewServiceInfo()
 	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics)
@@ -157,6 +178,13 @@ func (o *Owner) Stop() error {
 		case <-time.After(o.opts.ShutdownTimeout):
 			o.log.Warn().Msg("shutdown: in-flight work did not finish in time")
 		}
+		if o.peer != nil {
+			o.peer.stop() // no more persists
+			o.peer = nil
+		}
+		if o.store != nil {
+			o.store.Close() // ends forwardEvictions after a last batch
+		}
 		if o.master != nil {
 			o.master.close()
 		}
@@ -171,6 +199,10 @@ func (o *Owner) closeResources() {
 	if o.peer != nil {
 		o.peer.stop()
 		o.peer = nil
+	}
+	if o.store != nil {
+		o.store.Close()
+		o.store = nil
 	}
 	if o.seg != nil {
 		o.seg.Close()
@@ -201,6 +233,10 @@ func (o *Owner) LocalStats() Stats {
 // bytes come from the master (it owns allocation), so this makes one master call.
 func (o *Owner) Capacity() metrics.Capacity {
 	c := metrics.Capacity{SegmentCapacity: o.opts.DRAM}
+	if o.store != nil {
+		st := o.store.Stats()
+		c.SSDCapacity, c.SSDUsed = st.CapacityBytes, st.UsedBytes
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	r, err := o.master.c.Stat(ctx, &mp.StatRequest{})

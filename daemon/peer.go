@@ -12,6 +12,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // peerServer serves PeerService (master → owner, owner ↔ owner control calls) over TCP.
@@ -49,15 +50,17 @@ type peerHandler struct{ o *Owner }
 
 var _ peer.PeerService = (*peerHandler)(nil)
 
-// SsdReplicaPersist: this owner runs without an SSD tier; the master only plans SSD
-// persists for owners that declared one, so this answers UNAVAILABLE.
+// SsdReplicaPersist writes a fresh memory replica to the local SSD ring and commits it.
 func (h *peerHandler) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
-	return &peer.SsdReplicaPersistResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "this owner has no SSD tier"}, nil
+	resp := &peer.SsdReplicaPersistResponse{}
+	resp.Code, resp.Message = wire.ToResponse(h.o.persist(req))
+	return resp, nil
 }
 
-// SsdStageRead: no SSD tier on this owner (see SsdReplicaPersist).
+// SsdStageRead serves remote SSD refills, which come with owner-to-owner transfers;
+// single-node gets refill locally and never call it.
 func (h *peerHandler) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
-	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "this owner has no SSD tier"}, nil
+	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "remote SSD staging needs owner-to-owner transfer, which this build does not have"}, nil
 }
 
 // InvalidateCachedInfo drops cached infos of keys another owner overwrote or deleted.

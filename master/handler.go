@@ -66,11 +66,13 @@ func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.Pu
 
 func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutDoneResponse, error) {
 	var invs []Invalidation
+	var task *PersistTask
 	err := h.s.withState(func(st *State) (err error) {
-		invs, err = st.PutDone(time.Now(), ref(req.Node), req.Key, req.PutId)
+		invs, task, err = st.PutDone(time.Now(), ref(req.Node), req.Key, req.PutId)
 		return err
 	})
 	h.s.inval.add(invs)
+	h.s.persist.submit(task)
 	resp := &mp.PutDoneResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil

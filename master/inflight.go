@@ -151,9 +151,9 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 	}
 	holderID = s.newID()
 	g.node.holders[holderID] = g.target
-	if r := s.routes[key]; r != nil && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.MaxPromotions {
+	if r := s.routes[key]; r != nil && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
 		r.promotions++
-		s.setMemoryLocked(key, r, g.node, g.target.Retain())
+		s.setMemoryLocked(key, r, g.node, g.target.Retain(), true)
 		promoted = true
 	}
 	return holderID, promoted, nil

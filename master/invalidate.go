@@ -5,12 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cloudwego/kitex/client"
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
-	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
 )
 
 // invalidator batches InvalidateCachedInfo broadcasts per owner: entries collect for
@@ -18,18 +16,19 @@ import (
 type invalidator struct {
 	log zerolog.Logger
 
-	mu      sync.Mutex // protects pending, clients
+	peers *peerClients
+
+	mu      sync.Mutex // protects pending
 	pending map[string][]*common.KeyVersion
-	clients map[string]peerservice.Client
 
 	kick chan struct{}
 	done chan struct{}
 	wg   sync.WaitGroup
 }
 
-func newInvalidator(log zerolog.Logger) *invalidator {
-	v := &invalidator{log: log, pending: make(map[string][]*common.KeyVersion),
-		clients: make(map[string]peerservice.Client), kick: make(chan struct{}, 1), done: make(chan struct{})}
+func newInvalidator(log zerolog.Logger, peers *peerClients) *invalidator {
+	v := &invalidator{log: log, peers: peers, pending: make(map[string][]*common.KeyVersion),
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	v.wg.Add(1)
 	go v.loop()
 	return v
@@ -69,7 +68,7 @@ func (v *invalidator) flush() {
 	v.pending = make(map[string][]*common.KeyVersion)
 	v.mu.Unlock()
 	for addr, entries := range batch {
-		c, err := v.client(addr)
+		c, err := v.peers.get(addr)
 		if err != nil {
 			v.log.Warn().Err(err).Str("peer", addr).Msg("invalidate: no client")
 			continue
@@ -85,20 +84,6 @@ func (v *invalidator) flush() {
 			entries = entries[n:]
 		}
 	}
-}
-
-func (v *invalidator) client(addr string) (peerservice.Client, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if c := v.clients[addr]; c != nil {
-		return c, nil
-	}
-	c, err := peerservice.NewClient("fluxkv-owner", client.WithHostPorts(addr))
-	if err != nil {
-		return nil, err
-	}
-	v.clients[addr] = c
-	return c, nil
 }
 
 func (v *invalidator) close() {

@@ -138,4 +138,10 @@ func (s *State) tombLocked(n *node) {
 			s.dropGetLocked(id, g)
 		}
 	}
+	for id, pp := range s.persists {
+		if pp.node == n {
+			delete(s.persists, id)
+			pp.alloc.Release()
+		}
+	}
 }

@@ -23,8 +23,17 @@ type Options struct {
 	AllocRetryInterval time.Duration
 	AllocWait          time.Duration
 	// MaxPromotions caps durable promotions of one key version (a refilled get target
-	// becoming a memory replica). Default 2.
+	// becoming a memory replica). Default 2; NoPromotion turns promotion off (benchmarks
+	// of SSD-hit gets).
 	MaxPromotions int
+	NoPromotion   bool
+	// PersistWorkers bounds concurrent SsdReplicaPersist calls; PersistQueue bounds the
+	// persists waiting for a worker (a put whose persist finds the queue full is not
+	// persisted). Defaults 4 and 1024.
+	PersistWorkers int
+	PersistQueue   int
+	// PersistTimeout bounds one SsdReplicaPersist call. Default 30s.
+	PersistTimeout time.Duration
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
@@ -53,6 +62,15 @@ func (o *Options) setDefaults() {
 	if o.MaxPromotions == 0 {
 		o.MaxPromotions = 2
 	}
+	if o.PersistWorkers == 0 {
+		o.PersistWorkers = 4
+	}
+	if o.PersistQueue == 0 {
+		o.PersistQueue = 1024
+	}
+	if o.PersistTimeout == 0 {
+		o.PersistTimeout = 30 * time.Second
+	}
 	if o.IDBase == 0 {
 		o.IDBase = time.Now().UnixNano()
 	}
@@ -60,6 +78,13 @@ func (o *Options) setDefaults() {
 		l := zerolog.Nop()
 		o.Logger = &l
 	}
+}
+
+func (o *Options) maxPromotions() int {
+	if o.NoPromotion {
+		return 0
+	}
+	return o.MaxPromotions
 }
 
 // Validate reports options that cannot work.

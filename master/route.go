@@ -25,8 +25,9 @@ func (r *route) memoryReplica(n *node) *Allocation {
 }
 
 // setMemoryLocked makes a the memory replica of key on n (taking over the caller's
-// reference) and enters it in n's eviction policy.
-func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation) {
+// reference). An evictable replica enters n's eviction policy at once; one waiting for
+// its SSD persist enters it when the persist returns (PersistDone).
+func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation, evictable bool) {
 	rep := r.replicas[n]
 	if rep == nil {
 		rep = &replica{}
@@ -36,7 +37,9 @@ func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation) {
 		panic("BUG: memory replica set twice")
 	}
 	rep.memory = a
-	n.policy.Insert(key, a.Size())
+	if evictable {
+		n.policy.Insert(key, a.Size())
+	}
 }
 
 // clearMemoryLocked drops the memory replica of key on n (eviction, node loss).

@@ -28,8 +28,10 @@ type Server struct {
 	mu sync.Mutex // protects st
 	st *State
 
-	inval *invalidator
-	ln    net.Listener
+	peers   *peerClients
+	inval   *invalidator
+	persist *persister
+	ln      net.Listener
 	svr   server.Server
 	stop  chan struct{}
 	wg    sync.WaitGroup
@@ -52,7 +54,9 @@ func (s *Server) Start(addr string) error {
 	}
 	s.ln = ln
 	klog.SetLevel(klog.LevelWarn)
-	s.inval = newInvalidator(*s.opts.Logger)
+	s.peers = newPeerClients()
+	s.inval = newInvalidator(*s.opts.Logger, s.peers)
+	s.persist = newPersister(s)
 	s.svr = masterservice.NewServer(&handler{s: s},
 		server.WithListener(ln),
 		server.WithServiceAddr(ln.Addr()),
@@ -86,6 +90,9 @@ func (s *Server) Stop() error {
 	}
 	if s.inval != nil {
 		s.inval.close()
+	}
+	if s.persist != nil {
+		s.persist.close(2 * time.Second)
 	}
 	return err
 }

@@ -18,8 +18,9 @@ type State struct {
 	log    zerolog.Logger
 	nodes  map[string]*node
 	routes map[string]*route
-	puts   map[int64]*inflightPut
-	gets   map[int64]*inflightGet
+	puts     map[int64]*inflightPut
+	gets     map[int64]*inflightGet
+	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
 	nextID int64 // put, get and holder ids share one increasing counter
 }
 
@@ -32,7 +33,8 @@ func NewState(opts Options) *State {
 		nodes:  make(map[string]*node),
 		routes: make(map[string]*route),
 		puts:   make(map[int64]*inflightPut),
-		gets:   make(map[int64]*inflightGet),
+		gets:     make(map[int64]*inflightGet),
+		persists: make(map[int64]*pendingPersist),
 		nextID: opts.IDBase,
 	}
 }
@@ -120,29 +122,37 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 
 // PutDone publishes the put's target as the key's memory replica under a new version;
 // the old version's replicas are released (its holders keep their bytes). It returns
-// the other live owners whose cached info of the key must be invalidated.
-func (s *State) PutDone(now time.Time, ref NodeRef, key string, putID int64) ([]Invalidation, error) {
+// the other live owners whose cached info of the key must be invalidated and, when the
+// put was planned with persist_to_ssd, the persist to ask the target owner for: until
+// PersistDone, the replica is kept alive and stays out of the eviction policy.
+func (s *State) PutDone(now time.Time, ref NodeRef, key string, putID int64) ([]Invalidation, *PersistTask, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p := s.puts[putID]
 	if p == nil || p.key != key || p.node != n {
-		return nil, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (expired, revoked or never started)", putID)
+		return nil, nil, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (expired, revoked or never started)", putID)
 	}
 	delete(s.puts, putID)
 	old := s.routes[key]
 	if p.rejectIfExists && old != nil && old.readable() {
 		p.target.Release()
-		return nil, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
+		return nil, nil, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
 	}
 	if old != nil {
 		s.dropRouteLocked(key, old)
 	}
 	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica)}
 	s.routes[key] = r
-	s.setMemoryLocked(key, r, n, p.target)
-	return s.invalidationsLocked(n, key, putID), nil
+	var task *PersistTask
+	if p.persistToSSD {
+		s.persists[putID] = &pendingPersist{key: key, node: n, alloc: p.target.Retain()}
+		task = &PersistTask{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: key, PutID: putID,
+			Offset: p.target.Offset(), Len: p.target.Len()}
+	}
+	s.setMemoryLocked(key, r, n, p.target, task == nil)
+	return s.invalidationsLocked(n, key, putID), task, nil
 }
 
 // PutRevoke abandons an in-flight put and frees its target.

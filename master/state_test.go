@@ -102,17 +102,26 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if d.Cmd == "put-start" {
 			return fmt.Sprintf("put_id=%d offset=%d ssd=%v\n", p.PutID, p.TargetOffset, p.PersistToSSD), nil
 		}
-		invs, err := st.PutDone(*now, nref(st, d), key, p.PutID)
+		invs, task, err := st.PutDone(*now, nref(st, d), key, p.PutID)
 		if err != nil {
 			return "", err
+		}
+		if task != nil {
+			st.PersistDone(task.PutID) // plain puts in scripts persist at once
 		}
 		return fmt.Sprintf("put_id=%d offset=%d%s\n", p.PutID, p.TargetOffset, fmtInv(invs)), nil
 	case "put-done":
-		invs, err := st.PutDone(*now, nref(st, d), key, argInt(d, "id"))
+		invs, task, err := st.PutDone(*now, nref(st, d), key, argInt(d, "id"))
 		if err != nil {
 			return "", err
 		}
+		if task != nil {
+			return fmt.Sprintf("ok persist=%s:%d+%d%s\n", task.NodeID, task.Offset, task.Len, fmtInv(invs)), nil
+		}
 		return "ok" + fmtInv(invs) + "\n", nil
+	case "persist-done":
+		st.PersistDone(argInt(d, "put"))
+		return "ok\n", nil
 	case "put-revoke":
 		return "ok\n", st.PutRevoke(nref(st, d), key, argInt(d, "id"))
 	case "get":
@@ -209,7 +218,7 @@ func dumpState(st *State) string {
 		sort.Strings(reps)
 		fmt.Fprintf(&b, "route %s put_id=%d len=%d [%s]\n", k, r.putID, r.len, strings.Join(reps, " "))
 	}
-	fmt.Fprintf(&b, "inflight puts=%d gets=%d\n", len(st.puts), len(st.gets))
+	fmt.Fprintf(&b, "inflight puts=%d gets=%d persists=%d\n", len(st.puts), len(st.gets), len(st.persists))
 	return b.String()
 }
 
@@ -233,7 +242,7 @@ func TestValidation(t *testing.T) {
 		{"len > segment", second(st.PutStart(now, ref, "k", 2<<20, false)), common.ErrorCode_INVALID_ARGUMENT},
 		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false)), common.ErrorCode_STALE_GENERATION},
 		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k")), common.ErrorCode_STALE_GENERATION},
-		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
+		{"unknown put", third(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
 		{"unknown get", st.GetRevoke(ref, "k", 12345, false), common.ErrorCode_INVALID_ARGUMENT},
 		{"miss", second(st.GetStart(now, ref, "k")), common.ErrorCode_KEY_NOT_FOUND},
 		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
@@ -250,6 +259,8 @@ func TestValidation(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+func third[T, U any](_ T, _ U, err error) error { return err }
 
 // TestFillBeforeEviction: with 1 MiB − 128 B values the segment is fully used before
 // the first eviction, and every put is admitted and readable right after it returns.
@@ -271,7 +282,7 @@ func TestFillBeforeEviction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.PutDone(now, ref, key, p.PutID); err != nil {
+		if _, _, err := st.PutDone(now, ref, key, p.PutID); err != nil {
 			t.Fatal(err)
 		}
 		if firstEvictionUsed < 0 && n.policy.Len() <= replicas {

@@ -1,0 +1,397 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/ssd"
+)
+
+// node is an in-process master + owner pair (they still meet over TCP and the owner
+// serves real Unix sockets and a real memfd). In-process so a test can hand the SSD
+// tier an error-injecting file (ssd.Faults): the one fake DESIGN allows.
+type node struct {
+	m *master.Server
+	o *Owner
+	c *fluxkv.Client
+}
+
+func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options) *node {
+	t.Helper()
+	log := zerolog.Nop()
+	if testing.Verbose() {
+		log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	}
+	mo.Logger = &log
+	m, err := master.NewServer(mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	o, err := New(Options{Dir: t.TempDir(), DRAM: dram, MasterAddr: m.Addr().String(), NodeID: "n1", SSD: so, Logger: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Start(context.Background()); err != nil {
+		m.Stop()
+		t.Fatal(err)
+	}
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		o.Stop()
+		m.Stop()
+	})
+	return &node{m: m, o: o, c: c}
+}
+
+func ssdOptions(t testing.TB, limit int64) *ssd.Options {
+	dir := t.TempDir()
+	if err := ssd.ProbeDirectIO(dir); err != nil {
+		t.Skipf("no O_DIRECT under %s: %v", dir, err)
+	}
+	return &ssd.Options{Cluster: "test", InstanceKey: "n1", Paths: []string{dir}, Limits: []int64{limit}}
+}
+
+func value(seed, n int) []byte {
+	b := make([]byte, n)
+	rand.New(rand.NewSource(int64(seed))).Read(b)
+	return b
+}
+
+// waitPersisted waits until no put is waiting for its SSD persist.
+func (n *node) waitPersisted(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		pending := 0
+		n.m.Inspect(func(st *master.State) { pending = st.PendingPersists() })
+		if pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d persists still pending", pending)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (n *node) usage(t testing.TB) (memUsed, holders, ssdReplicas int64) {
+	t.Helper()
+	n.c.Flush()
+	st, err := n.c.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := st.Members[0]
+	return m.MemorySegment.UsedBytes, m.Holders, m.SsdReplicas
+}
+
+// drain deletes keys and requires memory back to empty and no SSD replica left.
+func (n *node) drain(t testing.TB, keys []string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, err := n.c.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		used, holders, ssdReps := n.usage(t)
+		if used == 0 && holders == 0 && ssdReps == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leak: used=%d holders=%d ssd replicas=%d", used, holders, ssdReps)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// readAll gets every key and checks its bytes; it returns hits by source and misses.
+func readAll(t *testing.T, c *fluxkv.Client, keys []string, want func(i int) []byte) (mem, fromSSD, misses int) {
+	t.Helper()
+	for i, k := range keys {
+		h, err := c.Get(k)
+		if errors.Is(err, fluxkv.ErrKeyNotFound) {
+			misses++
+			continue
+		}
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), want(i)) {
+			t.Fatalf("get %s (%s): wrong bytes", k, h.Source())
+		}
+		if h.Source() == "ssd" {
+			fromSSD++
+		} else {
+			mem++
+		}
+		h.Release()
+	}
+	return
+}
+
+// TestSSDTierReadBack: a dataset of 3× DRAM with unaligned sizes reads back completely
+// and byte-exact with SSD on, part of it refilled from SSD; with SSD off the same
+// workload misses.
+func TestSSDTierReadBack(t *testing.T) {
+	const dram = 16 << 20
+	sizeOf := func(i int) int { return 512<<10 + i*4099 + 1 } // unaligned, ~0.5–0.7 MiB
+	var keys []string
+	total := 0
+	for i := 0; total < 3*dram; i++ {
+		keys = append(keys, fmt.Sprintf("ds-%d", i))
+		total += sizeOf(i)
+	}
+	want := func(i int) []byte { return value(i, sizeOf(i)) }
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ssd=%v", on), func(t *testing.T) {
+			var so *ssd.Options
+			if on {
+				so = ssdOptions(t, 256<<20)
+			}
+			n := startNode(t, dram, so, master.Options{})
+			for i, k := range keys {
+				if err := n.c.Put(k, want(i)); err != nil {
+					t.Fatalf("put %s: %v", k, err)
+				}
+			}
+			n.waitPersisted(t)
+			mem, fromSSD, misses := readAll(t, n.c, keys, want)
+			t.Logf("ssd=%v: %d keys (%d MiB, %d× DRAM): %d memory hits, %d SSD hits, %d misses", on, len(keys), total>>20, total/dram, mem, fromSSD, misses)
+			if on && (misses != 0 || fromSSD == 0) {
+				t.Fatalf("with SSD on every key must read back, part from SSD: %d misses, %d SSD hits", misses, fromSSD)
+			}
+			if !on && (misses == 0 || fromSSD != 0) {
+				t.Fatalf("with SSD off the dataset cannot fit: %d misses, %d SSD hits", misses, fromSSD)
+			}
+			n.drain(t, keys)
+		})
+	}
+}
+
+// TestSSDOverwriteDeleteRace: overwrites and deletes racing in-flight persists never
+// make an old version readable, from memory or from SSD.
+func TestSSDOverwriteDeleteRace(t *testing.T) {
+	n := startNode(t, 8<<20, ssdOptions(t, 256<<20), master.Options{})
+	const keys, rounds = 4, 30
+	var wg sync.WaitGroup
+	errc := make(chan error, keys)
+	for k := 0; k < keys; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			key := fmt.Sprintf("race-%d", k)
+			for r := 0; r < rounds; r++ {
+				v := value(k*1000+r, 300000+r)
+				if err := n.c.Put(key, v); err != nil {
+					errc <- err
+					return
+				}
+				if r%7 == 3 {
+					if _, err := n.c.Delete(key); err != nil {
+						errc <- err
+						return
+					}
+					if _, err := n.c.Get(key); !errors.Is(err, fluxkv.ErrKeyNotFound) {
+						errc <- fmt.Errorf("%s: get after delete: %v", key, err)
+						return
+					}
+					continue
+				}
+				// Push memory replicas out so the next read may come from SSD.
+				if r%3 == 0 {
+					for f := 0; f < 4; f++ {
+						n.c.Put(fmt.Sprintf("filler-%d-%d", k, f), value(f, 1<<20))
+					}
+				}
+				h, err := n.c.Get(key)
+				if errors.Is(err, fluxkv.ErrKeyNotFound) {
+					continue // evicted from memory before its persist: a miss, never old bytes
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				if !bytes.Equal(h.Bytes(), v) {
+					errc <- fmt.Errorf("%s round %d: read a stale version (source %s)", key, r, h.Source())
+				}
+				h.Release()
+			}
+		}(k)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	var all []string
+	for k := 0; k < keys; k++ {
+		all = append(all, fmt.Sprintf("race-%d", k))
+		for f := 0; f < 4; f++ {
+			all = append(all, fmt.Sprintf("filler-%d-%d", k, f))
+		}
+	}
+	n.drain(t, all)
+}
+
+// TestSSDRingEvictionConverges: a small SSD ring overwrites old entries; the owner
+// reports them and the master's routes converge: gets of overwritten keys miss
+// cleanly, never error.
+func TestSSDRingEvictionConverges(t *testing.T) {
+	n := startNode(t, 4<<20, ssdOptions(t, 8<<20), master.Options{})
+	var keys []string
+	for i := 0; i < 40; i++ { // 40 MiB through an 8 MiB ring and a 4 MiB segment
+		k := fmt.Sprintf("ring-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, _, ssdReps := n.usage(t)
+		if ssdReps <= 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("routes did not converge: %d SSD replicas for an 8 MiB ring", ssdReps)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mem, fromSSD, misses := readAll(t, n.c, keys, func(i int) []byte { return value(i, 1<<20) })
+	t.Logf("after 40 MiB through an 8 MiB ring: %d memory hits, %d SSD hits, %d misses", mem, fromSSD, misses)
+	if misses == 0 || mem+fromSSD == 0 {
+		t.Fatalf("expected some hits and some clean misses")
+	}
+	n.drain(t, keys)
+}
+
+// TestSSDReadErrorReplans: an injected SSD read error drops that SSD replica and the
+// get re-plans: the result is a clean miss, never wrong bytes, and the node serves on.
+func TestSSDReadErrorReplans(t *testing.T) {
+	faults := &ssd.Faults{}
+	so := ssdOptions(t, 64<<20)
+	so.OpenFile = faults.OpenFile
+	n := startNode(t, 4<<20, so, master.Options{})
+	var keys []string
+	for i := 0; i < 12; i++ {
+		k := fmt.Sprintf("fe-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	// ring-0 .. are out of memory now; their reads come from SSD.
+	faults.Fail(ssd.OpRead, syscall.EIO, 1)
+	h, err := n.c.Get(keys[0])
+	if !errors.Is(err, fluxkv.ErrKeyNotFound) {
+		if err == nil {
+			t.Fatalf("first SSD read was to fail; got a %s holder", h.Source())
+		}
+		t.Fatalf("want a clean miss after the failed SSD read, got %v", err)
+	}
+	if _, _, ssdReps := n.usage(t); ssdReps >= int64(len(keys)) {
+		t.Fatalf("the failed SSD replica was not dropped: %d SSD replicas", ssdReps)
+	}
+	// Later reads succeed and are byte-exact.
+	_, fromSSD, _ := readAll(t, n.c, keys[1:], func(i int) []byte { return value(i+1, 1<<20) })
+	if fromSSD == 0 {
+		t.Fatal("no SSD hit after the fault cleared")
+	}
+	n.drain(t, keys)
+}
+
+// BenchmarkSSDHitGet measures SSD-hit gets (memory replicas evicted, promotion off)
+// from the Go client with 8 concurrent readers, and reports GiB/s and latency
+// percentiles. Compare with fio at the same block size and iodepth 8 on the same disk:
+//
+//	go test ./daemon -run '^$' -bench SSDHitGet -benchtime 5s
+//	fio --name=r --filename=$DIR/f --direct=1 --rw=randread --bs=1M --iodepth=8 --ioengine=io_uring --size=2G --runtime=10 --time_based
+func BenchmarkSSDHitGet(b *testing.B) {
+	for _, size := range []int{1 << 20, 4 << 20} {
+		b.Run(fmt.Sprintf("size=%dMiB", size>>20), func(b *testing.B) {
+			const dram = 64 << 20
+			n := startNode(b, dram, ssdOptions(b, 2<<30), master.Options{NoPromotion: true})
+			nkeys := 4 * dram / size // 4× DRAM: the early keys are out of memory
+			for i := 0; i < nkeys; i++ {
+				if err := n.c.Put(fmt.Sprintf("b%d", i), value(i%7, size)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			n.waitPersisted(b)
+			cold := nkeys / 2 // keys written first: evicted from memory, on SSD
+			var mu sync.Mutex
+			var lat []time.Duration
+			var ssdHits, other int
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			t0 := time.Now()
+			var wg sync.WaitGroup
+			per := (b.N + 7) / 8
+			for w := 0; w < 8; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					r := rand.New(rand.NewSource(int64(w)))
+					local := make([]time.Duration, 0, per)
+					s, o := 0, 0
+					for i := 0; i < per; i++ {
+						st := time.Now()
+						h, err := n.c.Get(fmt.Sprintf("b%d", r.Intn(cold)))
+						if err != nil {
+							o++
+							continue
+						}
+						if h.Source() == "ssd" {
+							s++
+						} else {
+							o++
+						}
+						h.Release()
+						local = append(local, time.Since(st))
+					}
+					mu.Lock()
+					lat = append(lat, local...)
+					ssdHits += s
+					other += o
+					mu.Unlock()
+				}(w)
+			}
+			wg.Wait()
+			el := time.Since(t0)
+			b.StopTimer()
+			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			if len(lat) > 0 {
+				b.ReportMetric(float64(ssdHits)*float64(size)/el.Seconds()/(1<<30), "ssd-GiB/s")
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			}
+			b.ReportMetric(float64(ssdHits)/float64(ssdHits+other), "ssd-share")
+			_ = filepath.Join
+		})
+	}
+}
