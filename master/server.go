@@ -32,9 +32,9 @@ type Server struct {
 	inval   *invalidator
 	persist *persister
 	ln      net.Listener
-	svr   server.Server
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	svr     server.Server
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 // NewServer returns a master that is not yet listening.

@@ -14,28 +14,28 @@ import (
 // operations, holders and membership. It is not safe for concurrent use; Server wraps
 // it with one mutex. Time comes in as an argument so scenarios replay exactly.
 type State struct {
-	opts   Options
-	log    zerolog.Logger
-	nodes  map[string]*node
-	routes map[string]*route
+	opts     Options
+	log      zerolog.Logger
+	nodes    map[string]*node
+	routes   map[string]*route
 	puts     map[int64]*inflightPut
 	gets     map[int64]*inflightGet
 	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
-	nextID int64 // put, get and holder ids share one increasing counter
+	nextID   int64                     // put, get and holder ids share one increasing counter
 }
 
 // NewState returns an empty master state.
 func NewState(opts Options) *State {
 	opts.setDefaults()
 	return &State{
-		opts:   opts,
-		log:    *opts.Logger,
-		nodes:  make(map[string]*node),
-		routes: make(map[string]*route),
-		puts:   make(map[int64]*inflightPut),
+		opts:     opts,
+		log:      *opts.Logger,
+		nodes:    make(map[string]*node),
+		routes:   make(map[string]*route),
+		puts:     make(map[int64]*inflightPut),
 		gets:     make(map[int64]*inflightGet),
 		persists: make(map[int64]*pendingPersist),
-		nextID: opts.IDBase,
+		nextID:   opts.IDBase,
 	}
 }
 
