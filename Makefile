@@ -10,7 +10,7 @@ APT_GEN := thrift-compiler
 RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/...
 FUZZTIME ?= 10s
 
-.PHONY: all build run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd
+.PHONY: all build run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd install
 
 all: build
 
@@ -59,6 +59,12 @@ gen: deps-gen
 	  $(GO) tool kitex -module github.com/fluxkv/fluxkv -gen-path protocol/kitex_gen protocol/$$f.thrift || exit 1; \
 	done
 	bash scripts/gen-python.sh
+
+# install: binary to $(PREFIX)/bin (default /usr/local), systemd units to
+# $(DESTDIR)/lib/systemd/system, example configs to $(DESTDIR)/etc/fluxkv (existing
+# ones kept); as root without DESTDIR it also creates the fluxkv user and group.
+install: build
+	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' BIN='$(BIN)' bash scripts/install.sh
 
 bench-ssd: build
 	./$(BIN) bench ssd --dir $${DIR:-out/bench-ssd} --size 1MiB --seconds 10 --json

@@ -56,7 +56,7 @@ func (o *Owner) serveAttach(conn *net.UnixConn) {
 		return
 	}
 	var hello external.AttachHello
-	if _, err := hello.FastRead(body); err != nil {
+	if err := safeRead(&hello, body); err != nil {
 		o.log.Warn().Err(err).Int32("pid", cred.Pid).Msg("attach: garbage hello")
 		o.attachReject(conn, common.ErrorCode_INVALID_ARGUMENT, "cannot parse AttachHello: "+err.Error())
 		return

@@ -14,21 +14,20 @@ type externalHandler struct{ o *Owner }
 
 var _ external.ExternalService = (*externalHandler)(nil)
 
-// serve validates the session, runs f, then processes the releases piggybacked on the
-// request (after the call, so a get + release loop on one key never leaves the cache).
+// serve validates the session, processes the releases piggybacked on the request
+// (first: they may free the space a put needs; a released key stays cached for
+// CacheGrace, so a get + release loop still hits the cache), then runs f.
 func (o *Owner) serve(ctx context.Context, s *external.Session, f func(c *session) error) (common.ErrorCode, string) {
 	o.mu.Lock()
 	c, err := o.sessionLocked(s)
-	o.mu.Unlock()
 	if err == nil {
-		err = f(c)
-	}
-	if c != nil && len(s.Releases) > 0 {
-		o.mu.Lock()
 		for _, id := range s.Releases {
 			o.releaseLocked(c, id)
 		}
-		o.mu.Unlock()
+	}
+	o.mu.Unlock()
+	if err == nil {
+		err = f(c)
 	}
 	setResult(ctx, err)
 	return wire.ToResponse(err)
@@ -233,15 +232,12 @@ func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKe
 func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (*external.StatResponse, error) {
 	resp := &external.StatResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
-		// Releases piggybacked on Stat must count: apply them first.
 		h.o.mu.Lock()
-		for _, id := range req.Session.Releases {
-			h.o.releaseLocked(c, id)
-		}
-		req.Session.Releases = nil
 		resp.ClientHolders = int64(len(c.holders))
 		resp.Clients = int64(len(h.o.sessions))
 		h.o.mu.Unlock()
+		// Released holders must count as released: end their grace and ack them now.
+		h.o.sweepIdle(true)
 		h.o.acks.sync()
 		ctx, cancel := h.o.master.ctx()
 		defer cancel()

@@ -506,3 +506,75 @@ func TestThousandPuts(t *testing.T) {
 	}
 	leakCheck(t, c, keys...)
 }
+
+// TestOwnerDiesTombedWithinTTL: the master tombs an owner that stopped heartbeating
+// within the node TTL (2s in these tests); its replicas vanish from routes.
+func TestOwnerDiesTombedWithinTTL(t *testing.T) {
+	m := startMaster(t, "")
+	a := startOwner(t, t.TempDir(), m.addr, "8MiB", "owner-a")
+	b := startOwner(t, t.TempDir(), m.addr, "8MiB", "owner-b")
+	ca := connect(t, a.socket)
+	cb := connect(t, b.socket)
+	if err := ca.Put("on-a", payload(1, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	ca.Close()
+	a.kill()
+	t0 := time.Now()
+	for {
+		st, err := cb.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Members) == 1 && st.Keys == 0 {
+			t.Logf("owner tombed and its replica gone %v after the kill", time.Since(t0).Round(100*time.Millisecond))
+			break
+		}
+		if time.Since(t0) > 5*time.Second {
+			t.Fatalf("owner not tombed within the TTL: %d members, %d keys", len(st.Members), st.Keys)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := cb.Get("on-a"); !errors.Is(err, fluxkv.ErrKeyNotFound) {
+		t.Fatalf("a dead owner's replica must miss: %v", err)
+	}
+	leakCheck(t, cb)
+}
+
+// TestMemoryPressureBoundedWait: when every byte is held, a put waits (bounded) and
+// then fails with NO_SPACE naming total and free capacity; it never waits forever.
+func TestMemoryPressureBoundedWait(t *testing.T) {
+	p := startUp(t, "4MiB")
+	c := connect(t, p.socket)
+	var hs []*fluxkv.MemHolder
+	var keys []string
+	for i := 0; i < 4; i++ {
+		k := fmt.Sprintf("p%d", i)
+		keys = append(keys, k)
+		if err := c.Put(k, payload(int64(i), 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	t0 := time.Now()
+	err := c.Put("one-more", payload(9, 1<<20))
+	waited := time.Since(t0)
+	if !errors.Is(err, fluxkv.ErrNoSpace) || !strings.Contains(err.Error(), "total") || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("want NO_SPACE with total/free, got %v", err)
+	}
+	if waited < 4*time.Second || waited > 8*time.Second {
+		t.Fatalf("bounded wait took %v, want about 5s", waited)
+	}
+	// Releasing the holders frees the space (their replicas were evicted meanwhile).
+	for _, h := range hs {
+		h.Release()
+	}
+	if err := c.Put("one-more", payload(9, 1<<20)); err != nil {
+		t.Fatalf("put after release: %v", err)
+	}
+	leakCheck(t, c, append(keys, "one-more")...)
+}

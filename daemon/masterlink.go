@@ -29,7 +29,6 @@ type masterLink struct {
 }
 
 func newMasterLink(o *Owner) (*masterLink, error) {
-	klog.SetLevel(klog.LevelWarn)
 	c, err := masterservice.NewClient("fluxkv-master",
 		client.WithHostPorts(o.opts.MasterAddr),
 		client.WithRPCTimeout(o.opts.MasterTimeout),
@@ -85,6 +84,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	// The new master knows no versions: forget cached infos (holders stay pinned).
 	o.invalSeq++
 	clear(o.cache)
+	clear(o.idle) // nobody holds them; the new master never knew them
 	o.mu.Unlock()
 	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: o.peer.addr(),
@@ -152,3 +152,7 @@ func (m *masterLink) check(code common.ErrorCode, msg string, err error) error {
 	}
 	return wire.FromResponse(code, msg)
 }
+
+// Kitex logs through klog; keep it to warnings. Set once, before any Kitex goroutine
+// can read the level.
+func init() { klog.SetLevel(klog.LevelWarn) }

@@ -36,6 +36,10 @@ type Options struct {
 	MasterTimeout time.Duration
 	// AckDelay is how long holder acks may wait to be batched. Default 1ms.
 	AckDelay time.Duration
+	// CacheGrace keeps a released holding cached this long, so gets that rotate over
+	// a working set skip the master while memory stays reclaimable: the master's
+	// bounded wait for space outlasts it. Default 20ms; negative disables it.
+	CacheGrace time.Duration
 	// ShutdownTimeout bounds Stop. Default 4s.
 	ShutdownTimeout time.Duration
 	// Logger receives structured logs. Default: disabled.
@@ -77,6 +81,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.AckDelay == 0 {
 		o.AckDelay = time.Millisecond
+	}
+	if o.CacheGrace == 0 {
+		o.CacheGrace = 20 * time.Millisecond
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 4 * time.Second

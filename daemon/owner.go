@@ -38,9 +38,11 @@ type Owner struct {
 
 	mu       sync.Mutex // protects sessions, cache, invalSeq, nextID
 	sessions map[int64]*session
-	cache    map[string]*holding // key → live holder of the current version
-	invalSeq uint64              // bumped whenever cached info is dropped
-	nextID   int64               // client ids and external holder ids
+	cache    map[string]*holding   // key → live holder of the current version
+	idle     map[*holding]struct{} // cached holdings nobody holds, in their grace period
+	idleStop chan struct{}
+	invalSeq uint64 // bumped whenever cached info is dropped
+	nextID   int64  // client ids and external holder ids
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -55,6 +57,7 @@ func New(opts Options) (*Owner, error) {
 	return &Owner{
 		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
 		generation: randomID(), sessions: make(map[int64]*session), cache: make(map[string]*holding),
+		idle: make(map[*holding]struct{}), idleStop: make(chan struct{}),
 	}, nil
 }
 
@@ -116,6 +119,8 @@ func (o *Owner) Start(ctx context.Context) error {
 	}
 	o.wg.Add(1)
 	go o.master.heartbeatLoop()
+	o.wg.Add(1)
+	go o.idleLoop(o.idleStop)
 	if o.store != nil {
 		o.wg.Add(1)
 		go o.forwardEvictions()
@@ -169,6 +174,7 @@ func (o *Owner) Stop() error {
 				o.endSession(s, "owner shutting down")
 			}
 			if o.acks != nil {
+				o.sweepIdle(true)
 				o.acks.close()
 			}
 			close(done)
@@ -187,6 +193,7 @@ func (o *Owner) Stop() error {
 		}
 		if o.master != nil {
 			o.master.close()
+			close(o.idleStop)
 		}
 		o.wg.Wait()
 		o.closeResources()

@@ -110,9 +110,13 @@ func startMaster(t testing.TB, addr string) *proc {
 }
 
 // startOwner runs `fluxkv owner` against a master and waits for its socket.
-func startOwner(t testing.TB, dir, masterAddr, dram string) *proc {
+func startOwner(t testing.TB, dir, masterAddr, dram string, nodeID ...string) *proc {
 	t.Helper()
-	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", "owner-1")
+	id := "owner-1"
+	if len(nodeID) > 0 {
+		id = nodeID[0]
+	}
+	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", id)
 	p.socket = filepath.Join(dir, "fluxkv.sock")
 	p.waitSocket()
 	return p

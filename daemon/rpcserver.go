@@ -133,9 +133,13 @@ func (s *framedServer) dispatch(method string, typ thrift.TMessageType, seq int3
 		return exceptionMsg(method, seq, ex), nil
 	}
 	args := mi.NewArgs().(thrift.FastCodec)
-	if _, err := args.FastRead(body); err != nil {
+	if err := safeRead(args, body); err != nil {
 		ex := thrift.NewApplicationException(thrift.PROTOCOL_ERROR, "cannot decode "+method+" arguments: "+err.Error())
 		return exceptionMsg(method, seq, ex), fmt.Errorf("garbage %s arguments: %w", method, err)
+	}
+	if r, ok := args.(interface{ IsSetReq() bool }); ok && !r.IsSetReq() {
+		ex := thrift.NewApplicationException(thrift.PROTOCOL_ERROR, method+": missing request struct (field 1)")
+		return exceptionMsg(method, seq, ex), nil
 	}
 	result := mi.NewResult().(thrift.FastCodec)
 	start := time.Now()
@@ -181,6 +185,19 @@ func setHit(ctx context.Context, src common.Source) {
 			*p = metrics.ResultHitSSD
 		}
 	}
+}
+
+// safeRead decodes body into args. The thrift skipper can panic on hostile lengths
+// (seen with the fuzzer: a negative container size in an unknown field); such a frame
+// is garbage like any other and must only close its connection.
+func safeRead(args thrift.FastCodec, body []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("malformed thrift: %v", r)
+		}
+	}()
+	_, err = args.FastRead(body)
+	return err
 }
 
 func exceptionMsg(method string, seq int32, ex *thrift.ApplicationException) []byte {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"net"
+	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
@@ -43,7 +44,8 @@ type holding struct {
 	len      int64
 	source   common.Source
 	masterID int64
-	refs     int // external holders referring to it
+	refs     int       // external holders referring to it
+	idle     time.Time // when refs dropped to 0 while cached (zero: in use)
 }
 
 // sessionLocked checks a request's session: known client, matching token, current
@@ -62,16 +64,22 @@ func (o *Owner) sessionLocked(s *external.Session) (*session, error) {
 	return c, nil
 }
 
-// newHolderLocked gives the session a new external holder on h.
+// newHolderLocked gives the session a new external holder on h (reviving it if it was
+// idle in the cache).
 func (o *Owner) newHolderLocked(c *session, h *holding) int64 {
 	o.nextID++
+	if h.refs == 0 {
+		delete(o.idle, h)
+		h.idle = time.Time{}
+	}
 	h.refs++
 	c.holders[o.nextID] = h
 	return o.nextID
 }
 
-// releaseLocked drops one external holder; the last reference to a holding drops it
-// from the cache and queues the master ack.
+// releaseLocked drops one external holder. The last reference to a cached holding
+// leaves it idle in the cache for CacheGrace (a get meanwhile revives it without a
+// master trip); an uncached one is acked to the master at once.
 func (o *Owner) releaseLocked(c *session, id int64) bool {
 	h := c.holders[id]
 	if h == nil {
@@ -87,10 +95,49 @@ func (o *Owner) unrefLocked(h *holding) {
 	if h.refs > 0 {
 		return
 	}
+	if o.cache[h.key] == h && o.opts.CacheGrace > 0 {
+		h.idle = time.Now()
+		o.idle[h] = struct{}{}
+		return
+	}
+	o.forgetLocked(h)
+}
+
+// forgetLocked drops an unreferenced holding from the cache and acks it to the master.
+func (o *Owner) forgetLocked(h *holding) {
 	if o.cache[h.key] == h {
 		delete(o.cache, h.key)
 	}
+	delete(o.idle, h)
 	o.acks.add(h.masterID)
+}
+
+// sweepIdle acks idle cached holdings whose grace ran out (all of them with force).
+func (o *Owner) sweepIdle(force bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cutoff := time.Now().Add(-o.opts.CacheGrace)
+	for h := range o.idle {
+		if force || h.idle.Before(cutoff) {
+			o.forgetLocked(h)
+		}
+	}
+}
+
+// idleLoop ends cache grace periods.
+func (o *Owner) idleLoop(stop <-chan struct{}) {
+	defer o.wg.Done()
+	t := time.NewTicker(max(o.opts.CacheGrace/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			o.sweepIdle(true)
+			return
+		case <-t.C:
+			o.sweepIdle(false)
+		}
+	}
 }
 
 // dropCachedLocked forgets the cached info of key (any version ≤ putID; 0 = any) so
@@ -99,6 +146,9 @@ func (o *Owner) dropCachedLocked(key string, putID int64) {
 	o.invalSeq++
 	if h := o.cache[key]; h != nil && (putID == 0 || h.putID <= putID) {
 		delete(o.cache, key)
+		if h.refs == 0 {
+			o.forgetLocked(h)
+		}
 	}
 }
 

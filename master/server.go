@@ -53,7 +53,6 @@ func (s *Server) Start(addr string) error {
 		return fmt.Errorf("master listen %s: %w", addr, err)
 	}
 	s.ln = ln
-	klog.SetLevel(klog.LevelWarn)
 	s.peers = newPeerClients()
 	s.inval = newInvalidator(*s.opts.Logger, s.peers)
 	s.persist = newPersister(s)
@@ -174,3 +173,7 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 		return err
 	}
 }
+
+// Kitex logs through klog; keep it to warnings. Set once, before any Kitex goroutine
+// can read the level.
+func init() { klog.SetLevel(klog.LevelWarn) }

@@ -4,67 +4,52 @@ import (
 	"context"
 	"fmt"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
 
+	"github.com/fluxkv/fluxkv/config"
 	"github.com/fluxkv/fluxkv/daemon"
 	"github.com/fluxkv/fluxkv/master"
-	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
-func masterFlags(listenDefault string) []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "listen", Aliases: []string{"master-listen"}, Value: listenDefault, Usage: "master TCP address (host:port; port 0 picks a free one)"},
-		&cli.DurationFlag{Name: "node-ttl", Value: 5 * time.Second, Usage: "tomb an owner silent for this long"},
-	}
-}
-
-func ownerFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "dir", Value: wire.DefaultDir(), Usage: "directory for the sockets (DIR/fluxkv.sock)"},
-		&cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes"},
-		&cli.StringFlag{Name: "node-id", Usage: "this owner's id in the cluster (default: host name)"},
-		&cli.StringFlag{Name: "peer-listen", Value: "127.0.0.1:0", Usage: "TCP address of the owner's peer service"},
-	}
-}
-
-func masterOptions(c *cli.Context) master.Options {
-	l := logger.With().Str("role", "master").Logger()
-	return master.Options{NodeTTL: c.Duration("node-ttl"), Logger: &l}
-}
-
-func ownerOptions(c *cli.Context, masterAddr string) (daemon.Options, error) {
-	dram, err := ssd.ParseSize(c.String("dram"))
-	if err != nil {
-		return daemon.Options{}, fmt.Errorf("--dram: %w", err)
-	}
-	dir, err := filepath.Abs(c.String("dir"))
-	if err != nil {
-		return daemon.Options{}, err
-	}
-	l := logger.With().Str("role", "owner").Logger()
-	return daemon.Options{Dir: dir, DRAM: dram, MasterAddr: masterAddr, NodeID: c.String("node-id"),
-		PeerListen: c.String("peer-listen"), Logger: &l}, nil
-}
+// The long-running commands all wire the same way: flags and --config → settings →
+// metrics server → components → wait for SIGTERM/SIGINT → stop in reverse order,
+// each step logged with its duration.
 
 func masterCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "master",
 		Usage: "run the master (routes, allocation, membership) over TCP",
-		Flags: masterFlags("127.0.0.1:7700"),
+		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag()}, masterFlags("127.0.0.1:7700")...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
-			m, err := startMaster(c)
+			f, err := loadConfig(c, config.RoleMaster)
 			if err != nil {
-				return cli.Exit(err.Error(), 1)
+				return err
+			}
+			mc, err := masterSettings(c, f)
+			if err != nil {
+				return err
+			}
+			if err := applyLogSettings(c, mc.LogLevel, mc.LogFormat); err != nil {
+				return err
+			}
+			var st stack
+			m, err := st.metrics(mc.MetricsAddr)
+			if err != nil {
+				return st.fail(ctx, err)
+			}
+			if _, err := st.master(mc, m); err != nil {
+				return st.fail(ctx, err)
 			}
 			waitStop(ctx)
-			return stopStep("master", m.Stop)
+			return st.stop()
 		},
 	}
 }
@@ -73,16 +58,36 @@ func ownerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "owner",
 		Usage: "run the per-node owner sidecar; it registers with a master",
-		Flags: append(ownerFlags(), &cli.StringFlag{Name: "master", Required: true, Usage: "master address host:port"}),
+		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag(),
+			&cli.StringFlag{Name: "master", Usage: "master address host:port (required here or in the config) [fluxkv_spec.master]"}},
+			ownerFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
-			o, err := startOwner(ctx, c, c.String("master"))
+			f, err := loadConfig(c, config.RoleOwner)
 			if err != nil {
-				return cli.Exit(err.Error(), 1)
+				return err
+			}
+			oc, err := ownerSettings(c, f)
+			if err != nil {
+				return err
+			}
+			if oc.Master == "" {
+				return cli.Exit("owner: the master's address is required: --master HOST:PORT or fluxkv_spec.master in --config", 2)
+			}
+			if err := applyLogSettings(c, oc.LogLevel, oc.LogFormat); err != nil {
+				return err
+			}
+			var st stack
+			m, err := st.metrics(oc.MetricsAddr)
+			if err != nil {
+				return st.fail(ctx, err)
+			}
+			if _, err := st.owner(ctx, oc, oc.Master, m); err != nil {
+				return st.fail(ctx, err)
 			}
 			waitStop(ctx)
-			return stopStep("owner", o.Stop)
+			return st.stop()
 		},
 	}
 }
@@ -91,56 +96,206 @@ func upCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "up",
 		Usage: "run a single-node cache: an embedded master and an owner in one process (still meeting over TCP)",
-		Flags: append(ownerFlags(), masterFlags("127.0.0.1:0")...),
+		Flags: append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
-			m, err := startMaster(c)
+			f, err := loadConfig(c, config.RoleUp)
 			if err != nil {
-				return cli.Exit(err.Error(), 1)
-			}
-			o, err := startOwner(ctx, c, m.Addr().String())
-			if err != nil {
-				m.Stop()
-				return cli.Exit(err.Error(), 1)
-			}
-			waitStop(ctx)
-			if err := stopStep("owner", o.Stop); err != nil {
 				return err
 			}
-			return stopStep("master", m.Stop)
+			mc, err := masterSettings(c, f)
+			if err != nil {
+				return err
+			}
+			oc, err := ownerSettings(c, f)
+			if err != nil {
+				return err
+			}
+			// One process, one log and one /metrics: the owner's settings first.
+			level, format := oc.LogLevel, oc.LogFormat
+			if level == "" {
+				level = mc.LogLevel
+			}
+			if format == "" {
+				format = mc.LogFormat
+			}
+			if err := applyLogSettings(c, level, format); err != nil {
+				return err
+			}
+			if oc.Master != "" {
+				logger.Warn().Str("master", oc.Master).Msg("fluxkv_spec.master is not used by up: the owner registers with the embedded master")
+			}
+			addr := oc.MetricsAddr
+			if addr == "" {
+				addr = mc.MetricsAddr
+			}
+			var st stack
+			m, err := st.metrics(addr)
+			if err != nil {
+				return st.fail(ctx, err)
+			}
+			// The embedded master records no metrics: its methods share names with the
+			// owner's (PutStart, Delete, Exists, Stat), and one /metrics endpoint
+			// would count a client's put twice. The owner's are what clients see.
+			srv, err := st.master(mc, nil)
+			if err != nil {
+				return st.fail(ctx, err)
+			}
+			if _, err := st.owner(ctx, oc, srv.Addr().String(), m); err != nil {
+				return st.fail(ctx, err)
+			}
+			waitStop(ctx)
+			return st.stop()
 		},
 	}
 }
 
-func startMaster(c *cli.Context) (*master.Server, error) {
+// stack holds the started components; stop stops them in reverse order.
+type stack struct {
+	steps []stopStep
+}
+
+type stopStep struct {
+	what string
+	stop func() error
+}
+
+func (s *stack) push(what string, stop func() error) {
+	s.steps = append(s.steps, stopStep{what, stop})
+}
+
+// stop stops every component, last started first, logging each with its duration;
+// it returns the first failure as the exit status.
+func (s *stack) stop() error {
+	var first error
+	for i := len(s.steps) - 1; i >= 0; i-- {
+		st := s.steps[i]
+		t0 := time.Now()
+		err := st.stop()
+		ev := logger.Info()
+		if err != nil {
+			ev = logger.Error()
+		}
+		ev.Str("component", st.what).Dur("took", time.Since(t0)).Err(err).Msg("stopped")
+		if err != nil && first == nil {
+			first = cli.Exit(fmt.Sprintf("stop %s: %v", st.what, err), 1)
+		}
+	}
+	s.steps = nil
+	return first
+}
+
+// fail stops what started and returns the start error err (exit status 1 unless err
+// already carries one). A start cut short by SIGTERM/SIGINT is a clean stop: exit 0.
+func (s *stack) fail(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		logger.Info().Err(err).Msg("signal received during start-up; stopping")
+		return s.stop()
+	}
+	s.stop()
+	if _, ok := err.(cli.ExitCoder); ok {
+		return err
+	}
+	return cli.Exit(err.Error(), 1)
+}
+
+// metrics starts the /metrics server on addr and returns the instruments the
+// components record into; without an address there is neither (nil *Metrics
+// records nothing).
+func (s *stack) metrics(addr string) (*metrics.Metrics, error) {
+	if addr == "" {
+		return nil, nil
+	}
 	t0 := time.Now()
-	m, err := master.NewServer(masterOptions(c))
+	m := metrics.New()
+	srv, err := metrics.Serve(addr, m, logger.With().Str("component", "metrics").Logger())
 	if err != nil {
 		return nil, err
 	}
-	if err := m.Start(c.String("listen")); err != nil {
-		return nil, err
-	}
-	logger.Info().Str("addr", m.Addr().String()).Dur("took", time.Since(t0)).Msg("master started")
+	s.push("metrics", srv.Close)
+	logger.Info().Str("component", "metrics").Str("addr", srv.Addr()).Dur("took", time.Since(t0)).Msg("metrics serving on /metrics")
 	return m, nil
 }
 
-func startOwner(ctx context.Context, c *cli.Context, masterAddr string) (*daemon.Owner, error) {
+func (s *stack) master(mc config.Master, m *metrics.Metrics) (*master.Server, error) {
 	t0 := time.Now()
-	opts, err := ownerOptions(c, masterAddr)
+	srv, err := master.NewServer(masterOptions(mc, m))
 	if err != nil {
 		return nil, err
 	}
-	o, err := daemon.New(opts)
+	if err := srv.Start(mc.Listen); err != nil {
+		return nil, err
+	}
+	s.push("master", srv.Stop)
+	logger.Info().Str("component", "master").Str("addr", srv.Addr().String()).Dur("took", time.Since(t0)).Msg("master started")
+	return srv, nil
+}
+
+func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m *metrics.Metrics) (*daemon.Owner, error) {
+	t0 := time.Now()
+	o, err := daemon.New(ownerOptions(oc, masterAddr, m))
 	if err != nil {
 		return nil, err
 	}
 	if err := o.Start(ctx); err != nil {
 		return nil, err
 	}
-	logger.Info().Str("socket", o.SocketPath()).Dur("took", time.Since(t0)).Msg("owner started")
+	m.SetCapacityFunc(o.Capacity)
+	s.push("owner", func() error {
+		m.SetCapacityFunc(nil) // scrapes during and after the stop do not call into it
+		return o.Stop()
+	})
+	ev := logger.Info().Str("component", "owner").Str("socket", o.SocketPath()).Str("dram", ssd.FormatSize(oc.DRAM))
+	if oc.SSDEnabled() {
+		ev = ev.Strs("large_file_paths", oc.LargeFilePaths).Ints64("large_limit_size", oc.LargeLimitSize).
+			Str("cluster_name", oc.ClusterName).Str("instance_key", oc.InstanceKey)
+	} else {
+		ev = ev.Bool("ssd", false)
+	}
+	ev.Dur("took", time.Since(t0)).Msg("owner started")
 	return o, nil
+}
+
+func masterOptions(mc config.Master, m *metrics.Metrics) master.Options {
+	l := componentLogger("master")
+	return master.Options{
+		NodeTTL:           mc.NodeTTL,
+		HeartbeatInterval: mc.HeartbeatInterval,
+		InflightTTL:       mc.InflightTTL,
+		AllocWait:         mc.AllocWait,
+		NoPromotion:       mc.NoPromotion,
+		Metrics:           m,
+		Logger:            &l,
+	}
+}
+
+// ownerOptions turns merged owner settings into daemon options; large_limit_size
+// turns the SSD tier on (DESIGN.md §6).
+func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics) daemon.Options {
+	l := componentLogger("owner")
+	opts := daemon.Options{
+		Dir:        oc.SocketDir,
+		DRAM:       oc.DRAM,
+		MasterAddr: masterAddr,
+		NodeID:     oc.NodeID,
+		PeerListen: oc.PeerListen,
+		Metrics:    m,
+		Logger:     &l,
+	}
+	if oc.SSDEnabled() {
+		opts.SSD = &ssd.Options{
+			Cluster:     oc.ClusterName,
+			InstanceKey: oc.InstanceKey,
+			Paths:       oc.LargeFilePaths,
+			Limits:      oc.LargeLimitSize,
+		}
+	}
+	return opts
+}
+
+func componentLogger(role string) zerolog.Logger {
+	return logger.With().Str("role", role).Logger()
 }
 
 // signalContext is cancelled by SIGINT or SIGTERM. It is set up before anything starts,
@@ -153,14 +308,4 @@ func signalContext() (context.Context, context.CancelFunc) {
 func waitStop(ctx context.Context) {
 	<-ctx.Done()
 	logger.Info().Msg("signal received; stopping")
-}
-
-func stopStep(what string, stop func() error) error {
-	t0 := time.Now()
-	err := stop()
-	logger.Info().Str("component", what).Dur("took", time.Since(t0)).Err(err).Msg("stopped")
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("stop %s: %v", what, err), 1)
-	}
-	return nil
 }

@@ -61,6 +61,7 @@ RELEASE_CHUNK = 4096  # holder ids per Release request or piggyback
 _OK = ErrorCode.OK
 _KEY_NOT_FOUND = ErrorCode.KEY_NOT_FOUND
 _STALE = ErrorCode.STALE_GENERATION
+_MSG_PEEK_DONTWAIT = _socketmod.MSG_PEEK | _socketmod.MSG_DONTWAIT
 
 _CLIENTS: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
@@ -201,12 +202,13 @@ class _Session:
             if not ids:
                 return
             resp = self.call(lambda c, s: c.Release(ReleaseRequest(s, ids)), piggyback=False)
-            if resp.code != _OK:
-                self.release_errors += len(ids)
+            if resp.results is None or len(resp.results) != len(ids):
+                if resp.code != _OK:
+                    self.release_errors += len(ids)
                 continue
-            for code in resp.results or ():
-                if code != _OK:
-                    self.release_errors += 1
+            # results[i] is INVALID_ARGUMENT for an unknown or double release: a client bug
+            # (or a daemon one), counted so tests can assert there is none.
+            self.release_errors += sum(1 for code in resp.results if code != _OK)
 
     def attach_alive(self) -> bool:
         """False once the owner closed the attach connection (it exited or restarted)."""
@@ -252,8 +254,6 @@ class _Session:
             except OSError:
                 pass
 
-
-_MSG_PEEK_DONTWAIT = _socketmod.MSG_PEEK | _socketmod.MSG_DONTWAIT
 
 
 def _norm_key(key) -> str:
@@ -316,6 +316,7 @@ class Client:
         self._release_delay = float(release_delay)
         self._lock = threading.RLock()  # protects _s replacement, _closed, _flusher
         self._wake = threading.Event()
+        self._flush_armed = False
         self._flusher: threading.Thread | None = None
         self._closed = False
         self._s: _Session | None = None
@@ -391,12 +392,14 @@ class Client:
             raise Unavailable(f"{why}; the retry failed too: {e}") from None
 
     def _kick(self) -> None:
-        if not self._wake.is_set():
+        if not self._flush_armed:
+            self._flush_armed = True
             self._wake.set()
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
         self._wake = threading.Event()
+        self._flush_armed = False
         self._flusher = None
         s, self._s = self._s, None
         if s is not None:
@@ -761,26 +764,35 @@ def _stat_dict(r) -> dict:
 
 
 def _flush_loop(client_ref, wake: threading.Event, delay: float) -> None:
-    """Send queued releases that no call picked up within ``delay`` seconds. Exits when the
-    client is closed, collected, or replaced its event (fork)."""
+    """Send queued releases that no call picked up within ``delay`` seconds.
+
+    Sleeps on ``wake`` while idle, waking every second for acks queued by finalizers (they
+    never kick it). Once kicked it stays armed, checking every ``delay``: while calls flow
+    they carry the releases and it does nothing; after a quiet ``delay`` it sends what is
+    queued, and disarms once the queue is empty. A busy get/release loop therefore costs no
+    kicks. Exits when the client is closed, collected, or replaced its event (fork)."""
     while True:
         wake.wait(1.0)
         c = client_ref()
         if c is None or c._closed or c._wake is not wake:
             return
         s = c._s
-        del c
-        if s is None or s.state is not None or not s.pending:
-            wake.clear()
-            continue
-        seen = s.rpc_count
-        time.sleep(delay)
-        wake.clear()
-        if s.state is None and s.pending and s.rpc_count == seen:
+        while s is not None and s.state is None:
+            seen = s.rpc_count
+            time.sleep(delay)
+            if c._closed or s.state is not None or s.rpc_count != seen:
+                continue  # calls are flowing: they carry the releases
+            if not s.pending:
+                break  # quiet and nothing queued: disarm
             try:
                 s.flush_releases()
             except Exception:
-                pass  # the owner is gone or the session ended: the session's end released them
+                break  # the owner is gone or the session ended: its end released them
+        c._flush_armed = False
+        wake.clear()
+        if s is not None and s.state is None and s.pending:
+            c._kick()  # queued while disarming
+        del c, s
 
 
 def _after_fork_in_child() -> None:

@@ -20,6 +20,7 @@ Lifetime rules:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 
 from fluxkv import _dlpack
@@ -166,13 +167,9 @@ class MemHolder:
         if dl_device is not None and tuple(dl_device) != (_dlpack.KDL_CPU, 0):
             raise BufferError(f"fluxkv holders live on the CPU, not on device {tuple(dl_device)}")
         if copy:
-            import ctypes
-
             data = (ctypes.c_ubyte * self._len).from_buffer_copy(self.bytes())
             return _dlpack.make_capsule(ctypes.addressof(data), self._len, data)
         arr = self._export()
-        import ctypes
-
         return _dlpack.make_capsule(ctypes.addressof(arr), self._len, arr)
 
     def __dlpack_device__(self):

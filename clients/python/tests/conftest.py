@@ -1,0 +1,251 @@
+"""Fixtures that run real fluxkv daemons for the client tests.
+
+The binary is built once per session with ``go build -o <tmp>/fluxkv ./cmd/fluxkv`` from the
+repository root, unless ``FLUXKV_BIN`` names one. Every daemon a test starts is stopped with
+SIGTERM at its teardown (SIGKILL only if it does not exit within 15 s), and the test fails if it
+did not exit cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+PKG_DIR = Path(__file__).resolve().parents[1]  # clients/python
+REPO = PKG_DIR.parents[1]
+if str(PKG_DIR) not in sys.path:
+    sys.path.insert(0, str(PKG_DIR))
+
+import fluxkv  # noqa: E402
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+
+
+def child_env(**extra) -> dict:
+    """Environment for Python subprocesses: the package importable, nothing else changed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(PKG_DIR) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _inode(path: str):
+    """Identity of a file: (inode, ctime), since a recreated socket may reuse the inode."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class Proc:
+    """One daemon process with its log file."""
+
+    def __init__(self, args: list[str], log_path: Path, socket_path: str | None = None):
+        self.args = args
+        self.log_path = log_path
+        self.socket = socket_path
+        self.log = open(log_path, "ab")
+        # A killed daemon leaves its socket file behind: readiness is a *new* socket file.
+        self._stale_ino = _inode(socket_path) if socket_path else None
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def wait_socket(self, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"{self.args} exited with {self.p.returncode}:\n{self.log_tail()}")
+            if self.socket is None:
+                return
+            ino = _inode(self.socket)
+            if ino is not None and ino != self._stale_ino:
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"{self.socket} did not appear within {timeout} s:\n{self.log_tail()}")
+
+    def wait_port(self, port: int, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"{self.args} exited with {self.p.returncode}:\n{self.log_tail()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"port {port} did not open within {timeout} s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the process (if running) and reap it; returns its exit status."""
+        if self.p.poll() is None:
+            try:
+                self.p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+        return self.p.returncode
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+
+class Cluster:
+    """Starts daemons under one short temporary directory (Unix socket paths are limited
+    to 107 bytes) and stops all of them at teardown."""
+
+    def __init__(self, binary: str):
+        self.binary = binary
+        self.root = Path(tempfile.mkdtemp(prefix="fkv-", dir="/tmp"))
+        self.procs: list[Proc] = []
+
+    def up(self, dram: str = "64MiB", name: str = "node") -> Proc:
+        d = self.root / name
+        d.mkdir(exist_ok=True)
+        sock = str(d / "fluxkv.sock")
+        p = Proc([self.binary, "up", "--dir", str(d), "--dram", dram], self.root / f"{name}.log", sock)
+        self.procs.append(p)
+        p.wait_socket()
+        return p
+
+    def master(self, port: int | None = None) -> tuple[Proc, str]:
+        port = port or free_port()
+        addr = f"127.0.0.1:{port}"
+        p = Proc([self.binary, "master", "--listen", addr], self.root / "master.log")
+        self.procs.append(p)
+        p.wait_port(port)
+        return p, addr
+
+    def owner(self, master_addr: str, dram: str = "64MiB", name: str = "owner") -> Proc:
+        d = self.root / name
+        d.mkdir(exist_ok=True)
+        sock = str(d / "fluxkv.sock")
+        p = Proc(
+            [self.binary, "owner", "--dir", str(d), "--dram", dram, "--master", master_addr],
+            self.root / f"{name}.log",
+            sock,
+        )
+        self.procs.append(p)
+        p.wait_socket()
+        return p
+
+    def close(self) -> list[tuple[list[str], int, str]]:
+        """Stop every process (owners before masters: reverse start order). Returns the
+        ones that did not exit with status 0 after SIGTERM."""
+        bad = []
+        for p in reversed(self.procs):
+            if p.p.poll() is not None:
+                p.log.close()
+                continue
+            rc = p.stop()
+            if rc != 0:
+                bad.append((p.args, rc, p.log_tail()))
+        shutil.rmtree(self.root, ignore_errors=True)
+        return bad
+
+
+@pytest.fixture(scope="session")
+def fluxkv_bin(tmp_path_factory) -> str:
+    env = os.environ.get("FLUXKV_BIN")
+    if env:
+        if not os.access(env, os.X_OK):
+            pytest.fail(f"FLUXKV_BIN={env} is not an executable")
+        return env
+    out = tmp_path_factory.mktemp("bin") / "fluxkv"
+    r = subprocess.run(
+        ["go", "build", "-o", str(out), "./cmd/fluxkv"], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+    if r.returncode != 0:
+        pytest.fail(f"go build ./cmd/fluxkv failed:\n{r.stdout}{r.stderr}")
+    return str(out)
+
+
+@pytest.fixture
+def cluster(fluxkv_bin):
+    c = Cluster(fluxkv_bin)
+    yield c
+    bad = c.close()
+    if bad:
+        pytest.fail(f"daemons did not stop cleanly on SIGTERM: {bad}")
+
+
+@pytest.fixture
+def daemon(cluster) -> Proc:
+    """A single-node cache (`fluxkv up --dram 64MiB`)."""
+    return cluster.up("64MiB")
+
+
+@pytest.fixture
+def client(daemon):
+    c = fluxkv.connect(daemon.socket)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def big_daemon(fluxkv_bin):
+    """A 128 MiB single-node cache shared by one module's size tests."""
+    c = Cluster(fluxkv_bin)
+    try:
+        p = c.up("128MiB", name="big")
+    except BaseException:
+        c.close()
+        raise
+    yield p
+    bad = c.close()
+    if bad:
+        pytest.fail(f"daemons did not stop cleanly on SIGTERM: {bad}")
+
+
+def local_member(st: dict) -> dict:
+    for m in st["members"]:
+        if m["node_id"] == st["node_id"]:
+            return m
+    raise AssertionError(f"node {st['node_id']!r} is not among the members: {st}")
+
+
+def used_bytes(c: fluxkv.Client) -> int:
+    return local_member(c.stat())["memory_segment"]["used_bytes"]
+
+
+def wait_until(pred, timeout: float, interval: float = 0.02):
+    """Poll pred() until it returns a truthy value or timeout passes; returns the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)

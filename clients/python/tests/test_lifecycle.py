@@ -1,0 +1,220 @@
+"""Process lifecycles against real daemons: a holder-holding child killed with SIGKILL,
+fork(), and an owner restart under a separate master."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import fluxkv
+from conftest import child_env, local_member, used_bytes, wait_until
+
+MiB = 1 << 20
+
+_HOLDING_CHILD = r"""
+import sys, time
+import fluxkv
+c = fluxkv.connect(sys.argv[1])
+keys = sys.argv[2:]
+holders = [c.get(k) for k in keys]
+views = [h.memoryview() for h in holders[:2]]   # exported views too
+c.put("child/inflight-done", b"x")
+print("holding", len(holders), flush=True)
+time.sleep(120)
+"""
+
+
+def test_sigkill_child_frees_holders_within_2s(client, daemon):
+    base = used_bytes(client)
+    st0 = client.stat()
+    keys = [f"kill/{i}" for i in range(4)]
+    for i, k in enumerate(keys):
+        client.put(k, np.full(MiB, i, dtype=np.uint8))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLDING_CHILD, daemon.socket, *keys],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("holding 4"), line
+        client.delete("child/inflight-done")
+        assert client.batch_delete(keys) == [True] * 4
+        st = client.stat()
+        # only the child's holders keep those 4 MiB now
+        assert local_member(st)["memory_segment"]["used_bytes"] >= base + 4 * MiB
+        assert st["clients"] == st0["clients"] + 1
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        freed = wait_until(lambda: used_bytes(client) == base, 2.0, interval=0.01)
+        took = time.monotonic() - t0
+        assert freed, f"used bytes {used_bytes(client)} did not return to {base} within 2 s"
+        assert took < 2.0
+        assert client.stat()["clients"] == st0["clients"]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+
+def test_fork_child_reattaches(client):
+    client.put("fork/a", b"from parent")
+    parent_id = client.client_id
+    h = client.get("fork/a")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report through the pipe, never return into pytest
+        code = 1
+        try:
+            os.close(r)
+            msgs = []
+            try:
+                h.bytes()
+                msgs.append("parent holder usable in child")
+            except fluxkv.Error:
+                pass
+            with client.get("fork/a") as hc:
+                if hc.bytes() != b"from parent":
+                    msgs.append("wrong bytes in child")
+            if client.client_id == parent_id:
+                msgs.append("child reused the parent's session")
+            client.put("fork/b", b"from child")
+            client.close()
+            os.write(w, ("|".join(msgs) or "ok").encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001
+            os.write(w, f"child error: {e!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        report = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert report == "ok"
+    assert os.waitstatus_to_exitcode(status) == 0
+    # the parent is untouched: same session, its holder still valid
+    assert client.client_id == parent_id
+    assert h.bytes() == b"from parent"
+    h.release()
+    with client.get("fork/b") as hb:
+        assert hb.bytes() == b"from child"
+    st = client.stat()
+    assert st["client_holders"] == 0
+    assert client.release_errors == 0
+
+
+def test_fork_with_multiprocessing(client):
+    import multiprocessing as mp
+
+    global _MP_CLIENT
+    client.put("mp/key", b"shared value")
+    _MP_CLIENT = client
+    try:
+        with mp.get_context("fork").Pool(2) as pool:
+            out = pool.map(_mp_get, ["mp/key"] * 4)
+    finally:
+        _MP_CLIENT = None
+    assert [v for v, _ in out] == [b"shared value"] * 4
+    assert all(cid != client.client_id for _, cid in out)  # every worker attached itself
+    with client.get("mp/key") as h:
+        assert h.bytes() == b"shared value"
+
+
+_MP_CLIENT = None
+
+
+def _mp_get(key):
+    # a forked worker uses the client it inherited: it must attach again, not reuse the parent's session
+    with _MP_CLIENT.get(key) as h:
+        return h.bytes(), _MP_CLIENT.client_id
+
+
+def test_owner_restart_client_recovers(cluster):
+    master, addr = cluster.master()
+    owner = cluster.owner(addr, "64MiB")
+    c = fluxkv.connect(owner.socket)
+    try:
+        c.put("before", b"old generation")
+        h = c.get("before")
+        gen0 = c.generation
+        assert owner.stop() == 0
+        owner2 = cluster.owner(addr, "64MiB")
+        assert owner2.socket == owner.socket
+        # the next call notices the old owner is gone, attaches again and gets an answer
+        # from the new owner: the old owner's memory (and so the value) went with it
+        with pytest.raises(fluxkv.KeyNotFound):
+            c.get("before")
+        assert c.generation != gen0
+        with pytest.raises(fluxkv.Error, match="restarted"):
+            h.bytes()
+        h.release()  # harmless: nothing is sent to the new owner for it
+        c.put("after", b"new generation")
+        with c.get("after") as h3:
+            assert h3.bytes() == b"new generation"
+        st = c.stat()
+        assert st["client_holders"] == 0
+        assert c.release_errors == 0
+    finally:
+        c.close()
+
+
+def test_owner_restart_stale_generation(cluster):
+    """Kill the owner (SIGKILL), start a new one, and reach it on a fresh RPC connection with
+    the old session: the owner answers STALE_GENERATION; the client re-attaches and retries."""
+    from fluxkv._gen.common.ttypes import ErrorCode
+    from fluxkv._gen.external.ttypes import GetRequest, Session
+    from fluxkv._wire import RPCConnection
+
+    master, addr = cluster.master()
+    owner = cluster.owner(addr, "64MiB")
+    c = fluxkv.connect(owner.socket)
+    try:
+        c.put("k", b"v")
+        old = c._s
+        owner.kill()
+        owner2 = cluster.owner(addr, "64MiB")
+        # the daemon side: an old-generation session is refused with STALE_GENERATION
+        conn = RPCConnection(old.rpc_path, 10)
+        try:
+            r = conn.client.Get(GetRequest(Session(old.client_id, old.session_token, old.generation, []), "k"))
+            assert r.code == ErrorCode.STALE_GENERATION, r
+        finally:
+            conn.close()
+        # the client side: no idle connection left, so the next call opens a fresh one to the
+        # new owner with the old session, gets STALE_GENERATION, re-attaches and retries.
+        old.drop_idle()
+        c.put("k2", b"v2")
+        assert c._s is not old and c.generation != old.generation
+        with c.get("k2") as h:
+            assert h.bytes() == b"v2"
+        assert owner2.pid != owner.pid
+    finally:
+        c.close()
+
+
+def test_unavailable_during_restart_then_recovers(cluster):
+    master, addr = cluster.master()
+    owner = cluster.owner(addr, "64MiB")
+    c = fluxkv.connect(owner.socket)
+    try:
+        c.put("k", b"v")
+        owner.stop()
+        with pytest.raises(fluxkv.Unavailable):
+            c.get("k")
+        with pytest.raises(fluxkv.Unavailable):
+            c.exists("k")
+        cluster.owner(addr, "64MiB")
+        c.put("k", b"back")
+        with c.get("k") as h:
+            assert h.bytes() == b"back"
+    finally:
+        c.close()

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The systemd units and install script in scripts/.
+
+const scriptsDir = "../../scripts"
+
+// unitDirectives reads KEY=VALUE lines of a unit file (comments skipped); a key
+// given several times keeps every value.
+func unitDirectives(t *testing.T, path string) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || line[0] == ';' || line[0] == '[' {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: line %q is not KEY=VALUE", path, line)
+		}
+		out[k] = append(out[k], v)
+	}
+	return out
+}
+
+func TestSystemdUnits(t *testing.T) {
+	for _, role := range []string{"master", "owner"} {
+		t.Run(role, func(t *testing.T) {
+			d := unitDirectives(t, filepath.Join(scriptsDir, "fluxkv-"+role+".service"))
+			want := map[string]string{
+				"ExecStart":      "/usr/local/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml",
+				"User":           "fluxkv",
+				"Group":          "fluxkv",
+				"Restart":        "on-failure",
+				"KillSignal":     "SIGTERM",
+				"LimitMEMLOCK":   "infinity",
+				"LimitNOFILE":    "1048576",
+				"TimeoutStopSec": "20s",
+				"WantedBy":       "multi-user.target",
+			}
+			if role == "owner" {
+				// The socket directory of fluxkv_spec.socket_dir in the example config.
+				want["RuntimeDirectory"] = "fluxkv"
+			}
+			for k, v := range want {
+				if got := d[k]; len(got) != 1 || got[0] != v {
+					t.Errorf("%s=%q, want %q", k, got, v)
+				}
+			}
+			if role == "master" && len(d["RuntimeDirectory"]) != 0 {
+				t.Errorf("the master unit must not own /run/fluxkv (stopping it would remove the owner's socket)")
+			}
+		})
+	}
+}
+
+// systemd-analyze verify accepts both units (ExecStart pointed at an existing
+// executable, since verify checks that it exists).
+func TestSystemdAnalyzeVerify(t *testing.T) {
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (Debian package systemd); cannot verify the units here")
+	}
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		t.Skip("no `true` executable to stand in for the fluxkv binary")
+	}
+	dir := t.TempDir()
+	var units []string
+	for _, role := range []string{"master", "owner"} {
+		name := "fluxkv-" + role + ".service"
+		b, err := os.ReadFile(filepath.Join(scriptsDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = bytes.ReplaceAll(b, []byte("/usr/local/bin/fluxkv"), []byte(truePath))
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		units = append(units, p)
+	}
+	out, err := exec.Command(sa, append([]string{"verify", "--man=no"}, units...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	// verify exits 0 on unknown keys and bad values, warning on stderr.
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "fluxkv-") {
+			t.Errorf("systemd-analyze verify: %s", line)
+		}
+	}
+}
+
+func TestInstallScript(t *testing.T) {
+	if _, err := exec.LookPath("install"); err != nil {
+		t.Skip("coreutils install(1) is missing")
+	}
+	dest := t.TempDir()
+	bin := filepath.Join(t.TempDir(), "fluxkv")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func() string {
+		t.Helper()
+		cmd := exec.Command("bash", filepath.Join(scriptsDir, "install.sh"))
+		cmd.Env = append(os.Environ(), "DESTDIR="+dest, "PREFIX=/opt/fk", "BIN="+bin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("install.sh: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	run()
+	fi, err := os.Stat(filepath.Join(dest, "opt/fk/bin/fluxkv"))
+	if err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("binary: %v %v", fi, err)
+	}
+	for _, role := range []string{"master", "owner"} {
+		d := unitDirectives(t, filepath.Join(dest, "lib/systemd/system", "fluxkv-"+role+".service"))
+		if want := "/opt/fk/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml"; len(d["ExecStart"]) != 1 || d["ExecStart"][0] != want {
+			t.Errorf("installed %s unit ExecStart=%q, want %q", role, d["ExecStart"], want)
+		}
+	}
+	for _, cfg := range []string{"master.yaml", "owner.yaml", "up.yaml"} {
+		got, err := os.ReadFile(filepath.Join(dest, "etc/fluxkv", cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := os.ReadFile(filepath.Join(scriptsDir, "examples", cfg))
+		if !bytes.Equal(got, want) {
+			t.Errorf("installed %s differs from scripts/examples/%s", cfg, cfg)
+		}
+	}
+	// A second install keeps the operator's edited config.
+	owner := filepath.Join(dest, "etc/fluxkv/owner.yaml")
+	if err := os.WriteFile(owner, []byte("fluxkv_spec: {dram: 2GiB}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := run()
+	if b, _ := os.ReadFile(owner); string(b) != "fluxkv_spec: {dram: 2GiB}\n" {
+		t.Errorf("install overwrote an existing config: %q", b)
+	}
+	if !strings.Contains(out, "kept existing") {
+		t.Errorf("install did not say it kept the config:\n%s", out)
+	}
+}

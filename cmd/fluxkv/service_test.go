@@ -1,0 +1,513 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+)
+
+// These tests run the real binary as a service would: `up`, `master` and `owner`
+// with --config files, scraping /metrics over HTTP and stopping with SIGTERM.
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// fluxkvBin is $FLUXKV_BIN, or this package built once into a temporary directory.
+func fluxkvBin(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("FLUXKV_BIN"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fluxkv-cmd-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "fluxkv")
+		out, err := exec.Command("go", "build", "-o", builtBin, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(filepath.Dir(builtBin))
+	}
+	os.Exit(code)
+}
+
+// service is a running fluxkv process whose JSON log lines the test reads.
+type service struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // Wait's result, valid after done
+
+	mu    sync.Mutex
+	lines []map[string]any
+	raw   strings.Builder
+}
+
+func startService(t *testing.T, args ...string) *service {
+	t.Helper()
+	s := &service{t: t, done: make(chan struct{})}
+	s.cmd = exec.Command(fluxkvBin(t), append([]string{"--log-format", "json", "--log-level", "debug"}, args...)...)
+	stderr, err := s.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var m map[string]any
+			json.Unmarshal(sc.Bytes(), &m)
+			s.mu.Lock()
+			s.raw.WriteString(sc.Text() + "\n")
+			if m != nil {
+				s.lines = append(s.lines, m)
+			}
+			s.mu.Unlock()
+		}
+	}()
+	go func() {
+		<-readDone
+		s.err = s.cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-s.done:
+		default:
+			s.cmd.Process.Kill()
+			<-s.done
+		}
+	})
+	return s
+}
+
+func (s *service) log() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.raw.String()
+}
+
+// waitLog returns the first log line with message msg (and its index), waiting for it.
+func (s *service) waitLog(msg string) (map[string]any, int) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		for i, l := range s.lines {
+			if l["message"] == msg {
+				s.mu.Unlock()
+				return l, i
+			}
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.done:
+			s.t.Fatalf("fluxkv exited (%v) before logging %q:\n%s", s.err, msg, s.log())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	s.t.Fatalf("no %q in the log:\n%s", msg, s.log())
+	return nil, 0
+}
+
+// metricsAddr is the address the process logged for its /metrics server.
+func (s *service) metricsAddr() string {
+	s.t.Helper()
+	l, _ := s.waitLog("metrics serving on /metrics")
+	addr, _ := l["addr"].(string)
+	if addr == "" {
+		s.t.Fatalf("metrics log line without addr: %v", l)
+	}
+	return addr
+}
+
+// wait waits up to timeout for the process to exit and returns its exit status.
+func (s *service) wait(timeout time.Duration) int {
+	s.t.Helper()
+	select {
+	case <-s.done:
+	case <-time.After(timeout):
+		s.cmd.Process.Kill()
+		<-s.done
+		s.t.Fatalf("fluxkv did not exit within %v:\n%s", timeout, s.log())
+	}
+	var ee *exec.ExitError
+	if errors.As(s.err, &ee) {
+		return ee.ExitCode()
+	}
+	if s.err != nil {
+		s.t.Fatalf("wait: %v", s.err)
+	}
+	return 0
+}
+
+// stop sends SIGTERM and requires exit status 0 within 5 s with no socket left.
+func (s *service) stop(socket string) {
+	s.t.Helper()
+	t0 := time.Now()
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.wait(5 * time.Second); code != 0 {
+		s.t.Fatalf("exit status %d after SIGTERM:\n%s", code, s.log())
+	}
+	s.t.Logf("stopped %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
+	if socket != "" {
+		for _, p := range []string{socket, socket + ".rpc"} {
+			if _, err := os.Lstat(p); err == nil {
+				s.t.Errorf("%s left behind after SIGTERM", p)
+			}
+		}
+	}
+}
+
+func waitSocket(t *testing.T, s *service, socket string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("unix", socket); err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("fluxkv exited (%v) before its socket appeared:\n%s", s.err, s.log())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("socket %s did not appear:\n%s", socket, s.log())
+}
+
+// scrape fetches /metrics and returns every sample as "name{l1=v1,...}" → value,
+// labels sorted by name as the exposition format sorts them.
+func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("scrape: %s\n%s", resp.Status, b)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse scrape: %v", err)
+	}
+	out := map[string]float64{}
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			key := name
+			if len(ls) > 0 {
+				key += "{" + strings.Join(ls, ",") + "}"
+			}
+			switch {
+			case m.Gauge != nil:
+				out[key] = m.Gauge.GetValue()
+			case m.Counter != nil:
+				out[key] = m.Counter.GetValue()
+			case m.Histogram != nil:
+				out[key+"_count"] = float64(m.Histogram.GetSampleCount())
+			case m.Untyped != nil:
+				out[key] = m.Untyped.GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// sumOps adds fluxkv_ops_total over every op with the given result.
+func sumOps(samples map[string]float64, result string) float64 {
+	var n float64
+	for k, v := range samples {
+		if strings.HasPrefix(k, "fluxkv_ops_total{") && strings.Contains(k, "result="+result+"}") {
+			n += v
+		}
+	}
+	return n
+}
+
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// `up --config`: metrics are served before the socket appears, reflect the YAML's
+// DRAM size, count puts and gets by result; SIGTERM stops it cleanly.
+func TestUpConfigMetrics(t *testing.T) {
+	dir := t.TempDir()
+	sockDir := filepath.Join(dir, "run")
+	cfg := writeFile(t, dir, "up.yaml", fmt.Sprintf(`
+fluxkv_spec:
+  dram: 48MiB
+  socket_dir: %s
+  metrics_addr: 127.0.0.1:0
+  node_id: it-node
+master:
+  listen: 127.0.0.1:0
+  node_ttl: 5s
+`, sockDir))
+	s := startService(t, "up", "--config", cfg)
+	socket := filepath.Join(sockDir, "fluxkv.sock")
+	waitSocket(t, s, socket)
+	addr := s.metricsAddr()
+	_, metricsAt := s.waitLog("metrics serving on /metrics")
+	_, ownerAt := s.waitLog("owner started")
+	if metricsAt > ownerAt {
+		t.Errorf("metrics server started after the owner (log lines %d > %d)", metricsAt, ownerAt)
+	}
+
+	got := scrapeMetrics(t, addr)
+	if v := got["kvcache_segment_capacity_bytes"]; v != 48<<20 {
+		t.Errorf("kvcache_segment_capacity_bytes = %v, want %d (fluxkv_spec.dram)", v, 48<<20)
+	}
+	for _, name := range []string{"kvcache_segment_used_bytes", "kv_ssd_capacity_bytes", "kv_ssd_used_bytes", "go_goroutines", "process_resident_memory_bytes"} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("%s missing from /metrics", name)
+		}
+	}
+
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: socket, Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 1<<20)
+	for i := 0; i < 3; i++ {
+		if err := c.Put(fmt.Sprintf("k%d", i), value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		h, err := c.Get(fmt.Sprintf("k%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	if _, err := c.Get("absent"); !errors.Is(err, fluxkv.ErrKeyNotFound) {
+		t.Fatalf("get absent: %v, want ErrKeyNotFound", err)
+	}
+	c.Flush()
+
+	// Capacity readings are cached for a second.
+	time.Sleep(1100 * time.Millisecond)
+	got = scrapeMetrics(t, addr)
+	if v := got["kvcache_segment_used_bytes"]; v < 3<<20 {
+		t.Errorf("kvcache_segment_used_bytes = %v after three 1 MiB puts, want ≥ %d", v, 3<<20)
+	}
+	if n := sumOps(got, "ok"); n < 3 {
+		t.Errorf("fluxkv_ops_total{result=ok} = %v after 3 puts, want ≥ 3", n)
+	}
+	if n := sumOps(got, "hit_memory"); n < 3 {
+		t.Errorf("fluxkv_ops_total{result=hit_memory} = %v after 3 gets, want ≥ 3", n)
+	}
+	if n := sumOps(got, "miss"); n < 1 {
+		t.Errorf("fluxkv_ops_total{result=miss} = %v after a miss, want ≥ 1", n)
+	}
+	if t.Failed() {
+		t.Logf("scrape:\n%v", got)
+	}
+	c.Close()
+
+	s.stop(socket)
+	if _, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		t.Error("/metrics still served after SIGTERM")
+	}
+}
+
+// A separate master and owner, each from its example-style config file.
+func TestMasterOwnerConfigs(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	masterAddr := ln.Addr().String()
+	ln.Close()
+	mcfg := writeFile(t, dir, "master.yaml", fmt.Sprintf("master:\n  listen: %s\n  node_ttl: 3s\n  metrics_addr: 127.0.0.1:0\n", masterAddr))
+	sockDir := filepath.Join(dir, "run")
+	ocfg := writeFile(t, dir, "owner.yaml", fmt.Sprintf(`
+fluxkv_spec:
+  dram: 16MiB
+  socket_dir: %s
+  master: %s
+  node_id: owner-a
+  metrics_addr: 127.0.0.1:0
+  log_level: info
+`, sockDir, masterAddr))
+
+	m := startService(t, "master", "--config", mcfg)
+	m.waitLog("master started")
+	maddr := m.metricsAddr()
+	o := startService(t, "owner", "--config", ocfg)
+	socket := filepath.Join(sockDir, "fluxkv.sock")
+	waitSocket(t, o, socket)
+	oaddr := o.metricsAddr()
+
+	if got := scrapeMetrics(t, oaddr); got["kvcache_segment_capacity_bytes"] != 16<<20 {
+		t.Errorf("owner kvcache_segment_capacity_bytes = %v, want %d", got["kvcache_segment_capacity_bytes"], 16<<20)
+	}
+	if got := scrapeMetrics(t, maddr); got["go_goroutines"] == 0 {
+		t.Errorf("master /metrics lacks go_goroutines")
+	}
+	// The file's log_level (info) applies to the owner only where --log-level was not
+	// given; startService passes --log-level debug, which wins.
+	if !strings.Contains(o.log(), `"level":"debug"`) {
+		t.Errorf("owner logged no debug line: the --log-level flag should override log_level: info")
+	}
+	o.stop(socket)
+	m.stop("")
+}
+
+// Bad configs stop the service at start with exit status 2 and a message that
+// names the key; nothing is left behind.
+func TestConfigErrorsExit2(t *testing.T) {
+	dir := t.TempDir()
+	sockDir := filepath.Join(dir, "run")
+	for _, tt := range []struct {
+		name, command, yaml, want string
+	}{
+		{"bad size", "up", "fluxkv_spec:\n  dram: 12XB\n  socket_dir: " + sockDir + "\n", `fluxkv_spec.dram: invalid size "12XB"`},
+		{"unknown key", "up", "fluxkv_spec:\n  socket_dir: " + sockDir + "\n  dram_size: 1GiB\n", "fluxkv_spec.dram_size: unknown key"},
+		{"mismatched lengths", "owner", "fluxkv_spec:\n  master: 127.0.0.1:1\n  large_file_paths: [/a, /b]\n  large_limit_size: [1GiB]\n",
+			"fluxkv_spec.large_limit_size has 1 entries but large_file_paths has 2"},
+		{"no master", "owner", "fluxkv_spec:\n  socket_dir: " + sockDir + "\n", "the master's address is required"},
+		{"master reads no owner section", "master", "fluxkv_spec:\n  dram: 1GiB\n", "fluxkv_spec: not read by `fluxkv master`"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := writeFile(t, dir, strings.ReplaceAll(tt.name, " ", "_")+".yaml", tt.yaml)
+			s := startService(t, tt.command, "--config", cfg)
+			if code := s.wait(10 * time.Second); code != 2 {
+				t.Errorf("exit status %d, want 2:\n%s", code, s.log())
+			}
+			if !strings.Contains(s.log(), tt.want) {
+				t.Errorf("stderr lacks %q:\n%s", tt.want, s.log())
+			}
+			if _, err := os.Stat(filepath.Join(sockDir, "fluxkv.sock")); err == nil {
+				t.Errorf("socket created by a failed start")
+			}
+		})
+	}
+}
+
+// supportsDirectIO reports whether files in dir can be opened with O_DIRECT (the SSD
+// cache's shard files need it; tmpfs does not support it).
+func supportsDirectIO(dir string) error {
+	p := filepath.Join(dir, ".odirect-probe")
+	fd, err := syscall.Open(p, syscall.O_CREAT|syscall.O_RDWR|syscall.O_DIRECT, 0o600)
+	if err != nil {
+		return err
+	}
+	syscall.Close(fd)
+	return os.Remove(p)
+}
+
+// `up --config` with an SSD cache: /metrics shows the YAML's large_limit_size as
+// kv_ssd_capacity_bytes, and puts persisted to SSD as kv_ssd_used_bytes.
+func TestUpConfigSSDCapacity(t *testing.T) {
+	dir := t.TempDir()
+	ssdDir := filepath.Join(dir, "ssd0")
+	if err := os.MkdirAll(ssdDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := supportsDirectIO(ssdDir); err != nil {
+		t.Skipf("%s does not support O_DIRECT, which the SSD cache needs (%v); run where TMPDIR is on a disk", ssdDir, err)
+	}
+	sockDir := filepath.Join(dir, "run")
+	cfg := writeFile(t, dir, "up.yaml", fmt.Sprintf(`
+fluxkv_spec:
+  dram: 32MiB
+  socket_dir: %s
+  metrics_addr: 127.0.0.1:0
+  large_file_paths: [%s]
+  large_limit_size: ["64MiB"]
+  cluster_name: it
+  instance_key: it-node
+`, sockDir, ssdDir))
+	s := startService(t, "up", "--config", cfg)
+	socket := filepath.Join(sockDir, "fluxkv.sock")
+	waitSocket(t, s, socket)
+	addr := s.metricsAddr()
+
+	got := scrapeMetrics(t, addr)
+	if v := got["kv_ssd_capacity_bytes"]; v != 64<<20 {
+		t.Errorf("kv_ssd_capacity_bytes = %v, want %d (large_limit_size)", v, 64<<20)
+	}
+	if v := got["kvcache_segment_capacity_bytes"]; v != 32<<20 {
+		t.Errorf("kvcache_segment_capacity_bytes = %v, want %d (dram)", v, 32<<20)
+	}
+	if _, err := os.Stat(filepath.Join(ssdDir, "it_cluster_kv_ssd_storage", "it-node")); err != nil {
+		t.Errorf("SSD cache root from cluster_name/instance_key: %v", err)
+	}
+
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: socket, Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 1<<20)
+	for i := 0; i < 3; i++ {
+		if err := c.Put(fmt.Sprintf("k%d", i), value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Persists run after each put returns; the capacity reading is cached for a second.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got = scrapeMetrics(t, addr)
+		if got["kv_ssd_used_bytes"] >= 3<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kv_ssd_used_bytes = %v 15s after three 1 MiB puts, want ≥ %d", got["kv_ssd_used_bytes"], 3<<20)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.Close()
+	s.stop(socket)
+}

@@ -1,0 +1,201 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Role is the command a file configures; it decides which sections may appear.
+type Role int
+
+const (
+	RoleMaster Role = iota // `fluxkv master`: section master
+	RoleOwner              // `fluxkv owner`: section fluxkv_spec
+	RoleUp                 // `fluxkv up`: sections fluxkv_spec and master
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleMaster:
+		return "master"
+	case RoleOwner:
+		return "owner"
+	case RoleUp:
+		return "up"
+	}
+	return fmt.Sprintf("Role(%d)", int(r))
+}
+
+// Section names (top-level keys).
+const (
+	OwnerSection  = "fluxkv_spec"
+	MasterSection = "master"
+)
+
+// File is one parsed config file. A section that is absent (or null) is nil.
+type File struct {
+	Path   string // as given to Load; empty for Parse
+	Owner  *Owner
+	Master *Master
+}
+
+// Owner is the fluxkv_spec section. A zero field was not set by the file (the key
+// was absent or null); the caller's flag or default applies.
+type Owner struct {
+	DRAM        int64  // dram: the memory segment size in bytes (> 0)
+	SocketDir   string // socket_dir: directory of fluxkv.sock
+	Master      string // master: the master's host:port
+	ClusterName string // cluster_name: names the SSD cache root
+	InstanceKey string // instance_key: names this owner's SSD cache root
+	NodeID      string // node_id: this owner's id in the cluster
+	PeerListen  string // peer_listen: host:port of the peer service
+	MetricsAddr string // metrics_addr: host:port of /metrics
+	LogLevel    string // log_level: debug, info, warn, error
+	LogFormat   string // log_format: json or text
+
+	// LargeFilePaths and LargeLimitSize are large_file_paths and the parsed
+	// large_limit_size: one limit in bytes (≥ 512) per path. LargeLimitSize nil
+	// means the SSD cache is off (the key was absent or null); paths without
+	// limits are kept but unused.
+	LargeFilePaths []string
+	LargeLimitSize []int64
+}
+
+// SSDEnabled reports whether the SSD cache is on (large_limit_size was given).
+func (o *Owner) SSDEnabled() bool { return o.LargeLimitSize != nil }
+
+// Master is the master section. A zero field was not set by the file.
+type Master struct {
+	Listen            string        // listen: host:port the master serves on
+	NodeTTL           time.Duration // node_ttl: tomb an owner silent this long
+	HeartbeatInterval time.Duration // heartbeat_interval: told to owners at Register
+	InflightTTL       time.Duration // inflight_ttl: revoke a put or get older than this
+	AllocWait         time.Duration // alloc_wait: wait this long for space before NO_SPACE
+	NoPromotion       bool          // no_promotion: SSD refills never become memory replicas
+	MetricsAddr       string        // metrics_addr: host:port of /metrics
+	LogLevel          string        // log_level: debug, info, warn, error
+	LogFormat         string        // log_format: json or text
+}
+
+// Error is a bad config: the dotted key it concerns (empty for the file as a whole),
+// the line it is on and what is wrong.
+type Error struct {
+	File string
+	Line int
+	Key  string
+	Err  error
+	// nested: Err's message already starts with the rest of the key
+	// (ssd's "large_limit_size[1]: ..."), so Key and Err join with a dot.
+	nested bool
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	switch {
+	case e.File != "" && e.Line > 0:
+		fmt.Fprintf(&b, "%s:%d: ", e.File, e.Line)
+	case e.File != "":
+		fmt.Fprintf(&b, "%s: ", e.File)
+	case e.Line > 0:
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	switch {
+	case e.Key != "" && e.nested:
+		b.WriteString(e.Key + ".")
+	case e.Key != "":
+		b.WriteString(e.Key + ": ")
+	}
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func keyErr(n *yaml.Node, key string, format string, args ...any) *Error {
+	return &Error{Line: n.Line, Key: key, Err: fmt.Errorf(format, args...)}
+}
+
+// Load reads and parses the file at path for role.
+func Load(path string, role Role) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	f, err := Parse(data, role)
+	if err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			ce.File = path
+			return nil, ce
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	f.Path = path
+	return f, nil
+}
+
+// Parse parses one YAML document for role.
+func Parse(data []byte, role Role) (*File, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &File{}, nil // an empty file sets nothing
+		}
+		return nil, &Error{Err: err}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		line := extra.Line
+		if err != nil {
+			return nil, &Error{Err: err}
+		}
+		return nil, &Error{Line: line, Err: errors.New("more than one YAML document")}
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return &File{}, nil
+		}
+		root = root.Content[0]
+	}
+	if isNull(root) {
+		return &File{}, nil
+	}
+	f := &File{}
+	err := walkMapping(root, "", map[string]func(*yaml.Node) error{
+		OwnerSection: func(v *yaml.Node) error {
+			if role == RoleMaster {
+				return keyErr(v, OwnerSection, "not read by `fluxkv master` (its settings are under %s:)", MasterSection)
+			}
+			if isNull(v) {
+				return nil
+			}
+			o, err := parseOwner(v)
+			f.Owner = o
+			return err
+		},
+		MasterSection: func(v *yaml.Node) error {
+			if role == RoleOwner {
+				return keyErr(v, MasterSection, "not read by `fluxkv owner` (its settings are under %s:; the master's address is %s.master)", OwnerSection, OwnerSection)
+			}
+			if isNull(v) {
+				return nil
+			}
+			m, err := parseMaster(v)
+			f.Master = m
+			return err
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}

@@ -1,0 +1,233 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		role    Role
+		yaml    string
+		want    *File
+		wantErr string // substring of the error; empty = must succeed
+	}{
+		{
+			name: "owner: every key",
+			role: RoleOwner,
+			yaml: `
+fluxkv_spec:
+  dram: 512MiB
+  socket_dir: /run/fluxkv
+  master: 10.0.0.1:7700
+  cluster_name: prod
+  instance_key: node-a/gpu0
+  node_id: node-a
+  peer_listen: 0.0.0.0:7701
+  metrics_addr: :9701
+  log_level: debug
+  log_format: text
+  large_file_paths: [/data/a, /data/b]
+  large_limit_size: ["4GB", 17179869184]
+`,
+			want: &File{Owner: &Owner{
+				DRAM: 512 << 20, SocketDir: "/run/fluxkv", Master: "10.0.0.1:7700", ClusterName: "prod",
+				InstanceKey: "node-a/gpu0", NodeID: "node-a", PeerListen: "0.0.0.0:7701", MetricsAddr: ":9701",
+				LogLevel: "debug", LogFormat: "text",
+				LargeFilePaths: []string{"/data/a", "/data/b"}, LargeLimitSize: []int64{4 << 30, 16 << 30},
+			}},
+		},
+		{name: "size: plain int", role: RoleOwner, yaml: "fluxkv_spec: {dram: 1048576}", want: &File{Owner: &Owner{DRAM: 1 << 20}}},
+		{name: "size: fractional GiB", role: RoleOwner, yaml: "fluxkv_spec: {dram: 1.5GiB}", want: &File{Owner: &Owner{DRAM: 3 << 29}}},
+		{name: "size: GB is binary", role: RoleOwner, yaml: `fluxkv_spec: {dram: "4GB"}`, want: &File{Owner: &Owner{DRAM: 4 << 30}}},
+		{name: "size: float truncated", role: RoleOwner, yaml: "fluxkv_spec: {dram: 4096.9}", want: &File{Owner: &Owner{DRAM: 4096}}},
+		{name: "limits: fractional bytes truncated", role: RoleOwner,
+			yaml: `fluxkv_spec: {large_file_paths: [/d], large_limit_size: ["512.9B"]}`,
+			want: &File{Owner: &Owner{LargeFilePaths: []string{"/d"}, LargeLimitSize: []int64{512}}}},
+		{name: "limits: null = SSD off", role: RoleOwner,
+			yaml: "fluxkv_spec:\n  large_file_paths: [/d]\n  large_limit_size: null\n",
+			want: &File{Owner: &Owner{LargeFilePaths: []string{"/d"}}}},
+		{name: "limits: absent = SSD off", role: RoleOwner,
+			yaml: "fluxkv_spec:\n  large_file_paths: [/d]\n",
+			want: &File{Owner: &Owner{LargeFilePaths: []string{"/d"}}}},
+		{name: "null key = unset", role: RoleOwner, yaml: "fluxkv_spec:\n  dram:\n  node_id: ~\n", want: &File{Owner: &Owner{}}},
+		{name: "empty file", role: RoleOwner, yaml: "", want: &File{}},
+		{name: "comments only", role: RoleUp, yaml: "# nothing\n", want: &File{}},
+		{name: "null section", role: RoleOwner, yaml: "fluxkv_spec:\n", want: &File{}},
+		{
+			name: "master: every key",
+			role: RoleMaster,
+			yaml: `
+master:
+  listen: 0.0.0.0:7700
+  node_ttl: 10s
+  heartbeat_interval: 2s
+  inflight_ttl: 1m
+  alloc_wait: 500ms
+  metrics_addr: 127.0.0.1:9700
+  log_level: warn
+  log_format: json
+`,
+			want: &File{Master: &Master{Listen: "0.0.0.0:7700", NodeTTL: 10 * time.Second, HeartbeatInterval: 2 * time.Second,
+				InflightTTL: time.Minute, AllocWait: 500 * time.Millisecond, MetricsAddr: "127.0.0.1:9700", LogLevel: "warn", LogFormat: "json"}},
+		},
+		{
+			name: "up: both sections",
+			role: RoleUp,
+			yaml: "fluxkv_spec: {dram: 2GiB}\nmaster: {listen: \"127.0.0.1:0\"}\n",
+			want: &File{Owner: &Owner{DRAM: 2 << 30}, Master: &Master{Listen: "127.0.0.1:0"}},
+		},
+
+		// Errors name the key.
+		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: cluster_name, dram,"},
+		{name: "unknown master key", role: RoleMaster, yaml: "master:\n  listen: :1\n  nodettl: 5s\n", wantErr: "line 3: master.nodettl: unknown key"},
+		{name: "unknown section", role: RoleUp, yaml: "fluxonkv_spec:\n  dram: 1GiB\n", wantErr: "line 1: fluxonkv_spec: unknown key (known: fluxkv_spec, master)"},
+		{name: "owner section for master", role: RoleMaster, yaml: "fluxkv_spec: {dram: 1GiB}\n", wantErr: "fluxkv_spec: not read by `fluxkv master`"},
+		{name: "master section for owner", role: RoleOwner, yaml: "master: {listen: \":1\"}\n", wantErr: "master: not read by `fluxkv owner`"},
+		{name: "duplicate key", role: RoleOwner, yaml: "fluxkv_spec:\n  dram: 1GiB\n  dram: 2GiB\n", wantErr: "line 3: fluxkv_spec.dram: duplicate key"},
+		{name: "bad size unit", role: RoleOwner, yaml: "fluxkv_spec:\n  dram: 12XB\n", wantErr: `line 2: fluxkv_spec.dram: invalid size "12XB"`},
+		{name: "negative size", role: RoleOwner, yaml: "fluxkv_spec: {dram: -5}", wantErr: `fluxkv_spec.dram: invalid size "-5"`},
+		{name: "zero dram", role: RoleOwner, yaml: "fluxkv_spec: {dram: 0}", wantErr: `fluxkv_spec.dram: invalid size "0": must be positive`},
+		{name: "size is a list", role: RoleOwner, yaml: "fluxkv_spec: {dram: [1]}", wantErr: "fluxkv_spec.dram: want bytes or a size string"},
+		{name: "size is a bool", role: RoleOwner, yaml: "fluxkv_spec: {dram: true}", wantErr: "fluxkv_spec.dram: want bytes or a size string"},
+		{name: "mismatched lengths", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: [4GB, 8GB]\n",
+			wantErr: "line 3: fluxkv_spec.large_limit_size has 2 entries but large_file_paths has 1"},
+		{name: "limits without paths", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_limit_size: [4GB]\n",
+			wantErr: "fluxkv_spec.large_limit_size has 1 entries but large_file_paths has 0"},
+		{name: "limit below 512", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a, /b]\n  large_limit_size: [4GB, 511]\n",
+			wantErr: "fluxkv_spec.large_limit_size[1]: 511 bytes is below the minimum of 512"},
+		{name: "limit bad size string", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: [4QB]\n",
+			wantErr: `fluxkv_spec.large_limit_size[0]: size "4QB"`},
+		{name: "limit null entry", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: [null]\n",
+			wantErr: "fluxkv_spec.large_limit_size[0]: null entry"},
+		{name: "limit is a nested list", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: [[1]]\n",
+			wantErr: "line 3: fluxkv_spec.large_limit_size[0]: want bytes or a size string"},
+		{name: "limits not a list", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: 4GB\n",
+			wantErr: "fluxkv_spec.large_limit_size: want a list"},
+		{name: "paths not a list", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: /a\n",
+			wantErr: "fluxkv_spec.large_file_paths: want a list"},
+		{name: "empty path", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  large_file_paths: [/a, \"\"]\n",
+			wantErr: "fluxkv_spec.large_file_paths[1]: want a directory path"},
+		{name: "bad address", role: RoleOwner, yaml: "fluxkv_spec: {master: localhost}", wantErr: `fluxkv_spec.master: invalid address "localhost": want host:port`},
+		{name: "bad log level", role: RoleOwner, yaml: "fluxkv_spec: {log_level: loud}", wantErr: `fluxkv_spec.log_level: invalid log level "loud"`},
+		{name: "bad log format", role: RoleMaster, yaml: "master: {log_format: xml}", wantErr: `master.log_format: invalid log format "xml"`},
+		{name: "empty string", role: RoleOwner, yaml: `fluxkv_spec: {socket_dir: ""}`, wantErr: "fluxkv_spec.socket_dir: empty value"},
+		{name: "string is a mapping", role: RoleOwner, yaml: "fluxkv_spec: {node_id: {a: 1}}", wantErr: "fluxkv_spec.node_id: want a string, got a mapping"},
+		{name: "bad duration", role: RoleMaster, yaml: "master: {node_ttl: 5}", wantErr: `master.node_ttl: want a duration such as "5s"`},
+		{name: "bad duration string", role: RoleMaster, yaml: "master: {node_ttl: 5 seconds}", wantErr: `master.node_ttl: invalid duration "5 seconds"`},
+		{name: "negative duration", role: RoleMaster, yaml: "master: {alloc_wait: -1s}", wantErr: `master.alloc_wait: invalid duration "-1s": must be positive`},
+		{name: "ttl below heartbeat", role: RoleMaster, yaml: "master: {node_ttl: 1s, heartbeat_interval: 2s}", wantErr: "master.node_ttl: 1s must exceed master.heartbeat_interval 2s"},
+		{name: "section not a mapping", role: RoleOwner, yaml: "fluxkv_spec: [1, 2]", wantErr: "fluxkv_spec: want a mapping of settings, got a list"},
+		{name: "top level not a mapping", role: RoleOwner, yaml: "- 1\n", wantErr: "want a mapping of sections (fluxkv_spec, master), got a list"},
+		{name: "two documents", role: RoleOwner, yaml: "fluxkv_spec: {dram: 1GiB}\n---\nfluxkv_spec: {dram: 2GiB}\n", wantErr: "more than one YAML document"},
+		{name: "syntax error", role: RoleOwner, yaml: "fluxkv_spec:\n  dram: [1GiB\n", wantErr: "yaml:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse([]byte(tt.yaml), tt.role)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("no error, want one containing %q; got %+v", tt.wantErr, got)
+				}
+				if !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %q\n  does not contain %q", err, tt.wantErr)
+				}
+				var ce *Error
+				if !errors.As(err, &ce) {
+					t.Errorf("error %T is not a *config.Error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got\n  %s\nwant\n  %s", dump(got), dump(tt.want))
+			}
+		})
+	}
+}
+
+func dump(f *File) string {
+	s := "File{"
+	if f.Owner != nil {
+		s += fmt.Sprintf("Owner: %+v", *f.Owner)
+	}
+	if f.Master != nil {
+		s += fmt.Sprintf(" Master: %+v", *f.Master)
+	}
+	return s + "}"
+}
+
+func TestSSDEnabled(t *testing.T) {
+	on, err := Parse([]byte("fluxkv_spec: {large_file_paths: [/a], large_limit_size: [1GiB]}"), RoleOwner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, err := Parse([]byte("fluxkv_spec: {large_file_paths: [/a], large_limit_size: null}"), RoleOwner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !on.Owner.SSDEnabled() || off.Owner.SSDEnabled() {
+		t.Fatalf("SSDEnabled: on=%v off=%v", on.Owner.SSDEnabled(), off.Owner.SSDEnabled())
+	}
+}
+
+func TestLoadNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "owner.yaml")
+	if err := os.WriteFile(p, []byte("fluxkv_spec:\n  dram: 12XB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p, RoleOwner)
+	want := p + `:2: fluxkv_spec.dram: invalid size "12XB"`
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error %v, want prefix %q", err, want)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), RoleOwner); err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v, want ErrNotExist", err)
+	}
+}
+
+// The example configs shipped in scripts/examples parse for their role.
+func TestExamples(t *testing.T) {
+	for _, ex := range []struct {
+		file string
+		role Role
+	}{
+		{"master.yaml", RoleMaster},
+		{"owner.yaml", RoleOwner},
+		{"up.yaml", RoleUp},
+	} {
+		t.Run(ex.file, func(t *testing.T) {
+			f, err := Load(filepath.Join("..", "scripts", "examples", ex.file), ex.role)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ex.role != RoleMaster && f.Owner == nil {
+				t.Error("no fluxkv_spec section")
+			}
+			if ex.role != RoleOwner && f.Master == nil {
+				t.Error("no master section")
+			}
+			if ex.role == RoleOwner && (!f.Owner.SSDEnabled() || f.Owner.Master == "" || f.Owner.DRAM == 0) {
+				t.Errorf("owner example should configure dram, master and an SSD cache: %+v", f.Owner)
+			}
+		})
+	}
+}

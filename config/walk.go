@@ -1,0 +1,222 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"gopkg.in/yaml.v3"
+
+	"github.com/fluxkv/fluxkv/ssd"
+)
+
+func joinKey(prefix, key string) string {
+	if prefix == "" {
+		return key
+	}
+	return prefix + "." + key
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null" || n.Kind == 0
+}
+
+// walkMapping calls the handler of every key of the mapping n (whose own key is
+// prefix), in file order. A key without a handler, a duplicated key or a non-string
+// key is an error naming it.
+func walkMapping(n *yaml.Node, prefix string, handlers map[string]func(*yaml.Node) error) error {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind != yaml.MappingNode {
+		what := prefix
+		if what == "" {
+			return &Error{Line: n.Line, Err: fmt.Errorf("want a mapping of sections (%s), got %s", knownKeys(handlers), describe(n))}
+		}
+		return keyErr(n, what, "want a mapping of settings, got %s", describe(n))
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
+			return keyErr(k, prefix, "unsupported key %s (want plain setting names)", describe(k))
+		}
+		key := joinKey(prefix, k.Value)
+		if seen[k.Value] {
+			return keyErr(k, key, "duplicate key")
+		}
+		seen[k.Value] = true
+		h, ok := handlers[k.Value]
+		if !ok {
+			return keyErr(k, key, "unknown key (known: %s)", knownKeys(handlers))
+		}
+		if v.Kind == yaml.AliasNode {
+			v = v.Alias
+		}
+		if err := h(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func knownKeys(handlers map[string]func(*yaml.Node) error) string {
+	keys := make([]string, 0, len(handlers))
+	for k := range handlers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return strings.Join(keys, ", ")
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "null"
+		}
+		return fmt.Sprintf("%s %q", strings.TrimPrefix(n.Tag, "!!"), n.Value)
+	}
+	return "an unsupported node"
+}
+
+// The field parsers below each set *dst from a non-null value node or return an
+// error naming key. A null value leaves *dst unset (the default applies).
+
+func stringField(key string, dst *string, check func(string) error) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag == "!!bool" {
+			return keyErr(v, key, "want a string, got %s", describe(v))
+		}
+		if v.Value == "" {
+			return keyErr(v, key, "empty value (leave the key out for the default)")
+		}
+		if check != nil {
+			if err := check(v.Value); err != nil {
+				return keyErr(v, key, "%w", err)
+			}
+		}
+		*dst = v.Value
+		return nil
+	}
+}
+
+func sizeField(key string, dst *int64) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		n, err := sizeValue(v)
+		if err != nil {
+			return keyErr(v, key, "%w", err)
+		}
+		if n <= 0 {
+			return keyErr(v, key, "invalid size %q: must be positive", v.Value)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+// sizeValue is a YAML integer (bytes), float (fraction truncated) or size string.
+func sizeValue(v *yaml.Node) (int64, error) {
+	if v.Kind != yaml.ScalarNode {
+		return 0, fmt.Errorf("want bytes or a size string such as \"4GiB\", got %s", describe(v))
+	}
+	switch v.Tag {
+	case "!!int":
+		var n int64
+		if err := v.Decode(&n); err != nil {
+			return 0, fmt.Errorf("invalid size %q: %v", v.Value, err)
+		}
+		if n < 0 {
+			return 0, fmt.Errorf("invalid size %q: negative", v.Value)
+		}
+		return n, nil
+	case "!!float":
+		var f float64
+		if err := v.Decode(&f); err != nil || math.IsNaN(f) || f < 0 || f >= math.MaxInt64 {
+			return 0, fmt.Errorf("invalid size %q: want a non-negative number of bytes below 2^63", v.Value)
+		}
+		return int64(f), nil
+	case "!!str":
+		n, err := ssd.ParseSize(v.Value)
+		if err != nil {
+			// ssd's errors read `size "12XB": ...`.
+			return 0, fmt.Errorf("invalid %w", err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("want bytes or a size string such as \"4GiB\", got %s", describe(v))
+}
+
+func durationField(key string, dst *time.Duration) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
+			return keyErr(v, key, "want a duration such as \"5s\" or \"500ms\", got %s", describe(v))
+		}
+		d, err := time.ParseDuration(v.Value)
+		if err != nil {
+			return keyErr(v, key, "invalid duration %q (want e.g. \"5s\", \"500ms\", \"1m\")", v.Value)
+		}
+		if d <= 0 {
+			return keyErr(v, key, "invalid duration %q: must be positive", v.Value)
+		}
+		*dst = d
+		return nil
+	}
+}
+
+// CheckAddr accepts host:port (host may be empty for every interface; port 0 picks
+// a free one).
+func CheckAddr(s string) error {
+	if _, _, err := net.SplitHostPort(s); err != nil {
+		return fmt.Errorf("invalid address %q: want host:port", s)
+	}
+	return nil
+}
+
+// CheckLogLevel accepts the levels zerolog knows (debug, info, warn, error, ...).
+func CheckLogLevel(s string) error {
+	if _, err := zerolog.ParseLevel(s); err != nil || s == "" {
+		return fmt.Errorf("invalid log level %q (want debug, info, warn or error)", s)
+	}
+	return nil
+}
+
+// CheckLogFormat accepts json and text.
+func CheckLogFormat(s string) error {
+	if s != "json" && s != "text" {
+		return fmt.Errorf("invalid log format %q (want json or text)", s)
+	}
+	return nil
+}
+
+var errNotList = errors.New("want a list")
+
+func boolField(key string, dst *bool) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" {
+			return keyErr(v, key, "want true or false, got %s", describe(v))
+		}
+		return v.Decode(dst)
+	}
+}

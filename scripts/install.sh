@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Install fluxkv as a service: the binary, the systemd units and the example configs.
+# Run by `make install` (which builds bin/fluxkv first). Environment:
+#   PREFIX   install prefix of the binary (default /usr/local): $PREFIX/bin/fluxkv
+#   DESTDIR  staging root for packaging (default empty: the live system)
+#   BIN      the binary to install (default bin/fluxkv)
+# Units go to $DESTDIR/lib/systemd/system, configs to $DESTDIR/etc/fluxkv; an existing
+# config is never overwritten. Run as root without DESTDIR, it also creates the
+# fluxkv system user and group and reloads systemd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PREFIX=${PREFIX:-/usr/local}
+DESTDIR=${DESTDIR:-}
+BIN=${BIN:-bin/fluxkv}
+UNITDIR=/lib/systemd/system
+CONFDIR=/etc/fluxkv
+SERVICE_USER=fluxkv
+
+[ -x "$BIN" ] || { echo "install: $BIN is missing or not executable (run make build)" >&2; exit 1; }
+live=false
+if [ -z "$DESTDIR" ] && [ "$(id -u)" -eq 0 ]; then
+  live=true
+fi
+
+if $live; then
+  getent group "$SERVICE_USER" >/dev/null || groupadd --system "$SERVICE_USER"
+  if ! getent passwd "$SERVICE_USER" >/dev/null; then
+    nologin=$(command -v nologin || echo /usr/sbin/nologin)
+    useradd --system --gid "$SERVICE_USER" --no-create-home --home-dir /var/lib/fluxkv \
+      --shell "$nologin" --comment "fluxkv cache" "$SERVICE_USER"
+  fi
+fi
+
+install -D -m 0755 "$BIN" "$DESTDIR$PREFIX/bin/fluxkv"
+echo "installed $DESTDIR$PREFIX/bin/fluxkv"
+
+install -d -m 0755 "$DESTDIR$UNITDIR"
+for role in master owner; do
+  unit="fluxkv-$role.service"
+  # The units name /usr/local/bin/fluxkv; point them at $PREFIX/bin.
+  sed "s#/usr/local/bin/fluxkv#$PREFIX/bin/fluxkv#g" "scripts/$unit" >"$DESTDIR$UNITDIR/$unit.tmp"
+  chmod 0644 "$DESTDIR$UNITDIR/$unit.tmp"
+  mv -f "$DESTDIR$UNITDIR/$unit.tmp" "$DESTDIR$UNITDIR/$unit"
+  echo "installed $DESTDIR$UNITDIR/$unit"
+done
+
+install -d -m 0755 "$DESTDIR$CONFDIR"
+for cfg in master.yaml owner.yaml up.yaml; do
+  dst="$DESTDIR$CONFDIR/$cfg"
+  if [ -e "$dst" ]; then
+    echo "kept existing $dst (the new example is scripts/examples/$cfg)"
+    continue
+  fi
+  if $live; then
+    # Readable by the service, not by everyone.
+    install -m 0640 -g "$SERVICE_USER" "scripts/examples/$cfg" "$dst"
+  else
+    install -m 0644 "scripts/examples/$cfg" "$dst"
+  fi
+  echo "installed $dst"
+done
+
+if $live && [ -d /run/systemd/system ]; then
+  systemctl daemon-reload
+fi
+cat <<MSG
+next steps:
+  edit $CONFDIR/owner.yaml (dram, master, large_file_paths/large_limit_size) and $CONFDIR/master.yaml
+  systemctl enable --now fluxkv-master   # on the control node
+  systemctl enable --now fluxkv-owner    # on every node
+  usermod -aG $SERVICE_USER USER         # users whose processes may attach to /run/fluxkv/fluxkv.sock
+MSG
