@@ -10,7 +10,7 @@ APT_GEN := thrift-compiler
 RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/...
 FUZZTIME ?= 10s
 
-.PHONY: all build run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd install
+.PHONY: all build run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd bench-python install
 
 all: build
 
@@ -65,6 +65,13 @@ gen: deps-gen
 # ones kept); as root without DESTDIR it also creates the fluxkv user and group.
 install: build
 	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' BIN='$(BIN)' bash scripts/install.sh
+
+APT_BENCH := memcached redis-server python3-pymemcache python3-redis
+
+# bench-python: 1 MiB memory-hit gets from Python: fluxkv holder/bytes vs memcached and Redis.
+bench-python: build deps-test
+	@bash scripts/apt-ensure.sh $(APT_BENCH)
+	$(PY) bench/python_get_bench.py --fluxkv-bin $(BIN) --seconds 5 --keys 16
 
 bench-ssd: build
 	./$(BIN) bench ssd --dir $${DIR:-out/bench-ssd} --size 1MiB --seconds 10 --json

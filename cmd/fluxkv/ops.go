@@ -26,7 +26,29 @@ func connect(c *cli.Context) (*fluxkv.Client, error) {
 	return cl, nil
 }
 
-// oneKey returns the single KEY argument (and an optional second one).
+// clientCommand builds an operator command: it checks the argument count, attaches to
+// the owner, runs fn and detaches.
+func clientCommand(name, usage, argsUsage string, minArgs, maxArgs int, flags []cli.Flag,
+	fn func(c *cli.Context, cl *fluxkv.Client, a []string) error) *cli.Command {
+	return &cli.Command{
+		Name: name, Usage: usage, ArgsUsage: argsUsage,
+		Flags: append([]cli.Flag{socketFlag()}, flags...),
+		Action: func(c *cli.Context) error {
+			a, err := args(c, minArgs, maxArgs, argsUsage)
+			if err != nil {
+				return err
+			}
+			cl, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			return fn(c, cl, a)
+		},
+	}
+}
+
+// args checks the positional arguments.
 func args(c *cli.Context, min, max int, usage string) ([]string, error) {
 	a := c.Args().Slice()
 	if len(a) < min || len(a) > max {
@@ -43,19 +65,9 @@ func failure(err error) error {
 }
 
 func putCommand() *cli.Command {
-	return &cli.Command{
-		Name: "put", Usage: "store a value: put KEY [FILE|-] (default: standard input)", ArgsUsage: "KEY [FILE|-]",
-		Flags: []cli.Flag{socketFlag(), &cli.BoolFlag{Name: "nx", Usage: "fail if the key already exists"}},
-		Action: func(c *cli.Context) error {
-			a, err := args(c, 1, 2, "KEY [FILE|-]")
-			if err != nil {
-				return err
-			}
-			cl, err := connect(c)
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
+	return clientCommand("put", "store a value: put KEY [FILE|-] (default: standard input)", "KEY [FILE|-]", 1, 2,
+		[]cli.Flag{&cli.BoolFlag{Name: "nx", Usage: "fail if the key already exists"}},
+		func(c *cli.Context, cl *fluxkv.Client, a []string) error {
 			opts := fluxkv.PutOptions{RejectIfExists: c.Bool("nx")}
 			if len(a) == 2 && a[1] != "-" {
 				f, err := os.Open(a[1])
@@ -86,24 +98,13 @@ func putCommand() *cli.Command {
 				return failure(err)
 			}
 			return nil
-		},
-	}
+		})
 }
 
 func getCommand() *cli.Command {
-	return &cli.Command{
-		Name: "get", Usage: "fetch a value: get [-o FILE|-] KEY; a miss exits 1", ArgsUsage: "KEY",
-		Flags: []cli.Flag{socketFlag(), &cli.StringFlag{Name: "o", Aliases: []string{"output"}, Value: "-", Usage: "write the value to FILE (- = standard output)"}},
-		Action: func(c *cli.Context) error {
-			a, err := args(c, 1, 1, "[-o FILE|-] KEY")
-			if err != nil {
-				return err
-			}
-			cl, err := connect(c)
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
+	return clientCommand("get", "fetch a value: get [-o FILE|-] KEY; a miss exits 1", "[-o FILE|-] KEY", 1, 1,
+		[]cli.Flag{&cli.StringFlag{Name: "o", Aliases: []string{"output"}, Value: "-", Usage: "write the value to FILE (- = standard output)"}},
+		func(c *cli.Context, cl *fluxkv.Client, a []string) error {
 			h, err := cl.Get(a[0])
 			if err != nil {
 				return failure(err)
@@ -122,24 +123,12 @@ func getCommand() *cli.Command {
 				return cli.Exit(err.Error(), 2)
 			}
 			return nil
-		},
-	}
+		})
 }
 
 func delCommand() *cli.Command {
-	return &cli.Command{
-		Name: "del", Usage: "delete a key: del KEY", ArgsUsage: "KEY",
-		Flags: []cli.Flag{socketFlag()},
-		Action: func(c *cli.Context) error {
-			a, err := args(c, 1, 1, "KEY")
-			if err != nil {
-				return err
-			}
-			cl, err := connect(c)
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
+	return clientCommand("del", "delete a key: del KEY", "KEY", 1, 1, nil,
+		func(c *cli.Context, cl *fluxkv.Client, a []string) error {
 			ok, err := cl.Delete(a[0])
 			if err != nil {
 				return failure(err)
@@ -150,24 +139,12 @@ func delCommand() *cli.Command {
 				fmt.Println("not found")
 			}
 			return nil
-		},
-	}
+		})
 }
 
 func existsCommand() *cli.Command {
-	return &cli.Command{
-		Name: "exists", Usage: "exit 0 if KEY has a value, 1 if not", ArgsUsage: "KEY",
-		Flags: []cli.Flag{socketFlag()},
-		Action: func(c *cli.Context) error {
-			a, err := args(c, 1, 1, "KEY")
-			if err != nil {
-				return err
-			}
-			cl, err := connect(c)
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
+	return clientCommand("exists", "exit 0 if KEY has a value, 1 if not", "KEY", 1, 1, nil,
+		func(c *cli.Context, cl *fluxkv.Client, a []string) error {
 			ok, err := cl.Exists(a[0])
 			if err != nil {
 				return failure(err)
@@ -176,8 +153,7 @@ func existsCommand() *cli.Command {
 				return cli.Exit("", 1)
 			}
 			return nil
-		},
-	}
+		})
 }
 
 type capacityJSON struct {
@@ -200,15 +176,9 @@ type statusJSON struct {
 }
 
 func statusCommand() *cli.Command {
-	return &cli.Command{
-		Name: "status", Usage: "members, memory and SSD capacity/used, keys",
-		Flags: []cli.Flag{socketFlag(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}},
-		Action: func(c *cli.Context) error {
-			cl, err := connect(c)
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
+	return clientCommand("status", "members, memory and SSD capacity/used, keys", "", 0, 0,
+		[]cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+		func(c *cli.Context, cl *fluxkv.Client, _ []string) error {
 			st, err := cl.Stat()
 			if err != nil {
 				return failure(err)
@@ -238,8 +208,7 @@ func statusCommand() *cli.Command {
 			tw.Flush()
 			fmt.Printf("keys: %d\n", out.Keys)
 			return nil
-		},
-	}
+		})
 }
 
 func human(b int64) string {
