@@ -28,9 +28,12 @@ type BenchOptions struct {
 	Seconds float64
 	// Engine is EngineUring (default) or EnginePsync.
 	Engine string
-	// Depth is both the engine's io depth and the number of concurrent callers.
-	// Default 8.
+	// Depth is the engine's io depth: the IOs kept in flight on the device. Default 8.
 	Depth int
+	// Callers is the number of concurrent callers. Default 2 × Depth, so that a
+	// caller's copy into its aligned buffer overlaps the others' IO and the device
+	// really sees Depth IOs in flight (fio's iodepth has no such copy).
+	Callers int
 	// Limit is the ring space (one device). Default 2 GiB.
 	Limit int64
 	// Progress receives a line per second; default os.Stderr, io.Discard for none.
@@ -50,6 +53,7 @@ func checkValue(got, want []byte, full bool) bool {
 type BenchResult struct {
 	Engine      string  `json:"engine"`
 	Depth       int     `json:"depth"`
+	Callers     int     `json:"callers"`
 	ODirect     bool    `json:"o_direct"`
 	Dir         string  `json:"dir"`
 	ValueBytes  int64   `json:"value_bytes"`
@@ -80,6 +84,9 @@ func (o *BenchOptions) setDefaults() {
 	}
 	if o.Depth == 0 {
 		o.Depth = 8
+	}
+	if o.Callers == 0 {
+		o.Callers = 2 * o.Depth
 	}
 	if o.Limit == 0 {
 		o.Limit = 2 << 30
@@ -121,8 +128,8 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		Limits:        []int64{o.Limit},
 		Engine:        o.Engine,
 		IODepth:       o.Depth,
-		WriteInflight: o.Depth,
-		ReadInflight:  o.Depth,
+		WriteInflight: o.Callers,
+		ReadInflight:  o.Callers,
 	})
 	if err != nil {
 		return BenchResult{}, err
@@ -140,7 +147,7 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		}
 	}()
 
-	res := BenchResult{Engine: s.Engine(), Depth: o.Depth, ODirect: true, Dir: o.Dir, ValueBytes: o.Size,
+	res := BenchResult{Engine: s.Engine(), Depth: o.Depth, Callers: o.Callers, ODirect: true, Dir: o.Dir, ValueBytes: o.Size,
 		LimitBytes: s.Stats().CapacityBytes, Seconds: o.Seconds}
 	// Values are windows of one random source: value i starts at (i*4099) mod 64 KiB.
 	src := make([]byte, o.Size+64<<10)
@@ -188,11 +195,11 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 
 	// Read phase.
 	var misses atomic.Int64
-	bufs := make([][]byte, o.Depth)
+	bufs := make([][]byte, o.Callers)
 	for i := range bufs {
 		bufs[i] = AllocAligned(o.Size)
 	}
-	rngs := make([]*rand.Rand, o.Depth)
+	rngs := make([]*rand.Rand, o.Callers)
 	for i := range rngs {
 		rngs[i] = rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
 	}
@@ -223,7 +230,7 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	return res, nil
 }
 
-// benchPhase runs op from Depth workers for dur and returns the latencies of the
+// benchPhase runs op from Callers workers for dur and returns the latencies of the
 // operations that counted and the phase's wall time.
 func benchPhase(parent context.Context, o BenchOptions, name string, dur time.Duration,
 	op func(worker int) (bool, error)) ([]time.Duration, time.Duration, error) {
@@ -254,7 +261,7 @@ func benchPhase(parent context.Context, o BenchOptions, name string, dur time.Du
 			}
 		}
 	}()
-	for w := range o.Depth {
+	for w := range o.Callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -18,9 +18,10 @@ func benchSSDCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "ssd",
 		Usage: "measure the SSD cache: persist random values for N seconds, then load random resident ones",
-		Description: "Opens a cache root under --dir (which must support O_DIRECT), runs --depth callers\n" +
+		Description: "Opens a cache root under --dir (which must support O_DIRECT), runs --callers callers\n" +
 			"persisting --size values for --seconds (the ring wraps and evicts as in production), then\n" +
-			"--depth callers loading random resident values into aligned memory for --seconds. The root\n" +
+			"loading random resident values into aligned memory for --seconds, with the engine keeping\n" +
+			"--depth IOs in flight. The root\n" +
 			"is removed afterwards. Compare with fio on the same disk, e.g.\n" +
 			"  fio --name=r --filename=DIR/f --direct=1 --rw=randread --bs=1M --iodepth=8 --ioengine=io_uring --size=2G --runtime=10 --time_based",
 		Flags: []cli.Flag{
@@ -28,7 +29,8 @@ func benchSSDCommand() *cli.Command {
 			&cli.StringFlag{Name: "size", Value: "1MiB", Usage: "value size: bytes or a size such as 512KiB, 1MiB, 4MiB"},
 			&cli.Float64Flag{Name: "seconds", Value: 10, Usage: "length of each phase (write, then read) in seconds"},
 			&cli.StringFlag{Name: "engine", Value: ssd.EngineUring, Usage: "io engine: uring or psync (pread/pwrite)"},
-			&cli.IntFlag{Name: "depth", Value: 8, Usage: "io depth of the engine, and the number of concurrent callers"},
+			&cli.IntFlag{Name: "depth", Value: 8, Usage: "io depth of the engine (IOs in flight on the device)"},
+			&cli.IntFlag{Name: "callers", DefaultText: "2 × depth", Usage: "concurrent callers (their buffer copies overlap the others' IO)"},
 			&cli.StringFlag{Name: "limit", Value: "2GiB", Usage: "ring space (the large_limit_size of the one path)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON on stdout"},
 		},
@@ -54,6 +56,7 @@ func benchSSDCommand() *cli.Command {
 				Seconds:  c.Float64("seconds"),
 				Engine:   c.String("engine"),
 				Depth:    c.Int("depth"),
+				Callers:  c.Int("callers"),
 				Limit:    limit,
 				Progress: os.Stderr,
 			})
