@@ -59,6 +59,9 @@ type Owner struct {
 	MetricsAddr string // metrics_addr: host:port of /metrics
 	LogLevel    string // log_level: debug, info, warn, error
 	LogFormat   string // log_format: json or text
+	// CacheGrace keeps released holdings cached this long (flag --cache-grace only;
+	// 0 disables the grace; unset takes the daemon's default).
+	CacheGrace *time.Duration
 
 	// LargeFilePaths and LargeLimitSize are large_file_paths and the parsed
 	// large_limit_size: one limit in bytes (≥ 512) per path. LargeLimitSize nil

@@ -283,6 +283,12 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics) daemon
 		Metrics:    m,
 		Logger:     &l,
 	}
+	if oc.CacheGrace != nil {
+		opts.CacheGrace = *oc.CacheGrace
+		if opts.CacheGrace <= 0 {
+			opts.CacheGrace = -1 // daemon: negative disables
+		}
+	}
 	if oc.SSDEnabled() {
 		opts.SSD = &ssd.Options{
 			Cluster:     oc.ClusterName,

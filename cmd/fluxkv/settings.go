@@ -44,6 +44,7 @@ func ownerFlags() []cli.Flag {
 			Usage: "directory for the sockets (DIR/fluxkv.sock); its group decides who may attach [fluxkv_spec.socket_dir]"},
 		&cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes [fluxkv_spec.dram]"},
 		&cli.StringFlag{Name: "node-id", DefaultText: "host name", Usage: "this owner's id in the cluster [fluxkv_spec.node_id]"},
+		&cli.DurationFlag{Name: "cache-grace", DefaultText: "20ms", Usage: "keep a released holding cached this long so repeated gets skip the master (0 disables)"},
 		&cli.StringFlag{Name: "peer-listen", Value: "127.0.0.1:0", Usage: "TCP address of the owner's peer service; other owners and the master connect to it [fluxkv_spec.peer_listen]"},
 		&cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the SSD cache root <path>/<cluster>_cluster_kv_ssd_storage [fluxkv_spec.cluster_name]"},
 		&cli.StringFlag{Name: "instance-key", DefaultText: "the node id", Usage: "names this owner's SSD cache root under each path [fluxkv_spec.instance_key]"},
@@ -130,6 +131,10 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		DRAM:           fo.DRAM,
 		LargeFilePaths: fo.LargeFilePaths,
 		LargeLimitSize: fo.LargeLimitSize,
+	}
+	if c.IsSet("cache-grace") {
+		g := c.Duration("cache-grace")
+		s.CacheGrace = &g
 	}
 	// `up` has no --master flag (its owner registers with the embedded master):
 	// there this is the file's value, which up ignores with a warning.
