@@ -395,3 +395,41 @@ func BenchmarkSSDHitGet(b *testing.B) {
 		})
 	}
 }
+
+// TestSSDWriteErrorLeavesPutIntact: SSD write errors (EIO, ENOSPC, short writes) fail
+// the persist but never the put: the value reads back from memory, and no SSD replica
+// is published for it.
+func TestSSDWriteErrorLeavesPutIntact(t *testing.T) {
+	faults := &ssd.Faults{}
+	so := ssdOptions(t, 64<<20)
+	so.OpenFile = faults.OpenFile
+	n := startNode(t, 16<<20, so, master.Options{})
+	faults.Fail(ssd.OpWrite, syscall.EIO, 1)
+	faults.Fail(ssd.OpWrite, syscall.ENOSPC, 1)
+	faults.Short(ssd.OpWrite, 1)
+	var keys []string
+	for i := 0; i < 3; i++ {
+		k := fmt.Sprintf("we-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, 700001)); err != nil {
+			t.Fatalf("put with a failing SSD: %v", err)
+		}
+	}
+	n.waitPersisted(t)
+	if _, _, ssdReps := n.usage(t); ssdReps != 0 {
+		t.Fatalf("%d SSD replicas published for failed writes", ssdReps)
+	}
+	mem, fromSSD, misses := readAll(t, n.c, keys, func(i int) []byte { return value(i, 700001) })
+	if mem != 3 || fromSSD != 0 || misses != 0 {
+		t.Fatalf("memory %d, ssd %d, misses %d", mem, fromSSD, misses)
+	}
+	// The tier recovers: the next put persists.
+	if err := n.c.Put("we-ok", value(9, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	n.waitPersisted(t)
+	if _, _, ssdReps := n.usage(t); ssdReps != 1 {
+		t.Fatalf("after the faults: %d SSD replicas, want 1", ssdReps)
+	}
+	n.drain(t, append(keys, "we-ok"))
+}
