@@ -72,9 +72,7 @@ func (a *acker) flush() {
 			// The master is unreachable; if it restarted, re-registration pins only what
 			// is still in use, so these ranges are free there anyway. Keep them for a retry.
 			a.o.log.Warn().Err(err).Int("holders", n).Msg("holder ack failed; will retry")
-			a.mu.Lock()
-			a.pending = append(batch, a.pending...)
-			a.mu.Unlock()
+			a.giveBack(batch)
 			select {
 			case <-a.done:
 				return
@@ -95,6 +93,29 @@ func (a *acker) close() {
 		close(a.done)
 	}
 	a.wg.Wait()
+}
+
+// take removes and returns every queued ack, for a master call that carries them.
+func (a *acker) take() []int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pending
+	a.pending = nil
+	return p
+}
+
+// giveBack requeues acks whose carrying call never reached the master.
+func (a *acker) giveBack(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	a.mu.Lock()
+	a.pending = append(ids, a.pending...)
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
 }
 
 // sync sends every queued ack now (Stat calls it so used bytes reflect releases).

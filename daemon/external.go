@@ -246,6 +246,15 @@ func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (
 			return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
 		}
 		resp.Members, resp.Keys, resp.NodeId = r.Members, r.Keys, h.o.opts.NodeID
+		// The master's SSD figures are a heartbeat old; this owner's own are current.
+		if h.o.store != nil {
+			for _, m := range resp.Members {
+				if m.NodeId == h.o.opts.NodeID {
+					si := h.o.ssdInfo()
+					m.KvSsd = &common.CapacityStat{CapacityBytes: si.CapacityBytes, UsedBytes: si.UsedBytes}
+				}
+			}
+		}
 		return wire.FromResponse(r.Code, r.Message)
 	})
 	return resp, nil

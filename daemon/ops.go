@@ -17,8 +17,12 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
+	acks := o.acks.take()
 	resp, err := o.master.c.PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: key, Len: length,
-		RejectIfExists: opts != nil && opts.RejectIfExists})
+		RejectIfExists: opts != nil && opts.RejectIfExists, Acks: acks})
+	if err != nil {
+		o.acks.giveBack(acks)
+	}
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return 0, 0, err
 	}

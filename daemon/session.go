@@ -46,6 +46,11 @@ type holding struct {
 	masterID int64
 	refs     int       // external holders referring to it
 	idle     time.Time // when refs dropped to 0 while cached (zero: in use)
+	// replica: the holding views the key's memory replica itself (local reuse or a
+	// promoted refill), so keeping it cached after release costs no extra memory. A
+	// temporary refill target is released at once instead: its space serves the next
+	// refill rather than pushing a replica out.
+	replica bool
 }
 
 // sessionLocked checks a request's session: known client, matching token, current
@@ -95,7 +100,7 @@ func (o *Owner) unrefLocked(h *holding) {
 	if h.refs > 0 {
 		return
 	}
-	if o.cache[h.key] == h && o.opts.CacheGrace > 0 {
+	if o.cache[h.key] == h && o.opts.CacheGrace > 0 && h.replica {
 		h.idle = time.Now()
 		o.idle[h] = struct{}{}
 		return

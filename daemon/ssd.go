@@ -109,20 +109,24 @@ func (o *Owner) planGet(key string) (*holding, error) {
 	var lastErr error
 	for failures := 0; ; {
 		ctx, cancel := o.master.ctx()
-		plan, err := o.master.c.GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key})
+		acks := o.acks.take()
+		plan, err := o.master.c.GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks})
 		cancel()
+		if err != nil {
+			o.acks.giveBack(acks)
+		}
 		if err := o.master.check(respCode(plan, err)); err != nil {
 			return nil, err
 		}
 		h := &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source}
 		switch {
 		case plan.Done:
-			h.offset, h.masterID = plan.TargetOffset, plan.HolderId
+			h.offset, h.masterID, h.replica = plan.TargetOffset, plan.HolderId, true
 			return h, nil
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
 			done, err := o.refill(key, plan)
 			if err == nil {
-				h.offset, h.masterID = plan.TargetOffset, done.HolderId
+				h.offset, h.masterID, h.replica = plan.TargetOffset, done.HolderId, done.Promoted
 				return h, nil
 			}
 			failures++

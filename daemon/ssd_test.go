@@ -433,3 +433,46 @@ func TestSSDWriteErrorLeavesPutIntact(t *testing.T) {
 	}
 	n.drain(t, append(keys, "we-ok"))
 }
+
+// TestSSDRefillKeepsMemoryReplicas: with promotion off, SSD-hit gets use temporary
+// targets whose space is reused by the next refill; they must not keep pushing memory
+// replicas out (a get-only workload would otherwise drain DRAM).
+func TestSSDRefillKeepsMemoryReplicas(t *testing.T) {
+	const dram, size = 16 << 20, 1<<20 - 128
+	n := startNode(t, dram, ssdOptions(t, 256<<20), master.Options{NoPromotion: true})
+	var keys []string
+	for i := 0; i < 40; i++ {
+		k := fmt.Sprintf("rf-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	replicas := func() int64 {
+		st, err := n.c.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Members[0].MemoryReplicas
+	}
+	before := replicas()
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 20; i++ { // the first 20 keys live on SSD only
+			h, err := n.c.Get(keys[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Source() != "ssd" {
+				t.Fatalf("%s: source %s, want ssd", keys[i], h.Source())
+			}
+			h.Release()
+		}
+	}
+	after := replicas()
+	t.Logf("memory replicas before %d, after 60 SSD-hit gets %d", before, after)
+	if after < before-2 {
+		t.Fatalf("SSD refills drained memory replicas: %d → %d", before, after)
+	}
+	n.drain(t, keys)
+}

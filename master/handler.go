@@ -53,6 +53,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 }
 
 func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.PutStartResponse, error) {
+	h.applyAcks(req.Node, req.Acks)
 	var plan PutPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
 		plan, err = st.PutStart(time.Now(), ref(req.Node), req.Key, req.Len, req.RejectIfExists)
@@ -86,6 +87,7 @@ func (h *handler) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest) (*mp.
 }
 
 func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.GetStartResponse, error) {
+	h.applyAcks(req.Node, req.Acks)
 	var p GetPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
 		p, err = st.GetStart(time.Now(), ref(req.Node), req.Key)
@@ -166,6 +168,17 @@ func (h *handler) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckRequ
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
+}
+
+// applyAcks releases holders acked on a PutStart or GetStart before it is planned.
+func (h *handler) applyAcks(n *mp.NodeRef, acks []int64) {
+	if len(acks) == 0 {
+		return
+	}
+	h.s.withState(func(st *State) error {
+		_, err := st.BatchDeleteAck(ref(n), acks)
+		return err
+	})
 }
 
 func (h *handler) Stat(ctx context.Context, req *mp.StatRequest) (*mp.StatResponse, error) {

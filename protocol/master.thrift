@@ -54,11 +54,15 @@ struct HeartbeatResponse {
   3: i64 master_epoch,
 }
 
+// acks (in PutStart and GetStart) carries holder releases not yet sent with
+// BatchDeleteAck; the master applies them before planning, so space a requester just
+// released serves its next allocation instead of an eviction.
 struct PutStartRequest {
   1: NodeRef node,
   2: string key,
   3: i64 len,
   4: bool reject_if_exists,
+  5: list<i64> acks,
 }
 
 // source_offset is where the external writes (in the requester's segment); when the
@@ -99,6 +103,7 @@ struct PutRevokeResponse {
 struct GetStartRequest {
   1: NodeRef node,
   2: string key,
+  3: list<i64> acks,
 }
 
 // When done is true the get needed no transfer (a local memory replica was reused) and

@@ -405,6 +405,7 @@ type PutStartRequest struct {
 	Key            string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
 	Len            int64    `thrift:"len,3" frugal:"3,default,i64" json:"len"`
 	RejectIfExists bool     `thrift:"reject_if_exists,4" frugal:"4,default,bool" json:"reject_if_exists"`
+	Acks           []int64  `thrift:"acks,5" frugal:"5,default,list<i64>" json:"acks"`
 }
 
 func NewPutStartRequest() *PutStartRequest {
@@ -434,6 +435,10 @@ func (p *PutStartRequest) GetLen() (v int64) {
 func (p *PutStartRequest) GetRejectIfExists() (v bool) {
 	return p.RejectIfExists
 }
+
+func (p *PutStartRequest) GetAcks() (v []int64) {
+	return p.Acks
+}
 func (p *PutStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -445,6 +450,9 @@ func (p *PutStartRequest) SetLen(val int64) {
 }
 func (p *PutStartRequest) SetRejectIfExists(val bool) {
 	p.RejectIfExists = val
+}
+func (p *PutStartRequest) SetAcks(val []int64) {
+	p.Acks = val
 }
 
 func (p *PutStartRequest) IsSetNode() bool {
@@ -463,6 +471,7 @@ var fieldIDToName_PutStartRequest = map[int16]string{
 	2: "key",
 	3: "len",
 	4: "reject_if_exists",
+	5: "acks",
 }
 
 type PutStartResponse struct {
@@ -748,6 +757,7 @@ var fieldIDToName_PutRevokeResponse = map[int16]string{
 type GetStartRequest struct {
 	Node *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
 	Key  string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
+	Acks []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
 }
 
 func NewGetStartRequest() *GetStartRequest {
@@ -769,11 +779,18 @@ func (p *GetStartRequest) GetNode() (v *NodeRef) {
 func (p *GetStartRequest) GetKey() (v string) {
 	return p.Key
 }
+
+func (p *GetStartRequest) GetAcks() (v []int64) {
+	return p.Acks
+}
 func (p *GetStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
 func (p *GetStartRequest) SetKey(val string) {
 	p.Key = val
+}
+func (p *GetStartRequest) SetAcks(val []int64) {
+	p.Acks = val
 }
 
 func (p *GetStartRequest) IsSetNode() bool {
@@ -790,6 +807,7 @@ func (p *GetStartRequest) String() string {
 var fieldIDToName_GetStartRequest = map[int16]string{
 	1: "node",
 	2: "key",
+	3: "acks",
 }
 
 type GetStartResponse struct {
