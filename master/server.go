@@ -144,6 +144,21 @@ func (s *Server) Inspect(f func(st *State)) {
 	f(s.st)
 }
 
+// Capacity sums segment and SSD capacity and use over the live members (the
+// standalone master's /metrics gauges).
+func (s *Server) Capacity() metrics.Capacity {
+	var c metrics.Capacity
+	s.Inspect(func(st *State) {
+		for _, m := range st.Members() {
+			c.SegmentCapacity += m.MemorySegment.CapacityBytes
+			c.SegmentUsed += m.MemorySegment.UsedBytes
+			c.SSDCapacity += m.KvSsd.CapacityBytes
+			c.SSDUsed += m.KvSsd.UsedBytes
+		}
+	})
+	return c
+}
+
 // metricsMiddleware counts every call by method and result code.
 func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 	return func(ctx context.Context, req, resp any) error {

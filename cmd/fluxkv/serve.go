@@ -45,9 +45,12 @@ func masterCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			if _, err := st.master(mc, m); err != nil {
+			srv, err := st.master(mc, m)
+			if err != nil {
 				return st.fail(ctx, err)
 			}
+			// The standalone master's gauges are cluster totals.
+			m.SetCapacityFunc(srv.Capacity)
 			waitStop(ctx)
 			return st.stop()
 		},
