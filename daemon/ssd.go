@@ -71,9 +71,11 @@ func (o *Owner) forwardEvictions() {
 
 // refill serves a get planned from SSD on this owner: the shard is read straight into
 // the target the master allocated in this segment (direct when aligned, else through a
-// scratch buffer), then GetDone turns it into a holder. A failed read revokes the get
-// with drop_ssd_source so the master forgets that replica.
-func (o *Owner) refill(key string, plan *mp.GetStartResponse) (*mp.GetDoneResponse, error) {
+// scratch buffer). The master recorded the holder at GetStart, so the bytes go out as
+// soon as the read completes; GetDone (promotion) follows in the background. A failed
+// read revokes the get with drop_ssd_source so the master forgets that replica (and
+// the holder).
+func (o *Owner) refill(key string, plan *mp.GetStartResponse, h *holding) error {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	var err error
@@ -93,13 +95,39 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse) (*mp.GetDoneRespon
 		if rerr := o.master.check(respCode(r, rerr)); rerr != nil {
 			o.log.Warn().Err(rerr).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
 		}
-		return nil, err
+		return err
 	}
-	done, derr := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
-	if err := o.master.check(respCode(done, derr)); err != nil {
-		return nil, err
+	if plan.HolderId == 0 {
+		// A master that did not pre-record the holder: confirm before handing out.
+		done, derr := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
+		if err := o.master.check(respCode(done, derr)); err != nil {
+			return err
+		}
+		h.masterID, h.replica = done.HolderId, done.Promoted
+		return nil
 	}
-	return done, nil
+	h.masterID = plan.HolderId
+	o.wg.Add(1)
+	go o.confirmRefill(key, plan.GetId, h)
+	return nil
+}
+
+// confirmRefill sends GetDone for a refill already handed out. A promoted target is
+// the key's memory replica from then on, so its holding may stay cached after release.
+func (o *Owner) confirmRefill(key string, getID int64, h *holding) {
+	defer o.wg.Done()
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	done, err := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: getID})
+	if err := o.master.check(respCode(done, err)); err != nil {
+		// The holder stays valid (the master keeps it until acked); only the
+		// promotion is lost.
+		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")
+		return
+	}
+	o.mu.Lock()
+	h.replica = done.Promoted
+	o.mu.Unlock()
 }
 
 // planGet runs GetStart until it yields a holder: a local memory replica (done at
@@ -124,9 +152,9 @@ func (o *Owner) planGet(key string) (*holding, error) {
 			h.offset, h.masterID, h.replica = plan.TargetOffset, plan.HolderId, true
 			return h, nil
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
-			done, err := o.refill(key, plan)
+			h.offset = plan.TargetOffset
+			err := o.refill(key, plan, h)
 			if err == nil {
-				h.offset, h.masterID, h.replica = plan.TargetOffset, done.HolderId, done.Promoted
 				return h, nil
 			}
 			failures++

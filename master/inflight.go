@@ -33,13 +33,27 @@ type inflightGet struct {
 	sourceNode *node
 	kind       common.Source
 	deadline   time.Time
+	// holderID, for a refill from the requester's own SSD, is the holder recorded at
+	// GetStart: the owner hands the bytes out as soon as its read completes and
+	// confirms with GetDone in the background (one master round trip fewer on the SSD
+	// path). The holder keeps its own reference to target; GetRevoke (a failed read)
+	// drops it, an expired TTL does not (the owner may have handed it out).
+	holderID int64
 }
 
-func (s *State) dropGetLocked(id int64, g *inflightGet) {
+// dropGetLocked ends an in-flight get, dropping its pre-recorded holder too when the
+// get failed (revoke) rather than merely expired.
+func (s *State) dropGetLocked(id int64, g *inflightGet, revoked bool) {
 	delete(s.gets, id)
 	g.target.Release()
 	if g.source != nil {
 		g.source.Release()
+	}
+	if revoked && g.holderID != 0 {
+		if a := g.node.holders[g.holderID]; a != nil {
+			delete(g.node.holders, g.holderID)
+			a.Release()
+		}
 	}
 }
 
@@ -55,6 +69,8 @@ type GetPlan struct {
 	StageOffset       int64
 	StageLen          int64
 	// Done: a local memory replica was reused; HolderID is recorded, no GetDone follows.
+	// For a refill from the requester's own SSD, HolderID is recorded too (Done stays
+	// false): the holder is usable once the read completes; GetDone only confirms.
 	Done     bool
 	HolderID int64
 }
@@ -119,7 +135,11 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string) (GetPlan, error
 		g.source = r.replicas[src].memory.Retain()
 		src.policy.Touch(key)
 		plan.SourceOffset = g.source.Offset()
-	case src != n:
+	case src == n:
+		g.holderID = s.newID()
+		n.holders[g.holderID] = target.Retain()
+		plan.HolderID = g.holderID
+	default:
 		stage := s.allocateLocked(src, roundUp(r.len, AllocGranule))
 		if stage == nil {
 			target.Release()
@@ -149,13 +169,17 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 	if g.source != nil {
 		g.source.Release()
 	}
-	holderID = s.newID()
-	g.node.holders[holderID] = g.target
+	holderID = g.holderID
+	if holderID == 0 {
+		holderID = s.newID()
+		g.node.holders[holderID] = g.target.Retain()
+	}
 	if r := s.routes[key]; r != nil && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
 		r.promotions++
 		s.setMemoryLocked(key, r, g.node, g.target.Retain(), true)
 		promoted = true
 	}
+	g.target.Release() // the in-flight get's own reference
 	return holderID, promoted, nil
 }
 
@@ -170,7 +194,7 @@ func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bo
 	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key", getID)
 	}
-	s.dropGetLocked(getID, g)
+	s.dropGetLocked(getID, g, true)
 	if dropSSDSource && g.kind == common.Source_SSD {
 		if r := s.routes[key]; r != nil && r.putID == g.putID {
 			s.clearSSDLocked(key, r, g.sourceNode)

@@ -135,7 +135,7 @@ func (s *State) tombLocked(n *node) {
 	}
 	for id, g := range s.gets {
 		if g.node == n || g.sourceNode == n {
-			s.dropGetLocked(id, g)
+			s.dropGetLocked(id, g, true)
 		}
 	}
 	for id, pp := range s.persists {

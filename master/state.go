@@ -298,7 +298,7 @@ func (s *State) Maintain(now time.Time) []string {
 	for id, g := range s.gets {
 		if now.After(g.deadline) {
 			s.log.Warn().Str("key", g.key).Int64("get_id", id).Msg("in-flight get expired; revoked")
-			s.dropGetLocked(id, g)
+			s.dropGetLocked(id, g, false)
 		}
 	}
 	return tombed

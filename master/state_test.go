@@ -132,7 +132,11 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if p.Done {
 			return fmt.Sprintf("holder=%d offset=%d len=%d put_id=%d source=%s\n", p.HolderID, p.TargetOffset, p.Len, p.PutID, p.Source), nil
 		}
-		return fmt.Sprintf("get_id=%d source=%s from=%s target=%d stage=%d+%d len=%d\n", p.GetID, p.Source, p.SourceNode, p.TargetOffset, p.StageOffset, p.StageLen, p.Len), nil
+		out := fmt.Sprintf("get_id=%d source=%s from=%s target=%d stage=%d+%d len=%d", p.GetID, p.Source, p.SourceNode, p.TargetOffset, p.StageOffset, p.StageLen, p.Len)
+		if p.HolderID != 0 {
+			out += fmt.Sprintf(" holder=%d", p.HolderID)
+		}
+		return out + "\n", nil
 	case "get-done":
 		h, promoted, err := st.GetDone(nref(st, d), key, argInt(d, "id"))
 		if err != nil {
@@ -170,6 +174,10 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		return fmt.Sprintf("tombed=%v\n", tombed), nil
 	case "state":
 		return dumpState(st), nil
+	case "inflight-ttl":
+		d, err := time.ParseDuration(arg(d, "set"))
+		st.opts.InflightTTL = d
+		return "ok\n", err
 	}
 	return "", fmt.Errorf("unknown command %q", d.Cmd)
 }
