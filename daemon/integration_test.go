@@ -578,3 +578,41 @@ func TestMemoryPressureBoundedWait(t *testing.T) {
 	}
 	leakCheck(t, c, append(keys, "one-more")...)
 }
+
+// TestGoClientReattach: the Go client survives an owner restart: it attaches to the
+// new incarnation by itself and retries; a holder of the old one keeps its bytes
+// (its mapping stays until Close) and releasing it is harmless.
+func TestGoClientReattach(t *testing.T) {
+	m := startMaster(t, "")
+	dir := t.TempDir()
+	o := startOwner(t, dir, m.addr, "8MiB")
+	c := connect(t, o.socket)
+	v := payload(4, 100000)
+	if err := c.Put("before", v); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Get("before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := c.Generation()
+	o.kill()
+	o2 := startOwner(t, dir, m.addr, "8MiB")
+	_ = o2
+	if err := c.Put("after", payload(5, 1000)); err != nil {
+		t.Fatalf("put after the owner restart: %v", err)
+	}
+	if c.Generation() == gen {
+		t.Fatal("client did not attach to the new incarnation")
+	}
+	if _, err := c.Get("before"); !errors.Is(err, fluxkv.ErrKeyNotFound) {
+		t.Fatalf("the old incarnation's value must be gone: %v", err)
+	}
+	if !bytes.Equal(h.Bytes(), v) {
+		t.Fatal("a holder of the old incarnation lost its bytes")
+	}
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	leakCheck(t, c, "after")
+}

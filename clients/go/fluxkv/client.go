@@ -63,17 +63,27 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// Client is an attached external. Safe for concurrent use.
-type Client struct {
-	opts   Options
-	attach *net.UnixConn
+// attachment is one attach session with one owner incarnation: the attach connection
+// (its close ends the session), the owner's reply, both mappings of the segment and
+// the pooled RPC connections.
+type attachment struct {
+	conn   *net.UnixConn
 	reply  *external.AttachReply
 	ro, rw *shm.Mapping
+	idle   chan *rpcConn
+}
 
-	idle chan *rpcConn
+// Client is an attached external. Safe for concurrent use. When the owner restarts
+// (STALE_GENERATION, or its socket went away and came back) the client attaches again
+// by itself and retries the call once where that is safe; holders of the previous
+// incarnation keep viewing their old mapping until Close, but their Release is a no-op.
+type Client struct {
+	opts Options
 
-	mu       sync.Mutex // protects releases, closed, timerSet
-	releases []int64
+	mu       sync.Mutex // protects cur, old, releases, timerSet, closed
+	cur      *attachment
+	old      []*attachment // previous incarnations, unmapped at Close
+	releases []int64       // holder ids of cur waiting to ride on a call
 	timerSet bool
 	closed   bool
 }
@@ -81,9 +91,18 @@ type Client struct {
 // Connect attaches to the owner at opts.Socket.
 func Connect(opts Options) (*Client, error) {
 	opts.setDefaults()
+	a, err := attach(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{opts: opts, cur: a}, nil
+}
+
+// attach runs the attach handshake and maps the segment.
+func attach(opts Options) (*attachment, error) {
 	c, err := net.DialTimeout("unix", opts.Socket, opts.Timeout)
 	if err != nil {
-		return nil, fmt.Errorf("attach %s: %w", opts.Socket, err)
+		return nil, fmt.Errorf("%w: attach %s: %v", ErrUnavailable, opts.Socket, err)
 	}
 	conn := c.(*net.UnixConn)
 	hello := &external.AttachHello{ProtocolVersion: external.PROTOCOL_VERSION, Name: opts.Name, Pid: int32(os.Getpid())}
@@ -125,8 +144,26 @@ func Connect(opts Options) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("map segment: %w", err)
 	}
-	return &Client{opts: opts, attach: conn, reply: reply, ro: ro, rw: rw,
-		idle: make(chan *rpcConn, opts.MaxIdleConns)}, nil
+	return &attachment{conn: conn, reply: reply, ro: ro, rw: rw, idle: make(chan *rpcConn, opts.MaxIdleConns)}, nil
+}
+
+// close drops the session and the pooled connections; unmap only when no holder can
+// view the mapping any more.
+func (a *attachment) close(unmap bool) {
+	for {
+		select {
+		case rc := <-a.idle:
+			rc.close()
+			continue
+		default:
+		}
+		break
+	}
+	a.conn.Close()
+	if unmap {
+		a.rw.Close()
+		a.ro.Close()
+	}
 }
 
 func unixClose(fd int) {
@@ -135,19 +172,25 @@ func unixClose(fd int) {
 	}
 }
 
+func (c *Client) current() *attachment {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur
+}
+
 // NodeID is the owner's node id; Generation its incarnation; SegmentSize the mapping size.
-func (c *Client) NodeID() string     { return c.reply.NodeId }
-func (c *Client) Generation() int64  { return c.reply.OwnerGeneration }
-func (c *Client) SegmentSize() int64 { return c.reply.SegmentSize }
-func (c *Client) ClientID() int64    { return c.reply.ClientId }
-func (c *Client) Segment() []byte    { return c.ro.Bytes() }
+func (c *Client) NodeID() string     { return c.current().reply.NodeId }
+func (c *Client) Generation() int64  { return c.current().reply.OwnerGeneration }
+func (c *Client) SegmentSize() int64 { return c.current().reply.SegmentSize }
+func (c *Client) ClientID() int64    { return c.current().reply.ClientId }
+func (c *Client) Segment() []byte    { return c.current().ro.Bytes() }
 func (c *Client) Options() Options   { return c.opts }
 
 // SessionToken is the session's secret; with ClientID and Generation it lets callers
 // build raw requests for Call.
-func (c *Client) SessionToken() int64 { return c.reply.SessionToken }
+func (c *Client) SessionToken() int64 { return c.current().reply.SessionToken }
 
-// Close sends pending releases, closes connections and unmaps the segment. Holders
+// Close sends pending releases, ends the session and unmaps the segment. Holders
 // still open become invalid: their Bytes must not be used after Close.
 func (c *Client) Close() error {
 	c.mu.Lock()
@@ -159,44 +202,82 @@ func (c *Client) Close() error {
 	c.Flush()
 	c.mu.Lock()
 	c.closed = true
+	all := append(c.old, c.cur)
 	c.mu.Unlock()
-	for {
-		select {
-		case rc := <-c.idle:
-			rc.close()
-			continue
-		default:
-		}
-		break
+	for _, a := range all {
+		a.close(true)
 	}
-	c.attach.Close()
-	c.rw.Close()
-	return c.ro.Close()
+	return nil
 }
 
-// session builds the Session of a request, carrying the releases queued so far.
-func (c *Client) session() *external.Session {
+// reattach replaces the attachment a with a new one when the owner behind the socket
+// is a new incarnation (the old one went away: closing its session costs nothing),
+// unless another goroutine already did.
+func (c *Client) reattach(a *attachment) error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	if c.cur != a {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	n, err := attach(c.opts)
+	if err != nil {
+		return err
+	}
+	if n.reply.OwnerGeneration == a.reply.OwnerGeneration {
+		// The same incarnation (a transient failure): keep the session and its holders.
+		n.close(true)
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != a || c.closed {
+		n.close(true)
+		return nil
+	}
+	a.close(false) // holders may still view its mapping
+	c.old = append(c.old, a)
+	c.cur = n
+	c.releases = nil // the old owner's holders are gone with it
+	return nil
+}
+
+// session builds the Session of a request on the current attachment, carrying the
+// releases queued so far.
+func (c *Client) session() (*external.Session, *attachment) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	rel := c.releases
 	c.releases = nil
-	c.mu.Unlock()
-	return &external.Session{ClientId: c.reply.ClientId, SessionToken: c.reply.SessionToken,
-		OwnerGeneration: c.reply.OwnerGeneration, Releases: rel}
+	r := c.cur.reply
+	return &external.Session{ClientId: r.ClientId, SessionToken: r.SessionToken,
+		OwnerGeneration: r.OwnerGeneration, Releases: rel}, c.cur
 }
 
 // requeue puts back releases of a request that never reached the owner.
-func (c *Client) requeue(s *external.Session) {
+func (c *Client) requeue(s *external.Session, a *attachment) {
 	if len(s.Releases) == 0 {
 		return
 	}
 	c.mu.Lock()
-	c.releases = append(c.releases, s.Releases...)
+	if c.cur == a {
+		c.releases = append(c.releases, s.Releases...)
+	}
 	c.mu.Unlock()
 }
 
 // Call sends one raw ExternalService call (method name, generated Args and Result
-// structs). It bypasses every client-side check: tests use it to send bad requests.
+// structs) on the current attachment. It bypasses every client-side check: tests use
+// it to send bad requests.
 func (c *Client) Call(method string, args, result thrift.FastCodec) error {
+	return c.callOn(c.current(), method, args, result)
+}
+
+func (c *Client) callOn(a *attachment, method string, args, result thrift.FastCodec) error {
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
@@ -205,12 +286,12 @@ func (c *Client) Call(method string, args, result thrift.FastCodec) error {
 	}
 	var rc *rpcConn
 	select {
-	case rc = <-c.idle:
+	case rc = <-a.idle:
 	default:
 		var err error
-		rc, err = dialRPC(c.reply.RpcSocket, c.opts.Timeout)
+		rc, err = dialRPC(a.reply.RpcSocket, c.opts.Timeout)
 		if err != nil {
-			return fmt.Errorf("%w: dial %s: %v", ErrUnavailable, c.reply.RpcSocket, err)
+			return fmt.Errorf("%w: dial %s: %v", ErrUnavailable, a.reply.RpcSocket, err)
 		}
 	}
 	if err := rc.call(method, args, result, c.opts.Timeout); err != nil {
@@ -222,7 +303,7 @@ func (c *Client) Call(method string, args, result thrift.FastCodec) error {
 		return fmt.Errorf("%w: %s: %v", ErrUnavailable, method, err)
 	}
 	select {
-	case c.idle <- rc:
+	case a.idle <- rc:
 	default:
 		rc.close()
 	}
@@ -242,17 +323,41 @@ type resultOf[R coded] interface {
 	IsSetSuccess() bool
 }
 
-// invoke runs one call whose request carries s and maps the response code to an error;
-// transport failures give s's releases back for the next call.
-func invoke[R coded](c *Client, method string, s *external.Session, args thrift.FastCodec, res resultOf[R]) (R, error) {
+// call describes one typed ExternalService call: args builds the request around the
+// session; retry says whether it may be sent again after a re-attach (not for calls
+// tied to the old incarnation's state, such as PutEnd).
+type call struct {
+	method string
+	args   func(s *external.Session) thrift.FastCodec
+	retry  bool
+}
+
+// invoke runs a call on the current attachment and maps the response code to an error.
+// Transport failures give the session's releases back. A STALE_GENERATION answer or an
+// unreachable owner triggers a re-attach and, for retryable calls, one more try.
+func invoke[R coded](c *Client, k call, res resultOf[R]) (R, *attachment, error) {
 	var zero R
-	if err := c.Call(method, args, res); err != nil {
-		c.requeue(s)
-		return zero, err
+	for attempt := 0; ; attempt++ {
+		s, a := c.session()
+		err := c.callOn(a, k.method, k.args(s), res)
+		if err != nil {
+			// The owner did not answer: requeue the releases, maybe it restarted.
+			c.requeue(s, a)
+			if errors.Is(err, ErrClosed) {
+				return zero, a, err
+			}
+		} else {
+			if !res.IsSetSuccess() {
+				return zero, a, fmt.Errorf("%w: %s: reply without a result", ErrUnavailable, k.method)
+			}
+			r := res.GetSuccess()
+			err = wire.FromResponse(r.GetCode(), r.GetMessage())
+			if !errors.Is(err, ErrStaleGeneration) {
+				return r, a, err
+			}
+		}
+		if attempt > 0 || c.reattach(a) != nil || c.current() == a || !k.retry {
+			return zero, a, err
+		}
 	}
-	if !res.IsSetSuccess() {
-		return zero, fmt.Errorf("%w: %s: reply without a result", ErrUnavailable, method)
-	}
-	r := res.GetSuccess()
-	return r, wire.FromResponse(r.GetCode(), r.GetMessage())
 }

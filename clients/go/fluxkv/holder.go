@@ -11,6 +11,7 @@ import (
 // overwritten, deleted or evicted meanwhile.
 type MemHolder struct {
 	c        *Client
+	a        *attachment // the owner incarnation that issued it
 	id       int64
 	off, n   int64
 	source   common.Source
@@ -24,7 +25,7 @@ func (h *MemHolder) Bytes() []byte {
 	if h.released.Load() {
 		return nil
 	}
-	return h.c.ro.Bytes()[h.off : h.off+h.n : h.off+h.n]
+	return h.a.ro.Bytes()[h.off : h.off+h.n : h.off+h.n]
 }
 
 // Len is the value's length.
@@ -53,6 +54,6 @@ func (h *MemHolder) Release() error {
 	if h.released.Swap(true) {
 		return ErrClosed
 	}
-	h.c.queueRelease(h.id)
+	h.c.queueRelease(h.a, h.id)
 	return nil
 }

@@ -2,6 +2,7 @@ package fluxkv
 
 import (
 	"fmt"
+	"github.com/cloudwego/gopkg/protocol/thrift"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -29,31 +30,32 @@ func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []b
 	if err := wire.ValidateLen(n, c.SegmentSize()); err != nil {
 		return err
 	}
-	s := c.session()
-	start, err := invoke(c, "PutStart", s, &external.ExternalServicePutStartArgs{Req: &external.PutStartRequest{
-		Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}},
-		&external.ExternalServicePutStartResult{})
+	start, a, err := invoke(c, call{method: "PutStart", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServicePutStartArgs{Req: &external.PutStartRequest{
+			Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}}
+	}}, &external.ExternalServicePutStartResult{})
 	if err != nil {
 		return err
 	}
-	if start.Offset < 0 || start.Offset+n > c.SegmentSize() {
+	if start.Offset < 0 || start.Offset+n > a.reply.SegmentSize {
 		c.abort(key, start.PutId)
 		return fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
 	}
-	if err := fill(c.rw.Bytes()[start.Offset : start.Offset+n : start.Offset+n]); err != nil {
+	if err := fill(a.rw.Bytes()[start.Offset : start.Offset+n : start.Offset+n]); err != nil {
 		c.abort(key, start.PutId)
 		return err
 	}
-	s = c.session()
-	_, err = invoke(c, "PutEnd", s, &external.ExternalServicePutEndArgs{Req: &external.PutEndRequest{
-		Session: s, Key: key, PutId: start.PutId}}, &external.ExternalServicePutEndResult{})
+	// PutEnd belongs to the incarnation that started the put: never retried elsewhere.
+	_, _, err = invoke(c, call{method: "PutEnd", args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServicePutEndArgs{Req: &external.PutEndRequest{Session: s, Key: key, PutId: start.PutId}}
+	}}, &external.ExternalServicePutEndResult{})
 	return err
 }
 
 func (c *Client) abort(key string, putID int64) {
-	s := c.session()
-	invoke(c, "PutAbort", s, &external.ExternalServicePutAbortArgs{Req: &external.PutAbortRequest{
-		Session: s, Key: key, PutId: putID}}, &external.ExternalServicePutAbortResult{})
+	invoke(c, call{method: "PutAbort", args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServicePutAbortArgs{Req: &external.PutAbortRequest{Session: s, Key: key, PutId: putID}}
+	}}, &external.ExternalServicePutAbortResult{})
 }
 
 // Get returns a holder viewing key's value in the shared segment; ErrKeyNotFound on a miss.
@@ -61,21 +63,21 @@ func (c *Client) Get(key string) (*MemHolder, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	s := c.session()
-	r, err := invoke(c, "Get", s, &external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: key}},
-		&external.ExternalServiceGetResult{})
+	r, a, err := invoke(c, call{method: "Get", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: key}}
+	}}, &external.ExternalServiceGetResult{})
 	if err != nil {
 		return nil, err
 	}
-	return c.holder(r)
+	return c.holder(a, r)
 }
 
-func (c *Client) holder(r *external.GetResponse) (*MemHolder, error) {
-	if r.Offset < 0 || r.Len < 0 || r.Offset+r.Len > c.SegmentSize() {
-		c.queueRelease(r.HolderId)
+func (c *Client) holder(a *attachment, r *external.GetResponse) (*MemHolder, error) {
+	if r.Offset < 0 || r.Len < 0 || r.Offset+r.Len > a.reply.SegmentSize {
+		c.queueRelease(a, r.HolderId)
 		return nil, fmt.Errorf("%w: owner returned range [%d,+%d) outside the segment", ErrUnavailable, r.Offset, r.Len)
 	}
-	return &MemHolder{c: c, id: r.HolderId, off: r.Offset, n: r.Len, source: r.Source, putID: r.PutId}, nil
+	return &MemHolder{c: c, a: a, id: r.HolderId, off: r.Offset, n: r.Len, source: r.Source, putID: r.PutId}, nil
 }
 
 // Delete removes key and reports whether it existed.
@@ -83,9 +85,9 @@ func (c *Client) Delete(key string) (bool, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return false, err
 	}
-	s := c.session()
-	r, err := invoke(c, "Delete", s, &external.ExternalServiceDeleteArgs{Req: &external.DeleteRequest{Session: s, Key: key}},
-		&external.ExternalServiceDeleteResult{})
+	r, _, err := invoke(c, call{method: "Delete", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceDeleteArgs{Req: &external.DeleteRequest{Session: s, Key: key}}
+	}}, &external.ExternalServiceDeleteResult{})
 	if err != nil {
 		return false, err
 	}
@@ -97,9 +99,9 @@ func (c *Client) Exists(key string) (bool, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return false, err
 	}
-	s := c.session()
-	r, err := invoke(c, "Exists", s, &external.ExternalServiceExistsArgs{Req: &external.ExistsRequest{Session: s, Key: key}},
-		&external.ExternalServiceExistsResult{})
+	r, _, err := invoke(c, call{method: "Exists", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceExistsArgs{Req: &external.ExistsRequest{Session: s, Key: key}}
+	}}, &external.ExternalServiceExistsResult{})
 	if err != nil {
 		return false, err
 	}
@@ -108,9 +110,9 @@ func (c *Client) Exists(key string) (bool, error) {
 
 // BatchGet gets many keys in one round trip; a miss is a nil holder with a nil error.
 func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
-	s := c.session()
-	r, err := invoke(c, "BatchGet", s, &external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}},
-		&external.ExternalServiceBatchGetResult{})
+	r, a, err := invoke(c, call{method: "BatchGet", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}}
+	}}, &external.ExternalServiceBatchGetResult{})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,7 +126,7 @@ func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
 			continue
 		}
 		if errs[i] = wire.FromResponse(g.Code, g.Message); errs[i] == nil {
-			hs[i], errs[i] = c.holder(g)
+			hs[i], errs[i] = c.holder(a, g)
 		}
 	}
 	return hs, errs, nil
@@ -132,9 +134,9 @@ func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
 
 // BatchExists checks many keys in one round trip.
 func (c *Client) BatchExists(keys []string) ([]bool, error) {
-	s := c.session()
-	r, err := invoke(c, "BatchExists", s, &external.ExternalServiceBatchExistsArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}},
-		&external.ExternalServiceBatchExistsResult{})
+	r, _, err := invoke(c, call{method: "BatchExists", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceBatchExistsArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}}
+	}}, &external.ExternalServiceBatchExistsResult{})
 	if err != nil {
 		return nil, err
 	}
@@ -149,9 +151,9 @@ func (c *Client) BatchExists(keys []string) ([]bool, error) {
 
 // BatchDelete deletes many keys in one round trip.
 func (c *Client) BatchDelete(keys []string) ([]bool, error) {
-	s := c.session()
-	r, err := invoke(c, "BatchDelete", s, &external.ExternalServiceBatchDeleteArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}},
-		&external.ExternalServiceBatchDeleteResult{})
+	r, _, err := invoke(c, call{method: "BatchDelete", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceBatchDeleteArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}}
+	}}, &external.ExternalServiceBatchDeleteResult{})
 	if err != nil {
 		return nil, err
 	}
@@ -167,18 +169,23 @@ func (c *Client) BatchDelete(keys []string) ([]bool, error) {
 // Stat returns the cluster's members and key count as the owner sees them, after
 // applying this client's pending releases.
 func (c *Client) Stat() (*external.StatResponse, error) {
-	s := c.session()
-	return invoke(c, "Stat", s, &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: s}},
-		&external.ExternalServiceStatResult{})
+	r, _, err := invoke(c, call{method: "Stat", retry: true, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: s}}
+	}}, &external.ExternalServiceStatResult{})
+	return r, err
 }
 
 // queueRelease schedules a holder release: it rides on the next call, or goes on its
-// own after ReleaseDelay.
-func (c *Client) queueRelease(id int64) {
+// own after ReleaseDelay. Holders of a previous owner incarnation need no release.
+func (c *Client) queueRelease(a *attachment, id int64) {
 	c.mu.Lock()
+	if a != c.cur || c.closed {
+		c.mu.Unlock()
+		return
+	}
 	c.releases = append(c.releases, id)
-	arm := !c.timerSet && !c.closed
-	c.timerSet = c.timerSet || arm
+	arm := !c.timerSet
+	c.timerSet = true
 	c.mu.Unlock()
 	if arm {
 		time.AfterFunc(c.opts.ReleaseDelay, func() {
@@ -190,18 +197,16 @@ func (c *Client) queueRelease(id int64) {
 	}
 }
 
-// Flush sends queued releases now.
+// Flush sends queued releases now (they ride on the session of an empty Release).
 func (c *Client) Flush() error {
 	c.mu.Lock()
-	rel := c.releases
-	c.releases = nil
-	closed := c.closed
+	pending := len(c.releases) > 0 && !c.closed
 	c.mu.Unlock()
-	if len(rel) == 0 || closed {
+	if !pending {
 		return nil
 	}
-	s := c.session()
-	_, err := invoke(c, "Release", s, &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s, HolderIds: rel}},
-		&external.ExternalServiceReleaseResult{})
+	_, _, err := invoke(c, call{method: "Release", args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s}}
+	}}, &external.ExternalServiceReleaseResult{})
 	return err
 }
