@@ -14,7 +14,7 @@ import importlib
 import os
 
 # The order here is the order of bars in the chart.
-NAMES = ("fluxkv", "memcached", "redis")
+NAMES = ("fluxkv", "memcached", "redis", "mooncake")
 
 
 def extra() -> dict[str, str]:

@@ -1,0 +1,729 @@
+"""Mooncake Store (kvcache-ai/Mooncake) as a peer backend, on a machine where it is installed: the
+Python binding ``mooncake.store`` importable (``--mooncake-pythonpath DIR`` prepends a path) and a
+``mooncake_master`` binary (``--mooncake-master PATH``, else the one on PATH). Otherwise every
+Mooncake case is reported unavailable with the reason, printed once, and the run goes on.
+
+Per case the harness starts ``mooncake_master`` on free loopback ports (HTTP metadata server
+embedded; ``--enable_offload=true`` when SSD is on), waits for its ports, and then, by topology
+(seed 000 §8.3, one ``variant`` each):
+
+* ``dedicated_owner``: one resident store process (``python -m pressure.backends.mooncake owner``)
+  contributes all the DRAM (``global_segment_size``) and, SSD on, all the flash; the benchmark
+  processes contribute nothing (``global_segment_size = 0``) and only request.
+* ``per_process``: no owner; every benchmark process is requester and storage endpoint at once
+  and contributes DRAM / procs and flash / procs.
+
+Clients: one ``MooncakeDistributedStore`` per process, shared by its threads, set up with
+``setup("127.0.0.1", "http://127.0.0.1:P/metadata", segment, local_buffer, "tcp", "",
+"127.0.0.1:R")``; a storage process with SSD on adds ``enable_ssd_offload=True,
+ssd_offload_path=DIR`` (its own directory) and its flash share in
+``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``. Output modes: holder and cuda use ``get_buffer(key)``
+(a ``BufferHandle``, None on a miss; cuda copies from ``ptr()``/``size()``), bytes uses ``get(key)``
+(the payload as ``bytes``, empty on a miss). Puts: ``put(key, value)`` returns 0; a put refused
+for space (``NO_AVAILABLE_HANDLE``, -200: DRAM full while eviction catches up, or leased objects)
+is retried with a short backoff a bounded number of times (``--mooncake-put-retries``) and then
+counted as failed.
+
+Sources by counter: Mooncake tells no per-get source. ``get_offload_rpc_read_count()`` counts the
+client's offload-RPC reads of ``LOCAL_DISK`` replicas (upstream: every call of
+``batch_get_into_offload_object_internal``, the single path of an SSD read). It is sampled at the
+window's start and end in every Mooncake client of the case, the benchmark processes and the
+resident owner, and the increases are summed: those are the SSD hits, the rest of the hits memory
+hits. A counter that goes backwards, is missing, or rises by more than the hits makes every hit
+unknown and the case incomplete (``stats.attribute_counter``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..procs import free_port, unix_request, unix_socket_ready, wait_for
+from ..sizes import format_size, parse_size
+from .base import BytesGot, CaseSpec, Got, Server as _Server, ThreadClient, WorkerSide as _WorkerSide, settle_by_polling, which
+
+TOPOLOGIES = ("dedicated_owner", "per_process")
+HOST = "127.0.0.1"
+PROTOCOL = "tcp"
+DEFAULT_LOCAL_BUFFER = "512MiB"
+DEFAULT_PUT_RETRIES = 8
+# Mooncake's ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as ints.
+ERROR_NAMES = {
+    -1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -100: "SHARD_INDEX_OUT_OF_RANGE", -101: "AVAILABLE_SEGMENT_EMPTY",
+    -200: "NO_AVAILABLE_HANDLE", -600: "INVALID_PARAMS", -703: "REPLICA_IS_NOT_READY", -704: "OBJECT_NOT_FOUND",
+    -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE", -800: "TRANSFER_FAIL", -900: "RPC_FAIL",
+}
+NO_AVAILABLE_HANDLE = -200
+OBJECT_ALREADY_EXISTS = -705
+# The largest value Mooncake's SSD offload takes in one slice (0.3.11.post1; seed 000 §8.3).
+SSD_SLICE_MAX = 0xFFFFF0
+ENV_SSD_LIMIT = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"
+ENV_SSD_PATH = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
+ENV_HEARTBEAT = "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"
+DEFAULT_HEARTBEAT_S = 10  # Mooncake's default offload heartbeat: how often clients offload to SSD
+BENCH_DIR = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(g) -> None:
+    g.add_argument("--mooncake-master", help="the mooncake_master binary (default: mooncake_master on PATH)")
+    g.add_argument("--mooncake-pythonpath", help="directory prepended to sys.path of every process so that mooncake.store imports "
+                   "(e.g. a venv's site-packages holding the mooncake-transfer-engine wheel)")
+    g.add_argument("--mooncake-local-buffer", default=DEFAULT_LOCAL_BUFFER, help="local_buffer_size of every Mooncake client "
+                   f"(default {DEFAULT_LOCAL_BUFFER})")
+    g.add_argument("--mooncake-put-retries", type=int, default=DEFAULT_PUT_RETRIES,
+                   help=f"retries of a put refused for space (NO_AVAILABLE_HANDLE) before it counts as failed (default {DEFAULT_PUT_RETRIES})")
+
+
+# -- the master ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int  # HTTP metadata server (embedded in the master)
+    rpc: int  # master RPC
+    metrics: int  # master's HTTP metrics
+
+
+def pick_ports(free=free_port) -> Ports:
+    """Three distinct free loopback ports."""
+    seen: list[int] = []
+    while len(seen) < 3:
+        p = free()
+        if p not in seen:
+            seen.append(p)
+    return Ports(*seen)
+
+
+def master_args(binary: str, ports: Ports, ssd: bool) -> list[str]:
+    args = [
+        binary,
+        "--enable_http_metadata_server=true",
+        f"--http_metadata_server_host={HOST}",
+        f"--http_metadata_server_port={ports.http}",
+        f"--rpc_port={ports.rpc}",
+        f"--rpc_address={HOST}",
+        f"--metrics_port={ports.metrics}",
+        f"--metrics_host={HOST}",
+        "--eviction_high_watermark_ratio=0.95",
+        "--default_kv_lease_ttl=500",
+    ]
+    if ssd:
+        args.append("--enable_offload=true")
+    return args
+
+
+def metadata_url(ports: Ports) -> str:
+    return f"http://{HOST}:{ports.http}/metadata"
+
+
+def master_address(ports: Ports) -> str:
+    return f"{HOST}:{ports.rpc}"
+
+
+def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Unlabelled samples of a Prometheus text page (``name value``)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#") and "{" not in parts[0]:
+            try:
+                out[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return out
+
+
+# -- who stores what -------------------------------------------------------------------------------
+
+
+def split_evenly(total: int, n: int) -> list[int]:
+    """``total`` in ``n`` shares that differ by at most one byte and add up to ``total``."""
+    if n <= 0:
+        raise ValueError("n must be > 0")
+    q, r = divmod(int(total), n)
+    return [q + (1 if i < r else 0) for i in range(n)]
+
+
+def client_config(case: CaseSpec, role: str, index: int, segment_bytes: int, ssd_bytes: int, workdir, ports: Ports, local_buffer: int) -> dict:
+    """How one Mooncake client is set up: ``setup(*args, **kwargs)`` after ``env`` is exported.
+    Only a process that contributes flash (SSD on, a share > 0) gets the SSD arguments."""
+    cfg = {
+        "role": role,
+        "index": index,
+        "args": [HOST, metadata_url(ports), int(segment_bytes), int(local_buffer), PROTOCOL, "", master_address(ports)],
+        "kwargs": {},
+        "env": {},
+        "segment_bytes": int(segment_bytes),
+        "ssd_bytes": 0,
+        "ssd_dir": None,
+    }
+    if case.ssd and ssd_bytes > 0:
+        d = str(Path(workdir) / f"ssd-{role}-{index}")
+        cfg["kwargs"] = {"enable_ssd_offload": True, "ssd_offload_path": d}
+        cfg["env"] = {ENV_SSD_LIMIT: str(int(ssd_bytes)), ENV_SSD_PATH: d}
+        cfg["ssd_bytes"] = int(ssd_bytes)
+        cfg["ssd_dir"] = d
+    return cfg
+
+
+def plan_clients(case: CaseSpec, workdir, ports: Ports, local_buffer: int) -> tuple[dict | None, list[dict]]:
+    """(owner config or None, one config per benchmark process) for the case's topology."""
+    if case.variant == "dedicated_owner":
+        owner = client_config(case, "owner", 0, case.dram_bytes, case.ssd_bytes, workdir, ports, local_buffer)
+        bench = [client_config(case, "bench", i, 0, 0, workdir, ports, local_buffer) for i in range(case.procs)]
+        return owner, bench
+    if case.variant == "per_process":
+        drams = split_evenly(case.dram_bytes, case.procs)
+        ssds = split_evenly(case.ssd_bytes, case.procs)
+        return None, [client_config(case, "bench", i, drams[i], ssds[i], workdir, ports, local_buffer) for i in range(case.procs)]
+    raise ValueError(f"mooncake: unknown topology {case.variant!r}: want one of {', '.join(TOPOLOGIES)}")
+
+
+def open_store(cfg: dict):
+    """A ``MooncakeDistributedStore`` set up as ``cfg`` says (``client_config``)."""
+    for k, v in cfg["env"].items():
+        os.environ[k] = v  # read by the client's offload config at setup
+    if cfg.get("ssd_dir"):
+        os.makedirs(cfg["ssd_dir"], exist_ok=True)
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup(*cfg["args"], **cfg["kwargs"])
+    if rc not in (0, None):
+        raise RuntimeError(f"MooncakeDistributedStore.setup{tuple(cfg['args'])} {cfg['kwargs'] or ''} returned {rc} ({error_name(rc)})")
+    return store
+
+
+def read_counter(store) -> int | None:
+    """The client's offload-RPC read count, or None when this binding does not expose it."""
+    f = getattr(store, "get_offload_rpc_read_count", None)
+    return None if f is None else int(f())
+
+
+def error_name(rc) -> str:
+    return ERROR_NAMES.get(rc, "unknown error") if isinstance(rc, int) else f"{type(rc).__name__}"
+
+
+# -- puts ------------------------------------------------------------------------------------------
+
+
+class PutError(RuntimeError):
+    pass
+
+
+@dataclass
+class PutStats:
+    ok: int = 0  # stored (after retries or not)
+    existed: int = 0  # OBJECT_ALREADY_EXISTS: the key was there already (read-through races); not an error
+    retried: int = 0  # puts that needed at least one retry
+    retries: int = 0  # retries in all
+    gave_up: int = 0  # refused for space on every attempt
+    failed: int = 0  # gave_up + other errors
+
+
+def backoff_s(attempt: int) -> float:
+    """Pause before retry ``attempt`` (0-based): 10 ms doubling to 0.5 s; eight retries span ~1.6 s,
+    a few times the 500 ms lease that keeps a just-read object from being evicted."""
+    return min(0.5, 0.01 * (2 ** attempt))
+
+
+def put_with_retry(put, key: str, value, retries: int, stats: PutStats, sleep=time.sleep) -> int:
+    """``put(key, value)``; a refusal for space is retried up to ``retries`` times. Returns the
+    number of retries used; raises ``PutError`` (counted in ``stats``) when the put failed."""
+    for attempt in range(retries + 1):
+        rc = put(key, value)
+        if rc == 0 or rc == OBJECT_ALREADY_EXISTS:
+            if rc == 0:
+                stats.ok += 1
+            else:
+                stats.existed += 1
+            if attempt:
+                stats.retried += 1
+                stats.retries += attempt
+            return attempt
+        if rc != NO_AVAILABLE_HANDLE:
+            stats.failed += 1
+            stats.retries += attempt
+            raise PutError(f"mooncake put {key}: error {rc} ({error_name(rc)})")
+        if attempt < retries:
+            sleep(backoff_s(attempt))
+    stats.failed += 1
+    stats.gave_up += 1
+    stats.retries += retries
+    raise PutError(f"mooncake put {key}: refused for space (NO_AVAILABLE_HANDLE) on all {retries + 1} attempts")
+
+
+# -- benchmark-process side ------------------------------------------------------------------------
+
+
+class HandleGot(Got):
+    """A hit as Mooncake's ``BufferHandle`` (holder and cuda modes): no copy until asked."""
+
+    __slots__ = ("h", "source")
+
+    def __init__(self, h, source):
+        self.h = h
+        self.source = source
+
+    def __len__(self) -> int:
+        return int(self.h.size())
+
+    def materialize(self) -> bytes:
+        return ctypes.string_at(int(self.h.ptr()), int(self.h.size()))
+
+    def host_pointer(self) -> int:
+        return int(self.h.ptr())
+
+    def release(self) -> None:
+        self.h = None  # the binding frees the buffer with the last reference
+
+
+class MooncakeThread(ThreadClient):
+    def __init__(self, store, mode: str, source: str | None, retries: int, stats_path: str | None = None):
+        self.store = store
+        self.handles = mode in ("holder", "cuda")
+        self.source = source
+        self.retries = retries
+        self.stats = PutStats()
+        self.stats_path = stats_path  # the bootstrap's client leaves its put counts for the Server
+
+    def get(self, key: str):
+        if self.handles:
+            h = self.store.get_buffer(key)
+            return None if h is None else HandleGot(h, self.source)
+        v = self.store.get(key)
+        return BytesGot(v, self.source) if v else None  # empty bytes: a miss
+
+    def put(self, key: str, value) -> None:
+        put_with_retry(self.store.put, key, value, self.retries, self.stats)
+
+    def close(self) -> None:
+        if self.stats_path:
+            tmp = self.stats_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(asdict(self.stats), f)
+            os.replace(tmp, self.stats_path)
+
+
+def bootstrap_stats_path(endpoint: dict, proc_index: int) -> str:
+    return str(Path(endpoint["stats_dir"]) / f"puts-bootstrap-p{proc_index}.json")
+
+
+class WorkerSide(_WorkerSide):
+    def __init__(self, endpoint: dict, case: CaseSpec, proc_index: int):
+        super().__init__(endpoint, case, proc_index)
+        for p in reversed(endpoint.get("pythonpath", [])):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        self.native_type = "BufferHandle" if case.mode in ("holder", "cuda") else "bytes"
+        self.cfg = endpoint["clients"][proc_index]
+        self.store = open_store(self.cfg)
+        # SSD off: every hit is a memory hit; SSD on: sources come from the counters.
+        self.source = None if case.ssd else "memory"
+
+    def thread_client(self, thread_index: int) -> ThreadClient:
+        path = bootstrap_stats_path(self.endpoint, self.proc_index) if thread_index < 0 else None
+        return MooncakeThread(self.store, self.case.mode, self.source, int(self.endpoint.get("put_retries", DEFAULT_PUT_RETRIES)), path)
+
+    def ssd_counter(self) -> float | None:
+        return read_counter(self.store) if self.case.ssd else None
+
+    def describe(self) -> dict:
+        mod = sys.modules.get("mooncake.store")
+        return {
+            "topology": self.case.variant,
+            "global_segment_size": self.cfg["segment_bytes"],
+            "local_buffer_size": self.cfg["args"][3],
+            "ssd_bytes": self.cfg["ssd_bytes"],
+            "module": getattr(mod, "__file__", None),
+        }
+
+    def close(self) -> None:
+        self.store.close()
+
+
+# -- the resident owner (dedicated_owner) ----------------------------------------------------------
+
+
+def owner_main(config_path: str) -> int:
+    """``python -m pressure.backends.mooncake owner CONFIG``: set up one store that contributes the
+    case's DRAM (and flash), then answer ``count`` / ``ping`` on a Unix socket until SIGTERM."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    for p in reversed(cfg.get("pythonpath", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+    def on_term(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    store = open_store(cfg["client"])
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    code = 0
+    try:
+        srv.bind(cfg["socket"])
+        srv.listen(16)
+        print(f"mooncake owner ready: segment {cfg['client']['segment_bytes']} B, ssd {cfg['client']['ssd_bytes']} B", file=sys.stderr, flush=True)
+        while True:
+            conn, _ = srv.accept()
+            try:
+                conn.settimeout(5.0)
+                req = conn.recv(64).strip()
+                if req == b"count":
+                    v = read_counter(store)
+                    conn.sendall(b"none\n" if v is None else f"{v}\n".encode())
+                elif req == b"ping":
+                    conn.sendall(b"pong\n")
+            except OSError:
+                pass
+            finally:
+                conn.close()
+    except (SystemExit, KeyboardInterrupt):
+        pass
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        srv.close()
+        closer = threading.Thread(target=store.close, daemon=True)
+        closer.start()
+        closer.join(5.0)  # a teardown that hangs must not hold the case
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+# -- the coordinator side --------------------------------------------------------------------------
+
+_PROBE = r"""
+import inspect, json, sys
+out = {"importable": False}
+try:
+    import mooncake.store as m
+    S = m.MooncakeDistributedStore
+except BaseException as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+else:
+    out["importable"] = True
+    out["file"] = getattr(m, "__file__", None)
+    out["counter"] = hasattr(S, "get_offload_rpc_read_count")
+    out["get_buffer"] = hasattr(S, "get_buffer")
+    ssd = None
+    try:
+        ps = inspect.signature(S.setup).parameters
+        ssd = "enable_ssd_offload" in ps and "ssd_offload_path" in ps
+    except (TypeError, ValueError):
+        doc = getattr(S.setup, "__doc__", None) or ""
+        if doc:
+            ssd = "enable_ssd_offload" in doc and "ssd_offload_path" in doc
+    out["ssd_offload"] = ssd
+    version = None
+    try:
+        import importlib.metadata as md
+        for d in md.distributions():
+            name = d.metadata.get("Name") or ""
+            if name.lower().startswith("mooncake"):
+                version = f"{name} {d.version}"
+                break
+    except Exception:
+        pass
+    out["version"] = version or getattr(sys.modules.get("mooncake"), "__version__", None)
+print(json.dumps(out))
+"""
+
+_probes: dict[tuple, dict] = {}
+_announced: set[str] = set()
+
+
+def probe(paths) -> dict:
+    """Import ``mooncake.store`` in a child Python with ``paths`` first on sys.path (an import can
+    fail on a missing shared library, not only a missing package); cached per path list."""
+    key = (tuple(str(p) for p in paths), os.environ.get("PYTHONPATH", ""))
+    if key not in _probes:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(p) for p in paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        try:
+            out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, env=env)
+            lines = out.stdout.strip().splitlines()
+            info = json.loads(lines[-1]) if lines else {"importable": False, "error": f"probe exited {out.returncode}: {out.stderr.strip()[-400:]}"}
+        except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+            info = {"importable": False, "error": f"probe failed: {type(e).__name__}: {e}"}
+        _probes[key] = info
+    return _probes[key]
+
+
+def announce(reason: str) -> None:
+    if reason not in _announced:
+        _announced.add(reason)
+        print(f"mooncake: SKIPPED on this machine: {reason}", file=sys.stderr, flush=True)
+
+
+def dir_bytes(paths) -> int:
+    n = 0
+    for d in paths:
+        for root, _, files in os.walk(d):
+            for name in files:
+                try:
+                    n += os.stat(os.path.join(root, name)).st_blocks * 512
+                except OSError:
+                    pass
+    return n
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not count: an orphan's zombie
+    waits for an init that may never reap it)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        entries = None
+    if entries is None:
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def stop_process_group(p: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM to the process group led by ``p`` (the harness starts servers in their own session,
+    so the group is the server and whatever it started), wait for every member to go, SIGKILL what
+    is left after ``timeout``."""
+    pgid = p.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p.poll()  # reap the leader
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
+    print(f"warning: mooncake_master's process group {pgid} ignored SIGTERM for {timeout:g} s; killing it", file=sys.stderr)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+class Server(_Server):
+    name = "mooncake"
+    source_method = "counter"
+    variants = TOPOLOGIES
+
+    def __init__(self, opts):
+        super().__init__(opts)
+        pp = getattr(opts, "mooncake_pythonpath", None)
+        self.pythonpath = (str(Path(pp).resolve()),) if pp else ()
+        self.master_flag = getattr(opts, "mooncake_master", None)
+        self.local_buffer = parse_size(str(getattr(opts, "mooncake_local_buffer", None) or DEFAULT_LOCAL_BUFFER))
+        self.put_retries = int(getattr(opts, "mooncake_put_retries", DEFAULT_PUT_RETRIES))
+        self.case: CaseSpec | None = None
+        self.ports: Ports | None = None
+        self.owner_socket: str | None = None
+        self.ssd_dirs: list[str] = []
+        self.stats_dir: Path | None = None
+        self.plan: tuple | None = None
+        self.master_proc = None
+        self.owner_proc = None
+
+    def _paths(self) -> list[str]:
+        return list(self.pythonpath) + [str(p) for p in getattr(self.opts, "pythonpath", [])]
+
+    def master_binary(self) -> str | None:
+        return which(self.master_flag) if self.master_flag else shutil.which("mooncake_master")
+
+    def info(self) -> dict:
+        return probe(self._paths())
+
+    # -- availability --------------------------------------------------------------------------
+
+    def unavailable(self, case: CaseSpec) -> str | None:
+        missing = []
+        if not self.master_binary():
+            missing.append(f"mooncake_master binary {self.master_flag!r} not found" if self.master_flag
+                           else "no mooncake_master on PATH (--mooncake-master PATH)")
+        info = self.info()
+        if not info.get("importable"):
+            where = f" from {self.pythonpath[0]}" if self.pythonpath else ""
+            missing.append(f"Python module mooncake.store not importable{where} ({info.get('error')}; --mooncake-pythonpath DIR)")
+        if missing:
+            reason = "; ".join(missing)
+            announce(reason)
+            return reason
+        if case.mode in ("holder", "cuda") and not info.get("get_buffer"):
+            return "this mooncake.store has no MooncakeDistributedStore.get_buffer() (holder / cuda modes need a BufferHandle)"
+        if case.ssd and info.get("ssd_offload") is False:
+            return "this mooncake.store's setup() takes no enable_ssd_offload / ssd_offload_path (no client SSD offload)"
+        if case.variant not in TOPOLOGIES:
+            return f"unknown topology {case.variant!r}"
+        return None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, case: CaseSpec, workdir: Path, group) -> dict:
+        self.case = case
+        self.stats_dir = Path(workdir)
+        self.ports = ports = pick_ports()
+        self.cmdline = master_args(self.master_binary(), ports, case.ssd)
+        self.master_proc = master = group.start("mooncake_master", self.cmdline, workdir / "mooncake_master.log")
+        wait_for(lambda: tcp_open(HOST, ports.rpc) and tcp_open(HOST, ports.http), 60, "mooncake_master RPC and metadata ports", master)
+
+        owner, bench = plan_clients(case, workdir, ports, self.local_buffer)
+        self.plan = (owner, bench)
+        self.ssd_dirs = [c["ssd_dir"] for c in ([owner] if owner else []) + bench if c["ssd_dir"]]
+        for d in self.ssd_dirs:
+            os.makedirs(d, exist_ok=True)
+        if owner is not None:
+            self.owner_socket = str(workdir / "owner.sock")
+            cfg_path = workdir / "owner.json"
+            cfg_path.write_text(json.dumps({"client": owner, "socket": self.owner_socket, "pythonpath": self._paths()}))
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR)] + self._paths() + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            env["PYTHONUNBUFFERED"] = "1"
+            self.owner_proc = proc = group.start("mooncake-owner", [sys.executable, "-m", "pressure.backends.mooncake", "owner", str(cfg_path)],
+                               workdir / "mooncake-owner.log", env=env)
+            wait_for(lambda: unix_socket_ready(self.owner_socket), 300, "the Mooncake owner's store (setup)", proc)
+        return {
+            "clients": bench,
+            "put_retries": self.put_retries,
+            "stats_dir": str(workdir),
+            "pythonpath": list(self.pythonpath),
+            "topology": case.variant,
+        }
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://{HOST}:{self.ports.metrics}/metrics", timeout=5) as r:
+            return parse_metrics(r.read().decode(errors="replace"))
+
+    def settle(self, timeout: float) -> None:
+        """SSD on, clients offload to flash on their heartbeat (10 s by default): wait until the
+        SSD files and the master's key / allocation counts hold still for longer than one beat."""
+        if not (self.case and self.case.ssd):
+            return
+        try:
+            beat = max(1, int(os.environ.get(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S))
+        except ValueError:
+            beat = DEFAULT_HEARTBEAT_S
+
+        def sample():
+            try:
+                m = self.metrics()
+                mt = tuple(m.get(k) for k in ("master_key_count", "master_allocated_bytes"))
+            except (OSError, ValueError):
+                mt = None
+            return (dir_bytes(self.ssd_dirs), mt)
+
+        settle_by_polling(sample, timeout, interval=0.5, stable_for=2 * (beat + 1) + 1)
+
+    def bootstrap_puts(self) -> dict | None:
+        try:
+            with open(Path(self.stats_dir) / "puts-bootstrap-p0.json") as f:
+                return json.load(f)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def describe(self) -> dict:
+        owner, bench = self.plan
+        storage = ([owner] if owner else []) + [c for c in bench if c["segment_bytes"] or c["ssd_bytes"]]
+        info = self.info()
+        out = {
+            "topology": self.case.variant,
+            "storage_processes": len(storage),
+            "segment_bytes": [c["segment_bytes"] for c in storage],
+            "ssd_limit_bytes": [c["ssd_bytes"] for c in storage] if self.case.ssd else [],
+            "local_buffer_bytes": self.local_buffer,
+            "mooncake": info.get("version"),
+            "module": info.get("file"),
+            "bootstrap_puts": self.bootstrap_puts(),
+        }
+        if self.case.ssd:
+            out["ssd_files_bytes"] = dir_bytes(self.ssd_dirs)
+        try:
+            m = self.metrics()
+            for k, v in m.items():
+                if k.startswith("master_") and (k in ("master_key_count", "master_allocated_bytes", "master_total_capacity_bytes", "master_active_clients")
+                                                or "evict" in k or "offload" in k):
+                    out[k] = int(v) if v.is_integer() else v
+        except (OSError, ValueError) as e:
+            out["metrics_error"] = f"{type(e).__name__}: {e}"[:300]
+        return out
+
+    def ssd_counter(self) -> float | None:
+        """The resident owner's counter (dedicated_owner, SSD on); the benchmark processes sample
+        their own. Raises if the owner does not answer: a sample cannot be made up."""
+        if not (self.case and self.case.ssd and self.owner_socket):
+            return None
+        reply = unix_request(self.owner_socket, b"count\n", b"\n", timeout=5.0).strip()
+        if reply == b"none":
+            return None
+        try:
+            return int(reply)
+        except ValueError:
+            raise RuntimeError(f"mooncake owner answered {reply[:100]!r} to count") from None
+
+    def stop(self) -> None:
+        """The owner first (its client says goodbye to a live master), then the master as a process
+        group: pip's ``mooncake_master`` is a Python wrapper that runs the real binary as its child
+        (``subprocess.call``), which a signal to the wrapper alone would leave running. The harness's
+        group then finds both gone (and still stops the benchmark processes, and everything on error)."""
+        if self.owner_proc is not None:
+            self.owner_proc.stop()
+        if self.master_proc is not None:
+            stop_process_group(self.master_proc.p)
+
+    def notes(self, described: dict) -> list[str]:
+        out = []
+        puts = described.get("bootstrap_puts") or {}
+        if puts.get("retried") or puts.get("gave_up"):
+            out.append(f"mooncake: {puts.get('retried', 0)} bootstrap puts were refused for space (NO_AVAILABLE_HANDLE) and stored on a retry "
+                       f"({puts.get('retries', 0)} retries); {puts.get('gave_up', 0)} gave up after {self.put_retries + 1} attempts")
+        if self.case.ssd:
+            if self.info().get("counter") is False:
+                out.append("mooncake: this binding has no get_offload_rpc_read_count(): SSD hits cannot be attributed (case incomplete)")
+            if self.case.payload_bytes > SSD_SLICE_MAX:
+                out.append(f"mooncake: values of {format_size(self.case.payload_bytes)} exceed its SSD-offload slice limit "
+                           f"({SSD_SLICE_MAX} B in 0.3.11.post1): they may stay DRAM-only")
+        return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "owner":
+        sys.exit(owner_main(sys.argv[2]))
+    print("usage: python -m pressure.backends.mooncake owner CONFIG.json (started by the harness)", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,277 @@
+"""TEST FAKE of Mooncake Store, NOT Mooncake: just enough of the ``mooncake.store`` Python binding
+and of the ``mooncake_master`` binary for the pressure harness's Mooncake adapter
+(``backends/mooncake.py``) to run end to end on a machine without Mooncake. Nothing measured
+against it says anything about Mooncake.
+
+test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put on
+``--mooncake-pythonpath``) and starts it as ``TMP/bin/mooncake_master`` (the master).
+
+* The fake master takes the real master's flags, listens on the HTTP metadata, RPC and metrics
+  ports, and keeps every value itself: memory capacity = the sum of the clients'
+  ``global_segment_size``; with ``--enable_offload=true``, values evicted from memory move to a
+  "disk" of the clients' ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` (only of clients that set up
+  with ``enable_ssd_offload``), else they are dropped. A put larger than the free space after
+  eviction, or with no memory at all, is refused with -200 (NO_AVAILABLE_HANDLE). It dies of
+  SIGTERM (no handler).
+* The fake client mirrors the binding's calls (``setup`` with the seven positional arguments and
+  ``enable_ssd_offload`` / ``ssd_offload_path``, ``put`` → 0 or an error code, ``get`` → bytes or
+  b"", ``get_buffer`` → a handle with ``ptr()`` / ``size()`` or None,
+  ``get_offload_rpc_read_count``, ``close``); like upstream's counter, the one of the client that
+  *requested* a read from disk goes up.
+
+Test knobs (environment): ``FAKE_MOONCAKE_LOG`` (append every setup call as a JSON line),
+``FAKE_MOONCAKE_REFUSE_PUTS=N`` (the master refuses its first N puts for space),
+``FAKE_MOONCAKE_COUNTER=backwards|inflate`` (a counter that goes backwards / rises a million per
+read), ``FAKE_MOONCAKE_FAIL_SETUP=owner|bench`` (setup returns -1 in the client with (owner) or
+without (bench) a segment).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import socketserver
+import sys
+import threading
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+NO_AVAILABLE_HANDLE = -200
+INVALID_PARAMS = -600
+OBJECT_NOT_FOUND = -704
+OBJECT_ALREADY_EXISTS = -705
+
+
+def _log(kind: str, **kw) -> None:
+    path = os.environ.get("FAKE_MOONCAKE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"kind": kind, "pid": os.getpid(), **kw}) + "\n")
+
+
+# -- the binding (mooncake.store) ------------------------------------------------------------------
+
+
+class BufferHandle:
+    """TEST FAKE of mooncake.store.BufferHandle: a private copy at a stable address."""
+
+    def __init__(self, data: bytes):
+        self._n = len(data)
+        self._buf = ctypes.create_string_buffer(data, max(1, self._n))
+
+    def ptr(self) -> int:
+        return ctypes.addressof(self._buf)
+
+    def size(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+
+class MooncakeDistributedStore:
+    """TEST FAKE of mooncake.store.MooncakeDistributedStore (a TCP client of the fake master)."""
+
+    def __init__(self):
+        self._local = threading.local()
+        self._socks: list = []
+        self._mu = threading.Lock()
+        self._addr = None
+        self._reads = 0
+
+    def setup(self, local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices,
+              master_server_addr, engine=None, enable_ssd_offload=False, ssd_offload_path=""):
+        ssd_limit = os.environ.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")
+        _log("setup", args=[local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices, master_server_addr],
+             enable_ssd_offload=enable_ssd_offload, ssd_offload_path=ssd_offload_path, ssd_limit_env=ssd_limit)
+        if not (isinstance(global_segment_size, int) and global_segment_size >= 0 and isinstance(local_buffer_size, int)
+                and protocol == "tcp" and metadata_server.startswith("http://") and isinstance(local_hostname, str)):
+            return INVALID_PARAMS
+        fail = os.environ.get("FAKE_MOONCAKE_FAIL_SETUP")
+        if (fail == "owner" and global_segment_size > 0) or (fail == "bench" and global_segment_size == 0):
+            return -1
+        ssd = 0
+        if enable_ssd_offload:
+            if not ssd_offload_path or not os.path.isdir(ssd_offload_path):
+                return INVALID_PARAMS
+            ssd = int(ssd_limit or 0)
+        host, port = master_server_addr.rsplit(":", 1)
+        self._addr = (host, int(port))
+        rep, _ = self._call({"op": "mount", "dram": global_segment_size, "ssd": ssd})
+        return rep["rc"]
+
+    def _conn(self):
+        c = getattr(self._local, "c", None)
+        if c is None:
+            s = socket.create_connection(self._addr, timeout=30)
+            c = self._local.c = (s, s.makefile("rb"))
+            with self._mu:
+                self._socks.append(s)
+        return c
+
+    def _call(self, req: dict, body: bytes = b""):
+        s, r = self._conn()
+        s.sendall(json.dumps(req).encode() + b"\n" + body)
+        rep = json.loads(r.readline())
+        data = r.read(rep["size"]) if rep.get("size") else b""
+        return rep, data
+
+    def put(self, key, value, config=None) -> int:
+        data = bytes(value)
+        rep, _ = self._call({"op": "put", "key": key, "size": len(data)}, data)
+        return rep["rc"]
+
+    def _get(self, key):
+        rep, data = self._call({"op": "get", "key": key})
+        if rep["rc"] != 0:
+            return None
+        if rep["tier"] == "disk":
+            with self._mu:
+                self._reads += 1  # the requester's offload-RPC read, as upstream counts it
+        return data
+
+    def get(self, key) -> bytes:
+        v = self._get(key)
+        return b"" if v is None else v
+
+    def get_buffer(self, key):
+        v = self._get(key)
+        return None if v is None else BufferHandle(v)
+
+    def get_offload_rpc_read_count(self) -> int:
+        mode = os.environ.get("FAKE_MOONCAKE_COUNTER", "")
+        if mode == "backwards":
+            return 10**9 - self._reads
+        if mode == "inflate":
+            return self._reads * 10**6
+        return self._reads
+
+    def close(self) -> int:
+        with self._mu:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        return 0
+
+
+# -- the master (mooncake_master) ------------------------------------------------------------------
+
+
+class _Cluster:
+    def __init__(self, offload: bool, refuse: int):
+        self.mu = threading.Lock()
+        self.mem: OrderedDict = OrderedDict()
+        self.disk: dict = {}
+        self.mem_cap = self.disk_cap = self.mem_used = self.disk_used = 0
+        self.clients = 0
+        self.offload = offload
+        self.refuse = refuse
+
+    def mount(self, dram: int, ssd: int) -> int:
+        with self.mu:
+            self.mem_cap += dram
+            if self.offload:
+                self.disk_cap += ssd
+            self.clients += 1
+        return 0
+
+    def put(self, key: str, data: bytes) -> int:
+        with self.mu:
+            if self.refuse > 0:
+                self.refuse -= 1
+                return NO_AVAILABLE_HANDLE
+            if key in self.mem or key in self.disk:
+                return OBJECT_ALREADY_EXISTS
+            n = len(data)
+            if n > self.mem_cap:
+                return NO_AVAILABLE_HANDLE
+            while self.mem_used + n > self.mem_cap:
+                k, v = self.mem.popitem(last=False)
+                self.mem_used -= len(v)
+                if self.disk_used + len(v) <= self.disk_cap:
+                    self.disk[k] = v
+                    self.disk_used += len(v)
+            self.mem[key] = data
+            self.mem_used += n
+            return 0
+
+    def get(self, key: str):
+        with self.mu:
+            v = self.mem.get(key)
+            if v is not None:
+                self.mem.move_to_end(key)
+                return v, "memory"
+            v = self.disk.get(key)
+            return (v, "disk") if v is not None else (None, None)
+
+    def metrics(self) -> str:
+        with self.mu:
+            return (f"# TEST FAKE\nmaster_key_count {len(self.mem) + len(self.disk)}\nmaster_allocated_bytes {self.mem_used}\n"
+                    f"master_total_capacity_bytes {self.mem_cap}\nmaster_active_clients {self.clients}\n")
+
+
+class _Rpc(socketserver.StreamRequestHandler):
+    def handle(self):
+        cl = self.server.cluster
+        while True:
+            line = self.rfile.readline()
+            if not line:
+                return
+            req = json.loads(line)
+            op = req["op"]
+            body = b""
+            if op == "mount":
+                rep = {"rc": cl.mount(req["dram"], req["ssd"])}
+            elif op == "put":
+                rep = {"rc": cl.put(req["key"], self.rfile.read(req["size"]))}
+            elif op == "get":
+                v, tier = cl.get(req["key"])
+                rep = {"rc": OBJECT_NOT_FOUND} if v is None else {"rc": 0, "tier": tier, "size": len(v)}
+                body = v or b""
+            else:
+                rep = {"rc": INVALID_PARAMS}
+            self.wfile.write(json.dumps(rep).encode() + b"\n" + body)
+            self.wfile.flush()
+
+
+def master_main(argv: list[str]) -> int:
+    flags = {}
+    for a in argv:
+        if a.startswith("--") and "=" in a:
+            k, v = a[2:].split("=", 1)
+            flags[k] = v
+    cluster = _Cluster(flags.get("enable_offload") == "true", int(os.environ.get("FAKE_MOONCAKE_REFUSE_PUTS") or 0))
+
+    class Http(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = cluster.metrics().encode() if self.path.startswith("/metrics") else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    for host_flag, port_flag in (("http_metadata_server_host", "http_metadata_server_port"), ("metrics_host", "metrics_port")):
+        h = ThreadingHTTPServer((flags.get(host_flag, "127.0.0.1"), int(flags[port_flag])), Http)
+        threading.Thread(target=h.serve_forever, daemon=True).start()
+
+    class Rpc(socketserver.ThreadingTCPServer):
+        allow_reuse_address = True
+        daemon_threads = True
+
+    rpc = Rpc((flags.get("rpc_address", "127.0.0.1"), int(flags["rpc_port"])), _Rpc)
+    rpc.cluster = cluster
+    print(f"TEST FAKE mooncake_master: {' '.join(argv)}", file=sys.stderr, flush=True)
+    rpc.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(master_main(sys.argv[1:]))
