@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPolicy$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shm/ -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRing$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./daemon/ -run '^$$' -fuzz '^FuzzExternalDispatch$$' -fuzztime $(FUZZTIME)
 
 # gen: regenerate the committed Kitex (Go) and thrift (Python) code from protocol/*.thrift.
 gen: deps-gen
