@@ -217,25 +217,6 @@ func (o *Owner) closeResources() {
 	}
 }
 
-// Stats is the owner's own view, for status and metrics.
-type Stats struct {
-	Clients     int
-	Holders     int
-	CachedKeys  int
-	SegmentSize int64
-}
-
-// LocalStats counts sessions and holders.
-func (o *Owner) LocalStats() Stats {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	st := Stats{Clients: len(o.sessions), CachedKeys: len(o.cache), SegmentSize: o.opts.DRAM}
-	for _, s := range o.sessions {
-		st.Holders += len(s.holders)
-	}
-	return st
-}
-
 // Capacity reports segment and SSD capacity and use for metrics; the segment's used
 // bytes come from the master (it owns allocation), so this makes one master call.
 func (o *Owner) Capacity() metrics.Capacity {

@@ -136,8 +136,8 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	}
 }
 
-// State exposes the core to tests in this package and to embedding code that wants a
-// consistent snapshot; f runs under the lock.
+// Inspect runs f on the core under the lock: a consistent snapshot for tests, status
+// and metrics.
 func (s *Server) Inspect(f func(st *State)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
