@@ -99,8 +99,9 @@ func (o *Owner) abandonPut(p *pendingPut) {
 	}
 }
 
-// get hands the session a holder: from the cached info when a live holder of the key
-// exists here (no master trip), else through master GetStart.
+// get hands the session a holder: from the cached info when a holder of the key's
+// current version lives here or was released within the cache grace (no master trip),
+// else through master GetStart (and an SSD refill when that is the source).
 func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return nil, err
