@@ -46,6 +46,10 @@ type Options struct {
 	Logger *zerolog.Logger
 	// Metrics receives per-call counters and latencies. Default: none.
 	Metrics *metrics.Metrics
+	// MaxConnections caps the open connections of each socket (attach and RPC); one
+	// more is accepted and refused with a clear error. Default 0: derived from
+	// RLIMIT_NOFILE.
+	MaxConnections int
 	// SSD enables the SSD tier (DESIGN §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
 }

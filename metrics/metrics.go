@@ -41,6 +41,7 @@ type Metrics struct {
 	duration *prometheus.HistogramVec
 	inflight *prometheus.GaugeVec
 	capacity *capacityCollector
+	events   *events
 
 	// byOp caches the counter and histogram child of each (op, result) so Observe
 	// does one map lookup instead of two label hashes: opKey → *opInstruments.
@@ -75,12 +76,14 @@ func New() *Metrics {
 			Help: "Operations in progress, by operation.",
 		}, []string{"op"}),
 		capacity: newCapacityCollector(capacityMaxAge, capacityTimeout),
+		events:   newEvents(),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ops, m.duration, m.inflight, m.capacity,
 	)
+	m.reg.MustRegister(m.events.collectors()...)
 	return m
 }
 

@@ -12,7 +12,23 @@ namespace py fluxkv._gen.external
 include "common.thrift"
 
 const i32 PROTOCOL_VERSION = 1
+
+// Wire limits: the owner enforces every one of them itself (a client-side check is a
+// convenience, never the guard); clients use them to size their own buffers and waves.
+// The longest key.
 const i32 MAX_KEY_BYTES = 4096
+// The longest frame (4-byte length + message) either side sends or accepts on the
+// RPC socket: a batch of MAX_BATCH keys of MAX_KEY_BYTES fits. Larger: the
+// connection is closed.
+const i32 MAX_FRAME_BYTES = 33554432
+// The largest attach hello or reply frame.
+const i32 MAX_ATTACH_FRAME_BYTES = 65536
+// The longest client name in AttachHello.
+const i32 MAX_HELLO_NAME_BYTES = 256
+// The most items in one batch call, and the most holder ids in one Release.
+const i32 MAX_BATCH = 4096
+// The most holder ids piggybacked in Session.releases on any one call.
+const i32 MAX_RELEASES_PER_CALL = 4096
 
 struct AttachHello {
   1: i32 protocol_version,

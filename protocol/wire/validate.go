@@ -8,8 +8,19 @@ import (
 // MaxKeyBytes is the longest key any server accepts.
 const MaxKeyBytes = int(external.MAX_KEY_BYTES)
 
-// MaxBatch bounds the items of one batch request.
-const MaxBatch = 4096
+// The wire limits of protocol/external.thrift, re-exported: the IDL is their one source.
+const (
+	// MaxBatch bounds the items of one batch request and the ids of one Release.
+	MaxBatch = int(external.MAX_BATCH)
+	// MaxFrameBytes bounds one framed request or reply on the RPC socket.
+	MaxFrameBytes = int(external.MAX_FRAME_BYTES)
+	// MaxAttachFrameBytes bounds the attach hello and reply frames.
+	MaxAttachFrameBytes = int(external.MAX_ATTACH_FRAME_BYTES)
+	// MaxHelloNameBytes bounds AttachHello.name.
+	MaxHelloNameBytes = int(external.MAX_HELLO_NAME_BYTES)
+	// MaxReleasesPerCall bounds Session.releases on any call.
+	MaxReleasesPerCall = int(external.MAX_RELEASES_PER_CALL)
+)
 
 // MaxNodeIDBytes bounds a node id.
 const MaxNodeIDBytes = 256

@@ -1,0 +1,72 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Reasons a socket refuses a connection (the reason label of fluxkv_conn_refused_total).
+const (
+	RefuseCap    = "cap"    // the socket's connection cap (--max-connections) was reached
+	RefuseNoFD   = "no_fd"  // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
+	RefuseHello  = "hello"  // an attach hello that was malformed, too large or refused
+	RefuseFrame  = "frame"  // a frame over the limit or not a CALL
+	RefuseAccept = "accept" // a temporary accept error (retried with backoff)
+)
+
+// Kinds of connection timeouts (the kind label of fluxkv_conn_timeouts_total).
+const (
+	TimeoutHello = "hello" // no complete attach hello within the deadline
+	TimeoutFrame = "frame" // a partial request frame not completed within the deadline
+	TimeoutIdle  = "idle"  // an RPC connection without a live session stayed idle
+)
+
+// events are counters of rare events: refused connections, connection timeouts and
+// corrupt SSD reads.
+type events struct {
+	refused    *prometheus.CounterVec
+	timeouts   *prometheus.CounterVec
+	ssdCorrupt prometheus.Counter
+}
+
+func newEvents() *events {
+	return &events{
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fluxkv_conn_refused_total",
+			Help: "Connections refused or closed early, by socket (attach, rpc) and reason (cap, no_fd, hello, frame, accept).",
+		}, []string{"socket", "reason"}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fluxkv_conn_timeouts_total",
+			Help: "Connections closed by a deadline, by socket (attach, rpc) and kind (hello, frame, idle).",
+		}, []string{"socket", "kind"}),
+		ssdCorrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fluxkv_ssd_corrupt_total",
+			Help: "SSD reads whose record failed verification (checksum, key, version or length mismatch); each dropped that SSD replica.",
+		}),
+	}
+}
+
+func (e *events) collectors() []prometheus.Collector {
+	return []prometheus.Collector{e.refused, e.timeouts, e.ssdCorrupt}
+}
+
+// ConnRefused counts a connection refused or closed early on socket for reason.
+func (m *Metrics) ConnRefused(socket, reason string) {
+	if m == nil {
+		return
+	}
+	m.events.refused.WithLabelValues(socket, reason).Inc()
+}
+
+// ConnTimeout counts a connection closed by a deadline of kind on socket.
+func (m *Metrics) ConnTimeout(socket, kind string) {
+	if m == nil {
+		return
+	}
+	m.events.timeouts.WithLabelValues(socket, kind).Inc()
+}
+
+// SSDCorrupt counts one SSD read that failed record verification.
+func (m *Metrics) SSDCorrupt() {
+	if m == nil {
+		return
+	}
+	m.events.ssdCorrupt.Inc()
+}
