@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudwego/kitex/client"
@@ -19,13 +20,17 @@ import (
 // masterLink is the owner's connection to the master: registration, heartbeats and
 // re-registration after a master restart.
 type masterLink struct {
-	o      *Owner
-	c      masterservice.Client
-	ref    *mp.NodeRef
-	stop   chan struct{}
-	once   sync.Once
-	regMu  sync.Mutex // serialises (re-)registration
-	period time.Duration
+	o        *Owner
+	c        masterservice.Client
+	ref      *mp.NodeRef
+	peerAddr string // the peer service's address, fixed for this incarnation
+	stop     chan struct{}
+	regMu    sync.Mutex   // serialises (re-)registration
+	period   atomic.Int64 // heartbeat period in ns, set by Register replies
+
+	mu      sync.Mutex // protects closed, rereg
+	closed  bool       // no background re-registration starts once set
+	rereg   bool       // a background re-registration is running
 }
 
 func newMasterLink(o *Owner) (*masterLink, error) {
@@ -38,11 +43,22 @@ func newMasterLink(o *Owner) (*masterLink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("master client: %w", err)
 	}
-	return &masterLink{o: o, c: c, stop: make(chan struct{}), period: time.Second,
-		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}, nil
+	m := &masterLink{o: o, c: c, stop: make(chan struct{}), peerAddr: o.peer.addr(),
+		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}
+	m.period.Store(int64(time.Second))
+	return m, nil
 }
 
-func (m *masterLink) close() { m.once.Do(func() { close(m.stop) }) }
+// close stops the heartbeat loop; no background re-registration starts afterwards
+// (running ones are joined by the owner's wait group).
+func (m *masterLink) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		close(m.stop)
+	}
+}
 
 // registerUntil retries Register until it succeeds or ctx ends.
 func (m *masterLink) registerUntil(ctx context.Context) error {
@@ -81,13 +97,12 @@ func (m *masterLink) register(ctx context.Context) error {
 			pins = append(pins, &mp.PinnedRange{PinId: p.putID, Offset: p.offset, Len: p.len})
 		}
 	}
-	// The new master knows no versions: forget cached infos (holders stay pinned).
-	o.invalSeq++
-	clear(o.cache)
-	clear(o.idle) // nobody holds them; the new master never knew them
+	// The new master knows no versions: forget cached infos (held ones stay pinned;
+	// idle ones nobody holds, and the new master never knew them).
+	o.cache.reset()
 	o.mu.Unlock()
 	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
-		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: o.peer.addr(),
+		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr,
 		KvSsdStorage: o.ssdInfo(), Pinned: pins,
 	})
 	if err != nil {
@@ -97,7 +112,7 @@ func (m *masterLink) register(ctx context.Context) error {
 		return err
 	}
 	if resp.HeartbeatIntervalMs > 0 {
-		m.period = time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond
+		m.period.Store(int64(time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond))
 	}
 	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Int("pinned", len(pins)).Msg("registered with master")
 	return nil
@@ -109,7 +124,7 @@ func (m *masterLink) heartbeatLoop() {
 		select {
 		case <-m.stop:
 			return
-		case <-time.After(m.period):
+		case <-time.After(time.Duration(m.period.Load())):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo()})
@@ -129,6 +144,31 @@ func (m *masterLink) heartbeatLoop() {
 	}
 }
 
+// reregisterInBackground registers again in a goroutine the owner's wait group joins;
+// at most one runs at a time, and none starts once the link is closed.
+func (m *masterLink) reregisterInBackground() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.rereg {
+		return
+	}
+	m.rereg = true
+	m.o.wg.Add(1)
+	go func() {
+		defer m.o.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			m.rereg = false
+			m.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := m.register(ctx); err != nil {
+			m.o.log.Warn().Err(err).Msg("re-register failed")
+		}
+	}()
+}
+
 // ctx bounds one master call.
 func (m *masterLink) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), m.o.opts.MasterTimeout)
@@ -141,13 +181,7 @@ func (m *masterLink) check(code common.ErrorCode, msg string, err error) error {
 		return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
 	}
 	if code == common.ErrorCode_STALE_GENERATION {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := m.register(ctx); err != nil {
-				m.o.log.Warn().Err(err).Msg("re-register failed")
-			}
-		}()
+		m.reregisterInBackground()
 		return errCode(common.ErrorCode_UNAVAILABLE, "master lost this owner's registration (restarted); retry: %s", msg)
 	}
 	return wire.FromResponse(code, msg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
@@ -17,8 +18,9 @@ import (
 
 // peerServer serves PeerService (master → owner, owner ↔ owner control calls) over TCP.
 type peerServer struct {
-	ln  net.Listener
-	svr server.Server
+	ln   net.Listener
+	svr  server.Server
+	once sync.Once
 }
 
 func startPeerServer(o *Owner, addr string) (*peerServer, error) {
@@ -44,7 +46,8 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 
 func (p *peerServer) addr() string { return p.ln.Addr().String() }
 
-func (p *peerServer) stop() { p.svr.Stop() }
+// stop stops serving; later calls do nothing.
+func (p *peerServer) stop() { p.once.Do(func() { p.svr.Stop() }) }
 
 type peerHandler struct{ o *Owner }
 
@@ -69,7 +72,7 @@ func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.Invali
 	o.mu.Lock()
 	for _, e := range req.Entries {
 		if e != nil {
-			o.dropCachedLocked(e.Key, e.PutId)
+			o.invalidateLocked(e.Key, e.PutId)
 		}
 	}
 	o.mu.Unlock()

@@ -9,6 +9,10 @@ import (
 	"github.com/fluxkv/fluxkv/shm"
 )
 
+// putEndMemory is how many ended puts a session remembers, so that a PutEnd repeated
+// after a lost reply answers the first outcome (the wire contract's retry rule).
+const putEndMemory = 64
+
 // session is one attached external: its holders and in-flight puts. It lives as long
 // as the attach connection.
 type session struct {
@@ -21,10 +25,16 @@ type session struct {
 	// Protected by Owner.mu.
 	holders map[int64]*holding // external holder id → shared holding
 	puts    map[int64]*pendingPut
+	ended   endedPuts
 	closed  bool
 }
 
-// pendingPut is a put between PutStart and PutEnd/PutAbort.
+func newSession(id, token int64, name string, cred shm.Cred, conn *net.UnixConn) *session {
+	return &session{id: id, token: token, name: name, cred: cred, conn: conn,
+		holders: make(map[int64]*holding), puts: make(map[int64]*pendingPut)}
+}
+
+// pendingPut is a put between PutStart and the end of its PutEnd or PutAbort.
 type pendingPut struct {
 	key    string
 	putID  int64
@@ -33,24 +43,41 @@ type pendingPut struct {
 	// pinned: the master restarted during the put; the new master keeps the range as a
 	// pin (id = putID) that must be acked, and the put cannot complete.
 	pinned bool
+	// ending is closed when the PutEnd in progress finished (nil: none started); a
+	// repeated PutEnd meanwhile waits for it and answers its outcome.
+	ending  chan struct{}
+	outcome error
 }
 
-// holding is one master holder, shared by every external holder of the same key
-// version on this owner (the owner's "cached info").
-type holding struct {
-	key      string
-	putID    int64
-	offset   int64
-	len      int64
-	source   common.Source
-	masterID int64
-	refs     int       // external holders referring to it
-	idle     time.Time // when refs dropped to 0 while cached (zero: in use)
-	// replica: the holding views the key's memory replica itself (local reuse or a
-	// promoted refill), so keeping it cached after release costs no extra memory. A
-	// temporary refill target is released at once instead: its space serves the next
-	// refill rather than pushing a replica out.
-	replica bool
+// endedPuts remembers the outcome of a session's last putEndMemory ended puts.
+type endedPuts struct {
+	order []int64 // oldest first
+	byID  map[int64]endedPut
+}
+
+type endedPut struct {
+	key     string
+	outcome error
+}
+
+func (e *endedPuts) add(putID int64, key string, outcome error) {
+	if e.byID == nil {
+		e.byID = make(map[int64]endedPut, putEndMemory)
+	}
+	if len(e.order) == putEndMemory {
+		delete(e.byID, e.order[0])
+		e.order = e.order[1:]
+	}
+	e.order = append(e.order, putID)
+	e.byID[putID] = endedPut{key: key, outcome: outcome}
+}
+
+func (e *endedPuts) lookup(putID int64, key string) (outcome error, ok bool) {
+	p, ok := e.byID[putID]
+	if !ok || p.key != key {
+		return nil, false
+	}
+	return p.outcome, true
 }
 
 // sessionLocked checks a request's session: known client, matching token, current
@@ -69,15 +96,20 @@ func (o *Owner) sessionLocked(s *external.Session) (*session, error) {
 	return c, nil
 }
 
+// sessionLive reports whether client id names an attached session (the RPC server
+// closes idle connections of dead sessions).
+func (o *Owner) sessionLive(id int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := o.sessions[id]
+	return c != nil && !c.closed
+}
+
 // newHolderLocked gives the session a new external holder on h (reviving it if it was
 // idle in the cache).
 func (o *Owner) newHolderLocked(c *session, h *holding) int64 {
 	o.nextID++
-	if h.refs == 0 {
-		delete(o.idle, h)
-		h.idle = time.Time{}
-	}
-	h.refs++
+	o.cache.ref(h)
 	c.holders[o.nextID] = h
 	return o.nextID
 }
@@ -91,42 +123,24 @@ func (o *Owner) releaseLocked(c *session, id int64) bool {
 		return false
 	}
 	delete(c.holders, id)
-	o.unrefLocked(h)
+	o.ackLocked(o.cache.unref(h, time.Now()))
 	return true
 }
 
-func (o *Owner) unrefLocked(h *holding) {
-	h.refs--
-	if h.refs > 0 {
-		return
+// ackLocked queues master holder ids for BatchDeleteAck (0 = nothing).
+func (o *Owner) ackLocked(ids ...int64) {
+	for _, id := range ids {
+		if id != 0 {
+			o.acks.add(id)
+		}
 	}
-	if o.cache[h.key] == h && o.opts.CacheGrace > 0 && h.replica {
-		h.idle = time.Now()
-		o.idle[h] = struct{}{}
-		return
-	}
-	o.forgetLocked(h)
-}
-
-// forgetLocked drops an unreferenced holding from the cache and acks it to the master.
-func (o *Owner) forgetLocked(h *holding) {
-	if o.cache[h.key] == h {
-		delete(o.cache, h.key)
-	}
-	delete(o.idle, h)
-	o.acks.add(h.masterID)
 }
 
 // sweepIdle acks idle cached holdings whose grace ran out (all of them with force).
 func (o *Owner) sweepIdle(force bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	cutoff := time.Now().Add(-o.opts.CacheGrace)
-	for h := range o.idle {
-		if force || h.idle.Before(cutoff) {
-			o.forgetLocked(h)
-		}
-	}
+	o.ackLocked(o.cache.sweep(time.Now(), force)...)
 }
 
 // idleLoop ends cache grace periods.
@@ -145,15 +159,13 @@ func (o *Owner) idleLoop(stop <-chan struct{}) {
 	}
 }
 
-// dropCachedLocked forgets the cached info of key (any version ≤ putID; 0 = any) so
-// the next get asks the master. Live holders keep their bytes.
-func (o *Owner) dropCachedLocked(key string, putID int64) {
-	o.invalSeq++
-	if h := o.cache[key]; h != nil && (putID == 0 || h.putID <= putID) {
-		delete(o.cache, key)
-		if h.refs == 0 {
-			o.forgetLocked(h)
-		}
+// invalidateLocked declares every version of key up to upTo dead on this owner
+// (math.MaxInt64: any version): its cached info is dropped (live holders keep their
+// bytes) and so are its SSD entries.
+func (o *Owner) invalidateLocked(key string, upTo int64) {
+	o.ackLocked(o.cache.invalidate(key, upTo))
+	if o.store != nil && upTo > 0 {
+		o.store.Forget(key, upTo)
 	}
 }
 
@@ -171,7 +183,12 @@ func (o *Owner) endSession(c *session, why string) {
 	for id := range c.holders {
 		o.releaseLocked(c, id)
 	}
-	puts := c.puts
+	var puts []*pendingPut
+	for _, p := range c.puts {
+		if p.ending == nil { // a PutEnd in progress finishes (or revokes) by itself
+			puts = append(puts, p)
+		}
+	}
 	c.puts = nil
 	o.mu.Unlock()
 	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)

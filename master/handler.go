@@ -124,7 +124,7 @@ func (h *handler) Delete(ctx context.Context, req *mp.DeleteRequest) (*mp.Delete
 	resp := &mp.DeleteResponse{}
 	var invs []Invalidation
 	err := h.s.withState(func(st *State) (err error) {
-		resp.Deleted, invs, err = st.Delete(ref(req.Node), req.Key)
+		resp.Deleted, resp.PutId, invs, err = st.Delete(ref(req.Node), req.Key)
 		return err
 	})
 	h.s.inval.add(invs)
@@ -143,11 +143,11 @@ func (h *handler) Exists(ctx context.Context, req *mp.ExistsRequest) (*mp.Exists
 }
 
 func (h *handler) SsdReplicaCommit(ctx context.Context, req *mp.SsdReplicaCommitRequest) (*mp.SsdReplicaCommitResponse, error) {
-	err := h.s.withState(func(st *State) error {
-		_, err := st.SsdReplicaCommit(ref(req.Node), req.Key, req.PutId, req.Len)
+	resp := &mp.SsdReplicaCommitResponse{}
+	err := h.s.withState(func(st *State) (err error) {
+		resp.Published, err = st.SsdReplicaCommit(ref(req.Node), req.Key, req.PutId, req.Len)
 		return err
 	})
-	resp := &mp.SsdReplicaCommitResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

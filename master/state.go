@@ -152,7 +152,9 @@ func (s *State) PutDone(now time.Time, ref NodeRef, key string, putID int64) ([]
 			Offset: p.target.Offset(), Len: p.target.Len()}
 	}
 	s.setMemoryLocked(key, r, n, p.target, task == nil)
-	return s.invalidationsLocked(n, key, putID), task, nil
+	// Versions older than putID are dead everywhere; putID itself may already be
+	// cached (or persisted) by another owner that read it: keep that.
+	return s.invalidationsLocked(n, key, putID-1), task, nil
 }
 
 // PutRevoke abandons an in-flight put and frees its target.
@@ -169,23 +171,23 @@ func (s *State) PutRevoke(ref NodeRef, key string, putID int64) error {
 	return nil
 }
 
-// Delete removes a key. It returns whether the key existed and the owners whose cached
-// info must be invalidated.
-func (s *State) Delete(ref NodeRef, key string) (bool, []Invalidation, error) {
+// Delete removes a key. It returns whether the key existed, the put id of the version
+// it removed (0: no route), and the owners whose cached info must be invalidated.
+func (s *State) Delete(ref NodeRef, key string) (existed bool, putID int64, invs []Invalidation, err error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
-		return false, nil, err
+		return false, 0, nil, err
 	}
 	if err := wire.ValidateKey(key); err != nil {
-		return false, nil, err
+		return false, 0, nil, err
 	}
 	r := s.routes[key]
 	if r == nil {
-		return false, nil, nil
+		return false, 0, nil, nil
 	}
-	existed := r.readable()
+	existed = r.readable()
 	s.dropRouteLocked(key, r)
-	return existed, s.invalidationsLocked(n, key, r.putID), nil
+	return existed, r.putID, s.invalidationsLocked(n, key, r.putID), nil
 }
 
 // Exists reports whether a key has a readable replica.

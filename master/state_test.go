@@ -154,7 +154,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		u, err := st.BatchDeleteAck(nref(st, d), ids)
 		return fmt.Sprintf("unknown=%d\n", u), err
 	case "delete":
-		ok, invs, err := st.Delete(nref(st, d), key)
+		ok, _, invs, err := st.Delete(nref(st, d), key)
 		return fmt.Sprintf("deleted=%v%s\n", ok, fmtInv(invs)), err
 	case "exists":
 		ok, err := st.Exists(nref(st, d), key)

@@ -161,6 +161,9 @@ struct DeleteResponse {
   1: common.ErrorCode code,
   2: string message,
   3: bool deleted,
+  // The version the delete removed (0: the key had no route). The requesting owner
+  // drops its cached info and SSD entries of every version up to it.
+  4: i64 put_id,
 }
 
 struct ExistsRequest {
@@ -185,6 +188,10 @@ struct SsdReplicaCommitRequest {
 struct SsdReplicaCommitResponse {
   1: common.ErrorCode code,
   2: string message,
+  // Whether the SSD replica was published. False for a late commit (the key no longer
+  // has that put_id, the node lost the memory replica, or it was tombed): the owner
+  // then drops the entry from its ring index.
+  3: bool published,
 }
 
 struct BatchSsdReplicaEvictRequest {

@@ -42,6 +42,8 @@ struct SsdStageReadResponse {
   4: bool done_promoted,
 }
 
+// Each entry tells the owner that every version of key up to put_id is dead: it drops
+// its cached info and its SSD entries of those versions (live holders keep their bytes).
 struct InvalidateCachedInfoRequest {
   1: list<common.KeyVersion> entries,
   2: i64 generation,

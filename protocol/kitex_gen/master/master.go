@@ -1231,6 +1231,7 @@ type DeleteResponse struct {
 	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
 	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
 	Deleted bool             `thrift:"deleted,3" frugal:"3,default,bool" json:"deleted"`
+	PutId   int64            `thrift:"put_id,4" frugal:"4,default,i64" json:"put_id"`
 }
 
 func NewDeleteResponse() *DeleteResponse {
@@ -1251,6 +1252,10 @@ func (p *DeleteResponse) GetMessage() (v string) {
 func (p *DeleteResponse) GetDeleted() (v bool) {
 	return p.Deleted
 }
+
+func (p *DeleteResponse) GetPutId() (v int64) {
+	return p.PutId
+}
 func (p *DeleteResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -1259,6 +1264,9 @@ func (p *DeleteResponse) SetMessage(val string) {
 }
 func (p *DeleteResponse) SetDeleted(val bool) {
 	p.Deleted = val
+}
+func (p *DeleteResponse) SetPutId(val int64) {
+	p.PutId = val
 }
 
 func (p *DeleteResponse) String() string {
@@ -1272,6 +1280,7 @@ var fieldIDToName_DeleteResponse = map[int16]string{
 	1: "code",
 	2: "message",
 	3: "deleted",
+	4: "put_id",
 }
 
 type ExistsRequest struct {
@@ -1434,8 +1443,9 @@ var fieldIDToName_SsdReplicaCommitRequest = map[int16]string{
 }
 
 type SsdReplicaCommitResponse struct {
-	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Code      common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message   string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Published bool             `thrift:"published,3" frugal:"3,default,bool" json:"published"`
 }
 
 func NewSsdReplicaCommitResponse() *SsdReplicaCommitResponse {
@@ -1452,11 +1462,18 @@ func (p *SsdReplicaCommitResponse) GetCode() (v common.ErrorCode) {
 func (p *SsdReplicaCommitResponse) GetMessage() (v string) {
 	return p.Message
 }
+
+func (p *SsdReplicaCommitResponse) GetPublished() (v bool) {
+	return p.Published
+}
 func (p *SsdReplicaCommitResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
 func (p *SsdReplicaCommitResponse) SetMessage(val string) {
 	p.Message = val
+}
+func (p *SsdReplicaCommitResponse) SetPublished(val bool) {
+	p.Published = val
 }
 
 func (p *SsdReplicaCommitResponse) String() string {
@@ -1469,6 +1486,7 @@ func (p *SsdReplicaCommitResponse) String() string {
 var fieldIDToName_SsdReplicaCommitResponse = map[int16]string{
 	1: "code",
 	2: "message",
+	3: "published",
 }
 
 type BatchSsdReplicaEvictRequest struct {

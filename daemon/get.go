@@ -1,0 +1,50 @@
+package daemon
+
+import (
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// The owner's get path, one file per step:
+//   get.go       the entry: cached info first (no master trip), else plan, then cache
+//   get_plan.go  GetStart and the re-plan loop; revokes
+//   get_local.go a memory replica in this segment: the master reused it, nothing moves
+//   get_ssd.go   an SSD replica on this owner: refill into the target, confirm
+// The holder cache itself (holdercache.go) is a plain type under Owner.mu.
+
+// get hands the session a holder: from the cached info when a holder of the key's
+// current version lives here or was released within the cache grace (no master trip),
+// else through master GetStart (and an SSD refill when that is the source).
+func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
+	if err := wire.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	if h := o.cache.lookup(key); h != nil {
+		id := o.newHolderLocked(c, h)
+		o.mu.Unlock()
+		return holderResponse(id, h), nil
+	}
+	seq := o.cache.invalSeq()
+	o.mu.Unlock()
+
+	h, err := o.planGet(key)
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if c.closed {
+		o.ackLocked(h.masterID)
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "session closed")
+	}
+	h, acks := o.cache.install(h, seq)
+	o.ackLocked(acks...)
+	id := o.newHolderLocked(c, h)
+	return holderResponse(id, h), nil
+}
+
+func holderResponse(id int64, h *holding) *external.GetResponse {
+	return &external.GetResponse{HolderId: id, Offset: h.offset, Len: h.len, Source: h.source, PutId: h.putID}
+}

@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"errors"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/ssd"
+)
+
+// refill serves a get planned from SSD on this owner: the shard is read straight into
+// the target the master allocated in this segment (direct when aligned, else through a
+// scratch buffer) and verified (checksums, key, version, length). The master recorded
+// the holder at GetStart, so the bytes go out as soon as the read completed and
+// verified; GetDone (promotion) follows in the background. A failed or corrupt read
+// revokes the get with drop_ssd_source so the master forgets that replica (and the
+// holder); the bytes in the target never reach anyone.
+func (o *Owner) refill(key string, plan *mp.GetStartResponse) (*holding, error) {
+	h := &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset}
+	var err error
+	switch {
+	case o.store == nil:
+		err = errCode(common.ErrorCode_UNAVAILABLE, "this owner has no SSD tier")
+	case plan.TargetOffset < 0 || plan.Len <= 0 || plan.TargetOffset+ssd.AlignedLen(plan.Len) > o.seg.Size():
+		err = errCode(common.ErrorCode_INTERNAL, "refill target [%d,+%d) outside the segment", plan.TargetOffset, plan.Len)
+	default:
+		// The target range spans whole 512-byte granules, so the aligned read's padding
+		// stays inside it (and never reaches the holder, which has the real length).
+		dst := o.seg.Bytes()[plan.TargetOffset : plan.TargetOffset+ssd.AlignedLen(plan.Len)]
+		err = o.store.LoadInto(key, plan.PutId, dst, plan.Len)
+		if errors.Is(err, ssd.ErrCorrupt) {
+			o.opts.Metrics.SSDCorrupt()
+			o.log.Error().Err(err).Str("key", key).Int64("put_id", plan.PutId).Msg("corrupt SSD record dropped")
+		}
+	}
+	if err != nil {
+		o.revokeGet(key, plan.GetId, true)
+		return nil, err
+	}
+	if plan.HolderId == 0 {
+		// A master that did not pre-record the holder: confirm before handing out.
+		ctx, cancel := o.master.ctx()
+		defer cancel()
+		done, derr := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
+		if err := o.master.check(respCode(done, derr)); err != nil {
+			return nil, err
+		}
+		h.masterID, h.replica = done.HolderId, done.Promoted
+		return h, nil
+	}
+	h.masterID = plan.HolderId
+	o.wg.Add(1)
+	go o.confirmRefill(key, plan.GetId, h)
+	return h, nil
+}
+
+// confirmRefill sends GetDone for a refill already handed out. A promoted target is
+// the key's memory replica from then on, so its holding may stay cached after release.
+func (o *Owner) confirmRefill(key string, getID int64, h *holding) {
+	defer o.wg.Done()
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	done, err := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: getID})
+	if err := o.master.check(respCode(done, err)); err != nil {
+		// The holder stays valid (the master keeps it until acked); only the
+		// promotion is lost.
+		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")
+		return
+	}
+	o.mu.Lock()
+	h.replica = done.Promoted
+	o.mu.Unlock()
+}

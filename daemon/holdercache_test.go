@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+)
+
+// TestHolderCacheScript replays testdata/holdercache.txt against holderCache: cache
+// hits, installs racing invalidations (the invalidation sequence), grace periods,
+// re-registration. Holdings are named by their master holder id.
+func TestHolderCacheScript(t *testing.T) {
+	c := newHolderCache(20 * time.Millisecond)
+	now := time.Unix(1000, 0)
+	byID := make(map[int64]*holding)
+	datadriven.RunTest(t, "testdata/holdercache.txt", func(t *testing.T, d *datadriven.TestData) string {
+		argStr := func(k string) string {
+			for _, a := range d.CmdArgs {
+				if a.Key == k {
+					if len(a.Vals) == 0 {
+						return "true"
+					}
+					return a.Vals[0]
+				}
+			}
+			return ""
+		}
+		argInt := func(k string) int64 {
+			v := argStr(k)
+			if v == "" {
+				return 0
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", d.Pos, err)
+			}
+			return n
+		}
+		switch d.Cmd {
+		case "get": // a get that finds cached info takes an external holder on it
+			h := c.lookup(argStr("key"))
+			if h == nil {
+				return fmt.Sprintf("miss seq=%d\n", c.invalSeq())
+			}
+			c.ref(h)
+			return fmt.Sprintf("hit holding=%d put=%d refs=%d\n", h.masterID, h.putID, h.refs)
+		case "plan": // a get's master trip returned holding `holder`; seq is what the get read before it
+			h := &holding{key: argStr("key"), putID: argInt("put"), masterID: argInt("holder"), replica: argStr("replica") == "true"}
+			seq := c.invalSeq()
+			if argStr("seq") != "" {
+				seq = uint64(argInt("seq"))
+			}
+			byID[h.masterID] = h
+			use, acks := c.install(h, seq)
+			c.ref(use)
+			return fmt.Sprintf("use=%d acks=%v\n", use.masterID, acks)
+		case "release":
+			h := byID[argInt("holding")]
+			if ack := c.unref(h, now); ack != 0 {
+				return fmt.Sprintf("ack=%d\n", ack)
+			}
+			if h.refs > 0 {
+				return fmt.Sprintf("refs=%d\n", h.refs)
+			}
+			return "idle\n"
+		case "invalidate":
+			upTo := int64(math.MaxInt64)
+			if argStr("upto") != "" {
+				upTo = argInt("upto")
+			}
+			return fmt.Sprintf("ack=%d\n", c.invalidate(argStr("key"), upTo))
+		case "tick":
+			dur, err := time.ParseDuration(argStr("d"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now = now.Add(dur)
+			return "ok\n"
+		case "sweep":
+			return fmt.Sprintf("acks=%v\n", c.sweep(now, argStr("force") == "true"))
+		case "reset":
+			c.reset()
+			return "ok\n"
+		case "state":
+			var b strings.Builder
+			keys := make([]string, 0, c.len())
+			for k := range c.byKey {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				h := c.byKey[k]
+				idle := ""
+				if !h.idle.IsZero() {
+					idle = fmt.Sprintf(" idle_since=%v", h.idle.Sub(time.Unix(1000, 0)))
+				}
+				fmt.Fprintf(&b, "%s: holding=%d put=%d refs=%d%s\n", k, h.masterID, h.putID, h.refs, idle)
+			}
+			fmt.Fprintf(&b, "idle=%d seq=%d\n", c.idleLen(), c.invalSeq())
+			return b.String()
+		}
+		t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
+		return ""
+	})
+}
+
+func TestHolderCacheUnrefUnderflowPanics(t *testing.T) {
+	c := newHolderCache(time.Second)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("releasing an unheld holding did not panic")
+		}
+	}()
+	c.unref(&holding{key: "k"}, time.Now())
+}

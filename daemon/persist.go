@@ -1,0 +1,74 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// ssdInfo is what the owner declares about its SSD tier at Register and Heartbeat.
+func (o *Owner) ssdInfo() *mp.KvSsdStorageInfo {
+	if o.store == nil {
+		return &mp.KvSsdStorageInfo{}
+	}
+	st := o.store.Stats()
+	return &mp.KvSsdStorageInfo{Enabled: true, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes}
+}
+
+// persist writes the memory replica of key@putID to the local SSD ring and commits it
+// at the master; the commit pin keeps the SSD entry from being overwritten until the
+// master answered. The master keeps the memory range alive meanwhile.
+func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
+	if o.store == nil {
+		return errCode(common.ErrorCode_UNAVAILABLE, "this owner has no SSD tier")
+	}
+	if req.Generation != o.generation {
+		return errCode(common.ErrorCode_STALE_GENERATION, "persist for generation %d, this owner is %d", req.Generation, o.generation)
+	}
+	if err := wire.ValidateKey(req.Key); err != nil {
+		return err
+	}
+	if req.Offset < 0 || req.Len <= 0 || req.Offset+req.Len > o.seg.Size() {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "range [%d,+%d) outside the segment", req.Offset, req.Len)
+	}
+	pin, err := o.store.Persist(req.Key, req.PutId, o.seg.Bytes()[req.Offset:req.Offset+req.Len])
+	if err != nil {
+		return errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
+	}
+	defer pin.Release()
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.c.SsdReplicaCommit(ctx, &mp.SsdReplicaCommitRequest{Node: o.master.ref, Key: req.Key, PutId: req.PutId, Len: req.Len})
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		return err
+	}
+	if !resp.Published {
+		// The version died while it was written (deleted, overwritten, node tombed):
+		// the entry must not hold ring space nor count as used.
+		o.store.Forget(req.Key, req.PutId)
+	}
+	return nil
+}
+
+// forwardEvictions reports SSD ring evictions to the master in the storage's batches.
+func (o *Owner) forwardEvictions() {
+	defer o.wg.Done()
+	for batch := range o.store.Evictions() {
+		entries := make([]*common.KeyVersion, len(batch))
+		for i, e := range batch {
+			entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := o.master.c.BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
+		cancel()
+		if err := o.master.check(respCode(resp, err)); err != nil {
+			// A master that lost us forgot these routes anyway; an unreachable one will
+			// find a failed read (ErrNotFound) and drop the replica then.
+			o.log.Warn().Err(err).Int("entries", len(entries)).Msg("SSD eviction report failed")
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package daemon
+
+import (
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// putStart asks the master for a target and records the in-flight put in the session.
+func (o *Owner) putStart(c *session, key string, length int64, opts *external.PutOptions) (putID, offset int64, err error) {
+	if err := wire.ValidateKey(key); err != nil {
+		return 0, 0, err
+	}
+	if err := wire.ValidateLen(length, o.seg.Size()); err != nil {
+		return 0, 0, err
+	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	acks := o.acks.take()
+	resp, err := o.master.c.PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: key, Len: length,
+		RejectIfExists: opts != nil && opts.RejectIfExists, Acks: acks})
+	if err != nil {
+		o.acks.giveBack(acks)
+	}
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		return 0, 0, err
+	}
+	p := &pendingPut{key: key, putID: resp.PutId, offset: resp.SourceOffset, len: length}
+	if resp.TargetNodeId != o.opts.NodeID {
+		o.abandonPut(p)
+		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "master placed the put on node %q: owner-to-owner transfer is not available in this build", resp.TargetNodeId)
+	}
+	o.mu.Lock()
+	if c.closed {
+		o.mu.Unlock()
+		o.abandonPut(p)
+		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "session closed")
+	}
+	c.puts[p.putID] = p
+	o.mu.Unlock()
+	return p.putID, p.offset, nil
+}
+
+// putEnd publishes the put; the owner's cached info of the key is dropped only after
+// the master published the new version, so no get can cache the old one afterwards.
+// A PutEnd repeated on the same session (its reply was lost) answers the outcome of
+// the first: it waits for one still in progress, or finds it among the session's last
+// putEndMemory ended puts.
+func (o *Owner) putEnd(c *session, key string, putID int64) error {
+	o.mu.Lock()
+	p := c.puts[putID]
+	switch {
+	case p != nil && p.key == key && p.ending != nil:
+		o.mu.Unlock()
+		<-p.ending
+		return p.outcome
+	case p == nil || p.key != key:
+		outcome, ok := c.ended.lookup(putID, key)
+		o.mu.Unlock()
+		if ok {
+			return outcome
+		}
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, aborted, or ended longer ago than the last %d puts)", putID, putEndMemory)
+	}
+	p.ending = make(chan struct{})
+	o.mu.Unlock()
+
+	err := o.publish(p)
+
+	o.mu.Lock()
+	delete(c.puts, putID)
+	c.ended.add(putID, key, err)
+	p.outcome = err
+	close(p.ending)
+	o.mu.Unlock()
+	return err
+}
+
+// publish runs PutDone for p. On success the key's older versions are dead here: the
+// cached info and SSD entries of versions before putID go.
+func (o *Owner) publish(p *pendingPut) error {
+	if p.pinned {
+		o.acks.add(p.putID)
+		return errCode(common.ErrorCode_UNAVAILABLE, "the master restarted during this put; the value was not stored")
+	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.c.PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
+	if err != nil {
+		o.abandonPut(p) // best effort: the master may not have seen PutDone
+	}
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	o.invalidateLocked(p.key, p.putID-1)
+	o.mu.Unlock()
+	return nil
+}
+
+func (o *Owner) putAbort(c *session, key string, putID int64) error {
+	o.mu.Lock()
+	p := c.puts[putID]
+	if p == nil || p.key != key || p.ending != nil {
+		o.mu.Unlock()
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ended or aborted)", putID)
+	}
+	delete(c.puts, putID)
+	o.mu.Unlock()
+	o.abandonPut(p)
+	return nil
+}
+
+// abandonPut frees an in-flight put's target at the master (or acks its pin).
+func (o *Owner) abandonPut(p *pendingPut) {
+	if p.pinned {
+		o.acks.add(p.putID)
+		return
+	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.c.PutRevoke(ctx, &mp.PutRevokeRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		o.log.Warn().Err(err).Str("key", p.key).Int64("put_id", p.putID).Msg("put revoke failed; the master's TTL will reclaim it")
+	}
+}

@@ -1,0 +1,123 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/master"
+)
+
+// shardFiles lists the SSD tier's files under the storage's paths.
+func shardFiles(t *testing.T, n *node) []string {
+	t.Helper()
+	var files []string
+	for _, p := range n.o.opts.SSD.Paths {
+		filepath.WalkDir(p, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				files = append(files, path)
+			}
+			return nil
+		})
+	}
+	if len(files) == 0 {
+		t.Fatal("no shard files found")
+	}
+	return files
+}
+
+// TestSSDCorruptRecordNeverServed is the outside test's finding: shard files
+// truncated under a running owner, then more puts. Every get of an evicted key must
+// answer its exact bytes or a clean miss/UNAVAILABLE, never other bytes; each corrupt
+// record is dropped and counted.
+func TestSSDCorruptRecordNeverServed(t *testing.T) {
+	so := ssdOptions(t, 64<<20)
+	n := startNode(t, 4<<20, so, master.Options{})
+	const size = 1 << 20
+	var keys []string
+	for i := 0; i < 12; i++ {
+		k := fmt.Sprintf("c-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	for _, f := range shardFiles(t, n) {
+		if err := os.Truncate(f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// More puts: the ring writes past the truncation, leaving holes (zeros) behind.
+	for i := 12; i < 14; i++ {
+		k := fmt.Sprintf("c-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	var hitsMem, hitsSSD, misses int
+	for i, k := range keys {
+		h, err := n.c.Get(k)
+		switch {
+		case errors.Is(err, fluxkv.ErrKeyNotFound), errors.Is(err, fluxkv.ErrUnavailable):
+			misses++
+			continue
+		case err != nil:
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), value(i, size)) {
+			t.Fatalf("get %s (%s): wrong bytes", k, h.Source())
+		}
+		if h.Source() == "ssd" {
+			hitsSSD++
+		} else {
+			hitsMem++
+		}
+		h.Release()
+	}
+	st := n.o.store.Stats()
+	t.Logf("memory hits %d, SSD hits %d, misses %d, corrupt reads %d", hitsMem, hitsSSD, misses, st.CorruptReads)
+	if misses == 0 || st.CorruptReads == 0 {
+		t.Fatalf("the truncated records were not detected: %d misses, %d corrupt reads", misses, st.CorruptReads)
+	}
+	n.drain(t, keys)
+}
+
+// TestSSDDeleteForgetsEntries: deleted and overwritten keys leave the ring's index at
+// once, and used bytes count live records only.
+func TestSSDDeleteForgetsEntries(t *testing.T) {
+	so := ssdOptions(t, 64<<20)
+	n := startNode(t, 32<<20, so, master.Options{})
+	for i := 0; i < 4; i++ {
+		if err := n.c.Put(fmt.Sprintf("d-%d", i), value(i, 100<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	if st := n.o.store.Stats(); st.Entries != 4 || st.UsedBytes == 0 {
+		t.Fatalf("after 4 persisted puts: %d entries, %d used bytes", st.Entries, st.UsedBytes)
+	}
+	// Overwrite one: still one entry for it (the new version's).
+	if err := n.c.Put("d-0", value(9, 50<<10)); err != nil {
+		t.Fatal(err)
+	}
+	n.waitPersisted(t)
+	if st := n.o.store.Stats(); st.Entries != 4 {
+		t.Fatalf("after an overwrite: %d entries, want 4", st.Entries)
+	}
+	for i := 0; i < 4; i++ {
+		if _, err := n.c.Delete(fmt.Sprintf("d-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := n.o.store.Stats(); st.Entries != 0 || st.UsedBytes != 0 {
+		t.Fatalf("after deleting every key: %d entries, %d used bytes; want 0, 0", st.Entries, st.UsedBytes)
+	}
+	n.drain(t, nil)
+}
