@@ -6,12 +6,13 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 )
 
 // putEndMemory is how many ended puts a session remembers, so that a PutEnd repeated
 // after a lost reply answers the first outcome (the wire contract's retry rule).
-const putEndMemory = 64
+const putEndMemory = wire.PutEndMemory
 
 // session is one attached external: its holders and in-flight puts. It lives as long
 // as the attach connection.

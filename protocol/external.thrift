@@ -30,6 +30,40 @@ const i32 MAX_BATCH = 4096
 // The most holder ids piggybacked in Session.releases on any one call.
 const i32 MAX_RELEASES_PER_CALL = 4096
 
+// Retry rules. A call "fails in transport" when no answer came back: the connection
+// broke, was refused, or the call timed out. Whether it may be sent again depends on the
+// call (each one's comment in ExternalService says which rule it follows):
+//
+// - RETRY SAFE (Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete, PutAbort,
+//   BatchPutAbort): send again after a transport failure, on a fresh RPC connection,
+//   or after STALE_GENERATION once re-attached (the owner restarted).
+// - RETRY ON THE SAME SESSION (PutEnd, BatchPutEnd): the owner remembers the outcome of
+//   each session's last PUT_END_MEMORY ended puts and answers a repeated PutEnd with
+//   the same code. After a lost reply the client sends PutEnd again on the same session
+//   (same attach connection, any RPC connection), never the whole put. If the session
+//   itself is gone (STALE_GENERATION, or the owner closed the attach connection), or a
+//   repeated PutEnd is answered INVALID_ARGUMENT (the put is no longer remembered), the
+//   put's outcome is unknown: without reject_if_exists the client redoes the whole put
+//   on the current session (the same bytes: harmless); with reject_if_exists it reports
+//   UNAVAILABLE saying the outcome is unknown, never ALREADY_EXISTS for its own put.
+// - RETRY WHEN UNSENT (PutStart, BatchPutStart): sent again only when the request never
+//   left (the connection could not be opened) or the session is gone (its end revoked
+//   any put the lost request started). A lost reply on a live session leaves a pending
+//   put that the owner revokes when the session ends: the client reports UNAVAILABLE.
+// - NEVER RETRIED (Release): the ids of a failed Release stay queued and ride on later
+//   calls, at most MAX_RELEASES_PER_CALL per call. Releasing twice answers
+//   INVALID_ARGUMENT for that id and does no harm.
+
+// How many ended puts (PutEnd or BatchPutEnd items) per session the owner remembers
+// the outcome of, to answer a repeated PutEnd.
+const i32 PUT_END_MEMORY = 64
+// Batch puts go in waves (BatchPutStart, copy, BatchPutEnd) that hold at most
+// segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes started and not yet ended, and at most
+// MAX_BATCH items, so a batch never waits for space only it holds. An item larger than
+// the segment fails the whole batch with INVALID_ARGUMENT before anything starts; an
+// item larger than the wave bound goes alone in its wave.
+const i32 PUT_WAVE_SEGMENT_DIVISOR = 2
+
 struct AttachHello {
   1: i32 protocol_version,
   2: string name,
@@ -230,18 +264,34 @@ struct StatResponse {
 }
 
 service ExternalService {
+  // Starts a put: reserves len bytes at offset. Rule: RETRY WHEN UNSENT.
   PutStartResponse PutStart(1: PutStartRequest req),
+  // Publishes a started put. Rule: RETRY ON THE SAME SESSION; a repeat within
+  // PUT_END_MEMORY ended puts answers the first outcome, an older one INVALID_ARGUMENT.
   PutEndResponse PutEnd(1: PutEndRequest req),
+  // Gives a started put back. Rule: RETRY SAFE; an unknown put (already ended, aborted
+  // or revoked) answers INVALID_ARGUMENT: treat as done.
   PutAbortResponse PutAbort(1: PutAbortRequest req),
+  // Rule: RETRY SAFE (a lost reply's holder is released when the session ends).
   GetResponse Get(1: GetRequest req),
+  // Rule: NEVER RETRIED; at most MAX_BATCH holder_ids.
   ReleaseResponse Release(1: ReleaseRequest req),
+  // Rule: RETRY SAFE; a retried delete may report deleted=false.
   DeleteResponse Delete(1: DeleteRequest req),
+  // Rule: RETRY SAFE.
   ExistsResponse Exists(1: ExistsRequest req),
+  // At most MAX_BATCH items; results[i] answers items[i]. Rule: RETRY WHEN UNSENT.
   BatchPutStartResponse BatchPutStart(1: BatchPutStartRequest req),
+  // At most MAX_BATCH items. Rule: RETRY ON THE SAME SESSION, read per item.
   BatchPutEndResponse BatchPutEnd(1: BatchPutEndRequest req),
+  // At most MAX_BATCH items. Rule: RETRY SAFE.
   BatchPutAbortResponse BatchPutAbort(1: BatchPutAbortRequest req),
+  // At most MAX_BATCH keys. Rule: RETRY SAFE.
   BatchGetResponse BatchGet(1: BatchKeysRequest req),
+  // At most MAX_BATCH keys. Rule: RETRY SAFE.
   BatchExistsResponse BatchExists(1: BatchKeysRequest req),
+  // At most MAX_BATCH keys. Rule: RETRY SAFE; a retried delete may report deleted=false.
   BatchDeleteResponse BatchDelete(1: BatchKeysRequest req),
+  // Rule: RETRY SAFE.
   StatResponse Stat(1: StatRequest req),
 }

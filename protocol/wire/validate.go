@@ -22,6 +22,22 @@ const (
 	MaxReleasesPerCall = int(external.MAX_RELEASES_PER_CALL)
 )
 
+// The retry rules of protocol/external.thrift, re-exported (the IDL comments state them).
+const (
+	// PutEndMemory is how many ended puts per session the owner remembers the outcome
+	// of, to answer a repeated PutEnd with the first answer.
+	PutEndMemory = int(external.PUT_END_MEMORY)
+	// PutWaveSegmentDivisor: a batch put's wave holds at most segment/PutWaveSegmentDivisor
+	// bytes started and not yet ended.
+	PutWaveSegmentDivisor = int64(external.PUT_WAVE_SEGMENT_DIVISOR)
+)
+
+// PutWaveBytes is the most bytes one wave of a batch put may hold started and not yet
+// ended on a segment of the given size (an item larger than it goes alone in its wave).
+func PutWaveBytes(segment int64) int64 {
+	return max(segment/PutWaveSegmentDivisor, 1)
+}
+
 // MaxNodeIDBytes bounds a node id.
 const MaxNodeIDBytes = 256
 

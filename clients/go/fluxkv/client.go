@@ -30,6 +30,14 @@ var (
 	ErrClosed = errors.New("fluxkv: closed")
 )
 
+// How a call failed without an answer (both also match ErrUnavailable). The retry rules
+// of protocol/external.thrift tell them apart: a request that was never sent may always
+// be sent again; one whose reply was lost may have taken effect.
+var (
+	errNotSent = errors.New("request not sent")
+	errNoReply = errors.New("request sent, no reply")
+)
+
 // Options configures a client.
 type Options struct {
 	// Socket is the owner's attach socket. Default: wire.DefaultSocket().
@@ -73,12 +81,18 @@ type attachment struct {
 	idle   chan *rpcConn
 }
 
-// Client is an attached external. Safe for concurrent use. When the owner restarts
-// (STALE_GENERATION, or its socket went away and came back) the client attaches again
-// by itself and retries the call once where that is safe; holders of the previous
-// incarnation keep viewing their old mapping until Close, but their Release is a no-op.
+// Client is an attached external. Safe for concurrent use. It follows the retry rules
+// of protocol/external.thrift: when the owner restarts (STALE_GENERATION, or it closed
+// the attach connection) the client attaches again by itself and retries the call once
+// where that is safe, a lost reply of a retry-safe call is retried on a fresh
+// connection, a lost PutEnd reply is retried on the same session (see PutWithID).
+// Holders of a previous incarnation keep viewing their old mapping until Close, but
+// their Release is a no-op.
 type Client struct {
 	opts Options
+
+	hooks hooks // test instrumentation; zero in production
+	stats stats
 
 	mu       sync.Mutex // protects cur, old, releases, timerSet, closed
 	cur      *attachment
@@ -111,7 +125,7 @@ func attach(opts Options) (*attachment, error) {
 		conn.Close()
 		return nil, fmt.Errorf("attach hello: %w", err)
 	}
-	body, fd, err := shm.RecvFrameWithFd(conn, shm.MaxFrame)
+	body, fd, err := shm.RecvFrameWithFd(conn, wire.MaxAttachFrameBytes)
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("attach reply: %w", err)
@@ -210,9 +224,26 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// reattach replaces the attachment a with a new one when the owner behind the socket
-// is a new incarnation (the old one went away: closing its session costs nothing),
-// unless another goroutine already did.
+// alive reports whether the owner still holds the attach connection open: false once it
+// closed it (it exited, restarted or ended the session), which ends the session.
+func (a *attachment) alive() bool {
+	raw, err := a.conn.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	var b [1]byte
+	err = raw.Read(func(fd uintptr) bool {
+		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		alive = rerr == unix.EAGAIN || (rerr == nil && n > 0)
+		return true
+	})
+	return err == nil && alive
+}
+
+// reattach replaces the attachment a with a new one when its session is gone: the
+// owner behind the socket is a new incarnation, or it closed a's attach connection
+// (closing the old session costs nothing then), unless another goroutine already did.
 func (c *Client) reattach(a *attachment) error {
 	c.mu.Lock()
 	if c.closed {
@@ -228,7 +259,7 @@ func (c *Client) reattach(a *attachment) error {
 	if err != nil {
 		return err
 	}
-	if n.reply.OwnerGeneration == a.reply.OwnerGeneration {
+	if n.reply.OwnerGeneration == a.reply.OwnerGeneration && a.alive() {
 		// The same incarnation (a transient failure): keep the session and its holders.
 		n.close(true)
 		return nil
@@ -246,16 +277,23 @@ func (c *Client) reattach(a *attachment) error {
 	return nil
 }
 
-// session builds the Session of a request on the current attachment, carrying the
-// releases queued so far.
-func (c *Client) session() (*external.Session, *attachment) {
+// session builds the Session of a request on attachment a, carrying up to
+// wire.MaxReleasesPerCall of the releases queued so far when a is current.
+func (c *Client) session(a *attachment) *external.Session {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rel := c.releases
-	c.releases = nil
-	r := c.cur.reply
+	var rel []int64
+	if a == c.cur && len(c.releases) > 0 {
+		k := min(len(c.releases), wire.MaxReleasesPerCall)
+		rel = append([]int64(nil), c.releases[:k]...)
+		c.releases = c.releases[k:]
+		if len(c.releases) == 0 {
+			c.releases = nil
+		}
+	}
+	r := a.reply
 	return &external.Session{ClientId: r.ClientId, SessionToken: r.SessionToken,
-		OwnerGeneration: r.OwnerGeneration, Releases: rel}, c.cur
+		OwnerGeneration: r.OwnerGeneration, Releases: rel}
 }
 
 // requeue puts back releases of a request that never reached the owner.
@@ -265,7 +303,7 @@ func (c *Client) requeue(s *external.Session, a *attachment) {
 	}
 	c.mu.Lock()
 	if c.cur == a {
-		c.releases = append(c.releases, s.Releases...)
+		c.releases = append(s.Releases, c.releases...)
 	}
 	c.mu.Unlock()
 }
@@ -291,16 +329,20 @@ func (c *Client) callOn(a *attachment, method string, args, result thrift.FastCo
 		var err error
 		rc, err = dialRPC(a.reply.RpcSocket, c.opts.Timeout)
 		if err != nil {
-			return fmt.Errorf("%w: dial %s: %v", ErrUnavailable, a.reply.RpcSocket, err)
+			return fmt.Errorf("%w: %w: dial %s: %v", ErrUnavailable, errNotSent, a.reply.RpcSocket, err)
 		}
 	}
-	if err := rc.call(method, args, result, c.opts.Timeout); err != nil {
+	c.hooks.sent(method, args)
+	if err := rc.call(method, args, result, c.opts.Timeout, c.hooks.dropReply); err != nil {
 		rc.close()
 		var ex *thrift.ApplicationException
 		if errors.As(err, &ex) {
 			return fmt.Errorf("%s: %w", method, err)
 		}
-		return fmt.Errorf("%w: %s: %v", ErrUnavailable, method, err)
+		if errors.Is(err, errNotSent) {
+			return fmt.Errorf("%w: %s: %v", ErrUnavailable, method, err)
+		}
+		return fmt.Errorf("%w: %w: %s: %v", ErrUnavailable, errNoReply, method, err)
 	}
 	select {
 	case a.idle <- rc:
@@ -323,41 +365,73 @@ type resultOf[R coded] interface {
 	IsSetSuccess() bool
 }
 
+// retryRule says when a call may be sent again (protocol/external.thrift states the
+// rules; PutEnd's own rule, retry on the same session, is run by the put code).
+type retryRule int
+
+const (
+	// retryNever: Release; its ids ride on a later call instead.
+	retryNever retryRule = iota
+	// retryUnsent: PutStart. Sent again when the request never left, or when the session
+	// is gone (its end revoked any put a lost reply started), never after a lost reply on
+	// a live session.
+	retryUnsent
+	// retryAlways: Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete,
+	// PutAbort, BatchPutAbort: once more after any transport error or STALE_GENERATION.
+	retryAlways
+)
+
 // call describes one typed ExternalService call: args builds the request around the
-// session; retry says whether it may be sent again after a re-attach (not for calls
-// tied to the old incarnation's state, such as PutEnd).
+// session; retry says when it may be sent again.
 type call struct {
 	method string
 	args   func(s *external.Session) thrift.FastCodec
-	retry  bool
+	retry  retryRule
 }
 
-// invoke runs a call on the current attachment and maps the response code to an error.
-// Transport failures give the session's releases back. A STALE_GENERATION answer or an
-// unreachable owner triggers a re-attach and, for retryable calls, one more try.
-func invoke[R coded](c *Client, k call, res resultOf[R]) (R, *attachment, error) {
+// invokeOn runs a call on attachment a and maps the response code to an error.
+// Transport failures give the session's releases back.
+func invokeOn[R coded](c *Client, a *attachment, k call, res resultOf[R]) (R, error) {
 	var zero R
+	s := c.session(a)
+	if err := c.callOn(a, k.method, k.args(s), res); err != nil {
+		c.requeue(s, a) // the owner may not have seen them: a repeated release is harmless
+		return zero, err
+	}
+	if !res.IsSetSuccess() {
+		return zero, fmt.Errorf("%w: %s: reply without a result", ErrUnavailable, k.method)
+	}
+	r := res.GetSuccess()
+	if err := wire.FromResponse(r.GetCode(), r.GetMessage()); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// invoke runs a call on the current attachment, retrying it once as k.retry allows: a
+// STALE_GENERATION answer or a closed attach connection first re-attaches (the owner
+// restarted), a lost connection to a live session retries on a fresh one.
+func invoke[R coded](c *Client, k call, res resultOf[R]) (R, *attachment, error) {
 	for attempt := 0; ; attempt++ {
-		s, a := c.session()
-		err := c.callOn(a, k.method, k.args(s), res)
-		if err != nil {
-			// The owner did not answer: requeue the releases, maybe it restarted.
-			c.requeue(s, a)
-			if errors.Is(err, ErrClosed) {
-				return zero, a, err
-			}
-		} else {
-			if !res.IsSetSuccess() {
-				return zero, a, fmt.Errorf("%w: %s: reply without a result", ErrUnavailable, k.method)
-			}
-			r := res.GetSuccess()
-			err = wire.FromResponse(r.GetCode(), r.GetMessage())
-			if !errors.Is(err, ErrStaleGeneration) {
-				return r, a, err
+		a := c.current()
+		r, err := invokeOn(c, a, k, res)
+		if err == nil || attempt > 0 || k.retry == retryNever {
+			return r, a, err
+		}
+		stale := errors.Is(err, ErrStaleGeneration)
+		lost := errors.Is(err, errNotSent) || errors.Is(err, errNoReply)
+		if !stale && !lost {
+			return r, a, err // an answer, or ErrClosed
+		}
+		gone := stale || !a.alive()
+		if !gone && k.retry == retryUnsent && errors.Is(err, errNoReply) {
+			return r, a, err
+		}
+		if gone {
+			if rerr := c.reattach(a); rerr != nil {
+				return r, a, fmt.Errorf("%w (attaching again: %v)", err, rerr)
 			}
 		}
-		if attempt > 0 || c.reattach(a) != nil || c.current() == a || !k.retry {
-			return zero, a, err
-		}
+		c.stats.retries.Add(1)
 	}
 }

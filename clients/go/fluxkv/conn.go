@@ -9,10 +9,9 @@ import (
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
-)
 
-// maxReplyFrame bounds one reply frame.
-const maxReplyFrame = 64 << 20
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
 
 // rpcConn is one framed-thrift connection to the owner's RPC socket; one call at a time.
 type rpcConn struct {
@@ -32,10 +31,16 @@ func dialRPC(path string, timeout time.Duration) (*rpcConn, error) {
 }
 
 // call sends one CALL message and decodes the REPLY into result. A transport or
-// framing error leaves the connection unusable (the caller closes it).
-func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout time.Duration) error {
+// framing error leaves the connection unusable (the caller closes it); an error that
+// wraps errNotSent means no byte of the request left. drop, when set (tests), may
+// discard a reply once it was read: the owner acted on the call, its answer is lost
+// as if the connection broke before it arrived.
+func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout time.Duration, drop func(method string) bool) error {
 	rc.seq++
 	n := thrift.Binary.MessageBeginLength(method) + args.BLength()
+	if 4+n > wire.MaxFrameBytes {
+		return fmt.Errorf("%w: request frame of %d bytes exceeds the limit of %d", errNotSent, 4+n, wire.MaxFrameBytes)
+	}
 	if cap(rc.out) < 4+n {
 		rc.out = make([]byte, 4+n)
 	}
@@ -46,7 +51,10 @@ func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout ti
 	if timeout > 0 {
 		rc.c.SetDeadline(time.Now().Add(timeout))
 	}
-	if _, err := rc.c.Write(out); err != nil {
+	if w, err := rc.c.Write(out); err != nil {
+		if w == 0 {
+			return fmt.Errorf("%w: %v", errNotSent, err)
+		}
 		return err
 	}
 	var hdr [4]byte
@@ -54,7 +62,7 @@ func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout ti
 		return err
 	}
 	m := binary.BigEndian.Uint32(hdr[:])
-	if m == 0 || m > maxReplyFrame {
+	if m == 0 || int64(m)+4 > int64(wire.MaxFrameBytes) {
 		return fmt.Errorf("reply frame of %d bytes", m)
 	}
 	if cap(rc.in) < int(m) {
@@ -63,6 +71,9 @@ func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout ti
 	in := rc.in[:m]
 	if _, err := io.ReadFull(rc.r, in); err != nil {
 		return err
+	}
+	if drop != nil && drop(method) {
+		return fmt.Errorf("reply of %s dropped (fault injected by a test)", method)
 	}
 	name, seq, err := thrift.UnmarshalFastMsg(in, result)
 	if err != nil {

@@ -10,60 +10,12 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// PutOptions tune a put.
-type PutOptions struct {
-	// RejectIfExists fails the put with ErrAlreadyExists when the key has a value.
-	RejectIfExists bool
-}
-
-// Put stores value under key: one copy, into the shared segment.
-func (c *Client) Put(key string, value []byte) error {
-	return c.PutWith(key, int64(len(value)), PutOptions{}, func(dst []byte) error { copy(dst, value); return nil })
-}
-
-// PutWith reserves n bytes for key, lets fill write them straight into the shared
-// segment, then publishes the value. If fill fails the put is aborted.
-func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []byte) error) error {
-	if err := wire.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := wire.ValidateLen(n, c.SegmentSize()); err != nil {
-		return err
-	}
-	start, a, err := invoke(c, call{method: "PutStart", retry: true, args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServicePutStartArgs{Req: &external.PutStartRequest{
-			Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}}
-	}}, &external.ExternalServicePutStartResult{})
-	if err != nil {
-		return err
-	}
-	if start.Offset < 0 || start.Offset+n > a.reply.SegmentSize {
-		c.abort(key, start.PutId)
-		return fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
-	}
-	if err := fill(a.rw.Bytes()[start.Offset : start.Offset+n : start.Offset+n]); err != nil {
-		c.abort(key, start.PutId)
-		return err
-	}
-	// PutEnd belongs to the incarnation that started the put: never retried elsewhere.
-	_, _, err = invoke(c, call{method: "PutEnd", args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServicePutEndArgs{Req: &external.PutEndRequest{Session: s, Key: key, PutId: start.PutId}}
-	}}, &external.ExternalServicePutEndResult{})
-	return err
-}
-
-func (c *Client) abort(key string, putID int64) {
-	invoke(c, call{method: "PutAbort", args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServicePutAbortArgs{Req: &external.PutAbortRequest{Session: s, Key: key, PutId: putID}}
-	}}, &external.ExternalServicePutAbortResult{})
-}
-
 // Get returns a holder viewing key's value in the shared segment; ErrKeyNotFound on a miss.
 func (c *Client) Get(key string) (*MemHolder, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	r, a, err := invoke(c, call{method: "Get", retry: true, args: func(s *external.Session) thrift.FastCodec {
+	r, a, err := invoke(c, call{method: "Get", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: key}}
 	}}, &external.ExternalServiceGetResult{})
 	if err != nil {
@@ -85,7 +37,7 @@ func (c *Client) Delete(key string) (bool, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return false, err
 	}
-	r, _, err := invoke(c, call{method: "Delete", retry: true, args: func(s *external.Session) thrift.FastCodec {
+	r, _, err := invoke(c, call{method: "Delete", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceDeleteArgs{Req: &external.DeleteRequest{Session: s, Key: key}}
 	}}, &external.ExternalServiceDeleteResult{})
 	if err != nil {
@@ -99,7 +51,7 @@ func (c *Client) Exists(key string) (bool, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return false, err
 	}
-	r, _, err := invoke(c, call{method: "Exists", retry: true, args: func(s *external.Session) thrift.FastCodec {
+	r, _, err := invoke(c, call{method: "Exists", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceExistsArgs{Req: &external.ExistsRequest{Session: s, Key: key}}
 	}}, &external.ExternalServiceExistsResult{})
 	if err != nil {
@@ -108,60 +60,97 @@ func (c *Client) Exists(key string) (bool, error) {
 	return r.Exists, nil
 }
 
-// BatchGet gets many keys in one round trip; a miss is a nil holder with a nil error.
-func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
-	r, a, err := invoke(c, call{method: "BatchGet", retry: true, args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}}
-	}}, &external.ExternalServiceBatchGetResult{})
-	if err != nil {
-		return nil, nil, err
+// chunks calls f on consecutive slices of at most wire.MaxBatch keys, with the index of
+// each slice's first key, stopping at the first error.
+func chunks(keys []string, f func(base int, part []string) error) error {
+	for base := 0; base < len(keys); base += wire.MaxBatch {
+		if err := f(base, keys[base:min(base+wire.MaxBatch, len(keys))]); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// BatchGet gets many keys, wire.MaxBatch per round trip; a miss is a nil holder with a
+// nil error. On a call error the holders obtained so far are released. (Gets need no
+// waves: a get holds no space that only a later item of the same batch could free.)
+func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
 	hs := make([]*MemHolder, len(keys))
 	errs := make([]error, len(keys))
-	for i, g := range r.Results {
-		if i >= len(keys) {
-			break
+	err := chunks(keys, func(base int, part []string) error {
+		r, a, err := invoke(c, call{method: "BatchGet", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
+			return &external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: part}}
+		}}, &external.ExternalServiceBatchGetResult{})
+		if err != nil {
+			return err
 		}
-		if g.Code == common.ErrorCode_KEY_NOT_FOUND {
-			continue
+		for i, g := range r.Results {
+			if i >= len(part) {
+				break
+			}
+			if g.Code == common.ErrorCode_KEY_NOT_FOUND {
+				continue
+			}
+			if errs[base+i] = wire.FromResponse(g.Code, g.Message); errs[base+i] == nil {
+				hs[base+i], errs[base+i] = c.holder(a, g)
+			}
 		}
-		if errs[i] = wire.FromResponse(g.Code, g.Message); errs[i] == nil {
-			hs[i], errs[i] = c.holder(a, g)
+		return nil
+	})
+	if err != nil {
+		for _, h := range hs {
+			if h != nil {
+				h.Release()
+			}
 		}
+		return nil, nil, err
 	}
 	return hs, errs, nil
 }
 
-// BatchExists checks many keys in one round trip.
+// BatchExists checks many keys, wire.MaxBatch per round trip.
 func (c *Client) BatchExists(keys []string) ([]bool, error) {
-	r, _, err := invoke(c, call{method: "BatchExists", retry: true, args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServiceBatchExistsArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}}
-	}}, &external.ExternalServiceBatchExistsResult{})
+	out := make([]bool, len(keys))
+	err := chunks(keys, func(base int, part []string) error {
+		r, _, err := invoke(c, call{method: "BatchExists", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
+			return &external.ExternalServiceBatchExistsArgs{Req: &external.BatchKeysRequest{Session: s, Keys: part}}
+		}}, &external.ExternalServiceBatchExistsResult{})
+		if err != nil {
+			return err
+		}
+		for i, e := range r.Results {
+			if i < len(part) {
+				out[base+i] = e.Exists
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	out := make([]bool, len(keys))
-	for i, e := range r.Results {
-		if i < len(out) {
-			out[i] = e.Exists
-		}
 	}
 	return out, nil
 }
 
-// BatchDelete deletes many keys in one round trip.
+// BatchDelete deletes many keys, wire.MaxBatch per round trip. A retried call (after a
+// lost reply) may report deleted=false for a key it deleted.
 func (c *Client) BatchDelete(keys []string) ([]bool, error) {
-	r, _, err := invoke(c, call{method: "BatchDelete", retry: true, args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServiceBatchDeleteArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys}}
-	}}, &external.ExternalServiceBatchDeleteResult{})
+	out := make([]bool, len(keys))
+	err := chunks(keys, func(base int, part []string) error {
+		r, _, err := invoke(c, call{method: "BatchDelete", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
+			return &external.ExternalServiceBatchDeleteArgs{Req: &external.BatchKeysRequest{Session: s, Keys: part}}
+		}}, &external.ExternalServiceBatchDeleteResult{})
+		if err != nil {
+			return err
+		}
+		for i, e := range r.Results {
+			if i < len(part) {
+				out[base+i] = e.Deleted
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	out := make([]bool, len(keys))
-	for i, e := range r.Results {
-		if i < len(out) {
-			out[i] = e.Deleted
-		}
 	}
 	return out, nil
 }
@@ -169,7 +158,7 @@ func (c *Client) BatchDelete(keys []string) ([]bool, error) {
 // Stat returns the cluster's members and key count as the owner sees them, after
 // applying this client's pending releases.
 func (c *Client) Stat() (*external.StatResponse, error) {
-	r, _, err := invoke(c, call{method: "Stat", retry: true, args: func(s *external.Session) thrift.FastCodec {
+	r, _, err := invoke(c, call{method: "Stat", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: s}}
 	}}, &external.ExternalServiceStatResult{})
 	return r, err
@@ -197,16 +186,22 @@ func (c *Client) queueRelease(a *attachment, id int64) {
 	}
 }
 
-// Flush sends queued releases now (they ride on the session of an empty Release).
+// Flush sends queued releases now (they ride on the session of empty Releases).
 func (c *Client) Flush() error {
-	c.mu.Lock()
-	pending := len(c.releases) > 0 && !c.closed
-	c.mu.Unlock()
-	if !pending {
-		return nil
+	// Each call carries at most wire.MaxReleasesPerCall ids: loop until the queue is
+	// empty, stopping at the first failure (the ids stay queued for a later call).
+	for {
+		c.mu.Lock()
+		pending := len(c.releases) > 0 && !c.closed
+		c.mu.Unlock()
+		if !pending {
+			return nil
+		}
+		_, _, err := invoke(c, call{method: "Release", retry: retryNever, args: func(s *external.Session) thrift.FastCodec {
+			return &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s}}
+		}}, &external.ExternalServiceReleaseResult{})
+		if err != nil {
+			return err
+		}
 	}
-	_, _, err := invoke(c, call{method: "Release", args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s}}
-	}}, &external.ExternalServiceReleaseResult{})
-	return err
 }

@@ -24,7 +24,7 @@ from thrift.transport import TTransport
 
 from fluxkv._gen.common.ttypes import ErrorCode
 from fluxkv._gen.external import ExternalService
-from fluxkv._gen.external.constants import PROTOCOL_VERSION
+from fluxkv._gen.external.constants import MAX_ATTACH_FRAME_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION
 from fluxkv._gen.external.ttypes import AttachHello, AttachReply
 from fluxkv.errors import Error, Unavailable, error_for
 
@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 SOCKET_NAME = "fluxkv.sock"
-MAX_ATTACH_FRAME = 1 << 20
-MAX_RESPONSE_FRAME = 256 << 20
+# The wire limits come from protocol/external.thrift (generated constants): one source.
+MAX_ATTACH_FRAME = MAX_ATTACH_FRAME_BYTES  # body of an attach frame
 _RECV_SIZE = 65536
 _LEN = struct.Struct(">I")
 _MAX_FDS = 4
@@ -205,6 +205,11 @@ class FramedUnixTransport(TTransport.TTransportBase, TTransport.CReadableTranspo
     def flush(self) -> None:
         body = b"".join(self._wbuf)
         self._wbuf = []
+        if 4 + len(body) > MAX_FRAME_BYTES:
+            raise TTransport.TTransportException(
+                TTransport.TTransportException.SIZE_LIMIT,
+                f"request frame of {4 + len(body)} bytes exceeds the limit of {MAX_FRAME_BYTES}",
+            )
         if self._sock is None:
             raise TTransport.TTransportException(TTransport.TTransportException.NOT_OPEN, "connection closed")
         self._sock.sendall(_LEN.pack(len(body)) + body)
@@ -230,8 +235,10 @@ class FramedUnixTransport(TTransport.TTransportBase, TTransport.CReadableTranspo
         while len(data) < 4:
             data += self._recv(_RECV_SIZE)
         (size,) = _LEN.unpack_from(data)
-        if size > MAX_RESPONSE_FRAME:
-            raise TTransport.TTransportException(TTransport.TTransportException.SIZE_LIMIT, f"response frame of {size} bytes")
+        if 4 + size > MAX_FRAME_BYTES:
+            raise TTransport.TTransportException(
+                TTransport.TTransportException.SIZE_LIMIT, f"response frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}"
+            )
         need = 4 + size
         if len(data) < need:
             parts = [data]

@@ -18,6 +18,7 @@ thread sends the ones no call picked up within ``release_delay`` seconds.
 from __future__ import annotations
 
 import collections
+import operator
 import os
 import socket as _socketmod
 import sys
@@ -31,6 +32,7 @@ from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
 
 from fluxkv._gen.common.ttypes import ErrorCode
+from fluxkv._gen.external.constants import MAX_BATCH, MAX_RELEASES_PER_CALL, PUT_WAVE_SEGMENT_DIVISOR
 from fluxkv._gen.external.ttypes import (
     BatchKeysRequest,
     BatchPutAbortRequest,
@@ -56,9 +58,15 @@ from fluxkv.holder import MemHolder, writable_nbytes
 
 __all__ = ["Client", "connect"]
 
-BATCH_CHUNK = 1024  # items per batch request (the server's limit is higher)
-RELEASE_CHUNK = 4096  # holder ids per Release request or piggyback
+# The wire contract (protocol/external.thrift, generated constants): the most items of one
+# batch request, the most holder ids one call carries, the share of the segment one batch
+# put wave may hold started and not ended. Its retry rules are followed by Client._run
+# (retry-safe calls), _put_start (retry when unsent) and _put_end (same session only).
+BATCH_CHUNK = MAX_BATCH
+RELEASE_CHUNK = MAX_RELEASES_PER_CALL
+PUT_END_TRIES = 3  # PutEnd sends of one put on one session
 _OK = ErrorCode.OK
+_INVALID = ErrorCode.INVALID_ARGUMENT
 _KEY_NOT_FOUND = ErrorCode.KEY_NOT_FOUND
 _STALE = ErrorCode.STALE_GENERATION
 _MSG_PEEK_DONTWAIT = _socketmod.MSG_PEEK | _socketmod.MSG_DONTWAIT
@@ -67,11 +75,19 @@ _CLIENTS: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 
 class _Broken(Exception):
-    """The RPC connection failed (EOF, reset, refused, timeout): no response was read."""
+    """The RPC connection failed (EOF, reset, refused, timeout): no response was read.
+    ``sent`` is False when the request certainly never left (the connection could not be
+    opened), True when it may have reached the owner."""
 
-    def __init__(self, cause: BaseException, timed_out: bool = False):
+    def __init__(self, cause: BaseException, timed_out: bool = False, sent: bool = True):
         super().__init__(str(cause))
         self.timed_out = timed_out
+        self.sent = sent
+
+
+class _OutcomeUnknown(Exception):
+    """The session that started a put ended, or the owner forgot the put, before the answer
+    to its PutEnd came back: whether the value was published is unknown."""
 
 
 class _Stale(Exception):
@@ -170,7 +186,7 @@ class _Session:
             try:
                 conn = RPCConnection(self.rpc_path, self.timeout)
             except OSError as e:
-                raise _Broken(e, _is_timeout(e)) from None
+                raise _Broken(e, _is_timeout(e), sent=False) from None
         releases = self.drain() if piggyback else []
         try:
             resp = fn(conn.client, Session(self.client_id, self.session_token, self.generation, releases))
@@ -321,6 +337,9 @@ class Client:
         self._closed = False
         self._s: _Session | None = None
         self._released_errors_retired = 0
+        # What the retry rules and batch waves did (tests, debugging): retries of retry-safe
+        # calls, PutEnd resends, whole puts redone, waves and the most bytes one held.
+        self._stats = collections.Counter()
         with self._lock:
             self._s = self._new_session_locked()
         _CLIENTS.add(self)
@@ -361,10 +380,12 @@ class Client:
             self._s = self._new_session_locked()
             return self._s
 
-    def _run(self, op):
-        """Run op(session) with one recovery: on STALE_GENERATION, or a broken connection to
-        an owner whose attach connection has closed, attach again and retry once. A broken
-        connection to a live owner is retried once on a fresh connection."""
+    def _run(self, op, lost_reply: bool = True):
+        """Run op(session) with one recovery, by the retry rules of protocol/external.thrift:
+        on STALE_GENERATION, or a broken connection to an owner whose attach connection has
+        closed, attach again and retry once; a broken connection to a live owner is retried
+        once on a fresh connection, unless ``lost_reply`` is False (PutStart: a request that
+        may have been sent is not sent again on a live session)."""
         s = self._current()
         try:
             return op(s)
@@ -375,6 +396,8 @@ class Client:
             if e.timed_out:
                 raise Unavailable(f"call to the owner at {s.rpc_path} timed out after {self._timeout} s") from None
             if s.attach_alive():
+                if e.sent and not lost_reply:
+                    raise Unavailable(f"the connection to the owner broke, the reply was lost ({e})") from None
                 why = f"the connection to the owner broke ({e})"
                 s.drop_idle()
                 s2 = s
@@ -384,6 +407,7 @@ class Client:
                     s2 = self._renew(s)
                 except Unavailable as u:
                     raise Unavailable(f"{why}; attaching again failed: {u}") from None
+        self._stats["retries"] += 1
         try:
             return op(s2)
         except _Stale as e:
@@ -483,11 +507,87 @@ class Client:
 
     def put(self, key, value, reject_if_exists: bool = False) -> None:
         """Store ``value`` (any C-contiguous buffer) under ``key``: one copy, into shared memory.
-        Raises AlreadyExists when ``reject_if_exists`` and the key exists."""
+        Raises AlreadyExists when ``reject_if_exists`` and the key exists; Unavailable when the
+        owner restarted before the put's PutEnd was answered and ``reject_if_exists`` is set
+        (the outcome is unknown; without it the put is redone on the new session)."""
         k = _norm_key(key)
         obj, n = _norm_value(value)
-        opts = PutOptions(bool(reject_if_exists))
-        self._run(lambda s: _put_once(s, k, obj, n, opts))
+        self._put(k, n, bool(reject_if_exists), lambda s, put_id, off: s.segment.write(off, obj, n))
+
+    def put_with(self, key, size: int, fill, reject_if_exists: bool = False) -> int:
+        """Store ``size`` bytes under ``key`` written by ``fill(put_id, view)`` straight into
+        shared memory; returns the put_id (the version ``MemHolder.put_id`` reports), so a
+        value may be derived from (key, put_id). ``view`` is a writable memoryview of exactly
+        ``size`` bytes, valid only during the call. If ``fill`` raises, the put is aborted
+        and the exception propagates. ``fill`` may run twice, with a new put_id, when the
+        put is redone after an owner restart (see :meth:`put`)."""
+        k = _norm_key(key)
+        n = operator.index(size)
+
+        def write(s, put_id, off):
+            base = memoryview(s.segment.rw)
+            view = base[off : off + n]
+            try:
+                fill(put_id, view)
+            finally:
+                try:
+                    view.release()
+                    base.release()
+                except BufferError:
+                    pass  # fill kept an export of the view: the mapping outlives it anyway
+
+        return self._put(k, n, bool(reject_if_exists), write)
+
+    def _put(self, k: str, n: int, reject: bool, write) -> int:
+        """One put by the retry rules: PutStart (retried only when unsent or after the session
+        ended), write(session, put_id, offset), then PutEnd (resent on the same session after
+        a lost reply). A put whose outcome became unknown is redone once without
+        ``reject``, reported Unavailable with it."""
+        opts = PutOptions(reject)
+        for redo in (False, True):
+            s, put_id, off = self._run(lambda s: _put_start(s, k, n, opts), lost_reply=False)
+            try:
+                if not s.segment.contains(off, n):
+                    raise Error(
+                        f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
+                        ErrorCode.INTERNAL,
+                    )
+                write(s, put_id, off)
+            except BaseException:
+                _abort(s, [(k, put_id)])
+                raise
+            try:
+                r, retried = self._put_end(s, lambda c, ss: c.PutEnd(PutEndRequest(ss, k, put_id)))
+                if retried and r.code == _INVALID:
+                    raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
+            except _OutcomeUnknown as e:
+                if reject or redo:
+                    raise Unavailable(f"put {k!r} (put_id {put_id}): the outcome is unknown: {e}") from None
+                self._stats["put_redos"] += 1
+                continue
+            raise_for(r.code, r.message)
+            return put_id
+        raise AssertionError("BUG: unreachable")
+
+    def _put_end(self, s: _Session, fn):
+        """Send PutEnd/BatchPutEnd (``fn``) on session ``s``, again on the same session after a
+        lost reply (the owner answers a repeat with the first outcome). Returns (response,
+        retried); raises _OutcomeUnknown when the session is gone."""
+        for attempt in range(PUT_END_TRIES):
+            try:
+                return s.call(fn), attempt > 0
+            except _Stale as e:
+                self._renew(s)
+                raise _OutcomeUnknown(f"the owner restarted before PutEnd was answered ({e})") from None
+            except _Broken as e:
+                if not s.attach_alive():
+                    self._renew(s)
+                    raise _OutcomeUnknown(f"the owner closed the session before PutEnd was answered ({e})") from None
+                if attempt + 1 == PUT_END_TRIES:
+                    raise _OutcomeUnknown(f"PutEnd sent {PUT_END_TRIES} times without an answer ({e})") from None
+                self._stats["put_end_retries"] += 1
+                s.drop_idle()
+        raise AssertionError("BUG: unreachable")
 
     def get(self, key) -> MemHolder:
         """A holder of the value of ``key``; raises KeyNotFound on a miss."""
@@ -530,9 +630,14 @@ class Client:
     # -- public: batch calls ---------------------------------------------------------------------
 
     def batch_put(self, items, reject_if_exists: bool = False) -> None:
-        """Store many values: ``items`` is a mapping or an iterable of (key, value). Every item
-        is attempted; if any failed, the first failure is raised with ``errors`` (a list
-        aligned with the items: None or the item's exception) attached."""
+        """Store many values: ``items`` is a mapping or an iterable of (key, value). A bad key
+        or a value that is empty or larger than the segment raises InvalidArgument before
+        anything is started. The items go in waves (BatchPutStart, copy, BatchPutEnd) of at
+        most MAX_BATCH items holding at most segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes
+        started and not ended (a larger item goes alone), so a batch larger than the segment
+        costs what the same puts one by one cost. Every item is attempted; if any failed,
+        the first failure is raised with ``errors`` (a list aligned with the items: None or
+        the item's exception) attached. The retry rules are :meth:`put`'s, per item."""
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         prepared = []
         for k, v in pairs:
@@ -540,12 +645,104 @@ class Client:
             prepared.append((_norm_key(k), obj, n))
         if not prepared:
             return
+        seg = self.segment_size
+        for i, (k, _, n) in enumerate(prepared):
+            if n <= 0 or n > seg:
+                raise InvalidArgument(f"item {i} ({k!r}): value length {n} must be 1 byte to the segment size {seg}")
         opts = PutOptions(bool(reject_if_exists))
-        errors = self._run(lambda s: _batch_put_once(s, prepared, opts))
+        errors: list = [None] * len(prepared)
+        budget = max(seg // PUT_WAVE_SEGMENT_DIVISOR, 1)
+        lo = 0
+        while lo < len(prepared):
+            hi, nbytes = lo, 0
+            while hi < len(prepared) and hi - lo < MAX_BATCH and (hi == lo or nbytes + prepared[hi][2] <= budget):
+                nbytes += prepared[hi][2]
+                hi += 1
+            self._put_wave(prepared, list(range(lo, hi)), opts, errors)
+            lo = hi
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             first.errors = errors
             raise first
+
+    def _put_wave(self, prepared: list, idx: list, opts: PutOptions, errors: list) -> None:
+        """Put prepared[i] for i in idx as one wave; items whose outcome became unknown are
+        redone once as a new wave without reject_if_exists, reported Unavailable with it."""
+        for redo in (False, True):
+            unknown = self._put_wave_once(prepared, idx, opts, errors)
+            if not unknown:
+                return
+            if opts.reject_if_exists or redo:
+                for i in unknown:
+                    errors[i] = Unavailable(f"key {prepared[i][0]!r}: the outcome is unknown: {errors[i]}")
+                return
+            self._stats["put_redos"] += len(unknown)
+            idx = unknown
+
+    def _put_wave_once(self, prepared: list, idx: list, opts: PutOptions, errors: list) -> list:
+        """One BatchPutStart, the copies, one BatchPutEnd (resent on the same session after a
+        lost reply). Returns the items whose outcome is unknown (errors[i] says why)."""
+        starts = [PutStartItem(prepared[i][0], prepared[i][2], opts) for i in idx]
+        nbytes = sum(prepared[i][2] for i in idx)
+        self._stats["waves"] += 1
+        self._stats["max_wave_bytes"] = max(self._stats["max_wave_bytes"], nbytes)
+
+        def start(s):
+            r = s.call(lambda c, ss: c.BatchPutStart(BatchPutStartRequest(ss, starts)))
+            raise_for(r.code, r.message)
+            return s, _check_count("BatchPutStart", r.results, len(starts))
+
+        try:
+            s, results = self._run(start, lost_reply=False)
+        except Error as e:
+            for i in idx:
+                errors[i] = e
+            return []
+        started = []  # (item index, put_id, offset)
+        try:
+            for i, res in zip(idx, results):
+                k, obj, n = prepared[i]
+                if res.code != _OK:
+                    errors[i] = error_for(res.code, f"key {k!r}: {res.message or ''}")
+                elif not s.segment.contains(res.offset, n):
+                    errors[i] = Error(
+                        f"BatchPutStart returned offset {res.offset} for {k!r} (len {n}) outside the segment",
+                        ErrorCode.INTERNAL,
+                    )
+                    _abort(s, [(k, res.put_id)])
+                else:
+                    started.append((i, res.put_id, res.offset))
+            for i, _, off in started:
+                _, obj, n = prepared[i]
+                s.segment.write(off, obj, n)
+        except BaseException:
+            _abort(s, [(prepared[i][0], pid) for i, pid, _ in started])  # none of them was ended
+            raise
+        if not started:
+            return []
+        ends = [PutEndItem(prepared[i][0], pid) for i, pid, _ in started]
+        try:
+            r, retried = self._put_end(s, lambda c, ss: c.BatchPutEnd(BatchPutEndRequest(ss, ends)))
+        except _OutcomeUnknown as e:
+            for i, _, _ in started:
+                errors[i] = e
+            return [i for i, _, _ in started]
+        try:
+            raise_for(r.code, r.message)
+            results = _check_count("BatchPutEnd", r.results, len(ends))
+        except Error as e:
+            for i, _, _ in started:
+                errors[i] = e
+            return []
+        unknown = []
+        for (i, pid, _), res in zip(started, results):
+            k = prepared[i][0]
+            if retried and res.code == _INVALID:
+                errors[i] = _OutcomeUnknown(f"the owner no longer knows put {pid} of {k!r} ({res.message})")
+                unknown.append(i)
+            elif res.code != _OK:
+                errors[i] = error_for(res.code, f"key {k!r}: {res.message or ''}")
+        return unknown
 
     def batch_get(self, keys) -> list:
         """One holder (or None for a miss) per key. Any other per-key error releases the
@@ -592,22 +789,10 @@ def connect(socket=None, **kwargs) -> Client:
 # -- the operations, each run against one session (Client._run retries them once) ----------------
 
 
-def _put_once(s: _Session, k: str, obj, n: int, opts: PutOptions) -> None:
+def _put_start(s: _Session, k: str, n: int, opts: PutOptions):
     r = s.call(lambda c, ss: c.PutStart(PutStartRequest(ss, k, n, opts)))
     raise_for(r.code, r.message)
-    put_id, off = r.put_id, r.offset
-    try:
-        if not s.segment.contains(off, n):
-            raise Error(
-                f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
-                ErrorCode.INTERNAL,
-            )
-        s.segment.write(off, obj, n)
-    except BaseException:
-        _abort(s, [(k, put_id)])
-        raise
-    r = s.call(lambda c, ss: c.PutEnd(PutEndRequest(ss, k, put_id)))
-    raise_for(r.code, r.message)
+    return s, r.put_id, r.offset
 
 
 def _abort(s: _Session, puts) -> None:
@@ -691,44 +876,6 @@ def _batch_flags(s: _Session, ks: list, method: str, field: str) -> list:
                 raise error_for(res.code, f"key {k!r}: {res.message or ''}")
             out.append(bool(getattr(res, field)))
     return out
-
-
-def _batch_put_once(s: _Session, prepared: list, opts: PutOptions) -> list:
-    errors: list = [None] * len(prepared)
-    for base, chunk in _chunks(prepared):
-        items = [PutStartItem(k, n, opts) for k, _, n in chunk]
-        r = s.call(lambda c, ss: c.BatchPutStart(BatchPutStartRequest(ss, items)))
-        raise_for(r.code, r.message)
-        results = _check_count("BatchPutStart", r.results, len(chunk))
-        started = [(i, res.put_id, res.offset) for i, res in enumerate(results) if res.code == _OK]
-        for i, res in enumerate(results):
-            if res.code != _OK:
-                errors[base + i] = error_for(res.code, f"key {chunk[i][0]!r}: {res.message or ''}")
-        written = []
-        try:
-            for i, put_id, off in started:
-                k, obj, n = chunk[i]
-                if not s.segment.contains(off, n):
-                    errors[base + i] = Error(
-                        f"BatchPutStart returned offset {off} for {k!r} (len {n}) outside the segment",
-                        ErrorCode.INTERNAL,
-                    )
-                    _abort(s, [(k, put_id)])
-                    continue
-                s.segment.write(off, obj, n)
-                written.append((i, put_id))
-        except BaseException:
-            _abort(s, [(chunk[i][0], pid) for i, pid, _ in started])  # none of them was ended
-            raise
-        if not written:
-            continue
-        ends = [PutEndItem(chunk[i][0], pid) for i, pid in written]
-        r = s.call(lambda c, ss: c.BatchPutEnd(BatchPutEndRequest(ss, ends)))
-        raise_for(r.code, r.message)
-        for (i, _), res in zip(written, _check_count("BatchPutEnd", r.results, len(ends))):
-            if res.code != _OK:
-                errors[base + i] = error_for(res.code, f"key {chunk[i][0]!r}: {res.message or ''}")
-    return errors
 
 
 def _cap(c) -> dict:

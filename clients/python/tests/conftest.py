@@ -54,6 +54,16 @@ def _inode(path: str):
     return (st.st_ino, st.st_ctime_ns)
 
 
+def _accepts(path: str) -> bool:
+    """Whether a listener accepts on the Unix socket (the file appears at bind, before listen)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 class Proc:
     """One daemon process with its log file."""
 
@@ -85,7 +95,7 @@ class Proc:
             if self.socket is None:
                 return
             ino = _inode(self.socket)
-            if ino is not None and ino != self._stale_ino:
+            if ino is not None and ino != self._stale_ino and _accepts(self.socket):
                 return
             time.sleep(0.02)
         self.stop()

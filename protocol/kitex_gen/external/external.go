@@ -22,6 +22,10 @@ const (
 	MAX_BATCH = 4096
 
 	MAX_RELEASES_PER_CALL = 4096
+
+	PUT_END_MEMORY = 64
+
+	PUT_WAVE_SEGMENT_DIVISOR = 2
 )
 
 type AttachHello struct {

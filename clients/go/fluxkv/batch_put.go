@@ -1,0 +1,178 @@
+package fluxkv
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cloudwego/gopkg/protocol/thrift"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// PutItem is one value of a BatchPut: Value, or (when Fill is set) Len bytes written by
+// Fill straight into the segment, as PutWithID does.
+type PutItem struct {
+	Key   string
+	Value []byte
+	Len   int64
+	Fill  func(putID int64, dst []byte) error
+}
+
+func (it *PutItem) size() int64 {
+	if it.Fill != nil {
+		return it.Len
+	}
+	return int64(len(it.Value))
+}
+
+func (it *PutItem) fill(putID int64, dst []byte) error {
+	if it.Fill != nil {
+		return it.Fill(putID, dst)
+	}
+	copy(dst, it.Value)
+	return nil
+}
+
+// BatchPut stores many values. It checks every item first: a bad key or a length that
+// is empty or larger than the segment fails the whole batch with ErrInvalidArgument
+// before anything is started. Then it sends the items in waves (BatchPutStart, copy,
+// BatchPutEnd), each of at most wire.MaxBatch items holding at most
+// wire.PutWaveBytes(segment) bytes started and not yet ended (an item larger than that
+// goes alone), so the batch never waits for space only it holds. errs[i] is item i's
+// outcome; err is set only when nothing was attempted. The retry rules are Put's.
+func (c *Client) BatchPut(items []PutItem, opts PutOptions) (errs []error, err error) {
+	seg := c.SegmentSize()
+	for i := range items {
+		if err := wire.ValidateKey(items[i].Key); err != nil {
+			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
+		if err := wire.ValidateLen(items[i].size(), seg); err != nil {
+			return nil, fmt.Errorf("item %d (%q): %w", i, items[i].Key, err)
+		}
+	}
+	errs = make([]error, len(items))
+	for lo := 0; lo < len(items); {
+		hi := lo + waveLen(items[lo:], wire.PutWaveBytes(c.SegmentSize()))
+		c.putWave(items, lo, hi, opts, errs)
+		lo = hi
+	}
+	return errs, nil
+}
+
+// waveLen is how many leading items form the next wave: at least one, at most
+// wire.MaxBatch, their bytes within budget unless the first alone exceeds it.
+func waveLen(items []PutItem, budget int64) int {
+	var bytes int64
+	n := 0
+	for n < len(items) && n < wire.MaxBatch {
+		b := items[n].size()
+		if n > 0 && bytes+b > budget {
+			break
+		}
+		bytes += b
+		n++
+	}
+	return n
+}
+
+// putWave puts items[lo:hi], filling errs; items whose outcome became unknown are redone
+// once (without RejectIfExists) as a new wave on the current session.
+func (c *Client) putWave(items []PutItem, lo, hi int, opts PutOptions, errs []error) {
+	idx := make([]int, 0, hi-lo)
+	for i := lo; i < hi; i++ {
+		idx = append(idx, i)
+	}
+	for redo := 0; len(idx) > 0; redo++ {
+		unknown := c.putWaveOnce(items, idx, opts, errs)
+		if len(unknown) == 0 {
+			return
+		}
+		if opts.RejectIfExists || redo > 0 {
+			for _, i := range unknown {
+				errs[i] = fmt.Errorf("%w: put %q: %v", ErrUnavailable, items[i].Key, errs[i])
+			}
+			return
+		}
+		c.stats.putRedos.Add(int64(len(unknown)))
+		idx = unknown
+	}
+}
+
+// putWaveOnce runs one BatchPutStart, the copies and one BatchPutEnd (sent again on the
+// same session after a lost reply). It returns the items whose outcome is unknown, their
+// errs set to why.
+func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs []error) (unknown []int) {
+	starts := make([]*external.PutStartItem, len(idx))
+	var bytes int64
+	for j, i := range idx {
+		starts[j] = &external.PutStartItem{Key: items[i].Key, Len: items[i].size(),
+			Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}
+		bytes += items[i].size()
+	}
+	c.stats.noteWave(bytes)
+	r, a, err := invoke(c, call{method: "BatchPutStart", retry: retryUnsent, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceBatchPutStartArgs{Req: &external.BatchPutStartRequest{Session: s, Items: starts}}
+	}}, &external.ExternalServiceBatchPutStartResult{})
+	if err == nil && len(r.Results) != len(idx) {
+		err = fmt.Errorf("%w: BatchPutStart: %d results for %d items", ErrUnavailable, len(r.Results), len(idx))
+	}
+	if err != nil {
+		for _, i := range idx {
+			errs[i] = err
+		}
+		return nil
+	}
+	var ends []*external.PutEndItem
+	var ended []int // item index of each ends entry
+	for j, i := range idx {
+		res := r.Results[j]
+		if errs[i] = wire.FromResponse(res.Code, res.Message); errs[i] != nil {
+			errs[i] = fmt.Errorf("item %d (%q): %w", i, items[i].Key, errs[i])
+			continue
+		}
+		n := items[i].size()
+		if res.Offset < 0 || res.Offset+n > a.reply.SegmentSize {
+			errs[i] = fmt.Errorf("%w: owner returned offset %d for %q outside the segment", ErrUnavailable, res.Offset, items[i].Key)
+			c.abort(a, []*external.PutEndItem{{Key: items[i].Key, PutId: res.PutId}})
+			continue
+		}
+		if errs[i] = items[i].fill(res.PutId, a.rw.Bytes()[res.Offset:res.Offset+n:res.Offset+n]); errs[i] != nil {
+			c.abort(a, []*external.PutEndItem{{Key: items[i].Key, PutId: res.PutId}})
+			continue
+		}
+		ends = append(ends, &external.PutEndItem{Key: items[i].Key, PutId: res.PutId})
+		ended = append(ended, i)
+	}
+	if len(ends) == 0 {
+		return nil
+	}
+	er, retried, err := putEnd(c, a, call{method: "BatchPutEnd", args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceBatchPutEndArgs{Req: &external.BatchPutEndRequest{Session: s, Items: ends}}
+	}}, &external.ExternalServiceBatchPutEndResult{})
+	if err == nil && len(er.Results) != len(ends) {
+		err = fmt.Errorf("%w: BatchPutEnd: %d results for %d items", ErrUnavailable, len(er.Results), len(ends))
+	}
+	if err != nil {
+		for _, i := range ended {
+			errs[i] = err
+		}
+		if errors.Is(err, errOutcomeUnknown) {
+			return ended
+		}
+		return nil
+	}
+	for j, i := range ended {
+		res := er.Results[j]
+		if retried && res.Code == common.ErrorCode_INVALID_ARGUMENT {
+			errs[i] = fmt.Errorf("%w: the owner no longer knows put %d of %q (%s)", errOutcomeUnknown, ends[j].PutId, items[i].Key, res.Message)
+			unknown = append(unknown, i)
+			continue
+		}
+		if errs[i] = wire.FromResponse(res.Code, res.Message); errs[i] != nil {
+			errs[i] = fmt.Errorf("item %d (%q): %w", i, items[i].Key, errs[i])
+		}
+	}
+	return unknown
+}

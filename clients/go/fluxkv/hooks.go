@@ -1,0 +1,41 @@
+package fluxkv
+
+import (
+	"sync/atomic"
+
+	"github.com/cloudwego/gopkg/protocol/thrift"
+)
+
+// hooks are the client's test instrumentation: nil functions in production.
+type hooks struct {
+	// onSend sees every request just before it is sent.
+	onSend func(method string, args thrift.FastCodec)
+	// dropReply, when it returns true for a call whose reply was read, discards the reply
+	// and the connection: the owner acted on the request, its answer is lost.
+	dropReply func(method string) bool
+}
+
+func (h *hooks) sent(method string, args thrift.FastCodec) {
+	if h.onSend != nil {
+		h.onSend(method, args)
+	}
+}
+
+// stats count what the retry rules and batch waves did, for tests and debugging.
+type stats struct {
+	retries       atomic.Int64 // calls sent again under their retry rule
+	putEndRetries atomic.Int64 // PutEnd / BatchPutEnd sent again on the same session
+	putRedos      atomic.Int64 // whole puts redone after their outcome became unknown
+	waves         atomic.Int64 // BatchPut waves started
+	maxWaveBytes  atomic.Int64 // the most bytes one wave held started and not ended
+}
+
+func (s *stats) noteWave(bytes int64) {
+	s.waves.Add(1)
+	for {
+		cur := s.maxWaveBytes.Load()
+		if bytes <= cur || s.maxWaveBytes.CompareAndSwap(cur, bytes) {
+			return
+		}
+	}
+}

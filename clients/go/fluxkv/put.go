@@ -1,0 +1,132 @@
+package fluxkv
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cloudwego/gopkg/protocol/thrift"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// PutOptions tune a put.
+type PutOptions struct {
+	// RejectIfExists fails the put with ErrAlreadyExists when the key has a value.
+	RejectIfExists bool
+}
+
+// putEndTries bounds the PutEnd (BatchPutEnd) sends of one put on one session.
+const putEndTries = 3
+
+// errOutcomeUnknown: the session that started a put ended (or the owner forgot the put)
+// before the answer to its PutEnd came back, so whether the value was published is unknown.
+var errOutcomeUnknown = errors.New("the put's outcome is unknown")
+
+// Put stores value under key: one copy, into the shared segment.
+func (c *Client) Put(key string, value []byte) error {
+	return c.PutWith(key, int64(len(value)), PutOptions{}, func(dst []byte) error { copy(dst, value); return nil })
+}
+
+// PutWith reserves n bytes for key, lets fill write them straight into the shared
+// segment, then publishes the value. If fill fails the put is aborted.
+func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []byte) error) error {
+	_, err := c.PutWithID(key, n, opts, func(_ int64, dst []byte) error { return fill(dst) })
+	return err
+}
+
+// PutWithID is PutWith whose fill also learns the put_id the value will have (the
+// version a later Get reports in MemHolder.PutID), so values can be derived from
+// (key, put_id). It returns that put_id. fill may run twice: when the session ends
+// before the PutEnd answer arrives (the owner restarted) and RejectIfExists is not
+// set, the whole put is redone on the new session, with a new put_id; with
+// RejectIfExists the put fails with ErrUnavailable saying its outcome is unknown.
+func (c *Client) PutWithID(key string, n int64, opts PutOptions, fill func(putID int64, dst []byte) error) (int64, error) {
+	if err := wire.ValidateKey(key); err != nil {
+		return 0, err
+	}
+	if err := wire.ValidateLen(n, c.SegmentSize()); err != nil {
+		return 0, err
+	}
+	for redo := 0; ; redo++ {
+		id, err := c.putOnce(key, n, opts, fill)
+		if !errors.Is(err, errOutcomeUnknown) {
+			return id, err
+		}
+		if opts.RejectIfExists || redo > 0 {
+			return 0, fmt.Errorf("%w: put %q (put_id %d): %v", ErrUnavailable, key, id, err)
+		}
+		c.stats.putRedos.Add(1)
+	}
+}
+
+// putOnce runs PutStart, fill and PutEnd on one session.
+func (c *Client) putOnce(key string, n int64, opts PutOptions, fill func(putID int64, dst []byte) error) (int64, error) {
+	start, a, err := invoke(c, call{method: "PutStart", retry: retryUnsent, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServicePutStartArgs{Req: &external.PutStartRequest{
+			Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}}
+	}}, &external.ExternalServicePutStartResult{})
+	if err != nil {
+		return 0, err
+	}
+	if start.Offset < 0 || start.Offset+n > a.reply.SegmentSize {
+		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
+		return 0, fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
+	}
+	if err := fill(start.PutId, a.rw.Bytes()[start.Offset:start.Offset+n:start.Offset+n]); err != nil {
+		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
+		return 0, err
+	}
+	_, _, err = putEnd(c, a, call{method: "PutEnd", args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServicePutEndArgs{Req: &external.PutEndRequest{Session: s, Key: key, PutId: start.PutId}}
+	}}, &external.ExternalServicePutEndResult{})
+	return start.PutId, err
+}
+
+// putEnd sends a PutEnd (or BatchPutEnd) by the rule of protocol/external.thrift: after a
+// lost reply it is sent again on the same session (the owner answers a repeated PutEnd
+// with the first outcome), never elsewhere. When the session is gone (STALE_GENERATION,
+// or the attach connection closed) the outcome is unknown: it re-attaches and returns an
+// error wrapping errOutcomeUnknown. A repeated PutEnd answered INVALID_ARGUMENT (the
+// owner no longer remembers the put) is unknown too; retried tells a batch caller to
+// read its items' INVALID_ARGUMENT the same way.
+func putEnd[R coded](c *Client, a *attachment, k call, res resultOf[R]) (r R, retried bool, err error) {
+	for try := 0; ; try++ {
+		r, err = invokeOn(c, a, k, res)
+		retried = try > 0
+		lost := errors.Is(err, errNotSent) || errors.Is(err, errNoReply)
+		switch {
+		case err == nil:
+			return r, retried, nil
+		case errors.Is(err, ErrStaleGeneration) || (lost && !a.alive()):
+			c.reattach(a)
+			return r, retried, fmt.Errorf("%w: the session ended before %s was answered (%v)", errOutcomeUnknown, k.method, err)
+		case lost && try+1 < putEndTries:
+			c.stats.putEndRetries.Add(1)
+			continue
+		case lost:
+			return r, retried, fmt.Errorf("%w: %s sent %d times without an answer (%v)", errOutcomeUnknown, k.method, try+1, err)
+		case retried && errors.Is(err, ErrInvalidArgument):
+			return r, retried, fmt.Errorf("%w: the owner no longer knows the put (%v)", errOutcomeUnknown, err)
+		default:
+			return r, retried, err
+		}
+	}
+}
+
+// abort gives started puts back (PutAbort, BatchPutAbort), best effort: the owner also
+// revokes them when the session ends. An unknown put answers INVALID_ARGUMENT: done.
+func (c *Client) abort(a *attachment, items []*external.PutEndItem) {
+	if len(items) == 0 {
+		return
+	}
+	if len(items) == 1 {
+		invokeOn(c, a, call{method: "PutAbort", args: func(s *external.Session) thrift.FastCodec {
+			return &external.ExternalServicePutAbortArgs{Req: &external.PutAbortRequest{Session: s, Key: items[0].Key, PutId: items[0].PutId}}
+		}}, &external.ExternalServicePutAbortResult{})
+		return
+	}
+	invokeOn(c, a, call{method: "BatchPutAbort", args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceBatchPutAbortArgs{Req: &external.BatchPutAbortRequest{Session: s, Items: items}}
+	}}, &external.ExternalServiceBatchPutAbortResult{})
+}

@@ -1,0 +1,226 @@
+"""The wire contract of protocol/external.thrift, followed by the client: limits from the
+generated constants, the retry rules (a lost PutEnd reply, an owner restart mid-put),
+batch puts in waves, releases chunked. Faults are injected on the client side: the
+generated client's ``recv_*`` reads the reply, throws it away and closes the connection,
+so the owner acted on the request and the client never learns its answer."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+from thrift.transport.TTransport import TTransportException
+
+import fluxkv
+import fluxkv.client as fc
+from fluxkv import _wire
+from fluxkv._gen.external import ExternalService
+from fluxkv._gen.external import constants as C
+from fluxkv._gen.external.ttypes import ReleaseRequest, Session
+
+
+def pattern(key: str, put_id: int, n: int) -> bytes:
+    """The bytes of version ``put_id`` of ``key``: every value is checkable."""
+    seed = hashlib.blake2b(f"{key}\0{put_id}".encode(), digest_size=32).digest()
+    return (seed * (n // len(seed) + 1))[:n]
+
+
+def fill_for(key: str, calls: list | None = None):
+    def fill(put_id: int, view: memoryview) -> None:
+        if calls is not None:
+            calls.append(put_id)
+        view[:] = pattern(key, put_id, len(view))
+
+    return fill
+
+
+def check_value(c: fluxkv.Client, key: str, n: int) -> int:
+    with c.get(key) as h:
+        assert len(h) == n
+        assert h.bytes() == pattern(key, h.put_id, n), f"{key}: bytes differ from version {h.put_id}"
+        return h.put_id
+
+
+def drop_reply(monkeypatch, method: str, times: int = 1, before=None) -> list:
+    """Lose the reply of the next ``times`` calls to ``method``; returns the list of drops."""
+    orig = getattr(ExternalService.Client, "recv_" + method)
+    dropped: list = []
+
+    def recv(self):
+        if len(dropped) < times:
+            dropped.append(method)
+            orig(self)  # the owner acted on the call: its answer is read and lost
+            self._iprot.trans.close()
+            if before is not None:
+                before()
+            raise TTransportException(TTransportException.END_OF_FILE, "reply dropped by the test")
+        return orig(self)
+
+    monkeypatch.setattr(ExternalService.Client, "recv_" + method, recv)
+    return dropped
+
+
+def test_limits_come_from_the_idl():
+    assert fc.BATCH_CHUNK == C.MAX_BATCH
+    assert fc.RELEASE_CHUNK == C.MAX_RELEASES_PER_CALL
+    assert _wire.MAX_ATTACH_FRAME == C.MAX_ATTACH_FRAME_BYTES
+    assert not hasattr(_wire, "MAX_RESPONSE_FRAME")
+    assert C.PUT_END_MEMORY == 64 and C.PUT_WAVE_SEGMENT_DIVISOR == 2
+
+
+def test_put_with_put_id(client):
+    seen: list = []
+    pid = client.put_with("k", 100_000, fill_for("k", seen))
+    assert seen == [pid] and pid > 0
+    assert check_value(client, "k", 100_000) == pid
+    pid2 = client.put_with("k", 1000, fill_for("k"))
+    assert pid2 > pid
+    check_value(client, "k", 1000)
+    with pytest.raises(fluxkv.AlreadyExists):
+        client.put_with("k", 10, fill_for("k"), reject_if_exists=True)
+
+    def boom(put_id, view):
+        raise ValueError("fill failed")
+
+    with pytest.raises(ValueError):
+        client.put_with("k2", 10, boom)
+    assert not client.exists("k2")
+
+
+@pytest.mark.parametrize("reject", [False, True])
+def test_lost_put_end_reply_is_retried_on_the_session(client, monkeypatch, reject):
+    """PutEnd is sent again on the same session, never the whole put; the owner answers the
+    repeat with the first outcome, so reject_if_exists never turns the client's own put
+    into ALREADY_EXISTS."""
+    dropped = drop_reply(monkeypatch, "PutEnd")
+    try:
+        pid = client.put_with("lost", 50_000, fill_for("lost"), reject_if_exists=reject)
+    except fluxkv.AlreadyExists as e:
+        pytest.fail(f"ALREADY_EXISTS reported for the client's own put: {e}")
+    assert dropped == ["PutEnd"]
+    assert client._stats["put_end_retries"] == 1
+    assert client._stats["put_redos"] == 0, "the whole put was redone instead of PutEnd"
+    assert check_value(client, "lost", 50_000) == pid
+
+
+def test_lost_batch_put_end_reply_is_retried_on_the_session(client, monkeypatch):
+    dropped = drop_reply(monkeypatch, "BatchPutEnd")
+    items = [(f"lb/{i}", pattern(f"lb/{i}", 0, 4096)) for i in range(10)]
+    try:
+        client.batch_put(items, reject_if_exists=True)
+    except fluxkv.AlreadyExists as e:
+        pytest.fail(f"ALREADY_EXISTS reported for the client's own puts: {e.errors}")
+    assert dropped == ["BatchPutEnd"]
+    assert client._stats["put_end_retries"] == 1 and client._stats["put_redos"] == 0
+    for k, v in items:
+        with client.get(k) as h:
+            assert h.bytes() == v
+
+
+@pytest.mark.parametrize("reject", [False, True])
+def test_owner_restart_before_put_end_reply(cluster, monkeypatch, reject):
+    """The session is gone with the PutEnd reply: the outcome is unknown. Without
+    reject_if_exists the put is redone on the new session; with it: Unavailable."""
+    node = cluster.up("64MiB", name="restart")
+    c = fluxkv.connect(node.socket)
+    try:
+        def crash():
+            node.kill()
+            cluster.up("64MiB", name="restart")
+
+        dropped = drop_reply(monkeypatch, "PutEnd", before=crash)
+        fills: list = []
+        if reject:
+            with pytest.raises(fluxkv.Unavailable, match="outcome is unknown"):
+                c.put_with("gone", 20_000, fill_for("gone", fills), reject_if_exists=True)
+            assert len(fills) == 1
+        else:
+            pid = c.put_with("gone", 20_000, fill_for("gone", fills))
+            assert len(fills) == 2 and fills[-1] == pid and c._stats["put_redos"] == 1
+            assert check_value(c, "gone", 20_000) == pid
+        assert dropped == ["PutEnd"]
+    finally:
+        c.close()
+
+
+def test_lost_put_start_reply_is_not_retried(client, monkeypatch):
+    dropped = drop_reply(monkeypatch, "PutStart")
+    with pytest.raises(fluxkv.Unavailable):
+        client.put("ps", b"value")
+    assert dropped == ["PutStart"] and client._stats["retries"] == 0
+    assert not client.exists("ps")
+
+
+def test_lost_get_reply_is_retried(client, monkeypatch):
+    client.put("g", b"value")
+    drop_reply(monkeypatch, "Get")
+    with client.get("g") as h:
+        assert h.bytes() == b"value"
+    assert client._stats["retries"] == 1
+
+
+def test_batch_put_larger_than_segment_goes_in_waves(cluster):
+    """40 × 8 MiB on a 256 MiB node: waves of at most half the segment store every item."""
+    node = cluster.up("256MiB", name="waves")
+    with fluxkv.connect(node.socket) as c:
+        n, count = 8 << 20, 40
+        items = [(f"w/{i}", pattern(f"w/{i}", 0, n)) for i in range(count)]
+        for k, v in items:  # fault the segment's pages in before timing either
+            c.put(k, v)
+        t0 = time.monotonic()
+        c.batch_put(items)  # raises if any item failed
+        batch_s = time.monotonic() - t0
+        assert batch_s < 60, f"the batch took {batch_s:.1f} s"
+        half = c.segment_size // C.PUT_WAVE_SEGMENT_DIVISOR
+        assert 0 < c._stats["max_wave_bytes"] <= half
+        assert c._stats["waves"] >= count * n // half
+        t0 = time.monotonic()
+        for k, v in items:
+            c.put(k, v)
+        single_s = time.monotonic() - t0
+        with c.get(items[-1][0]) as h:
+            assert h.bytes() == items[-1][1]
+        print(f"\n40 x 8 MiB on 256 MiB: batch_put {batch_s:.3f} s in {c._stats['waves']} waves, one by one {single_s:.3f} s")
+
+
+def test_batch_put_oversize_item_starts_nothing(client, monkeypatch):
+    starts: list = []
+    orig = ExternalService.Client.send_BatchPutStart
+    monkeypatch.setattr(ExternalService.Client, "send_BatchPutStart", lambda self, req: (starts.append(req), orig(self, req)))
+    with pytest.raises(fluxkv.InvalidArgument):
+        client.batch_put([("small", b"x"), ("huge", bytes(client.segment_size + 1))])
+    assert starts == []
+    assert not client.exists("small")
+
+
+def test_releases_are_chunked(client, monkeypatch):
+    """More releases than one call may carry go out over several calls of at most
+    MAX_RELEASES_PER_CALL ids (piggybacked or in Release), and every holder is released."""
+    carried: list = []
+
+    class Recording(Session):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if self.releases:
+                carried.append(len(self.releases))
+
+    class RecordingRelease(ReleaseRequest):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if self.holder_ids:
+                carried.append(len(self.holder_ids))
+
+    monkeypatch.setattr(fc, "Session", Recording)
+    monkeypatch.setattr(fc, "ReleaseRequest", RecordingRelease)
+    client.put("r", b"value")
+    total = C.MAX_RELEASES_PER_CALL + 1000
+    holders = client.batch_get(["r"] * (total // 2)) + client.batch_get(["r"] * (total - total // 2))
+    for h in holders:
+        h.release()
+    del holders
+    st = client.stat()  # flushes the queue first
+    assert len(carried) >= 2 and max(carried) <= C.MAX_RELEASES_PER_CALL, carried
+    assert sum(carried) == total
+    assert st["client_holders"] == 0
+    assert client.release_errors == 0
