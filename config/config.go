@@ -59,14 +59,22 @@ type Owner struct {
 	MetricsAddr string // metrics_addr: host:port of /metrics
 	LogLevel    string // log_level: debug, info, warn, error
 	LogFormat   string // log_format: json or text
-	// CacheGrace keeps released holdings cached this long (flag --cache-grace only;
-	// 0 disables the grace; unset takes the daemon's default).
+	// CacheGrace (cache_grace) keeps released holdings cached this long: nil takes
+	// the daemon's default (20ms), a pointer to 0 turns the grace off ("off" or "0s").
 	CacheGrace *time.Duration
+	// MaxConnections (max_connections) caps the open connections of each owner
+	// socket; 0 derives the cap from RLIMIT_NOFILE.
+	MaxConnections int
+	// HelloTimeout (hello_timeout) bounds the wait for an attach hello, FrameTimeout
+	// (frame_timeout) a partial RPC frame, IdleTimeout (idle_timeout) an RPC
+	// connection without a live session. Zero: the daemon's defaults.
+	HelloTimeout, FrameTimeout, IdleTimeout time.Duration
 
 	// LargeFilePaths and LargeLimitSize are large_file_paths and the parsed
 	// large_limit_size: one limit in bytes (≥ 512) per path. LargeLimitSize nil
-	// means the SSD cache is off (the key was absent or null); paths without
-	// limits are kept but unused.
+	// means the SSD cache is off: large_limit_size absent with no paths, or null
+	// (the seed's explicit "off", paths then kept but unused). Paths with
+	// large_limit_size absent are refused: that typo would silently run without SSD.
 	LargeFilePaths []string
 	LargeLimitSize []int64
 }

@@ -34,13 +34,19 @@ fluxkv_spec:
   metrics_addr: :9701
   log_level: debug
   log_format: text
+  cache_grace: 50ms
+  max_connections: 4000
+  hello_timeout: 2s
+  frame_timeout: 3s
+  idle_timeout: 1m
   large_file_paths: [/data/a, /data/b]
   large_limit_size: ["4GB", 17179869184]
 `,
 			want: &File{Owner: &Owner{
 				DRAM: 512 << 20, SocketDir: "/run/fluxkv", Master: "10.0.0.1:7700", ClusterName: "prod",
 				InstanceKey: "node-a/gpu0", NodeID: "node-a", PeerListen: "0.0.0.0:7701", MetricsAddr: ":9701",
-				LogLevel: "debug", LogFormat: "text",
+				LogLevel: "debug", LogFormat: "text", CacheGrace: ptr(50 * time.Millisecond), MaxConnections: 4000,
+				HelloTimeout: 2 * time.Second, FrameTimeout: 3 * time.Second, IdleTimeout: time.Minute,
 				LargeFilePaths: []string{"/data/a", "/data/b"}, LargeLimitSize: []int64{4 << 30, 16 << 30},
 			}},
 		},
@@ -54,9 +60,10 @@ fluxkv_spec:
 		{name: "limits: null = SSD off", role: RoleOwner,
 			yaml: "fluxkv_spec:\n  large_file_paths: [/d]\n  large_limit_size: null\n",
 			want: &File{Owner: &Owner{LargeFilePaths: []string{"/d"}}}},
-		{name: "limits: absent = SSD off", role: RoleOwner,
-			yaml: "fluxkv_spec:\n  large_file_paths: [/d]\n",
-			want: &File{Owner: &Owner{LargeFilePaths: []string{"/d"}}}},
+		{name: "cache grace off", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: off}", want: &File{Owner: &Owner{CacheGrace: ptr(time.Duration(0))}}},
+		{name: "cache grace 0", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: 0}", want: &File{Owner: &Owner{CacheGrace: ptr(time.Duration(0))}}},
+		{name: "cache grace 0s", role: RoleOwner, yaml: `fluxkv_spec: {cache_grace: "0s"}`, want: &File{Owner: &Owner{CacheGrace: ptr(time.Duration(0))}}},
+		{name: "max connections 0 = derived", role: RoleOwner, yaml: "fluxkv_spec: {max_connections: 0}", want: &File{Owner: &Owner{}}},
 		{name: "null key = unset", role: RoleOwner, yaml: "fluxkv_spec:\n  dram:\n  node_id: ~\n", want: &File{Owner: &Owner{}}},
 		{name: "empty file", role: RoleOwner, yaml: "", want: &File{}},
 		{name: "comments only", role: RoleUp, yaml: "# nothing\n", want: &File{}},
@@ -86,7 +93,25 @@ master:
 		},
 
 		// Errors name the key.
-		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: cluster_name, dram,"},
+		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: cache_grace, cluster_name, dram,"},
+		// Values that would silently mean something else are refused.
+		{name: "paths without limits", role: RoleOwner,
+			yaml:    "fluxkv_spec:\n  dram: 1GiB\n  large_file_paths: [/d]\n",
+			wantErr: "line 3: fluxkv_spec.large_file_paths: set without fluxkv_spec.large_limit_size"},
+		{name: "negative cache grace", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: -1s}",
+			wantErr: "fluxkv_spec.cache_grace: -1s must be ≥ 0 (0 or off disables the grace"},
+		{name: "cache grace not a duration", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: 20}",
+			wantErr: `fluxkv_spec.cache_grace: invalid duration "20"`},
+		{name: "cache grace a bool", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: false}",
+			wantErr: `fluxkv_spec.cache_grace: want a duration such as "20ms", or off, got bool "false"`},
+		{name: "negative max connections", role: RoleOwner, yaml: "fluxkv_spec: {max_connections: -1}",
+			wantErr: "fluxkv_spec.max_connections: -1 must be ≥ 0"},
+		{name: "max connections a string", role: RoleOwner, yaml: "fluxkv_spec: {max_connections: many}",
+			wantErr: `fluxkv_spec.max_connections: want a whole number, got str "many"`},
+		{name: "port out of range", role: RoleOwner, yaml: "fluxkv_spec: {peer_listen: \"127.0.0.1:70000\"}",
+			wantErr: `fluxkv_spec.peer_listen: invalid address "127.0.0.1:70000": port "70000" is not a number from 0 to 65535`},
+		{name: "named port", role: RoleMaster, yaml: "master: {listen: \"127.0.0.1:http\"}",
+			wantErr: `master.listen: invalid address "127.0.0.1:http": port "http"`},
 		{name: "unknown master key", role: RoleMaster, yaml: "master:\n  listen: :1\n  nodettl: 5s\n", wantErr: "line 3: master.nodettl: unknown key"},
 		{name: "unknown section", role: RoleUp, yaml: "fluxonkv_spec:\n  dram: 1GiB\n", wantErr: "line 1: fluxonkv_spec: unknown key (known: fluxkv_spec, master)"},
 		{name: "owner section for master", role: RoleMaster, yaml: "fluxkv_spec: {dram: 1GiB}\n", wantErr: "fluxkv_spec: not read by `fluxkv master`"},
@@ -231,3 +256,5 @@ func TestExamples(t *testing.T) {
 		})
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

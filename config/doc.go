@@ -10,5 +10,8 @@
 // the key and its line ("owner.yaml:3: fluxkv_spec.dram: invalid size "12XB": ...").
 // Sizes are integers (bytes) or strings with binary units ("512MiB", "1.5GiB",
 // "4GB" = 4 GiB), parsed by ssd.ParseSize; large_file_paths and large_limit_size
-// follow the seed's rules through ssd.Config.
+// follow the seed's rules through ssd.Config, except that paths without a
+// large_limit_size key are refused (a forgotten key would silently run without SSD;
+// large_limit_size: null stays the explicit "off"). Durations must be positive,
+// counts non-negative, ports numeric; cache_grace takes a duration ≥ 0 or off.
 package config

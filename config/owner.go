@@ -16,6 +16,7 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 		limits     []any
 		limitsSet  bool // large_limit_size present and not null
 		limitsNode *yaml.Node
+		pathsNode  *yaml.Node
 	)
 	k := func(name string) string { return sec + "." + name }
 	err := walkMapping(n, sec, map[string]func(*yaml.Node) error{
@@ -29,7 +30,36 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 		"metrics_addr": stringField(k("metrics_addr"), &o.MetricsAddr, CheckAddr),
 		"log_level":    stringField(k("log_level"), &o.LogLevel, CheckLogLevel),
 		"log_format":   stringField(k("log_format"), &o.LogFormat, CheckLogFormat),
+		"cache_grace": func(v *yaml.Node) error {
+			if isNull(v) {
+				return nil
+			}
+			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int") {
+				return keyErr(v, k("cache_grace"), "want a duration such as \"20ms\", or off, got %s", describe(v))
+			}
+			g, err := ParseCacheGrace(v.Value)
+			if err != nil {
+				return keyErr(v, k("cache_grace"), "%w", err)
+			}
+			o.CacheGrace = &g
+			return nil
+		},
+		"hello_timeout": durationField(k("hello_timeout"), &o.HelloTimeout),
+		"frame_timeout": durationField(k("frame_timeout"), &o.FrameTimeout),
+		"idle_timeout":  durationField(k("idle_timeout"), &o.IdleTimeout),
+		"max_connections": func(v *yaml.Node) error {
+			if isNull(v) {
+				return nil
+			}
+			n, err := countValue(v)
+			if err != nil {
+				return keyErr(v, k("max_connections"), "%w (0 = derived from the open-file limit)", err)
+			}
+			o.MaxConnections = n
+			return nil
+		},
 		"large_file_paths": func(v *yaml.Node) error {
+			pathsNode = v
 			if isNull(v) {
 				return nil
 			}
@@ -72,6 +102,12 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if limitsNode == nil && len(o.LargeFilePaths) > 0 {
+		// The seed turns the SSD off when large_limit_size is absent; a forgotten
+		// key must not silently run a node without its SSD.
+		return nil, keyErr(pathsNode, k("large_file_paths"), "set without %s: give one limit per path (or --ssd-limit), "+
+			"or %s: null to run without SSD on purpose", k("large_limit_size"), k("large_limit_size"))
 	}
 	if limitsSet {
 		c := ssd.Config{LargeFilePaths: o.LargeFilePaths, LargeLimitSize: limits}

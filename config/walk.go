@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -182,13 +183,50 @@ func durationField(key string, dst *time.Duration) func(*yaml.Node) error {
 	}
 }
 
-// CheckAddr accepts host:port (host may be empty for every interface; port 0 picks
-// a free one).
+// CheckAddr accepts host:port with a numeric port 0-65535 (host may be empty for
+// every interface; port 0 picks a free one). Service names ("http") are refused: a
+// daemon's port should be read off its config, not looked up.
 func CheckAddr(s string) error {
-	if _, _, err := net.SplitHostPort(s); err != nil {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
 		return fmt.Errorf("invalid address %q: want host:port", s)
 	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("invalid address %q: port %q is not a number from 0 to 65535", s, port)
+	}
 	return nil
+}
+
+// ParseCacheGrace parses a cache grace: a duration ≥ 0 ("20ms", "1s"), where 0 and
+// "off" turn the grace off. A negative duration is refused rather than read as "off".
+func ParseCacheGrace(s string) (time.Duration, error) {
+	t := strings.TrimSpace(s)
+	if strings.EqualFold(t, "off") || t == "0" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(t)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (want e.g. \"20ms\", or off to disable)", s)
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("%v must be ≥ 0 (0 or off disables the grace; unset = the default 20ms)", d)
+	}
+	return d, nil
+}
+
+// countValue is a YAML integer ≥ 0.
+func countValue(v *yaml.Node) (int, error) {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+		return 0, fmt.Errorf("want a whole number, got %s", describe(v))
+	}
+	var n int
+	if err := v.Decode(&n); err != nil {
+		return 0, fmt.Errorf("invalid number %q: %v", v.Value, err)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("%d must be ≥ 0", n)
+	}
+	return n, nil
 }
 
 // CheckLogLevel accepts the levels zerolog knows (debug, info, warn, error, ...).

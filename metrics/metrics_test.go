@@ -185,6 +185,7 @@ func TestScrapeCapacity(t *testing.T) {
 		calls.Add(1)
 		return Capacity{SegmentCapacity: 1 << 30, SegmentUsed: 4096, SSDCapacity: 4 << 30, SSDUsed: 512}
 	})
+	t0 := time.Now()
 	got := scrape(t, srv)
 	want := map[string]float64{
 		"kvcache_segment_capacity_bytes": 1 << 30,
@@ -202,17 +203,22 @@ func TestScrapeCapacity(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, g, w)
 		}
 	}
-	// A second scrape within a second reuses the reading.
+	// A second scrape within a second reuses the reading. A machine too busy to scrape
+	// twice within the second proves nothing either way: say so rather than fail.
 	scrape(t, srv)
-	if n := calls.Load(); n != 1 {
-		t.Errorf("capacity func called %d times for two scrapes within a second, want 1", n)
+	if d := time.Since(t0); d >= capacityMaxAge {
+		t.Logf("two scrapes took %v (≥ %v): reuse of the reading not checked", d, capacityMaxAge)
+	} else if n := calls.Load(); n != 1 {
+		t.Errorf("capacity func called %d times for two scrapes within %v, want 1", n, d)
 	}
 }
 
-// A slow capacity function is cut off: scrapes stay fast, serve the last reading,
-// and only one call is in flight at a time.
+// A slow capacity function is cut off: scrapes return after the timeout, serve the
+// last reading, and only one call is in flight at a time. The timeout is generous so
+// that the first, quick call completes within it however busy the machine.
 func TestCapacitySlowFunc(t *testing.T) {
-	c := newCapacityCollector(0, 20*time.Millisecond)
+	const timeout = 500 * time.Millisecond
+	c := newCapacityCollector(0, timeout)
 	release := make(chan struct{})
 	var calls, running, maxRunning atomic.Int64
 	var slow atomic.Bool
@@ -236,8 +242,8 @@ func TestCapacitySlowFunc(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		t0 := time.Now()
 		v, ok = c.read()
-		if d := time.Since(t0); d > time.Second {
-			t.Fatalf("read took %v with a stuck capacity func", d)
+		if d := time.Since(t0); d > 20*timeout {
+			t.Fatalf("read took %v with a stuck capacity func (timeout %v)", d, timeout)
 		}
 		if !ok || v.SegmentCapacity != 1 {
 			t.Fatalf("read during a stuck call = %+v, %v; want the last reading", v, ok)

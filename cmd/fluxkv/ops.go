@@ -202,24 +202,11 @@ func statusCommand() *cli.Command {
 			fmt.Fprintln(tw, "NODE\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
 			for _, m := range out.Members {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID,
-					human(m.MemorySegment.UsedBytes), human(m.MemorySegment.CapacityBytes),
-					human(m.KvSsd.UsedBytes), human(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
+					approxSize(m.MemorySegment.UsedBytes), humanSize(m.MemorySegment.CapacityBytes),
+					approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
 			}
 			tw.Flush()
 			fmt.Printf("keys: %d\n", out.Keys)
 			return nil
 		})
-}
-
-func human(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }

@@ -249,12 +249,23 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 		m.SetCapacityFunc(nil) // scrapes during and after the stop do not call into it
 		return o.Stop()
 	})
-	ev := logger.Info().Str("component", "owner").Str("socket", o.SocketPath()).Str("dram", ssd.FormatSize(oc.DRAM))
+	// The segment as mapped (DRAM rounded up to the page) in exact bytes and for
+	// people; the requested size beside it when the rounding changed it.
+	seg := segmentSize(oc.DRAM)
+	ev := logger.Info().Str("component", "owner").Str("socket", o.SocketPath()).
+		Int64("segment_bytes", seg).Str("segment", humanSize(seg))
+	if seg != oc.DRAM {
+		ev = ev.Int64("dram_requested_bytes", oc.DRAM)
+	}
 	if oc.SSDEnabled() {
 		ev = ev.Strs("large_file_paths", oc.LargeFilePaths).Ints64("large_limit_size", oc.LargeLimitSize).
 			Str("cluster_name", oc.ClusterName).Str("instance_key", oc.InstanceKey)
 	} else {
 		ev = ev.Bool("ssd", false)
+		if len(oc.LargeFilePaths) > 0 {
+			logger.Warn().Strs("large_file_paths", oc.LargeFilePaths).
+				Msg("SSD cache off: fluxkv_spec.large_limit_size is null, so large_file_paths are not used")
+		}
 	}
 	ev.Dur("took", time.Since(t0)).Msg("owner started")
 	return o, nil
@@ -278,18 +289,23 @@ func masterOptions(mc config.Master, m *metrics.Metrics) master.Options {
 func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics) daemon.Options {
 	l := componentLogger("owner")
 	opts := daemon.Options{
-		Dir:        oc.SocketDir,
-		DRAM:       oc.DRAM,
-		MasterAddr: masterAddr,
-		NodeID:     oc.NodeID,
-		PeerListen: oc.PeerListen,
-		Metrics:    m,
-		Logger:     &l,
+		Dir:            oc.SocketDir,
+		DRAM:           oc.DRAM,
+		MasterAddr:     masterAddr,
+		NodeID:         oc.NodeID,
+		PeerListen:     oc.PeerListen,
+		MaxConnections: oc.MaxConnections,
+		HelloTimeout:   oc.HelloTimeout,
+		FrameTimeout:   oc.FrameTimeout,
+		IdleTimeout:    oc.IdleTimeout,
+		Metrics:        m,
+		Logger:         &l,
 	}
 	if oc.CacheGrace != nil {
+		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
 		opts.CacheGrace = *oc.CacheGrace
-		if opts.CacheGrace <= 0 {
-			opts.CacheGrace = -1 // daemon: negative disables
+		if opts.CacheGrace == 0 {
+			opts.CacheGrace = -1
 		}
 	}
 	if oc.SSDEnabled() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,7 +34,26 @@ var (
 	buildErr  error
 )
 
-// fluxkvBin is $FLUXKV_BIN, or this package built once into a temporary directory.
+// Timing budgets of these tests. `make test` runs them against bin/fluxkv-race (built
+// with -race: several times slower) on two busy cores, so each bound is a generous
+// deadline on a condition, never an expected speed.
+const (
+	startBudget = 60 * time.Second // a process to log a line or open its socket
+	// stopBudget is how long SIGTERM may take: the owner's own shutdown timeout is 4 s,
+	// the systemd units allow 20 s.
+	stopBudget = 20 * time.Second
+)
+
+// raceReport marks a race detector report in a child's stderr.
+const raceReport = "WARNING: DATA RACE"
+
+// raceExitCode is the exit status a -race child uses when it found a race
+// (GORACE exitcode, set by startService).
+const raceExitCode = 66
+
+// fluxkvBin is $FLUXKV_BIN (`make test` points it at bin/fluxkv-race), or this
+// package built once into a temporary directory, with -race when this test binary
+// has it.
 func fluxkvBin(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("FLUXKV_BIN"); p != "" {
@@ -45,7 +66,11 @@ func fluxkvBin(t *testing.T) string {
 			return
 		}
 		builtBin = filepath.Join(dir, "fluxkv")
-		out, err := exec.Command("go", "build", "-o", builtBin, ".").CombinedOutput()
+		args := []string{"build", "-o", builtBin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -80,6 +105,9 @@ func startService(t *testing.T, args ...string) *service {
 	t.Helper()
 	s := &service{t: t, done: make(chan struct{})}
 	s.cmd = exec.Command(fluxkvBin(t), append([]string{"--log-format", "json", "--log-level", "debug"}, args...)...)
+	// A -race child stops at its first race with a status of its own (a plain binary
+	// ignores GORACE).
+	s.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1 exitcode="+strconv.Itoa(raceExitCode))
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +143,10 @@ func startService(t *testing.T, args ...string) *service {
 			s.cmd.Process.Kill()
 			<-s.done
 		}
+		// Whatever else the test checked: a race in the child fails it.
+		if log := s.log(); strings.Contains(log, raceReport) {
+			t.Errorf("the race detector reported a race in fluxkv %s:\n%s", strings.Join(args, " "), log)
+		}
 	})
 	return s
 }
@@ -128,7 +160,7 @@ func (s *service) log() string {
 // waitLog returns the first log line with message msg (and its index), waiting for it.
 func (s *service) waitLog(msg string) (map[string]any, int) {
 	s.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {
 		s.mu.Lock()
 		for i, l := range s.lines {
@@ -159,7 +191,8 @@ func (s *service) metricsAddr() string {
 	return addr
 }
 
-// wait waits up to timeout for the process to exit and returns its exit status.
+// wait waits up to timeout for the process to exit and returns its exit status; a
+// race found by a -race child fails the test here, whatever status was expected.
 func (s *service) wait(timeout time.Duration) int {
 	s.t.Helper()
 	select {
@@ -169,8 +202,14 @@ func (s *service) wait(timeout time.Duration) int {
 		<-s.done
 		s.t.Fatalf("fluxkv did not exit within %v:\n%s", timeout, s.log())
 	}
+	if strings.Contains(s.log(), raceReport) {
+		s.t.Fatalf("the race detector reported a race in fluxkv (exit %v):\n%s", s.err, s.log())
+	}
 	var ee *exec.ExitError
 	if errors.As(s.err, &ee) {
+		if ee.ExitCode() == raceExitCode {
+			s.t.Fatalf("fluxkv exited with status %d, the race detector's:\n%s", raceExitCode, s.log())
+		}
 		return ee.ExitCode()
 	}
 	if s.err != nil {
@@ -179,12 +218,12 @@ func (s *service) wait(timeout time.Duration) int {
 	return 0
 }
 
-// stop sends SIGTERM and requires exit status 0 within 5 s with no socket left.
+// stop sends SIGTERM and requires exit status 0 within stopBudget with no socket left.
 func (s *service) stop(socket string) {
 	s.t.Helper()
 	t0 := time.Now()
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.wait(5 * time.Second); code != 0 {
+	if code := s.wait(stopBudget); code != 0 {
 		s.t.Fatalf("exit status %d after SIGTERM:\n%s", code, s.log())
 	}
 	s.t.Logf("stopped %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
@@ -199,7 +238,7 @@ func (s *service) stop(socket string) {
 
 func waitSocket(t *testing.T, s *service, socket string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {
 		if c, err := net.Dial("unix", socket); err == nil {
 			c.Close()
@@ -258,6 +297,30 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 	return out
 }
 
+// waitMetric scrapes until the sample name reaches at least want (a deadline, not an
+// expected speed) and returns that scrape.
+func waitMetric(t *testing.T, addr, name string, want float64) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(startBudget)
+	for {
+		got := scrapeMetrics(t, addr)
+		if got[name] >= want {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v after %v, want ≥ %v", name, got[name], startBudget, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitCapacity is the first scrape with the capacity gauges: the owner reports them
+// from the end of its start, a moment after its socket appears.
+func waitCapacity(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	return waitMetric(t, addr, "kvcache_segment_capacity_bytes", 1)
+}
+
 // sumOps adds fluxkv_ops_total over every op with the given result.
 func sumOps(samples map[string]float64, result string) float64 {
 	var n float64
@@ -303,7 +366,7 @@ master:
 		t.Errorf("metrics server started after the owner (log lines %d > %d)", metricsAt, ownerAt)
 	}
 
-	got := scrapeMetrics(t, addr)
+	got := waitCapacity(t, addr)
 	if v := got["kvcache_segment_capacity_bytes"]; v != 48<<20 {
 		t.Errorf("kvcache_segment_capacity_bytes = %v, want %d (fluxkv_spec.dram)", v, 48<<20)
 	}
@@ -335,12 +398,8 @@ master:
 	}
 	c.Flush()
 
-	// Capacity readings are cached for a second.
-	time.Sleep(1100 * time.Millisecond)
-	got = scrapeMetrics(t, addr)
-	if v := got["kvcache_segment_used_bytes"]; v < 3<<20 {
-		t.Errorf("kvcache_segment_used_bytes = %v after three 1 MiB puts, want ≥ %d", v, 3<<20)
-	}
+	// Capacity readings are cached for a second: wait for one taken after the puts.
+	got = waitMetric(t, addr, "kvcache_segment_used_bytes", 3<<20)
 	if n := sumOps(got, "ok"); n < 3 {
 		t.Errorf("fluxkv_ops_total{result=ok} = %v after 3 puts, want ≥ 3", n)
 	}
@@ -390,7 +449,7 @@ fluxkv_spec:
 	waitSocket(t, o, socket)
 	oaddr := o.metricsAddr()
 
-	if got := scrapeMetrics(t, oaddr); got["kvcache_segment_capacity_bytes"] != 16<<20 {
+	if got := waitCapacity(t, oaddr); got["kvcache_segment_capacity_bytes"] != 16<<20 {
 		t.Errorf("owner kvcache_segment_capacity_bytes = %v, want %d", got["kvcache_segment_capacity_bytes"], 16<<20)
 	}
 	if got := scrapeMetrics(t, maddr); got["go_goroutines"] == 0 {
@@ -423,7 +482,7 @@ func TestConfigErrorsExit2(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := writeFile(t, dir, strings.ReplaceAll(tt.name, " ", "_")+".yaml", tt.yaml)
 			s := startService(t, tt.command, "--config", cfg)
-			if code := s.wait(10 * time.Second); code != 2 {
+			if code := s.wait(startBudget); code != 2 {
 				t.Errorf("exit status %d, want 2:\n%s", code, s.log())
 			}
 			if !strings.Contains(s.log(), tt.want) {
@@ -475,7 +534,7 @@ fluxkv_spec:
 	waitSocket(t, s, socket)
 	addr := s.metricsAddr()
 
-	got := scrapeMetrics(t, addr)
+	got := waitCapacity(t, addr)
 	if v := got["kv_ssd_capacity_bytes"]; v != 64<<20 {
 		t.Errorf("kv_ssd_capacity_bytes = %v, want %d (large_limit_size)", v, 64<<20)
 	}
@@ -497,17 +556,92 @@ fluxkv_spec:
 		}
 	}
 	// Persists run after each put returns; the capacity reading is cached for a second.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		got = scrapeMetrics(t, addr)
-		if got["kv_ssd_used_bytes"] >= 3<<20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kv_ssd_used_bytes = %v 15s after three 1 MiB puts, want ≥ %d", got["kv_ssd_used_bytes"], 3<<20)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitMetric(t, addr, "kv_ssd_used_bytes", 3<<20)
 	c.Close()
 	s.stop(socket)
+}
+
+// Flag values that would silently mean something else stop the real binary at start:
+// exit status 2, a message naming the flag, no socket.
+func TestFlagRefusalsExit2(t *testing.T) {
+	mem, err := memTotal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	sockDir := filepath.Join(dir, "run")
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"ssd path without limit", []string{"--ssd-path", filepath.Join(dir, "ssd")}, "--ssd-path (--large-file-paths) needs --ssd-limit"},
+		{"dram above memory", []string{"--dram", strconv.FormatInt(mem+1, 10)}, "exceeds this machine's memory"},
+		{"negative cache grace", []string{"--cache-grace", "-1s"}, "--cache-grace: -1s must be ≥ 0"},
+		{"negative max connections", []string{"--max-connections", "-3"}, "--max-connections must be ≥ 0, got -3"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startService(t, append([]string{"up", "--dir", sockDir}, tt.args...)...)
+			if code := s.wait(startBudget); code != 2 {
+				t.Errorf("exit status %d, want 2:\n%s", code, s.log())
+			}
+			if !strings.Contains(s.log(), tt.want) {
+				t.Errorf("stderr lacks %q:\n%s", tt.want, s.log())
+			}
+			if _, err := os.Stat(filepath.Join(sockDir, "fluxkv.sock")); err == nil {
+				t.Errorf("socket created by a refused start")
+			}
+		})
+	}
+}
+
+// `--dram 4097` maps an 8192-byte segment: the start log gives both sizes in exact
+// bytes and the segment for people as "8 KiB", and `fluxkv status` shows 8 KiB.
+func TestDRAMRoundedSizes(t *testing.T) {
+	dir := t.TempDir()
+	s := startService(t, "up", "--dir", dir, "--dram", "4097", "--metrics-addr", "127.0.0.1:0", "--max-connections", "32")
+	socket := filepath.Join(dir, "fluxkv.sock")
+	waitSocket(t, s, socket)
+	l, _ := s.waitLog("owner started")
+	if l["segment_bytes"] != float64(8192) || l["dram_requested_bytes"] != float64(4097) || l["segment"] != "8 KiB" {
+		t.Errorf("owner started: segment_bytes=%v dram_requested_bytes=%v segment=%v, want 8192, 4097, \"8 KiB\"",
+			l["segment_bytes"], l["dram_requested_bytes"], l["segment"])
+	}
+	if got := waitCapacity(t, s.metricsAddr()); got["kvcache_segment_capacity_bytes"] != 8192 {
+		t.Errorf("kvcache_segment_capacity_bytes = %v, want 8192", got["kvcache_segment_capacity_bytes"])
+	}
+	out, err := exec.Command(fluxkvBin(t), "status", "--socket", socket).CombinedOutput()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "8 KiB") || strings.Contains(string(out), "4 KiB") {
+		t.Errorf("status does not show the 8 KiB segment:\n%s", out)
+	}
+	var st statusJSON
+	out, err = exec.Command(fluxkvBin(t), "status", "--json", "--socket", socket).Output()
+	if err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	if err := json.Unmarshal(out, &st); err != nil || len(st.Members) != 1 || st.Members[0].MemorySegment.CapacityBytes != 8192 {
+		t.Errorf("status --json: %v %+v, want one member with capacity_bytes 8192", err, st)
+	}
+	s.stop(socket)
+}
+
+// Under -race, the process tests run a -race fluxkv too (`make test` passes
+// bin/fluxkv-race as FLUXKV_BIN): otherwise the owner's concurrency goes unchecked.
+func TestBinaryIsRaceBuild(t *testing.T) {
+	if !raceEnabled {
+		t.Skip("this test binary is not built with -race")
+	}
+	info, err := buildinfo.ReadFile(fluxkvBin(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" && s.Value == "true" {
+			return
+		}
+	}
+	t.Errorf("%s is not built with -race: point FLUXKV_BIN at bin/fluxkv-race (make test builds it)", fluxkvBin(t))
 }

@@ -15,6 +15,30 @@ import (
 
 // Settings come from three places, in this order of precedence: a flag given on the
 // command line (or its environment variable), the --config file, the flag's default.
+// A value that cannot mean what it says (a negative duration, a DRAM size beyond the
+// machine's memory, SSD paths without limits) is refused at start with exit status 2
+// and a message naming the flag, and the YAML key when the value came from the file:
+// a service must not run quietly with something other than what it was told.
+
+// Master defaults the merged settings are checked with (master.Options' defaults).
+const (
+	defaultNodeTTL           = 5 * time.Second
+	defaultHeartbeatInterval = time.Second
+)
+
+// settingName names a setting in a refusal: the flag when it was given on the command
+// line or nothing set it, else the YAML key with its flag.
+func settingName(c *cli.Context, flag, key string, fromFile bool) string {
+	if c.IsSet(flag) || !fromFile {
+		return "--" + flag
+	}
+	return key + " (--" + flag + ")"
+}
+
+// refuse is a start-up refusal: exit status 2 with the message.
+func refuse(format string, args ...any) error {
+	return cli.Exit(fmt.Sprintf(format, args...), 2)
+}
 
 func configFlag() cli.Flag {
 	return &cli.StringFlag{Name: "config", Aliases: []string{"c"},
@@ -30,11 +54,11 @@ func masterFlags(listenDefault string) []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "listen", Aliases: []string{"master-listen"}, Value: listenDefault,
 			Usage: "master TCP address owners register on (host:port; port 0 picks a free one) [master.listen]"},
-		&cli.DurationFlag{Name: "node-ttl", Value: 5 * time.Second, Usage: "tomb an owner silent for this long [master.node_ttl]"},
-		&cli.DurationFlag{Name: "heartbeat-interval", DefaultText: "1s", Usage: "how often owners heartbeat; must be below --node-ttl [master.heartbeat_interval]"},
-		&cli.DurationFlag{Name: "inflight-ttl", DefaultText: "1m0s", Usage: "revoke an in-flight put or get older than this [master.inflight_ttl]"},
+		&cli.DurationFlag{Name: "node-ttl", Value: defaultNodeTTL, Usage: "tomb an owner silent for this long; > 0 [master.node_ttl]"},
+		&cli.DurationFlag{Name: "heartbeat-interval", DefaultText: "1s", Usage: "how often owners heartbeat; > 0 and below --node-ttl [master.heartbeat_interval]"},
+		&cli.DurationFlag{Name: "inflight-ttl", DefaultText: "1m0s", Usage: "revoke an in-flight put or get older than this; > 0 [master.inflight_ttl]"},
 		&cli.BoolFlag{Name: "no-promotion", Usage: "never promote SSD refills to memory replicas (for measuring SSD-hit gets) [master.no_promotion]"},
-		&cli.DurationFlag{Name: "alloc-wait", DefaultText: "5s", Usage: "how long a put waits for space (eviction, releases) before NO_SPACE [master.alloc_wait]"},
+		&cli.DurationFlag{Name: "alloc-wait", DefaultText: "5s", Usage: "how long a put waits for space (eviction, releases) before NO_SPACE; > 0 [master.alloc_wait]"},
 	}
 }
 
@@ -42,9 +66,14 @@ func ownerFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "dir", Aliases: []string{"socket-dir"}, Value: wire.DefaultDir(),
 			Usage: "directory for the sockets (DIR/fluxkv.sock); its group decides who may attach [fluxkv_spec.socket_dir]"},
-		&cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes [fluxkv_spec.dram]"},
+		&cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes; rounded up to the 4 KiB page, at most the machine's memory [fluxkv_spec.dram]"},
 		&cli.StringFlag{Name: "node-id", DefaultText: "host name", Usage: "this owner's id in the cluster [fluxkv_spec.node_id]"},
-		&cli.DurationFlag{Name: "cache-grace", DefaultText: "20ms", Usage: "keep a released holding cached this long so repeated gets skip the master (0 disables)"},
+		&cli.StringFlag{Name: "cache-grace", DefaultText: "20ms", Usage: "keep a released holding cached this long so repeated gets skip the master: a duration ≥ 0; 0 or off disables it [fluxkv_spec.cache_grace]"},
+		&cli.IntFlag{Name: "max-connections", DefaultText: "derived from RLIMIT_NOFILE",
+			Usage: "cap on the open connections of each owner socket (attach and RPC); the next one is accepted and refused with a clear error; 0 = derived from the open-file limit [fluxkv_spec.max_connections]"},
+		&cli.DurationFlag{Name: "hello-timeout", DefaultText: "5s", Usage: "close an attach connection whose hello has not arrived within this; > 0 [fluxkv_spec.hello_timeout]"},
+		&cli.DurationFlag{Name: "frame-timeout", DefaultText: "10s", Usage: "close an RPC connection whose request (once begun) or reply does not complete within this; > 0 [fluxkv_spec.frame_timeout]"},
+		&cli.DurationFlag{Name: "idle-timeout", DefaultText: "10s", Usage: "close an RPC connection idle this long unless its last call named a live session; > 0 [fluxkv_spec.idle_timeout]"},
 		&cli.StringFlag{Name: "peer-listen", Value: "127.0.0.1:0", Usage: "TCP address of the owner's peer service; other owners and the master connect to it [fluxkv_spec.peer_listen]"},
 		&cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the SSD cache root <path>/<cluster>_cluster_kv_ssd_storage [fluxkv_spec.cluster_name]"},
 		&cli.StringFlag{Name: "instance-key", DefaultText: "the node id", Usage: "names this owner's SSD cache root under each path [fluxkv_spec.instance_key]"},
@@ -102,11 +131,35 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 		LogFormat:         fm.LogFormat,
 	}
 	if err := config.CheckAddr(s.Listen); err != nil {
-		return s, cli.Exit("--listen: "+err.Error(), 2)
+		return s, refuse("%s: %v", settingName(c, "listen", "master.listen", fm.Listen != ""), err)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"node-ttl", s.NodeTTL}, {"heartbeat-interval", s.HeartbeatInterval},
+		{"inflight-ttl", s.InflightTTL}, {"alloc-wait", s.AllocWait},
+	} {
+		// The file refuses ≤ 0 itself; a flag of 0 would silently mean the default.
+		if c.IsSet(d.flag) && d.v <= 0 {
+			return s, refuse("--%s must be positive, got %v (leave it out for the default)", d.flag, d.v)
+		}
+	}
+	ttl, hb := s.NodeTTL, s.HeartbeatInterval
+	if ttl == 0 {
+		ttl = defaultNodeTTL
+	}
+	if hb == 0 {
+		hb = defaultHeartbeatInterval
+	}
+	if ttl <= hb {
+		return s, refuse("%s %v must exceed %s %v (an owner misses a few heartbeats before it is tombed)",
+			settingName(c, "node-ttl", "master.node_ttl", fm.NodeTTL != 0), ttl,
+			settingName(c, "heartbeat-interval", "master.heartbeat_interval", fm.HeartbeatInterval != 0), hb)
 	}
 	if s.MetricsAddr != "" {
 		if err := config.CheckAddr(s.MetricsAddr); err != nil {
-			return s, cli.Exit("--metrics-addr: "+err.Error(), 2)
+			return s, refuse("%s: %v", settingName(c, "metrics-addr", "master.metrics_addr", fm.MetricsAddr != ""), err)
 		}
 	}
 	return s, nil
@@ -131,10 +184,27 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		DRAM:           fo.DRAM,
 		LargeFilePaths: fo.LargeFilePaths,
 		LargeLimitSize: fo.LargeLimitSize,
+		CacheGrace:     fo.CacheGrace,
+		MaxConnections: fo.MaxConnections,
+		HelloTimeout:   dur(c, "hello-timeout", fo.HelloTimeout),
+		FrameTimeout:   dur(c, "frame-timeout", fo.FrameTimeout),
+		IdleTimeout:    dur(c, "idle-timeout", fo.IdleTimeout),
+	}
+	for _, f := range []string{"hello-timeout", "frame-timeout", "idle-timeout"} {
+		// The file refuses ≤ 0 itself; a flag of 0 would silently mean the default.
+		if c.IsSet(f) && c.Duration(f) <= 0 {
+			return s, refuse("--%s must be positive, got %v (leave it out for the default)", f, c.Duration(f))
+		}
 	}
 	if c.IsSet("cache-grace") {
-		g := c.Duration("cache-grace")
+		g, err := config.ParseCacheGrace(c.String("cache-grace"))
+		if err != nil {
+			return s, refuse("--cache-grace: %v", err)
+		}
 		s.CacheGrace = &g
+	}
+	if err := maxConnections(c, &s, fo.MaxConnections != 0); err != nil {
+		return s, err
 	}
 	// `up` has no --master flag (its owner registers with the embedded master):
 	// there this is the file's value, which up ignores with a warning.
@@ -145,9 +215,12 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 			return s, cli.Exit(fmt.Sprintf("--dram: %v", err), 2)
 		}
 		if n <= 0 {
-			return s, cli.Exit("--dram: must be positive", 2)
+			return s, refuse("--dram: must be positive")
 		}
 		s.DRAM = n
+	}
+	if err := checkDRAM(c, s.DRAM, fo.DRAM != 0); err != nil {
+		return s, err
 	}
 	if err := ownerSSDFlags(c, &s); err != nil {
 		return s, err
@@ -157,17 +230,24 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		return s, cli.Exit(fmt.Sprintf("socket directory %q: %v", s.SocketDir, err), 2)
 	}
 	s.SocketDir = dir
-	for _, a := range []struct{ flag, v string }{{"peer-listen", s.PeerListen}, {"metrics-addr", s.MetricsAddr}, {"master", s.Master}} {
+	for _, a := range []struct {
+		flag, key, v string
+		fromFile     bool
+	}{
+		{"peer-listen", "peer_listen", s.PeerListen, fo.PeerListen != ""},
+		{"metrics-addr", "metrics_addr", s.MetricsAddr, fo.MetricsAddr != ""},
+		{"master", "master", s.Master, fo.Master != ""},
+	} {
 		if a.v == "" {
 			continue
 		}
 		if err := config.CheckAddr(a.v); err != nil {
-			return s, cli.Exit("--"+a.flag+": "+err.Error(), 2)
+			return s, refuse("%s: %v", settingName(c, a.flag, config.OwnerSection+"."+a.key, a.fromFile), err)
 		}
 	}
 	if s.NodeID != "" {
 		if err := wire.ValidateNodeID(s.NodeID); err != nil {
-			return s, cli.Exit("--node-id: "+err.Error(), 2)
+			return s, refuse("%s: %v", settingName(c, "node-id", "fluxkv_spec.node_id", fo.NodeID != ""), err)
 		}
 	}
 	if s.InstanceKey == "" {
@@ -194,6 +274,10 @@ func ownerSSDFlags(c *cli.Context, s *config.Owner) error {
 	if paths {
 		s.LargeFilePaths = c.StringSlice("large-file-paths")
 	}
+	if paths && !limitsSet && s.LargeLimitSize == nil {
+		return refuse("--ssd-path (--large-file-paths) needs --ssd-limit (--large-limit-size; YAML fluxkv_spec.large_limit_size): " +
+			"one SSD ring size per path, e.g. --ssd-limit 4GiB; without it the node would run without SSD")
+	}
 	cfg := ssd.Config{LargeFilePaths: s.LargeFilePaths}
 	switch {
 	case limitsSet:
@@ -213,5 +297,46 @@ func ownerSSDFlags(c *cli.Context, s *config.Owner) error {
 		return cli.Exit(fmt.Sprintf("--large-file-paths/--large-limit-size (over the config file): %v", err), 2)
 	}
 	s.LargeLimitSize = limits
+	return nil
+}
+
+// checkDRAM refuses a segment larger than the machine's memory: the memfd would be
+// created, and the node would fail (or swap, or be OOM-killed) only once it fills.
+func checkDRAM(c *cli.Context, dram int64, fromFile bool) error {
+	total, err := memTotal()
+	if err != nil {
+		logger.Warn().Err(err).Msg("cannot check --dram against the machine's memory")
+		return nil
+	}
+	if seg := segmentSize(dram); seg > total {
+		return refuse("%s %s exceeds this machine's memory (%s, MemTotal)",
+			settingName(c, "dram", "fluxkv_spec.dram", fromFile), humanSize(dram), approxSize(total))
+	}
+	return nil
+}
+
+// maxConnections applies --max-connections over the file's max_connections: ≥ 0, and
+// the two sockets' caps together not above the open-file limit, which would make the
+// cap one the node cannot reach.
+func maxConnections(c *cli.Context, s *config.Owner, fromFile bool) error {
+	if c.IsSet("max-connections") {
+		s.MaxConnections = c.Int("max-connections")
+	}
+	name := settingName(c, "max-connections", "fluxkv_spec.max_connections", fromFile)
+	if s.MaxConnections < 0 {
+		return refuse("%s must be ≥ 0, got %d (0 = derived from the open-file limit)", name, s.MaxConnections)
+	}
+	if s.MaxConnections == 0 {
+		return nil
+	}
+	limit, err := openFileLimit()
+	if err != nil {
+		logger.Warn().Err(err).Msg("cannot check --max-connections against the open-file limit")
+		return nil
+	}
+	if 2*uint64(s.MaxConnections) > limit {
+		return refuse("%s %d per socket (attach and RPC: %d) exceeds the open-file limit (RLIMIT_NOFILE %d): raise the limit (LimitNOFILE= in the unit) or lower the cap",
+			name, s.MaxConnections, 2*s.MaxConnections, limit)
+	}
 	return nil
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -201,6 +203,192 @@ func TestLogSettingsPrecedence(t *testing.T) {
 		}
 		if got := logger.GetLevel(); got != tt.want {
 			t.Errorf("args %v, file level %q: level %v, want %v", tt.args, tt.fileLevel, got, tt.want)
+		}
+	}
+}
+
+// Values that would silently mean something other than what was written are
+// refused at start, exit status 2, with a message naming the flag (and the YAML key
+// when the file set it).
+func TestSettingsRefusals(t *testing.T) {
+	mem, err := memTotal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"}
+	for _, tt := range []struct {
+		name, command, yaml string
+		args                []string
+		wantErr             string
+	}{
+		{name: "ssd path without limit", command: "owner", args: append([]string{"--ssd-path", "/d"}, owner...),
+			wantErr: "--ssd-path (--large-file-paths) needs --ssd-limit (--large-limit-size; YAML fluxkv_spec.large_limit_size)"},
+		{name: "ssd path flag over a file whose limits are null", command: "up",
+			yaml: "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: null\n", args: []string{"--ssd-path", "/d"},
+			wantErr: "--ssd-path (--large-file-paths) needs --ssd-limit"},
+		{name: "ssd paths in the file without limits", command: "up", yaml: "fluxkv_spec:\n  large_file_paths: [/a]\n",
+			wantErr: "fluxkv_spec.large_file_paths: set without fluxkv_spec.large_limit_size"},
+		{name: "dram above memory", command: "owner", args: append([]string{"--dram", strconv.FormatInt(mem+1, 10)}, owner...),
+			wantErr: "--dram " + humanSize(mem+1) + " exceeds this machine's memory (" + approxSize(mem) + ", MemTotal)"},
+		{name: "dram above memory from the file", command: "up", yaml: "fluxkv_spec:\n  dram: 1PiB\n",
+			wantErr: "fluxkv_spec.dram (--dram) 1 PiB exceeds this machine's memory"},
+		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
+			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
+		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
+			wantErr: `--cache-grace: invalid duration "20"`},
+		{name: "negative max connections", command: "owner", args: append([]string{"--max-connections", "-1"}, owner...),
+			wantErr: "--max-connections must be ≥ 0, got -1"},
+		{name: "max connections above the open-file limit", command: "up", args: []string{"--max-connections", "2000000000"},
+			wantErr: "--max-connections 2000000000 per socket (attach and RPC: 4000000000) exceeds the open-file limit (RLIMIT_NOFILE"},
+		{name: "zero hello timeout", command: "up", args: []string{"--hello-timeout", "0s"},
+			wantErr: "--hello-timeout must be positive, got 0s"},
+		{name: "negative idle timeout", command: "owner", args: append([]string{"--idle-timeout=-1s"}, owner...),
+			wantErr: "--idle-timeout must be positive, got -1s"},
+		{name: "negative frame timeout in the file", command: "up", yaml: "fluxkv_spec:\n  frame_timeout: -2s\n",
+			wantErr: `fluxkv_spec.frame_timeout: invalid duration "-2s": must be positive`},
+		{name: "max connections from the file above the limit", command: "up", yaml: "fluxkv_spec:\n  max_connections: 2000000000\n",
+			wantErr: "fluxkv_spec.max_connections (--max-connections) 2000000000 per socket"},
+		{name: "zero node ttl", command: "master", args: []string{"--node-ttl", "0s"},
+			wantErr: "--node-ttl must be positive, got 0s"},
+		{name: "negative alloc wait", command: "up", args: []string{"--alloc-wait", "-1s"},
+			wantErr: "--alloc-wait must be positive, got -1s"},
+		{name: "negative inflight ttl", command: "master", args: []string{"--inflight-ttl=-5s"},
+			wantErr: "--inflight-ttl must be positive, got -5s"},
+		{name: "heartbeat flag above the default ttl", command: "master", args: []string{"--heartbeat-interval", "6s"},
+			wantErr: "--node-ttl 5s must exceed --heartbeat-interval 6s"},
+		{name: "flag ttl below the file's heartbeat", command: "up", yaml: "master:\n  heartbeat_interval: 3s\n",
+			args: []string{"--node-ttl", "2s"}, wantErr: "--node-ttl 2s must exceed master.heartbeat_interval (--heartbeat-interval) 3s"},
+		{name: "file ttl at the default heartbeat", command: "master", yaml: "master:\n  node_ttl: 1s\n",
+			wantErr: "master.node_ttl (--node-ttl) 1s must exceed --heartbeat-interval 1s"},
+		{name: "port out of range", command: "owner", args: append([]string{"--peer-listen", "127.0.0.1:65536"}, owner...),
+			wantErr: `--peer-listen: invalid address "127.0.0.1:65536": port "65536" is not a number from 0 to 65535`},
+		{name: "bad metrics address in the file", command: "master", yaml: "master:\n  metrics_addr: \"127.0.0.1:http\"\n",
+			wantErr: `master.metrics_addr: invalid address "127.0.0.1:http"`},
+		{name: "bad master address flag", command: "owner", args: []string{"--master", "10.0.0.1", "--dir", "/tmp/x"},
+			wantErr: `--master: invalid address "10.0.0.1": want host:port`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := runSettings(t, tt.command, tt.yaml, tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+			}
+			if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
+				t.Errorf("error %v is not exit status 2", err)
+			}
+		})
+	}
+}
+
+// The values those refusals border on are accepted with the meaning they say.
+func TestSettingsEdges(t *testing.T) {
+	off := time.Duration(0)
+	grace := 50 * time.Millisecond
+	for _, tt := range []struct {
+		name, yaml string
+		args       []string
+		check      func(config.Owner) string
+	}{
+		{"cache grace off", "", []string{"--cache-grace", "off"}, func(o config.Owner) string {
+			if o.CacheGrace == nil || *o.CacheGrace != 0 {
+				return fmt.Sprintf("CacheGrace %v, want 0 (off)", o.CacheGrace)
+			}
+			if g := ownerOptions(o, "127.0.0.1:1", nil).CacheGrace; g >= 0 {
+				return fmt.Sprintf("daemon CacheGrace %v, want negative (disabled)", g)
+			}
+			return ""
+		}},
+		{"cache grace 0s is off", "", []string{"--cache-grace", "0s"}, func(o config.Owner) string {
+			if g := ownerOptions(o, "127.0.0.1:1", nil).CacheGrace; g >= 0 {
+				return fmt.Sprintf("daemon CacheGrace %v, want negative (disabled)", g)
+			}
+			return ""
+		}},
+		{"cache grace unset is the daemon's default", "", nil, func(o config.Owner) string {
+			if g := ownerOptions(o, "127.0.0.1:1", nil).CacheGrace; g != 0 {
+				return fmt.Sprintf("daemon CacheGrace %v, want 0 (its default)", g)
+			}
+			return ""
+		}},
+		{"cache grace from the file, flag wins", "fluxkv_spec:\n  cache_grace: off\n", []string{"--cache-grace", "50ms"}, func(o config.Owner) string {
+			if o.CacheGrace == nil || *o.CacheGrace != grace {
+				return fmt.Sprintf("CacheGrace %v, want %v", o.CacheGrace, grace)
+			}
+			return ""
+		}},
+		{"cache grace from the file", "fluxkv_spec:\n  cache_grace: off\n", nil, func(o config.Owner) string {
+			if o.CacheGrace == nil || *o.CacheGrace != off {
+				return fmt.Sprintf("CacheGrace %v, want 0 (off)", o.CacheGrace)
+			}
+			return ""
+		}},
+		{"max connections wired", "fluxkv_spec:\n  max_connections: 64\n", nil, func(o config.Owner) string {
+			if n := ownerOptions(o, "127.0.0.1:1", nil).MaxConnections; n != 64 {
+				return fmt.Sprintf("daemon MaxConnections %d, want 64", n)
+			}
+			return ""
+		}},
+		{"timeouts wired, flags win", "fluxkv_spec:\n  hello_timeout: 2s\n  frame_timeout: 3s\n  idle_timeout: 4s\n", []string{"--idle-timeout", "1m"}, func(o config.Owner) string {
+			d := ownerOptions(o, "127.0.0.1:1", nil)
+			if d.HelloTimeout != 2*time.Second || d.FrameTimeout != 3*time.Second || d.IdleTimeout != time.Minute {
+				return fmt.Sprintf("daemon hello/frame/idle timeouts %v/%v/%v, want 2s/3s/1m", d.HelloTimeout, d.FrameTimeout, d.IdleTimeout)
+			}
+			return ""
+		}},
+		{"max connections flag wins", "fluxkv_spec:\n  max_connections: 64\n", []string{"--max-connections", "0"}, func(o config.Owner) string {
+			if o.MaxConnections != 0 {
+				return fmt.Sprintf("MaxConnections %d, want 0 (derived)", o.MaxConnections)
+			}
+			return ""
+		}},
+		{"dram not a page multiple is kept as asked", "", []string{"--dram", "4097"}, func(o config.Owner) string {
+			if o.DRAM != 4097 || segmentSize(o.DRAM) != 8192 {
+				return fmt.Sprintf("DRAM %d segment %d, want 4097 and 8192", o.DRAM, segmentSize(o.DRAM))
+			}
+			return ""
+		}},
+		{"ssd null limits with paths: off on purpose", "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: null\n", nil, func(o config.Owner) string {
+			if o.SSDEnabled() || ownerOptions(o, "127.0.0.1:1", nil).SSD != nil {
+				return "SSD on, want off"
+			}
+			return ""
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			oc, _, err := runSettings(t, "up", tt.yaml, append([]string{"--dir", "/tmp/x"}, tt.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg := tt.check(oc); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+}
+
+func TestHumanSize(t *testing.T) {
+	for _, tt := range []struct {
+		n      int64
+		human  string
+		approx string
+	}{
+		{0, "0 B", "0 B"},
+		{512, "512 B", "512 B"},
+		{4096, "4 KiB", "4 KiB"},
+		{4097, "4 KiB (4097 B)", "4 KiB"},
+		{8192, "8 KiB", "8 KiB"},
+		{6 << 10, "6 KiB", "6 KiB"},
+		{3 << 29, "1.5 GiB", "1.5 GiB"},
+		{5 << 28, "1.25 GiB", "1.25 GiB"},
+		{(1 << 30) - 1, "1024 MiB (1073741823 B)", "1024 MiB"},
+		{1<<30 + 1<<30/3, "1.33 GiB (1431655765 B)", "1.33 GiB"},
+		{1<<30*2 - 1<<30/200, "2 GiB (2142114939 B)", "2 GiB"}, // 1.995000001 rounds up
+		{1 << 50, "1 PiB", "1 PiB"},
+	} {
+		if got := humanSize(tt.n); got != tt.human {
+			t.Errorf("humanSize(%d) = %q, want %q", tt.n, got, tt.human)
+		}
+		if got := approxSize(tt.n); got != tt.approx {
+			t.Errorf("approxSize(%d) = %q, want %q", tt.n, got, tt.approx)
 		}
 	}
 }

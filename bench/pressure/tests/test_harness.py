@@ -2,6 +2,7 @@
 protocol, bootstrap, window, attribution, summary.jsonl, chart; no servers."""
 
 import json
+import math
 
 import pytest
 
@@ -31,6 +32,14 @@ def opts_for(tmp_path, *extra):
     return cli.resolve(a)
 
 
+def hit_rate_tolerance(p: float, gets: int) -> float:
+    """How far a measured hit rate may stray from p after ``gets`` Zipf gets: 0.08, or 4 standard
+    deviations of the binomial when the window held few gets (a busy machine runs fewer in the
+    same seconds), so the check depends on the operations counted, not on the machine's speed."""
+    assert gets > 0, "no get in the window"
+    return max(0.08, 4 * math.sqrt(p * (1 - p) / gets))
+
+
 def check_schema(r):
     for k, t in REQUIRED.items():
         assert k in r, k
@@ -57,7 +66,8 @@ def test_fake_matrix_end_to_end(fake, tmp_path):
     resident = bootstrap_order(keys, "random", 1)[-16:]  # the fake's LRU keeps the last 16 puts
     off = by[(False, "bytes", "none", 1)]
     assert off["status"] == "ok" and off["complete"] and off["errors"] == 0 and off["keys"] == keys
-    assert off["hit_rate"] == pytest.approx(expected_hit_rate(keys, resident), abs=0.08)
+    want = expected_hit_rate(keys, resident)
+    assert off["hit_rate"] == pytest.approx(want, abs=hit_rate_tolerance(want, off["hits"] + off["misses"]))
     assert off["ssd_hits"] == 0 and off["memory_hits"] == off["hits"] > 0
     on = by[(True, "bytes", "none", 1)]
     assert on["hit_rate"] == 1.0 and on["ssd_hits"] > 0 and on["memory_hits"] + on["ssd_hits"] == on["hits"]
