@@ -425,12 +425,16 @@ func TestCLI(t *testing.T) {
 	}
 	run := func(args ...string) (string, int) {
 		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), raceEnv)
 		out, err := cmd.CombinedOutput()
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()
 		} else if err != nil {
 			t.Fatal(err)
+		}
+		if strings.Contains(string(out), raceReport) || code == raceExitCode {
+			t.Fatalf("the race detector reported a race in fluxkv %s (exit %d):\n%s", strings.Join(args, " "), code, tailN(string(out), 16000))
 		}
 		return string(out), code
 	}

@@ -3,11 +3,13 @@ package daemon_test
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,8 +19,31 @@ import (
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 )
 
-// bin is the fluxkv binary built once for the integration tests.
+// bin is the fluxkv binary the process tests run: $FLUXKV_BIN (`make test` points it
+// at bin/fluxkv-race), or ../cmd/fluxkv built once, with -race when this test binary
+// has it.
 var bin string
+
+// Timing budgets of the process tests. `make test` runs them against bin/fluxkv-race
+// (several times slower) on two busy cores, so each is a generous deadline on a
+// condition, never an expected speed.
+const (
+	startBudget = 60 * time.Second // a process to open its socket or listen
+	// stopBudget is how long SIGTERM may take: the owner's own shutdown timeout is 4 s,
+	// the systemd units allow 20 s.
+	stopBudget = 20 * time.Second
+)
+
+// raceReport marks a race detector report in a child's stderr.
+const raceReport = "WARNING: DATA RACE"
+
+// raceExitCode is the exit status a -race child uses when it found a race (GORACE
+// exitcode, set by start).
+const raceExitCode = 66
+
+// raceEnv makes a -race child stop at its first race with raceExitCode (a plain
+// binary ignores GORACE).
+var raceEnv = "GORACE=halt_on_error=1 exitcode=" + strconv.Itoa(raceExitCode)
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv("FLUXKV_TEST_CHILD"); mode != "" {
@@ -32,7 +57,11 @@ func TestMain(m *testing.M) {
 	if p := os.Getenv("FLUXKV_BIN"); p != "" {
 		bin = p
 	} else {
-		out, err := exec.Command("go", "build", "-o", bin, "../cmd/fluxkv").CombinedOutput()
+		args := []string{"build", "-o", bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "../cmd/fluxkv")...).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "build fluxkv: %v\n%s", err, out)
 			os.Exit(1)
@@ -69,6 +98,7 @@ func start(t testing.TB, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, append([]string{"--log-level", "debug"}, args...)...)
+	p.cmd.Env = append(os.Environ(), raceEnv)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -96,7 +126,7 @@ func startMaster(t testing.TB, addr string) *proc {
 	}
 	p := start(t, "master", "--listen", addr, "--node-ttl", "2s")
 	p.addr = addr
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
@@ -126,13 +156,16 @@ func (p *proc) checkAlive() {
 	select {
 	case err := <-p.done:
 		p.exited = true
+		if msg := p.raced(err); msg != "" {
+			p.t.Fatal(msg)
+		}
 		p.t.Fatalf("fluxkv exited early (%v):\n%s", err, p.stderr)
 	default:
 	}
 }
 
 func (p *proc) waitSocket() {
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {
 		// A crashed predecessor may have left a stale socket file: wait for one that accepts.
 		if c, err := net.Dial("unix", p.socket); err == nil {
@@ -145,7 +178,8 @@ func (p *proc) waitSocket() {
 	p.t.Fatalf("socket %s did not appear:\n%s", p.socket, p.stderr)
 }
 
-// stop sends SIGTERM and requires a clean exit within 5 s with the sockets removed.
+// stop sends SIGTERM and requires a clean exit within stopBudget with the sockets
+// removed; a race the race detector found in the process fails the test.
 func (p *proc) stop() {
 	if p.exited {
 		return
@@ -154,13 +188,18 @@ func (p *proc) stop() {
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:
-		if err != nil {
+		if msg := p.raced(err); msg != "" {
+			p.t.Error(msg)
+		} else if err != nil {
 			p.t.Errorf("fluxkv exited with %v after SIGTERM:\n%s", err, tail(p.stderr.String()))
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(stopBudget):
 		p.cmd.Process.Kill()
 		<-p.done
-		p.t.Errorf("fluxkv did not exit within 5s of SIGTERM:\n%s", tail(p.stderr.String()))
+		if msg := p.raced(nil); msg != "" {
+			p.t.Error(msg)
+		}
+		p.t.Errorf("fluxkv did not exit within %v of SIGTERM:\n%s", stopBudget, tail(p.stderr.String()))
 	}
 	if p.socket != "" {
 		for _, s := range []string{p.socket, p.socket + ".rpc"} {
@@ -171,16 +210,44 @@ func (p *proc) stop() {
 	}
 }
 
-// kill sends SIGKILL (a crash: nothing is cleaned up).
+// kill sends SIGKILL (a crash: nothing is cleaned up). A race report in the
+// process's stderr still fails the test (the status is SIGKILL's, so only the report
+// tells).
 func (p *proc) kill() {
 	p.exited = true
 	p.cmd.Process.Kill()
 	<-p.done
+	if msg := p.raced(nil); msg != "" {
+		p.t.Error(msg)
+	}
 }
 
-func tail(s string) string {
-	if len(s) > 4000 {
-		return "..." + s[len(s)-4000:]
+// raced says why the exited process shows a race, or "" when it does not: a race
+// report in its stderr, or waitErr carrying the race detector's exit status.
+func (p *proc) raced(waitErr error) string {
+	log := p.stderr.String()
+	if i := strings.Index(log, raceReport); i >= 0 {
+		// The report and what follows it (halt_on_error makes it the end of the log).
+		if j := strings.LastIndex(log[:i], "\n"); j >= 0 {
+			i = j + 1
+		}
+		return fmt.Sprintf("the race detector reported a race in fluxkv %s (%v):\n%s",
+			strings.Join(p.cmd.Args[1:], " "), waitErr, tailN(log[i:], 16000))
+	}
+	var ee *exec.ExitError
+	if errors.As(waitErr, &ee) && ee.ExitCode() == raceExitCode {
+		return fmt.Sprintf("fluxkv %s exited with status %d, the race detector's:\n%s",
+			strings.Join(p.cmd.Args[1:], " "), raceExitCode, tail(log))
+	}
+	return ""
+}
+
+// tail is the end of a process's log, for a failure message.
+func tail(s string) string { return tailN(s, 4000) }
+
+func tailN(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
 	}
 	return s
 }

@@ -1,9 +1,11 @@
 """Fixtures that run real fluxkv daemons for the client tests.
 
 The binary is built once per session with ``go build -o <tmp>/fluxkv ./cmd/fluxkv`` from the
-repository root, unless ``FLUXKV_BIN`` names one. Every daemon a test starts is stopped with
-SIGTERM at its teardown (SIGKILL only if it does not exit within 15 s), and the test fails if it
-did not exit cleanly.
+repository root, unless ``FLUXKV_BIN`` names one (``make test`` points it at the ``-race`` build).
+Every daemon a test starts is stopped with SIGTERM at its teardown (SIGKILL only if it does not
+exit within 20 s), and the test fails if it did not exit cleanly. A ``-race`` daemon runs with
+``GORACE=halt_on_error=1 exitcode=66``: a race it finds fails the test that started it, whether
+it shows as a race report in the daemon's log or as exit status 66.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ if str(PKG_DIR) not in sys.path:
 
 import fluxkv  # noqa: E402
 
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
+# Generous deadlines, not expected speeds: `make test` runs the -race daemon (several times
+# slower) on two busy cores.
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+
+RACE_REPORT = "WARNING: DATA RACE"
+# The exit status a -race daemon uses when it found a race (GORACE exitcode).
+RACE_EXIT_CODE = 66
+# A -race daemon stops at its first race with RACE_EXIT_CODE (a plain binary ignores GORACE).
+GORACE = f"halt_on_error=1 exitcode={RACE_EXIT_CODE}"
 
 
 def child_env(**extra) -> dict:
@@ -74,7 +84,10 @@ class Proc:
         self.log = open(log_path, "ab")
         # A killed daemon leaves its socket file behind: readiness is a *new* socket file.
         self._stale_ino = _inode(socket_path) if socket_path else None
-        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Set once a race in this daemon failed a test, so teardown does not report it twice.
+        self.race_reported = False
+        env = dict(os.environ, GORACE=GORACE)
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     @property
     def pid(self) -> int:
@@ -87,10 +100,29 @@ class Proc:
             return ""
         return "\n".join(lines[-n:])
 
+    def race_report(self) -> str | None:
+        """Why the exited daemon shows a race, or None: a race report in its log, or the race
+        detector's exit status."""
+        try:
+            log = self.log_path.read_text(errors="replace")
+        except OSError:
+            log = ""
+        i = log.find(RACE_REPORT)
+        if i >= 0:
+            # The report and what follows it (halt_on_error makes it the end of the log).
+            report = log[log.rfind("\n", 0, i) + 1 :]
+            if len(report) > 16000:
+                report = "..." + report[-16000:]
+            return f"the race detector reported a race in {self.args} (exit status {self.p.returncode}):\n{report}"
+        if self.p.returncode == RACE_EXIT_CODE:
+            return f"{self.args} exited with status {RACE_EXIT_CODE}, the race detector's:\n{self.log_tail()}"
+        return None
+
     def wait_socket(self, timeout: float = START_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.p.poll() is not None:
+                self.stop()  # fails the test if the daemon died of a race
                 raise RuntimeError(f"{self.args} exited with {self.p.returncode}:\n{self.log_tail()}")
             if self.socket is None:
                 return
@@ -105,6 +137,7 @@ class Proc:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.p.poll() is not None:
+                self.stop()  # fails the test if the daemon died of a race
                 raise RuntimeError(f"{self.args} exited with {self.p.returncode}:\n{self.log_tail()}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -115,6 +148,16 @@ class Proc:
         raise RuntimeError(f"port {port} did not open within {timeout} s:\n{self.log_tail()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the process (if running) and reap it; returns its exit status. Fails the test
+        if the race detector found a race in the daemon."""
+        rc = self.reap(sig)
+        msg = self.race_report()
+        if msg and not self.race_reported:
+            self.race_reported = True
+            pytest.fail(msg)
+        return rc
+
+    def reap(self, sig: int = signal.SIGTERM) -> int:
         """Signal the process (if running) and reap it; returns its exit status."""
         if self.p.poll() is None:
             try:
@@ -172,19 +215,23 @@ class Cluster:
         p.wait_socket()
         return p
 
-    def close(self) -> list[tuple[list[str], int, str]]:
-        """Stop every process (owners before masters: reverse start order). Returns the
-        ones that did not exit with status 0 after SIGTERM."""
-        bad = []
+    def close(self) -> list[str]:
+        """Stop every process (owners before masters: reverse start order). Returns what went
+        wrong: a race the race detector found in any daemon (not yet reported), including one a
+        test already stopped or killed, and the daemons that did not exit with status 0 after
+        SIGTERM."""
+        problems = []
         for p in reversed(self.procs):
-            if p.p.poll() is not None:
-                p.log.close()
-                continue
-            rc = p.stop()
-            if rc != 0:
-                bad.append((p.args, rc, p.log_tail()))
+            running = p.p.poll() is None
+            rc = p.reap()
+            msg = p.race_report()
+            if msg and not p.race_reported:
+                p.race_reported = True
+                problems.append(msg)
+            elif running and rc != 0:
+                problems.append(f"{p.args} exited with {rc} after SIGTERM:\n{p.log_tail()}")
         shutil.rmtree(self.root, ignore_errors=True)
-        return bad
+        return problems
 
 
 @pytest.fixture(scope="session")
@@ -207,9 +254,9 @@ def fluxkv_bin(tmp_path_factory) -> str:
 def cluster(fluxkv_bin):
     c = Cluster(fluxkv_bin)
     yield c
-    bad = c.close()
-    if bad:
-        pytest.fail(f"daemons did not stop cleanly on SIGTERM: {bad}")
+    problems = c.close()
+    if problems:
+        pytest.fail("\n\n".join(problems))
 
 
 @pytest.fixture
@@ -235,9 +282,9 @@ def big_daemon(fluxkv_bin):
         c.close()
         raise
     yield p
-    bad = c.close()
-    if bad:
-        pytest.fail(f"daemons did not stop cleanly on SIGTERM: {bad}")
+    problems = c.close()
+    if problems:
+        pytest.fail("\n\n".join(problems))
 
 
 def local_member(st: dict) -> dict:
