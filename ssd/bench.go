@@ -24,8 +24,13 @@ type BenchOptions struct {
 	Dir string
 	// Size is the value size in bytes. Default 1 MiB.
 	Size int64
-	// Seconds is the length of each phase (write, then read). Default 10.
+	// Seconds is the length of each phase (write, verified read, unverified read).
+	// Default 10.
 	Seconds float64
+	// Writes and Reads, when positive, make the write phase and each read phase run
+	// that many operations instead of Seconds: tests count operations, never time.
+	Writes int64
+	Reads  int64
 	// Engine is EngineUring (default) or EnginePsync.
 	Engine string
 	// Depth is the engine's io depth: the IOs kept in flight on the device. Default 8.
@@ -70,7 +75,36 @@ type BenchResult struct {
 	ReadGiBs    float64 `json:"read_gib_s"`
 	ReadP50us   float64 `json:"read_p50_us"`
 	ReadP99us   float64 `json:"read_p99_us"`
+	// The same reads over the same data with Options.SkipVerify: no record header
+	// read, no CRC32C. 1 - ReadGiBs/ReadUnverifiedGiBs is the cost of verification.
+	ReadsUnverified      int64   `json:"reads_unverified"`
+	ReadUnverifiedGiBs   float64 `json:"read_unverified_gib_s"`
+	ReadUnverifiedP50us  float64 `json:"read_unverified_p50_us"`
+	ReadUnverifiedP99us  float64 `json:"read_unverified_p99_us"`
+	ReadUnverifiedMisses int64   `json:"read_unverified_misses"`
+	// ReadModes has every read mode measured: the two ways of reading the record
+	// header (see record.go) and unverified. The first is what the owner uses
+	// (the flat Read* fields above).
+	ReadModes []BenchReadMode `json:"read_modes"`
 }
+
+// BenchReadMode is one read mode's share of RunBench. The modes run in alternating
+// rounds over the same resident data, so drift of a loaded machine or device hits
+// them alike.
+type BenchReadMode struct {
+	// Mode is "readv" (verified as the owner does: header and first chunk in one
+	// vectored IO), "header-io" (verified; the header read is a separate IO
+	// submitted with the first chunk) or "unverified" (Options.SkipVerify).
+	Mode   string  `json:"mode"`
+	Reads  int64   `json:"reads"`
+	Misses int64   `json:"misses"`
+	GiBs   float64 `json:"gib_s"`
+	P50us  float64 `json:"p50_us"`
+	P99us  float64 `json:"p99_us"`
+}
+
+// benchRounds is how many alternating rounds the read modes run in.
+const benchRounds = 4
 
 func (o *BenchOptions) setDefaults() {
 	if o.Size == 0 {
@@ -96,18 +130,19 @@ func (o *BenchOptions) setDefaults() {
 	}
 }
 
-// RunBench measures the storage on one directory: Depth callers persist random
+// RunBench measures the storage on one directory: Callers callers persist random
 // values of Size bytes for Seconds (the ring wraps and evicts as in production),
-// then Depth callers load random resident values into aligned memory for Seconds.
-// Every load is checked against the value's source bytes (fully one in 16, else
-// its ends). It refuses directories
-// without O_DIRECT.
+// then load random resident values into aligned memory for Seconds, verified (as the
+// owner reads), then the same again without verification (Options.SkipVerify), so
+// that the cost of verification comes from one run over the same data. Every load
+// is also checked against the value's source bytes (fully one in 16, else its ends).
+// It refuses directories without O_DIRECT.
 func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	o.setDefaults()
 	if o.Dir == "" {
 		return BenchResult{}, errors.New("ssd bench: no directory")
 	}
-	if o.Size <= 0 || o.Seconds <= 0 || o.Depth <= 0 || o.Limit < AlignedLen(o.Size) {
+	if o.Size <= 0 || o.Seconds <= 0 || o.Depth <= 0 || o.Limit < AlignedLen(o.Size)+Align {
 		return BenchResult{}, fmt.Errorf("ssd bench: bad options (size %d, seconds %v, depth %d, limit %d)", o.Size, o.Seconds, o.Depth, o.Limit)
 	}
 	if err := ProbeDirectIO(o.Dir); err != nil {
@@ -134,17 +169,19 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	if err != nil {
 		return BenchResult{}, err
 	}
+	// Consume eviction reports as the owner does; Close ends the consumer.
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for range s.Evictions() {
+		}
+	}()
 	clusterDir := filepath.Join(o.Dir, "bench_cluster_kv_ssd_storage")
 	defer func() {
 		s.Close()
+		<-consumed
 		os.RemoveAll(filepath.Join(clusterDir, instance))
 		os.Remove(clusterDir) // only if empty
-	}()
-	var evictions atomic.Int64
-	go func() {
-		for b := range s.Evictions() {
-			evictions.Add(int64(len(b)))
-		}
 	}()
 
 	res := BenchResult{Engine: s.Engine(), Depth: o.Depth, Callers: o.Callers, ODirect: true, Dir: o.Dir, ValueBytes: o.Size,
@@ -166,7 +203,7 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 
 	// Write phase.
 	var next atomic.Int64
-	wlat, wdur, err := benchPhase(ctx, o, "write", dur, func(int) (bool, error) {
+	wlat, wdur, err := benchPhase(ctx, o, "write", dur, o.Writes, func(int) (bool, error) {
 		i := next.Add(1) - 1
 		pin, err := s.Persist(fmt.Sprint("k", i), 1, value(i))
 		pin.Release()
@@ -176,18 +213,26 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		return res, err
 	}
 	written := next.Load()
+	// Every key was persisted once and only the ring's tail takes entries out of the
+	// index here: the evictions are the writes that are gone (exact, unlike counting
+	// the asynchronous reports).
+	res.Evictions = written - int64(s.Stats().Entries)
 	res.Writes = int64(len(wlat))
 	res.WriteGiBs = gibps(res.Writes*o.Size, wdur)
 	res.WriteP50us, res.WriteP99us = percentileUs(wlat, 0.50), percentileUs(wlat, 0.99)
 
-	// The resident set: the newest keys that are still committed.
+	// The resident set: every key still in the index (concurrent writers commit out
+	// of key order, so it is not simply the newest keys). Nothing writes any more.
 	var live []int64
-	maxLive := res.LimitBytes/AlignedLen(o.Size) + 1
-	for i := written - 1; i >= 0 && i >= written-maxLive-int64(len(s.devices[0].shards)); i-- {
-		if s.Contains(fmt.Sprint("k", i), 1) {
+	s.mu.Lock()
+	for key, e := range s.index {
+		var i int64
+		if _, err := fmt.Sscanf(key, "k%d", &i); err == nil && e.state == stateCommitted {
 			live = append(live, i)
 		}
 	}
+	s.mu.Unlock()
+	slices.Sort(live) // map order is random; keep the set in key order
 	res.ReadSetKeys = len(live)
 	if len(live) == 0 {
 		return res, errors.New("ssd bench: nothing resident after the write phase")
@@ -203,7 +248,7 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	for i := range rngs {
 		rngs[i] = rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
 	}
-	rlat, rdur, err := benchPhase(ctx, o, "read", dur, func(worker int) (bool, error) {
+	read := func(worker int) (bool, error) {
 		i := live[rngs[worker].IntN(len(live))]
 		dst := bufs[worker]
 		err := s.LoadInto(fmt.Sprint("k", i), 1, dst, o.Size)
@@ -218,24 +263,64 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 			return false, fmt.Errorf("ssd bench: value k%d read back wrong bytes", i)
 		}
 		return true, nil
-	})
-	if err != nil {
-		return res, err
 	}
-	res.Reads = int64(len(rlat))
-	res.ReadMisses = misses.Load()
-	res.ReadGiBs = gibps(res.Reads*o.Size, rdur)
-	res.ReadP50us, res.ReadP99us = percentileUs(rlat, 0.50), percentileUs(rlat, 0.99)
-	res.Evictions = evictions.Load()
+	// The read modes alternate in rounds; no load runs between two phases
+	// (benchPhase joined its callers), so switching the options is safe.
+	modes := []struct {
+		name        string
+		skip, readv bool
+	}{{"readv", false, true}, {"header-io", false, false}, {"unverified", true, false}}
+	if s.opts.separateHeaderRead {
+		modes[0], modes[1] = modes[1], modes[0]
+	}
+	keepSkip, keepSeparate := s.opts.SkipVerify, s.opts.separateHeaderRead
+	lats := make([][]time.Duration, len(modes))
+	durs := make([]time.Duration, len(modes))
+	missed := make([]int64, len(modes))
+	for round := range benchRounds {
+		for m, mode := range modes {
+			ops := o.Reads / benchRounds
+			if int64(round) < o.Reads%benchRounds {
+				ops++
+			}
+			if o.Reads > 0 && ops == 0 {
+				continue
+			}
+			s.opts.SkipVerify, s.opts.separateHeaderRead = mode.skip, !mode.readv
+			rlat, rdur, err := benchPhase(ctx, o, fmt.Sprintf("read %s %d/%d", mode.name, round+1, benchRounds),
+				dur/benchRounds, ops, read)
+			s.opts.SkipVerify, s.opts.separateHeaderRead = keepSkip, keepSeparate
+			if err != nil {
+				return res, err
+			}
+			lats[m] = append(lats[m], rlat...)
+			durs[m] += rdur
+			missed[m] += misses.Swap(0)
+		}
+	}
+	for m, mode := range modes {
+		n := int64(len(lats[m]))
+		res.ReadModes = append(res.ReadModes, BenchReadMode{Mode: mode.name, Reads: n, Misses: missed[m],
+			GiBs: gibps(n*o.Size, durs[m]), P50us: percentileUs(lats[m], 0.50), P99us: percentileUs(lats[m], 0.99)})
+	}
+	owner, unverified := res.ReadModes[0], res.ReadModes[2]
+	res.Reads, res.ReadMisses, res.ReadGiBs, res.ReadP50us, res.ReadP99us = owner.Reads, owner.Misses, owner.GiBs, owner.P50us, owner.P99us
+	res.ReadsUnverified, res.ReadUnverifiedMisses, res.ReadUnverifiedGiBs = unverified.Reads, unverified.Misses, unverified.GiBs
+	res.ReadUnverifiedP50us, res.ReadUnverifiedP99us = unverified.P50us, unverified.P99us
 	return res, nil
 }
 
-// benchPhase runs op from Callers workers for dur and returns the latencies of the
-// operations that counted and the phase's wall time.
-func benchPhase(parent context.Context, o BenchOptions, name string, dur time.Duration,
+// benchPhase runs op from Callers workers for dur, or until ops operations ran when
+// ops > 0, and returns the latencies of the operations that counted and the phase's
+// wall time.
+func benchPhase(parent context.Context, o BenchOptions, name string, dur time.Duration, ops int64,
 	op func(worker int) (bool, error)) ([]time.Duration, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(parent, dur)
+	ctx, cancel := context.WithCancel(parent)
+	if ops <= 0 {
+		ctx, cancel = context.WithTimeout(parent, dur)
+	}
 	defer cancel()
+	var started atomic.Int64 // operations taken, when counting
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex // protects lats, first
@@ -267,6 +352,9 @@ func benchPhase(parent context.Context, o BenchOptions, name string, dur time.Du
 			defer wg.Done()
 			mine := make([]time.Duration, 0, 1<<14)
 			for ctx.Err() == nil {
+				if ops > 0 && started.Add(1) > ops {
+					break
+				}
 				t0 := time.Now()
 				ok, err := op(w)
 				if err != nil {

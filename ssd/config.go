@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // Config is the owner's YAML view of the SSD cache, with the seed's fluxonkv_spec
@@ -187,6 +188,10 @@ type Options struct {
 	// Defaults 256 and 10ms.
 	EvictionBatch int
 	EvictionDelay time.Duration
+	// SkipVerify turns off the checks of every load (record header and value
+	// CRC32C; the header is not even read). It exists to measure what verification
+	// costs (`fluxkv bench ssd`); the owner never sets it.
+	SkipVerify bool
 	// BufferedIO opens shard files without O_DIRECT. Only for development on file
 	// systems without O_DIRECT (tmpfs); never in production.
 	BufferedIO bool
@@ -198,6 +203,14 @@ type Options struct {
 
 	// devOf maps a root to its device id; tests fake several devices on one disk.
 	devOf func(root string) (uint64, error)
+	// separateHeaderRead reads a record's header with an IO of its own, submitted
+	// together with the value's first chunk, instead of both in one vectored read
+	// (the default; see record.go). Kept to measure the alternative (RunBench,
+	// BenchmarkLoad) and to test both.
+	separateHeaderRead bool
+	// fallocate reserves a shard file's blocks; tests fake EOPNOTSUPP. Default
+	// unix.Fallocate with mode 0.
+	fallocate func(fd int, size int64) error
 	// minShardSize is the smallest shard a limit is split into (default 256 MiB);
 	// tests lower it to get several small shards.
 	minShardSize int64
@@ -243,6 +256,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.devOf == nil {
 		o.devOf = deviceOf
+	}
+	if o.fallocate == nil {
+		o.fallocate = func(fd int, size int64) error { return unix.Fallocate(fd, 0, 0, size) }
 	}
 	if o.minShardSize == 0 {
 		o.minShardSize = 256 << 20

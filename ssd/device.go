@@ -22,7 +22,8 @@ type device struct {
 
 	writeSlots chan struct{}
 	readSlots  chan struct{}
-	nextShard  int // round-robin start for allocations; guarded by Storage.mu
+	nextShard  int   // round-robin start for allocations; guarded by Storage.mu
+	used       int64 // on-disk bytes of committed, indexed entries; guarded by Storage.mu
 }
 
 // shardCount splits a device's limit into at most perDevice shards of at least
@@ -55,7 +56,6 @@ func openDevice(o *Options, id int, root string, dev uint64, limit int64, engine
 	if !o.BufferedIO {
 		flags |= unix.O_DIRECT
 	}
-	var fallocErr error
 	for k := range n {
 		path := filepath.Join(root, fmt.Sprintf("shard-%03d.dat", k))
 		f, err := o.OpenFile(path, flags, 0o600)
@@ -74,13 +74,9 @@ func openDevice(o *Options, id int, root string, dev uint64, limit int64, engine
 		if err := f.Truncate(d.shardSize); err != nil {
 			return nil, fmt.Errorf("size shard %s to %d bytes: %w", path, d.shardSize, err)
 		}
-		// Reserve the blocks up front so that writes do not allocate (and cannot hit
-		// ENOSPC later). Best effort: the limit bounds ring use, not the disk.
-		if err := unix.Fallocate(f.Fd(), 0, 0, d.shardSize); err != nil && fallocErr == nil {
-			fallocErr = fmt.Errorf("fallocate %s: %w", path, err)
-		}
 	}
-	// Shard files beyond n are left from a run with more shards: free their space.
+	// Shard files beyond n are left from a run with more shards: free their space
+	// before reserving.
 	if old, err := filepath.Glob(filepath.Join(root, "shard-*.dat")); err == nil {
 		for _, p := range old {
 			var k int
@@ -89,8 +85,8 @@ func openDevice(o *Options, id int, root string, dev uint64, limit int64, engine
 			}
 		}
 	}
-	if fallocErr != nil {
-		o.Logger.Warn().Err(fallocErr).Str("root", root).Msg("ssd: could not preallocate shard files; writes will allocate blocks")
+	if err := d.reserve(o, root); err != nil {
+		return nil, err
 	}
 	d.engine, err = NewEngine(engineKind, o.IODepth)
 	if err != nil && engineKind == EngineUring && o.Engine == EngineAuto {
@@ -105,6 +101,52 @@ func openDevice(o *Options, id int, root string, dev uint64, limit int64, engine
 }
 
 func (d *device) capacity() int64 { return d.shardSize * int64(len(d.shards)) }
+
+// reserve allocates every shard's blocks up front (fallocate), so that the ring's
+// writes never allocate and cannot hit ENOSPC later: a limit the file system cannot
+// hold is a start-up error that names the limit and the free space, never a cache
+// that claims space it does not have. On a file system without fallocate
+// (EOPNOTSUPP) the files stay sparse, and the free space must cover the limit.
+// On failure the shard files are emptied again, so the error's free bytes are
+// what the operator can really use.
+func (d *device) reserve(o *Options, root string) error {
+	want := d.capacity()
+	for _, sh := range d.shards {
+		err := o.fallocate(sh.file.Fd(), d.shardSize)
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			free, serr := freeBytes(root)
+			if serr != nil || free >= want {
+				o.Logger.Info().Err(err).Str("root", root).Msg("ssd: the file system cannot preallocate; shard files stay sparse")
+				return nil // statfs failing as well: nothing more to check
+			}
+			return fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): the file system cannot preallocate (%v) and has %s free: lower the limit",
+				FormatSize(want), err, FormatSize(free))
+		}
+		for _, sh := range d.shards {
+			_ = sh.file.Truncate(0) // give back what the earlier shards reserved
+		}
+		free, serr := freeBytes(root)
+		freeText := "free space unknown (" + fmt.Sprint(serr) + ")"
+		if serr == nil {
+			freeText = FormatSize(free) + " free"
+		}
+		return fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): fallocate %s: %w; %s: lower the limit",
+			FormatSize(want), sh.file.Name(), err, freeText)
+	}
+	return nil
+}
+
+// freeBytes is the space an unprivileged writer can still use on path's file system.
+func freeBytes(path string) (int64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return int64(fs.Bavail) * int64(fs.Bsize), nil
+}
 
 // close stops the engine (after its IOs finished) and closes the shard files.
 func (d *device) close() error {

@@ -20,7 +20,16 @@
 // guards it, the index and the entries' state with one mutex and never holds it
 // across IO.
 //
-// IO. One engine per device executes single-buffer reads and writes: io_uring
+// Records. Every entry is a self-describing record (record.go): a header sector with
+// magic, format version, key, put id, length, ring position and the CRC32C of the
+// value (itself checksummed), then the value. Every load checks the header and the
+// value's CRC; a mismatch is ErrCorrupt and the entry leaves the index. Used bytes
+// count committed, indexed records only, and Forget drops a deleted or overwritten
+// key's entry at once. Shard files are fully reserved (fallocate) at start: a limit
+// the disk cannot hold is a start-up error.
+//
+// IO. One engine per device executes single-buffer reads and writes (and the
+// two-buffer read of a record header with a value's first chunk): io_uring
 // (engine_uring.go, a small binding on golang.org/x/sys/unix, one goroutine locked to
 // its thread per ring) or, where io_uring cannot be set up, pread/pwrite from a pool
 // of goroutines (engine_psync.go). Engines keep at most io_depth IOs in flight and

@@ -3,6 +3,8 @@ package ssd
 import (
 	"fmt"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // Request is one IO on a shard file. The submitter fills Op, File, Buf, Off and Done;
@@ -14,15 +16,21 @@ import (
 type Request struct {
 	Op   Op
 	File File
-	Buf  []byte // the IO length is len(Buf)
+	Buf  []byte // the IO length is len(Buf) (plus len(Head))
 	Off  int64
+	// Head, if not nil, makes a read vectored (READV, preadv): Head is filled from
+	// Off, then Buf right after it, in one IO. A load uses it to read a record header
+	// into a buffer of its own and the value's first chunk straight into the
+	// caller's memory. Reads only.
+	Head []byte
 	// Done receives the request when it completes. It must have a free slot for every
 	// request the submitter has in flight on it: engines never block on it.
 	Done chan *Request
 
-	N   int   // bytes transferred
-	Err error // the IO error, if any; a short transfer is not an error here
-	tag any   // the submitter's bookkeeping
+	N   int           // bytes transferred
+	Err error         // the IO error, if any; a short transfer is not an error here
+	tag any           // the submitter's bookkeeping
+	iov [2]unix.Iovec // a vectored read's iovecs, referenced by the kernel while in flight
 }
 
 // complete hands a finished request back to its submitter.
@@ -76,6 +84,9 @@ func newQueues(depth int) queues {
 func (q *queues) submit(req *Request, after func()) error {
 	if req.Done == nil || req.File == nil {
 		panic("BUG: io request without Done or File")
+	}
+	if req.Head != nil && (req.Op != OpRead || len(req.Head) == 0 || len(req.Buf) == 0) {
+		panic("BUG: vectored io request that is not a read of two non-empty buffers")
 	}
 	q.mu.RLock()
 	defer q.mu.RUnlock()
@@ -156,7 +167,7 @@ var (
 	uringProbeErr  error
 )
 
-// UringAvailable reports whether io_uring with READ and WRITE opcodes can be set up
+// UringAvailable reports whether io_uring with READ, WRITE and READV opcodes can be set up
 // here (kernel ≥ 5.6, not disabled by sysctl or seccomp); the error says why not.
 // The probe runs once per process.
 func UringAvailable() error {

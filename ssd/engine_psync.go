@@ -73,6 +73,8 @@ func psyncIO(req *Request) (int, error) {
 		var n int
 		if req.Op == OpWrite {
 			n, err = unix.Pwrite(req.File.Fd(), buf, req.Off)
+		} else if req.Head != nil {
+			n, err = unix.Preadv(req.File.Fd(), [][]byte{req.Head, buf}, req.Off)
 		} else {
 			n, err = unix.Pread(req.File.Fd(), buf, req.Off)
 		}

@@ -14,7 +14,8 @@ import (
 
 // The small io_uring binding this package needs, written against the kernel ABI
 // (include/uapi/linux/io_uring.h): setup, mmap of the SQ/CQ rings and the SQE array,
-// enter, and the READ/WRITE opcodes (single buffer, no iovec).
+// enter, the READ/WRITE opcodes (single buffer) and READV for the two-buffer read of a
+// record header and a value's first chunk.
 const (
 	uringOffSQRing = 0
 	uringOffCQRing = 0x8000000
@@ -25,6 +26,7 @@ const (
 	uringRegisterProbe  = 8
 	uringOpSupported    = 1 << 0
 
+	uringOpReadv = 1
 	uringOpRead  = 22
 	uringOpWrite = 23
 
@@ -110,7 +112,7 @@ func probeUring() error {
 	if errno != 0 {
 		return fmt.Errorf("io_uring_register(PROBE): %w (kernel older than 5.6?)", errno)
 	}
-	for _, op := range []int{uringOpRead, uringOpWrite} {
+	for _, op := range []int{uringOpReadv, uringOpRead, uringOpWrite} {
 		if int(probe[0]) < op || binary.LittleEndian.Uint16(probe[16+op*8+2:])&uringOpSupported == 0 {
 			return fmt.Errorf("io_uring: opcode %d not supported by this kernel", op)
 		}
@@ -120,9 +122,10 @@ func probeUring() error {
 
 // uringEngine drives one io_uring from one goroutine locked to its OS thread. The
 // goroutine takes requests from the read and write channels while fewer than depth
-// IOs are in flight, submits them as single-buffer READ/WRITE SQEs and completes
-// them from the CQ. While it waits in io_uring_enter with free slots, an eventfd
-// read in the ring lets Submit wake it when new work arrives.
+// IOs are in flight, submits them as single-buffer READ/WRITE SQEs (READV for a
+// request with a Head) and completes them from the CQ. While it waits in
+// io_uring_enter with free slots, an eventfd read in the ring lets Submit wake it
+// when new work arrives.
 type uringEngine struct {
 	q     queues
 	fd    int
@@ -332,14 +335,24 @@ func (e *uringEngine) prep(req *Request) bool {
 	} else {
 		e.readInflight++
 	}
-	e.push(uringSQE{
+	sqe := uringSQE{
 		opcode:   op,
 		fd:       int32(req.File.Fd()),
 		off:      uint64(req.Off),
 		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
 		len:      uint32(len(buf)),
 		userData: uint64(slot),
-	})
+	}
+	if req.Head != nil {
+		// The iovecs live in the request, which the slot keeps referenced (and with
+		// it both buffers) until the CQE.
+		req.iov[0] = unix.Iovec{Base: unsafe.SliceData(req.Head)}
+		req.iov[0].SetLen(len(req.Head))
+		req.iov[1] = unix.Iovec{Base: unsafe.SliceData(buf)}
+		req.iov[1].SetLen(len(buf))
+		sqe.opcode, sqe.addr, sqe.len = uringOpReadv, uint64(uintptr(unsafe.Pointer(&req.iov[0]))), 2
+	}
+	e.push(sqe)
 	return true
 }
 

@@ -17,4 +17,8 @@ var (
 	ErrStale = errors.New("ssd: put id superseded")
 	// ErrBusy: ring space stayed held by writing or pinned entries for BusyWait.
 	ErrBusy = errors.New("ssd: ring space busy")
+	// ErrCorrupt: a load read other bytes than the record stored (checksum, key, put
+	// id, length or format mismatch); the entry was dropped. Handle it like any
+	// failed SSD read: the replica is gone.
+	ErrCorrupt = errors.New("ssd: corrupt record")
 )

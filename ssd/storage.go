@@ -3,6 +3,7 @@ package ssd
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -38,6 +39,7 @@ type Storage struct {
 	evDropped atomic.Uint64
 
 	directReads, scratchReads atomic.Uint64 // chunks read each way (tests, stats)
+	corruptReads              atomic.Uint64 // loads that failed verification (ErrCorrupt)
 }
 
 var uringFallbackLog sync.Once
@@ -88,11 +90,11 @@ func Open(opts Options) (_ *Storage, err error) {
 	for i, p := range opts.Paths {
 		root := filepath.Join(p, cacheDir, safeName(opts.InstanceKey))
 		if err := os.MkdirAll(root, 0o755); err != nil {
-			return nil, fmt.Errorf("ssd: large_file_paths[%d]: create %s: %w", i, root, err)
+			return nil, fmt.Errorf("ssd: large_file_paths[%d] %s: create %s: %w", i, p, root, err)
 		}
 		dev, err := opts.devOf(root)
 		if err != nil {
-			return nil, fmt.Errorf("ssd: large_file_paths[%d]: %w", i, err)
+			return nil, fmt.Errorf("ssd: large_file_paths[%d] %s: %w", i, p, err)
 		}
 		if first, dup := seen[dev]; dup {
 			s.log.Info().Str("root", root).Str("kept", first).Msg("ssd: root shares a device with an earlier root; skipped (first wins)")
@@ -101,7 +103,7 @@ func Open(opts Options) (_ *Storage, err error) {
 		seen[dev] = root
 		d, err := openDevice(&s.opts, len(s.devices), root, dev, opts.Limits[i], s.kind)
 		if err != nil {
-			return nil, fmt.Errorf("ssd: large_file_paths[%d]: %w", i, err)
+			return nil, fmt.Errorf("ssd: large_file_paths[%d] %s: %w", i, p, err)
 		}
 		s.devices = append(s.devices, d)
 		s.log.Info().Str("root", root).Uint64("dev", dev).Int("shards", len(d.shards)).
@@ -167,7 +169,8 @@ func (c CommitPin) Release() {
 }
 
 // Persist writes src as the SSD replica of (key, putID): it copies src into a
-// zero-padded aligned buffer, reserves a contiguous range on one device (round
+// zero-padded aligned buffer behind a checksummed record header (record.go; keys of
+// at most MaxRecordKey bytes), reserves a contiguous range on one device (round
 // robin; waiting up to BusyWait while the space is held by busy entries), writes
 // it and commits the entry only if every aligned byte was written. The returned pin
 // must be released once the commit to the master returned. Overwritten committed
@@ -177,15 +180,16 @@ func (c CommitPin) Release() {
 // writing), ErrTooLarge, ErrBusy, ErrClosed, or a wrapped IO error; on any error no
 // entry for (key, putID) is readable.
 func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error) {
-	if key == "" || len(src) == 0 {
-		return CommitPin{}, fmt.Errorf("ssd persist %q: empty key or value", key)
+	if key == "" || len(src) == 0 || len(key) > MaxRecordKey {
+		return CommitPin{}, fmt.Errorf("ssd persist %.64q: key of %d bytes (1..%d), value of %d bytes: empty or too long", key, len(key), MaxRecordKey, len(src))
 	}
 	if !s.enter() {
 		return CommitPin{}, ErrClosed
 	}
 	defer s.leave()
 	length := int64(len(src))
-	size := alignUp(length)
+	hdr := headerSize(len(key))
+	size := hdr + alignUp(length)
 	d, err := s.pickDevice(size)
 	if err != nil {
 		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", key, putID, size, err)
@@ -202,13 +206,16 @@ func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error
 
 	buf := getBuf(int(size))
 	defer putBuf(buf) // the write below completed (or never started) by then
-	copy(buf, src)
-	clear(buf[length:]) // padding is zero and stays in the owner
+	copy(buf[hdr:], src)
+	clear(buf[hdr+length:]) // padding is zero and stays in the owner
+	crc := crc32.Checksum(src, castagnoli)
 
 	e, err := s.reserve(d, key, putID, length, size)
 	if err != nil {
 		return CommitPin{}, err
 	}
+	// The header names the ring position, known only now.
+	encodeHeader(buf, recordHeader{pos: e.begin, putID: putID, length: length, valueCRC: crc, key: key})
 	werr := e.shard.write(buf, e.shard.fileOffset(e))
 
 	s.mu.Lock()
@@ -225,6 +232,7 @@ func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error
 		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: removed or superseded while writing: %w", key, putID, ErrStale)
 	}
 	e.shard.ring.commit(e)
+	e.shard.dev.used += e.size // committed and indexed
 	e.shard.ring.pinCommit(e)
 	return CommitPin{&commitPin{s: s, e: e}}, nil
 }
@@ -309,15 +317,19 @@ func (s *Storage) allocLocked(d *device, key string, putID, length, size int64) 
 	return nil, nil, errBlocked
 }
 
-// dropLocked takes e out of the index: a committed entry dies at once (no eviction
-// report later); a writing one is aborted when its write completes.
+// dropLocked takes e (the key's indexed entry) out of the index: a committed entry
+// dies at once (no eviction report later, its bytes no longer count as used); a
+// writing one is aborted when its write completes.
 func (s *Storage) dropLocked(e *entry) {
-	if s.index[e.key] == e {
-		delete(s.index, e.key)
+	if s.index[e.key] != e {
+		return
 	}
-	if e.state == stateWriting {
+	delete(s.index, e.key)
+	switch e.state {
+	case stateWriting:
 		e.removed = true
-	} else {
+	case stateCommitted:
+		e.shard.dev.used -= e.size
 		e.shard.ring.kill(e)
 	}
 }
@@ -333,6 +345,7 @@ func (s *Storage) evictedLocked(evicted []*entry) []Eviction {
 			panic(fmt.Sprintf("BUG: evicted committed entry %q put %d is not indexed", e.key, e.putID))
 		}
 		delete(s.index, e.key)
+		e.shard.dev.used -= e.size
 		evs = append(evs, Eviction{Key: e.key, PutID: e.putID})
 	}
 	return evs
@@ -346,15 +359,17 @@ func (s *Storage) signalLocked() {
 	}
 }
 
-// Remove drops the entry of (key, putID) from the index (delete or overwrite of the
-// key); its range is reused when the tail reaches it and it is not reported as an
-// eviction. It reports whether such an entry existed. A persist of that put id still
-// writing fails with ErrStale.
-func (s *Storage) Remove(key string, putID int64) bool {
+// Forget drops the key's entry from the index if its put id is at most upTo (upTo
+// <= 0: whatever its put id). The owner calls it when the key is deleted or
+// overwritten, by itself or (through the master's invalidation) by another owner, so
+// a dead value is never read again. The range is reused when the tail reaches it, is
+// not reported as an eviction and stops counting as used at once. A persist of that
+// entry still writing fails with ErrStale. It reports whether an entry was dropped.
+func (s *Storage) Forget(key string, upTo int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.index[key]
-	if e == nil || e.putID != putID {
+	if e == nil || (upTo > 0 && e.putID > upTo) {
 		return false
 	}
 	s.dropLocked(e)
@@ -369,11 +384,14 @@ func (s *Storage) Contains(key string, putID int64) bool {
 	return e != nil && e.putID == putID && e.state == stateCommitted && !e.shard.ring.overtaken(e)
 }
 
-// LoadInto reads the n-byte value of (key, putID) into dst[:n]. It reads directly
-// into dst when dst's address is 512-aligned and cap(dst) >= AlignedLen(n) (the
-// padding then lands in dst[n:AlignedLen(n)], beyond the value); otherwise through an
-// aligned scratch buffer, copying only real bytes. ErrNotFound when no such entry is
-// readable; n must equal the stored length.
+// LoadInto reads the n-byte value of (key, putID) into dst[:n] and verifies it (see
+// LoadChunks). It reads directly into dst when dst's address is 512-aligned and
+// cap(dst) >= AlignedLen(n) (the padding then lands in dst[n:AlignedLen(n)], beyond
+// the value; the record header is read into a buffer of its own, never into dst);
+// otherwise through an aligned scratch buffer, copying only real bytes. ErrNotFound
+// when no such entry is readable, ErrCorrupt when the bytes read are not the record
+// stored; n must equal the stored length. On any error dst[:n] holds unspecified
+// bytes.
 func (s *Storage) LoadInto(key string, putID int64, dst []byte, n int64) error {
 	return s.LoadChunks(key, putID, dst, n, nil)
 }
@@ -383,6 +401,16 @@ func (s *Storage) LoadInto(key string, putID int64, dst []byte, n int64) error {
 // fn(off, n) for dst[off:off+n], in order, from the calling goroutine. An error from
 // fn stops the load and is returned. On any error, no IO into dst is in flight when
 // LoadChunks returns. fn must not call Close.
+//
+// Verification: the record header is read together with the first chunk (one READV)
+// and checked before the first call of fn (metadata checksum, magic and format version, key, put
+// id, length, ring position); the CRC32C of the value is computed over the pieces as
+// they are handed to fn and compared after the last one. The bytes handed to fn are
+// therefore provisional until LoadChunks returns nil: the caller must not publish
+// them (to a holder, a client, the master) before. A mismatch returns an error
+// wrapping ErrCorrupt, drops the entry from the index (it is never read again) and
+// counts in Stats.CorruptReads. Short reads and IO errors are plain errors and leave
+// the entry indexed. Options.SkipVerify turns all of this off.
 func (s *Storage) LoadChunks(key string, putID int64, dst []byte, n int64, fn func(off, n int64) error) error {
 	if n <= 0 || int64(len(dst)) < n {
 		return fmt.Errorf("ssd load %q put %d: %d bytes into a %d-byte buffer", key, putID, n, len(dst))
@@ -431,16 +459,41 @@ type chunkRead struct {
 	done    bool
 }
 
+// headerTag marks the header read among a load's requests (chunks are tagged by index).
+const headerTag = -1
+
+// readChunks runs one load: the value's chunks, the first one read together with the
+// record header (unless SkipVerify) in one vectored IO, delivered in order once the
+// header checked out.
 func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64) error) error {
 	sh := e.shard
-	base := sh.fileOffset(e)
+	start := sh.fileOffset(e)
+	base := start + headerSize(len(e.key)) // the value's first byte
 	size := s.opts.ChunkSize
 	chunks := make([]chunkRead, (n+size-1)/size)
-	done := make(chan *Request, s.opts.ChunkInflight)
+	done := make(chan *Request, s.opts.ChunkInflight+1)
+	verify := !s.opts.SkipVerify
+	v := verifier{s: s, e: e, on: verify, checked: !verify}
+	readv := verify && !s.opts.separateHeaderRead
+	// inflight counts every IO of this load. Chunks submitted but not yet delivered
+	// (in flight, or done and waiting for an earlier chunk or the header) are at most
+	// ChunkInflight: that bounds the scratch memory too. The small header read of
+	// separateHeaderRead does not take a chunk's turn.
 	next, deliver, inflight := 0, 0, 0
 	var firstErr error
+	if verify {
+		v.hbuf = getBuf(int(base - start))
+	}
+	if verify && !readv {
+		req := &Request{Op: OpRead, File: sh.file, Buf: v.hbuf, Off: start, Done: done, tag: headerTag}
+		if err := sh.dev.engine.Submit(req); err != nil {
+			putBuf(v.hbuf)
+			return fmt.Errorf("ssd load %q put %d: %w", e.key, e.putID, err)
+		}
+		inflight++
+	}
 	for {
-		for firstErr == nil && next < len(chunks) && inflight < s.opts.ChunkInflight {
+		for firstErr == nil && next < len(chunks) && next-deliver < s.opts.ChunkInflight {
 			c := &chunks[next]
 			c.off = int64(next) * size
 			c.n = min(size, n-c.off)
@@ -455,8 +508,14 @@ func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64
 				s.scratchReads.Add(1)
 			}
 			req := &Request{Op: OpRead, File: sh.file, Buf: buf, Off: base + c.off, Done: done, tag: next}
+			if readv && next == 0 {
+				req.Head, req.Off = v.hbuf, start // the header and the first chunk in one IO
+			}
 			if err := sh.dev.engine.Submit(req); err != nil {
 				firstErr = fmt.Errorf("ssd load %q put %d: %w", e.key, e.putID, err)
+				if req.Head != nil {
+					putBuf(v.hbuf)
+				}
 				break
 			}
 			next++
@@ -467,18 +526,31 @@ func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64
 		}
 		req := <-done
 		inflight--
-		c := &chunks[req.tag.(int)]
-		c.done = true
-		if firstErr == nil {
-			if req.Err != nil {
-				firstErr = fmt.Errorf("ssd load %q put %d: read %s at %d: %w", e.key, e.putID, sh.file.Name(), req.Off, req.Err)
-			} else if req.N != len(req.Buf) {
-				firstErr = fmt.Errorf("ssd load %q put %d: read %s at %d: %d of %d bytes: %w",
-					e.key, e.putID, sh.file.Name(), req.Off, req.N, len(req.Buf), io.ErrUnexpectedEOF)
+		var ioErr error
+		if req.Err != nil {
+			ioErr = fmt.Errorf("ssd load %q put %d: read %s at %d: %w", e.key, e.putID, sh.file.Name(), req.Off, req.Err)
+		} else if req.N != len(req.Head)+len(req.Buf) {
+			ioErr = fmt.Errorf("ssd load %q put %d: read %s at %d: %d of %d bytes: %w",
+				e.key, e.putID, sh.file.Name(), req.Off, req.N, len(req.Head)+len(req.Buf), io.ErrUnexpectedEOF)
+		}
+		if req.tag.(int) == headerTag || req.Head != nil {
+			if firstErr == nil {
+				firstErr = ioErr
+			}
+			if firstErr == nil {
+				firstErr = v.header()
+			}
+			putBuf(v.hbuf)
+			v.hbuf = nil
+		}
+		if req.tag.(int) != headerTag {
+			chunks[req.tag.(int)].done = true
+			if firstErr == nil {
+				firstErr = ioErr
 			}
 		}
-		for firstErr == nil && deliver < next && chunks[deliver].done {
-			firstErr = s.deliver(e, dst, &chunks[deliver], fn)
+		for firstErr == nil && v.checked && deliver < next && chunks[deliver].done {
+			firstErr = s.deliver(e, dst, &chunks[deliver], &v, fn)
 			deliver++
 		}
 	}
@@ -489,15 +561,85 @@ func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64
 			c.scratch = nil
 		}
 	}
+	if firstErr == nil && verify {
+		firstErr = v.value()
+	}
 	return firstErr
 }
 
-// deliver publishes one completed chunk: re-check that the tail did not pass the
-// entry while the IO ran, copy real bytes out of scratch, then hand it to fn.
-func (s *Storage) deliver(e *entry, dst []byte, c *chunkRead, fn func(off, n int64) error) error {
+// verifier checks one load against the record on disk: the header when it arrives,
+// the value's CRC32C as the chunks are delivered in order.
+type verifier struct {
+	s       *Storage
+	e       *entry
+	on      bool   // verification is on (not Options.SkipVerify)
+	hbuf    []byte // the header read's buffer while it is in flight
+	checked bool   // the header matched (or verification is off)
+	want    uint32 // the header's value CRC
+	crc     uint32 // CRC of the value bytes delivered so far
+}
+
+// header checks the record header in hbuf against the indexed entry.
+func (v *verifier) header() error {
+	e := v.e
+	h, err := decodeHeader(v.hbuf)
+	switch {
+	case err != nil:
+	case h.key != e.key:
+		err = fmt.Errorf("record of key %.64q", h.key)
+	case h.putID != e.putID:
+		err = fmt.Errorf("record of put %d", h.putID)
+	case h.length != e.length:
+		err = fmt.Errorf("record of %d bytes, indexed %d", h.length, e.length)
+	case h.pos != e.begin:
+		err = fmt.Errorf("record written at ring position %d, indexed %d", h.pos, e.begin)
+	}
+	if err != nil {
+		return v.s.corrupt(e, err)
+	}
+	v.checked, v.want = true, h.valueCRC
+	return nil
+}
+
+// add folds delivered value bytes into the CRC.
+func (v *verifier) add(b []byte) {
+	if v.on {
+		v.crc = crc32.Update(v.crc, castagnoli, b)
+	}
+}
+
+// value compares the CRC of all delivered bytes with the header's.
+func (v *verifier) value() error {
+	if v.crc != v.want {
+		return v.s.corrupt(v.e, fmt.Errorf("value CRC32C %08x, record says %08x", v.crc, v.want))
+	}
+	return nil
+}
+
+// corrupt handles a load whose bytes are not the record stored: the entry leaves the
+// index for good and the failure is counted. A range the tail passed during the read
+// (it holds other bytes now) is a plain ErrNotFound instead.
+func (s *Storage) corrupt(e *entry, why error) error {
 	s.mu.Lock()
 	overtaken := e.shard.ring.overtaken(e)
-	if overtaken && s.index[e.key] == e {
+	s.dropLocked(e)
+	s.mu.Unlock()
+	if overtaken {
+		return fmt.Errorf("ssd load %q put %d: range overtaken during the read: %w", e.key, e.putID, ErrNotFound)
+	}
+	s.corruptReads.Add(1)
+	s.log.Warn().Str("key", e.key).Int64("put_id", e.putID).Str("file", e.shard.file.Name()).
+		Int64("offset", e.shard.fileOffset(e)).Err(why).Msg("ssd: corrupt record; entry dropped")
+	return fmt.Errorf("ssd load %q put %d: %s at %d: %w: %w", e.key, e.putID, e.shard.file.Name(), e.shard.fileOffset(e), why, ErrCorrupt)
+}
+
+// deliver publishes one completed chunk: re-check that the tail did not pass the
+// entry while the IO ran, copy real bytes out of scratch, fold them into the CRC,
+// then hand them to fn.
+func (s *Storage) deliver(e *entry, dst []byte, c *chunkRead, v *verifier, fn func(off, n int64) error) error {
+	s.mu.Lock()
+	overtaken := e.shard.ring.overtaken(e)
+	if overtaken {
 		s.dropLocked(e)
 	}
 	s.mu.Unlock()
@@ -511,6 +653,7 @@ func (s *Storage) deliver(e *entry, dst []byte, c *chunkRead, fn func(off, n int
 	if overtaken {
 		return fmt.Errorf("ssd load %q put %d: range overtaken during the read: %w", e.key, e.putID, ErrNotFound)
 	}
+	v.add(dst[c.off : c.off+c.n])
 	if fn != nil {
 		if err := fn(c.off, c.n); err != nil {
 			return err
@@ -529,15 +672,19 @@ type DeviceStats struct {
 	UsedBytes     int64  `json:"used_bytes"`
 }
 
-// Stats is the storage's capacity and ring use (kv_ssd_capacity_bytes,
-// kv_ssd_used_bytes). Used counts every byte between a ring's tail and head: live,
-// removed-but-not-yet-overwritten and skipped bytes.
+// Stats is the storage's capacity and use (kv_ssd_capacity_bytes,
+// kv_ssd_used_bytes). Used counts the on-disk bytes (header and padded value) of the
+// committed entries in the index: not the ones being written, forgotten, superseded,
+// overwritten or found corrupt, nor the ring's skipped gaps.
 type Stats struct {
 	Engine           string `json:"engine"`
 	CapacityBytes    int64  `json:"capacity_bytes"`
 	UsedBytes        int64  `json:"used_bytes"`
 	Entries          int    `json:"entries"`
 	DroppedEvictions uint64 `json:"dropped_evictions"`
+	// CorruptReads counts loads that found other bytes than the record stored
+	// (ErrCorrupt); each dropped its entry.
+	CorruptReads uint64 `json:"corrupt_reads"`
 	// DirectReadChunks and ScratchReadChunks count load chunks read straight into
 	// the caller's memory and through a scratch buffer.
 	DirectReadChunks  uint64        `json:"direct_read_chunks"`
@@ -553,14 +700,12 @@ func (s *Storage) Stats() Stats {
 		Engine:            s.kind,
 		Entries:           len(s.index),
 		DroppedEvictions:  s.evDropped.Load(),
+		CorruptReads:      s.corruptReads.Load(),
 		DirectReadChunks:  s.directReads.Load(),
 		ScratchReadChunks: s.scratchReads.Load(),
 	}
 	for _, d := range s.devices {
-		ds := DeviceStats{Root: d.root, Dev: d.dev, Engine: d.kind, Shards: len(d.shards), CapacityBytes: d.capacity()}
-		for _, sh := range d.shards {
-			ds.UsedBytes += sh.ring.used()
-		}
+		ds := DeviceStats{Root: d.root, Dev: d.dev, Engine: d.kind, Shards: len(d.shards), CapacityBytes: d.capacity(), UsedBytes: d.used}
 		st.CapacityBytes += ds.CapacityBytes
 		st.UsedBytes += ds.UsedBytes
 		st.Devices = append(st.Devices, ds)
