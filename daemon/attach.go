@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -9,72 +10,84 @@ import (
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
+	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 )
 
-const attachHelloTimeout = 5 * time.Second
+// logNameBytes is how much of a refused hello name a log line shows.
+const logNameBytes = 32
 
-func (o *Owner) acceptAttach() {
-	defer o.wg.Done()
-	for {
-		conn, err := o.attachLn.AcceptUnix()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				o.log.Error().Err(err).Msg("attach accept")
-			}
-			return
-		}
-		o.wg.Add(1)
-		go func() {
-			defer o.wg.Done()
-			o.serveAttach(conn)
-		}()
-	}
+// newAttachAcceptor runs the attach socket's connections through the shared accept
+// loop: capped, refusals told with an AttachReply.
+func (o *Owner) newAttachAcceptor() *acceptor {
+	var a *acceptor
+	a = newAcceptor(o.attachLn, socketAttach, o.opts.MaxConnections, o.log, o.opts.Metrics,
+		func(conn *net.UnixConn) { o.serveAttach(a, conn) },
+		func(conn *net.UnixConn, msg string) { o.attachReject(conn, common.ErrorCode_UNAVAILABLE, msg) })
+	return a
 }
 
-// serveAttach runs one attach connection: versioned hello, credentials, memfd hand-over,
-// then it waits for the connection to close and ends the session.
-func (o *Owner) serveAttach(conn *net.UnixConn) {
-	defer conn.Close()
+// acceptAttach accepts attach connections until the attach listener is closed.
+func (o *Owner) acceptAttach(a *acceptor) {
+	defer o.wg.Done()
+	a.run()
+}
+
+// serveAttach runs one attach connection: versioned hello (within HelloTimeout),
+// credentials, memfd hand-over, then it waits for the connection to close and ends the
+// session.
+func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 	cred, err := shm.PeerCred(conn)
 	if err != nil {
 		o.log.Warn().Err(err).Msg("attach: no peer credentials")
 		return
 	}
-	conn.SetDeadline(time.Now().Add(attachHelloTimeout))
-	body, err := shm.ReadFrame(conn, 64<<10)
-	if errors.Is(err, io.EOF) {
+	conn.SetDeadline(time.Now().Add(o.opts.HelloTimeout))
+	body, err := shm.ReadFrame(conn, shm.MaxFrame)
+	switch {
+	case errors.Is(err, io.EOF):
 		o.log.Debug().Int32("pid", cred.Pid).Msg("attach: closed before hello (a liveness probe)")
 		return
-	}
-	if err != nil {
-		o.log.Warn().Err(err).Int32("pid", cred.Pid).Msg("attach: bad hello frame")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		a.timedOut(metrics.TimeoutHello)
+		return
+	case errors.Is(err, shm.ErrFrameTooLarge):
+		o.refuseHello(a, conn, cred, err.Error(), "")
+		return
+	case err != nil:
+		a.refused(metrics.RefuseHello, "attach: bad hello frame", func(e *zerolog.Event) { e.Err(err).Int32("pid", cred.Pid) })
 		return
 	}
 	var hello external.AttachHello
 	if err := safeRead(&hello, body); err != nil {
-		o.log.Warn().Err(err).Int32("pid", cred.Pid).Msg("attach: garbage hello")
-		o.attachReject(conn, common.ErrorCode_INVALID_ARGUMENT, "cannot parse AttachHello: "+err.Error())
+		o.refuseHello(a, conn, cred, "cannot parse AttachHello: "+err.Error(), "")
+		return
+	}
+	if len(hello.Name) > wire.MaxHelloNameBytes {
+		o.refuseHello(a, conn, cred, fmt.Sprintf("hello name of %d bytes exceeds the limit of %d", len(hello.Name), wire.MaxHelloNameBytes), hello.Name)
 		return
 	}
 	if hello.ProtocolVersion != external.PROTOCOL_VERSION {
-		o.attachReject(conn, common.ErrorCode_INVALID_ARGUMENT, "unsupported protocol version")
+		o.refuseHello(a, conn, cred, fmt.Sprintf("unsupported protocol version %d (this owner speaks %d)", hello.ProtocolVersion, external.PROTOCOL_VERSION), hello.Name)
 		return
 	}
 	if !o.credAllowed(cred) {
-		o.log.Warn().Uint32("uid", cred.Uid).Int32("pid", cred.Pid).Msg("attach: caller not allowed")
-		o.attachReject(conn, common.ErrorCode_INVALID_ARGUMENT, "caller not allowed to attach")
+		o.refuseHello(a, conn, cred, "caller not allowed to attach", hello.Name)
 		return
 	}
-	c := &session{token: randomID(), name: hello.Name, cred: cred, conn: conn,
-		holders: make(map[int64]*holding), puts: make(map[int64]*pendingPut)}
 	o.mu.Lock()
+	if o.stopping {
+		o.mu.Unlock()
+		o.attachReject(conn, common.ErrorCode_UNAVAILABLE, "owner shutting down")
+		return
+	}
 	o.nextID++
-	c.id = o.nextID
+	c := newSession(o.nextID, randomID(), hello.Name, cred, conn)
 	o.sessions[c.id] = c
 	o.mu.Unlock()
 	reply := &external.AttachReply{
@@ -96,6 +109,26 @@ func (o *Owner) serveAttach(conn *net.UnixConn) {
 		why = "unexpected bytes on the attach connection"
 	}
 	o.endSession(c, why)
+}
+
+// refuseHello answers a hello with INVALID_ARGUMENT and counts and logs it
+// (rate-limited, the name cut to logNameBytes).
+func (o *Owner) refuseHello(a *acceptor, conn *net.UnixConn, cred shm.Cred, msg, name string) {
+	a.refused(metrics.RefuseHello, "attach: hello refused", func(e *zerolog.Event) {
+		e.Str("why", msg).Int32("pid", cred.Pid).Uint32("uid", cred.Uid)
+		if name != "" {
+			e.Str("name", truncate(name, logNameBytes)).Int("name_bytes", len(name))
+		}
+	})
+	o.attachReject(conn, common.ErrorCode_INVALID_ARGUMENT, msg)
+}
+
+// truncate cuts s to at most n bytes for a log line.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 func (o *Owner) attachReject(conn *net.UnixConn, code common.ErrorCode, msg string) {

@@ -16,10 +16,19 @@ var _ external.ExternalService = (*externalHandler)(nil)
 
 // serve validates the session, processes the releases piggybacked on the request
 // (first: they may free the space a put needs; a released key stays cached for
-// CacheGrace, so a get + release loop still hits the cache), then runs f.
+// CacheGrace, so a get + release loop still hits the cache), then runs f. More than
+// wire.MaxReleasesPerCall releases fail the call with INVALID_ARGUMENT, none processed.
+// A valid session is recorded on the call's connection (it may then idle while the
+// session lives).
 func (o *Owner) serve(ctx context.Context, s *external.Session, f func(c *session) error) (common.ErrorCode, string) {
 	o.mu.Lock()
 	c, err := o.sessionLocked(s)
+	if err == nil {
+		setConnClient(ctx, c.id)
+		if len(s.Releases) > wire.MaxReleasesPerCall {
+			err = errCode(common.ErrorCode_INVALID_ARGUMENT, "%d piggybacked releases exceed the limit of %d per call: none released", len(s.Releases), wire.MaxReleasesPerCall)
+		}
+	}
 	if err == nil {
 		for _, id := range s.Releases {
 			o.releaseLocked(c, id)

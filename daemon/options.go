@@ -48,8 +48,17 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// MaxConnections caps the open connections of each socket (attach and RPC); one
 	// more is accepted and refused with a clear error. Default 0: derived from
-	// RLIMIT_NOFILE.
+	// RLIMIT_NOFILE (see defaultMaxConnections): what is left after a reserve for the
+	// segment, SSD files and master/peer connections, split between the two sockets.
 	MaxConnections int
+	// HelloTimeout bounds the wait for an attach hello once connected. Default 5s.
+	HelloTimeout time.Duration
+	// FrameTimeout bounds an RPC frame once its first byte arrived (the rest of the
+	// request must follow within it), and the write of a reply. Default 10s.
+	FrameTimeout time.Duration
+	// IdleTimeout closes an RPC connection idle this long unless its last call named a
+	// session that is still attached (those idle forever). Default 10s.
+	IdleTimeout time.Duration
 	// SSD enables the SSD tier (DESIGN §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
 }
@@ -92,6 +101,18 @@ func (o *Options) setDefaults() {
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 4 * time.Second
 	}
+	if o.MaxConnections == 0 {
+		o.MaxConnections = defaultMaxConnections(nofileLimit(), o.SSD)
+	}
+	if o.HelloTimeout == 0 {
+		o.HelloTimeout = 5 * time.Second
+	}
+	if o.FrameTimeout == 0 {
+		o.FrameTimeout = 10 * time.Second
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = 10 * time.Second
+	}
 	if o.Logger == nil {
 		l := zerolog.Nop()
 		o.Logger = &l
@@ -105,6 +126,12 @@ func (o *Options) Validate() error {
 	}
 	if o.DRAM < 0 {
 		return fmt.Errorf("owner: dram %d must be positive", o.DRAM)
+	}
+	if o.MaxConnections < 0 {
+		return fmt.Errorf("owner: max connections %d must not be negative (0 = derived from the open-file limit)", o.MaxConnections)
+	}
+	if o.HelloTimeout < 0 || o.FrameTimeout < 0 || o.IdleTimeout < 0 {
+		return fmt.Errorf("owner: hello/frame/idle timeouts (%v/%v/%v) must not be negative", o.HelloTimeout, o.FrameTimeout, o.IdleTimeout)
 	}
 	if err := wire.ValidateNodeID(o.NodeID); o.NodeID != "" && err != nil {
 		return fmt.Errorf("owner: %w", err)

@@ -36,13 +36,12 @@ type Owner struct {
 	attachLn *net.UnixListener
 	rpc      *framedServer
 
-	mu       sync.Mutex // protects sessions, cache, invalSeq, nextID
+	mu       sync.Mutex // protects sessions, cache, nextID, stopping, and holdings' refs and replica
 	sessions map[int64]*session
-	cache    map[string]*holding   // key → live holder of the current version
-	idle     map[*holding]struct{} // cached holdings nobody holds, in their grace period
+	stopping bool // Stop began: no new sessions
+	cache    *holderCache // key → holding of its current version (cached info)
+	nextID   int64        // client ids and external holder ids
 	idleStop chan struct{}
-	invalSeq uint64 // bumped whenever cached info is dropped
-	nextID   int64  // client ids and external holder ids
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -56,8 +55,8 @@ func New(opts Options) (*Owner, error) {
 	}
 	return &Owner{
 		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
-		generation: randomID(), sessions: make(map[int64]*session), cache: make(map[string]*holding),
-		idle: make(map[*holding]struct{}), idleStop: make(chan struct{}),
+		generation: randomID(), sessions: make(map[int64]*session), cache: newHolderCache(opts.CacheGrace),
+		idleStop: make(chan struct{}),
 	}, nil
 }
 
@@ -127,7 +126,8 @@ func (o *Owner) Start(ctx context.Context) error {
 	}
 
 	svc := externalservice.NewServiceInfo()
-	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics)
+	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics,
+		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive})
 	if err != nil {
 		o.closeResources()
 		return err
@@ -135,11 +135,12 @@ func (o *Owner) Start(ctx context.Context) error {
 	// The attach socket comes last: its appearance means "ready".
 	o.attachLn, err = shm.ListenUnix(o.opts.SocketPath(), o.opts.SocketMode)
 	if err != nil {
+		o.rpc.close()
 		o.closeResources()
 		return err
 	}
 	o.wg.Add(1)
-	go o.acceptAttach()
+	go o.acceptAttach(o.newAttachAcceptor())
 	o.log.Info().Str("socket", o.opts.SocketPath()).Int64("generation", o.generation).Dur("took", time.Since(t0)).Msg("owner ready")
 	return nil
 }
@@ -159,6 +160,11 @@ func (o *Owner) Stop() error {
 		if o.attachLn != nil {
 			o.attachLn.Close()
 		}
+		// A hello being handled now must not register a session after the list below
+		// is taken: nobody would end it and the wait group would never drain.
+		o.mu.Lock()
+		o.stopping = true
+		o.mu.Unlock()
 		if o.rpc != nil {
 			o.rpc.close()
 		}
@@ -185,8 +191,7 @@ func (o *Owner) Stop() error {
 			o.log.Warn().Msg("shutdown: in-flight work did not finish in time")
 		}
 		if o.peer != nil {
-			o.peer.stop() // no more persists
-			o.peer = nil
+			o.peer.stop() // no more persists; closeResources nils it after the joins
 		}
 		if o.store != nil {
 			o.store.Close() // ends forwardEvictions after a last batch

@@ -22,8 +22,15 @@ import (
 	"github.com/fluxkv/fluxkv/shm"
 )
 
-// maxRequestFrame bounds one request frame (a batch of 4096 keys of 4 KiB fits).
-const maxRequestFrame = 32 << 20
+// Per-connection buffers of the RPC server.
+const (
+	// connReadBuffer is the bufio size per connection: a get request is ~100 bytes, and
+	// an idle connection should cost little (large frames bypass it).
+	connReadBuffer = 8 << 10
+	// keepBuffer: a frame or reply buffer larger than this is dropped after its call
+	// instead of being kept by the connection.
+	keepBuffer = 64 << 10
+)
 
 // framedServer serves one thrift service as framed binary thrift on a Unix socket,
 // dispatching through the Kitex-generated method table and codecs. It exists because
@@ -32,105 +39,178 @@ const maxRequestFrame = 32 << 20
 //
 // A frame that cannot be parsed closes that connection only, after a
 // TApplicationException when the message header parsed; an unknown method gets a
-// TApplicationException and the connection stays.
+// TApplicationException and the connection stays. Input is bounded: frames over
+// wire.MaxFrameBytes close the connection, a frame's buffer grows as its bytes arrive,
+// a frame once begun must complete within FrameTimeout, and a connection that names no
+// live session is closed after IdleTimeout idle.
 type framedServer struct {
-	ln      *net.UnixListener
+	acc     *acceptor
 	svc     *serviceinfo.ServiceInfo
 	handler any
 	log     zerolog.Logger
 	metrics *metrics.Metrics // nil: no metrics
-
-	mu     sync.Mutex // protects conns
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	limits  connLimits
+	wg      sync.WaitGroup // the accept loop
 }
 
-func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, handler any, log zerolog.Logger, m *metrics.Metrics) (*framedServer, error) {
+// connLimits are the RPC socket's bounds (from Options).
+type connLimits struct {
+	MaxConns     int
+	FrameTimeout time.Duration
+	IdleTimeout  time.Duration
+	// Live reports whether a client id is an attached session; nil: none is.
+	Live func(clientID int64) bool
+}
+
+// connState is what the server knows about one connection across calls: the client id
+// its last successful session check named (0: none). The handler fills it through the
+// call's context (setConnClient); only the connection's goroutine touches it.
+type connState struct {
+	client int64
+}
+
+func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, handler any, log zerolog.Logger, m *metrics.Metrics, lim connLimits) (*framedServer, error) {
 	ln, err := shm.ListenUnix(path, mode)
 	if err != nil {
 		return nil, err
 	}
-	s := &framedServer{ln: ln, svc: svc, handler: handler, log: log, metrics: m, conns: make(map[net.Conn]struct{})}
+	s := &framedServer{svc: svc, handler: handler, log: log, metrics: m, limits: lim}
+	s.acc = newAcceptor(ln, socketRPC, lim.MaxConns, log, m, s.serve, nil)
 	s.wg.Add(1)
-	go s.accept()
+	go func() {
+		defer s.wg.Done()
+		s.acc.run()
+	}()
 	return s, nil
 }
 
-func (s *framedServer) accept() {
-	defer s.wg.Done()
-	for {
-		conn, err := s.ln.AcceptUnix()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.log.Error().Err(err).Msg("rpc accept")
-			}
-			return
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			conn.Close()
-			return
-		}
-		s.conns[conn] = struct{}{}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			err := s.serveConn(conn)
-			if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.log.Warn().Err(err).Msg("rpc connection closed")
-			}
-			s.mu.Lock()
-			delete(s.conns, conn)
-			s.mu.Unlock()
-			conn.Close()
-		}()
+func (s *framedServer) serve(conn *net.UnixConn) {
+	err := s.serveConn(conn)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errConnDone) {
+		s.log.Debug().Err(err).Msg("rpc connection closed")
 	}
 }
 
-func (s *framedServer) serveConn(conn net.Conn) error {
-	r := bufio.NewReaderSize(conn, 64<<10)
-	var hdr [4]byte
-	var out []byte
+// errConnDone ends a connection whose closing was already counted and logged.
+var errConnDone = errors.New("connection closed by the server")
+
+func (s *framedServer) serveConn(conn *net.UnixConn) error {
+	r := bufio.NewReaderSize(conn, connReadBuffer)
+	st := &connState{}
+	var buf, out []byte
 	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		if err := s.awaitFrame(conn, r, st); err != nil {
 			return err
+		}
+		// The frame has begun: the rest must follow within FrameTimeout, unless it is
+		// already buffered (then no deadline is needed: the common small request).
+		if !frameBuffered(r) {
+			conn.SetReadDeadline(time.Now().Add(s.limits.FrameTimeout))
+		}
+		var hdr [4]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return s.readFailed(err)
 		}
 		n := binary.BigEndian.Uint32(hdr[:])
-		if n == 0 || n > maxRequestFrame {
-			return fmt.Errorf("frame of %d bytes: not a framed thrift request", n)
+		if n == 0 || uint64(n)+4 > uint64(wire.MaxFrameBytes) {
+			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Uint32("bytes", n) })
+			return fmt.Errorf("frame of %d bytes: not a framed thrift request of at most %d bytes: %w", n, wire.MaxFrameBytes, errConnDone)
 		}
-		buf := make([]byte, n)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return err
+		var err error
+		if buf, err = shm.ReadFrameBody(r, buf, int(n)); err != nil {
+			return s.readFailed(err)
 		}
 		method, typ, seq, off, err := thrift.Binary.ReadMessageBegin(buf)
 		if err != nil {
-			return fmt.Errorf("garbage frame: %w", err)
+			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Err(err) })
+			return fmt.Errorf("garbage frame: %w: %w", err, errConnDone)
 		}
-		reply, fatal := s.dispatch(method, typ, seq, buf[off:])
+		reply, fatal := s.dispatch(st, method, typ, seq, buf[off:])
 		out = appendFrame(out[:0], reply)
+		conn.SetWriteDeadline(time.Now().Add(s.limits.FrameTimeout))
 		if _, err := conn.Write(out); err != nil {
+			if isTimeout(err) {
+				s.acc.timedOut(metrics.TimeoutFrame)
+			}
 			return err
 		}
 		if fatal != nil {
-			return fatal
+			s.acc.refused(metrics.RefuseFrame, "rpc call refused", func(e *zerolog.Event) { e.Err(fatal) })
+			return fmt.Errorf("%w: %w", fatal, errConnDone)
+		}
+		if cap(buf) > keepBuffer {
+			buf = nil
+		}
+		if cap(out) > keepBuffer {
+			out = nil
 		}
 	}
 }
 
+// awaitFrame waits for the first byte of the next frame. A connection whose last call
+// named a live session waits forever (its session is re-checked every IdleTimeout); any
+// other is closed after IdleTimeout.
+func (s *framedServer) awaitFrame(conn *net.UnixConn, r *bufio.Reader, st *connState) error {
+	if r.Buffered() > 0 {
+		return nil
+	}
+	for {
+		conn.SetReadDeadline(time.Now().Add(s.limits.IdleTimeout))
+		_, err := r.Peek(1)
+		if err == nil {
+			return nil
+		}
+		if !isTimeout(err) {
+			return err
+		}
+		if st.client != 0 && s.limits.Live != nil && s.limits.Live(st.client) {
+			continue
+		}
+		s.acc.timedOut(metrics.TimeoutIdle)
+		return fmt.Errorf("idle without a live session: %w", errConnDone)
+	}
+}
+
+// readFailed classifies a failed read inside a frame.
+func (s *framedServer) readFailed(err error) error {
+	if isTimeout(err) {
+		s.acc.timedOut(metrics.TimeoutFrame)
+		return fmt.Errorf("partial frame: %w: %w", err, errConnDone)
+	}
+	return err
+}
+
+// frameBuffered reports whether r holds a whole frame already.
+func frameBuffered(r *bufio.Reader) bool {
+	if r.Buffered() < 4 {
+		return false
+	}
+	hdr, _ := r.Peek(4)
+	return uint64(r.Buffered()) >= 4+uint64(binary.BigEndian.Uint32(hdr))
+}
+
+func isTimeout(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded)
+}
+
 // dispatch decodes, runs and encodes one call. fatal is set when the connection must close.
-func (s *framedServer) dispatch(method string, typ thrift.TMessageType, seq int32, body []byte) (reply []byte, fatal error) {
-	if typ != thrift.CALL && typ != thrift.ONEWAY {
-		ex := thrift.NewApplicationException(thrift.INVALID_MESSAGE_TYPE_EXCEPTION, fmt.Sprintf("message type %d is not a call", typ))
-		return exceptionMsg(method, seq, ex), fmt.Errorf("message type %d", typ)
+// Only CALL is served: a ONEWAY call would get no reply, and anything else is not a
+// request; both get a TApplicationException and the connection closes.
+func (s *framedServer) dispatch(st *connState, method string, typ thrift.TMessageType, seq int32, body []byte) (reply []byte, fatal error) {
+	if typ != thrift.CALL {
+		ex := thrift.NewApplicationException(thrift.INVALID_MESSAGE_TYPE_EXCEPTION, fmt.Sprintf("message type %d is not a CALL (%d)", typ, thrift.CALL))
+		return exceptionMsg(method, seq, ex), fmt.Errorf("message type %d is not a call", typ)
 	}
 	mi := s.svc.MethodInfo(context.Background(), method)
 	if mi == nil {
 		ex := thrift.NewApplicationException(thrift.UNKNOWN_METHOD, "unknown method "+method)
 		return exceptionMsg(method, seq, ex), nil
+	}
+	// A dry walk first: every container's declared size must fit in the bytes that
+	// follow, so decoding allocates in proportion to the frame, not to its claims.
+	if err := checkSizes(body); err != nil {
+		ex := thrift.NewApplicationException(thrift.PROTOCOL_ERROR, "cannot decode "+method+" arguments: "+err.Error())
+		return exceptionMsg(method, seq, ex), fmt.Errorf("garbage %s arguments: %w", method, err)
 	}
 	args := mi.NewArgs().(thrift.FastCodec)
 	if err := safeRead(args, body); err != nil {
@@ -144,46 +224,60 @@ func (s *framedServer) dispatch(method string, typ thrift.TMessageType, seq int3
 	result := mi.NewResult().(thrift.FastCodec)
 	start := time.Now()
 	done := s.metrics.Inflight(method)
-	res := new(string)
-	err := mi.Handler()(context.WithValue(context.Background(), resultKey{}, res), s.handler, args, result)
+	call := &callInfo{conn: st}
+	err := mi.Handler()(context.WithValue(context.Background(), callKey{}, call), s.handler, args, result)
 	done()
 	if err != nil {
 		s.metrics.Observe(method, metrics.ResultError, time.Since(start))
 		ex := thrift.NewApplicationException(thrift.INTERNAL_ERROR, err.Error())
 		return exceptionMsg(method, seq, ex), nil
 	}
-	s.metrics.Observe(method, *res, time.Since(start))
+	s.metrics.Observe(method, call.result, time.Since(start))
 	b, _ := thrift.MarshalFastMsg(method, thrift.REPLY, seq, result)
 	return b, nil
 }
 
-// resultKey carries a call's metrics result (ok, hit_memory, hit_ssd, miss, error)
-// from the handler back to dispatch.
-type resultKey struct{}
+// callKey carries a call's *callInfo between dispatch and the handler.
+type callKey struct{}
+
+// callInfo is one call's exchange with its handler: the metrics result (ok,
+// hit_memory, hit_ssd, miss, error) the handler reports, and its connection's state.
+type callInfo struct {
+	result string
+	conn   *connState
+}
 
 // setResult records the outcome of a call for metrics, unless a handler already did.
 func setResult(ctx context.Context, err error) {
-	p, _ := ctx.Value(resultKey{}).(*string)
-	if p == nil || *p != "" {
+	c, _ := ctx.Value(callKey{}).(*callInfo)
+	if c == nil || c.result != "" {
 		return
 	}
 	switch {
 	case err == nil:
-		*p = metrics.ResultOK
+		c.result = metrics.ResultOK
 	case errors.Is(err, wire.ErrKeyNotFound):
-		*p = metrics.ResultMiss
+		c.result = metrics.ResultMiss
 	default:
-		*p = metrics.ResultError
+		c.result = metrics.ResultError
 	}
 }
 
 // setHit records a get's hit source.
 func setHit(ctx context.Context, src common.Source) {
-	if p, _ := ctx.Value(resultKey{}).(*string); p != nil {
-		*p = metrics.ResultHitMemory
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {
+		c.result = metrics.ResultHitMemory
 		if src == common.Source_SSD {
-			*p = metrics.ResultHitSSD
+			c.result = metrics.ResultHitSSD
 		}
+	}
+}
+
+// setConnClient records on the call's connection that it serves client id (a session
+// check passed): while that session lives the connection may idle forever.
+func setConnClient(ctx context.Context, id int64) {
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil && c.conn != nil {
+		c.conn.client = id
 	}
 }
 
@@ -215,12 +309,7 @@ func appendFrame(dst, msg []byte) []byte {
 
 // close stops accepting, closes every connection and waits for their goroutines.
 func (s *framedServer) close() {
-	s.mu.Lock()
-	s.closed = true
-	s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
+	s.acc.ln.Close()
+	s.acc.closeConns()
 	s.wg.Wait()
 }

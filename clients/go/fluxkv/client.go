@@ -340,7 +340,7 @@ func (c *Client) callOn(a *attachment, method string, args, result thrift.FastCo
 			return fmt.Errorf("%s: %w", method, err)
 		}
 		if errors.Is(err, errNotSent) {
-			return fmt.Errorf("%w: %s: %v", ErrUnavailable, method, err)
+			return fmt.Errorf("%w: %s: %w", ErrUnavailable, method, err) // keeps errNotSent for invoke's retry
 		}
 		return fmt.Errorf("%w: %w: %s: %v", ErrUnavailable, errNoReply, method, err)
 	}

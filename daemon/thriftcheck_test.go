@@ -1,0 +1,77 @@
+package daemon
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/cloudwego/gopkg/protocol/thrift"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// TestCheckSizes: real requests of every shape pass (batches over the limit too: the
+// handler answers them with INVALID_ARGUMENT); announced sizes beyond the bytes
+// present, huge counts of variable-size elements, unknown types and deep nesting fail.
+func TestCheckSizes(t *testing.T) {
+	keys := func(n int) []string {
+		ks := make([]string, n)
+		for i := range ks {
+			ks[i] = fmt.Sprintf("key-%d", i)
+		}
+		return ks
+	}
+	s := &external.Session{ClientId: 1, SessionToken: 2, OwnerGeneration: 3, Releases: make([]int64, 100000)}
+	items := make([]*external.PutStartItem, wire.MaxBatch+1)
+	for i := range items {
+		items[i] = &external.PutStartItem{Key: "k", Len: 10, Opts: &external.PutOptions{}}
+	}
+	for _, args := range []thrift.FastCodec{
+		&external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: "k"}},
+		&external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys(wire.MaxBatch + 1)}},
+		&external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s, HolderIds: make([]int64, 5000)}},
+		&external.ExternalServiceBatchPutStartArgs{Req: &external.BatchPutStartRequest{Session: s, Items: items}},
+		&external.ExternalServiceStatArgs{Req: &external.StatRequest{}},
+		&external.ExternalServiceStatArgs{},
+	} {
+		if err := checkSizes(thrift.FastMarshal(args)); err != nil {
+			t.Errorf("%T: %v", args, err)
+		}
+	}
+	field := func(t thrift.TType, id int16) []byte { return []byte{byte(t), byte(id >> 8), byte(id)} }
+	list := func(et thrift.TType, n uint32) []byte {
+		return []byte{byte(et), byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+	}
+	cat := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return b
+	}
+	stops := func(n int) []byte { return []byte(strings.Repeat("\x00", n)) }
+	deep := []byte{}
+	for i := 0; i < 20; i++ {
+		deep = append(deep, field(thrift.STRUCT, 1)...)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"2^31-1 ids in a few bytes", cat(field(thrift.LIST, 1), list(thrift.I64, 1<<31-1), stops(16), stops(1))},
+		{"negative list size", cat(field(thrift.LIST, 1), list(thrift.I64, 1<<31), stops(1))},
+		{"20000 empty structs", cat(field(thrift.LIST, 1), list(thrift.STRUCT, 20000), stops(20000), stops(1))},
+		{"string longer than the frame", cat(field(thrift.STRING, 1), []byte{0, 0, 1, 0}, []byte("abc"), stops(1))},
+		{"negative string length", cat(field(thrift.STRING, 1), []byte{0xff, 0xff, 0xff, 0xff}, stops(1))},
+		{"map of 2^30 pairs", cat(field(thrift.MAP, 1), []byte{byte(thrift.STRING), byte(thrift.I32), 0x40, 0, 0, 0}, stops(1))},
+		{"unknown type", cat(field(thrift.TType(-51), 1), stops(8))},
+		{"deep nesting", cat(deep, stops(21))},
+		{"no STOP", field(thrift.I32, 1)},
+		{"empty", nil},
+	} {
+		if err := checkSizes(tc.b); err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+}
