@@ -28,9 +28,9 @@ type masterLink struct {
 	regMu    sync.Mutex   // serialises (re-)registration
 	period   atomic.Int64 // heartbeat period in ns, set by Register replies
 
-	mu      sync.Mutex // protects closed, rereg
-	closed  bool       // no background re-registration starts once set
-	rereg   bool       // a background re-registration is running
+	mu     sync.Mutex // protects closed, rereg
+	closed bool       // no background re-registration starts once set
+	rereg  bool       // a background re-registration is running
 }
 
 func newMasterLink(o *Owner) (*masterLink, error) {
