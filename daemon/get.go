@@ -21,6 +21,10 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 		return nil, err
 	}
 	o.mu.Lock()
+	if c.closed { // the session ended while this call waited: nobody would release a holder
+		o.mu.Unlock()
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "session closed")
+	}
 	if h := o.cache.lookup(key); h != nil {
 		id := o.newHolderLocked(c, h)
 		o.mu.Unlock()

@@ -100,6 +100,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	// The new master knows no versions: forget cached infos (held ones stay pinned;
 	// idle ones nobody holds, and the new master never knew them).
 	o.cache.reset()
+	o.regEpoch++
 	o.mu.Unlock()
 	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr,

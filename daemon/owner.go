@@ -38,7 +38,10 @@ type Owner struct {
 
 	mu       sync.Mutex // protects sessions, cache, nextID, stopping, and holdings' refs and replica
 	sessions map[int64]*session
-	stopping bool         // Stop began: no new sessions
+	stopping bool // Stop began: no new sessions
+	// regEpoch counts registrations with a master; bumped while register collects the
+	// pins under mu, so a put whose PutStart straddles it is known to be unpinned.
+	regEpoch uint64
 	cache    *holderCache // key → holding of its current version (cached info)
 	nextID   int64        // client ids and external holder ids
 	idleStop chan struct{}

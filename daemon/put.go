@@ -15,6 +15,9 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 	if err := wire.ValidateLen(length, o.seg.Size()); err != nil {
 		return 0, 0, err
 	}
+	o.mu.Lock()
+	epoch := o.regEpoch
+	o.mu.Unlock()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	acks := o.acks.take()
@@ -36,6 +39,13 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 		o.mu.Unlock()
 		o.abandonPut(p)
 		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "session closed")
+	}
+	if o.regEpoch != epoch {
+		// The owner registered again (a new master) while PutStart was out: the range
+		// was not among the pins it reported, so the new master may hand it to someone
+		// else. Never let the client write into it.
+		o.mu.Unlock()
+		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "the master changed during PutStart; retry the put")
 	}
 	c.puts[p.putID] = p
 	o.mu.Unlock()

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog/log"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+)
+
+// nodeConfig sizes the node the soak runs against.
+type nodeConfig struct {
+	Bin      string // the fluxkv binary
+	Dir      string // temp dir: sockets, SSD files, logs
+	Owners   int    // owners of the one master (1 until the cluster issue lands)
+	DRAM     int64  // per owner
+	SSDLimit int64  // per owner; 0: SSD off
+}
+
+// ownerProc is one owner: its fixed paths and ports survive restarts.
+type ownerProc struct {
+	idx         int
+	nodeID      string
+	sockDir     string
+	ssdDir      string
+	metricsAddr string
+	p           *proc
+	inc         int   // incarnations started
+	generation  int64 // of the running incarnation
+}
+
+// socket is the owner's attach socket.
+func (o *ownerProc) socket() string { return filepath.Join(o.sockDir, "fluxkv.sock") }
+
+// cluster runs the master and the owners as separate processes from cfg.Bin.
+type cluster struct {
+	cfg        nodeConfig
+	wg         *sync.WaitGroup
+	masterAddr string
+	master     *proc
+	masterInc  int
+	owners     []*ownerProc
+}
+
+// freePort returns a loopback address with a port free right now.
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("pick a port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// startCluster starts the master, then every owner, and waits until each is ready.
+func startCluster(wg *sync.WaitGroup, cfg nodeConfig) (*cluster, error) {
+	c := &cluster{cfg: cfg, wg: wg}
+	var err error
+	if c.masterAddr, err = freePort(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "logs"), 0o755); err != nil {
+		return nil, fmt.Errorf("log dir: %w", err)
+	}
+	if err := c.startMaster(); err != nil {
+		return nil, err
+	}
+	for i := 0; i < cfg.Owners; i++ {
+		o := &ownerProc{idx: i, nodeID: fmt.Sprintf("soak-%d", i),
+			sockDir: filepath.Join(cfg.Dir, fmt.Sprintf("owner%d", i)), ssdDir: filepath.Join(cfg.Dir, fmt.Sprintf("ssd%d", i))}
+		if o.metricsAddr, err = freePort(); err != nil {
+			return nil, err
+		}
+		for _, d := range []string{o.sockDir, o.ssdDir} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return nil, fmt.Errorf("owner dir: %w", err)
+			}
+		}
+		c.owners = append(c.owners, o)
+		if err := c.startOwner(o); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *cluster) logPath(name string, inc int) string {
+	return filepath.Join(c.cfg.Dir, "logs", fmt.Sprintf("%s.%d.log", name, inc))
+}
+
+// startMaster starts a master incarnation on the fixed address and waits until it accepts.
+func (c *cluster) startMaster() error {
+	c.masterInc++
+	argv := []string{c.cfg.Bin, "master", "--listen", c.masterAddr}
+	p, err := startProc(c.wg, "master", argv, nil, c.logPath("master", c.masterInc), nil)
+	if err != nil {
+		return err
+	}
+	c.master = p
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if conn, err := net.DialTimeout("tcp", c.masterAddr, time.Second); err == nil {
+			conn.Close()
+			return nil
+		}
+		if p.exited() || time.Now().After(deadline) {
+			return fmt.Errorf("master did not start: %s", p.describe())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// startOwner starts an owner incarnation and waits until a client can attach to it and
+// sees a new generation.
+func (c *cluster) startOwner(o *ownerProc) error {
+	o.inc++
+	argv := []string{c.cfg.Bin, "owner", "--master", c.masterAddr, "--dir", o.sockDir, "--dram", fmt.Sprint(c.cfg.DRAM),
+		"--node-id", o.nodeID, "--metrics-addr", o.metricsAddr}
+	if c.cfg.SSDLimit > 0 {
+		argv = append(argv, "--ssd-path", o.ssdDir, "--ssd-limit", fmt.Sprint(c.cfg.SSDLimit))
+	}
+	p, err := startProc(c.wg, fmt.Sprintf("owner%d", o.idx), argv, nil, c.logPath(fmt.Sprintf("owner%d", o.idx), o.inc), nil)
+	if err != nil {
+		return err
+	}
+	o.p = p
+	prev := o.generation
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cl, err := fluxkv.Connect(fluxkv.Options{Socket: o.socket(), Name: "soak-driver", Timeout: 5 * time.Second})
+		if err == nil {
+			gen := cl.Generation()
+			cl.Close()
+			if gen != prev {
+				o.generation = gen
+				return nil
+			}
+		}
+		if p.exited() || time.Now().After(deadline) {
+			return fmt.Errorf("owner %s did not start (last attach error: %v): %s", o.nodeID, err, p.describe())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// restartMaster kills the master with SIGKILL, waits pause, and starts it again.
+func (c *cluster) restartMaster(pause time.Duration) error {
+	c.master.kill()
+	log.Info().Int("incarnation", c.masterInc).Dur("pause", pause).Msg("master killed")
+	time.Sleep(pause)
+	start := time.Now()
+	if err := c.startMaster(); err != nil {
+		return err
+	}
+	log.Info().Int("incarnation", c.masterInc).Dur("took", time.Since(start)).Msg("master restarted")
+	return nil
+}
+
+// restartOwner kills owner o with SIGKILL, waits pause, and starts it again.
+func (c *cluster) restartOwner(o *ownerProc, pause time.Duration) error {
+	o.p.kill()
+	log.Info().Str("node", o.nodeID).Int("incarnation", o.inc).Dur("pause", pause).Msg("owner killed")
+	time.Sleep(pause)
+	start := time.Now()
+	if err := c.startOwner(o); err != nil {
+		return err
+	}
+	log.Info().Str("node", o.nodeID).Int("incarnation", o.inc).Dur("took", time.Since(start)).Msg("owner restarted")
+	return nil
+}
+
+// crashed describes every daemon that exited without the driver killing it.
+func (c *cluster) crashed() []string {
+	var out []string
+	if c.master.unexpected() {
+		out = append(out, c.master.describe())
+	}
+	for _, o := range c.owners {
+		if o.p.unexpected() {
+			out = append(out, o.p.describe())
+		}
+	}
+	return out
+}
+
+// stop ends every daemon: owners first (SIGTERM, a graceful stop), then the master.
+func (c *cluster) stop() []string {
+	var bad []string
+	for _, o := range c.owners {
+		if !o.p.exited() && !o.p.stop(15*time.Second) {
+			bad = append(bad, "owner did not stop cleanly on SIGTERM: "+o.p.describe())
+		}
+	}
+	if !c.master.exited() && !c.master.stop(15*time.Second) {
+		bad = append(bad, "master did not stop cleanly on SIGTERM: "+c.master.describe())
+	}
+	return bad
+}

@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// workerConfig is what the driver tells a worker process (the same flags as worker.py).
+type workerConfig struct {
+	Socket        string
+	Name          string
+	Seed          uint64
+	Keys          int
+	KeyPrefix     string
+	MinSize       int64
+	MaxSize       int64
+	HoldCap       int64
+	BatchMaxBytes int64
+	ReportEvery   time.Duration
+	Threads       int
+}
+
+// args renders the config as the worker flags both worker implementations take.
+func (w workerConfig) args() []string {
+	return []string{
+		"--socket", w.Socket, "--name", w.Name, "--seed", fmt.Sprint(w.Seed), "--keys", fmt.Sprint(w.Keys),
+		"--key-prefix", w.KeyPrefix, "--min-size", fmt.Sprint(w.MinSize), "--max-size", fmt.Sprint(w.MaxSize),
+		"--hold-cap", fmt.Sprint(w.HoldCap), "--batch-max-bytes", fmt.Sprint(w.BatchMaxBytes),
+		"--report-every", fmt.Sprint(w.ReportEvery.Seconds()),
+	}
+}
+
+// key names key i of the shared key space.
+func (w workerConfig) key(i int) string { return fmt.Sprintf("%s%06d", w.KeyPrefix, i) }
+
+// workerMain is `soak worker ...`: the Go client process. It loops until SIGTERM.
+func workerMain(argv []string) int {
+	var w workerConfig
+	var reportEvery float64
+	fs := flag.NewFlagSet("worker", flag.ExitOnError)
+	fs.StringVar(&w.Socket, "socket", "", "the owner's socket")
+	fs.StringVar(&w.Name, "name", "go", "client name")
+	fs.Uint64Var(&w.Seed, "seed", 1, "random seed")
+	fs.IntVar(&w.Keys, "keys", 256, "key space")
+	fs.StringVar(&w.KeyPrefix, "key-prefix", "soak/", "key prefix")
+	fs.Int64Var(&w.MinSize, "min-size", 1, "smallest value")
+	fs.Int64Var(&w.MaxSize, "max-size", 16<<20, "largest value")
+	fs.Int64Var(&w.HoldCap, "hold-cap", 4<<20, "bytes of holders kept at once")
+	fs.Int64Var(&w.BatchMaxBytes, "batch-max-bytes", 16<<20, "bytes of one batch put")
+	fs.Float64Var(&reportEvery, "report-every", 0.5, "seconds between counter lines")
+	fs.IntVar(&w.Threads, "threads", 2, "goroutines sharing the client")
+	fs.Parse(argv)
+	w.ReportEvery = time.Duration(reportEvery * float64(time.Second))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	rep := &reporter{w: os.Stdout, c: Counters{Worker: w.Name, Lang: "go", Errors: map[string]int64{}, ErrorSamples: map[string]string{}}}
+	c, err := connectRetry(ctx, w.Socket, w.Name)
+	if err != nil {
+		rep.update(func(c *Counters) { c.Failures = append(c.Failures, err.Error()) })
+		rep.emit(true)
+		if ctx.Err() != nil {
+			return 0
+		}
+		return 1
+	}
+	rep.emit(false) // running: the driver waits for this line before a SIGTERM
+	var wg sync.WaitGroup
+	var held atomic.Int64
+	for t := 0; t < w.Threads; t++ {
+		g := &goWorker{cfg: w, c: c, rep: rep, held: &held, rng: rand.New(rand.NewPCG(w.Seed, uint64(t)))}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.loop(ctx)
+		}()
+	}
+	tick := time.NewTicker(w.ReportEvery)
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+			rep.emit(false)
+		case <-ctx.Done():
+			done = true
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	c.Close()
+	rep.emit(true)
+	return 0
+}
+
+// connectRetry attaches, retrying while the owner is (re)starting, for up to 30 s.
+func connectRetry(ctx context.Context, socket, name string) (*fluxkv.Client, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := fluxkv.Connect(fluxkv.Options{Socket: socket, Name: name})
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("attach %s: %w", socket, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// heldHolder is a holder kept for a while (or, with no deadline, until the kill).
+type heldHolder struct {
+	h     *fluxkv.MemHolder
+	until time.Time
+}
+
+// goWorker is one goroutine's loop over random operations; the client and the hold
+// budget are shared with the process's other goroutines.
+type goWorker struct {
+	cfg  workerConfig
+	c    *fluxkv.Client
+	rep  *reporter
+	held *atomic.Int64 // bytes held by every goroutine of the process
+	rng  *rand.Rand
+	mine []heldHolder // holders this goroutine keeps
+}
+
+func (g *goWorker) loop(ctx context.Context) {
+	type op struct {
+		weight float64
+		run    func() error
+	}
+	ops := []op{{0.22, g.put}, {0.30, g.get}, {0.10, g.del}, {0.12, g.batchPut}, {0.18, g.batchGet}, {0.08, g.batchDelete}}
+	var total float64
+	for _, o := range ops {
+		total += o.weight
+	}
+	for ctx.Err() == nil {
+		r := g.rng.Float64() * total
+		var run func() error
+		for _, o := range ops {
+			run = o.run
+			if r -= o.weight; r <= 0 {
+				break
+			}
+		}
+		if err := run(); err != nil {
+			g.countErr(err)
+			if errors.Is(err, fluxkv.ErrUnavailable) || errors.Is(err, fluxkv.ErrStaleGeneration) {
+				time.Sleep(50 * time.Millisecond) // the owner is restarting: do not spin
+			}
+		}
+		g.expire(time.Now())
+	}
+	for _, h := range g.mine {
+		if !h.until.IsZero() {
+			h.h.Release()
+		}
+	}
+}
+
+// countErr counts an error by its wire code; errors without one are client failures.
+func (g *goWorker) countErr(err error) {
+	var we *wire.Error
+	name := "CLIENT"
+	if errors.As(err, &we) {
+		name = we.Code.String()
+	}
+	g.rep.update(func(c *Counters) {
+		c.Errors[name]++
+		if _, ok := c.ErrorSamples[name]; !ok {
+			c.ErrorSamples[name] = err.Error()
+		}
+	})
+}
+
+func (g *goWorker) key() string { return g.cfg.key(g.rng.IntN(g.cfg.Keys)) }
+
+// size is log-uniform over [MinSize, MaxSize]: tiny and huge values both occur.
+func (g *goWorker) size() int64 {
+	lo, hi := math.Log(float64(g.cfg.MinSize)), math.Log(float64(g.cfg.MaxSize+1))
+	n := int64(math.Exp(lo + g.rng.Float64()*(hi-lo)))
+	return max(g.cfg.MinSize, min(g.cfg.MaxSize, n))
+}
+
+func fillFor(key string) func(putID int64, dst []byte) error {
+	return func(putID int64, dst []byte) error {
+		fillValue(key, putID, dst)
+		return nil
+	}
+}
+
+func (g *goWorker) put() error {
+	k, n := g.key(), g.size()
+	_, err := g.c.PutWithID(k, n, fluxkv.PutOptions{RejectIfExists: g.rng.IntN(10) == 0}, fillFor(k))
+	g.rep.update(func(c *Counters) {
+		c.Puts++
+		if err == nil {
+			c.BytesWritten += n
+		}
+	})
+	return err
+}
+
+func (g *goWorker) get() error {
+	k := g.key()
+	h, err := g.c.Get(k)
+	g.rep.update(func(c *Counters) {
+		c.Gets++
+		if errors.Is(err, fluxkv.ErrKeyNotFound) {
+			c.Misses++
+		}
+	})
+	if errors.Is(err, fluxkv.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	g.got(k, h)
+	return nil
+}
+
+func (g *goWorker) del() error {
+	_, err := g.c.Delete(g.key())
+	g.rep.update(func(c *Counters) { c.Deletes++ })
+	return err
+}
+
+// distinctKeys picks n different keys.
+func (g *goWorker) distinctKeys(n int) []string {
+	n = min(n, g.cfg.Keys)
+	seen := map[int]bool{}
+	keys := make([]string, 0, n)
+	for len(keys) < n {
+		i := g.rng.IntN(g.cfg.Keys)
+		if !seen[i] {
+			seen[i] = true
+			keys = append(keys, g.cfg.key(i))
+		}
+	}
+	return keys
+}
+
+func (g *goWorker) batchPut() error {
+	var items []fluxkv.PutItem
+	var total int64
+	for _, k := range g.distinctKeys(2 + g.rng.IntN(5)) {
+		n := g.size()
+		if total+n > g.cfg.BatchMaxBytes {
+			continue
+		}
+		total += n
+		items = append(items, fluxkv.PutItem{Key: k, Len: n, Fill: fillFor(k)})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	errs, err := g.c.BatchPut(items, fluxkv.PutOptions{})
+	g.rep.update(func(c *Counters) {
+		c.BatchPuts++
+		c.BatchItems += int64(len(items))
+		for i, it := range items {
+			if err == nil && i < len(errs) && errs[i] == nil {
+				c.BytesWritten += it.Len
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for _, e := range errs {
+		if e != nil {
+			g.countErr(e)
+		}
+	}
+	return nil
+}
+
+func (g *goWorker) batchGet() error {
+	keys := g.distinctKeys(2 + g.rng.IntN(7))
+	hs, errs, err := g.c.BatchGet(keys)
+	misses := 0
+	for i := range hs {
+		if hs[i] == nil && errs[i] == nil {
+			misses++
+		}
+	}
+	g.rep.update(func(c *Counters) {
+		c.BatchGets++
+		c.BatchItems += int64(len(keys))
+		c.Misses += int64(misses)
+	})
+	if err != nil {
+		return err
+	}
+	for i, h := range hs {
+		if errs[i] != nil {
+			g.countErr(errs[i])
+		}
+		if h != nil {
+			g.got(keys[i], h)
+		}
+	}
+	return nil
+}
+
+func (g *goWorker) batchDelete() error {
+	keys := g.distinctKeys(2 + g.rng.IntN(4))
+	_, err := g.c.BatchDelete(keys)
+	g.rep.update(func(c *Counters) {
+		c.BatchDeletes++
+		c.BatchItems += int64(len(keys))
+	})
+	return err
+}
+
+// got verifies a holder against its own put_id and length, then releases it at once,
+// keeps it for a while, or keeps it until the process is killed, within the hold cap.
+func (g *goWorker) got(key string, h *fluxkv.MemHolder) {
+	n := h.Len()
+	if h.PutID() <= 0 || n <= 0 {
+		g.rep.update(func(c *Counters) {
+			c.BadHolders++
+			if len(c.Failures) < 8 {
+				c.Failures = append(c.Failures, fmt.Sprintf("holder of %q: put_id=%d len=%d", key, h.PutID(), n))
+			}
+		})
+		g.rep.emit(false)
+		h.Release()
+		return
+	}
+	bad := wrongBytes(key, h.PutID(), h.Bytes())
+	g.rep.update(func(c *Counters) {
+		c.Hits++
+		if h.Source() == "ssd" {
+			c.SSDHits++
+		}
+		c.BytesVerified += n
+		c.WrongBytes += bad
+		if bad > 0 && len(c.Failures) < 8 {
+			c.Failures = append(c.Failures, fmt.Sprintf("%d wrong bytes in %q put_id=%d len=%d source=%s", bad, key, h.PutID(), n, h.Source()))
+		}
+	})
+	if bad > 0 {
+		g.rep.emit(false)
+	}
+	r := g.rng.Float64()
+	switch {
+	case r < 0.5 || g.held.Load()+n > g.cfg.HoldCap:
+		h.Release()
+	case r < 0.9:
+		g.held.Add(n)
+		g.mine = append(g.mine, heldHolder{h: h, until: time.Now().Add(time.Duration(50+g.rng.IntN(1950)) * time.Millisecond)})
+	default:
+		g.held.Add(n)
+		g.mine = append(g.mine, heldHolder{h: h})
+		g.rep.update(func(c *Counters) { c.NeverReleased++ })
+	}
+}
+
+// expire releases the held holders whose time has come.
+func (g *goWorker) expire(now time.Time) {
+	keep := g.mine[:0]
+	for _, h := range g.mine {
+		if !h.until.IsZero() && !now.Before(h.until) {
+			h.h.Release()
+			g.held.Add(-h.h.Len())
+			continue
+		}
+		keep = append(keep, h)
+	}
+	g.mine = keep
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// workerSlot is one client process position: its incarnations are killed with -9 at
+// random and replaced, each with its own seed, attached to the same owner.
+type workerSlot struct {
+	lang string // "go" or "python"
+	cfg  workerConfig
+	inc  int
+	p    *proc
+}
+
+// workerPool runs the client processes and keeps the last counter line of every
+// incarnation, so the totals survive kill -9.
+type workerPool struct {
+	wg     *sync.WaitGroup
+	logDir string
+	goArgv []string // the Go worker command (this binary + "worker")
+	pyArgv []string // the Python worker command
+	pyEnv  []string
+	slots  []*workerSlot
+
+	mu       sync.Mutex           // protects last, failures
+	failures []string             // unexpected exits
+	last     map[string]*Counters // incarnation name → its last line
+}
+
+// start starts an incarnation of slot s.
+func (w *workerPool) start(s *workerSlot) error {
+	s.inc++
+	cfg := s.cfg
+	cfg.Name = fmt.Sprintf("%s#%d", s.cfg.Name, s.inc)
+	cfg.Seed = s.cfg.Seed*1000 + uint64(s.inc)
+	argv, env := append(append([]string{}, w.goArgv...), cfg.args()...), []string(nil)
+	if s.lang == "python" {
+		argv, env = append(append([]string{}, w.pyArgv...), cfg.args()...), w.pyEnv
+	}
+	name := cfg.Name
+	p, err := startProc(w.wg, name, argv, env, filepath.Join(w.logDir, fmt.Sprintf("%s.%d.log", s.cfg.Name, s.inc)), func(line []byte) {
+		c := &Counters{}
+		if json.Unmarshal(line, c) != nil {
+			return // not a counter line
+		}
+		w.mu.Lock()
+		w.last[name] = c
+		w.mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
+	s.p = p
+	return nil
+}
+
+// kill kills slot s with SIGKILL and starts a new incarnation.
+func (w *workerPool) kill(s *workerSlot) error {
+	s.p.kill()
+	return w.start(s)
+}
+
+// reap restarts workers that exited without being killed, recording why.
+func (w *workerPool) reap() error {
+	for _, s := range w.slots {
+		if s.p.unexpected() {
+			w.mu.Lock()
+			w.failures = append(w.failures, "worker exited by itself: "+s.p.describe())
+			w.mu.Unlock()
+			if err := w.start(s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stopAll asks every worker to stop (SIGTERM: it closes its client and writes a final
+// line), killing those that do not within grace.
+func (w *workerPool) stopAll(grace time.Duration) {
+	// A worker catches SIGTERM once it runs: wait for its first line (a fresh incarnation
+	// may still be importing numpy), else SIGTERM's default action would kill it.
+	deadline := time.Now().Add(grace)
+	for _, s := range w.slots {
+		for !s.p.exited() && !w.reported(s.p.name) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, s := range w.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !s.p.exited() && !s.p.stop(grace) {
+				w.mu.Lock()
+				w.failures = append(w.failures, "worker did not stop cleanly on SIGTERM: "+s.p.describe())
+				w.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// reported tells whether incarnation name has written a counter line.
+func (w *workerPool) reported(name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last[name] != nil
+}
+
+// totals sums the last line of every incarnation.
+func (w *workerPool) totals() Counters {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var t Counters
+	for _, c := range w.last {
+		t.add(c)
+	}
+	return t
+}
