@@ -124,6 +124,10 @@ class _Session:
         self.rpc_path = reply.rpc_socket or path + ".rpc"
         self.timeout = timeout
         self.max_idle = max_idle
+        # Releases drained from pending and not yet answered (piggybacked or in Release):
+        # flush_releases waits for them, so stat() reflects releases another thread sends.
+        self.releases_cond = threading.Condition()
+        self.releases_in_flight = 0
         self.idle: collections.deque[RPCConnection] = collections.deque()
         self.pending: collections.deque[int] = collections.deque()  # holder ids to release
         self.pins: set[int] = set()  # live exports of every holder of this session
@@ -188,6 +192,7 @@ class _Session:
             except OSError as e:
                 raise _Broken(e, _is_timeout(e), sent=False) from None
         releases = self.drain() if piggyback else []
+        self._releases_sent(releases, +1)
         try:
             resp = fn(conn.client, Session(self.client_id, self.session_token, self.generation, releases))
         except (TTransportException, TProtocolException, OSError, EOFError) as e:
@@ -202,6 +207,8 @@ class _Session:
             conn.close()  # the frame may be half written
             self.pending.extendleft(reversed(releases))
             raise
+        finally:
+            self._releases_sent(releases, -1)
         self.rpc_count += 1
         if len(self.idle) < self.max_idle and self.state is None:
             self.idle.append(conn)
@@ -211,13 +218,26 @@ class _Session:
             raise _Stale(resp.message or "stale generation")
         return resp
 
+    def _releases_sent(self, ids: list, delta: int) -> None:
+        if not ids:
+            return
+        with self.releases_cond:
+            self.releases_in_flight += delta
+            if self.releases_in_flight == 0:
+                self.releases_cond.notify_all()
+
     def flush_releases(self) -> None:
-        """Send every queued release with the plain Release call."""
+        """Send every queued release with the plain Release call, then wait (up to the call
+        timeout) for releases other threads are sending right now."""
         while self.pending:
             ids = self.drain()
             if not ids:
-                return
-            resp = self.call(lambda c, s: c.Release(ReleaseRequest(s, ids)), piggyback=False)
+                break
+            self._releases_sent(ids, +1)
+            try:
+                resp = self.call(lambda c, s: c.Release(ReleaseRequest(s, ids)), piggyback=False)
+            finally:
+                self._releases_sent(ids, -1)
             if resp.results is None or len(resp.results) != len(ids):
                 if resp.code != _OK:
                     self.release_errors += len(ids)
@@ -225,6 +245,8 @@ class _Session:
             # results[i] is INVALID_ARGUMENT for an unknown or double release: a client bug
             # (or a daemon one), counted so tests can assert there is none.
             self.release_errors += sum(1 for code in resp.results if code != _OK)
+        with self.releases_cond:
+            self.releases_cond.wait_for(lambda: self.releases_in_flight == 0, timeout=self.timeout)
 
     def attach_alive(self) -> bool:
         """False once the owner closed the attach connection (it exited or restarted)."""
