@@ -69,6 +69,12 @@ type Owner struct {
 	// (frame_timeout) a partial RPC frame, IdleTimeout (idle_timeout) an RPC
 	// connection without a live session. Zero: the daemon's defaults.
 	HelloTimeout, FrameTimeout, IdleTimeout time.Duration
+	// ClientIsolation (client_isolation): seal the segment against client writes and
+	// take puts through per-session put areas (DESIGN §11). nil: the default.
+	ClientIsolation *bool
+	// PutArea (put_area) is each session's put area under isolation, PutAreaTotal
+	// (put_area_total) the cap on all live sessions' areas together. 0: the defaults.
+	PutArea, PutAreaTotal int64
 
 	// LargeFilePaths and LargeLimitSize are large_file_paths and the parsed
 	// large_limit_size: one limit in bytes (≥ 512) per path. LargeLimitSize nil

@@ -47,6 +47,19 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 		"hello_timeout": durationField(k("hello_timeout"), &o.HelloTimeout),
 		"frame_timeout": durationField(k("frame_timeout"), &o.FrameTimeout),
 		"idle_timeout":  durationField(k("idle_timeout"), &o.IdleTimeout),
+		"client_isolation": func(v *yaml.Node) error {
+			if isNull(v) {
+				return nil
+			}
+			var b bool
+			if err := boolField(k("client_isolation"), &b)(v); err != nil {
+				return err
+			}
+			o.ClientIsolation = &b
+			return nil
+		},
+		"put_area":       sizeField(k("put_area"), &o.PutArea),
+		"put_area_total": sizeField(k("put_area_total"), &o.PutAreaTotal),
 		"max_connections": func(v *yaml.Node) error {
 			if isNull(v) {
 				return nil

@@ -57,6 +57,14 @@ func (h *externalHandler) PutEnd(ctx context.Context, req *external.PutEndReques
 	return resp, nil
 }
 
+func (h *externalHandler) PutWrite(ctx context.Context, req *external.PutWriteRequest) (*external.PutWriteResponse, error) {
+	resp := &external.PutWriteResponse{}
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "this owner does not isolate clients: no put area to copy from (write the value at the put's offset)")
+	})
+	return resp, nil
+}
+
 func (h *externalHandler) PutAbort(ctx context.Context, req *external.PutAbortRequest) (*external.PutAbortResponse, error) {
 	resp := &external.PutAbortResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putAbort(c, req.Key, req.PutId) })

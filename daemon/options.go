@@ -59,11 +59,31 @@ type Options struct {
 	// IdleTimeout closes an RPC connection idle this long unless its last call named a
 	// session that is still attached (those idle forever). Default 10s.
 	IdleTimeout time.Duration
+	// ClientIsolation seals the segment with F_SEAL_FUTURE_WRITE once the owner has
+	// mapped it, so no client can change a byte of it; puts go through a per-session
+	// put area the owner copies from (DESIGN §11). Default false.
+	ClientIsolation bool
+	// PutArea is the size of each session's put area under isolation (a value larger
+	// than it is streamed through it in parts), rounded up to the page size. Default
+	// 32 MiB, at most the segment.
+	PutArea int64
+	// PutAreaTotal caps the put areas of all live sessions together; an attach that
+	// would exceed it gets a smaller area (at least minPutArea) or is refused with
+	// NO_SPACE. Default 1 GiB.
+	PutAreaTotal int64
 	// SSD enables the SSD tier (DESIGN §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
 }
 
 const pageSize = 4096
+
+// Put area sizes under client isolation: the default per session and in total, and
+// the smallest area a session is given when the total is nearly used up.
+const (
+	defaultPutArea      = 32 << 20
+	defaultPutAreaTotal = 1 << 30
+	minPutArea          = 1 << 20
+)
 
 func (o *Options) setDefaults() {
 	if o.Dir == "" {
@@ -113,6 +133,16 @@ func (o *Options) setDefaults() {
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = 10 * time.Second
 	}
+	if o.PutArea == 0 {
+		o.PutArea = defaultPutArea
+	}
+	o.PutArea = (o.PutArea + pageSize - 1) / pageSize * pageSize
+	if o.PutArea > o.DRAM {
+		o.PutArea = o.DRAM
+	}
+	if o.PutAreaTotal == 0 {
+		o.PutAreaTotal = defaultPutAreaTotal
+	}
 	if o.Logger == nil {
 		l := zerolog.Nop()
 		o.Logger = &l
@@ -132,6 +162,12 @@ func (o *Options) Validate() error {
 	}
 	if o.HelloTimeout < 0 || o.FrameTimeout < 0 || o.IdleTimeout < 0 {
 		return fmt.Errorf("owner: hello/frame/idle timeouts (%v/%v/%v) must not be negative", o.HelloTimeout, o.FrameTimeout, o.IdleTimeout)
+	}
+	if o.PutArea < 0 || o.PutAreaTotal < 0 {
+		return fmt.Errorf("owner: put area %d and put area total %d must not be negative", o.PutArea, o.PutAreaTotal)
+	}
+	if o.PutAreaTotal != 0 && o.PutAreaTotal < minPutArea {
+		return fmt.Errorf("owner: put area total %d must be at least %d bytes", o.PutAreaTotal, minPutArea)
 	}
 	if err := wire.ValidateNodeID(o.NodeID); o.NodeID != "" && err != nil {
 		return fmt.Errorf("owner: %w", err)

@@ -13,6 +13,8 @@ enum ErrorCode {
   STALE_GENERATION = 6,
   UNAVAILABLE = 7,
   INTERNAL = 8,
+  // The caller may not do this: an attach by a uid or group the owner does not admit.
+  PERMISSION_DENIED = 9,
 }
 
 // Where the bytes a get hands out came from.

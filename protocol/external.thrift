@@ -11,7 +11,9 @@ namespace py fluxkv._gen.external
 
 include "common.thrift"
 
-const i32 PROTOCOL_VERSION = 1
+// 2: AttachReply.isolated / put_area_size, a put area fd under isolation, AreaCopy in
+// PutEnd / BatchPutEnd and PutWrite, ErrorCode PERMISSION_DENIED.
+const i32 PROTOCOL_VERSION = 2
 
 // Wire limits: the owner enforces every one of them itself (a client-side check is a
 // convenience, never the guard); clients use them to size their own buffers and waves.
@@ -37,6 +39,7 @@ const i32 MAX_RELEASES_PER_CALL = 4096
 // - RETRY SAFE (Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete, PutAbort,
 //   BatchPutAbort): send again after a transport failure, on a fresh RPC connection,
 //   or after STALE_GENERATION once re-attached (the owner restarted).
+// - RETRY ON THE SAME SESSION (PutWrite: simply sent again while the put is pending).
 // - RETRY ON THE SAME SESSION (PutEnd, BatchPutEnd): the owner remembers the outcome of
 //   each session's last PUT_END_MEMORY ended puts and answers a repeated PutEnd with
 //   the same code. After a lost reply the client sends PutEnd again on the same session
@@ -80,6 +83,25 @@ struct AttachReply {
   7: i64 segment_size,
   8: string rpc_socket,
   9: string node_id,
+  // Client isolation (DESIGN §11). true: the segment is sealed with F_SEAL_FUTURE_WRITE,
+  // so the client maps it read-only and can never write it; the reply carries a second
+  // fd, this session's put area (put_area_size bytes, sealed against shrink and grow),
+  // which the client maps read-write. A put then writes its value into the put area and
+  // names the ranges to copy (AreaCopy) in PutWrite / PutEnd; the owner copies them into
+  // the put's range. false: no put area; the client writes its values straight into the
+  // segment at PutStartResponse.offset.
+  10: bool isolated,
+  11: i64 put_area_size,
+}
+
+// One copy the owner makes, under isolation, from the session's put area into a started
+// put: len bytes at area_offset of the put area land at value_offset of the value. Both
+// ranges must lie inside the put area and the value. One call carries at most MAX_BATCH
+// copies (over all its items).
+struct AreaCopy {
+  1: i64 value_offset,
+  2: i64 area_offset,
+  3: i64 len,
 }
 
 // Session names the caller in every RPC. releases piggybacks holder releases
@@ -114,6 +136,24 @@ struct PutEndRequest {
   1: Session session,
   2: string key,
   3: i64 put_id,
+  // Under isolation: copied from the put area before the put is published (a value
+  // that fits the area needs no PutWrite). Without isolation: must be empty.
+  4: list<AreaCopy> copies,
+}
+
+// Under isolation, copies part of a value from the put area into a started put, so a
+// value larger than the area is streamed through it: fill the area, PutWrite, repeat,
+// the last part in PutEnd. The client must not change the named area bytes until answered.
+struct PutWriteRequest {
+  1: Session session,
+  2: string key,
+  3: i64 put_id,
+  4: list<AreaCopy> copies,
+}
+
+struct PutWriteResponse {
+  1: common.ErrorCode code,
+  2: string message,
 }
 
 struct PutEndResponse {
@@ -202,6 +242,8 @@ struct BatchPutStartResponse {
 struct PutEndItem {
   1: string key,
   2: i64 put_id,
+  // As PutEndRequest.copies (BatchPutEnd only; ignored by BatchPutAbort).
+  3: list<AreaCopy> copies,
 }
 
 struct BatchPutEndRequest {
@@ -269,6 +311,10 @@ service ExternalService {
   // Publishes a started put. Rule: RETRY ON THE SAME SESSION; a repeat within
   // PUT_END_MEMORY ended puts answers the first outcome, an older one INVALID_ARGUMENT.
   PutEndResponse PutEnd(1: PutEndRequest req),
+  // Under isolation: copies parts of a started put's value from the put area. Rule:
+  // RETRY SAFE on the same session (the same bytes are copied again); INVALID_ARGUMENT
+  // without isolation, for an unknown put or a range outside the value or the area.
+  PutWriteResponse PutWrite(1: PutWriteRequest req),
   // Gives a started put back. Rule: RETRY SAFE; an unknown put (already ended, aborted
   // or revoked) answers INVALID_ARGUMENT: treat as done.
   PutAbortResponse PutAbort(1: PutAbortRequest req),

@@ -298,8 +298,13 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics) daemon
 		HelloTimeout:   oc.HelloTimeout,
 		FrameTimeout:   oc.FrameTimeout,
 		IdleTimeout:    oc.IdleTimeout,
+		PutArea:        oc.PutArea,
+		PutAreaTotal:   oc.PutAreaTotal,
 		Metrics:        m,
 		Logger:         &l,
+	}
+	if oc.ClientIsolation != nil {
+		opts.ClientIsolation = *oc.ClientIsolation
 	}
 	if oc.CacheGrace != nil {
 		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.

@@ -74,6 +74,10 @@ func ownerFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "hello-timeout", DefaultText: "5s", Usage: "close an attach connection whose hello has not arrived within this; > 0 [fluxkv_spec.hello_timeout]"},
 		&cli.DurationFlag{Name: "frame-timeout", DefaultText: "10s", Usage: "close an RPC connection whose request (once begun) or reply does not complete within this; > 0 [fluxkv_spec.frame_timeout]"},
 		&cli.DurationFlag{Name: "idle-timeout", DefaultText: "10s", Usage: "close an RPC connection idle this long unless its last call named a live session; > 0 [fluxkv_spec.idle_timeout]"},
+		&cli.BoolFlag{Name: "client-isolation",
+			Usage: "no client can change a byte it did not put: the segment is sealed against client writes and puts go through per-session put areas the owner copies from (reads are never isolated) [fluxkv_spec.client_isolation]"},
+		&cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment [fluxkv_spec.put_area]"},
+		&cli.StringFlag{Name: "put-area-total", DefaultText: "1GiB", Usage: "under --client-isolation, the cap on all sessions' put areas together; ≥ 1MiB [fluxkv_spec.put_area_total]"},
 		&cli.StringFlag{Name: "peer-listen", Value: "127.0.0.1:0", Usage: "TCP address of the owner's peer service; other owners and the master connect to it [fluxkv_spec.peer_listen]"},
 		&cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the SSD cache root <path>/<cluster>_cluster_kv_ssd_storage [fluxkv_spec.cluster_name]"},
 		&cli.StringFlag{Name: "instance-key", DefaultText: "the node id", Usage: "names this owner's SSD cache root under each path [fluxkv_spec.instance_key]"},
@@ -204,6 +208,9 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		s.CacheGrace = &g
 	}
 	if err := maxConnections(c, &s, fo.MaxConnections != 0); err != nil {
+		return s, err
+	}
+	if err := isolationSettings(c, &s); err != nil {
 		return s, err
 	}
 	// `up` has no --master flag (its owner registers with the embedded master):
@@ -337,6 +344,33 @@ func maxConnections(c *cli.Context, s *config.Owner, fromFile bool) error {
 	if 2*uint64(s.MaxConnections) > limit {
 		return refuse("%s %d per socket (attach and RPC: %d) exceeds the open-file limit (RLIMIT_NOFILE %d): raise the limit (LimitNOFILE= in the unit) or lower the cap",
 			name, s.MaxConnections, 2*s.MaxConnections, limit)
+	}
+	return nil
+}
+
+// isolationSettings applies --client-isolation, --put-area and --put-area-total over
+// the file's client_isolation, put_area and put_area_total.
+func isolationSettings(c *cli.Context, s *config.Owner) error {
+	if c.IsSet("client-isolation") {
+		b := c.Bool("client-isolation")
+		s.ClientIsolation = &b
+	}
+	for _, a := range []struct {
+		flag string
+		dst  *int64
+		min  int64
+	}{{"put-area", &s.PutArea, 4096}, {"put-area-total", &s.PutAreaTotal, 1 << 20}} {
+		if !c.IsSet(a.flag) {
+			continue
+		}
+		n, err := ssd.ParseSize(c.String(a.flag))
+		if err != nil {
+			return refuse("--%s: %v", a.flag, err)
+		}
+		if n < a.min {
+			return refuse("--%s %s: must be at least %s", a.flag, c.String(a.flag), humanSize(a.min))
+		}
+		*a.dst = n
 	}
 	return nil
 }

@@ -11,15 +11,16 @@ import (
 type ErrorCode int64
 
 const (
-	ErrorCode_OK               ErrorCode = 0
-	ErrorCode_KEY_NOT_FOUND    ErrorCode = 1
-	ErrorCode_NO_SPACE         ErrorCode = 2
-	ErrorCode_INVALID_ARGUMENT ErrorCode = 3
-	ErrorCode_ALREADY_EXISTS   ErrorCode = 4
-	ErrorCode_BUSY             ErrorCode = 5
-	ErrorCode_STALE_GENERATION ErrorCode = 6
-	ErrorCode_UNAVAILABLE      ErrorCode = 7
-	ErrorCode_INTERNAL         ErrorCode = 8
+	ErrorCode_OK                ErrorCode = 0
+	ErrorCode_KEY_NOT_FOUND     ErrorCode = 1
+	ErrorCode_NO_SPACE          ErrorCode = 2
+	ErrorCode_INVALID_ARGUMENT  ErrorCode = 3
+	ErrorCode_ALREADY_EXISTS    ErrorCode = 4
+	ErrorCode_BUSY              ErrorCode = 5
+	ErrorCode_STALE_GENERATION  ErrorCode = 6
+	ErrorCode_UNAVAILABLE       ErrorCode = 7
+	ErrorCode_INTERNAL          ErrorCode = 8
+	ErrorCode_PERMISSION_DENIED ErrorCode = 9
 )
 
 func (p ErrorCode) String() string {
@@ -42,6 +43,8 @@ func (p ErrorCode) String() string {
 		return "UNAVAILABLE"
 	case ErrorCode_INTERNAL:
 		return "INTERNAL"
+	case ErrorCode_PERMISSION_DENIED:
+		return "PERMISSION_DENIED"
 	}
 	return "<UNSET>"
 }
@@ -66,6 +69,8 @@ func ErrorCodeFromString(s string) (ErrorCode, error) {
 		return ErrorCode_UNAVAILABLE, nil
 	case "INTERNAL":
 		return ErrorCode_INTERNAL, nil
+	case "PERMISSION_DENIED":
+		return ErrorCode_PERMISSION_DENIED, nil
 	}
 	return ErrorCode(0), fmt.Errorf("not a valid ErrorCode string")
 }

@@ -9,7 +9,7 @@ import (
 )
 
 const (
-	PROTOCOL_VERSION = 1
+	PROTOCOL_VERSION = 2
 
 	MAX_KEY_BYTES = 4096
 
@@ -85,6 +85,8 @@ type AttachReply struct {
 	SegmentSize     int64            `thrift:"segment_size,7" frugal:"7,default,i64" json:"segment_size"`
 	RpcSocket       string           `thrift:"rpc_socket,8" frugal:"8,default,string" json:"rpc_socket"`
 	NodeId          string           `thrift:"node_id,9" frugal:"9,default,string" json:"node_id"`
+	Isolated        bool             `thrift:"isolated,10" frugal:"10,default,bool" json:"isolated"`
+	PutAreaSize     int64            `thrift:"put_area_size,11" frugal:"11,default,i64" json:"put_area_size"`
 }
 
 func NewAttachReply() *AttachReply {
@@ -129,6 +131,14 @@ func (p *AttachReply) GetRpcSocket() (v string) {
 func (p *AttachReply) GetNodeId() (v string) {
 	return p.NodeId
 }
+
+func (p *AttachReply) GetIsolated() (v bool) {
+	return p.Isolated
+}
+
+func (p *AttachReply) GetPutAreaSize() (v int64) {
+	return p.PutAreaSize
+}
 func (p *AttachReply) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -156,6 +166,12 @@ func (p *AttachReply) SetRpcSocket(val string) {
 func (p *AttachReply) SetNodeId(val string) {
 	p.NodeId = val
 }
+func (p *AttachReply) SetIsolated(val bool) {
+	p.Isolated = val
+}
+func (p *AttachReply) SetPutAreaSize(val int64) {
+	p.PutAreaSize = val
+}
 
 func (p *AttachReply) String() string {
 	if p == nil {
@@ -165,15 +181,64 @@ func (p *AttachReply) String() string {
 }
 
 var fieldIDToName_AttachReply = map[int16]string{
-	1: "code",
-	2: "message",
-	3: "protocol_version",
-	4: "client_id",
-	5: "session_token",
-	6: "owner_generation",
-	7: "segment_size",
-	8: "rpc_socket",
-	9: "node_id",
+	1:  "code",
+	2:  "message",
+	3:  "protocol_version",
+	4:  "client_id",
+	5:  "session_token",
+	6:  "owner_generation",
+	7:  "segment_size",
+	8:  "rpc_socket",
+	9:  "node_id",
+	10: "isolated",
+	11: "put_area_size",
+}
+
+type AreaCopy struct {
+	ValueOffset int64 `thrift:"value_offset,1" frugal:"1,default,i64" json:"value_offset"`
+	AreaOffset  int64 `thrift:"area_offset,2" frugal:"2,default,i64" json:"area_offset"`
+	Len         int64 `thrift:"len,3" frugal:"3,default,i64" json:"len"`
+}
+
+func NewAreaCopy() *AreaCopy {
+	return &AreaCopy{}
+}
+
+func (p *AreaCopy) InitDefault() {
+}
+
+func (p *AreaCopy) GetValueOffset() (v int64) {
+	return p.ValueOffset
+}
+
+func (p *AreaCopy) GetAreaOffset() (v int64) {
+	return p.AreaOffset
+}
+
+func (p *AreaCopy) GetLen() (v int64) {
+	return p.Len
+}
+func (p *AreaCopy) SetValueOffset(val int64) {
+	p.ValueOffset = val
+}
+func (p *AreaCopy) SetAreaOffset(val int64) {
+	p.AreaOffset = val
+}
+func (p *AreaCopy) SetLen(val int64) {
+	p.Len = val
+}
+
+func (p *AreaCopy) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("AreaCopy(%+v)", *p)
+}
+
+var fieldIDToName_AreaCopy = map[int16]string{
+	1: "value_offset",
+	2: "area_offset",
+	3: "len",
 }
 
 type Session struct {
@@ -392,9 +457,10 @@ var fieldIDToName_PutStartResponse = map[int16]string{
 }
 
 type PutEndRequest struct {
-	Session *Session `thrift:"session,1" frugal:"1,default,Session" json:"session"`
-	Key     string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
-	PutId   int64    `thrift:"put_id,3" frugal:"3,default,i64" json:"put_id"`
+	Session *Session    `thrift:"session,1" frugal:"1,default,Session" json:"session"`
+	Key     string      `thrift:"key,2" frugal:"2,default,string" json:"key"`
+	PutId   int64       `thrift:"put_id,3" frugal:"3,default,i64" json:"put_id"`
+	Copies  []*AreaCopy `thrift:"copies,4" frugal:"4,default,list<AreaCopy>" json:"copies"`
 }
 
 func NewPutEndRequest() *PutEndRequest {
@@ -420,6 +486,10 @@ func (p *PutEndRequest) GetKey() (v string) {
 func (p *PutEndRequest) GetPutId() (v int64) {
 	return p.PutId
 }
+
+func (p *PutEndRequest) GetCopies() (v []*AreaCopy) {
+	return p.Copies
+}
 func (p *PutEndRequest) SetSession(val *Session) {
 	p.Session = val
 }
@@ -428,6 +498,9 @@ func (p *PutEndRequest) SetKey(val string) {
 }
 func (p *PutEndRequest) SetPutId(val int64) {
 	p.PutId = val
+}
+func (p *PutEndRequest) SetCopies(val []*AreaCopy) {
+	p.Copies = val
 }
 
 func (p *PutEndRequest) IsSetSession() bool {
@@ -445,6 +518,110 @@ var fieldIDToName_PutEndRequest = map[int16]string{
 	1: "session",
 	2: "key",
 	3: "put_id",
+	4: "copies",
+}
+
+type PutWriteRequest struct {
+	Session *Session    `thrift:"session,1" frugal:"1,default,Session" json:"session"`
+	Key     string      `thrift:"key,2" frugal:"2,default,string" json:"key"`
+	PutId   int64       `thrift:"put_id,3" frugal:"3,default,i64" json:"put_id"`
+	Copies  []*AreaCopy `thrift:"copies,4" frugal:"4,default,list<AreaCopy>" json:"copies"`
+}
+
+func NewPutWriteRequest() *PutWriteRequest {
+	return &PutWriteRequest{}
+}
+
+func (p *PutWriteRequest) InitDefault() {
+}
+
+var PutWriteRequest_Session_DEFAULT *Session
+
+func (p *PutWriteRequest) GetSession() (v *Session) {
+	if !p.IsSetSession() {
+		return PutWriteRequest_Session_DEFAULT
+	}
+	return p.Session
+}
+
+func (p *PutWriteRequest) GetKey() (v string) {
+	return p.Key
+}
+
+func (p *PutWriteRequest) GetPutId() (v int64) {
+	return p.PutId
+}
+
+func (p *PutWriteRequest) GetCopies() (v []*AreaCopy) {
+	return p.Copies
+}
+func (p *PutWriteRequest) SetSession(val *Session) {
+	p.Session = val
+}
+func (p *PutWriteRequest) SetKey(val string) {
+	p.Key = val
+}
+func (p *PutWriteRequest) SetPutId(val int64) {
+	p.PutId = val
+}
+func (p *PutWriteRequest) SetCopies(val []*AreaCopy) {
+	p.Copies = val
+}
+
+func (p *PutWriteRequest) IsSetSession() bool {
+	return p.Session != nil
+}
+
+func (p *PutWriteRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PutWriteRequest(%+v)", *p)
+}
+
+var fieldIDToName_PutWriteRequest = map[int16]string{
+	1: "session",
+	2: "key",
+	3: "put_id",
+	4: "copies",
+}
+
+type PutWriteResponse struct {
+	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+}
+
+func NewPutWriteResponse() *PutWriteResponse {
+	return &PutWriteResponse{}
+}
+
+func (p *PutWriteResponse) InitDefault() {
+}
+
+func (p *PutWriteResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *PutWriteResponse) GetMessage() (v string) {
+	return p.Message
+}
+func (p *PutWriteResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *PutWriteResponse) SetMessage(val string) {
+	p.Message = val
+}
+
+func (p *PutWriteResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PutWriteResponse(%+v)", *p)
+}
+
+var fieldIDToName_PutWriteResponse = map[int16]string{
+	1: "code",
+	2: "message",
 }
 
 type PutEndResponse struct {
@@ -1142,8 +1319,9 @@ var fieldIDToName_BatchPutStartResponse = map[int16]string{
 }
 
 type PutEndItem struct {
-	Key   string `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	PutId int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Key    string      `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId  int64       `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Copies []*AreaCopy `thrift:"copies,3" frugal:"3,default,list<AreaCopy>" json:"copies"`
 }
 
 func NewPutEndItem() *PutEndItem {
@@ -1160,11 +1338,18 @@ func (p *PutEndItem) GetKey() (v string) {
 func (p *PutEndItem) GetPutId() (v int64) {
 	return p.PutId
 }
+
+func (p *PutEndItem) GetCopies() (v []*AreaCopy) {
+	return p.Copies
+}
 func (p *PutEndItem) SetKey(val string) {
 	p.Key = val
 }
 func (p *PutEndItem) SetPutId(val int64) {
 	p.PutId = val
+}
+func (p *PutEndItem) SetCopies(val []*AreaCopy) {
+	p.Copies = val
 }
 
 func (p *PutEndItem) String() string {
@@ -1177,6 +1362,7 @@ func (p *PutEndItem) String() string {
 var fieldIDToName_PutEndItem = map[int16]string{
 	1: "key",
 	2: "put_id",
+	3: "copies",
 }
 
 type BatchPutEndRequest struct {
@@ -1681,6 +1867,8 @@ type ExternalService interface {
 
 	PutEnd(ctx context.Context, req *PutEndRequest) (r *PutEndResponse, err error)
 
+	PutWrite(ctx context.Context, req *PutWriteRequest) (r *PutWriteResponse, err error)
+
 	PutAbort(ctx context.Context, req *PutAbortRequest) (r *PutAbortResponse, err error)
 
 	Get(ctx context.Context, req *GetRequest) (r *GetResponse, err error)
@@ -1855,6 +2043,82 @@ func (p *ExternalServicePutEndResult) String() string {
 }
 
 var fieldIDToName_ExternalServicePutEndResult = map[int16]string{
+	0: "success",
+}
+
+type ExternalServicePutWriteArgs struct {
+	Req *PutWriteRequest `thrift:"req,1" frugal:"1,default,PutWriteRequest" json:"req"`
+}
+
+func NewExternalServicePutWriteArgs() *ExternalServicePutWriteArgs {
+	return &ExternalServicePutWriteArgs{}
+}
+
+func (p *ExternalServicePutWriteArgs) InitDefault() {
+}
+
+var ExternalServicePutWriteArgs_Req_DEFAULT *PutWriteRequest
+
+func (p *ExternalServicePutWriteArgs) GetReq() (v *PutWriteRequest) {
+	if !p.IsSetReq() {
+		return ExternalServicePutWriteArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *ExternalServicePutWriteArgs) SetReq(val *PutWriteRequest) {
+	p.Req = val
+}
+
+func (p *ExternalServicePutWriteArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *ExternalServicePutWriteArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ExternalServicePutWriteArgs(%+v)", *p)
+}
+
+var fieldIDToName_ExternalServicePutWriteArgs = map[int16]string{
+	1: "req",
+}
+
+type ExternalServicePutWriteResult struct {
+	Success *PutWriteResponse `thrift:"success,0,optional" frugal:"0,optional,PutWriteResponse" json:"success,omitempty"`
+}
+
+func NewExternalServicePutWriteResult() *ExternalServicePutWriteResult {
+	return &ExternalServicePutWriteResult{}
+}
+
+func (p *ExternalServicePutWriteResult) InitDefault() {
+}
+
+var ExternalServicePutWriteResult_Success_DEFAULT *PutWriteResponse
+
+func (p *ExternalServicePutWriteResult) GetSuccess() (v *PutWriteResponse) {
+	if !p.IsSetSuccess() {
+		return ExternalServicePutWriteResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *ExternalServicePutWriteResult) SetSuccess(x interface{}) {
+	p.Success = x.(*PutWriteResponse)
+}
+
+func (p *ExternalServicePutWriteResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *ExternalServicePutWriteResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ExternalServicePutWriteResult(%+v)", *p)
+}
+
+var fieldIDToName_ExternalServicePutWriteResult = map[int16]string{
 	0: "success",
 }
 

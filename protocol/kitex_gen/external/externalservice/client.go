@@ -13,6 +13,7 @@ import (
 type Client interface {
 	PutStart(ctx context.Context, req *external.PutStartRequest, callOptions ...callopt.Option) (r *external.PutStartResponse, err error)
 	PutEnd(ctx context.Context, req *external.PutEndRequest, callOptions ...callopt.Option) (r *external.PutEndResponse, err error)
+	PutWrite(ctx context.Context, req *external.PutWriteRequest, callOptions ...callopt.Option) (r *external.PutWriteResponse, err error)
 	PutAbort(ctx context.Context, req *external.PutAbortRequest, callOptions ...callopt.Option) (r *external.PutAbortResponse, err error)
 	Get(ctx context.Context, req *external.GetRequest, callOptions ...callopt.Option) (r *external.GetResponse, err error)
 	Release(ctx context.Context, req *external.ReleaseRequest, callOptions ...callopt.Option) (r *external.ReleaseResponse, err error)
@@ -64,6 +65,11 @@ func (p *kExternalServiceClient) PutStart(ctx context.Context, req *external.Put
 func (p *kExternalServiceClient) PutEnd(ctx context.Context, req *external.PutEndRequest, callOptions ...callopt.Option) (r *external.PutEndResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.PutEnd(ctx, req)
+}
+
+func (p *kExternalServiceClient) PutWrite(ctx context.Context, req *external.PutWriteRequest, callOptions ...callopt.Option) (r *external.PutWriteResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.PutWrite(ctx, req)
 }
 
 func (p *kExternalServiceClient) PutAbort(ctx context.Context, req *external.PutAbortRequest, callOptions ...callopt.Option) (r *external.PutAbortResponse, err error) {

@@ -27,6 +27,13 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"PutWrite": kitex.NewMethodInfo(
+		putWriteHandler,
+		newExternalServicePutWriteArgs,
+		newExternalServicePutWriteResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 	"PutAbort": kitex.NewMethodInfo(
 		putAbortHandler,
 		newExternalServicePutAbortArgs,
@@ -211,6 +218,24 @@ func newExternalServicePutEndArgs() interface{} {
 
 func newExternalServicePutEndResult() interface{} {
 	return external.NewExternalServicePutEndResult()
+}
+
+func putWriteHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*external.ExternalServicePutWriteArgs)
+	realResult := result.(*external.ExternalServicePutWriteResult)
+	success, err := handler.(external.ExternalService).PutWrite(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newExternalServicePutWriteArgs() interface{} {
+	return external.NewExternalServicePutWriteArgs()
+}
+
+func newExternalServicePutWriteResult() interface{} {
+	return external.NewExternalServicePutWriteResult()
 }
 
 func putAbortHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
@@ -454,6 +479,16 @@ func (p *kClient) PutEnd(ctx context.Context, req *external.PutEndRequest) (r *e
 	_args.Req = req
 	var _result external.ExternalServicePutEndResult
 	if err = p.c.Call(ctx, "PutEnd", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) PutWrite(ctx context.Context, req *external.PutWriteRequest) (r *external.PutWriteResponse, err error) {
+	var _args external.ExternalServicePutWriteArgs
+	_args.Req = req
+	var _result external.ExternalServicePutWriteResult
+	if err = p.c.Call(ctx, "PutWrite", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

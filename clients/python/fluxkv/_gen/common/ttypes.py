@@ -26,6 +26,7 @@ class ErrorCode(object):
     STALE_GENERATION = 6
     UNAVAILABLE = 7
     INTERNAL = 8
+    PERMISSION_DENIED = 9
 
     _VALUES_TO_NAMES = {
         0: "OK",
@@ -37,6 +38,7 @@ class ErrorCode(object):
         6: "STALE_GENERATION",
         7: "UNAVAILABLE",
         8: "INTERNAL",
+        9: "PERMISSION_DENIED",
     }
 
     _NAMES_TO_VALUES = {
@@ -49,6 +51,7 @@ class ErrorCode(object):
         "STALE_GENERATION": 6,
         "UNAVAILABLE": 7,
         "INTERNAL": 8,
+        "PERMISSION_DENIED": 9,
     }
 
 

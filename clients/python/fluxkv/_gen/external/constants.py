@@ -12,7 +12,7 @@ from thrift.TRecursive import fix_spec
 
 import sys
 from .ttypes import *
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_KEY_BYTES = 4096
 MAX_FRAME_BYTES = 33554432
 MAX_ATTACH_FRAME_BYTES = 65536

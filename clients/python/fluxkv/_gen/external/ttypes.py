@@ -108,11 +108,13 @@ class AttachReply(object):
      - segment_size
      - rpc_socket
      - node_id
+     - isolated
+     - put_area_size
 
     """
 
 
-    def __init__(self, code=None, message=None, protocol_version=None, client_id=None, session_token=None, owner_generation=None, segment_size=None, rpc_socket=None, node_id=None,):
+    def __init__(self, code=None, message=None, protocol_version=None, client_id=None, session_token=None, owner_generation=None, segment_size=None, rpc_socket=None, node_id=None, isolated=None, put_area_size=None,):
         self.code = code
         self.message = message
         self.protocol_version = protocol_version
@@ -122,6 +124,8 @@ class AttachReply(object):
         self.segment_size = segment_size
         self.rpc_socket = rpc_socket
         self.node_id = node_id
+        self.isolated = isolated
+        self.put_area_size = put_area_size
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -177,6 +181,16 @@ class AttachReply(object):
                     self.node_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.BOOL:
+                    self.isolated = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.I64:
+                    self.put_area_size = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -222,6 +236,93 @@ class AttachReply(object):
         if self.node_id is not None:
             oprot.writeFieldBegin('node_id', TType.STRING, 9)
             oprot.writeString(self.node_id.encode('utf-8') if sys.version_info[0] == 2 else self.node_id)
+            oprot.writeFieldEnd()
+        if self.isolated is not None:
+            oprot.writeFieldBegin('isolated', TType.BOOL, 10)
+            oprot.writeBool(self.isolated)
+            oprot.writeFieldEnd()
+        if self.put_area_size is not None:
+            oprot.writeFieldBegin('put_area_size', TType.I64, 11)
+            oprot.writeI64(self.put_area_size)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class AreaCopy(object):
+    """
+    Attributes:
+     - value_offset
+     - area_offset
+     - len
+
+    """
+
+
+    def __init__(self, value_offset=None, area_offset=None, len=None,):
+        self.value_offset = value_offset
+        self.area_offset = area_offset
+        self.len = len
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.value_offset = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.area_offset = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.len = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('AreaCopy')
+        if self.value_offset is not None:
+            oprot.writeFieldBegin('value_offset', TType.I64, 1)
+            oprot.writeI64(self.value_offset)
+            oprot.writeFieldEnd()
+        if self.area_offset is not None:
+            oprot.writeFieldBegin('area_offset', TType.I64, 2)
+            oprot.writeI64(self.area_offset)
+            oprot.writeFieldEnd()
+        if self.len is not None:
+            oprot.writeFieldBegin('len', TType.I64, 3)
+            oprot.writeI64(self.len)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -584,14 +685,16 @@ class PutEndRequest(object):
      - session
      - key
      - put_id
+     - copies
 
     """
 
 
-    def __init__(self, session=None, key=None, put_id=None,):
+    def __init__(self, session=None, key=None, put_id=None, copies=None,):
         self.session = session
         self.key = key
         self.put_id = put_id
+        self.copies = copies
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -618,6 +721,17 @@ class PutEndRequest(object):
                     self.put_id = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.LIST:
+                    self.copies = []
+                    (_etype10, _size7) = iprot.readListBegin()
+                    for _i11 in range(_size7):
+                        _elem12 = AreaCopy()
+                        _elem12.read(iprot)
+                        self.copies.append(_elem12)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -639,6 +753,181 @@ class PutEndRequest(object):
         if self.put_id is not None:
             oprot.writeFieldBegin('put_id', TType.I64, 3)
             oprot.writeI64(self.put_id)
+            oprot.writeFieldEnd()
+        if self.copies is not None:
+            oprot.writeFieldBegin('copies', TType.LIST, 4)
+            oprot.writeListBegin(TType.STRUCT, len(self.copies))
+            for iter13 in self.copies:
+                iter13.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class PutWriteRequest(object):
+    """
+    Attributes:
+     - session
+     - key
+     - put_id
+     - copies
+
+    """
+
+
+    def __init__(self, session=None, key=None, put_id=None, copies=None,):
+        self.session = session
+        self.key = key
+        self.put_id = put_id
+        self.copies = copies
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.session = Session()
+                    self.session.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.key = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.put_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.LIST:
+                    self.copies = []
+                    (_etype17, _size14) = iprot.readListBegin()
+                    for _i18 in range(_size14):
+                        _elem19 = AreaCopy()
+                        _elem19.read(iprot)
+                        self.copies.append(_elem19)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('PutWriteRequest')
+        if self.session is not None:
+            oprot.writeFieldBegin('session', TType.STRUCT, 1)
+            self.session.write(oprot)
+            oprot.writeFieldEnd()
+        if self.key is not None:
+            oprot.writeFieldBegin('key', TType.STRING, 2)
+            oprot.writeString(self.key.encode('utf-8') if sys.version_info[0] == 2 else self.key)
+            oprot.writeFieldEnd()
+        if self.put_id is not None:
+            oprot.writeFieldBegin('put_id', TType.I64, 3)
+            oprot.writeI64(self.put_id)
+            oprot.writeFieldEnd()
+        if self.copies is not None:
+            oprot.writeFieldBegin('copies', TType.LIST, 4)
+            oprot.writeListBegin(TType.STRUCT, len(self.copies))
+            for iter20 in self.copies:
+                iter20.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class PutWriteResponse(object):
+    """
+    Attributes:
+     - code
+     - message
+
+    """
+
+
+    def __init__(self, code=None, message=None,):
+        self.code = code
+        self.message = message
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.code = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.message = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('PutWriteResponse')
+        if self.code is not None:
+            oprot.writeFieldBegin('code', TType.I32, 1)
+            oprot.writeI32(self.code)
+            oprot.writeFieldEnd()
+        if self.message is not None:
+            oprot.writeFieldBegin('message', TType.STRING, 2)
+            oprot.writeString(self.message.encode('utf-8') if sys.version_info[0] == 2 else self.message)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1097,10 +1386,10 @@ class ReleaseRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.holder_ids = []
-                    (_etype10, _size7) = iprot.readListBegin()
-                    for _i11 in range(_size7):
-                        _elem12 = iprot.readI64()
-                        self.holder_ids.append(_elem12)
+                    (_etype24, _size21) = iprot.readListBegin()
+                    for _i25 in range(_size21):
+                        _elem26 = iprot.readI64()
+                        self.holder_ids.append(_elem26)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1121,8 +1410,8 @@ class ReleaseRequest(object):
         if self.holder_ids is not None:
             oprot.writeFieldBegin('holder_ids', TType.LIST, 2)
             oprot.writeListBegin(TType.I64, len(self.holder_ids))
-            for iter13 in self.holder_ids:
-                oprot.writeI64(iter13)
+            for iter27 in self.holder_ids:
+                oprot.writeI64(iter27)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1180,10 +1469,10 @@ class ReleaseResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype17, _size14) = iprot.readListBegin()
-                    for _i18 in range(_size14):
-                        _elem19 = iprot.readI32()
-                        self.results.append(_elem19)
+                    (_etype31, _size28) = iprot.readListBegin()
+                    for _i32 in range(_size28):
+                        _elem33 = iprot.readI32()
+                        self.results.append(_elem33)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1208,8 +1497,8 @@ class ReleaseResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.I32, len(self.results))
-            for iter20 in self.results:
-                oprot.writeI32(iter20)
+            for iter34 in self.results:
+                oprot.writeI32(iter34)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1637,11 +1926,11 @@ class BatchPutStartRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype24, _size21) = iprot.readListBegin()
-                    for _i25 in range(_size21):
-                        _elem26 = PutStartItem()
-                        _elem26.read(iprot)
-                        self.items.append(_elem26)
+                    (_etype38, _size35) = iprot.readListBegin()
+                    for _i39 in range(_size35):
+                        _elem40 = PutStartItem()
+                        _elem40.read(iprot)
+                        self.items.append(_elem40)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1662,8 +1951,8 @@ class BatchPutStartRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter27 in self.items:
-                iter27.write(oprot)
+            for iter41 in self.items:
+                iter41.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1721,11 +2010,11 @@ class BatchPutStartResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype31, _size28) = iprot.readListBegin()
-                    for _i32 in range(_size28):
-                        _elem33 = PutStartResponse()
-                        _elem33.read(iprot)
-                        self.results.append(_elem33)
+                    (_etype45, _size42) = iprot.readListBegin()
+                    for _i46 in range(_size42):
+                        _elem47 = PutStartResponse()
+                        _elem47.read(iprot)
+                        self.results.append(_elem47)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1750,8 +2039,8 @@ class BatchPutStartResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter34 in self.results:
-                iter34.write(oprot)
+            for iter48 in self.results:
+                iter48.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1777,13 +2066,15 @@ class PutEndItem(object):
     Attributes:
      - key
      - put_id
+     - copies
 
     """
 
 
-    def __init__(self, key=None, put_id=None,):
+    def __init__(self, key=None, put_id=None, copies=None,):
         self.key = key
         self.put_id = put_id
+        self.copies = copies
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1804,6 +2095,17 @@ class PutEndItem(object):
                     self.put_id = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.LIST:
+                    self.copies = []
+                    (_etype52, _size49) = iprot.readListBegin()
+                    for _i53 in range(_size49):
+                        _elem54 = AreaCopy()
+                        _elem54.read(iprot)
+                        self.copies.append(_elem54)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1821,6 +2123,13 @@ class PutEndItem(object):
         if self.put_id is not None:
             oprot.writeFieldBegin('put_id', TType.I64, 2)
             oprot.writeI64(self.put_id)
+            oprot.writeFieldEnd()
+        if self.copies is not None:
+            oprot.writeFieldBegin('copies', TType.LIST, 3)
+            oprot.writeListBegin(TType.STRUCT, len(self.copies))
+            for iter55 in self.copies:
+                iter55.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1871,11 +2180,11 @@ class BatchPutEndRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype38, _size35) = iprot.readListBegin()
-                    for _i39 in range(_size35):
-                        _elem40 = PutEndItem()
-                        _elem40.read(iprot)
-                        self.items.append(_elem40)
+                    (_etype59, _size56) = iprot.readListBegin()
+                    for _i60 in range(_size56):
+                        _elem61 = PutEndItem()
+                        _elem61.read(iprot)
+                        self.items.append(_elem61)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1896,8 +2205,8 @@ class BatchPutEndRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter41 in self.items:
-                iter41.write(oprot)
+            for iter62 in self.items:
+                iter62.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1955,11 +2264,11 @@ class BatchPutEndResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype45, _size42) = iprot.readListBegin()
-                    for _i46 in range(_size42):
-                        _elem47 = PutEndResponse()
-                        _elem47.read(iprot)
-                        self.results.append(_elem47)
+                    (_etype66, _size63) = iprot.readListBegin()
+                    for _i67 in range(_size63):
+                        _elem68 = PutEndResponse()
+                        _elem68.read(iprot)
+                        self.results.append(_elem68)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1984,8 +2293,8 @@ class BatchPutEndResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter48 in self.results:
-                iter48.write(oprot)
+            for iter69 in self.results:
+                iter69.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2037,11 +2346,11 @@ class BatchPutAbortRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype52, _size49) = iprot.readListBegin()
-                    for _i53 in range(_size49):
-                        _elem54 = PutEndItem()
-                        _elem54.read(iprot)
-                        self.items.append(_elem54)
+                    (_etype73, _size70) = iprot.readListBegin()
+                    for _i74 in range(_size70):
+                        _elem75 = PutEndItem()
+                        _elem75.read(iprot)
+                        self.items.append(_elem75)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2062,8 +2371,8 @@ class BatchPutAbortRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter55 in self.items:
-                iter55.write(oprot)
+            for iter76 in self.items:
+                iter76.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2121,11 +2430,11 @@ class BatchPutAbortResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype59, _size56) = iprot.readListBegin()
-                    for _i60 in range(_size56):
-                        _elem61 = PutAbortResponse()
-                        _elem61.read(iprot)
-                        self.results.append(_elem61)
+                    (_etype80, _size77) = iprot.readListBegin()
+                    for _i81 in range(_size77):
+                        _elem82 = PutAbortResponse()
+                        _elem82.read(iprot)
+                        self.results.append(_elem82)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2150,8 +2459,8 @@ class BatchPutAbortResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter62 in self.results:
-                iter62.write(oprot)
+            for iter83 in self.results:
+                iter83.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2203,10 +2512,10 @@ class BatchKeysRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype66, _size63) = iprot.readListBegin()
-                    for _i67 in range(_size63):
-                        _elem68 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.keys.append(_elem68)
+                    (_etype87, _size84) = iprot.readListBegin()
+                    for _i88 in range(_size84):
+                        _elem89 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.keys.append(_elem89)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2227,8 +2536,8 @@ class BatchKeysRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter69 in self.keys:
-                oprot.writeString(iter69.encode('utf-8') if sys.version_info[0] == 2 else iter69)
+            for iter90 in self.keys:
+                oprot.writeString(iter90.encode('utf-8') if sys.version_info[0] == 2 else iter90)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2286,11 +2595,11 @@ class BatchGetResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype73, _size70) = iprot.readListBegin()
-                    for _i74 in range(_size70):
-                        _elem75 = GetResponse()
-                        _elem75.read(iprot)
-                        self.results.append(_elem75)
+                    (_etype94, _size91) = iprot.readListBegin()
+                    for _i95 in range(_size91):
+                        _elem96 = GetResponse()
+                        _elem96.read(iprot)
+                        self.results.append(_elem96)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2315,8 +2624,8 @@ class BatchGetResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter76 in self.results:
-                iter76.write(oprot)
+            for iter97 in self.results:
+                iter97.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2374,11 +2683,11 @@ class BatchExistsResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype80, _size77) = iprot.readListBegin()
-                    for _i81 in range(_size77):
-                        _elem82 = ExistsResponse()
-                        _elem82.read(iprot)
-                        self.results.append(_elem82)
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = ExistsResponse()
+                        _elem103.read(iprot)
+                        self.results.append(_elem103)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2403,8 +2712,8 @@ class BatchExistsResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter83 in self.results:
-                iter83.write(oprot)
+            for iter104 in self.results:
+                iter104.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2462,11 +2771,11 @@ class BatchDeleteResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype87, _size84) = iprot.readListBegin()
-                    for _i88 in range(_size84):
-                        _elem89 = DeleteResponse()
-                        _elem89.read(iprot)
-                        self.results.append(_elem89)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = DeleteResponse()
+                        _elem110.read(iprot)
+                        self.results.append(_elem110)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2491,8 +2800,8 @@ class BatchDeleteResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter90 in self.results:
-                iter90.write(oprot)
+            for iter111 in self.results:
+                iter111.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2616,11 +2925,11 @@ class StatResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype94, _size91) = iprot.readListBegin()
-                    for _i95 in range(_size91):
-                        _elem96 = fluxkv._gen.common.ttypes.MemberStat()
-                        _elem96.read(iprot)
-                        self.members.append(_elem96)
+                    (_etype115, _size112) = iprot.readListBegin()
+                    for _i116 in range(_size112):
+                        _elem117 = fluxkv._gen.common.ttypes.MemberStat()
+                        _elem117.read(iprot)
+                        self.members.append(_elem117)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2665,8 +2974,8 @@ class StatResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter97 in self.members:
-                iter97.write(oprot)
+            for iter118 in self.members:
+                iter118.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.keys is not None:
@@ -2720,6 +3029,15 @@ AttachReply.thrift_spec = (
     (7, TType.I64, 'segment_size', None, None, ),  # 7
     (8, TType.STRING, 'rpc_socket', 'UTF8', None, ),  # 8
     (9, TType.STRING, 'node_id', 'UTF8', None, ),  # 9
+    (10, TType.BOOL, 'isolated', None, None, ),  # 10
+    (11, TType.I64, 'put_area_size', None, None, ),  # 11
+)
+all_structs.append(AreaCopy)
+AreaCopy.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'value_offset', None, None, ),  # 1
+    (2, TType.I64, 'area_offset', None, None, ),  # 2
+    (3, TType.I64, 'len', None, None, ),  # 3
 )
 all_structs.append(Session)
 Session.thrift_spec = (
@@ -2756,6 +3074,21 @@ PutEndRequest.thrift_spec = (
     (1, TType.STRUCT, 'session', [Session, None], None, ),  # 1
     (2, TType.STRING, 'key', 'UTF8', None, ),  # 2
     (3, TType.I64, 'put_id', None, None, ),  # 3
+    (4, TType.LIST, 'copies', (TType.STRUCT, [AreaCopy, None], False), None, ),  # 4
+)
+all_structs.append(PutWriteRequest)
+PutWriteRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'session', [Session, None], None, ),  # 1
+    (2, TType.STRING, 'key', 'UTF8', None, ),  # 2
+    (3, TType.I64, 'put_id', None, None, ),  # 3
+    (4, TType.LIST, 'copies', (TType.STRUCT, [AreaCopy, None], False), None, ),  # 4
+)
+all_structs.append(PutWriteResponse)
+PutWriteResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'code', None, None, ),  # 1
+    (2, TType.STRING, 'message', 'UTF8', None, ),  # 2
 )
 all_structs.append(PutEndResponse)
 PutEndResponse.thrift_spec = (
@@ -2857,6 +3190,7 @@ PutEndItem.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'key', 'UTF8', None, ),  # 1
     (2, TType.I64, 'put_id', None, None, ),  # 2
+    (3, TType.LIST, 'copies', (TType.STRUCT, [AreaCopy, None], False), None, ),  # 3
 )
 all_structs.append(BatchPutEndRequest)
 BatchPutEndRequest.thrift_spec = (
