@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"syscall"
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
@@ -76,8 +75,11 @@ func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 		o.refuseHello(a, conn, cred, fmt.Sprintf("unsupported protocol version %d (this owner speaks %d)", hello.ProtocolVersion, external.PROTOCOL_VERSION), hello.Name)
 		return
 	}
-	if !o.credAllowed(cred) {
-		o.refuseHello(a, conn, cred, "caller not allowed to attach", hello.Name)
+	if err := o.permitAttach(cred); err != nil {
+		a.refused(metrics.RefusePerm, "attach: permission denied", func(e *zerolog.Event) {
+			e.Int32("pid", cred.Pid).Uint32("uid", cred.Uid).Uint32("gid", cred.Gid).Str("name", truncate(hello.Name, logNameBytes))
+		})
+		o.attachReject(conn, common.ErrorCode_PERMISSION_DENIED, err.Error())
 		return
 	}
 	o.mu.Lock()
@@ -136,20 +138,3 @@ func (o *Owner) attachReject(conn *net.UnixConn, code common.ErrorCode, msg stri
 	shm.WriteFrame(conn, thrift.FastMarshal(reply))
 }
 
-// credAllowed: root, our own uid, members of the socket's group, or listed uids.
-func (o *Owner) credAllowed(c shm.Cred) bool {
-	if c.Uid == 0 || c.Uid == uint32(os.Getuid()) {
-		return true
-	}
-	for _, u := range o.opts.AllowedUIDs {
-		if u == c.Uid {
-			return true
-		}
-	}
-	if fi, err := os.Stat(o.opts.SocketPath()); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid == c.Gid {
-			return true
-		}
-	}
-	return false
-}

@@ -4,11 +4,12 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Reasons a socket refuses a connection (the reason label of fluxkv_conn_refused_total).
 const (
-	RefuseCap    = "cap"    // the socket's connection cap (--max-connections) was reached
-	RefuseNoFD   = "no_fd"  // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
-	RefuseHello  = "hello"  // an attach hello that was malformed, too large or refused
-	RefuseFrame  = "frame"  // a frame over the limit or not a CALL
-	RefuseAccept = "accept" // a temporary accept error (retried with backoff)
+	RefuseCap    = "cap"        // the socket's connection cap (--max-connections) was reached
+	RefuseNoFD   = "no_fd"      // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
+	RefuseHello  = "hello"      // an attach hello that was malformed, too large or refused
+	RefusePerm   = "permission" // an attach by a uid or group the owner does not admit
+	RefuseFrame  = "frame"      // a frame over the limit or not a CALL
+	RefuseAccept = "accept"     // a temporary accept error (retried with backoff)
 )
 
 // Kinds of connection timeouts (the kind label of fluxkv_conn_timeouts_total).

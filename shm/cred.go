@@ -1,8 +1,11 @@
 package shm
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -12,6 +15,23 @@ import (
 type Cred struct {
 	Pid      int32
 	Uid, Gid uint32
+	// Groups are the peer's supplementary groups when it connected (SO_PEERGROUPS);
+	// empty when it has none.
+	Groups []uint32
+}
+
+// InGroup reports whether gid is the peer's primary group or one of its
+// supplementary groups.
+func (c Cred) InGroup(gid uint32) bool {
+	if c.Gid == gid {
+		return true
+	}
+	for _, g := range c.Groups {
+		if g == gid {
+			return true
+		}
+	}
+	return false
 }
 
 // PeerCred returns the credentials of conn's peer.
@@ -30,5 +50,38 @@ func PeerCred(conn *net.UnixConn) (Cred, error) {
 	if uerr != nil {
 		return Cred{}, fmt.Errorf("peer cred: getsockopt SO_PEERCRED: %w", uerr)
 	}
-	return Cred{Pid: uc.Pid, Uid: uc.Uid, Gid: uc.Gid}, nil
+	var groups []uint32
+	if err := rc.Control(func(s uintptr) { groups, uerr = peerGroups(int(s)) }); err != nil {
+		return Cred{}, fmt.Errorf("peer groups: %w", err)
+	}
+	if uerr != nil {
+		return Cred{}, fmt.Errorf("peer groups: getsockopt SO_PEERGROUPS: %w", uerr)
+	}
+	return Cred{Pid: uc.Pid, Uid: uc.Uid, Gid: uc.Gid, Groups: groups}, nil
+}
+
+// maxPeerGroups bounds SO_PEERGROUPS' answer (Linux's NGROUPS_MAX is 65536).
+const maxPeerGroups = 65536
+
+// peerGroups reads SO_PEERGROUPS, growing the buffer while the kernel answers ERANGE
+// (it then reports the size it needs).
+func peerGroups(fd int) ([]uint32, error) {
+	buf := make([]byte, 64*4)
+	for {
+		n := uint32(len(buf))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+		switch {
+		case e == 0:
+			out := make([]uint32, 0, n/4)
+			for i := uint32(0); i+4 <= n; i += 4 {
+				out = append(out, binary.NativeEndian.Uint32(buf[i:]))
+			}
+			return out, nil
+		case errors.Is(e, unix.ERANGE) && n > uint32(len(buf)) && n <= maxPeerGroups*4:
+			buf = make([]byte, n)
+		default:
+			return nil, e
+		}
+	}
 }

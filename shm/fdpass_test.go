@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -260,12 +261,12 @@ func TestAttachOverListener(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("server: %v", r.err)
 	}
-	want := Cred{Pid: int32(os.Getpid()), Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
-	if r.cred != want {
+	want := ownCred(t)
+	if !reflect.DeepEqual(r.cred, want) {
 		t.Errorf("server's PeerCred = %+v, want %+v", r.cred, want)
 	}
 	cc, err := PeerCred(c)
-	if err != nil || cc != want {
+	if err != nil || !reflect.DeepEqual(cc, want) {
 		t.Errorf("client's PeerCred = %+v, %v; want %+v", cc, err, want)
 	}
 }
@@ -280,4 +281,18 @@ func TestPeerCredSocketpair(t *testing.T) {
 	if cred.Pid != int32(os.Getpid()) || cred.Uid != uint32(os.Getuid()) || cred.Gid != uint32(os.Getgid()) {
 		t.Errorf("PeerCred = %+v, want pid %d uid %d gid %d", cred, os.Getpid(), os.Getuid(), os.Getgid())
 	}
+}
+
+// ownCred is this process's identity as SO_PEERCRED and SO_PEERGROUPS report it.
+func ownCred(t *testing.T) Cred {
+	t.Helper()
+	gs, err := os.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Cred{Pid: int32(os.Getpid()), Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Groups: []uint32{}}
+	for _, g := range gs {
+		c.Groups = append(c.Groups, uint32(g))
+	}
+	return c
 }

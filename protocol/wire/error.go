@@ -32,15 +32,23 @@ func (e *Error) Is(target error) bool {
 
 // Sentinels to compare with errors.Is; a response error matches the sentinel of its code.
 var (
-	ErrKeyNotFound     = &Error{Code: common.ErrorCode_KEY_NOT_FOUND}
-	ErrNoSpace         = &Error{Code: common.ErrorCode_NO_SPACE}
-	ErrInvalidArgument = &Error{Code: common.ErrorCode_INVALID_ARGUMENT}
-	ErrAlreadyExists   = &Error{Code: common.ErrorCode_ALREADY_EXISTS}
-	ErrBusy            = &Error{Code: common.ErrorCode_BUSY}
-	ErrStaleGeneration = &Error{Code: common.ErrorCode_STALE_GENERATION}
-	ErrUnavailable     = &Error{Code: common.ErrorCode_UNAVAILABLE}
-	ErrInternal        = &Error{Code: common.ErrorCode_INTERNAL}
+	ErrKeyNotFound      = &Error{Code: common.ErrorCode_KEY_NOT_FOUND}
+	ErrNoSpace          = &Error{Code: common.ErrorCode_NO_SPACE}
+	ErrInvalidArgument  = &Error{Code: common.ErrorCode_INVALID_ARGUMENT}
+	ErrAlreadyExists    = &Error{Code: common.ErrorCode_ALREADY_EXISTS}
+	ErrBusy             = &Error{Code: common.ErrorCode_BUSY}
+	ErrStaleGeneration  = &Error{Code: common.ErrorCode_STALE_GENERATION}
+	ErrUnavailable      = &Error{Code: common.ErrorCode_UNAVAILABLE}
+	ErrInternal         = &Error{Code: common.ErrorCode_INTERNAL}
+	ErrPermissionDenied = &Error{Code: common.ErrorCode_PERMISSION_DENIED}
 )
+
+// ConnectDenied is the error for a connect(2) to an owner socket refused with EACCES:
+// the socket's mode and group keep the caller out before the owner hears of it.
+func ConnectDenied(path string, err error) *Error {
+	return Errorf(common.ErrorCode_PERMISSION_DENIED, "cannot connect to %s: %v: the socket admits its owner and "+
+		"members of its group (see `ls -l %s`); add the user with `usermod -aG GROUP USER` (it takes effect at the user's next login)", path, err, path)
+}
 
 // Errorf builds an *Error with a formatted message.
 func Errorf(code common.ErrorCode, format string, args ...any) *Error {

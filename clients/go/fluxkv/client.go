@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
@@ -26,6 +27,9 @@ var (
 	ErrAlreadyExists   = wire.ErrAlreadyExists
 	ErrStaleGeneration = wire.ErrStaleGeneration
 	ErrUnavailable     = wire.ErrUnavailable
+	// ErrPermissionDenied: the owner does not admit this process (PERMISSION_DENIED),
+	// or the socket's permissions refused the connect (EACCES).
+	ErrPermissionDenied = wire.ErrPermissionDenied
 	// ErrClosed: the client or the holder was closed or released.
 	ErrClosed = errors.New("fluxkv: closed")
 )
@@ -115,6 +119,9 @@ func Connect(opts Options) (*Client, error) {
 // attach runs the attach handshake and maps the segment.
 func attach(opts Options) (*attachment, error) {
 	c, err := net.DialTimeout("unix", opts.Socket, opts.Timeout)
+	if errors.Is(err, syscall.EACCES) {
+		return nil, fmt.Errorf("attach: %w", wire.ConnectDenied(opts.Socket, err))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: attach %s: %v", ErrUnavailable, opts.Socket, err)
 	}

@@ -12,7 +12,7 @@ speaks the thrift ExternalService of protocol/external.thrift. See clients/pytho
 """
 
 from fluxkv.client import Client, connect
-from fluxkv.errors import AlreadyExists, Error, InvalidArgument, KeyNotFound, NoSpace, Unavailable
+from fluxkv.errors import AlreadyExists, Error, InvalidArgument, KeyNotFound, NoSpace, PermissionDenied, Unavailable
 from fluxkv.holder import MemHolder
 from fluxkv._wire import default_socket
 
@@ -28,6 +28,7 @@ __all__ = [
     "NoSpace",
     "InvalidArgument",
     "Unavailable",
+    "PermissionDenied",
     "default_socket",
     "__version__",
 ]

@@ -26,7 +26,7 @@ from fluxkv._gen.common.ttypes import ErrorCode
 from fluxkv._gen.external import ExternalService
 from fluxkv._gen.external.constants import MAX_ATTACH_FRAME_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION
 from fluxkv._gen.external.ttypes import AttachHello, AttachReply
-from fluxkv.errors import Error, Unavailable, error_for
+from fluxkv.errors import Error, PermissionDenied, Unavailable, error_for
 
 __all__ = [
     "SOCKET_NAME",
@@ -145,6 +145,12 @@ def attach(path: str, name: str, pid: int, timeout: float):
             sock.connect(path)
         except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as e:
             raise Unavailable(f"no fluxkv owner at {path}: {e.strerror or e}") from None
+        except PermissionError as e:
+            raise PermissionDenied(
+                f"cannot connect to {path}: {e.strerror or e}: the socket admits its owner and members of its group "
+                f"(see `ls -l {path}`); add the user with `usermod -aG GROUP USER` (it takes effect at the user's next login)",
+                ErrorCode.PERMISSION_DENIED,
+            ) from None
         except socket.timeout:
             raise Unavailable(f"connect to {path} timed out") from None
         hello = AttachHello(protocol_version=PROTOCOL_VERSION, name=name, pid=pid)

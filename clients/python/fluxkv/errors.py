@@ -17,6 +17,7 @@ __all__ = [
     "NoSpace",
     "InvalidArgument",
     "Unavailable",
+    "PermissionDenied",
     "code_name",
     "error_for",
     "raise_for",
@@ -60,12 +61,20 @@ class Unavailable(Error):
     """The owner cannot be reached or cannot serve now (UNAVAILABLE, or the daemon is gone)."""
 
 
+class PermissionDenied(Error):
+    """The owner does not admit this process (PERMISSION_DENIED), or the socket's
+    permissions refused the connection (EACCES): the caller's uid or groups are not
+    among those the socket admits. ``usermod -aG GROUP USER`` takes effect at the user's
+    next login."""
+
+
 _BY_CODE: dict[int, type[Error]] = {
     ErrorCode.KEY_NOT_FOUND: KeyNotFound,
     ErrorCode.ALREADY_EXISTS: AlreadyExists,
     ErrorCode.NO_SPACE: NoSpace,
     ErrorCode.INVALID_ARGUMENT: InvalidArgument,
     ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 
