@@ -31,9 +31,21 @@ func (o *Owner) permitAttach(c shm.Cred) error {
 		return nil
 	}
 	group := groupName(st.Gid)
-	return fmt.Errorf("permission denied: uid %d (groups %s) may not attach to %s: it admits uid %d, root, "+
-		"and members of group %s; add the user with `usermod -aG %s USER` (it takes effect at the user's next login)",
-		c.Uid, groupList(c), path, os.Getuid(), group, group)
+	return fmt.Errorf("permission denied: uid %d (groups %s) may not attach to %s: it admits %s and members of group %s; "+
+		"add the user with `usermod -aG %s USER` (it takes effect at the user's next login)",
+		c.Uid, groupList(c), path, o.admittedUIDs(), group, group)
+}
+
+// admittedUIDs names the uids admitted whatever their groups.
+func (o *Owner) admittedUIDs() string {
+	s := "root"
+	if uid := os.Getuid(); uid != 0 {
+		s = fmt.Sprintf("uid %d (the owner's), root", uid)
+	}
+	for _, u := range o.opts.AllowedUIDs {
+		s += fmt.Sprintf(", uid %d", u)
+	}
+	return s
 }
 
 // groupName is gid's name, or the number when it has none.
