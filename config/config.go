@@ -59,6 +59,10 @@ type Owner struct {
 	MetricsAddr string // metrics_addr: host:port of /metrics
 	LogLevel    string // log_level: debug, info, warn, error
 	LogFormat   string // log_format: json or text
+	// ClusterSecretFiles (cluster_secret_files) hold the cluster's shared secret, the
+	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
+	ClusterSecretFiles []string
+	InsecureCluster    bool
 	// CacheGrace (cache_grace) keeps released holdings cached this long: nil takes
 	// the daemon's default (20ms), a pointer to 0 turns the grace off ("off" or "0s").
 	CacheGrace *time.Duration
@@ -99,6 +103,10 @@ type Master struct {
 	MetricsAddr       string        // metrics_addr: host:port of /metrics
 	LogLevel          string        // log_level: debug, info, warn, error
 	LogFormat         string        // log_format: json or text
+	// ClusterSecretFiles (cluster_secret_files) hold the cluster's shared secret, the
+	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
+	ClusterSecretFiles []string
+	InsecureCluster    bool
 }
 
 // Error is a bad config: the dotted key it concerns (empty for the file as a whole),

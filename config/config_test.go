@@ -81,10 +81,15 @@ master:
   metrics_addr: 127.0.0.1:9700
   log_level: warn
   log_format: json
+  cluster_secret_files: [/etc/fluxkv/new.secret, /etc/fluxkv/old.secret]
+  insecure_cluster: false
 `,
 			want: &File{Master: &Master{Listen: "0.0.0.0:7700", NodeTTL: 10 * time.Second, HeartbeatInterval: 2 * time.Second,
-				InflightTTL: time.Minute, AllocWait: 500 * time.Millisecond, MetricsAddr: "127.0.0.1:9700", LogLevel: "warn", LogFormat: "json"}},
+				InflightTTL: time.Minute, AllocWait: 500 * time.Millisecond, MetricsAddr: "127.0.0.1:9700", LogLevel: "warn", LogFormat: "json",
+				ClusterSecretFiles: []string{"/etc/fluxkv/new.secret", "/etc/fluxkv/old.secret"}}},
 		},
+		{name: "owner: cluster secret files", role: RoleOwner, yaml: "fluxkv_spec:\n  cluster_secret_files: [/s]\n  insecure_cluster: true\n",
+			want: &File{Owner: &Owner{ClusterSecretFiles: []string{"/s"}, InsecureCluster: true}}},
 		{
 			name: "up: both sections",
 			role: RoleUp,
@@ -93,7 +98,11 @@ master:
 		},
 
 		// Errors name the key.
-		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: cache_grace, cluster_name, dram,"},
+		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: cache_grace, client_isolation, cluster_name, cluster_secret_files, dram,"},
+		{name: "secret files not a list", role: RoleOwner, yaml: "fluxkv_spec: {cluster_secret_files: /etc/s}",
+			wantErr: `fluxkv_spec.cluster_secret_files: want a list of file paths, got str "/etc/s"`},
+		{name: "secret file empty", role: RoleMaster, yaml: "master: {cluster_secret_files: [/a, \"\"]}",
+			wantErr: `master.cluster_secret_files[1]: want a file path, got str ""`},
 		// Values that would silently mean something else are refused.
 		{name: "paths without limits", role: RoleOwner,
 			yaml:    "fluxkv_spec:\n  dram: 1GiB\n  large_file_paths: [/d]\n",

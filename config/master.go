@@ -15,13 +15,15 @@ func parseMaster(n *yaml.Node) (*Master, error) {
 			ttlNode = v
 			return durationField(k("node_ttl"), &m.NodeTTL)(v)
 		},
-		"heartbeat_interval": durationField(k("heartbeat_interval"), &m.HeartbeatInterval),
-		"inflight_ttl":       durationField(k("inflight_ttl"), &m.InflightTTL),
-		"alloc_wait":         durationField(k("alloc_wait"), &m.AllocWait),
-		"no_promotion":       boolField(k("no_promotion"), &m.NoPromotion),
-		"metrics_addr":       stringField(k("metrics_addr"), &m.MetricsAddr, CheckAddr),
-		"log_level":          stringField(k("log_level"), &m.LogLevel, CheckLogLevel),
-		"log_format":         stringField(k("log_format"), &m.LogFormat, CheckLogFormat),
+		"heartbeat_interval":   durationField(k("heartbeat_interval"), &m.HeartbeatInterval),
+		"inflight_ttl":         durationField(k("inflight_ttl"), &m.InflightTTL),
+		"alloc_wait":           durationField(k("alloc_wait"), &m.AllocWait),
+		"no_promotion":         boolField(k("no_promotion"), &m.NoPromotion),
+		"metrics_addr":         stringField(k("metrics_addr"), &m.MetricsAddr, CheckAddr),
+		"log_level":            stringField(k("log_level"), &m.LogLevel, CheckLogLevel),
+		"log_format":           stringField(k("log_format"), &m.LogFormat, CheckLogFormat),
+		"cluster_secret_files": pathListField(k("cluster_secret_files"), "file", &m.ClusterSecretFiles),
+		"insecure_cluster":     boolField(k("insecure_cluster"), &m.InsecureCluster),
 	})
 	if err != nil {
 		return nil, err

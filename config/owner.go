@@ -73,21 +73,10 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 		},
 		"large_file_paths": func(v *yaml.Node) error {
 			pathsNode = v
-			if isNull(v) {
-				return nil
-			}
-			if v.Kind != yaml.SequenceNode {
-				return keyErr(v, k("large_file_paths"), "%w of directories, got %s", errNotList, describe(v))
-			}
-			o.LargeFilePaths = []string{}
-			for i, e := range v.Content {
-				if e.Kind != yaml.ScalarNode || e.Tag != "!!str" || e.Value == "" {
-					return keyErr(e, fmt.Sprintf("%s[%d]", k("large_file_paths"), i), "want a directory path, got %s", describe(e))
-				}
-				o.LargeFilePaths = append(o.LargeFilePaths, e.Value)
-			}
-			return nil
+			return pathListField(k("large_file_paths"), "directory", &o.LargeFilePaths)(v)
 		},
+		"cluster_secret_files": pathListField(k("cluster_secret_files"), "file", &o.ClusterSecretFiles),
+		"insecure_cluster":     boolField(k("insecure_cluster"), &o.InsecureCluster),
 		"large_limit_size": func(v *yaml.Node) error {
 			limitsNode = v
 			if isNull(v) {

@@ -258,3 +258,24 @@ func boolField(key string, dst *bool) func(*yaml.Node) error {
 		return v.Decode(dst)
 	}
 }
+
+// pathListField parses a list of paths (a file's or a directory's, as what says);
+// null leaves dst nil.
+func pathListField(key, what string, dst *[]string) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		if v.Kind != yaml.SequenceNode {
+			return keyErr(v, key, "%w of %s paths, got %s", errNotList, what, describe(v))
+		}
+		*dst = []string{}
+		for i, e := range v.Content {
+			if e.Kind != yaml.ScalarNode || e.Tag != "!!str" || e.Value == "" {
+				return keyErr(e, fmt.Sprintf("%s[%d]", key, i), "want a %s path, got %s", what, describe(e))
+			}
+			*dst = append(*dst, e.Value)
+		}
+		return nil
+	}
+}

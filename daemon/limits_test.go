@@ -21,6 +21,7 @@ import (
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -57,7 +58,8 @@ func (w *syncBuffer) String() string {
 func startLimitNode(t *testing.T, opts Options) *limitNode {
 	t.Helper()
 	nop := zerolog.Nop()
-	ms, err := master.NewServer(master.Options{Logger: &nop})
+	secrets := authtest.Secrets(t)
+	ms, err := master.NewServer(master.Options{Logger: &nop, Secrets: secrets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,7 @@ func startLimitNode(t *testing.T, opts Options) *limitNode {
 	n := &limitNode{m: metrics.New(), log: &syncBuffer{}}
 	log := zerolog.New(n.log)
 	opts.Dir, opts.DRAM, opts.MasterAddr, opts.NodeID = t.TempDir(), 8<<20, ms.Addr().String(), "n1"
-	opts.Logger, opts.Metrics = &log, n.m
+	opts.Logger, opts.Metrics, opts.Secrets = &log, n.m, secrets
 	o, err := New(opts)
 	if err != nil {
 		ms.Stop()

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/cloudwego/kitex/transport"
 
+	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
@@ -34,12 +36,12 @@ type masterLink struct {
 }
 
 func newMasterLink(o *Owner) (*masterLink, error) {
-	c, err := masterservice.NewClient("fluxkv-master",
+	c, err := masterservice.NewClient("fluxkv-master", append(auth.ClientOptions(o.opts.Secrets, auth.PurposeMaster),
 		client.WithHostPorts(o.opts.MasterAddr),
 		client.WithRPCTimeout(o.opts.MasterTimeout),
 		client.WithConnectTimeout(time.Second),
 		client.WithTransportProtocol(transport.Framed),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("master client: %w", err)
 	}
@@ -66,6 +68,10 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 		err := m.register(ctx)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, auth.ErrAuthFailed) {
+			// A secret that does not match will not match on the next try either.
+			return fmt.Errorf("register with master %s: %w", m.o.opts.MasterAddr, err)
 		}
 		m.o.log.Warn().Err(err).Int("attempt", attempt).Str("master", m.o.opts.MasterAddr).Msg("register with master failed; retrying")
 		select {

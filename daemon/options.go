@@ -6,9 +6,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cloudwego/kitex/server"
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
@@ -25,6 +27,12 @@ type Options struct {
 	NodeID string
 	// PeerListen is the TCP address of the PeerService (master → owner calls). Default 127.0.0.1:0.
 	PeerListen string
+	// Secrets authenticate the owner to the master and every caller of its peer
+	// service (DESIGN §11). Required unless InsecureCluster.
+	Secrets *auth.Secrets
+	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
+	// who reaches the peer port can call it. The master must run insecure too.
+	InsecureCluster bool
 	// SocketMode is the permission of both sockets. Default 0660: the socket's group decides who may attach.
 	SocketMode os.FileMode
 	// AllowedUIDs may attach besides root, this process's uid and members of the
@@ -73,6 +81,8 @@ type Options struct {
 	PutAreaTotal int64
 	// SSD enables the SSD tier (DESIGN §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
+
+	testPeerServerOpts []server.Option // added to the peer service's Kitex options by tests
 }
 
 const pageSize = 4096
@@ -153,6 +163,9 @@ func (o *Options) setDefaults() {
 func (o *Options) Validate() error {
 	if o.MasterAddr == "" {
 		return fmt.Errorf("owner: master address is required")
+	}
+	if o.Secrets == nil && !o.InsecureCluster {
+		return fmt.Errorf("owner: no cluster secrets: set Secrets, or InsecureCluster to run without authentication")
 	}
 	if o.DRAM < 0 {
 		return fmt.Errorf("owner: dram %d must be positive", o.DRAM)

@@ -10,6 +10,7 @@ import (
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 
+	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
@@ -24,16 +25,17 @@ type peerServer struct {
 }
 
 func startPeerServer(o *Owner, addr string) (*peerServer, error) {
-	ln, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("peer listen %s: %w", addr, err)
 	}
-	svr := peerservice.NewServer(&peerHandler{o: o},
-		server.WithListener(ln),
-		server.WithServiceAddr(ln.Addr()),
+	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
+	ln := auth.Listener(raw, o.opts.Secrets, auth.PurposePeer,
+		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics})
+	svr := peerservice.NewServer(&peerHandler{o: o}, append(append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
 		server.WithExitWaitTime(500*time.Millisecond),
-	)
+	), o.opts.testPeerServerOpts...)...)
 	errc := make(chan error, 1)
 	go func() { errc <- svr.Run() }()
 	select {
@@ -47,7 +49,12 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 func (p *peerServer) addr() string { return p.ln.Addr().String() }
 
 // stop stops serving; later calls do nothing.
-func (p *peerServer) stop() { p.once.Do(func() { p.svr.Stop() }) }
+func (p *peerServer) stop() {
+	p.once.Do(func() {
+		p.svr.Stop()
+		p.ln.Close() // Kitex closed it; this also drains connections if it did not
+	})
+}
 
 type peerHandler struct{ o *Owner }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
 // bin is the fluxkv binary the process tests run: $FLUXKV_BIN (`make test` points it
@@ -54,6 +55,11 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	bin = filepath.Join(dir, "fluxkv")
+	// One cluster secret for every master and owner this test binary starts.
+	clusterSecret = filepath.Join(dir, "cluster.secret")
+	if err := auth.GenerateSecretFile(clusterSecret); err != nil {
+		panic(err)
+	}
 	if p := os.Getenv("FLUXKV_BIN"); p != "" {
 		bin = p
 	} else {
@@ -71,6 +77,9 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// clusterSecret is the --cluster-secret-file of the masters and owners tests start.
+var clusterSecret string
 
 // proc is a fluxkv process started by a test; Cleanup stops it with SIGTERM and checks
 // that it exits 0 and leaves no socket behind.
@@ -124,7 +133,7 @@ func startMaster(t testing.TB, addr string) *proc {
 	if addr == "" {
 		addr = freePort(t)
 	}
-	p := start(t, "master", "--listen", addr, "--node-ttl", "2s")
+	p := start(t, "master", "--listen", addr, "--node-ttl", "2s", "--cluster-secret-file", clusterSecret)
 	p.addr = addr
 	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {
@@ -146,7 +155,7 @@ func startOwner(t testing.TB, dir, masterAddr, dram string, nodeID ...string) *p
 	if len(nodeID) > 0 {
 		id = nodeID[0]
 	}
-	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", id)
+	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", id, "--cluster-secret-file", clusterSecret)
 	p.socket = filepath.Join(dir, "fluxkv.sock")
 	p.waitSocket()
 	return p

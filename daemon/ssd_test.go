@@ -17,6 +17,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -36,6 +37,10 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options) *no
 		log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 	}
 	mo.Logger = &log
+	secrets := authtest.Secrets(t)
+	if !mo.InsecureCluster {
+		mo.Secrets = secrets
+	}
 	m, err := master.NewServer(mo)
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +48,8 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options) *no
 	if err := m.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	o, err := New(Options{Dir: t.TempDir(), DRAM: dram, MasterAddr: m.Addr().String(), NodeID: "n1", SSD: so, Logger: &log})
+	o, err := New(Options{Dir: t.TempDir(), DRAM: dram, MasterAddr: m.Addr().String(), NodeID: "n1", SSD: so, Logger: &log,
+		Secrets: mo.Secrets, InsecureCluster: mo.InsecureCluster})
 	if err != nil {
 		t.Fatal(err)
 	}

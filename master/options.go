@@ -7,6 +7,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
 // Options configures the master. Zero fields take the defaults below.
@@ -37,6 +38,12 @@ type Options struct {
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
+	// Secrets authenticate every connection to the master and the master's calls to
+	// owners' peer services (DESIGN §11). Required unless InsecureCluster.
+	Secrets *auth.Secrets
+	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
+	// who reaches the port can call the master. Owners must run insecure too.
+	InsecureCluster bool
 	// Logger receives structured logs. Default: disabled.
 	Logger *zerolog.Logger
 	// Metrics receives per-call counters and latencies. Default: none.
@@ -97,6 +104,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxPromotions < 0 {
 		return fmt.Errorf("master options: max promotions must not be negative")
+	}
+	if o.Secrets == nil && !o.InsecureCluster {
+		return fmt.Errorf("master options: no cluster secrets: set Secrets, or InsecureCluster to serve without authentication")
 	}
 	return nil
 }

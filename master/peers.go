@@ -8,19 +8,23 @@ import (
 	"github.com/cloudwego/kitex/client"
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// peerClients caches one PeerService client per owner address.
+// peerClients caches one PeerService client per owner address; their connections
+// authenticate with the cluster secrets.
 type peerClients struct {
+	secrets *auth.Secrets // nil: insecure
+
 	mu      sync.Mutex // protects clients
 	clients map[string]peerservice.Client
 }
 
-func newPeerClients() *peerClients {
-	return &peerClients{clients: make(map[string]peerservice.Client)}
+func newPeerClients(s *auth.Secrets) *peerClients {
+	return &peerClients{secrets: s, clients: make(map[string]peerservice.Client)}
 }
 
 func (p *peerClients) get(addr string) (peerservice.Client, error) {
@@ -29,7 +33,8 @@ func (p *peerClients) get(addr string) (peerservice.Client, error) {
 	if c := p.clients[addr]; c != nil {
 		return c, nil
 	}
-	c, err := peerservice.NewClient("fluxkv-owner", client.WithHostPorts(addr))
+	c, err := peerservice.NewClient("fluxkv-owner", append(auth.ClientOptions(p.secrets, auth.PurposePeer),
+		client.WithHostPorts(addr))...)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/cloudwego/kitex/server"
 
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -35,6 +36,8 @@ type Server struct {
 	svr     server.Server
 	stop    chan struct{}
 	wg      sync.WaitGroup
+
+	testServerOpts []server.Option // added to the Kitex server's options by tests
 }
 
 // NewServer returns a master that is not yet listening.
@@ -48,21 +51,22 @@ func NewServer(opts Options) (*Server, error) {
 
 // Start listens on addr (host:port; port 0 picks one) and serves in the background.
 func (s *Server) Start(addr string) error {
-	ln, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("master listen %s: %w", addr, err)
 	}
+	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
+	ln := auth.Listener(raw, s.opts.Secrets, auth.PurposeMaster,
+		auth.ListenerOptions{Logger: s.opts.Logger, Metrics: s.opts.Metrics})
 	s.ln = ln
-	s.peers = newPeerClients()
+	s.peers = newPeerClients(s.opts.Secrets)
 	s.inval = newInvalidator(*s.opts.Logger, s.peers)
 	s.persist = newPersister(s)
-	s.svr = masterservice.NewServer(&handler{s: s},
-		server.WithListener(ln),
-		server.WithServiceAddr(ln.Addr()),
+	s.svr = masterservice.NewServer(&handler{s: s}, append(append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-master"}),
 		server.WithExitWaitTime(time.Second),
 		server.WithMiddleware(s.metricsMiddleware),
-	)
+	), s.testServerOpts...)...)
 	errc := make(chan error, 1)
 	go func() { errc <- s.svr.Run() }()
 	select {
@@ -86,6 +90,7 @@ func (s *Server) Stop() error {
 	var err error
 	if s.svr != nil {
 		err = s.svr.Stop()
+		s.ln.Close() // Kitex closed it; this also drains connections if it did not
 	}
 	if s.inval != nil {
 		s.inval.close()

@@ -4,12 +4,14 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Reasons a socket refuses a connection (the reason label of fluxkv_conn_refused_total).
 const (
-	RefuseCap    = "cap"        // the socket's connection cap (--max-connections) was reached
-	RefuseNoFD   = "no_fd"      // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
-	RefuseHello  = "hello"      // an attach hello that was malformed, too large or refused
-	RefusePerm   = "permission" // an attach by a uid or group the owner does not admit
-	RefuseFrame  = "frame"      // a frame over the limit or not a CALL
-	RefuseAccept = "accept"     // a temporary accept error (retried with backoff)
+	RefuseCap     = "cap"        // the socket's connection cap (--max-connections) was reached
+	RefuseNoFD    = "no_fd"      // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
+	RefuseHello   = "hello"      // an attach hello that was malformed, too large or refused
+	RefusePerm    = "permission" // an attach by a uid or group the owner does not admit
+	RefuseFrame   = "frame"      // a frame over the limit or not a CALL
+	RefuseAccept  = "accept"     // a temporary accept error (retried with backoff)
+	RefusePutArea = "put_area"   // client isolation: the put areas' total (--put-area-total) is used up
+	RefuseAuth    = "auth"       // a cluster connection that failed authentication (protocol/auth)
 )
 
 // Kinds of connection timeouts (the kind label of fluxkv_conn_timeouts_total).
@@ -17,6 +19,7 @@ const (
 	TimeoutHello = "hello" // no complete attach hello within the deadline
 	TimeoutFrame = "frame" // a partial request frame not completed within the deadline
 	TimeoutIdle  = "idle"  // an RPC connection without a live session stayed idle
+	TimeoutAuth  = "auth"  // a cluster connection that did not finish authenticating
 )
 
 // events are counters of rare events: refused connections, connection timeouts and
@@ -31,11 +34,11 @@ func newEvents() *events {
 	return &events{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_refused_total",
-			Help: "Connections refused or closed early, by socket (attach, rpc) and reason (cap, no_fd, hello, frame, accept).",
+			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer) and reason (cap, no_fd, hello, permission, frame, accept, auth).",
 		}, []string{"socket", "reason"}),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_timeouts_total",
-			Help: "Connections closed by a deadline, by socket (attach, rpc) and kind (hello, frame, idle).",
+			Help: "Connections closed by a deadline, by socket (attach, rpc, master, peer) and kind (hello, frame, idle, auth).",
 		}, []string{"socket", "kind"}),
 		ssdCorrupt: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fluxkv_ssd_corrupt_total",

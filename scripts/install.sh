@@ -61,12 +61,31 @@ for cfg in master.yaml owner.yaml up.yaml; do
   echo "installed $dst"
 done
 
+# The cluster secret the units name (--cluster-secret-file): made here on a live
+# install when absent, never staged into a package (each site needs its own).
+SECRET=$CONFDIR/cluster.secret
+if $live; then
+  if [ -e "$SECRET" ]; then
+    echo "kept existing $SECRET"
+  else
+    (umask 077; head -c 32 /dev/urandom | base64 >"$SECRET.tmp")
+    chown "$SERVICE_USER:$SERVICE_USER" "$SECRET.tmp"
+    chmod 0600 "$SECRET.tmp"
+    mv -f "$SECRET.tmp" "$SECRET"
+    echo "created $SECRET (0600, $SERVICE_USER): copy this same file to every node of the cluster"
+  fi
+else
+  echo "not creating $SECRET under DESTDIR: on each cluster, make one and copy it to every node:"
+  echo "  (umask 077; head -c 32 /dev/urandom | base64 >$SECRET); chown $SERVICE_USER:$SERVICE_USER $SECRET"
+fi
+
 if $live && [ -d /run/systemd/system ]; then
   systemctl daemon-reload
 fi
 cat <<MSG
 next steps:
   edit $CONFDIR/owner.yaml (dram, master, large_file_paths/large_limit_size) and $CONFDIR/master.yaml
+  copy $SECRET (one secret per cluster) to every node, mode 0600, owner $SERVICE_USER
   systemctl enable --now fluxkv-master   # on the control node
   systemctl enable --now fluxkv-owner    # on every node
   usermod -aG $SERVICE_USER USER         # users whose processes may attach to /run/fluxkv/fluxkv.sock

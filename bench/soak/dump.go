@@ -17,12 +17,23 @@ import (
 // heartbeats keep waking them. The dump tells them apart.
 type goroutineDump struct {
 	Total  int
-	Pooled int            // Kitex timeout-pool workers (bounded; not a leak)
-	Groups map[string]int // the others by their first fluxkv or library frame
+	Pooled int // Kitex timeout-pool workers (bounded; not a leak)
+	// ConnServers serve one cluster TCP connection each (Kitex's gonet transport reads
+	// every connection in a goroutine of its own): bounded by the pooled connections,
+	// which the TCP fd check bounds.
+	ConnServers int
+	Groups      map[string]int // the others by their first fluxkv or library frame
 }
 
-// kitexPoolFrame marks a goroutine of Kitex's RPC-timeout worker pool.
-const kitexPoolFrame = "kitex/client.(*timeoutPool).createWorker"
+// kitexPoolFrame marks a goroutine of Kitex's RPC-timeout worker pool; gonetConnFrame
+// one that serves a master or peer connection.
+const (
+	kitexPoolFrame = "kitex/client.(*timeoutPool).createWorker"
+	gonetConnFrame = "kitex/pkg/remote/trans/gonet.(*transServer).serveConn"
+)
+
+// unexplained is the number of goroutines neither pooled nor serving a connection.
+func (d goroutineDump) unexplained() int { return d.Total - d.Pooled - d.ConnServers }
 
 // dumpGoroutines stops owner o with SIGQUIT and parses the dump from its log.
 func (c *cluster) dumpGoroutines(o *ownerProc) (goroutineDump, error) {
@@ -53,6 +64,10 @@ func (c *cluster) dumpGoroutines(o *ownerProc) (goroutineDump, error) {
 		d.Total++
 		if strings.Contains(block, kitexPoolFrame) {
 			d.Pooled++
+			continue
+		}
+		if strings.Contains(block, gonetConnFrame) {
+			d.ConnServers++
 			continue
 		}
 		d.Groups[firstFrame(block)]++

@@ -305,12 +305,12 @@ func run(cfg config) int {
 				switch {
 				case err != nil:
 					fail("%s: goroutines %d→%d and no dump: %v", o.nodeID, r.base.Goroutines, r.last.Goroutines, err)
-				case d.Total-d.Pooled > r.base.Goroutines+cfg.GoroutineSlack:
-					fail("%s: goroutines %d→%d, %d of them outside Kitex's timeout pool: %s", o.nodeID,
-						r.base.Goroutines, r.last.Goroutines, d.Total-d.Pooled, d.summary(8))
+				case d.unexplained() > r.base.Goroutines+cfg.GoroutineSlack:
+					fail("%s: goroutines %d→%d, %d of them outside Kitex's timeout pool and connection servers: %s", o.nodeID,
+						r.base.Goroutines, r.last.Goroutines, d.unexplained(), d.summary(8))
 				default:
-					log.Info().Str("node", o.nodeID).Int("dump", d.Total).Int("kitex_pool", d.Pooled).
-						Msg("goroutines above baseline are Kitex's RPC-timeout worker pool only")
+					log.Info().Str("node", o.nodeID).Int("dump", d.Total).Int("kitex_pool", d.Pooled).Int("conn_servers", d.ConnServers).
+						Msg("goroutines above baseline are Kitex's RPC-timeout worker pool and pooled connections' servers only")
 				}
 				r.dump = &d
 			}
@@ -372,7 +372,7 @@ func run(cfg config) int {
 		line += fmt.Sprintf(" %sused=%d %sssd_used=%d %sholders=%d %sgoroutines=%d→%d", prefix, r.last.Used, prefix, r.last.SSDUsed,
 			prefix, r.last.Holders, prefix, r.base.Goroutines, r.last.Goroutines)
 		if r.dump != nil {
-			line += fmt.Sprintf("(%d_kitex_pool)", r.dump.Pooled)
+			line += fmt.Sprintf("(%d_kitex_pool,%d_conn_servers)", r.dump.Pooled, r.dump.ConnServers)
 		}
 		line += fmt.Sprintf(" %sfds=%d→%d", prefix, r.base.FDs, r.last.FDs)
 		if r.last.TCP != r.base.TCP {

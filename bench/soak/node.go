@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog/log"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
 // nodeConfig sizes the node the soak runs against.
@@ -42,6 +43,7 @@ type cluster struct {
 	cfg        nodeConfig
 	wg         *sync.WaitGroup
 	masterAddr string
+	secret     string // the --cluster-secret-file of the master and every owner
 	master     *proc
 	masterInc  int
 	owners     []*ownerProc
@@ -66,6 +68,10 @@ func startCluster(wg *sync.WaitGroup, cfg nodeConfig) (*cluster, error) {
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "logs"), 0o755); err != nil {
 		return nil, fmt.Errorf("log dir: %w", err)
+	}
+	c.secret = filepath.Join(cfg.Dir, "cluster.secret")
+	if err := auth.GenerateSecretFile(c.secret); err != nil {
+		return nil, err
 	}
 	if err := c.startMaster(); err != nil {
 		return nil, err
@@ -96,7 +102,7 @@ func (c *cluster) logPath(name string, inc int) string {
 // startMaster starts a master incarnation on the fixed address and waits until it accepts.
 func (c *cluster) startMaster() error {
 	c.masterInc++
-	argv := []string{c.cfg.Bin, "master", "--listen", c.masterAddr}
+	argv := []string{c.cfg.Bin, "master", "--listen", c.masterAddr, "--cluster-secret-file", c.secret}
 	p, err := startProc(c.wg, "master", argv, nil, c.logPath("master", c.masterInc), nil)
 	if err != nil {
 		return err
@@ -120,7 +126,7 @@ func (c *cluster) startMaster() error {
 func (c *cluster) startOwner(o *ownerProc) error {
 	o.inc++
 	argv := []string{c.cfg.Bin, "owner", "--master", c.masterAddr, "--dir", o.sockDir, "--dram", fmt.Sprint(c.cfg.DRAM),
-		"--node-id", o.nodeID, "--metrics-addr", o.metricsAddr}
+		"--node-id", o.nodeID, "--metrics-addr", o.metricsAddr, "--cluster-secret-file", c.secret}
 	if c.cfg.SSDLimit > 0 {
 		argv = append(argv, "--ssd-path", o.ssdDir, "--ssd-limit", fmt.Sprint(c.cfg.SSDLimit))
 	}

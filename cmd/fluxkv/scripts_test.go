@@ -41,7 +41,7 @@ func TestSystemdUnits(t *testing.T) {
 		t.Run(role, func(t *testing.T) {
 			d := unitDirectives(t, filepath.Join(scriptsDir, "fluxkv-"+role+".service"))
 			want := map[string]string{
-				"ExecStart":      "/usr/local/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml",
+				"ExecStart":      "/usr/local/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml --cluster-secret-file /etc/fluxkv/cluster.secret",
 				"User":           "fluxkv",
 				"Group":          "fluxkv",
 				"Restart":        "on-failure",
@@ -131,7 +131,7 @@ func TestInstallScript(t *testing.T) {
 	}
 	for _, role := range []string{"master", "owner"} {
 		d := unitDirectives(t, filepath.Join(dest, "lib/systemd/system", "fluxkv-"+role+".service"))
-		if want := "/opt/fk/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml"; len(d["ExecStart"]) != 1 || d["ExecStart"][0] != want {
+		if want := "/opt/fk/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml --cluster-secret-file /etc/fluxkv/cluster.secret"; len(d["ExecStart"]) != 1 || d["ExecStart"][0] != want {
 			t.Errorf("installed %s unit ExecStart=%q, want %q", role, d["ExecStart"], want)
 		}
 	}
@@ -145,6 +145,10 @@ func TestInstallScript(t *testing.T) {
 			t.Errorf("installed %s differs from scripts/examples/%s", cfg, cfg)
 		}
 	}
+	// A staged install never ships a secret: each site makes its own.
+	if _, err := os.Stat(filepath.Join(dest, "etc/fluxkv/cluster.secret")); err == nil {
+		t.Errorf("install staged a cluster secret under DESTDIR")
+	}
 	// A second install keeps the operator's edited config.
 	owner := filepath.Join(dest, "etc/fluxkv/owner.yaml")
 	if err := os.WriteFile(owner, []byte("fluxkv_spec: {dram: 2GiB}\n"), 0o644); err != nil {
@@ -156,5 +160,8 @@ func TestInstallScript(t *testing.T) {
 	}
 	if !strings.Contains(out, "kept existing") {
 		t.Errorf("install did not say it kept the config:\n%s", out)
+	}
+	if !strings.Contains(out, "/etc/fluxkv/cluster.secret") {
+		t.Errorf("a staged install did not say how to make the cluster secret:\n%s", out)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/fluxkv/fluxkv/daemon"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -25,7 +26,7 @@ func masterCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "master",
 		Usage: "run the master (routes, allocation, membership) over TCP",
-		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag()}, masterFlags("127.0.0.1:7700")...),
+		Flags: append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, masterFlags("127.0.0.1:7700")...), clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -40,12 +41,16 @@ func masterCommand() *cli.Command {
 			if err := applyLogSettings(c, mc.LogLevel, mc.LogFormat); err != nil {
 				return err
 			}
+			secrets, err := clusterSecrets(c, "master", masterSecretsKey, mc.ClusterSecretFiles, mc.InsecureCluster)
+			if err != nil {
+				return err
+			}
 			var st stack
 			m, err := st.metrics(mc.MetricsAddr)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			srv, err := st.master(mc, m)
+			srv, err := st.master(mc, m, secrets)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -63,7 +68,7 @@ func ownerCommand() *cli.Command {
 		Usage: "run the per-node owner sidecar; it registers with a master",
 		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag(),
 			&cli.StringFlag{Name: "master", Usage: "master address host:port (required here or in the config) [fluxkv_spec.master]"}},
-			ownerFlags()...),
+			append(ownerFlags(), clusterFlags()...)...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -81,12 +86,16 @@ func ownerCommand() *cli.Command {
 			if err := applyLogSettings(c, oc.LogLevel, oc.LogFormat); err != nil {
 				return err
 			}
+			secrets, err := clusterSecrets(c, "owner", ownerSecretsKey, oc.ClusterSecretFiles, oc.InsecureCluster)
+			if err != nil {
+				return err
+			}
 			var st stack
 			m, err := st.metrics(oc.MetricsAddr)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			if _, err := st.owner(ctx, oc, oc.Master, m); err != nil {
+			if _, err := st.owner(ctx, oc, oc.Master, m, secrets); err != nil {
 				return st.fail(ctx, err)
 			}
 			waitStop(ctx)
@@ -99,7 +108,7 @@ func upCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "up",
 		Usage: "run a single-node cache: an embedded master and an owner in one process (still meeting over TCP)",
-		Flags: append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...),
+		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...), clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -129,6 +138,10 @@ func upCommand() *cli.Command {
 			if oc.Master != "" {
 				logger.Warn().Str("master", oc.Master).Msg("fluxkv_spec.master is not used by up: the owner registers with the embedded master")
 			}
+			secrets, err := upSecrets(c, f, oc.SocketDir)
+			if err != nil {
+				return err
+			}
 			addr := oc.MetricsAddr
 			if addr == "" {
 				addr = mc.MetricsAddr
@@ -141,11 +154,11 @@ func upCommand() *cli.Command {
 			// The embedded master records no metrics: its methods share names with the
 			// owner's (PutStart, Delete, Exists, Stat), and one /metrics endpoint
 			// would count a client's put twice. The owner's are what clients see.
-			srv, err := st.master(mc, nil)
+			srv, err := st.master(mc, nil, secrets)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			if _, err := st.owner(ctx, oc, srv.Addr().String(), m); err != nil {
+			if _, err := st.owner(ctx, oc, srv.Addr().String(), m, secrets); err != nil {
 				return st.fail(ctx, err)
 			}
 			waitStop(ctx)
@@ -221,9 +234,9 @@ func (s *stack) metrics(addr string) (*metrics.Metrics, error) {
 	return m, nil
 }
 
-func (s *stack) master(mc config.Master, m *metrics.Metrics) (*master.Server, error) {
+func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) (*master.Server, error) {
 	t0 := time.Now()
-	srv, err := master.NewServer(masterOptions(mc, m))
+	srv, err := master.NewServer(masterOptions(mc, m, secrets))
 	if err != nil {
 		return nil, err
 	}
@@ -235,9 +248,9 @@ func (s *stack) master(mc config.Master, m *metrics.Metrics) (*master.Server, er
 	return srv, nil
 }
 
-func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m *metrics.Metrics) (*daemon.Owner, error) {
+func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) (*daemon.Owner, error) {
 	t0 := time.Now()
-	o, err := daemon.New(ownerOptions(oc, masterAddr, m))
+	o, err := daemon.New(ownerOptions(oc, masterAddr, m, secrets))
 	if err != nil {
 		return nil, err
 	}
@@ -271,9 +284,13 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 	return o, nil
 }
 
-func masterOptions(mc config.Master, m *metrics.Metrics) master.Options {
+// masterOptions turns merged master settings into master options; nil secrets run
+// an insecure cluster (clusterSecrets allowed it).
+func masterOptions(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) master.Options {
 	l := componentLogger("master")
 	return master.Options{
+		Secrets:           secrets,
+		InsecureCluster:   secrets == nil,
 		NodeTTL:           mc.NodeTTL,
 		HeartbeatInterval: mc.HeartbeatInterval,
 		InflightTTL:       mc.InflightTTL,
@@ -285,23 +302,26 @@ func masterOptions(mc config.Master, m *metrics.Metrics) master.Options {
 }
 
 // ownerOptions turns merged owner settings into daemon options; large_limit_size
-// turns the SSD tier on (DESIGN.md §6).
-func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics) daemon.Options {
+// turns the SSD tier on (DESIGN.md §6); nil secrets run an insecure cluster
+// (clusterSecrets allowed it).
+func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) daemon.Options {
 	l := componentLogger("owner")
 	opts := daemon.Options{
-		Dir:            oc.SocketDir,
-		DRAM:           oc.DRAM,
-		MasterAddr:     masterAddr,
-		NodeID:         oc.NodeID,
-		PeerListen:     oc.PeerListen,
-		MaxConnections: oc.MaxConnections,
-		HelloTimeout:   oc.HelloTimeout,
-		FrameTimeout:   oc.FrameTimeout,
-		IdleTimeout:    oc.IdleTimeout,
-		PutArea:        oc.PutArea,
-		PutAreaTotal:   oc.PutAreaTotal,
-		Metrics:        m,
-		Logger:         &l,
+		Secrets:         secrets,
+		InsecureCluster: secrets == nil,
+		Dir:             oc.SocketDir,
+		DRAM:            oc.DRAM,
+		MasterAddr:      masterAddr,
+		NodeID:          oc.NodeID,
+		PeerListen:      oc.PeerListen,
+		MaxConnections:  oc.MaxConnections,
+		HelloTimeout:    oc.HelloTimeout,
+		FrameTimeout:    oc.FrameTimeout,
+		IdleTimeout:     oc.IdleTimeout,
+		PutArea:         oc.PutArea,
+		PutAreaTotal:    oc.PutAreaTotal,
+		Metrics:         m,
+		Logger:          &l,
 	}
 	if oc.ClientIsolation != nil {
 		opts.ClientIsolation = *oc.ClientIsolation

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
 // These tests run the real binary as a service would: `up`, `master` and `owner`
@@ -429,7 +430,12 @@ func TestMasterOwnerConfigs(t *testing.T) {
 	}
 	masterAddr := ln.Addr().String()
 	ln.Close()
-	mcfg := writeFile(t, dir, "master.yaml", fmt.Sprintf("master:\n  listen: %s\n  node_ttl: 3s\n  metrics_addr: 127.0.0.1:0\n", masterAddr))
+	secret := filepath.Join(dir, "cluster.secret")
+	if err := auth.GenerateSecretFile(secret); err != nil {
+		t.Fatal(err)
+	}
+	mcfg := writeFile(t, dir, "master.yaml", fmt.Sprintf("master:\n  listen: %s\n  node_ttl: 3s\n  metrics_addr: 127.0.0.1:0\n  cluster_secret_files: [%s]\n",
+		masterAddr, secret))
 	sockDir := filepath.Join(dir, "run")
 	ocfg := writeFile(t, dir, "owner.yaml", fmt.Sprintf(`
 fluxkv_spec:
@@ -439,7 +445,8 @@ fluxkv_spec:
   node_id: owner-a
   metrics_addr: 127.0.0.1:0
   log_level: info
-`, sockDir, masterAddr))
+  cluster_secret_files: [%s]
+`, sockDir, masterAddr, secret))
 
 	m := startService(t, "master", "--config", mcfg)
 	m.waitLog("master started")
@@ -644,4 +651,64 @@ func TestBinaryIsRaceBuild(t *testing.T) {
 		}
 	}
 	t.Errorf("%s is not built with -race: point FLUXKV_BIN at bin/fluxkv-race (make test builds it)", fluxkvBin(t))
+}
+
+// Cluster secrets at start: master and owner refuse to run without one (or with a
+// missing or other-readable file) with exit status 2; an owner whose secret the
+// master does not accept fails its start with a message that says so.
+func TestClusterSecretStart(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.secret")
+	other := filepath.Join(dir, "other.secret")
+	for _, p := range []string{good, other} {
+		if err := auth.GenerateSecretFile(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open := writeFile(t, dir, "open.secret", strings.Repeat("k", 40))
+	os.Chmod(open, 0o644)
+	sockDir := filepath.Join(dir, "run")
+	owner := []string{"owner", "--dir", sockDir, "--master", "127.0.0.1:1"}
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"master without a secret", []string{"master", "--listen", "127.0.0.1:0"}, "or --insecure-cluster to run without authentication"},
+		{"owner without a secret", owner, "fluxkv owner: no cluster secret: give --cluster-secret-file PATH"},
+		{"missing file", []string{"master", "--listen", "127.0.0.1:0", "--cluster-secret-file", filepath.Join(dir, "nope")}, "does not exist"},
+		{"other-readable file", append(owner, "--cluster-secret-file", open), "is readable by others (mode 0644)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startService(t, tt.args...)
+			if code := s.wait(startBudget); code != 2 {
+				t.Errorf("exit status %d, want 2:\n%s", code, s.log())
+			}
+			if !strings.Contains(s.log(), tt.want) {
+				t.Errorf("stderr lacks %q:\n%s", tt.want, s.log())
+			}
+		})
+	}
+
+	t.Run("wrong secret", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		m := startService(t, "master", "--listen", addr, "--cluster-secret-file", good)
+		m.waitLog("master started")
+		o := startService(t, "owner", "--dir", sockDir, "--master", addr, "--cluster-secret-file", other)
+		if code := o.wait(startBudget); code == 0 {
+			t.Errorf("owner with the wrong secret exited 0")
+		}
+		if want := "cluster authentication failed: wrong secret"; !strings.Contains(o.log(), want) {
+			t.Errorf("owner stderr lacks %q:\n%s", want, o.log())
+		}
+		if !strings.Contains(m.log(), "cluster authentication failed; connection closed") {
+			t.Errorf("master did not log the refusal:\n%s", m.log())
+		}
+		m.stop("")
+	})
 }

@@ -134,6 +134,7 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 		LogLevel:          fm.LogLevel,
 		LogFormat:         fm.LogFormat,
 	}
+	s.ClusterSecretFiles, s.InsecureCluster = clusterSettings(c, fm.ClusterSecretFiles, fm.InsecureCluster)
 	if err := config.CheckAddr(s.Listen); err != nil {
 		return s, refuse("%s: %v", settingName(c, "listen", "master.listen", fm.Listen != ""), err)
 	}
@@ -194,6 +195,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		FrameTimeout:   dur(c, "frame-timeout", fo.FrameTimeout),
 		IdleTimeout:    dur(c, "idle-timeout", fo.IdleTimeout),
 	}
+	s.ClusterSecretFiles, s.InsecureCluster = clusterSettings(c, fo.ClusterSecretFiles, fo.InsecureCluster)
 	for _, f := range []string{"hello-timeout", "frame-timeout", "idle-timeout"} {
 		// The file refuses ≤ 0 itself; a flag of 0 would silently mean the default.
 		if c.IsSet(f) && c.Duration(f) <= 0 {

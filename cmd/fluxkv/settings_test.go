@@ -292,19 +292,19 @@ func TestSettingsEdges(t *testing.T) {
 			if o.CacheGrace == nil || *o.CacheGrace != 0 {
 				return fmt.Sprintf("CacheGrace %v, want 0 (off)", o.CacheGrace)
 			}
-			if g := ownerOptions(o, "127.0.0.1:1", nil).CacheGrace; g >= 0 {
+			if g := ownerOptions(o, "127.0.0.1:1", nil, nil).CacheGrace; g >= 0 {
 				return fmt.Sprintf("daemon CacheGrace %v, want negative (disabled)", g)
 			}
 			return ""
 		}},
 		{"cache grace 0s is off", "", []string{"--cache-grace", "0s"}, func(o config.Owner) string {
-			if g := ownerOptions(o, "127.0.0.1:1", nil).CacheGrace; g >= 0 {
+			if g := ownerOptions(o, "127.0.0.1:1", nil, nil).CacheGrace; g >= 0 {
 				return fmt.Sprintf("daemon CacheGrace %v, want negative (disabled)", g)
 			}
 			return ""
 		}},
 		{"cache grace unset is the daemon's default", "", nil, func(o config.Owner) string {
-			if g := ownerOptions(o, "127.0.0.1:1", nil).CacheGrace; g != 0 {
+			if g := ownerOptions(o, "127.0.0.1:1", nil, nil).CacheGrace; g != 0 {
 				return fmt.Sprintf("daemon CacheGrace %v, want 0 (its default)", g)
 			}
 			return ""
@@ -322,13 +322,13 @@ func TestSettingsEdges(t *testing.T) {
 			return ""
 		}},
 		{"max connections wired", "fluxkv_spec:\n  max_connections: 64\n", nil, func(o config.Owner) string {
-			if n := ownerOptions(o, "127.0.0.1:1", nil).MaxConnections; n != 64 {
+			if n := ownerOptions(o, "127.0.0.1:1", nil, nil).MaxConnections; n != 64 {
 				return fmt.Sprintf("daemon MaxConnections %d, want 64", n)
 			}
 			return ""
 		}},
 		{"timeouts wired, flags win", "fluxkv_spec:\n  hello_timeout: 2s\n  frame_timeout: 3s\n  idle_timeout: 4s\n", []string{"--idle-timeout", "1m"}, func(o config.Owner) string {
-			d := ownerOptions(o, "127.0.0.1:1", nil)
+			d := ownerOptions(o, "127.0.0.1:1", nil, nil)
 			if d.HelloTimeout != 2*time.Second || d.FrameTimeout != 3*time.Second || d.IdleTimeout != time.Minute {
 				return fmt.Sprintf("daemon hello/frame/idle timeouts %v/%v/%v, want 2s/3s/1m", d.HelloTimeout, d.FrameTimeout, d.IdleTimeout)
 			}
@@ -347,7 +347,7 @@ func TestSettingsEdges(t *testing.T) {
 			return ""
 		}},
 		{"ssd null limits with paths: off on purpose", "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: null\n", nil, func(o config.Owner) string {
-			if o.SSDEnabled() || ownerOptions(o, "127.0.0.1:1", nil).SSD != nil {
+			if o.SSDEnabled() || ownerOptions(o, "127.0.0.1:1", nil, nil).SSD != nil {
 				return "SSD on, want off"
 			}
 			return ""

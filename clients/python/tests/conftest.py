@@ -10,6 +10,7 @@ it shows as a race report in the daemon's log or as exit status 66.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -184,6 +185,11 @@ class Cluster:
         self.binary = binary
         self.root = Path(tempfile.mkdtemp(prefix="fkv-", dir="/tmp"))
         self.procs: list[Proc] = []
+        # The cluster secret every master and owner started here shares (0600).
+        self.secret = self.root / "cluster.secret"
+        fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(base64.b64encode(os.urandom(32)).decode() + "\n")
 
     def up(self, dram: str = "64MiB", name: str = "node") -> Proc:
         d = self.root / name
@@ -197,7 +203,7 @@ class Cluster:
     def master(self, port: int | None = None) -> tuple[Proc, str]:
         port = port or free_port()
         addr = f"127.0.0.1:{port}"
-        p = Proc([self.binary, "master", "--listen", addr], self.root / "master.log")
+        p = Proc([self.binary, "master", "--listen", addr, "--cluster-secret-file", str(self.secret)], self.root / "master.log")
         self.procs.append(p)
         p.wait_port(port)
         return p, addr
@@ -207,7 +213,8 @@ class Cluster:
         d.mkdir(exist_ok=True)
         sock = str(d / "fluxkv.sock")
         p = Proc(
-            [self.binary, "owner", "--dir", str(d), "--dram", dram, "--master", master_addr],
+            [self.binary, "owner", "--dir", str(d), "--dram", dram, "--master", master_addr,
+             "--cluster-secret-file", str(self.secret)],
             self.root / f"{name}.log",
             sock,
         )

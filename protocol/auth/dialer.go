@@ -1,0 +1,152 @@
+package auth
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cloudwego/gopkg/bufiox"
+	"github.com/cloudwego/kitex/pkg/remote"
+)
+
+// minHelloWait is the shortest wait for a server's hello, whatever the dial timeout.
+const minHelloWait = 500 * time.Millisecond
+
+// Dialer is the client side of Listener: a Kitex remote.Dialer (client.WithDialer,
+// with the gonet client transport) whose connections are authenticated before
+// Kitex writes a call on them.
+type Dialer struct {
+	secrets *Secrets // nil: insecure
+	purpose string
+	timeout time.Duration
+}
+
+var _ remote.Dialer = (*Dialer)(nil)
+
+// NewDialer returns a dialer that authenticates with s for purpose; a nil s runs
+// without authentication and fails clearly against a server that requires it.
+// A handshake may take up to 5s after the connection is made; the server's hello must
+// come within the dial timeout (at least 500ms).
+func NewDialer(s *Secrets, purpose string) *Dialer {
+	checkPurpose(purpose)
+	return &Dialer{secrets: s, purpose: purpose, timeout: defaultLimit}
+}
+
+// DialTimeout connects to address within timeout (TCP_NODELAY) and authenticates.
+func (d *Dialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
+	raw, err := net.DialTimeout(network, address, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	if d.secrets == nil {
+		return newClientConn(raw, &insecureReader{conn: raw, addr: address}), nil
+	}
+	// An authenticating server sends its hello as soon as it accepts, so a short wait
+	// for it tells an insecure server quickly (Kitex retries a failed dial several
+	// times within one call's timeout); the rest of the handshake has d.timeout.
+	start := time.Now()
+	raw.SetDeadline(start.Add(min(max(timeout, minHelloWait), d.timeout)))
+	serverNonce, err := readHello(raw, d.purpose, address)
+	if err == nil {
+		raw.SetDeadline(start.Add(d.timeout))
+		err = answerHello(raw, d.secrets, d.purpose, address, serverNonce)
+	}
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	raw.SetDeadline(time.Time{})
+	return newClientConn(raw, raw), nil
+}
+
+// insecureReader is an unauthenticated client's read side: a server that requires
+// authentication speaks first with its hello, which no thrift reply starts with (as
+// a framed length its first byte "F" means over 1 GiB), so the first byte tells.
+type insecureReader struct {
+	conn    net.Conn
+	addr    string
+	checked bool
+}
+
+func (r *insecureReader) Read(b []byte) (int, error) {
+	n, err := r.conn.Read(b)
+	if !r.checked && n > 0 {
+		r.checked = true
+		if b[0] == magic[0] {
+			return 0, fmt.Errorf("%w: %s requires cluster authentication and this node runs with --insecure-cluster: give it --cluster-secret-file", ErrAuthFailed, r.addr)
+		}
+	}
+	return n, err
+}
+
+// clientConn is what Kitex's gonet client transport expects of a connection:
+// buffered readers and writers (bufiox) over it, and a liveness check for the pool.
+type clientConn struct {
+	net.Conn
+	r      *bufiox.DefaultReader
+	w      *bufiox.DefaultWriter
+	closed atomic.Bool
+}
+
+var (
+	_ remote.IsActive = (*clientConn)(nil)
+	// errConnClosed is what a second Close returns, as Kitex's own connections do.
+	errConnClosed = errors.New("connection has been closed")
+)
+
+func newClientConn(conn net.Conn, rd interface{ Read([]byte) (int, error) }) *clientConn {
+	return &clientConn{Conn: conn, r: bufiox.NewDefaultReader(rd), w: bufiox.NewDefaultWriter(conn)}
+}
+
+// Reader and Writer are the buffered sides Kitex's gonet transport reads and writes through.
+func (c *clientConn) Reader() *bufiox.DefaultReader { return c.r }
+func (c *clientConn) Writer() *bufiox.DefaultWriter { return c.w }
+
+func (c *clientConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *clientConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.r.Release(nil)
+		return c.Conn.Close()
+	}
+	return errConnClosed
+}
+
+// IsActive reports whether the pooled connection may carry another call: not closed
+// here, and not closed, reset or unexpectedly written to by the server (a peek that
+// does not block). A master that restarted then costs a reconnect, not a failed call.
+func (c *clientConn) IsActive() bool {
+	if c.closed.Load() {
+		return false
+	}
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	active := true
+	var buf [1]byte
+	rc.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case n == 0 && err == nil: // orderly shutdown by the server
+			active = false
+		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK: // idle: the expected state
+		case err != nil:
+			active = false
+		default: // bytes nobody asked for: the stream is out of step
+			active = false
+		}
+		return true
+	})
+	return active
+}

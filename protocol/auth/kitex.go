@@ -1,0 +1,29 @@
+package auth
+
+import (
+	"net"
+
+	"github.com/cloudwego/kitex/client"
+	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
+	"github.com/cloudwego/kitex/server"
+)
+
+// ServerOptions serve ln (from Listener) with Kitex's gonet transport, which reads
+// through the listener's connections; netpoll would take their raw fds and skip the
+// handshake.
+func ServerOptions(ln net.Listener) []server.Option {
+	return []server.Option{
+		server.WithTransServerFactory(gonet.NewTransServerFactory()),
+		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
+		server.WithListener(ln),
+		server.WithServiceAddr(ln.Addr()),
+	}
+}
+
+// ClientOptions make a Kitex client authenticate with s for purpose (nil s: insecure).
+func ClientOptions(s *Secrets, purpose string) []client.Option {
+	return []client.Option{
+		client.WithTransHandlerFactory(gonet.NewCliTransHandlerFactory()),
+		client.WithDialer(NewDialer(s, purpose)),
+	}
+}

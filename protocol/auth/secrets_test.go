@@ -1,0 +1,99 @@
+package auth
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeFile(t *testing.T, name, content string, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadSecrets(t *testing.T) {
+	good := strings.Repeat("s", 40)
+	a := writeFile(t, "a", "  "+good+"\n", 0o600)
+	b := writeFile(t, "b", strings.Repeat("t", 32), 0o400)
+	s, err := LoadSecrets([]string{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(s.keys[0]) != good || len(s.keys) != 2 || s.Paths()[1] != b {
+		t.Fatalf("keys %q paths %v", s.keys, s.Paths())
+	}
+	ownGroup := writeFile(t, "g", good, 0o640)
+	if err := os.Chown(ownGroup, -1, os.Getegid()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSecrets([]string{ownGroup}); err != nil {
+		t.Fatalf("group-readable by the process's own group: %v", err)
+	}
+
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"missing", filepath.Join(dir, "nope"), "does not exist; make one with: (umask 077; head -c 32 /dev/urandom | base64"},
+		{"empty", writeFile(t, "e", " \n\t", 0o600), "is empty"},
+		{"short", writeFile(t, "s", "0123456789", 0o600), "holds 10 bytes, want at least 32"},
+		{"other-readable", writeFile(t, "o", good, 0o604), "is readable by others (mode 0604)"},
+		{"a directory", dir, "is not a regular file"},
+		{"too large", writeFile(t, "l", strings.Repeat("x", 5000), 0o600), "larger than 4096 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadSecrets([]string{a, tc.path})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.path) {
+				t.Fatalf("got %v, want %q naming %s", err, tc.want, tc.path)
+			}
+		})
+	}
+	if _, err := LoadSecrets(nil); err == nil {
+		t.Fatal("no files accepted")
+	}
+}
+
+// A file readable by a group this process is not in is refused (needs root to chown).
+func TestLoadSecretsForeignGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: chgrp to a group this process is not in needs root")
+	}
+	const nogroup = 65534
+	if inGroup(nogroup) {
+		t.Skip("skipped: this process is in group 65534")
+	}
+	p := writeFile(t, "f", strings.Repeat("s", 40), 0o640)
+	if err := os.Chown(p, -1, nogroup); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadSecrets([]string{p})
+	if err == nil || !strings.Contains(err.Error(), "readable by group 65534, which this process") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestGenerateSecretFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "cluster.secret")
+	if err := GenerateSecretFile(p); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v", fi.Mode(), err)
+	}
+	s, err := LoadSecrets([]string{p})
+	if err != nil || len(s.keys[0]) != 44 {
+		t.Fatalf("%v, %d bytes", err, len(s.keys[0]))
+	}
+	if err := GenerateSecretFile(p); err == nil {
+		t.Fatal("overwrote an existing secret")
+	}
+}
