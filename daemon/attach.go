@@ -89,7 +89,17 @@ func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 		return
 	}
 	o.nextID++
-	c := newSession(o.nextID, randomID(), hello.Name, cred, conn)
+	area, err := o.newPutAreaLocked(o.nextID)
+	if err != nil {
+		o.mu.Unlock()
+		a.refused(metrics.RefusePutArea, "attach: no put area", func(e *zerolog.Event) {
+			e.Err(err).Int32("pid", cred.Pid).Uint32("uid", cred.Uid).Str("name", truncate(hello.Name, logNameBytes))
+		})
+		code, msg := wire.ToResponse(err)
+		o.attachReject(conn, code, msg)
+		return
+	}
+	c := newSession(o.nextID, randomID(), hello.Name, cred, conn, area)
 	o.sessions[c.id] = c
 	o.mu.Unlock()
 	reply := &external.AttachReply{
@@ -97,12 +107,18 @@ func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 		ClientId: c.id, SessionToken: c.token, OwnerGeneration: o.generation,
 		SegmentSize: o.seg.Size(), RpcSocket: wire.RPCSocketPath(o.opts.SocketPath()), NodeId: o.opts.NodeID,
 	}
-	if err := shm.SendFrameWithFd(conn, thrift.FastMarshal(reply), o.seg.Fd()); err != nil {
+	fds := []int{o.seg.Fd()} // the segment first, then the put area
+	if area != nil {
+		reply.Isolated, reply.PutAreaSize = true, area.Size()
+		fds = append(fds, area.Fd())
+	}
+	if err := shm.SendFrameWithFds(conn, thrift.FastMarshal(reply), fds...); err != nil {
 		o.endSession(c, "attach reply failed: "+err.Error())
 		return
 	}
 	conn.SetDeadline(time.Time{})
-	o.log.Info().Int64("client", c.id).Str("name", hello.Name).Int32("pid", cred.Pid).Uint32("uid", cred.Uid).Msg("client attached")
+	o.log.Info().Int64("client", c.id).Str("name", hello.Name).Int32("pid", cred.Pid).Uint32("uid", cred.Uid).
+		Int64("put_area", reply.PutAreaSize).Msg("client attached")
 	// The connection carries nothing more; any byte or EOF ends the session.
 	var b [1]byte
 	_, err = conn.Read(b[:])
@@ -137,4 +153,3 @@ func (o *Owner) attachReject(conn *net.UnixConn, code common.ErrorCode, msg stri
 	reply := &external.AttachReply{Code: code, Message: msg, ProtocolVersion: external.PROTOCOL_VERSION}
 	shm.WriteFrame(conn, thrift.FastMarshal(reply))
 }
-

@@ -53,15 +53,13 @@ func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRe
 
 func (h *externalHandler) PutEnd(ctx context.Context, req *external.PutEndRequest) (*external.PutEndResponse, error) {
 	resp := &external.PutEndResponse{}
-	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putEnd(c, req.Key, req.PutId) })
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putEnd(c, req.Key, req.PutId, req.Copies) })
 	return resp, nil
 }
 
 func (h *externalHandler) PutWrite(ctx context.Context, req *external.PutWriteRequest) (*external.PutWriteResponse, error) {
 	resp := &external.PutWriteResponse{}
-	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "this owner does not isolate clients: no put area to copy from (write the value at the put's offset)")
-	})
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putWrite(c, req.Key, req.PutId, req.Copies) })
 	return resp, nil
 }
 
@@ -158,9 +156,18 @@ func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPu
 		if err := wire.ValidateBatch(len(req.Items)); err != nil {
 			return err
 		}
+		copies := 0
+		for _, it := range req.Items {
+			if it != nil {
+				copies += len(it.Copies)
+			}
+		}
+		if err := checkCopyCount(copies); err != nil {
+			return err
+		}
 		for _, it := range req.Items {
 			r := &external.PutEndResponse{}
-			r.Code, r.Message = wire.ToResponse(itemErr(it, func() error { return h.o.putEnd(c, it.Key, it.PutId) }))
+			r.Code, r.Message = wire.ToResponse(itemErr(it, func() error { return h.o.putEnd(c, it.Key, it.PutId, it.Copies) }))
 			resp.Results = append(resp.Results, r)
 		}
 		return nil

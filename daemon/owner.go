@@ -36,9 +36,11 @@ type Owner struct {
 	attachLn *net.UnixListener
 	rpc      *framedServer
 
-	mu       sync.Mutex // protects sessions, cache, nextID, stopping, and holdings' refs and replica
+	mu       sync.Mutex // protects sessions, cache, nextID, stopping, areas, and holdings' refs and replica
 	sessions map[int64]*session
-	stopping bool // Stop began: no new sessions
+	areas    putAreaBudget // client isolation: the live sessions' put areas
+	copied   *sync.Cond    // on mu: broadcast when a copy from a put area ends
+	stopping bool          // Stop began: no new sessions
 	// regEpoch counts registrations with a master; bumped while register collects the
 	// pins under mu, so a put whose PutStart straddles it is known to be unpinned.
 	regEpoch uint64
@@ -56,11 +58,14 @@ func New(opts Options) (*Owner, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Owner{
+	o := &Owner{
 		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
 		generation: randomID(), sessions: make(map[int64]*session), cache: newHolderCache(opts.CacheGrace),
+		areas:    putAreaBudget{per: opts.PutArea, total: opts.PutAreaTotal},
 		idleStop: make(chan struct{}),
-	}, nil
+	}
+	o.copied = sync.NewCond(&o.mu)
+	return o, nil
 }
 
 // randomID is a random positive int64 (generations, session tokens).
@@ -79,12 +84,16 @@ func (o *Owner) Start(ctx context.Context) error {
 	if err := os.MkdirAll(o.opts.Dir, 0o755); err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}
-	seg, err := shm.CreateSegment("fluxkv-"+o.opts.NodeID, o.opts.DRAM)
+	seg, err := shm.CreateSegment("fluxkv-"+o.opts.NodeID, o.opts.DRAM, shm.SegmentOptions{SealWrites: o.opts.ClientIsolation})
 	if err != nil {
 		return fmt.Errorf("create segment: %w", err)
 	}
 	o.seg = seg
-	o.log.Info().Int64("bytes", o.opts.DRAM).Dur("took", time.Since(t0)).Msg("segment created")
+	ev := o.log.Info().Int64("bytes", o.opts.DRAM).Bool("client_isolation", o.opts.ClientIsolation)
+	if o.opts.ClientIsolation {
+		ev = ev.Int64("put_area", o.opts.PutArea).Int64("put_area_total", o.opts.PutAreaTotal)
+	}
+	ev.Dur("took", time.Since(t0)).Msg("segment created")
 
 	if o.opts.SSD != nil {
 		so := *o.opts.SSD

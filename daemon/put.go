@@ -57,7 +57,14 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 // A PutEnd repeated on the same session (its reply was lost) answers the outcome of
 // the first: it waits for one still in progress, or finds it among the session's last
 // putEndMemory ended puts.
-func (o *Owner) putEnd(c *session, key string, putID int64) error {
+//
+// Under client isolation the copies (validated first: a bad one leaves the put pending)
+// are copied from the session's put area into the put's range after any PutWrite still
+// copying has finished; a repeated PutEnd copies nothing again.
+func (o *Owner) putEnd(c *session, key string, putID int64, copies []*external.AreaCopy) error {
+	if err := checkCopyCount(len(copies)); err != nil {
+		return err
+	}
 	o.mu.Lock()
 	p := c.puts[putID]
 	switch {
@@ -73,7 +80,22 @@ func (o *Owner) putEnd(c *session, key string, putID int64) error {
 		}
 		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, aborted, or ended longer ago than the last %d puts)", putID, putEndMemory)
 	}
-	p.ending = make(chan struct{})
+	if err := o.checkPutCopiesLocked(c, p, copies); err != nil {
+		o.mu.Unlock()
+		return err
+	}
+	p.ending = make(chan struct{}) // no PutWrite starts from now on
+	if len(copies) > 0 {
+		c.copying++ // keeps the area mapped while PutWrites finish and ours runs
+		o.waitCopiesLocked(p)
+		area := c.area
+		o.mu.Unlock()
+		o.copyIn(area, p, copies)
+		o.mu.Lock()
+		c.copying--
+		o.copied.Broadcast()
+	}
+	o.waitCopiesLocked(p)
 	o.mu.Unlock()
 
 	err := o.publish(p)
@@ -117,6 +139,7 @@ func (o *Owner) putAbort(c *session, key string, putID int64) error {
 		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ended or aborted)", putID)
 	}
 	delete(c.puts, putID)
+	o.waitCopiesLocked(p) // a PutWrite still copying must not land in a freed range
 	o.mu.Unlock()
 	o.abandonPut(p)
 	return nil

@@ -28,10 +28,15 @@ type session struct {
 	puts    map[int64]*pendingPut
 	ended   endedPuts
 	closed  bool
+	// area is the session's put area under client isolation (nil without): the client
+	// writes values there, the owner copies them into the segment. Closed by endSession
+	// once copying is 0.
+	area    *shm.Segment
+	copying int // copies from area in progress (PutWrite, PutEnd)
 }
 
-func newSession(id, token int64, name string, cred shm.Cred, conn *net.UnixConn) *session {
-	return &session{id: id, token: token, name: name, cred: cred, conn: conn,
+func newSession(id, token int64, name string, cred shm.Cred, conn *net.UnixConn, area *shm.Segment) *session {
+	return &session{id: id, token: token, name: name, cred: cred, conn: conn, area: area,
 		holders: make(map[int64]*holding), puts: make(map[int64]*pendingPut)}
 }
 
@@ -48,6 +53,9 @@ type pendingPut struct {
 	// repeated PutEnd meanwhile waits for it and answers its outcome.
 	ending  chan struct{}
 	outcome error
+	// copying counts PutWrite copies into the put's range in progress: its range is
+	// not given back (abort, session end) nor published before they finish.
+	copying int
 }
 
 // endedPuts remembers the outcome of a session's last putEndMemory ended puts.
@@ -191,11 +199,15 @@ func (o *Owner) endSession(c *session, why string) {
 		}
 	}
 	c.puts = nil
+	for c.copying > 0 { // copies into its puts' ranges, from its area
+		o.copied.Wait()
+	}
 	o.mu.Unlock()
 	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)
 	for _, p := range puts {
 		o.abandonPut(p)
 	}
+	o.closePutArea(c)
 	o.log.Info().Int64("client", c.id).Str("name", c.name).Int32("pid", c.cred.Pid).
 		Int("holders", nh).Int("puts", len(puts)).Str("why", why).Msg("session ended")
 }

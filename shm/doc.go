@@ -8,7 +8,10 @@
 // offending process instead of corrupting a replica others read, and read-write only in
 // its put path. The segment is sealed against shrinking and growing before its fd ever
 // leaves the owner, and MapFd refuses an fd without those seals: nobody can truncate the
-// file under a live mapping and turn reads into SIGBUS.
+// file under a live mapping and turn reads into SIGBUS. Under client isolation the
+// owner also seals it with F_SEAL_FUTURE_WRITE once its own read-write mapping exists
+// (SegmentOptions.SealWrites): clients then map it read-only only, and write their values
+// into a per-session put area (CreatePutArea) the owner copies from.
 //
 // ListenUnix behaves like a daemon people trust (tailscale's safesocket): it refuses to
 // steal a socket another daemon is serving, removes only a stale socket, never removes

@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxRecvFds is how many fds one RecvFd makes room for. Only the first is kept; the room
-// for the rest lets us close what a confused or hostile peer sends instead of having the
-// kernel truncate the control message.
+// maxRecvFds is how many fds one RecvFd (RecvFds) makes room for. RecvFd keeps only the
+// first; the room for the rest lets us close what a confused or hostile peer sends
+// instead of having the kernel truncate the control message.
 const maxRecvFds = 16
 
 // ErrControlTruncated means a received message carried more ancillary data than RecvFd
@@ -25,13 +25,24 @@ var ErrControlTruncated = errors.New("shm: control message truncated")
 // the payload (a large payload on a full socket), the rest is written with plain writes;
 // the fd has already gone with the first part.
 func SendFd(conn *net.UnixConn, payload []byte, fd int) error {
+	return SendFds(conn, payload, fd)
+}
+
+// SendFds is SendFd for several fds (at most maxRecvFds), all in one SCM_RIGHTS message
+// and received in this order.
+func SendFds(conn *net.UnixConn, payload []byte, fds ...int) error {
 	if len(payload) == 0 {
 		return errors.New("send fd: payload must not be empty")
 	}
-	if fd < 0 {
-		return fmt.Errorf("send fd: invalid fd %d", fd)
+	if len(fds) == 0 || len(fds) > maxRecvFds {
+		return fmt.Errorf("send fd: %d fds, want 1 to %d", len(fds), maxRecvFds)
 	}
-	n, _, err := conn.WriteMsgUnix(payload, unix.UnixRights(fd), nil)
+	for _, fd := range fds {
+		if fd < 0 {
+			return fmt.Errorf("send fd: invalid fd %d", fd)
+		}
+	}
+	n, _, err := conn.WriteMsgUnix(payload, unix.UnixRights(fds...), nil)
 	if err != nil {
 		return fmt.Errorf("send fd: sendmsg: %w", err)
 	}
@@ -49,12 +60,23 @@ func SendFd(conn *net.UnixConn, payload []byte, fd int) error {
 // 0, -1, io.EOF. When err is not nil, fd is -1 and any received fds are closed; n still
 // counts the bytes consumed from the socket. The read honours conn's read deadline.
 func RecvFd(conn *net.UnixConn, buf []byte) (n int, fd int, err error) {
+	n, fds, err := RecvFds(conn, buf)
+	if len(fds) == 0 {
+		return n, -1, err
+	}
+	closeAll(fds[1:])
+	return n, fds[0], err
+}
+
+// RecvFds is RecvFd keeping every fd that came (up to maxRecvFds, in the order sent;
+// nil when none did). The caller owns them.
+func RecvFds(conn *net.UnixConn, buf []byte) (n int, fds []int, err error) {
 	if len(buf) == 0 {
-		return 0, -1, errors.New("recv fd: empty buffer")
+		return 0, nil, errors.New("recv fd: empty buffer")
 	}
 	rc, err := conn.SyscallConn()
 	if err != nil {
-		return 0, -1, fmt.Errorf("recv fd: %w", err)
+		return 0, nil, fmt.Errorf("recv fd: %w", err)
 	}
 	oob := make([]byte, unix.CmsgSpace(maxRecvFds*4))
 	var oobn, flags int
@@ -72,7 +94,7 @@ func RecvFd(conn *net.UnixConn, buf []byte) (n int, fd int, err error) {
 		err = rerr
 	}
 	if err != nil {
-		return 0, -1, fmt.Errorf("recv fd: recvmsg: %w", err)
+		return 0, nil, fmt.Errorf("recv fd: recvmsg: %w", err)
 	}
 	fds, perr := parseRights(oob[:oobn])
 	if perr == nil && flags&unix.MSG_CTRUNC != 0 {
@@ -80,16 +102,12 @@ func RecvFd(conn *net.UnixConn, buf []byte) (n int, fd int, err error) {
 	}
 	if perr != nil {
 		closeAll(fds)
-		return n, -1, fmt.Errorf("recv fd: %w", perr)
+		return n, nil, fmt.Errorf("recv fd: %w", perr)
 	}
 	if n == 0 && len(fds) == 0 && isStream(rc) {
-		return 0, -1, io.EOF
+		return 0, nil, io.EOF
 	}
-	if len(fds) == 0 {
-		return n, -1, nil
-	}
-	closeAll(fds[1:])
-	return n, fds[0], nil
+	return n, fds, nil
 }
 
 // parseRights returns every fd carried by SCM_RIGHTS messages in oob. On a parse error

@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -65,45 +63,63 @@ func ReadFrame(r io.Reader, max int) ([]byte, error) {
 // SendFrameWithFd sends one frame (length prefix and body) carrying fd, in one sendmsg:
 // the fd arrives with the frame's first bytes.
 func SendFrameWithFd(conn *net.UnixConn, body []byte, fd int) error {
+	return SendFrameWithFds(conn, body, fd)
+}
+
+// SendFrameWithFds is SendFrameWithFd for several fds (the attach reply of an isolating
+// owner carries the segment and the session's put area), received in this order.
+func SendFrameWithFds(conn *net.UnixConn, body []byte, fds ...int) error {
 	buf, err := encodeFrame(body)
 	if err != nil {
 		return err
 	}
-	if err := SendFd(conn, buf, fd); err != nil {
+	if err := SendFds(conn, buf, fds...); err != nil {
 		return fmt.Errorf("send frame: %w", err)
 	}
 	return nil
 }
 
 // RecvFrameWithFd reads one frame and the fd that came with its first bytes. fd is -1
-// when the frame carried none (the caller decides whether that is an error). It never
-// reads past the frame: the first recvmsg asks for the prefix only, a short first read
-// is completed with plain reads, and the body is read exactly. On error the received fd,
-// if any, is closed and fd is -1. Errors are those of ReadFrame.
+// when the frame carried none (the caller decides whether that is an error); fds beyond
+// the first are closed. Otherwise as RecvFrameWithFds.
 func RecvFrameWithFd(conn *net.UnixConn, max int) (body []byte, fd int, err error) {
+	body, fds, err := RecvFrameWithFds(conn, max)
+	if len(fds) == 0 {
+		return body, -1, err
+	}
+	closeAll(fds[1:])
+	return body, fds[0], err
+}
+
+// RecvFrameWithFds reads one frame and the fds that came with its first bytes (nil when
+// none did; the caller owns them). It never reads past the frame: the first recvmsg asks
+// for the prefix only, a short first read is completed with plain reads, and the body is
+// read exactly. On error the received fds are closed and fds is nil. Errors are those of
+// ReadFrame.
+func RecvFrameWithFds(conn *net.UnixConn, max int) (body []byte, fds []int, err error) {
 	var hdr [frameHeader]byte
-	n, fd, err := RecvFd(conn, hdr[:])
+	n, fds, err := RecvFds(conn, hdr[:])
 	if err != nil {
 		if err == io.EOF {
-			return nil, -1, io.EOF
+			return nil, nil, io.EOF
 		}
-		return nil, -1, fmt.Errorf("recv frame header: %w", err)
+		return nil, nil, fmt.Errorf("recv frame header: %w", err)
 	}
 	if n < frameHeader {
 		if _, err := io.ReadFull(conn, hdr[n:]); err != nil {
-			closeFd(fd)
+			closeAll(fds)
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			return nil, -1, fmt.Errorf("recv frame header: %w", err)
+			return nil, nil, fmt.Errorf("recv frame header: %w", err)
 		}
 	}
 	body, err = readBody(conn, hdr, max)
 	if err != nil {
-		closeFd(fd)
-		return nil, -1, err
+		closeAll(fds)
+		return nil, nil, err
 	}
-	return body, fd, nil
+	return body, fds, nil
 }
 
 func readBody(r io.Reader, hdr [frameHeader]byte, max int) ([]byte, error) {
@@ -163,10 +179,4 @@ func encodeFrame(body []byte) ([]byte, error) {
 	binary.BigEndian.PutUint32(buf, uint32(len(body)))
 	copy(buf[frameHeader:], body)
 	return buf, nil
-}
-
-func closeFd(fd int) {
-	if fd >= 0 {
-		unix.Close(fd)
-	}
 }

@@ -291,3 +291,43 @@ func TestReadFrameBodyGrowsAsBytesArrive(t *testing.T) {
 		t.Fatal("negative size accepted")
 	}
 }
+
+// TestFrameWithTwoFds sends the isolated attach reply's shape: one frame carrying the
+// segment and a put area. RecvFrameWithFds returns both in order; RecvFrameWithFd keeps
+// the first and closes the second.
+func TestFrameWithTwoFds(t *testing.T) {
+	checkFds(t)
+	seg := newSegment(t, 1)
+	copy(seg.Bytes(), "segment")
+	area, err := CreatePutArea("area", page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer area.Close()
+	copy(area.Bytes(), "area")
+	a, b := socketPair(t)
+	if err := SendFrameWithFds(a, []byte("two"), seg.Fd(), area.Fd()); err != nil {
+		t.Fatal(err)
+	}
+	body, fds, err := RecvFrameWithFds(b, 0)
+	if err != nil || string(body) != "two" || len(fds) != 2 {
+		t.Fatalf("RecvFrameWithFds = %q %v %v, want two fds", body, fds, err)
+	}
+	checkReceivedSegment(t, fds[0], seg, "segment")
+	checkReceivedSegment(t, fds[1], area, "area")
+	closeFdT(t, fds[0])
+	closeFdT(t, fds[1])
+
+	if err := SendFrameWithFds(a, []byte("again"), seg.Fd(), area.Fd()); err != nil {
+		t.Fatal(err)
+	}
+	body, fd, err := RecvFrameWithFd(b, 0)
+	if err != nil || string(body) != "again" {
+		t.Fatalf("RecvFrameWithFd = %q %v", body, err)
+	}
+	checkReceivedSegment(t, fd, seg, "segment")
+	closeFdT(t, fd)
+	if err := SendFrameWithFds(a, []byte("none")); err == nil {
+		t.Error("SendFrameWithFds without fds succeeded")
+	}
+}

@@ -97,7 +97,7 @@ func socketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
 // newSegment creates a segment of n pages closed at the end of the test.
 func newSegment(t *testing.T, pages int) *Segment {
 	t.Helper()
-	s, err := CreateSegment(t.Name(), int64(pages*os.Getpagesize()))
+	s, err := CreateSegment(t.Name(), int64(pages*os.Getpagesize()), SegmentOptions{})
 	if err != nil {
 		t.Fatalf("CreateSegment: %v", err)
 	}

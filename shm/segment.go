@@ -26,18 +26,31 @@ const maxMemfdName = 249
 // Close: the memory lives as long as any mapping or fd refers to it.
 // The methods are safe for concurrent use; the bytes themselves are not guarded.
 type Segment struct {
-	name string
-	size int64
+	name        string
+	size        int64
+	writeSealed bool
 
 	mu   sync.Mutex // protects fd, data
 	fd   int        // -1 once closed
 	data []byte     // nil once closed
 }
 
+// SegmentOptions tune CreateSegment.
+type SegmentOptions struct {
+	// SealWrites adds F_SEAL_FUTURE_WRITE once the segment is mapped read-write here:
+	// from then on every new writable mapping, write(2), hole punch and mprotect
+	// upgrade of the memfd fails with EPERM, whatever fd is used (a re-open of
+	// /proc/PID/fd/N included), while this process's own mapping, read(2) into it and
+	// O_DIRECT reads into it keep working. Client isolation (DESIGN §11).
+	SealWrites bool
+}
+
 // CreateSegment creates a memfd named name (visible in /proc/PID/fd as "memfd:name") of
-// size bytes, seals it with F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL and maps it MAP_SHARED
-// read-write. size must be positive and a multiple of the page size. The fd is close-on-exec.
-func CreateSegment(name string, size int64) (*Segment, error) {
+// size bytes and seals it in this order: F_SEAL_SHRINK|F_SEAL_GROW, a MAP_SHARED
+// read-write mapping, F_SEAL_FUTURE_WRITE when opts.SealWrites, then F_SEAL_SEAL (so no
+// holder of the fd can add or drop seals later). size must be positive and a multiple of
+// the page size. The fd is close-on-exec.
+func CreateSegment(name string, size int64, opts SegmentOptions) (*Segment, error) {
 	if err := checkSize(size, true); err != nil {
 		return nil, fmt.Errorf("create segment %q: %w", name, err)
 	}
@@ -48,20 +61,29 @@ func CreateSegment(name string, size int64) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create segment %q: memfd_create: %w", name, err)
 	}
-	if err := unix.Ftruncate(fd, size); err != nil {
+	fail := func(format string, args ...any) (*Segment, error) {
 		unix.Close(fd)
-		return nil, fmt.Errorf("create segment %q: ftruncate to %d bytes: %w", name, size, err)
+		return nil, fmt.Errorf("create segment %q: "+format, append([]any{name}, args...)...)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, requiredSeals|unix.F_SEAL_SEAL); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("create segment %q: seal: %w", name, err)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return fail("ftruncate to %d bytes: %w", size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, requiredSeals); err != nil {
+		return fail("seal shrink and grow: %w", err)
 	}
 	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("create segment %q: mmap %d bytes: %w", name, size, err)
+		return fail("mmap %d bytes: %w", size, err)
 	}
-	return &Segment{name: name, size: size, fd: fd, data: data}, nil
+	final := unix.F_SEAL_SEAL
+	if opts.SealWrites {
+		final |= unix.F_SEAL_FUTURE_WRITE
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, final); err != nil {
+		unix.Munmap(data)
+		return fail("seal (seals %#x): %w", final, err)
+	}
+	return &Segment{name: name, size: size, fd: fd, data: data, writeSealed: opts.SealWrites}, nil
 }
 
 // Name is the name the memfd was created with.
@@ -77,6 +99,10 @@ func (s *Segment) Fd() int {
 
 // Size is the segment's size in bytes.
 func (s *Segment) Size() int64 { return s.size }
+
+// WriteSealed reports whether the memfd carries F_SEAL_FUTURE_WRITE (SegmentOptions.SealWrites):
+// only this Segment's own mapping can write it.
+func (s *Segment) WriteSealed() bool { return s.writeSealed }
 
 // Bytes is the read-write mapping, nil after Close. The slice must not be used after
 // Close: the memory is unmapped and an access faults.
@@ -117,7 +143,8 @@ type Mapping struct {
 }
 
 // MapFd maps size bytes of the memfd fd MAP_SHARED, read-only or read-write. It first
-// checks with F_GET_SEALS that the file is sealed against shrinking and growing and
+// checks with F_GET_SEALS that the file is sealed against shrinking and growing (and,
+// for a writable mapping, not write-sealed: an isolated segment maps read-only) and
 // with fstat that it is exactly size bytes long, so the mapping can never lose pages
 // under its user. It does not take ownership of fd: the caller still closes it (the
 // mapping stays valid after that).
@@ -134,6 +161,9 @@ func MapFd(fd int, size int64, writable bool) (*Mapping, error) {
 	}
 	if seals&requiredSeals != requiredSeals {
 		return nil, fmt.Errorf("map fd %d: memfd is not sealed against shrink and grow (seals %#x, want %#x set)", fd, seals, requiredSeals)
+	}
+	if writable && seals&unix.F_SEAL_FUTURE_WRITE != 0 {
+		return nil, fmt.Errorf("map fd %d: memfd is write-sealed (F_SEAL_FUTURE_WRITE: the owner isolates its clients): map it read-only", fd)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {

@@ -30,7 +30,7 @@ func TestCreateSegmentRejectsBadArguments(t *testing.T) {
 		{strings.Repeat("n", 250), page, "at most 249"},
 		{"nul\x00byte", page, "memfd_create"},
 	} {
-		s, err := CreateSegment(tc.name, tc.size)
+		s, err := CreateSegment(tc.name, tc.size, SegmentOptions{})
 		if err == nil {
 			s.Close()
 			t.Errorf("CreateSegment(%.20q, %d) succeeded, want error containing %q", tc.name, tc.size, tc.want)
@@ -141,9 +141,13 @@ func TestSegmentSeals(t *testing.T) {
 	if _, err := unix.Pwrite(s.Fd(), []byte("x"), s.Size()); !errors.Is(err, unix.EPERM) {
 		t.Errorf("pwrite past the end: %v, want EPERM", err)
 	}
-	// F_SEAL_SEAL: nobody (a client included) can add seals, e.g. to freeze writes.
+	// F_SEAL_SEAL comes last: nobody (a client included) can add seals afterwards, e.g.
+	// to freeze writes of a segment that was created without SealWrites.
 	if _, err := unix.FcntlInt(uintptr(s.Fd()), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); !errors.Is(err, unix.EPERM) {
 		t.Errorf("adding F_SEAL_FUTURE_WRITE: %v, want EPERM", err)
+	}
+	if s.WriteSealed() {
+		t.Error("WriteSealed = true for a segment created without SealWrites")
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(s.Fd(), &st); err != nil || st.Size != 2*page {
@@ -197,7 +201,7 @@ func TestMapFdRejects(t *testing.T) {
 		{"pipe", pipe[0], page, false, "not a sealable memfd"},
 		{"closed fd", 1 << 20, page, false, "bad file descriptor"},
 		{"writable but write-sealed", memfd(t, unix.MFD_ALLOW_SEALING, page,
-			unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_FUTURE_WRITE), page, true, "mmap"},
+			unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_FUTURE_WRITE), page, true, "write-sealed"},
 	} {
 		m, err := MapFd(tc.fd, tc.size, tc.writable)
 		if err == nil {
@@ -259,7 +263,7 @@ func faultChild() {
 		fmt.Printf(format+"\n", args...)
 		os.Exit(3)
 	}
-	s, err := CreateSegment("fault", page)
+	s, err := CreateSegment("fault", page, SegmentOptions{})
 	if err != nil {
 		fail("CreateSegment: %v", err)
 	}

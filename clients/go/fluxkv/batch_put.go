@@ -12,7 +12,8 @@ import (
 )
 
 // PutItem is one value of a BatchPut: Value, or (when Fill is set) Len bytes written by
-// Fill straight into the segment, as PutWithID does.
+// Fill straight into the segment, as PutWithID does (under client isolation into the put
+// area, or a scratch buffer when Len exceeds the area; see PutWith).
 type PutItem struct {
 	Key   string
 	Value []byte
@@ -35,12 +36,26 @@ func (it *PutItem) fill(putID int64, dst []byte) error {
 	return nil
 }
 
+// whole is the whole value as one slice: Value, or a scratch buffer Fill wrote (a value
+// streamed through the put area under isolation).
+func (it *PutItem) whole(putID int64) ([]byte, error) {
+	if it.Fill == nil {
+		return it.Value, nil
+	}
+	b := make([]byte, it.Len)
+	if err := it.Fill(putID, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // BatchPut stores many values. It checks every item first: a bad key or a length that
 // is empty or larger than the segment fails the whole batch with ErrInvalidArgument
 // before anything is started. Then it sends the items in waves (BatchPutStart, copy,
 // BatchPutEnd), each of at most wire.MaxBatch items holding at most
-// wire.PutWaveBytes(segment) bytes started and not yet ended (an item larger than that
-// goes alone), so the batch never waits for space only it holds. errs[i] is item i's
+// wire.PutWaveBytes(segment) bytes started and not yet ended (under client isolation
+// also at most the put area; an item larger than the bound goes alone), so the batch
+// never waits for space only it holds. errs[i] is item i's
 // outcome; err is set only when nothing was attempted. The retry rules are Put's.
 func (c *Client) BatchPut(items []PutItem, opts PutOptions) (errs []error, err error) {
 	seg := c.SegmentSize()
@@ -54,7 +69,11 @@ func (c *Client) BatchPut(items []PutItem, opts PutOptions) (errs []error, err e
 	}
 	errs = make([]error, len(items))
 	for lo := 0; lo < len(items); {
-		hi := lo + waveLen(items[lo:], wire.PutWaveBytes(c.SegmentSize()))
+		budget := wire.PutWaveBytes(c.SegmentSize())
+		if area := c.PutAreaSize(); area > 0 {
+			budget = min(budget, area) // isolation: a wave's values fit the area together
+		}
+		hi := lo + waveLen(items[lo:], budget)
 		c.putWave(items, lo, hi, opts, errs)
 		lo = hi
 	}
@@ -124,25 +143,41 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		}
 		return nil
 	}
-	var ends []*external.PutEndItem
-	var ended []int // item index of each ends entry
+	var ok []int // positions in idx of the items started
 	for j, i := range idx {
 		res := r.Results[j]
 		if errs[i] = wire.FromResponse(res.Code, res.Message); errs[i] != nil {
 			errs[i] = fmt.Errorf("item %d (%q): %w", i, items[i].Key, errs[i])
 			continue
 		}
-		n := items[i].size()
-		if res.Offset < 0 || res.Offset+n > a.reply.SegmentSize {
+		if res.Offset < 0 || res.Offset+items[i].size() > a.reply.SegmentSize {
 			errs[i] = fmt.Errorf("%w: owner returned offset %d for %q outside the segment", ErrUnavailable, res.Offset, items[i].Key)
 			c.abort(a, []*external.PutEndItem{{Key: items[i].Key, PutId: res.PutId}})
 			continue
 		}
-		if errs[i] = items[i].fill(res.PutId, a.rw.Bytes()[res.Offset:res.Offset+n:res.Offset+n]); errs[i] != nil {
+		ok = append(ok, j)
+	}
+	copies := make([][]*external.AreaCopy, len(idx))
+	werrs := make([]error, len(idx))
+	if a.area != nil {
+		a.areaMu.Lock()
+		defer a.areaMu.Unlock() // held until BatchPutEnd is answered
+		c.writeWaveToArea(a, items, idx, r.Results, ok, copies, werrs)
+	} else {
+		for _, j := range ok {
+			it, res := &items[idx[j]], r.Results[j]
+			werrs[j] = it.fill(res.PutId, a.rw.Bytes()[res.Offset:res.Offset+it.size():res.Offset+it.size()])
+		}
+	}
+	var ends []*external.PutEndItem
+	var ended []int // item index of each ends entry
+	for _, j := range ok {
+		i, res := idx[j], r.Results[j]
+		if errs[i] = werrs[j]; errs[i] != nil {
 			c.abort(a, []*external.PutEndItem{{Key: items[i].Key, PutId: res.PutId}})
 			continue
 		}
-		ends = append(ends, &external.PutEndItem{Key: items[i].Key, PutId: res.PutId})
+		ends = append(ends, &external.PutEndItem{Key: items[i].Key, PutId: res.PutId, Copies: copies[j]})
 		ended = append(ended, i)
 	}
 	if len(ends) == 0 {

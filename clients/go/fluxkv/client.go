@@ -76,12 +76,18 @@ func (o *Options) setDefaults() {
 }
 
 // attachment is one attach session with one owner incarnation: the attach connection
-// (its close ends the session), the owner's reply, both mappings of the segment and
-// the pooled RPC connections.
+// (its close ends the session), the owner's reply, the mappings and the pooled RPC
+// connections. Without isolation the segment is mapped twice, read-only (ro) and
+// read-write for the put path (rw); an isolating owner (reply.Isolated) write-seals it,
+// so it is mapped read-only only (rw is nil) and puts go through the session's put area.
 type attachment struct {
 	conn   *net.UnixConn
 	reply  *external.AttachReply
 	ro, rw *shm.Mapping
+	area   *shm.Mapping // isolation: the put area, read-write; nil without
+	// areaMu serializes the puts that use area, from the first byte written into it
+	// until the PutWrite / PutEnd that copies it is answered.
+	areaMu sync.Mutex
 	idle   chan *rpcConn
 }
 
@@ -132,40 +138,60 @@ func attach(opts Options) (*attachment, error) {
 		conn.Close()
 		return nil, fmt.Errorf("attach hello: %w", err)
 	}
-	body, fd, err := shm.RecvFrameWithFd(conn, wire.MaxAttachFrameBytes)
+	body, fds, err := shm.RecvFrameWithFds(conn, wire.MaxAttachFrameBytes)
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("attach reply: %w", err)
 	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd) // the mappings stay valid
+		}
+	}()
 	reply := &external.AttachReply{}
 	if _, err := reply.FastRead(body); err != nil {
-		unixClose(fd)
 		conn.Close()
 		return nil, fmt.Errorf("attach reply: %w", err)
 	}
 	if err := wire.FromResponse(reply.Code, reply.Message); err != nil {
-		unixClose(fd)
 		conn.Close()
 		return nil, fmt.Errorf("attach: %w", err)
 	}
-	if fd < 0 {
-		conn.Close()
-		return nil, fmt.Errorf("attach: the owner sent no segment fd")
-	}
-	defer unixClose(fd)
-	conn.SetDeadline(time.Time{})
-	ro, err := shm.MapFd(fd, reply.SegmentSize, false)
+	a, err := mapAttachment(reply, fds)
 	if err != nil {
 		conn.Close()
+		return nil, err
+	}
+	conn.SetDeadline(time.Time{})
+	a.conn, a.idle = conn, make(chan *rpcConn, opts.MaxIdleConns)
+	return a, nil
+}
+
+// mapAttachment maps what an attach reply carried: the segment (fds[0]), read-only and,
+// without isolation, read-write; under isolation the put area (fds[1]) read-write.
+func mapAttachment(reply *external.AttachReply, fds []int) (*attachment, error) {
+	want := 1
+	if reply.Isolated {
+		want = 2
+	}
+	if len(fds) != want {
+		return nil, fmt.Errorf("attach: the reply carried %d fds, want %d (isolated=%t)", len(fds), want, reply.Isolated)
+	}
+	ro, err := shm.MapFd(fds[0], reply.SegmentSize, false)
+	if err != nil {
 		return nil, fmt.Errorf("map segment: %w", err)
 	}
-	rw, err := shm.MapFd(fd, reply.SegmentSize, true)
+	a := &attachment{reply: reply, ro: ro}
+	if reply.Isolated {
+		a.area, err = shm.MapFd(fds[1], reply.PutAreaSize, true)
+	} else {
+		a.rw, err = shm.MapFd(fds[0], reply.SegmentSize, true)
+	}
 	if err != nil {
 		ro.Close()
-		conn.Close()
-		return nil, fmt.Errorf("map segment: %w", err)
+		return nil, fmt.Errorf("map segment or put area: %w", err)
 	}
-	return &attachment{conn: conn, reply: reply, ro: ro, rw: rw, idle: make(chan *rpcConn, opts.MaxIdleConns)}, nil
+	return a, nil
 }
 
 // close drops the session and the pooled connections; unmap only when no holder can
@@ -182,14 +208,11 @@ func (a *attachment) close(unmap bool) {
 	}
 	a.conn.Close()
 	if unmap {
-		a.rw.Close()
-		a.ro.Close()
-	}
-}
-
-func unixClose(fd int) {
-	if fd >= 0 {
-		unix.Close(fd)
+		for _, m := range []*shm.Mapping{a.rw, a.area, a.ro} {
+			if m != nil {
+				m.Close()
+			}
+		}
 	}
 }
 
@@ -206,6 +229,14 @@ func (c *Client) SegmentSize() int64 { return c.current().reply.SegmentSize }
 func (c *Client) ClientID() int64    { return c.current().reply.ClientId }
 func (c *Client) Segment() []byte    { return c.current().ro.Bytes() }
 func (c *Client) Options() Options   { return c.opts }
+
+// Isolated reports whether the owner isolates its clients (DESIGN §11): the segment is
+// mapped read-only only and puts go through the session's put area.
+func (c *Client) Isolated() bool { return c.current().reply.Isolated }
+
+// PutAreaSize is the session's put area size under isolation (0 without): values up to
+// it are copied once into the area, larger ones streamed through it.
+func (c *Client) PutAreaSize() int64 { return c.current().reply.PutAreaSize }
 
 // SessionToken is the session's secret; with ClientID and Generation it lets callers
 // build raw requests for Call.

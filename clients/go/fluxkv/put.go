@@ -23,13 +23,18 @@ const putEndTries = 3
 // before the answer to its PutEnd came back, so whether the value was published is unknown.
 var errOutcomeUnknown = errors.New("the put's outcome is unknown")
 
-// Put stores value under key: one copy, into the shared segment.
+// Put stores value under key: one copy, into the shared segment (under client
+// isolation into the session's put area, which the owner copies from).
 func (c *Client) Put(key string, value []byte) error {
-	return c.PutWith(key, int64(len(value)), PutOptions{}, func(dst []byte) error { copy(dst, value); return nil })
+	_, err := c.put(&PutItem{Key: key, Value: value}, PutOptions{})
+	return err
 }
 
 // PutWith reserves n bytes for key, lets fill write them straight into the shared
-// segment, then publishes the value. If fill fails the put is aborted.
+// segment, then publishes the value. If fill fails the put is aborted. Under client
+// isolation fill writes into the session's put area instead (into a scratch buffer of
+// n bytes when n exceeds the area: the value is then streamed), and must not put
+// through the same client (the area is held while fill runs).
 func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []byte) error) error {
 	_, err := c.PutWithID(key, n, opts, func(_ int64, dst []byte) error { return fill(dst) })
 	return err
@@ -42,26 +47,32 @@ func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []b
 // set, the whole put is redone on the new session, with a new put_id; with
 // RejectIfExists the put fails with ErrUnavailable saying its outcome is unknown.
 func (c *Client) PutWithID(key string, n int64, opts PutOptions, fill func(putID int64, dst []byte) error) (int64, error) {
-	if err := wire.ValidateKey(key); err != nil {
+	return c.put(&PutItem{Key: key, Len: n, Fill: fill}, opts)
+}
+
+// put runs one put by the retry rules (see PutWithID).
+func (c *Client) put(it *PutItem, opts PutOptions) (int64, error) {
+	if err := wire.ValidateKey(it.Key); err != nil {
 		return 0, err
 	}
-	if err := wire.ValidateLen(n, c.SegmentSize()); err != nil {
+	if err := wire.ValidateLen(it.size(), c.SegmentSize()); err != nil {
 		return 0, err
 	}
 	for redo := 0; ; redo++ {
-		id, err := c.putOnce(key, n, opts, fill)
+		id, err := c.putOnce(it, opts)
 		if !errors.Is(err, errOutcomeUnknown) {
 			return id, err
 		}
 		if opts.RejectIfExists || redo > 0 {
-			return 0, fmt.Errorf("%w: put %q (put_id %d): %v", ErrUnavailable, key, id, err)
+			return 0, fmt.Errorf("%w: put %q (put_id %d): %v", ErrUnavailable, it.Key, id, err)
 		}
 		c.stats.putRedos.Add(1)
 	}
 }
 
-// putOnce runs PutStart, fill and PutEnd on one session.
-func (c *Client) putOnce(key string, n int64, opts PutOptions, fill func(putID int64, dst []byte) error) (int64, error) {
+// putOnce runs PutStart, the write and PutEnd on one session.
+func (c *Client) putOnce(it *PutItem, opts PutOptions) (int64, error) {
+	key, n := it.Key, it.size()
 	start, a, err := invoke(c, call{method: "PutStart", retry: retryUnsent, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServicePutStartArgs{Req: &external.PutStartRequest{
 			Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}}
@@ -73,18 +84,32 @@ func (c *Client) putOnce(key string, n int64, opts PutOptions, fill func(putID i
 		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
 		return 0, fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
 	}
-	if err := fill(start.PutId, a.rw.Bytes()[start.Offset:start.Offset+n:start.Offset+n]); err != nil {
+	var copies []*external.AreaCopy
+	if a.area != nil {
+		a.areaMu.Lock()
+		defer a.areaMu.Unlock()
+		var cp *external.AreaCopy
+		if a.areaFits(0, n) {
+			cp, err = stage(a, it, start.PutId, 0)
+		} else {
+			cp, err = c.stream(a, it, start.PutId, true)
+		}
+		copies = []*external.AreaCopy{cp}
+	} else {
+		err = it.fill(start.PutId, a.rw.Bytes()[start.Offset:start.Offset+n:start.Offset+n])
+	}
+	if err != nil {
 		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
 		return 0, err
 	}
 	_, _, err = putEnd(c, a, call{method: "PutEnd", args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServicePutEndArgs{Req: &external.PutEndRequest{Session: s, Key: key, PutId: start.PutId}}
+		return &external.ExternalServicePutEndArgs{Req: &external.PutEndRequest{Session: s, Key: key, PutId: start.PutId, Copies: copies}}
 	}}, &external.ExternalServicePutEndResult{})
 	return start.PutId, err
 }
 
-// putEnd sends a PutEnd (or BatchPutEnd) by the rule of protocol/external.thrift: after a
-// lost reply it is sent again on the same session (the owner answers a repeated PutEnd
+// putEnd sends a PutEnd (or BatchPutEnd, PutWrite) by the rule of protocol/external.thrift:
+// after a lost reply it is sent again on the same session (the owner answers a repeated PutEnd
 // with the first outcome), never elsewhere. When the session is gone (STALE_GENERATION,
 // or the attach connection closed) the outcome is unknown: it re-attaches and returns an
 // error wrapping errOutcomeUnknown. A repeated PutEnd answered INVALID_ARGUMENT (the

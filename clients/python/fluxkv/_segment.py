@@ -3,7 +3,9 @@
 ``ro`` is mapped PROT_READ|MAP_SHARED: every holder view handed to users (memoryview,
 numpy, DLPack) points into it, so a stray write faults in the offending process instead of
 corrupting a replica other processes read. ``rw`` is mapped PROT_READ|PROT_WRITE and is
-touched only by the put path, which copies a value into it exactly once.
+touched only by the put path, which copies a value into it exactly once. Under client
+isolation (DESIGN.md §11) the owner write-seals the segment: it is mapped read-only only
+(``rw`` is None) and the put path writes into the session's :class:`PutArea` instead.
 
 Views are exported through small ctypes arrays laid over the read-only mapping
 (:meth:`Segment.export`). Python's buffer protocol keeps such an array alive for as long
@@ -19,7 +21,7 @@ import ctypes
 import mmap
 import os
 
-__all__ = ["Segment", "buffer_address"]
+__all__ = ["Segment", "PutArea", "buffer_address"]
 
 
 class _PyBuffer(ctypes.Structure):
@@ -68,17 +70,15 @@ class Segment:
 
     __slots__ = ("size", "ro", "rw", "ro_base", "rw_base", "__weakref__")
 
-    def __init__(self, fd: int, size: int):
-        if size <= 0:
-            raise ValueError(f"segment size {size} must be positive")
-        st = os.fstat(fd)
-        if st.st_size < size:
-            raise ValueError(f"memfd holds {st.st_size} bytes, less than the announced segment size {size}")
+    def __init__(self, fd: int, size: int, writable: bool = True):
+        _check_fd_size(fd, size, "segment")
         self.size = size
         self.ro = mmap.mmap(fd, size, access=mmap.ACCESS_READ)  # MAP_SHARED, PROT_READ
-        self.rw = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)  # MAP_SHARED, PROT_READ|PROT_WRITE
         self.ro_base = buffer_address(self.ro)
-        self.rw_base = buffer_address(self.rw)
+        self.rw = self.rw_base = None
+        if writable:
+            self.rw = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)  # MAP_SHARED, PROT_READ|PROT_WRITE
+            self.rw_base = buffer_address(self.rw)
 
     def contains(self, offset: int, length: int) -> bool:
         return 0 <= offset and 0 < length and offset + length <= self.size
@@ -95,14 +95,7 @@ class Segment:
     def write(self, offset: int, src, length: int) -> None:
         """The put path's one copy: the C-contiguous buffer ``src`` (``length`` bytes) into
         rw at offset. The copy runs without the GIL."""
-        view = _PyBuffer()
-        _GetBuffer(src, ctypes.byref(view), _PyBUF_SIMPLE)
-        try:
-            if view.len != length:
-                raise ValueError(f"buffer holds {view.len} bytes, expected {length}")
-            ctypes.memmove(self.rw_base + offset, view.buf, length)
-        finally:
-            _ReleaseBuffer(ctypes.byref(view))
+        _copy_in(self.rw_base, offset, src, length)
 
     def read_bytes(self, offset: int, length: int) -> bytes:
         return self.ro[offset : offset + length]
@@ -118,3 +111,40 @@ class Segment:
             ctypes.memmove(view.buf, self.ro_base + offset, length)
         finally:
             _ReleaseBuffer(ctypes.byref(view))
+
+
+class PutArea:
+    """The session's put area under client isolation: a memfd the owner created for this
+    session, mapped read-write. Values are written here and the owner copies them into the
+    write-sealed segment (AreaCopy ranges of PutWrite / PutEnd)."""
+
+    __slots__ = ("size", "rw", "rw_base", "__weakref__")
+
+    def __init__(self, fd: int, size: int):
+        _check_fd_size(fd, size, "put area")
+        self.size = size
+        self.rw = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        self.rw_base = buffer_address(self.rw)
+
+    def write(self, offset: int, src, length: int) -> None:
+        """Copy the C-contiguous buffer ``src`` (``length`` bytes) in at offset, without the GIL."""
+        _copy_in(self.rw_base, offset, src, length)
+
+
+def _check_fd_size(fd: int, size: int, what: str) -> None:
+    if size <= 0:
+        raise ValueError(f"{what} size {size} must be positive")
+    st = os.fstat(fd)
+    if st.st_size < size:
+        raise ValueError(f"memfd holds {st.st_size} bytes, less than the announced {what} size {size}")
+
+
+def _copy_in(base: int, offset: int, src, length: int) -> None:
+    view = _PyBuffer()
+    _GetBuffer(src, ctypes.byref(view), _PyBUF_SIMPLE)
+    try:
+        if view.len != length:
+            raise ValueError(f"buffer holds {view.len} bytes, expected {length}")
+        ctypes.memmove(base + offset, view.buf, length)
+    finally:
+        _ReleaseBuffer(ctypes.byref(view))

@@ -136,8 +136,9 @@ def recv_frame_with_fds(sock: socket.socket, max_frame: int = MAX_ATTACH_FRAME) 
 
 
 def attach(path: str, name: str, pid: int, timeout: float):
-    """Attach to the owner at ``path``. Returns (attach socket, AttachReply, memfd).
-    Raises Unavailable when nobody listens there, the matching Error for a refusal."""
+    """Attach to the owner at ``path``. Returns (attach socket, AttachReply, fds): the
+    segment's memfd, and under client isolation (``reply.isolated``) the session's put area
+    second. Raises Unavailable when nobody listens there, the matching Error for a refusal."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
@@ -167,16 +168,22 @@ def attach(path: str, name: str, pid: int, timeout: float):
                 raise error_for(reply.code if reply.code is not None else ErrorCode.INTERNAL, f"attach refused: {reply.message or ''}")
             if reply.protocol_version not in (None, PROTOCOL_VERSION):
                 raise Error(f"owner speaks protocol version {reply.protocol_version}, this client {PROTOCOL_VERSION}")
-            if len(fds) != 1:
-                raise Error(f"attach reply carried {len(fds)} file descriptors, expected the segment's memfd")
+            want = 2 if reply.isolated else 1
+            if len(fds) != want:
+                raise Error(
+                    f"attach reply carried {len(fds)} file descriptors, expected {want} "
+                    f"(the segment's memfd{', then the put area' if reply.isolated else ''})"
+                )
             if not reply.segment_size or reply.segment_size <= 0:
                 raise Error(f"attach reply announces segment size {reply.segment_size}")
+            if reply.isolated and (not reply.put_area_size or reply.put_area_size <= 0):
+                raise Error(f"attach reply announces put area size {reply.put_area_size}")
         except BaseException:
             for fd in fds:
                 os.close(fd)
             raise
         sock.settimeout(None)
-        return sock, reply, fds[0]
+        return sock, reply, fds
     except BaseException:
         sock.close()
         raise

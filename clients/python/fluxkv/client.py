@@ -34,6 +34,7 @@ from thrift.transport.TTransport import TTransportException
 from fluxkv._gen.common.ttypes import ErrorCode
 from fluxkv._gen.external.constants import MAX_BATCH, MAX_RELEASES_PER_CALL, PUT_WAVE_SEGMENT_DIVISOR
 from fluxkv._gen.external.ttypes import (
+    AreaCopy,
     BatchKeysRequest,
     BatchPutAbortRequest,
     BatchPutEndRequest,
@@ -47,11 +48,12 @@ from fluxkv._gen.external.ttypes import (
     PutOptions,
     PutStartItem,
     PutStartRequest,
+    PutWriteRequest,
     ReleaseRequest,
     Session,
     StatRequest,
 )
-from fluxkv._segment import Segment
+from fluxkv._segment import PutArea, Segment
 from fluxkv._wire import RPCConnection, attach, resolve_socket
 from fluxkv.errors import Error, InvalidArgument, Unavailable, error_for, raise_for
 from fluxkv.holder import MemHolder, writable_nbytes
@@ -107,14 +109,20 @@ class _Session:
 
     def __init__(self, client: "Client", path: str, name: str, attach_timeout: float, timeout: float, max_idle: int):
         self.pid = os.getpid()
-        sock, reply, fd = attach(path, name, self.pid, attach_timeout)
+        sock, reply, fds = attach(path, name, self.pid, attach_timeout)
         try:
-            self.segment = Segment(fd, reply.segment_size)
+            # Under client isolation the segment is write-sealed: never mapped writable.
+            self.segment = Segment(fds[0], reply.segment_size, writable=not reply.isolated)
+            self.area = PutArea(fds[1], reply.put_area_size) if reply.isolated else None
         except BaseException:
             sock.close()
             raise
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
+        # Serializes the puts that use the put area, from the first byte written into it
+        # until the PutWrite / PutEnd that copies it is answered.
+        self.area_lock = threading.Lock()
         self.attach_sock = sock
         self.path = path
         self.client_id = reply.client_id
@@ -534,7 +542,17 @@ class Client:
         (the outcome is unknown; without it the put is redone on the new session)."""
         k = _norm_key(key)
         obj, n = _norm_value(value)
-        self._put(k, n, bool(reject_if_exists), lambda s, put_id, off: s.segment.write(off, obj, n))
+
+        def write(s, put_id, off):
+            if s.area is None:
+                s.segment.write(off, obj, n)
+                return None
+            if n <= s.area.size:
+                s.area.write(0, obj, n)
+                return [AreaCopy(0, 0, n)]
+            return self._stream(s, k, put_id, obj, keep_last=True)
+
+        self._put(k, n, bool(reject_if_exists), write)
 
     def put_with(self, key, size: int, fill, reject_if_exists: bool = False) -> int:
         """Store ``size`` bytes under ``key`` written by ``fill(put_id, view)`` straight into
@@ -542,44 +560,69 @@ class Client:
         value may be derived from (key, put_id). ``view`` is a writable memoryview of exactly
         ``size`` bytes, valid only during the call. If ``fill`` raises, the put is aborted
         and the exception propagates. ``fill`` may run twice, with a new put_id, when the
-        put is redone after an owner restart (see :meth:`put`)."""
+        put is redone after an owner restart (see :meth:`put`). Under client isolation
+        ``view`` lies in the session's put area, or, when ``size`` exceeds the area, in a
+        scratch buffer that is then streamed through it; ``fill`` must not put through the
+        same client then (the area is held while it runs)."""
         k = _norm_key(key)
         n = operator.index(size)
 
         def write(s, put_id, off):
-            base = memoryview(s.segment.rw)
-            view = base[off : off + n]
-            try:
-                fill(put_id, view)
-            finally:
-                try:
-                    view.release()
-                    base.release()
-                except BufferError:
-                    pass  # fill kept an export of the view: the mapping outlives it anyway
+            if s.area is None:
+                _fill_view(s.segment.rw, off, n, put_id, fill)
+                return None
+            if n <= s.area.size:
+                _fill_view(s.area.rw, 0, n, put_id, fill)
+                return [AreaCopy(0, 0, n)]
+            scratch = bytearray(n)
+            fill(put_id, memoryview(scratch))
+            return self._stream(s, k, put_id, scratch, keep_last=True)
 
         return self._put(k, n, bool(reject_if_exists), write)
 
+    def _stream(self, s: _Session, k: str, put_id: int, obj, keep_last: bool):
+        """Client isolation: send a value larger than the put area through it, one area-full
+        part at a time, each copied by a PutWrite (resent on the same session after a lost
+        reply). With ``keep_last`` the last part is not sent: its copy is returned for the
+        PutEnd to carry. The caller holds ``s.area_lock``."""
+        with memoryview(obj) as mv, mv.cast("B") as src:
+            n, size = len(src), s.area.size
+            off = 0
+            while off < n:
+                part = min(size, n - off)
+                s.area.write(0, src[off : off + part], part)
+                cp = AreaCopy(off, 0, part)
+                off += part
+                if off == n and keep_last:
+                    return [cp]
+                r, retried = self._put_end(s, lambda c, ss: c.PutWrite(PutWriteRequest(ss, k, put_id, [cp])))
+                if retried and r.code == _INVALID:
+                    raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
+                raise_for(r.code, r.message)
+        return None
+
     def _put(self, k: str, n: int, reject: bool, write) -> int:
         """One put by the retry rules: PutStart (retried only when unsent or after the session
-        ended), write(session, put_id, offset), then PutEnd (resent on the same session after
+        ended), write(session, put_id, offset) (it returns the put area copies PutEnd carries
+        under client isolation, None without), then PutEnd (resent on the same session after
         a lost reply). A put whose outcome became unknown is redone once without
         ``reject``, reported Unavailable with it."""
         opts = PutOptions(reject)
         for redo in (False, True):
             s, put_id, off = self._run(lambda s: _put_start(s, k, n, opts), lost_reply=False)
             try:
-                if not s.segment.contains(off, n):
-                    raise Error(
-                        f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
-                        ErrorCode.INTERNAL,
-                    )
-                write(s, put_id, off)
-            except BaseException:
-                _abort(s, [(k, put_id)])
-                raise
-            try:
-                r, retried = self._put_end(s, lambda c, ss: c.PutEnd(PutEndRequest(ss, k, put_id)))
+                with _area_turn(s):
+                    try:
+                        if not s.segment.contains(off, n):
+                            raise Error(
+                                f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
+                                ErrorCode.INTERNAL,
+                            )
+                        copies = write(s, put_id, off)
+                    except BaseException:
+                        _abort(s, [(k, put_id)])
+                        raise
+                    r, retried = self._put_end(s, lambda c, ss: c.PutEnd(PutEndRequest(ss, k, put_id, copies)))
                 if retried and r.code == _INVALID:
                     raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
             except _OutcomeUnknown as e:
@@ -674,6 +717,9 @@ class Client:
         opts = PutOptions(bool(reject_if_exists))
         errors: list = [None] * len(prepared)
         budget = max(seg // PUT_WAVE_SEGMENT_DIVISOR, 1)
+        area = self._current().area
+        if area is not None:
+            budget = min(budget, area.size)  # client isolation: a wave's values fit the area together
         lo = 0
         while lo < len(prepared):
             hi, nbytes = lo, 0
@@ -734,17 +780,20 @@ class Client:
                     _abort(s, [(k, res.put_id)])
                 else:
                     started.append((i, res.put_id, res.offset))
-            for i, _, off in started:
-                _, obj, n = prepared[i]
-                s.segment.write(off, obj, n)
         except BaseException:
             _abort(s, [(prepared[i][0], pid) for i, pid, _ in started])  # none of them was ended
             raise
         if not started:
             return []
-        ends = [PutEndItem(prepared[i][0], pid) for i, pid, _ in started]
         try:
-            r, retried = self._put_end(s, lambda c, ss: c.BatchPutEnd(BatchPutEndRequest(ss, ends)))
+            with _area_turn(s):
+                try:
+                    copies = self._write_wave(s, prepared, started)
+                except BaseException:
+                    _abort(s, [(prepared[i][0], pid) for i, pid, _ in started])  # none of them was ended
+                    raise
+                ends = [PutEndItem(prepared[i][0], pid, cps) for (i, pid, _), cps in zip(started, copies)]
+                r, retried = self._put_end(s, lambda c, ss: c.BatchPutEnd(BatchPutEndRequest(ss, ends)))
         except _OutcomeUnknown as e:
             for i, _, _ in started:
                 errors[i] = e
@@ -765,6 +814,32 @@ class Client:
             elif res.code != _OK:
                 errors[i] = error_for(res.code, f"key {k!r}: {res.message or ''}")
         return unknown
+
+    def _write_wave(self, s: _Session, prepared: list, started: list) -> list:
+        """Write a wave's started items (item index, put_id, offset); returns the put area
+        copies each item's PutEndItem carries (None without isolation). Under isolation the
+        items that fit the area together get distinct offsets; any other (a wave holds such
+        an item alone, unless the area changed with a re-attach) is streamed first, every
+        part by PutWrite. The caller holds ``s.area_lock``."""
+        if s.area is None:
+            for i, _, off in started:
+                _, obj, n = prepared[i]
+                s.segment.write(off, obj, n)
+            return [None] * len(started)
+        copies: list = [None] * len(started)
+        at, used = {}, 0
+        for j, (i, pid, _) in enumerate(started):
+            k, obj, n = prepared[i]
+            if n <= s.area.size - used:
+                at[j], used = used, used + n
+            else:
+                self._stream(s, k, pid, obj, keep_last=False)
+        for j, off in at.items():
+            i = started[j][0]
+            _, obj, n = prepared[i]
+            s.area.write(off, obj, n)
+            copies[j] = [AreaCopy(0, off, n)]
+        return copies
 
     def batch_get(self, keys) -> list:
         """One holder (or None for a miss) per key. Any other per-key error releases the
@@ -815,6 +890,37 @@ def _put_start(s: _Session, k: str, n: int, opts: PutOptions):
     r = s.call(lambda c, ss: c.PutStart(PutStartRequest(ss, k, n, opts)))
     raise_for(r.code, r.message)
     return s, r.put_id, r.offset
+
+
+class _NoTurn:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_TURN = _NoTurn()
+
+
+def _area_turn(s: _Session):
+    """The put area lock of an isolated session (the threads sharing a client take turns on
+    the area); nothing to hold without isolation."""
+    return s.area_lock if s.area is not None else _NO_TURN
+
+
+def _fill_view(mapping, off: int, n: int, put_id: int, fill) -> None:
+    """fill(put_id, view) over mapping[off:off+n], the view released afterwards."""
+    base = memoryview(mapping)
+    view = base[off : off + n]
+    try:
+        fill(put_id, view)
+    finally:
+        try:
+            view.release()
+            base.release()
+        except BufferError:
+            pass  # fill kept an export of the view: the mapping outlives it anyway
 
 
 def _abort(s: _Session, puts) -> None:

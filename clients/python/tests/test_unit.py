@@ -19,6 +19,7 @@ import pytest
 import fluxkv
 from fluxkv import _dlpack, _wire
 from fluxkv._gen.common.ttypes import ErrorCode
+from fluxkv._gen.external.constants import PROTOCOL_VERSION
 from fluxkv._gen.external.ttypes import AttachHello, AttachReply
 from fluxkv._segment import Segment, buffer_address
 from fluxkv.client import _norm_key, _norm_value
@@ -140,7 +141,7 @@ def _reply(**kw) -> AttachReply:
     base = dict(
         code=ErrorCode.OK,
         message="",
-        protocol_version=1,
+        protocol_version=PROTOCOL_VERSION,
         client_id=7,
         session_token=99,
         owner_generation=5,
@@ -198,11 +199,13 @@ def test_attach_roundtrip_split_frame(tmp_path):
     fd = _memfd(1 << 20, b"segment!")
     peer = FakeAttachPeer(path, _reply(), fds=[fd], chunks=(3, 5), trailing=b"NEXT")
     try:
-        sock, reply, got_fd = _wire.attach(path, "unit", 4242, timeout=5)
+        sock, reply, got_fds = _wire.attach(path, "unit", 4242, timeout=5)
+        assert len(got_fds) == 1
+        got_fd = got_fds[0]
         try:
             assert reply.client_id == 7 and reply.session_token == 99 and reply.owner_generation == 5
             assert reply.segment_size == 1 << 20 and reply.rpc_socket == "/x/fluxkv.sock.rpc"
-            assert peer.hello.protocol_version == 1 and peer.hello.name == "unit" and peer.hello.pid == 4242
+            assert peer.hello.protocol_version == PROTOCOL_VERSION and peer.hello.name == "unit" and peer.hello.pid == 4242
             assert os.pread(got_fd, 8, 0) == b"segment!"
             assert os.get_inheritable(got_fd) is False  # MSG_CMSG_CLOEXEC
             # the reader stopped at the end of the frame: what follows is still queued
@@ -214,6 +217,33 @@ def test_attach_roundtrip_split_frame(tmp_path):
     finally:
         peer.close()
         os.close(fd)
+
+
+def test_attach_isolated_takes_two_fds(tmp_path):
+    path = str(tmp_path / "a.sock")
+    seg, area = _memfd(1 << 20, b"segment!"), _memfd(4096, b"area")
+    try:
+        peer = FakeAttachPeer(path, _reply(isolated=True, put_area_size=4096), fds=[seg, area])
+        try:
+            sock, reply, got = _wire.attach(path, "unit", 1, timeout=5)
+            try:
+                assert reply.isolated and len(got) == 2
+                assert os.pread(got[0], 8, 0) == b"segment!" and os.pread(got[1], 4, 0) == b"area"
+            finally:
+                for fd in got:
+                    os.close(fd)
+                sock.close()
+        finally:
+            peer.close()
+        peer = FakeAttachPeer(str(tmp_path / "b.sock"), _reply(isolated=True, put_area_size=4096), fds=[seg])
+        try:
+            with pytest.raises(fluxkv.Error, match="expected 2"):
+                _wire.attach(str(tmp_path / "b.sock"), "unit", 1, timeout=5)
+        finally:
+            peer.close()
+    finally:
+        os.close(seg)
+        os.close(area)
 
 
 def test_attach_refused_reply(tmp_path):

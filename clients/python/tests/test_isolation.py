@@ -1,0 +1,108 @@
+"""The Python client against an owner with client isolation (DESIGN.md §11): the segment
+is mapped read-only only, values go through the session's put area (streamed when larger)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import fluxkv
+from conftest import Proc, used_bytes, wait_until
+
+AREA = 64 << 10  # --put-area of these tests: small, so streamed values stay small too
+
+
+@pytest.fixture
+def iso_client(cluster):
+    d = cluster.root / "iso"
+    d.mkdir()
+    sock = str(d / "fluxkv.sock")
+    p = Proc(
+        [cluster.binary, "up", "--dir", str(d), "--dram", "64MiB", "--client-isolation", "--put-area", "64KiB"],
+        cluster.root / "iso.log",
+        sock,
+    )
+    cluster.procs.append(p)
+    p.wait_socket()
+    c = fluxkv.connect(sock)
+    yield c
+    c.close()
+
+
+def _value(seed: int, n: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+SIZES = [1, 4095, AREA - 1, AREA, AREA + 1, 3 * AREA + 17, (1 << 20) + 3]
+
+
+def test_session_is_isolated(iso_client):
+    s = iso_client._current()
+    assert s.area is not None and s.area.size == AREA
+    assert s.segment.rw is None  # the segment is never mapped writable
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_put_get_sizes(iso_client, n):
+    v = _value(n, n)
+    iso_client.put(f"k{n}", v)
+    with iso_client.get(f"k{n}") as h:
+        assert h.bytes() == v
+    arr = np.frombuffer(_value(n + 1, n), dtype=np.uint8)
+    iso_client.put(f"k{n}", arr)  # any C-contiguous buffer; an overwrite
+    with iso_client.get(f"k{n}") as h:
+        assert h.bytes() == arr.tobytes()
+    assert iso_client.delete(f"k{n}")
+
+
+@pytest.mark.parametrize("n", [100, AREA, 2 * AREA + 1])
+def test_put_with(iso_client, n):
+    calls = []
+
+    def fill(put_id, view):
+        calls.append(len(view))
+        view[:] = _value(put_id, n)
+
+    put_id = iso_client.put_with(f"w{n}", n, fill)
+    assert calls == [n]
+    with iso_client.get(f"w{n}") as h:
+        assert h.put_id == put_id and h.bytes() == _value(put_id, n)
+    iso_client.delete(f"w{n}")
+
+
+def test_batch_put(iso_client):
+    items = {f"b{i}": _value(i, 1000 + 997 * i) for i in range(40)}
+    items["b-big"] = _value(99, 2 * AREA + 5)
+    iso_client.batch_put(items)
+    holders = iso_client.batch_get(list(items))
+    for (k, v), h in zip(items.items(), holders):
+        assert h is not None and h.bytes() == v, k
+        h.release()
+    assert iso_client._stats["waves"] >= 3  # bounded by the area: no wave holds more than it
+    assert iso_client._stats["max_wave_bytes"] <= 2 * AREA + 5
+    iso_client.batch_delete(list(items))
+    wait_until(lambda: used_bytes(iso_client) == 0, 5)
+
+
+def test_threads_share_the_area(iso_client):
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(10):
+                n = [100, AREA, AREA + 100][i % 3]
+                v = _value(t * 100 + i, n)
+                iso_client.put(f"t{t}-{i}", v)
+                with iso_client.get(f"t{t}-{i}") as h:
+                    assert h.bytes() == v
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors

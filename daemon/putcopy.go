@@ -1,0 +1,113 @@
+package daemon
+
+import (
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/shm"
+)
+
+// errNotIsolated answers copies sent to an owner without client isolation.
+var errNotIsolated = errCode(common.ErrorCode_INVALID_ARGUMENT,
+	"this owner does not isolate clients: no put area to copy from (write the value at the put's offset and send no copies)")
+
+// checkCopyCount bounds the copies of one call (over all its items) by wire.MaxBatch.
+func checkCopyCount(n int) error {
+	if n > wire.MaxBatch {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "%d area copies exceed the limit of %d per call", n, wire.MaxBatch)
+	}
+	return nil
+}
+
+// checkCopies validates the copies into one put: each non-empty, inside the value
+// (valueLen bytes) and inside the put area (areaLen bytes). Every comparison is
+// overflow-safe (no sum of client numbers is ever formed).
+func checkCopies(copies []*external.AreaCopy, valueLen, areaLen int64) error {
+	for i, cp := range copies {
+		switch {
+		case cp == nil:
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "area copy %d is null", i)
+		case cp.Len <= 0:
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "area copy %d: length %d must be positive", i, cp.Len)
+		case cp.ValueOffset < 0 || cp.Len > valueLen || cp.ValueOffset > valueLen-cp.Len:
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "area copy %d: value range [%d, +%d) is outside the %d-byte value", i, cp.ValueOffset, cp.Len, valueLen)
+		case cp.AreaOffset < 0 || cp.Len > areaLen || cp.AreaOffset > areaLen-cp.Len:
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "area copy %d: area range [%d, +%d) is outside the %d-byte put area", i, cp.AreaOffset, cp.Len, areaLen)
+		}
+	}
+	return nil
+}
+
+// checkPutCopiesLocked validates copies into the pending put p of session c: none
+// without isolation; under it, ranges inside p's value and c's area, and p's target
+// inside the segment (the master placed it; a bad range would be an owner crash).
+func (o *Owner) checkPutCopiesLocked(c *session, p *pendingPut, copies []*external.AreaCopy) error {
+	if len(copies) == 0 {
+		return nil
+	}
+	if c.area == nil {
+		return errNotIsolated
+	}
+	if err := checkCopies(copies, p.len, c.area.Size()); err != nil {
+		return err
+	}
+	if p.offset < 0 || p.len > o.seg.Size() || p.offset > o.seg.Size()-p.len {
+		return errCode(common.ErrorCode_INTERNAL, "put %d: target [%d, +%d) is outside the %d-byte segment", p.putID, p.offset, p.len, o.seg.Size())
+	}
+	return nil
+}
+
+// copyIn copies validated ranges of area into p's target range of the segment. The
+// caller holds a copy count (session.copying) so the area stays mapped, and p cannot
+// be freed meanwhile (it is pending with pendingPut.copying held, or ending).
+func (o *Owner) copyIn(area *shm.Segment, p *pendingPut, copies []*external.AreaCopy) {
+	seg, src := o.seg.Bytes(), area.Bytes()
+	for _, cp := range copies {
+		dst := p.offset + cp.ValueOffset
+		copy(seg[dst:dst+cp.Len], src[cp.AreaOffset:cp.AreaOffset+cp.Len])
+	}
+}
+
+// putWrite copies parts of a pending put's value from the session's put area (client
+// isolation streams a value larger than the area this way). Retry safe: the same bytes
+// are copied again. Only a put this session started and has not begun to end qualifies.
+func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external.AreaCopy) error {
+	if !o.opts.ClientIsolation {
+		return errNotIsolated
+	}
+	if err := checkCopyCount(len(copies)); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	p := c.puts[putID]
+	switch {
+	case c.closed:
+		o.mu.Unlock()
+		return errCode(common.ErrorCode_UNAVAILABLE, "session closed")
+	case p == nil || p.key != key || p.ending != nil:
+		o.mu.Unlock()
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ending, ended or aborted)", putID)
+	}
+	if err := o.checkPutCopiesLocked(c, p, copies); err != nil {
+		o.mu.Unlock()
+		return err
+	}
+	p.copying++
+	c.copying++
+	area := c.area
+	o.mu.Unlock()
+	o.copyIn(area, p, copies)
+	o.mu.Lock()
+	p.copying--
+	c.copying--
+	o.copied.Broadcast()
+	o.mu.Unlock()
+	return nil
+}
+
+// waitCopiesLocked waits (releasing o.mu meanwhile) until no copy into p runs.
+func (o *Owner) waitCopiesLocked(p *pendingPut) {
+	for p.copying > 0 {
+		o.copied.Wait()
+	}
+}
