@@ -76,6 +76,9 @@ type Owner struct {
 	// ClientIsolation (client_isolation): seal the segment against client writes and
 	// take puts through per-session put areas (DESIGN §11). nil: the default.
 	ClientIsolation *bool
+	// AllowedUIDs (allowed_uids) may attach besides root, the owner's uid and members
+	// of the socket's group.
+	AllowedUIDs []uint32
 	// PutArea (put_area) is each session's put area under isolation, PutAreaTotal
 	// (put_area_total) the cap on all live sessions' areas together. 0: the defaults.
 	PutArea, PutAreaTotal int64

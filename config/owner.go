@@ -58,6 +58,7 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 			o.ClientIsolation = &b
 			return nil
 		},
+		"allowed_uids":   uidListField(k("allowed_uids"), &o.AllowedUIDs),
 		"put_area":       sizeField(k("put_area"), &o.PutArea),
 		"put_area_total": sizeField(k("put_area_total"), &o.PutAreaTotal),
 		"max_connections": func(v *yaml.Node) error {

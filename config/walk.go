@@ -279,3 +279,27 @@ func pathListField(key, what string, dst *[]string) func(*yaml.Node) error {
 		return nil
 	}
 }
+
+// uidListField parses a list of numeric uids; null leaves dst nil.
+func uidListField(key string, dst *[]uint32) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		if v.Kind != yaml.SequenceNode {
+			return keyErr(v, key, "%w of numeric uids, got %s", errNotList, describe(v))
+		}
+		*dst = []uint32{}
+		for i, e := range v.Content {
+			n, err := countValue(e)
+			if err == nil && n > math.MaxUint32-1 {
+				err = fmt.Errorf("%d is not a uid", n)
+			}
+			if err != nil {
+				return keyErr(e, fmt.Sprintf("%s[%d]", key, i), "%w", err)
+			}
+			*dst = append(*dst, uint32(n))
+		}
+		return nil
+	}
+}

@@ -323,6 +323,7 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secret
 		Metrics:         m,
 		Logger:          &l,
 	}
+	opts.AllowedUIDs = oc.AllowedUIDs
 	if oc.ClientIsolation != nil {
 		opts.ClientIsolation = *oc.ClientIsolation
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -74,6 +75,7 @@ func ownerFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "hello-timeout", DefaultText: "5s", Usage: "close an attach connection whose hello has not arrived within this; > 0 [fluxkv_spec.hello_timeout]"},
 		&cli.DurationFlag{Name: "frame-timeout", DefaultText: "10s", Usage: "close an RPC connection whose request (once begun) or reply does not complete within this; > 0 [fluxkv_spec.frame_timeout]"},
 		&cli.DurationFlag{Name: "idle-timeout", DefaultText: "10s", Usage: "close an RPC connection idle this long unless its last call named a live session; > 0 [fluxkv_spec.idle_timeout]"},
+		&cli.IntSliceFlag{Name: "allow-uid", Usage: "a uid that may attach besides root, the owner's uid and members of the socket's group (primary or supplementary); repeatable [fluxkv_spec.allowed_uids]"},
 		&cli.BoolFlag{Name: "client-isolation",
 			Usage: "no client can change a byte it did not put: the segment is sealed against client writes and puts go through per-session put areas the owner copies from (reads are never isolated) [fluxkv_spec.client_isolation]"},
 		&cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment [fluxkv_spec.put_area]"},
@@ -178,22 +180,26 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		fo = *f.Owner
 	}
 	s := config.Owner{
-		SocketDir:      str(c, "dir", fo.SocketDir),
-		NodeID:         str(c, "node-id", fo.NodeID),
-		PeerListen:     str(c, "peer-listen", fo.PeerListen),
-		ClusterName:    str(c, "cluster-name", fo.ClusterName),
-		InstanceKey:    str(c, "instance-key", fo.InstanceKey),
-		MetricsAddr:    str(c, "metrics-addr", fo.MetricsAddr),
-		LogLevel:       fo.LogLevel,
-		LogFormat:      fo.LogFormat,
-		DRAM:           fo.DRAM,
-		LargeFilePaths: fo.LargeFilePaths,
-		LargeLimitSize: fo.LargeLimitSize,
-		CacheGrace:     fo.CacheGrace,
-		MaxConnections: fo.MaxConnections,
-		HelloTimeout:   dur(c, "hello-timeout", fo.HelloTimeout),
-		FrameTimeout:   dur(c, "frame-timeout", fo.FrameTimeout),
-		IdleTimeout:    dur(c, "idle-timeout", fo.IdleTimeout),
+		SocketDir:       str(c, "dir", fo.SocketDir),
+		NodeID:          str(c, "node-id", fo.NodeID),
+		PeerListen:      str(c, "peer-listen", fo.PeerListen),
+		ClusterName:     str(c, "cluster-name", fo.ClusterName),
+		InstanceKey:     str(c, "instance-key", fo.InstanceKey),
+		MetricsAddr:     str(c, "metrics-addr", fo.MetricsAddr),
+		LogLevel:        fo.LogLevel,
+		LogFormat:       fo.LogFormat,
+		DRAM:            fo.DRAM,
+		LargeFilePaths:  fo.LargeFilePaths,
+		LargeLimitSize:  fo.LargeLimitSize,
+		CacheGrace:      fo.CacheGrace,
+		MaxConnections:  fo.MaxConnections,
+		HelloTimeout:    dur(c, "hello-timeout", fo.HelloTimeout),
+		FrameTimeout:    dur(c, "frame-timeout", fo.FrameTimeout),
+		IdleTimeout:     dur(c, "idle-timeout", fo.IdleTimeout),
+		AllowedUIDs:     fo.AllowedUIDs,
+		ClientIsolation: fo.ClientIsolation,
+		PutArea:         fo.PutArea,
+		PutAreaTotal:    fo.PutAreaTotal,
 	}
 	s.ClusterSecretFiles, s.InsecureCluster = clusterSettings(c, fo.ClusterSecretFiles, fo.InsecureCluster)
 	for _, f := range []string{"hello-timeout", "frame-timeout", "idle-timeout"} {
@@ -350,9 +356,19 @@ func maxConnections(c *cli.Context, s *config.Owner, fromFile bool) error {
 	return nil
 }
 
-// isolationSettings applies --client-isolation, --put-area and --put-area-total over
-// the file's client_isolation, put_area and put_area_total.
+// isolationSettings applies --allow-uid, --client-isolation, --put-area and
+// --put-area-total over the file's allowed_uids, client_isolation, put_area and
+// put_area_total.
 func isolationSettings(c *cli.Context, s *config.Owner) error {
+	if c.IsSet("allow-uid") {
+		s.AllowedUIDs = []uint32{}
+		for _, u := range c.IntSlice("allow-uid") {
+			if u < 0 || u > math.MaxUint32-1 {
+				return refuse("--allow-uid %d: not a uid", u)
+			}
+			s.AllowedUIDs = append(s.AllowedUIDs, uint32(u))
+		}
+	}
 	if c.IsSet("client-isolation") {
 		b := c.Bool("client-isolation")
 		s.ClientIsolation = &b

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -331,6 +332,21 @@ func TestSettingsEdges(t *testing.T) {
 			d := ownerOptions(o, "127.0.0.1:1", nil, nil)
 			if d.HelloTimeout != 2*time.Second || d.FrameTimeout != 3*time.Second || d.IdleTimeout != time.Minute {
 				return fmt.Sprintf("daemon hello/frame/idle timeouts %v/%v/%v, want 2s/3s/1m", d.HelloTimeout, d.FrameTimeout, d.IdleTimeout)
+			}
+			return ""
+		}},
+		{"isolation and allowed uids wired, flags win", "fluxkv_spec:\n  allowed_uids: [1001, 1002]\n  client_isolation: true\n  put_area: 4MiB\n  put_area_total: 64MiB\n",
+			[]string{"--allow-uid", "7", "--put-area", "8MiB"}, func(o config.Owner) string {
+				d := ownerOptions(o, "127.0.0.1:1", nil, nil)
+				if !d.ClientIsolation || d.PutArea != 8<<20 || d.PutAreaTotal != 64<<20 || !slices.Equal(d.AllowedUIDs, []uint32{7}) {
+					return fmt.Sprintf("daemon isolation %v put area %d total %d allowed %v, want true 8MiB 64MiB [7]",
+						d.ClientIsolation, d.PutArea, d.PutAreaTotal, d.AllowedUIDs)
+				}
+				return ""
+			}},
+		{"allowed uids from the file", "fluxkv_spec:\n  allowed_uids: [1001, 1002]\n", nil, func(o config.Owner) string {
+			if d := ownerOptions(o, "127.0.0.1:1", nil, nil); !slices.Equal(d.AllowedUIDs, []uint32{1001, 1002}) || d.ClientIsolation {
+				return fmt.Sprintf("daemon allowed %v isolation %v, want [1001 1002] false", d.AllowedUIDs, d.ClientIsolation)
 			}
 			return ""
 		}},
