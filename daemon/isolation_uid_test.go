@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
@@ -179,40 +179,6 @@ func reachable(t *testing.T, socket string) {
 	}
 }
 
-// helperBinary copies this test binary into a directory uid 65534 can read.
-func helperBinary(t *testing.T) string {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "fluxkv-iso-helper-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.Open(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	exe := filepath.Join(dir, "helper")
-	dst, err := os.OpenFile(exe, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return exe
-}
-
 // TestIsolationOtherUID: a client of another uid holding the segment fd tries to write
 // a value client A holds, by every route (writable mmap, /proc/self/fd re-open, pwrite,
 // mprotect upgrade, hole punch) and through its own put of the same key. Under
@@ -225,7 +191,7 @@ func TestIsolationOtherUID(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("skipped: setpriv not found (util-linux)")
 	}
-	exe := helperBinary(t)
+	exe := proctest.SelfCopy(t)
 	for _, isolated := range []bool{true, false} {
 		t.Run(fmt.Sprintf("isolated=%t", isolated), func(t *testing.T) {
 			var extra []string

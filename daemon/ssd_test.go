@@ -30,7 +30,7 @@ type node struct {
 	c *fluxkv.Client
 }
 
-func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options) *node {
+func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options, tweaks ...func(*Options)) *node {
 	t.Helper()
 	log := zerolog.Nop()
 	if testing.Verbose() {
@@ -48,8 +48,12 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options) *no
 	if err := m.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	o, err := New(Options{Dir: t.TempDir(), DRAM: dram, MasterAddr: m.Addr().String(), NodeID: "n1", SSD: so, Logger: &log,
-		Secrets: mo.Secrets, InsecureCluster: mo.InsecureCluster})
+	opts := Options{Dir: t.TempDir(), DRAM: dram, MasterAddr: m.Addr().String(), NodeID: "n1", SSD: so, Logger: &log,
+		Secrets: mo.Secrets, InsecureCluster: mo.InsecureCluster}
+	for _, f := range tweaks {
+		f(&opts)
+	}
+	o, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +163,8 @@ func readAll(t *testing.T, c *fluxkv.Client, keys []string, want func(i int) []b
 }
 
 // TestSSDTierReadBack: a dataset of 3× DRAM with unaligned sizes reads back completely
-// and byte-exact with SSD on, part of it refilled from SSD; with SSD off the same
+// and byte-exact with SSD on, part of it refilled from SSD (also into a segment sealed
+// by client isolation: the owner's O_DIRECT reads still land); with SSD off the same
 // workload misses.
 func TestSSDTierReadBack(t *testing.T) {
 	const dram = 16 << 20
@@ -171,13 +176,17 @@ func TestSSDTierReadBack(t *testing.T) {
 		total += sizeOf(i)
 	}
 	want := func(i int) []byte { return value(i, sizeOf(i)) }
-	for _, on := range []bool{true, false} {
-		t.Run(fmt.Sprintf("ssd=%v", on), func(t *testing.T) {
+	for _, tc := range []struct{ on, isolated bool }{{true, false}, {true, true}, {false, false}} {
+		on := tc.on
+		t.Run(fmt.Sprintf("ssd=%v,isolated=%v", on, tc.isolated), func(t *testing.T) {
 			var so *ssd.Options
 			if on {
 				so = ssdOptions(t, 256<<20)
 			}
-			n := startNode(t, dram, so, master.Options{})
+			n := startNode(t, dram, so, master.Options{}, func(o *Options) { o.ClientIsolation = tc.isolated })
+			if n.c.Isolated() != tc.isolated {
+				t.Fatalf("client isolated=%v, want %v", n.c.Isolated(), tc.isolated)
+			}
 			for i, k := range keys {
 				if err := n.c.Put(k, want(i)); err != nil {
 					t.Fatalf("put %s: %v", k, err)

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -43,7 +43,7 @@ func TestPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	exe := childBinary(t)
+	exe := proctest.SelfCopy(t)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -101,37 +101,4 @@ func TestPermissionChild(t *testing.T) {
 		t.Fatalf("put: %v", err)
 	}
 	fmt.Printf("CHILD attached uid=%d gid=%d\n", os.Getuid(), os.Getgid())
-}
-
-// childBinary copies this test binary where another uid can run it.
-func childBinary(t *testing.T) string {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "fluxkv-perm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.Open(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst := filepath.Join(dir, "client.test")
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(f, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return dst
 }
