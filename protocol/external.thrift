@@ -186,6 +186,9 @@ struct GetResponse {
   5: i64 len,
   6: common.Source source,
   7: i64 put_id,
+  // The bytes crossed the network: pulled from another owner's replica into this
+  // owner's segment (source says which tier they came from there).
+  8: bool remote,
 }
 
 struct ReleaseRequest {

@@ -100,10 +100,13 @@ struct PutRevokeResponse {
   2: string message,
 }
 
+// exclude_nodes: nodes whose replicas this plan must not use (a pull from them just
+// failed: unreachable, fenced or dead); the re-plan finds another replica or misses.
 struct GetStartRequest {
   1: NodeRef node,
   2: string key,
   3: list<i64> acks,
+  4: list<string> exclude_nodes,
 }
 
 // When done is true the get needed no transfer (a local memory replica was reused) and
@@ -125,6 +128,9 @@ struct GetStartResponse {
   13: i64 stage_len,
   14: bool done,
   15: i64 holder_id,
+  // The source incarnation a pull must name in its fence (with source_node_id and
+  // get_id as the transfer id): a source that restarted refuses it.
+  16: i64 source_generation,
 }
 
 struct GetDoneRequest {
@@ -145,6 +151,8 @@ struct GetRevokeRequest {
   2: string key,
   3: i64 get_id,
   4: bool drop_ssd_source,
+  // Why the get was given up (logged by the master), e.g. "pull from n2: unreachable".
+  5: string reason,
 }
 
 struct GetRevokeResponse {

@@ -811,6 +811,7 @@ type GetResponse struct {
 	Len      int64            `thrift:"len,5" frugal:"5,default,i64" json:"len"`
 	Source   common.Source    `thrift:"source,6" frugal:"6,default,Source" json:"source"`
 	PutId    int64            `thrift:"put_id,7" frugal:"7,default,i64" json:"put_id"`
+	Remote   bool             `thrift:"remote,8" frugal:"8,default,bool" json:"remote"`
 }
 
 func NewGetResponse() *GetResponse {
@@ -847,6 +848,10 @@ func (p *GetResponse) GetSource() (v common.Source) {
 func (p *GetResponse) GetPutId() (v int64) {
 	return p.PutId
 }
+
+func (p *GetResponse) GetRemote() (v bool) {
+	return p.Remote
+}
 func (p *GetResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -868,6 +873,9 @@ func (p *GetResponse) SetSource(val common.Source) {
 func (p *GetResponse) SetPutId(val int64) {
 	p.PutId = val
 }
+func (p *GetResponse) SetRemote(val bool) {
+	p.Remote = val
+}
 
 func (p *GetResponse) String() string {
 	if p == nil {
@@ -884,6 +892,7 @@ var fieldIDToName_GetResponse = map[int16]string{
 	5: "len",
 	6: "source",
 	7: "put_id",
+	8: "remote",
 }
 
 type ReleaseRequest struct {

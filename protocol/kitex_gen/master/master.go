@@ -755,9 +755,10 @@ var fieldIDToName_PutRevokeResponse = map[int16]string{
 }
 
 type GetStartRequest struct {
-	Node *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	Key  string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
-	Acks []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
+	Node         *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Key          string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
+	Acks         []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
+	ExcludeNodes []string `thrift:"exclude_nodes,4" frugal:"4,default,list<string>" json:"exclude_nodes"`
 }
 
 func NewGetStartRequest() *GetStartRequest {
@@ -783,6 +784,10 @@ func (p *GetStartRequest) GetKey() (v string) {
 func (p *GetStartRequest) GetAcks() (v []int64) {
 	return p.Acks
 }
+
+func (p *GetStartRequest) GetExcludeNodes() (v []string) {
+	return p.ExcludeNodes
+}
 func (p *GetStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -791,6 +796,9 @@ func (p *GetStartRequest) SetKey(val string) {
 }
 func (p *GetStartRequest) SetAcks(val []int64) {
 	p.Acks = val
+}
+func (p *GetStartRequest) SetExcludeNodes(val []string) {
+	p.ExcludeNodes = val
 }
 
 func (p *GetStartRequest) IsSetNode() bool {
@@ -808,24 +816,26 @@ var fieldIDToName_GetStartRequest = map[int16]string{
 	1: "node",
 	2: "key",
 	3: "acks",
+	4: "exclude_nodes",
 }
 
 type GetStartResponse struct {
-	Code           common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message        string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	GetId          int64            `thrift:"get_id,3" frugal:"3,default,i64" json:"get_id"`
-	PutId          int64            `thrift:"put_id,4" frugal:"4,default,i64" json:"put_id"`
-	Len            int64            `thrift:"len,5" frugal:"5,default,i64" json:"len"`
-	Source         common.Source    `thrift:"source,6" frugal:"6,default,Source" json:"source"`
-	SourceNodeId   string           `thrift:"source_node_id,7" frugal:"7,default,string" json:"source_node_id"`
-	SourceDataAddr string           `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
-	SourcePeerAddr string           `thrift:"source_peer_addr,9" frugal:"9,default,string" json:"source_peer_addr"`
-	SourceOffset   int64            `thrift:"source_offset,10" frugal:"10,default,i64" json:"source_offset"`
-	TargetOffset   int64            `thrift:"target_offset,11" frugal:"11,default,i64" json:"target_offset"`
-	StageOffset    int64            `thrift:"stage_offset,12" frugal:"12,default,i64" json:"stage_offset"`
-	StageLen       int64            `thrift:"stage_len,13" frugal:"13,default,i64" json:"stage_len"`
-	Done           bool             `thrift:"done,14" frugal:"14,default,bool" json:"done"`
-	HolderId       int64            `thrift:"holder_id,15" frugal:"15,default,i64" json:"holder_id"`
+	Code             common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message          string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	GetId            int64            `thrift:"get_id,3" frugal:"3,default,i64" json:"get_id"`
+	PutId            int64            `thrift:"put_id,4" frugal:"4,default,i64" json:"put_id"`
+	Len              int64            `thrift:"len,5" frugal:"5,default,i64" json:"len"`
+	Source           common.Source    `thrift:"source,6" frugal:"6,default,Source" json:"source"`
+	SourceNodeId     string           `thrift:"source_node_id,7" frugal:"7,default,string" json:"source_node_id"`
+	SourceDataAddr   string           `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
+	SourcePeerAddr   string           `thrift:"source_peer_addr,9" frugal:"9,default,string" json:"source_peer_addr"`
+	SourceOffset     int64            `thrift:"source_offset,10" frugal:"10,default,i64" json:"source_offset"`
+	TargetOffset     int64            `thrift:"target_offset,11" frugal:"11,default,i64" json:"target_offset"`
+	StageOffset      int64            `thrift:"stage_offset,12" frugal:"12,default,i64" json:"stage_offset"`
+	StageLen         int64            `thrift:"stage_len,13" frugal:"13,default,i64" json:"stage_len"`
+	Done             bool             `thrift:"done,14" frugal:"14,default,bool" json:"done"`
+	HolderId         int64            `thrift:"holder_id,15" frugal:"15,default,i64" json:"holder_id"`
+	SourceGeneration int64            `thrift:"source_generation,16" frugal:"16,default,i64" json:"source_generation"`
 }
 
 func NewGetStartResponse() *GetStartResponse {
@@ -894,6 +904,10 @@ func (p *GetStartResponse) GetDone() (v bool) {
 func (p *GetStartResponse) GetHolderId() (v int64) {
 	return p.HolderId
 }
+
+func (p *GetStartResponse) GetSourceGeneration() (v int64) {
+	return p.SourceGeneration
+}
 func (p *GetStartResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -939,6 +953,9 @@ func (p *GetStartResponse) SetDone(val bool) {
 func (p *GetStartResponse) SetHolderId(val int64) {
 	p.HolderId = val
 }
+func (p *GetStartResponse) SetSourceGeneration(val int64) {
+	p.SourceGeneration = val
+}
 
 func (p *GetStartResponse) String() string {
 	if p == nil {
@@ -963,6 +980,7 @@ var fieldIDToName_GetStartResponse = map[int16]string{
 	13: "stage_len",
 	14: "done",
 	15: "holder_id",
+	16: "source_generation",
 }
 
 type GetDoneRequest struct {
@@ -1082,6 +1100,7 @@ type GetRevokeRequest struct {
 	Key           string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
 	GetId         int64    `thrift:"get_id,3" frugal:"3,default,i64" json:"get_id"`
 	DropSsdSource bool     `thrift:"drop_ssd_source,4" frugal:"4,default,bool" json:"drop_ssd_source"`
+	Reason        string   `thrift:"reason,5" frugal:"5,default,string" json:"reason"`
 }
 
 func NewGetRevokeRequest() *GetRevokeRequest {
@@ -1111,6 +1130,10 @@ func (p *GetRevokeRequest) GetGetId() (v int64) {
 func (p *GetRevokeRequest) GetDropSsdSource() (v bool) {
 	return p.DropSsdSource
 }
+
+func (p *GetRevokeRequest) GetReason() (v string) {
+	return p.Reason
+}
 func (p *GetRevokeRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -1122,6 +1145,9 @@ func (p *GetRevokeRequest) SetGetId(val int64) {
 }
 func (p *GetRevokeRequest) SetDropSsdSource(val bool) {
 	p.DropSsdSource = val
+}
+func (p *GetRevokeRequest) SetReason(val string) {
+	p.Reason = val
 }
 
 func (p *GetRevokeRequest) IsSetNode() bool {
@@ -1140,6 +1166,7 @@ var fieldIDToName_GetRevokeRequest = map[int16]string{
 	2: "key",
 	3: "get_id",
 	4: "drop_ssd_source",
+	5: "reason",
 }
 
 type GetRevokeResponse struct {

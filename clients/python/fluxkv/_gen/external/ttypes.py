@@ -1242,11 +1242,12 @@ class GetResponse(object):
      - len
      - source
      - put_id
+     - remote
 
     """
 
 
-    def __init__(self, code=None, message=None, holder_id=None, offset=None, len=None, source=None, put_id=None,):
+    def __init__(self, code=None, message=None, holder_id=None, offset=None, len=None, source=None, put_id=None, remote=None,):
         self.code = code
         self.message = message
         self.holder_id = holder_id
@@ -1254,6 +1255,7 @@ class GetResponse(object):
         self.len = len
         self.source = source
         self.put_id = put_id
+        self.remote = remote
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1299,6 +1301,11 @@ class GetResponse(object):
                     self.put_id = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.BOOL:
+                    self.remote = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1336,6 +1343,10 @@ class GetResponse(object):
         if self.put_id is not None:
             oprot.writeFieldBegin('put_id', TType.I64, 7)
             oprot.writeI64(self.put_id)
+            oprot.writeFieldEnd()
+        if self.remote is not None:
+            oprot.writeFieldBegin('remote', TType.BOOL, 8)
+            oprot.writeBool(self.remote)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3125,6 +3136,7 @@ GetResponse.thrift_spec = (
     (5, TType.I64, 'len', None, None, ),  # 5
     (6, TType.I32, 'source', None, None, ),  # 6
     (7, TType.I64, 'put_id', None, None, ),  # 7
+    (8, TType.BOOL, 'remote', None, None, ),  # 8
 )
 all_structs.append(ReleaseRequest)
 ReleaseRequest.thrift_spec = (
