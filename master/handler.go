@@ -90,11 +90,11 @@ func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.Ge
 	h.applyAcks(req.Node, req.Acks)
 	var p GetPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
-		p, err = st.GetStart(time.Now(), ref(req.Node), req.Key)
+		p, err = st.GetStart(time.Now(), ref(req.Node), req.Key, req.ExcludeNodes)
 		return err
 	})
 	resp := &mp.GetStartResponse{GetId: p.GetID, PutId: p.PutID, Len: p.Len, Source: p.Source,
-		SourceNodeId: p.SourceNode, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
+		SourceNodeId: p.SourceNode, SourceGeneration: p.SourceGeneration, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
 		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, StageOffset: p.StageOffset,
 		StageLen: p.StageLen, Done: p.Done, HolderId: p.HolderID}
 	resp.Code, resp.Message = wire.ToResponse(err)
@@ -115,6 +115,10 @@ func (h *handler) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest) (*mp.
 	err := h.s.withState(func(st *State) error {
 		return st.GetRevoke(ref(req.Node), req.Key, req.GetId, req.DropSsdSource)
 	})
+	if req.Reason != "" && req.Node != nil {
+		h.s.opts.Logger.Info().Str("node", req.Node.NodeId).Str("key", req.Key).Int64("get_id", req.GetId).
+			Str("reason", req.Reason).Err(err).Msg("get revoked")
+	}
 	resp := &mp.GetRevokeResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil

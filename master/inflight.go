@@ -1,6 +1,7 @@
 package master
 
 import (
+	"slices"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -46,15 +47,41 @@ type inflightGet struct {
 func (s *State) dropGetLocked(id int64, g *inflightGet, revoked bool) {
 	delete(s.gets, id)
 	g.target.Release()
-	if g.source != nil {
-		g.source.Release()
-	}
+	s.unsourceLocked(g)
 	if revoked && g.holderID != 0 {
 		if a := g.node.holders[g.holderID]; a != nil {
 			delete(g.node.holders, g.holderID)
 			a.Release()
 		}
 	}
+}
+
+// unsourceLocked lets go of a get's source: its range, and its count as a transfer
+// the source node serves for another.
+func (s *State) unsourceLocked(g *inflightGet) {
+	if g.source != nil {
+		g.source.Release()
+		g.source = nil
+	}
+	if g.sourceNode != nil && g.sourceNode != g.node {
+		g.sourceNode.sourcing--
+	}
+	g.sourceNode = nil
+}
+
+// pickSourceLocked chooses among the live, not excluded nodes that ok accepts the one
+// serving the fewest transfers, ties broken by node id: a deterministic plan.
+func pickSourceLocked(r *route, exclude []string, ok func(*replica) bool) *node {
+	var best *node
+	for m, rep := range r.replicas {
+		if m.tombed || !ok(rep) || slices.Contains(exclude, m.id) {
+			continue
+		}
+		if best == nil || m.sourcing < best.sourcing || (m.sourcing == best.sourcing && m.id < best.id) {
+			best = m
+		}
+	}
+	return best
 }
 
 // GetPlan is the master's answer to GetStart.
@@ -64,6 +91,7 @@ type GetPlan struct {
 	SourceNode        string
 	SourceDataAddr    string
 	SourcePeerAddr    string
+	SourceGeneration  int64 // the source incarnation a pull's fence names
 	SourceOffset      int64
 	TargetOffset      int64
 	StageOffset       int64
@@ -78,7 +106,10 @@ type GetPlan struct {
 // GetStart plans a get: reuse of a local memory replica (done at once), a pull from a
 // remote memory replica, or an SSD refill into a target in the requester's segment.
 // SSD is chosen only when no memory replica of the current version is readable.
-func (s *State) GetStart(now time.Time, ref NodeRef, key string) (GetPlan, error) {
+// Replicas on the exclude nodes are not used (a pull from them just failed). Among
+// several remote replicas the one whose owner sources the fewest transfers is chosen,
+// ties by node id.
+func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []string) (GetPlan, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return GetPlan{}, err
@@ -97,26 +128,15 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string) (GetPlan, error
 		return GetPlan{PutID: r.putID, Len: r.len, Source: common.Source_MEMORY, SourceNode: n.id,
 			SourceOffset: a.Offset(), TargetOffset: a.Offset(), Done: true, HolderID: id}, nil
 	}
-	var src *node
 	kind := common.Source_MEMORY
-	for m, rep := range r.replicas {
-		if rep.memory != nil && !m.tombed {
-			src = m
-			break
-		}
-	}
+	src := pickSourceLocked(r, exclude, func(rep *replica) bool { return rep.memory != nil })
 	if src == nil {
 		kind = common.Source_SSD
 		// Prefer the requester's own SSD, then any other.
-		if rep := r.replicas[n]; rep != nil && rep.ssd {
+		if rep := r.replicas[n]; rep != nil && rep.ssd && !slices.Contains(exclude, n.id) {
 			src = n
 		} else {
-			for m, rep := range r.replicas {
-				if rep.ssd && !m.tombed {
-					src = m
-					break
-				}
-			}
+			src = pickSourceLocked(r, exclude, func(rep *replica) bool { return rep.ssd })
 		}
 	}
 	if src == nil {
@@ -128,7 +148,7 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string) (GetPlan, error
 	}
 	g := &inflightGet{key: key, putID: r.putID, node: n, target: target, sourceNode: src, kind: kind,
 		deadline: now.Add(s.opts.InflightTTL)}
-	plan := GetPlan{PutID: r.putID, Len: r.len, Source: kind, SourceNode: src.id,
+	plan := GetPlan{PutID: r.putID, Len: r.len, Source: kind, SourceNode: src.id, SourceGeneration: src.generation,
 		SourceDataAddr: src.dataAddr, SourcePeerAddr: src.peerAddr, TargetOffset: target.Offset()}
 	switch {
 	case kind == common.Source_MEMORY:
@@ -148,6 +168,9 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string) (GetPlan, error
 		g.source = stage
 		plan.StageOffset, plan.StageLen = stage.Offset(), stage.Size()
 	}
+	if src != n {
+		src.sourcing++
+	}
 	plan.GetID = s.newID()
 	s.gets[plan.GetID] = g
 	return plan, nil
@@ -166,9 +189,7 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 		return 0, false, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key (expired, revoked or never started)", getID)
 	}
 	delete(s.gets, getID)
-	if g.source != nil {
-		g.source.Release()
-	}
+	s.unsourceLocked(g)
 	holderID = g.holderID
 	if holderID == 0 {
 		holderID = s.newID()
@@ -194,10 +215,11 @@ func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bo
 	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key", getID)
 	}
+	src := g.sourceNode // nil once the source was tombed
 	s.dropGetLocked(getID, g, true)
-	if dropSSDSource && g.kind == common.Source_SSD {
+	if dropSSDSource && g.kind == common.Source_SSD && src != nil {
 		if r := s.routes[key]; r != nil && r.putID == g.putID {
-			s.clearSSDLocked(key, r, g.sourceNode)
+			s.clearSSDLocked(key, r, src)
 		}
 	}
 	return nil

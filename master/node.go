@@ -39,6 +39,9 @@ type node struct {
 	policy  *Policy[string]       // keys whose memory replica lives here, in eviction order
 	holders map[int64]*Allocation // holder id → the range it keeps alive
 	allocs  int                   // live Allocations in this segment (leak checks)
+	// sourcing counts in-flight gets that pull from this node for another one: the
+	// planner prefers the replica whose owner sources the fewest.
+	sourcing int
 }
 
 // NodeRef names an owner incarnation in a request.
@@ -60,6 +63,9 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "segment size %d is below %d bytes", segmentSize, AllocGranule)
 	}
 	if old := s.nodes[ref.ID]; old != nil {
+		if err := s.checkIDTakenLocked(now, old, dataAddr, peerAddr); err != nil {
+			return err
+		}
 		s.log.Info().Str("node", ref.ID).Int64("old_generation", old.generation).Int64("generation", ref.Generation).Msg("owner re-registered; tombing the previous incarnation")
 		s.tombLocked(old)
 	}
@@ -85,6 +91,22 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr
 	}
 	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).
 		Bool("ssd", ssd.Enabled).Int("pinned", len(n.holders)).Msg("owner registered")
+	return nil
+}
+
+// checkIDTakenLocked refuses a registration under the id of an incarnation that still
+// heartbeats (within two intervals) at other addresses: two owners given the same id
+// (by default both are named after the host) would otherwise tomb each other on every
+// registration. A restarted owner is admitted once its predecessor fell silent.
+func (s *State) checkIDTakenLocked(now time.Time, old *node, dataAddr, peerAddr string) error {
+	if old.dataAddr == dataAddr && old.peerAddr == peerAddr {
+		return nil // the same owner registering again
+	}
+	if silent := now.Sub(old.lastSeen); silent <= 2*s.opts.HeartbeatInterval {
+		return wire.Errorf(common.ErrorCode_ALREADY_EXISTS,
+			"node id %q is held by a live owner (generation %d, peer %s, data %s, heard from %v ago): give each owner its own --node-id",
+			old.id, old.generation, old.peerAddr, old.dataAddr, silent.Round(time.Millisecond))
+	}
 	return nil
 }
 
@@ -134,8 +156,14 @@ func (s *State) tombLocked(n *node) {
 		}
 	}
 	for id, g := range s.gets {
-		if g.node == n || g.sourceNode == n {
+		switch {
+		case g.node == n:
 			s.dropGetLocked(id, g, true)
+		case g.sourceNode == n:
+			// The requester lives and may still be pulling into its target: the target
+			// stays allocated until the requester revokes (its pull fails, the source
+			// is gone) or completes the get. Only the dead source's range goes.
+			s.unsourceLocked(g)
 		}
 	}
 	for id, pp := range s.persists {

@@ -91,7 +91,11 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			pins = append(pins, p)
 		}
 		ssd := SSDInfo{Enabled: arg(d, "ssd") != "", CapacityBytes: argInt(d, "ssd")}
-		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), "", "peer-"+arg(d, "node"), ssd, pins)
+		peer := "peer-" + arg(d, "node")
+		if a := arg(d, "addr"); a != "" {
+			peer = a
+		}
+		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), "", peer, ssd, pins)
 	case "heartbeat":
 		return "ok\n", st.Heartbeat(*now, nref(st, d), SSDInfo{})
 	case "put", "put-start":
@@ -125,7 +129,11 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	case "put-revoke":
 		return "ok\n", st.PutRevoke(nref(st, d), key, argInt(d, "id"))
 	case "get":
-		p, err := st.GetStart(*now, nref(st, d), key)
+		var exclude []string
+		if e := arg(d, "exclude"); e != "" {
+			exclude = strings.Split(e, ",")
+		}
+		p, err := st.GetStart(*now, nref(st, d), key, exclude)
 		if err != nil {
 			return "", err
 		}
@@ -249,10 +257,10 @@ func TestValidation(t *testing.T) {
 		{"negative len", second(st.PutStart(now, ref, "k", -5, false)), common.ErrorCode_INVALID_ARGUMENT},
 		{"len > segment", second(st.PutStart(now, ref, "k", 2<<20, false)), common.ErrorCode_INVALID_ARGUMENT},
 		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false)), common.ErrorCode_STALE_GENERATION},
-		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k")), common.ErrorCode_STALE_GENERATION},
+		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k", nil)), common.ErrorCode_STALE_GENERATION},
 		{"unknown put", third(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
 		{"unknown get", st.GetRevoke(ref, "k", 12345, false), common.ErrorCode_INVALID_ARGUMENT},
-		{"miss", second(st.GetStart(now, ref, "k")), common.ErrorCode_KEY_NOT_FOUND},
+		{"miss", second(st.GetStart(now, ref, "k", nil)), common.ErrorCode_KEY_NOT_FOUND},
 		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 	}
@@ -296,7 +304,7 @@ func TestFillBeforeEviction(t *testing.T) {
 		if firstEvictionUsed < 0 && n.policy.Len() <= replicas {
 			firstEvictionUsed = before
 		}
-		g, err := st.GetStart(now, ref, key)
+		g, err := st.GetStart(now, ref, key, nil)
 		if err != nil || !g.Done {
 			t.Fatalf("put %s not readable right after it returned: %v", key, err)
 		}
