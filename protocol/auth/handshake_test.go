@@ -126,10 +126,10 @@ func TestHandshakeReplayFails(t *testing.T) {
 	// Record one good client answer, then replay it to a new server nonce.
 	a, b := net.Pipe()
 	var recorded []byte
-	go func() {
+	go func(a net.Conn) {
 		serverHandshake(a, s, PurposeMaster)
 		a.Close()
-	}()
+	}(a)
 	rec := &recorder{Conn: b}
 	if err := clientHandshake(rec, s, PurposeMaster, "x"); err != nil {
 		t.Fatal(err)
