@@ -56,9 +56,12 @@ type Owner struct {
 	InstanceKey string // instance_key: names this owner's SSD cache root
 	NodeID      string // node_id: this owner's id in the cluster
 	PeerListen  string // peer_listen: host:port of the peer service
-	MetricsAddr string // metrics_addr: host:port of /metrics
-	LogLevel    string // log_level: debug, info, warn, error
-	LogFormat   string // log_format: json or text
+	DataListen  string // data_listen: host:port of the data plane
+	// AdvertiseHost (advertise_host) is the host other nodes reach this owner at.
+	AdvertiseHost string
+	MetricsAddr   string // metrics_addr: host:port of /metrics
+	LogLevel      string // log_level: debug, info, warn, error
+	LogFormat     string // log_format: json or text
 	// ClusterSecretFiles (cluster_secret_files) hold the cluster's shared secret, the
 	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
 	ClusterSecretFiles []string

@@ -20,16 +20,18 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 	)
 	k := func(name string) string { return sec + "." + name }
 	err := walkMapping(n, sec, map[string]func(*yaml.Node) error{
-		"dram":         sizeField(k("dram"), &o.DRAM),
-		"socket_dir":   stringField(k("socket_dir"), &o.SocketDir, nil),
-		"master":       stringField(k("master"), &o.Master, CheckAddr),
-		"cluster_name": stringField(k("cluster_name"), &o.ClusterName, nil),
-		"instance_key": stringField(k("instance_key"), &o.InstanceKey, nil),
-		"node_id":      stringField(k("node_id"), &o.NodeID, wire.ValidateNodeID),
-		"peer_listen":  stringField(k("peer_listen"), &o.PeerListen, CheckAddr),
-		"metrics_addr": stringField(k("metrics_addr"), &o.MetricsAddr, CheckAddr),
-		"log_level":    stringField(k("log_level"), &o.LogLevel, CheckLogLevel),
-		"log_format":   stringField(k("log_format"), &o.LogFormat, CheckLogFormat),
+		"dram":           sizeField(k("dram"), &o.DRAM),
+		"socket_dir":     stringField(k("socket_dir"), &o.SocketDir, nil),
+		"master":         stringField(k("master"), &o.Master, CheckAddr),
+		"cluster_name":   stringField(k("cluster_name"), &o.ClusterName, nil),
+		"instance_key":   stringField(k("instance_key"), &o.InstanceKey, nil),
+		"node_id":        stringField(k("node_id"), &o.NodeID, wire.ValidateNodeID),
+		"peer_listen":    stringField(k("peer_listen"), &o.PeerListen, CheckAddr),
+		"data_listen":    stringField(k("data_listen"), &o.DataListen, CheckAddr),
+		"advertise_host": stringField(k("advertise_host"), &o.AdvertiseHost, CheckHost),
+		"metrics_addr":   stringField(k("metrics_addr"), &o.MetricsAddr, CheckAddr),
+		"log_level":      stringField(k("log_level"), &o.LogLevel, CheckLogLevel),
+		"log_format":     stringField(k("log_format"), &o.LogFormat, CheckLogFormat),
 		"cache_grace": func(v *yaml.Node) error {
 			if isNull(v) {
 				return nil

@@ -303,3 +303,14 @@ func uidListField(key string, dst *[]uint32) func(*yaml.Node) error {
 		return nil
 	}
 }
+
+// CheckHost accepts a host name or an IP address (no port, not a wildcard).
+func CheckHost(s string) error {
+	if s == "" || strings.ContainsAny(s, " /:") && net.ParseIP(s) == nil {
+		return fmt.Errorf("invalid host %q (want a host name or an IP address, no port)", s)
+	}
+	if ip := net.ParseIP(s); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%q is a wildcard: advertise an address other hosts can reach", s)
+	}
+	return nil
+}

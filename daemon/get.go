@@ -9,7 +9,8 @@ import (
 // The owner's get path, one file per step:
 //   get.go       the entry: cached info first (no master trip), else plan, then cache
 //   get_plan.go  GetStart and the re-plan loop; revokes
-//   get_local.go a memory replica in this segment: the master reused it, nothing moves
+//   get_local.go  a memory replica in this segment: the master reused it, nothing moves
+//   get_remote.go a memory replica on another owner: pull it over the data plane
 //   get_ssd.go   an SSD replica on this owner: refill into the target, confirm
 // The holder cache itself (holdercache.go) is a plain type under Owner.mu.
 
@@ -28,7 +29,9 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	if h := o.cache.lookup(key); h != nil {
 		id := o.newHolderLocked(c, h)
 		o.mu.Unlock()
-		return holderResponse(id, h), nil
+		resp := holderResponse(id, h)
+		resp.Remote = false // this get moved nothing: the bytes are already here
+		return resp, nil
 	}
 	seq := o.cache.invalSeq()
 	o.mu.Unlock()
@@ -50,5 +53,5 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 }
 
 func holderResponse(id int64, h *holding) *external.GetResponse {
-	return &external.GetResponse{HolderId: id, Offset: h.offset, Len: h.len, Source: h.source, PutId: h.putID}
+	return &external.GetResponse{HolderId: id, Offset: h.offset, Len: h.len, Source: h.source, PutId: h.putID, Remote: h.remote}
 }

@@ -1,26 +1,49 @@
 package daemon
 
 import (
+	"errors"
+
+	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 )
 
 // maxSSDFailures: the third consecutive SSD failure of one get is an error, not a miss.
-const maxSSDFailures = 3
+// maxPullFailures bounds the pulls one get tries (each from another node).
+const (
+	maxSSDFailures  = 3
+	maxPullFailures = 3
+)
 
 // planGet runs GetStart until it yields a holder: a local memory replica (done at
-// once) or a successful local SSD refill. SSD failures (IO errors, corrupt records)
-// revoke the get with drop_ssd_source and re-plan; a re-plan that finds no replica is
-// a miss, and the third consecutive SSD failure is UNAVAILABLE.
+// once), a pull from another owner's memory replica, or a successful local SSD
+// refill. SSD failures (IO errors, corrupt records) revoke the get with
+// drop_ssd_source and re-plan; a failed pull revokes and re-plans without that node.
+// A re-plan that finds no replica is a miss; the third consecutive SSD failure, or the
+// third failed pull, is UNAVAILABLE.
 func (o *Owner) planGet(key string) (*holding, error) {
+	var exclude []string
 	for failures := 0; ; {
-		plan, err := o.getStart(key)
+		plan, err := o.getStart(key, exclude)
 		if err != nil {
 			return nil, err
 		}
 		switch {
 		case plan.Done:
 			return localHit(key, plan), nil
+		case plan.Source == common.Source_MEMORY && plan.SourceNodeId != o.opts.NodeID:
+			h, err := o.pullRemote(key, plan)
+			if err == nil {
+				return h, nil
+			}
+			if !errors.Is(err, transfer.ErrFenced) && !errors.Is(err, transfer.ErrUnreachable) {
+				return nil, err // the master refused GetDone: not the source's fault
+			}
+			exclude = append(exclude, plan.SourceNodeId)
+			o.log.Warn().Err(err).Str("key", key).Strs("excluded", exclude).Msg("pull failed; re-planning without that node")
+			if len(exclude) >= maxPullFailures {
+				return nil, errCode(common.ErrorCode_UNAVAILABLE, "%d pulls failed, the last: %v", len(exclude), err)
+			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
 			h, err := o.refill(key, plan)
 			if err == nil {
@@ -32,18 +55,19 @@ func (o *Owner) planGet(key string) (*holding, error) {
 				return nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
 			}
 		default:
-			o.revokeGet(key, plan.GetId, false)
-			return nil, errCode(common.ErrorCode_UNAVAILABLE, "the key's replica is on node %q (%s): owner-to-owner transfer is not available in this build", plan.SourceNodeId, plan.Source)
+			o.revokeGet(key, plan.GetId, false, "remote SSD refill is not available")
+			return nil, errCode(common.ErrorCode_UNAVAILABLE, "the key's only replica is on node %q's SSD: refill from another owner's SSD is not available in this build", plan.SourceNodeId)
 		}
 	}
 }
 
-// getStart asks the master for a plan, carrying queued holder acks.
-func (o *Owner) getStart(key string) (*mp.GetStartResponse, error) {
+// getStart asks the master for a plan, carrying queued holder acks; exclude names the
+// nodes a pull from just failed.
+func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, error) {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	acks := o.acks.take()
-	plan, err := o.master.c.GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks})
+	plan, err := o.master.c.GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
 	if err != nil {
 		o.acks.giveBack(acks)
 	}
@@ -53,12 +77,13 @@ func (o *Owner) getStart(key string) (*mp.GetStartResponse, error) {
 	return plan, nil
 }
 
-// revokeGet tells the master a planned get will not complete (dropSSD: its SSD source
-// failed and must be forgotten); a failure is logged, the master's TTL reclaims it.
-func (o *Owner) revokeGet(key string, getID int64, dropSSD bool) {
+// revokeGet tells the master a planned get will not complete, and why (dropSSD: its
+// SSD source failed and must be forgotten); a failure is logged, the master's TTL
+// reclaims it.
+func (o *Owner) revokeGet(key string, getID int64, dropSSD bool, reason string) {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	r, err := o.master.c.GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: getID, DropSsdSource: dropSSD})
+	r, err := o.master.c.GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: getID, DropSsdSource: dropSSD, Reason: reason})
 	if err := o.master.check(respCode(r, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
 	}

@@ -34,7 +34,7 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse) (*holding, error) 
 		}
 	}
 	if err != nil {
-		o.revokeGet(key, plan.GetId, true)
+		o.revokeGet(key, plan.GetId, true, "SSD read: "+err.Error())
 		return nil, err
 	}
 	if plan.HolderId == 0 {

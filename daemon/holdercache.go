@@ -24,6 +24,8 @@ type holding struct {
 	// temporary refill target is released at once instead: its space serves the next
 	// refill rather than pushing a replica out.
 	replica bool
+	// remote: the bytes were pulled from another owner's replica.
+	remote bool
 }
 
 // holderCache is the owner's cached info: for each key, the holding of its current

@@ -22,13 +22,14 @@ import (
 // masterLink is the owner's connection to the master: registration, heartbeats and
 // re-registration after a master restart.
 type masterLink struct {
-	o        *Owner
-	c        masterservice.Client
-	ref      *mp.NodeRef
-	peerAddr string // the peer service's address, fixed for this incarnation
-	stop     chan struct{}
-	regMu    sync.Mutex   // serialises (re-)registration
-	period   atomic.Int64 // heartbeat period in ns, set by Register replies
+	o   *Owner
+	c   masterservice.Client
+	ref *mp.NodeRef
+	// peerAddr and dataAddr are the advertised addresses, fixed for this incarnation.
+	peerAddr, dataAddr string
+	stop               chan struct{}
+	regMu              sync.Mutex   // serialises (re-)registration
+	period             atomic.Int64 // heartbeat period in ns, set by Register replies
 
 	mu     sync.Mutex // protects closed, rereg
 	closed bool       // no background re-registration starts once set
@@ -45,7 +46,7 @@ func newMasterLink(o *Owner) (*masterLink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("master client: %w", err)
 	}
-	m := &masterLink{o: o, c: c, stop: make(chan struct{}), peerAddr: o.peer.addr(),
+	m := &masterLink{o: o, c: c, stop: make(chan struct{}), peerAddr: o.peerAddr, dataAddr: o.dataAddr,
 		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}
 	m.period.Store(int64(time.Second))
 	return m, nil
@@ -109,7 +110,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	o.regEpoch++
 	o.mu.Unlock()
 	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
-		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr,
+		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
 		KvSsdStorage: o.ssdInfo(), Pinned: pins,
 	})
 	if err != nil {

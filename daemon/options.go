@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -33,6 +34,16 @@ type Options struct {
 	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
 	// who reaches the peer port can call it. The master must run insecure too.
 	InsecureCluster bool
+	// DataListen is the TCP address of the data plane (owner-to-owner pulls). Default:
+	// PeerListen's host, port 0.
+	DataListen string
+	// AdvertiseHost is the host other owners and the master reach this owner's peer and
+	// data listeners at. Default: the listener's own address, or for a wildcard
+	// listener this host's address on the route to the master.
+	AdvertiseHost string
+	// TransferTimeout bounds one pull from another owner, well under the master's
+	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
+	TransferTimeout time.Duration
 	// SocketMode is the permission of both sockets. Default 0660: the socket's group decides who may attach.
 	SocketMode os.FileMode
 	// AllowedUIDs may attach besides root, this process's uid and members of the
@@ -112,6 +123,16 @@ func (o *Options) setDefaults() {
 	}
 	if o.PeerListen == "" {
 		o.PeerListen = "127.0.0.1:0"
+	}
+	if o.DataListen == "" {
+		host, _, err := net.SplitHostPort(o.PeerListen)
+		if err != nil {
+			host = "127.0.0.1"
+		}
+		o.DataListen = net.JoinHostPort(host, "0")
+	}
+	if o.TransferTimeout == 0 {
+		o.TransferTimeout = 30 * time.Second
 	}
 	if o.SocketMode == 0 {
 		o.SocketMode = 0o660

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"net"
 	"os"
 	"sync"
@@ -32,6 +33,10 @@ type Owner struct {
 	master *masterLink
 	peer   *peerServer
 	acks   *acker
+	data   *transfer.Server // serves other owners' pulls from the segment
+	puller *transfer.Client // pulls from other owners into the segment
+	// peerAddr and dataAddr are the advertised addresses registered with the master.
+	peerAddr, dataAddr string
 
 	attachLn *net.UnixListener
 	rpc      *framedServer
@@ -112,6 +117,10 @@ func (o *Owner) Start(ctx context.Context) error {
 	}
 	o.peer, err = startPeerServer(o, o.opts.PeerListen)
 	if err != nil {
+		o.closeResources()
+		return err
+	}
+	if err := o.startDataPlane(); err != nil {
 		o.closeResources()
 		return err
 	}
@@ -205,6 +214,7 @@ func (o *Owner) Stop() error {
 		if o.peer != nil {
 			o.peer.stop() // no more persists; closeResources nils it after the joins
 		}
+		o.stopDataPlane() // no more pulls from or into the segment
 		if o.store != nil {
 			o.store.Close() // ends forwardEvictions after a last batch
 		}
@@ -224,6 +234,7 @@ func (o *Owner) closeResources() {
 		o.peer.stop()
 		o.peer = nil
 	}
+	o.stopDataPlane()
 	if o.store != nil {
 		o.store.Close()
 		o.store = nil
@@ -257,4 +268,45 @@ func (o *Owner) Capacity() metrics.Capacity {
 
 func errCode(code common.ErrorCode, format string, args ...any) error {
 	return wire.Errorf(code, format, args...)
+}
+
+// startDataPlane serves pulls from the segment, makes the puller, and fixes the
+// advertised peer and data addresses (refusing loopback ones in a cluster whose master
+// is not on loopback).
+func (o *Owner) startDataPlane() error {
+	var err error
+	o.peerAddr, err = advertise(o.peer.ln.Addr(), o.opts.AdvertiseHost, o.opts.MasterAddr)
+	if err != nil {
+		return err
+	}
+	if err := checkReachable("--peer-listen", o.opts.PeerListen, o.peerAddr, o.opts.MasterAddr); err != nil {
+		return err
+	}
+	o.data, err = transfer.Listen(o.opts.DataListen, segmentSource{o}, transfer.ServerOptions{
+		Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
+	if err != nil {
+		return fmt.Errorf("data plane: %w", err)
+	}
+	o.dataAddr, err = advertise(o.data.Addr(), o.opts.AdvertiseHost, o.opts.MasterAddr)
+	if err != nil {
+		return err
+	}
+	if err := checkReachable("--data-listen", o.opts.DataListen, o.dataAddr, o.opts.MasterAddr); err != nil {
+		return err
+	}
+	o.puller = transfer.NewClient(transfer.ClientOptions{Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
+	o.log.Info().Str("peer", o.peerAddr).Str("data", o.dataAddr).Msg("peer service and data plane serving")
+	return nil
+}
+
+// stopDataPlane stops serving and making pulls; later calls do nothing.
+func (o *Owner) stopDataPlane() {
+	if o.data != nil {
+		o.data.Close()
+		o.data = nil
+	}
+	if o.puller != nil {
+		o.puller.Close()
+		o.puller = nil
+	}
 }

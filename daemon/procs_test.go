@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,8 +106,15 @@ func freePort(t testing.TB) string {
 
 func start(t testing.TB, args ...string) *proc {
 	t.Helper()
+	return startWrapped(t, nil, args...)
+}
+
+// startWrapped runs fluxkv under a wrapper command (e.g. `ip netns exec NS`).
+func startWrapped(t testing.TB, wrapper []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1)}
-	p.cmd = exec.Command(bin, append([]string{"--log-level", "debug"}, args...)...)
+	argv := append(append(slices.Clone(wrapper), bin, "--log-level", "debug"), args...)
+	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Env = append(os.Environ(), raceEnv)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

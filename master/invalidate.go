@@ -11,82 +11,192 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
 
-// invalidator batches InvalidateCachedInfo broadcasts per owner: entries collect for
-// up to a millisecond (or 256 of them) and go out in one call per owner.
-type invalidator struct {
-	log zerolog.Logger
+const (
+	// invalidateBatch caps the entries of one InvalidateCachedInfo call.
+	invalidateBatch = 256
+	// invalidateLinger lets entries collect before an owner's first call.
+	invalidateLinger = time.Millisecond
+)
 
-	peers *peerClients
-
-	mu      sync.Mutex // protects pending
-	pending map[string][]*common.KeyVersion
-
-	kick chan struct{}
-	done chan struct{}
-	wg   sync.WaitGroup
+// ownerKey names an owner's peer service: the node id and the address it registered.
+type ownerKey struct {
+	nodeID string
+	addr   string
 }
 
-func newInvalidator(log zerolog.Logger, peers *peerClients) *invalidator {
-	v := &invalidator{log: log, peers: peers, pending: make(map[string][]*common.KeyVersion),
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
-	v.wg.Add(1)
-	go v.loop()
+// invalQueue is one owner's pending invalidations: the highest version to drop per
+// key, keys in arrival order. At most one call to the owner is in flight (sending);
+// entries that arrive meanwhile go in its next call.
+type invalQueue struct {
+	upTo    map[string]int64
+	order   []string
+	sending bool
+	dropped int64 // entries dropped by the cap since the last warning
+}
+
+// push records key ≤ putID; past max distinct keys the oldest are dropped. It returns
+// how many were dropped.
+func (q *invalQueue) push(key string, putID int64, limit int) int {
+	if cur, ok := q.upTo[key]; ok {
+		q.upTo[key] = max(cur, putID)
+		return 0
+	}
+	q.upTo[key] = putID
+	q.order = append(q.order, key)
+	n := 0
+	for len(q.order) > limit {
+		delete(q.upTo, q.order[0])
+		q.order[0] = ""
+		q.order = q.order[1:]
+		n++
+	}
+	q.dropped += int64(n)
+	return n
+}
+
+// take removes up to n entries, oldest first.
+func (q *invalQueue) take(n int) []*common.KeyVersion {
+	n = min(n, len(q.order))
+	out := make([]*common.KeyVersion, n)
+	for i, k := range q.order[:n] {
+		out[i] = &common.KeyVersion{Key: k, PutId: q.upTo[k]}
+		delete(q.upTo, k)
+		q.order[i] = ""
+	}
+	q.order = q.order[n:]
+	if len(q.order) == 0 {
+		q.order = nil // let the backing array go
+	}
+	return out
+}
+
+// invalidator sends InvalidateCachedInfo broadcasts to owners (DESIGN §10 "Death and
+// fencing"): each owner has its own queue and at most one call in flight, bounded by
+// InvalidateTimeout, so a dead or partitioned owner delays nobody else. Entries for an
+// owner collect while its call runs (one per key, the highest version) and go in its
+// next call. Entries for an owner that is tombed or unknown by send time are dropped.
+//
+// A failed call is logged and not retried, and that owner's next call waits one
+// InvalidateTimeout (no retry storm against a dead owner). What an owner misses is
+// bounded so: an owner the master cannot reach is tombed within the node TTL once its
+// heartbeats stop too, and registering again makes it forget every cached info; an
+// owner that stays registered (its heartbeats get through, or its queue overflowed)
+// keeps serving a dropped key's old version from its cached info until the externals
+// holding it release it (idle cached infos expire after the owner's cache grace).
+type invalidator struct {
+	log     zerolog.Logger
+	peers   *peerClients
+	timeout time.Duration
+	max     int                            // distinct keys queued per owner
+	live    func(nodeID, addr string) bool // the owner is registered and not tombed
+
+	ctx    context.Context // cancelled by close: in-flight calls end at once
+	cancel context.CancelFunc
+
+	mu     sync.Mutex // protects queues, closed
+	queues map[ownerKey]*invalQueue
+	closed bool
+
+	wg sync.WaitGroup // one sender goroutine per owner with entries
+}
+
+// newInvalidator returns an invalidator whose calls time out after timeout, that
+// queues at most limit keys per owner and sends only to owners live says are live.
+func newInvalidator(log zerolog.Logger, peers *peerClients, timeout time.Duration, limit int, live func(nodeID, addr string) bool) *invalidator {
+	v := &invalidator{log: log, peers: peers, timeout: timeout, max: limit, live: live, queues: make(map[ownerKey]*invalQueue)}
+	v.ctx, v.cancel = context.WithCancel(context.Background())
 	return v
 }
 
+// add queues invalidations; owners without a call in flight get a sender.
 func (v *invalidator) add(invs []Invalidation) {
 	if len(invs) == 0 {
 		return
 	}
 	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return
+	}
 	for _, iv := range invs {
-		v.pending[iv.PeerAddr] = append(v.pending[iv.PeerAddr], &common.KeyVersion{Key: iv.Key, PutId: iv.PutID})
-	}
-	v.mu.Unlock()
-	select {
-	case v.kick <- struct{}{}:
-	default:
+		k := ownerKey{nodeID: iv.NodeID, addr: iv.PeerAddr}
+		q := v.queues[k]
+		if q == nil {
+			q = &invalQueue{upTo: make(map[string]int64)}
+			v.queues[k] = q
+		}
+		q.push(iv.Key, iv.PutID, v.max)
+		if !q.sending {
+			q.sending = true
+			v.wg.Add(1)
+			go v.sender(k, q)
+		}
 	}
 }
 
-func (v *invalidator) loop() {
+// sender drains one owner's queue, one call at a time, and exits when it is empty.
+func (v *invalidator) sender(k ownerKey, q *invalQueue) {
 	defer v.wg.Done()
+	select {
+	case <-v.ctx.Done():
+	case <-time.After(invalidateLinger):
+	}
 	for {
-		select {
-		case <-v.done:
-			return
-		case <-v.kick:
-		}
-		time.Sleep(time.Millisecond)
-		v.flush()
-	}
-}
-
-func (v *invalidator) flush() {
-	v.mu.Lock()
-	batch := v.pending
-	v.pending = make(map[string][]*common.KeyVersion)
-	v.mu.Unlock()
-	for addr, entries := range batch {
-		c, err := v.peers.get(addr)
-		if err != nil {
-			v.log.Warn().Err(err).Str("peer", addr).Msg("invalidate: no client")
-			continue
-		}
-		for len(entries) > 0 {
-			n := min(len(entries), 256)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries[:n]})
-			cancel()
-			if err != nil {
-				v.log.Warn().Err(err).Str("peer", addr).Int("entries", n).Msg("invalidate cached info failed")
+		v.mu.Lock()
+		if v.closed || len(q.order) == 0 {
+			q.sending = false
+			if len(q.order) == 0 {
+				delete(v.queues, k)
 			}
-			entries = entries[n:]
+			v.mu.Unlock()
+			return
+		}
+		entries := q.take(invalidateBatch)
+		dropped := q.dropped
+		q.dropped = 0
+		v.mu.Unlock()
+
+		if dropped > 0 {
+			v.log.Warn().Str("node", k.nodeID).Str("peer", k.addr).Int64("dropped", dropped).
+				Msg("invalidate: owner's queue full; oldest entries dropped (its cached infos of those keys stay until their holders release them)")
+		}
+		if !v.live(k.nodeID, k.addr) {
+			v.mu.Lock()
+			n := len(q.order)
+			q.take(n)
+			v.mu.Unlock()
+			v.log.Debug().Str("node", k.nodeID).Str("peer", k.addr).Int("entries", len(entries)+n).
+				Msg("invalidate: owner tombed or unknown; entries dropped")
+			continue // the loop ends the sender (or serves entries that arrived just now)
+		}
+		if err := v.send(v.ctx, k, entries); err != nil && v.ctx.Err() == nil {
+			v.log.Warn().Err(err).Str("node", k.nodeID).Str("peer", k.addr).Int("entries", len(entries)).
+				Msg("invalidate cached info failed; entries dropped")
+			select { // back off: entries collect meanwhile, capped
+			case <-v.ctx.Done():
+			case <-time.After(v.timeout):
+			}
 		}
 	}
 }
 
+// send makes one InvalidateCachedInfo call bounded by the timeout.
+func (v *invalidator) send(ctx context.Context, k ownerKey, entries []*common.KeyVersion) error {
+	c, callOpts, err := v.peers.get(k.addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, v.timeout)
+	defer cancel()
+	_, err = c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries}, callOpts...)
+	return err
+}
+
+// close drops what is queued, cancels calls in flight and waits for the senders.
 func (v *invalidator) close() {
-	close(v.done)
+	v.mu.Lock()
+	v.closed = true
+	v.mu.Unlock()
+	v.cancel()
 	v.wg.Wait()
 }

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -33,8 +34,29 @@ type Options struct {
 	// persisted). Defaults 4 and 1024.
 	PersistWorkers int
 	PersistQueue   int
-	// PersistTimeout bounds one SsdReplicaPersist call. Default 30s.
+	// PersistTimeout bounds one SsdReplicaPersist call to a live owner (an SSD write of
+	// a 16 MiB value may take a while). Default 30s. A dead owner's call fails much
+	// sooner (PeerConnectTimeout), and the calls of an owner that is tombed meanwhile
+	// are cancelled.
 	PersistTimeout time.Duration
+	// PersistWorkersPerNode bounds the persist workers busy with one owner at once, so a
+	// slow or dead owner never occupies every worker. Default PersistWorkers/2, at least
+	// 1 (with one worker a dead owner still delays the others, by PeerConnectTimeout per
+	// persist).
+	PersistWorkersPerNode int
+	// PeerConnectTimeout bounds connecting to an owner's peer service. With cluster
+	// authentication the owner's hello must also come within max(PeerConnectTimeout,
+	// 500ms), so a call to a dead owner fails within about twice that. Default 500ms
+	// (a dead owner fails within ~1s).
+	PeerConnectTimeout time.Duration
+	// InvalidateTimeout bounds one InvalidateCachedInfo call to an owner. Calls to
+	// different owners run in parallel, one in flight per owner; entries that arrive
+	// meanwhile go in that owner's next call. A failed call is not retried. Default 500ms.
+	InvalidateTimeout time.Duration
+	// InvalidateQueue caps the distinct keys waiting for one owner's next
+	// InvalidateCachedInfo call; past it the oldest are dropped (counted, logged).
+	// Default 16384.
+	InvalidateQueue int
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
@@ -49,6 +71,13 @@ type Options struct {
 	// Metrics receives per-call counters and latencies. Default: none.
 	Metrics *metrics.Metrics
 }
+
+const (
+	defaultPersistWorkers     = 4
+	defaultPeerConnectTimeout = 500 * time.Millisecond
+	defaultInvalidateTimeout  = 500 * time.Millisecond
+	defaultInvalidateQueue    = 16384
+)
 
 func (o *Options) setDefaults() {
 	if o.HeartbeatInterval == 0 {
@@ -70,13 +99,25 @@ func (o *Options) setDefaults() {
 		o.MaxPromotions = 2
 	}
 	if o.PersistWorkers == 0 {
-		o.PersistWorkers = 4
+		o.PersistWorkers = defaultPersistWorkers
 	}
 	if o.PersistQueue == 0 {
 		o.PersistQueue = 1024
 	}
 	if o.PersistTimeout == 0 {
 		o.PersistTimeout = 30 * time.Second
+	}
+	if o.PersistWorkersPerNode == 0 {
+		o.PersistWorkersPerNode = max(1, o.PersistWorkers/2)
+	}
+	if o.PeerConnectTimeout == 0 {
+		o.PeerConnectTimeout = defaultPeerConnectTimeout
+	}
+	if o.InvalidateTimeout == 0 {
+		o.InvalidateTimeout = defaultInvalidateTimeout
+	}
+	if o.InvalidateQueue == 0 {
+		o.InvalidateQueue = defaultInvalidateQueue
 	}
 	if o.IDBase == 0 {
 		o.IDBase = time.Now().UnixNano()
@@ -96,11 +137,18 @@ func (o *Options) maxPromotions() int {
 
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
-	if o.HeartbeatInterval < 0 || o.NodeTTL < 0 || o.InflightTTL < 0 || o.AllocRetryInterval < 0 || o.AllocWait < 0 {
+	if o.HeartbeatInterval < 0 || o.NodeTTL < 0 || o.InflightTTL < 0 || o.AllocRetryInterval < 0 || o.AllocWait < 0 ||
+		o.PersistTimeout < 0 || o.PeerConnectTimeout < 0 || o.InvalidateTimeout < 0 {
 		return fmt.Errorf("master options: durations must not be negative")
 	}
 	if o.NodeTTL != 0 && o.HeartbeatInterval != 0 && o.NodeTTL <= o.HeartbeatInterval {
 		return fmt.Errorf("master options: node TTL %v must exceed the heartbeat interval %v", o.NodeTTL, o.HeartbeatInterval)
+	}
+	if o.PersistWorkers < 0 || o.PersistQueue < 0 || o.PersistWorkersPerNode < 0 || o.InvalidateQueue < 0 {
+		return fmt.Errorf("master options: worker and queue sizes must not be negative")
+	}
+	if workers := cmp.Or(o.PersistWorkers, defaultPersistWorkers); o.PersistWorkersPerNode > workers {
+		return fmt.Errorf("master options: persist workers per node %d exceed the %d persist workers", o.PersistWorkersPerNode, workers)
 	}
 	if o.MaxPromotions < 0 {
 		return fmt.Errorf("master options: max promotions must not be negative")

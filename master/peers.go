@@ -1,40 +1,63 @@
 package master
 
 import (
-	"context"
+	"fmt"
+	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/cloudwego/kitex/client"
-	"github.com/rs/zerolog"
+	"github.com/cloudwego/kitex/client/callopt"
+	"github.com/cloudwego/kitex/pkg/remote"
 
 	"github.com/fluxkv/fluxkv/protocol/auth"
-	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
-	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // peerClients caches one PeerService client per owner address; their connections
-// authenticate with the cluster secrets.
+// authenticate with the cluster secrets. Connecting is bounded by connectTimeout (with
+// authentication the owner's hello must come within max(connectTimeout, 500ms)), and a
+// failed dial is not repeated within the same call (fastFailDialer), so a call to a
+// dead owner fails within about one connect timeout whatever the call's own timeout.
 type peerClients struct {
-	secrets *auth.Secrets // nil: insecure
+	secrets        *auth.Secrets // nil: insecure
+	connectTimeout time.Duration
 
 	mu      sync.Mutex // protects clients
 	clients map[string]peerservice.Client
 }
 
-func newPeerClients(s *auth.Secrets) *peerClients {
-	return &peerClients{secrets: s, clients: make(map[string]peerservice.Client)}
+// newPeerClients returns clients whose connections authenticate with s and give up a
+// dial after connectTimeout.
+func newPeerClients(s *auth.Secrets, connectTimeout time.Duration) *peerClients {
+	return &peerClients{secrets: s, connectTimeout: connectTimeout, clients: make(map[string]peerservice.Client)}
 }
 
-func (p *peerClients) get(addr string) (peerservice.Client, error) {
+// get returns the client of addr and the options for each call to it. An IP address
+// is also named per call (callopt.WithHostPort): a call with its instance set skips
+// Kitex's resolver middleware, which would retry a failed dial up to 6 times (and log
+// each retry); a host name (resolved by Kitex) keeps the retries, made cheap by
+// fastFailDialer.
+func (p *peerClients) get(addr string) (peerservice.Client, []callopt.Option, error) {
+	var opts []callopt.Option
+	if _, err := netip.ParseAddrPort(addr); err == nil {
+		opts = []callopt.Option{callopt.WithHostPort(addr)}
+	}
+	c, err := p.client(addr)
+	return c, opts, err
+}
+
+func (p *peerClients) client(addr string) (peerservice.Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.clients[addr]; c != nil {
 		return c, nil
 	}
 	c, err := peerservice.NewClient("fluxkv-owner", append(auth.ClientOptions(p.secrets, auth.PurposePeer),
-		client.WithHostPorts(addr))...)
+		client.WithHostPorts(addr), client.WithConnectTimeout(p.connectTimeout),
+		// replaces the dialer ClientOptions set, wrapping the same authenticating one
+		client.WithDialer(&fastFailDialer{d: auth.NewDialer(p.secrets, auth.PurposePeer), window: p.connectTimeout}))...)
 	if err != nil {
 		return nil, err
 	}
@@ -42,72 +65,44 @@ func (p *peerClients) get(addr string) (peerservice.Client, error) {
 	return c, nil
 }
 
-// persister runs SsdReplicaPersist calls after PutDone on a bounded pool of workers;
-// every task ends with State.PersistDone, whatever the outcome.
-type persister struct {
-	s     *Server
-	log   zerolog.Logger
-	tasks chan *PersistTask
-	wg    sync.WaitGroup
+// liveOwnerLocked reports whether owner id is registered and not tombed: at addr
+// unless addr is "", in generation gen unless gen is 0.
+func liveOwnerLocked(st *State, id string, gen int64, addr string) bool {
+	n := st.nodes[id]
+	return n != nil && !n.tombed && (gen == 0 || n.generation == gen) && (addr == "" || n.peerAddr == addr)
 }
 
-func newPersister(s *Server) *persister {
-	p := &persister{s: s, log: *s.opts.Logger, tasks: make(chan *PersistTask, s.opts.PersistQueue)}
-	for i := 0; i < s.opts.PersistWorkers; i++ {
-		p.wg.Add(1)
-		go p.worker()
-	}
-	return p
+// fastFailDialer wraps the cluster dialer of one owner address: for window after a dial
+// failed, dials fail at once with that error, so concurrent calls to a dead owner do
+// not each wait for a connect timeout, and the resolver middleware's retries of a
+// failed dial (up to 6 until the call's context ends, kitex client/middlewares.go
+// maxRetry; they apply to owners advertised by host name) cost one timeout, not six.
+type fastFailDialer struct {
+	d      remote.Dialer
+	window time.Duration
+
+	mu       sync.Mutex // protects failedAt, err
+	failedAt time.Time
+	err      error
 }
 
-// submit queues a persist; when the queue is full the replica is admitted to the
-// eviction policy without reaching SSD (puts never wait on the SSD tier).
-func (p *persister) submit(t *PersistTask) {
-	if t == nil {
-		return
-	}
-	select {
-	case p.tasks <- t:
-	default:
-		p.log.Warn().Str("key", t.Key).Str("node", t.NodeID).Msg("SSD persist queue full; value stays memory-only")
-		p.s.withState(func(st *State) error { st.PersistDone(t.PutID); return nil })
-	}
-}
-
-func (p *persister) worker() {
-	defer p.wg.Done()
-	for t := range p.tasks {
-		err := p.persist(t)
-		if err != nil {
-			p.log.Warn().Err(err).Str("key", t.Key).Int64("put_id", t.PutID).Str("node", t.NodeID).Msg("SSD persist failed; the put stays memory-only")
+func (f *fastFailDialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
+	f.mu.Lock()
+	if f.err != nil {
+		if ago := time.Since(f.failedAt); ago < f.window {
+			err := f.err
+			f.mu.Unlock()
+			return nil, fmt.Errorf("%w (dial failed %v ago; not retried yet)", err, ago.Round(time.Millisecond))
 		}
-		p.s.withState(func(st *State) error { st.PersistDone(t.PutID); return nil })
 	}
-}
-
-func (p *persister) persist(t *PersistTask) error {
-	c, err := p.s.peers.get(t.PeerAddr)
+	f.mu.Unlock()
+	c, err := f.d.DialTimeout(network, address, timeout)
+	f.mu.Lock()
 	if err != nil {
-		return err
+		f.err, f.failedAt = err, time.Now()
+	} else {
+		f.err = nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.s.opts.PersistTimeout)
-	defer cancel()
-	resp, err := c.SsdReplicaPersist(ctx, &peer.SsdReplicaPersistRequest{Key: t.Key, PutId: t.PutID,
-		Offset: t.Offset, Len: t.Len, Generation: t.Generation})
-	if err != nil {
-		return err
-	}
-	return wire.FromResponse(resp.Code, resp.Message)
-}
-
-// close waits for queued persists to finish (bounded by their timeouts).
-func (p *persister) close(wait time.Duration) {
-	close(p.tasks)
-	done := make(chan struct{})
-	go func() { p.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(wait):
-		p.log.Warn().Msg("master stop: SSD persists still running")
-	}
+	f.mu.Unlock()
+	return c, err
 }

@@ -59,8 +59,8 @@ func (s *Server) Start(addr string) error {
 	ln := auth.Listener(raw, s.opts.Secrets, auth.PurposeMaster,
 		auth.ListenerOptions{Logger: s.opts.Logger, Metrics: s.opts.Metrics})
 	s.ln = ln
-	s.peers = newPeerClients(s.opts.Secrets)
-	s.inval = newInvalidator(*s.opts.Logger, s.peers)
+	s.peers = newPeerClients(s.opts.Secrets, s.opts.PeerConnectTimeout)
+	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.liveOwner)
 	s.persist = newPersister(s)
 	s.svr = masterservice.NewServer(&handler{s: s}, append(append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-master"}),
@@ -197,3 +197,11 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 // Kitex logs through klog; keep it to warnings. Set once, before any Kitex goroutine
 // can read the level.
 func init() { klog.SetLevel(klog.LevelWarn) }
+
+// liveOwner reports whether the owner id at peer address addr is registered and not
+// tombed: invalidations to any other are dropped.
+func (s *Server) liveOwner(id, addr string) bool {
+	live := false
+	s.withState(func(st *State) error { live = liveOwnerLocked(st, id, 0, addr); return nil })
+	return live
+}

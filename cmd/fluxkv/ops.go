@@ -163,6 +163,10 @@ type capacityJSON struct {
 
 type memberJSON struct {
 	NodeID         string       `json:"node_id"`
+	Generation     int64        `json:"generation"`
+	Alive          bool         `json:"alive"`
+	PeerAddr       string       `json:"peer_addr"`
+	DataAddr       string       `json:"data_addr"`
 	MemorySegment  capacityJSON `json:"memory_segment"`
 	KvSsd          capacityJSON `json:"kv_ssd"`
 	MemoryReplicas int64        `json:"memory_replicas"`
@@ -185,7 +189,8 @@ func statusCommand() *cli.Command {
 			}
 			out := statusJSON{Members: []memberJSON{}, Keys: st.Keys}
 			for _, m := range st.Members {
-				mj := memberJSON{NodeID: m.NodeId, MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders}
+				mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
+					MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders}
 				if m.MemorySegment != nil {
 					mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
 				}
@@ -199,9 +204,9 @@ func statusCommand() *cli.Command {
 				return enc.Encode(out)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
+			fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
 			for _, m := range out.Members {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID,
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
 					approxSize(m.MemorySegment.UsedBytes), humanSize(m.MemorySegment.CapacityBytes),
 					approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
 			}
@@ -209,4 +214,12 @@ func statusCommand() *cli.Command {
 			fmt.Printf("keys: %d\n", out.Keys)
 			return nil
 		})
+}
+
+// orDash prints an empty field as "-".
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -314,6 +314,8 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secret
 		MasterAddr:      masterAddr,
 		NodeID:          oc.NodeID,
 		PeerListen:      oc.PeerListen,
+		DataListen:      oc.DataListen,
+		AdvertiseHost:   oc.AdvertiseHost,
 		MaxConnections:  oc.MaxConnections,
 		HelloTimeout:    oc.HelloTimeout,
 		FrameTimeout:    oc.FrameTimeout,

@@ -81,6 +81,9 @@ func ownerFlags() []cli.Flag {
 		&cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment [fluxkv_spec.put_area]"},
 		&cli.StringFlag{Name: "put-area-total", DefaultText: "1GiB", Usage: "under --client-isolation, the cap on all sessions' put areas together; ≥ 1MiB [fluxkv_spec.put_area_total]"},
 		&cli.StringFlag{Name: "peer-listen", Value: "127.0.0.1:0", Usage: "TCP address of the owner's peer service; other owners and the master connect to it [fluxkv_spec.peer_listen]"},
+		&cli.StringFlag{Name: "data-listen", DefaultText: "the --peer-listen host, port 0", Usage: "TCP address of the owner's data plane (other owners pull values from it) [fluxkv_spec.data_listen]"},
+		&cli.StringFlag{Name: "advertise-host", DefaultText: "the listener's address, or for a wildcard this host's address towards the master",
+			Usage: "host other owners and the master reach this owner's peer and data listeners at [fluxkv_spec.advertise_host]"},
 		&cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the SSD cache root <path>/<cluster>_cluster_kv_ssd_storage [fluxkv_spec.cluster_name]"},
 		&cli.StringFlag{Name: "instance-key", DefaultText: "the node id", Usage: "names this owner's SSD cache root under each path [fluxkv_spec.instance_key]"},
 		&cli.StringSliceFlag{Name: "large-file-paths", Aliases: []string{"ssd-path"}, Usage: "SSD cache directories, comma-separated or repeated [fluxkv_spec.large_file_paths]"},
@@ -183,6 +186,8 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		SocketDir:       str(c, "dir", fo.SocketDir),
 		NodeID:          str(c, "node-id", fo.NodeID),
 		PeerListen:      str(c, "peer-listen", fo.PeerListen),
+		DataListen:      str(c, "data-listen", fo.DataListen),
+		AdvertiseHost:   str(c, "advertise-host", fo.AdvertiseHost),
 		ClusterName:     str(c, "cluster-name", fo.ClusterName),
 		InstanceKey:     str(c, "instance-key", fo.InstanceKey),
 		MetricsAddr:     str(c, "metrics-addr", fo.MetricsAddr),
@@ -250,6 +255,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		fromFile     bool
 	}{
 		{"peer-listen", "peer_listen", s.PeerListen, fo.PeerListen != ""},
+		{"data-listen", "data_listen", s.DataListen, fo.DataListen != ""},
 		{"metrics-addr", "metrics_addr", s.MetricsAddr, fo.MetricsAddr != ""},
 		{"master", "master", s.Master, fo.Master != ""},
 	} {
@@ -258,6 +264,11 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		}
 		if err := config.CheckAddr(a.v); err != nil {
 			return s, refuse("%s: %v", settingName(c, a.flag, config.OwnerSection+"."+a.key, a.fromFile), err)
+		}
+	}
+	if s.AdvertiseHost != "" {
+		if err := config.CheckHost(s.AdvertiseHost); err != nil {
+			return s, refuse("%s: %v", settingName(c, "advertise-host", "fluxkv_spec.advertise_host", fo.AdvertiseHost != ""), err)
 		}
 	}
 	if s.NodeID != "" {

@@ -21,7 +21,6 @@ const minHelloWait = 500 * time.Millisecond
 type Dialer struct {
 	secrets *Secrets // nil: insecure
 	purpose string
-	timeout time.Duration
 }
 
 var _ remote.Dialer = (*Dialer)(nil)
@@ -32,7 +31,7 @@ var _ remote.Dialer = (*Dialer)(nil)
 // come within the dial timeout (at least 500ms).
 func NewDialer(s *Secrets, purpose string) *Dialer {
 	checkPurpose(purpose)
-	return &Dialer{secrets: s, purpose: purpose, timeout: defaultLimit}
+	return &Dialer{secrets: s, purpose: purpose}
 }
 
 // DialTimeout connects to address within timeout (TCP_NODELAY) and authenticates.
@@ -47,22 +46,38 @@ func (d *Dialer) DialTimeout(network, address string, timeout time.Duration) (ne
 	if d.secrets == nil {
 		return newClientConn(raw, &insecureReader{conn: raw, addr: address}), nil
 	}
-	// An authenticating server sends its hello as soon as it accepts, so a short wait
-	// for it tells an insecure server quickly (Kitex retries a failed dial several
-	// times within one call's timeout); the rest of the handshake has d.timeout.
-	start := time.Now()
-	raw.SetDeadline(start.Add(min(max(timeout, minHelloWait), d.timeout)))
-	serverNonce, err := readHello(raw, d.purpose, address)
-	if err == nil {
-		raw.SetDeadline(start.Add(d.timeout))
-		err = answerHello(raw, d.secrets, d.purpose, address, serverNonce)
-	}
-	if err != nil {
+	if err := ClientHandshake(raw, d.secrets, d.purpose, address, timeout); err != nil {
 		raw.Close()
 		return nil, err
 	}
-	raw.SetDeadline(time.Time{})
 	return newClientConn(raw, raw), nil
+}
+
+// ClientHandshake authenticates an established connection to address as a client for
+// purpose, for protocols of fluxkv's own on a plain connection (the data plane); a nil
+// s does nothing. The server's hello must come within helloWait (at least 500ms), the
+// rest of the handshake within 5s. The connection's deadline is cleared on success; on
+// failure the caller closes it.
+func ClientHandshake(conn net.Conn, s *Secrets, purpose, address string, helloWait time.Duration) error {
+	checkPurpose(purpose)
+	if s == nil {
+		return nil
+	}
+	// An authenticating server sends its hello as soon as it accepts, so a short wait
+	// for it tells an insecure server quickly (Kitex retries a failed dial several
+	// times within one call's timeout); the rest of the handshake has defaultLimit.
+	start := time.Now()
+	conn.SetDeadline(start.Add(min(max(helloWait, minHelloWait), defaultLimit)))
+	serverNonce, err := readHello(conn, purpose, address)
+	if err == nil {
+		conn.SetDeadline(start.Add(defaultLimit))
+		err = answerHello(conn, s, purpose, address, serverNonce)
+	}
+	if err != nil {
+		return err
+	}
+	conn.SetDeadline(time.Time{})
+	return nil
 }
 
 // insecureReader is an unauthenticated client's read side: a server that requires

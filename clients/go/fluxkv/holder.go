@@ -15,6 +15,7 @@ type MemHolder struct {
 	id       int64
 	off, n   int64
 	source   common.Source
+	remote   bool
 	putID    int64
 	released atomic.Bool
 }
@@ -47,6 +48,10 @@ func (h *MemHolder) Source() string {
 	}
 	return "memory"
 }
+
+// Remote reports whether the bytes crossed the network: the owner pulled them from
+// another owner's replica (Source says which tier they came from there).
+func (h *MemHolder) Remote() bool { return h.remote }
 
 // Release gives the bytes back; the release is batched onto the next call. A second
 // Release returns ErrClosed.

@@ -29,7 +29,7 @@ func (c *Client) holder(a *attachment, r *external.GetResponse) (*MemHolder, err
 		c.queueRelease(a, r.HolderId)
 		return nil, fmt.Errorf("%w: owner returned range [%d,+%d) outside the segment", ErrUnavailable, r.Offset, r.Len)
 	}
-	return &MemHolder{c: c, a: a, id: r.HolderId, off: r.Offset, n: r.Len, source: r.Source, putID: r.PutId}, nil
+	return &MemHolder{c: c, a: a, id: r.HolderId, off: r.Offset, n: r.Len, source: r.Source, remote: r.Remote, putID: r.PutId}, nil
 }
 
 // Delete removes key and reports whether it existed.

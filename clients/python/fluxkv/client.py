@@ -946,7 +946,7 @@ def _holder(s: _Session, k: str, r) -> MemHolder:
             f"outside the {s.segment.size}-byte segment",
             ErrorCode.INTERNAL,
         )
-    return MemHolder(s, k, r.holder_id, r.offset, r.len, r.source, r.put_id)
+    return MemHolder(s, k, r.holder_id, r.offset, r.len, r.source, r.put_id, bool(r.remote))
 
 
 def _get_once(s: _Session, k: str) -> MemHolder:

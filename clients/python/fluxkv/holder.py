@@ -57,6 +57,7 @@ class MemHolder:
         "_offset",
         "_len",
         "_source",
+        "_remote",
         "_put_id",
         "_key",
         "_pins",
@@ -65,13 +66,16 @@ class MemHolder:
         "__weakref__",
     )
 
-    def __init__(self, session, key: str, holder_id: int, offset: int, length: int, source: int, put_id: int):
+    def __init__(
+        self, session, key: str, holder_id: int, offset: int, length: int, source: int, put_id: int, remote: bool = False
+    ):
         self._session = session
         self._key = key
         self._holder_id = holder_id
         self._offset = offset
         self._len = length
         self._source = source
+        self._remote = bool(remote)
         self._put_id = put_id
         self._pins: set[int] = set()
         self._released = False
@@ -90,6 +94,12 @@ class MemHolder:
     def source(self) -> str:
         """``"memory"`` or ``"ssd"``: where the owner found the bytes."""
         return _SOURCES.get(self._source, "unknown")
+
+    @property
+    def remote(self) -> bool:
+        """True when the bytes crossed the network: the owner pulled them from another
+        owner's replica (``source`` says which tier they came from there)."""
+        return self._remote
 
     @property
     def put_id(self) -> int:

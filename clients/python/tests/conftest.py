@@ -209,12 +209,14 @@ class Cluster:
         return p, addr
 
     def owner(self, master_addr: str, dram: str = "64MiB", name: str = "owner") -> Proc:
+        """An owner in DIR/name with node id name (a restart under the same name is the
+        same node)."""
         d = self.root / name
         d.mkdir(exist_ok=True)
         sock = str(d / "fluxkv.sock")
         p = Proc(
             [self.binary, "owner", "--dir", str(d), "--dram", dram, "--master", master_addr,
-             "--cluster-secret-file", str(self.secret)],
+             "--node-id", name, "--cluster-secret-file", str(self.secret)],
             self.root / f"{name}.log",
             sock,
         )

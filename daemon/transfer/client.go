@@ -1,0 +1,422 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// maxReadChunk is the most one Read asks of the socket.
+const maxReadChunk = 4 << 20
+
+// ClientOptions tune a data-plane client. Zero fields take the defaults.
+type ClientOptions struct {
+	// Secrets authenticate every connection (protocol/auth, purpose "data"); nil runs
+	// without authentication (--insecure-cluster).
+	Secrets *auth.Secrets
+	// ProgressTimeout fails a pull when no byte arrives for this long. Default 1s.
+	ProgressTimeout time.Duration
+	// UserTimeout is TCP_USER_TIMEOUT on each connection. Default 2s.
+	UserTimeout time.Duration
+	// MaxIdlePerPeer caps the pooled idle connections per peer address. Default 4.
+	MaxIdlePerPeer int
+	// IdleTimeout: a pooled connection idle longer is closed, not reused (keep it
+	// under the server's IdleTimeout). Default 1 minute.
+	IdleTimeout time.Duration
+	// DialTimeout bounds the TCP connect and the wait for the server's hello (the
+	// rest of the handshake has protocol/auth's 5s). Default 1s.
+	DialTimeout time.Duration
+	// Logger receives pull failures (at most a few lines a second). Default: none.
+	Logger *zerolog.Logger
+	// Metrics counts bytes pulled and failed pulls. Default: none.
+	Metrics *metrics.Metrics
+
+	// sockBuf, for benchmarks: SO_RCVBUF and SO_SNDBUF (0: kernel autotuning).
+	sockBuf int
+}
+
+func (o *ClientOptions) fill() {
+	if o.ProgressTimeout <= 0 {
+		o.ProgressTimeout = time.Second
+	}
+	if o.UserTimeout <= 0 {
+		o.UserTimeout = 2 * time.Second
+	}
+	if o.MaxIdlePerPeer <= 0 {
+		o.MaxIdlePerPeer = 4
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = time.Minute
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = time.Second
+	}
+}
+
+// Client pulls from data-plane servers over pooled connections. It is safe for
+// concurrent use; each pull holds one connection for its duration.
+type Client struct {
+	opts ClientOptions
+	warn zerolog.Logger // sampled
+	tm   *metrics.Transfer
+
+	dials atomic.Int64   // connections dialled (tests count pool reuse)
+	wg    sync.WaitGroup // dial goroutines
+	stop  chan struct{}  // closed by Close: abandons dials in progress
+
+	mu     sync.Mutex // protects idle, active, closed
+	idle   map[string][]idleConn
+	active map[*net.TCPConn]struct{}
+	closed bool
+}
+
+type idleConn struct {
+	tc    *net.TCPConn
+	since time.Time
+}
+
+var _ Puller = (*Client)(nil)
+
+// NewClient returns a client; Close it to close its connections.
+func NewClient(opts ClientOptions) *Client {
+	opts.fill()
+	warn := zerolog.Nop()
+	if opts.Logger != nil {
+		warn = opts.Logger.With().Str("component", "transfer").Logger().Sample(&zerolog.BurstSampler{Burst: 3, Period: time.Second})
+	}
+	return &Client{
+		opts:   opts,
+		warn:   warn,
+		tm:     opts.Metrics.Transfer(),
+		stop:   make(chan struct{}),
+		idle:   make(map[string][]idleConn),
+		active: make(map[*net.TCPConn]struct{}),
+	}
+}
+
+// Close closes every connection, failing the pulls in flight, and waits for dials in
+// progress. Pulls after Close fail.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.stop)
+	var conns []*net.TCPConn
+	for _, list := range c.idle {
+		for _, ic := range list {
+			conns = append(conns, ic.tc)
+		}
+	}
+	c.idle = nil
+	for tc := range c.active {
+		conns = append(conns, tc)
+	}
+	c.mu.Unlock()
+	for _, tc := range conns {
+		tc.Close()
+	}
+	c.wg.Wait()
+	return nil
+}
+
+// Pull implements Puller.
+func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, dst []byte) error {
+	if len(dst) == 0 || offset < 0 {
+		return fmt.Errorf("transfer: pull of %d bytes at offset %d from %s: want at least one byte at a non-negative offset", len(dst), offset, addr)
+	}
+	if err := wire.ValidateNodeID(f.SourceNode); err != nil {
+		return fmt.Errorf("transfer: pull from %s: %w", addr, err)
+	}
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			c.tm.Error(metrics.TransferPull, metrics.TransferErrCanceled)
+			return fmt.Errorf("pull from %s (node %q): %w", addr, f.SourceNode, err)
+		}
+		tc, reused, err := c.get(ctx, addr)
+		if err != nil {
+			kind := metrics.TransferErrUnreachable
+			if ctx.Err() != nil {
+				kind = metrics.TransferErrCanceled
+			}
+			c.tm.Error(metrics.TransferPull, kind)
+			c.warn.Warn().Str("peer", addr).Err(err).Msg("data-plane dial failed")
+			return err
+		}
+		res := c.pullOn(ctx, tc, addr, f, offset, dst)
+		if res.keep {
+			c.put(addr, tc)
+		} else {
+			c.discard(tc)
+		}
+		if res.err == nil {
+			c.tm.Bytes(metrics.TransferPull, int64(len(dst)))
+			return nil
+		}
+		// A pooled connection the server closed meanwhile (idle timeout, restart)
+		// fails before any reply byte: the pull reads nothing, so one retry on a
+		// fresh connection is safe.
+		if reused && !res.started && !res.timeout && ctx.Err() == nil && attempt == 0 {
+			continue
+		}
+		c.tm.Error(metrics.TransferPull, res.kind)
+		if res.kind != metrics.TransferErrFenced {
+			c.warn.Warn().Str("peer", addr).Err(res.err).Msg("pull failed")
+		}
+		return res.err
+	}
+}
+
+// pullResult is the outcome of one pull on one connection.
+type pullResult struct {
+	err     error
+	kind    string // the metrics kind of err
+	keep    bool   // the connection is in step for another pull
+	started bool   // a reply byte arrived
+	timeout bool   // err is a progress deadline
+}
+
+func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fence, offset int64, dst []byte) (res pullResult) {
+	// Context cancellation makes every pending and later read or write fail at once.
+	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if !stop() {
+			// The deadline was (or is being) forced: this connection is done.
+			res.keep = false
+			if res.err != nil {
+				res.err = fmt.Errorf("pull from %s (node %q): %w", addr, f.SourceNode, ctx.Err())
+				res.kind = metrics.TransferErrCanceled
+			}
+		}
+	}()
+	what := fmt.Sprintf("pull of [%d,+%d) from %s (node %q generation %d transfer %d)",
+		offset, len(dst), addr, f.SourceNode, f.SourceGeneration, f.TransferID)
+	ioFail := func(stage string, got int, err error) pullResult {
+		r := pullResult{kind: metrics.TransferErrIO, started: res.started || got > 0}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			r.kind, r.timeout = metrics.TransferErrTimeout, true
+			r.err = fmt.Errorf("%w: %s: no byte for %v while %s (%d of %d bytes arrived): %w",
+				ErrUnreachable, what, c.opts.ProgressTimeout, stage, got, len(dst), err)
+		} else {
+			r.err = fmt.Errorf("%w: %s: connection failed while %s (%d of %d bytes arrived): %w",
+				ErrUnreachable, what, stage, got, len(dst), err)
+		}
+		return r
+	}
+
+	var hb [maxRequestLen]byte
+	req := appendRequest(hb[:0], request{op: opPull, fence: f, offset: offset, length: int64(len(dst))})
+	tc.SetWriteDeadline(time.Now().Add(c.opts.ProgressTimeout))
+	if _, err := tc.Write(req); err != nil {
+		return ioFail("sending the request", 0, err)
+	}
+	var rh [responseFixedLen + maxMessageBytes]byte
+	tc.SetReadDeadline(time.Now().Add(c.opts.ProgressTimeout))
+	if n, err := io.ReadFull(tc, rh[:responseFixedLen]); err != nil {
+		res.started = n > 0
+		return ioFail("reading the reply", 0, err)
+	}
+	res.started = true
+	status, length, msgLen, err := parseResponseFixed(rh[:responseFixedLen])
+	if err != nil {
+		return pullResult{err: fmt.Errorf("%w: %s: %s", ErrUnreachable, what, err), kind: metrics.TransferErrBadRequest, started: true}
+	}
+	if _, err := io.ReadFull(tc, rh[responseFixedLen:responseFixedLen+msgLen]); err != nil {
+		return ioFail("reading the reply", 0, err)
+	}
+	msg := string(rh[responseFixedLen : responseFixedLen+msgLen])
+	switch status {
+	case statusOK:
+	case statusFenced:
+		return pullResult{err: fmt.Errorf("%w: %s: %s", ErrFenced, what, msg), kind: metrics.TransferErrFenced, keep: true, started: true}
+	case statusUnavailable:
+		return pullResult{err: fmt.Errorf("%w: %s: the source is unavailable: %s", ErrUnreachable, what, msg), kind: metrics.TransferErrUnavailable, keep: true, started: true}
+	case statusBadRequest:
+		return pullResult{err: fmt.Errorf("transfer: %s: the source refused a bad request: %s", what, msg), kind: metrics.TransferErrBadRequest, started: true}
+	default:
+		return pullResult{err: fmt.Errorf("%w: %s: unknown status %d: %s", ErrUnreachable, what, status, msg), kind: metrics.TransferErrBadRequest, started: true}
+	}
+	if length != int64(len(dst)) {
+		return pullResult{err: fmt.Errorf("%w: %s: the source announced %d bytes", ErrUnreachable, what, length), kind: metrics.TransferErrBadRequest, started: true}
+	}
+
+	// Straight from the socket into dst. The deadline moves with progress: a pull
+	// fails when no byte arrived for between 3/4 and 1 ProgressTimeout.
+	refresh := c.opts.ProgressTimeout / 4
+	last := time.Now()
+	tc.SetReadDeadline(last.Add(c.opts.ProgressTimeout))
+	for got := 0; got < len(dst); {
+		n, err := tc.Read(dst[got:min(got+maxReadChunk, len(dst))])
+		got += n
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			r := ioFail("reading the data", got, err)
+			r.started = true
+			return r
+		}
+		if now := time.Now(); now.Sub(last) > refresh {
+			last = now
+			tc.SetReadDeadline(now.Add(c.opts.ProgressTimeout))
+		}
+	}
+	return pullResult{keep: true, started: true}
+}
+
+// get returns a pooled connection to addr (reused) or dials one.
+func (c *Client) get(ctx context.Context, addr string) (tc *net.TCPConn, reused bool, err error) {
+	now := time.Now()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+	}
+	var stale []*net.TCPConn
+	for list := c.idle[addr]; len(list) > 0; list = c.idle[addr] {
+		ic := list[len(list)-1]
+		c.idle[addr] = list[:len(list)-1]
+		if now.Sub(ic.since) > c.opts.IdleTimeout || !alive(ic.tc) {
+			stale = append(stale, ic.tc)
+			continue
+		}
+		tc = ic.tc
+		c.active[tc] = struct{}{}
+		break
+	}
+	if len(c.idle[addr]) == 0 {
+		delete(c.idle, addr)
+	}
+	if tc == nil {
+		c.wg.Add(1) // under mu, before closed is set: Close's Wait sees it
+	}
+	c.mu.Unlock()
+	for _, s := range stale {
+		s.Close()
+	}
+	if tc != nil {
+		return tc, true, nil
+	}
+	tc, err = c.dialAsync(ctx, addr)
+	return tc, false, err
+}
+
+// dialAsync dials in a goroutine (joined by Close) so that ctx and Close abandon a
+// dial at once; an abandoned connection is closed when its dial returns.
+func (c *Client) dialAsync(ctx context.Context, addr string) (*net.TCPConn, error) {
+	type result struct {
+		tc  *net.TCPConn
+		err error
+	}
+	ch := make(chan result) // unbuffered: a send succeeds only while Pull waits
+	go func() {
+		defer c.wg.Done()
+		tc, err := c.dial(addr)
+		if err == nil {
+			c.mu.Lock()
+			if c.closed {
+				err = fmt.Errorf("%w: dial %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+			} else {
+				c.active[tc] = struct{}{}
+			}
+			c.mu.Unlock()
+			if err != nil {
+				tc.Close()
+				tc = nil
+			}
+		}
+		select {
+		case ch <- result{tc, err}:
+		case <-ctx.Done():
+			c.discard(tc)
+		case <-c.stop:
+			c.discard(tc)
+		}
+	}()
+	select {
+	case r := <-ch:
+		return r.tc, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("dial %s: %w", addr, ctx.Err())
+	case <-c.stop:
+		return nil, fmt.Errorf("%w: dial %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+	}
+}
+
+func (c *Client) dial(addr string) (*net.TCPConn, error) {
+	c.dials.Add(1)
+	conn, err := net.DialTimeout("tcp", addr, c.opts.DialTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("%w: data plane of %s: %w", ErrUnreachable, addr, err)
+	}
+	tc := conn.(*net.TCPConn)
+	if err := tune(tc, c.opts.UserTimeout, c.opts.sockBuf); err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("%w: data plane of %s: %w", ErrUnreachable, addr, err)
+	}
+	if err := auth.ClientHandshake(tc, c.opts.Secrets, auth.PurposeData, addr, c.opts.DialTimeout); err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("%w: data plane of %s: %w", ErrUnreachable, addr, err)
+	}
+	tc.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// put returns a connection in step to the pool, or closes it when the pool is full.
+func (c *Client) put(addr string, tc *net.TCPConn) {
+	tc.SetDeadline(time.Time{})
+	c.mu.Lock()
+	delete(c.active, tc)
+	if c.closed || len(c.idle[addr]) >= c.opts.MaxIdlePerPeer {
+		c.mu.Unlock()
+		tc.Close()
+		return
+	}
+	c.idle[addr] = append(c.idle[addr], idleConn{tc: tc, since: time.Now()})
+	c.mu.Unlock()
+}
+
+// discard closes a connection that is out of step (or abandoned); nil is ignored.
+func (c *Client) discard(tc *net.TCPConn) {
+	if tc == nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.active, tc)
+	c.mu.Unlock()
+	tc.Close()
+}
+
+// alive reports whether an idle connection may carry another pull: not closed or
+// reset by the server, and no unexpected bytes (a peek that does not block).
+func alive(tc *net.TCPConn) bool {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok := true
+	var buf [1]byte
+	rc.Read(func(fd uintptr) bool {
+		// Idle and in step: nothing to read (EAGAIN). A read of 0 bytes is the server's
+		// close; bytes nobody asked for mean the stream is out of step.
+		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		ok = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+		return true
+	})
+	return ok
+}

@@ -1,0 +1,40 @@
+// Package transfer is the owner-to-owner data plane (DESIGN.md §3, §10): it moves a
+// value's bytes from one owner's segment into another's over TCP.
+//
+// Pull only. Every byte in a segment is written by the process that owns it, so a
+// transfer is always a pull by the owner of the destination range: the puller
+// (Client, a Puller) reads from the socket straight into its own mapping, and the
+// source (Server, over a Source) only reads its mapping and writes it to the socket.
+// Only the puller has to know whether its destination range is still open, so a late,
+// duplicated or stray transfer can never land in a range that was freed and reused.
+// A pull names a fence, the source incarnation (node id and generation) and the
+// transfer id the source range is retained for; the Source refuses a pull whose fence
+// or range it does not hold (ErrFenced).
+//
+// Wire, version 1. A connection opens with protocol/auth's handshake for purpose
+// "data" (the versioned hello carrying the cluster authentication); then the client
+// sends requests, one at a time, each answered before the next, and the connection is
+// pooled per peer address for the next pull. Integers are big-endian:
+//
+//	request  (40 + n bytes): magic "FXKD" | version 1 | op (1 = PULL) | node id length n (2; 1..256)
+//	                         | transfer id (8) | source generation (8) | offset (8) | length (8) | node id (n)
+//	response (16 + m bytes): magic "FXKD" | version 1 | status (1) | message length m (2; ≤ 256)
+//	                         | length (8) | message (m)
+//	                         then, for status OK, exactly length bytes: the source range.
+//
+// Status: 0 OK; 1 FENCED (the fence or range is not what the source retains; the
+// connection stays usable); 2 BAD_REQUEST (malformed: the server closes the
+// connection); 3 UNAVAILABLE (the source cannot serve now). The server allocates
+// nothing from a length field: a request header is at most 296 bytes, and the bytes a
+// pull sends are the slice the Source returned, written with net.Conn.Write (no
+// intermediate buffer).
+//
+// Deadlines. The puller fails a pull when no byte arrives for ProgressTimeout, sets
+// TCP_USER_TIMEOUT on each connection, and closes the connection when its context
+// ends; a connection that failed mid-pull is never pooled again. Errors wrap ErrFenced
+// (re-plan) or ErrUnreachable (revoke, and re-plan without that node).
+//
+// RDMA. Puller is the whole contract the owner uses: an RDMA transport implements
+// Pull(ctx, addr, fence, offset, dst) with a one-sided read into the registered
+// destination mapping, the fence checked by the source when it grants the remote key.
+package transfer

@@ -1,0 +1,56 @@
+package transfer
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+func TestRequestRoundTrip(t *testing.T) {
+	for _, r := range []request{
+		{op: opPull, fence: Fence{"a", 1, 2}, offset: 0, length: 1},
+		{op: opPull, fence: Fence{strings.Repeat("n", wire.MaxNodeIDBytes), -5, 1 << 62}, offset: 1 << 40, length: 16<<20 + 1},
+	} {
+		b := appendRequest(nil, r)
+		if len(b) > maxRequestLen {
+			t.Fatalf("request of %d bytes exceeds %d", len(b), maxRequestLen)
+		}
+		got, err := parseRequest(b)
+		if err != nil || got != r {
+			t.Fatalf("round trip of %+v: %+v, %v", r, got, err)
+		}
+	}
+	b := appendResponse(nil, statusFenced, 0, strings.Repeat("m", 1000))
+	status, n, m, err := parseResponseFixed(b)
+	if err != nil || status != statusFenced || n != 0 || m != maxMessageBytes || len(b) != responseFixedLen+m {
+		t.Fatalf("response: %d %d %d %v", status, n, m, err)
+	}
+}
+
+// FuzzParseRequest: the server's request parser never panics, accepts only what
+// encodes back to the same bytes, and never asks for more than maxRequestLen.
+func FuzzParseRequest(f *testing.F) {
+	f.Add(appendRequest(nil, request{op: opPull, fence: Fence{"node-a", 7, 3}, offset: 4096, length: 1 << 20}))
+	f.Add(appendRequest(nil, request{op: opPull, fence: Fence{"x", 0, 0}, offset: 0, length: 1}))
+	f.Add([]byte("FXKD\x01\x01\xff\xff"))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if n, err := parseRequestFixed(b); err == nil {
+			if n < 1 || requestFixedLen+n > maxRequestLen {
+				t.Fatalf("node id length %d accepted", n)
+			}
+		}
+		r, err := parseRequest(b)
+		if err != nil {
+			return
+		}
+		if r.offset < 0 || r.length < 1 || r.offset+r.length < r.offset {
+			t.Fatalf("bad range accepted: %+v", r)
+		}
+		if !bytes.Equal(appendRequest(nil, r), b) {
+			t.Fatalf("%+v does not encode back to %x", r, b)
+		}
+	})
+}

@@ -1,0 +1,553 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/pkg/rpcinfo"
+	"github.com/cloudwego/kitex/server"
+
+	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
+)
+
+// fakePeer is an owner's PeerService that records what the master sends it.
+type fakePeer struct {
+	persistDelay time.Duration // each SsdReplicaPersist takes this long
+	invalDelay   time.Duration // each InvalidateCachedInfo takes this long
+	block        chan struct{} // when set, SsdReplicaPersist waits until it is closed
+
+	persistCalls   atomic.Int64
+	persistRunning atomic.Int64
+	persistMaxRun  atomic.Int64
+	invalCalls     atomic.Int64
+
+	mu   sync.Mutex // protects seen
+	seen map[string]time.Time
+}
+
+func (f *fakePeer) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
+	f.persistCalls.Add(1)
+	n := f.persistRunning.Add(1)
+	defer f.persistRunning.Add(-1)
+	for {
+		m := f.persistMaxRun.Load()
+		if n <= m || f.persistMaxRun.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	if f.block != nil {
+		<-f.block
+	}
+	time.Sleep(f.persistDelay)
+	return &peer.SsdReplicaPersistResponse{Code: common.ErrorCode_OK}, nil
+}
+
+func (f *fakePeer) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
+	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE}, nil
+}
+
+func (f *fakePeer) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
+	f.invalCalls.Add(1)
+	time.Sleep(f.invalDelay)
+	now := time.Now()
+	f.mu.Lock()
+	for _, e := range req.Entries {
+		if _, ok := f.seen[e.Key]; !ok {
+			f.seen[e.Key] = now
+		}
+	}
+	f.mu.Unlock()
+	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
+}
+
+func (f *fakePeer) seenAt(key string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.seen[key]
+	return at, ok
+}
+
+// startFakePeer serves f on loopback behind the cluster authentication.
+func startFakePeer(t *testing.T, s *auth.Secrets, f *fakePeer) string {
+	t.Helper()
+	f.seen = make(map[string]time.Time)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{})
+	svr := peerservice.NewServer(f, append(auth.ServerOptions(ln),
+		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
+		server.WithExitWaitTime(100*time.Millisecond))...)
+	go svr.Run()
+	time.Sleep(20 * time.Millisecond)
+	t.Cleanup(func() {
+		if f.block != nil {
+			select {
+			case <-f.block:
+			default:
+				close(f.block)
+			}
+		}
+		svr.Stop()
+		ln.Close()
+	})
+	return raw.Addr().String()
+}
+
+// silentPeer is a dead owner whose kernel still accepts: it listens, accepts and never
+// answers (a stopped process, a hung owner). It counts the connections it accepted.
+func silentPeer(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().String(), &accepted
+}
+
+// closedPeer is a dead owner whose port refuses connections.
+func closedPeer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// startPeerFailMaster starts a master on loopback whose owners are never tombed by
+// the heartbeat TTL unless a test says so.
+func startPeerFailMaster(t *testing.T, opts Options) *Server {
+	t.Helper()
+	opts.NodeTTL = time.Hour
+	srv, err := NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	return srv
+}
+
+func registerOwner(t *testing.T, srv *Server, id, peerAddr string) NodeRef {
+	t.Helper()
+	ref := NodeRef{ID: id, Generation: 1}
+	err := srv.withState(func(st *State) error {
+		return st.Register(time.Now(), ref, 64<<20, "", peerAddr, SSDInfo{Enabled: true, CapacityBytes: 1 << 30}, nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// putPersisted publishes a put on ref's owner and returns the persist PutDone asks for.
+func putPersisted(t *testing.T, srv *Server, ref NodeRef, key string) *PersistTask {
+	t.Helper()
+	var task *PersistTask
+	err := srv.withState(func(st *State) error {
+		plan, err := st.PutStart(time.Now(), ref, key, 4096, false)
+		if err != nil {
+			return err
+		}
+		_, task, err = st.PutDone(time.Now(), ref, key, plan.PutID)
+		return err
+	})
+	if err != nil || task == nil {
+		t.Fatalf("put %q: %v, task %v", key, err, task)
+	}
+	return task
+}
+
+// persistLog records how every persist ended.
+type persistLog struct {
+	mu    sync.Mutex
+	ended map[int64]persistEnd
+	all   chan struct{}
+	want  int
+}
+
+type persistEnd struct {
+	at  time.Time
+	err error
+}
+
+func watchPersists(srv *Server, want int) *persistLog {
+	l := &persistLog{ended: make(map[int64]persistEnd), all: make(chan struct{}), want: want}
+	srv.persist.testDone = func(t *PersistTask, err error) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if _, dup := l.ended[t.PutID]; dup {
+			panic(fmt.Sprintf("persist %d ended twice", t.PutID))
+		}
+		l.ended[t.PutID] = persistEnd{at: time.Now(), err: err}
+		if len(l.ended) == l.want {
+			close(l.all)
+		}
+	}
+	return l
+}
+
+func (l *persistLog) wait(t *testing.T, within time.Duration) map[int64]persistEnd {
+	t.Helper()
+	select {
+	case <-l.all:
+	case <-time.After(within):
+		l.mu.Lock()
+		n := len(l.ended)
+		l.mu.Unlock()
+		t.Fatalf("only %d of %d persists ended within %v", n, l.want, within)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ended
+}
+
+// Invalidations to a live owner are not held up by a dead owner, whether its port
+// accepts and never answers or refuses: every key reaches the live owner well within
+// a second of its broadcast (the old single loop spent 2 s per dead owner per batch),
+// and the dead owners see a bounded number of attempts, not one per broadcast.
+func TestInvalidationsNotHeldUpByDeadOwners(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	live := &fakePeer{}
+	liveAddr := startFakePeer(t, s, live)
+	silentAddr, silentAccepts := silentPeer(t)
+	closedAddr := closedPeer(t)
+	registerOwner(t, srv, "live", liveAddr)
+	registerOwner(t, srv, "silent", silentAddr)
+	registerOwner(t, srv, "closed", closedAddr)
+
+	const rounds = 30
+	sent := make([]time.Time, rounds)
+	for i := range rounds {
+		key := fmt.Sprintf("k%d", i)
+		sent[i] = time.Now()
+		srv.inval.add([]Invalidation{
+			{NodeID: "silent", PeerAddr: silentAddr, Key: key, PutID: int64(i + 1)},
+			{NodeID: "closed", PeerAddr: closedAddr, Key: key, PutID: int64(i + 1)},
+			{NodeID: "live", PeerAddr: liveAddr, Key: key, PutID: int64(i + 1)},
+		})
+		time.Sleep(20 * time.Millisecond)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var worst time.Duration
+	for i := range rounds {
+		key := fmt.Sprintf("k%d", i)
+		for {
+			at, ok := live.seenAt(key)
+			if ok {
+				worst = max(worst, at.Sub(sent[i]))
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("live owner never got the invalidation of %s", key)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t.Logf("worst delay to the live owner: %v over %d broadcasts; %d calls; silent owner accepted %d connections",
+		worst, rounds, live.invalCalls.Load(), silentAccepts.Load())
+	if worst >= time.Second {
+		t.Fatalf("an invalidation took %v to reach the live owner while others were dead", worst)
+	}
+	// ~600ms of broadcasts: one call in flight, then a back-off of one timeout after
+	// each failure, so a handful of connections at most.
+	if n := silentAccepts.Load(); n > 4 {
+		t.Fatalf("the silent owner accepted %d connections for %d broadcasts: retry storm", n, rounds)
+	}
+}
+
+// Invalidations for an owner that is not registered (tombed, or never known) are
+// dropped without a call.
+func TestInvalidationsToUnknownOwnerDropped(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	addr, accepts := silentPeer(t)
+	ref := registerOwner(t, srv, "gone", addr)
+	srv.withState(func(st *State) error {
+		st.tombLocked(st.nodes[ref.ID])
+		return nil
+	})
+	srv.inval.add([]Invalidation{{NodeID: "gone", PeerAddr: addr, Key: "a", PutID: 1},
+		{NodeID: "never", PeerAddr: addr, Key: "b", PutID: 1}})
+	time.Sleep(200 * time.Millisecond)
+	if n := accepts.Load(); n != 0 {
+		t.Fatalf("%d connections to a tombed or unknown owner", n)
+	}
+	srv.inval.mu.Lock()
+	left := len(srv.inval.queues)
+	srv.inval.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d owner queues left after dropping", left)
+	}
+}
+
+// A slow owner gets one call at a time; what arrives meanwhile goes in its next call.
+func TestInvalidationsCollectWhileOwnerIsSlow(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	slow := &fakePeer{invalDelay: 200 * time.Millisecond}
+	addr := startFakePeer(t, s, slow)
+	registerOwner(t, srv, "slow", addr)
+	const keys = 200
+	for i := range keys {
+		srv.inval.add([]Invalidation{{NodeID: "slow", PeerAddr: addr, Key: fmt.Sprintf("k%d", i), PutID: 1}})
+		if i%50 == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for i := range keys {
+		for {
+			if _, ok := slow.seenAt(fmt.Sprintf("k%d", i)); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("k%d never arrived", i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if n := slow.invalCalls.Load(); n > 4 {
+		t.Fatalf("%d calls for %d keys to a slow owner: entries should collect while a call is in flight", n, keys)
+	}
+}
+
+// The per-owner queue keeps one entry per key (the highest version) and drops the
+// oldest keys past its cap.
+func TestInvalQueueCap(t *testing.T) {
+	q := &invalQueue{upTo: make(map[string]int64)}
+	q.push("a", 1, 3)
+	q.push("b", 1, 3)
+	q.push("a", 5, 3)
+	q.push("a", 2, 3)
+	if n := q.push("c", 1, 3); n != 0 {
+		t.Fatalf("dropped %d under the cap", n)
+	}
+	if n := q.push("d", 1, 3); n != 1 {
+		t.Fatalf("dropped %d, want 1", n)
+	}
+	q.push("e", 1, 3)
+	if q.dropped != 2 {
+		t.Fatalf("dropped count %d, want 2", q.dropped)
+	}
+	got := q.take(10)
+	want := []string{"c:1", "d:1", "e:1"}
+	if len(got) != len(want) {
+		t.Fatalf("took %v", got)
+	}
+	for i, kv := range got {
+		if s := fmt.Sprintf("%s:%d", kv.Key, kv.PutId); s != want[i] {
+			t.Fatalf("entry %d = %s, want %s", i, s, want[i])
+		}
+	}
+	q2 := &invalQueue{upTo: make(map[string]int64)}
+	q2.push("a", 1, 3)
+	q2.push("a", 5, 3)
+	q2.push("a", 2, 3)
+	if got := q2.take(10); len(got) != 1 || got[0].PutId != 5 {
+		t.Fatalf("dedup: %v", got)
+	}
+	if len(q2.order) != 0 || len(q2.upTo) != 0 {
+		t.Fatal("queue not empty after take")
+	}
+}
+
+// Persists to a dead owner (accepts and never answers, or refuses) fail within ~1 s
+// each with at most one connection attempt each (Kitex's own retries of a failed
+// dial fail at once), while a live owner's persists run beside
+// them: the dead owners never hold every worker.
+func TestPersistDeadOwnerFailsFastLiveProceeds(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, PersistWorkers: 4})
+	live := &fakePeer{persistDelay: 100 * time.Millisecond}
+	liveAddr := startFakePeer(t, s, live)
+	silentAddr, silentAccepts := silentPeer(t)
+	closedAddr := closedPeer(t)
+	liveRef := registerOwner(t, srv, "live", liveAddr)
+	silentRef := registerOwner(t, srv, "silent", silentAddr)
+	closedRef := registerOwner(t, srv, "closed", closedAddr)
+
+	const dead, alive = 6, 6
+	var tasks []*PersistTask
+	for i := range dead {
+		tasks = append(tasks, putPersisted(t, srv, silentRef, fmt.Sprintf("s%d", i)),
+			putPersisted(t, srv, closedRef, fmt.Sprintf("c%d", i)))
+	}
+	for i := range alive {
+		tasks = append(tasks, putPersisted(t, srv, liveRef, fmt.Sprintf("l%d", i)))
+	}
+	log := watchPersists(srv, len(tasks))
+	start := time.Now()
+	for _, task := range tasks { // the dead owners' persists are queued first
+		srv.persist.submit(task)
+	}
+	ended := log.wait(t, 10*time.Second)
+
+	var liveLast, silentLast, closedLast time.Duration
+	for _, task := range tasks {
+		e := ended[task.PutID]
+		took := e.at.Sub(start)
+		switch task.NodeID {
+		case "live":
+			if e.err != nil {
+				t.Errorf("live persist %s: %v", task.Key, e.err)
+			}
+			liveLast = max(liveLast, took)
+		case "silent":
+			if e.err == nil {
+				t.Errorf("persist %s to a silent owner succeeded", task.Key)
+			}
+			silentLast = max(silentLast, took)
+		case "closed":
+			if e.err == nil {
+				t.Errorf("persist %s to a closed port succeeded", task.Key)
+			}
+			closedLast = max(closedLast, took)
+		}
+	}
+	t.Logf("last persist ended after: live %v, silent %v (%d connections), closed %v; live ran ≤ %d at once",
+		liveLast, silentLast, silentAccepts.Load(), closedLast, live.persistMaxRun.Load())
+	// The silent owner's 6 persists run 2 at a time (PersistWorkersPerNode), each
+	// failing when the hello does not come (500 ms): ~1.5 s for all, ≤ ~1 s each.
+	if silentLast > time.Duration(dead/2)*1200*time.Millisecond {
+		t.Errorf("the silent owner's persists took %v: each should fail within ~1s", silentLast)
+	}
+	if n := silentAccepts.Load(); n > dead {
+		t.Errorf("the silent owner accepted %d connections for %d persists: at most one dial per persist expected", n, dead)
+	}
+	if closedLast > time.Second {
+		t.Errorf("persists to a closed port took %v", closedLast)
+	}
+	// 6 live persists of 100 ms, 2 at a time: ~300 ms once they get workers; queued
+	// behind the dead ones with 4 shared workers they would end after ≥ 1.5 s.
+	if liveLast > time.Second {
+		t.Errorf("the live owner's persists took %v: held up by the dead owners", liveLast)
+	}
+	if m := live.persistMaxRun.Load(); m > 2 {
+		t.Errorf("%d persists ran at once on one owner; the cap is 2", m)
+	}
+	var pending int
+	srv.Inspect(func(st *State) { pending = st.PendingPersists() })
+	if pending != 0 {
+		t.Errorf("%d persists still pending", pending)
+	}
+}
+
+// An owner tombed while its persists wait: the queued ones end at once, the running
+// one is cancelled (it does not wait for PersistTimeout), and another owner's
+// persists are unaffected.
+func TestPersistTombedOwnerSkipped(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, PersistWorkers: 2})
+	stuck := &fakePeer{block: make(chan struct{})}
+	stuckAddr := startFakePeer(t, s, stuck)
+	other := &fakePeer{persistDelay: 10 * time.Millisecond}
+	otherAddr := startFakePeer(t, s, other)
+	stuckRef := registerOwner(t, srv, "stuck", stuckAddr)
+	otherRef := registerOwner(t, srv, "other", otherAddr)
+
+	var tasks []*PersistTask
+	for i := range 5 {
+		tasks = append(tasks, putPersisted(t, srv, stuckRef, fmt.Sprintf("s%d", i)))
+	}
+	for i := range 3 {
+		tasks = append(tasks, putPersisted(t, srv, otherRef, fmt.Sprintf("o%d", i)))
+	}
+	log := watchPersists(srv, len(tasks))
+	for _, task := range tasks {
+		srv.persist.submit(task)
+	}
+	for { // one persist of the stuck owner runs; the other owner's go meanwhile
+		log.mu.Lock()
+		n := len(log.ended)
+		log.mu.Unlock()
+		if n == 3 && stuck.persistCalls.Load() == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tombAt := time.Now()
+	srv.withState(func(st *State) error {
+		later := time.Now().Add(2 * time.Hour)
+		st.Heartbeat(later, otherRef, SSDInfo{Enabled: true, CapacityBytes: 1 << 30})
+		if got := st.Maintain(later); len(got) != 1 || got[0] != "stuck" {
+			t.Errorf("tombed %v", got)
+		}
+		return nil
+	})
+	ended := log.wait(t, 5*time.Second)
+	for _, task := range tasks {
+		e := ended[task.PutID]
+		switch task.NodeID {
+		case "stuck":
+			if !errors.Is(e.err, errNodeGone) {
+				t.Errorf("persist %s of the tombed owner ended with %v", task.Key, e.err)
+			}
+			if d := e.at.Sub(tombAt); d > time.Second {
+				t.Errorf("persist %s ended %v after the tomb", task.Key, d)
+			}
+		case "other":
+			if e.err != nil || e.at.After(tombAt) {
+				t.Errorf("persist %s of the live owner: %v, ended after the tomb: %v", task.Key, e.err, e.at.After(tombAt))
+			}
+		}
+	}
+	if n := stuck.persistCalls.Load(); n != 1 {
+		t.Errorf("the tombed owner got %d persist calls; 1 was running, the rest should be skipped", n)
+	}
+}
+
+func TestPersistOptionsValidate(t *testing.T) {
+	o := Options{InsecureCluster: true, PersistWorkers: 2, PersistWorkersPerNode: 3}
+	if err := o.Validate(); err == nil {
+		t.Fatal("per-node workers above the workers accepted")
+	}
+	o = Options{InsecureCluster: true, PersistWorkers: 3}
+	o.setDefaults()
+	if o.PersistWorkersPerNode != 1 {
+		t.Fatalf("default per-node workers for 3 workers = %d, want 1", o.PersistWorkersPerNode)
+	}
+}
