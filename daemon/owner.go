@@ -299,14 +299,13 @@ func (o *Owner) startDataPlane() error {
 	return nil
 }
 
-// stopDataPlane stops serving and making pulls; later calls do nothing.
+// stopDataPlane stops serving and making pulls (a get pulling meanwhile fails and
+// revokes); later calls do nothing more. The fields stay set: gets may still read them.
 func (o *Owner) stopDataPlane() {
 	if o.data != nil {
 		o.data.Close()
-		o.data = nil
 	}
 	if o.puller != nil {
 		o.puller.Close()
-		o.puller = nil
 	}
 }
