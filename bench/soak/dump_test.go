@@ -10,17 +10,24 @@ import (
 	"time"
 )
 
-// parkForDump is the goroutine a child parks 3 times for TestDumpGoroutines.
-func parkForDump(ch chan struct{}) { <-ch }
+// parkForDump is the goroutine a child parks 3 times for TestDumpGoroutines; it says
+// when it runs (a goroutine not yet scheduled shows its go statement's wrapper instead).
+func parkForDump(ch chan struct{}, running *sync.WaitGroup) {
+	running.Done()
+	<-ch
+}
 
 // TestDumpGoroutines stops a real Go process with SIGQUIT and reads its goroutines from
 // the dump in its log, as the end check does with an owner.
 func TestDumpGoroutines(t *testing.T) {
 	if os.Getenv("SOAK_DUMP_CHILD") == "1" {
 		ch := make(chan struct{})
+		var running sync.WaitGroup
 		for i := 0; i < 3; i++ {
-			go parkForDump(ch)
+			running.Add(1)
+			go parkForDump(ch, &running)
 		}
+		running.Wait()
 		os.Stdout.WriteString("ready\n")
 		<-ch
 		return
