@@ -73,6 +73,13 @@ func (h *peerHandler) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRe
 	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "remote SSD staging needs owner-to-owner transfer, which this build does not have"}, nil
 }
 
+// PullPut pulls a put the master placed here from its requester's transfer area.
+func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
+	resp := &peer.PullPutResponse{}
+	resp.Code, resp.Message = wire.ToResponse(h.o.pullPut(ctx, req))
+	return resp, nil
+}
+
 // InvalidateCachedInfo drops cached infos of keys another owner overwrote or deleted.
 func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	o := h.o

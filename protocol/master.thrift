@@ -26,6 +26,9 @@ struct PinnedRange {
   3: i64 len,
 }
 
+// transfer_reserve: the last transfer_reserve bytes of the segment are the owner's
+// transfer area, outside the memory pool: the master allocates there the source ranges
+// of puts it places on other owners (0: every put of this owner is placed on it).
 struct RegisterRequest {
   1: NodeRef node,
   2: i64 segment_size,
@@ -33,6 +36,7 @@ struct RegisterRequest {
   4: string peer_addr,
   5: KvSsdStorageInfo kv_ssd_storage,
   6: list<PinnedRange> pinned,
+  7: i64 transfer_reserve,
 }
 
 struct RegisterResponse {
@@ -67,6 +71,10 @@ struct PutStartRequest {
 
 // source_offset is where the external writes (in the requester's segment); when the
 // target is the requester itself, source_offset == target_offset and nothing moves.
+// Otherwise source_offset lies in the requester's transfer area, and at PutDone the
+// master has the target owner pull the value (PeerService.PullPut) before it publishes;
+// if the target fails, the master places the put again (the bytes are still in the
+// source) or answers UNAVAILABLE.
 struct PutStartResponse {
   1: common.ErrorCode code,
   2: string message,

@@ -54,8 +54,33 @@ struct InvalidateCachedInfoResponse {
   2: string message,
 }
 
+// Pooled placement (DESIGN §10): the master asks the put's target owner to pull the
+// value from the requester's transfer area into the target range it allocated in the
+// target's segment, before it publishes the put. generation names the target
+// incarnation the range was allocated in (another one refuses: STALE_GENERATION); the
+// source fence is (source_node_id, source_generation, put_id). The owner answers once
+// the bytes are in (OK) or the pull failed (UNAVAILABLE, with the reason); it never
+// writes the range after answering.
+struct PullPutRequest {
+  1: string key,
+  2: i64 put_id,
+  3: i64 generation,
+  4: i64 target_offset,
+  5: i64 len,
+  6: string source_node_id,
+  7: i64 source_generation,
+  8: string source_data_addr,
+  9: i64 source_offset,
+}
+
+struct PullPutResponse {
+  1: common.ErrorCode code,
+  2: string message,
+}
+
 service PeerService {
   SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),
   SsdStageReadResponse SsdStageRead(1: SsdStageReadRequest req),
   InvalidateCachedInfoResponse InvalidateCachedInfo(1: InvalidateCachedInfoRequest req),
+  PullPutResponse PullPut(1: PullPutRequest req),
 }

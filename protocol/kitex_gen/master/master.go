@@ -141,12 +141,13 @@ var fieldIDToName_PinnedRange = map[int16]string{
 }
 
 type RegisterRequest struct {
-	Node         *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	SegmentSize  int64             `thrift:"segment_size,2" frugal:"2,default,i64" json:"segment_size"`
-	DataAddr     string            `thrift:"data_addr,3" frugal:"3,default,string" json:"data_addr"`
-	PeerAddr     string            `thrift:"peer_addr,4" frugal:"4,default,string" json:"peer_addr"`
-	KvSsdStorage *KvSsdStorageInfo `thrift:"kv_ssd_storage,5" frugal:"5,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
-	Pinned       []*PinnedRange    `thrift:"pinned,6" frugal:"6,default,list<PinnedRange>" json:"pinned"`
+	Node            *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	SegmentSize     int64             `thrift:"segment_size,2" frugal:"2,default,i64" json:"segment_size"`
+	DataAddr        string            `thrift:"data_addr,3" frugal:"3,default,string" json:"data_addr"`
+	PeerAddr        string            `thrift:"peer_addr,4" frugal:"4,default,string" json:"peer_addr"`
+	KvSsdStorage    *KvSsdStorageInfo `thrift:"kv_ssd_storage,5" frugal:"5,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
+	Pinned          []*PinnedRange    `thrift:"pinned,6" frugal:"6,default,list<PinnedRange>" json:"pinned"`
+	TransferReserve int64             `thrift:"transfer_reserve,7" frugal:"7,default,i64" json:"transfer_reserve"`
 }
 
 func NewRegisterRequest() *RegisterRequest {
@@ -189,6 +190,10 @@ func (p *RegisterRequest) GetKvSsdStorage() (v *KvSsdStorageInfo) {
 func (p *RegisterRequest) GetPinned() (v []*PinnedRange) {
 	return p.Pinned
 }
+
+func (p *RegisterRequest) GetTransferReserve() (v int64) {
+	return p.TransferReserve
+}
 func (p *RegisterRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -206,6 +211,9 @@ func (p *RegisterRequest) SetKvSsdStorage(val *KvSsdStorageInfo) {
 }
 func (p *RegisterRequest) SetPinned(val []*PinnedRange) {
 	p.Pinned = val
+}
+func (p *RegisterRequest) SetTransferReserve(val int64) {
+	p.TransferReserve = val
 }
 
 func (p *RegisterRequest) IsSetNode() bool {
@@ -230,6 +238,7 @@ var fieldIDToName_RegisterRequest = map[int16]string{
 	4: "peer_addr",
 	5: "kv_ssd_storage",
 	6: "pinned",
+	7: "transfer_reserve",
 }
 
 type RegisterResponse struct {

@@ -353,12 +353,153 @@ var fieldIDToName_InvalidateCachedInfoResponse = map[int16]string{
 	2: "message",
 }
 
+type PullPutRequest struct {
+	Key              string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId            int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Generation       int64  `thrift:"generation,3" frugal:"3,default,i64" json:"generation"`
+	TargetOffset     int64  `thrift:"target_offset,4" frugal:"4,default,i64" json:"target_offset"`
+	Len              int64  `thrift:"len,5" frugal:"5,default,i64" json:"len"`
+	SourceNodeId     string `thrift:"source_node_id,6" frugal:"6,default,string" json:"source_node_id"`
+	SourceGeneration int64  `thrift:"source_generation,7" frugal:"7,default,i64" json:"source_generation"`
+	SourceDataAddr   string `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
+	SourceOffset     int64  `thrift:"source_offset,9" frugal:"9,default,i64" json:"source_offset"`
+}
+
+func NewPullPutRequest() *PullPutRequest {
+	return &PullPutRequest{}
+}
+
+func (p *PullPutRequest) InitDefault() {
+}
+
+func (p *PullPutRequest) GetKey() (v string) {
+	return p.Key
+}
+
+func (p *PullPutRequest) GetPutId() (v int64) {
+	return p.PutId
+}
+
+func (p *PullPutRequest) GetGeneration() (v int64) {
+	return p.Generation
+}
+
+func (p *PullPutRequest) GetTargetOffset() (v int64) {
+	return p.TargetOffset
+}
+
+func (p *PullPutRequest) GetLen() (v int64) {
+	return p.Len
+}
+
+func (p *PullPutRequest) GetSourceNodeId() (v string) {
+	return p.SourceNodeId
+}
+
+func (p *PullPutRequest) GetSourceGeneration() (v int64) {
+	return p.SourceGeneration
+}
+
+func (p *PullPutRequest) GetSourceDataAddr() (v string) {
+	return p.SourceDataAddr
+}
+
+func (p *PullPutRequest) GetSourceOffset() (v int64) {
+	return p.SourceOffset
+}
+func (p *PullPutRequest) SetKey(val string) {
+	p.Key = val
+}
+func (p *PullPutRequest) SetPutId(val int64) {
+	p.PutId = val
+}
+func (p *PullPutRequest) SetGeneration(val int64) {
+	p.Generation = val
+}
+func (p *PullPutRequest) SetTargetOffset(val int64) {
+	p.TargetOffset = val
+}
+func (p *PullPutRequest) SetLen(val int64) {
+	p.Len = val
+}
+func (p *PullPutRequest) SetSourceNodeId(val string) {
+	p.SourceNodeId = val
+}
+func (p *PullPutRequest) SetSourceGeneration(val int64) {
+	p.SourceGeneration = val
+}
+func (p *PullPutRequest) SetSourceDataAddr(val string) {
+	p.SourceDataAddr = val
+}
+func (p *PullPutRequest) SetSourceOffset(val int64) {
+	p.SourceOffset = val
+}
+
+func (p *PullPutRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PullPutRequest(%+v)", *p)
+}
+
+var fieldIDToName_PullPutRequest = map[int16]string{
+	1: "key",
+	2: "put_id",
+	3: "generation",
+	4: "target_offset",
+	5: "len",
+	6: "source_node_id",
+	7: "source_generation",
+	8: "source_data_addr",
+	9: "source_offset",
+}
+
+type PullPutResponse struct {
+	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+}
+
+func NewPullPutResponse() *PullPutResponse {
+	return &PullPutResponse{}
+}
+
+func (p *PullPutResponse) InitDefault() {
+}
+
+func (p *PullPutResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *PullPutResponse) GetMessage() (v string) {
+	return p.Message
+}
+func (p *PullPutResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *PullPutResponse) SetMessage(val string) {
+	p.Message = val
+}
+
+func (p *PullPutResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PullPutResponse(%+v)", *p)
+}
+
+var fieldIDToName_PullPutResponse = map[int16]string{
+	1: "code",
+	2: "message",
+}
+
 type PeerService interface {
 	SsdReplicaPersist(ctx context.Context, req *SsdReplicaPersistRequest) (r *SsdReplicaPersistResponse, err error)
 
 	SsdStageRead(ctx context.Context, req *SsdStageReadRequest) (r *SsdStageReadResponse, err error)
 
 	InvalidateCachedInfo(ctx context.Context, req *InvalidateCachedInfoRequest) (r *InvalidateCachedInfoResponse, err error)
+
+	PullPut(ctx context.Context, req *PullPutRequest) (r *PullPutResponse, err error)
 }
 
 type PeerServiceSsdReplicaPersistArgs struct {
@@ -586,5 +727,81 @@ func (p *PeerServiceInvalidateCachedInfoResult) String() string {
 }
 
 var fieldIDToName_PeerServiceInvalidateCachedInfoResult = map[int16]string{
+	0: "success",
+}
+
+type PeerServicePullPutArgs struct {
+	Req *PullPutRequest `thrift:"req,1" frugal:"1,default,PullPutRequest" json:"req"`
+}
+
+func NewPeerServicePullPutArgs() *PeerServicePullPutArgs {
+	return &PeerServicePullPutArgs{}
+}
+
+func (p *PeerServicePullPutArgs) InitDefault() {
+}
+
+var PeerServicePullPutArgs_Req_DEFAULT *PullPutRequest
+
+func (p *PeerServicePullPutArgs) GetReq() (v *PullPutRequest) {
+	if !p.IsSetReq() {
+		return PeerServicePullPutArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *PeerServicePullPutArgs) SetReq(val *PullPutRequest) {
+	p.Req = val
+}
+
+func (p *PeerServicePullPutArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *PeerServicePullPutArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServicePullPutArgs(%+v)", *p)
+}
+
+var fieldIDToName_PeerServicePullPutArgs = map[int16]string{
+	1: "req",
+}
+
+type PeerServicePullPutResult struct {
+	Success *PullPutResponse `thrift:"success,0,optional" frugal:"0,optional,PullPutResponse" json:"success,omitempty"`
+}
+
+func NewPeerServicePullPutResult() *PeerServicePullPutResult {
+	return &PeerServicePullPutResult{}
+}
+
+func (p *PeerServicePullPutResult) InitDefault() {
+}
+
+var PeerServicePullPutResult_Success_DEFAULT *PullPutResponse
+
+func (p *PeerServicePullPutResult) GetSuccess() (v *PullPutResponse) {
+	if !p.IsSetSuccess() {
+		return PeerServicePullPutResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *PeerServicePullPutResult) SetSuccess(x interface{}) {
+	p.Success = x.(*PullPutResponse)
+}
+
+func (p *PeerServicePullPutResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *PeerServicePullPutResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServicePullPutResult(%+v)", *p)
+}
+
+var fieldIDToName_PeerServicePullPutResult = map[int16]string{
 	0: "success",
 }

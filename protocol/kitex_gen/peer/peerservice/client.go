@@ -14,6 +14,7 @@ type Client interface {
 	SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest, callOptions ...callopt.Option) (r *peer.SsdReplicaPersistResponse, err error)
 	SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest, callOptions ...callopt.Option) (r *peer.SsdStageReadResponse, err error)
 	InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error)
+	PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -58,4 +59,9 @@ func (p *kPeerServiceClient) SsdStageRead(ctx context.Context, req *peer.SsdStag
 func (p *kPeerServiceClient) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.InvalidateCachedInfo(ctx, req)
+}
+
+func (p *kPeerServiceClient) PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.PullPut(ctx, req)
 }

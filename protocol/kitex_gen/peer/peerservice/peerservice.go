@@ -34,6 +34,13 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"PullPut": kitex.NewMethodInfo(
+		pullPutHandler,
+		newPeerServicePullPutArgs,
+		newPeerServicePullPutResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -154,6 +161,24 @@ func newPeerServiceInvalidateCachedInfoResult() interface{} {
 	return peer.NewPeerServiceInvalidateCachedInfoResult()
 }
 
+func pullPutHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.PeerServicePullPutArgs)
+	realResult := result.(*peer.PeerServicePullPutResult)
+	success, err := handler.(peer.PeerService).PullPut(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newPeerServicePullPutArgs() interface{} {
+	return peer.NewPeerServicePullPutArgs()
+}
+
+func newPeerServicePullPutResult() interface{} {
+	return peer.NewPeerServicePullPutResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -189,6 +214,16 @@ func (p *kClient) InvalidateCachedInfo(ctx context.Context, req *peer.Invalidate
 	_args.Req = req
 	var _result peer.PeerServiceInvalidateCachedInfoResult
 	if err = p.c.Call(ctx, "InvalidateCachedInfo", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) PullPut(ctx context.Context, req *peer.PullPutRequest) (r *peer.PullPutResponse, err error) {
+	var _args peer.PeerServicePullPutArgs
+	_args.Req = req
+	var _result peer.PeerServicePullPutResult
+	if err = p.c.Call(ctx, "PullPut", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil
