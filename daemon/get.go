@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"math"
+
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -37,6 +39,13 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	o.mu.Unlock()
 
 	h, err := o.planGet(key)
+	if wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND {
+		// The master has no version of the key: a get planned before this miss must not
+		// cache one afterwards (its install sees the sequence moved).
+		o.mu.Lock()
+		o.ackLocked(o.cache.invalidate(key, math.MaxInt64))
+		o.mu.Unlock()
+	}
 	if err != nil {
 		return nil, err
 	}
