@@ -79,6 +79,10 @@ type Owner struct {
 	// ClientIsolation (client_isolation): seal the segment against client writes and
 	// take puts through per-session put areas (DESIGN §11). nil: the default.
 	ClientIsolation *bool
+	// TransferReserve (transfer_reserve) is the owner's transfer area for puts placed
+	// on other owners: nil takes the daemon's default, a pointer to 0 means none
+	// ("off" or 0).
+	TransferReserve *int64
 	// AllowedUIDs (allowed_uids) may attach besides root, the owner's uid and members
 	// of the socket's group.
 	AllowedUIDs []uint32
@@ -106,6 +110,7 @@ type Master struct {
 	InflightTTL       time.Duration // inflight_ttl: revoke a put or get older than this
 	AllocWait         time.Duration // alloc_wait: wait this long for space before NO_SPACE
 	NoPromotion       bool          // no_promotion: SSD refills never become memory replicas
+	Placement         string        // placement: pool or local (where puts' memory replicas go)
 	MetricsAddr       string        // metrics_addr: host:port of /metrics
 	LogLevel          string        // log_level: debug, info, warn, error
 	LogFormat         string        // log_format: json or text

@@ -78,6 +78,7 @@ master:
   heartbeat_interval: 2s
   inflight_ttl: 1m
   alloc_wait: 500ms
+  placement: local
   metrics_addr: 127.0.0.1:9700
   log_level: warn
   log_format: json
@@ -85,7 +86,7 @@ master:
   insecure_cluster: false
 `,
 			want: &File{Master: &Master{Listen: "0.0.0.0:7700", NodeTTL: 10 * time.Second, HeartbeatInterval: 2 * time.Second,
-				InflightTTL: time.Minute, AllocWait: 500 * time.Millisecond, MetricsAddr: "127.0.0.1:9700", LogLevel: "warn", LogFormat: "json",
+				InflightTTL: time.Minute, AllocWait: 500 * time.Millisecond, Placement: "local", MetricsAddr: "127.0.0.1:9700", LogLevel: "warn", LogFormat: "json",
 				ClusterSecretFiles: []string{"/etc/fluxkv/new.secret", "/etc/fluxkv/old.secret"}}},
 		},
 		{name: "owner: cluster secret files", role: RoleOwner, yaml: "fluxkv_spec:\n  cluster_secret_files: [/s]\n  insecure_cluster: true\n",
@@ -121,6 +122,8 @@ master:
 			wantErr: `fluxkv_spec.peer_listen: invalid address "127.0.0.1:70000": port "70000" is not a number from 0 to 65535`},
 		{name: "named port", role: RoleMaster, yaml: "master: {listen: \"127.0.0.1:http\"}",
 			wantErr: `master.listen: invalid address "127.0.0.1:http": port "http"`},
+		{name: "bad placement", role: RoleMaster, yaml: "master:\n  placement: spread\n",
+			wantErr: `line 2: master.placement: invalid placement "spread" (want pool or local)`},
 		{name: "unknown master key", role: RoleMaster, yaml: "master:\n  listen: :1\n  nodettl: 5s\n", wantErr: "line 3: master.nodettl: unknown key"},
 		{name: "unknown section", role: RoleUp, yaml: "fluxonkv_spec:\n  dram: 1GiB\n", wantErr: "line 1: fluxonkv_spec: unknown key (known: fluxkv_spec, master)"},
 		{name: "owner section for master", role: RoleMaster, yaml: "fluxkv_spec: {dram: 1GiB}\n", wantErr: "fluxkv_spec: not read by `fluxkv master`"},

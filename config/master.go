@@ -1,8 +1,19 @@
 package config
 
 import (
+	"fmt"
+
 	"gopkg.in/yaml.v3"
 )
+
+// CheckPlacement accepts the master's placement modes: pool (a put goes to the owner
+// with room, the requester first) and local (every put on its requester).
+func CheckPlacement(s string) error {
+	if s != "pool" && s != "local" {
+		return fmt.Errorf("invalid placement %q (want pool or local)", s)
+	}
+	return nil
+}
 
 func parseMaster(n *yaml.Node) (*Master, error) {
 	const sec = MasterSection
@@ -19,6 +30,7 @@ func parseMaster(n *yaml.Node) (*Master, error) {
 		"inflight_ttl":         durationField(k("inflight_ttl"), &m.InflightTTL),
 		"alloc_wait":           durationField(k("alloc_wait"), &m.AllocWait),
 		"no_promotion":         boolField(k("no_promotion"), &m.NoPromotion),
+		"placement":            stringField(k("placement"), &m.Placement, CheckPlacement),
 		"metrics_addr":         stringField(k("metrics_addr"), &m.MetricsAddr, CheckAddr),
 		"log_level":            stringField(k("log_level"), &m.LogLevel, CheckLogLevel),
 		"log_format":           stringField(k("log_format"), &m.LogFormat, CheckLogFormat),

@@ -60,7 +60,23 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 			o.ClientIsolation = &b
 			return nil
 		},
-		"allowed_uids":   uidListField(k("allowed_uids"), &o.AllowedUIDs),
+		"allowed_uids": uidListField(k("allowed_uids"), &o.AllowedUIDs),
+		"transfer_reserve": func(v *yaml.Node) error {
+			if isNull(v) {
+				return nil
+			}
+			var n int64
+			if v.Kind == yaml.ScalarNode && v.Value == "off" {
+				o.TransferReserve = &n
+				return nil
+			}
+			n, err := sizeValue(v)
+			if err != nil || n < 0 {
+				return keyErr(v, k("transfer_reserve"), "want a size such as \"64MiB\", 0 or off, got %s", describe(v))
+			}
+			o.TransferReserve = &n
+			return nil
+		},
 		"put_area":       sizeField(k("put_area"), &o.PutArea),
 		"put_area_total": sizeField(k("put_area_total"), &o.PutAreaTotal),
 		"max_connections": func(v *yaml.Node) error {

@@ -111,7 +111,8 @@ func (m *masterLink) register(ctx context.Context) error {
 	o.mu.Unlock()
 	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
-		KvSsdStorage: o.ssdInfo(), Pinned: pins,
+		TransferReserve: o.opts.TransferReserve,
+		KvSsdStorage:    o.ssdInfo(), Pinned: pins,
 	})
 	if err != nil {
 		return err

@@ -41,6 +41,12 @@ type Options struct {
 	// data listeners at. Default: the listener's own address, or for a wildcard
 	// listener this host's address on the route to the master.
 	AdvertiseHost string
+	// TransferReserve is the transfer area: the last bytes of the segment, outside the
+	// memory pool, where this owner's clients write puts the master places on other
+	// owners (pooled placement); they pull from it. A value larger than it is placed
+	// here. Default 0: min(DRAM/8, 256 MiB); negative: no transfer area (every put of
+	// this owner is placed on it).
+	TransferReserve int64
 	// TransferTimeout bounds one pull from another owner, well under the master's
 	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
 	TransferTimeout time.Duration
@@ -98,6 +104,9 @@ type Options struct {
 
 const pageSize = 4096
 
+// transferGranule aligns the transfer area (the master allocates in 512-byte granules).
+const transferGranule = 512
+
 // Put area sizes under client isolation: the default per session and in total, and
 // the smallest area a session is given when the total is nearly used up.
 const (
@@ -131,6 +140,13 @@ func (o *Options) setDefaults() {
 		}
 		o.DataListen = net.JoinHostPort(host, "0")
 	}
+	switch {
+	case o.TransferReserve == 0:
+		o.TransferReserve = min(o.DRAM/8, 256<<20)
+	case o.TransferReserve < 0:
+		o.TransferReserve = 0
+	}
+	o.TransferReserve = o.TransferReserve / transferGranule * transferGranule
 	if o.TransferTimeout == 0 {
 		o.TransferTimeout = 30 * time.Second
 	}
@@ -196,6 +212,9 @@ func (o *Options) Validate() error {
 	}
 	if o.HelloTimeout < 0 || o.FrameTimeout < 0 || o.IdleTimeout < 0 {
 		return fmt.Errorf("owner: hello/frame/idle timeouts (%v/%v/%v) must not be negative", o.HelloTimeout, o.FrameTimeout, o.IdleTimeout)
+	}
+	if o.TransferReserve > 0 && o.DRAM > 0 && o.TransferReserve >= o.DRAM {
+		return fmt.Errorf("owner: transfer reserve %d must be below the segment size %d", o.TransferReserve, o.DRAM)
 	}
 	if o.PutArea < 0 || o.PutAreaTotal < 0 {
 		return fmt.Errorf("owner: put area %d and put area total %d must not be negative", o.PutArea, o.PutAreaTotal)

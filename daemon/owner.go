@@ -259,7 +259,8 @@ func (o *Owner) Capacity() metrics.Capacity {
 	if err == nil {
 		for _, m := range r.Members {
 			if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {
-				c.SegmentUsed = m.MemorySegment.UsedBytes
+				// The memory pool: the segment less the transfer area.
+				c.SegmentCapacity, c.SegmentUsed = m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes
 			}
 		}
 	}

@@ -1,6 +1,10 @@
 package daemon
 
 import (
+	"context"
+
+	"github.com/cloudwego/kitex/client/callopt"
+
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -29,10 +33,13 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return 0, 0, err
 	}
+	// The client writes at the source offset: the target itself, or, for a put the
+	// master placed on another owner, a range of this owner's transfer area that the
+	// target pulls from at PutDone.
 	p := &pendingPut{key: key, putID: resp.PutId, offset: resp.SourceOffset, len: length}
-	if resp.TargetNodeId != o.opts.NodeID {
+	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-length {
 		o.abandonPut(p)
-		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "master placed the put on node %q: owner-to-owner transfer is not available in this build", resp.TargetNodeId)
+		return 0, 0, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, length, o.seg.Size())
 	}
 	o.mu.Lock()
 	if c.closed {
@@ -116,9 +123,12 @@ func (o *Owner) publish(p *pendingPut) error {
 		o.acks.add(p.putID)
 		return errCode(common.ErrorCode_UNAVAILABLE, "the master restarted during this put; the value was not stored")
 	}
-	ctx, cancel := o.master.ctx()
+	// A put placed on another owner is pulled by it during PutDone: allow for the
+	// transfer (its owner gives up after TransferTimeout) on top of the usual bound.
+	wait := o.opts.MasterTimeout + o.opts.TransferTimeout
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	resp, err := o.master.c.PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
+	resp, err := o.master.c.PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
 	if err != nil {
 		o.abandonPut(p) // best effort: the master may not have seen PutDone
 	}

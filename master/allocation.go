@@ -8,17 +8,31 @@ import "fmt"
 // returns to the node's allocator when the last reference goes. Allocations of a node
 // that has been tombed release nothing: that incarnation's allocator is gone.
 //
+// An Allocation comes either from the node's memory pool or from its transfer area
+// (the source range of a put placed on another owner); Release returns it to the
+// allocator it came from.
+//
 // Not safe for concurrent use; the State's lock protects it.
 type Allocation struct {
 	node *node
-	r    Range
-	len  int64 // real payload length (≤ r.Size)
+	area *Allocator // the allocator r came from: node.alloc or node.xfer
+	base int64      // the segment offset of area's offset 0
+	r    Range      // in segment offsets
+	len  int64      // real payload length (≤ r.Size)
 	refs int
 }
 
+// newAllocation wraps a range of n's memory pool.
 func newAllocation(n *node, r Range, length int64) *Allocation {
 	n.allocs++
-	return &Allocation{node: n, r: r, len: length, refs: 1}
+	return &Allocation{node: n, area: n.alloc, r: r, len: length, refs: 1}
+}
+
+// newXferAllocation wraps a range r of n's transfer area (in area offsets).
+func newXferAllocation(n *node, r Range, length int64) *Allocation {
+	n.allocs++
+	r.Offset += n.xferBase
+	return &Allocation{node: n, area: n.xfer, base: n.xferBase, r: r, len: length, refs: 1}
 }
 
 // Offset is where the range starts in the owner's segment.
@@ -50,6 +64,6 @@ func (a *Allocation) Release() {
 	}
 	a.node.allocs--
 	if !a.node.tombed {
-		a.node.alloc.Free(a.r)
+		a.area.Free(Range{Offset: a.r.Offset - a.base, Size: a.r.Size})
 	}
 }

@@ -37,7 +37,7 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		}
 	}
 	err := h.s.withState(func(st *State) error {
-		return st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+		return st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
 	})
 	resp := &mp.RegisterResponse{MasterEpoch: h.s.epoch,
 		HeartbeatIntervalMs: h.s.opts.HeartbeatInterval.Milliseconds(), NodeTtlMs: h.s.opts.NodeTTL.Milliseconds()}
@@ -65,15 +65,24 @@ func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.Pu
 	return resp, nil
 }
 
+// PutDone publishes a put; one placed on another owner is first pulled by that owner
+// (Server.pull, outside the lock), and placed again on another one while pulls fail.
 func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutDoneResponse, error) {
-	var invs []Invalidation
-	var task *PersistTask
+	var res PutResult
 	err := h.s.withState(func(st *State) (err error) {
-		invs, task, err = st.PutDone(time.Now(), ref(req.Node), req.Key, req.PutId)
+		res, err = st.PutDone(time.Now(), ref(req.Node), req.Key, req.PutId)
 		return err
 	})
-	h.s.inval.add(invs)
-	h.s.persist.submit(task)
+	for err == nil && res.Pull != nil {
+		t := res.Pull
+		pullErr, answered := h.s.pull(t)
+		err = h.s.withState(func(st *State) (err error) {
+			res, err = st.PullDone(time.Now(), t.PutID, pullErr, answered)
+			return err
+		})
+	}
+	h.s.inval.add(res.Invalidations)
+	h.s.persist.submit(res.Persist)
 	resp := &mp.PutDoneResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil

@@ -8,19 +8,43 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// inflightPut keeps a put's target alive between PutStart and PutDone/PutRevoke.
+// inflightPut keeps a put's target alive between PutStart and PutDone/PutRevoke. A put
+// placed on another owner than its requester also keeps its source range (in the
+// requester's transfer area) until the target owner has pulled it.
 type inflightPut struct {
 	key            string
-	node           *node
-	target         *Allocation
+	node           *node       // the requester
+	target         *Allocation // in the target owner's pool (the requester's, for a local put)
+	source         *Allocation // in the requester's transfer area; nil for a local put
 	deadline       time.Time
 	rejectIfExists bool
-	persistToSSD   bool
+	persistToSSD   bool // the target owner has SSD: PutDone asks it to persist
+	// pull is the PullPut the server is running for this put (between PutDone and
+	// PullDone); nil otherwise. While it runs the target owner may write the target,
+	// so nothing frees it: a revoke, an expiry or the requester's tomb only marks the
+	// put revoked, and PullDone frees it.
+	pull    *PullTask
+	revoked bool
+	failed  []string // target nodes whose pull of this put failed: not placed there again
 }
 
+// dropPutLocked forgets an in-flight put that is not being pulled and frees its ranges.
 func (s *State) dropPutLocked(id int64, p *inflightPut) {
 	delete(s.puts, id)
 	p.target.Release()
+	if p.source != nil {
+		p.source.Release()
+	}
+}
+
+// revokePutLocked abandons an in-flight put: at once, unless its target owner is
+// pulling it (then PullDone frees its ranges once the pull answered).
+func (s *State) revokePutLocked(id int64, p *inflightPut) {
+	if p.pull == nil {
+		s.dropPutLocked(id, p)
+		return
+	}
+	p.revoked = true
 }
 
 // inflightGet keeps a get's target (in the requester's segment) and its source (a

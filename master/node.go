@@ -35,10 +35,15 @@ type node struct {
 	lastSeen    time.Time
 	tombed      bool
 
-	alloc   *Allocator
-	policy  *Policy[string]       // keys whose memory replica lives here, in eviction order
-	holders map[int64]*Allocation // holder id → the range it keeps alive
-	allocs  int                   // live Allocations in this segment (leak checks)
+	alloc *Allocator // the memory pool: [0, xferBase)
+	// xfer is the transfer area, [xferBase, segmentSize), outside the pool: source
+	// ranges of this owner's puts placed on other owners. nil when the owner reserved
+	// none (every put of it is then placed on it).
+	xfer     *Allocator
+	xferBase int64
+	policy   *Policy[string]       // keys whose memory replica lives here, in eviction order
+	holders  map[int64]*Allocation // holder id → the range it keeps alive
+	allocs   int                   // live Allocations in this segment (leak checks)
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.
 	sourcing int
@@ -52,7 +57,12 @@ type NodeRef struct {
 
 // Register admits an owner incarnation. A previous incarnation under the same id is
 // tombed first (its replicas vanish). Pinned ranges are re-reserved as holders.
-func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr, peerAddr string, ssd SSDInfo, pinned []Pin) error {
+//
+// The last transferReserve bytes of the segment (rounded down to AllocGranule) are the
+// owner's transfer area, outside its memory pool; the pool is the rest. The pool is
+// what the owner's capacity and use report (Members, Stat, metrics): the transfer
+// area only ever holds values on their way to another owner.
+func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserve int64, dataAddr, peerAddr string, ssd SSDInfo, pinned []Pin) error {
 	if err := wire.ValidateNodeID(ref.ID); err != nil {
 		return err
 	}
@@ -61,6 +71,11 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr
 	}
 	if segmentSize < AllocGranule {
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "segment size %d is below %d bytes", segmentSize, AllocGranule)
+	}
+	reserve := transferReserve / AllocGranule * AllocGranule
+	if transferReserve < 0 || segmentSize-reserve < AllocGranule {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "transfer reserve %d leaves less than %d bytes of the %d-byte segment for the memory pool",
+			transferReserve, AllocGranule, segmentSize)
 	}
 	if old := s.nodes[ref.ID]; old != nil {
 		if err := s.checkIDTakenLocked(now, old, dataAddr, peerAddr); err != nil {
@@ -72,9 +87,18 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr
 	n := &node{
 		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
 		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
-		alloc:   NewAllocator(segmentSize),
+		alloc:   NewAllocator(segmentSize - reserve),
 		policy:  NewPolicy[string](),
 		holders: make(map[int64]*Allocation),
+	}
+	if reserve > 0 {
+		// The area starts on a granule; a segment size that is not a multiple of it
+		// loses its tail (owners size segments in pages).
+		n.xferBase = roundUp(segmentSize-reserve, AllocGranule)
+		n.xfer = NewAllocator(segmentSize - n.xferBase)
+		if n.xfer.Capacity() == 0 {
+			n.xfer, n.xferBase = nil, 0
+		}
 	}
 	s.nodes[ref.ID] = n
 	for _, p := range pinned {
@@ -83,13 +107,20 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize int64, dataAddr
 			continue
 		}
 		r := Range{Offset: p.Offset, Size: roundUp(p.Len, AllocGranule)}
-		if _, dup := n.holders[p.PinID]; dup || !n.alloc.Reserve(r) {
+		_, dup := n.holders[p.PinID]
+		// A pin in the transfer area is the source range of a put an external was
+		// writing; any other is in the pool.
+		inXfer := n.xfer != nil && p.Offset >= n.xferBase
+		switch {
+		case !dup && inXfer && n.xfer.Reserve(Range{Offset: r.Offset - n.xferBase, Size: r.Size}):
+			n.holders[p.PinID] = newXferAllocation(n, Range{Offset: r.Offset - n.xferBase, Size: r.Size}, p.Len)
+		case !dup && !inXfer && n.alloc.Reserve(r):
+			n.holders[p.PinID] = newAllocation(n, r, p.Len)
+		default:
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pinned range overlaps another; ignored")
-			continue
 		}
-		n.holders[p.PinID] = newAllocation(n, r, p.Len)
 	}
-	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).
+	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).Int64("transfer_reserve", reserve).
 		Bool("ssd", ssd.Enabled).Int("pinned", len(n.holders)).Msg("owner registered")
 	return nil
 }
@@ -152,9 +183,15 @@ func (s *State) tombLocked(n *node) {
 	}
 	for id, p := range s.puts {
 		if p.node == n {
-			s.dropPutLocked(id, p)
+			// A put whose target owner is pulling it keeps its ranges until the pull
+			// answers (the target may still be writing); PullDone frees them.
+			s.revokePutLocked(id, p)
 		}
+		// A put placed on n that is not being pulled is placed again at PutDone; one
+		// being pulled is placed again when the server's pull call, cancelled by this
+		// tomb, ends in PullDone.
 	}
+	s.unquarantineLocked(n)
 	for id, g := range s.gets {
 		switch {
 		case g.node == n:

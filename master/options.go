@@ -57,6 +57,18 @@ type Options struct {
 	// InvalidateCachedInfo call; past it the oldest are dropped (counted, logged).
 	// Default 16384.
 	InvalidateQueue int
+	// Placement decides where a put's memory replica goes (DESIGN §10 "Placement (one
+	// pool)"): PlacementPool (the default) places it on the requester when its pool has
+	// room, else on the live owner with the most free bytes, else evicts across the pool
+	// (duplicates before sole copies) and places it where room was made; the requester
+	// writes the value into its transfer area and the target owner pulls it at PutDone.
+	// PlacementLocal keeps every put on its requester.
+	Placement string
+	// PullTimeout bounds one PullPut call (the target owner pulling a pooled put from
+	// the requester's transfer area; the owner gives up after its own 30s transfer
+	// deadline). Default 35s; it must exceed the owners' transfer deadline, or the
+	// master could free a range an owner still writes.
+	PullTimeout time.Duration
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
@@ -71,6 +83,12 @@ type Options struct {
 	// Metrics receives per-call counters and latencies. Default: none.
 	Metrics *metrics.Metrics
 }
+
+// Placement values.
+const (
+	PlacementPool  = "pool"
+	PlacementLocal = "local"
+)
 
 const (
 	defaultPersistWorkers     = 4
@@ -119,6 +137,12 @@ func (o *Options) setDefaults() {
 	if o.InvalidateQueue == 0 {
 		o.InvalidateQueue = defaultInvalidateQueue
 	}
+	if o.Placement == "" {
+		o.Placement = PlacementPool
+	}
+	if o.PullTimeout == 0 {
+		o.PullTimeout = 35 * time.Second
+	}
 	if o.IDBase == 0 {
 		o.IDBase = time.Now().UnixNano()
 	}
@@ -138,7 +162,7 @@ func (o *Options) maxPromotions() int {
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if o.HeartbeatInterval < 0 || o.NodeTTL < 0 || o.InflightTTL < 0 || o.AllocRetryInterval < 0 || o.AllocWait < 0 ||
-		o.PersistTimeout < 0 || o.PeerConnectTimeout < 0 || o.InvalidateTimeout < 0 {
+		o.PersistTimeout < 0 || o.PeerConnectTimeout < 0 || o.InvalidateTimeout < 0 || o.PullTimeout < 0 {
 		return fmt.Errorf("master options: durations must not be negative")
 	}
 	if o.NodeTTL != 0 && o.HeartbeatInterval != 0 && o.NodeTTL <= o.HeartbeatInterval {
@@ -149,6 +173,9 @@ func (o *Options) Validate() error {
 	}
 	if workers := cmp.Or(o.PersistWorkers, defaultPersistWorkers); o.PersistWorkersPerNode > workers {
 		return fmt.Errorf("master options: persist workers per node %d exceed the %d persist workers", o.PersistWorkersPerNode, workers)
+	}
+	if o.Placement != "" && o.Placement != PlacementPool && o.Placement != PlacementLocal {
+		return fmt.Errorf("master options: placement %q: want %q or %q", o.Placement, PlacementPool, PlacementLocal)
 	}
 	if o.MaxPromotions < 0 {
 		return fmt.Errorf("master options: max promotions must not be negative")

@@ -25,6 +25,9 @@ type fakePeer struct {
 	persistDelay time.Duration // each SsdReplicaPersist takes this long
 	invalDelay   time.Duration // each InvalidateCachedInfo takes this long
 	block        chan struct{} // when set, SsdReplicaPersist waits until it is closed
+	// pull, when set, answers PullPut; else PullPut answers OK at once.
+	pull      func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
+	pullCalls atomic.Int64
 
 	persistCalls   atomic.Int64
 	persistRunning atomic.Int64
@@ -54,6 +57,15 @@ func (f *fakePeer) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPe
 
 func (f *fakePeer) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
 	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE}, nil
+}
+
+func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
+	f.pullCalls.Add(1)
+	code := common.ErrorCode_OK
+	if f.pull != nil {
+		code = f.pull(ctx, req)
+	}
+	return &peer.PullPutResponse{Code: code, Message: fmt.Sprintf("fake pull of put %d: %v", req.PutId, code)}, nil
 }
 
 func (f *fakePeer) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
@@ -174,7 +186,7 @@ func registerOwner(t *testing.T, srv *Server, id, peerAddr string) NodeRef {
 	t.Helper()
 	ref := NodeRef{ID: id, Generation: 1}
 	err := srv.withState(func(st *State) error {
-		return st.Register(time.Now(), ref, 64<<20, "", peerAddr, SSDInfo{Enabled: true, CapacityBytes: 1 << 30}, nil)
+		return st.Register(time.Now(), ref, 64<<20, 0, "", peerAddr, SSDInfo{Enabled: true, CapacityBytes: 1 << 30}, nil)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +203,8 @@ func putPersisted(t *testing.T, srv *Server, ref NodeRef, key string) *PersistTa
 		if err != nil {
 			return err
 		}
-		_, task, err = st.PutDone(time.Now(), ref, key, plan.PutID)
+		res, err := st.PutDone(time.Now(), ref, key, plan.PutID)
+		task = res.Persist
 		return err
 	})
 	if err != nil || task == nil {

@@ -21,6 +21,9 @@ type Policy[K comparable] struct {
 	main    policyQueue[K]
 	ghost   policyQueue[K] // weights are zero here
 	newest  *policyEntry[K]
+	// victimWeight is the weight of the last victim (a small victim's goes to zero in
+	// the ghost): VictimWhere restores it.
+	victimWeight int64
 }
 
 const (
@@ -70,6 +73,18 @@ func (q *policyQueue[K]) pushHead(e *policyEntry[K], id queueID) {
 	e.prev, e.next = &q.root, q.root.next
 	q.root.next.prev = e
 	q.root.next = e
+	q.n++
+	q.weight += e.weight
+}
+
+func (q *policyQueue[K]) pushTail(e *policyEntry[K], id queueID) {
+	if q.root.next == nil {
+		q.root.next, q.root.prev = &q.root, &q.root
+	}
+	e.queue = id
+	e.next, e.prev = &q.root, q.root.prev
+	q.root.prev.next = e
+	q.root.prev = e
 	q.n++
 	q.weight += e.weight
 }
@@ -146,25 +161,88 @@ func (p *Policy[K]) Remove(k K) bool {
 // is live. Small is evicted from while it holds more than 10% of the weight (or main
 // is empty), main otherwise.
 func (p *Policy[K]) Victim() (K, bool) {
+	if e, _ := p.victim(); e != nil {
+		return e.key, true
+	}
+	var zero K
+	return zero, false
+}
+
+// victim is Victim; it also says which queue the victim left.
+func (p *Policy[K]) victim() (*policyEntry[K], queueID) {
 	for p.Len() > 0 {
 		var e *policyEntry[K]
 		var ok bool
+		from := inSmall
 		if p.small.n > 0 && (p.main.n == 0 || p.small.weight*100 > p.Weight()*smallPercent) {
 			if e, ok = p.stepSmall(); !ok {
+				from = inMain
 				e, ok = p.stepMain()
 			}
-		} else if e, ok = p.stepMain(); !ok {
-			e, ok = p.stepSmall()
+		} else {
+			from = inMain
+			if e, ok = p.stepMain(); !ok {
+				from = inSmall
+				e, ok = p.stepSmall()
+			}
 		}
 		if !ok {
 			panic("BUG: policy found no victim among live keys")
 		}
 		if e != nil {
-			return e.key, true
+			return e, from
 		}
 	}
-	var zero K
-	return zero, false
+	return nil, 0
+}
+
+// VictimWhere is Victim restricted to the keys accept takes: it draws victims in the
+// order Victim would and evicts the first one accepted; the refused ones go back where
+// they were (the tail of their queue, in their order, as if never drawn; the steps
+// that moved other keys on the way, a hit key's promotion or lap, stand, as they
+// would for Victim). At most limit keys are drawn: false when none of them was
+// accepted (or no key is live), and then nothing was evicted.
+func (p *Policy[K]) VictimWhere(accept func(K) bool, limit int) (K, bool) {
+	type drawn struct {
+		e      *policyEntry[K]
+		from   queueID
+		weight int64
+	}
+	var refused []drawn
+	newest := p.newest
+	var victim *policyEntry[K]
+	for range limit {
+		e, from := p.victim()
+		if e == nil {
+			break
+		}
+		if accept(e.key) {
+			victim = e
+			break
+		}
+		refused = append(refused, drawn{e, from, p.victimWeight})
+	}
+	for i := len(refused) - 1; i >= 0; i-- {
+		d := refused[i]
+		if d.e.queue == inGhost && d.e.prev != nil {
+			p.ghost.remove(d.e) // still remembered as a ghost
+		}
+		d.e.weight = d.weight
+		p.entries[d.e.key] = d.e
+		if d.from == inSmall {
+			p.small.pushTail(d.e, inSmall)
+		} else {
+			p.main.pushTail(d.e, inMain)
+		}
+	}
+	if newest != nil && newest != victim {
+		p.newest = newest
+	}
+	if victim == nil {
+		var zero K
+		return zero, false
+	}
+	return victim.key, true
 }
 
 // stepSmall handles small's oldest key: a key hit since it was inserted moves to main,
@@ -183,6 +261,7 @@ func (p *Policy[K]) stepSmall() (victim *policyEntry[K], ok bool) {
 	}
 	p.small.remove(e)
 	p.evicted(e)
+	p.victimWeight = e.weight
 	e.weight = 0
 	p.ghost.pushHead(e, inGhost)
 	p.trimGhost()
@@ -204,6 +283,7 @@ func (p *Policy[K]) stepMain() (victim *policyEntry[K], ok bool) {
 	default:
 		p.main.remove(e)
 		p.evicted(e)
+		p.victimWeight = e.weight
 		delete(p.entries, e.key)
 		p.trimGhost()
 		return e, true

@@ -539,3 +539,67 @@ func FuzzPolicy(f *testing.F) {
 		}
 	})
 }
+
+// VictimWhere evicts the first accepted key in Victim's order and puts the refused
+// ones back where they were: the order of the rest is Victim's order without it.
+func TestPolicyVictimWhere(t *testing.T) {
+	build := func() *Policy[int] {
+		p := NewPolicy[int]()
+		for k := 1; k <= 40; k++ {
+			p.Insert(k, int64(1+k%3))
+			if k%5 == 0 {
+				p.Touch(k)
+			}
+		}
+		return p
+	}
+	drain := func(p *Policy[int]) []int {
+		var out []int
+		for {
+			k, ok := p.Victim()
+			if !ok {
+				return out
+			}
+			out = append(out, k)
+		}
+	}
+	want := drain(build())
+	p := build()
+	isMult7 := func(k int) bool { return k%7 == 0 }
+	k, ok := p.VictimWhere(isMult7, 256)
+	first := -1
+	for _, w := range want {
+		if isMult7(w) {
+			first = w
+			break
+		}
+	}
+	if !ok || k != first {
+		t.Fatalf("VictimWhere = %d, %v; want %d (the first multiple of 7 in %v)", k, ok, first, want)
+	}
+	rest := drain(p)
+	wantRest := slices.DeleteFunc(slices.Clone(want), func(x int) bool { return x == first })
+	if !slices.Equal(rest, wantRest) {
+		t.Fatalf("after VictimWhere the order is\n %v\nwant\n %v", rest, wantRest)
+	}
+	// Nothing accepted within the limit: nothing evicted. (Drawing every key advances
+	// the clock over all of them, hit keys losing their hits as Victim would, so the
+	// order afterwards is not the untouched one.)
+	p = build()
+	if k, ok := p.VictimWhere(func(int) bool { return false }, 256); ok {
+		t.Fatalf("VictimWhere accepted %d", k)
+	}
+	if p.Len() != 40 || p.Weight() != build().Weight() {
+		t.Fatalf("Len %d weight %d after a refused scan, want 40 and %d", p.Len(), p.Weight(), build().Weight())
+	}
+	got := drain(p)
+	slices.Sort(got)
+	if len(got) != 40 || got[0] != 1 || got[39] != 40 {
+		t.Fatalf("after a refused scan the keys are %v", got)
+	}
+	// The limit bounds the scan.
+	p = build()
+	if _, ok := p.VictimWhere(func(k int) bool { return k == want[len(want)-1] }, 5); ok {
+		t.Fatal("VictimWhere looked past its limit")
+	}
+}

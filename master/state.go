@@ -21,7 +21,11 @@ type State struct {
 	puts     map[int64]*inflightPut
 	gets     map[int64]*inflightGet
 	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
-	nextID   int64                     // put, get and holder ids share one increasing counter
+	// quarantine holds the targets of pulls whose answer never came (the call failed
+	// in transport): the target owner may still be writing them until its transfer
+	// deadline, so they are freed only after the pull timeout, or at its tomb.
+	quarantine []quarantined
+	nextID     int64 // put, get and holder ids share one increasing counter
 }
 
 // NewState returns an empty master state.
@@ -46,129 +50,71 @@ func (s *State) newID() int64 {
 
 func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
 
-// allocateLocked finds length bytes in n's segment, evicting older memory replicas of
-// n while the allocator has no fitting range. It returns nil when nothing is left to
-// evict: the caller waits for holders to be released (bounded) or fails with NO_SPACE.
+// allocateLocked finds length bytes in n's pool, evicting older memory replicas of n
+// while the allocator has no fitting range: duplicates first (a replica whose key has
+// another live memory replica), a sole copy only when no duplicate is left to evict
+// (see evictLocked). It returns nil when nothing is left to evict: the caller waits for
+// holders to be released (bounded) or fails with NO_SPACE.
 func (s *State) allocateLocked(n *node, length int64) *Allocation {
+	return s.allocateEvictingLocked(n, length, true)
+}
+
+// allocateEvictingLocked is allocateLocked; with soleCopies false it evicts duplicates
+// only, and fails when they do not make room.
+func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *Allocation {
+	dups := true // evicting never creates a duplicate: once none is found, stop looking
 	for {
 		if r, ok := n.alloc.Alloc(length); ok {
 			return newAllocation(n, r, length)
 		}
-		key, ok := n.policy.Victim()
+		var key string
+		var ok bool
+		if dups {
+			key, ok = n.policy.VictimWhere(func(k string) bool { return s.duplicateLocked(k, n) }, victimScanLimit)
+			dups = ok
+		}
+		if !ok && soleCopies {
+			key, ok = n.policy.Victim()
+		}
 		if !ok {
 			return nil
 		}
 		r := s.routes[key]
-		rep := r.replicas[n]
-		if r == nil || rep == nil || rep.memory == nil {
+		if r == nil || r.replicas[n] == nil || r.replicas[n].memory == nil {
 			panic("BUG: eviction policy names a key without a memory replica on its node")
 		}
+		rep := r.replicas[n]
 		rep.memory.Release()
 		rep.memory = nil
 		s.pruneLocked(key, r, n)
-		s.log.Debug().Str("node", n.id).Str("key", key).Msg("evicted memory replica")
+		s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", dups).Msg("evicted memory replica")
 	}
+}
+
+// victimScanLimit bounds how many of a node's eviction candidates (in the policy's
+// order) are examined for a duplicate before a sole copy is evicted instead: a node
+// whose oldest victimScanLimit candidates are all sole copies is treated as having no
+// evictable duplicate. It keeps an eviction O(victimScanLimit), not O(replicas).
+const victimScanLimit = 256
+
+// duplicateLocked reports whether key has a live memory replica on a node other than n.
+func (s *State) duplicateLocked(key string, n *node) bool {
+	r := s.routes[key]
+	if r == nil {
+		return false
+	}
+	for m, rep := range r.replicas {
+		if m != n && !m.tombed && rep.memory != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // noSpace is the error for a full segment; Server retries it for a bounded time.
 func noSpace(n *node, length int64) error {
 	return wire.Errorf(common.ErrorCode_NO_SPACE, "no space for %d bytes in the segment of node %q: total %d, free %d, largest free range %d",
 		length, n.id, n.alloc.Capacity(), n.alloc.FreeBytes(), n.alloc.LargestFree())
-}
-
-// PutPlan tells the requester where to write a value.
-type PutPlan struct {
-	PutID        int64
-	TargetNode   string
-	TargetAddr   string
-	TargetOffset int64
-	SourceOffset int64
-	PersistToSSD bool
-}
-
-// PutStart plans a put: it allocates the target range and records the in-flight put.
-// The target is the requester's own segment (remote placement comes with multi-owner
-// transfers).
-func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, rejectIfExists bool) (PutPlan, error) {
-	n, err := s.nodeLocked(ref)
-	if err != nil {
-		return PutPlan{}, err
-	}
-	if err := wire.ValidateKey(key); err != nil {
-		return PutPlan{}, err
-	}
-	if err := wire.ValidateLen(length, n.alloc.Capacity()); err != nil {
-		return PutPlan{}, err
-	}
-	if rejectIfExists {
-		if r := s.routes[key]; r != nil && r.readable() {
-			return PutPlan{}, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
-		}
-	}
-	target := s.allocateLocked(n, length)
-	if target == nil {
-		return PutPlan{}, noSpace(n, length)
-	}
-	id := s.newID()
-	s.puts[id] = &inflightPut{
-		key: key, node: n, target: target, deadline: now.Add(s.opts.InflightTTL),
-		rejectIfExists: rejectIfExists, persistToSSD: n.ssd.Enabled,
-	}
-	return PutPlan{
-		PutID: id, TargetNode: n.id, TargetAddr: n.dataAddr,
-		TargetOffset: target.Offset(), SourceOffset: target.Offset(), PersistToSSD: n.ssd.Enabled,
-	}, nil
-}
-
-// PutDone publishes the put's target as the key's memory replica under a new version;
-// the old version's replicas are released (its holders keep their bytes). It returns
-// the other live owners whose cached info of the key must be invalidated and, when the
-// put was planned with persist_to_ssd, the persist to ask the target owner for: until
-// PersistDone, the replica is kept alive and stays out of the eviction policy.
-func (s *State) PutDone(now time.Time, ref NodeRef, key string, putID int64) ([]Invalidation, *PersistTask, error) {
-	n, err := s.nodeLocked(ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	p := s.puts[putID]
-	if p == nil || p.key != key || p.node != n {
-		return nil, nil, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (expired, revoked or never started)", putID)
-	}
-	delete(s.puts, putID)
-	old := s.routes[key]
-	if p.rejectIfExists && old != nil && old.readable() {
-		p.target.Release()
-		return nil, nil, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
-	}
-	if old != nil {
-		s.dropRouteLocked(key, old)
-	}
-	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica)}
-	s.routes[key] = r
-	var task *PersistTask
-	if p.persistToSSD {
-		s.persists[putID] = &pendingPersist{key: key, node: n, alloc: p.target.Retain()}
-		task = &PersistTask{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: key, PutID: putID,
-			Offset: p.target.Offset(), Len: p.target.Len()}
-	}
-	s.setMemoryLocked(key, r, n, p.target, task == nil)
-	// Versions older than putID are dead everywhere; putID itself may already be
-	// cached (or persisted) by another owner that read it: keep that.
-	return s.invalidationsLocked(n, key, putID-1), task, nil
-}
-
-// PutRevoke abandons an in-flight put and frees its target.
-func (s *State) PutRevoke(ref NodeRef, key string, putID int64) error {
-	n, err := s.nodeLocked(ref)
-	if err != nil {
-		return err
-	}
-	p := s.puts[putID]
-	if p == nil || p.key != key || p.node != n {
-		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key", putID)
-	}
-	s.dropPutLocked(putID, p)
-	return nil
 }
 
 // Delete removes a key. It returns whether the key existed, the put id of the version
@@ -292,11 +238,12 @@ func (s *State) Maintain(now time.Time) []string {
 		s.tombLocked(s.nodes[id])
 	}
 	for id, p := range s.puts {
-		if now.After(p.deadline) {
-			s.log.Warn().Str("key", p.key).Int64("put_id", id).Msg("in-flight put expired; revoked")
-			s.dropPutLocked(id, p)
+		if now.After(p.deadline) && !p.revoked {
+			s.log.Warn().Str("key", p.key).Int64("put_id", id).Bool("pulling", p.pull != nil).Msg("in-flight put expired; revoked")
+			s.revokePutLocked(id, p)
 		}
 	}
+	s.releaseQuarantineLocked(now)
 	for id, g := range s.gets {
 		if now.After(g.deadline) {
 			s.log.Warn().Str("key", g.key).Int64("get_id", id).Msg("in-flight get expired; revoked")
@@ -306,7 +253,8 @@ func (s *State) Maintain(now time.Time) []string {
 	return tombed
 }
 
-// Members describes every live owner.
+// Members describes every live owner. MemorySegment is the owner's memory pool (its
+// segment less the transfer area, which only holds values on their way elsewhere).
 func (s *State) Members() []*common.MemberStat {
 	out := make([]*common.MemberStat, 0, len(s.nodes))
 	for _, n := range s.nodes {

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -78,6 +79,35 @@ func nref(st *State, d *datadriven.TestData) NodeRef {
 	return NodeRef{ID: id, Generation: 1}
 }
 
+// scriptPutID is the id= of a put command, or without one the newest in-flight put of
+// the key (scripts that leave ids out stay valid when earlier steps change).
+func scriptPutID(st *State, d *datadriven.TestData) int64 {
+	if arg(d, "id") != "" {
+		return argInt(d, "id")
+	}
+	var id int64
+	for i, p := range st.puts {
+		if p.key == arg(d, "key") && i > id {
+			id = i
+		}
+	}
+	return id
+}
+
+// scriptGetID is scriptPutID for gets (of the key, by the node).
+func scriptGetID(st *State, d *datadriven.TestData) int64 {
+	if arg(d, "id") != "" {
+		return argInt(d, "id")
+	}
+	var id int64
+	for i, g := range st.gets {
+		if g.key == arg(d, "key") && g.node.id == arg(d, "node") && i > id {
+			id = i
+		}
+	}
+	return id
+}
+
 func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	key := arg(d, "key")
 	switch d.Cmd {
@@ -95,7 +125,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if a := arg(d, "addr"); a != "" {
 			peer = a
 		}
-		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), "", peer, ssd, pins)
+		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), argInt(d, "reserve"), "", peer, ssd, pins)
 	case "heartbeat":
 		return "ok\n", st.Heartbeat(*now, nref(st, d), SSDInfo{})
 	case "put", "put-start":
@@ -103,31 +133,43 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		where := ""
+		if p.TargetNode != arg(d, "node") {
+			where = fmt.Sprintf(" target=%s source=%d", p.TargetNode, p.SourceOffset)
+		}
 		if d.Cmd == "put-start" {
-			return fmt.Sprintf("put_id=%d offset=%d ssd=%v\n", p.PutID, p.TargetOffset, p.PersistToSSD), nil
+			return fmt.Sprintf("put_id=%d offset=%d%s ssd=%v\n", p.PutID, p.TargetOffset, where, p.PersistToSSD), nil
 		}
-		invs, task, err := st.PutDone(*now, nref(st, d), key, p.PutID)
+		res, err := st.PutDone(*now, nref(st, d), key, p.PutID)
+		for err == nil && res.Pull != nil { // plain puts in scripts are pulled at once
+			res, err = st.PullDone(*now, p.PutID, nil, true)
+		}
 		if err != nil {
 			return "", err
 		}
-		if task != nil {
-			st.PersistDone(task.PutID) // plain puts in scripts persist at once
+		if res.Persist != nil {
+			st.PersistDone(res.Persist.PutID) // plain puts in scripts persist at once
 		}
-		return fmt.Sprintf("put_id=%d offset=%d%s\n", p.PutID, p.TargetOffset, fmtInv(invs)), nil
+		return fmt.Sprintf("put_id=%d offset=%d%s%s\n", p.PutID, p.TargetOffset, where, fmtInv(res.Invalidations)), nil
 	case "put-done":
-		invs, task, err := st.PutDone(*now, nref(st, d), key, argInt(d, "id"))
-		if err != nil {
-			return "", err
+		res, err := st.PutDone(*now, nref(st, d), key, scriptPutID(st, d))
+		return fmtPutResult(res), err
+	case "pull-done":
+		// pull-done id=N [err=TEXT] [unanswered]
+		var pullErr error
+		if e := arg(d, "err"); e != "" {
+			pullErr = errors.New(e)
 		}
-		if task != nil {
-			return fmt.Sprintf("ok persist=%s:%d+%d%s\n", task.NodeID, task.Offset, task.Len, fmtInv(invs)), nil
-		}
-		return "ok" + fmtInv(invs) + "\n", nil
+		res, err := st.PullDone(*now, scriptPutID(st, d), pullErr, arg(d, "unanswered") == "")
+		return fmtPutResult(res), err
+	case "placement":
+		st.opts.Placement = arg(d, "set")
+		return "ok\n", nil
 	case "persist-done":
 		st.PersistDone(argInt(d, "put"))
 		return "ok\n", nil
 	case "put-revoke":
-		return "ok\n", st.PutRevoke(nref(st, d), key, argInt(d, "id"))
+		return "ok\n", st.PutRevoke(nref(st, d), key, scriptPutID(st, d))
 	case "get":
 		var exclude []string
 		if e := arg(d, "exclude"); e != "" {
@@ -146,7 +188,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		}
 		return out + "\n", nil
 	case "get-done":
-		h, promoted, err := st.GetDone(nref(st, d), key, argInt(d, "id"))
+		h, promoted, err := st.GetDone(nref(st, d), key, scriptGetID(st, d))
 		if err != nil {
 			return "", err
 		}
@@ -190,6 +232,17 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	return "", fmt.Errorf("unknown command %q", d.Cmd)
 }
 
+func fmtPutResult(res PutResult) string {
+	switch {
+	case res.Pull != nil:
+		t := res.Pull
+		return fmt.Sprintf("pull target=%s:%d+%d gen=%d from=%s:%d\n", t.TargetNode, t.TargetOffset, t.Len, t.TargetGeneration, t.SourceNode, t.SourceOffset)
+	case res.Persist != nil:
+		return fmt.Sprintf("ok persist=%s:%d+%d%s\n", res.Persist.NodeID, res.Persist.Offset, res.Persist.Len, fmtInv(res.Invalidations))
+	}
+	return "ok" + fmtInv(res.Invalidations) + "\n"
+}
+
 func fmtInv(invs []Invalidation) string {
 	if len(invs) == 0 {
 		return ""
@@ -211,7 +264,11 @@ func dumpState(st *State) string {
 	sort.Strings(ids)
 	for _, id := range ids {
 		n := st.nodes[id]
-		fmt.Fprintf(&b, "node %s gen=%d used=%d/%d replicas=%d holders=%d\n", id, n.generation, n.alloc.Used(), n.alloc.Capacity(), n.policy.Len(), len(n.holders))
+		fmt.Fprintf(&b, "node %s gen=%d used=%d/%d replicas=%d holders=%d", id, n.generation, n.alloc.Used(), n.alloc.Capacity(), n.policy.Len(), len(n.holders))
+		if n.xfer != nil {
+			fmt.Fprintf(&b, " xfer=%d/%d", n.xfer.Used(), n.xfer.Capacity())
+		}
+		b.WriteString("\n")
 	}
 	keys := make([]string, 0, len(st.routes))
 	for k := range st.routes {
@@ -234,7 +291,11 @@ func dumpState(st *State) string {
 		sort.Strings(reps)
 		fmt.Fprintf(&b, "route %s put_id=%d len=%d [%s]\n", k, r.putID, r.len, strings.Join(reps, " "))
 	}
-	fmt.Fprintf(&b, "inflight puts=%d gets=%d persists=%d\n", len(st.puts), len(st.gets), len(st.persists))
+	fmt.Fprintf(&b, "inflight puts=%d gets=%d persists=%d", len(st.puts), len(st.gets), len(st.persists))
+	if pulling, q := st.Pulling(); pulling+q > 0 {
+		fmt.Fprintf(&b, " pulling=%d quarantined=%d", pulling, q)
+	}
+	b.WriteString("\n")
 	return b.String()
 }
 
@@ -243,7 +304,7 @@ func TestValidation(t *testing.T) {
 	st := NewState(Options{IDBase: 1})
 	now := time.Unix(1, 0)
 	ref := NodeRef{ID: "n1", Generation: 7}
-	if err := st.Register(now, ref, 1<<20, "", "", SSDInfo{}, nil); err != nil {
+	if err := st.Register(now, ref, 1<<20, 0, "", "", SSDInfo{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -258,11 +319,13 @@ func TestValidation(t *testing.T) {
 		{"len > segment", second(st.PutStart(now, ref, "k", 2<<20, false)), common.ErrorCode_INVALID_ARGUMENT},
 		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false)), common.ErrorCode_STALE_GENERATION},
 		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k", nil)), common.ErrorCode_STALE_GENERATION},
-		{"unknown put", third(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
+		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
+		{"negative transfer reserve", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, -1, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"transfer reserve = segment", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, 1<<20, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"unknown get", st.GetRevoke(ref, "k", 12345, false), common.ErrorCode_INVALID_ARGUMENT},
 		{"miss", second(st.GetStart(now, ref, "k", nil)), common.ErrorCode_KEY_NOT_FOUND},
-		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
-		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 	}
 	for _, c := range cases {
 		if got := wire.CodeOf(c.err); got != c.code {
@@ -276,8 +339,6 @@ func TestValidation(t *testing.T) {
 
 func second[T any](_ T, err error) error { return err }
 
-func third[T, U any](_ T, _ U, err error) error { return err }
-
 // TestFillBeforeEviction: with 1 MiB − 128 B values the segment is fully used before
 // the first eviction, and every put is admitted and readable right after it returns.
 func TestFillBeforeEviction(t *testing.T) {
@@ -285,7 +346,7 @@ func TestFillBeforeEviction(t *testing.T) {
 	now := time.Unix(1, 0)
 	ref := NodeRef{ID: "n1", Generation: 1}
 	const seg = 64 << 20
-	if err := st.Register(now, ref, seg, "", "", SSDInfo{}, nil); err != nil {
+	if err := st.Register(now, ref, seg, 0, "", "", SSDInfo{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	n := st.nodes["n1"]
@@ -298,7 +359,7 @@ func TestFillBeforeEviction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := st.PutDone(now, ref, key, p.PutID); err != nil {
+		if _, err := st.PutDone(now, ref, key, p.PutID); err != nil {
 			t.Fatal(err)
 		}
 		if firstEvictionUsed < 0 && n.policy.Len() <= replicas {

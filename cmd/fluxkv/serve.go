@@ -158,6 +158,11 @@ func upCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
+			if oc.TransferReserve == nil {
+				// One owner: every put is placed on it, a transfer area would be idle memory.
+				none := int64(0)
+				oc.TransferReserve = &none
+			}
 			if _, err := st.owner(ctx, oc, srv.Addr().String(), m, secrets); err != nil {
 				return st.fail(ctx, err)
 			}
@@ -296,6 +301,7 @@ func masterOptions(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) 
 		InflightTTL:       mc.InflightTTL,
 		AllocWait:         mc.AllocWait,
 		NoPromotion:       mc.NoPromotion,
+		Placement:         mc.Placement,
 		Metrics:           m,
 		Logger:            &l,
 	}
@@ -326,6 +332,13 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secret
 		Logger:          &l,
 	}
 	opts.AllowedUIDs = oc.AllowedUIDs
+	if oc.TransferReserve != nil {
+		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
+		opts.TransferReserve = *oc.TransferReserve
+		if opts.TransferReserve == 0 {
+			opts.TransferReserve = -1
+		}
+	}
 	if oc.ClientIsolation != nil {
 		opts.ClientIsolation = *oc.ClientIsolation
 	}

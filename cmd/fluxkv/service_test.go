@@ -440,6 +440,7 @@ func TestMasterOwnerConfigs(t *testing.T) {
 	ocfg := writeFile(t, dir, "owner.yaml", fmt.Sprintf(`
 fluxkv_spec:
   dram: 16MiB
+  transfer_reserve: 4MiB
   socket_dir: %s
   master: %s
   node_id: owner-a
@@ -456,8 +457,9 @@ fluxkv_spec:
 	waitSocket(t, o, socket)
 	oaddr := o.metricsAddr()
 
-	if got := waitCapacity(t, oaddr); got["kvcache_segment_capacity_bytes"] != 16<<20 {
-		t.Errorf("owner kvcache_segment_capacity_bytes = %v, want %d", got["kvcache_segment_capacity_bytes"], 16<<20)
+	// The memory pool: the segment less the transfer area.
+	if got := waitCapacity(t, oaddr); got["kvcache_segment_capacity_bytes"] != 12<<20 {
+		t.Errorf("owner kvcache_segment_capacity_bytes = %v, want %d (dram 16MiB less transfer_reserve 4MiB)", got["kvcache_segment_capacity_bytes"], 12<<20)
 	}
 	if got := scrapeMetrics(t, maddr); got["go_goroutines"] == 0 {
 		t.Errorf("master /metrics lacks go_goroutines")

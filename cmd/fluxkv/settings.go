@@ -60,6 +60,8 @@ func masterFlags(listenDefault string) []cli.Flag {
 		&cli.DurationFlag{Name: "inflight-ttl", DefaultText: "1m0s", Usage: "revoke an in-flight put or get older than this; > 0 [master.inflight_ttl]"},
 		&cli.BoolFlag{Name: "no-promotion", Usage: "never promote SSD refills to memory replicas (for measuring SSD-hit gets) [master.no_promotion]"},
 		&cli.DurationFlag{Name: "alloc-wait", DefaultText: "5s", Usage: "how long a put waits for space (eviction, releases) before NO_SPACE; > 0 [master.alloc_wait]"},
+		&cli.StringFlag{Name: "placement", Value: "pool",
+			Usage: "where puts go: pool = the requester while it has room, else the owner with the most free bytes, else evict across the pool (duplicate copies first) and place where room was made; the target owner pulls the value from the requester's transfer area (--transfer-reserve); local = always the requester [master.placement]"},
 	}
 }
 
@@ -76,6 +78,8 @@ func ownerFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "frame-timeout", DefaultText: "10s", Usage: "close an RPC connection whose request (once begun) or reply does not complete within this; > 0 [fluxkv_spec.frame_timeout]"},
 		&cli.DurationFlag{Name: "idle-timeout", DefaultText: "10s", Usage: "close an RPC connection idle this long unless its last call named a live session; > 0 [fluxkv_spec.idle_timeout]"},
 		&cli.IntSliceFlag{Name: "allow-uid", Usage: "a uid that may attach besides root, the owner's uid and members of the socket's group (primary or supplementary); repeatable [fluxkv_spec.allowed_uids]"},
+		&cli.StringFlag{Name: "transfer-reserve", DefaultText: "min(dram/8, 256MiB)",
+			Usage: "transfer area at the end of the segment, outside the memory pool, for puts the master places on other owners (a larger value is placed here); 0 or off: none [fluxkv_spec.transfer_reserve]"},
 		&cli.BoolFlag{Name: "client-isolation",
 			Usage: "no client can change a byte it did not put: the segment is sealed against client writes and puts go through per-session put areas the owner copies from (reads are never isolated) [fluxkv_spec.client_isolation]"},
 		&cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment [fluxkv_spec.put_area]"},
@@ -135,6 +139,7 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 		InflightTTL:       dur(c, "inflight-ttl", fm.InflightTTL),
 		AllocWait:         dur(c, "alloc-wait", fm.AllocWait),
 		NoPromotion:       fm.NoPromotion || c.Bool("no-promotion"),
+		Placement:         str(c, "placement", fm.Placement),
 		MetricsAddr:       str(c, "metrics-addr", fm.MetricsAddr),
 		LogLevel:          fm.LogLevel,
 		LogFormat:         fm.LogFormat,
@@ -154,6 +159,9 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 		if c.IsSet(d.flag) && d.v <= 0 {
 			return s, refuse("--%s must be positive, got %v (leave it out for the default)", d.flag, d.v)
 		}
+	}
+	if err := config.CheckPlacement(s.Placement); err != nil {
+		return s, refuse("%s: %v", settingName(c, "placement", "master.placement", fm.Placement != ""), err)
 	}
 	ttl, hb := s.NodeTTL, s.HeartbeatInterval
 	if ttl == 0 {
@@ -202,6 +210,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		FrameTimeout:    dur(c, "frame-timeout", fo.FrameTimeout),
 		IdleTimeout:     dur(c, "idle-timeout", fo.IdleTimeout),
 		AllowedUIDs:     fo.AllowedUIDs,
+		TransferReserve: fo.TransferReserve,
 		ClientIsolation: fo.ClientIsolation,
 		PutArea:         fo.PutArea,
 		PutAreaTotal:    fo.PutAreaTotal,
@@ -241,6 +250,10 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	}
 	if err := checkDRAM(c, s.DRAM, fo.DRAM != 0); err != nil {
 		return s, err
+	}
+	if s.TransferReserve != nil && *s.TransferReserve >= s.DRAM {
+		return s, refuse("%s %s must be below the DRAM segment %s (the rest is the memory pool)",
+			settingName(c, "transfer-reserve", "fluxkv_spec.transfer_reserve", fo.TransferReserve != nil), humanSize(*s.TransferReserve), humanSize(s.DRAM))
 	}
 	if err := ownerSSDFlags(c, &s); err != nil {
 		return s, err
@@ -367,10 +380,20 @@ func maxConnections(c *cli.Context, s *config.Owner, fromFile bool) error {
 	return nil
 }
 
-// isolationSettings applies --allow-uid, --client-isolation, --put-area and
-// --put-area-total over the file's allowed_uids, client_isolation, put_area and
-// put_area_total.
+// isolationSettings applies --transfer-reserve, --allow-uid, --client-isolation,
+// --put-area and --put-area-total over the file's transfer_reserve, allowed_uids,
+// client_isolation, put_area and put_area_total.
 func isolationSettings(c *cli.Context, s *config.Owner) error {
+	if c.IsSet("transfer-reserve") {
+		var n int64
+		if v := c.String("transfer-reserve"); v != "off" {
+			var err error
+			if n, err = ssd.ParseSize(v); err != nil || n < 0 {
+				return refuse("--transfer-reserve %q: want a size such as 64MiB, 0 or off", v)
+			}
+		}
+		s.TransferReserve = &n
+	}
 	if c.IsSet("allow-uid") {
 		s.AllowedUIDs = []uint32{}
 		for _, u := range c.IntSlice("allow-uid") {

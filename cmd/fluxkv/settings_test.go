@@ -134,21 +134,31 @@ master:
 		{name: "owner: unknown key", command: "owner", yaml: "fluxkv_spec:\n  drm: 1GiB\n", wantErr: "fluxkv_spec.drm: unknown key"},
 		{
 			name: "master: file only", command: "master", yaml: masterYAML,
-			wantMaster: &config.Master{Listen: "127.0.0.1:7700", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
+			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:7700", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
 		},
 		{
 			name: "master: flags win", command: "master", yaml: masterYAML,
 			args:       []string{"--listen", ":7800", "--node-ttl", "3s", "--heartbeat-interval", "500ms", "--metrics-addr", ":9800"},
-			wantMaster: &config.Master{Listen: ":7800", NodeTTL: 3 * time.Second, HeartbeatInterval: 500 * time.Millisecond, InflightTTL: 2 * time.Minute, MetricsAddr: ":9800"},
+			wantMaster: &config.Master{Placement: "pool", Listen: ":7800", NodeTTL: 3 * time.Second, HeartbeatInterval: 500 * time.Millisecond, InflightTTL: 2 * time.Minute, MetricsAddr: ":9800"},
 		},
 		{
 			name: "master: alias flag wins too", command: "master", yaml: masterYAML, args: []string{"--master-listen", ":7900"},
-			wantMaster: &config.Master{Listen: ":7900", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
+			wantMaster: &config.Master{Placement: "pool", Listen: ":7900", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
 		},
 		{
 			name: "master: defaults", command: "master",
-			wantMaster: &config.Master{Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
+			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
 		},
+		{
+			name: "master: placement from the file, the flag wins", command: "master", yaml: "master:\n  placement: local\n",
+			wantMaster: &config.Master{Placement: "local", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
+		},
+		{
+			name: "master: placement flag", command: "master", yaml: "master:\n  placement: local\n", args: []string{"--placement", "pool"},
+			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
+		},
+		{name: "master: bad placement flag", command: "master", args: []string{"--placement", "spread"},
+			wantErr: `--placement: invalid placement "spread" (want pool or local)`},
 		{name: "master: owner section refused", command: "master", yaml: ownerYAML, wantErr: "fluxkv_spec: not read by `fluxkv master`"},
 		{
 			name: "up: both sections, flags win", command: "up",
@@ -156,7 +166,7 @@ master:
 			args: []string{"--listen", "127.0.0.1:0"},
 			wantOwner: &config.Owner{DRAM: 64 << 20, SocketDir: "/tmp/up", PeerListen: "127.0.0.1:0", ClusterName: "fluxkv",
 				InstanceKey: host},
-			wantMaster: &config.Master{Listen: "127.0.0.1:0", NodeTTL: 7 * time.Second},
+			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:0", NodeTTL: 7 * time.Second},
 		},
 	}
 	for _, tt := range tests {

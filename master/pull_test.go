@@ -1,0 +1,129 @@
+package master
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+)
+
+// TestPooledPutPull runs PutDone through the handler against fake owners over real
+// TCP: the put is placed on the owner with the most free bytes, whose PullPut fails;
+// the master places it on the next one, which pulls it, and publishes it there. A
+// put whose every candidate fails ends with UNAVAILABLE and frees everything; a
+// revoke while the target pulls frees the target only once the pull answered.
+func TestPooledPutPull(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	h := &handler{s: srv}
+
+	failing := &fakePeer{pull: func(context.Context, *peer.PullPutRequest) common.ErrorCode { return common.ErrorCode_UNAVAILABLE }}
+	var okPulls atomic.Int64
+	release := make(chan struct{})
+	var blockNext atomic.Bool
+	good := &fakePeer{pull: func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode {
+		okPulls.Add(1)
+		if blockNext.Load() {
+			<-release
+		}
+		return common.ErrorCode_OK
+	}}
+	reqAddr := startFakePeer(t, s, &fakePeer{})
+	register := func(id, addr string, size, reserve int64) NodeRef {
+		ref := NodeRef{ID: id, Generation: 1}
+		if err := srv.withState(func(st *State) error {
+			return st.Register(time.Now(), ref, size, reserve, "data-"+id, addr, SSDInfo{}, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return ref
+	}
+	a := register("a", reqAddr, 8<<10, 4<<10)              // pool 4KiB + area 4KiB
+	register("b", startFakePeer(t, s, failing), 64<<10, 0) // most free: tried first
+	register("c", startFakePeer(t, s, good), 32<<10, 0)    // then c
+	mref := &mp.NodeRef{NodeId: a.ID, Generation: a.Generation}
+
+	put := func(key string) (*mp.PutStartResponse, *mp.PutDoneResponse) {
+		st, _ := h.PutStart(context.Background(), &mp.PutStartRequest{Node: mref, Key: key, Len: 4096})
+		if st.Code != common.ErrorCode_OK {
+			t.Fatalf("PutStart %s: %v %s", key, st.Code, st.Message)
+		}
+		done, _ := h.PutDone(context.Background(), &mp.PutDoneRequest{Node: mref, Key: key, PutId: st.PutId})
+		return st, done
+	}
+	if st, done := put("local"); done.Code != common.ErrorCode_OK || st.TargetNodeId != "a" {
+		t.Fatalf("first put: target %s, %v %s", st.TargetNodeId, done.Code, done.Message)
+	}
+	st, done := put("pooled")
+	if st.TargetNodeId != "b" || st.SourceOffset != 4096 || done.Code != common.ErrorCode_OK {
+		t.Fatalf("pooled put: target %s source %d, PutDone %v %s", st.TargetNodeId, st.SourceOffset, done.Code, done.Message)
+	}
+	srv.Inspect(func(st *State) {
+		r := st.routes["pooled"]
+		if r == nil || r.memoryReplica(st.nodes["c"]) == nil || len(r.replicas) != 1 {
+			t.Errorf("pooled put not published on c: %+v", r)
+		}
+		if u := st.nodes["b"].alloc.Used(); u != 0 {
+			t.Errorf("failed target b still holds %d bytes", u)
+		}
+		if u := st.nodes["a"].xfer.Used(); u != 0 {
+			t.Errorf("source range not freed: %d bytes of a's area in use", u)
+		}
+	})
+	if failing.pullCalls.Load() != 1 || okPulls.Load() != 1 {
+		t.Fatalf("pulls: b %d, c %d; want 1 and 1", failing.pullCalls.Load(), okPulls.Load())
+	}
+
+	// A revoke while c pulls: c's range stays until the pull answers.
+	blockNext.Store(true)
+	var c *node
+	var usedBefore int64
+	srv.Inspect(func(st *State) { c = st.nodes["c"]; usedBefore = c.alloc.Used() })
+	st2, _ := h.PutStart(context.Background(), &mp.PutStartRequest{Node: mref, Key: "revoked", Len: 4096})
+	doneCh := make(chan *mp.PutDoneResponse, 1)
+	go func() {
+		d, _ := h.PutDone(context.Background(), &mp.PutDoneRequest{Node: mref, Key: "revoked", PutId: st2.PutId})
+		doneCh <- d
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for okPulls.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if rv, _ := h.PutRevoke(context.Background(), &mp.PutRevokeRequest{Node: mref, Key: "revoked", PutId: st2.PutId}); rv.Code != common.ErrorCode_OK {
+		t.Fatalf("PutRevoke mid-pull: %v %s", rv.Code, rv.Message)
+	}
+	srv.Inspect(func(*State) {
+		if got := c.alloc.Used(); got != usedBefore+4096 {
+			t.Errorf("target freed before the pull answered: c uses %d, want %d", got, usedBefore+4096)
+		}
+	})
+	close(release)
+	if d := <-doneCh; d.Code != common.ErrorCode_UNAVAILABLE || !strings.Contains(d.Message, "revoked") {
+		t.Fatalf("PutDone of a put revoked mid-pull: %v %s", d.Code, d.Message)
+	}
+	srv.Inspect(func(st *State) {
+		if got := c.alloc.Used(); got != usedBefore {
+			t.Errorf("revoked target not freed after the pull answered: c uses %d, want %d", got, usedBefore)
+		}
+		if len(st.puts) != 0 || st.nodes["a"].xfer.Used() != 0 {
+			t.Errorf("revoked put left %d in-flight puts, %d bytes of a's area", len(st.puts), st.nodes["a"].xfer.Used())
+		}
+	})
+
+	// Every candidate fails: UNAVAILABLE, everything freed.
+	good.pull = func(context.Context, *peer.PullPutRequest) common.ErrorCode { return common.ErrorCode_UNAVAILABLE }
+	if _, done := put("doomed"); done.Code != common.ErrorCode_UNAVAILABLE || !strings.Contains(done.Message, "no other owner has room") {
+		t.Fatalf("put with every pull failing: %v %s", done.Code, done.Message)
+	}
+	srv.Inspect(func(st *State) {
+		if len(st.puts) != 0 || st.nodes["a"].xfer.Used() != 0 || st.nodes["b"].alloc.Used() != 0 || c.alloc.Used() != usedBefore {
+			t.Errorf("failed put leaked: puts %d, area %d, b %d, c %d", len(st.puts), st.nodes["a"].xfer.Used(), st.nodes["b"].alloc.Used(), c.alloc.Used())
+		}
+	})
+}
