@@ -142,10 +142,9 @@ func TestClusterSourceKilled(t *testing.T) {
 		}
 	}
 	var (
-		wg       sync.WaitGroup
-		stop     atomic.Bool
-		mu       sync.Mutex
-		outcomes = map[string]int{}
+		wg   sync.WaitGroup
+		stop atomic.Bool
+		outs outcomes
 	)
 	for r := 1; r <= 2; r++ {
 		wg.Add(1)
@@ -154,20 +153,7 @@ func TestClusterSourceKilled(t *testing.T) {
 			for j := 0; !stop.Load(); j++ {
 				i := j % n
 				got, _, err := getBytes(c, keys[i])
-				mu.Lock()
-				switch {
-				case err == nil && bytes.Equal(got, clusterValue(i, 1<<20+i)):
-					outcomes["ok"]++
-				case err == nil:
-					outcomes["WRONG BYTES"]++
-				case errors.Is(err, fluxkv.ErrKeyNotFound):
-					outcomes["miss"]++
-				case errors.Is(err, fluxkv.ErrUnavailable):
-					outcomes["unavailable"]++
-				default:
-					outcomes[err.Error()]++
-				}
-				mu.Unlock()
+				outs.add(got, err, clusterValue(i, 1<<20+i))
 			}
 		}(cl.clients[r])
 	}
@@ -191,16 +177,12 @@ func TestClusterSourceKilled(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("n0 tombed %v after SIGKILL; gets around it: %v", tombed.Round(time.Millisecond), outcomes)
+	t.Logf("n0 tombed %v after SIGKILL; gets around it: %v", tombed.Round(time.Millisecond), &outs)
 	// TTL 2s + 1s, plus slack for two busy cores running -race daemons.
 	if tombed > 5*time.Second {
 		t.Errorf("n0 tombed %v after SIGKILL, want within its 2s TTL + 1s", tombed)
 	}
-	for k := range outcomes {
-		if k != "ok" && k != "miss" && k != "unavailable" {
-			t.Fatalf("unexpected outcome around the kill: %v", outcomes)
-		}
-	}
+	outs.check(t)
 	for i, k := range keys {
 		got, _, err := getBytes(cl.clients[1+i%2], k)
 		if !(err == nil && bytes.Equal(got, clusterValue(i, 1<<20+i))) && !errors.Is(err, fluxkv.ErrKeyNotFound) {
@@ -225,6 +207,53 @@ func TestClusterDuplicateNodeID(t *testing.T) {
 		t.Fatalf("the live owner stopped serving: %v", err)
 	}
 	leakCheck(t, cl.clients[0], "still-here")
+}
+
+// outcomes counts how gets around a failure ended: "ok" (the right bytes), "miss",
+// "unavailable" (the documented error when no plan can run), "WRONG BYTES", or any
+// other error by its text. Safe for concurrent use.
+type outcomes struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (o *outcomes) add(got []byte, err error, want []byte) {
+	k := "ok"
+	switch {
+	case err == nil && !bytes.Equal(got, want):
+		k = "WRONG BYTES"
+	case err == nil:
+	case errors.Is(err, fluxkv.ErrKeyNotFound):
+		k = "miss"
+	case errors.Is(err, fluxkv.ErrUnavailable):
+		k = "unavailable"
+	default:
+		k = err.Error()
+	}
+	o.mu.Lock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[k]++
+	o.mu.Unlock()
+}
+
+// check fails the test on wrong bytes or an undocumented error.
+func (o *outcomes) check(t *testing.T) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k := range o.n {
+		if k != "ok" && k != "miss" && k != "unavailable" {
+			t.Fatalf("gets around the failure: %v", o.n)
+		}
+	}
+}
+
+func (o *outcomes) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return fmt.Sprint(o.n)
 }
 
 // waitFor polls cond until it holds, failing the test after timeout.
