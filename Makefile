@@ -10,7 +10,7 @@ RACE_BIN := bin/fluxkv-race
 APT_TEST := python3-thrift python3-numpy python3-pytest python3-matplotlib memcached redis-server python3-pymemcache python3-redis
 APT_GEN := thrift-compiler
 # Packages whose tests exercise concurrency run under the race detector.
-RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cmd/... ./metrics/...
+RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cmd/... ./metrics/... ./protocol/...
 # Tests that start fluxkv processes: FLUXKV_BIN is the -race build (functional tests),
 # FLUXKV_BIN_NORACE the plain one (limits, soak, benchmarks). A -race child stops at its
 # first race with exit status 66, which fails the test that started it. The packages
@@ -51,7 +51,7 @@ test: deps-test vet build build-race test-go test-python
 test-go: build build-race
 	$(TEST_ENV) $(GO) test -race -timeout 20m $(RACE_PKGS)
 	FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) \
-	  $(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e /master -e /daemon -e /shm -e /ssd -e /clients/go -e /cmd/ -e /metrics)
+	  $(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e /master -e /daemon -e /shm -e /ssd -e /clients/go -e /cmd/ -e /metrics -e /protocol/)
 
 # test-python: the Python client against real (-race) daemons, and the pressure
 # harness's own tests (a benchmark: the plain binary).
@@ -67,6 +67,8 @@ fuzz: build
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRing$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRecordHeader$$' -fuzztime $(FUZZTIME)
 	FLUXKV_BIN=$(CURDIR)/$(BIN) $(GO) test ./daemon/ -run '^$$' -fuzz '^FuzzExternalDispatch$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./daemon/transfer/ -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./protocol/auth/ -run '^$$' -fuzz '^FuzzServerHandshake$$' -fuzztime $(FUZZTIME)
 
 # gen: regenerate the committed Kitex (Go) and thrift (Python) code from protocol/*.thrift.
 gen: deps-gen
