@@ -18,19 +18,21 @@ import (
 type goroutineDump struct {
 	Total  int
 	Pooled int // Kitex timeout-pool workers (bounded; not a leak)
-	// ConnServers serve one cluster TCP connection each (Kitex's gonet transport reads
-	// every connection in a goroutine of its own): bounded by the pooled connections,
-	// which the TCP fd check bounds.
+	// ConnServers serve one cluster TCP connection each (Kitex's gonet transport and
+	// the data plane read every connection in a goroutine of its own): bounded by the
+	// pooled connections, which the TCP fd check bounds.
 	ConnServers int
 	Groups      map[string]int // the others by their first fluxkv or library frame
 }
 
-// kitexPoolFrame marks a goroutine of Kitex's RPC-timeout worker pool; gonetConnFrame
-// one that serves a master or peer connection.
-const (
-	kitexPoolFrame = "kitex/client.(*timeoutPool).createWorker"
-	gonetConnFrame = "kitex/pkg/remote/trans/gonet.(*transServer).serveConn"
-)
+// kitexPoolFrame marks a goroutine of Kitex's RPC-timeout worker pool; connFrames
+// one that serves a master or peer connection, or a data-plane connection.
+const kitexPoolFrame = "kitex/client.(*timeoutPool).createWorker"
+
+var connFrames = []string{
+	"kitex/pkg/remote/trans/gonet.(*transServer).serveConn",
+	"fluxkv/daemon/transfer.(*Server).serve(",
+}
 
 // unexplained is the number of goroutines neither pooled nor serving a connection.
 func (d goroutineDump) unexplained() int { return d.Total - d.Pooled - d.ConnServers }
@@ -66,7 +68,7 @@ func (c *cluster) dumpGoroutines(o *ownerProc) (goroutineDump, error) {
 			d.Pooled++
 			continue
 		}
-		if strings.Contains(block, gonetConnFrame) {
+		if slices.ContainsFunc(connFrames, func(f string) bool { return strings.Contains(block, f) }) {
 			d.ConnServers++
 			continue
 		}
