@@ -15,6 +15,7 @@ import (
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // clusterValue is the value of key i of size n: distinct per key and size.
@@ -361,4 +362,64 @@ func TestClusterMasterRestartRemoteHolder(t *testing.T) {
 	}
 	h.Release()
 	leakCheck(t, cl.clients[0], "after")
+}
+
+// TestClusterRemoteSSD: a value whose only replica is on another owner's SSD is staged
+// there (SsdStageRead) and pulled into the reader's segment: byte-exact, Source "ssd",
+// Remote. Placement is local so the values stay on the owner with the SSD.
+func TestClusterRemoteSSD(t *testing.T) {
+	ssdDir := t.TempDir()
+	if err := ssd.ProbeDirectIO(ssdDir); err != nil {
+		t.Skipf("no O_DIRECT under %s: %v", ssdDir, err)
+	}
+	m := startMaster(t, "", "--placement", "local")
+	dir0 := filepath.Join(t.TempDir(), "o0")
+	o0 := start(t, "owner", "--dir", dir0, "--dram", "16MiB", "--master", m.addr, "--node-id", "n0",
+		"--ssd-path", ssdDir, "--ssd-limit", "128MiB", "--cluster-secret-file", clusterSecret)
+	o0.socket = filepath.Join(dir0, "fluxkv.sock")
+	o0.waitSocket()
+	o1 := startOwner(t, filepath.Join(t.TempDir(), "o1"), m.addr, "16MiB", "n1")
+	c0, c1 := connect(t, o0.socket), connect(t, o1.socket)
+	const n, size = 40, 1<<20 + 333 // 40 MiB through a 14 MiB pool: most only on n0's SSD
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("ssd-%d", i)
+		if err := c0.Put(keys[i], clusterValue(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "n0's SSD persists", func() bool {
+		st, err := c0.Stat()
+		if err != nil {
+			return false
+		}
+		for _, mem := range st.Members {
+			if mem.NodeId == "n0" {
+				return mem.SsdReplicas == n
+			}
+		}
+		return false
+	})
+	fromSSD := 0
+	for i, k := range keys {
+		h, err := c1.Get(k)
+		if err != nil {
+			t.Fatalf("get %s through n1: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), clusterValue(i, size)) {
+			t.Fatalf("get %s through n1: wrong bytes (source %s, remote %v)", k, h.Source(), h.Remote())
+		}
+		if h.Source() == "ssd" {
+			if !h.Remote() {
+				t.Errorf("get %s through n1 from n0's SSD: Remote() = false", k)
+			}
+			fromSSD++
+		}
+		h.Release()
+	}
+	t.Logf("%d of %d gets through n1 staged from n0's SSD", fromSSD, n)
+	if fromSSD == 0 {
+		t.Fatal("no get was served from the other owner's SSD")
+	}
+	leakCheck(t, c0, keys...)
 }

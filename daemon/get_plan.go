@@ -36,13 +36,24 @@ func (o *Owner) planGet(key string) (*holding, error) {
 			if err == nil {
 				return h, nil
 			}
-			if !errors.Is(err, transfer.ErrFenced) && !errors.Is(err, transfer.ErrUnreachable) {
-				return nil, err // the master refused GetDone: not the source's fault
+			if exclude, err = o.excludeSource(key, plan, exclude, err); err != nil {
+				return nil, err
 			}
-			exclude = append(exclude, plan.SourceNodeId)
-			o.log.Warn().Err(err).Str("key", key).Strs("excluded", exclude).Msg("pull failed; re-planning without that node")
-			if len(exclude) >= maxPullFailures {
-				return nil, errCode(common.ErrorCode_UNAVAILABLE, "%d pulls failed, the last: %v", len(exclude), err)
+		case plan.Source == common.Source_SSD && plan.SourceNodeId != o.opts.NodeID:
+			h, err := o.refillRemote(key, plan)
+			if err == nil {
+				return h, nil
+			}
+			if errors.Is(err, errRemoteSSD) {
+				failures++
+				o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("remote SSD refill failed; re-planning")
+				if failures >= maxSSDFailures {
+					return nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
+				}
+				continue
+			}
+			if exclude, err = o.excludeSource(key, plan, exclude, err); err != nil {
+				return nil, err
 			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
 			h, err := o.refill(key, plan)
@@ -55,10 +66,26 @@ func (o *Owner) planGet(key string) (*holding, error) {
 				return nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
 			}
 		default:
-			o.revokeGet(key, plan.GetId, false, "remote SSD refill is not available")
-			return nil, errCode(common.ErrorCode_UNAVAILABLE, "the key's only replica is on node %q's SSD: refill from another owner's SSD is not available in this build", plan.SourceNodeId)
+			o.revokeGet(key, plan.GetId, false, "unknown plan")
+			return nil, errCode(common.ErrorCode_INTERNAL, "the master planned a get from node %q (%s) this owner cannot serve", plan.SourceNodeId, plan.Source)
 		}
 	}
+}
+
+// excludeSource handles a transfer from another owner that failed: the source was
+// unreachable or refused the fence, so the next plan excludes it; after
+// maxPullFailures such sources the get is UNAVAILABLE. Any other failure (the master
+// refused GetDone) is returned as is.
+func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []string, err error) ([]string, error) {
+	if !errors.Is(err, transfer.ErrFenced) && !errors.Is(err, transfer.ErrUnreachable) {
+		return exclude, err
+	}
+	exclude = append(exclude, plan.SourceNodeId)
+	o.log.Warn().Err(err).Str("key", key).Strs("excluded", exclude).Msg("transfer failed; re-planning without that node")
+	if len(exclude) >= maxPullFailures {
+		return exclude, errCode(common.ErrorCode_UNAVAILABLE, "%d transfers from other owners failed, the last: %v", len(exclude), err)
+	}
+	return exclude, nil
 }
 
 // getStart asks the master for a plan, carrying queued holder acks; exclude names the

@@ -5,21 +5,21 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+
 	"github.com/fluxkv/fluxkv/daemon/transfer"
-	"net"
-	"os"
-	"sync"
-	"time"
-
-	"github.com/rs/zerolog"
-
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external/externalservice"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/peerclient"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 	"github.com/fluxkv/fluxkv/ssd"
+	"github.com/rs/zerolog"
+	"net"
+	"os"
+	"sync"
+	"time"
 )
 
 // Owner is one node's sidecar.
@@ -33,8 +33,9 @@ type Owner struct {
 	master *masterLink
 	peer   *peerServer
 	acks   *acker
-	data   *transfer.Server // serves other owners' pulls from the segment
-	puller *transfer.Client // pulls from other owners into the segment
+	data   *transfer.Server    // serves other owners' pulls from the segment
+	puller *transfer.Client    // pulls from other owners into the segment
+	peers  *peerclient.Clients // other owners' peer services (remote SSD staging)
 	// peerAddr and dataAddr are the advertised addresses registered with the master.
 	peerAddr, dataAddr string
 
@@ -296,6 +297,7 @@ func (o *Owner) startDataPlane() error {
 		return err
 	}
 	o.puller = transfer.NewClient(transfer.ClientOptions{Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
+	o.peers = peerclient.New(o.opts.Secrets, time.Second)
 	o.log.Info().Str("peer", o.peerAddr).Str("data", o.dataAddr).Msg("peer service and data plane serving")
 	return nil
 }

@@ -67,10 +67,11 @@ func (h *peerHandler) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplic
 	return resp, nil
 }
 
-// SsdStageRead serves remote SSD refills, which come with owner-to-owner transfers;
-// single-node gets refill locally and never call it.
+// SsdStageRead stages a value from this owner's SSD for another owner to pull.
 func (h *peerHandler) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
-	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "remote SSD staging needs owner-to-owner transfer, which this build does not have"}, nil
+	resp := &peer.SsdStageReadResponse{}
+	resp.Code, resp.Message = wire.ToResponse(h.o.stageRead(req))
+	return resp, nil
 }
 
 // PullPut pulls a put the master placed here from its requester's transfer area.

@@ -135,13 +135,14 @@ func startUp(t testing.TB, dram string, extra ...string) *proc {
 	return p
 }
 
-// startMaster runs `fluxkv master` on a free port and waits until it accepts.
-func startMaster(t testing.TB, addr string) *proc {
+// startMaster runs `fluxkv master` (with extra flags) on a free port and waits until
+// it accepts.
+func startMaster(t testing.TB, addr string, extra ...string) *proc {
 	t.Helper()
 	if addr == "" {
 		addr = freePort(t)
 	}
-	p := start(t, "master", "--listen", addr, "--node-ttl", "2s", "--cluster-secret-file", clusterSecret)
+	p := start(t, append([]string{"master", "--listen", addr, "--node-ttl", "2s", "--cluster-secret-file", clusterSecret}, extra...)...)
 	p.addr = addr
 	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {

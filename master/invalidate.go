@@ -9,6 +9,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/peerclient"
 )
 
 const (
@@ -85,7 +86,7 @@ func (q *invalQueue) take(n int) []*common.KeyVersion {
 // holding it release it (idle cached infos expire after the owner's cache grace).
 type invalidator struct {
 	log     zerolog.Logger
-	peers   *peerClients
+	peers   *peerclient.Clients
 	timeout time.Duration
 	max     int                            // distinct keys queued per owner
 	live    func(nodeID, addr string) bool // the owner is registered and not tombed
@@ -102,7 +103,7 @@ type invalidator struct {
 
 // newInvalidator returns an invalidator whose calls time out after timeout, that
 // queues at most limit keys per owner and sends only to owners live says are live.
-func newInvalidator(log zerolog.Logger, peers *peerClients, timeout time.Duration, limit int, live func(nodeID, addr string) bool) *invalidator {
+func newInvalidator(log zerolog.Logger, peers *peerclient.Clients, timeout time.Duration, limit int, live func(nodeID, addr string) bool) *invalidator {
 	v := &invalidator{log: log, peers: peers, timeout: timeout, max: limit, live: live, queues: make(map[ownerKey]*invalQueue)}
 	v.ctx, v.cancel = context.WithCancel(context.Background())
 	return v
@@ -182,7 +183,7 @@ func (v *invalidator) sender(k ownerKey, q *invalQueue) {
 
 // send makes one InvalidateCachedInfo call bounded by the timeout.
 func (v *invalidator) send(ctx context.Context, k ownerKey, entries []*common.KeyVersion) error {
-	c, callOpts, err := v.peers.get(k.addr)
+	c, callOpts, err := v.peers.Get(k.addr)
 	if err != nil {
 		return err
 	}

@@ -210,3 +210,10 @@ func (s *State) tombLocked(n *node) {
 		}
 	}
 }
+
+// liveOwnerLocked reports whether owner id is registered and not tombed: at addr
+// unless addr is "", in generation gen unless gen is 0.
+func liveOwnerLocked(st *State, id string, gen int64, addr string) bool {
+	n := st.nodes[id]
+	return n != nil && !n.tombed && (gen == 0 || n.generation == gen) && (addr == "" || n.peerAddr == addr)
+}

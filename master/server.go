@@ -17,6 +17,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/protocol/peerclient"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -29,7 +30,7 @@ type Server struct {
 	mu sync.Mutex // protects st
 	st *State
 
-	peers   *peerClients
+	peers   *peerclient.Clients
 	inval   *invalidator
 	persist *persister
 	ln      net.Listener
@@ -59,7 +60,7 @@ func (s *Server) Start(addr string) error {
 	ln := auth.Listener(raw, s.opts.Secrets, auth.PurposeMaster,
 		auth.ListenerOptions{Logger: s.opts.Logger, Metrics: s.opts.Metrics})
 	s.ln = ln
-	s.peers = newPeerClients(s.opts.Secrets, s.opts.PeerConnectTimeout)
+	s.peers = peerclient.New(s.opts.Secrets, s.opts.PeerConnectTimeout)
 	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.liveOwner)
 	s.persist = newPersister(s)
 	s.svr = masterservice.NewServer(&handler{s: s}, append(append(auth.ServerOptions(ln),

@@ -20,8 +20,13 @@ struct SsdReplicaPersistResponse {
   2: string message,
 }
 
-// Read key@put_id from this owner's SSD into the staging range, push it chunk by chunk
-// to target_offset in target_node's segment, then call master GetDone on its behalf.
+// A remote SSD refill (DESIGN §10: pull only). The requester asks the SSD owner to read
+// key@put_id from its SSD into the staging range the master allocated in the SSD
+// owner's segment; the SSD owner answers once the value is staged and verified (an
+// error code: the read failed, the requester revokes with drop_ssd_source). The
+// requester then pulls the staging range over the data plane (fence: the SSD owner's
+// generation and get_id) into target_offset of its own segment and calls GetDone.
+// target_* name the requester for logs; done_* are unused (0).
 struct SsdStageReadRequest {
   1: string key,
   2: i64 put_id,

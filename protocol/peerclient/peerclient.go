@@ -1,4 +1,8 @@
-package master
+// Package peerclient keeps Kitex clients of owners' PeerService, one per address,
+// for the master and for owners calling each other: every connection authenticates
+// with the cluster secrets, and a call to a dead owner fails within about one connect
+// timeout.
+package peerclient
 
 import (
 	"fmt"
@@ -15,12 +19,12 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
 )
 
-// peerClients caches one PeerService client per owner address; their connections
+// Clients caches one PeerService client per owner address; their connections
 // authenticate with the cluster secrets. Connecting is bounded by connectTimeout (with
 // authentication the owner's hello must come within max(connectTimeout, 500ms)), and a
 // failed dial is not repeated within the same call (fastFailDialer), so a call to a
 // dead owner fails within about one connect timeout whatever the call's own timeout.
-type peerClients struct {
+type Clients struct {
 	secrets        *auth.Secrets // nil: insecure
 	connectTimeout time.Duration
 
@@ -28,18 +32,18 @@ type peerClients struct {
 	clients map[string]peerservice.Client
 }
 
-// newPeerClients returns clients whose connections authenticate with s and give up a
-// dial after connectTimeout.
-func newPeerClients(s *auth.Secrets, connectTimeout time.Duration) *peerClients {
-	return &peerClients{secrets: s, connectTimeout: connectTimeout, clients: make(map[string]peerservice.Client)}
+// New returns clients whose connections authenticate with s (nil: insecure) and give
+// up a dial after connectTimeout.
+func New(s *auth.Secrets, connectTimeout time.Duration) *Clients {
+	return &Clients{secrets: s, connectTimeout: connectTimeout, clients: make(map[string]peerservice.Client)}
 }
 
-// get returns the client of addr and the options for each call to it. An IP address
+// Get returns the client of addr and the options for each call to it. An IP address
 // is also named per call (callopt.WithHostPort): a call with its instance set skips
 // Kitex's resolver middleware, which would retry a failed dial up to 6 times (and log
 // each retry); a host name (resolved by Kitex) keeps the retries, made cheap by
 // fastFailDialer.
-func (p *peerClients) get(addr string) (peerservice.Client, []callopt.Option, error) {
+func (p *Clients) Get(addr string) (peerservice.Client, []callopt.Option, error) {
 	var opts []callopt.Option
 	if _, err := netip.ParseAddrPort(addr); err == nil {
 		opts = []callopt.Option{callopt.WithHostPort(addr)}
@@ -48,7 +52,7 @@ func (p *peerClients) get(addr string) (peerservice.Client, []callopt.Option, er
 	return c, opts, err
 }
 
-func (p *peerClients) client(addr string) (peerservice.Client, error) {
+func (p *Clients) client(addr string) (peerservice.Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.clients[addr]; c != nil {
@@ -63,13 +67,6 @@ func (p *peerClients) client(addr string) (peerservice.Client, error) {
 	}
 	p.clients[addr] = c
 	return c, nil
-}
-
-// liveOwnerLocked reports whether owner id is registered and not tombed: at addr
-// unless addr is "", in generation gen unless gen is 0.
-func liveOwnerLocked(st *State, id string, gen int64, addr string) bool {
-	n := st.nodes[id]
-	return n != nil && !n.tombed && (gen == 0 || n.generation == gen) && (addr == "" || n.peerAddr == addr)
 }
 
 // fastFailDialer wraps the cluster dialer of one owner address: for window after a dial
