@@ -36,6 +36,11 @@ func (s ownerState) String() string {
 // between an owner and the master (the owner's master client, the master's peer client).
 const kitexPooledConns = 2 * 10
 
+// peerPooledConns bounds the pooled TCP connections an owner may keep with each other
+// owner: data-plane pulls (4 idle per peer, daemon/transfer, both directions) and
+// PeerService clients for remote SSD staging (Kitex, 10 per address, both directions).
+const peerPooledConns = 2*4 + 2*10
+
 // statusJSON is the part of `fluxkv status --json` the checks read.
 type statusJSON struct {
 	Members []struct {
@@ -195,7 +200,7 @@ func (c *cluster) settle(o *ownerProc, base ownerState, slackG, slackFD int, che
 			if other, baseOther := s.FDs-s.TCP, base.FDs-base.TCP; other > baseOther+slackFD {
 				r.problems = append(r.problems, fmt.Sprintf("non-TCP fds %d→%d", baseOther, other))
 			}
-			if s.TCP > base.TCP+kitexPooledConns+slackFD {
+			if s.TCP > base.TCP+kitexPooledConns+(c.cfg.Owners-1)*peerPooledConns+slackFD {
 				r.problems = append(r.problems, fmt.Sprintf("TCP fds %d→%d (beyond Kitex's pools)", base.TCP, s.TCP))
 			}
 		}
