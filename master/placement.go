@@ -285,6 +285,14 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		p.target.Release()
 		return PutResult{}, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
 	}
+	if old != nil && old.putID > putID {
+		// A put of the key that started later was published first: concurrent puts
+		// serialize in put_id order, so this one is already overwritten. It is not
+		// published (a key's put_id never moves backwards, DESIGN §5: owners forget
+		// cached and SSD versions "up to" a put_id) and its target goes back.
+		p.target.Release()
+		return PutResult{}, nil
+	}
 	if old != nil {
 		s.dropRouteLocked(key, old)
 	}
