@@ -25,7 +25,8 @@ type fakePeer struct {
 	persistDelay time.Duration // each SsdReplicaPersist takes this long
 	invalDelay   time.Duration // each InvalidateCachedInfo takes this long
 	block        chan struct{} // when set, SsdReplicaPersist waits until it is closed
-	// pull, when set, answers PullPut; else PullPut answers OK at once.
+	// pull, when set, answers PullPut; else PullPut answers OK at once. Set it before
+	// the server runs, or later with setPull.
 	pull      func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
 	pullCalls atomic.Int64
 
@@ -34,8 +35,15 @@ type fakePeer struct {
 	persistMaxRun  atomic.Int64
 	invalCalls     atomic.Int64
 
-	mu   sync.Mutex // protects seen
+	mu   sync.Mutex // protects seen, pull once the server runs
 	seen map[string]time.Time
+}
+
+// setPull replaces the PullPut behaviour while the server runs.
+func (f *fakePeer) setPull(pull func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode) {
+	f.mu.Lock()
+	f.pull = pull
+	f.mu.Unlock()
 }
 
 func (f *fakePeer) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
@@ -62,8 +70,11 @@ func (f *fakePeer) SsdStageRead(ctx context.Context, req *peer.SsdStageReadReque
 func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	f.pullCalls.Add(1)
 	code := common.ErrorCode_OK
-	if f.pull != nil {
-		code = f.pull(ctx, req)
+	f.mu.Lock()
+	pull := f.pull
+	f.mu.Unlock()
+	if pull != nil {
+		code = pull(ctx, req)
 	}
 	return &peer.PullPutResponse{Code: code, Message: fmt.Sprintf("fake pull of put %d: %v", req.PutId, code)}, nil
 }

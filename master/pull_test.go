@@ -117,7 +117,7 @@ func TestPooledPutPull(t *testing.T) {
 	})
 
 	// Every candidate fails: UNAVAILABLE, everything freed.
-	good.pull = func(context.Context, *peer.PullPutRequest) common.ErrorCode { return common.ErrorCode_UNAVAILABLE }
+	good.setPull(func(context.Context, *peer.PullPutRequest) common.ErrorCode { return common.ErrorCode_UNAVAILABLE })
 	if _, done := put("doomed"); done.Code != common.ErrorCode_UNAVAILABLE || !strings.Contains(done.Message, "no other owner has room") {
 		t.Fatalf("put with every pull failing: %v %s", done.Code, done.Message)
 	}
