@@ -62,10 +62,30 @@ def row_title(k: tuple) -> str:
     return t
 
 
+# Long variant names under a bar, abbreviated (explained under the chart); anything else long is wrapped.
+SHORT_VARIANTS = {"dedicated_owner": "ded. owner", "per_process": "per-proc", "mooncake-default-offload": "default offload"}
+LABEL_WIDTH = 10  # characters per line of a bar's name (few bars, horizontal labels)
+
+
 def series_label(s: tuple, short: bool = False) -> str:
+    """A bar's name: the backend, its variant (abbreviated, wrapped at LABEL_WIDTH) and the SSD state,
+    one per line; ``short`` (many bars, labels turned 90°): one line."""
     _, backend, variant, ssd = s
-    name = backend + (f"/{variant}" if variant else "")
-    return f"{name}\nSSD {'on' if ssd else 'off'}" if not short else f"{name} {'on' if ssd else 'off'}"
+    v = SHORT_VARIANTS.get(variant, variant) if variant else ""
+    state = f"SSD {'on' if ssd else 'off'}"
+    if short:
+        return f"{backend}{'/' + v if v else ''} {'on' if ssd else 'off'}"
+    lines = textwrap.wrap(backend, LABEL_WIDTH, break_on_hyphens=True)
+    if v:
+        lines += textwrap.wrap(v, LABEL_WIDTH, break_on_hyphens=True)
+    return "\n".join(lines + [state])
+
+
+def abbreviation_note(records: list[dict]) -> str | None:
+    used = sorted({r["variant"] for r in records if r.get("variant") in SHORT_VARIANTS})
+    if not used:
+        return None
+    return "names: " + "; ".join(f"{SHORT_VARIANTS[v]} = {v}" for v in used)
 
 
 def conc_key(r: dict) -> tuple:
@@ -90,6 +110,17 @@ def not_run_notes(records: list[dict]) -> list[str]:
 
 
 def render(records: list[dict], out_path, title: str | None = None) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = figure(records, title)
+    out_path = Path(out_path)
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path
+
+
+def figure(records: list[dict], title: str | None = None):
+    """The chart as a matplotlib Figure (``render`` saves it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,6 +151,8 @@ def render(records: list[dict], out_path, title: str | None = None) -> Path:
     side_by_side = len(payloads) == 1 and len(rows) > 1
     grid = (1, len(rows)) if side_by_side else (len(rows), len(payloads))
     fig_w = min(40.0, max(8.0, panel_w * grid[1] + 1.0))
+    abbrev = abbreviation_note(records)
+    skipped = ([abbrev] if abbrev else []) + skipped
     skipped = [w for line in skipped for w in textwrap.wrap(line, int(fig_w * 14), subsequent_indent="    ")]
     fig_h = 3.9 * grid[0] + 2.4 + 0.18 * len(skipped)
     fig, axes = plt.subplots(grid[0], grid[1], figsize=(fig_w, fig_h), squeeze=False)
@@ -181,9 +214,14 @@ def render(records: list[dict], out_path, title: str | None = None) -> Path:
                 ax2.set_ylabel("hit rate %", color="#d62728", fontsize=8)
             ax.set_xticks(ticks)
             ax.set_xticklabels(ticklabels, fontsize=7, rotation=0 if annotate else 90)
+            # the group's name below the longest bar name (lines of 7 pt text, or characters when turned)
+            if annotate:
+                below = 8 + 8.6 * max(t.count("\n") + 1 for t in ticklabels)
+            else:
+                below = 8 + 4.4 * max(len(t) for t in ticklabels)
             for gi, ck in enumerate(concs):
-                ax.text(gi, -0.19 if annotate else -0.42, f"c{ck[0]} ({ck[1]}x{ck[0] // ck[1]})", transform=ax.get_xaxis_transform(),
-                        ha="center", va="top", fontsize=8, fontweight="bold")
+                ax.annotate(f"c{ck[0]} ({ck[1]}x{ck[0] // ck[1]})", (gi, 0), xycoords=ax.get_xaxis_transform(), xytext=(0, -below),
+                            textcoords="offset points", ha="center", va="top", fontsize=8, fontweight="bold")
             ax.set_xlim(-0.5, len(concs) - 0.5)
             ax.tick_params(axis="y", labelsize=7)
             ax.grid(axis="y", alpha=0.25)
@@ -221,7 +259,4 @@ def render(records: list[dict], out_path, title: str | None = None) -> Path:
     )
     fig.suptitle((title or "fluxkv pressure benchmark") + "\n" + sub, fontsize=9)
     fig.tight_layout(rect=(0, (foot + 0.15 + 0.22 * legend_rows) / fig_h, 1, 1 - 0.6 / fig_h))
-    out_path = Path(out_path)
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    return fig

@@ -63,6 +63,17 @@ def _variants(backend: str):
         return (None,)
 
 
+def _runs(backend: str, variant, ssd: bool) -> bool:
+    """False for a variant that only differs from another with SSD on (the backend's
+    ``Server.ssd_only_variants``, e.g. ``mooncake-default-offload``): its SSD-off case is not run."""
+    if ssd or variant is None:
+        return True
+    try:
+        return variant not in getattr(backends.load(backend).Server, "ssd_only_variants", ())
+    except ImportError:
+        return True
+
+
 def cross(backend_names, ssd_states, modes, on_miss, orders, payloads, workers) -> list[Case]:
     """Every combination, ordered payload → workers → mode → on_miss → order → backend → SSD,
     so the cases of one chart panel run next to each other."""
@@ -75,7 +86,8 @@ def cross(backend_names, ssd_states, modes, on_miss, orders, payloads, workers) 
                         for b in backend_names:
                             for v in _variants(b):
                                 for ssd in ssd_states:
-                                    out.append(Case(b, ssd, mode, om, order, p, procs, threads, v))
+                                    if _runs(b, v, ssd):
+                                        out.append(Case(b, ssd, mode, om, order, p, procs, threads, v))
     return out
 
 
@@ -87,7 +99,8 @@ def quick(backend_names, payload: int, workers: tuple[int, int], order: str) -> 
     for b in backend_names:
         for v in _variants(b):
             for ssd in (False, True):
-                out.append(Case(b, ssd, "bytes", "none", order, payload, procs, threads, v))
+                if _runs(b, v, ssd):
+                    out.append(Case(b, ssd, "bytes", "none", order, payload, procs, threads, v))
     if "fluxkv" in backend_names:
         for ssd in (False, True):
             out.append(Case("fluxkv", ssd, "holder", "none", order, payload, procs, threads))

@@ -12,12 +12,20 @@ embedded; ``--enable_offload=true`` when SSD is on), waits for its ports, and th
   processes contribute nothing (``global_segment_size = 0``) and only request.
 * ``per_process``: no owner; every benchmark process is requester and storage endpoint at once
   and contributes DRAM / procs and flash / procs.
+* ``mooncake-default-offload`` (SSD on only): dedicated_owner with Mooncake's default bucket
+  offload settings, to show what they do (issue 14 item 5: nothing reaches flash).
 
 Clients: one ``MooncakeDistributedStore`` per process, shared by its threads, set up with
 ``setup("127.0.0.1", "http://127.0.0.1:P/metadata", segment, local_buffer, "tcp", "",
 "127.0.0.1:R")``; a storage process with SSD on adds ``enable_ssd_offload=True,
 ssd_offload_path=DIR`` (its own directory) and its flash share in
-``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``. Output modes: holder and cuda use ``get_buffer(key)``
+``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``. Environment, applied before ``setup()`` and recorded
+per case (``server.master_env``, ``client_env``, ``owner_env_at_setup``; ``client.env_at_setup``):
+``MC_TCP_ENABLE_CONNECTION_POOL=1`` in every Mooncake process (master, owner, benchmark processes;
+without it the TCP transport opens a connection per transfer and a long run runs out of ephemeral
+ports); in a flash-holding process, except in ``mooncake-default-offload`` where the three are
+removed, ``MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT=1``, ``MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES=<payload>``
+and ``MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS=1`` (``offload_env``). Output modes: holder and cuda use ``get_buffer(key)``
 (a ``BufferHandle``, None on a miss; cuda copies from ``ptr()``/``size()``), bytes uses ``get(key)``
 (the payload as ``bytes``, empty on a miss). Puts: ``put(key, value)`` returns 0; a put refused
 for space (``NO_AVAILABLE_HANDLE``, -200: DRAM full while eviction catches up, or leased objects)
@@ -55,6 +63,11 @@ from ..sizes import format_size, parse_size
 from .base import BytesGot, CaseSpec, Got, Server as _Server, ThreadClient, WorkerSide as _WorkerSide, settle_by_polling, which
 
 TOPOLOGIES = ("dedicated_owner", "per_process")
+# Mooncake's default bucket SSD offload, kept as a variant of its own (SSD on only, dedicated_owner
+# topology): the adapter's other variants tune the bucket backend so that each value is written.
+DEFAULT_OFFLOAD = "mooncake-default-offload"
+VARIANTS = TOPOLOGIES + (DEFAULT_OFFLOAD,)
+TOPOLOGY_OF = {"dedicated_owner": "dedicated_owner", "per_process": "per_process", DEFAULT_OFFLOAD: "dedicated_owner"}
 HOST = "127.0.0.1"
 PROTOCOL = "tcp"
 DEFAULT_LOCAL_BUFFER = "512MiB"
@@ -72,7 +85,19 @@ SSD_SLICE_MAX = 0xFFFFF0
 ENV_SSD_LIMIT = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"
 ENV_SSD_PATH = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
 ENV_HEARTBEAT = "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"
+ENV_BUCKET_KEYS = "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT"
+ENV_BUCKET_BYTES = "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES"
+# Mooncake's TCP transport (TcpTransport's constructor, at setup) opens a connection per transfer unless
+# this is set; a long run then runs out of ephemeral ports (TIME_WAIT) and decays to TRANSFER_FAIL.
+ENV_TCP_POOL = "MC_TCP_ENABLE_CONNECTION_POOL"
+TCP_POOL_ENV = {ENV_TCP_POOL: "1"}  # every Mooncake process of every case: the master and every client
+OFFLOAD_ENV_KEYS = (ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT)
+# What each process's summary reports as seen in its environment at setup().
+TRACKED_ENV = (ENV_TCP_POOL, ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT, ENV_SSD_LIMIT, ENV_SSD_PATH)
 DEFAULT_HEARTBEAT_S = 10  # Mooncake's default offload heartbeat: how often clients offload to SSD
+DEFAULT_BUCKET_KEYS = 500  # Mooncake's default bucket: written when one heartbeat's batch fills it
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+TUNED_HEARTBEAT_S = 1
 BENCH_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -164,15 +189,29 @@ def split_evenly(total: int, n: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(n)]
 
 
+def offload_env(case: CaseSpec) -> dict:
+    """The bucket-offload settings of a flash-holding process (before its ``setup()``). Mooncake's
+    default bucket backend writes a bucket only when one heartbeat's batch fills it (500 keys or
+    256 MiB, a 10 s heartbeat); a part-filled bucket's keys go back to the master unwritten and are
+    later evicted, so on this workload nothing reaches flash. Tuned (every variant but
+    ``mooncake-default-offload``): one key per bucket, a bucket as large as the value, a 1 s
+    heartbeat. ``mooncake-default-offload``: the three are removed (None: unset), so Mooncake's
+    defaults hold whatever the harness's environment says."""
+    if case.variant == DEFAULT_OFFLOAD:
+        return {k: None for k in OFFLOAD_ENV_KEYS}
+    return {ENV_BUCKET_KEYS: "1", ENV_BUCKET_BYTES: str(int(case.payload_bytes)), ENV_HEARTBEAT: str(TUNED_HEARTBEAT_S)}
+
+
 def client_config(case: CaseSpec, role: str, index: int, segment_bytes: int, ssd_bytes: int, workdir, ports: Ports, local_buffer: int) -> dict:
-    """How one Mooncake client is set up: ``setup(*args, **kwargs)`` after ``env`` is exported.
-    Only a process that contributes flash (SSD on, a share > 0) gets the SSD arguments."""
+    """How one Mooncake client is set up: ``setup(*args, **kwargs)`` after ``env`` is applied to its
+    environment (a None value: unset). Every client gets the TCP connection pool; only a process
+    that contributes flash (SSD on, a share > 0) gets the SSD arguments and the offload settings."""
     cfg = {
         "role": role,
         "index": index,
         "args": [HOST, metadata_url(ports), int(segment_bytes), int(local_buffer), PROTOCOL, "", master_address(ports)],
         "kwargs": {},
-        "env": {},
+        "env": dict(TCP_POOL_ENV),
         "segment_bytes": int(segment_bytes),
         "ssd_bytes": 0,
         "ssd_dir": None,
@@ -180,29 +219,51 @@ def client_config(case: CaseSpec, role: str, index: int, segment_bytes: int, ssd
     if case.ssd and ssd_bytes > 0:
         d = str(Path(workdir) / f"ssd-{role}-{index}")
         cfg["kwargs"] = {"enable_ssd_offload": True, "ssd_offload_path": d}
-        cfg["env"] = {ENV_SSD_LIMIT: str(int(ssd_bytes)), ENV_SSD_PATH: d}
+        cfg["env"].update({ENV_SSD_LIMIT: str(int(ssd_bytes)), ENV_SSD_PATH: d})
+        cfg["env"].update(offload_env(case))
         cfg["ssd_bytes"] = int(ssd_bytes)
         cfg["ssd_dir"] = d
     return cfg
 
 
+def topology(case: CaseSpec) -> str:
+    try:
+        return TOPOLOGY_OF[case.variant]
+    except KeyError:
+        raise ValueError(f"mooncake: unknown variant {case.variant!r}: want one of {', '.join(VARIANTS)}") from None
+
+
 def plan_clients(case: CaseSpec, workdir, ports: Ports, local_buffer: int) -> tuple[dict | None, list[dict]]:
     """(owner config or None, one config per benchmark process) for the case's topology."""
-    if case.variant == "dedicated_owner":
+    topo = topology(case)
+    if topo == "dedicated_owner":
         owner = client_config(case, "owner", 0, case.dram_bytes, case.ssd_bytes, workdir, ports, local_buffer)
         bench = [client_config(case, "bench", i, 0, 0, workdir, ports, local_buffer) for i in range(case.procs)]
         return owner, bench
-    if case.variant == "per_process":
-        drams = split_evenly(case.dram_bytes, case.procs)
-        ssds = split_evenly(case.ssd_bytes, case.procs)
-        return None, [client_config(case, "bench", i, drams[i], ssds[i], workdir, ports, local_buffer) for i in range(case.procs)]
-    raise ValueError(f"mooncake: unknown topology {case.variant!r}: want one of {', '.join(TOPOLOGIES)}")
+    drams = split_evenly(case.dram_bytes, case.procs)
+    ssds = split_evenly(case.ssd_bytes, case.procs)
+    return None, [client_config(case, "bench", i, drams[i], ssds[i], workdir, ports, local_buffer) for i in range(case.procs)]
+
+
+def apply_env(env: dict, target=None) -> None:
+    """Set (or, for None, remove) each variable in ``target`` (default ``os.environ``)."""
+    target = os.environ if target is None else target
+    for k, v in env.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = v
+
+
+def tracked_env(source=None) -> dict:
+    """The Mooncake variables this adapter sets, as ``source`` (default ``os.environ``) holds them."""
+    source = os.environ if source is None else source
+    return {k: source.get(k) for k in TRACKED_ENV}
 
 
 def open_store(cfg: dict):
     """A ``MooncakeDistributedStore`` set up as ``cfg`` says (``client_config``)."""
-    for k, v in cfg["env"].items():
-        os.environ[k] = v  # read by the client's offload config at setup
+    apply_env(cfg["env"])  # read by the transport and the client's offload config at setup
     if cfg.get("ssd_dir"):
         os.makedirs(cfg["ssd_dir"], exist_ok=True)
     from mooncake.store import MooncakeDistributedStore
@@ -338,6 +399,7 @@ class WorkerSide(_WorkerSide):
         self.native_type = "BufferHandle" if case.mode in ("holder", "cuda") else "bytes"
         self.cfg = endpoint["clients"][proc_index]
         self.store = open_store(self.cfg)
+        self.env_at_setup = tracked_env()
         # SSD off: every hit is a memory hit; SSD on: sources come from the counters.
         self.source = None if case.ssd else "memory"
 
@@ -351,11 +413,12 @@ class WorkerSide(_WorkerSide):
     def describe(self) -> dict:
         mod = sys.modules.get("mooncake.store")
         return {
-            "topology": self.case.variant,
+            "topology": topology(self.case),
             "global_segment_size": self.cfg["segment_bytes"],
             "local_buffer_size": self.cfg["args"][3],
             "ssd_bytes": self.cfg["ssd_bytes"],
             "module": getattr(mod, "__file__", None),
+            "env_at_setup": self.env_at_setup,
         }
 
     def close(self) -> None:
@@ -367,7 +430,7 @@ class WorkerSide(_WorkerSide):
 
 def owner_main(config_path: str) -> int:
     """``python -m pressure.backends.mooncake owner CONFIG``: set up one store that contributes the
-    case's DRAM (and flash), then answer ``count`` / ``ping`` on a Unix socket until SIGTERM."""
+    case's DRAM (and flash), then answer ``count`` / ``env`` / ``ping`` on a Unix socket until SIGTERM."""
     with open(config_path) as f:
         cfg = json.load(f)
     for p in reversed(cfg.get("pythonpath", [])):
@@ -380,6 +443,7 @@ def owner_main(config_path: str) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     store = open_store(cfg["client"])
+    env_reply = (json.dumps(tracked_env()) + "\n").encode()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     code = 0
     try:
@@ -394,6 +458,8 @@ def owner_main(config_path: str) -> int:
                 if req == b"count":
                     v = read_counter(store)
                     conn.sendall(b"none\n" if v is None else f"{v}\n".encode())
+                elif req == b"env":
+                    conn.sendall(env_reply)
                 elif req == b"ping":
                     conn.sendall(b"pong\n")
             except OSError:
@@ -544,7 +610,8 @@ def stop_process_group(p: subprocess.Popen, timeout: float = 15.0) -> None:
 class Server(_Server):
     name = "mooncake"
     source_method = "counter"
-    variants = TOPOLOGIES
+    variants = VARIANTS
+    ssd_only_variants = (DEFAULT_OFFLOAD,)  # SSD off it is dedicated_owner: not run twice
 
     def __init__(self, opts):
         super().__init__(opts)
@@ -561,6 +628,8 @@ class Server(_Server):
         self.plan: tuple | None = None
         self.master_proc = None
         self.owner_proc = None
+        self.master_env: dict = {}
+        self.settled: bool | None = None
 
     def _paths(self) -> list[str]:
         return list(self.pythonpath) + [str(p) for p in getattr(self.opts, "pythonpath", [])]
@@ -590,8 +659,8 @@ class Server(_Server):
             return "this mooncake.store has no MooncakeDistributedStore.get_buffer() (holder / cuda modes need a BufferHandle)"
         if case.ssd and info.get("ssd_offload") is False:
             return "this mooncake.store's setup() takes no enable_ssd_offload / ssd_offload_path (no client SSD offload)"
-        if case.variant not in TOPOLOGIES:
-            return f"unknown topology {case.variant!r}"
+        if case.variant not in VARIANTS:
+            return f"unknown variant {case.variant!r}"
         return None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -601,7 +670,10 @@ class Server(_Server):
         self.stats_dir = Path(workdir)
         self.ports = ports = pick_ports()
         self.cmdline = master_args(self.master_binary(), ports, case.ssd)
-        self.master_proc = master = group.start("mooncake_master", self.cmdline, workdir / "mooncake_master.log")
+        self.master_env = dict(TCP_POOL_ENV)
+        menv = dict(os.environ)
+        apply_env(self.master_env, menv)
+        self.master_proc = master = group.start("mooncake_master", self.cmdline, workdir / "mooncake_master.log", env=menv)
         wait_for(lambda: tcp_open(HOST, ports.rpc) and tcp_open(HOST, ports.http), 60, "mooncake_master RPC and metadata ports", master)
 
         owner, bench = plan_clients(case, workdir, ports, self.local_buffer)
@@ -616,6 +688,7 @@ class Server(_Server):
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR)] + self._paths() + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
             env["PYTHONUNBUFFERED"] = "1"
+            apply_env(owner["env"], env)  # open_store applies it again before setup()
             self.owner_proc = proc = group.start("mooncake-owner", [sys.executable, "-m", "pressure.backends.mooncake", "owner", str(cfg_path)],
                                workdir / "mooncake-owner.log", env=env)
             wait_for(lambda: unix_socket_ready(self.owner_socket), 300, "the Mooncake owner's store (setup)", proc)
@@ -624,22 +697,33 @@ class Server(_Server):
             "put_retries": self.put_retries,
             "stats_dir": str(workdir),
             "pythonpath": list(self.pythonpath),
-            "topology": case.variant,
+            "topology": topology(case),
         }
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://{HOST}:{self.ports.metrics}/metrics", timeout=5) as r:
             return parse_metrics(r.read().decode(errors="replace"))
 
+    def heartbeat_s(self) -> int:
+        """The offload heartbeat of the case's flash holders: as their environment sets it (the
+        tuned variants: 1 s), else as the harness's environment does, else Mooncake's 10 s."""
+        env = dict(os.environ)
+        owner, bench = self.plan or (None, [])
+        for c in ([owner] if owner else []) + bench:
+            if c["ssd_dir"]:
+                apply_env(c["env"], env)
+                break
+        try:
+            return max(1, int(env.get(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S))
+        except ValueError:
+            return DEFAULT_HEARTBEAT_S
+
     def settle(self, timeout: float) -> None:
-        """SSD on, clients offload to flash on their heartbeat (10 s by default): wait until the
-        SSD files and the master's key / allocation counts hold still for longer than one beat."""
+        """SSD on, clients offload to flash on their heartbeat: wait until the SSD files and the
+        master's key / allocation counts hold still for longer than one beat."""
         if not (self.case and self.case.ssd):
             return
-        try:
-            beat = max(1, int(os.environ.get(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S))
-        except ValueError:
-            beat = DEFAULT_HEARTBEAT_S
+        beat = self.heartbeat_s()
 
         def sample():
             try:
@@ -649,7 +733,7 @@ class Server(_Server):
                 mt = None
             return (dir_bytes(self.ssd_dirs), mt)
 
-        settle_by_polling(sample, timeout, interval=0.5, stable_for=2 * (beat + 1) + 1)
+        self.settled = settle_by_polling(sample, timeout, interval=0.5, stable_for=2 * (beat + 1) + 1)
 
     def bootstrap_puts(self) -> dict | None:
         try:
@@ -663,7 +747,11 @@ class Server(_Server):
         storage = ([owner] if owner else []) + [c for c in bench if c["segment_bytes"] or c["ssd_bytes"]]
         info = self.info()
         out = {
-            "topology": self.case.variant,
+            "topology": topology(self.case),
+            "offload": ("mooncake-default" if self.case.variant == DEFAULT_OFFLOAD else "bucket-per-value") if self.case.ssd else None,
+            "master_env": self.master_env,
+            "client_env": [c["env"] for c in storage],
+            "requester_env": [c["env"] for c in bench if not (c["segment_bytes"] or c["ssd_bytes"])],
             "storage_processes": len(storage),
             "segment_bytes": [c["segment_bytes"] for c in storage],
             "ssd_limit_bytes": [c["ssd_bytes"] for c in storage] if self.case.ssd else [],
@@ -674,6 +762,13 @@ class Server(_Server):
         }
         if self.case.ssd:
             out["ssd_files_bytes"] = dir_bytes(self.ssd_dirs)
+            out["offload_heartbeat_s"] = self.heartbeat_s()
+            out["settled"] = self.settled
+        if self.owner_socket:
+            try:
+                out["owner_env_at_setup"] = json.loads(unix_request(self.owner_socket, b"env\n", b"\n", timeout=5.0))
+            except (OSError, ValueError) as e:
+                out["owner_env_at_setup"] = {"error": f"{type(e).__name__}: {e}"[:200]}
         try:
             m = self.metrics()
             for k, v in m.items():
@@ -716,6 +811,12 @@ class Server(_Server):
         if self.case.ssd:
             if self.info().get("counter") is False:
                 out.append("mooncake: this binding has no get_offload_rpc_read_count(): SSD hits cannot be attributed (case incomplete)")
+            if self.case.variant == DEFAULT_OFFLOAD:
+                out.append(f"mooncake-default-offload: Mooncake's default bucket offload ({DEFAULT_BUCKET_KEYS} keys or "
+                           f"{format_size(DEFAULT_BUCKET_BYTES)} per bucket, one heartbeat's batch; {DEFAULT_HEARTBEAT_S} s heartbeat): "
+                           "a part-filled bucket is not written, its keys are later evicted")
+            elif described.get("ssd_files_bytes") == 0:
+                out.append("mooncake: nothing was written to flash after the bootstrap (ssd_files_bytes 0): SSD hits will be 0")
             if self.case.payload_bytes > SSD_SLICE_MAX:
                 out.append(f"mooncake: values of {format_size(self.case.payload_bytes)} exceed its SSD-offload slice limit "
                            f"({SSD_SLICE_MAX} B in 0.3.11.post1): they may stay DRAM-only")

@@ -10,7 +10,13 @@ test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put
   ports, and keeps every value itself: memory capacity = the sum of the clients'
   ``global_segment_size``; with ``--enable_offload=true``, values evicted from memory move to a
   "disk" of the clients' ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` (only of clients that set up
-  with ``enable_ssd_offload``), else they are dropped. A put larger than the free space after
+  with ``enable_ssd_offload``), else they are dropped. Like Mooncake's bucket SSD backend, evicted
+  values are written in buckets: a bucket is written once it holds
+  ``MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT`` keys (default 500) or
+  ``MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES`` (default 256 MiB), as the flash-holding client's
+  environment said at setup; a part-filled bucket's values are lost (upstream hands them back to the
+  master unwritten and they are later evicted), so with the defaults and small data nothing reaches
+  the disk. A put larger than the free space after
   eviction, or with no memory at all, is refused with -200 (NO_AVAILABLE_HANDLE). It dies of
   SIGTERM (no handler).
 * The fake client mirrors the binding's calls (``setup`` with the seven positional arguments and
@@ -19,7 +25,9 @@ test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put
   ``get_offload_rpc_read_count``, ``close``); like upstream's counter, the one of the client that
   *requested* a read from disk goes up.
 
-Test knobs (environment): ``FAKE_MOONCAKE_LOG`` (append every setup call as a JSON line),
+Test knobs (environment): ``FAKE_MOONCAKE_LOG`` (append every setup call, with the client's
+``MOONCAKE_*`` / ``MC_*`` environment at that moment, and the master's start, with its environment,
+as JSON lines),
 ``FAKE_MOONCAKE_REFUSE_PUTS=N`` (the master refuses its first N puts for space),
 ``FAKE_MOONCAKE_COUNTER=backwards|inflate`` (a counter that goes backwards / rises a million per
 read), ``FAKE_MOONCAKE_FAIL_SETUP=owner|bench`` (setup returns -1 in the client with (owner) or
@@ -42,6 +50,10 @@ NO_AVAILABLE_HANDLE = -200
 INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith(("MOONCAKE_", "MC_"))}
 
 
 def _log(kind: str, **kw) -> None:
@@ -85,7 +97,7 @@ class MooncakeDistributedStore:
               master_server_addr, engine=None, enable_ssd_offload=False, ssd_offload_path=""):
         ssd_limit = os.environ.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")
         _log("setup", args=[local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices, master_server_addr],
-             enable_ssd_offload=enable_ssd_offload, ssd_offload_path=ssd_offload_path, ssd_limit_env=ssd_limit)
+             enable_ssd_offload=enable_ssd_offload, ssd_offload_path=ssd_offload_path, ssd_limit_env=ssd_limit, env=_env())
         if not (isinstance(global_segment_size, int) and global_segment_size >= 0 and isinstance(local_buffer_size, int)
                 and protocol == "tcp" and metadata_server.startswith("http://") and isinstance(local_hostname, str)):
             return INVALID_PARAMS
@@ -93,13 +105,17 @@ class MooncakeDistributedStore:
         if (fail == "owner" and global_segment_size > 0) or (fail == "bench" and global_segment_size == 0):
             return -1
         ssd = 0
+        bucket = None
         if enable_ssd_offload:
             if not ssd_offload_path or not os.path.isdir(ssd_offload_path):
                 return INVALID_PARAMS
             ssd = int(ssd_limit or 0)
+            bucket = [int(os.environ.get("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT") or 500),
+                      int(os.environ.get("MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES") or 256 * 1024 * 1024)]
         host, port = master_server_addr.rsplit(":", 1)
         self._addr = (host, int(port))
-        rep, _ = self._call({"op": "mount", "dram": global_segment_size, "ssd": ssd})
+        rep, _ = self._call({"op": "mount", "dram": global_segment_size, "ssd": ssd, "bucket": bucket,
+                                 "path": ssd_offload_path if enable_ssd_offload else None})
         return rep["rc"]
 
     def _conn(self):
@@ -171,14 +187,40 @@ class _Cluster:
         self.clients = 0
         self.offload = offload
         self.refuse = refuse
+        self.bucket_limits = None  # (keys, bytes) of the flash holders (the first one's)
+        self.bucket_dir = None  # where written buckets go as files (the first flash holder's directory)
+        self.buckets = 0
+        self.pending: list = []  # a part-filled bucket: evicted, not yet written
 
-    def mount(self, dram: int, ssd: int) -> int:
+    def mount(self, dram: int, ssd: int, bucket=None, path=None) -> int:
         with self.mu:
             self.mem_cap += dram
             if self.offload:
                 self.disk_cap += ssd
+                if bucket and self.bucket_limits is None:
+                    self.bucket_limits = tuple(bucket)
+                    self.bucket_dir = path
             self.clients += 1
         return 0
+
+    def _offload(self, k: str, v: bytes) -> None:
+        """An evicted value into the current bucket; a full bucket goes to disk (what fits)."""
+        if not self.disk_cap or self.bucket_limits is None:
+            return
+        self.pending.append((k, v))
+        keys, size = self.bucket_limits
+        if len(self.pending) >= keys or sum(len(x) for _, x in self.pending) >= size:
+            written = []
+            for pk, pv in self.pending:
+                if self.disk_used + len(pv) <= self.disk_cap:
+                    self.disk[pk] = pv
+                    self.disk_used += len(pv)
+                    written.append(pv)
+            self.pending = []
+            if written and self.bucket_dir:
+                self.buckets += 1
+                with open(os.path.join(self.bucket_dir, f"bucket-{self.buckets}"), "wb") as f:
+                    f.write(b"".join(written))
 
     def put(self, key: str, data: bytes) -> int:
         with self.mu:
@@ -193,9 +235,7 @@ class _Cluster:
             while self.mem_used + n > self.mem_cap:
                 k, v = self.mem.popitem(last=False)
                 self.mem_used -= len(v)
-                if self.disk_used + len(v) <= self.disk_cap:
-                    self.disk[k] = v
-                    self.disk_used += len(v)
+                self._offload(k, v)
             self.mem[key] = data
             self.mem_used += n
             return 0
@@ -226,7 +266,7 @@ class _Rpc(socketserver.StreamRequestHandler):
             op = req["op"]
             body = b""
             if op == "mount":
-                rep = {"rc": cl.mount(req["dram"], req["ssd"])}
+                rep = {"rc": cl.mount(req["dram"], req["ssd"], req.get("bucket"), req.get("path"))}
             elif op == "put":
                 rep = {"rc": cl.put(req["key"], self.rfile.read(req["size"]))}
             elif op == "get":
@@ -268,6 +308,7 @@ def master_main(argv: list[str]) -> int:
 
     rpc = Rpc((flags.get("rpc_address", "127.0.0.1"), int(flags["rpc_port"])), _Rpc)
     rpc.cluster = cluster
+    _log("master", argv=argv, env=_env())
     print(f"TEST FAKE mooncake_master: {' '.join(argv)}", file=sys.stderr, flush=True)
     rpc.serve_forever()
     return 0

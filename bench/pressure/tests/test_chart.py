@@ -2,7 +2,7 @@
 
 import itertools
 
-from pressure.chart import render, series_key
+from pressure.chart import LABEL_WIDTH, abbreviation_note, figure, render, series_key, series_label
 from pressure.harness import SCHEMA
 from pressure.sizes import parse_size
 
@@ -41,3 +41,70 @@ def test_single_panel_chart_and_bar_order(tmp_path):
     order = [series_key(r)[1:] for r in sorted(records, key=series_key)]
     assert order == [("fluxkv", "", False), ("fluxkv", "", True), ("memcached", "", True), ("redis", "", False)]
     assert render(records, tmp_path / "one.png").stat().st_size > 5000
+
+
+def _overlaps(a, b, pad=0.5) -> bool:
+    return a.x0 < b.x1 - pad and b.x0 < a.x1 - pad and a.y0 < b.y1 - pad and b.y0 < a.y1 - pad
+
+
+def _label_boxes(fig):
+    """Per panel: the bar names' boxes (left to right) and the concurrency groups' boxes, in pixels."""
+    import matplotlib.pyplot as plt
+
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    out = []
+    for ax in fig.axes:
+        if not ax.xaxis.get_visible():
+            continue  # the hit-rate twin
+        ticks = [t.get_window_extent(r) for t in ax.get_xticklabels() if t.get_text()]
+        groups = [t.get_window_extent(r) for t in ax.texts if t.get_text().startswith("c") and "(" in t.get_text()]
+        out.append((sorted(ticks, key=lambda b: b.x0), groups))
+    plt.close(fig)
+    return out
+
+
+def quick_with_mooncake(p):
+    recs = []
+    for b, v, ssd in [("fluxkv", None, False), ("fluxkv", None, True), ("memcached", None, False), ("memcached", None, True),
+                      ("redis", None, False), ("mooncake", "dedicated_owner", False), ("mooncake", "dedicated_owner", True),
+                      ("mooncake", "per_process", False), ("mooncake", "per_process", True), ("mooncake", "mooncake-default-offload", True)]:
+        recs.append(rec(b, ssd, "bytes", p, 1, 2, variant=v))
+    recs += [rec("fluxkv", False, "holder", p, 1, 2), rec("fluxkv", True, "holder", p, 1, 2)]
+    return recs
+
+
+def test_long_backend_names_do_not_overlap(tmp_path):
+    """issue 14 item 5: ``mooncake/dedicated_owner`` under a bar ran into its neighbours. Names are
+    abbreviated and wrapped, the group label sits below them, and the abbreviations are explained."""
+    p = parse_size("1MiB-128")
+    records = quick_with_mooncake(p)
+    for r in records:  # the unabbreviated names never reach a bar
+        lab = series_label(series_key(r))
+        assert all(len(line) <= LABEL_WIDTH for line in lab.splitlines()), lab
+    assert series_label((0, "mooncake", "dedicated_owner", True)) == "mooncake\nded. owner\nSSD on"
+    assert series_label((0, "mooncake", "mooncake-default-offload", True)) == "mooncake\ndefault\noffload\nSSD on"
+    assert series_label((0, "mooncake", "per_process", False), short=True) == "mooncake/per-proc off"
+    note = abbreviation_note(records)
+    assert "ded. owner = dedicated_owner" in note and "default offload = mooncake-default-offload" in note
+    panels = _label_boxes(figure(records, "quick"))
+    assert len(panels) == 2
+    for ticks, groups in panels:
+        assert len(groups) == 1
+        for a, b in zip(ticks, ticks[1:]):
+            assert a.x1 <= b.x0, (a, b)  # neighbours side by side, not on top of each other
+        for t in ticks:
+            assert not any(_overlaps(t, g) for g in groups)
+    assert render(records, tmp_path / "quick.png").stat().st_size > 5000
+
+
+def test_many_bars_turned_labels_leave_room_for_the_groups():
+    p = parse_size("1MiB-128")
+    records = []
+    for procs, threads in [(1, 2), (1, 4), (2, 4), (4, 4)]:
+        for r in quick_with_mooncake(p):
+            records.append({**r, "procs": procs, "threads": threads, "concurrency": f"c{procs * threads}"})
+    for ticks, groups in _label_boxes(figure(records)):
+        assert len(groups) == 4
+        for t in ticks:
+            assert not any(_overlaps(t, g) for g in groups), t

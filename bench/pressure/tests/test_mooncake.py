@@ -35,6 +35,8 @@ def spec(variant, ssd, procs=1, threads=2, mode="bytes", dram=2 * GiB, ssd_bytes
 
 
 PORTS = mc.Ports(http=18080, rpc=15051, metrics=19003)
+POOL = {"MC_TCP_ENABLE_CONNECTION_POOL": "1"}
+BUCKET_VARS = ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES", "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS")
 
 
 # -- argument building -----------------------------------------------------------------------------
@@ -83,14 +85,39 @@ def test_setup_arguments_dedicated_owner(tmp_path):
     assert owner["args"] == ["127.0.0.1", "http://127.0.0.1:18080/metadata", 2 * GiB, buf, "tcp", "", "127.0.0.1:15051"]
     d = str(tmp_path / "ssd-owner-0")
     assert owner["kwargs"] == {"enable_ssd_offload": True, "ssd_offload_path": d}
-    assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d}
+    assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
+                            # the flash holder writes one value per bucket, on a 1 s heartbeat (issue 14 item 5)
+                            "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "1", "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": str(1 * MiB - 128),
+                            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "1"}
     assert len(bench) == 4
-    for i, b in enumerate(bench):  # requesters only: no segment, no flash
+    for i, b in enumerate(bench):  # requesters only: no segment, no flash, but the TCP connection pool
         assert b["args"] == ["127.0.0.1", "http://127.0.0.1:18080/metadata", 0, buf, "tcp", "", "127.0.0.1:15051"]
-        assert b["kwargs"] == {} and b["env"] == {} and b["ssd_dir"] is None and b["index"] == i
+        assert b["kwargs"] == {} and b["env"] == POOL and b["ssd_dir"] is None and b["index"] == i
     owner, bench = mc.plan_clients(spec("dedicated_owner", False, procs=2), tmp_path, PORTS, buf)
-    assert owner["args"][2] == 2 * GiB and owner["kwargs"] == {} and owner["env"] == {} and owner["ssd_bytes"] == 0
+    assert owner["args"][2] == 2 * GiB and owner["kwargs"] == {} and owner["env"] == POOL and owner["ssd_bytes"] == 0
     assert [b["args"][2] for b in bench] == [0, 0]
+
+
+def test_setup_arguments_default_offload_variant(tmp_path):
+    """``mooncake-default-offload``: the dedicated_owner topology with Mooncake's own bucket
+    settings: the three offload variables are removed (None), the pool stays."""
+    buf = 512 * MiB
+    owner, bench = mc.plan_clients(spec(mc.DEFAULT_OFFLOAD, True, procs=2), tmp_path, PORTS, buf)
+    d = str(tmp_path / "ssd-owner-0")
+    assert owner["args"][2] == 2 * GiB and owner["kwargs"] == {"enable_ssd_offload": True, "ssd_offload_path": d}
+    assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
+                            "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": None, "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": None,
+                            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": None, "MC_TCP_ENABLE_CONNECTION_POOL": "1"}
+    assert [b["args"][2] for b in bench] == [0, 0] and all(b["env"] == POOL for b in bench)
+    assert mc.topology(spec(mc.DEFAULT_OFFLOAD, True)) == "dedicated_owner"
+    # applied to an environment that had them, they are gone; set values replace
+    env = {"MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "7", "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "0", "X": "y"}
+    mc.apply_env(owner["env"], env)
+    assert env == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
+                   "MC_TCP_ENABLE_CONNECTION_POOL": "1", "X": "y"}
+    # the bucket holds the value: its size limit follows the payload
+    big, _ = mc.plan_clients(CaseSpec("mooncake", "dedicated_owner", True, "bytes", 16 * MiB - 128, 160, GiB, 8 * GiB, 1, 2), tmp_path, PORTS, buf)
+    assert big["env"]["MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES"] == str(16 * MiB - 128)
 
 
 def test_setup_arguments_per_process(tmp_path):
@@ -106,7 +133,12 @@ def test_setup_arguments_per_process(tmp_path):
     _, (one,) = mc.plan_clients(spec("per_process", True, procs=1), tmp_path, PORTS, buf)
     assert one["args"][2] == 2 * GiB and one["ssd_bytes"] == 16 * GiB
     _, bench = mc.plan_clients(spec("per_process", False, procs=2), tmp_path, PORTS, buf)
-    assert [b["args"][2] for b in bench] == [GiB, GiB] and all(b["kwargs"] == {} and b["env"] == {} for b in bench)
+    assert [b["args"][2] for b in bench] == [GiB, GiB] and all(b["kwargs"] == {} and b["env"] == POOL for b in bench)
+    _, bench = mc.plan_clients(spec("per_process", True, procs=2), tmp_path, PORTS, buf)
+    for b in bench:  # every flash holder gets the bucket settings
+        assert {k: b["env"][k] for k in BUCKET_VARS} == {BUCKET_VARS[0]: "1", BUCKET_VARS[1]: str(1 * MiB - 128), BUCKET_VARS[2]: "1"}
+    with pytest.raises(ValueError):
+        mc.plan_clients(spec(mc.DEFAULT_OFFLOAD + "x", True), tmp_path, PORTS, buf)
     with pytest.raises(ValueError):
         mc.plan_clients(spec("sideways", False), tmp_path, PORTS, buf)
 
@@ -224,7 +256,9 @@ def fake(tmp_path, monkeypatch):
     master.chmod(0o755)
     log = tmp_path / "fake-setup.jsonl"
     monkeypatch.setenv("FAKE_MOONCAKE_LOG", str(log))
-    monkeypatch.setenv("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1")
+    # in the harness's environment: the tuned variants override it, mooncake-default-offload removes it
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "3")
+    monkeypatch.delenv("MC_TCP_ENABLE_CONNECTION_POOL", raising=False)
     monkeypatch.setattr(mc, "_probes", {})
     monkeypatch.setattr(mc, "_announced", set())
     return SimpleNamespace(pythonpath=py, master=master, log=log)
@@ -287,12 +321,12 @@ def test_quick_run_skips_mooncake_and_goes_on(tmp_path, broken):
     recs = [json.loads(x) for x in (out / "summary.jsonl").read_text().splitlines()]
     moon = [r for r in recs if r["backend"] == "mooncake"]
     assert sorted((r["variant"], r["ssd"]) for r in moon) == [("dedicated_owner", False), ("dedicated_owner", True),
-                                                               ("per_process", False), ("per_process", True)]
+                                                               (mc.DEFAULT_OFFLOAD, True), ("per_process", False), ("per_process", True)]
     for r in moon:
         assert r["status"] == "unavailable" and "mooncake_master" in r["reason"] and "not importable" in r["reason"]
     assert [r["status"] for r in recs if r["backend"] == "fake"] == ["ok", "ok"]
     notes = not_run_notes(recs)
-    assert len(notes) == 1 and "not run (4 cases)" in notes[0] and "mooncake/per_process SSD on bytes" in notes[0]
+    assert len(notes) == 1 and "not run (5 cases)" in notes[0] and "mooncake/per_process SSD on bytes" in notes[0]
     assert "UNAVAILABLE" in p.stdout  # the table
     assert list(tmp_path.glob("fkp-*")) == []
 
@@ -313,8 +347,12 @@ def our_processes(marker: str) -> list[str]:
     return out
 
 
+def fake_log(log: Path, kind: str) -> list[dict]:
+    return [r for r in (json.loads(x) for x in log.read_text().splitlines()) if r["kind"] == kind] if log.exists() else []
+
+
 def setup_calls(log: Path) -> list[dict]:
-    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return fake_log(log, "setup")
 
 
 def test_both_topologies_on_the_fake(tmp_path, fake, monkeypatch):
@@ -355,8 +393,51 @@ def test_both_topologies_on_the_fake(tmp_path, fake, monkeypatch):
     a, b = by_case[2]
     assert a["args"][2] == b["args"][2] == DRAM // 2 and a["ssd_limit_env"] == b["ssd_limit_env"] == str(4 * DRAM)
     assert a["ssd_offload_path"] != b["ssd_offload_path"]
+    # the TCP connection pool in every Mooncake process: each client at setup() and each master
+    assert all(c["env"].get("MC_TCP_ENABLE_CONNECTION_POOL") == "1" for c in calls)
+    masters = fake_log(fake.log, "master")
+    assert len(masters) == 4 and all(m["env"].get("MC_TCP_ENABLE_CONNECTION_POOL") == "1" for m in masters)
+    # the bucket settings only where the flash is, as the summary says
+    for c in calls:
+        want = {BUCKET_VARS[0]: "1", BUCKET_VARS[1]: str(PAYLOAD), BUCKET_VARS[2]: "1"} if c["enable_ssd_offload"] else \
+            {BUCKET_VARS[2]: "3"}  # a requester / SSD off keeps the harness's environment
+        assert {k: c["env"][k] for k in BUCKET_VARS if k in c["env"]} == want, c
+    assert on["server"]["offload"] == "bucket-per-value" and on["server"]["offload_heartbeat_s"] == 1 and on["server"]["ssd_files_bytes"] > 0
+    assert on["server"]["owner_env_at_setup"][BUCKET_VARS[0]] == "1" and on["server"]["master_env"] == POOL
+    assert on["client"]["env_at_setup"]["MC_TCP_ENABLE_CONNECTION_POOL"] == "1" and on["client"]["env_at_setup"][BUCKET_VARS[0]] is None
+    assert off["server"]["offload"] is None and off["server"]["owner_env_at_setup"]["MC_TCP_ENABLE_CONNECTION_POOL"] == "1"
+    assert pp["client"]["env_at_setup"][BUCKET_VARS[1]] == str(PAYLOAD) and pp["server"]["client_env"][0][BUCKET_VARS[0]] == "1"
     assert our_processes(str(tmp_path / "fkp-")) == [] and our_processes(str(fake.master)) == [] and our_processes(str(FAKE)) == []
     assert list(tmp_path.glob("fkp-*")) == []
+
+
+def test_default_offload_variant_against_the_tuned_one_on_the_fake(tmp_path, fake, monkeypatch):
+    """The fake writes buckets as Mooncake's bucket backend does: with the adapter's settings each
+    evicted value reaches its disk (all hits, SSD hits counted); with Mooncake's defaults, which the
+    default variant restores even over the harness's environment, nothing does (as the live run)."""
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "1")  # must not leak into the default variant
+    opts = opts_for(tmp_path, "--mooncake-master", str(fake.master), "--mooncake-pythonpath", str(fake.pythonpath))
+    tuned, default = harness.run([Case("mooncake", True, "bytes", "none", "random", PAYLOAD, 1, 2, "dedicated_owner"),
+                                  Case("mooncake", True, "bytes", "none", "random", PAYLOAD, 1, 2, mc.DEFAULT_OFFLOAD)], opts)
+    for r in (tuned, default):
+        assert r["status"] == "ok" and r["complete"] and r["errors"] == 0 and r["bootstrap"]["failed"] == 0, r
+        assert r["server"]["topology"] == "dedicated_owner" and r["client"]["global_segment_size"] == 0
+        assert r["server"]["master_env"] == POOL and r["server"]["requester_env"] == [POOL]
+    assert tuned["hit_rate"] == 1.0 and tuned["ssd_hits"] > 0 and tuned["server"]["ssd_files_bytes"] > 0
+    assert default["variant"] == mc.DEFAULT_OFFLOAD and default["ssd_hits"] == 0 and default["hit_rate"] < 1.0
+    assert default["server"]["ssd_files_bytes"] == 0 and default["server"]["offload"] == "mooncake-default"
+    assert default["server"]["offload_heartbeat_s"] == 10 and any("mooncake-default-offload" in n for n in default["notes"])
+    assert not any("mooncake-default-offload" in n for n in tuned["notes"])
+    seen = default["server"]["owner_env_at_setup"]
+    assert seen["MC_TCP_ENABLE_CONNECTION_POOL"] == "1" and all(seen[k] is None for k in BUCKET_VARS), seen
+    assert tuned["server"]["owner_env_at_setup"][BUCKET_VARS[2]] == "1"
+    owner_tuned, req_tuned, owner_default, req_default = setup_calls(fake.log)
+    assert owner_tuned["enable_ssd_offload"] and owner_default["enable_ssd_offload"]
+    assert {k: owner_tuned["env"].get(k) for k in BUCKET_VARS} == {BUCKET_VARS[0]: "1", BUCKET_VARS[1]: str(PAYLOAD), BUCKET_VARS[2]: "1"}
+    assert not any(k in owner_default["env"] for k in BUCKET_VARS), owner_default["env"]
+    for c in (owner_tuned, req_tuned, owner_default, req_default):
+        assert c["env"]["MC_TCP_ENABLE_CONNECTION_POOL"] == "1"
+    assert [m["env"].get("MC_TCP_ENABLE_CONNECTION_POOL") for m in fake_log(fake.log, "master")] == ["1", "1"]
 
 
 @pytest.mark.parametrize("mode,why", [("backwards", "backwards"), ("inflate", "exceeds")])
@@ -408,16 +489,19 @@ def test_ctrl_c_stops_the_master_and_the_owner(tmp_path, fake):
 # -- matrix and flags ------------------------------------------------------------------------------
 
 
-def test_matrix_runs_both_topologies():
+def test_matrix_runs_both_topologies_and_the_default_offload_with_ssd_on():
     full = cross(["fluxkv", "mooncake"], [False, True], ["holder"], ["none"], ["random"], [1], [(1, 2)])
     assert [(c.backend, c.variant, c.ssd) for c in full] == [
         ("fluxkv", None, False), ("fluxkv", None, True),
         ("mooncake", "dedicated_owner", False), ("mooncake", "dedicated_owner", True),
         ("mooncake", "per_process", False), ("mooncake", "per_process", True),
+        ("mooncake", "mooncake-default-offload", True),  # SSD off it would be dedicated_owner again
     ]
+    assert [c.variant for c in cross(["mooncake"], [False], ["bytes"], ["none"], ["random"], [1], [(1, 2)])] == ["dedicated_owner", "per_process"]
     q = quick(["fluxkv", "mooncake"], 1000, (1, 2), "random")
     assert [(c.variant, c.ssd, c.mode) for c in q if c.backend == "mooncake"] == [
-        ("dedicated_owner", False, "bytes"), ("dedicated_owner", True, "bytes"), ("per_process", False, "bytes"), ("per_process", True, "bytes")]
+        ("dedicated_owner", False, "bytes"), ("dedicated_owner", True, "bytes"), ("per_process", False, "bytes"), ("per_process", True, "bytes"),
+        ("mooncake-default-offload", True, "bytes")]
 
 
 def test_flags(tmp_path):
