@@ -66,25 +66,28 @@ func (q *policyQueue[K]) tail() *policyEntry[K] {
 }
 
 func (q *policyQueue[K]) pushHead(e *policyEntry[K], id queueID) {
-	if q.root.next == nil {
-		q.root.next, q.root.prev = &q.root, &q.root
-	}
-	e.queue = id
-	e.prev, e.next = &q.root, q.root.next
-	q.root.next.prev = e
-	q.root.next = e
-	q.n++
-	q.weight += e.weight
+	q.init()
+	q.insertAfter(&q.root, e, id)
 }
 
 func (q *policyQueue[K]) pushTail(e *policyEntry[K], id queueID) {
+	q.init()
+	q.insertAfter(q.root.prev, e, id)
+}
+
+// init links the empty ring of a zero queue.
+func (q *policyQueue[K]) init() {
 	if q.root.next == nil {
 		q.root.next, q.root.prev = &q.root, &q.root
 	}
+}
+
+// insertAfter links e into queue id right after at (the root: at the head).
+func (q *policyQueue[K]) insertAfter(at, e *policyEntry[K], id queueID) {
 	e.queue = id
-	e.next, e.prev = &q.root, q.root.prev
-	q.root.prev.next = e
-	q.root.prev = e
+	e.prev, e.next = at, at.next
+	at.next.prev = e
+	at.next = e
 	q.n++
 	q.weight += e.weight
 }
