@@ -83,6 +83,12 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 	mctx, mcancel := o.master.ctx()
 	defer mcancel()
 	done, derr := o.master.c.GetDone(mctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
+	if derr != nil {
+		// The reply may be lost after the master recorded the holder, whose id is the
+		// get id: release it (an ack of a holder that does not exist does no harm; an
+		// unfinished get expires with the master's in-flight TTL).
+		o.acks.add(plan.GetId)
+	}
 	if err := o.master.check(respCode(done, derr)); err != nil {
 		return nil, err
 	}

@@ -200,7 +200,8 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 	return plan, nil
 }
 
-// GetDone turns the get's target into a holder of the requesting owner and, if the key
+// GetDone turns the get's target into a holder of the requesting owner (its id is the
+// get id) and, if the key
 // still has that version, the requester has no memory replica and fewer than
 // MaxPromotions promotions happened, also into a new memory replica.
 func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, promoted bool, err error) {
@@ -216,7 +217,9 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 	s.unsourceLocked(g)
 	holderID = g.holderID
 	if holderID == 0 {
-		holderID = s.newID()
+		// holder_id == get_id: a requester that lost this reply still knows the id, and
+		// releases it (BatchDeleteAck) instead of leaking the holder.
+		holderID = getID
 		g.node.holders[holderID] = g.target.Retain()
 	}
 	if r := s.routes[key]; r != nil && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
