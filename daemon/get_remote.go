@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -27,34 +29,110 @@ func (o *Owner) pullRemote(key string, plan *mp.GetStartResponse) (*holding, err
 // revoked with drop_ssd_source and re-planned, as a local SSD failure is.
 var errRemoteSSD = errors.New("SSD read on the source owner failed")
 
-// refillRemote serves a get planned from another owner's SSD: that owner stages the
-// value in its segment (SsdStageRead answers once it is read and verified), then this
-// owner pulls it from the staging range into its target, like a remote memory get.
-// Staging whole values, not pipelined 4 MiB chunks, is this build's simplification.
+// stageVerdictWait bounds the wait for the SSD owner's answer after a staged pull
+// failed: it says whether its read failed (drop the SSD replica) or not (exclude it).
+const stageVerdictWait = time.Second
+
+// refillRemote serves a get planned from another owner's SSD (DESIGN §10 "SSD pool"):
+// one SsdStageRead makes that owner read the value in 4 MiB chunks into staging of
+// its own, while this owner pulls each chunk as it is read into its target (at most
+// STAGE_PULLS_IN_FLIGHT pulls at once); the SSD owner answers once every chunk was
+// pulled and the value's checksum verified, and only then does GetDone publish it. A
+// failed read (a checksum mismatch included) revokes with drop_ssd_source; a failed
+// pull revokes, and the node is excluded from the re-plan.
 func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, error) {
 	if err := o.checkTarget(key, plan); err != nil {
 		return nil, err
 	}
+	deadline := stageDeadline(plan.Len)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
 	c, callOpts, err := o.peers.Get(plan.SourcePeerAddr)
-	var resp *peer.SsdStageReadResponse
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
-		resp, err = c.SsdStageRead(ctx, &peer.SsdStageReadRequest{Key: key, PutId: plan.PutId, GetId: plan.GetId,
-			StageOffset: plan.StageOffset, StageLen: plan.StageLen, TargetNodeId: o.opts.NodeID, TargetDataAddr: o.dataAddr,
-			TargetOffset: plan.TargetOffset, Len: plan.Len, Generation: plan.SourceGeneration}, callOpts...)
-		cancel()
-	}
 	if err != nil {
 		err = fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, plan.SourceNodeId, plan.SourcePeerAddr, err)
 		o.revokeGet(key, plan.GetId, false, err.Error())
 		return nil, err
 	}
-	if resp.Code != common.ErrorCode_OK {
-		err = fmt.Errorf("%w: %s", errRemoteSSD, resp.Message)
-		o.revokeGet(key, plan.GetId, true, err.Error())
-		return nil, err
+	verdict := make(chan error, 1) // the SSD owner's answer: nil, errRemoteSSD or unreachable
+	go func() {
+		resp, err := c.SsdStageRead(ctx, &peer.SsdStageReadRequest{Key: key, PutId: plan.PutId, GetId: plan.GetId,
+			TargetNodeId: o.opts.NodeID, TargetDataAddr: o.dataAddr, TargetOffset: plan.TargetOffset, Len: plan.Len,
+			Generation: plan.SourceGeneration, DeadlineMs: deadline.Milliseconds()}, callOpts...)
+		switch {
+		case err != nil:
+			err = fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, plan.SourceNodeId, plan.SourcePeerAddr, err)
+		case resp.Code != common.ErrorCode_OK:
+			err = fmt.Errorf("%w: %s", errRemoteSSD, resp.Message)
+		}
+		verdict <- err
+	}()
+	pullErr := o.pullStaged(ctx, plan)
+	var stageErr error
+	if pullErr == nil {
+		stageErr = <-verdict // bounded by ctx
+	} else {
+		select {
+		case stageErr = <-verdict:
+		case <-time.After(stageVerdictWait):
+		}
+		if !errors.Is(stageErr, errRemoteSSD) {
+			stageErr = pullErr
+		}
 	}
-	return o.pullInto(key, plan, plan.StageOffset)
+	if stageErr != nil {
+		// Every pull has returned: nothing writes the target any more.
+		o.revokeGet(key, plan.GetId, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
+		return nil, stageErr
+	}
+	return o.completeGet(key, plan)
+}
+
+// pullStaged pulls the value staged on the source owner for plan's get into its
+// target, chunk by chunk in order, at most STAGE_PULLS_IN_FLIGHT at once. The first
+// failure stops the rest; it returns once no pull is running.
+func (o *Owner) pullStaged(ctx context.Context, plan *mp.GetStartResponse) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	dst := o.seg.Bytes()[plan.TargetOffset : plan.TargetOffset+plan.Len]
+	f := transfer.Fence{SourceNode: plan.SourceNodeId, SourceGeneration: plan.SourceGeneration, TransferID: plan.GetId, Staged: true}
+	chunks := int((plan.Len + stageChunk - 1) / stageChunk)
+	var (
+		mu       sync.Mutex
+		next     int
+		inflight int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	stats := o.opts.Metrics.Stage()
+	for range min(chunks, peer.STAGE_PULLS_IN_FLIGHT) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next == chunks || firstErr != nil {
+					mu.Unlock()
+					return
+				}
+				i := next
+				next++
+				inflight++
+				stats.Pulls(inflight)
+				mu.Unlock()
+				off := int64(i) * stageChunk
+				err := o.puller.Pull(ctx, plan.SourceDataAddr, f, off, dst[off:min(off+stageChunk, plan.Len)])
+				mu.Lock()
+				inflight--
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("staged pull of chunk %d from node %q (%s): %w", i, plan.SourceNodeId, plan.SourceDataAddr, err)
+					cancel(firstErr)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
 }
 
 // checkTarget refuses (and revokes) a plan whose target is not inside the segment.
@@ -80,6 +158,11 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 		o.revokeGet(key, plan.GetId, false, err.Error())
 		return nil, err
 	}
+	return o.completeGet(key, plan)
+}
+
+// completeGet turns a filled target into a holder with GetDone.
+func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, error) {
 	mctx, mcancel := o.master.ctx()
 	defer mcancel()
 	done, derr := o.master.c.GetDone(mctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
@@ -98,7 +181,8 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 
 // segmentSource serves other owners' pulls from this owner's segment: the fence must
 // name this incarnation, and the range must lie in the segment. The master retains the
-// range for the transfer (until its GetDone or GetRevoke), so it holds the value.
+// range for the transfer (until its GetDone or GetRevoke), so it holds the value. A
+// staged pull (Fence.Staged) is served from the stager instead.
 type segmentSource struct{ o *Owner }
 
 func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, func(), error) {
@@ -106,6 +190,12 @@ func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, fun
 	if f.SourceNode != o.opts.NodeID || f.SourceGeneration != o.generation {
 		return nil, nil, fmt.Errorf("%w: pull for node %q generation %d reached node %q generation %d",
 			transfer.ErrFenced, f.SourceNode, f.SourceGeneration, o.opts.NodeID, o.generation)
+	}
+	if f.Staged {
+		if o.stager == nil {
+			return nil, nil, fmt.Errorf("%w: node %q has no SSD tier to stage from", transfer.ErrFenced, o.opts.NodeID)
+		}
+		return o.stager.open(f.TransferID, offset, length)
 	}
 	seg := o.seg.Bytes()
 	if offset < 0 || length <= 0 || offset > int64(len(seg))-length {

@@ -29,6 +29,7 @@ type Owner struct {
 	generation int64 // this incarnation; externals must name it in every call
 	seg        *shm.Segment
 	store      *ssd.Storage // nil: no SSD tier
+	stager     *stager      // other owners' refills from store; nil without it
 
 	master *masterLink
 	peer   *peerServer
@@ -112,6 +113,7 @@ func (o *Owner) Start(ctx context.Context) error {
 			o.closeResources()
 			return fmt.Errorf("open SSD tier: %w", err)
 		}
+		o.stager = newStager(o, stageSessionSlots)
 		st := o.store.Stats()
 		o.log.Info().Int64("capacity", st.CapacityBytes).Int("devices", len(st.Devices)).Str("engine", st.Engine).
 			Dur("took", time.Since(t1)).Msg("SSD tier opened")
@@ -212,6 +214,9 @@ func (o *Owner) Stop() error {
 		case <-time.After(o.opts.ShutdownTimeout):
 			o.log.Warn().Msg("shutdown: in-flight work did not finish in time")
 		}
+		if o.stager != nil {
+			o.stager.close() // refills being staged for others end now
+		}
 		if o.peer != nil {
 			o.peer.stop() // no more persists; closeResources nils it after the joins
 		}
@@ -231,6 +236,9 @@ func (o *Owner) Stop() error {
 }
 
 func (o *Owner) closeResources() {
+	if o.stager != nil {
+		o.stager.close()
+	}
 	if o.peer != nil {
 		o.peer.stop()
 		o.peer = nil

@@ -4,10 +4,12 @@ import (
 	"context"
 	"time"
 
+	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // ssdInfo is what the owner declares about its SSD tier at Register and Heartbeat.
@@ -21,7 +23,9 @@ func (o *Owner) ssdInfo() *mp.KvSsdStorageInfo {
 
 // persist writes the memory replica of key@putID to the local SSD ring and commits it
 // at the master; the commit pin keeps the SSD entry from being overwritten until the
-// master answered. The master keeps the memory range alive meanwhile.
+// master answered. The master keeps the memory range alive meanwhile. A replica on
+// another owner (the SSD pool, DESIGN §10) is pulled over the data plane straight into
+// the SSD record's buffer first.
 func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	if o.store == nil {
 		return errCode(common.ErrorCode_UNAVAILABLE, "this owner has no SSD tier")
@@ -32,10 +36,24 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return err
 	}
-	if req.Offset < 0 || req.Len <= 0 || req.Offset+req.Len > o.seg.Size() {
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "range [%d,+%d) outside the segment", req.Offset, req.Len)
+	var pin ssd.CommitPin
+	var err error
+	if req.SourceNodeId == "" || req.SourceNodeId == o.opts.NodeID {
+		if req.Offset < 0 || req.Len <= 0 || req.Offset+req.Len > o.seg.Size() {
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "range [%d,+%d) outside the segment", req.Offset, req.Len)
+		}
+		pin, err = o.store.Persist(req.Key, req.PutId, o.seg.Bytes()[req.Offset:req.Offset+req.Len])
+	} else {
+		if c := o.store.Stats().CapacityBytes; req.Offset < 0 || req.Len <= 0 || req.Len > c {
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "persist of [%d,+%d) from node %q: this SSD tier holds %d bytes", req.Offset, req.Len, req.SourceNodeId, c)
+		}
+		f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
+		ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
+		pin, err = o.store.PersistFrom(req.Key, req.PutId, req.Len, func(dst []byte) error {
+			return o.puller.Pull(ctx, req.SourceDataAddr, f, req.Offset, dst)
+		})
+		cancel()
 	}
-	pin, err := o.store.Persist(req.Key, req.PutId, o.seg.Bytes()[req.Offset:req.Offset+req.Len])
 	if err != nil {
 		return errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
 	}

@@ -1,36 +1,390 @@
 package daemon
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/fluxkv/fluxkv/daemon/transfer"
+	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
-// stageRead serves another owner's refill from this owner's SSD (DESIGN §10, "SSD
-// pool"): it reads key@put_id into the staging range the master allocated in this
-// segment, verified like every SSD read, and answers once the whole value is staged;
-// the requester then pulls it over the data plane (fence: this incarnation and the get
-// id) into its own target. A failed or corrupt read answers an error code: the
-// requester revokes with drop_ssd_source.
+// The shape of a remote SSD refill (peer.thrift SsdStageRead).
+const (
+	stageChunk = peer.STAGE_CHUNK_BYTES
+	// stageSessionSlots bounds one refill's staging: its reads in flight plus the read
+	// chunks waiting for their pull.
+	stageSessionSlots = peer.STAGE_READS_IN_FLIGHT + peer.STAGE_READY_CHUNKS
+
+	// stageSessionWait is how long a staged pull waits for its SsdStageRead to arrive
+	// (the requester sends the call first, but they race over two connections).
+	stageSessionWait = 2 * time.Second
+	// stageChunkWait bounds a staged pull's wait for its chunk to be read; under the
+	// puller's StagedReplyTimeout (5s), so the puller hears why.
+	stageChunkWait = 4 * time.Second
+	// stageUnpulled fails a refill whose read chunk waited this long for its pull: the
+	// requester is gone or stuck, and the slots go back.
+	stageUnpulled = 3 * time.Second
+	// stageBase and stageRate make a refill's deadline proportional to its length.
+	stageBase = 5 * time.Second
+	stageRate = 32 << 20 // bytes per second, a floor far below any disk's
+)
+
+// stageDeadline is how long a remote SSD refill of n bytes may take, end to end.
+func stageDeadline(n int64) time.Duration {
+	return stageBase + time.Duration(n)*time.Second/stageRate
+}
+
+// errStageEnded answers the staged pulls of a refill that ended (failed, timed out,
+// or the owner is stopping).
+var errStageEnded = errors.New("staged refill ended")
+
+// stager serves other owners' refills from this owner's SSD (DESIGN §10 "SSD pool"):
+// each SsdStageRead is a session that reads the value in 4 MiB chunks into slots of a
+// fixed staging area of this process's own memory (not the segment: the master never
+// allocates or frees it, so no write can land in a range it reused), at most 4 reads
+// in flight and 12 slots per session, and hands each read chunk to the requester's
+// staged pull (transfer.Fence.Staged), which gives the slot back.
+type stager struct {
+	o       *Owner
+	metrics *metrics.Stage
+
+	mu       sync.Mutex
+	mem      []byte // mapped on first use: slots × stageChunk
+	free     []int  // free slot indexes
+	sessions map[int64]*stageSession
+	changed  chan struct{} // closed and replaced when sessions or free change
+	closed   bool
+}
+
+func newStager(o *Owner, slots int) *stager {
+	st := &stager{o: o, metrics: o.opts.Metrics.Stage(), sessions: make(map[int64]*stageSession), changed: make(chan struct{})}
+	st.free = make([]int, slots)
+	for i := range st.free {
+		st.free[i] = slots - 1 - i
+	}
+	return st
+}
+
+// broadcastLocked wakes everything waiting on st.changed.
+func (st *stager) broadcastLocked() {
+	close(st.changed)
+	st.changed = make(chan struct{})
+}
+
+// close ends every session and unmaps the staging area once they are gone.
+func (st *stager) close() {
+	st.mu.Lock()
+	st.closed = true
+	for _, s := range st.sessions {
+		s.failLocked(fmt.Errorf("%w: the owner is stopping", errStageEnded))
+	}
+	st.broadcastLocked()
+	for len(st.sessions) > 0 {
+		ch := st.changed
+		st.mu.Unlock()
+		<-ch
+		st.mu.Lock()
+	}
+	if st.mem != nil && len(st.free) == cap(st.free) {
+		unix.Munmap(st.mem)
+		st.mem = nil
+	}
+	st.mu.Unlock()
+}
+
+// stageSession is one refill being staged.
+type stageSession struct {
+	st     *stager
+	getID  int64
+	key    string
+	n      int64
+	chunks []stagedChunk
+	held   int   // slots held
+	reads  int   // chunks taken and not yet read
+	served int   // chunks whose pull ended
+	err    error // set once the session failed or ended
+	cancel context.CancelCauseFunc
+	freed  chan struct{} // ssd.Slots.Freed: signalled when a slot may be free
+}
+
+type stagedChunk struct {
+	slot    int // -1: none
+	ready   bool
+	serving bool
+	done    bool
+	readyAt time.Time
+}
+
+// begin registers a session for req.
+func (st *stager) begin(req *peer.SsdStageReadRequest, cancel context.CancelCauseFunc) (*stageSession, error) {
+	s := &stageSession{st: st, getID: req.GetId, key: req.Key, n: req.Len, cancel: cancel, freed: make(chan struct{}, 1),
+		chunks: make([]stagedChunk, (req.Len+stageChunk-1)/stageChunk)}
+	for i := range s.chunks {
+		s.chunks[i].slot = -1
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case st.closed:
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "node %q is stopping", st.o.opts.NodeID)
+	case st.sessions[req.GetId] != nil:
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "get %d is already being staged", req.GetId)
+	}
+	if st.mem == nil {
+		mem, err := unix.Mmap(-1, 0, cap(st.free)*stageChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			return nil, errCode(common.ErrorCode_UNAVAILABLE, "staging area of %d bytes: %v", cap(st.free)*stageChunk, err)
+		}
+		st.mem = mem
+	}
+	st.sessions[req.GetId] = s
+	st.broadcastLocked()
+	return s, nil
+}
+
+// end unregisters s and gives back its slots, except those a pull is sending (their
+// release gives them back).
+func (st *stager) end(s *stageSession, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err == nil {
+		err = fmt.Errorf("%w: get %d completed", errStageEnded, s.getID)
+	}
+	s.failLocked(err)
+	for i := range s.chunks {
+		if c := &s.chunks[i]; c.slot >= 0 && !c.serving {
+			s.freeSlotLocked(c)
+		}
+	}
+	delete(st.sessions, s.getID)
+	st.broadcastLocked()
+}
+
+// failLocked records the session's end: waiting and later pulls get err.
+func (s *stageSession) failLocked(err error) {
+	if s.err == nil {
+		s.err = err
+		s.cancel(err)
+	}
+}
+
+func (s *stageSession) freeSlotLocked(c *stagedChunk) {
+	s.st.free = append(s.st.free, c.slot)
+	c.slot = -1
+	s.held--
+	s.st.metrics.Slots(-1)
+	for _, o := range s.st.sessions { // any session may be waiting for a slot
+		select {
+		case o.freed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Take implements ssd.Slots: a free slot for chunk i while the session holds fewer
+// than stageSessionSlots.
+func (s *stageSession) Take(i int, n int64) []byte {
+	st := s.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if s.err != nil || s.held >= stageSessionSlots || len(st.free) == 0 || n > stageChunk {
+		return nil
+	}
+	slot := st.free[len(st.free)-1]
+	st.free = st.free[:len(st.free)-1]
+	s.chunks[i].slot = slot
+	s.held++
+	s.reads++
+	st.metrics.Slots(1)
+	st.metrics.Reads(s.reads)
+	off := slot * stageChunk
+	return st.mem[off : off+stageChunk : off+stageChunk]
+}
+
+// Freed implements ssd.Slots.
+func (s *stageSession) Freed() <-chan struct{} { return s.freed }
+
+// deliver marks chunk i read (provisionally: the CRC is checked after the last one).
+func (s *stageSession) deliver(i int, _, _ int64, _ []byte) error {
+	st := s.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	s.reads--
+	s.chunks[i].ready, s.chunks[i].readyAt = true, time.Now()
+	st.broadcastLocked()
+	return s.err
+}
+
+// stalled reports whether a read chunk has waited longer than stageUnpulled.
+func (s *stageSession) stalledLocked(now time.Time) bool {
+	for i := range s.chunks {
+		if c := &s.chunks[i]; c.ready && !c.serving && !c.done && now.Sub(c.readyAt) > stageUnpulled {
+			return true
+		}
+	}
+	return false
+}
+
+// open serves a staged pull (transfer.Fence.Staged) of the chunk at offset of the value
+// staged for get id: it waits for the session and the chunk, then lends the chunk's
+// slot until the pull has sent it.
+func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
+	start := time.Now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for {
+		s := st.sessions[getID]
+		var wait time.Duration
+		switch {
+		case st.closed:
+			return nil, nil, fmt.Errorf("%w: node %q is stopping", errStageEnded, st.o.opts.NodeID)
+		case s == nil:
+			wait = stageSessionWait - time.Since(start)
+			if wait <= 0 {
+				return nil, nil, fmt.Errorf("%w: no refill of get %d is being staged here", transfer.ErrFenced, getID)
+			}
+		default:
+			i := offset / stageChunk
+			if offset%stageChunk != 0 || i >= int64(len(s.chunks)) || length != min(stageChunk, s.n-offset) {
+				return nil, nil, fmt.Errorf("%w: [%d,+%d) is not a chunk of the %d-byte value staged for get %d", transfer.ErrFenced, offset, length, s.n, getID)
+			}
+			c := &s.chunks[i]
+			switch {
+			case c.serving || c.done:
+				return nil, nil, fmt.Errorf("%w: chunk %d of get %d was already pulled", transfer.ErrFenced, i, getID)
+			case s.err != nil:
+				return nil, nil, s.err
+			case c.ready:
+				c.serving = true
+				off := c.slot * stageChunk
+				return st.mem[off : off+int(length)], func() { st.served(s, c) }, nil
+			}
+			wait = stageChunkWait - time.Since(start)
+			if wait <= 0 {
+				return nil, nil, fmt.Errorf("%w: chunk %d of get %d not read from SSD within %v", errStageEnded, i, getID, stageChunkWait)
+			}
+		}
+		ch := st.changed
+		st.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+		st.mu.Lock()
+	}
+}
+
+// served gives back the slot of a chunk whose pull ended.
+func (st *stager) served(s *stageSession, c *stagedChunk) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	c.serving, c.done = false, true
+	s.served++
+	s.freeSlotLocked(c)
+	st.broadcastLocked()
+}
+
+// stageRead serves another owner's refill from this owner's SSD: it reads key@put_id
+// chunk by chunk into staging slots while the requester pulls them, and answers once
+// every chunk was pulled and the value verified. A failed or corrupt read answers an
+// error code: the requester revokes with drop_ssd_source.
 func (o *Owner) stageRead(req *peer.SsdStageReadRequest) error {
 	switch {
-	case o.store == nil:
+	case o.store == nil || o.stager == nil:
 		return errCode(common.ErrorCode_UNAVAILABLE, "node %q has no SSD tier", o.opts.NodeID)
 	case req.Generation != o.generation:
 		return errCode(common.ErrorCode_STALE_GENERATION, "stage read for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
-	case req.Len <= 0 || req.StageOffset < 0 || req.StageLen < ssd.AlignedLen(req.Len) || req.StageOffset > o.seg.Size()-req.StageLen:
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "stage [%d,+%d) cannot hold %d bytes inside the %d-byte segment", req.StageOffset, req.StageLen, req.Len, o.seg.Size())
+	case req.Len <= 0:
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes", req.Len)
 	}
-	dst := o.seg.Bytes()[req.StageOffset : req.StageOffset+req.StageLen]
-	err := o.store.LoadInto(req.Key, req.PutId, dst, req.Len)
+	if err := wire.ValidateKey(req.Key); err != nil {
+		return err
+	}
+	limit := stageDeadline(req.Len)
+	if d := time.Duration(req.DeadlineMs) * time.Millisecond; d > 0 && d < limit {
+		limit = d
+	}
+	base, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	ctx, cancelTimeout := context.WithTimeout(base, limit)
+	defer cancelTimeout()
+	s, err := o.stager.begin(req, cancel)
+	if err != nil {
+		return err
+	}
+	stopWatch := o.stager.watch(s)
+	err = o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, s, s.deliver)
 	if errors.Is(err, ssd.ErrCorrupt) {
 		o.opts.Metrics.SSDCorrupt()
 		o.log.Error().Err(err).Str("key", req.Key).Int64("put_id", req.PutId).Msg("corrupt SSD record dropped")
 	}
+	if err == nil {
+		err = o.stager.waitServed(ctx, s)
+	}
+	stopWatch()
+	o.stager.end(s, err)
 	if err != nil {
-		return errCode(common.ErrorCode_KEY_NOT_FOUND, "SSD read of %q put %d on node %q: %v", req.Key, req.PutId, o.opts.NodeID, err)
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		return errCode(common.ErrorCode_KEY_NOT_FOUND, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, o.opts.NodeID, err)
+	}
+	return nil
+}
+
+// watch fails s once a read chunk stays unpulled for stageUnpulled (the requester is
+// gone or stuck): its load stops and its slots go back. The returned func stops it.
+func (st *stager) watch(s *stageSession) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(stageUnpulled / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			st.mu.Lock()
+			if s.stalledLocked(time.Now()) {
+				s.failLocked(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
+				st.broadcastLocked()
+			}
+			st.mu.Unlock()
+		}
+	}()
+	return func() { close(done) }
+}
+
+// waitServed waits until every chunk of s was pulled, or s failed, or ctx ended.
+func (st *stager) waitServed(ctx context.Context, s *stageSession) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for s.served < len(s.chunks) {
+		if s.err != nil {
+			return s.err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", errStageEnded, context.Cause(ctx))
+		}
+		ch := st.changed
+		st.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		st.mu.Lock()
 	}
 	return nil
 }

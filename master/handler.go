@@ -104,8 +104,7 @@ func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.Ge
 	})
 	resp := &mp.GetStartResponse{GetId: p.GetID, PutId: p.PutID, Len: p.Len, Source: p.Source,
 		SourceNodeId: p.SourceNode, SourceGeneration: p.SourceGeneration, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
-		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, StageOffset: p.StageOffset,
-		StageLen: p.StageLen, Done: p.Done, HolderId: p.HolderID}
+		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, Done: p.Done, HolderId: p.HolderID}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

@@ -18,7 +18,6 @@ type inflightPut struct {
 	source         *Allocation // in the requester's transfer area; nil for a local put
 	deadline       time.Time
 	rejectIfExists bool
-	persistToSSD   bool // the target owner has SSD: PutDone asks it to persist
 	// pull is the PullPut the server is running for this put (between PutDone and
 	// PullDone); nil otherwise. While it runs the target owner may write the target,
 	// so nothing frees it: a revoke, an expiry or the requester's tomb only marks the
@@ -48,13 +47,13 @@ func (s *State) revokePutLocked(id int64, p *inflightPut) {
 }
 
 // inflightGet keeps a get's target (in the requester's segment) and its source (a
-// memory replica elsewhere, or SSD staging) alive between GetStart and GetDone/Revoke.
+// memory replica elsewhere) alive between GetStart and GetDone/Revoke.
 type inflightGet struct {
 	key        string
 	putID      int64
 	node       *node // requester
 	target     *Allocation
-	source     *Allocation // nil for a local SSD read
+	source     *Allocation // the remote memory replica pulled from; nil for an SSD refill
 	sourceNode *node
 	kind       common.Source
 	deadline   time.Time
@@ -118,8 +117,6 @@ type GetPlan struct {
 	SourceGeneration  int64 // the source incarnation a pull's fence names
 	SourceOffset      int64
 	TargetOffset      int64
-	StageOffset       int64
-	StageLen          int64
 	// Done: a local memory replica was reused; HolderID is recorded, no GetDone follows.
 	// For a refill from the requester's own SSD, HolderID is recorded too (Done stays
 	// false): the holder is usable once the read completes; GetDone only confirms.
@@ -184,13 +181,9 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 		n.holders[g.holderID] = target.Retain()
 		plan.HolderID = g.holderID
 	default:
-		stage := s.allocateLocked(src, roundUp(r.len, AllocGranule))
-		if stage == nil {
-			target.Release()
-			return GetPlan{}, noSpace(src, r.len)
-		}
-		g.source = stage
-		plan.StageOffset, plan.StageLen = stage.Offset(), stage.Size()
+		// A remote SSD refill: the source owner stages the value's chunks in a bounded
+		// area of its own memory, outside its pool (SsdStageRead), so nothing is
+		// allocated there and no late staging write can land in a reused range.
 	}
 	if src != n {
 		src.sourcing++

@@ -47,6 +47,9 @@ type node struct {
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.
 	sourcing int
+	// ssdPending is the bytes of SSD persists assigned to this owner and not ended:
+	// the SSD pool counts them as used until its next heartbeat catches up.
+	ssdPending int64
 }
 
 // NodeRef names an owner incarnation in a request.
@@ -205,7 +208,9 @@ func (s *State) tombLocked(n *node) {
 	}
 	for id, pp := range s.persists {
 		if pp.node == n {
-			delete(s.persists, id)
+			// The memory replica is gone: the persist (here or on the SSD pool's
+			// owner, whose pull now fails) cannot complete.
+			s.endPersistLocked(id, pp, false)
 			pp.alloc.Release()
 		}
 	}

@@ -14,38 +14,108 @@ import (
 )
 
 // pendingPersist keeps a fresh memory replica alive, out of the eviction policy, while
-// its owner writes it to SSD (DESIGN §4 put step 3): it cannot be evicted before it
-// reaches SSD, and its capacity stays reserved.
+// an owner writes it to SSD (DESIGN §4 put step 3): it cannot be evicted before it
+// reaches SSD, and its capacity stays reserved. ssdNode writes it: node itself when it
+// has SSD, else the SSD pool's choice, which pulls the bytes from node's segment.
 type pendingPersist struct {
-	key   string
-	node  *node
-	alloc *Allocation
+	key     string
+	node    *node
+	alloc   *Allocation
+	ssdNode *node
 }
 
-// PersistTask is an SsdReplicaPersist call for the server to make after PutDone.
+// PersistTask is an SsdReplicaPersist call for the server to make after PutDone: node
+// NodeID persists the value whose memory replica is at Offset of SourceNodeID's
+// segment (empty: its own).
 type PersistTask struct {
-	NodeID     string
-	PeerAddr   string
-	Generation int64
-	Key        string
-	PutID      int64
-	Offset     int64
-	Len        int64
+	NodeID           string
+	PeerAddr         string
+	Generation       int64
+	Key              string
+	PutID            int64
+	Offset           int64
+	Len              int64
+	SourceNodeID     string
+	SourceGeneration int64
+	SourceDataAddr   string
 }
+
+// persistCounts are the SSD persists the master asked one owner for (by node id, over
+// its incarnations) and those that ended without an SSD replica.
+type persistCounts struct{ asked, dropped int64 }
 
 // PersistDone ends a persist (whatever its outcome: a failed persist never undoes the
 // put): the replica, if it is still the key's current memory replica on that node,
-// enters the eviction policy.
-func (s *State) PersistDone(putID int64) {
+// enters the eviction policy. ok reports whether the owner persisted it.
+func (s *State) PersistDone(putID int64, ok bool) {
 	pp := s.persists[putID]
 	if pp == nil {
 		return
 	}
-	delete(s.persists, putID)
+	s.endPersistLocked(putID, pp, ok)
 	if r := s.routes[pp.key]; r != nil && r.putID == putID && r.memoryReplica(pp.node) == pp.alloc && !pp.node.tombed {
 		pp.node.policy.Insert(pp.key, pp.alloc.Size())
 	}
 	pp.alloc.Release()
+}
+
+// endPersistLocked forgets a pending persist and counts its outcome.
+func (s *State) endPersistLocked(putID int64, pp *pendingPersist, ok bool) {
+	delete(s.persists, putID)
+	pp.ssdNode.ssdPending -= pp.alloc.Len()
+	if !ok {
+		s.persistCount(pp.ssdNode.id).dropped++
+	}
+}
+
+func (s *State) persistCount(id string) *persistCounts {
+	c := s.persistStats[id]
+	if c == nil {
+		c = &persistCounts{}
+		s.persistStats[id] = c
+	}
+	return c
+}
+
+// persistNodeLocked chooses the owner that writes the SSD replica of a value whose
+// memory replica is on t (DESIGN §10 "SSD pool"): t itself when it has SSD, else the
+// live SSD-capable owner with the most free ring space (as its heartbeat reported it,
+// less the persists assigned to it since), ties by node id; nil when no owner has SSD
+// room for length bytes.
+func (s *State) persistNodeLocked(t *node, length int64) *node {
+	if t.ssd.Enabled {
+		return t
+	}
+	var best *node
+	var bestFree int64
+	for _, n := range s.nodes {
+		if n.tombed || !n.ssd.Enabled || n.ssd.CapacityBytes < length {
+			continue
+		}
+		free := n.ssd.CapacityBytes - n.ssd.UsedBytes - n.ssdPending
+		if best == nil || free > bestFree || (free == bestFree && n.id < best.id) {
+			best, bestFree = n, free
+		}
+	}
+	return best
+}
+
+// persistTaskLocked records a persist of key@putID, whose memory replica is a on t,
+// and returns the call for the server to make; nil when no owner can persist it.
+func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocation) *PersistTask {
+	sn := s.persistNodeLocked(t, a.Len())
+	if sn == nil {
+		return nil
+	}
+	s.persists[putID] = &pendingPersist{key: key, node: t, alloc: a.Retain(), ssdNode: sn}
+	sn.ssdPending += a.Len()
+	s.persistCount(sn.id).asked++
+	task := &PersistTask{NodeID: sn.id, PeerAddr: sn.peerAddr, Generation: sn.generation, Key: key, PutID: putID,
+		Offset: a.Offset(), Len: a.Len()}
+	if sn != t {
+		task.SourceNodeID, task.SourceGeneration, task.SourceDataAddr = t.id, t.generation, t.dataAddr
+	}
+	return task
 }
 
 // PendingPersists counts replicas waiting for their SSD persist.
@@ -231,7 +301,8 @@ func (p *persister) run(ctx context.Context, t *PersistTask) error {
 		return err
 	}
 	resp, err := c.SsdReplicaPersist(ctx, &peer.SsdReplicaPersistRequest{Key: t.Key, PutId: t.PutID,
-		Offset: t.Offset, Len: t.Len, Generation: t.Generation}, callOpts...)
+		Offset: t.Offset, Len: t.Len, Generation: t.Generation, SourceNodeId: t.SourceNodeID,
+		SourceGeneration: t.SourceGeneration, SourceDataAddr: t.SourceDataAddr}, callOpts...)
 	if err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, errNodeGone) || errors.Is(cause, errMasterStopping) {
 			return cause
@@ -248,7 +319,7 @@ func (p *persister) end(tasks []*PersistTask, err error) {
 	}
 	p.s.withState(func(st *State) error {
 		for _, t := range tasks {
-			st.PersistDone(t.PutID)
+			st.PersistDone(t.PutID, err == nil)
 		}
 		return nil
 	})

@@ -57,10 +57,10 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 	t := target.node
 	s.puts[id] = &inflightPut{
 		key: key, node: n, target: target, source: source, deadline: now.Add(s.opts.InflightTTL),
-		rejectIfExists: rejectIfExists, persistToSSD: t.ssd.Enabled,
+		rejectIfExists: rejectIfExists,
 	}
 	plan := PutPlan{PutID: id, TargetNode: t.id, TargetAddr: t.dataAddr,
-		TargetOffset: target.Offset(), SourceOffset: target.Offset(), PersistToSSD: t.ssd.Enabled}
+		TargetOffset: target.Offset(), SourceOffset: target.Offset(), PersistToSSD: s.persistNodeLocked(t, length) != nil}
 	if source != nil {
 		plan.SourceOffset = source.Offset()
 	}
@@ -254,7 +254,6 @@ func (s *State) replaceLocked(now time.Time, putID int64, p *inflightPut, cause 
 	p.target = nil
 	if t := s.placeAmongLocked(s.poolCandidatesLocked(now, p.node, p.source.Len(), p.failed), p.source.Len()); t != nil {
 		p.target = t
-		p.persistToSSD = t.node.ssd.Enabled
 		s.log.Info().Str("key", p.key).Int64("put_id", putID).Str("failed", failed.id).Str("target", t.node.id).Msg("pooled put placed again")
 		return PutResult{Pull: s.pullTaskLocked(putID, p)}, nil
 	}
@@ -300,11 +299,7 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica)}
 	s.routes[key] = r
 	var res PutResult
-	if p.persistToSSD {
-		s.persists[putID] = &pendingPersist{key: key, node: t, alloc: p.target.Retain()}
-		res.Persist = &PersistTask{NodeID: t.id, PeerAddr: t.peerAddr, Generation: t.generation, Key: key, PutID: putID,
-			Offset: p.target.Offset(), Len: p.target.Len()}
-	}
+	res.Persist = s.persistTaskLocked(key, putID, t, p.target)
 	s.setMemoryLocked(key, r, t, p.target, res.Persist == nil)
 	// Versions older than putID are dead everywhere; putID itself may already be
 	// cached (or persisted) by another owner that read it: keep that. The requester

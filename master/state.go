@@ -21,6 +21,8 @@ type State struct {
 	puts     map[int64]*inflightPut
 	gets     map[int64]*inflightGet
 	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	// persistStats counts persists per owner id (Members).
+	persistStats map[string]*persistCounts
 	// quarantine holds the targets of pulls whose answer never came (the call failed
 	// in transport): the target owner may still be writing them until its transfer
 	// deadline, so they are freed only after the pull timeout, or at its tomb.
@@ -32,14 +34,15 @@ type State struct {
 func NewState(opts Options) *State {
 	opts.setDefaults()
 	return &State{
-		opts:     opts,
-		log:      *opts.Logger,
-		nodes:    make(map[string]*node),
-		routes:   make(map[string]*route),
-		puts:     make(map[int64]*inflightPut),
-		gets:     make(map[int64]*inflightGet),
-		persists: make(map[int64]*pendingPersist),
-		nextID:   opts.IDBase,
+		opts:         opts,
+		log:          *opts.Logger,
+		nodes:        make(map[string]*node),
+		routes:       make(map[string]*route),
+		puts:         make(map[int64]*inflightPut),
+		gets:         make(map[int64]*inflightGet),
+		persists:     make(map[int64]*pendingPersist),
+		persistStats: make(map[string]*persistCounts),
+		nextID:       opts.IDBase,
 	}
 }
 
@@ -188,19 +191,29 @@ func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64) (int, error) {
 	return unknown, nil
 }
 
-// SsdReplicaCommit publishes an SSD replica only if the key still has that put_id, the
-// node still holds the memory replica and is live; a late or stale commit is ignored.
-// It reports whether the commit was published.
+// SsdReplicaCommit publishes an SSD replica only if the key still has that put_id and
+// the node is live and either still holds the memory replica or is the owner the SSD
+// pool chose for this put's persist (which is pending); a late or stale commit is
+// ignored. It reports whether the commit was published.
 func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (bool, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return false, err
 	}
 	r := s.routes[key]
-	if r == nil || r.putID != putID || r.memoryReplica(n) == nil || length != r.len {
+	if r == nil || r.putID != putID || length != r.len {
 		return false, nil
 	}
+	if r.memoryReplica(n) == nil {
+		if pp := s.persists[putID]; pp == nil || pp.ssdNode != n || pp.key != key {
+			return false, nil
+		}
+	}
 	rep := r.replicas[n]
+	if rep == nil {
+		rep = &replica{}
+		r.replicas[n] = rep
+	}
 	rep.ssd = true
 	rep.ssdLen = length
 	return true, nil
@@ -259,16 +272,18 @@ func (s *State) Members() []*common.MemberStat {
 	out := make([]*common.MemberStat, 0, len(s.nodes))
 	for _, n := range s.nodes {
 		out = append(out, &common.MemberStat{
-			NodeId:         n.id,
-			Generation:     n.generation,
-			MemorySegment:  &common.CapacityStat{CapacityBytes: n.alloc.Capacity(), UsedBytes: n.alloc.Used()},
-			KvSsd:          &common.CapacityStat{CapacityBytes: n.ssd.CapacityBytes, UsedBytes: n.ssd.UsedBytes},
-			Alive:          true,
-			DataAddr:       n.dataAddr,
-			PeerAddr:       n.peerAddr,
-			MemoryReplicas: int64(n.policy.Len()),
-			SsdReplicas:    s.ssdReplicasLocked(n),
-			Holders:        int64(len(n.holders)),
+			NodeId:             n.id,
+			Generation:         n.generation,
+			MemorySegment:      &common.CapacityStat{CapacityBytes: n.alloc.Capacity(), UsedBytes: n.alloc.Used()},
+			KvSsd:              &common.CapacityStat{CapacityBytes: n.ssd.CapacityBytes, UsedBytes: n.ssd.UsedBytes},
+			Alive:              true,
+			DataAddr:           n.dataAddr,
+			PeerAddr:           n.peerAddr,
+			MemoryReplicas:     int64(n.policy.Len()),
+			SsdReplicas:        s.ssdReplicasLocked(n),
+			Holders:            int64(len(n.holders)),
+			SsdPersists:        s.persistCount(n.id).asked,
+			SsdPersistsDropped: s.persistCount(n.id).dropped,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })

@@ -120,7 +120,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			}
 			pins = append(pins, p)
 		}
-		ssd := SSDInfo{Enabled: arg(d, "ssd") != "", CapacityBytes: argInt(d, "ssd")}
+		ssd := SSDInfo{Enabled: arg(d, "ssd") != "", CapacityBytes: argInt(d, "ssd"), UsedBytes: argInt(d, "ssdused")}
 		peer := "peer-" + arg(d, "node")
 		if a := arg(d, "addr"); a != "" {
 			peer = a
@@ -148,7 +148,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			return "", err
 		}
 		if res.Persist != nil {
-			st.PersistDone(res.Persist.PutID) // plain puts in scripts persist at once
+			st.PersistDone(res.Persist.PutID, true) // plain puts in scripts persist at once
 		}
 		return fmt.Sprintf("put_id=%d offset=%d%s%s\n", p.PutID, p.TargetOffset, where, fmtInv(res.Invalidations)), nil
 	case "put-done":
@@ -166,7 +166,8 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		st.opts.Placement = arg(d, "set")
 		return "ok\n", nil
 	case "persist-done":
-		st.PersistDone(argInt(d, "put"))
+		// persist-done put=N [failed]
+		st.PersistDone(argInt(d, "put"), arg(d, "failed") == "")
 		return "ok\n", nil
 	case "put-revoke":
 		return "ok\n", st.PutRevoke(nref(st, d), key, scriptPutID(st, d))
@@ -182,7 +183,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if p.Done {
 			return fmt.Sprintf("holder=%d offset=%d len=%d put_id=%d source=%s\n", p.HolderID, p.TargetOffset, p.Len, p.PutID, p.Source), nil
 		}
-		out := fmt.Sprintf("get_id=%d source=%s from=%s target=%d stage=%d+%d len=%d", p.GetID, p.Source, p.SourceNode, p.TargetOffset, p.StageOffset, p.StageLen, p.Len)
+		out := fmt.Sprintf("get_id=%d source=%s from=%s target=%d len=%d", p.GetID, p.Source, p.SourceNode, p.TargetOffset, p.Len)
 		if p.HolderID != 0 {
 			out += fmt.Sprintf(" holder=%d", p.HolderID)
 		}
@@ -238,7 +239,11 @@ func fmtPutResult(res PutResult) string {
 		t := res.Pull
 		return fmt.Sprintf("pull target=%s:%d+%d gen=%d from=%s:%d\n", t.TargetNode, t.TargetOffset, t.Len, t.TargetGeneration, t.SourceNode, t.SourceOffset)
 	case res.Persist != nil:
-		return fmt.Sprintf("ok persist=%s:%d+%d%s\n", res.Persist.NodeID, res.Persist.Offset, res.Persist.Len, fmtInv(res.Invalidations))
+		from := ""
+		if res.Persist.SourceNodeID != "" {
+			from = " from=" + res.Persist.SourceNodeID
+		}
+		return fmt.Sprintf("ok persist=%s:%d+%d%s%s\n", res.Persist.NodeID, res.Persist.Offset, res.Persist.Len, from, fmtInv(res.Invalidations))
 	}
 	return "ok" + fmtInv(res.Invalidations) + "\n"
 }
@@ -267,6 +272,10 @@ func dumpState(st *State) string {
 		fmt.Fprintf(&b, "node %s gen=%d used=%d/%d replicas=%d holders=%d", id, n.generation, n.alloc.Used(), n.alloc.Capacity(), n.policy.Len(), len(n.holders))
 		if n.xfer != nil {
 			fmt.Fprintf(&b, " xfer=%d/%d", n.xfer.Used(), n.xfer.Capacity())
+		}
+		if n.ssd.Enabled {
+			c := st.persistCount(id)
+			fmt.Fprintf(&b, " ssd_pending=%d persists=%d dropped=%d", n.ssdPending, c.asked, c.dropped)
 		}
 		b.WriteString("\n")
 	}

@@ -48,6 +48,9 @@ type Metrics struct {
 	byOp sync.Map
 	// inflightByOp caches the in-flight gauge child of each op: string → prometheus.Gauge.
 	inflightByOp sync.Map
+
+	stageOnce sync.Once
+	stage     *Stage
 }
 
 type opKey struct{ op, result string }

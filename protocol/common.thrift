@@ -39,6 +39,11 @@ struct MemberStat {
   8: i64 memory_replicas,
   9: i64 ssd_replicas,
   10: i64 holders,
+  // SSD persists the master asked this owner for since it started (its own replicas and
+  // the SSD pool's), and those that ended without an SSD replica (failed, queue full,
+  // owner gone): a dropped persist leaves the value memory-only.
+  11: i64 ssd_persists,
+  12: i64 ssd_persists_dropped,
 }
 
 struct KeyVersion {

@@ -119,7 +119,9 @@ struct GetStartRequest {
 
 // When done is true the get needed no transfer (a local memory replica was reused) and
 // holder_id is already recorded: no GetDone follows. Otherwise the requester moves the
-// bytes into target_offset as source says, then calls GetDone (or GetRevoke).
+// bytes into target_offset as source says, then calls GetDone (or GetRevoke). A remote
+// SSD source stages the value in its own memory (peer SsdStageRead): stage_offset and
+// stage_len are unused (0).
 struct GetStartResponse {
   1: common.ErrorCode code,
   2: string message,

@@ -5,14 +5,20 @@ namespace py fluxkv._gen.peer
 
 include "common.thrift"
 
-// Persist len bytes at offset of the owner's segment (the memory replica of key@put_id)
-// to the local SSD ring, then commit with master SsdReplicaCommit.
+// Persist the value key@put_id (len bytes) to the local SSD ring, then commit with master
+// SsdReplicaCommit. Its memory replica is at offset of source_node_id's segment: this
+// owner's own (source_node_id empty or this node), or another owner's (the SSD pool,
+// DESIGN §10), which this owner pulls over the data plane first (fence: source_generation
+// and put_id, which the master retains the replica for until this call ends).
 struct SsdReplicaPersistRequest {
   1: string key,
   2: i64 put_id,
   3: i64 offset,
   4: i64 len,
   5: i64 generation,
+  6: string source_node_id,
+  7: i64 source_generation,
+  8: string source_data_addr,
 }
 
 struct SsdReplicaPersistResponse {
@@ -21,12 +27,16 @@ struct SsdReplicaPersistResponse {
 }
 
 // A remote SSD refill (DESIGN §10: pull only). The requester asks the SSD owner to read
-// key@put_id from its SSD into the staging range the master allocated in the SSD
-// owner's segment; the SSD owner answers once the value is staged and verified (an
-// error code: the read failed, the requester revokes with drop_ssd_source). The
-// requester then pulls the staging range over the data plane (fence: the SSD owner's
-// generation and get_id) into target_offset of its own segment and calls GetDone.
-// target_* name the requester for logs; done_* are unused (0).
+// key@put_id (len bytes) from its SSD in STAGE_CHUNK_BYTES chunks into a bounded staging
+// area of its own memory (STAGE_READS_IN_FLIGHT reads in flight, STAGE_READY_CHUNKS read
+// chunks waiting); meanwhile the requester pulls each chunk over the data plane (op
+// PULL_STAGED: fence generation and get_id, offset = the chunk's offset in the value) into
+// target_offset of its own segment, at most STAGE_PULLS_IN_FLIGHT at once. The call
+// answers once every chunk was served and the value verified (its CRC is known only after
+// the last chunk), or failed: an error code means the read failed and the requester
+// revokes with drop_ssd_source. The SSD owner gives up after deadline_ms (the requester's
+// deadline, proportional to len) or when a read chunk waits unpulled for too long.
+// target_* name the requester for logs; stage_offset, stage_len and done_* are unused (0).
 struct SsdStageReadRequest {
   1: string key,
   2: i64 put_id,
@@ -38,7 +48,14 @@ struct SsdStageReadRequest {
   8: i64 target_offset,
   9: i64 len,
   10: i64 generation,
+  11: i64 deadline_ms,
 }
+
+// The shape of a remote SSD refill (SsdStageRead).
+const i64 STAGE_CHUNK_BYTES = 4194304
+const i32 STAGE_READS_IN_FLIGHT = 4
+const i32 STAGE_READY_CHUNKS = 8
+const i32 STAGE_PULLS_IN_FLIGHT = 4
 
 struct SsdStageReadResponse {
   1: common.ErrorCode code,

@@ -1,6 +1,8 @@
 package ssd
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -180,16 +182,35 @@ func (c CommitPin) Release() {
 // writing), ErrTooLarge, ErrBusy, ErrClosed, or a wrapped IO error; on any error no
 // entry for (key, putID) is readable.
 func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error) {
-	if key == "" || len(src) == 0 || len(key) > MaxRecordKey {
-		return CommitPin{}, fmt.Errorf("ssd persist %.64q: key of %d bytes (1..%d), value of %d bytes: empty or too long", key, len(key), MaxRecordKey, len(src))
+	return s.PersistFrom(key, putID, int64(len(src)), func(dst []byte) error {
+		copy(dst, src)
+		return nil
+	})
+}
+
+// PersistFrom is Persist of a length-byte value that fill writes into the record's
+// buffer (all of dst, len(dst) == length): a value pulled from another owner lands
+// there without an intermediate copy. An error from fill aborts the persist before
+// anything is reserved on the ring.
+func (s *Storage) PersistFrom(key string, putID, length int64, fill func(dst []byte) error) (CommitPin, error) {
+	if key == "" || length <= 0 || len(key) > MaxRecordKey {
+		return CommitPin{}, fmt.Errorf("ssd persist %.64q: key of %d bytes (1..%d), value of %d bytes: empty or too long", key, len(key), MaxRecordKey, length)
 	}
 	if !s.enter() {
 		return CommitPin{}, ErrClosed
 	}
 	defer s.leave()
-	length := int64(len(src))
 	hdr := headerSize(len(key))
 	size := hdr + alignUp(length)
+	// Filled before taking a writer's turn: a slow fill (a pull) holds up no other persist.
+	buf := getBuf(int(size))
+	defer putBuf(buf) // the write below completed (or never started) by then
+	value := buf[hdr : hdr+length]
+	if err := fill(value); err != nil {
+		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %w", key, putID, err)
+	}
+	clear(buf[hdr+length:]) // padding is zero and stays in the owner
+	crc := crc32.Checksum(value, castagnoli)
 	d, err := s.pickDevice(size)
 	if err != nil {
 		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", key, putID, size, err)
@@ -203,12 +224,6 @@ func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error
 		return CommitPin{}, ErrClosed
 	}
 	defer func() { <-d.writeSlots }()
-
-	buf := getBuf(int(size))
-	defer putBuf(buf) // the write below completed (or never started) by then
-	copy(buf[hdr:], src)
-	clear(buf[hdr+length:]) // padding is zero and stays in the owner
-	crc := crc32.Checksum(src, castagnoli)
 
 	e, err := s.reserve(d, key, putID, length, size)
 	if err != nil {
@@ -415,6 +430,62 @@ func (s *Storage) LoadChunks(key string, putID int64, dst []byte, n int64, fn fu
 	if n <= 0 || int64(len(dst)) < n {
 		return fmt.Errorf("ssd load %q put %d: %d bytes into a %d-byte buffer", key, putID, n, len(dst))
 	}
+	into := chunkDest{
+		// dst[off:] keeps dst's capacity: the chunk is read straight into it when aligned.
+		take: func(_ int, off, _ int64) []byte { return dst[off:] },
+	}
+	if fn != nil {
+		into.deliver = func(_ int, off, n int64, _ []byte) error { return fn(off, n) }
+	}
+	return s.load(context.Background(), key, putID, n, into)
+}
+
+// Slots lends a staged load (LoadStaged) the buffers its chunks are read into: a
+// bounded set the caller recycles, so a value of any size is staged in a fixed amount
+// of memory.
+type Slots interface {
+	// Take returns the buffer chunk i (n bytes) is read into, or nil when none is free
+	// now. A buffer that is 512-aligned with capacity ≥ AlignedLen(n) is read into
+	// directly; any other goes through a scratch buffer.
+	Take(i int, n int64) []byte
+	// Freed is signalled whenever a buffer may have been given back: a load waiting
+	// for one tries Take again.
+	Freed() <-chan struct{}
+}
+
+// LoadStaged is LoadChunks in chunkSize pieces (a multiple of Align; the caller's
+// protocol fixes it, not Options.ChunkSize) into buffers lent by slots instead of one
+// contiguous destination: chunk i is read into slots.Take(i, n) (waiting on slots.Freed while
+// none is free, so at most ChunkInflight reads are in flight and the caller bounds
+// the rest), then fn(i, off, n, buf) hands it over, in order. The bytes are
+// provisional until LoadStaged returns nil (the value's CRC is checked after the
+// last chunk). ctx ends a load waiting for a buffer; no IO is in flight when it
+// returns.
+func (s *Storage) LoadStaged(ctx context.Context, key string, putID int64, n, chunkSize int64, slots Slots,
+	fn func(i int, off, n int64, buf []byte) error) error {
+	if n <= 0 || chunkSize <= 0 || chunkSize%Align != 0 || chunkSize > maxIOSize {
+		return fmt.Errorf("ssd load %q put %d: %d bytes in chunks of %d", key, putID, n, chunkSize)
+	}
+	return s.load(ctx, key, putID, n, chunkDest{
+		size:    chunkSize,
+		take:    func(i int, _, n int64) []byte { return slots.Take(i, n) },
+		freed:   slots.Freed(),
+		deliver: fn,
+	})
+}
+
+// chunkDest is where a load puts its chunks: take returns chunk i's destination (nil:
+// none free, wait on freed), deliver hands a completed chunk over (may be nil).
+type chunkDest struct {
+	size    int64 // chunk size; 0: Options.ChunkSize
+	take    func(i int, off, n int64) []byte
+	freed   <-chan struct{}
+	deliver func(i int, off, n int64, buf []byte) error
+}
+
+// load finds the entry, takes a place in its device's reader queue and pins the
+// entry's range against the ring's tail while the chunks are read.
+func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, into chunkDest) error {
 	if !s.enter() {
 		return ErrClosed
 	}
@@ -432,6 +503,8 @@ func (s *Storage) LoadChunks(key string, putID int64, dst []byte, n int64, fn fu
 	case d.readSlots <- struct{}{}:
 	case <-s.closing:
 		return ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ctx.Err())
 	}
 	defer func() { <-d.readSlots }()
 
@@ -450,11 +523,12 @@ func (s *Storage) LoadChunks(key string, putID int64, dst []byte, n int64, fn fu
 	if e.length != n {
 		return fmt.Errorf("ssd load %q put %d: stored %d bytes, asked for %d", key, putID, e.length, n)
 	}
-	return s.readChunks(e, dst, n, fn)
+	return s.readChunks(ctx, e, n, into)
 }
 
 type chunkRead struct {
 	off, n  int64
+	dst     []byte // the chunk's n-byte destination
 	scratch []byte // nil for a direct read
 	done    bool
 }
@@ -465,11 +539,11 @@ const headerTag = -1
 // readChunks runs one load: the value's chunks, the first one read together with the
 // record header (unless SkipVerify) in one vectored IO, delivered in order once the
 // header checked out.
-func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64) error) error {
+func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkDest) error {
 	sh := e.shard
 	start := sh.fileOffset(e)
 	base := start + headerSize(len(e.key)) // the value's first byte
-	size := s.opts.ChunkSize
+	size := cmp.Or(into.size, s.opts.ChunkSize)
 	chunks := make([]chunkRead, (n+size-1)/size)
 	done := make(chan *Request, s.opts.ChunkInflight+1)
 	verify := !s.opts.SkipVerify
@@ -497,9 +571,14 @@ func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64
 			c := &chunks[next]
 			c.off = int64(next) * size
 			c.n = min(size, n-c.off)
+			target := into.take(next, c.off, c.n)
+			if target == nil {
+				break // no buffer free: wait for one (or for a read to complete)
+			}
+			c.dst = target[:c.n]
 			ioLen := alignUp(c.n)
 			var buf []byte
-			if target := dst[c.off:]; isAligned(target) && int64(cap(target)) >= ioLen {
+			if isAligned(target) && int64(cap(target)) >= ioLen {
 				buf = target[:ioLen:ioLen]
 				s.directReads.Add(1)
 			} else {
@@ -522,9 +601,25 @@ func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64
 			inflight++
 		}
 		if inflight == 0 {
-			break
+			if firstErr != nil || next == len(chunks) {
+				break
+			}
+			// Nothing in flight and no buffer free: wait for one.
+			select {
+			case <-into.freed:
+			case <-ctx.Done():
+				firstErr = fmt.Errorf("ssd load %q put %d: waiting for a buffer: %w", e.key, e.putID, ctx.Err())
+			case <-s.closing:
+				firstErr = ErrClosed
+			}
+			continue
 		}
-		req := <-done
+		var req *Request
+		select {
+		case req = <-done:
+		case <-into.freed:
+			continue // a buffer came back: submit the next chunk while these run
+		}
 		inflight--
 		var ioErr error
 		if req.Err != nil {
@@ -550,7 +645,7 @@ func (s *Storage) readChunks(e *entry, dst []byte, n int64, fn func(off, n int64
 			}
 		}
 		for firstErr == nil && v.checked && deliver < next && chunks[deliver].done {
-			firstErr = s.deliver(e, dst, &chunks[deliver], &v, fn)
+			firstErr = s.deliver(e, deliver, &chunks[deliver], &v, into.deliver)
 			deliver++
 		}
 	}
@@ -636,7 +731,7 @@ func (s *Storage) corrupt(e *entry, why error) error {
 // deliver publishes one completed chunk: re-check that the tail did not pass the
 // entry while the IO ran, copy real bytes out of scratch, fold them into the CRC,
 // then hand them to fn.
-func (s *Storage) deliver(e *entry, dst []byte, c *chunkRead, v *verifier, fn func(off, n int64) error) error {
+func (s *Storage) deliver(e *entry, i int, c *chunkRead, v *verifier, fn func(i int, off, n int64, buf []byte) error) error {
 	s.mu.Lock()
 	overtaken := e.shard.ring.overtaken(e)
 	if overtaken {
@@ -645,7 +740,7 @@ func (s *Storage) deliver(e *entry, dst []byte, c *chunkRead, v *verifier, fn fu
 	s.mu.Unlock()
 	if c.scratch != nil {
 		if !overtaken {
-			copy(dst[c.off:c.off+c.n], c.scratch[:c.n])
+			copy(c.dst, c.scratch[:c.n])
 		}
 		putBuf(c.scratch)
 		c.scratch = nil
@@ -653,9 +748,9 @@ func (s *Storage) deliver(e *entry, dst []byte, c *chunkRead, v *verifier, fn fu
 	if overtaken {
 		return fmt.Errorf("ssd load %q put %d: range overtaken during the read: %w", e.key, e.putID, ErrNotFound)
 	}
-	v.add(dst[c.off : c.off+c.n])
+	v.add(c.dst)
 	if fn != nil {
-		if err := fn(c.off, c.n); err != nil {
+		if err := fn(i, c.off, c.n, c.dst); err != nil {
 			return err
 		}
 	}

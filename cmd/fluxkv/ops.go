@@ -172,6 +172,10 @@ type memberJSON struct {
 	MemoryReplicas int64        `json:"memory_replicas"`
 	SsdReplicas    int64        `json:"ssd_replicas"`
 	Holders        int64        `json:"holders"`
+	// SsdPersists and SsdPersistsDropped: SSD persists the master asked this owner
+	// for, and those that left the value memory-only.
+	SsdPersists        int64 `json:"ssd_persists"`
+	SsdPersistsDropped int64 `json:"ssd_persists_dropped"`
 }
 
 type statusJSON struct {
@@ -190,7 +194,8 @@ func statusCommand() *cli.Command {
 			out := statusJSON{Members: []memberJSON{}, Keys: st.Keys}
 			for _, m := range st.Members {
 				mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
-					MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders}
+					MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders,
+					SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped}
 				if m.MemorySegment != nil {
 					mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
 				}

@@ -29,6 +29,9 @@ type ClientOptions struct {
 	Secrets *auth.Secrets
 	// ProgressTimeout fails a pull when no byte arrives for this long. Default 1s.
 	ProgressTimeout time.Duration
+	// StagedReplyTimeout bounds the wait for the reply to a staged pull (Fence.Staged),
+	// which the source sends once it has read the chunk from its SSD. Default 5s.
+	StagedReplyTimeout time.Duration
 	// UserTimeout is TCP_USER_TIMEOUT on each connection. Default 2s.
 	UserTimeout time.Duration
 	// MaxIdlePerPeer caps the pooled idle connections per peer address. Default 4.
@@ -51,6 +54,9 @@ type ClientOptions struct {
 func (o *ClientOptions) fill() {
 	if o.ProgressTimeout <= 0 {
 		o.ProgressTimeout = time.Second
+	}
+	if o.StagedReplyTimeout <= 0 {
+		o.StagedReplyTimeout = 5 * time.Second
 	}
 	if o.UserTimeout <= 0 {
 		o.UserTimeout = 2 * time.Second
@@ -220,13 +226,17 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 	}
 
 	var hb [maxRequestLen]byte
-	req := appendRequest(hb[:0], request{op: opPull, fence: f, offset: offset, length: int64(len(dst))})
+	op, replyWait := byte(opPull), c.opts.ProgressTimeout
+	if f.Staged {
+		op, replyWait = opPullStaged, c.opts.StagedReplyTimeout // the source reads the chunk first
+	}
+	req := appendRequest(hb[:0], request{op: op, fence: f, offset: offset, length: int64(len(dst))})
 	tc.SetWriteDeadline(time.Now().Add(c.opts.ProgressTimeout))
 	if _, err := tc.Write(req); err != nil {
 		return ioFail("sending the request", 0, err)
 	}
 	var rh [responseFixedLen + maxMessageBytes]byte
-	tc.SetReadDeadline(time.Now().Add(c.opts.ProgressTimeout))
+	tc.SetReadDeadline(time.Now().Add(replyWait))
 	if n, err := io.ReadFull(tc, rh[:responseFixedLen]); err != nil {
 		res.started = n > 0
 		return ioFail("reading the reply", 0, err)

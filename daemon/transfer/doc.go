@@ -16,7 +16,7 @@
 // sends requests, one at a time, each answered before the next, and the connection is
 // pooled per peer address for the next pull. Integers are big-endian:
 //
-//	request  (40 + n bytes): magic "FXKD" | version 1 | op (1 = PULL) | node id length n (2; 1..256)
+//	request  (40 + n bytes): magic "FXKD" | version 1 | op (1 = PULL, 2 = PULL_STAGED) | node id length n (2; 1..256)
 //	                         | transfer id (8) | source generation (8) | offset (8) | length (8) | node id (n)
 //	response (16 + m bytes): magic "FXKD" | version 1 | status (1) | message length m (2; ≤ 256)
 //	                         | length (8) | message (m)

@@ -10,6 +10,10 @@ type Fence struct {
 	SourceNode       string
 	SourceGeneration int64
 	TransferID       int64 // the master's get id (or put id) the source range is retained for
+	// Staged: the pull's offset is in the value the source is staging for TransferID
+	// (a remote SSD refill, read from its SSD chunk by chunk), not in its segment; the
+	// source answers once that chunk is read.
+	Staged bool
 }
 
 // Source is the serving owner's side: it checks the fence and returns the bytes of its

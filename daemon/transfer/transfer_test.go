@@ -98,9 +98,9 @@ func TestFenced(t *testing.T) {
 		f      Fence
 		off, n int64
 	}{
-		{"generation", Fence{good.SourceNode, good.SourceGeneration + 1, good.TransferID}, 1000, 5000},
-		{"node", Fence{"node-b", good.SourceGeneration, good.TransferID}, 1000, 5000},
-		{"transfer", Fence{good.SourceNode, good.SourceGeneration, 6}, 1000, 5000},
+		{"generation", Fence{SourceNode: good.SourceNode, SourceGeneration: good.SourceGeneration + 1, TransferID: good.TransferID}, 1000, 5000},
+		{"node", Fence{SourceNode: "node-b", SourceGeneration: good.SourceGeneration, TransferID: good.TransferID}, 1000, 5000},
+		{"transfer", Fence{SourceNode: good.SourceNode, SourceGeneration: good.SourceGeneration, TransferID: 6}, 1000, 5000},
 		{"range before", good, 999, 10},
 		{"range after", good, 5000, 1001},
 		{"beyond the segment", good, mib - 1, 100},

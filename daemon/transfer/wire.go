@@ -13,7 +13,8 @@ const (
 	frameMagic   = "FXKD"
 	frameVersion = 1
 
-	opPull = 1
+	opPull       = 1
+	opPullStaged = 2 // Fence.Staged
 
 	// requestFixedLen is the request header without the node id.
 	requestFixedLen = len(frameMagic) + 1 + 1 + 2 + 4*8
@@ -83,7 +84,7 @@ func parseRequestFixed(h []byte) (nodeLen int, err error) {
 	if v := h[len(frameMagic)]; v != frameVersion {
 		return 0, fmt.Errorf("%w: data-plane version %d, this node speaks %d: run the same fluxkv release on both", errBadRequest, v, frameVersion)
 	}
-	if op := h[len(frameMagic)+1]; op != opPull {
+	if op := h[len(frameMagic)+1]; op != opPull && op != opPullStaged {
 		return 0, fmt.Errorf("%w: unknown op %d", errBadRequest, op)
 	}
 	n := int(binary.BigEndian.Uint16(h[len(frameMagic)+2:]))
@@ -111,6 +112,7 @@ func parseRequest(h []byte) (request, error) {
 			TransferID:       int64(binary.BigEndian.Uint64(p[0:])),
 			SourceGeneration: int64(binary.BigEndian.Uint64(p[8:])),
 			SourceNode:       string(h[requestFixedLen:]),
+			Staged:           h[len(frameMagic)+1] == opPullStaged,
 		},
 		offset: int64(binary.BigEndian.Uint64(p[16:])),
 		length: int64(binary.BigEndian.Uint64(p[24:])),

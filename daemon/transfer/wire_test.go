@@ -10,8 +10,9 @@ import (
 
 func TestRequestRoundTrip(t *testing.T) {
 	for _, r := range []request{
-		{op: opPull, fence: Fence{"a", 1, 2}, offset: 0, length: 1},
-		{op: opPull, fence: Fence{strings.Repeat("n", wire.MaxNodeIDBytes), -5, 1 << 62}, offset: 1 << 40, length: 16<<20 + 1},
+		{op: opPull, fence: Fence{SourceNode: "a", SourceGeneration: 1, TransferID: 2}, offset: 0, length: 1},
+		{op: opPullStaged, fence: Fence{SourceNode: "s", SourceGeneration: 3, TransferID: 9, Staged: true}, offset: 4 << 20, length: 4 << 20},
+		{op: opPull, fence: Fence{SourceNode: strings.Repeat("n", wire.MaxNodeIDBytes), SourceGeneration: -5, TransferID: 1 << 62}, offset: 1 << 40, length: 16<<20 + 1},
 	} {
 		b := appendRequest(nil, r)
 		if len(b) > maxRequestLen {
@@ -32,8 +33,9 @@ func TestRequestRoundTrip(t *testing.T) {
 // FuzzParseRequest: the server's request parser never panics, accepts only what
 // encodes back to the same bytes, and never asks for more than maxRequestLen.
 func FuzzParseRequest(f *testing.F) {
-	f.Add(appendRequest(nil, request{op: opPull, fence: Fence{"node-a", 7, 3}, offset: 4096, length: 1 << 20}))
-	f.Add(appendRequest(nil, request{op: opPull, fence: Fence{"x", 0, 0}, offset: 0, length: 1}))
+	f.Add(appendRequest(nil, request{op: opPull, fence: Fence{SourceNode: "node-a", SourceGeneration: 7, TransferID: 3}, offset: 4096, length: 1 << 20}))
+	f.Add(appendRequest(nil, request{op: opPull, fence: Fence{SourceNode: "x"}, offset: 0, length: 1}))
+	f.Add(appendRequest(nil, request{op: opPullStaged, fence: Fence{SourceNode: "x", Staged: true}, offset: 0, length: 1}))
 	f.Add([]byte("FXKD\x01\x01\xff\xff"))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -1027,6 +1027,8 @@ def _stat_dict(r) -> dict:
                 "memory_replicas": m.memory_replicas or 0,
                 "ssd_replicas": m.ssd_replicas or 0,
                 "holders": m.holders or 0,
+                "ssd_persists": m.ssd_persists or 0,
+                "ssd_persists_dropped": m.ssd_persists_dropped or 0,
             }
         )
     return {

@@ -171,16 +171,18 @@ var fieldIDToName_CapacityStat = map[int16]string{
 }
 
 type MemberStat struct {
-	NodeId         string        `thrift:"node_id,1" frugal:"1,default,string" json:"node_id"`
-	Generation     int64         `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
-	MemorySegment  *CapacityStat `thrift:"memory_segment,3" frugal:"3,default,CapacityStat" json:"memory_segment"`
-	KvSsd          *CapacityStat `thrift:"kv_ssd,4" frugal:"4,default,CapacityStat" json:"kv_ssd"`
-	Alive          bool          `thrift:"alive,5" frugal:"5,default,bool" json:"alive"`
-	DataAddr       string        `thrift:"data_addr,6" frugal:"6,default,string" json:"data_addr"`
-	PeerAddr       string        `thrift:"peer_addr,7" frugal:"7,default,string" json:"peer_addr"`
-	MemoryReplicas int64         `thrift:"memory_replicas,8" frugal:"8,default,i64" json:"memory_replicas"`
-	SsdReplicas    int64         `thrift:"ssd_replicas,9" frugal:"9,default,i64" json:"ssd_replicas"`
-	Holders        int64         `thrift:"holders,10" frugal:"10,default,i64" json:"holders"`
+	NodeId             string        `thrift:"node_id,1" frugal:"1,default,string" json:"node_id"`
+	Generation         int64         `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
+	MemorySegment      *CapacityStat `thrift:"memory_segment,3" frugal:"3,default,CapacityStat" json:"memory_segment"`
+	KvSsd              *CapacityStat `thrift:"kv_ssd,4" frugal:"4,default,CapacityStat" json:"kv_ssd"`
+	Alive              bool          `thrift:"alive,5" frugal:"5,default,bool" json:"alive"`
+	DataAddr           string        `thrift:"data_addr,6" frugal:"6,default,string" json:"data_addr"`
+	PeerAddr           string        `thrift:"peer_addr,7" frugal:"7,default,string" json:"peer_addr"`
+	MemoryReplicas     int64         `thrift:"memory_replicas,8" frugal:"8,default,i64" json:"memory_replicas"`
+	SsdReplicas        int64         `thrift:"ssd_replicas,9" frugal:"9,default,i64" json:"ssd_replicas"`
+	Holders            int64         `thrift:"holders,10" frugal:"10,default,i64" json:"holders"`
+	SsdPersists        int64         `thrift:"ssd_persists,11" frugal:"11,default,i64" json:"ssd_persists"`
+	SsdPersistsDropped int64         `thrift:"ssd_persists_dropped,12" frugal:"12,default,i64" json:"ssd_persists_dropped"`
 }
 
 func NewMemberStat() *MemberStat {
@@ -239,6 +241,14 @@ func (p *MemberStat) GetSsdReplicas() (v int64) {
 func (p *MemberStat) GetHolders() (v int64) {
 	return p.Holders
 }
+
+func (p *MemberStat) GetSsdPersists() (v int64) {
+	return p.SsdPersists
+}
+
+func (p *MemberStat) GetSsdPersistsDropped() (v int64) {
+	return p.SsdPersistsDropped
+}
 func (p *MemberStat) SetNodeId(val string) {
 	p.NodeId = val
 }
@@ -269,6 +279,12 @@ func (p *MemberStat) SetSsdReplicas(val int64) {
 func (p *MemberStat) SetHolders(val int64) {
 	p.Holders = val
 }
+func (p *MemberStat) SetSsdPersists(val int64) {
+	p.SsdPersists = val
+}
+func (p *MemberStat) SetSsdPersistsDropped(val int64) {
+	p.SsdPersistsDropped = val
+}
 
 func (p *MemberStat) IsSetMemorySegment() bool {
 	return p.MemorySegment != nil
@@ -296,6 +312,8 @@ var fieldIDToName_MemberStat = map[int16]string{
 	8:  "memory_replicas",
 	9:  "ssd_replicas",
 	10: "holders",
+	11: "ssd_persists",
+	12: "ssd_persists_dropped",
 }
 
 type KeyVersion struct {

@@ -8,12 +8,25 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 )
 
+const (
+	STAGE_CHUNK_BYTES = 4194304
+
+	STAGE_READS_IN_FLIGHT = 4
+
+	STAGE_READY_CHUNKS = 8
+
+	STAGE_PULLS_IN_FLIGHT = 4
+)
+
 type SsdReplicaPersistRequest struct {
-	Key        string `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	PutId      int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
-	Offset     int64  `thrift:"offset,3" frugal:"3,default,i64" json:"offset"`
-	Len        int64  `thrift:"len,4" frugal:"4,default,i64" json:"len"`
-	Generation int64  `thrift:"generation,5" frugal:"5,default,i64" json:"generation"`
+	Key              string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId            int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Offset           int64  `thrift:"offset,3" frugal:"3,default,i64" json:"offset"`
+	Len              int64  `thrift:"len,4" frugal:"4,default,i64" json:"len"`
+	Generation       int64  `thrift:"generation,5" frugal:"5,default,i64" json:"generation"`
+	SourceNodeId     string `thrift:"source_node_id,6" frugal:"6,default,string" json:"source_node_id"`
+	SourceGeneration int64  `thrift:"source_generation,7" frugal:"7,default,i64" json:"source_generation"`
+	SourceDataAddr   string `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
 }
 
 func NewSsdReplicaPersistRequest() *SsdReplicaPersistRequest {
@@ -42,6 +55,18 @@ func (p *SsdReplicaPersistRequest) GetLen() (v int64) {
 func (p *SsdReplicaPersistRequest) GetGeneration() (v int64) {
 	return p.Generation
 }
+
+func (p *SsdReplicaPersistRequest) GetSourceNodeId() (v string) {
+	return p.SourceNodeId
+}
+
+func (p *SsdReplicaPersistRequest) GetSourceGeneration() (v int64) {
+	return p.SourceGeneration
+}
+
+func (p *SsdReplicaPersistRequest) GetSourceDataAddr() (v string) {
+	return p.SourceDataAddr
+}
 func (p *SsdReplicaPersistRequest) SetKey(val string) {
 	p.Key = val
 }
@@ -57,6 +82,15 @@ func (p *SsdReplicaPersistRequest) SetLen(val int64) {
 func (p *SsdReplicaPersistRequest) SetGeneration(val int64) {
 	p.Generation = val
 }
+func (p *SsdReplicaPersistRequest) SetSourceNodeId(val string) {
+	p.SourceNodeId = val
+}
+func (p *SsdReplicaPersistRequest) SetSourceGeneration(val int64) {
+	p.SourceGeneration = val
+}
+func (p *SsdReplicaPersistRequest) SetSourceDataAddr(val string) {
+	p.SourceDataAddr = val
+}
 
 func (p *SsdReplicaPersistRequest) String() string {
 	if p == nil {
@@ -71,6 +105,9 @@ var fieldIDToName_SsdReplicaPersistRequest = map[int16]string{
 	3: "offset",
 	4: "len",
 	5: "generation",
+	6: "source_node_id",
+	7: "source_generation",
+	8: "source_data_addr",
 }
 
 type SsdReplicaPersistResponse struct {
@@ -122,6 +159,7 @@ type SsdStageReadRequest struct {
 	TargetOffset   int64  `thrift:"target_offset,8" frugal:"8,default,i64" json:"target_offset"`
 	Len            int64  `thrift:"len,9" frugal:"9,default,i64" json:"len"`
 	Generation     int64  `thrift:"generation,10" frugal:"10,default,i64" json:"generation"`
+	DeadlineMs     int64  `thrift:"deadline_ms,11" frugal:"11,default,i64" json:"deadline_ms"`
 }
 
 func NewSsdStageReadRequest() *SsdStageReadRequest {
@@ -170,6 +208,10 @@ func (p *SsdStageReadRequest) GetLen() (v int64) {
 func (p *SsdStageReadRequest) GetGeneration() (v int64) {
 	return p.Generation
 }
+
+func (p *SsdStageReadRequest) GetDeadlineMs() (v int64) {
+	return p.DeadlineMs
+}
 func (p *SsdStageReadRequest) SetKey(val string) {
 	p.Key = val
 }
@@ -200,6 +242,9 @@ func (p *SsdStageReadRequest) SetLen(val int64) {
 func (p *SsdStageReadRequest) SetGeneration(val int64) {
 	p.Generation = val
 }
+func (p *SsdStageReadRequest) SetDeadlineMs(val int64) {
+	p.DeadlineMs = val
+}
 
 func (p *SsdStageReadRequest) String() string {
 	if p == nil {
@@ -219,6 +264,7 @@ var fieldIDToName_SsdStageReadRequest = map[int16]string{
 	8:  "target_offset",
 	9:  "len",
 	10: "generation",
+	11: "deadline_ms",
 }
 
 type SsdStageReadResponse struct {

@@ -151,11 +151,13 @@ class MemberStat(object):
      - memory_replicas
      - ssd_replicas
      - holders
+     - ssd_persists
+     - ssd_persists_dropped
 
     """
 
 
-    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None,):
+    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None,):
         self.node_id = node_id
         self.generation = generation
         self.memory_segment = memory_segment
@@ -166,6 +168,8 @@ class MemberStat(object):
         self.memory_replicas = memory_replicas
         self.ssd_replicas = ssd_replicas
         self.holders = holders
+        self.ssd_persists = ssd_persists
+        self.ssd_persists_dropped = ssd_persists_dropped
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -228,6 +232,16 @@ class MemberStat(object):
                     self.holders = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.I64:
+                    self.ssd_persists = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.I64:
+                    self.ssd_persists_dropped = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -277,6 +291,14 @@ class MemberStat(object):
         if self.holders is not None:
             oprot.writeFieldBegin('holders', TType.I64, 10)
             oprot.writeI64(self.holders)
+            oprot.writeFieldEnd()
+        if self.ssd_persists is not None:
+            oprot.writeFieldBegin('ssd_persists', TType.I64, 11)
+            oprot.writeI64(self.ssd_persists)
+            oprot.writeFieldEnd()
+        if self.ssd_persists_dropped is not None:
+            oprot.writeFieldBegin('ssd_persists_dropped', TType.I64, 12)
+            oprot.writeI64(self.ssd_persists_dropped)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -381,6 +403,8 @@ MemberStat.thrift_spec = (
     (8, TType.I64, 'memory_replicas', None, None, ),  # 8
     (9, TType.I64, 'ssd_replicas', None, None, ),  # 9
     (10, TType.I64, 'holders', None, None, ),  # 10
+    (11, TType.I64, 'ssd_persists', None, None, ),  # 11
+    (12, TType.I64, 'ssd_persists_dropped', None, None, ),  # 12
 )
 all_structs.append(KeyVersion)
 KeyVersion.thrift_spec = (
