@@ -52,6 +52,7 @@ type config struct {
 	PyWorker       string
 	PyPath         string
 	Owners         int
+	SSDOwners      int
 	DRAM           int64
 	Data           int64
 	SSDLimit       int64
@@ -84,6 +85,7 @@ func parseFlags(argv []string) (config, error) {
 	fs.StringVar(&c.PyWorker, "py-worker", "bench/soak/worker.py", "the Python worker script")
 	fs.StringVar(&c.PyPath, "py-path", "clients/python", "PYTHONPATH holding the fluxkv Python package")
 	fs.IntVar(&c.Owners, "owners", 1, "owners under the one master; workers attach round-robin")
+	fs.IntVar(&c.SSDOwners, "ssd-owners", 0, "how many owners have SSD (0: all); the others' values reach SSD through the SSD pool")
 	fs.StringVar(&dram, "dram", "64MiB", "DRAM segment per owner")
 	fs.StringVar(&data, "data", "256MiB", "expected bytes of the key space (sizes the key count from the mean value size)")
 	fs.StringVar(&ssd, "ssd-limit", "512MiB", "SSD ring space per owner")
@@ -117,6 +119,8 @@ func parseFlags(argv []string) (config, error) {
 		return c, errors.New("--duration must be positive")
 	case c.Owners < 1:
 		return c, errors.New("--owners must be at least 1")
+	case c.SSDOwners < 0 || c.SSDOwners > c.Owners:
+		return c, errors.New("--ssd-owners must be between 0 (all) and --owners")
 	case c.GoWorkers+c.PyWorkers < 1:
 		return c, errors.New("at least one worker (--go-workers, --py-workers)")
 	case c.MinSize < 1 || c.MaxSize < c.MinSize:
@@ -181,7 +185,7 @@ func run(cfg config) int {
 	}
 
 	t0 := time.Now()
-	cl, err := startCluster(&wg, nodeConfig{Bin: cfg.Bin, Dir: dir, Owners: cfg.Owners, DRAM: cfg.DRAM, SSDLimit: cfg.SSDLimit})
+	cl, err := startCluster(&wg, nodeConfig{Bin: cfg.Bin, Dir: dir, Owners: cfg.Owners, SSDOwners: cfg.SSDOwners, DRAM: cfg.DRAM, SSDLimit: cfg.SSDLimit})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		if cl != nil {

@@ -21,6 +21,9 @@ type nodeConfig struct {
 	Owners   int    // owners of the one master (1 until the cluster issue lands)
 	DRAM     int64  // per owner
 	SSDLimit int64  // per owner; 0: SSD off
+	// SSDOwners is how many owners (the first ones) have SSD; 0: all. With fewer, the
+	// others' values reach SSD through the SSD pool (persisted by an SSD owner).
+	SSDOwners int
 }
 
 // ownerProc is one owner: its fixed paths and ports survive restarts.
@@ -127,7 +130,7 @@ func (c *cluster) startOwner(o *ownerProc) error {
 	o.inc++
 	argv := []string{c.cfg.Bin, "owner", "--master", c.masterAddr, "--dir", o.sockDir, "--dram", fmt.Sprint(c.cfg.DRAM),
 		"--node-id", o.nodeID, "--metrics-addr", o.metricsAddr, "--cluster-secret-file", c.secret}
-	if c.cfg.SSDLimit > 0 {
+	if c.cfg.SSDLimit > 0 && (c.cfg.SSDOwners <= 0 || o.idx < c.cfg.SSDOwners) {
 		argv = append(argv, "--ssd-path", o.ssdDir, "--ssd-limit", fmt.Sprint(c.cfg.SSDLimit))
 	}
 	p, err := startProc(c.wg, fmt.Sprintf("owner%d", o.idx), argv, nil, c.logPath(fmt.Sprintf("owner%d", o.idx), o.inc), nil)
