@@ -31,7 +31,7 @@ var errRemoteSSD = errors.New("SSD read on the source owner failed")
 
 // stageVerdictWait bounds the wait for the SSD owner's answer after a staged pull
 // failed: it says whether its read failed (drop the SSD replica) or not (exclude it).
-const stageVerdictWait = time.Second
+const stageVerdictWait = 500 * time.Millisecond
 
 // refillRemote serves a get planned from another owner's SSD (DESIGN §10 "SSD pool"):
 // one SsdStageRead makes that owner read the value in 4 MiB chunks into staging of

@@ -10,12 +10,14 @@ import (
 
 // tcpProxy forwards connections from its listener to target; bytes from the target
 // back to the dialer can be throttled (rate bytes/s; 0 = as fast as they come), so a
-// transfer through it takes long enough to kill a process in the middle of it. It is
-// a fault injector: real owners on both sides, only the pace changed.
+// transfer through it takes long enough to kill a process in the middle of it, and
+// frozen (nothing moves either way: a network partition, the peer alive behind it). It
+// is a fault injector: real owners on both sides, only the pace changed.
 type tcpProxy struct {
 	ln     net.Listener
 	target string
 	rate   atomic.Int64
+	frozen atomic.Bool
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -83,7 +85,9 @@ func (p *tcpProxy) pipe(src, dst net.Conn, throttled bool) {
 	}()
 	buf := make([]byte, 64<<10)
 	for {
+		p.waitThawed()
 		n, err := src.Read(buf)
+		p.waitThawed()
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -98,7 +102,14 @@ func (p *tcpProxy) pipe(src, dst net.Conn, throttled bool) {
 	}
 }
 
+func (p *tcpProxy) waitThawed() {
+	for p.frozen.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (p *tcpProxy) close() {
+	p.frozen.Store(false)
 	p.ln.Close()
 	p.mu.Lock()
 	for c := range p.conns {

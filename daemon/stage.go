@@ -27,8 +27,8 @@ const (
 	// stageSessionWait is how long a staged pull waits for its SsdStageRead to arrive
 	// (the requester sends the call first, but they race over two connections).
 	stageSessionWait = 2 * time.Second
-	// stageChunkWait bounds a staged pull's wait for its chunk to be read; under the
-	// puller's StagedReplyTimeout (5s), so the puller hears why.
+	// stageChunkWait bounds a staged pull's wait for its chunk to be read (the puller
+	// hears WAIT meanwhile, so it knows this owner is alive).
 	stageChunkWait = 4 * time.Second
 	// stageUnpulled fails a refill whose read chunk waited this long for its pull: the
 	// requester is gone or stuck, and the slots go back.

@@ -27,11 +27,9 @@ type ClientOptions struct {
 	// Secrets authenticate every connection (protocol/auth, purpose "data"); nil runs
 	// without authentication (--insecure-cluster).
 	Secrets *auth.Secrets
-	// ProgressTimeout fails a pull when no byte arrives for this long. Default 1s.
+	// ProgressTimeout fails a pull when no byte arrives for this long (a staged pull's
+	// source sends a WAIT status every 250 ms while it reads the chunk). Default 1s.
 	ProgressTimeout time.Duration
-	// StagedReplyTimeout bounds the wait for the reply to a staged pull (Fence.Staged),
-	// which the source sends once it has read the chunk from its SSD. Default 5s.
-	StagedReplyTimeout time.Duration
 	// UserTimeout is TCP_USER_TIMEOUT on each connection. Default 2s.
 	UserTimeout time.Duration
 	// MaxIdlePerPeer caps the pooled idle connections per peer address. Default 4.
@@ -54,9 +52,6 @@ type ClientOptions struct {
 func (o *ClientOptions) fill() {
 	if o.ProgressTimeout <= 0 {
 		o.ProgressTimeout = time.Second
-	}
-	if o.StagedReplyTimeout <= 0 {
-		o.StagedReplyTimeout = 5 * time.Second
 	}
 	if o.UserTimeout <= 0 {
 		o.UserTimeout = 2 * time.Second
@@ -226,9 +221,9 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 	}
 
 	var hb [maxRequestLen]byte
-	op, replyWait := byte(opPull), c.opts.ProgressTimeout
+	op := byte(opPull)
 	if f.Staged {
-		op, replyWait = opPullStaged, c.opts.StagedReplyTimeout // the source reads the chunk first
+		op = opPullStaged
 	}
 	req := appendRequest(hb[:0], request{op: op, fence: f, offset: offset, length: int64(len(dst))})
 	tc.SetWriteDeadline(time.Now().Add(c.opts.ProgressTimeout))
@@ -236,15 +231,29 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 		return ioFail("sending the request", 0, err)
 	}
 	var rh [responseFixedLen + maxMessageBytes]byte
-	tc.SetReadDeadline(time.Now().Add(replyWait))
-	if n, err := io.ReadFull(tc, rh[:responseFixedLen]); err != nil {
-		res.started = n > 0
-		return ioFail("reading the reply", 0, err)
-	}
-	res.started = true
-	status, length, msgLen, err := parseResponseFixed(rh[:responseFixedLen])
-	if err != nil {
-		return pullResult{err: fmt.Errorf("%w: %s: %s", ErrUnreachable, what, err), kind: metrics.TransferErrBadRequest, started: true}
+	var status byte
+	var length int64
+	var msgLen int
+	for {
+		// A staged pull's source says statusWait while it reads the chunk: each one
+		// proves it alive, so the deadline starts again.
+		tc.SetReadDeadline(time.Now().Add(c.opts.ProgressTimeout))
+		if n, err := io.ReadFull(tc, rh[:responseFixedLen]); err != nil {
+			res.started = res.started || n > 0
+			return ioFail("reading the reply", 0, err)
+		}
+		res.started = true
+		var err error
+		status, length, msgLen, err = parseResponseFixed(rh[:responseFixedLen])
+		if err != nil {
+			return pullResult{err: fmt.Errorf("%w: %s: %s", ErrUnreachable, what, err), kind: metrics.TransferErrBadRequest, started: true}
+		}
+		if status != statusWait || !f.Staged {
+			break
+		}
+		if msgLen != 0 || length != 0 {
+			return pullResult{err: fmt.Errorf("%w: %s: a WAIT status with %d bytes", ErrUnreachable, what, length+int64(msgLen)), kind: metrics.TransferErrBadRequest, started: true}
+		}
 	}
 	if _, err := io.ReadFull(tc, rh[responseFixedLen:responseFixedLen+msgLen]); err != nil {
 		return ioFail("reading the reply", 0, err)

@@ -24,7 +24,10 @@
 //
 // Status: 0 OK; 1 FENCED (the fence or range is not what the source retains; the
 // connection stays usable); 2 BAD_REQUEST (malformed: the server closes the
-// connection); 3 UNAVAILABLE (the source cannot serve now). The server allocates
+// connection); 3 UNAVAILABLE (the source cannot serve now); 4 WAIT (length 0, no
+// message; only for PULL_STAGED: the chunk is still being read from SSD, sent every
+// 250 ms, the final status follows), so a puller tells a slow disk from a dead source
+// within its progress deadline. The server allocates
 // nothing from a length field: a request header is at most 296 bytes, and the bytes a
 // pull sends are the slice the Source returned, written with net.Conn.Write (no
 // intermediate buffer).

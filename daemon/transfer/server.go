@@ -230,9 +230,49 @@ func (s *Server) badRequest(c net.Conn, buf []byte, remote string, err error, re
 	}
 }
 
+// open asks the Source for the bytes of req. A staged pull may wait for its chunk to
+// be read: meanwhile the puller hears statusWait every waitInterval. ok false: the
+// connection failed while waiting (a release the Source returned later is called).
+func (s *Server) open(c net.Conn, buf []byte, req request) (data []byte, release func(), err error, ok bool) {
+	if !req.fence.Staged {
+		data, release, err = s.src.Open(req.fence, req.offset, req.length)
+		return data, release, err, true
+	}
+	type opened struct {
+		data    []byte
+		release func()
+		err     error
+	}
+	ch := make(chan opened, 1)
+	go func() {
+		d, r, e := s.src.Open(req.fence, req.offset, req.length)
+		ch <- opened{d, r, e}
+	}()
+	tick := time.NewTicker(waitInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case o := <-ch:
+			return o.data, o.release, o.err, true
+		case <-tick.C:
+			c.SetWriteDeadline(time.Now().Add(s.opts.ProgressTimeout))
+			if _, werr := c.Write(appendResponse(buf, statusWait, 0, "")); werr != nil {
+				if o := <-ch; o.err == nil {
+					o.release()
+				}
+				return nil, nil, werr, false
+			}
+		}
+	}
+}
+
 // pull answers one request; false means the connection must close.
 func (s *Server) pull(c net.Conn, buf []byte, remote string, req request) bool {
-	data, release, err := s.src.Open(req.fence, req.offset, req.length)
+	data, release, err, ok := s.open(c, buf, req)
+	if !ok {
+		s.serveFailed(remote, req, 0, err)
+		return false
+	}
 	if err == nil && int64(len(data)) != req.length {
 		release()
 		err = fmt.Errorf("BUG: the source returned %d bytes for a pull of %d", len(data), req.length)

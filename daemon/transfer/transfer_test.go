@@ -499,3 +499,41 @@ func TestMetrics(t *testing.T) {
 		return true
 	})
 }
+
+// slowStagedSource answers staged pulls after delay (a chunk still being read from
+// SSD), plain ones at once.
+type slowStagedSource struct {
+	*testSource
+	delay time.Duration
+}
+
+func (s slowStagedSource) Open(f Fence, off, n int64) ([]byte, func(), error) {
+	if f.Staged {
+		time.Sleep(s.delay)
+		f.Staged = false
+	}
+	return s.testSource.Open(f, off, n)
+}
+
+// TestStagedWait: a staged pull whose source takes several progress deadlines to have
+// its chunk succeeds, kept alive by WAIT statuses (a silent source fails by the
+// progress deadline: TestStalledSource).
+func TestStagedWait(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newTestSource(segment(t, 5*mib, true))
+	f := src.retain(1, 0, 4*mib)
+	const progress = 4 * waitInterval
+	srv := startServer(t, slowStagedSource{src, 3 * progress}, ServerOptions{Secrets: sec})
+	cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: progress})
+	dst := make([]byte, 4*mib)
+	staged := f
+	staged.Staged = true
+	if err := cl.Pull(context.Background(), srv.Addr().String(), staged, 0, dst); err != nil {
+		t.Fatalf("staged pull of a slow chunk: %v", err)
+	}
+	if !bytes.Equal(dst, src.seg[:4*mib]) {
+		t.Fatal("staged pull: wrong bytes")
+	}
+	waitFor(t, "release", func() bool { return src.releases.Load() == 1 })
+}

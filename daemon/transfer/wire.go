@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
@@ -32,7 +33,15 @@ const (
 	statusFenced      byte = 1 // the fence or range does not match what the source retains
 	statusBadRequest  byte = 2 // malformed or out of bounds; the server closes the connection
 	statusUnavailable byte = 3 // the source cannot serve now (closing, its Source failed)
+	// statusWait answers a staged pull whose chunk is not read yet, every
+	// waitInterval, with length 0: the source is alive; the real status follows.
+	statusWait byte = 4
 )
+
+// waitInterval is how often a source waiting for a staged chunk says so (statusWait):
+// well under any puller's ProgressTimeout, so a live source is never mistaken for a
+// dead one and a stopped one is found within ProgressTimeout.
+const waitInterval = 250 * time.Millisecond
 
 func statusName(s byte) string {
 	switch s {
@@ -44,6 +53,8 @@ func statusName(s byte) string {
 		return "BAD_REQUEST"
 	case statusUnavailable:
 		return "UNAVAILABLE"
+	case statusWait:
+		return "WAIT"
 	}
 	return fmt.Sprintf("status %d", s)
 }
