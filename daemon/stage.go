@@ -311,6 +311,9 @@ func (o *Owner) stageRead(req *peer.SsdStageReadRequest) error {
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return err
 	}
+	if c := o.store.Stats().CapacityBytes; req.Len > c {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes from an SSD tier of %d", req.Len, c)
+	}
 	limit := stageDeadline(req.Len)
 	if d := time.Duration(req.DeadlineMs) * time.Millisecond; d > 0 && d < limit {
 		limit = d
