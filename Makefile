@@ -130,3 +130,6 @@ soak: build soak-bin
 
 chaos: build soak-bin
 	FLUXKV_BIN=$(CURDIR)/$(BIN) ./$(SOAK_BIN) -chaos -duration $(SOAK) -python $(PY) -py-worker bench/soak/worker.py -py-path clients/python $(SOAK_ARGS)
+
+# bench-cluster: the cluster benchmark (bench/cluster.mk, bench/README.md).
+include bench/cluster.mk

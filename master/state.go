@@ -270,6 +270,10 @@ func (s *State) Maintain(now time.Time) []string {
 // segment less the transfer area, which only holds values on their way elsewhere).
 func (s *State) Members() []*common.MemberStat {
 	out := make([]*common.MemberStat, 0, len(s.nodes))
+	pending := make(map[*node]int64)
+	for _, pp := range s.persists {
+		pending[pp.ssdNode]++
+	}
 	for _, n := range s.nodes {
 		out = append(out, &common.MemberStat{
 			NodeId:             n.id,
@@ -284,6 +288,7 @@ func (s *State) Members() []*common.MemberStat {
 			Holders:            int64(len(n.holders)),
 			SsdPersists:        s.persistCount(n.id).asked,
 			SsdPersistsDropped: s.persistCount(n.id).dropped,
+			SsdPersistsPending: pending[n],
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })

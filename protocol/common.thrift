@@ -44,6 +44,8 @@ struct MemberStat {
   // owner gone): a dropped persist leaves the value memory-only.
   11: i64 ssd_persists,
   12: i64 ssd_persists_dropped,
+  // Persists assigned to this owner and not ended yet.
+  13: i64 ssd_persists_pending,
 }
 
 struct KeyVersion {

@@ -92,13 +92,16 @@ def conc_key(r: dict) -> tuple:
     return (r["procs"] * r["threads"], r["procs"])
 
 
-def not_run_notes(records: list[dict]) -> list[str]:
-    """One line per reason: which series did not run, and why."""
+def _pressure_name(r: dict) -> str:
+    return r["backend"] + (f"/{r['variant']}" if r.get("variant") else "") + f" SSD {'on' if r['ssd'] else 'off'} {r['mode']}"
+
+
+def not_run_notes(records: list[dict], name=_pressure_name) -> list[str]:
+    """One line per reason: which series did not run (``name(record)``), and why."""
     by_reason: dict[str, list] = {}
     for r in records:
         if r["status"] == "unavailable":
-            name = r["backend"] + (f"/{r['variant']}" if r.get("variant") else "") + f" SSD {'on' if r['ssd'] else 'off'} {r['mode']}"
-            by_reason.setdefault(r.get("reason") or "unavailable", []).append(name)
+            by_reason.setdefault(r.get("reason") or "unavailable", []).append(name(r))
     out = []
     for reason, names in by_reason.items():
         uniq = sorted(set(names))
@@ -260,3 +263,160 @@ def figure(records: list[dict], title: str | None = None):
     fig.suptitle((title or "fluxkv pressure benchmark") + "\n" + sub, fontsize=9)
     fig.tight_layout(rect=(0, (foot + 0.15 + 0.22 * legend_rows) / fig_h, 1, 1 - 0.6 / fig_h))
     return fig
+
+
+# -- cluster.png (python3 -m pressure cluster) -----------------------------------------------------
+
+# Bars of a cluster panel, left to right; anything else (another variant) follows in name order.
+CLUSTER_SERIES = tuple(
+    [("tcp-raw", None, False, "none", "raw")]
+    + [(b, "mixed", ssd, om, mode) for b in ("fluxkv", "mooncake") for mode in ("holder", "bytes") for om in ("none", "put") for ssd in (False, True)]
+    + [(b, path, None, "none", mode) for b in ("fluxkv", "mooncake") for path in ("remote-memory", "remote-ssd", "local-ssd") for mode in ("holder", "bytes")]
+)
+# Shades of a backend's colour for the four places of a hit, light (memory here) to dark (SSD elsewhere).
+PLACE_SHADES = (("memory_local", 0.65), ("memory_remote", 0.3), ("ssd_local", -0.1), ("ssd_remote", -0.4))
+PLACE_LABELS = {"memory_local": "memory, this owner", "memory_remote": "memory, pulled from another owner",
+                "ssd_local": "SSD, this owner", "ssd_remote": "SSD, another owner's"}
+
+
+def cluster_series(r: dict) -> tuple:
+    if r["backend"] == "tcp-raw":
+        return CLUSTER_SERIES[0]
+    ssd = bool(r["ssd"]) if r.get("path") == "mixed" else None
+    return (r["backend"], r.get("path"), ssd, r.get("on_miss") or "none", r.get("mode"))
+
+
+def _series_order(s: tuple) -> tuple:
+    return (CLUSTER_SERIES.index(s), "") if s in CLUSTER_SERIES else (len(CLUSTER_SERIES), repr(s))
+
+
+def cluster_label(s: tuple) -> str:
+    """A bar's name, one item a line: backend, path, SSD state (mixed), read-through, output mode."""
+    backend, path, ssd, on_miss, mode = s
+    if backend == "tcp-raw":
+        return "tcp-raw\n(limit)"
+    lines = [backend, path or "?"]
+    if ssd is not None:
+        lines.append(f"SSD {'on' if ssd else 'off'}")
+    if on_miss == "put":
+        lines.append("read-thr")
+    return "\n".join(lines + [str(mode)])
+
+
+def render_cluster(records: list[dict], out_path, title: str | None = None) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = cluster_figure(records, title)
+    out_path = Path(out_path)
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path
+
+
+def cluster_figure(records: list[dict], title: str | None = None):
+    """One panel per payload (columns) and concurrency (rows); in each, one bar per series
+    (``CLUSTER_SERIES``): hit GiB/s stacked by where the hits came from, its ratio to tcp-raw
+    (the dashed line) under the number, hit rate as a red dot on the right axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import patheffects
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    if not records:
+        raise ValueError("no records to chart")
+    skipped = not_run_notes(records, name=lambda r: " ".join(cluster_label(cluster_series(r)).split("\n")))
+    ran = [r for r in records if r["status"] != "unavailable"] or records[:1]
+    payloads = sorted({r["payload_bytes"] for r in ran})
+    concs = sorted({_threads(r) for r in ran})
+    series = sorted({cluster_series(r) for r in ran}, key=_series_order)
+    cell = {(r["payload_bytes"], _threads(r), cluster_series(r)): r for r in ran}
+    fig_w = min(40.0, max(11.0, len(payloads) * (0.75 * len(series) + 1.6) + 1.0))
+    skipped = [w for line in skipped for w in textwrap.wrap(line, int(fig_w * 14), subsequent_indent="    ")]
+    fig_h = 4.6 * len(concs) + 2.4 + 0.18 * len(skipped)
+    fig, axes = plt.subplots(len(concs), len(payloads), figsize=(fig_w, fig_h), squeeze=False)
+    width = 0.8
+    for ri, ck in enumerate(concs):
+        for ci, payload in enumerate(payloads):
+            ax = axes[ri][ci]
+            ax2 = ax.twinx()
+            rows = [(i, cell.get((payload, ck, s))) for i, s in enumerate(series)]
+            vals = [r["hit_gib_s"] or 0.0 for _, r in rows if r is not None and r["status"] not in ("unavailable", "failed")]
+            top = max(vals + [0.0]) * 1.2 or 1.0
+            ax.set_ylim(0, top)
+            tcp = next((r for _, r in rows if r is not None and r["backend"] == "tcp-raw" and r["status"] == "ok"), None)
+            if tcp is not None:
+                ax.axhline(tcp["hit_gib_s"], color="#555555", linestyle="--", linewidth=0.8, zorder=1)
+                ax.axhline(0.7 * tcp["hit_gib_s"], color="#999999", linestyle=":", linewidth=0.8, zorder=1)
+            dots = []
+            for x, r in rows:
+                if r is None:
+                    continue
+                if r["status"] in ("unavailable", "failed"):
+                    ax.text(x, top * 0.02, "n/a" if r["status"] == "unavailable" else "failed", rotation=90, ha="center", va="bottom",
+                            fontsize=8, color="#888888" if r["status"] == "unavailable" else "#c00000")
+                    continue
+                total = r["hit_gib_s"] or 0.0
+                if r["backend"] == "tcp-raw":
+                    ax.bar(x, total, width * 0.9, color="#b0b0b0", edgecolor="white", linewidth=0.5)
+                elif r.get("memory_local_hits") is not None and r["hits"]:
+                    bottom = 0.0
+                    for place, shade in PLACE_SHADES:
+                        h = total * (r[f"{place}_hits"] or 0) / r["hits"]
+                        if h:
+                            ax.bar(x, h, width * 0.9, bottom=bottom, color=_mix(COLORS.get(r["backend"], FALLBACK[0]), shade), edgecolor="white", linewidth=0.5)
+                        bottom += h
+                else:  # places unknown
+                    ax.bar(x, total, width * 0.9, color="#d0d0d0", hatch="xx", edgecolor="#808080", linewidth=0.5)
+                text = f"{total:.2f} GiB/s"
+                if r.get("x_tcp_raw") is not None:
+                    text += f"\n{r['x_tcp_raw']:.2f}x tcp"
+                if r.get("x_local_ssd") is not None:
+                    text += f"\n{r['x_local_ssd']:.2f}x local SSD"
+                inside = total >= 0.45 * top
+                ax.text(x, top * 0.02 if inside else total + top * 0.01, text, rotation=90, ha="center", va="bottom", fontsize=7, color="#111111",
+                        path_effects=[patheffects.withStroke(linewidth=2.2, foreground="white")])
+                if r.get("hit_rate") is not None and r["backend"] != "tcp-raw":
+                    dots.append((x, r["hit_rate"] * 100))
+            ax2.set_ylim(0, 115)
+            ax2.scatter([d[0] for d in dots], [d[1] for d in dots], color="#d62728", s=24, zorder=5, edgecolors="white", linewidths=0.6)
+            ax2.set_yticks([0, 25, 50, 75, 100])
+            ax2.tick_params(axis="y", labelsize=7, colors="#d62728")
+            if ci == len(payloads) - 1:
+                ax2.set_ylabel("hit rate %", color="#d62728", fontsize=8)
+            ax.set_xticks(range(len(series)))
+            ax.set_xticklabels([cluster_label(s) for s in series], fontsize=7)
+            ax.set_xlim(-0.6, len(series) - 0.4)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.grid(axis="y", alpha=0.25)
+            ax.set_axisbelow(True)
+            ax.set_ylabel("hit GiB/s", fontsize=8)
+            layouts = sorted({f"{r['procs']}x{r['threads']}" for _, r in rows if r is not None and r["backend"] != "tcp-raw"})
+            ax.set_title(f"payload {label_size(payload)} · c{ck} ({', '.join(layouts) or ck} processes x threads; tcp-raw: {ck} connections)", fontsize=9)
+    handles = [Patch(color="#b0b0b0", label="tcp-raw: Go TCP pair, same bytes (limit)"),
+               Line2D([], [], color="#555555", linestyle="--", label="tcp-raw level"), Line2D([], [], color="#999999", linestyle=":", label="0.7x tcp-raw")]
+    for b in [b for b in ("fluxkv", "mooncake") if any(r["backend"] == b for r in ran)]:
+        for place, shade in PLACE_SHADES:
+            handles.append(Patch(color=_mix(COLORS[b], shade), label=f"{b}: {PLACE_LABELS[place]}"))
+    handles.append(Patch(facecolor="#d0d0d0", hatch="xx", edgecolor="#808080", label="places incomplete"))
+    handles.append(Line2D([], [], marker="o", color="#d62728", linestyle="", label="hit rate (right axis)"))
+    ncol = min(len(handles), max(2, int(fig_w / 3.2)))
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7, frameon=False, bbox_to_anchor=(0.5, (0.1 + 0.18 * len(skipped)) / fig_h))
+    legend_rows = -(-len(handles) // ncol)
+    for i, line in enumerate(reversed(skipped)):
+        fig.text(0.01, (0.08 + 0.18 * i) / fig_h, line, fontsize=7, color="#555555", ha="left", va="bottom")
+    foot = 0.15 + 0.18 * len(skipped)
+    r0 = next((r for r in ran if r["backend"] == "fluxkv" and r.get("owners")), ran[0])
+    ssd_max = max([r.get("ssd_bytes") or 0 for r in ran if r["backend"] == "fluxkv"] + [0])
+    sub = (f"fluxkv: {r0.get('owners') or '?'} owners x {format_size(r0.get('owner_dram_bytes') or 0)} DRAM, SSD {format_size(ssd_max) if ssd_max else '-'} "
+           f"when on · Zipf θ {r0.get('zipf_theta')} · warmup {r0.get('warmup_s')} s, window {r0.get('window_s')} s · mooncake: dedicated_owner\n"
+           "bars: hit payload GiB/s, stacked by where each hit came from (per response) · dashed: tcp-raw, dotted: 0.7x tcp-raw · red dots: hit rate")
+    fig.suptitle((title or "fluxkv cluster benchmark") + "\n" + sub, fontsize=9)
+    fig.tight_layout(rect=(0, (foot + 0.15 + 0.2 * legend_rows) / fig_h, 1, 1 - 0.6 / fig_h))
+    return fig
+
+
+def _threads(r: dict) -> int:
+    return r["procs"] * r["threads"]

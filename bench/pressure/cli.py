@@ -2,6 +2,8 @@
 
     python3 -m pressure run --out DIR [--preset quick|full] [sizes, matrix and tool flags]
     python3 -m pressure chart DIR/summary.jsonl [-o DIR/pressure.png]
+    python3 -m pressure cluster --out DIR [--preset quick|full] [flags]   # the cluster benchmark (cluster.py)
+    python3 -m pressure chart-cluster DIR/summary.jsonl [-o DIR/cluster.png]
     python3 -m pressure vendor-thrift DIR       # copy the pure-Python thrift runtime, for --pythonpath DIR
 
 (run from the repository root with ``PYTHONPATH=bench``; ``make bench`` / ``make bench-quick`` do.)
@@ -33,13 +35,13 @@ PRESETS = {
 SSD_PER_DRAM = 8  # the seed's 16 GiB SSD for 2 GiB DRAM
 
 
-def _csv(s: str) -> list[str]:
+def csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
-def _onoff(s: str) -> list[bool]:
+def onoff(s: str) -> list[bool]:
     out = []
-    for x in _csv(s):
+    for x in csv(s):
         if x.lower() in ("on", "true", "1", "yes"):
             out.append(True)
         elif x.lower() in ("off", "false", "0", "no"):
@@ -69,34 +71,49 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--modes", help=f"output modes: {', '.join(MODES)} (full preset only; quick has its own list)")
     m.add_argument("--on-miss", help="window kinds: none (get-only, the seed's) and/or put (read-through)")
     m.add_argument("--bootstrap-order", default="random", help=f"comma list of {', '.join(ORDERS)} (default random)")
-    t = r.add_argument_group("timing and workload")
-    t.add_argument("--warmup", type=float, help="seconds before the window (full: 5, quick: 2)")
-    t.add_argument("--window", type=float, help="seconds counted (full: 30, quick: 6)")
-    t.add_argument("--seed", type=int, default=1, help="seed of the bootstrap order, Zipf sequences and values")
-    t.add_argument("--zipf-theta", type=float, default=ZIPF_THETA)
-    t.add_argument("--pace-scale", type=float, default=1.0, help="scale of the seed's bootstrap pauses (0: no pause)")
-    t.add_argument("--settle-timeout", type=float, default=30.0, help="max seconds to wait for background SSD writes after the bootstrap")
+    add_workload_arguments(r.add_argument_group("timing and workload"), "full: 5, quick: 2", "full: 30, quick: 6")
     for name in backends.names():  # each backend's own flags (binaries, client paths)
-        try:
-            mod = backends.load(name)
-        except ImportError:
-            continue
-        if hasattr(mod, "add_arguments"):
-            mod.add_arguments(r.add_argument_group(f"backend {name}"))
-    o = r.add_argument_group("tools")
-    o.add_argument("--pythonpath", action="append", default=[], help="extra sys.path entry for every process (e.g. a vendored thrift)")
-    o.add_argument("--work-dir", default=os.environ.get("FLUXKV_BENCH_WORKDIR") or "/var/tmp",
-                   help="where temp dirs, sockets and the SSD files go (a disk, not tmpfs; default /var/tmp)")
-    o.add_argument("--no-chart", action="store_true")
+        add_backend_arguments(r, name)
+    add_tool_arguments(r.add_argument_group("tools"))
 
-    c = sub.add_parser("chart", help="draw pressure.png from a summary.jsonl")
-    c.add_argument("summary")
-    c.add_argument("-o", "--output")
-    c.add_argument("--title")
+    from . import cluster
+
+    cluster.add_arguments(sub.add_parser("cluster", help="the cluster benchmark: master + owners, remote memory and SSD paths, tcp-raw limit, cluster.png"))
+
+    for name, png in (("chart", "pressure.png"), ("chart-cluster", "cluster.png")):
+        c = sub.add_parser(name, help=f"draw {png} from a summary.jsonl")
+        c.add_argument("summary")
+        c.add_argument("-o", "--output")
+        c.add_argument("--title")
 
     v = sub.add_parser("vendor-thrift", help="copy the pure-Python thrift runtime into DIR/thrift (for machines without python3-thrift)")
     v.add_argument("dir")
     return ap
+
+
+def add_workload_arguments(t, warmup_default: str, window_default: str) -> None:
+    t.add_argument("--warmup", type=float, help=f"seconds before the window ({warmup_default})")
+    t.add_argument("--window", type=float, help=f"seconds counted ({window_default})")
+    t.add_argument("--seed", type=int, default=1, help="seed of the bootstrap order, Zipf sequences and values")
+    t.add_argument("--zipf-theta", type=float, default=ZIPF_THETA)
+    t.add_argument("--pace-scale", type=float, default=1.0, help="scale of the seed's bootstrap pauses (0: no pause)")
+    t.add_argument("--settle-timeout", type=float, default=30.0, help="max seconds to wait for background SSD writes after the bootstrap")
+
+
+def add_backend_arguments(r, name: str) -> None:
+    try:
+        mod = backends.load(name)
+    except ImportError:
+        return
+    if hasattr(mod, "add_arguments"):
+        mod.add_arguments(r.add_argument_group(f"backend {name}"))
+
+
+def add_tool_arguments(o) -> None:
+    o.add_argument("--pythonpath", action="append", default=[], help="extra sys.path entry for every process (e.g. a vendored thrift)")
+    o.add_argument("--work-dir", default=os.environ.get("FLUXKV_BENCH_WORKDIR") or "/var/tmp",
+                   help="where temp dirs, sockets and the SSD files go (a disk, not tmpfs; default /var/tmp)")
+    o.add_argument("--no-chart", action="store_true")
 
 
 def resolve(a) -> argparse.Namespace:
@@ -111,13 +128,13 @@ def resolve(a) -> argparse.Namespace:
     a.ssd_size = parse_size(a.ssd_size) if a.ssd_size else SSD_PER_DRAM * a.dram
     ratio = a.dataset_ratio if a.dataset_ratio is not None else p["dataset_ratio"]
     a.dataset = parse_size(a.dataset) if a.dataset else int(ratio * a.dram)
-    a.payload_list = [parse_size(x) for x in _csv(pick("payloads"))]
-    a.worker_list = [parse_workers(x) for x in _csv(pick("workers"))]
-    a.mode_list = _csv(pick("modes"))
-    a.on_miss_list = _csv(pick("on_miss"))
-    a.ssd_list = _onoff(pick("ssd"))
-    a.order_list = _csv(a.bootstrap_order)
-    a.backend_list = _csv(a.backends)
+    a.payload_list = [parse_size(x) for x in csv(pick("payloads"))]
+    a.worker_list = [parse_workers(x) for x in csv(pick("workers"))]
+    a.mode_list = csv(pick("modes"))
+    a.on_miss_list = csv(pick("on_miss"))
+    a.ssd_list = onoff(pick("ssd"))
+    a.order_list = csv(a.bootstrap_order)
+    a.backend_list = csv(a.backends)
     a.warmup = float(pick("warmup"))
     a.window = float(pick("window"))
     a.pythonpath = [Path(x).resolve() for x in a.pythonpath]
@@ -167,13 +184,18 @@ def vendor_thrift(dest: str) -> int:
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    if a.cmd == "chart":
-        from .chart import load, render
+    if a.cmd in ("chart", "chart-cluster"):
+        from .chart import load, render, render_cluster
 
-        out = a.output or str(Path(a.summary).with_name("pressure.png"))
-        render(load(a.summary), out, a.title)
+        cluster_chart = a.cmd == "chart-cluster"
+        out = a.output or str(Path(a.summary).with_name("cluster.png" if cluster_chart else "pressure.png"))
+        (render_cluster if cluster_chart else render)(load(a.summary), out, a.title)
         print(out)
         return 0
+    if a.cmd == "cluster":
+        from . import cluster
+
+        return cluster.main(a)
     if a.cmd == "vendor-thrift":
         return vendor_thrift(a.dir)
 

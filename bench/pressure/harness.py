@@ -140,17 +140,9 @@ def _pct(h, p):
     return None if v is None else round(v, 1)
 
 
-def run_case(case: Case, ctx: Context) -> dict:
+def prepare(case: Case, ctx: Context, srv, spec: CaseSpec, rec: dict) -> bool:
+    """Fill ``rec`` with why the case cannot run here (False), or its pre-run notes (True)."""
     opts = ctx.opts
-    keys = key_count(opts.dataset, case.payload_bytes)
-    rec = base_record(case, opts, keys)
-    spec = CaseSpec(case.backend, case.variant, case.ssd, case.mode, case.payload_bytes, keys, opts.dram, opts.ssd_size, case.procs, case.threads)
-    try:
-        mod = backends.load(case.backend)
-        srv = mod.Server(opts)
-    except ImportError as e:
-        rec.update(status="unavailable", reason=f"backend module: {e}")
-        return rec
     reason = srv.unavailable(spec)
     if reason is None and case.mode == "cuda":
         info = ctx.cuda()
@@ -158,106 +150,139 @@ def run_case(case: Case, ctx: Context) -> dict:
             reason = f"cuda mode: {info.get('reason')}"
     if reason:
         rec.update(status="unavailable", reason=reason)
-        return rec
-
+        return False
     if case.ssd and fs_type(opts.work_dir) in ("tmpfs", "ramfs"):
         rec["notes"].append(f"work dir {opts.work_dir} is on {fs_type(opts.work_dir)}: the 'SSD' tier is RAM here")
     if case.mode == "cuda":
         rec["cuda"] = {"baseline": ctx.cuda_baseline(case.payload_bytes), "device": ctx.cuda().get("device_name")}
+    return True
 
-    group = Group()
-    workers: list[Worker] = []
-    finished = False
+
+def worker_config(case: Case, spec: CaseSpec, ctx: Context, srv, endpoint: dict, label: str) -> dict:
+    opts = ctx.opts
+    return {
+        "case": {**spec.__dict__},
+        "endpoint": endpoint,
+        "order": case.order,
+        "on_miss": case.on_miss,
+        "seed": opts.seed,
+        "theta": opts.zipf_theta,
+        "pace_scale": opts.pace_scale,
+        "label": label,
+        "pythonpath": [str(p) for p in opts.pythonpath] + list(srv.pythonpath),
+    }
+
+
+def start_workers(group: Group, ctx: Context, srv, cfg: dict, procs: int, workers: list) -> list[dict]:
+    """Start ``procs`` benchmark processes (appended to ``workers`` as they start, so that the
+    caller stops them whatever happens) and wait for their ``ready``."""
+    first = len(workers)
+    for i in range(procs):
+        workers.append(Worker(group, ctx, i, srv.pythonpath))
+    mine = workers[first:]
+    for i, w in enumerate(mine):
+        w.send({"config": {**cfg, "proc_index": i}})
+    return [w.recv(120, "ready") for w in mine]
+
+
+def bootstrap(worker: Worker, case: Case, keys: int, opts, rec: dict) -> None:
+    """The dataset's serial puts through ``worker`` (rec["bootstrap"])."""
+    pause = pause_after_put_s(case.payload_bytes, opts.pace_scale)
+    worker.send({"cmd": "bootstrap"})
+    boot = worker.recv(keys * (pause + 10.0) + 120, "bootstrapped")
+    boot.pop("event", None)
+    rec["bootstrap"] = boot
+    if boot["failed"]:
+        rec["notes"].append(f"{boot['failed']} of {keys} bootstrap puts failed")
+
+
+def describe_server(srv, rec: dict) -> None:
     try:
-        workdir = group.mkdtemp(opts.work_dir, "fkp-")
-        endpoint = srv.start(spec, workdir, group)
-        label = f"{case.backend}{'/' + case.variant if case.variant else ''} ssd={'on' if case.ssd else 'off'}"
-        cfg = {
-            "case": {**spec.__dict__},
-            "endpoint": endpoint,
-            "order": case.order,
-            "on_miss": case.on_miss,
-            "seed": opts.seed,
-            "theta": opts.zipf_theta,
-            "pace_scale": opts.pace_scale,
-            "label": label,
-            "pythonpath": [str(p) for p in opts.pythonpath] + list(srv.pythonpath),
-        }
-        for i in range(case.procs):
-            workers.append(Worker(group, ctx, i, srv.pythonpath))
-        for i, w in enumerate(workers):
-            w.send({"config": {**cfg, "proc_index": i}})
-        ready = [w.recv(120, "ready") for w in workers]
-        rec["client"] = {"native_type": ready[0].get("native_type"), **(ready[0].get("describe") or {})}
+        rec["server"] = srv.describe()
+        rec["notes"] += srv.notes(rec["server"])
+        if srv.cmdline:
+            rec["server"]["cmd"] = " ".join(shlex.quote(str(a)) for a in srv.cmdline)
+    except Exception as e:  # the server's own view is informative, not part of the measurement
+        rec["server"] = {"error": f"{type(e).__name__}: {e}"[:500]}
 
-        pause = pause_after_put_s(case.payload_bytes, opts.pace_scale)
-        workers[0].send({"cmd": "bootstrap"})
-        boot = workers[0].recv(keys * (pause + 10.0) + 120, "bootstrapped")
-        boot.pop("event", None)
-        rec["bootstrap"] = boot
-        if boot["failed"]:
-            rec["notes"].append(f"{boot['failed']} of {keys} bootstrap puts failed")
-        srv.settle(opts.settle_timeout)
+
+def measure(workers: list[Worker], srv, case: Case, opts) -> tuple[list[dict], list, float]:
+    """One warmup + window on a shared clock; server-side SSD counters sampled at its edges.
+    Returns the workers' results, the counter samples and the sampling skew."""
+    t_start = clock() + 0.25
+    ws = t_start + opts.warmup
+    we = ws + opts.window
+    for w in workers:
+        w.send({"cmd": "go", "t_start": t_start, "window_start": ws, "window_end": we})
+    samples = []
+    skew = 0.0
+    if case.ssd and srv.source_method == "counter":
+        _sleep_until(ws)
+        a, ta = srv.ssd_counter(), clock()
+        if a is not None:  # a server-side counter (memcached); workers may add their own
+            _sleep_until(we)
+            b, tb = srv.ssd_counter(), clock()
+            samples.append([a, b])
+            skew = max(ta - ws, tb - we)
+    results = [w.recv(we - clock() + 120, "result") for w in workers]
+    return results, samples, skew
+
+
+def stop_workers(workers: list[Worker], finished: bool) -> None:
+    """Ask every worker to exit; idle workers close their clients and exit by themselves (when
+    ``finished``), else the group's SIGTERM stops them at once."""
+    for w in workers:
         try:
-            rec["server"] = srv.describe()
-            rec["notes"] += srv.notes(rec["server"])
-            if srv.cmdline:
-                rec["server"]["cmd"] = " ".join(shlex.quote(str(a)) for a in srv.cmdline)
-        except Exception as e:  # the server's own view is informative, not part of the measurement
-            rec["server"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-
-        t_start = clock() + 0.25
-        ws = t_start + opts.warmup
-        we = ws + opts.window
-        for w in workers:
-            w.send({"cmd": "go", "t_start": t_start, "window_start": ws, "window_end": we})
-        samples = []
-        skew = 0.0
-        if case.ssd and srv.source_method == "counter":
-            _sleep_until(ws)
-            a, ta = srv.ssd_counter(), clock()
-            if a is not None:  # a server-side counter (memcached); workers may add their own
-                _sleep_until(we)
-                b, tb = srv.ssd_counter(), clock()
-                samples.append([a, b])
-                skew = max(ta - ws, tb - we)
-        results = [w.recv(we - clock() + 120, "result") for w in workers]
-        finished = True
-    except (KeyboardInterrupt, Interrupted):
-        raise
-    except Exception as e:
-        rec.update(status="failed", reason=f"{type(e).__name__}: {e}"[:3000])
-        return rec
-    finally:
+            w.send({"cmd": "exit"})
+        except OSError:
+            pass
+    if finished:
         for w in workers:
             try:
-                w.send({"cmd": "exit"})
-            except OSError:
+                w.proc.p.wait(5)
+            except subprocess.TimeoutExpired:
                 pass
-        if finished:  # idle workers close their clients and exit by themselves; else SIGTERM at once
-            for w in workers:
-                try:
-                    w.proc.p.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
-        try:
-            srv.stop()
-        finally:
-            codes = group.close()
-        # A server that dies of the SIGTERM that stops it (no handler, e.g. mooncake_master) stopped as asked.
-        bad = {k: v for k, v in codes.items() if v not in (0, None, -signal.SIGTERM) and not k.startswith("worker")}
-        if bad:
-            rec["notes"].append(f"servers exited with {bad}")
 
+
+def died_early(group: Group) -> dict[str, str]:
+    """Servers of ``group`` that already exited with a failure status, before the harness stopped
+    them: name → status and log tail (read now: ``close`` removes the logs)."""
+    out = {}
+    for p in group.procs:
+        code = p.p.poll()
+        if code not in (None, 0) and not p.name.startswith("worker"):
+            out[p.name] = f"exit status {code}: {p.log_tail(1500)}"
+    return out
+
+
+def stop_servers(srv, group: Group, rec: dict) -> None:
+    early = died_early(group)
+    if early:
+        rec["notes"].append("servers died during the case: " + " | ".join(f"{k}: {v}" for k, v in early.items()))
+        rec["servers_died"] = sorted(early)
+    try:
+        srv.stop()
+    finally:
+        codes = group.close()
+    # A server that dies of the SIGTERM that stops it (no handler, e.g. mooncake_master) stopped as asked.
+    bad = {k: v for k, v in codes.items() if v not in (0, None, -signal.SIGTERM) and not k.startswith("worker")}
+    if bad:
+        rec["notes"].append(f"servers exited with {bad}")
+
+
+def account(rec: dict, case: Case, srv, results: list[dict], samples: list, skew: float, window: float) -> Tally | None:
+    """Turn the workers' results into the record's counts, rates and latencies; returns the
+    merged tally (None when a worker thread crashed: the case failed)."""
     tally = Tally()
     crashes = []
+    samples = list(samples)
     for r in results:
         tally.merge(Tally.from_json(r["tally"]))
         samples += r.get("counter_samples") or []
         crashes += r.get("crashes") or []
     if crashes:
         rec.update(status="failed", reason="a worker thread crashed: " + crashes[0])
-        return rec
+        return None
 
     hits, misses = tally.hits, tally.misses
     if case.ssd and srv.source_method == "counter":
@@ -268,7 +293,6 @@ def run_case(case: Case, ctx: Context) -> dict:
         att = attribute_per_get(hits, tally.by_source)
     if att.note:
         rec["notes"].append(att.note)
-    window = opts.window
     rec.update(
         status="ok" if att.complete else "incomplete",
         complete=att.complete,
@@ -301,6 +325,51 @@ def run_case(case: Case, ctx: Context) -> dict:
             c[f"{name}_p99_us"] = _pct(h, 99)
         base = (c.get("baseline") or {}).get("gib_s")
         c["fraction_of_plain_h2d"] = (rec["hit_gib_s"] / base) if base else None
+    return tally
+
+
+def case_label(case: Case) -> str:
+    return f"{case.backend}{'/' + case.variant if case.variant else ''} ssd={'on' if case.ssd else 'off'}"
+
+
+def run_case(case: Case, ctx: Context) -> dict:
+    opts = ctx.opts
+    keys = key_count(opts.dataset, case.payload_bytes)
+    rec = base_record(case, opts, keys)
+    spec = CaseSpec(case.backend, case.variant, case.ssd, case.mode, case.payload_bytes, keys, opts.dram, opts.ssd_size, case.procs, case.threads)
+    try:
+        mod = backends.load(case.backend)
+        srv = mod.Server(opts)
+    except ImportError as e:
+        rec.update(status="unavailable", reason=f"backend module: {e}")
+        return rec
+    if not prepare(case, ctx, srv, spec, rec):
+        return rec
+
+    group = Group()
+    workers: list[Worker] = []
+    finished = False
+    try:
+        workdir = group.mkdtemp(opts.work_dir, "fkp-")
+        endpoint = srv.start(spec, workdir, group)
+        cfg = worker_config(case, spec, ctx, srv, endpoint, case_label(case))
+        ready = start_workers(group, ctx, srv, cfg, case.procs, workers)
+        rec["client"] = {"native_type": ready[0].get("native_type"), **(ready[0].get("describe") or {})}
+        bootstrap(workers[0], case, keys, opts, rec)
+        srv.settle(opts.settle_timeout)
+        describe_server(srv, rec)
+        results, samples, skew = measure(workers, srv, case, opts)
+        finished = True
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as e:
+        rec.update(status="failed", reason=f"{type(e).__name__}: {e}"[:3000])
+        return rec
+    finally:
+        stop_workers(workers, finished)
+        stop_servers(srv, group, rec)
+
+    account(rec, case, srv, results, samples, skew, opts.window)
     return rec
 
 

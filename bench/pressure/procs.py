@@ -184,6 +184,15 @@ def unix_request(path: str, payload: bytes, until: bytes, timeout: float = 5.0) 
         s.close()
 
 
+def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for servers that need explicit ports)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

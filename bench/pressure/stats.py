@@ -107,6 +107,46 @@ def attribute_counter(hits: int, samples: list[tuple[float, float]]) -> Attribut
     return Attribution(hits - delta, delta, 0, True, "counter")
 
 
+# Where a cluster hit came from: tier × (this owner | another owner), per response.
+PLACES = ("memory_local", "memory_remote", "ssd_local", "ssd_remote")
+
+
+def place_key(source, remote: bool) -> str:
+    return f"{source or 'none'}_{'remote' if remote else 'local'}"
+
+
+@dataclass
+class PlaceSplit:
+    """``hits`` split by place (``PLACES``, as ``<place>_hits`` fields). Complete when the four add
+    up to the hits with nothing else; otherwise every count is None and ``note`` says why."""
+
+    counts: dict
+    complete: bool
+    method: str  # "per-get" (each response's source and remote flag) | "topology" | "none"
+    note: str = ""
+
+    def fields(self) -> dict:
+        return {f"{p}_hits": self.counts.get(p) for p in PLACES}
+
+
+def split_by_place(hits: int, by_place: dict) -> PlaceSplit:
+    """Per-response attribution (fluxkv: ``MemHolder.source`` and ``.remote``)."""
+    counts = {p: int(by_place.get(p, 0)) for p in PLACES}
+    other = {k: v for k, v in by_place.items() if k not in PLACES and v}
+    if sum(counts.values()) == hits and not other:
+        return PlaceSplit(counts, True, "per-get")
+    note = f"per-get places {counts} (other {other}) do not add up to hits={hits}"
+    return PlaceSplit({p: None for p in PLACES}, False, "per-get", note)
+
+
+def split_all_remote(hits: int, memory: int | None, ssd: int | None, unknown: int | None) -> PlaceSplit:
+    """A topology where no benchmark process stores anything (Mooncake's dedicated owner): every
+    hit crossed the network; the tier split is the backend's own (counter) attribution."""
+    if unknown or memory is None or ssd is None or memory + ssd != hits:
+        return PlaceSplit({p: None for p in PLACES}, False, "topology", "tier sources incomplete: places unknown")
+    return PlaceSplit({"memory_local": 0, "memory_remote": memory, "ssd_local": 0, "ssd_remote": ssd}, True, "topology")
+
+
 # -- per-thread tallies ----------------------------------------------------------------------------
 
 
@@ -118,6 +158,7 @@ class Tally:
     misses: int = 0
     errors: int = 0
     by_source: dict = field(default_factory=dict)  # "memory" / "ssd" / "none" → hits
+    by_place: dict = field(default_factory=dict)  # "memory_local" / "memory_remote" / "ssd_local" / "ssd_remote" → hits (clusters)
     ops_total: int = 0  # every op issued, warmup and late ones included
     put_ok: int = 0  # read-through puts made in the window
     put_failed: int = 0
@@ -125,10 +166,15 @@ class Tally:
     error_samples: list = field(default_factory=list)
     stages: dict = field(default_factory=dict)  # cuda: stage name → Histogram
 
-    def hit(self, source, latency_s: float) -> None:
+    def hit(self, source, latency_s: float, remote: bool | None = None) -> None:
+        """One hit from ``source``; ``remote`` (None: the backend does not tell) says whether its
+        bytes were pulled from another owner, counted in ``by_place``."""
         self.hits += 1
         k = source or "none"
         self.by_source[k] = self.by_source.get(k, 0) + 1
+        if remote is not None:
+            p = place_key(source, remote)
+            self.by_place[p] = self.by_place.get(p, 0) + 1
         self.hist.add_us(latency_s * 1e6)
 
     def error(self, msg: str) -> None:
@@ -148,6 +194,8 @@ class Tally:
         self.errors += o.errors
         for k, v in o.by_source.items():
             self.by_source[k] = self.by_source.get(k, 0) + v
+        for k, v in o.by_place.items():
+            self.by_place[k] = self.by_place.get(k, 0) + v
         self.ops_total += o.ops_total
         self.put_ok += o.put_ok
         self.put_failed += o.put_failed
@@ -167,6 +215,7 @@ class Tally:
             "misses": self.misses,
             "errors": self.errors,
             "by_source": dict(self.by_source),
+            "by_place": dict(self.by_place),
             "ops_total": self.ops_total,
             "put_ok": self.put_ok,
             "put_failed": self.put_failed,
@@ -182,6 +231,7 @@ class Tally:
             misses=d["misses"],
             errors=d["errors"],
             by_source=dict(d["by_source"]),
+            by_place=dict(d.get("by_place") or {}),
             ops_total=d["ops_total"],
             put_ok=d["put_ok"],
             put_failed=d["put_failed"],

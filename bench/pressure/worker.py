@@ -7,8 +7,11 @@ stderr).
                                  ←   {"event": "ready"}
     {"cmd": "bootstrap"}         →   (process 0 only: serial paced puts, progress on stderr)
                                  ←   {"event": "bootstrapped", ...}
+    {"cmd": "fill", "count": n,  →   (cluster remote-SSD path) n unpaced puts of filler keys
+     "size": bytes}
+                                 ←   {"event": "filled", ...}
     {"cmd": "go", "t_start",     →   threads run warmup then window on the shared monotonic clock
-     "window_start", "window_end"}
+     "window_start", "window_end"}   (may come again: another window on the same servers)
                                  ←   {"event": "result", "tally": ..., "counter_samples": ...}
     {"cmd": "exit"} or EOF       →   close and exit
 
@@ -32,7 +35,7 @@ from . import backends
 from .backends.base import CaseSpec
 from .progress import Progress
 from .stats import Tally
-from .workload import ValueMaker, ZipfSequence, bootstrap_order, check_value, key_name, pause_after_put_s, value_body, zipf_cdf
+from .workload import ValueMaker, ZipfSequence, bootstrap_order, check_value, filler_key_name, key_name, pause_after_put_s, value_body, zipf_cdf
 
 clock = time.monotonic  # CLOCK_MONOTONIC: one clock for every process on the machine
 
@@ -57,27 +60,25 @@ def sleep_until(t: float) -> None:
         time.sleep(min(d, 0.05))
 
 
-def bootstrap(side, cfg: dict) -> dict:
-    """Serial puts of every key, in the case's order, paced as the seed."""
-    case = cfg["case"]
-    n, payload = case["keys"], case["payload_bytes"]
-    order = bootstrap_order(n, cfg["order"], cfg["seed"])
-    pause = pause_after_put_s(payload, cfg["pace_scale"])
-    vm = ValueMaker(value_body(payload, cfg["seed"]))
+def put_all(side, keys, index_of, payload: int, pause: float, body: bytes, label: str) -> dict:
+    """Serial puts of ``keys`` (value of key k: the stamped value of ``index_of(k)``) through the
+    side's bootstrap client, ``pause`` s after each; a progress bar on stderr."""
+    n = len(keys)
+    vm = ValueMaker(body)
     tc = side.thread_client(-1)
-    bar = Progress(n, f"  bootstrap {cfg['label']}", unit_bytes=payload)
+    bar = Progress(n, label, unit_bytes=payload)
     ok = failed = 0
     errors: list[str] = []
     t0 = clock()
     try:
-        for i, idx in enumerate(order):
+        for i, key in enumerate(keys):
             try:
-                tc.put(key_name(idx), vm.value(idx))
+                tc.put(key, vm.value(index_of(i)))
                 ok += 1
             except Exception as e:  # a refused put is a result of the bootstrap, counted
                 failed += 1
                 if len(errors) < 5:
-                    errors.append(f"{key_name(idx)}: {type(e).__name__}: {e}"[:300])
+                    errors.append(f"{key}: {type(e).__name__}: {e}"[:300])
             bar.update(i + 1)
             if pause:
                 time.sleep(pause)
@@ -85,6 +86,24 @@ def bootstrap(side, cfg: dict) -> dict:
     finally:
         tc.close()
     return {"puts": ok, "failed": failed, "seconds": clock() - t0, "pause_s": pause, "errors": errors}
+
+
+def bootstrap(side, cfg: dict) -> dict:
+    """Serial puts of every key, in the case's order, paced as the seed."""
+    case = cfg["case"]
+    n, payload = case["keys"], case["payload_bytes"]
+    order = bootstrap_order(n, cfg["order"], cfg["seed"])
+    pause = pause_after_put_s(payload, cfg["pace_scale"])
+    return put_all(side, [key_name(idx) for idx in order], lambda i: order[i], payload, pause,
+                   value_body(payload, cfg["seed"]), f"  bootstrap {cfg['label']}")
+
+
+def fill(side, cfg: dict, count: int, size: int) -> dict:
+    """Unpaced puts of ``count`` keys of ``size`` bytes outside the dataset (``filler-…``, never
+    read): memory pressure that pushes the dataset's memory replicas out (a cluster's remote-SSD path)."""
+    keys = [filler_key_name(i) for i in range(count)]
+    out = put_all(side, keys, lambda i: i, size, 0.0, value_body(size, cfg["seed"]), f"  filler {cfg['label']}")
+    return {**out, "size": size}
 
 
 class WindowThread:
@@ -116,7 +135,7 @@ class WindowThread:
         t0, got, idx = d.token
         t = self.tally
         if ws <= d.t_done < we:
-            t.hit(got.source, d.t_done - t0)
+            t.hit(got.source, d.t_done - t0, got.remote)
             t.stage("host_stage", d.host_stage_s)
             t.stage("submit", d.submit_s)
             t.stage("h2d_event", d.h2d_s)
@@ -183,11 +202,11 @@ class WindowThread:
                     ok = check_value(data, idx, payload)
                     t1 = clock()
                     del data
-                source = got.source
+                source, remote = got.source, got.remote
                 got.release()
                 if ws <= t1 < we:
                     if ok:
-                        t.hit(source, t1 - t0)
+                        t.hit(source, t1 - t0, remote)
                     else:
                         t.error(f"get {key}: value of wrong length or with a foreign stamp")
         finally:
@@ -267,6 +286,8 @@ def main() -> int:
             try:
                 if cmd == "bootstrap":
                     proto.send({"event": "bootstrapped", **bootstrap(side, cfg)})
+                elif cmd == "fill":
+                    proto.send({"event": "filled", **fill(side, cfg, int(msg["count"]), int(msg.get("size") or cfg["case"]["payload_bytes"]))})
                 elif cmd == "go":
                     proto.send(run_window(side, cfg, msg))
                 elif cmd == "exit":

@@ -37,6 +37,11 @@ def key_name(index: int) -> str:
     return f"pressure-{index:07d}"
 
 
+def filler_key_name(index: int) -> str:
+    """Key of filler value ``index``: never a dataset key, never read in a window."""
+    return f"filler-{index:07d}"
+
+
 def key_count(dataset_bytes: int, payload_bytes: int) -> int:
     """Keys in a dataset of about ``dataset_bytes`` (2.5 GiB / (1 MiB - 128 B) → 2560, the seed's)."""
     return max(1, round(dataset_bytes / payload_bytes))

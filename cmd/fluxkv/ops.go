@@ -172,10 +172,11 @@ type memberJSON struct {
 	MemoryReplicas int64        `json:"memory_replicas"`
 	SsdReplicas    int64        `json:"ssd_replicas"`
 	Holders        int64        `json:"holders"`
-	// SsdPersists and SsdPersistsDropped: SSD persists the master asked this owner
-	// for, and those that left the value memory-only.
+	// SsdPersists, SsdPersistsDropped, SsdPersistsPending: SSD persists the master
+	// asked this owner for, those that left the value memory-only, and those running.
 	SsdPersists        int64 `json:"ssd_persists"`
 	SsdPersistsDropped int64 `json:"ssd_persists_dropped"`
+	SsdPersistsPending int64 `json:"ssd_persists_pending"`
 }
 
 type statusJSON struct {
@@ -195,7 +196,7 @@ func statusCommand() *cli.Command {
 			for _, m := range st.Members {
 				mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
 					MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders,
-					SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped}
+					SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped, SsdPersistsPending: m.SsdPersistsPending}
 				if m.MemorySegment != nil {
 					mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
 				}

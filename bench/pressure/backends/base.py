@@ -44,12 +44,15 @@ class CaseSpec:
 
 
 class Got(abc.ABC):
-    """One hit. ``source`` is ``"memory"``, ``"ssd"`` or ``None`` (attributed by counter).
+    """One hit. ``source`` is ``"memory"``, ``"ssd"`` or ``None`` (attributed by counter);
+    ``remote`` is True when its bytes were pulled from another owner, False when they were this
+    owner's, None when the backend does not say (a cluster benchmark splits hits on it).
     ``native`` is the backend's own reference (MemHolder, bytes, BufferHandle): holder mode keeps
     it alive until the op is counted and then calls ``release()``."""
 
     __slots__ = ()
     source: str | None = None
+    remote: bool | None = None
 
     @abc.abstractmethod
     def __len__(self) -> int:

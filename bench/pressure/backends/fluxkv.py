@@ -6,12 +6,14 @@ shared by its threads, as an inference process would). Sources come per get from
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..procs import unix_socket_ready, wait_for
+from ..procs import free_port, tcp_open, unix_socket_ready, wait_for
 from .base import CaseSpec, Got, Server as _Server, ThreadClient, WorkerSide as _WorkerSide, module_available, settle_by_polling, which
 
 
@@ -93,15 +95,16 @@ class Server(_Server):
         return json.loads(out.stdout)
 
     def settle(self, timeout: float) -> None:
-        """SSD writes run after each put returns: wait until the SSD replica count and used bytes
-        stop moving. ``kv_ssd.used_bytes`` comes with the owner's heartbeat (1 s), so watch for
-        more than one heartbeat."""
+        """SSD writes run after each put returns: wait until the SSD replica count, used bytes and
+        running persists stop moving. ``kv_ssd.used_bytes`` comes with the owner's heartbeat (1 s),
+        so watch for more than one heartbeat."""
         if not self.case_ssd:
             return
 
         def sample():
             st = self._status()
-            return tuple((m.get("ssd_replicas"), (m.get("kv_ssd") or {}).get("used_bytes")) for m in st.get("members", []))
+            return tuple((m.get("ssd_replicas"), (m.get("kv_ssd") or {}).get("used_bytes"), m.get("ssd_persists_pending"))
+                         for m in st.get("members", []))
 
         settle_by_polling(sample, timeout, interval=0.3, stable_for=5)
 
@@ -123,11 +126,12 @@ class Server(_Server):
 
 
 class FluxGot(Got):
-    __slots__ = ("h", "source")
+    __slots__ = ("h", "source", "remote")
 
     def __init__(self, h):
         self.h = h
         self.source = h.source
+        self.remote = getattr(h, "remote", None)  # an older client does not tell
 
     def __len__(self) -> int:
         return len(self.h)
@@ -143,9 +147,14 @@ class FluxGot(Got):
 
 
 class FluxThread(ThreadClient):
-    def __init__(self, client, fluxkv_mod):
+    """Gets through ``client``; puts through ``put_clients`` in turn (default: ``client``)."""
+
+    def __init__(self, client, fluxkv_mod, put_clients=None, owned=()):
         self.c = client
         self.KeyNotFound = fluxkv_mod.KeyNotFound
+        self.put_clients = list(put_clients or [client])
+        self.owned = owned  # clients this thread client opened and closes
+        self.puts = 0
 
     def get(self, key: str):
         try:
@@ -154,10 +163,20 @@ class FluxThread(ThreadClient):
             return None
 
     def put(self, key: str, value) -> None:
-        self.c.put(key, value)
+        c = self.put_clients[self.puts % len(self.put_clients)]
+        self.puts += 1
+        c.put(key, value)
+
+    def close(self) -> None:
+        for c in self.owned:
+            c.close()
 
 
 class WorkerSide(_WorkerSide):
+    """One client per process. A cluster endpoint (``sockets``, ``attach``, ``put_via``) attaches
+    process i to owner ``attach[i mod len]``; its bootstrap and filler puts go through the owners
+    of ``put_via`` in turn (one client each, opened for the bootstrap)."""
+
     native_type = "MemHolder"
 
     def __init__(self, endpoint: dict, case: CaseSpec, proc_index: int):
@@ -168,10 +187,170 @@ class WorkerSide(_WorkerSide):
         import fluxkv
 
         self.mod = fluxkv
-        self.client = fluxkv.connect(endpoint["socket"])
+        if "sockets" in endpoint:
+            attach = endpoint["attach"]
+            self.owner = attach[proc_index % len(attach)]
+            self.socket = endpoint["sockets"][self.owner]
+            self.put_via = list(endpoint.get("put_via") or [self.owner])
+        else:
+            self.owner, self.socket, self.put_via = None, endpoint["socket"], None
+        self.client = fluxkv.connect(self.socket)
 
     def thread_client(self, thread_index: int) -> ThreadClient:
-        return FluxThread(self.client, self.mod)
+        if thread_index >= 0 or not self.put_via or self.put_via == [self.owner]:
+            return FluxThread(self.client, self.mod)
+        owned = {i: self.mod.connect(self.endpoint["sockets"][i]) for i in sorted(set(self.put_via)) if i != self.owner}
+        puts = [self.client if i == self.owner else owned[i] for i in self.put_via]
+        return FluxThread(self.client, self.mod, puts, tuple(owned.values()))
+
+    def describe(self) -> dict:
+        return {} if self.owner is None else {"owner": self.owner, "socket": self.socket, "put_via": self.put_via}
 
     def close(self) -> None:
         self.client.close()
+
+
+# -- a cluster: one master and N owners (python3 -m pressure cluster) -----------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A fluxkv cluster on this machine, and which owner each benchmark process talks to."""
+
+    owners: int
+    dram_bytes: int  # per owner
+    ssd_owners: tuple  # indices of the owners with an SSD tier
+    ssd_bytes: int  # per SSD owner
+    attach: tuple  # owner index of benchmark process i (i mod len)
+    put_via: tuple  # bootstrap / filler puts go through these owners in turn
+    no_promotion: bool = False  # master --no-promotion
+    placement: str | None = None  # master --placement (None: its default, pool)
+    cache_grace: str | None = None  # every owner's --cache-grace (None: its default)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ssd_owners": list(self.ssd_owners), "attach": list(self.attach), "put_via": list(self.put_via),
+                "owner_ids": [owner_id(i) for i in range(self.owners)]}
+
+
+def owner_id(i: int) -> str:
+    return f"o{i}"
+
+
+def persist_counts(status: dict) -> dict:
+    """The master's SSD persist counters from ``fluxkv status --json``: per member, the persists it
+    was asked for (``ssd_persists``), those that ended without an SSD copy (``ssd_persists_dropped``:
+    failed, queue full, owner gone) and those still running (``ssd_persists_pending``), and their
+    sums (``asked``, ``dropped``, ``pending``)."""
+    out: dict = {"asked": 0, "dropped": 0, "pending": 0, "by_member": {}}
+    for m in status.get("members", []):
+        c = {"asked": m.get("ssd_persists") or 0, "dropped": m.get("ssd_persists_dropped") or 0,
+             "pending": m.get("ssd_persists_pending") or 0}
+        out["by_member"][m.get("node_id")] = c
+        for k, v in c.items():
+            out[k] += v
+    return out
+
+
+class Cluster(Server):
+    """``fluxkv master`` and ``topo.owners`` × ``fluxkv owner`` on loopback, sharing a fresh cluster
+    secret (mode 0600): owner i is ``o{i}`` in ``DIR/o{i}`` (socket ``DIR/o{i}/fluxkv.sock``), the
+    owners in ``topo.ssd_owners`` with ``--ssd-path DIR/o{i}/ssd --ssd-limit topo.ssd_bytes``. Every
+    log goes to a file in the case's dir (warn level, JSON)."""
+
+    def __init__(self, opts, topo: Topology):
+        super().__init__(opts)
+        self.topo = topo
+        self.sockets: list[str] = []
+        self.logs: list[Path] = []
+        self.cmdlines: dict[str, list] = {}
+        self.master_addr: str | None = None
+
+    def unavailable(self, case: CaseSpec) -> str | None:
+        why = super().unavailable(CaseSpec(**{**case.__dict__, "ssd": bool(self.topo.ssd_owners)}))
+        if why:
+            return why
+        out = subprocess.run([self.bin, "master", "--help"], capture_output=True, text=True, timeout=20)
+        if "--cluster-secret-file" not in out.stdout + out.stderr:
+            return f"{self.bin} master takes no --cluster-secret-file (a build before clusters)"
+        return None
+
+    def start(self, case: CaseSpec, workdir: Path, group) -> dict:
+        t = self.topo
+        secret = workdir / "cluster.secret"
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, os.urandom(48).hex().encode())
+        os.close(fd)
+        common = [self.bin, "--log-format", "json", "--log-level", "warn"]
+        port = free_port()
+        self.master_addr = f"127.0.0.1:{port}"
+        margs = common + ["master", "--listen", self.master_addr, "--cluster-secret-file", str(secret)]
+        if t.no_promotion:
+            margs.append("--no-promotion")
+        if t.placement:
+            margs += ["--placement", t.placement]
+        margs += shlex.split(getattr(self.opts, "fluxkv_master_args", "") or "")
+        self.cmdlines = {"master": margs}
+        self.logs = [workdir / "master.log"]
+        master = group.start("master", margs, self.logs[0])
+        wait_for(lambda: tcp_open("127.0.0.1", port), 60, "fluxkv master port", master)
+        procs = []
+        self.sockets = []
+        for i in range(t.owners):
+            d = workdir / owner_id(i)
+            d.mkdir()
+            args = common + ["owner", "--dir", str(d), "--dram", str(t.dram_bytes), "--master", self.master_addr, "--node-id", owner_id(i),
+                             "--cluster-secret-file", str(secret)]
+            if t.cache_grace is not None:
+                args += ["--cache-grace", t.cache_grace]
+            if i in t.ssd_owners:
+                (d / "ssd").mkdir()
+                args += ["--ssd-path", str(d / "ssd"), "--ssd-limit", str(t.ssd_bytes)]
+            args += shlex.split(getattr(self.opts, "fluxkv_owner_args", "") or "")
+            self.cmdlines[owner_id(i)] = args
+            self.logs.append(workdir / f"{owner_id(i)}.log")
+            procs.append(group.start(owner_id(i), args, self.logs[-1]))
+            self.sockets.append(str(d / "fluxkv.sock"))
+        for sock, p in zip(self.sockets, procs):
+            wait_for(lambda: unix_socket_ready(sock), 60, f"{p.name}'s socket", p)
+        self.socket = self.sockets[0]
+        self.case_ssd = bool(t.ssd_owners)
+        self.proc = master
+
+        def all_alive():
+            try:
+                ms = self._status().get("members", [])
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired):
+                return False
+            return sum(1 for m in ms if m.get("alive", True)) >= t.owners
+
+        wait_for(all_alive, 60, f"{t.owners} live members in fluxkv status", master, interval=0.1)
+        self.cmdline = margs
+        return self.endpoint(t.attach)
+
+    def endpoint(self, attach) -> dict:
+        """What a benchmark process needs; ``attach`` may differ between windows of one case."""
+        return {"sockets": list(self.sockets), "attach": list(attach), "put_via": list(self.topo.put_via), "pythonpath": list(self.pythonpath)}
+
+    def persist_counts(self) -> dict:
+        """The master's SSD persist counters (``persist_counts``)."""
+        return persist_counts(self._status())
+
+    def describe(self) -> dict:
+        st = self._status()
+        members = []
+        for m in st.get("members", []):
+            seg = m.get("memory_segment") or {}
+            ssd = m.get("kv_ssd") or {}
+            members.append({
+                "node_id": m.get("node_id"), "alive": m.get("alive"),
+                "memory_capacity_bytes": seg.get("capacity_bytes"), "memory_used_bytes": seg.get("used_bytes"),
+                "ssd_capacity_bytes": ssd.get("capacity_bytes"), "ssd_used_bytes": ssd.get("used_bytes"),
+                "memory_replicas": m.get("memory_replicas"), "ssd_replicas": m.get("ssd_replicas"), "holders": m.get("holders"),
+            })
+        out = {"keys": st.get("keys"), "members": members, "topology": self.topo.to_json()}
+        for k in ("memory_replicas", "ssd_replicas", "memory_used_bytes", "ssd_used_bytes"):
+            out[k] = sum(m[k] or 0 for m in members)
+        return out
+
+    def cmd(self) -> dict:
+        return {name: " ".join(shlex.quote(str(a)) for a in args) for name, args in self.cmdlines.items()}

@@ -58,7 +58,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..procs import free_port, unix_request, unix_socket_ready, wait_for
+from ..procs import free_port, tcp_open, unix_request, unix_socket_ready, wait_for
 from ..sizes import format_size, parse_size
 from .base import BytesGot, CaseSpec, Got, Server as _Server, ThreadClient, WorkerSide as _WorkerSide, settle_by_polling, which
 
@@ -155,14 +155,6 @@ def metadata_url(ports: Ports) -> str:
 
 def master_address(ports: Ports) -> str:
     return f"{HOST}:{ports.rpc}"
-
-
-def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def parse_metrics(text: str) -> dict[str, float]:

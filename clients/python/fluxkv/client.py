@@ -1029,6 +1029,7 @@ def _stat_dict(r) -> dict:
                 "holders": m.holders or 0,
                 "ssd_persists": m.ssd_persists or 0,
                 "ssd_persists_dropped": m.ssd_persists_dropped or 0,
+                "ssd_persists_pending": m.ssd_persists_pending or 0,
             }
         )
     return {

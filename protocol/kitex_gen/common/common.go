@@ -183,6 +183,7 @@ type MemberStat struct {
 	Holders            int64         `thrift:"holders,10" frugal:"10,default,i64" json:"holders"`
 	SsdPersists        int64         `thrift:"ssd_persists,11" frugal:"11,default,i64" json:"ssd_persists"`
 	SsdPersistsDropped int64         `thrift:"ssd_persists_dropped,12" frugal:"12,default,i64" json:"ssd_persists_dropped"`
+	SsdPersistsPending int64         `thrift:"ssd_persists_pending,13" frugal:"13,default,i64" json:"ssd_persists_pending"`
 }
 
 func NewMemberStat() *MemberStat {
@@ -249,6 +250,10 @@ func (p *MemberStat) GetSsdPersists() (v int64) {
 func (p *MemberStat) GetSsdPersistsDropped() (v int64) {
 	return p.SsdPersistsDropped
 }
+
+func (p *MemberStat) GetSsdPersistsPending() (v int64) {
+	return p.SsdPersistsPending
+}
 func (p *MemberStat) SetNodeId(val string) {
 	p.NodeId = val
 }
@@ -285,6 +290,9 @@ func (p *MemberStat) SetSsdPersists(val int64) {
 func (p *MemberStat) SetSsdPersistsDropped(val int64) {
 	p.SsdPersistsDropped = val
 }
+func (p *MemberStat) SetSsdPersistsPending(val int64) {
+	p.SsdPersistsPending = val
+}
 
 func (p *MemberStat) IsSetMemorySegment() bool {
 	return p.MemorySegment != nil
@@ -314,6 +322,7 @@ var fieldIDToName_MemberStat = map[int16]string{
 	10: "holders",
 	11: "ssd_persists",
 	12: "ssd_persists_dropped",
+	13: "ssd_persists_pending",
 }
 
 type KeyVersion struct {

@@ -153,11 +153,12 @@ class MemberStat(object):
      - holders
      - ssd_persists
      - ssd_persists_dropped
+     - ssd_persists_pending
 
     """
 
 
-    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None,):
+    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None,):
         self.node_id = node_id
         self.generation = generation
         self.memory_segment = memory_segment
@@ -170,6 +171,7 @@ class MemberStat(object):
         self.holders = holders
         self.ssd_persists = ssd_persists
         self.ssd_persists_dropped = ssd_persists_dropped
+        self.ssd_persists_pending = ssd_persists_pending
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -242,6 +244,11 @@ class MemberStat(object):
                     self.ssd_persists_dropped = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 13:
+                if ftype == TType.I64:
+                    self.ssd_persists_pending = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -299,6 +306,10 @@ class MemberStat(object):
         if self.ssd_persists_dropped is not None:
             oprot.writeFieldBegin('ssd_persists_dropped', TType.I64, 12)
             oprot.writeI64(self.ssd_persists_dropped)
+            oprot.writeFieldEnd()
+        if self.ssd_persists_pending is not None:
+            oprot.writeFieldBegin('ssd_persists_pending', TType.I64, 13)
+            oprot.writeI64(self.ssd_persists_pending)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -405,6 +416,7 @@ MemberStat.thrift_spec = (
     (10, TType.I64, 'holders', None, None, ),  # 10
     (11, TType.I64, 'ssd_persists', None, None, ),  # 11
     (12, TType.I64, 'ssd_persists_dropped', None, None, ),  # 12
+    (13, TType.I64, 'ssd_persists_pending', None, None, ),  # 13
 )
 all_structs.append(KeyVersion)
 KeyVersion.thrift_spec = (

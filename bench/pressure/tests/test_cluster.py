@@ -1,0 +1,184 @@
+"""The cluster benchmark (python3 -m pressure cluster): its logic on synthetic data, and one
+end-to-end run against the real binary (3 owners of 16 MiB, one with SSD; tiny windows): the
+remote paths, whose rows must show every hit remote; the mixed path differs only in its topology
+(tested above) and is left to the benchmark itself, to keep this under 30 s on 2 busy cores."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pressure import cli, cluster
+from pressure.backends import fluxkv as fx
+from pressure.chart import cluster_series, render_cluster
+from pressure.stats import PLACES, Tally, split_all_remote, split_by_place
+
+from .test_mooncake import fake  # noqa: F401  (the TEST FAKE Mooncake fixture)
+from .test_servers import FLUXKV_BIN, need, our_processes
+
+REPO = Path(__file__).resolve().parents[3]
+MiB = 1 << 20
+
+
+def parse(tmp_path, *extra):
+    a = cli.build_parser().parse_args(["cluster", "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), *extra])
+    return cluster.resolve(a)
+
+
+# -- logic -----------------------------------------------------------------------------------------
+
+
+def test_split_by_place_adds_up_or_says_why():
+    ok = split_by_place(10, {"memory_local": 3, "memory_remote": 4, "ssd_remote": 3})
+    assert ok.complete and ok.fields() == {"memory_local_hits": 3, "memory_remote_hits": 4, "ssd_local_hits": 0, "ssd_remote_hits": 3}
+    short = split_by_place(10, {"memory_local": 9})
+    assert not short.complete and set(short.fields().values()) == {None} and "do not add up" in short.note
+    odd = split_by_place(2, {"memory_local": 1, "unknown_remote": 1})
+    assert not odd.complete
+    assert split_all_remote(5, 3, 2, 0).fields() == {"memory_local_hits": 0, "memory_remote_hits": 3, "ssd_local_hits": 0, "ssd_remote_hits": 2}
+    assert not split_all_remote(5, 0, 0, 5).complete
+
+
+def test_tally_counts_places_and_roundtrips():
+    t = Tally()
+    t.hit("memory", 0.001, True)
+    t.hit("ssd", 0.002, False)
+    t.hit("memory", 0.001)  # a backend that does not say: no place
+    u = Tally.from_json(json.loads(json.dumps(t.to_json())))
+    assert u.by_place == {"memory_remote": 1, "ssd_local": 1} and u.hits == 3
+    u.merge(t)
+    assert u.by_place == {"memory_remote": 2, "ssd_local": 2}
+
+
+def test_quick_preset_matrix_and_topologies(tmp_path):
+    o = parse(tmp_path)
+    assert (o.owners, o.ssd_owners, o.owner_dram, o.worker_list) == (3, 1, 128 * MiB, [(2, 1)])
+    assert o.payload_list == [MiB - 128, 16 * MiB - 128] and o.ssd_size == 8 * 3 * 128 * MiB
+    cases = cluster.cases_for(o)
+    assert cases[0] == cluster.TcpRaw(MiB - 128, 2, 1) and cluster.TcpRaw(MiB - 128, 2, 1, again=True) in cases
+    flux = [(c.path, c.ssd, c.on_miss, c.mode) for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "fluxkv" and c.payload_bytes == MiB - 128]
+    assert flux == [("mixed", False, "none", "bytes"), ("mixed", True, "none", "bytes"), ("mixed", False, "put", "bytes"),
+                    ("remote-memory", False, "none", "holder"), ("remote-ssd", True, "none", "holder")]
+    moon = [(c.path, c.variant) for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "mooncake"]
+    assert moon and {v for _, v in moon} == {"dedicated_owner"} and "remote-ssd" not in {p for p, _ in moon}
+    by = {c.path: cluster.topology_for(c, o) for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "fluxkv"}
+    assert by["mixed"].attach == (0, 1, 2) and by["mixed"].put_via == (0, 1, 2) and not by["mixed"].no_promotion
+    rm = by["remote-memory"]  # put through an owner without SSD, read on the others, which hold no replica
+    assert rm.put_via == (1,) and 1 not in rm.attach and rm.placement == "local" and rm.no_promotion and rm.cache_grace == "0"
+    rs = by["remote-ssd"]  # read on the owners without SSD
+    assert rs.ssd_owners == (0,) and rs.attach == (1, 2) and rs.put_via == (0, 1, 2) and rs.no_promotion and rs.cache_grace == "0"
+    full = parse(tmp_path, "--preset", "full")
+    assert full.worker_list == [(2, 1), (4, 1), (4, 2), (4, 4)] and len(full.payload_list) == 4 and full.path_modes["mixed"] == ["holder", "bytes"]
+    assert cluster.mixed_kinds(full) == [(False, "none"), (True, "none"), (False, "put"), (True, "put")]
+
+
+def test_persist_counts_from_status():
+    st = {"members": [
+        {"node_id": "o0", "ssd_persists": 30, "ssd_persists_dropped": 1, "ssd_persists_pending": 2},
+        {"node_id": "o1", "ssd_persists": 0, "ssd_persists_dropped": 0},
+        {"node_id": "o2"},
+    ]}
+    c = fx.persist_counts(st)
+    assert (c["asked"], c["dropped"], c["pending"]) == (30, 1, 2)
+    assert c["by_member"]["o0"] == {"asked": 30, "dropped": 1, "pending": 2}
+    assert c["by_member"]["o2"] == {"asked": 0, "dropped": 0, "pending": 0}
+
+
+def _row(backend, path, payload, gib, **kw):
+    r = {k: None for k in cluster.SCHEMA}
+    r.update(backend=backend, path=path, variant=None, ssd=kw.pop("ssd", path != "remote-memory"), mode=kw.pop("mode", "holder"), on_miss="none",
+             payload_bytes=payload, procs=2 if backend != "tcp-raw" else 1, threads=1 if backend != "tcp-raw" else 2, concurrency="c2",
+             status="ok", complete=True, hits=100, misses=0, errors=0, hit_rate=1.0, hit_gib_s=gib, memory_hits=100, ssd_hits=0, unknown_hits=0,
+             memory_local_hits=10, memory_remote_hits=90, ssd_local_hits=0, ssd_remote_hits=0, owners=3, owner_dram_bytes=128 * MiB,
+             dram_bytes=384 * MiB, ssd_bytes=3 << 30, dataset_bytes=480 * MiB, dropped_persists=0, zipf_theta=0.99, warmup_s=1, window_s=4,
+             kind="baseline" if backend == "tcp-raw" else "measured")
+    r.update(kw)
+    return r
+
+
+def test_ratios_goals_table_and_chart(tmp_path):
+    big = 16 * MiB - 128
+    rows = [
+        _row("tcp-raw", None, big, 2.0, mode="raw"),
+        _row("fluxkv", "remote-memory", big, 1.6, memory_local_hits=0, memory_remote_hits=100),
+        _row("fluxkv", "remote-ssd", big, 0.6, memory_local_hits=0, memory_remote_hits=0, ssd_remote_hits=100, memory_hits=0, ssd_hits=100),
+        _row("fluxkv", "local-ssd", big, 1.0, memory_local_hits=0, memory_remote_hits=0, ssd_local_hits=100, memory_hits=0, ssd_hits=100, kind="reference"),
+        _row("fluxkv", "mixed", big, 1.2, mode="bytes", misses=3, hit_rate=0.97),
+        _row("mooncake", "remote-memory", big, 0.5, ssd=False, owners=1),
+        _row("mooncake", "mixed", big, 0.5, mode="bytes", status="unavailable", reason="not installed", hits=None, hit_gib_s=None),
+    ]
+    rows[2]["x_local_ssd"] = 0.6
+    cluster.add_ratios(rows)
+    assert rows[1]["x_tcp_raw"] == pytest.approx(0.8) and rows[0]["x_tcp_raw"] is None
+    gs = {g["goal"]: g for g in cluster.goals(rows)}
+    assert gs["remote-memory >= 0.7x tcp-raw"]["met"]
+    assert not gs["remote-ssd >= 0.7x local SSD-hit GiB/s"]["met"]
+    assert not gs["mixed SSD-on get-only: 0 misses and 0 dropped persists (SSD >= dataset)"]["met"]
+    assert gs["fluxkv >= 2x Mooncake"]["value"] == pytest.approx(3.2) and gs["fluxkv >= 2x Mooncake"]["met"]
+    lines = [cluster.fmt_row(r) for r in rows]
+    assert "UNAVAILABLE" in lines[-1] and "0.80" in lines[1]
+    assert len({cluster_series(r) for r in rows}) == len(rows)
+    assert render_cluster(rows, tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mooncake_rows_through_the_pressure_backend(tmp_path, fake):  # noqa: F811
+    """Against the TEST FAKE of Mooncake (never a live one): its dedicated_owner topology gets the
+    cluster's total DRAM, and every hit counts as remote (its benchmark processes store nothing)."""
+    o = parse(tmp_path, "--backends", "mooncake", "--owner-dram", "64KiB", "--payloads", "4KiB", "--paths", "remote-memory,mixed",
+              "--ssd", "off", "--on-miss", "none", "--warmup", "0.05", "--window", "0.3", "--pace-scale", "0", "--no-tcp-raw",
+              "--mooncake-pythonpath", str(fake.pythonpath), "--mooncake-master", str(fake.master))
+    cases = [c for c in cluster.cases_for(o) if not isinstance(c, cluster.TcpRaw)]
+    assert [(c.backend, c.variant, c.path, c.ssd) for c in cases] == [("mooncake", "dedicated_owner", "remote-memory", False),
+                                                                     ("mooncake", "dedicated_owner", "mixed", False)]
+    ctx = cluster.harness.Context(o)
+    for c in cases:
+        r = cluster.run_mooncake(c, ctx)
+        assert r["status"] == "ok", r
+        assert r["path"] == c.path and r["owners"] == 1 and r["kind"] == "measured" and r["dram_bytes"] == 3 * 64 * 1024
+        assert r["memory_remote_hits"] == r["hits"] > 0 and r["memory_local_hits"] == r["ssd_local_hits"] == 0 and r["place_method"] == "topology"
+        assert set(cluster.SCHEMA) <= set(r)
+        if c.path == "remote-memory":  # a dataset that fits one owner's DRAM
+            assert r["keys"] == int(0.75 * 64 * 1024) // 4096
+
+
+# -- end to end against the real binary ------------------------------------------------------------
+
+
+def test_cluster_end_to_end_three_owners(tmp_path):
+    need(FLUXKV_BIN)
+    rg = os.environ.get("FLUXKV_REMOTEGET_BIN") or str(REPO / "bin" / "fluxkv-remoteget")
+    o = parse(tmp_path, "--owner-dram", "16MiB", "--payloads", "1MiB-128", "--paths", "remote-memory,remote-ssd", "--backends", "fluxkv", "--warmup", "0.1", "--window", "0.4", "--pace-scale", "0", "--fluxkv-bin", FLUXKV_BIN,
+              "--remoteget-bin", rg)
+    records = cluster.run(o)
+    lines = [json.loads(x) for x in (tmp_path / "out" / "summary.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in lines] == [r["status"] for r in records]
+    by = {(r["backend"], r["path"]): r for r in lines}
+    assert set(by) == {("tcp-raw", None), ("fluxkv", "remote-memory"), ("fluxkv", "remote-ssd"), ("fluxkv", "local-ssd")}
+    tcp = by[("tcp-raw", None)]
+    assert tcp["kind"] == "baseline" and tcp["concurrency"] == "c2" and len(lines) == 4
+    if tcp["status"] == "ok":  # measured at the start and the end of the group; the row is the better run
+        assert len(tcp["client"]["runs"]) == 2 and tcp["hit_gib_s"] == max(x["gib_s"] for x in tcp["client"]["runs"])
+    assert tcp["status"] == "ok" or (tcp["status"] == "unavailable" and "go" in tcp["reason"]), tcp
+    for (backend, path), r in by.items():
+        assert set(cluster.SCHEMA) <= set(r)
+        if backend != "fluxkv":
+            continue
+        assert r["status"] == "ok", r
+        assert r["owners"] == 3 and r["errors"] == 0 and r["hits"] > 0 and isinstance(r["dropped_persists"], int)
+        assert r["memory_hits"] + r["ssd_hits"] == r["hits"] and r["unknown_hits"] == 0
+        assert sum(r[f"{p}_hits"] for p in PLACES) == r["hits"]
+        if tcp["status"] == "ok":
+            assert r["x_tcp_raw"] == pytest.approx(r["hit_gib_s"] / tcp["hit_gib_s"])
+    rm, rs, ls = by[("fluxkv", "remote-memory")], by[("fluxkv", "remote-ssd")], by[("fluxkv", "local-ssd")]
+    assert rm["memory_remote_hits"] == rm["hits"] and rm["misses"] == 0  # every hit a pull
+    assert rs["ssd_remote_hits"] == rs["hits"]  # every hit a remote SSD refill
+    assert ls["ssd_local_hits"] == ls["hits"] and ls["kind"] == "reference"
+    assert rs["x_local_ssd"] == pytest.approx(rs["hit_gib_s"] / ls["hit_gib_s"])
+    assert set(rs["client"]["attach"]) == {1, 2} and set(ls["client"]["attach"]) == {0}
+    assert rs["filler"]["puts"] > 0 and rs["persists"]["ssd_replicas_after_bootstrap"] > 0
+    assert our_processes(str(tmp_path)) == []
+    assert list(tmp_path.glob("fkc-*")) == []
+    cluster.finish(records, o)
+    assert (tmp_path / "out" / "cluster.png").stat().st_size > 5000
+    assert json.loads((tmp_path / "out" / "goals.json").read_text())
