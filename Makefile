@@ -45,7 +45,7 @@ deps-gen:
 vet:
 	$(GO) vet ./...
 
-test: deps-test vet build build-race test-go test-python
+test: deps-test vet build build-race test-go test-python test-cpp
 	$(MAKE) soak SOAK=60s
 
 test-go: build build-race
@@ -112,7 +112,7 @@ bench-quick: build
 	PYTHONPATH=$(CURDIR)/bench $(PY) -m pressure run --preset quick --out $(BENCH_OUT) --fluxkv-bin $(BIN) $(BENCH_FLAGS)
 
 clean:
-	rm -rf bin out
+	rm -rf bin out clients/cpp/build clients/cpp/build-asan
 
 # soak / chaos: the verified, hostile workload of bench/soak (README there) against real master
 # and owner processes with SSD on and 4x less DRAM than the data; Go and Python clients killed
@@ -133,3 +133,5 @@ chaos: build soak-bin
 
 # bench-cluster: the cluster benchmark (bench/cluster.mk, bench/README.md).
 include bench/cluster.mk
+# cpp, install-cpp, test-cpp, bench-cpp: the C++ client and C ABI (clients/cpp/README.md).
+include clients/cpp/cpp.mk

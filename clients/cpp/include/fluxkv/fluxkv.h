@@ -1,0 +1,117 @@
+/* fluxkv C ABI: the fluxkv client for C and for every language that binds C (Rust, Go with
+ * cgo, Julia, ...). Opaque handles; no C++ exception crosses it.
+ *
+ * Conventions: every function that returns int returns -1 on error and fills *err (err may
+ * be NULL); otherwise 0 or, where documented, 1. Keys are byte strings (key, key_len).
+ * A client is safe for concurrent use by any number of threads.
+ *
+ *   fluxkv_error err;
+ *   fluxkv_client* c = fluxkv_connect(NULL, &err);        // $FLUXKV_SOCKET or the default
+ *   fluxkv_put(c, "k", 1, buf, len, &err);
+ *   fluxkv_holder* h;
+ *   if (fluxkv_get(c, "k", 1, &h, &err) == 1) {            // 1 hit, 0 miss, -1 error
+ *     use(fluxkv_holder_data(h), fluxkv_holder_size(h));   // zero copy, read-only
+ *     fluxkv_holder_release(h);
+ *   }
+ *   fluxkv_close(c);
+ */
+#ifndef FLUXKV_H
+#define FLUXKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What fluxkv_abi_version() returns for this header: bumped on any incompatible change. */
+#define FLUXKV_ABI_VERSION 1
+
+/* The protocol's ErrorCode (protocol/common.thrift); the library checks at compile time that
+ * these equal the IDL. Errors the client finds itself use INVALID_ARGUMENT (bad arguments),
+ * UNAVAILABLE (the owner cannot be reached) or INTERNAL (malformed replies, system errors). */
+enum {
+  FLUXKV_OK = 0,
+  FLUXKV_KEY_NOT_FOUND = 1,
+  FLUXKV_NO_SPACE = 2,
+  FLUXKV_INVALID_ARGUMENT = 3,
+  FLUXKV_ALREADY_EXISTS = 4,
+  FLUXKV_BUSY = 5,
+  FLUXKV_STALE_GENERATION = 6,
+  FLUXKV_UNAVAILABLE = 7,
+  FLUXKV_INTERNAL = 8,
+  FLUXKV_PERMISSION_DENIED = 9
+};
+
+typedef struct {
+  int code;          /* FLUXKV_* */
+  int sys_errno;     /* the errno behind a failed system call, else 0 */
+  char message[256]; /* NUL-terminated, cut to fit */
+} fluxkv_error;
+
+typedef struct fluxkv_client fluxkv_client;
+typedef struct fluxkv_holder fluxkv_holder;
+typedef struct fluxkv_pending_put fluxkv_pending_put;
+
+/* A writable byte range (fluxkv_put_begin). */
+typedef struct {
+  void* data;
+  size_t len;
+} fluxkv_span;
+
+/* Put flags. */
+#define FLUXKV_PUT_REJECT_IF_EXISTS 1u
+
+int fluxkv_abi_version(void);
+
+/* Attaches to the owner at socket_path (a socket or its directory; NULL or "": $FLUXKV_SOCKET,
+ * else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock, else /run/fluxkv/fluxkv.sock). NULL on error. */
+fluxkv_client* fluxkv_connect(const char* socket_path, fluxkv_error* err);
+/* Sends queued releases, ends the session and frees the client. Holders stay valid until
+ * released. NULL is a no-op. */
+void fluxkv_close(fluxkv_client* c);
+
+/* Stores len bytes under key (one copy into shared memory). 0 ok. */
+int fluxkv_put(fluxkv_client* c, const char* key, size_t key_len, const void* data, size_t len, fluxkv_error* err);
+/* fluxkv_put with FLUXKV_PUT_* flags (ALREADY_EXISTS with FLUXKV_PUT_REJECT_IF_EXISTS). */
+int fluxkv_put_flags(fluxkv_client* c, const char* key, size_t key_len, const void* data, size_t len, unsigned flags,
+                     fluxkv_error* err);
+
+/* Zero-copy put: begin reserves len bytes and returns where to write them in *span (in the
+ * shared segment, or under client isolation in the session's put area or a scratch buffer);
+ * commit publishes them, abort gives the reservation back. Both free *put. While a put is
+ * open under client isolation other puts of the client wait for it: commit or abort soon,
+ * and before fluxkv_close. 0 ok. */
+int fluxkv_put_begin(fluxkv_client* c, const char* key, size_t key_len, size_t len, unsigned flags, fluxkv_pending_put** put,
+                     fluxkv_span* span, fluxkv_error* err);
+int fluxkv_put_commit(fluxkv_pending_put* put, fluxkv_error* err);
+void fluxkv_put_abort(fluxkv_pending_put* put);
+
+/* 1 with *out set to a holder of key's value, 0 on a miss (*out NULL), -1 on error. */
+int fluxkv_get(fluxkv_client* c, const char* key, size_t key_len, fluxkv_holder** out, fluxkv_error* err);
+/* The value's bytes (read-only: a write faults) and length, valid until release. */
+const void* fluxkv_holder_data(const fluxkv_holder* h);
+size_t fluxkv_holder_size(const fluxkv_holder* h);
+/* "memory" or "ssd": where the owner found the bytes (a static string). */
+const char* fluxkv_holder_source(const fluxkv_holder* h);
+/* 1 when the bytes crossed the network (pulled from another owner's replica), else 0. */
+int fluxkv_holder_remote(const fluxkv_holder* h);
+/* Gives the bytes back and frees the holder; valid after fluxkv_close. NULL is a no-op. */
+void fluxkv_holder_release(fluxkv_holder* h);
+
+/* 1 present, 0 absent. */
+int fluxkv_exists(fluxkv_client* c, const char* key, size_t key_len, fluxkv_error* err);
+/* 1 deleted, 0 absent. Holders of the key keep their bytes. */
+int fluxkv_delete(fluxkv_client* c, const char* key, size_t key_len, fluxkv_error* err);
+
+/* The owner's status as a NUL-terminated JSON object (node_id, keys, client_holders, clients,
+ * members); free it with fluxkv_free_string. NULL on error. */
+char* fluxkv_stat_json(fluxkv_client* c, fluxkv_error* err);
+void fluxkv_free_string(char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLUXKV_H */

@@ -1,0 +1,55 @@
+#include "fork_registry.hpp"
+
+#include <pthread.h>
+
+#include <mutex>
+#include <set>
+
+#include "client_impl.hpp"
+
+namespace fluxkv::detail {
+
+namespace {
+
+std::mutex& registry_mu() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Intentionally leaked: clients may be destroyed from static destructors after this
+// would otherwise have been.
+std::set<ClientImpl*>& clients() {
+  static auto* s = new std::set<ClientImpl*>();
+  return *s;
+}
+
+void prepare() {
+  registry_mu().lock();
+  for (ClientImpl* c : clients()) c->fork_prepare();
+}
+
+void parent() {
+  for (auto it = clients().rbegin(); it != clients().rend(); ++it) (*it)->fork_parent();
+  registry_mu().unlock();
+}
+
+void child() {
+  for (auto it = clients().rbegin(); it != clients().rend(); ++it) (*it)->fork_child();
+  registry_mu().unlock();
+}
+
+}  // namespace
+
+void ForkRegistry::add(ClientImpl* c) {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(&prepare, &parent, &child); });
+  std::lock_guard lk(registry_mu());
+  clients().insert(c);
+}
+
+void ForkRegistry::remove(ClientImpl* c) noexcept {
+  std::lock_guard lk(registry_mu());
+  clients().erase(c);
+}
+
+}  // namespace fluxkv::detail

@@ -1,0 +1,141 @@
+// The put path, as the Python client's: PutStart (retried only when unsent or after the
+// session ended), the value written once, then PutEnd (resent on the same session after a
+// lost reply). Without isolation the value goes straight into the segment at the put's
+// offset; under client isolation (DESIGN §11) into the session's put area, which the owner
+// copies from (AreaCopy in PutEnd), a value larger than the area streamed through it by
+// PutWrite. A put whose outcome became unknown is redone once without reject_if_exists,
+// reported Unavailable with it.
+#include <cstring>
+
+#include "client_impl.hpp"
+
+namespace fluxkv::detail {
+
+PutTxn::PutTxn(ClientImpl& c, std::string_view key, std::int64_t n, bool reject) : c_(c), key_(key), n_(n) {
+  validate_key(key);
+  std::int64_t seg = c.current()->segment_size;
+  if (n <= 0 || n > seg)
+    throw InvalidArgument(ErrorCode::INVALID_ARGUMENT,
+                          "value length " + std::to_string(n) + " must be 1 byte to the segment size " + std::to_string(seg));
+  c.run(
+      [&](std::shared_ptr<Session>& s) {
+        PutStartResponse r;
+        s->call("PutStart", [&](Writer& w, const SessionRef& ref) { write_put_start(w, ref, key, n, reject); }, r);
+        raise_for(r.code, r.message);
+        s_ = s;
+        put_id_ = r.put_id;
+        offset_ = r.offset;
+      },
+      false);
+  if (!s_->ro.contains(offset_, n_)) {
+    PutEndItem it{key_, put_id_, {}};
+    c_.abort(s_, {&it, 1});
+    done_ = true;
+    throw Error(ErrorCode::INTERNAL, "PutStart(" + quote(key_) + ", len=" + std::to_string(n_) + ") returned offset " +
+                                         std::to_string(offset_) + " outside the " + std::to_string(s_->ro.size()) + "-byte segment");
+  }
+  if (s_->isolated) {
+    s_->area_turn.acquire();
+    turn_ = true;
+  }
+}
+
+PutTxn::~PutTxn() {
+  if (!done_) abort();
+}
+
+std::span<std::byte> PutTxn::writable() {
+  auto n = static_cast<std::size_t>(n_);
+  if (!s_->isolated) return {s_->rw.data() + offset_, n};
+  if (n <= s_->area.size()) return {s_->area.data(), n};
+  if (scratch_.size() != n) scratch_.resize(n);
+  return {scratch_.data(), n};
+}
+
+void PutTxn::end_turn() noexcept {
+  if (turn_) {
+    turn_ = false;
+    s_->area_turn.release();
+  }
+}
+
+void PutTxn::abort() noexcept {
+  if (done_) return;
+  done_ = true;
+  PutEndItem it{key_, put_id_, {}};
+  c_.abort(s_, {&it, 1});
+  end_turn();
+}
+
+void PutTxn::commit(const std::byte* src) {
+  if (done_) throw Error(ErrorCode::INVALID_ARGUMENT, "put of " + quote(key_) + " already committed or aborted");
+  auto n = static_cast<std::size_t>(n_);
+  std::vector<AreaCopy> copies;
+  try {
+    if (!s_->isolated) {
+      // memmove: a redone put copies from the first attempt's bytes, which may overlap.
+      if (src != nullptr) std::memmove(s_->rw.data() + offset_, src, n);
+    } else if (n <= s_->area.size()) {
+      if (src != nullptr) std::memmove(s_->area.data(), src, n);
+      copies.push_back(AreaCopy{0, 0, n_});
+    } else {
+      copies = c_.stream(s_, key_, put_id_, src != nullptr ? src : scratch_.data(), n_, true);
+    }
+  } catch (...) {
+    abort();
+    throw;
+  }
+  done_ = true;  // from here on the put is ended (or its outcome unknown), never aborted
+  PlainResponse r;
+  bool retried;
+  try {
+    retried = c_.put_end(
+        s_, "PutEnd", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key_, put_id_, &copies); }, r);
+  } catch (...) {
+    end_turn();
+    throw;
+  }
+  end_turn();
+  scratch_ = {};
+  if (retried && r.code == kInvalid) throw OutcomeUnknown("the owner no longer knows the put (" + r.message + ")");
+  raise_for(r.code, r.message);
+}
+
+std::vector<AreaCopy> ClientImpl::stream(const std::shared_ptr<Session>& s, std::string_view key, std::int64_t put_id,
+                                         const std::byte* src, std::int64_t n, bool keep_last) {
+  auto size = static_cast<std::int64_t>(s->area.size());
+  for (std::int64_t off = 0; off < n;) {
+    std::int64_t part = std::min(size, n - off);
+    std::memcpy(s->area.data(), src + off, static_cast<std::size_t>(part));
+    std::vector<AreaCopy> cp{AreaCopy{off, 0, part}};
+    off += part;
+    if (off == n && keep_last) return cp;
+    PlainResponse r;
+    bool retried = put_end(
+        s, "PutWrite", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key, put_id, &cp); }, r);
+    if (retried && r.code == kInvalid) throw OutcomeUnknown("the owner no longer knows the put (" + r.message + ")");
+    raise_for(r.code, r.message);
+  }
+  return {};
+}
+
+std::int64_t ClientImpl::put(std::string_view key, std::int64_t n, bool reject, const std::byte* src,
+                             const std::function<void(std::span<std::byte>)>* fill) {
+  for (int redo = 0;; ++redo) {
+    std::int64_t put_id = 0;
+    try {
+      PutTxn t(*this, key, n, reject);
+      put_id = t.put_id();
+      if (fill != nullptr) (*fill)(t.writable());  // a throw aborts the put (PutTxn's destructor)
+      t.commit(src);
+      return put_id;
+    } catch (const OutcomeUnknown& e) {
+      if (reject || redo > 0)
+        throw Unavailable(ErrorCode::UNAVAILABLE,
+                          "put " + quote(key) + " (put_id " + std::to_string(put_id) + "): the outcome is unknown: " + e.what());
+      put_redos.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+}  // namespace fluxkv::detail

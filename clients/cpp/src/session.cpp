@@ -1,0 +1,198 @@
+#include "session.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "unix_socket.hpp"
+
+namespace fluxkv::detail {
+
+namespace {
+
+// The attach handshake: AttachHello out, AttachReply back with the segment's memfd (and,
+// under isolation, the put area's) as SCM_RIGHTS.
+AttachReply handshake(const SessionConfig& cfg, UniqueFd& sock, std::vector<UniqueFd>& fds) {
+  sock = connect_unix(cfg.path, cfg.attach_timeout, "attach socket");
+  std::vector<std::uint8_t> hello(4);
+  Writer w(hello);
+  std::string_view name(cfg.name);
+  if (name.size() > static_cast<std::size_t>(wire::MAX_HELLO_NAME_BYTES)) name = name.substr(0, wire::MAX_HELLO_NAME_BYTES);
+  write_attach_hello(w, wire::PROTOCOL_VERSION, name, static_cast<std::int32_t>(::getpid()));
+  auto body = static_cast<std::uint32_t>(hello.size() - 4);
+  for (int i = 0; i < 4; ++i) hello[i] = static_cast<std::uint8_t>(body >> (24 - 8 * i));
+  std::size_t written;
+  if (int e = send_all(sock.get(), hello.data(), hello.size(), &written); e != 0)
+    throw Unavailable(ErrorCode::UNAVAILABLE, "attach to " + cfg.path + ": " + std::strerror(e), e);
+  std::vector<std::uint8_t> payload;
+  try {
+    payload = recv_frame_with_fds(sock.get(), static_cast<std::uint32_t>(wire::MAX_ATTACH_FRAME_BYTES), fds);
+  } catch (const Unavailable& e) {
+    throw Unavailable(ErrorCode::UNAVAILABLE, "attach to " + cfg.path + ": " + e.message(), e.sys_errno());
+  }
+  AttachReply reply;
+  try {
+    Reader r(payload.data(), payload.size());
+    reply.read(r);
+  } catch (const ProtocolError& e) {
+    throw Error(ErrorCode::INTERNAL, std::string("attach reply: malformed: ") + e.what());
+  }
+  if (reply.code != static_cast<std::int32_t>(wire::Code::OK))
+    throw_error(static_cast<ErrorCode>(reply.code < 0 ? static_cast<std::int32_t>(wire::Code::INTERNAL) : reply.code),
+                "attach refused: " + reply.message);
+  if (reply.has_protocol_version && reply.protocol_version != wire::PROTOCOL_VERSION)
+    throw Error(ErrorCode::INTERNAL, "owner speaks protocol version " + std::to_string(reply.protocol_version) +
+                                         ", this client " + std::to_string(wire::PROTOCOL_VERSION));
+  std::size_t want = reply.isolated ? 2 : 1;
+  if (fds.size() != want)
+    throw Error(ErrorCode::INTERNAL, "attach reply carried " + std::to_string(fds.size()) + " file descriptors, expected " +
+                                         std::to_string(want) +
+                                         (reply.isolated ? " (the segment's memfd, then the put area)" : " (the segment's memfd)"));
+  return reply;
+}
+
+}  // namespace
+
+Session::Session(const SessionConfig& cfg, std::shared_ptr<ReleaseKicker> kicker) : cfg_(cfg), kicker_(std::move(kicker)) {
+  UniqueFd sock;
+  std::vector<UniqueFd> fds;  // closed at return: the mappings outlive them
+  AttachReply reply = handshake(cfg, sock, fds);
+  ro = Mapping(fds[0].get(), reply.segment_size, false, "segment");
+  if (reply.isolated) {
+    // The segment is write-sealed: never mapped writable; puts go through the area.
+    area = Mapping(fds[1].get(), reply.put_area_size, true, "put area");
+  } else {
+    rw = Mapping(fds[0].get(), reply.segment_size, true, "segment");
+  }
+  set_timeouts(sock.get(), std::chrono::milliseconds(0));
+  client_id = reply.client_id;
+  session_token = reply.session_token;
+  generation = reply.owner_generation;
+  segment_size = reply.segment_size;
+  rpc_path = reply.rpc_socket.empty() ? cfg.path + ".rpc" : reply.rpc_socket;
+  node_id = reply.node_id;
+  isolated = reply.isolated;
+  attach_fd_ = std::move(sock);
+}
+
+Session::~Session() = default;
+
+std::string Session::unusable_reason() const {
+  switch (state()) {
+    case SessionState::live: return "";
+    case SessionState::closed: return "the client was closed";
+    case SessionState::replaced: return "the owner restarted (its generation changed) or the session was replaced";
+    case SessionState::forked: return "it belongs to the parent process (fork)";
+  }
+  return "unknown";
+}
+
+void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases) {
+  std::lock_guard lk(mu_);
+  if (!live()) {
+    if (state() == SessionState::replaced) throw Stale("the session was replaced by another thread");
+    throw Error(ErrorCode::UNAVAILABLE, "session unusable: " + unusable_reason());
+  }
+  if (!idle_.empty()) {
+    conn = std::move(idle_.back());
+    idle_.pop_back();
+  }
+  if (releases != nullptr && !pending_.empty()) {
+    std::size_t k = std::min(pending_.size(), static_cast<std::size_t>(wire::MAX_RELEASES_PER_CALL));
+    releases->assign(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
+    ++in_flight_;
+  }
+}
+
+void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed) {
+  std::unique_ptr<RpcConn> drop;  // closed outside the lock
+  bool notify = false;
+  {
+    std::lock_guard lk(mu_);
+    if (!releases.empty()) {
+      if (failed && live()) pending_.insert(pending_.begin(), releases.begin(), releases.end());
+      notify = --in_flight_ == 0;
+    }
+    if (!failed) rpc_count_.fetch_add(1, std::memory_order_relaxed);
+    if (conn && conn->usable() && live() && static_cast<int>(idle_.size()) < cfg_.max_idle) {
+      idle_.push_back(std::move(conn));
+    } else {
+      drop = std::move(conn);
+    }
+  }
+  if (notify) released_.notify_all();
+}
+
+void Session::queue_release(std::int64_t holder_id) noexcept {
+  if (!live()) return;  // the session's end released it
+  try {
+    std::lock_guard lk(mu_);
+    if (!live()) return;
+    pending_.push_back(holder_id);
+  } catch (...) {
+    return;  // out of memory: the session's end releases it
+  }
+  kicker_->kick();
+}
+
+bool Session::has_pending() {
+  std::lock_guard lk(mu_);
+  return !pending_.empty();
+}
+
+void Session::flush_releases() {
+  for (;;) {
+    std::vector<std::int64_t> ids;
+    {
+      std::lock_guard lk(mu_);
+      if (pending_.empty()) break;
+      std::size_t k = std::min(pending_.size(), static_cast<std::size_t>(wire::MAX_RELEASES_PER_CALL));
+      ids.assign(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
+      pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
+      ++in_flight_;
+    }
+    ReleaseResponse r;
+    try {
+      call("Release", [&](Writer& w, const SessionRef& s) { write_release(w, s, ids); }, r, false);
+    } catch (...) {
+      done(nullptr, ids, true);  // never retried: the ids stay queued for a later call
+      throw;
+    }
+    done(nullptr, ids, false);
+    if (r.results.size() != ids.size()) {
+      if (r.code != static_cast<std::int32_t>(wire::Code::OK)) release_errors_.fetch_add(static_cast<std::int64_t>(ids.size()));
+      continue;
+    }
+    // results[i] is INVALID_ARGUMENT for an unknown or double release: a client (or
+    // daemon) bug, counted so tests can assert there is none.
+    for (std::int32_t c : r.results)
+      if (c != static_cast<std::int32_t>(wire::Code::OK)) release_errors_.fetch_add(1);
+  }
+  std::unique_lock lk(mu_);
+  released_.wait_for(lk, cfg_.timeout, [&] { return in_flight_ == 0; });
+}
+
+bool Session::attach_alive() {
+  std::lock_guard lk(mu_);
+  return peer_alive(attach_fd_.get());
+}
+
+void Session::drop_idle() {
+  std::vector<std::unique_ptr<RpcConn>> drop;
+  std::lock_guard lk(mu_);
+  drop.swap(idle_);
+}
+
+void Session::retire(SessionState why) noexcept {
+  std::vector<std::unique_ptr<RpcConn>> drop;
+  std::lock_guard lk(mu_);
+  SessionState expect = SessionState::live;
+  if (!state_.compare_exchange_strong(expect, why)) return;
+  pending_.clear();
+  drop.swap(idle_);
+  if (why != SessionState::closed) attach_fd_.reset();
+}
+
+}  // namespace fluxkv::detail

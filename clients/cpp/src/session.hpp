@@ -1,0 +1,171 @@
+// Session: one attach session with one owner incarnation. It owns the attach connection
+// (its close makes the owner release everything this session holds), the mappings of the
+// segment (read-only; read-write too unless the owner isolates clients, which gives a put
+// area instead), the pool of idle RPC connections and the queue of holder releases
+// waiting to ride on a call. Holders keep their Session alive, so their bytes stay mapped
+// after the client re-attached, closed or forked.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fluxkv/fluxkv.hpp"
+#include "mapping.hpp"
+#include "messages.hpp"
+#include "release_kicker.hpp"
+#include "rpc_conn.hpp"
+#include "unique_fd.hpp"
+#include "wire_constants.hpp"
+
+namespace fluxkv::detail {
+
+// The owner answered STALE_GENERATION: it restarted since this session attached (or the
+// session was replaced by another thread).
+class Stale : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The put's outcome is unknown: its session ended, or the owner forgot the put, before
+// the answer to its PutEnd came back.
+class OutcomeUnknown : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class SessionState { live, closed, replaced, forked };
+
+// A turn on the put area that any thread may end (a C caller may commit a zero-copy put
+// from another thread than the one that began it, which std::mutex forbids).
+class AreaTurn {
+ public:
+  void acquire() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return !busy_; });
+    busy_ = true;
+  }
+  void release() {
+    {
+      std::lock_guard lk(mu_);
+      busy_ = false;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool busy_ = false;
+};
+
+struct SessionConfig {
+  std::string path;  // the attach socket
+  std::string name;
+  std::chrono::milliseconds timeout;
+  std::chrono::milliseconds attach_timeout;
+  int max_idle;
+};
+
+class Session {
+ public:
+  // Runs the attach handshake and maps what the reply carried.
+  Session(const SessionConfig& cfg, std::shared_ptr<ReleaseKicker> kicker);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Sends method on a pooled connection. write_req(Writer&, const SessionRef&) writes the
+  // request; resp.read(Reader&) reads the answer. With piggyback, queued releases ride
+  // along. Throws Broken (transport), Stale (STALE_GENERATION), Error (the owner failed the
+  // call); any other code is left in resp for the caller.
+  template <class W, class Resp>
+  void call(std::string_view method, W&& write_req, Resp& resp, bool piggyback = true) {
+    std::unique_ptr<RpcConn> conn;
+    std::vector<std::int64_t> rel;
+    take(conn, piggyback ? &rel : nullptr);
+    SessionRef ref{client_id, session_token, generation, rel};
+    try {
+      if (!conn) conn = std::make_unique<RpcConn>(rpc_path, cfg_.timeout);  // Broken(sent=false) on failure
+      conn->call(
+          method, [&](Writer& w) { write_req(w, ref); }, [&](Reader& r) { resp.read(r); });
+    } catch (const AppException& e) {
+      done(nullptr, rel, true);
+      throw Error(ErrorCode::INTERNAL, std::string("owner failed the call: ") + e.what());
+    } catch (...) {
+      done(nullptr, rel, true);  // the owner may not have seen them: a repeated release is harmless
+      throw;
+    }
+    done(std::move(conn), rel, false);
+    if (resp.code == static_cast<std::int32_t>(wire::Code::STALE_GENERATION))
+      throw Stale(resp.message.empty() ? "stale generation" : resp.message);
+  }
+
+  bool live() const noexcept { return state_.load(std::memory_order_acquire) == SessionState::live; }
+  SessionState state() const noexcept { return state_.load(std::memory_order_acquire); }
+  // Why a session that is not live cannot serve.
+  std::string unusable_reason() const;
+
+  // Queues a holder's release for the next call (a no-op once the session ended: its end
+  // released everything). Never blocks on I/O.
+  void queue_release(std::int64_t holder_id) noexcept;
+  bool has_pending();
+  // Sends every queued release with Release, then waits (up to the call timeout) for
+  // releases other threads are sending right now.
+  void flush_releases();
+  // False once the owner closed the attach connection (it exited or restarted).
+  bool attach_alive();
+  void drop_idle();
+  // Ends the session. closed: the attach connection stays open until the last holder
+  // goes (so their bytes stay valid); replaced or forked: it closes now.
+  void retire(SessionState why) noexcept;
+
+  std::uint64_t rpc_count() const noexcept { return rpc_count_.load(std::memory_order_relaxed); }
+  std::int64_t release_errors() const noexcept { return release_errors_.load(std::memory_order_relaxed); }
+
+  // What the attach reply said.
+  std::int64_t client_id = 0;
+  std::int64_t session_token = 0;
+  std::int64_t generation = 0;
+  std::int64_t segment_size = 0;
+  std::string rpc_path;
+  std::string node_id;
+  bool isolated = false;
+
+  Mapping ro;    // every holder's view
+  Mapping rw;    // the put path's, without isolation
+  Mapping area;  // the session's put area, under isolation
+  // Serializes the puts that use the put area, from the first byte written into it until
+  // the PutWrite / PutEnd that copies it is answered.
+  AreaTurn area_turn;
+
+  // Locks for fork(): the prepare handler takes mu_ so no other thread holds it in the child.
+  std::mutex& mutex() noexcept { return mu_; }
+
+ private:
+  void take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases);
+  void done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed);
+
+  SessionConfig cfg_;
+  std::shared_ptr<ReleaseKicker> kicker_;
+  std::atomic<SessionState> state_{SessionState::live};
+  std::atomic<std::uint64_t> rpc_count_{0};
+  std::atomic<std::int64_t> release_errors_{0};
+
+  std::mutex mu_;  // protects idle_, pending_, in_flight_, attach_fd_
+  std::condition_variable released_;  // in_flight_ reached 0
+  std::vector<std::unique_ptr<RpcConn>> idle_;
+  std::deque<std::int64_t> pending_;
+  int in_flight_ = 0;  // calls carrying releases, not yet answered
+  UniqueFd attach_fd_;
+};
+
+}  // namespace fluxkv::detail

@@ -1,0 +1,94 @@
+// Several threads on one client at once, and fork(): the child drops the inherited session
+// and attaches again on first use while the parent goes on with its own.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "shared_owner.hpp"
+#include "testing.hpp"
+
+using namespace fkvtest;
+
+TEST(threads_share_one_client) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 150;
+  std::atomic<int> bad{0};
+  std::atomic<int> errors{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      try {
+        std::vector<fluxkv::MemHolder> kept;  // releases come from many threads at once
+        for (int i = 0; i < kRounds; ++i) {
+          std::string k = "threads/" + std::to_string(t) + "/" + std::to_string(i % 7);
+          std::size_t n = 1 + static_cast<std::size_t>((t * 7919 + i * 104729) % 200000);
+          auto v = pattern(static_cast<std::uint64_t>(t * 1000 + i), n);
+          if (i % 3 == 0) {
+            c.put_with(k, n, [&](std::span<std::byte> dst) { std::memcpy(dst.data(), v.data(), n); });
+          } else {
+            c.put(k, v);
+          }
+          fluxkv::MemHolder h = c.get(k);
+          if (!same(h, v)) bad++;
+          if (!c.exists(k)) bad++;
+          if (i % 5 == 0) kept.push_back(std::move(h));
+          if (kept.size() > 4) kept.erase(kept.begin());
+        }
+      } catch (const std::exception& e) {
+        errors++;
+        std::lock_guard lk(mu);
+        first_error = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (errors.load() != 0) fail("a thread failed: " + first_error, __FILE__, __LINE__);
+  CHECK_EQ(bad.load(), 0);
+  CHECK(eventually([&] { return json_number(c.stat_json(), "client_holders") == 0; }));
+  CHECK_EQ(c.release_errors(), 0);
+}
+
+TEST(fork_child_attaches_again) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  auto v = pattern(9, 123456);
+  c.put("fork/parent", v);
+  fluxkv::MemHolder h = c.get("fork/parent");
+  std::int64_t parent_client = json_number(c.stat_json(), "clients");
+  pid_t pid = ::fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    int rc = 0;
+    try {
+      // The inherited session is dropped: this is a new attach, with its own holders.
+      auto w = pattern(10, 65536);
+      c.put("fork/child", w);
+      fluxkv::MemHolder hc = c.get("fork/child");
+      if (!same(hc, w)) rc = 10;
+      fluxkv::MemHolder hp = c.get("fork/parent");
+      if (!same(hp, v)) rc = 11;
+      if (json_number(c.stat_json(), "clients") != parent_client + 1) rc = 12;
+      h.release();  // the parent's holder: a no-op here, it must not release the parent's
+    } catch (...) {
+      rc = 13;
+    }
+    c.close();
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+  // The parent's session and holder are untouched by the child.
+  CHECK(same(h, v));
+  CHECK_EQ(json_number(c.stat_json(), "client_holders"), 1);
+  CHECK(same(c.get("fork/child"), pattern(10, 65536)));
+  h.release();
+  CHECK(eventually([&] { return json_number(c.stat_json(), "client_holders") == 0; }));
+  CHECK_EQ(c.release_errors(), 0);
+}

@@ -1,0 +1,122 @@
+// The retry rules of protocol/external.thrift, with replies dropped after the owner acted on
+// the call (rpc_conn.hpp's test hook): retry-safe calls are sent again, a lost PutEnd is resent
+// on the same session, a lost PutStart fails, a put whose outcome stays unknown is redone.
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "client_impl.hpp"
+#include "shared_owner.hpp"
+#include "testing.hpp"
+
+using namespace fkvtest;
+
+namespace {
+
+std::string g_method;        // set while no call is in flight
+std::atomic<int> g_drops{0};  // replies of g_method still to drop
+
+bool drop(std::string_view method) {
+  if (method != g_method) return false;
+  for (int n = g_drops.load(); n > 0;)
+    if (g_drops.compare_exchange_weak(n, n - 1)) return true;
+  return false;
+}
+
+// Drops the next n replies of method while it lives.
+struct Dropping {
+  Dropping(const char* method, int n) {
+    g_method = method;
+    g_drops = n;
+    fluxkv::detail::drop_reply_hook = &drop;
+  }
+  ~Dropping() { fluxkv::detail::drop_reply_hook = nullptr; }
+  int left() const { return g_drops.load(); }
+};
+
+}  // namespace
+
+TEST(retry_safe_calls_survive_a_lost_reply) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  auto& impl = fluxkv::detail::ClientImpl::of(c);
+  auto v = pattern(1, 5000);
+  c.put("retry/get", v);
+  {
+    Dropping d("Get", 1);
+    CHECK(same(c.get("retry/get"), v));
+    CHECK_EQ(d.left(), 0);
+  }
+  {
+    Dropping d("Exists", 1);
+    CHECK(c.exists("retry/get"));
+  }
+  CHECK_EQ(impl.retries.load(), 2);
+  c.remove("retry/get");
+}
+
+TEST(lost_put_end_reply_is_resent_on_the_same_session) {
+  for (Owner* o : {&plain_owner(), &isolated_owner()}) {
+    auto c = fluxkv::Client::connect(o->socket());
+    auto& impl = fluxkv::detail::ClientImpl::of(c);
+    std::int64_t gen = c.generation();
+    auto v = pattern(2, 3 << 20);  // streams through the isolated owner's 1 MiB put area
+    {
+      Dropping d("PutEnd", 2);
+      c.put("retry/put-end", v, fluxkv::PutOptions{true});  // the owner answers the repeat with the first outcome
+      CHECK_EQ(d.left(), 0);
+    }
+    CHECK_EQ(impl.put_end_retries.load(), 2);
+    CHECK_EQ(impl.put_redos.load(), 0);
+    CHECK_EQ(c.generation(), gen);
+    CHECK(same(c.get("retry/put-end"), v));
+    if (c.isolated()) {
+      Dropping d("PutWrite", 1);
+      c.put("retry/put-write", v);
+      CHECK_EQ(d.left(), 0);
+      CHECK(same(c.get("retry/put-write"), v));
+      c.remove("retry/put-write");
+    }
+    c.remove("retry/put-end");
+  }
+}
+
+TEST(lost_put_start_reply_fails_unavailable) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  {
+    Dropping d("PutStart", 1);
+    CHECK_THROWS(fluxkv::Unavailable, c.put("retry/put-start", pattern(3, 100)));
+  }
+  CHECK(!c.exists("retry/put-start"));  // the pending put is revoked with the session, never published
+  c.put("retry/put-start", pattern(3, 100));  // the client goes on
+  CHECK(c.remove("retry/put-start"));
+}
+
+TEST(put_with_unknown_outcome_is_redone_or_reported) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  auto& impl = fluxkv::detail::ClientImpl::of(c);
+  auto v = pattern(4, 10000);
+  {
+    // Every PutEnd of the first attempt lost: its outcome is unknown; without
+    // reject_if_exists the whole put is redone (fill runs again).
+    Dropping d("PutEnd", fluxkv::detail::ClientImpl::kPutEndTries);
+    int fills = 0;
+    c.put_with("retry/redo", v.size(), [&](std::span<std::byte> dst) {
+      ++fills;
+      std::memcpy(dst.data(), v.data(), v.size());
+    });
+    CHECK_EQ(fills, 2);
+  }
+  CHECK_EQ(impl.put_redos.load(), 1);
+  CHECK(same(c.get("retry/redo"), v));
+  {
+    Dropping d("PutEnd", fluxkv::detail::ClientImpl::kPutEndTries);
+    try {
+      c.put("retry/unknown", v, fluxkv::PutOptions{true});
+      CHECK(!"an unknown outcome with reject_if_exists must fail");
+    } catch (const fluxkv::Unavailable& e) {
+      CHECK(std::string(e.what()).find("outcome is unknown") != std::string::npos);
+    }
+  }
+  c.remove("retry/redo");
+  c.remove("retry/unknown");
+}
