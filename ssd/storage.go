@@ -453,34 +453,36 @@ type Slots interface {
 	Freed() <-chan struct{}
 }
 
-// LoadStaged is LoadChunks in chunkSize pieces (a multiple of Align; the caller's
-// protocol fixes it, not Options.ChunkSize) into buffers lent by slots instead of one
-// contiguous destination: chunk i is read into slots.Take(i, n) (waiting on slots.Freed while
-// none is free, so at most ChunkInflight reads are in flight and the caller bounds
-// the rest), then fn(i, off, n, buf) hands it over, in order. The bytes are
+// LoadStaged is LoadChunks in chunkSize pieces (a multiple of Align) with at most
+// inflight reads in flight (the caller's protocol fixes both, not Options) into buffers
+// lent by slots instead of one contiguous destination: chunk i is read into
+// slots.Take(i, n) (waiting on slots.Freed while none is free, so the caller bounds the
+// rest), then fn(i, off, n, buf) hands it over, in order. The bytes are
 // provisional until LoadStaged returns nil (the value's CRC is checked after the
 // last chunk). ctx ends a load waiting for a buffer; no IO is in flight when it
 // returns.
-func (s *Storage) LoadStaged(ctx context.Context, key string, putID int64, n, chunkSize int64, slots Slots,
+func (s *Storage) LoadStaged(ctx context.Context, key string, putID int64, n, chunkSize int64, inflight int, slots Slots,
 	fn func(i int, off, n int64, buf []byte) error) error {
-	if n <= 0 || chunkSize <= 0 || chunkSize%Align != 0 || chunkSize > maxIOSize {
-		return fmt.Errorf("ssd load %q put %d: %d bytes in chunks of %d", key, putID, n, chunkSize)
+	if n <= 0 || chunkSize <= 0 || chunkSize%Align != 0 || chunkSize > maxIOSize || inflight <= 0 {
+		return fmt.Errorf("ssd load %q put %d: %d bytes in chunks of %d, %d in flight", key, putID, n, chunkSize, inflight)
 	}
 	return s.load(ctx, key, putID, n, chunkDest{
-		size:    chunkSize,
-		take:    func(i int, _, n int64) []byte { return slots.Take(i, n) },
-		freed:   slots.Freed(),
-		deliver: fn,
+		size:     chunkSize,
+		inflight: inflight,
+		take:     func(i int, _, n int64) []byte { return slots.Take(i, n) },
+		freed:    slots.Freed(),
+		deliver:  fn,
 	})
 }
 
 // chunkDest is where a load puts its chunks: take returns chunk i's destination (nil:
 // none free, wait on freed), deliver hands a completed chunk over (may be nil).
 type chunkDest struct {
-	size    int64 // chunk size; 0: Options.ChunkSize
-	take    func(i int, off, n int64) []byte
-	freed   <-chan struct{}
-	deliver func(i int, off, n int64, buf []byte) error
+	size     int64 // chunk size; 0: Options.ChunkSize
+	inflight int   // reads in flight at most; 0: Options.ChunkInflight
+	take     func(i int, off, n int64) []byte
+	freed    <-chan struct{}
+	deliver  func(i int, off, n int64, buf []byte) error
 }
 
 // load finds the entry, takes a place in its device's reader queue and pins the
@@ -545,7 +547,8 @@ func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkD
 	base := start + headerSize(len(e.key)) // the value's first byte
 	size := cmp.Or(into.size, s.opts.ChunkSize)
 	chunks := make([]chunkRead, (n+size-1)/size)
-	done := make(chan *Request, s.opts.ChunkInflight+1)
+	maxInflight := cmp.Or(into.inflight, s.opts.ChunkInflight)
+	done := make(chan *Request, maxInflight+1)
 	verify := !s.opts.SkipVerify
 	v := verifier{s: s, e: e, on: verify, checked: !verify}
 	readv := verify && !s.opts.separateHeaderRead
@@ -567,7 +570,7 @@ func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkD
 		inflight++
 	}
 	for {
-		for firstErr == nil && next < len(chunks) && next-deliver < s.opts.ChunkInflight {
+		for firstErr == nil && next < len(chunks) && next-deliver < maxInflight {
 			c := &chunks[next]
 			c.off = int64(next) * size
 			c.n = min(size, n-c.off)

@@ -798,7 +798,7 @@ func TestLoadStaged(t *testing.T) {
 		sl := newTestSlots(2, chunk)
 		got := make([]byte, n)
 		var next int64
-		err := s.LoadStaged(context.Background(), "v", 3, n, chunk, sl, func(i int, off, k int64, buf []byte) error {
+		err := s.LoadStaged(context.Background(), "v", 3, n, chunk, 4, sl, func(i int, off, k int64, buf []byte) error {
 			if off != next || off != int64(i)*chunk {
 				return fmt.Errorf("chunk %d at %d, want %d", i, off, next)
 			}
@@ -817,7 +817,7 @@ func TestLoadStaged(t *testing.T) {
 		stuck := newTestSlots(1, chunk)
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
-		err = s.LoadStaged(ctx, "v", 3, n, chunk, stuck, func(int, int64, int64, []byte) error { return nil })
+		err = s.LoadStaged(ctx, "v", 3, n, chunk, 4, stuck, func(int, int64, int64, []byte) error { return nil })
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("LoadStaged with a buffer never given back: %v, want the context's deadline", err)
 		}

@@ -98,7 +98,7 @@ var loadFns = []loadFn{
 	{"LoadStaged", func(s *Storage, key string, putID int64, dst []byte, n int64) (int64, error) {
 		sl := newTestSlots(3, s.opts.ChunkSize)
 		var got int64
-		err := s.LoadStaged(context.Background(), key, putID, n, s.opts.ChunkSize, sl, func(i int, off, k int64, buf []byte) error {
+		err := s.LoadStaged(context.Background(), key, putID, n, s.opts.ChunkSize, s.opts.ChunkInflight, sl, func(i int, off, k int64, buf []byte) error {
 			if off != got {
 				return fmt.Errorf("chunk at %d, want %d", off, got)
 			}
