@@ -150,11 +150,9 @@ def resolve(a) -> argparse.Namespace:
     for x in a.backend_list:
         if x not in backends.names():
             raise SystemExit(f"--backends: {x!r} not in {backends.names()}")
-    if a.window <= 0 or a.warmup < 0:
-        raise SystemExit("--window must be > 0 and --warmup >= 0")
-    if not os.path.isdir(a.work_dir):
-        raise SystemExit(f"--work-dir {a.work_dir}: not a directory")
-    return a
+    from .harness import check_window_and_workdir
+
+    return check_window_and_workdir(a)
 
 
 def cases_for(a) -> list:

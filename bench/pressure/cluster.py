@@ -156,22 +156,7 @@ def unavailable_path(case: ClusterCase, opts) -> str | None:
 
 
 def new_record(case: ClusterCase, opts, keys: int, kind: str = "measured") -> dict:
-    rec = {k: None for k in SCHEMA}
-    rec.update(case.to_json())
-    rec.update(
-        kind=kind,
-        concurrency=case.concurrency,
-        keys=keys,
-        dataset_bytes=keys * case.payload_bytes,
-        warmup_s=opts.warmup,
-        window_s=opts.window,
-        zipf_theta=opts.zipf_theta,
-        seed=opts.seed,
-        complete=False,
-        notes=[],
-        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    )
-    return rec
+    return harness.case_record(SCHEMA, case, opts, keys, kind=kind)
 
 
 def finish_split(rec: dict, split) -> None:
@@ -740,11 +725,7 @@ def resolve(a) -> argparse.Namespace:
     for x in a.on_miss_list:
         if x not in ("none", "put"):
             raise SystemExit(f"--on-miss: {x!r}: none, put")
-    if a.window <= 0 or a.warmup < 0:
-        raise SystemExit("--window must be > 0 and --warmup >= 0")
-    if not os.path.isdir(a.work_dir):
-        raise SystemExit(f"--work-dir {a.work_dir}: not a directory")
-    return a
+    return harness.check_window_and_workdir(a)
 
 
 def main(a) -> int:

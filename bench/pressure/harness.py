@@ -115,15 +115,24 @@ class Worker:
 # -- one case --------------------------------------------------------------------------------------
 
 
-def base_record(case: Case, opts, keys: int) -> dict:
-    rec = {k: None for k in SCHEMA}
+def check_window_and_workdir(a):
+    """The checks every run command shares: a positive window, a warmup >= 0, an existing
+    --work-dir. Returns a."""
+    if a.window <= 0 or a.warmup < 0:
+        raise SystemExit("--window must be > 0 and --warmup >= 0")
+    if not os.path.isdir(a.work_dir):
+        raise SystemExit(f"--work-dir {a.work_dir}: not a directory")
+    return a
+
+
+def case_record(schema, case, opts, keys: int, **extra) -> dict:
+    """A fresh summary row of schema for case: its identity, the dataset and timing, extra."""
+    rec = {k: None for k in schema}
     rec.update(case.to_json())
     rec.update(
         concurrency=case.concurrency,
         keys=keys,
         dataset_bytes=keys * case.payload_bytes,
-        dram_bytes=opts.dram,
-        ssd_bytes=opts.ssd_size if case.ssd else 0,
         warmup_s=opts.warmup,
         window_s=opts.window,
         zipf_theta=opts.zipf_theta,
@@ -131,8 +140,13 @@ def base_record(case: Case, opts, keys: int) -> dict:
         complete=False,
         notes=[],
         started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
     )
     return rec
+
+
+def base_record(case: Case, opts, keys: int) -> dict:
+    return case_record(SCHEMA, case, opts, keys, dram_bytes=opts.dram, ssd_bytes=opts.ssd_size if case.ssd else 0)
 
 
 def _pct(h, p):
