@@ -1,10 +1,10 @@
-// Package peerclient keeps Kitex clients of owners' PeerService, one per address,
-// for the master and for owners calling each other: every connection authenticates
-// with the cluster secrets, and a call to a dead owner fails within about one connect
-// timeout.
+// Package peerclient calls owners' PeerService for the master and for owners calling
+// each other: every connection authenticates with the cluster secrets, and a call to a
+// dead owner fails within about one connect timeout.
 package peerclient
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -19,87 +19,113 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
 )
 
-// Clients caches one PeerService client per owner address; their connections
-// authenticate with the cluster secrets. Connecting is bounded by connectTimeout (with
-// authentication the owner's hello must come within max(connectTimeout, 500ms)), and a
-// failed dial is not repeated within the same call (fastFailDialer), so a call to a
-// dead owner fails within about one connect timeout whatever the call's own timeout.
+// Clients is one Kitex PeerService client for every owner: each call names its owner's
+// address (callopt.WithHostPort), and Kitex pools connections per address. One client,
+// not one per address: Kitex keeps a balancer cache with a goroutine that never exits
+// for every client built on its own address list (client.WithHostPorts), so a client
+// per address leaked one each time an owner came back on a new port. Connecting is
+// bounded by connectTimeout (with authentication the owner's hello must come within
+// max(connectTimeout, 500ms)), and a failed dial is not repeated within connectTimeout
+// (fastFailDialer), so a call to a dead owner fails within about one connect timeout
+// whatever the call's own timeout.
 type Clients struct {
 	secrets        *auth.Secrets // nil: insecure
 	connectTimeout time.Duration
+	dialer         *fastFailDialer
 
-	mu      sync.Mutex // protects clients
-	clients map[string]peerservice.Client
+	once sync.Once
+	c    peerservice.Client
+	err  error
 }
 
 // New returns clients whose connections authenticate with s (nil: insecure) and give
 // up a dial after connectTimeout.
 func New(s *auth.Secrets, connectTimeout time.Duration) *Clients {
-	return &Clients{secrets: s, connectTimeout: connectTimeout, clients: make(map[string]peerservice.Client)}
+	return &Clients{secrets: s, connectTimeout: connectTimeout,
+		dialer: &fastFailDialer{d: auth.NewDialer(s, auth.PurposePeer), window: connectTimeout, failed: make(map[string]dialFailure)}}
 }
 
-// Get returns the client of addr and the options for each call to it. An IP address
-// is also named per call (callopt.WithHostPort): a call with its instance set skips
-// Kitex's resolver middleware, which would retry a failed dial up to 6 times (and log
-// each retry); a host name (resolved by Kitex) keeps the retries, made cheap by
-// fastFailDialer.
+// Get returns the client and the options that direct a call to the owner at addr
+// (host:port). A host name is resolved here, within the connect timeout, so the call
+// itself names an IP address: Kitex's per-call option would resolve it again on every
+// call, and panic when that fails.
 func (p *Clients) Get(addr string) (peerservice.Client, []callopt.Option, error) {
-	var opts []callopt.Option
-	if _, err := netip.ParseAddrPort(addr); err == nil {
-		opts = []callopt.Option{callopt.WithHostPort(addr)}
-	}
-	c, err := p.client(addr)
-	return c, opts, err
-}
-
-func (p *Clients) client(addr string) (peerservice.Client, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.clients[addr]; c != nil {
-		return c, nil
-	}
-	c, err := peerservice.NewClient("fluxkv-owner", append(auth.ClientOptions(p.secrets, auth.PurposePeer),
-		client.WithHostPorts(addr), client.WithConnectTimeout(p.connectTimeout),
-		// replaces the dialer ClientOptions set, wrapping the same authenticating one
-		client.WithDialer(&fastFailDialer{d: auth.NewDialer(p.secrets, auth.PurposePeer), window: p.connectTimeout}))...)
+	ap, err := p.resolve(addr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	p.clients[addr] = c
-	return c, nil
+	p.once.Do(func() {
+		p.c, p.err = peerservice.NewClient("fluxkv-owner", append(auth.ClientOptions(p.secrets, auth.PurposePeer),
+			client.WithConnectTimeout(p.connectTimeout),
+			// replaces the dialer ClientOptions set, wrapping the same authenticating one
+			client.WithDialer(p.dialer))...)
+	})
+	if p.err != nil {
+		return nil, nil, p.err
+	}
+	return p.c, []callopt.Option{callopt.WithHostPort(ap.String())}, nil
 }
 
-// fastFailDialer wraps the cluster dialer of one owner address: for window after a dial
-// failed, dials fail at once with that error, so concurrent calls to a dead owner do
-// not each wait for a connect timeout, and the resolver middleware's retries of a
-// failed dial (up to 6 until the call's context ends, kitex client/middlewares.go
-// maxRetry; they apply to owners advertised by host name) cost one timeout, not six.
+// resolve turns addr into an IP address and port.
+func (p *Clients) resolve(addr string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(addr); err == nil {
+		return ap, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("peer address %q: %w", addr, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(p.connectTimeout, time.Second))
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("peer address %q: cannot resolve %q: %v", addr, host, err)
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(ips[0].Unmap().String(), port))
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("peer address %q: %w", addr, err)
+	}
+	return ap, nil
+}
+
+// fastFailDialer wraps the cluster dialer: for window after a dial to an address failed,
+// dials to it fail at once with that error, so concurrent calls to a dead owner do not
+// each wait for a connect timeout. It remembers only addresses whose last dial failed
+// within window.
 type fastFailDialer struct {
 	d      remote.Dialer
 	window time.Duration
 
-	mu       sync.Mutex // protects failedAt, err
-	failedAt time.Time
-	err      error
+	mu     sync.Mutex // protects failed
+	failed map[string]dialFailure
+}
+
+type dialFailure struct {
+	at  time.Time
+	err error
 }
 
 func (f *fastFailDialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
 	f.mu.Lock()
-	if f.err != nil {
-		if ago := time.Since(f.failedAt); ago < f.window {
-			err := f.err
+	if fl, ok := f.failed[address]; ok {
+		if ago := time.Since(fl.at); ago < f.window {
 			f.mu.Unlock()
-			return nil, fmt.Errorf("%w (dial failed %v ago; not retried yet)", err, ago.Round(time.Millisecond))
+			return nil, fmt.Errorf("%w (dial failed %v ago; not retried yet)", fl.err, ago.Round(time.Millisecond))
 		}
+		delete(f.failed, address)
 	}
 	f.mu.Unlock()
 	c, err := f.d.DialTimeout(network, address, timeout)
 	f.mu.Lock()
-	if err != nil {
-		f.err, f.failedAt = err, time.Now()
-	} else {
-		f.err = nil
+	defer f.mu.Unlock()
+	now := time.Now()
+	for a, fl := range f.failed { // forget stale failures: the map holds dead owners of the last window only
+		if now.Sub(fl.at) >= f.window {
+			delete(f.failed, a)
+		}
 	}
-	f.mu.Unlock()
+	if err != nil {
+		f.failed[address] = dialFailure{at: now, err: err}
+	}
 	return c, err
 }
