@@ -113,9 +113,13 @@ def not_run_notes(records: list[dict], name=_pressure_name) -> list[str]:
 
 
 def render(records: list[dict], out_path, title: str | None = None) -> Path:
+    return save(figure(records, title), out_path)
+
+
+def save(fig, out_path) -> Path:
+    """Writes fig as a PNG at out_path and frees it."""
     import matplotlib.pyplot as plt
 
-    fig = figure(records, title)
     out_path = Path(out_path)
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
@@ -304,13 +308,7 @@ def cluster_label(s: tuple) -> str:
 
 
 def render_cluster(records: list[dict], out_path, title: str | None = None) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig = cluster_figure(records, title)
-    out_path = Path(out_path)
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    return save(cluster_figure(records, title), out_path)
 
 
 def cluster_figure(records: list[dict], title: str | None = None):

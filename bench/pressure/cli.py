@@ -198,22 +198,12 @@ def main(argv=None) -> int:
         return vendor_thrift(a.dir)
 
     from . import harness
-    from .procs import Interrupted, install_signal_handlers
+    from .procs import install_signal_handlers
 
     opts = resolve(a)
     cases = cases_for(opts)
     install_signal_handlers()
-    records: list[dict] = []
-    interrupted = False
-    try:
-        records = harness.run(cases, opts)
-    except (KeyboardInterrupt, Interrupted):
-        interrupted = True
-        print("\ninterrupted: servers stopped, temp dirs removed; partial summary kept", file=sys.stderr)
-        from .chart import load
-
-        summary = Path(opts.out) / "summary.jsonl"
-        records = load(summary) if summary.exists() else []
+    records, interrupted = harness.run_keeping_partial(lambda: harness.run(cases, opts), opts.out)
     if records:
         print()
         harness.print_table(records)

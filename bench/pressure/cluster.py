@@ -729,20 +729,12 @@ def resolve(a) -> argparse.Namespace:
 
 
 def main(a) -> int:
-    from .chart import load
     from .procs import install_signal_handlers
 
     opts = resolve(a)
     install_signal_handlers()
-    interrupted = False
     t0 = clock()
-    try:
-        records = run(opts)
-    except (KeyboardInterrupt, Interrupted):
-        interrupted = True
-        print("\ninterrupted: servers stopped, temp dirs removed; partial summary kept", file=sys.stderr)
-        summary = Path(opts.out) / "summary.jsonl"
-        records = load(summary) if summary.exists() else []
+    records, interrupted = harness.run_keeping_partial(lambda: run(opts), opts.out)
     if records:
         finish(records, opts, interrupted)
     print(f"wall time {clock() - t0:.1f} s", file=sys.stderr)

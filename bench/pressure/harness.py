@@ -115,6 +115,21 @@ class Worker:
 # -- one case --------------------------------------------------------------------------------------
 
 
+def run_keeping_partial(run, out_dir) -> tuple[list[dict], bool]:
+    """Runs run() for its records. On Ctrl-C (or SIGTERM) the servers are already stopped:
+    the records written so far are read back from out_dir/summary.jsonl. Returns the records
+    and whether the run was interrupted."""
+    from .chart import load
+    from .procs import Interrupted
+
+    try:
+        return run(), False
+    except (KeyboardInterrupt, Interrupted):
+        print("\ninterrupted: servers stopped, temp dirs removed; partial summary kept", file=sys.stderr)
+        summary = Path(out_dir) / "summary.jsonl"
+        return (load(summary) if summary.exists() else []), True
+
+
 def check_window_and_workdir(a):
     """The checks every run command shares: a positive window, a warmup >= 0, an existing
     --work-dir. Returns a."""
