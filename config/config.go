@@ -66,9 +66,14 @@ type Owner struct {
 	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
 	ClusterSecretFiles []string
 	InsecureCluster    bool
-	// CacheGrace (cache_grace) keeps released holdings cached this long: nil takes
-	// the daemon's default (20ms), a pointer to 0 turns the grace off ("off" or "0s").
+	// CacheGrace (cache_grace) keeps released holdings of local replicas in the hot
+	// set this long: nil takes the daemon's default (30s), a pointer to 0 turns the
+	// grace, and so the hot set, off ("off" or "0s").
 	CacheGrace *time.Duration
+	// HotSet (hot_set) is the fraction 0 < x ≤ 1 of the memory pool (the segment less
+	// the transfer area) that idle hot-set holdings may keep pinned: nil takes the
+	// daemon's default (0.5), a pointer to 0 turns the hot set off ("off" or 0).
+	HotSet *float64
 	// MaxConnections (max_connections) caps the open connections of each owner
 	// socket; 0 derives the cap from RLIMIT_NOFILE.
 	MaxConnections int

@@ -35,6 +35,7 @@ fluxkv_spec:
   log_level: debug
   log_format: text
   cache_grace: 50ms
+  hot_set: 0.25
   max_connections: 4000
   hello_timeout: 2s
   frame_timeout: 3s
@@ -45,7 +46,7 @@ fluxkv_spec:
 			want: &File{Owner: &Owner{
 				DRAM: 512 << 20, SocketDir: "/run/fluxkv", Master: "10.0.0.1:7700", ClusterName: "prod",
 				InstanceKey: "node-a/gpu0", NodeID: "node-a", PeerListen: "0.0.0.0:7701", MetricsAddr: ":9701",
-				LogLevel: "debug", LogFormat: "text", CacheGrace: ptr(50 * time.Millisecond), MaxConnections: 4000,
+				LogLevel: "debug", LogFormat: "text", CacheGrace: ptr(50 * time.Millisecond), HotSet: ptr(0.25), MaxConnections: 4000,
 				HelloTimeout: 2 * time.Second, FrameTimeout: 3 * time.Second, IdleTimeout: time.Minute,
 				LargeFilePaths: []string{"/data/a", "/data/b"}, LargeLimitSize: []int64{4 << 30, 16 << 30},
 			}},
@@ -63,6 +64,13 @@ fluxkv_spec:
 		{name: "cache grace off", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: off}", want: &File{Owner: &Owner{CacheGrace: ptr(time.Duration(0))}}},
 		{name: "cache grace 0", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: 0}", want: &File{Owner: &Owner{CacheGrace: ptr(time.Duration(0))}}},
 		{name: "cache grace 0s", role: RoleOwner, yaml: `fluxkv_spec: {cache_grace: "0s"}`, want: &File{Owner: &Owner{CacheGrace: ptr(time.Duration(0))}}},
+		{name: "hot set fraction", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: 0.75}", want: &File{Owner: &Owner{HotSet: ptr(0.75)}}},
+		{name: "hot set 1 = the whole pool", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: 1}", want: &File{Owner: &Owner{HotSet: ptr(1.0)}}},
+		{name: "hot set quoted", role: RoleOwner, yaml: `fluxkv_spec: {hot_set: "0.5"}`, want: &File{Owner: &Owner{HotSet: ptr(0.5)}}},
+		{name: "hot set off", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: off}", want: &File{Owner: &Owner{HotSet: ptr(0.0)}}},
+		{name: "hot set 0", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: 0}", want: &File{Owner: &Owner{HotSet: ptr(0.0)}}},
+		{name: "hot set 0.0", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: 0.0}", want: &File{Owner: &Owner{HotSet: ptr(0.0)}}},
+		{name: "hot set null = unset", role: RoleOwner, yaml: "fluxkv_spec:\n  hot_set:\n", want: &File{Owner: &Owner{}}},
 		{name: "max connections 0 = derived", role: RoleOwner, yaml: "fluxkv_spec: {max_connections: 0}", want: &File{Owner: &Owner{}}},
 		{name: "null key = unset", role: RoleOwner, yaml: "fluxkv_spec:\n  dram:\n  node_id: ~\n", want: &File{Owner: &Owner{}}},
 		{name: "empty file", role: RoleOwner, yaml: "", want: &File{}},
@@ -99,7 +107,7 @@ master:
 		},
 
 		// Errors name the key.
-		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: advertise_host, allowed_uids, cache_grace, client_isolation, cluster_name, cluster_secret_files, data_listen, dram,"},
+		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: advertise_host, allowed_uids, cache_grace, client_isolation, cluster_name, cluster_secret_files, data_listen, dram, frame_timeout, hello_timeout, hot_set, idle_timeout,"},
 		{name: "secret files not a list", role: RoleOwner, yaml: "fluxkv_spec: {cluster_secret_files: /etc/s}",
 			wantErr: `fluxkv_spec.cluster_secret_files: want a list of file paths, got str "/etc/s"`},
 		{name: "secret file empty", role: RoleMaster, yaml: "master: {cluster_secret_files: [/a, \"\"]}",
@@ -114,6 +122,20 @@ master:
 			wantErr: `fluxkv_spec.cache_grace: invalid duration "20"`},
 		{name: "cache grace a bool", role: RoleOwner, yaml: "fluxkv_spec: {cache_grace: false}",
 			wantErr: `fluxkv_spec.cache_grace: want a duration such as "20ms", or off, got bool "false"`},
+		{name: "hot set above 1", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: 1.5}",
+			wantErr: "fluxkv_spec.hot_set: 1.5 must be ≤ 1: it is a fraction of the memory pool (0 or off disables the hot set"},
+		{name: "hot set a percentage", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: 50}",
+			wantErr: "fluxkv_spec.hot_set: 50 must be ≤ 1"},
+		{name: "negative hot set", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: -0.5}",
+			wantErr: "fluxkv_spec.hot_set: -0.5 must be ≥ 0 (0 or off disables the hot set"},
+		{name: "hot set not a number", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: half}",
+			wantErr: `fluxkv_spec.hot_set: invalid fraction "half" (want a number 0 < x ≤ 1 of the memory pool`},
+		{name: "hot set nan", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: .nan}",
+			wantErr: `fluxkv_spec.hot_set: invalid fraction ".nan"`},
+		{name: "hot set a bool", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: true}",
+			wantErr: `fluxkv_spec.hot_set: want a fraction of the memory pool such as 0.5, or off, got bool "true"`},
+		{name: "hot set a list", role: RoleOwner, yaml: "fluxkv_spec: {hot_set: [0.5]}",
+			wantErr: `fluxkv_spec.hot_set: want a fraction of the memory pool such as 0.5, or off, got`},
 		{name: "negative max connections", role: RoleOwner, yaml: "fluxkv_spec: {max_connections: -1}",
 			wantErr: "fluxkv_spec.max_connections: -1 must be ≥ 0"},
 		{name: "max connections a string", role: RoleOwner, yaml: "fluxkv_spec: {max_connections: many}",

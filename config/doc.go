@@ -13,5 +13,6 @@
 // follow the seed's rules through ssd.Config, except that paths without a
 // large_limit_size key are refused (a forgotten key would silently run without SSD;
 // large_limit_size: null stays the explicit "off"). Durations must be positive,
-// counts non-negative, ports numeric; cache_grace takes a duration ≥ 0 or off.
+// counts non-negative, ports numeric; cache_grace takes a duration ≥ 0 or off, and
+// hot_set a fraction 0 < x ≤ 1 of the memory pool, or 0 or off.
 package config

@@ -46,6 +46,20 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 			o.CacheGrace = &g
 			return nil
 		},
+		"hot_set": func(v *yaml.Node) error {
+			if isNull(v) {
+				return nil
+			}
+			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int" && v.Tag != "!!float") {
+				return keyErr(v, k("hot_set"), "want a fraction of the memory pool such as 0.5, or off, got %s", describe(v))
+			}
+			f, err := ParseHotSet(v.Value)
+			if err != nil {
+				return keyErr(v, k("hot_set"), "%w", err)
+			}
+			o.HotSet = &f
+			return nil
+		},
 		"hello_timeout": durationField(k("hello_timeout"), &o.HelloTimeout),
 		"frame_timeout": durationField(k("frame_timeout"), &o.FrameTimeout),
 		"idle_timeout":  durationField(k("idle_timeout"), &o.IdleTimeout),

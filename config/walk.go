@@ -209,9 +209,34 @@ func ParseCacheGrace(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("invalid duration %q (want e.g. \"20ms\", or off to disable)", s)
 	}
 	if d < 0 {
-		return 0, fmt.Errorf("%v must be ≥ 0 (0 or off disables the grace; unset = the default 20ms)", d)
+		return 0, fmt.Errorf("%v must be ≥ 0 (0 or off disables the grace; unset = the default 30s)", d)
 	}
 	return d, nil
+}
+
+// ParseHotSet parses a hot set size: the fraction 0 < x ≤ 1 of the memory pool (the
+// segment less the transfer area) that idle hot-set holdings may keep, where 0 and
+// "off" turn the hot set off. A negative fraction is refused rather than read as
+// "off", and one above 1 (more than the pool) is refused too.
+func ParseHotSet(s string) (float64, error) {
+	t := strings.TrimSpace(s)
+	if strings.EqualFold(t, "off") {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || math.IsNaN(f) {
+		return 0, fmt.Errorf("invalid fraction %q (want a number 0 < x ≤ 1 of the memory pool such as 0.5, or off to disable)", s)
+	}
+	if f < 0 {
+		return 0, fmt.Errorf("%v must be ≥ 0 (0 or off disables the hot set; unset = the default 0.5)", f)
+	}
+	if f > 1 {
+		return 0, fmt.Errorf("%v must be ≤ 1: it is a fraction of the memory pool (0 or off disables the hot set; unset = the default 0.5)", f)
+	}
+	if f == 0 {
+		return 0, nil // also -0
+	}
+	return f, nil
 }
 
 // countValue is a YAML integer ≥ 0.

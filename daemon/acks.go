@@ -9,18 +9,28 @@ import (
 )
 
 // acker batches holder releases to the master (BatchDeleteAck): ids collect for up to
-// AckDelay or 256 of them, then go in one call.
+// AckDelay or 256 of them, then go in one call. The keys of gets served from the hot
+// set (touched) ride along, or go on their own after touchDelay, so the master's
+// eviction order sees those hits.
 type acker struct {
 	o       *Owner
-	mu      sync.Mutex // protects pending
+	mu      sync.Mutex // protects pending, touched
 	pending []int64
+	touched map[string]struct{}
 	kick    chan struct{}
 	done    chan struct{}
 	wg      sync.WaitGroup
 }
 
+// touchDelay is how long hot-set hits may wait for a holder ack to ride with;
+// maxTouched caps the keys of one report.
+const (
+	touchDelay = 100 * time.Millisecond
+	maxTouched = 1024
+)
+
 func newAcker(o *Owner) *acker {
-	a := &acker{o: o, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	a := &acker{o: o, kick: make(chan struct{}, 1), done: make(chan struct{}), touched: make(map[string]struct{})}
 	a.wg.Add(1)
 	go a.loop()
 	return a
@@ -37,6 +47,25 @@ func (a *acker) add(id int64) {
 	}
 }
 
+// touch records a get of key served from the hot set. Safe to call with Owner.mu held.
+func (a *acker) touch(key string) {
+	a.mu.Lock()
+	if len(a.touched) >= maxTouched {
+		a.mu.Unlock()
+		return // the report is full: this hit goes unreported
+	}
+	_, seen := a.touched[key]
+	a.touched[key] = struct{}{}
+	first := !seen && len(a.touched) == 1 && len(a.pending) == 0
+	a.mu.Unlock()
+	if first {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (a *acker) loop() {
 	defer a.wg.Done()
 	for {
@@ -46,12 +75,31 @@ func (a *acker) loop() {
 			return
 		case <-a.kick:
 		}
+		a.mu.Lock()
+		delay := a.o.opts.AckDelay
+		if len(a.pending) == 0 {
+			delay = touchDelay // only hits to report: no hurry
+		}
+		a.mu.Unlock()
 		select {
 		case <-a.done:
-		case <-time.After(a.o.opts.AckDelay):
+		case <-time.After(delay):
 		}
 		a.flush()
 	}
+}
+
+// takeTouched removes and returns the recorded hot-set hits.
+func (a *acker) takeTouchedLocked() []string {
+	if len(a.touched) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(a.touched))
+	for k := range a.touched {
+		out = append(out, k)
+	}
+	clear(a.touched)
+	return out
 }
 
 func (a *acker) flush() {
@@ -60,19 +108,20 @@ func (a *acker) flush() {
 		n := min(len(a.pending), 256)
 		batch := append([]int64(nil), a.pending[:n]...)
 		a.pending = a.pending[n:]
+		touched := a.takeTouchedLocked()
 		a.mu.Unlock()
-		if n == 0 {
+		if n == 0 && len(touched) == 0 {
 			return
 		}
 		ctx, cancel := a.o.master.ctx()
-		resp, err := a.o.master.c.BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch})
+		resp, err := a.o.master.c.BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
 		cancel()
 		switch {
 		case err != nil:
 			// The master is unreachable; if it restarted, re-registration pins only what
 			// is still in use, so these ranges are free there anyway. Keep them for a retry.
 			a.o.log.Warn().Err(err).Int("holders", n).Msg("holder ack failed; will retry")
-			a.giveBack(batch)
+			a.giveBack(batch) // the hits go unreported
 			select {
 			case <-a.done:
 				return

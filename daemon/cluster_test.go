@@ -361,7 +361,7 @@ func TestClusterMasterRestartRemoteHolder(t *testing.T) {
 		t.Fatal("the remote holder's bytes changed across the master restart")
 	}
 	h.Release()
-	leakCheck(t, cl.clients[0], "after")
+	leakCheck(t, cl.clients[0], "held", "after") // "held" was reported and rebuilt
 }
 
 // TestClusterRemoteSSD: a value whose only replica is on another owner's SSD is staged

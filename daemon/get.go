@@ -30,6 +30,9 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	}
 	if h := o.cache.lookup(key); h != nil {
 		id := o.newHolderLocked(c, h)
+		if h.replica {
+			o.acks.touch(key)
+		}
 		o.mu.Unlock()
 		resp := holderResponse(id, h)
 		resp.Remote = false // this get moved nothing: the bytes are already here

@@ -21,20 +21,37 @@ const (
 // drop_ssd_source and re-plan; a failed pull revokes and re-plans without that node.
 // A re-plan that finds no replica is a miss; the third consecutive SSD failure, or the
 // third failed pull, is UNAVAILABLE.
+//
+// Each answer teaches the replica index (replicas.go): a local hit, and a target that
+// became the key's replica here (promoted), are recorded; a target is opened (records
+// overlapping it forgotten) before anything is written into it.
 func (o *Owner) planGet(key string) (*holding, error) {
 	var exclude []string
 	for failures := 0; ; {
+		o.mu.Lock()
+		mark := o.replicas.mark()
+		o.mu.Unlock()
 		plan, err := o.getStart(key, exclude)
 		if err != nil {
 			return nil, err
 		}
+		if plan.Done {
+			h := localHit(key, plan)
+			o.learnReplica(h, mark, 0)
+			return h, nil
+		}
+		o.mu.Lock()
+		own := o.replicas.open(plan.TargetOffset, plan.Len)
+		o.mu.Unlock()
+		learn := func(h *holding) *holding {
+			o.learnReplica(h, mark, own)
+			return h
+		}
 		switch {
-		case plan.Done:
-			return localHit(key, plan), nil
 		case plan.Source == common.Source_MEMORY && plan.SourceNodeId != o.opts.NodeID:
 			h, err := o.pullRemote(key, plan)
 			if err == nil {
-				return h, nil
+				return learn(h), nil
 			}
 			if exclude, err = o.excludeSource(key, plan, exclude, err); err != nil {
 				return nil, err
@@ -42,7 +59,7 @@ func (o *Owner) planGet(key string) (*holding, error) {
 		case plan.Source == common.Source_SSD && plan.SourceNodeId != o.opts.NodeID:
 			h, err := o.refillRemote(key, plan)
 			if err == nil {
-				return h, nil
+				return learn(h), nil
 			}
 			if errors.Is(err, errRemoteSSD) {
 				failures++
@@ -56,9 +73,9 @@ func (o *Owner) planGet(key string) (*holding, error) {
 				return nil, err
 			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
-			h, err := o.refill(key, plan)
+			h, err := o.refill(key, plan, mark, own)
 			if err == nil {
-				return h, nil
+				return learn(h), nil
 			}
 			failures++
 			o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("SSD refill failed; re-planning")
@@ -69,6 +86,17 @@ func (o *Owner) planGet(key string) (*holding, error) {
 			o.revokeGet(key, plan.GetId, false, "unknown plan")
 			return nil, errCode(common.ErrorCode_INTERNAL, "the master planned a get from node %q (%s) this owner cannot serve", plan.SourceNodeId, plan.Source)
 		}
+	}
+}
+
+// learnReplica records h in the replica index when it views the key's memory replica
+// in this segment (a local hit, or a promoted target); mark and own as for
+// replicaIndex.learn.
+func (o *Owner) learnReplica(h *holding, mark, own uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if h.replica {
+		o.replicas.learn(replicaRecord{key: h.key, putID: h.putID, offset: h.offset, len: h.len}, mark, own)
 	}
 }
 

@@ -15,7 +15,10 @@ import (
 // verified; GetDone (promotion) follows in the background. A failed or corrupt read
 // revokes the get with drop_ssd_source so the master forgets that replica (and the
 // holder); the bytes in the target never reach anyone.
-func (o *Owner) refill(key string, plan *mp.GetStartResponse) (*holding, error) {
+//
+// mark and own are the replica index's (see planGet), for a promotion confirmed in the
+// background.
+func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) (*holding, error) {
 	h := &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset}
 	var err error
 	switch {
@@ -50,13 +53,13 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse) (*holding, error) 
 	}
 	h.masterID = plan.HolderId
 	o.wg.Add(1)
-	go o.confirmRefill(key, plan.GetId, h)
+	go o.confirmRefill(key, plan.GetId, h, mark, own)
 	return h, nil
 }
 
 // confirmRefill sends GetDone for a refill already handed out. A promoted target is
 // the key's memory replica from then on, so its holding may stay cached after release.
-func (o *Owner) confirmRefill(key string, getID int64, h *holding) {
+func (o *Owner) confirmRefill(key string, getID int64, h *holding, mark, own uint64) {
 	defer o.wg.Done()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
@@ -70,4 +73,5 @@ func (o *Owner) confirmRefill(key string, getID int64, h *holding) {
 	o.mu.Lock()
 	h.replica = done.Promoted
 	o.mu.Unlock()
+	o.learnReplica(h, mark, own)
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"container/list"
 	"slices"
 	"time"
 
@@ -16,9 +17,10 @@ type holding struct {
 	offset   int64
 	len      int64
 	source   common.Source
-	masterID int64     // the master's holder id: acked (BatchDeleteAck) once nobody holds it
-	refs     int       // external holders referring to it
-	idle     time.Time // when refs dropped to 0 while cached (zero: in use or not cached)
+	masterID int64         // the master's holder id: acked (BatchDeleteAck) once nobody holds it
+	refs     int           // external holders referring to it
+	idle     time.Time     // when refs dropped to 0 while cached (zero: in use or not cached)
+	elem     *list.Element // its place in holderCache.idle while idle
 	// replica: the holding views the key's memory replica itself (local reuse or a
 	// promoted refill), so keeping it cached after release costs no extra memory. A
 	// temporary refill target is released at once instead: its space serves the next
@@ -34,6 +36,12 @@ type holding struct {
 // time is passed in, and it never calls the master: methods that let a holding go
 // return the master holder ids the caller must ack.
 //
+// The idle holdings are the owner's hot set: replicas of this segment it serves
+// without a master trip, each kept alive by its master holder (a pin: the master never
+// frees a held range, and its eviction passes over held replicas). They are bounded by
+// the budget (bytes; the least recently released go first), the grace period, an
+// invalidation of their key, and the master's ReleaseHotSet when it needs the space.
+//
 // The invalidation sequence guards the window of a master trip. A get that missed
 // reads seq() before calling GetStart and hands the result to install with that
 // value; if any invalidation (a put or delete through this owner, the master's
@@ -42,14 +50,16 @@ type holding struct {
 // get still hands its holder out (the bytes are a consistent version that was current
 // during the call), it just does not keep it for later gets.
 type holderCache struct {
-	grace time.Duration // ≤ 0: released holdings are never kept idle
-	byKey map[string]*holding
-	idle  map[*holding]struct{} // cached holdings with refs == 0, in their grace period
-	seq   uint64                // bumped by every invalidation
+	grace     time.Duration // ≤ 0: released holdings are never kept idle
+	budget    int64         // most bytes of idle holdings (≤ 0: none are kept)
+	byKey     map[string]*holding
+	idle      list.List // cached holdings with refs == 0, least recently released first
+	idleBytes int64
+	seq       uint64 // bumped by every invalidation
 }
 
-func newHolderCache(grace time.Duration) *holderCache {
-	return &holderCache{grace: grace, byKey: make(map[string]*holding), idle: make(map[*holding]struct{})}
+func newHolderCache(grace time.Duration, budget int64) *holderCache {
+	return &holderCache{grace: grace, budget: budget, byKey: make(map[string]*holding)}
 }
 
 // lookup returns the cached holding of key, or nil.
@@ -61,29 +71,43 @@ func (c *holderCache) invalSeq() uint64 { return c.seq }
 // ref adds an external holder to h, reviving it if it was idle.
 func (c *holderCache) ref(h *holding) {
 	if h.refs == 0 {
-		delete(c.idle, h)
-		h.idle = time.Time{}
+		c.unidle(h)
 	}
 	h.refs++
 }
 
+// unidle takes h off the idle list, if it is on it.
+func (c *holderCache) unidle(h *holding) {
+	if h.elem != nil {
+		c.idle.Remove(h.elem)
+		c.idleBytes -= h.len
+		h.elem = nil
+	}
+	h.idle = time.Time{}
+}
+
 // unref drops an external holder of h at now. When it was the last one, a cached
-// replica holding stays idle for the grace period (ack 0); anything else is let go
-// and its master id returned for acking.
-func (c *holderCache) unref(h *holding, now time.Time) (ack int64) {
+// replica holding stays idle (in the hot set) for the grace period, and the oldest
+// idle holdings past the budget are let go; anything else is let go at once. It
+// returns the master ids let go, for acking.
+func (c *holderCache) unref(h *holding, now time.Time) (acks []int64) {
 	if h.refs <= 0 {
 		panic("BUG: holding released more often than held")
 	}
 	h.refs--
 	if h.refs > 0 {
-		return 0
+		return nil
 	}
-	if c.byKey[h.key] == h && c.grace > 0 && h.replica {
-		h.idle = now
-		c.idle[h] = struct{}{}
-		return 0
+	if c.byKey[h.key] != h || c.grace <= 0 || !h.replica || h.len > c.budget {
+		return []int64{c.forget(h)}
 	}
-	return c.forget(h)
+	h.idle = now
+	h.elem = c.idle.PushBack(h)
+	c.idleBytes += h.len
+	for c.idleBytes > c.budget {
+		acks = append(acks, c.forget(c.idle.Front().Value.(*holding)))
+	}
+	return acks
 }
 
 // forget removes an unreferenced holding from the cache and returns its master id.
@@ -91,9 +115,20 @@ func (c *holderCache) forget(h *holding) int64 {
 	if c.byKey[h.key] == h {
 		delete(c.byKey, h.key)
 	}
-	delete(c.idle, h)
-	h.idle = time.Time{}
+	c.unidle(h)
 	return h.masterID
+}
+
+// release lets go of idle holdings, least recently released first, until at least
+// bytes are released (bytes ≤ 0: all of them). It returns their master ids and the
+// bytes released.
+func (c *holderCache) release(bytes int64) (acks []int64, released int64) {
+	for c.idle.Len() > 0 && (bytes <= 0 || released < bytes) {
+		h := c.idle.Front().Value.(*holding)
+		released += h.len
+		acks = append(acks, c.forget(h))
+	}
+	return acks, released
 }
 
 // install offers h, fresh from the master, for caching; seq is what invalSeq said
@@ -136,10 +171,12 @@ func (c *holderCache) invalidate(key string, upTo int64) (ack int64) {
 // returning their master ids in ascending order.
 func (c *holderCache) sweep(now time.Time, force bool) []int64 {
 	var acks []int64
-	for h := range c.idle {
-		if force || !now.Before(h.idle.Add(c.grace)) {
-			acks = append(acks, c.forget(h))
+	for c.idle.Len() > 0 {
+		h := c.idle.Front().Value.(*holding)
+		if !force && now.Before(h.idle.Add(c.grace)) {
+			break // the rest were released later
 		}
+		acks = append(acks, c.forget(h))
 	}
 	slices.Sort(acks)
 	return acks
@@ -149,13 +186,12 @@ func (c *holderCache) sweep(now time.Time, force bool) []int64 {
 // none of these holders (held ones are reported to it as pins and acked when released).
 func (c *holderCache) reset() {
 	c.seq++
-	for h := range c.idle {
-		h.idle = time.Time{}
+	for c.idle.Len() > 0 {
+		c.unidle(c.idle.Front().Value.(*holding))
 	}
 	clear(c.byKey)
-	clear(c.idle)
 }
 
 // len is the number of cached keys; idleLen the number of idle holdings.
 func (c *holderCache) len() int     { return len(c.byKey) }
-func (c *holderCache) idleLen() int { return len(c.idle) }
+func (c *holderCache) idleLen() int { return c.idle.Len() }

@@ -16,7 +16,7 @@ import (
 // hits, installs racing invalidations (the invalidation sequence), grace periods,
 // re-registration. Holdings are named by their master holder id.
 func TestHolderCacheScript(t *testing.T) {
-	c := newHolderCache(20 * time.Millisecond)
+	c := newHolderCache(20*time.Millisecond, 1<<30)
 	now := time.Unix(1000, 0)
 	byID := make(map[int64]*holding)
 	datadriven.RunTest(t, "testdata/holdercache.txt", func(t *testing.T, d *datadriven.TestData) string {
@@ -51,7 +51,7 @@ func TestHolderCacheScript(t *testing.T) {
 			c.ref(h)
 			return fmt.Sprintf("hit holding=%d put=%d refs=%d\n", h.masterID, h.putID, h.refs)
 		case "plan": // a get's master trip returned holding `holder`; seq is what the get read before it
-			h := &holding{key: argStr("key"), putID: argInt("put"), masterID: argInt("holder"), replica: argStr("replica") == "true"}
+			h := &holding{key: argStr("key"), putID: argInt("put"), masterID: argInt("holder"), replica: argStr("replica") == "true", len: argInt("len")}
 			seq := c.invalSeq()
 			if argStr("seq") != "" {
 				seq = uint64(argInt("seq"))
@@ -62,8 +62,8 @@ func TestHolderCacheScript(t *testing.T) {
 			return fmt.Sprintf("use=%d acks=%v\n", use.masterID, acks)
 		case "release":
 			h := byID[argInt("holding")]
-			if ack := c.unref(h, now); ack != 0 {
-				return fmt.Sprintf("ack=%d\n", ack)
+			if acks := c.unref(h, now); len(acks) > 0 {
+				return fmt.Sprintf("ack=%s\n", strings.Trim(fmt.Sprint(acks), "[]"))
 			}
 			if h.refs > 0 {
 				return fmt.Sprintf("refs=%d\n", h.refs)
@@ -84,6 +84,12 @@ func TestHolderCacheScript(t *testing.T) {
 			return "ok\n"
 		case "sweep":
 			return fmt.Sprintf("acks=%v\n", c.sweep(now, argStr("force") == "true"))
+		case "budget": // budget set=BYTES
+			c.budget = argInt("set")
+			return "ok\n"
+		case "release-hot": // the master's ReleaseHotSet
+			acks, n := c.release(argInt("bytes"))
+			return fmt.Sprintf("acks=%v released=%d\n", acks, n)
 		case "reset":
 			c.reset()
 			return "ok\n"
@@ -111,7 +117,7 @@ func TestHolderCacheScript(t *testing.T) {
 }
 
 func TestHolderCacheUnrefUnderflowPanics(t *testing.T) {
-	c := newHolderCache(time.Second)
+	c := newHolderCache(time.Second, 1<<30)
 	defer func() {
 		if recover() == nil {
 			t.Fatal("releasing an unheld holding did not panic")

@@ -30,6 +30,11 @@ type masterLink struct {
 	stop               chan struct{}
 	regMu              sync.Mutex   // serialises (re-)registration
 	period             atomic.Int64 // heartbeat period in ns, set by Register replies
+	// epoch is the master epoch of the last registration (0: none yet).
+	epoch atomic.Int64
+	// evictAck is the last eviction notice applied to the replica index, acked with
+	// the next heartbeat (0 after each registration: a master's notices start at 1).
+	evictAck atomic.Int64
 
 	mu     sync.Mutex // protects closed, rereg
 	closed bool       // no background re-registration starts once set
@@ -124,6 +129,17 @@ func (m *masterLink) register(ctx context.Context) error {
 		m.period.Store(int64(time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond))
 	}
 	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Int("pinned", len(pins)).Msg("registered with master")
+	prev := m.epoch.Swap(resp.MasterEpoch)
+	m.evictAck.Store(0)
+	switch {
+	case prev == 0:
+		// The first registration: nothing was learned before it.
+	case prev == resp.MasterEpoch:
+		// The same master tombed this incarnation: it dropped every replica here.
+		o.forgetReplicas("this master dropped this owner's replicas (tombed)")
+	default:
+		o.reportReplicas()
+	}
 	return nil
 }
 
@@ -136,11 +152,17 @@ func (m *masterLink) heartbeatLoop() {
 		case <-time.After(time.Duration(m.period.Load())):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo()})
+		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo(), EvictionsAck: m.evictAck.Load()})
 		cancel()
 		if err != nil {
 			m.o.log.Warn().Err(err).Msg("heartbeat failed")
 			continue
+		}
+		// Sequence numbers are the registration's master's: a reply of an earlier
+		// master (a registration raced this heartbeat) teaches nothing.
+		if resp.Code == common.ErrorCode_OK && resp.MasterEpoch == m.epoch.Load() && resp.EvictionsSeq > m.evictAck.Load() {
+			m.o.applyEvictions(resp.Evicted)
+			m.evictAck.Store(resp.EvictionsSeq)
 		}
 		if resp.Code == common.ErrorCode_STALE_GENERATION {
 			m.o.log.Warn().Str("why", resp.Message).Msg("master does not know this owner (master restarted?); registering again")

@@ -14,6 +14,11 @@ func (o *Owner) delete(key string) (bool, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return false, err
 	}
+	// Whatever the outcome (a lost reply may hide a delete that happened), this owner's
+	// record of the key goes first: a master restart must not bring it back.
+	o.mu.Lock()
+	o.replicas.drop(key, math.MaxInt64)
+	o.mu.Unlock()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	resp, err := o.master.c.Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: key})

@@ -61,10 +61,15 @@ type Options struct {
 	MasterTimeout time.Duration
 	// AckDelay is how long holder acks may wait to be batched. Default 1ms.
 	AckDelay time.Duration
-	// CacheGrace keeps a released holding cached this long, so gets that rotate over
-	// a working set skip the master while memory stays reclaimable: the master's
-	// bounded wait for space outlasts it. Default 20ms; negative disables it.
+	// CacheGrace keeps a released holding of a replica in this segment cached (in the
+	// hot set) this long, so later gets of the key skip the master. The master cannot
+	// evict a held replica; when it needs the space it asks for the idle ones back
+	// (ReleaseHotSet). Default 30s; negative disables the hot set.
 	CacheGrace time.Duration
+	// HotSet is the fraction of the memory pool (the segment less TransferReserve) that
+	// idle holdings of the hot set may keep pinned; past it the least recently released
+	// go. Default 0.5; negative disables the hot set.
+	HotSet float64
 	// ShutdownTimeout bounds Stop. Default 4s.
 	ShutdownTimeout time.Duration
 	// Logger receives structured logs. Default: disabled.
@@ -163,7 +168,10 @@ func (o *Options) setDefaults() {
 		o.AckDelay = time.Millisecond
 	}
 	if o.CacheGrace == 0 {
-		o.CacheGrace = 20 * time.Millisecond
+		o.CacheGrace = 30 * time.Second
+	}
+	if o.HotSet == 0 {
+		o.HotSet = 0.5
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 4 * time.Second
@@ -216,6 +224,9 @@ func (o *Options) Validate() error {
 	if o.TransferReserve > 0 && o.DRAM > 0 && o.TransferReserve >= o.DRAM {
 		return fmt.Errorf("owner: transfer reserve %d must be below the segment size %d", o.TransferReserve, o.DRAM)
 	}
+	if o.HotSet > 1 {
+		return fmt.Errorf("owner: hot set %v is a fraction of the memory pool: at most 1 (negative disables it)", o.HotSet)
+	}
 	if o.PutArea < 0 || o.PutAreaTotal < 0 {
 		return fmt.Errorf("owner: put area %d and put area total %d must not be negative", o.PutArea, o.PutAreaTotal)
 	}
@@ -226,6 +237,14 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("owner: %w", err)
 	}
 	return nil
+}
+
+// hotSetBudget is the bytes idle hot-set holdings may keep (0: none).
+func (o *Options) hotSetBudget() int64 {
+	if o.HotSet <= 0 || o.CacheGrace <= 0 {
+		return 0
+	}
+	return int64(o.HotSet * float64(o.DRAM-o.TransferReserve))
 }
 
 // SocketPath is the attach socket users name.

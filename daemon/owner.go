@@ -51,8 +51,9 @@ type Owner struct {
 	// regEpoch counts registrations with a master; bumped while register collects the
 	// pins under mu, so a put whose PutStart straddles it is known to be unpinned.
 	regEpoch uint64
-	cache    *holderCache // key → holding of its current version (cached info)
-	nextID   int64        // client ids and external holder ids
+	cache    *holderCache  // key → holding of its current version (cached info)
+	replicas *replicaIndex // which key version each range of the pool holds
+	nextID   int64         // client ids and external holder ids
 	idleStop chan struct{}
 
 	stopOnce sync.Once
@@ -67,7 +68,8 @@ func New(opts Options) (*Owner, error) {
 	}
 	o := &Owner{
 		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
-		generation: randomID(), sessions: make(map[int64]*session), cache: newHolderCache(opts.CacheGrace),
+		generation: randomID(), sessions: make(map[int64]*session), cache: newHolderCache(opts.CacheGrace, opts.hotSetBudget()),
+		replicas: newReplicaIndex(),
 		areas:    putAreaBudget{per: opts.PutArea, total: opts.PutAreaTotal},
 		idleStop: make(chan struct{}),
 	}

@@ -81,6 +81,26 @@ func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*p
 	return resp, nil
 }
 
+// ReleaseHotSet gives the master back idle holdings of the hot set: it needs space
+// and found no replica it may evict. The acks reach the master before the answer, so
+// its retry finds the ranges free.
+func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {
+	o := h.o
+	if req.Generation != o.generation {
+		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_STALE_GENERATION,
+			Message: fmt.Sprintf("ReleaseHotSet for generation %d reached generation %d", req.Generation, o.generation)}, nil
+	}
+	o.mu.Lock()
+	acks, released := o.cache.release(req.Bytes)
+	o.ackLocked(acks...)
+	o.mu.Unlock()
+	if len(acks) > 0 {
+		o.acks.sync()
+		o.log.Debug().Int("holdings", len(acks)).Int64("bytes", released).Msg("hot set given back to the master")
+	}
+	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK, ReleasedBytes: released}, nil
+}
+
 // InvalidateCachedInfo drops cached infos of keys another owner overwrote or deleted.
 func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	o := h.o

@@ -36,7 +36,7 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 	// The client writes at the source offset: the target itself, or, for a put the
 	// master placed on another owner, a range of this owner's transfer area that the
 	// target pulls from at PutDone.
-	p := &pendingPut{key: key, putID: resp.PutId, offset: resp.SourceOffset, len: length}
+	p := &pendingPut{key: key, putID: resp.PutId, offset: resp.SourceOffset, len: length, local: resp.TargetNodeId == o.opts.NodeID}
 	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-length {
 		o.abandonPut(p)
 		return 0, 0, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, length, o.seg.Size())
@@ -53,6 +53,9 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 		// else. Never let the client write into it.
 		o.mu.Unlock()
 		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "the master changed during PutStart; retry the put")
+	}
+	if p.local {
+		o.replicas.open(p.offset, p.len) // before the client writes a byte of it
 	}
 	c.puts[p.putID] = p
 	o.mu.Unlock()
@@ -128,15 +131,25 @@ func (o *Owner) publish(p *pendingPut) error {
 	wait := o.opts.MasterTimeout + o.opts.TransferTimeout
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
+	o.mu.Lock()
+	mark := o.replicas.mark()
+	o.mu.Unlock()
 	resp, err := o.master.c.PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
 	if err != nil {
 		o.abandonPut(p) // best effort: the master may not have seen PutDone
+		// It may have published: the older version this owner records may be dead.
+		o.mu.Lock()
+		o.replicas.drop(p.key, p.putID-1)
+		o.mu.Unlock()
 	}
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return err
 	}
 	o.mu.Lock()
 	o.invalidateLocked(p.key, p.putID-1)
+	if p.local {
+		o.replicas.learn(replicaRecord{key: p.key, putID: p.putID, offset: p.offset, len: p.len}, mark, 0)
+	}
 	o.mu.Unlock()
 	return nil
 }

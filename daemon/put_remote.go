@@ -21,6 +21,9 @@ func (o *Owner) pullPut(ctx context.Context, req *peer.PullPutRequest) error {
 	if req.Len <= 0 || req.TargetOffset < 0 || req.TargetOffset > o.seg.Size()-req.Len {
 		return errCode(common.ErrorCode_INVALID_ARGUMENT, "PullPut target [%d,+%d) outside the %d-byte segment", req.TargetOffset, req.Len, o.seg.Size())
 	}
+	o.mu.Lock()
+	o.replicas.open(req.TargetOffset, req.Len) // the master placed a new value there
+	o.mu.Unlock()
 	dst := o.seg.Bytes()[req.TargetOffset : req.TargetOffset+req.Len]
 	f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
 	pctx, cancel := context.WithTimeout(ctx, o.opts.TransferTimeout)

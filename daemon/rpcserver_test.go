@@ -27,7 +27,7 @@ func FuzzExternalDispatch(f *testing.F) {
 		byte(thrift.STRUCT), 0, 1, byte(thrift.LIST), 0, 2, byte(thrift.I64), 0x7f, 0xff, 0xff, 0xff, 0, 0))
 	b, _ := thrift.MarshalFastMsg("Get", thrift.ONEWAY, 1, &external.ExternalServiceGetArgs{Req: &external.GetRequest{Key: "k"}})
 	f.Add(b)
-	o := &Owner{sessions: map[int64]*session{}, cache: newHolderCache(0), generation: 7}
+	o := &Owner{sessions: map[int64]*session{}, cache: newHolderCache(0, 0), generation: 7}
 	s := &framedServer{svc: externalservice.NewServiceInfo(), handler: &externalHandler{o: o}, log: zerolog.Nop()}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		method, typ, seq, off, err := thrift.Binary.ReadMessageBegin(frame)

@@ -49,6 +49,8 @@ type pendingPut struct {
 	// pinned: the master restarted during the put; the new master keeps the range as a
 	// pin (id = putID) that must be acked, and the put cannot complete.
 	pinned bool
+	// local: the master placed the put on this owner (offset is its replica's range).
+	local bool
 	// ending is closed when the PutEnd in progress finished (nil: none started); a
 	// repeated PutEnd meanwhile waits for it and answers its outcome.
 	ending  chan struct{}
@@ -132,7 +134,7 @@ func (o *Owner) releaseLocked(c *session, id int64) bool {
 		return false
 	}
 	delete(c.holders, id)
-	o.ackLocked(o.cache.unref(h, time.Now()))
+	o.ackLocked(o.cache.unref(h, time.Now())...)
 	return true
 }
 
@@ -173,6 +175,7 @@ func (o *Owner) idleLoop(stop <-chan struct{}) {
 // bytes) and so are its SSD entries.
 func (o *Owner) invalidateLocked(key string, upTo int64) {
 	o.ackLocked(o.cache.invalidate(key, upTo))
+	o.replicas.drop(key, upTo)
 	if o.store != nil && upTo > 0 {
 		o.store.Forget(key, upTo)
 	}

@@ -46,8 +46,11 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 }
 
 func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.HeartbeatResponse, error) {
-	err := h.s.withState(func(st *State) error { return st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage)) })
 	resp := &mp.HeartbeatResponse{MasterEpoch: h.s.epoch}
+	err := h.s.withState(func(st *State) (err error) {
+		resp.Evicted, resp.EvictionsSeq, err = st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage), req.EvictionsAck)
+		return err
+	})
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }
@@ -81,7 +84,7 @@ func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutD
 			return err
 		})
 	}
-	h.s.inval.add(res.Invalidations)
+	h.s.invalidate(res.Invalidations)
 	h.s.persist.submit(res.Persist)
 	resp := &mp.PutDoneResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
@@ -139,7 +142,7 @@ func (h *handler) Delete(ctx context.Context, req *mp.DeleteRequest) (*mp.Delete
 		resp.Deleted, resp.PutId, invs, err = st.Delete(ref(req.Node), req.Key)
 		return err
 	})
-	h.s.inval.add(invs)
+	h.s.invalidate(invs)
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }
@@ -174,7 +177,7 @@ func (h *handler) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdRepl
 func (h *handler) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckRequest) (*mp.BatchDeleteAckResponse, error) {
 	resp := &mp.BatchDeleteAckResponse{}
 	err := h.s.withState(func(st *State) error {
-		u, err := st.BatchDeleteAck(ref(req.Node), req.HolderIds)
+		u, err := st.BatchDeleteAck(ref(req.Node), req.HolderIds, req.Touched)
 		resp.Unknown = int64(u)
 		return err
 	})
@@ -188,9 +191,32 @@ func (h *handler) applyAcks(n *mp.NodeRef, acks []int64) {
 		return
 	}
 	h.s.withState(func(st *State) error {
-		_, err := st.BatchDeleteAck(ref(n), acks)
+		_, err := st.BatchDeleteAck(ref(n), acks, nil)
 		return err
 	})
+}
+
+// ReportReplicas adopts a batch of a re-registered owner's replica index (rebuild.go).
+func (h *handler) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequest) (*mp.ReportReplicasResponse, error) {
+	resp := &mp.ReportReplicasResponse{}
+	if len(req.Records) > int(mp.REPORT_BATCH) {
+		resp.Code, resp.Message = wire.ToResponse(wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "%d records in one report; at most %d", len(req.Records), mp.REPORT_BATCH))
+		return resp, nil
+	}
+	recs := make([]ReplicaRecord, len(req.Records))
+	for i, r := range req.Records {
+		if r != nil {
+			recs[i] = ReplicaRecord{Key: r.Key, PutID: r.PutId, Len: r.Len, Memory: r.Memory, Offset: r.Offset, SSD: r.Ssd}
+		}
+	}
+	var invs []Invalidation
+	err := h.s.withState(func(st *State) (err error) {
+		resp.Rejected, invs, err = st.ReportReplicas(time.Now(), ref(req.Node), recs)
+		return err
+	})
+	h.s.invalidate(invs)
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
 }
 
 func (h *handler) Stat(ctx context.Context, req *mp.StatRequest) (*mp.StatResponse, error) {

@@ -201,3 +201,59 @@ func (v *invalidator) close() {
 	v.cancel()
 	v.wg.Wait()
 }
+
+// invalidate delivers the invalidations of a delete, an overwrite or a report: the
+// Sync ones (owners that may hold an older version in their replica index) at once, in
+// parallel, each owner tried twice within InvalidateTimeout per try, before the caller
+// answers; the rest in the background. An owner that does not confirm is tombed: when
+// it next reaches this master it registers again and, this master knowing it, drops
+// its index instead of reporting it, so the version can never come back.
+func (s *Server) invalidate(invs []Invalidation) {
+	type target struct {
+		k   ownerKey
+		gen int64
+	}
+	var async []Invalidation
+	now := make(map[target][]*common.KeyVersion)
+	for _, iv := range invs {
+		if !iv.Sync {
+			async = append(async, iv)
+			continue
+		}
+		t := target{ownerKey{nodeID: iv.NodeID, addr: iv.PeerAddr}, iv.Generation}
+		now[t] = append(now[t], &common.KeyVersion{Key: iv.Key, PutId: iv.PutID})
+	}
+	s.inval.add(async)
+	if len(now) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex // protects failed
+	var failed []target
+	for t, entries := range now {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.inval.send(s.inval.ctx, t.k, entries)
+			if err != nil && s.inval.ctx.Err() == nil {
+				err = s.inval.send(s.inval.ctx, t.k, entries)
+			}
+			if err != nil {
+				mu.Lock()
+				failed = append(failed, t)
+				mu.Unlock()
+				s.opts.Logger.Warn().Err(err).Str("node", t.k.nodeID).Str("peer", t.k.addr).Int("entries", len(entries)).
+					Msg("invalidation of a replica holder failed; tombing the owner (it drops its replica index when it registers again)")
+			}
+		}()
+	}
+	wg.Wait()
+	for _, t := range failed {
+		s.withState(func(st *State) error {
+			if n := st.nodes[t.k.nodeID]; n != nil && n.generation == t.gen && n.peerAddr == t.k.addr {
+				st.tombLocked(n)
+			}
+			return nil
+		})
+	}
+}

@@ -50,6 +50,12 @@ type node struct {
 	// ssdPending is the bytes of SSD persists assigned to this owner and not ended:
 	// the SSD pool counts them as used until its next heartbeat catches up.
 	ssdPending int64
+	// evicted holds the eviction notices the owner has not acked (evictnotice.go).
+	evicted evictOutbox
+	// opened marks, while the rebuild window is open, every range of the pool handed
+	// out since this incarnation registered: a reported record overlapping one may have
+	// been written over, so it is never adopted (rebuild.go). nil otherwise.
+	opened granules
 }
 
 // NodeRef names an owner incarnation in a request.
@@ -123,6 +129,10 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pinned range overlaps another; ignored")
 		}
 	}
+	if s.tombstones != nil {
+		// After the pins: a reported replica may share a pin's range.
+		n.opened = newGranules(n.alloc.Capacity())
+	}
 	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).Int64("transfer_reserve", reserve).
 		Bool("ssd", ssd.Enabled).Int("pinned", len(n.holders)).Msg("owner registered")
 	return nil
@@ -144,15 +154,19 @@ func (s *State) checkIDTakenLocked(now time.Time, old *node, dataAddr, peerAddr 
 	return nil
 }
 
-// Heartbeat refreshes an owner's liveness and SSD figures.
-func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo) error {
+// Heartbeat refreshes an owner's liveness and SSD figures, takes its ack of the
+// eviction notices up to evictAck and returns those still unacked (at most
+// evictNoticeBatch) with the sequence number of the last one.
+func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo, evictAck int64) ([]*common.KeyVersion, int64, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	n.lastSeen = now
 	n.ssd = ssd
-	return nil
+	n.evicted.ack(evictAck)
+	evicted, seq := n.evicted.pending()
+	return evicted, seq, nil
 }
 
 // nodeLocked finds the live incarnation ref names, or STALE_GENERATION.
@@ -177,6 +191,7 @@ func (s *State) tombLocked(n *node) {
 			delete(r.replicas, n)
 			if len(r.replicas) == 0 {
 				delete(s.routes, key)
+				s.tombstoneLocked(key, r.putID)
 			}
 		}
 	}

@@ -69,6 +69,11 @@ type Options struct {
 	// deadline). Default 35s; it must exceed the owners' transfer deadline, or the
 	// master could free a range an owner still writes.
 	PullTimeout time.Duration
+	// RebuildWindow is how long after its start the master adopts the replica indexes
+	// owners report when they register again (a master restart is not a cache flush;
+	// see rebuild.go). An owner that registers later starts with an empty index.
+	// Default 30s.
+	RebuildWindow time.Duration
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
@@ -137,6 +142,9 @@ func (o *Options) setDefaults() {
 	if o.InvalidateQueue == 0 {
 		o.InvalidateQueue = defaultInvalidateQueue
 	}
+	if o.RebuildWindow == 0 {
+		o.RebuildWindow = 30 * time.Second
+	}
 	if o.Placement == "" {
 		o.Placement = PlacementPool
 	}
@@ -162,7 +170,7 @@ func (o *Options) maxPromotions() int {
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if o.HeartbeatInterval < 0 || o.NodeTTL < 0 || o.InflightTTL < 0 || o.AllocRetryInterval < 0 || o.AllocWait < 0 ||
-		o.PersistTimeout < 0 || o.PeerConnectTimeout < 0 || o.InvalidateTimeout < 0 || o.PullTimeout < 0 {
+		o.PersistTimeout < 0 || o.PeerConnectTimeout < 0 || o.InvalidateTimeout < 0 || o.PullTimeout < 0 || o.RebuildWindow < 0 {
 		return fmt.Errorf("master options: durations must not be negative")
 	}
 	if o.NodeTTL != 0 && o.HeartbeatInterval != 0 && o.NodeTTL <= o.HeartbeatInterval {

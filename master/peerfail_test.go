@@ -79,6 +79,10 @@ func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer
 	return &peer.PullPutResponse{Code: code, Message: fmt.Sprintf("fake pull of put %d: %v", req.PutId, code)}, nil
 }
 
+func (f *fakePeer) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {
+	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK}, nil
+}
+
 func (f *fakePeer) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	f.invalCalls.Add(1)
 	time.Sleep(f.invalDelay)
@@ -536,7 +540,7 @@ func TestPersistTombedOwnerSkipped(t *testing.T) {
 	tombAt := time.Now()
 	srv.withState(func(st *State) error {
 		later := time.Now().Add(2 * time.Hour)
-		st.Heartbeat(later, otherRef, SSDInfo{Enabled: true, CapacityBytes: 1 << 30})
+		st.Heartbeat(later, otherRef, SSDInfo{Enabled: true, CapacityBytes: 1 << 30}, 0)
 		if got := st.Maintain(later); len(got) != 1 || got[0] != "stuck" {
 			t.Errorf("tombed %v", got)
 		}

@@ -292,7 +292,9 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		p.target.Release()
 		return PutResult{}, nil
 	}
+	var holders map[*node]bool
 	if old != nil {
+		holders = s.holdersLocked(key, old)
 		s.dropRouteLocked(key, old)
 	}
 	t := p.target.node
@@ -304,7 +306,7 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	// Versions older than putID are dead everywhere; putID itself may already be
 	// cached (or persisted) by another owner that read it: keep that. The requester
 	// drops its own cached info; a remote target is invalidated like any other owner.
-	res.Invalidations = s.invalidationsLocked(p.node, key, putID-1)
+	res.Invalidations = s.invalidationsLocked(p.node, key, putID-1, holders)
 	return res, nil
 }
 

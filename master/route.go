@@ -72,6 +72,7 @@ func (s *State) pruneLocked(key string, r *route, n *node) {
 	}
 	if len(r.replicas) == 0 && s.routes[key] == r {
 		delete(s.routes, key)
+		s.tombstoneLocked(key, r.putID)
 	}
 }
 
@@ -87,6 +88,7 @@ func (s *State) dropRouteLocked(key string, r *route) {
 	}
 	if s.routes[key] == r {
 		delete(s.routes, key)
+		s.tombstoneLocked(key, r.putID)
 	}
 }
 

@@ -47,7 +47,9 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, err
 	}
 	opts.setDefaults()
-	return &Server{opts: opts, epoch: time.Now().UnixNano(), st: NewState(opts), stop: make(chan struct{})}, nil
+	s := &Server{opts: opts, epoch: time.Now().UnixNano(), st: NewState(opts), stop: make(chan struct{})}
+	s.st.OpenRebuild(time.Now())
+	return s, nil
 }
 
 // Start listens on addr (host:port; port 0 picks one) and serves in the background.
@@ -127,12 +129,26 @@ func (s *Server) withState(f func(st *State) error) error {
 
 // withSpace runs f under the lock, retrying while it fails with NO_SPACE: every
 // AllocRetryInterval (outside the lock, so holders can be released) up to AllocWait.
+//
+// The first NO_SPACE asks every owner with holders to give back the idle holdings of
+// its hot set (ReleaseHotSet: replicas it serves without a master trip, which nothing
+// can evict while held), then retries at once.
 func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	deadline := time.Now().Add(s.opts.AllocWait)
+	asked := false
 	for {
-		err := s.withState(f)
+		err := s.withState(func(st *State) error {
+			st.spareHeld = !asked
+			defer func() { st.spareHeld = false }()
+			return f(st)
+		})
 		if !errors.Is(err, wire.ErrNoSpace) || time.Now().After(deadline) {
 			return err
+		}
+		if !asked {
+			asked = true
+			s.releaseHotSets(ctx)
+			continue // and now without sparing held duplicates
 		}
 		select {
 		case <-ctx.Done():

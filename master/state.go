@@ -1,6 +1,7 @@
 package master
 
 import (
+	"math"
 	"sort"
 	"time"
 
@@ -28,6 +29,16 @@ type State struct {
 	// deadline, so they are freed only after the pull timeout, or at its tomb.
 	quarantine []quarantined
 	nextID     int64 // put, get and holder ids share one increasing counter
+	// tombstones, while the rebuild window is open (until rebuildUntil), map each key
+	// whose versions were dropped or deleted to the highest such version (rebuild.go);
+	// nil once the window closed, or when none was opened.
+	tombstones   map[string]int64
+	rebuildUntil time.Time
+	// spareHeld, set by the server for an allocation's first attempt, keeps eviction
+	// from taking a sole copy while a held duplicate could go instead once its holder is
+	// released: the attempt fails with NO_SPACE, the server asks the owners for their
+	// idle hot sets (whose holdings are most such holders) and retries without it.
+	spareHeld bool
 }
 
 // NewState returns an empty master state.
@@ -72,12 +83,31 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 		}
 		var key string
 		var ok bool
+		// A replica a holder keeps (an external's, or an owner's hot set) is passed
+		// over: evicting it would free nothing until the holder goes. It is touched so
+		// the policy moves it on instead of drawing it first again; when only held
+		// replicas are left the caller waits for holders (and the server asks the
+		// owners to give back idle ones).
+		var held []string
+		free := func(k string) bool {
+			if s.heldLocked(k, n) {
+				held = append(held, k)
+				return false
+			}
+			return true
+		}
 		if dups {
-			key, ok = n.policy.VictimWhere(func(k string) bool { return s.duplicateLocked(k, n) }, victimScanLimit)
+			key, ok = n.policy.VictimWhere(func(k string) bool { return s.duplicateLocked(k, n) && free(k) }, victimScanLimit)
 			dups = ok
 		}
+		if !ok && s.spareHeld && len(held) > 0 {
+			soleCopies = false // held duplicates were passed over: wait for them instead
+		}
 		if !ok && soleCopies {
-			key, ok = n.policy.Victim()
+			key, ok = n.policy.VictimWhere(free, victimScanLimit)
+		}
+		for _, k := range held {
+			n.policy.Touch(k)
 		}
 		if !ok {
 			return nil
@@ -89,6 +119,7 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 		rep := r.replicas[n]
 		rep.memory.Release()
 		rep.memory = nil
+		n.evicted.push(key, r.putID)
 		s.pruneLocked(key, r, n)
 		s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", dups).Msg("evicted memory replica")
 	}
@@ -99,6 +130,12 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 // whose oldest victimScanLimit candidates are all sole copies is treated as having no
 // evictable duplicate. It keeps an eviction O(victimScanLimit), not O(replicas).
 const victimScanLimit = 256
+
+// heldLocked reports whether n's memory replica of key is kept by a holder too.
+func (s *State) heldLocked(key string, n *node) bool {
+	r := s.routes[key]
+	return r != nil && r.memoryReplica(n) != nil && r.memoryReplica(n).refs > 1
+}
 
 // duplicateLocked reports whether key has a live memory replica on a node other than n.
 func (s *State) duplicateLocked(key string, n *node) bool {
@@ -132,11 +169,22 @@ func (s *State) Delete(ref NodeRef, key string) (existed bool, putID int64, invs
 	}
 	r := s.routes[key]
 	if r == nil {
-		return false, 0, nil, nil
+		// Nothing known; an owner may still hold an evicted version (an unacked
+		// eviction notice), or, while the rebuild window is open, report one later:
+		// whatever it reports is older than this delete.
+		s.tombstoneLocked(key, math.MaxInt64)
+		var invs []Invalidation
+		for _, iv := range s.invalidationsLocked(n, key, s.nextID, nil) {
+			if iv.Sync {
+				invs = append(invs, iv)
+			}
+		}
+		return false, 0, invs, nil
 	}
 	existed = r.readable()
+	holders := s.holdersLocked(key, r)
 	s.dropRouteLocked(key, r)
-	return existed, r.putID, s.invalidationsLocked(n, key, r.putID), nil
+	return existed, r.putID, s.invalidationsLocked(n, key, r.putID, holders), nil
 }
 
 // Exists reports whether a key has a readable replica.
@@ -151,32 +199,60 @@ func (s *State) Exists(ref NodeRef, key string) (bool, error) {
 	return r != nil && r.readable(), nil
 }
 
-// Invalidation asks an owner to drop its cached info of key (any version ≤ PutID).
+// Invalidation asks an owner to drop its cached info, replica records and SSD entries
+// of key (any version ≤ PutID). Sync marks an owner that may hold such a version in
+// its replica index: the delete or overwrite is answered only once it confirmed (or,
+// unreachable, was tombed), so a master restart right after cannot bring the version
+// back from its report. The others are told in the background.
 type Invalidation struct {
-	NodeID   string
-	PeerAddr string
-	Key      string
-	PutID    int64
+	NodeID     string
+	PeerAddr   string
+	Generation int64
+	Key        string
+	PutID      int64
+	Sync       bool
 }
 
-// invalidationsLocked lists the live owners other than the requester: the requester
-// drops its own cached info before it replies.
-func (s *State) invalidationsLocked(requester *node, key string, putID int64) []Invalidation {
+// invalidationsLocked lists the live owners other than the requester (it drops its own
+// records before it replies); holders (holdersLocked of the dropped route) and owners
+// with an unacked eviction notice of key are Sync.
+func (s *State) invalidationsLocked(requester *node, key string, putID int64, holders map[*node]bool) []Invalidation {
 	var out []Invalidation
 	for _, n := range s.nodes {
 		if n != requester && n.peerAddr != "" {
-			out = append(out, Invalidation{NodeID: n.id, PeerAddr: n.peerAddr, Key: key, PutID: putID})
+			out = append(out, Invalidation{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: key, PutID: putID,
+				Sync: holders[n] || n.evicted.has(key)})
 		}
 	}
 	return out
 }
 
-// BatchDeleteAck releases holders the owner no longer needs. It returns how many ids
-// were unknown (already released, or never issued to this owner).
-func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64) (int, error) {
+// holdersLocked is the set of owners whose replica index may hold a version of key
+// that route r (about to be dropped) describes: its replicas' owners and the owner of a
+// pending SSD persist of it.
+func (s *State) holdersLocked(key string, r *route) map[*node]bool {
+	h := make(map[*node]bool, len(r.replicas)+1)
+	for n := range r.replicas {
+		h[n] = true
+	}
+	if pp := s.persists[r.putID]; pp != nil && pp.key == key {
+		h[pp.ssdNode] = true
+	}
+	return h
+}
+
+// BatchDeleteAck releases holders the owner no longer needs and refreshes the keys it
+// served from its hot set (touched) in its eviction order. It returns how many ids were
+// unknown (already released, or never issued to this owner).
+func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64, touched []string) (int, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return 0, err
+	}
+	for _, k := range touched {
+		if r := s.routes[k]; r != nil && r.memoryReplica(n) != nil {
+			n.policy.Touch(k)
+		}
 	}
 	unknown := 0
 	for _, id := range holderIDs {
@@ -257,6 +333,7 @@ func (s *State) Maintain(now time.Time) []string {
 		}
 	}
 	s.releaseQuarantineLocked(now)
+	s.closeRebuildLocked(now)
 	for id, g := range s.gets {
 		if now.After(g.deadline) {
 			s.log.Warn().Str("key", g.key).Int64("get_id", id).Msg("in-flight get expired; revoked")

@@ -127,7 +127,41 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		}
 		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), argInt(d, "reserve"), "", peer, ssd, pins)
 	case "heartbeat":
-		return "ok\n", st.Heartbeat(*now, nref(st, d), SSDInfo{})
+		// heartbeat node=N [ack=SEQ]: prints the unacked eviction notices it carries.
+		evicted, seq, err := st.Heartbeat(*now, nref(st, d), SSDInfo{}, argInt(d, "ack"))
+		if err != nil || len(evicted) == 0 {
+			return "ok\n", err
+		}
+		var ev []string
+		for _, e := range evicted {
+			ev = append(ev, fmt.Sprintf("%s@%d", e.Key, e.PutId))
+		}
+		return fmt.Sprintf("ok evicted=%s seq=%d\n", strings.Join(ev, ","), seq), nil
+	case "rebuild":
+		// rebuild window=DUR: open the rebuild window now (a master's start).
+		w, err := time.ParseDuration(arg(d, "window"))
+		st.opts.RebuildWindow = w
+		st.OpenRebuild(*now)
+		return "ok\n", err
+	case "report":
+		// report node=N, one record a line: KEY PUT_ID LEN mem@OFFSET|ssd
+		var recs []ReplicaRecord
+		for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
+			var r ReplicaRecord
+			var where string
+			if _, err := fmt.Sscanf(line, "%s %d %d %s", &r.Key, &r.PutID, &r.Len, &where); err != nil {
+				return "", fmt.Errorf("record %q: %w", line, err)
+			}
+			if off, ok := strings.CutPrefix(where, "mem@"); ok {
+				r.Memory = true
+				r.Offset, _ = strconv.ParseInt(off, 10, 64)
+			} else {
+				r.SSD = where == "ssd"
+			}
+			recs = append(recs, r)
+		}
+		rejected, invs, err := st.ReportReplicas(*now, nref(st, d), recs)
+		return fmt.Sprintf("rejected=%v%s\n", rejected, fmtInv(invs)), err
 	case "put", "put-start":
 		p, err := st.PutStart(*now, nref(st, d), key, argInt(d, "len"), arg(d, "nx") != "")
 		if err != nil {
@@ -162,6 +196,10 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		}
 		res, err := st.PullDone(*now, scriptPutID(st, d), pullErr, arg(d, "unanswered") == "")
 		return fmtPutResult(res), err
+	case "spare-held":
+		// spare-held set=true|false: the server's first allocation attempt.
+		st.spareHeld = arg(d, "set") == "true"
+		return "ok\n", nil
 	case "placement":
 		st.opts.Placement = arg(d, "set")
 		return "ok\n", nil
@@ -199,10 +237,16 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	case "ack":
 		var ids []int64
 		for _, f := range strings.Split(arg(d, "ids"), ",") {
-			n, _ := strconv.ParseInt(f, 10, 64)
-			ids = append(ids, n)
+			if f != "" {
+				n, _ := strconv.ParseInt(f, 10, 64)
+				ids = append(ids, n)
+			}
 		}
-		u, err := st.BatchDeleteAck(nref(st, d), ids)
+		var touched []string
+		if t := arg(d, "touched"); t != "" {
+			touched = strings.Split(t, ",")
+		}
+		u, err := st.BatchDeleteAck(nref(st, d), ids, touched)
 		return fmt.Sprintf("unknown=%d\n", u), err
 	case "delete":
 		ok, _, invs, err := st.Delete(nref(st, d), key)
@@ -252,11 +296,18 @@ func fmtInv(invs []Invalidation) string {
 	if len(invs) == 0 {
 		return ""
 	}
-	var ns []string
+	var ns, sync []string
 	for _, iv := range invs {
 		ns = append(ns, iv.NodeID)
+		if iv.Sync {
+			sync = append(sync, iv.NodeID)
+		}
 	}
 	sort.Strings(ns)
+	sort.Strings(sync)
+	if len(sync) > 0 {
+		return " invalidate=" + strings.Join(ns, ",") + " sync=" + strings.Join(sync, ",")
+	}
 	return " invalidate=" + strings.Join(ns, ",")
 }
 
@@ -378,7 +429,7 @@ func TestFillBeforeEviction(t *testing.T) {
 		if err != nil || !g.Done {
 			t.Fatalf("put %s not readable right after it returned: %v", key, err)
 		}
-		if _, err := st.BatchDeleteAck(ref, []int64{g.HolderID}); err != nil {
+		if _, err := st.BatchDeleteAck(ref, []int64{g.HolderID}, nil); err != nil {
 			t.Fatal(err)
 		}
 		if n.alloc.Used() > seg {

@@ -47,15 +47,25 @@ struct RegisterResponse {
   5: i64 node_ttl_ms,
 }
 
+// evictions_ack: the sequence number of the last eviction notice the owner applied
+// (HeartbeatResponse.evicted); the master resends the notices after it.
 struct HeartbeatRequest {
   1: NodeRef node,
   2: KvSsdStorageInfo kv_ssd_storage,
+  3: i64 evictions_ack,
 }
 
+// evicted: memory replicas of this owner the master evicted (key, put_id), the
+// notices numbered evictions_seq - len(evicted) + 1 … evictions_seq. The owner drops
+// them from its replica index and acks with the next heartbeat; until then the master
+// counts the owner among the holders of those versions (a delete or overwrite waits for
+// it to drop them).
 struct HeartbeatResponse {
   1: common.ErrorCode code,
   2: string message,
   3: i64 master_epoch,
+  4: list<common.KeyVersion> evicted,
+  5: i64 evictions_seq,
 }
 
 // acks (in PutStart and GetStart) carries holder releases not yet sent with
@@ -222,9 +232,12 @@ struct BatchSsdReplicaEvictResponse {
   2: string message,
 }
 
+// touched: keys this owner served from its hot set (held replicas, no master trip)
+// since its last report: the master refreshes them in the owner's eviction order.
 struct BatchDeleteAckRequest {
   1: NodeRef node,
   2: list<i64> holder_ids,
+  3: list<string> touched,
 }
 
 struct BatchDeleteAckResponse {
@@ -232,6 +245,37 @@ struct BatchDeleteAckResponse {
   2: string message,
   3: i64 unknown,
 }
+
+// One entry of an owner's replica index (ReportReplicas): key@put_id, len bytes, with a
+// memory replica at offset of the owner's pool when memory is set, and/or a committed
+// entry on its SSD ring when ssd is set.
+struct ReplicaRecord {
+  1: string key,
+  2: i64 put_id,
+  3: i64 len,
+  4: bool memory,
+  5: i64 offset,
+  6: bool ssd,
+}
+
+// After registering with a master that does not know it (a restarted master), an owner
+// reports its replica index in batches of at most REPORT_BATCH records; the master
+// rebuilds routes, allocations and eviction order from them. rejected lists the indexes
+// (into records) the master refused: a newer version is known, the key was deleted or
+// evicted since the restart, the range overlaps one in use, or the master's rebuild
+// window has closed. The owner drops rejected records.
+struct ReportReplicasRequest {
+  1: NodeRef node,
+  2: list<ReplicaRecord> records,
+}
+
+struct ReportReplicasResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<i32> rejected,
+}
+
+const i32 REPORT_BATCH = 4096
 
 struct StatRequest {
 }
@@ -258,4 +302,5 @@ service MasterService {
   BatchSsdReplicaEvictResponse BatchSsdReplicaEvict(1: BatchSsdReplicaEvictRequest req),
   BatchDeleteAckResponse BatchDeleteAck(1: BatchDeleteAckRequest req),
   StatResponse Stat(1: StatRequest req),
+  ReportReplicasResponse ReportReplicas(1: ReportReplicasRequest req),
 }

@@ -100,9 +100,25 @@ struct PullPutResponse {
   2: string message,
 }
 
+// The master needs space in this owner's segment and found none it could evict: the
+// owner lets go of idle holdings of its hot set (least recently used first) until at
+// least bytes are released or none is left, acks them to the master (BatchDeleteAck),
+// then answers with the bytes released.
+struct ReleaseHotSetRequest {
+  1: i64 generation,
+  2: i64 bytes,
+}
+
+struct ReleaseHotSetResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 released_bytes,
+}
+
 service PeerService {
   SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),
   SsdStageReadResponse SsdStageRead(1: SsdStageReadRequest req),
   InvalidateCachedInfoResponse InvalidateCachedInfo(1: InvalidateCachedInfoRequest req),
   PullPutResponse PullPut(1: PullPutRequest req),
+  ReleaseHotSetResponse ReleaseHotSet(1: ReleaseHotSetRequest req),
 }

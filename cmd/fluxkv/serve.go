@@ -349,6 +349,13 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secret
 			opts.CacheGrace = -1
 		}
 	}
+	if oc.HotSet != nil {
+		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
+		opts.HotSet = *oc.HotSet
+		if opts.HotSet == 0 {
+			opts.HotSet = -1
+		}
+	}
 	if oc.SSDEnabled() {
 		opts.SSD = &ssd.Options{
 			Cluster:     oc.ClusterName,

@@ -71,7 +71,8 @@ func ownerFlags() []cli.Flag {
 			Usage: "directory for the sockets (DIR/fluxkv.sock); its group decides who may attach [fluxkv_spec.socket_dir]"},
 		&cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes; rounded up to the 4 KiB page, at most the machine's memory [fluxkv_spec.dram]"},
 		&cli.StringFlag{Name: "node-id", DefaultText: "host name", Usage: "this owner's id in the cluster [fluxkv_spec.node_id]"},
-		&cli.StringFlag{Name: "cache-grace", DefaultText: "20ms", Usage: "keep a released holding cached this long so repeated gets skip the master: a duration ≥ 0; 0 or off disables it [fluxkv_spec.cache_grace]"},
+		&cli.StringFlag{Name: "cache-grace", DefaultText: "30s", Usage: "keep a released holding of a local replica in the owner's hot set this long, so later gets of the key skip the master: a duration ≥ 0; 0 or off disables the hot set [fluxkv_spec.cache_grace]"},
+		&cli.StringFlag{Name: "hot-set", DefaultText: "0.5", Usage: "the fraction of the memory pool (the segment less --transfer-reserve) that idle holdings in the hot set may keep pinned; past it the least recently released go: a number 0 < x ≤ 1; 0 or off disables the hot set [fluxkv_spec.hot_set]"},
 		&cli.IntFlag{Name: "max-connections", DefaultText: "derived from RLIMIT_NOFILE",
 			Usage: "cap on the open connections of each owner socket (attach and RPC); the next one is accepted and refused with a clear error; 0 = derived from the open-file limit [fluxkv_spec.max_connections]"},
 		&cli.DurationFlag{Name: "hello-timeout", DefaultText: "5s", Usage: "close an attach connection whose hello has not arrived within this; > 0 [fluxkv_spec.hello_timeout]"},
@@ -205,6 +206,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		LargeFilePaths:  fo.LargeFilePaths,
 		LargeLimitSize:  fo.LargeLimitSize,
 		CacheGrace:      fo.CacheGrace,
+		HotSet:          fo.HotSet,
 		MaxConnections:  fo.MaxConnections,
 		HelloTimeout:    dur(c, "hello-timeout", fo.HelloTimeout),
 		FrameTimeout:    dur(c, "frame-timeout", fo.FrameTimeout),
@@ -228,6 +230,13 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 			return s, refuse("--cache-grace: %v", err)
 		}
 		s.CacheGrace = &g
+	}
+	if c.IsSet("hot-set") {
+		f, err := config.ParseHotSet(c.String("hot-set"))
+		if err != nil {
+			return s, refuse("--hot-set: %v", err)
+		}
+		s.HotSet = &f
 	}
 	if err := maxConnections(c, &s, fo.MaxConnections != 0); err != nil {
 		return s, err

@@ -247,6 +247,14 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
 			wantErr: `--cache-grace: invalid duration "20"`},
+		{name: "hot set above 1", command: "up", args: []string{"--hot-set", "1.5"},
+			wantErr: "--hot-set: 1.5 must be ≤ 1: it is a fraction of the memory pool (0 or off disables the hot set"},
+		{name: "negative hot set", command: "owner", args: append([]string{"--hot-set=-0.5"}, owner...),
+			wantErr: "--hot-set: -0.5 must be ≥ 0 (0 or off disables the hot set"},
+		{name: "hot set not a number", command: "up", args: []string{"--hot-set", "50%"},
+			wantErr: `--hot-set: invalid fraction "50%"`},
+		{name: "hot set above 1 in the file", command: "up", yaml: "fluxkv_spec:\n  hot_set: 2\n",
+			wantErr: "fluxkv_spec.hot_set: 2 must be ≤ 1"},
 		{name: "negative max connections", command: "owner", args: append([]string{"--max-connections", "-1"}, owner...),
 			wantErr: "--max-connections must be ≥ 0, got -1"},
 		{name: "max connections above the open-file limit", command: "up", args: []string{"--max-connections", "2000000000"},
@@ -329,6 +337,48 @@ func TestSettingsEdges(t *testing.T) {
 		{"cache grace from the file", "fluxkv_spec:\n  cache_grace: off\n", nil, func(o config.Owner) string {
 			if o.CacheGrace == nil || *o.CacheGrace != off {
 				return fmt.Sprintf("CacheGrace %v, want 0 (off)", o.CacheGrace)
+			}
+			return ""
+		}},
+		{"hot set off", "", []string{"--hot-set", "off"}, func(o config.Owner) string {
+			if o.HotSet == nil || *o.HotSet != 0 {
+				return fmt.Sprintf("HotSet %v, want 0 (off)", o.HotSet)
+			}
+			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h >= 0 {
+				return fmt.Sprintf("daemon HotSet %v, want negative (disabled)", h)
+			}
+			return ""
+		}},
+		{"hot set 0 is off", "", []string{"--hot-set", "0"}, func(o config.Owner) string {
+			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h >= 0 {
+				return fmt.Sprintf("daemon HotSet %v, want negative (disabled)", h)
+			}
+			return ""
+		}},
+		{"hot set unset is the daemon's default", "", nil, func(o config.Owner) string {
+			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h != 0 {
+				return fmt.Sprintf("daemon HotSet %v, want 0 (its default)", h)
+			}
+			return ""
+		}},
+		{"hot set from the file, flag wins", "fluxkv_spec:\n  hot_set: off\n", []string{"--hot-set", "0.25"}, func(o config.Owner) string {
+			if o.HotSet == nil || *o.HotSet != 0.25 {
+				return fmt.Sprintf("HotSet %v, want 0.25", o.HotSet)
+			}
+			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h != 0.25 {
+				return fmt.Sprintf("daemon HotSet %v, want 0.25", h)
+			}
+			return ""
+		}},
+		{"hot set from the file", "fluxkv_spec:\n  hot_set: 0.75\n", nil, func(o config.Owner) string {
+			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h != 0.75 {
+				return fmt.Sprintf("daemon HotSet %v, want 0.75", h)
+			}
+			return ""
+		}},
+		{"hot set off in the file, flag wins", "fluxkv_spec:\n  hot_set: 0.75\n", []string{"--hot-set", "off"}, func(o config.Owner) string {
+			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h >= 0 {
+				return fmt.Sprintf("daemon HotSet %v, want negative (disabled)", h)
 			}
 			return ""
 		}},

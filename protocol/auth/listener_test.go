@@ -34,6 +34,9 @@ func (*peerStub) SsdStageRead(context.Context, *peer.SsdStageReadRequest) (*peer
 func (*peerStub) InvalidateCachedInfo(context.Context, *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
 }
+func (*peerStub) ReleaseHotSet(context.Context, *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {
+	return &peer.ReleaseHotSetResponse{}, nil
+}
 func (*peerStub) PullPut(context.Context, *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	return &peer.PullPutResponse{Code: common.ErrorCode_OK}, nil
 }

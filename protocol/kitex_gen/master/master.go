@@ -8,6 +8,10 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 )
 
+const (
+	REPORT_BATCH = 4096
+)
+
 type NodeRef struct {
 	NodeId     string `thrift:"node_id,1" frugal:"1,default,string" json:"node_id"`
 	Generation int64  `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
@@ -309,6 +313,7 @@ var fieldIDToName_RegisterResponse = map[int16]string{
 type HeartbeatRequest struct {
 	Node         *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
 	KvSsdStorage *KvSsdStorageInfo `thrift:"kv_ssd_storage,2" frugal:"2,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
+	EvictionsAck int64             `thrift:"evictions_ack,3" frugal:"3,default,i64" json:"evictions_ack"`
 }
 
 func NewHeartbeatRequest() *HeartbeatRequest {
@@ -335,11 +340,18 @@ func (p *HeartbeatRequest) GetKvSsdStorage() (v *KvSsdStorageInfo) {
 	}
 	return p.KvSsdStorage
 }
+
+func (p *HeartbeatRequest) GetEvictionsAck() (v int64) {
+	return p.EvictionsAck
+}
 func (p *HeartbeatRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
 func (p *HeartbeatRequest) SetKvSsdStorage(val *KvSsdStorageInfo) {
 	p.KvSsdStorage = val
+}
+func (p *HeartbeatRequest) SetEvictionsAck(val int64) {
+	p.EvictionsAck = val
 }
 
 func (p *HeartbeatRequest) IsSetNode() bool {
@@ -360,12 +372,15 @@ func (p *HeartbeatRequest) String() string {
 var fieldIDToName_HeartbeatRequest = map[int16]string{
 	1: "node",
 	2: "kv_ssd_storage",
+	3: "evictions_ack",
 }
 
 type HeartbeatResponse struct {
-	Code        common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message     string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	MasterEpoch int64            `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
+	Code         common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message      string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	MasterEpoch  int64                `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
+	Evicted      []*common.KeyVersion `thrift:"evicted,4" frugal:"4,default,list<common.KeyVersion>" json:"evicted"`
+	EvictionsSeq int64                `thrift:"evictions_seq,5" frugal:"5,default,i64" json:"evictions_seq"`
 }
 
 func NewHeartbeatResponse() *HeartbeatResponse {
@@ -386,6 +401,14 @@ func (p *HeartbeatResponse) GetMessage() (v string) {
 func (p *HeartbeatResponse) GetMasterEpoch() (v int64) {
 	return p.MasterEpoch
 }
+
+func (p *HeartbeatResponse) GetEvicted() (v []*common.KeyVersion) {
+	return p.Evicted
+}
+
+func (p *HeartbeatResponse) GetEvictionsSeq() (v int64) {
+	return p.EvictionsSeq
+}
 func (p *HeartbeatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -394,6 +417,12 @@ func (p *HeartbeatResponse) SetMessage(val string) {
 }
 func (p *HeartbeatResponse) SetMasterEpoch(val int64) {
 	p.MasterEpoch = val
+}
+func (p *HeartbeatResponse) SetEvicted(val []*common.KeyVersion) {
+	p.Evicted = val
+}
+func (p *HeartbeatResponse) SetEvictionsSeq(val int64) {
+	p.EvictionsSeq = val
 }
 
 func (p *HeartbeatResponse) String() string {
@@ -407,6 +436,8 @@ var fieldIDToName_HeartbeatResponse = map[int16]string{
 	1: "code",
 	2: "message",
 	3: "master_epoch",
+	4: "evicted",
+	5: "evictions_seq",
 }
 
 type PutStartRequest struct {
@@ -1613,6 +1644,7 @@ var fieldIDToName_BatchSsdReplicaEvictResponse = map[int16]string{
 type BatchDeleteAckRequest struct {
 	Node      *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
 	HolderIds []int64  `thrift:"holder_ids,2" frugal:"2,default,list<i64>" json:"holder_ids"`
+	Touched   []string `thrift:"touched,3" frugal:"3,default,list<string>" json:"touched"`
 }
 
 func NewBatchDeleteAckRequest() *BatchDeleteAckRequest {
@@ -1634,11 +1666,18 @@ func (p *BatchDeleteAckRequest) GetNode() (v *NodeRef) {
 func (p *BatchDeleteAckRequest) GetHolderIds() (v []int64) {
 	return p.HolderIds
 }
+
+func (p *BatchDeleteAckRequest) GetTouched() (v []string) {
+	return p.Touched
+}
 func (p *BatchDeleteAckRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
 func (p *BatchDeleteAckRequest) SetHolderIds(val []int64) {
 	p.HolderIds = val
+}
+func (p *BatchDeleteAckRequest) SetTouched(val []string) {
+	p.Touched = val
 }
 
 func (p *BatchDeleteAckRequest) IsSetNode() bool {
@@ -1655,6 +1694,7 @@ func (p *BatchDeleteAckRequest) String() string {
 var fieldIDToName_BatchDeleteAckRequest = map[int16]string{
 	1: "node",
 	2: "holder_ids",
+	3: "touched",
 }
 
 type BatchDeleteAckResponse struct {
@@ -1702,6 +1742,174 @@ var fieldIDToName_BatchDeleteAckResponse = map[int16]string{
 	1: "code",
 	2: "message",
 	3: "unknown",
+}
+
+type ReplicaRecord struct {
+	Key    string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId  int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Len    int64  `thrift:"len,3" frugal:"3,default,i64" json:"len"`
+	Memory bool   `thrift:"memory,4" frugal:"4,default,bool" json:"memory"`
+	Offset int64  `thrift:"offset,5" frugal:"5,default,i64" json:"offset"`
+	Ssd    bool   `thrift:"ssd,6" frugal:"6,default,bool" json:"ssd"`
+}
+
+func NewReplicaRecord() *ReplicaRecord {
+	return &ReplicaRecord{}
+}
+
+func (p *ReplicaRecord) InitDefault() {
+}
+
+func (p *ReplicaRecord) GetKey() (v string) {
+	return p.Key
+}
+
+func (p *ReplicaRecord) GetPutId() (v int64) {
+	return p.PutId
+}
+
+func (p *ReplicaRecord) GetLen() (v int64) {
+	return p.Len
+}
+
+func (p *ReplicaRecord) GetMemory() (v bool) {
+	return p.Memory
+}
+
+func (p *ReplicaRecord) GetOffset() (v int64) {
+	return p.Offset
+}
+
+func (p *ReplicaRecord) GetSsd() (v bool) {
+	return p.Ssd
+}
+func (p *ReplicaRecord) SetKey(val string) {
+	p.Key = val
+}
+func (p *ReplicaRecord) SetPutId(val int64) {
+	p.PutId = val
+}
+func (p *ReplicaRecord) SetLen(val int64) {
+	p.Len = val
+}
+func (p *ReplicaRecord) SetMemory(val bool) {
+	p.Memory = val
+}
+func (p *ReplicaRecord) SetOffset(val int64) {
+	p.Offset = val
+}
+func (p *ReplicaRecord) SetSsd(val bool) {
+	p.Ssd = val
+}
+
+func (p *ReplicaRecord) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReplicaRecord(%+v)", *p)
+}
+
+var fieldIDToName_ReplicaRecord = map[int16]string{
+	1: "key",
+	2: "put_id",
+	3: "len",
+	4: "memory",
+	5: "offset",
+	6: "ssd",
+}
+
+type ReportReplicasRequest struct {
+	Node    *NodeRef         `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Records []*ReplicaRecord `thrift:"records,2" frugal:"2,default,list<ReplicaRecord>" json:"records"`
+}
+
+func NewReportReplicasRequest() *ReportReplicasRequest {
+	return &ReportReplicasRequest{}
+}
+
+func (p *ReportReplicasRequest) InitDefault() {
+}
+
+var ReportReplicasRequest_Node_DEFAULT *NodeRef
+
+func (p *ReportReplicasRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return ReportReplicasRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *ReportReplicasRequest) GetRecords() (v []*ReplicaRecord) {
+	return p.Records
+}
+func (p *ReportReplicasRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *ReportReplicasRequest) SetRecords(val []*ReplicaRecord) {
+	p.Records = val
+}
+
+func (p *ReportReplicasRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *ReportReplicasRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReportReplicasRequest(%+v)", *p)
+}
+
+var fieldIDToName_ReportReplicasRequest = map[int16]string{
+	1: "node",
+	2: "records",
+}
+
+type ReportReplicasResponse struct {
+	Code     common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message  string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Rejected []int32          `thrift:"rejected,3" frugal:"3,default,list<i32>" json:"rejected"`
+}
+
+func NewReportReplicasResponse() *ReportReplicasResponse {
+	return &ReportReplicasResponse{}
+}
+
+func (p *ReportReplicasResponse) InitDefault() {
+}
+
+func (p *ReportReplicasResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *ReportReplicasResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *ReportReplicasResponse) GetRejected() (v []int32) {
+	return p.Rejected
+}
+func (p *ReportReplicasResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *ReportReplicasResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *ReportReplicasResponse) SetRejected(val []int32) {
+	p.Rejected = val
+}
+
+func (p *ReportReplicasResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReportReplicasResponse(%+v)", *p)
+}
+
+var fieldIDToName_ReportReplicasResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "rejected",
 }
 
 type StatRequest struct {
@@ -1807,6 +2015,8 @@ type MasterService interface {
 	BatchDeleteAck(ctx context.Context, req *BatchDeleteAckRequest) (r *BatchDeleteAckResponse, err error)
 
 	Stat(ctx context.Context, req *StatRequest) (r *StatResponse, err error)
+
+	ReportReplicas(ctx context.Context, req *ReportReplicasRequest) (r *ReportReplicasResponse, err error)
 }
 
 type MasterServiceRegisterArgs struct {
@@ -2870,5 +3080,81 @@ func (p *MasterServiceStatResult) String() string {
 }
 
 var fieldIDToName_MasterServiceStatResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceReportReplicasArgs struct {
+	Req *ReportReplicasRequest `thrift:"req,1" frugal:"1,default,ReportReplicasRequest" json:"req"`
+}
+
+func NewMasterServiceReportReplicasArgs() *MasterServiceReportReplicasArgs {
+	return &MasterServiceReportReplicasArgs{}
+}
+
+func (p *MasterServiceReportReplicasArgs) InitDefault() {
+}
+
+var MasterServiceReportReplicasArgs_Req_DEFAULT *ReportReplicasRequest
+
+func (p *MasterServiceReportReplicasArgs) GetReq() (v *ReportReplicasRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceReportReplicasArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceReportReplicasArgs) SetReq(val *ReportReplicasRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceReportReplicasArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceReportReplicasArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceReportReplicasArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceReportReplicasArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceReportReplicasResult struct {
+	Success *ReportReplicasResponse `thrift:"success,0,optional" frugal:"0,optional,ReportReplicasResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceReportReplicasResult() *MasterServiceReportReplicasResult {
+	return &MasterServiceReportReplicasResult{}
+}
+
+func (p *MasterServiceReportReplicasResult) InitDefault() {
+}
+
+var MasterServiceReportReplicasResult_Success_DEFAULT *ReportReplicasResponse
+
+func (p *MasterServiceReportReplicasResult) GetSuccess() (v *ReportReplicasResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceReportReplicasResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceReportReplicasResult) SetSuccess(x interface{}) {
+	p.Success = x.(*ReportReplicasResponse)
+}
+
+func (p *MasterServiceReportReplicasResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceReportReplicasResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceReportReplicasResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceReportReplicasResult = map[int16]string{
 	0: "success",
 }

@@ -538,6 +538,91 @@ var fieldIDToName_PullPutResponse = map[int16]string{
 	2: "message",
 }
 
+type ReleaseHotSetRequest struct {
+	Generation int64 `thrift:"generation,1" frugal:"1,default,i64" json:"generation"`
+	Bytes      int64 `thrift:"bytes,2" frugal:"2,default,i64" json:"bytes"`
+}
+
+func NewReleaseHotSetRequest() *ReleaseHotSetRequest {
+	return &ReleaseHotSetRequest{}
+}
+
+func (p *ReleaseHotSetRequest) InitDefault() {
+}
+
+func (p *ReleaseHotSetRequest) GetGeneration() (v int64) {
+	return p.Generation
+}
+
+func (p *ReleaseHotSetRequest) GetBytes() (v int64) {
+	return p.Bytes
+}
+func (p *ReleaseHotSetRequest) SetGeneration(val int64) {
+	p.Generation = val
+}
+func (p *ReleaseHotSetRequest) SetBytes(val int64) {
+	p.Bytes = val
+}
+
+func (p *ReleaseHotSetRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReleaseHotSetRequest(%+v)", *p)
+}
+
+var fieldIDToName_ReleaseHotSetRequest = map[int16]string{
+	1: "generation",
+	2: "bytes",
+}
+
+type ReleaseHotSetResponse struct {
+	Code          common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message       string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	ReleasedBytes int64            `thrift:"released_bytes,3" frugal:"3,default,i64" json:"released_bytes"`
+}
+
+func NewReleaseHotSetResponse() *ReleaseHotSetResponse {
+	return &ReleaseHotSetResponse{}
+}
+
+func (p *ReleaseHotSetResponse) InitDefault() {
+}
+
+func (p *ReleaseHotSetResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *ReleaseHotSetResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *ReleaseHotSetResponse) GetReleasedBytes() (v int64) {
+	return p.ReleasedBytes
+}
+func (p *ReleaseHotSetResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *ReleaseHotSetResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *ReleaseHotSetResponse) SetReleasedBytes(val int64) {
+	p.ReleasedBytes = val
+}
+
+func (p *ReleaseHotSetResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReleaseHotSetResponse(%+v)", *p)
+}
+
+var fieldIDToName_ReleaseHotSetResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "released_bytes",
+}
+
 type PeerService interface {
 	SsdReplicaPersist(ctx context.Context, req *SsdReplicaPersistRequest) (r *SsdReplicaPersistResponse, err error)
 
@@ -546,6 +631,8 @@ type PeerService interface {
 	InvalidateCachedInfo(ctx context.Context, req *InvalidateCachedInfoRequest) (r *InvalidateCachedInfoResponse, err error)
 
 	PullPut(ctx context.Context, req *PullPutRequest) (r *PullPutResponse, err error)
+
+	ReleaseHotSet(ctx context.Context, req *ReleaseHotSetRequest) (r *ReleaseHotSetResponse, err error)
 }
 
 type PeerServiceSsdReplicaPersistArgs struct {
@@ -849,5 +936,81 @@ func (p *PeerServicePullPutResult) String() string {
 }
 
 var fieldIDToName_PeerServicePullPutResult = map[int16]string{
+	0: "success",
+}
+
+type PeerServiceReleaseHotSetArgs struct {
+	Req *ReleaseHotSetRequest `thrift:"req,1" frugal:"1,default,ReleaseHotSetRequest" json:"req"`
+}
+
+func NewPeerServiceReleaseHotSetArgs() *PeerServiceReleaseHotSetArgs {
+	return &PeerServiceReleaseHotSetArgs{}
+}
+
+func (p *PeerServiceReleaseHotSetArgs) InitDefault() {
+}
+
+var PeerServiceReleaseHotSetArgs_Req_DEFAULT *ReleaseHotSetRequest
+
+func (p *PeerServiceReleaseHotSetArgs) GetReq() (v *ReleaseHotSetRequest) {
+	if !p.IsSetReq() {
+		return PeerServiceReleaseHotSetArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *PeerServiceReleaseHotSetArgs) SetReq(val *ReleaseHotSetRequest) {
+	p.Req = val
+}
+
+func (p *PeerServiceReleaseHotSetArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *PeerServiceReleaseHotSetArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServiceReleaseHotSetArgs(%+v)", *p)
+}
+
+var fieldIDToName_PeerServiceReleaseHotSetArgs = map[int16]string{
+	1: "req",
+}
+
+type PeerServiceReleaseHotSetResult struct {
+	Success *ReleaseHotSetResponse `thrift:"success,0,optional" frugal:"0,optional,ReleaseHotSetResponse" json:"success,omitempty"`
+}
+
+func NewPeerServiceReleaseHotSetResult() *PeerServiceReleaseHotSetResult {
+	return &PeerServiceReleaseHotSetResult{}
+}
+
+func (p *PeerServiceReleaseHotSetResult) InitDefault() {
+}
+
+var PeerServiceReleaseHotSetResult_Success_DEFAULT *ReleaseHotSetResponse
+
+func (p *PeerServiceReleaseHotSetResult) GetSuccess() (v *ReleaseHotSetResponse) {
+	if !p.IsSetSuccess() {
+		return PeerServiceReleaseHotSetResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *PeerServiceReleaseHotSetResult) SetSuccess(x interface{}) {
+	p.Success = x.(*ReleaseHotSetResponse)
+}
+
+func (p *PeerServiceReleaseHotSetResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *PeerServiceReleaseHotSetResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServiceReleaseHotSetResult(%+v)", *p)
+}
+
+var fieldIDToName_PeerServiceReleaseHotSetResult = map[int16]string{
 	0: "success",
 }

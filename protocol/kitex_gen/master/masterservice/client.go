@@ -25,6 +25,7 @@ type Client interface {
 	BatchSsdReplicaEvict(ctx context.Context, req *master.BatchSsdReplicaEvictRequest, callOptions ...callopt.Option) (r *master.BatchSsdReplicaEvictResponse, err error)
 	BatchDeleteAck(ctx context.Context, req *master.BatchDeleteAckRequest, callOptions ...callopt.Option) (r *master.BatchDeleteAckResponse, err error)
 	Stat(ctx context.Context, req *master.StatRequest, callOptions ...callopt.Option) (r *master.StatResponse, err error)
+	ReportReplicas(ctx context.Context, req *master.ReportReplicasRequest, callOptions ...callopt.Option) (r *master.ReportReplicasResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -124,4 +125,9 @@ func (p *kMasterServiceClient) BatchDeleteAck(ctx context.Context, req *master.B
 func (p *kMasterServiceClient) Stat(ctx context.Context, req *master.StatRequest, callOptions ...callopt.Option) (r *master.StatResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.Stat(ctx, req)
+}
+
+func (p *kMasterServiceClient) ReportReplicas(ctx context.Context, req *master.ReportReplicasRequest, callOptions ...callopt.Option) (r *master.ReportReplicasResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.ReportReplicas(ctx, req)
 }

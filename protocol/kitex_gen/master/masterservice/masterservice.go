@@ -111,6 +111,13 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"ReportReplicas": kitex.NewMethodInfo(
+		reportReplicasHandler,
+		newMasterServiceReportReplicasArgs,
+		newMasterServiceReportReplicasResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -429,6 +436,24 @@ func newMasterServiceStatResult() interface{} {
 	return master.NewMasterServiceStatResult()
 }
 
+func reportReplicasHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceReportReplicasArgs)
+	realResult := result.(*master.MasterServiceReportReplicasResult)
+	success, err := handler.(master.MasterService).ReportReplicas(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceReportReplicasArgs() interface{} {
+	return master.NewMasterServiceReportReplicasArgs()
+}
+
+func newMasterServiceReportReplicasResult() interface{} {
+	return master.NewMasterServiceReportReplicasResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -574,6 +599,16 @@ func (p *kClient) Stat(ctx context.Context, req *master.StatRequest) (r *master.
 	_args.Req = req
 	var _result master.MasterServiceStatResult
 	if err = p.c.Call(ctx, "Stat", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) ReportReplicas(ctx context.Context, req *master.ReportReplicasRequest) (r *master.ReportReplicasResponse, err error) {
+	var _args master.MasterServiceReportReplicasArgs
+	_args.Req = req
+	var _result master.MasterServiceReportReplicasResult
+	if err = p.c.Call(ctx, "ReportReplicas", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

@@ -15,6 +15,7 @@ type Client interface {
 	SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest, callOptions ...callopt.Option) (r *peer.SsdStageReadResponse, err error)
 	InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error)
 	PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error)
+	ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest, callOptions ...callopt.Option) (r *peer.ReleaseHotSetResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -64,4 +65,9 @@ func (p *kPeerServiceClient) InvalidateCachedInfo(ctx context.Context, req *peer
 func (p *kPeerServiceClient) PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.PullPut(ctx, req)
+}
+
+func (p *kPeerServiceClient) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest, callOptions ...callopt.Option) (r *peer.ReleaseHotSetResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.ReleaseHotSet(ctx, req)
 }

@@ -41,6 +41,13 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"ReleaseHotSet": kitex.NewMethodInfo(
+		releaseHotSetHandler,
+		newPeerServiceReleaseHotSetArgs,
+		newPeerServiceReleaseHotSetResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -179,6 +186,24 @@ func newPeerServicePullPutResult() interface{} {
 	return peer.NewPeerServicePullPutResult()
 }
 
+func releaseHotSetHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.PeerServiceReleaseHotSetArgs)
+	realResult := result.(*peer.PeerServiceReleaseHotSetResult)
+	success, err := handler.(peer.PeerService).ReleaseHotSet(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newPeerServiceReleaseHotSetArgs() interface{} {
+	return peer.NewPeerServiceReleaseHotSetArgs()
+}
+
+func newPeerServiceReleaseHotSetResult() interface{} {
+	return peer.NewPeerServiceReleaseHotSetResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -224,6 +249,16 @@ func (p *kClient) PullPut(ctx context.Context, req *peer.PullPutRequest) (r *pee
 	_args.Req = req
 	var _result peer.PeerServicePullPutResult
 	if err = p.c.Call(ctx, "PullPut", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (r *peer.ReleaseHotSetResponse, err error) {
+	var _args peer.PeerServiceReleaseHotSetArgs
+	_args.Req = req
+	var _result peer.PeerServiceReleaseHotSetResult
+	if err = p.c.Call(ctx, "ReleaseHotSet", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

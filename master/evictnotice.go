@@ -1,0 +1,72 @@
+package master
+
+import "github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+
+// evictNoticeBatch caps the eviction notices one heartbeat reply carries.
+const evictNoticeBatch = 4096
+
+// evictNotice tells an owner that the master evicted its memory replica of key@putID.
+type evictNotice struct {
+	seq   int64
+	key   string
+	putID int64
+}
+
+// evictOutbox holds the eviction notices an owner has not acknowledged yet (DESIGN:
+// "Owners know their replicas"). Evictions are silent on the hot path: the master frees
+// the range at once and queues a notice; the owner learns it from the next heartbeat
+// reply, drops the record from its replica index and acks the sequence number with the
+// heartbeat after. Until then the owner may still report the version after a master
+// restart, so it counts as a holder of it: a delete or overwrite of that key waits for
+// this owner to drop it (Invalidation.Sync).
+type evictOutbox struct {
+	notices []evictNotice // ascending seq
+	lastSeq int64
+	byKey   map[string]int // unacked notices per key
+}
+
+// push queues the eviction of key@putID.
+func (b *evictOutbox) push(key string, putID int64) {
+	b.lastSeq++
+	b.notices = append(b.notices, evictNotice{seq: b.lastSeq, key: key, putID: putID})
+	if b.byKey == nil {
+		b.byKey = make(map[string]int)
+	}
+	b.byKey[key]++
+}
+
+// ack drops the notices up to seq, which the owner has applied.
+func (b *evictOutbox) ack(seq int64) {
+	i := 0
+	for i < len(b.notices) && b.notices[i].seq <= seq {
+		k := b.notices[i].key
+		if b.byKey[k]--; b.byKey[k] <= 0 {
+			delete(b.byKey, k)
+		}
+		i++
+	}
+	if i == len(b.notices) {
+		b.notices = nil // let the backing array go
+		return
+	}
+	b.notices = b.notices[i:]
+}
+
+// pending returns up to evictNoticeBatch unacked notices and the seq of the last one.
+func (b *evictOutbox) pending() ([]*common.KeyVersion, int64) {
+	n := min(len(b.notices), evictNoticeBatch)
+	if n == 0 {
+		return nil, b.lastSeq
+	}
+	out := make([]*common.KeyVersion, n)
+	for i, e := range b.notices[:n] {
+		out[i] = &common.KeyVersion{Key: e.key, PutId: e.putID}
+	}
+	return out, b.notices[n-1].seq
+}
+
+// has reports whether an unacked notice names key.
+func (b *evictOutbox) has(key string) bool { return b.byKey[key] > 0 }
+
+// len is the number of unacked notices.
+func (b *evictOutbox) len() int { return len(b.notices) }

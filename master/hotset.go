@@ -1,0 +1,57 @@
+package master
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+)
+
+// An owner serves gets of its own replicas without a master trip from its hot set:
+// holdings it keeps after their externals released them, each a master holder, so the
+// master never frees those ranges under it (eviction passes over held replicas). When
+// the master needs space and finds nothing it may evict, it asks the owners to give
+// idle holdings back (releaseHotSets); the allocation is retried once they answered.
+
+// releaseHotSets asks every live owner that has holders to release its idle hot-set
+// holdings, in parallel, each call bounded by InvalidateTimeout. It returns the bytes
+// released in all.
+func (s *Server) releaseHotSets(ctx context.Context) int64 {
+	type owner struct {
+		addr string
+		gen  int64
+	}
+	var owners []owner
+	s.withState(func(st *State) error {
+		for _, n := range st.nodes {
+			if len(n.holders) > 0 && n.peerAddr != "" {
+				owners = append(owners, owner{n.peerAddr, n.generation})
+			}
+		}
+		return nil
+	})
+	var released atomic.Int64
+	var wg sync.WaitGroup
+	for _, o := range owners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, callOpts, err := s.peers.Get(o.addr)
+			if err != nil {
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, s.opts.InvalidateTimeout)
+			defer cancel()
+			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen}, callOpts...)
+			if err != nil || resp.Code != common.ErrorCode_OK {
+				s.opts.Logger.Debug().Err(err).Str("peer", o.addr).Msg("release hot set failed")
+				return
+			}
+			released.Add(resp.ReleasedBytes)
+		}()
+	}
+	wg.Wait()
+	return released.Load()
+}
