@@ -4,6 +4,7 @@
 //
 //	remoteget -socket B/fluxkv.sock -prefix rg/1048576/ -keys 8 -size 1048576 -conc 2 -duration 5s
 //	remoteget -tcp-pair -size 16777216 -conc 2 -duration 5s
+//	remoteget -unix-pair -duration 3s
 //
 // Get mode: conc goroutines share one client and loop get + release over the keys
 // PREFIX0 … PREFIX{keys-1}, each goroutine over its own share of them; every
@@ -12,7 +13,9 @@
 // hit: it is counted, and the exit status is 1. TCP-pair mode: a server in this process
 // answers each 8-byte request with that many bytes from one buffer; each of conc
 // clients has its own connection and reads every answer into a reused buffer. Both
-// print one JSON line (result) on stdout: ops, bytes, seconds, GiB/s, p50/p99 in µs.
+// Unix-pair mode (unixpair.go): the floor of a holder get, a small request and reply
+// between this process and a child over a Unix socket. Each prints one JSON line
+// (result) on stdout: ops, bytes, seconds, GiB/s, p50/p99 in µs.
 package main
 
 import (
@@ -54,6 +57,7 @@ type result struct {
 
 type config struct {
 	tcpPair     bool
+	unixPair    bool
 	socket      string
 	prefix      string
 	keys        int
@@ -67,6 +71,8 @@ type config struct {
 func main() {
 	var c config
 	flag.BoolVar(&c.tcpPair, "tcp-pair", false, "measure the plain TCP sender/receiver pair over loopback instead of fluxkv gets")
+	flag.BoolVar(&c.unixPair, "unix-pair", false, "measure a small request/reply round trip with a child process over a Unix socket (a holder get's floor) instead of fluxkv gets")
+	serve := flag.Bool("unix-pair-serve", false, "internal: the answering process of -unix-pair")
 	flag.StringVar(&c.socket, "socket", "", "owner socket the gets go through (get mode)")
 	flag.StringVar(&c.prefix, "prefix", "rg/", "key prefix: the keys are PREFIX0 … PREFIX{keys-1}")
 	flag.IntVar(&c.keys, "keys", 8, "how many keys to rotate over")
@@ -76,19 +82,26 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured warmup before the window")
 	flag.IntVar(&c.verifyEvery, "verify-every", 16, "compare every Nth get of each goroutine byte for byte (and its first); 0 = only the first")
 	flag.Parse()
+	if *serve {
+		serveUnixPair()
+		return
+	}
 	if c.conc < 1 || c.size < 1 || c.keys < 1 || c.duration <= 0 {
 		fmt.Fprintln(os.Stderr, "remoteget: -conc, -size, -keys and -duration must be positive")
 		os.Exit(2)
 	}
-	if !c.tcpPair && c.keys < c.conc {
+	if !c.tcpPair && !c.unixPair && c.keys < c.conc {
 		fmt.Fprintln(os.Stderr, "remoteget: -keys must be at least -conc (each goroutine gets its own keys)")
 		os.Exit(2)
 	}
 	var r result
 	var err error
-	if c.tcpPair {
+	switch {
+	case c.tcpPair:
 		r, err = runTCPPair(c)
-	} else {
+	case c.unixPair:
+		r, err = runUnixPair(c)
+	default:
 		if c.socket == "" {
 			fmt.Fprintln(os.Stderr, "remoteget: -socket is required without -tcp-pair")
 			os.Exit(2)
