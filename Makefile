@@ -67,6 +67,7 @@ fuzz: build
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRing$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRecordHeader$$' -fuzztime $(FUZZTIME)
 	FLUXKV_BIN=$(CURDIR)/$(BIN) $(GO) test ./daemon/ -run '^$$' -fuzz '^FuzzExternalDispatch$$' -fuzztime $(FUZZTIME)
+	FLUXKV_BIN=$(CURDIR)/$(BIN) $(GO) test ./daemon/ -run '^$$' -fuzz '^FuzzReplicaIndex$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./daemon/transfer/ -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./protocol/auth/ -run '^$$' -fuzz '^FuzzServerHandshake$$' -fuzztime $(FUZZTIME)
 

@@ -76,7 +76,9 @@ func (o *Owner) reportReplicas() {
 		}
 		o.mu.Unlock()
 		adopted += end - start - len(resp.Rejected)
-		o.log.Debug().Int("reported", end).Int("records", total).Msg("replica report progress")
+		if total > batch { // a long report shows its progress
+			o.log.Info().Int("reported", end).Int("records", total).Int("adopted", adopted).Msg("replica report progress")
+		}
 	}
 	o.log.Info().Int("memory", len(mem)).Int("ssd", len(onSSD)).Int("adopted", adopted).Int("refused", total-adopted).
 		Dur("took", time.Since(t0)).Msg("replica index reported to the new master")
