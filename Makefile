@@ -63,6 +63,7 @@ test-python: build build-race
 fuzz: build
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzAllocator$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPolicy$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzRangeSet$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shm/ -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRing$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRecordHeader$$' -fuzztime $(FUZZTIME)

@@ -25,7 +25,7 @@ type Allocation struct {
 // newAllocation wraps a range of n's memory pool.
 func newAllocation(n *node, r Range, length int64) *Allocation {
 	n.allocs++
-	n.opened.mark(r)
+	n.opened.add(r)
 	return &Allocation{node: n, area: n.alloc, r: r, len: length, refs: 1}
 }
 

@@ -55,7 +55,7 @@ type node struct {
 	// opened marks, while the rebuild window is open, every range of the pool handed
 	// out since this incarnation registered: a reported record overlapping one may have
 	// been written over, so it is never adopted (rebuild.go). nil otherwise.
-	opened granules
+	opened *rangeSet
 }
 
 // NodeRef names an owner incarnation in a request.
@@ -131,7 +131,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	}
 	if s.tombstones != nil {
 		// After the pins: a reported replica may share a pin's range.
-		n.opened = newGranules(n.alloc.Capacity())
+		n.opened = newRangeSet()
 	}
 	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).Int64("transfer_reserve", reserve).
 		Bool("ssd", ssd.Enabled).Int("pinned", len(n.holders)).Msg("owner registered")

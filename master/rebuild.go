@@ -3,6 +3,8 @@ package master
 import (
 	"time"
 
+	gbtree "github.com/google/btree"
+
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -132,35 +134,56 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	return true, displaced
 }
 
-// granules is a bitmap of a pool's AllocGranule-sized units; the nil bitmap marks
-// nothing and has nothing marked.
-type granules []uint64
-
-func newGranules(capacity int64) granules {
-	return make(granules, (capacity/AllocGranule+63)/64)
+// rangeSet is a set of disjoint ranges (overlapping or touching ones are merged as
+// they are added); the nil set holds nothing and takes nothing. Its size follows the
+// allocations made during the rebuild window, not the pool's.
+type rangeSet struct {
+	t *gbtree.BTreeG[Range]
 }
 
-// mark sets r's units.
-func (g granules) mark(r Range) {
-	if g == nil {
+func newRangeSet() *rangeSet {
+	return &rangeSet{t: gbtree.NewG(16, func(a, b Range) bool { return a.Offset < b.Offset })}
+}
+
+// add puts r in the set.
+func (s *rangeSet) add(r Range) {
+	if s == nil {
 		return
 	}
-	for u := r.Offset / AllocGranule; u < (r.Offset+r.Size)/AllocGranule && int(u/64) < len(g); u++ {
-		g[u/64] |= 1 << (u % 64)
+	lo, hi := r.Offset, r.Offset+r.Size
+	var merged []Range
+	s.t.DescendLessOrEqual(Range{Offset: lo}, func(m Range) bool {
+		if m.Offset+m.Size >= lo {
+			merged = append(merged, m)
+		}
+		return false
+	})
+	s.t.AscendRange(Range{Offset: lo + 1}, Range{Offset: hi + 1}, func(m Range) bool {
+		merged = append(merged, m)
+		return true
+	})
+	for _, m := range merged {
+		s.t.Delete(m)
+		lo, hi = min(lo, m.Offset), max(hi, m.Offset+m.Size)
 	}
+	s.t.ReplaceOrInsert(Range{Offset: lo, Size: hi - lo})
 }
 
-// any reports whether a unit of r is set.
-func (g granules) any(r Range) bool {
-	if g == nil {
+// overlaps reports whether r shares a byte with a range of the set.
+func (s *rangeSet) overlaps(r Range) bool {
+	if s == nil {
 		return false
 	}
-	for u := r.Offset / AllocGranule; u < (r.Offset+r.Size)/AllocGranule && int(u/64) < len(g); u++ {
-		if g[u/64]&(1<<(u%64)) != 0 {
-			return true
-		}
-	}
-	return false
+	hit := false
+	s.t.DescendLessOrEqual(Range{Offset: r.Offset}, func(m Range) bool {
+		hit = m.Offset+m.Size > r.Offset
+		return false
+	})
+	s.t.AscendRange(Range{Offset: r.Offset + 1}, Range{Offset: r.Offset + r.Size}, func(Range) bool {
+		hit = true
+		return false
+	})
+	return hit
 }
 
 // reserveReportedLocked takes the reported range [offset, +length) of n's pool: free,
@@ -168,7 +191,7 @@ func (g granules) any(r Range) bool {
 // replica then shares. nil when it overlaps anything else or lies outside the pool.
 func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation {
 	r := Range{Offset: offset, Size: roundUp(length, AllocGranule)}
-	if offset < 0 || offset%AllocGranule != 0 || offset+r.Size > n.alloc.Capacity() || n.opened.any(r) {
+	if offset < 0 || offset%AllocGranule != 0 || offset+r.Size > n.alloc.Capacity() || n.opened.overlaps(r) {
 		return nil
 	}
 	if n.alloc.Reserve(r) {
