@@ -391,6 +391,27 @@ func (s *Storage) Forget(key string, upTo int64) bool {
 	return true
 }
 
+// Entry names one value the ring holds.
+type Entry struct {
+	Key    string
+	PutID  int64
+	Length int64
+}
+
+// Committed lists the entries that are committed and readable right now (the owner
+// reports them to a restarted master), in no particular order.
+func (s *Storage) Committed() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Entry, 0, len(s.index))
+	for k, e := range s.index {
+		if e.state == stateCommitted && !e.shard.ring.overtaken(e) {
+			out = append(out, Entry{Key: k, PutID: e.putID, Length: e.length})
+		}
+	}
+	return out
+}
+
 // Contains reports whether (key, putID) is committed and readable right now.
 func (s *Storage) Contains(key string, putID int64) bool {
 	s.mu.Lock()
