@@ -473,3 +473,23 @@ func TestReadFaultsAreNotCorruption(t *testing.T) {
 		}
 	})
 }
+
+// TestCommitted: the entries an owner reports after a master restart are exactly the
+// readable ones: a forgotten entry and one overwritten by a newer version are not listed.
+func TestCommitted(t *testing.T) {
+	checkLeaks(t)
+	s := openTest(t, EngineAuto, 64<<10, nil)
+	persist(t, s, "k", 5, pattern("k", 3000))
+	persist(t, s, "j", 1, pattern("j", 100))
+	persist(t, s, "gone", 2, pattern("gone", 10))
+	persist(t, s, "k", 7, pattern("k", 2000))
+	s.Forget("gone", 2)
+	got := map[string]Entry{}
+	for _, e := range s.Committed() {
+		got[e.Key] = e
+	}
+	want := map[string]Entry{"k": {Key: "k", PutID: 7, Length: 2000}, "j": {Key: "j", PutID: 1, Length: 100}}
+	if len(got) != len(want) || got["k"] != want["k"] || got["j"] != want["j"] {
+		t.Fatalf("Committed() = %+v, want %+v", got, want)
+	}
+}
