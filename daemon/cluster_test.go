@@ -373,11 +373,7 @@ func TestClusterRemoteSSD(t *testing.T) {
 		t.Skipf("no O_DIRECT under %s: %v", ssdDir, err)
 	}
 	m := startMaster(t, "", "--placement", "local")
-	dir0 := filepath.Join(t.TempDir(), "o0")
-	o0 := start(t, "owner", "--dir", dir0, "--dram", "16MiB", "--master", m.addr, "--node-id", "n0",
-		"--ssd-path", ssdDir, "--ssd-limit", "128MiB", "--cluster-secret-file", clusterSecret)
-	o0.socket = filepath.Join(dir0, "fluxkv.sock")
-	o0.waitSocket()
+	o0 := startOwnerWith(t, filepath.Join(t.TempDir(), "o0"), m.addr, "16MiB", "n0", "--ssd-path", ssdDir, "--ssd-limit", "128MiB")
 	o1 := startOwner(t, filepath.Join(t.TempDir(), "o1"), m.addr, "16MiB", "n1")
 	c0, c1 := connect(t, o0.socket), connect(t, o1.socket)
 	const n, size = 40, 1<<20 + 333 // 40 MiB through a 14 MiB pool: most only on n0's SSD

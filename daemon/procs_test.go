@@ -164,7 +164,14 @@ func startOwner(t testing.TB, dir, masterAddr, dram string, nodeID ...string) *p
 	if len(nodeID) > 0 {
 		id = nodeID[0]
 	}
-	p := start(t, "owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", id, "--cluster-secret-file", clusterSecret)
+	return startOwnerWith(t, dir, masterAddr, dram, id)
+}
+
+// startOwnerWith is startOwner with a node id and extra flags.
+func startOwnerWith(t testing.TB, dir, masterAddr, dram, nodeID string, extra ...string) *proc {
+	t.Helper()
+	p := start(t, append([]string{"owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", nodeID,
+		"--cluster-secret-file", clusterSecret}, extra...)...)
 	p.socket = filepath.Join(dir, "fluxkv.sock")
 	p.waitSocket()
 	return p

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // recoveryWindow is how long after a restarted master listens the owners' values must
@@ -567,6 +568,58 @@ func TestMasterRestartReportsInBatches(t *testing.T) {
 	}
 	if log := cl.owners[0].stderr.String(); !strings.Contains(log, `"adopted":5000`) {
 		t.Errorf("the owner's log does not say all 5000 records were adopted:\n%s", tail(log))
+	}
+	leakCheck(t, c, keys...)
+}
+
+// TestMasterRestartKeepsSSD: values whose only copy is on an owner's SSD come back too:
+// the owner reports its SSD ring's entries and the new master routes gets to them.
+func TestMasterRestartKeepsSSD(t *testing.T) {
+	ssdDir := t.TempDir()
+	if err := ssd.ProbeDirectIO(ssdDir); err != nil {
+		t.Skipf("no O_DIRECT under %s: %v", ssdDir, err)
+	}
+	m := startMaster(t, "", "--placement", "local")
+	o := startOwnerWith(t, filepath.Join(t.TempDir(), "o0"), m.addr, "16MiB", "n0", "--ssd-path", ssdDir, "--ssd-limit", "128MiB")
+	c := connect(t, o.socket)
+	const n, size = 30, 1<<20 + 77 // 30 MiB through a 14 MiB pool: most only on SSD
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("ssd-%d", i)
+		if err := c.Put(keys[i], clusterValue(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "every value persisted", func() bool {
+		st, err := c.Stat()
+		return err == nil && len(st.Members) == 1 && st.Members[0].SsdReplicas == n
+	})
+	m.kill()
+	m = startMaster(t, m.addr, "--placement", "local")
+	t0 := time.Now()
+	fromSSD := 0
+	for i, k := range keys {
+		var got []byte
+		var source string
+		waitFor(t, recoveryWindow-time.Since(t0), "key "+k+" back", func() bool {
+			h, err := c.Get(k)
+			if err != nil {
+				return false
+			}
+			defer h.Release()
+			got, source = bytes.Clone(h.Bytes()), h.Source()
+			return true
+		})
+		if !bytes.Equal(got, clusterValue(i, size)) {
+			t.Fatalf("get %s after the restart: wrong bytes (source %s)", k, source)
+		}
+		if source == "ssd" {
+			fromSSD++
+		}
+	}
+	t.Logf("%d keys back within %v of the new master, %d of them from SSD", n, time.Since(t0).Round(time.Millisecond), fromSSD)
+	if fromSSD == 0 {
+		t.Fatal("no key came back from SSD")
 	}
 	leakCheck(t, c, keys...)
 }
