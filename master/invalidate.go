@@ -204,10 +204,12 @@ func (v *invalidator) close() {
 
 // invalidate delivers the invalidations of a delete, an overwrite or a report: the
 // Sync ones (owners that may hold an older version in their replica index) at once, in
-// parallel, each owner tried twice within InvalidateTimeout per try, before the caller
-// answers; the rest in the background. An owner that does not confirm is tombed: when
-// it next reaches this master it registers again and, this master knowing it, drops
-// its index instead of reporting it, so the version can never come back.
+// parallel, before the caller answers; the rest in the background (invalidator). A
+// Sync owner is tried until it confirms, each call bounded by InvalidateTimeout; it is
+// given up on, and tombed, once it is silent (no heartbeat for two intervals: dead or
+// cut off) or has not confirmed within NodeTTL. A tombed owner drops its replica index
+// when it next registers with this master, so the version can never come back; one
+// tombed meanwhile by the node TTL needs nothing more.
 func (s *Server) invalidate(invs []Invalidation) {
 	type target struct {
 		k   ownerKey
@@ -224,36 +226,50 @@ func (s *Server) invalidate(invs []Invalidation) {
 		now[t] = append(now[t], &common.KeyVersion{Key: iv.Key, PutId: iv.PutID})
 	}
 	s.inval.add(async)
-	if len(now) == 0 {
-		return
-	}
 	var wg sync.WaitGroup
-	var mu sync.Mutex // protects failed
-	var failed []target
 	for t, entries := range now {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := s.inval.send(s.inval.ctx, t.k, entries)
-			if err != nil && s.inval.ctx.Err() == nil {
-				err = s.inval.send(s.inval.ctx, t.k, entries)
-			}
-			if err != nil {
-				mu.Lock()
-				failed = append(failed, t)
-				mu.Unlock()
-				s.opts.Logger.Warn().Err(err).Str("node", t.k.nodeID).Str("peer", t.k.addr).Int("entries", len(entries)).
-					Msg("invalidation of a replica holder failed; tombing the owner (it drops its replica index when it registers again)")
-			}
+			s.invalidateOwner(t.k, t.gen, entries)
 		}()
 	}
 	wg.Wait()
-	for _, t := range failed {
+}
+
+// invalidateOwner sends one Sync owner its entries until it confirms or is given up on
+// (see invalidate).
+func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVersion) {
+	deadline := time.Now().Add(s.opts.NodeTTL)
+	for tries := 1; ; tries++ {
+		err := s.inval.send(s.inval.ctx, k, entries)
+		if err == nil || s.inval.ctx.Err() != nil {
+			return
+		}
+		var live, silent bool
 		s.withState(func(st *State) error {
-			if n := st.nodes[t.k.nodeID]; n != nil && n.generation == t.gen && n.peerAddr == t.k.addr {
-				st.tombLocked(n)
+			n := st.nodes[k.nodeID]
+			live = n != nil && n.generation == gen && n.peerAddr == k.addr
+			if live {
+				silent = time.Since(n.lastSeen) > 2*s.opts.HeartbeatInterval
+				if silent || time.Now().After(deadline) {
+					st.tombLocked(n)
+				}
 			}
 			return nil
 		})
+		switch {
+		case !live:
+			return // tombed meanwhile
+		case silent || time.Now().After(deadline):
+			s.opts.Logger.Warn().Err(err).Str("node", k.nodeID).Str("peer", k.addr).Int("entries", len(entries)).Int("tries", tries).Bool("silent", silent).
+				Msg("a replica holder did not confirm an invalidation; tombed (it drops its replica index when it registers again)")
+			return
+		}
+		select {
+		case <-s.inval.ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

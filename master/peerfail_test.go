@@ -579,3 +579,45 @@ func TestPersistOptionsValidate(t *testing.T) {
 		t.Fatalf("default per-node workers for 3 workers = %d, want 1", o.PersistWorkersPerNode)
 	}
 }
+
+// TestSyncInvalidation: a delete or overwrite answers only after the owners that may
+// hold an older version confirmed dropping it. A live owner confirms and stays; one
+// that is silent (no heartbeat for two intervals) and never answers is tombed, and the
+// call returns instead of waiting for it.
+func TestSyncInvalidation(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, HeartbeatInterval: 100 * time.Millisecond})
+	live := &fakePeer{}
+	liveAddr := startFakePeer(t, s, live)
+	silentAddr, _ := silentPeer(t)
+	registerOwner(t, srv, "live", liveAddr)
+	registerOwner(t, srv, "silent", silentAddr)
+	time.Sleep(250 * time.Millisecond) // both silent now; the live one heartbeats below
+	if err := srv.withState(func(st *State) error {
+		_, _, err := st.Heartbeat(time.Now(), NodeRef{ID: "live", Generation: 1}, SSDInfo{}, 0)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	srv.invalidate([]Invalidation{
+		{NodeID: "live", PeerAddr: liveAddr, Generation: 1, Key: "k", PutID: 7, Sync: true},
+		{NodeID: "silent", PeerAddr: silentAddr, Generation: 1, Key: "k", PutID: 7, Sync: true},
+	})
+	took := time.Since(t0)
+	if _, ok := live.seenAt("k"); !ok {
+		t.Fatal("invalidate returned before the live owner confirmed")
+	}
+	var liveOK, silentTombed bool
+	srv.Inspect(func(st *State) {
+		liveOK = st.nodes["live"] != nil
+		silentTombed = st.nodes["silent"] == nil
+	})
+	if !liveOK || !silentTombed {
+		t.Fatalf("after the sync invalidation: live registered=%v, silent tombed=%v", liveOK, silentTombed)
+	}
+	t.Logf("sync invalidation returned after %v (the silent owner's one call timing out)", took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Fatalf("a silent owner held the invalidation for %v", took)
+	}
+}
