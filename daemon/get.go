@@ -34,6 +34,9 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 			o.acks.touch(key)
 		}
 		o.mu.Unlock()
+		if o.cachedGets != nil {
+			o.cachedGets.Inc()
+		}
 		resp := holderResponse(id, h)
 		resp.Remote = false // this get moved nothing: the bytes are already here
 		return resp, nil

@@ -20,7 +20,8 @@ import (
 // Every read is byte-exact or a miss, and nothing leaks.
 func TestHotSet(t *testing.T) {
 	m := startMaster(t, "", "--placement", "local")
-	o0 := startOwner(t, filepath.Join(t.TempDir(), "o0"), m.addr, "24MiB", "n0")
+	metricsAddr := freePort(t)
+	o0 := startOwnerWith(t, filepath.Join(t.TempDir(), "o0"), m.addr, "24MiB", "n0", "--metrics-addr", metricsAddr)
 	o1 := startOwner(t, filepath.Join(t.TempDir(), "o1"), m.addr, "24MiB", "n1")
 	c0, c1 := connect(t, o0.socket), connect(t, o1.socket)
 	const n, size = 8, 1 << 20
@@ -57,6 +58,15 @@ func TestHotSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d hot-set gets answered with the master stopped", frozen)
+	if hits := scrape(t, metricsAddr, "fluxkv_cached_gets_total"); hits < float64(frozen) {
+		t.Errorf("fluxkv_cached_gets_total = %v after %d gets from the hot set", hits, frozen)
+	}
+	if held := scrape(t, metricsAddr, "fluxkv_hot_set_holdings"); held != n {
+		t.Errorf("fluxkv_hot_set_holdings = %v, want %d", held, n)
+	}
+	if recs := scrape(t, metricsAddr, "fluxkv_replica_index_records"); recs != n {
+		t.Errorf("fluxkv_replica_index_records = %v, want %d", recs, n)
+	}
 
 	// An overwrite through n1 of a key n0 serves from its hot set: n0 sees it as soon
 	// as the put returns, every round.

@@ -15,6 +15,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 	"github.com/fluxkv/fluxkv/ssd"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"net"
 	"os"
@@ -53,8 +54,10 @@ type Owner struct {
 	regEpoch uint64
 	cache    *holderCache  // key → holding of its current version (cached info)
 	replicas *replicaIndex // which key version each range of the pool holds
-	nextID   int64         // client ids and external holder ids
-	idleStop chan struct{}
+	// cachedGets counts gets answered from a cached holding (nil without metrics).
+	cachedGets prometheus.Counter
+	nextID     int64 // client ids and external holder ids
+	idleStop   chan struct{}
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -74,6 +77,11 @@ func New(opts Options) (*Owner, error) {
 		idleStop: make(chan struct{}),
 	}
 	o.copied = sync.NewCond(&o.mu)
+	o.cachedGets = opts.Metrics.Replicas(func() metrics.ReplicaState {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return metrics.ReplicaState{HotSetHoldings: int64(o.cache.idleLen()), HotSetBytes: o.cache.idleBytes, Records: int64(o.replicas.len())}
+	})
 	return o, nil
 }
 

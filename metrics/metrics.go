@@ -51,6 +51,9 @@ type Metrics struct {
 
 	stageOnce sync.Once
 	stage     *Stage
+
+	replicasOnce sync.Once
+	cachedGets   prometheus.Counter
 }
 
 type opKey struct{ op, result string }
