@@ -62,6 +62,10 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	defer cancel()
 	resp, err := o.master.c.SsdReplicaCommit(ctx, &mp.SsdReplicaCommitRequest{Node: o.master.ref, Key: req.Key, PutId: req.PutId, Len: req.Len})
 	if err := o.master.check(respCode(resp, err)); err != nil {
+		// The master may not know this entry: keep none it might not know (a later
+		// delete would not reach it, and a restarted master would adopt it). If the
+		// commit did land, a get finds the entry gone and drops that replica.
+		o.store.Forget(req.Key, req.PutId)
 		return err
 	}
 	if !resp.Published {
