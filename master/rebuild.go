@@ -67,6 +67,7 @@ func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord)
 	if err != nil {
 		return nil, nil, err
 	}
+	n.lastSeen = now // a long report stands for the heartbeats it holds up
 	s.closeRebuildLocked(now)
 	if s.tombstones == nil {
 		rejected = make([]int32, len(recs))
