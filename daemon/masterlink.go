@@ -90,10 +90,21 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 
 // register announces this incarnation with every range externals still use, so a
 // restarted master never hands them out again.
+//
+// Several callers may ask for it after one master restart (the heartbeat loop, any call
+// answered STALE_GENERATION); one that finds this incarnation already registered with
+// the master it last registered with does nothing: registering again would make the
+// master drop what the first registration's report rebuilt.
 func (m *masterLink) register(ctx context.Context) error {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	o := m.o
+	if epoch := m.epoch.Load(); epoch != 0 {
+		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(), EvictionsAck: m.evictAck.Load()})
+		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
+			return nil
+		}
+	}
 	o.mu.Lock()
 	var pins []*mp.PinnedRange
 	seen := make(map[*holding]bool)

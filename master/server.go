@@ -30,13 +30,14 @@ type Server struct {
 	mu sync.Mutex // protects st
 	st *State
 
-	peers   *peerclient.Clients
-	inval   *invalidator
-	persist *persister
-	ln      net.Listener
-	svr     server.Server
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	peers    *peerclient.Clients
+	inval    *invalidator
+	persist  *persister
+	ln       net.Listener
+	svr      server.Server
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 
 	testServerOpts []server.Option // added to the Kitex server's options by tests
 }
@@ -86,8 +87,13 @@ func (s *Server) Start(addr string) error {
 // Addr is the bound TCP address.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// Stop stops serving and the background loops.
+// Stop stops serving and the background loops; a second call does nothing.
 func (s *Server) Stop() error {
+	stopped := true
+	s.stopOnce.Do(func() { stopped = false })
+	if stopped {
+		return nil
+	}
 	close(s.stop)
 	s.wg.Wait()
 	var err error

@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/master"
+)
+
+// TestRegisterOnceAfterMasterRestart: after a master restart several callers ask for a
+// registration at once (the heartbeat loop, and every call answered STALE_GENERATION);
+// only the first registers and reports the replica index: a second would make the new
+// master drop the incarnation the first rebuilt, and the owner its index.
+func TestRegisterOnceAfterMasterRestart(t *testing.T) {
+	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true})
+	const keys = 10
+	for i := range keys {
+		if err := n.c.Put(fmt.Sprintf("k%d", i), value(i, 1000+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := n.m.Addr().String()
+	n.m.Stop()
+	m2, err := master.NewServer(master.Options{InsecureCluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Start(addr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Stop() })
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := n.o.master.register(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	routes := 0
+	m2.Inspect(func(st *master.State) { routes = st.Keys() })
+	if routes != keys {
+		t.Fatalf("the new master routes %d keys after the registrations, want %d", routes, keys)
+	}
+	for i := range keys {
+		h, err := n.c.Get(fmt.Sprintf("k%d", i))
+		if err != nil {
+			t.Fatalf("get k%d: %v", i, err)
+		}
+		if !bytes.Equal(h.Bytes(), value(i, 1000+i)) {
+			t.Fatalf("get k%d: wrong bytes", i)
+		}
+		h.Release()
+	}
+}
