@@ -14,6 +14,7 @@ import (
 // eviction order sees those hits.
 type acker struct {
 	o       *Owner
+	flushMu sync.Mutex // one flush at a time: sync returns only after any flush in flight
 	mu      sync.Mutex // protects pending, touched
 	pending []int64
 	touched map[string]struct{}
@@ -103,6 +104,8 @@ func (a *acker) takeTouchedLocked() []string {
 }
 
 func (a *acker) flush() {
+	a.flushMu.Lock()
+	defer a.flushMu.Unlock()
 	for {
 		a.mu.Lock()
 		n := min(len(a.pending), 256)

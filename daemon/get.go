@@ -28,7 +28,9 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 		o.mu.Unlock()
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "session closed")
 	}
-	if h := o.cache.lookup(key); h != nil {
+	// Cached holdings answer only under the lease (masterlink.go): an owner cut off
+	// from the master may hold a version another owner's delete has since killed.
+	if h := o.cache.lookup(key); h != nil && o.master.leased() {
 		id := o.newHolderLocked(c, h)
 		if h.replica {
 			o.acks.touch(key)

@@ -14,12 +14,13 @@ import (
 
 // TestHotSet: after its first get, a key whose replica is on this owner is served from
 // the owner's hot set with no master trip — the gets go on while the master is frozen
-// (SIGSTOP). An overwrite through another owner is seen through the first at once (the
+// (SIGSTOP; heartbeats every 3 s, so the owner's lease, two periods after its last
+// heartbeat, outlasts the gets). An overwrite through another owner is seen through the first at once (the
 // replica's owner is invalidated before the put returns). A put that needs the space
 // the hot set pins gets it: the master asks the owner to give its idle holdings back.
 // Every read is byte-exact or a miss, and nothing leaks.
 func TestHotSet(t *testing.T) {
-	m := startMaster(t, "", "--placement", "local")
+	m := startMaster(t, "", "--placement", "local", "--heartbeat-interval", "3s", "--node-ttl", "10s")
 	metricsAddr := freePort(t)
 	o0 := startOwnerWith(t, filepath.Join(t.TempDir(), "o0"), m.addr, "24MiB", "n0", "--metrics-addr", metricsAddr)
 	o1 := startOwner(t, filepath.Join(t.TempDir(), "o1"), m.addr, "24MiB", "n1")
@@ -38,8 +39,7 @@ func TestHotSet(t *testing.T) {
 		}
 	}
 
-	// No master: hot-set gets still answer, byte-exact. (Brief: the owners' heartbeats
-	// wait meanwhile, well within the node TTL.)
+	// No master: hot-set gets still answer, byte-exact.
 	if err := m.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

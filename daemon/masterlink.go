@@ -32,9 +32,18 @@ type masterLink struct {
 	period             atomic.Int64 // heartbeat period in ns, set by Register replies
 	// epoch is the master epoch of the last registration (0: none yet).
 	epoch atomic.Int64
-	// evictAck is the last eviction notice applied to the replica index, acked with
-	// the next heartbeat (0 after each registration: a master's notices start at 1).
-	evictAck atomic.Int64
+	// acked is the last eviction notice applied to the replica index and the epoch of
+	// the master that numbered it, acked with the next heartbeat (replaced at each
+	// registration: a master's notices start at 1).
+	acked atomic.Pointer[evictAck]
+	// base and leaseUntil (since base, monotonic): the owner may answer gets from its
+	// cached holdings only until leaseUntil, two heartbeat periods (less a margin) after
+	// sending the last heartbeat or registration the master answered OK. A master that
+	// stops hearing from the owner tombs it only after two periods of silence (and then
+	// answers the delete that was waiting for it), by which time the owner has stopped
+	// serving what may be a dead version.
+	base       time.Time
+	leaseUntil atomic.Int64
 
 	mu     sync.Mutex // protects closed, rereg
 	closed bool       // no background re-registration starts once set
@@ -54,6 +63,8 @@ func newMasterLink(o *Owner) (*masterLink, error) {
 	m := &masterLink{o: o, c: c, stop: make(chan struct{}), peerAddr: o.peerAddr, dataAddr: o.dataAddr,
 		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}
 	m.period.Store(int64(time.Second))
+	m.base = time.Now()
+	m.acked.Store(&evictAck{})
 	return m, nil
 }
 
@@ -100,11 +111,12 @@ func (m *masterLink) register(ctx context.Context) error {
 	defer m.regMu.Unlock()
 	o := m.o
 	if epoch := m.epoch.Load(); epoch != 0 {
-		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(), EvictionsAck: m.evictAck.Load()})
+		resp, err := m.heartbeat(ctx)
 		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
 			return nil
 		}
 	}
+	sent := time.Since(m.base)
 	o.mu.Lock()
 	var pins []*mp.PinnedRange
 	seen := make(map[*holding]bool)
@@ -141,7 +153,8 @@ func (m *masterLink) register(ctx context.Context) error {
 	}
 	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Int("pinned", len(pins)).Msg("registered with master")
 	prev := m.epoch.Swap(resp.MasterEpoch)
-	m.evictAck.Store(0)
+	m.acked.Store(&evictAck{epoch: resp.MasterEpoch})
+	m.renewLease(sent)
 	switch {
 	case prev == 0:
 		// The first registration: nothing was learned before it.
@@ -156,25 +169,26 @@ func (m *masterLink) register(ctx context.Context) error {
 
 func (m *masterLink) heartbeatLoop() {
 	defer m.o.wg.Done()
+	more := false // eviction notices wait at the master: heartbeat again at once
 	for {
+		wait := time.Duration(m.period.Load())
+		if more {
+			wait = 0
+		}
 		select {
 		case <-m.stop:
 			return
-		case <-time.After(time.Duration(m.period.Load())):
+		case <-time.After(wait):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo(), EvictionsAck: m.evictAck.Load()})
+		resp, err := m.heartbeat(ctx)
 		cancel()
+		more = false
 		if err != nil {
 			m.o.log.Warn().Err(err).Msg("heartbeat failed")
 			continue
 		}
-		// Sequence numbers are the registration's master's: a reply of an earlier
-		// master (a registration raced this heartbeat) teaches nothing.
-		if resp.Code == common.ErrorCode_OK && resp.MasterEpoch == m.epoch.Load() && resp.EvictionsSeq > m.evictAck.Load() {
-			m.o.applyEvictions(resp.Evicted)
-			m.evictAck.Store(resp.EvictionsSeq)
-		}
+		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore
 		if resp.Code == common.ErrorCode_STALE_GENERATION {
 			m.o.log.Warn().Str("why", resp.Message).Msg("master does not know this owner (master restarted?); registering again")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -185,6 +199,46 @@ func (m *masterLink) heartbeatLoop() {
 		}
 	}
 }
+
+// evictAck is the last eviction notice applied, numbered by the master of epoch.
+type evictAck struct {
+	epoch, seq int64
+}
+
+// heartbeat makes one Heartbeat call: it acks the eviction notices applied so far,
+// applies the new ones, and renews the lease when the master answers OK.
+func (m *masterLink) heartbeat(ctx context.Context) (*mp.HeartbeatResponse, error) {
+	a := m.acked.Load()
+	sent := time.Since(m.base)
+	resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo(),
+		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
+	if err != nil || resp.Code != common.ErrorCode_OK {
+		return resp, err
+	}
+	m.renewLease(sent)
+	// Sequence numbers are the registration's master's: a reply of an earlier master
+	// (a registration raced this heartbeat) teaches nothing.
+	if resp.MasterEpoch == a.epoch && resp.EvictionsSeq > a.seq {
+		m.o.applyEvictions(resp.Evicted, resp.SsdDropped)
+		m.acked.CompareAndSwap(a, &evictAck{epoch: a.epoch, seq: resp.EvictionsSeq})
+	}
+	return resp, nil
+}
+
+// renewLease extends the lease after a call sent at sent (since base) was answered OK.
+func (m *masterLink) renewLease(sent time.Duration) {
+	p := time.Duration(m.period.Load())
+	until := int64(sent + 2*p - p/4)
+	for {
+		cur := m.leaseUntil.Load()
+		if until <= cur || m.leaseUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// leased reports whether the owner may answer gets from its cached holdings now.
+func (m *masterLink) leased() bool { return int64(time.Since(m.base)) < m.leaseUntil.Load() }
 
 // reregisterInBackground registers again in a goroutine the owner's wait group joins;
 // at most one runs at a time, and none starts once the link is closed.

@@ -102,13 +102,21 @@ func (o *Owner) forgetReplicas(why string) {
 	o.log.Warn().Str("why", why).Int("memory", n).Int("ssd", dropped).Msg("replica index forgotten")
 }
 
-// applyEvictions drops the records of replicas the master evicted.
-func (o *Owner) applyEvictions(evicted []*common.KeyVersion) {
+// applyEvictions drops the records of memory replicas the master evicted, and the SSD
+// entries it no longer routes to.
+func (o *Owner) applyEvictions(evicted, ssdDropped []*common.KeyVersion) {
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	for _, e := range evicted {
 		if e != nil {
 			o.replicas.drop(e.Key, e.PutId)
+		}
+	}
+	o.mu.Unlock()
+	if o.store != nil {
+		for _, e := range ssdDropped {
+			if e != nil {
+				o.store.Forget(e.Key, e.PutId)
+			}
 		}
 	}
 }

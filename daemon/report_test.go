@@ -62,3 +62,34 @@ func TestRegisterOnceAfterMasterRestart(t *testing.T) {
 		h.Release()
 	}
 }
+
+// TestLeaseEndsCachedGets: an owner answers from its cached holdings only while its
+// lease runs (two heartbeat periods after the last heartbeat the master answered): with
+// the master gone, a hot key is still served at once, and once the lease ran out the
+// get goes to the master (and fails: it is gone) instead of answering what another
+// owner's delete may have killed meanwhile.
+func TestLeaseEndsCachedGets(t *testing.T) {
+	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true, HeartbeatInterval: time.Second, NodeTTL: 5 * time.Second})
+	if err := n.c.Put("hot", value(1, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the first get is a master trip; the second a hot-set hit
+		h, err := n.c.Get("hot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	n.m.Stop()
+	stopped := time.Now()
+	h, err := n.c.Get("hot")
+	if err != nil {
+		t.Fatalf("a hot-set get right after the master stopped (%v ago): %v", time.Since(stopped), err)
+	}
+	h.Release()
+	time.Sleep(2 * time.Second) // the lease: at most 2 periods less a margin
+	if h, err := n.c.Get("hot"); err == nil {
+		h.Release()
+		t.Fatal("a cached get was answered after the owner's lease ran out")
+	}
+}

@@ -5,11 +5,13 @@ import "github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 // evictNoticeBatch caps the eviction notices one heartbeat reply carries.
 const evictNoticeBatch = 4096
 
-// evictNotice tells an owner that the master evicted its memory replica of key@putID.
+// evictNotice tells an owner that the master evicted its memory replica of key@putID,
+// or (ssd) stopped routing to its SSD entry of it.
 type evictNotice struct {
 	seq   int64
 	key   string
 	putID int64
+	ssd   bool
 }
 
 // evictOutbox holds the eviction notices an owner has not acknowledged yet (DESIGN:
@@ -25,10 +27,10 @@ type evictOutbox struct {
 	byKey   map[string]int // unacked notices per key
 }
 
-// push queues the eviction of key@putID.
-func (b *evictOutbox) push(key string, putID int64) {
+// push queues the eviction of key@putID (ssd: of its SSD entry).
+func (b *evictOutbox) push(key string, putID int64, ssd bool) {
 	b.lastSeq++
-	b.notices = append(b.notices, evictNotice{seq: b.lastSeq, key: key, putID: putID})
+	b.notices = append(b.notices, evictNotice{seq: b.lastSeq, key: key, putID: putID, ssd: ssd})
 	if b.byKey == nil {
 		b.byKey = make(map[string]int)
 	}
@@ -52,17 +54,22 @@ func (b *evictOutbox) ack(seq int64) {
 	b.notices = b.notices[i:]
 }
 
-// pending returns up to evictNoticeBatch unacked notices and the seq of the last one.
-func (b *evictOutbox) pending() ([]*common.KeyVersion, int64) {
+// pending returns up to evictNoticeBatch unacked notices (memory and SSD), the seq of
+// the last one, and whether more wait after them.
+func (b *evictOutbox) pending() (memory, ssd []*common.KeyVersion, seq int64, more bool) {
 	n := min(len(b.notices), evictNoticeBatch)
 	if n == 0 {
-		return nil, b.lastSeq
+		return nil, nil, b.lastSeq, false
 	}
-	out := make([]*common.KeyVersion, n)
-	for i, e := range b.notices[:n] {
-		out[i] = &common.KeyVersion{Key: e.key, PutId: e.putID}
+	for _, e := range b.notices[:n] {
+		kv := &common.KeyVersion{Key: e.key, PutId: e.putID}
+		if e.ssd {
+			ssd = append(ssd, kv)
+		} else {
+			memory = append(memory, kv)
+		}
 	}
-	return out, b.notices[n-1].seq
+	return memory, ssd, b.notices[n-1].seq, n < len(b.notices)
 }
 
 // has reports whether an unacked notice names key.

@@ -47,8 +47,13 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 
 func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.HeartbeatResponse, error) {
 	resp := &mp.HeartbeatResponse{MasterEpoch: h.s.epoch}
-	err := h.s.withState(func(st *State) (err error) {
-		resp.Evicted, resp.EvictionsSeq, err = st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage), req.EvictionsAck)
+	ack := req.EvictionsAck
+	if req.EvictionsEpoch != h.s.epoch {
+		ack = 0 // another master's sequence numbers
+	}
+	err := h.s.withState(func(st *State) error {
+		ns, err := st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage), ack)
+		resp.Evicted, resp.SsdDropped, resp.EvictionsSeq, resp.EvictionsMore = ns.Evicted, ns.SSDDropped, ns.Seq, ns.More
 		return err
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)
@@ -86,6 +91,7 @@ func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutD
 	}
 	h.s.invalidate(res.Invalidations)
 	h.s.persist.submit(res.Persist)
+	h.s.writeQuiet(ctx)
 	resp := &mp.PutDoneResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
@@ -143,6 +149,7 @@ func (h *handler) Delete(ctx context.Context, req *mp.DeleteRequest) (*mp.Delete
 		return err
 	})
 	h.s.invalidate(invs)
+	h.s.writeQuiet(ctx)
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

@@ -15,10 +15,13 @@ import (
 // the master needs space and finds nothing it may evict, it asks the owners to give
 // idle holdings back (releaseHotSets); the allocation is retried once they answered.
 
-// releaseHotSets asks every live owner that has holders to release its idle hot-set
-// holdings, in parallel, each call bounded by InvalidateTimeout. It returns the bytes
-// released in all.
-func (s *Server) releaseHotSets(ctx context.Context) int64 {
+// releaseHotSets asks owners with holders to release idle hot-set holdings for an
+// allocation that found no space (short): the requester's owner when local placement
+// confines the value to it, else every owner with holders (pooled placement may place
+// it anywhere); each releases the least recently used holdings until twice the request
+// is free again (allocations need contiguous ranges). The calls run in parallel, each
+// bounded by InvalidateTimeout. It returns the bytes released in all.
+func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 	type owner struct {
 		addr string
 		gen  int64
@@ -26,6 +29,9 @@ func (s *Server) releaseHotSets(ctx context.Context) int64 {
 	var owners []owner
 	s.withState(func(st *State) error {
 		for _, n := range st.nodes {
+			if s.opts.Placement == PlacementLocal && n.id != short.nodeID {
+				continue
+			}
 			if len(n.holders) > 0 && n.peerAddr != "" {
 				owners = append(owners, owner{n.peerAddr, n.generation})
 			}
@@ -44,7 +50,7 @@ func (s *Server) releaseHotSets(ctx context.Context) int64 {
 			}
 			cctx, cancel := context.WithTimeout(ctx, s.opts.InvalidateTimeout)
 			defer cancel()
-			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen}, callOpts...)
+			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen, Bytes: 2 * short.bytes}, callOpts...)
 			if err != nil || resp.Code != common.ErrorCode_OK {
 				s.opts.Logger.Debug().Err(err).Str("peer", o.addr).Msg("release hot set failed")
 				return

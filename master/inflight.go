@@ -165,7 +165,7 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 	}
 	target := s.allocateLocked(n, r.len)
 	if target == nil {
-		return GetPlan{}, noSpace(n, r.len)
+		return GetPlan{}, s.noSpaceLocked(n, r.len)
 	}
 	g := &inflightGet{key: key, putID: r.putID, node: n, target: target, sourceNode: src, kind: kind,
 		deadline: now.Add(s.opts.InflightTTL)}
@@ -238,8 +238,12 @@ func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bo
 	src := g.sourceNode // nil once the source was tombed
 	s.dropGetLocked(getID, g, true)
 	if dropSSDSource && g.kind == common.Source_SSD && src != nil {
-		if r := s.routes[key]; r != nil && r.putID == g.putID {
+		if r := s.routes[key]; r != nil && r.putID == g.putID && r.replicas[src] != nil && r.replicas[src].ssd {
 			s.clearSSDLocked(key, r, src)
+			// The entry may still be on src's ring (a read that failed for another
+			// reason than the record): src must forget it, and counts as its holder
+			// until it has.
+			src.evicted.push(key, g.putID, true)
 		}
 	}
 	return nil

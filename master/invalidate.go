@@ -247,10 +247,12 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 			return
 		}
 		var live, silent bool
+		var lastSeen time.Time
 		s.withState(func(st *State) error {
 			n := st.nodes[k.nodeID]
 			live = n != nil && n.generation == gen && n.peerAddr == k.addr
 			if live {
+				lastSeen = n.lastSeen
 				silent = time.Since(n.lastSeen) > 2*s.opts.HeartbeatInterval
 				if silent || time.Now().After(deadline) {
 					st.tombLocked(n)
@@ -264,6 +266,14 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 		case silent || time.Now().After(deadline):
 			s.opts.Logger.Warn().Err(err).Str("node", k.nodeID).Str("peer", k.addr).Int("entries", len(entries)).Int("tries", tries).Bool("silent", silent).
 				Msg("a replica holder did not confirm an invalidation; tombed (it drops its replica index when it registers again)")
+			// It may still answer gets from its cached holdings until its lease, two
+			// heartbeat intervals after its last heartbeat, runs out: answer after that.
+			if d := time.Until(lastSeen.Add(2 * s.opts.HeartbeatInterval)); d > 0 {
+				select {
+				case <-s.inval.ctx.Done():
+				case <-time.After(d):
+				}
+			}
 			return
 		}
 		select {

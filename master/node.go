@@ -154,19 +154,28 @@ func (s *State) checkIDTakenLocked(now time.Time, old *node, dataAddr, peerAddr 
 	return nil
 }
 
+// Notices are the eviction notices a heartbeat reply carries (evictnotice.go).
+type Notices struct {
+	Evicted    []*common.KeyVersion // memory replicas evicted
+	SSDDropped []*common.KeyVersion // SSD entries no longer routed to
+	Seq        int64                // the last notice's sequence number
+	More       bool                 // more wait: the owner heartbeats again at once
+}
+
 // Heartbeat refreshes an owner's liveness and SSD figures, takes its ack of the
-// eviction notices up to evictAck and returns those still unacked (at most
-// evictNoticeBatch) with the sequence number of the last one.
-func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo, evictAck int64) ([]*common.KeyVersion, int64, error) {
+// eviction notices up to evictAck (0: none) and returns those still unacked (at most
+// evictNoticeBatch).
+func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo, evictAck int64) (Notices, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
-		return nil, 0, err
+		return Notices{}, err
 	}
 	n.lastSeen = now
 	n.ssd = ssd
 	n.evicted.ack(evictAck)
-	evicted, seq := n.evicted.pending()
-	return evicted, seq, nil
+	var ns Notices
+	ns.Evicted, ns.SSDDropped, ns.Seq, ns.More = n.evicted.pending()
+	return ns, nil
 }
 
 // nodeLocked finds the live incarnation ref names, or STALE_GENERATION.

@@ -74,6 +74,13 @@ type Options struct {
 	// see rebuild.go). An owner that registers later starts with an empty index.
 	// Default 30s.
 	RebuildWindow time.Duration
+	// WriteQuiet holds the answers of deletes and publishes for this long after the
+	// master's start: an owner that has not registered with it yet may still answer gets
+	// from its cached holdings (until its lease, two heartbeat intervals after its last
+	// heartbeat to the previous master, runs out), and the new master cannot invalidate
+	// an owner it does not know. Default 2 × HeartbeatInterval; negative: none (`fluxkv
+	// up`, whose owner restarts with its master).
+	WriteQuiet time.Duration
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
@@ -144,6 +151,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.RebuildWindow == 0 {
 		o.RebuildWindow = 30 * time.Second
+	}
+	if o.WriteQuiet == 0 {
+		o.WriteQuiet = 2 * o.HeartbeatInterval
 	}
 	if o.Placement == "" {
 		o.Placement = PlacementPool

@@ -16,6 +16,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
 )
@@ -594,7 +595,7 @@ func TestSyncInvalidation(t *testing.T) {
 	registerOwner(t, srv, "silent", silentAddr)
 	time.Sleep(250 * time.Millisecond) // both silent now; the live one heartbeats below
 	if err := srv.withState(func(st *State) error {
-		_, _, err := st.Heartbeat(time.Now(), NodeRef{ID: "live", Generation: 1}, SSDInfo{}, 0)
+		_, err := st.Heartbeat(time.Now(), NodeRef{ID: "live", Generation: 1}, SSDInfo{}, 0)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -619,5 +620,31 @@ func TestSyncInvalidation(t *testing.T) {
 	t.Logf("sync invalidation returned after %v (the silent owner's one call timing out)", took.Round(time.Millisecond))
 	if took > 10*time.Second {
 		t.Fatalf("a silent owner held the invalidation for %v", took)
+	}
+}
+
+// TestWriteQuiet: a new master answers deletes and publishes no earlier than its write
+// quiet period after its start (owners not registered with it yet may still answer
+// gets from their hot sets until their leases run out); afterwards at once.
+func TestWriteQuiet(t *testing.T) {
+	s := authtest.Secrets(t)
+	started := time.Now()
+	srv := startPeerFailMaster(t, Options{Secrets: s, WriteQuiet: 800 * time.Millisecond})
+	ref := registerOwner(t, srv, "n1", closedPeer(t))
+	h := &handler{s: srv}
+	del := func() time.Duration {
+		t0 := time.Now()
+		resp, err := h.Delete(context.Background(), &mp.DeleteRequest{Node: &mp.NodeRef{NodeId: ref.ID, Generation: ref.Generation}, Key: "k"})
+		if err != nil || resp.Code != common.ErrorCode_OK {
+			t.Fatalf("delete: %v %v", err, resp)
+		}
+		return time.Since(t0)
+	}
+	del()
+	if since := time.Since(started); since < 800*time.Millisecond {
+		t.Fatalf("the first delete answered %v after the master's start, within its write quiet period", since)
+	}
+	if d := del(); d > 500*time.Millisecond {
+		t.Fatalf("a delete after the quiet period took %v", d)
 	}
 }

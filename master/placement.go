@@ -2,6 +2,7 @@ package master
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"time"
@@ -51,7 +52,7 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 	}
 	target, source := s.placeLocked(now, n, length)
 	if target == nil {
-		return PutPlan{}, noSpace(n, length)
+		return PutPlan{}, s.noSpaceLocked(n, length)
 	}
 	id := s.newID()
 	t := target.node
@@ -297,6 +298,9 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		holders = s.holdersLocked(key, old)
 		s.dropRouteLocked(key, old)
 	}
+	// A report is never of a version this master published: refuse every later one of
+	// the key (it would win only if this master's ids were below the old one's).
+	s.tombstoneLocked(key, math.MaxInt64)
 	t := p.target.node
 	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica)}
 	s.routes[key] = r

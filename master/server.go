@@ -26,6 +26,8 @@ import (
 type Server struct {
 	opts  Options
 	epoch int64
+	// quietUntil: deletes and publishes answer no earlier (Options.WriteQuiet).
+	quietUntil time.Time
 
 	mu sync.Mutex // protects st
 	st *State
@@ -48,8 +50,9 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, err
 	}
 	opts.setDefaults()
-	s := &Server{opts: opts, epoch: time.Now().UnixNano(), st: NewState(opts), stop: make(chan struct{})}
-	s.st.OpenRebuild(time.Now())
+	now := time.Now()
+	s := &Server{opts: opts, epoch: now.UnixNano(), st: NewState(opts), stop: make(chan struct{}), quietUntil: now.Add(opts.WriteQuiet)}
+	s.st.OpenRebuild(now)
 	return s, nil
 }
 
@@ -136,30 +139,47 @@ func (s *Server) withState(f func(st *State) error) error {
 // withSpace runs f under the lock, retrying while it fails with NO_SPACE: every
 // AllocRetryInterval (outside the lock, so holders can be released) up to AllocWait.
 //
-// The first NO_SPACE asks every owner with holders to give back the idle holdings of
-// its hot set (ReleaseHotSet: replicas it serves without a master trip, which nothing
-// can evict while held), then retries at once.
+// A NO_SPACE asks the owners to give back idle holdings of their hot sets
+// (ReleaseHotSet: replicas they serve without a master trip, which nothing can evict
+// while held) and retries at once; while NO_SPACE persists it asks again at most every
+// hotSetAskInterval. The first attempt spares sole copies where held duplicates could
+// go instead (State.spareHeld); the retries do not.
 func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	deadline := time.Now().Add(s.opts.AllocWait)
-	asked := false
-	for {
+	var asked time.Time
+	for attempt := 0; ; attempt++ {
 		err := s.withState(func(st *State) error {
-			st.spareHeld = !asked
+			st.spareHeld = attempt == 0
 			defer func() { st.spareHeld = false }()
 			return f(st)
 		})
 		if !errors.Is(err, wire.ErrNoSpace) || time.Now().After(deadline) {
 			return err
 		}
-		if !asked {
-			asked = true
-			s.releaseHotSets(ctx)
-			continue // and now without sparing held duplicates
+		if time.Since(asked) >= hotSetAskInterval {
+			asked = time.Now()
+			var short shortage
+			s.withState(func(st *State) error { short = st.short; return nil })
+			s.releaseHotSets(ctx, short)
+			continue
 		}
 		select {
 		case <-ctx.Done():
 			return err
 		case <-time.After(s.opts.AllocRetryInterval):
+		}
+	}
+}
+
+// hotSetAskInterval spaces the ReleaseHotSet rounds of one allocation.
+const hotSetAskInterval = 100 * time.Millisecond
+
+// writeQuiet waits out the write quiet period after the master's start.
+func (s *Server) writeQuiet(ctx context.Context) {
+	if d := time.Until(s.quietUntil); d > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
 		}
 	}
 }

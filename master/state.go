@@ -39,6 +39,15 @@ type State struct {
 	// released: the attempt fails with NO_SPACE, the server asks the owners for their
 	// idle hot sets (whose holdings are most such holders) and retries without it.
 	spareHeld bool
+	// short is the last allocation that failed with NO_SPACE.
+	short shortage
+}
+
+// shortage names an allocation that found no space: length bytes for a request of
+// nodeID (placed there, or, with pooled placement, anywhere).
+type shortage struct {
+	nodeID string
+	bytes  int64
 }
 
 // NewState returns an empty master state.
@@ -119,7 +128,7 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 		rep := r.replicas[n]
 		rep.memory.Release()
 		rep.memory = nil
-		n.evicted.push(key, r.putID)
+		n.evicted.push(key, r.putID, false)
 		s.pruneLocked(key, r, n)
 		s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", dups).Msg("evicted memory replica")
 	}
@@ -151,8 +160,10 @@ func (s *State) duplicateLocked(key string, n *node) bool {
 	return false
 }
 
-// noSpace is the error for a full segment; Server retries it for a bounded time.
-func noSpace(n *node, length int64) error {
+// noSpaceLocked is the error for a full segment; Server retries it for a bounded time.
+// It remembers the request (short) for the server's ReleaseHotSet.
+func (s *State) noSpaceLocked(n *node, length int64) error {
+	s.short = shortage{nodeID: n.id, bytes: length}
 	return wire.Errorf(common.ErrorCode_NO_SPACE, "no space for %d bytes in the segment of node %q: total %d, free %d, largest free range %d",
 		length, n.id, n.alloc.Capacity(), n.alloc.FreeBytes(), n.alloc.LargestFree())
 }

@@ -128,15 +128,25 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), argInt(d, "reserve"), "", peer, ssd, pins)
 	case "heartbeat":
 		// heartbeat node=N [ack=SEQ]: prints the unacked eviction notices it carries.
-		evicted, seq, err := st.Heartbeat(*now, nref(st, d), SSDInfo{}, argInt(d, "ack"))
-		if err != nil || len(evicted) == 0 {
+		ns, err := st.Heartbeat(*now, nref(st, d), SSDInfo{}, argInt(d, "ack"))
+		if err != nil || len(ns.Evicted)+len(ns.SSDDropped) == 0 {
 			return "ok\n", err
 		}
-		var ev []string
-		for _, e := range evicted {
-			ev = append(ev, fmt.Sprintf("%s@%d", e.Key, e.PutId))
+		list := func(kvs []*common.KeyVersion) string {
+			var out []string
+			for _, e := range kvs {
+				out = append(out, fmt.Sprintf("%s@%d", e.Key, e.PutId))
+			}
+			return strings.Join(out, ",")
 		}
-		return fmt.Sprintf("ok evicted=%s seq=%d\n", strings.Join(ev, ","), seq), nil
+		out := "ok"
+		if len(ns.Evicted) > 0 {
+			out += " evicted=" + list(ns.Evicted)
+		}
+		if len(ns.SSDDropped) > 0 {
+			out += " ssd_dropped=" + list(ns.SSDDropped)
+		}
+		return fmt.Sprintf("%s seq=%d more=%v\n", out, ns.Seq, ns.More), nil
 	case "rebuild":
 		// rebuild window=DUR: open the rebuild window now (a master's start).
 		w, err := time.ParseDuration(arg(d, "window"))

@@ -48,24 +48,29 @@ struct RegisterResponse {
 }
 
 // evictions_ack: the sequence number of the last eviction notice the owner applied
-// (HeartbeatResponse.evicted); the master resends the notices after it.
+// (HeartbeatResponse.evicted and ssd_dropped) from the master of epoch evictions_epoch;
+// the master resends the notices after it (an ack naming another epoch is ignored).
 struct HeartbeatRequest {
   1: NodeRef node,
   2: KvSsdStorageInfo kv_ssd_storage,
   3: i64 evictions_ack,
+  4: i64 evictions_epoch,
 }
 
-// evicted: memory replicas of this owner the master evicted (key, put_id), the
-// notices numbered evictions_seq - len(evicted) + 1 … evictions_seq. The owner drops
-// them from its replica index and acks with the next heartbeat; until then the master
-// counts the owner among the holders of those versions (a delete or overwrite waits for
-// it to drop them).
+// evicted: memory replicas of this owner the master evicted (key, put_id); ssd_dropped:
+// SSD entries of this owner the master stopped routing to (a failed read); together the
+// notices up to evictions_seq. The owner drops them from its replica index (its SSD
+// ring) and acks with the next heartbeat; until then the master counts the owner among
+// the holders of those versions (a delete or overwrite waits for it to drop them).
+// evictions_more: more notices wait: the owner heartbeats again at once.
 struct HeartbeatResponse {
   1: common.ErrorCode code,
   2: string message,
   3: i64 master_epoch,
   4: list<common.KeyVersion> evicted,
   5: i64 evictions_seq,
+  6: list<common.KeyVersion> ssd_dropped,
+  7: bool evictions_more,
 }
 
 // acks (in PutStart and GetStart) carries holder releases not yet sent with

@@ -50,7 +50,7 @@ func masterCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			srv, err := st.master(mc, m, secrets)
+			srv, err := st.master(mc, m, secrets, 0)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -154,7 +154,8 @@ func upCommand() *cli.Command {
 			// The embedded master records no metrics: its methods share names with the
 			// owner's (PutStart, Delete, Exists, Stat), and one /metrics endpoint
 			// would count a client's put twice. The owner's are what clients see.
-			srv, err := st.master(mc, nil, secrets)
+			// Its owner restarts with it (a new, empty incarnation): no write quiet period.
+			srv, err := st.master(mc, nil, secrets, -1)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -239,9 +240,12 @@ func (s *stack) metrics(addr string) (*metrics.Metrics, error) {
 	return m, nil
 }
 
-func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) (*master.Server, error) {
+// master starts a master; writeQuiet is master.Options.WriteQuiet (0: its default).
+func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets, writeQuiet time.Duration) (*master.Server, error) {
 	t0 := time.Now()
-	srv, err := master.NewServer(masterOptions(mc, m, secrets))
+	opts := masterOptions(mc, m, secrets)
+	opts.WriteQuiet = writeQuiet
+	srv, err := master.NewServer(opts)
 	if err != nil {
 		return nil, err
 	}

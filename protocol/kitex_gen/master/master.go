@@ -311,9 +311,10 @@ var fieldIDToName_RegisterResponse = map[int16]string{
 }
 
 type HeartbeatRequest struct {
-	Node         *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	KvSsdStorage *KvSsdStorageInfo `thrift:"kv_ssd_storage,2" frugal:"2,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
-	EvictionsAck int64             `thrift:"evictions_ack,3" frugal:"3,default,i64" json:"evictions_ack"`
+	Node           *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	KvSsdStorage   *KvSsdStorageInfo `thrift:"kv_ssd_storage,2" frugal:"2,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
+	EvictionsAck   int64             `thrift:"evictions_ack,3" frugal:"3,default,i64" json:"evictions_ack"`
+	EvictionsEpoch int64             `thrift:"evictions_epoch,4" frugal:"4,default,i64" json:"evictions_epoch"`
 }
 
 func NewHeartbeatRequest() *HeartbeatRequest {
@@ -344,6 +345,10 @@ func (p *HeartbeatRequest) GetKvSsdStorage() (v *KvSsdStorageInfo) {
 func (p *HeartbeatRequest) GetEvictionsAck() (v int64) {
 	return p.EvictionsAck
 }
+
+func (p *HeartbeatRequest) GetEvictionsEpoch() (v int64) {
+	return p.EvictionsEpoch
+}
 func (p *HeartbeatRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -352,6 +357,9 @@ func (p *HeartbeatRequest) SetKvSsdStorage(val *KvSsdStorageInfo) {
 }
 func (p *HeartbeatRequest) SetEvictionsAck(val int64) {
 	p.EvictionsAck = val
+}
+func (p *HeartbeatRequest) SetEvictionsEpoch(val int64) {
+	p.EvictionsEpoch = val
 }
 
 func (p *HeartbeatRequest) IsSetNode() bool {
@@ -373,14 +381,17 @@ var fieldIDToName_HeartbeatRequest = map[int16]string{
 	1: "node",
 	2: "kv_ssd_storage",
 	3: "evictions_ack",
+	4: "evictions_epoch",
 }
 
 type HeartbeatResponse struct {
-	Code         common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message      string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	MasterEpoch  int64                `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
-	Evicted      []*common.KeyVersion `thrift:"evicted,4" frugal:"4,default,list<common.KeyVersion>" json:"evicted"`
-	EvictionsSeq int64                `thrift:"evictions_seq,5" frugal:"5,default,i64" json:"evictions_seq"`
+	Code          common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message       string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	MasterEpoch   int64                `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
+	Evicted       []*common.KeyVersion `thrift:"evicted,4" frugal:"4,default,list<common.KeyVersion>" json:"evicted"`
+	EvictionsSeq  int64                `thrift:"evictions_seq,5" frugal:"5,default,i64" json:"evictions_seq"`
+	SsdDropped    []*common.KeyVersion `thrift:"ssd_dropped,6" frugal:"6,default,list<common.KeyVersion>" json:"ssd_dropped"`
+	EvictionsMore bool                 `thrift:"evictions_more,7" frugal:"7,default,bool" json:"evictions_more"`
 }
 
 func NewHeartbeatResponse() *HeartbeatResponse {
@@ -409,6 +420,14 @@ func (p *HeartbeatResponse) GetEvicted() (v []*common.KeyVersion) {
 func (p *HeartbeatResponse) GetEvictionsSeq() (v int64) {
 	return p.EvictionsSeq
 }
+
+func (p *HeartbeatResponse) GetSsdDropped() (v []*common.KeyVersion) {
+	return p.SsdDropped
+}
+
+func (p *HeartbeatResponse) GetEvictionsMore() (v bool) {
+	return p.EvictionsMore
+}
 func (p *HeartbeatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -424,6 +443,12 @@ func (p *HeartbeatResponse) SetEvicted(val []*common.KeyVersion) {
 func (p *HeartbeatResponse) SetEvictionsSeq(val int64) {
 	p.EvictionsSeq = val
 }
+func (p *HeartbeatResponse) SetSsdDropped(val []*common.KeyVersion) {
+	p.SsdDropped = val
+}
+func (p *HeartbeatResponse) SetEvictionsMore(val bool) {
+	p.EvictionsMore = val
+}
 
 func (p *HeartbeatResponse) String() string {
 	if p == nil {
@@ -438,6 +463,8 @@ var fieldIDToName_HeartbeatResponse = map[int16]string{
 	3: "master_epoch",
 	4: "evicted",
 	5: "evictions_seq",
+	6: "ssd_dropped",
+	7: "evictions_more",
 }
 
 type PutStartRequest struct {
