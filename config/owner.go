@@ -32,37 +32,11 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 		"metrics_addr":   stringField(k("metrics_addr"), &o.MetricsAddr, CheckAddr),
 		"log_level":      stringField(k("log_level"), &o.LogLevel, CheckLogLevel),
 		"log_format":     stringField(k("log_format"), &o.LogFormat, CheckLogFormat),
-		"cache_grace": func(v *yaml.Node) error {
-			if isNull(v) {
-				return nil
-			}
-			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int") {
-				return keyErr(v, k("cache_grace"), "want a duration such as \"20ms\", or off, got %s", describe(v))
-			}
-			g, err := ParseCacheGrace(v.Value)
-			if err != nil {
-				return keyErr(v, k("cache_grace"), "%w", err)
-			}
-			o.CacheGrace = &g
-			return nil
-		},
-		"hot_set": func(v *yaml.Node) error {
-			if isNull(v) {
-				return nil
-			}
-			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int" && v.Tag != "!!float") {
-				return keyErr(v, k("hot_set"), "want a fraction of the memory pool such as 0.5, or off, got %s", describe(v))
-			}
-			f, err := ParseHotSet(v.Value)
-			if err != nil {
-				return keyErr(v, k("hot_set"), "%w", err)
-			}
-			o.HotSet = &f
-			return nil
-		},
-		"hello_timeout": durationField(k("hello_timeout"), &o.HelloTimeout),
-		"frame_timeout": durationField(k("frame_timeout"), &o.FrameTimeout),
-		"idle_timeout":  durationField(k("idle_timeout"), &o.IdleTimeout),
+		"cache_grace":    offField(k("cache_grace"), "a duration such as \"20ms\", or off", ParseCacheGrace, &o.CacheGrace, "!!str", "!!int"),
+		"hot_set":        offField(k("hot_set"), "a fraction of the memory pool such as 0.5, or off", ParseHotSet, &o.HotSet, "!!str", "!!int", "!!float"),
+		"hello_timeout":  durationField(k("hello_timeout"), &o.HelloTimeout),
+		"frame_timeout":  durationField(k("frame_timeout"), &o.FrameTimeout),
+		"idle_timeout":   durationField(k("idle_timeout"), &o.IdleTimeout),
 		"client_isolation": func(v *yaml.Node) error {
 			if isNull(v) {
 				return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -212,6 +213,25 @@ func ParseCacheGrace(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%v must be ≥ 0 (0 or off disables the grace; unset = the default 30s)", d)
 	}
 	return d, nil
+}
+
+// offField parses a scalar whose value parse reads (0 and off included) into *dst;
+// tags are the YAML scalar tags it accepts, want says what it wants in the error.
+func offField[T any](key, want string, parse func(string) (T, error), dst **T, tags ...string) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		if v.Kind != yaml.ScalarNode || !slices.Contains(tags, v.Tag) {
+			return keyErr(v, key, "want %s, got %s", want, describe(v))
+		}
+		x, err := parse(v.Value)
+		if err != nil {
+			return keyErr(v, key, "%w", err)
+		}
+		*dst = &x
+		return nil
+	}
 }
 
 // ParseHotSet parses a hot set size: the fraction 0 < x ≤ 1 of the memory pool (the
