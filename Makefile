@@ -7,7 +7,7 @@ BIN := bin/fluxkv
 # RACE_BIN is the same binary built with -race: the functional process tests run it, so
 # the owner's and master's concurrency is race-checked too.
 RACE_BIN := bin/fluxkv-race
-APT_TEST := python3-thrift python3-numpy python3-pytest python3-matplotlib memcached redis-server python3-pymemcache python3-redis
+APT_TEST := python3-thrift python3-numpy python3-pytest python3-matplotlib memcached redis-server python3-pymemcache python3-redis etcd-server etcd-client
 APT_GEN := thrift-compiler
 # Packages whose tests exercise concurrency run under the race detector.
 RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cmd/... ./metrics/... ./protocol/...
@@ -64,6 +64,7 @@ fuzz: build
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzAllocator$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPolicy$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzRangeSet$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./master/ha/ -run '^$$' -fuzz '^FuzzParseURL$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shm/ -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRing$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./ssd/ -run '^$$' -fuzz '^FuzzRecordHeader$$' -fuzztime $(FUZZTIME)

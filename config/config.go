@@ -49,9 +49,11 @@ type File struct {
 // Owner is the fluxkv_spec section. A zero field was not set by the file (the key
 // was absent or null); the caller's flag or default applies.
 type Owner struct {
-	DRAM        int64  // dram: the memory segment size in bytes (> 0)
-	SocketDir   string // socket_dir: directory of fluxkv.sock
-	Master      string // master: the master's host:port
+	DRAM      int64  // dram: the memory segment size in bytes (> 0)
+	SocketDir string // socket_dir: directory of fluxkv.sock
+	// Master (master) is the master's host:port, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/]
+	// to follow the leader among masters campaigning on etcd (HA, DESIGN §12).
+	Master      string
 	ClusterName string // cluster_name: names the SSD cache root
 	InstanceKey string // instance_key: names this owner's SSD cache root
 	NodeID      string // node_id: this owner's id in the cluster
@@ -94,6 +96,9 @@ type Owner struct {
 	// PutArea (put_area) is each session's put area under isolation, PutAreaTotal
 	// (put_area_total) the cap on all live sessions' areas together. 0: the defaults.
 	PutArea, PutAreaTotal int64
+	// EtcdCACert (etcd_cacert) verifies etcd's certificate, EtcdCert (etcd_cert) and
+	// EtcdKey (etcd_key) authenticate the owner to etcd: with Master etcd://... only.
+	EtcdCACert, EtcdCert, EtcdKey string
 
 	// LargeFilePaths and LargeLimitSize are large_file_paths and the parsed
 	// large_limit_size: one limit in bytes (≥ 512) per path. LargeLimitSize nil
@@ -123,6 +128,24 @@ type Master struct {
 	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
 	ClusterSecretFiles []string
 	InsecureCluster    bool
+
+	// High availability on etcd (DESIGN §12); `fluxkv master` only. EtcdEndpoints
+	// (etcd_endpoints) turn it on: the master campaigns there and serves while it
+	// leads. The rest needs them.
+	EtcdEndpoints []string
+	// AdvertiseAddr (advertise_addr) is the host:port owners reach this master at,
+	// published while it leads; required when listen is a wildcard or port 0.
+	AdvertiseAddr string
+	// EtcdPrefix (etcd_prefix) is the key prefix of the cluster on etcd, starting and
+	// ending with "/"; default /fluxkv/<cluster_name>/.
+	EtcdPrefix string
+	// ClusterName (cluster_name) names the cluster in the default etcd prefix.
+	ClusterName string
+	// EtcdCACert (etcd_cacert) verifies etcd's certificate; EtcdCert (etcd_cert) and
+	// EtcdKey (etcd_key), both or neither, authenticate the master to etcd.
+	EtcdCACert, EtcdCert, EtcdKey string
+	// LeaderTTL (leader_ttl) is the etcd lease TTL of the leadership; 0 = default (2s).
+	LeaderTTL time.Duration
 }
 
 // Error is a bad config: the dotted key it concerns (empty for the file as a whole),
@@ -219,7 +242,7 @@ func Parse(data []byte, role Role) (*File, error) {
 			if isNull(v) {
 				return nil
 			}
-			o, err := parseOwner(v)
+			o, err := parseOwner(v, role)
 			f.Owner = o
 			return err
 		},
@@ -230,7 +253,7 @@ func Parse(data []byte, role Role) (*File, error) {
 			if isNull(v) {
 				return nil
 			}
-			m, err := parseMaster(v)
+			m, err := parseMaster(v, role)
 			f.Master = m
 			return err
 		},

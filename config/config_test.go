@@ -106,8 +106,42 @@ master:
 			want: &File{Owner: &Owner{DRAM: 2 << 30}, Master: &Master{Listen: "127.0.0.1:0"}},
 		},
 
+		{
+			name: "master: HA keys",
+			role: RoleMaster,
+			yaml: `
+master:
+  listen: 0.0.0.0:7700
+  etcd_endpoints: [etcd1:2379, "https://etcd2.example:2379", "[::1]:2379"]
+  advertise_addr: 10.0.0.5:7700
+  etcd_prefix: /fluxkv/prod/
+  cluster_name: prod
+  etcd_cacert: /etc/etcd/ca.pem
+  etcd_cert: /etc/etcd/client.pem
+  etcd_key: /etc/etcd/client-key.pem
+  leader_ttl: 3s
+`,
+			want: &File{Master: &Master{Listen: "0.0.0.0:7700", EtcdEndpoints: []string{"etcd1:2379", "https://etcd2.example:2379", "[::1]:2379"},
+				AdvertiseAddr: "10.0.0.5:7700", EtcdPrefix: "/fluxkv/prod/", ClusterName: "prod", EtcdCACert: "/etc/etcd/ca.pem",
+				EtcdCert: "/etc/etcd/client.pem", EtcdKey: "/etc/etcd/client-key.pem", LeaderTTL: 3 * time.Second}},
+		},
+		// The file's keys are checked one by one; how they go together (endpoints
+		// for the others, cert with key, advertise_addr for a wildcard listen) is
+		// checked once flags are merged over them.
+		{name: "master: HA key without endpoints parses", role: RoleMaster, yaml: "master: {advertise_addr: \"h:1\"}",
+			want: &File{Master: &Master{AdvertiseAddr: "h:1"}}},
+		{name: "master: null endpoints = unset", role: RoleMaster, yaml: "master:\n  etcd_endpoints:\n", want: &File{Master: &Master{}}},
+		{
+			name: "owner: master on etcd, with TLS",
+			role: RoleOwner,
+			yaml: "fluxkv_spec:\n  master: etcd://h1:2379,h2:2379/fluxkv/prod/\n  etcd_cacert: /ca.pem\n  etcd_cert: /c.pem\n  etcd_key: /k.pem\n",
+			want: &File{Owner: &Owner{Master: "etcd://h1:2379,h2:2379/fluxkv/prod/", EtcdCACert: "/ca.pem", EtcdCert: "/c.pem", EtcdKey: "/k.pem"}},
+		},
+		{name: "owner: master on etcd, default prefix", role: RoleOwner, yaml: "fluxkv_spec: {master: \"etcd://h1:2379\"}",
+			want: &File{Owner: &Owner{Master: "etcd://h1:2379"}}},
+
 		// Errors name the key.
-		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: advertise_host, allowed_uids, cache_grace, client_isolation, cluster_name, cluster_secret_files, data_listen, dram, frame_timeout, hello_timeout, hot_set, idle_timeout,"},
+		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: advertise_host, allowed_uids, cache_grace, client_isolation, cluster_name, cluster_secret_files, data_listen, dram, etcd_cacert, etcd_cert, etcd_key, frame_timeout, hello_timeout, hot_set, idle_timeout,"},
 		{name: "secret files not a list", role: RoleOwner, yaml: "fluxkv_spec: {cluster_secret_files: /etc/s}",
 			wantErr: `fluxkv_spec.cluster_secret_files: want a list of file paths, got str "/etc/s"`},
 		{name: "secret file empty", role: RoleMaster, yaml: "master: {cluster_secret_files: [/a, \"\"]}",
@@ -183,6 +217,45 @@ master:
 		{name: "empty path", role: RoleOwner,
 			yaml:    "fluxkv_spec:\n  large_file_paths: [/a, \"\"]\n",
 			wantErr: "fluxkv_spec.large_file_paths[1]: want a directory path"},
+		// HA on etcd.
+		{name: "up: etcd endpoints refused", role: RoleUp, yaml: "master:\n  etcd_endpoints: [h:2379]\n",
+			wantErr: "line 2: master.etcd_endpoints: not for `fluxkv up` (one node, its own master); run `fluxkv master`"},
+		{name: "up: every HA key refused", role: RoleUp, yaml: "master: {leader_ttl: 2s}", wantErr: "master.leader_ttl: not for `fluxkv up`"},
+		{name: "up: cluster_name under master refused", role: RoleUp, yaml: "master: {cluster_name: x}", wantErr: "master.cluster_name: not for `fluxkv up`"},
+		{name: "up: owner etcd TLS refused", role: RoleUp, yaml: "fluxkv_spec: {etcd_cacert: /ca.pem}", wantErr: "fluxkv_spec.etcd_cacert: not for `fluxkv up`"},
+		{name: "endpoints not a list", role: RoleMaster, yaml: "master: {etcd_endpoints: \"h1:2379,h2:2379\"}",
+			wantErr: `master.etcd_endpoints: want a list of etcd endpoint (host:port or http(s)://host:port)s, got str "h1:2379,h2:2379"`},
+		{name: "endpoints empty", role: RoleMaster, yaml: "master: {etcd_endpoints: []}",
+			wantErr: "master.etcd_endpoints: empty list (leave the key out to run the master alone)"},
+		{name: "endpoint without port", role: RoleMaster, yaml: "master: {etcd_endpoints: [h1:2379, etcd2]}",
+			wantErr: `master.etcd_endpoints[1]: invalid etcd endpoint "etcd2": want host:port or http(s)://host:port`},
+		{name: "endpoint bad scheme", role: RoleMaster, yaml: "master: {etcd_endpoints: [\"unix://x:1\"]}",
+			wantErr: `master.etcd_endpoints[0]: invalid etcd endpoint "unix://x:1"`},
+		{name: "endpoint port 0", role: RoleMaster, yaml: "master: {etcd_endpoints: [\"h:0\"]}",
+			wantErr: `master.etcd_endpoints[0]: invalid etcd endpoint "h:0": port "0" is not a number from 1 to 65535`},
+		{name: "endpoint a number", role: RoleMaster, yaml: "master: {etcd_endpoints: [2379]}",
+			wantErr: `master.etcd_endpoints[0]: want an etcd endpoint (host:port or http(s)://host:port), got int "2379"`},
+		{name: "advertise addr wildcard", role: RoleMaster, yaml: "master: {advertise_addr: \"0.0.0.0:7700\"}",
+			wantErr: `master.advertise_addr: invalid address "0.0.0.0:7700": advertise a host other hosts can reach`},
+		{name: "advertise addr port 0", role: RoleMaster, yaml: "master: {advertise_addr: \"10.0.0.1:0\"}",
+			wantErr: `master.advertise_addr: invalid address "10.0.0.1:0"`},
+		{name: "advertise addr without port", role: RoleMaster, yaml: "master: {advertise_addr: 10.0.0.1}",
+			wantErr: `master.advertise_addr: invalid address "10.0.0.1": want host:port`},
+		{name: "prefix without trailing slash", role: RoleMaster, yaml: "master: {etcd_prefix: /fluxkv/prod}",
+			wantErr: `master.etcd_prefix: invalid etcd prefix "/fluxkv/prod": must start and end with /`},
+		{name: "prefix without leading slash", role: RoleMaster, yaml: "master: {etcd_prefix: fluxkv/}",
+			wantErr: `master.etcd_prefix: invalid etcd prefix "fluxkv/"`},
+		{name: "leader ttl not positive", role: RoleMaster, yaml: "master: {leader_ttl: 0s}",
+			wantErr: `master.leader_ttl: invalid duration "0s": must be positive`},
+		{name: "leader ttl a number", role: RoleMaster, yaml: "master: {leader_ttl: 2}",
+			wantErr: `master.leader_ttl: want a duration such as "5s"`},
+		{name: "etcd cert empty", role: RoleMaster, yaml: "master: {etcd_cert: \"\"}", wantErr: "master.etcd_cert: empty value"},
+		{name: "owner etcd url without endpoints", role: RoleOwner, yaml: "fluxkv_spec: {master: \"etcd:///p/\"}",
+			wantErr: `fluxkv_spec.master: "etcd:///p/": no etcd endpoints`},
+		{name: "owner etcd url bad prefix", role: RoleOwner, yaml: "fluxkv_spec: {master: \"etcd://h:2379/p\"}",
+			wantErr: `fluxkv_spec.master: "etcd://h:2379/p": etcd prefix "/p": must start and end with /`},
+		{name: "owner etcd url endpoint without port", role: RoleOwner, yaml: "fluxkv_spec: {master: \"etcd://h1\"}",
+			wantErr: `fluxkv_spec.master: "etcd://h1": etcd endpoint "h1": want host:port`},
 		{name: "bad address", role: RoleOwner, yaml: "fluxkv_spec: {master: localhost}", wantErr: `fluxkv_spec.master: invalid address "localhost": want host:port`},
 		{name: "bad log level", role: RoleOwner, yaml: "fluxkv_spec: {log_level: loud}", wantErr: `fluxkv_spec.log_level: invalid log level "loud"`},
 		{name: "bad log format", role: RoleMaster, yaml: "master: {log_format: xml}", wantErr: `master.log_format: invalid log format "xml"`},
@@ -292,3 +365,24 @@ func TestExamples(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestIsWildcardAddr(t *testing.T) {
+	for addr, want := range map[string]bool{
+		":7700": true, "0.0.0.0:7700": true, "[::]:7700": true, "10.0.0.1:0": true, "host": true,
+		"10.0.0.1:7700": false, "master-a:7700": false, "[fe80::1]:7700": false, "127.0.0.1:7700": false,
+	} {
+		if got := IsWildcardAddr(addr); got != want {
+			t.Errorf("IsWildcardAddr(%q) = %v, want %v", addr, got, want)
+		}
+	}
+	for _, e := range []string{"e:2379", "http://e:2379", "https://10.0.0.1:2379", "[::1]:2379"} {
+		if err := CheckEtcdEndpoint(e); err != nil {
+			t.Errorf("CheckEtcdEndpoint(%q): %v", e, err)
+		}
+	}
+	for _, e := range []string{"e", ":2379", "e:0", "e:http", "ftp://e:1", "http://", "unix:///run/etcd.sock"} {
+		if err := CheckEtcdEndpoint(e); err == nil {
+			t.Errorf("CheckEtcdEndpoint(%q) accepted", e)
+		}
+	}
+}

@@ -5,11 +5,28 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
-func parseOwner(n *yaml.Node) (*Owner, error) {
+// CheckMaster accepts an owner's master: the master's host:port, or
+// etcd://HOST:PORT[,HOST:PORT...][/PREFIX/] naming the etcd cluster where masters
+// campaign (HA, DESIGN §12).
+func CheckMaster(s string) error {
+	if ha.IsURL(s) {
+		// The cluster name only fills in a missing prefix; any valid one does here.
+		_, err := ha.ParseURL(s, "fluxkv")
+		return err
+	}
+	return CheckAddr(s)
+}
+
+// haOwnerKeys are the fluxkv_spec keys for following masters on etcd: only `fluxkv
+// owner` reads them (`fluxkv up`'s owner registers with its embedded master).
+var haOwnerKeys = []string{"etcd_cacert", "etcd_cert", "etcd_key"}
+
+func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 	const sec = OwnerSection
 	o := &Owner{}
 	var (
@@ -19,10 +36,10 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 		pathsNode  *yaml.Node
 	)
 	k := func(name string) string { return sec + "." + name }
-	err := walkMapping(n, sec, map[string]func(*yaml.Node) error{
+	handlers := map[string]func(*yaml.Node) error{
 		"dram":           sizeField(k("dram"), &o.DRAM),
 		"socket_dir":     stringField(k("socket_dir"), &o.SocketDir, nil),
-		"master":         stringField(k("master"), &o.Master, CheckAddr),
+		"master":         stringField(k("master"), &o.Master, CheckMaster),
 		"cluster_name":   stringField(k("cluster_name"), &o.ClusterName, nil),
 		"instance_key":   stringField(k("instance_key"), &o.InstanceKey, nil),
 		"node_id":        stringField(k("node_id"), &o.NodeID, wire.ValidateNodeID),
@@ -65,6 +82,9 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 			o.TransferReserve = &n
 			return nil
 		},
+		"etcd_cacert":    stringField(k("etcd_cacert"), &o.EtcdCACert, nil),
+		"etcd_cert":      stringField(k("etcd_cert"), &o.EtcdCert, nil),
+		"etcd_key":       stringField(k("etcd_key"), &o.EtcdKey, nil),
 		"put_area":       sizeField(k("put_area"), &o.PutArea),
 		"put_area_total": sizeField(k("put_area_total"), &o.PutAreaTotal),
 		"max_connections": func(v *yaml.Node) error {
@@ -108,8 +128,15 @@ func parseOwner(n *yaml.Node) (*Owner, error) {
 			}
 			return nil
 		},
-	})
-	if err != nil {
+	}
+	if role == RoleUp {
+		for _, name := range haOwnerKeys {
+			handlers[name] = func(v *yaml.Node) error {
+				return keyErr(v, k(name), "not for `fluxkv up` (its owner registers with its own master); run `fluxkv owner` to follow masters on etcd")
+			}
+		}
+	}
+	if err := walkMapping(n, sec, handlers); err != nil {
 		return nil, err
 	}
 	if limitsNode == nil && len(o.LargeFilePaths) > 0 {

@@ -117,7 +117,7 @@ func (a *acker) flush() {
 			return
 		}
 		ctx, cancel := a.o.master.ctx()
-		resp, err := a.o.master.c.BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
+		resp, err := a.o.master.cl().BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
 		cancel()
 		switch {
 		case err != nil:

@@ -265,11 +265,11 @@ func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (
 		h.o.acks.sync()
 		ctx, cancel := h.o.master.ctx()
 		defer cancel()
-		r, err := h.o.master.c.Stat(ctx, &mp.StatRequest{})
+		r, err := h.o.master.cl().Stat(ctx, &mp.StatRequest{})
 		if err != nil {
 			return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
 		}
-		resp.Members, resp.Keys, resp.NodeId = r.Members, r.Keys, h.o.opts.NodeID
+		resp.Members, resp.Keys, resp.NodeId, resp.Masters = r.Members, r.Keys, h.o.opts.NodeID, r.Masters
 		// The master's SSD figures are a heartbeat old; this owner's own are current.
 		if h.o.store != nil {
 			for _, m := range resp.Members {

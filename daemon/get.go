@@ -46,7 +46,7 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	seq := o.cache.invalSeq()
 	o.mu.Unlock()
 
-	h, err := o.planGet(key)
+	h, t, err := o.planGet(key)
 	if wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND {
 		// The master has no version of the key: a get planned before this miss must not
 		// cache one afterwards (its install sees the sequence moved).
@@ -59,6 +59,13 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	// The plan's target leaves the get pins here (getpins.go): from now on it is the
+	// session's holder, which register pins like any other. A plan of an earlier
+	// registration (the master changed since GetStart) never reaches the client.
+	if o.endGetLocked(t) {
+		o.ackLocked(h.masterID)
+		return nil, errGetMasterChanged()
+	}
 	if c.closed {
 		o.ackLocked(h.masterID)
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "session closed")

@@ -25,66 +25,88 @@ const (
 // Each answer teaches the replica index (replicas.go): a local hit, and a target that
 // became the key's replica here (promoted), are recorded; a target is opened (records
 // overlapping it forgotten) before anything is written into it.
-func (o *Owner) planGet(key string) (*holding, error) {
+//
+// The plan's getTarget (getpins.go) comes back with the holder: the caller ends it
+// when the holder reaches its session (or not). A failed attempt ends it here, once
+// nothing writes its target; one whose target was pinned meanwhile (the owner
+// registered with a new master) fails the get UNAVAILABLE instead of re-planning.
+func (o *Owner) planGet(key string) (*holding, *getTarget, error) {
 	var exclude []string
 	for failures := 0; ; {
 		o.mu.Lock()
 		mark := o.replicas.mark()
 		o.mu.Unlock()
-		plan, err := o.getStart(key, exclude)
+		plan, t, err := o.getStart(key, exclude)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if plan.Done {
 			h := localHit(key, plan)
 			o.learnReplica(h, mark, 0)
-			return h, nil
+			return h, t, nil
 		}
 		o.mu.Lock()
 		own := o.replicas.open(plan.TargetOffset, plan.Len)
 		o.mu.Unlock()
-		learn := func(h *holding) *holding {
-			o.learnReplica(h, mark, own)
-			return h
+		done := func(h *holding) (*holding, *getTarget, error) {
+			o.mu.Lock()
+			stale := t.staleLocked(o)
+			o.mu.Unlock()
+			if !stale { // a stale get fails in the caller: it teaches nothing
+				o.learnReplica(h, mark, own)
+			}
+			return h, t, nil
 		}
 		switch {
 		case plan.Source == common.Source_MEMORY && plan.SourceNodeId != o.opts.NodeID:
 			h, err := o.pullRemote(key, plan)
 			if err == nil {
-				return learn(h), nil
+				return done(h)
+			}
+			if err := o.endGet(t); err != nil {
+				return nil, nil, err
 			}
 			if exclude, err = o.excludeSource(key, plan, exclude, err); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId != o.opts.NodeID:
 			h, err := o.refillRemote(key, plan)
 			if err == nil {
-				return learn(h), nil
+				return done(h)
+			}
+			if err := o.endGet(t); err != nil {
+				return nil, nil, err
 			}
 			if errors.Is(err, errRemoteSSD) {
 				failures++
 				o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("remote SSD refill failed; re-planning")
 				if failures >= maxSSDFailures {
-					return nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
+					return nil, nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
 				}
 				continue
 			}
 			if exclude, err = o.excludeSource(key, plan, exclude, err); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
 			h, err := o.refill(key, plan, mark, own)
 			if err == nil {
-				return learn(h), nil
+				return done(h)
+			}
+			if err := o.endGet(t); err != nil {
+				return nil, nil, err
 			}
 			failures++
 			o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("SSD refill failed; re-planning")
 			if failures >= maxSSDFailures {
-				return nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
+				return nil, nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
 			}
 		default:
 			o.revokeGet(key, plan.GetId, false, "unknown plan")
-			return nil, errCode(common.ErrorCode_INTERNAL, "the master planned a get from node %q (%s) this owner cannot serve", plan.SourceNodeId, plan.Source)
+			if err := o.endGet(t); err != nil {
+				return nil, nil, err
+			}
+			return nil, nil, errCode(common.ErrorCode_INTERNAL, "the master planned a get from node %q (%s) this owner cannot serve", plan.SourceNodeId, plan.Source)
 		}
 	}
 }
@@ -117,28 +139,46 @@ func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []s
 }
 
 // getStart asks the master for a plan, carrying queued holder acks; exclude names the
-// nodes a pull from just failed.
-func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, error) {
+// nodes a pull from just failed. The plan is accepted (getpins.go) under the
+// registration epoch the call was sent at: one answered across a registration is
+// dropped and the get is UNAVAILABLE (its target was not among the pins reported to
+// the new master, which may hand it to someone else).
+func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, *getTarget, error) {
+	o.mu.Lock()
+	epoch := o.regEpoch
+	o.mu.Unlock()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	acks := o.acks.take()
-	plan, err := o.master.c.GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
+	plan, err := o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
 	if err != nil {
 		o.acks.giveBack(acks)
 	}
 	if err := o.master.check(respCode(plan, err)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return plan, nil
+	o.mu.Lock()
+	t, err := o.acceptPlanLocked(plan, epoch)
+	o.mu.Unlock()
+	if err != nil {
+		o.dropPlan(key, plan)
+		return nil, nil, err
+	}
+	return plan, t, nil
 }
 
 // revokeGet tells the master a planned get will not complete, and why (dropSSD: its
 // SSD source failed and must be forgotten); a failure is logged, the master's TTL
 // reclaims it.
 func (o *Owner) revokeGet(key string, getID int64, dropSSD bool, reason string) {
+	if o.getPinned(getID) {
+		// The master that planned it is gone; the new one holds the target as a pin,
+		// acked when the get ends (endGetLocked).
+		return
+	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	r, err := o.master.c.GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: getID, DropSsdSource: dropSSD, Reason: reason})
+	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: getID, DropSsdSource: dropSSD, Reason: reason})
 	if err := o.master.check(respCode(r, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
 	}

@@ -162,10 +162,17 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 }
 
 // completeGet turns a filled target into a holder with GetDone.
+//
+// A target pinned meanwhile (the owner registered with a new master, getpins.go) sends
+// no GetDone: the master that planned the get is gone; the get fails.
 func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, error) {
+	o.targetWritten(plan.GetId)
+	if o.getPinned(plan.GetId) {
+		return nil, errGetMasterChanged()
+	}
 	mctx, mcancel := o.master.ctx()
 	defer mcancel()
-	done, derr := o.master.c.GetDone(mctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
+	done, derr := o.master.cl().GetDone(mctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
 	if derr != nil {
 		// The reply may be lost after the master recorded the holder, whose id is the
 		// get id: release it (an ack of a holder that does not exist does no harm; an

@@ -40,11 +40,17 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) 
 		o.revokeGet(key, plan.GetId, true, "SSD read: "+err.Error())
 		return nil, err
 	}
+	o.targetWritten(plan.GetId)
+	if o.getPinned(plan.GetId) {
+		// The owner registered with a new master since GetStart: the holder the old one
+		// recorded is gone, the new one holds the target as a pin (getpins.go).
+		return nil, errGetMasterChanged()
+	}
 	if plan.HolderId == 0 {
 		// A master that did not pre-record the holder: confirm before handing out.
 		ctx, cancel := o.master.ctx()
 		defer cancel()
-		done, derr := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
+		done, derr := o.master.cl().GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
 		if err := o.master.check(respCode(done, derr)); err != nil {
 			return nil, err
 		}
@@ -63,7 +69,7 @@ func (o *Owner) confirmRefill(key string, getID int64, h *holding, mark, own uin
 	defer o.wg.Done()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	done, err := o.master.c.GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: getID})
+	done, err := o.master.cl().GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: getID})
 	if err := o.master.check(respCode(done, err)); err != nil {
 		// The holder stays valid (the master keeps it until acked); only the
 		// promotion is lost.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,7 +12,9 @@ import (
 	"github.com/cloudwego/kitex/client"
 	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/cloudwego/kitex/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -20,11 +23,17 @@ import (
 )
 
 // masterLink is the owner's connection to the master: registration, heartbeats and
-// re-registration after a master restart.
+// re-registration after a master restart. With masters on etcd (Options.MasterEtcd)
+// it follows the leader published there and registers with each new one.
 type masterLink struct {
-	o   *Owner
-	c   masterservice.Client
-	ref *mp.NodeRef
+	o      *Owner
+	client atomic.Pointer[masterClient] // nil: no leader known yet (etcd)
+	ref    *mp.NodeRef
+	etcd   *clientv3.Client // nil without MasterEtcd
+	// follow runs the leader watch; cancelled by close, joined by release.
+	followCtx    context.Context
+	followCancel context.CancelFunc
+	followWG     sync.WaitGroup
 	// peerAddr and dataAddr are the advertised addresses, fixed for this incarnation.
 	peerAddr, dataAddr string
 	stop               chan struct{}
@@ -50,32 +59,144 @@ type masterLink struct {
 	rereg  bool       // a background re-registration is running
 }
 
+// masterClient is a Kitex client of one master address. ctx is cancelled when another
+// master becomes the current one: calls still waiting on this one (a leader cut off
+// the network answers nothing) fail at once instead of at their timeout.
+type masterClient struct {
+	masterservice.Client
+	addr   string
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
 func newMasterLink(o *Owner) (*masterLink, error) {
-	c, err := masterservice.NewClient("fluxkv-master", append(auth.ClientOptions(o.opts.Secrets, auth.PurposeMaster),
-		client.WithHostPorts(o.opts.MasterAddr),
-		client.WithRPCTimeout(o.opts.MasterTimeout),
-		client.WithConnectTimeout(time.Second),
-		client.WithTransportProtocol(transport.Framed),
-	)...)
-	if err != nil {
-		return nil, fmt.Errorf("master client: %w", err)
-	}
-	m := &masterLink{o: o, c: c, stop: make(chan struct{}), peerAddr: o.peerAddr, dataAddr: o.dataAddr,
+	m := &masterLink{o: o, stop: make(chan struct{}), peerAddr: o.peerAddr, dataAddr: o.dataAddr,
 		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}
 	m.period.Store(int64(time.Second))
 	m.base = time.Now()
 	m.acked.Store(&evictAck{})
+	m.followCtx, m.followCancel = context.WithCancel(context.Background())
+	if o.opts.MasterEtcd == nil {
+		if err := m.dial(o.opts.MasterAddr); err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
+	cli, err := o.opts.MasterEtcd.Client()
+	if err != nil {
+		return nil, fmt.Errorf("master on etcd: %w", err)
+	}
+	m.etcd = cli
+	m.followWG.Add(1)
+	go m.follow()
 	return m, nil
 }
 
-// close stops the heartbeat loop; no background re-registration starts afterwards
-// (running ones are joined by the owner's wait group).
+// dial makes the client of the master at addr the current one.
+func (m *masterLink) dial(addr string) error {
+	c, err := masterservice.NewClient("fluxkv-master", append(auth.ClientOptions(m.o.opts.Secrets, auth.PurposeMaster),
+		client.WithHostPorts(addr),
+		client.WithRPCTimeout(m.o.opts.MasterTimeout),
+		client.WithConnectTimeout(time.Second),
+		client.WithTransportProtocol(transport.Framed),
+	)...)
+	if err != nil {
+		return fmt.Errorf("master client: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if old := m.client.Swap(&masterClient{Client: c, addr: addr, ctx: ctx, cancel: cancel}); old != nil {
+		old.cancel()
+	}
+	return nil
+}
+
+// cl is the client of the current master. Only register runs before the first
+// registration, and it checks that a master (the leader on etcd) is known.
+func (m *masterLink) cl() masterservice.Client { return m.client.Load() }
+
+// follow watches the leader on etcd and registers with each new one (reporting the
+// replica index, as after a master restart) until it is registered with its epoch.
+func (m *masterLink) follow() {
+	defer m.followWG.Done()
+	var latest atomic.Pointer[ha.Record]
+	wake := make(chan struct{}, 1)
+	m.followWG.Add(1)
+	go func() {
+		defer m.followWG.Done()
+		ha.Watch(m.followCtx, m.etcd, *m.o.opts.MasterEtcd, m.o.log, func(r ha.Record, ok bool) {
+			if !ok {
+				m.o.log.Info().Str("candidate", r.Addr).Msg("no master leads on etcd now")
+				return
+			}
+			latest.Store(&r)
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	for {
+		select {
+		case <-m.followCtx.Done():
+			return
+		case <-wake:
+		}
+		r := latest.Load()
+		for attempt := 1; latest.Load() == r && m.epoch.Load() != r.Epoch; attempt++ {
+			if c := m.client.Load(); c == nil || c.addr != r.Addr {
+				if err := m.dial(r.Addr); err != nil {
+					m.o.log.Error().Err(err).Str("master", r.Addr).Msg("cannot make a client of the new leader")
+					break
+				}
+				m.o.log.Info().Str("master", r.Addr).Int64("epoch", r.Epoch).Msg("following the master leader")
+			}
+			ctx, cancel := context.WithTimeout(m.followCtx, 5*time.Second)
+			err := m.register(ctx)
+			cancel()
+			if err == nil && m.epoch.Load() == r.Epoch {
+				continue // registered with this leader
+			}
+			if err != nil && attempt%10 == 1 {
+				m.o.log.Warn().Err(err).Str("master", r.Addr).Int("attempt", attempt).Msg("registering with the new leader failed; retrying")
+			}
+			select {
+			case <-m.followCtx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// addr names the master for logs: its address, or the etcd endpoints it is followed on.
+func (m *masterLink) addr() string {
+	if c := m.client.Load(); c != nil {
+		return c.addr
+	}
+	if e := m.o.opts.MasterEtcd; e != nil {
+		return ha.Scheme + strings.Join(e.Endpoints, ",") + e.Prefix
+	}
+	return m.o.opts.MasterAddr
+}
+
+// close stops the heartbeat loop and the leader watch; no background re-registration
+// starts afterwards (running ones are joined by the owner's wait group).
 func (m *masterLink) close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.closed {
 		m.closed = true
 		close(m.stop)
+		m.followCancel()
+	}
+}
+
+// release closes the link and its etcd client once the leader watch has ended.
+func (m *masterLink) release() {
+	m.close()
+	m.followWG.Wait()
+	if m.etcd != nil {
+		m.etcd.Close()
 	}
 }
 
@@ -88,12 +209,12 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 		}
 		if errors.Is(err, auth.ErrAuthFailed) {
 			// A secret that does not match will not match on the next try either.
-			return fmt.Errorf("register with master %s: %w", m.o.opts.MasterAddr, err)
+			return fmt.Errorf("register with master %s: %w", m.addr(), err)
 		}
-		m.o.log.Warn().Err(err).Int("attempt", attempt).Str("master", m.o.opts.MasterAddr).Msg("register with master failed; retrying")
+		m.o.log.Warn().Err(err).Int("attempt", attempt).Str("master", m.addr()).Msg("register with master failed; retrying")
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("register with master %s: %w", m.o.opts.MasterAddr, err)
+			return fmt.Errorf("register with master %s: %w", m.addr(), err)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -110,6 +231,9 @@ func (m *masterLink) register(ctx context.Context) error {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	o := m.o
+	if m.client.Load() == nil {
+		return errCode(common.ErrorCode_UNAVAILABLE, "no master leads on etcd yet")
+	}
 	if epoch := m.epoch.Load(); epoch != 0 {
 		resp, err := m.heartbeat(ctx)
 		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
@@ -132,16 +256,26 @@ func (m *masterLink) register(ctx context.Context) error {
 			pins = append(pins, &mp.PinnedRange{PinId: p.putID, Offset: p.offset, Len: p.len})
 		}
 	}
+	pins = append(pins, o.getPinsLocked()...)  // get targets being written
+	pins = append(pins, o.pullPinsLocked()...) // pooled puts being pulled in
+	o.registering = true
 	// The new master knows no versions: forget cached infos (held ones stay pinned;
 	// idle ones nobody holds, and the new master never knew them).
 	o.cache.reset()
 	o.regEpoch++
 	o.mu.Unlock()
-	resp, err := m.c.Register(ctx, &mp.RegisterRequest{
+	prev := m.epoch.Load()
+	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
 		TransferReserve: o.opts.TransferReserve,
 		KvSsdStorage:    o.ssdInfo(), Pinned: pins,
 	})
+	if err == nil && resp.Code == common.ErrorCode_OK {
+		m.epoch.Store(resp.MasterEpoch) // admit() judges peer calls by it from now on
+	}
+	o.mu.Lock()
+	o.registering = false
+	o.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -151,8 +285,10 @@ func (m *masterLink) register(ctx context.Context) error {
 	if resp.HeartbeatIntervalMs > 0 {
 		m.period.Store(int64(time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond))
 	}
-	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Int("pinned", len(pins)).Msg("registered with master")
-	prev := m.epoch.Swap(resp.MasterEpoch)
+	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Str("master", m.addr()).Int("pinned", len(pins)).Msg("registered with master")
+	if prev != 0 {
+		o.opts.Metrics.Reregistered()
+	}
 	m.acked.Store(&evictAck{epoch: resp.MasterEpoch})
 	m.renewLease(sent)
 	switch {
@@ -210,7 +346,7 @@ type evictAck struct {
 func (m *masterLink) heartbeat(ctx context.Context) (*mp.HeartbeatResponse, error) {
 	a := m.acked.Load()
 	sent := time.Since(m.base)
-	resp, err := m.c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo(),
+	resp, err := m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: m.o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		return resp, err
@@ -265,9 +401,13 @@ func (m *masterLink) reregisterInBackground() {
 	}()
 }
 
-// ctx bounds one master call.
+// ctx bounds one master call; it ends early when another master becomes the current one.
 func (m *masterLink) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), m.o.opts.MasterTimeout)
+	base := context.Background()
+	if c := m.client.Load(); c != nil {
+		base = c.ctx
+	}
+	return context.WithTimeout(base, m.o.opts.MasterTimeout)
 }
 
 // check maps a master call's outcome to an error: transport failures are UNAVAILABLE;
@@ -276,11 +416,25 @@ func (m *masterLink) check(code common.ErrorCode, msg string, err error) error {
 	if err != nil {
 		return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
 	}
-	if code == common.ErrorCode_STALE_GENERATION {
+	switch code {
+	case common.ErrorCode_STALE_GENERATION:
 		m.reregisterInBackground()
 		return errCode(common.ErrorCode_UNAVAILABLE, "master lost this owner's registration (restarted); retry: %s", msg)
+	case common.ErrorCode_NOT_LEADER:
+		// A failover: the owner registers with the new leader when etcd names it.
+		return errCode(common.ErrorCode_UNAVAILABLE, "master failover in progress; retry: %s", msg)
 	}
 	return wire.FromResponse(code, msg)
+}
+
+// admit refuses a peer call of a master older than the one this owner registered with
+// last (a deposed leader, or a master before a restart): its ranges and versions may
+// be stale. epoch 0 (no epoch sent) is admitted.
+func (m *masterLink) admit(epoch int64) error {
+	if cur := m.epoch.Load(); epoch != 0 && epoch < cur {
+		return errCode(common.ErrorCode_UNAVAILABLE, "call from master epoch %d; this owner is registered with epoch %d", epoch, cur)
+	}
+	return nil
 }
 
 // Kitex logs through klog; keep it to warnings. Set once, before any Kitex goroutine

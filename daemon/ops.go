@@ -21,7 +21,7 @@ func (o *Owner) delete(key string) (bool, error) {
 	o.mu.Unlock()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.c.Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: key})
+	resp, err := o.master.cl().Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: key})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return false, err
 	}
@@ -41,7 +41,7 @@ func (o *Owner) exists(key string) (bool, error) {
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.c.Exists(ctx, &mp.ExistsRequest{Node: o.master.ref, Key: key})
+	resp, err := o.master.cl().Exists(ctx, &mp.ExistsRequest{Node: o.master.ref, Key: key})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return false, err
 	}

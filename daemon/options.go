@@ -10,6 +10,7 @@ import (
 	"github.com/cloudwego/kitex/server"
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -22,8 +23,12 @@ type Options struct {
 	Dir string
 	// DRAM is the segment size in bytes, rounded up to the page size. Default 1 GiB.
 	DRAM int64
-	// MasterAddr is the master's host:port. Required.
+	// MasterAddr is the master's host:port. Required unless MasterEtcd is set.
 	MasterAddr string
+	// MasterEtcd, when set, names the etcd cluster and prefix where masters campaign
+	// (HA, DESIGN §12): the owner follows the leader published there instead of
+	// MasterAddr, and registers again with each new leader.
+	MasterEtcd *ha.Config
 	// NodeID names this owner in the cluster. Default: the host name.
 	NodeID string
 	// PeerListen is the TCP address of the PeerService (master → owner calls). Default 127.0.0.1:0.
@@ -206,8 +211,16 @@ func (o *Options) setDefaults() {
 
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
-	if o.MasterAddr == "" {
+	if o.MasterAddr == "" && o.MasterEtcd == nil {
 		return fmt.Errorf("owner: master address is required")
+	}
+	if o.MasterAddr != "" && o.MasterEtcd != nil {
+		return fmt.Errorf("owner: a master address and an etcd cluster to follow are exclusive")
+	}
+	if o.MasterEtcd != nil {
+		if err := o.MasterEtcd.Validate(); err != nil {
+			return fmt.Errorf("owner: master on etcd: %w", err)
+		}
 	}
 	if o.Secrets == nil && !o.InsecureCluster {
 		return fmt.Errorf("owner: no cluster secrets: set Secrets, or InsecureCluster to run without authentication")

@@ -52,8 +52,14 @@ type Owner struct {
 	// regEpoch counts registrations with a master; bumped while register collects the
 	// pins under mu, so a put whose PutStart straddles it is known to be unpinned.
 	regEpoch uint64
-	cache    *holderCache  // key → holding of its current version (cached info)
-	replicas *replicaIndex // which key version each range of the pool holds
+	// gets are the get targets being written (getpins.go), pinned at a registration.
+	gets getTargets
+	// pulls are the PullPut targets being written (put_remote.go); registering is set
+	// while a registration is out, from collecting its pins to its answer.
+	pulls       map[*pullTarget]bool
+	registering bool
+	cache       *holderCache  // key → holding of its current version (cached info)
+	replicas    *replicaIndex // which key version each range of the pool holds
 	// cachedGets counts gets answered from a cached holding (nil without metrics).
 	cachedGets prometheus.Counter
 	nextID     int64 // client ids and external holder ids
@@ -262,6 +268,9 @@ func (o *Owner) closeResources() {
 		o.seg.Close()
 		o.seg = nil
 	}
+	if o.master != nil {
+		o.master.release()
+	}
 }
 
 // Capacity reports segment and SSD capacity and use for metrics; the segment's used
@@ -274,7 +283,7 @@ func (o *Owner) Capacity() metrics.Capacity {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	r, err := o.master.c.Stat(ctx, &mp.StatRequest{})
+	r, err := o.master.cl().Stat(ctx, &mp.StatRequest{})
 	if err == nil {
 		for _, m := range r.Members {
 			if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {

@@ -63,7 +63,11 @@ var _ peer.PeerService = (*peerHandler)(nil)
 // SsdReplicaPersist writes a fresh memory replica to the local SSD ring and commits it.
 func (h *peerHandler) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
 	resp := &peer.SsdReplicaPersistResponse{}
-	resp.Code, resp.Message = wire.ToResponse(h.o.persist(req))
+	err := h.o.master.admit(req.MasterEpoch)
+	if err == nil {
+		err = h.o.persist(req)
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }
 
@@ -77,7 +81,11 @@ func (h *peerHandler) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRe
 // PullPut pulls a put the master placed here from its requester's transfer area.
 func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	resp := &peer.PullPutResponse{}
-	resp.Code, resp.Message = wire.ToResponse(h.o.pullPut(ctx, req))
+	err := h.o.master.admit(req.MasterEpoch)
+	if err == nil {
+		err = h.o.pullPut(ctx, req)
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }
 
@@ -89,6 +97,11 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 	if req.Generation != o.generation {
 		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_STALE_GENERATION,
 			Message: fmt.Sprintf("ReleaseHotSet for generation %d reached generation %d", req.Generation, o.generation)}, nil
+	}
+	if err := o.master.admit(req.MasterEpoch); err != nil {
+		resp := &peer.ReleaseHotSetResponse{}
+		resp.Code, resp.Message = wire.ToResponse(err)
+		return resp, nil
 	}
 	o.mu.Lock()
 	acks, released := o.cache.release(req.Bytes)
@@ -104,6 +117,11 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 // InvalidateCachedInfo drops cached infos of keys another owner overwrote or deleted.
 func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	o := h.o
+	if err := o.master.admit(req.MasterEpoch); err != nil {
+		resp := &peer.InvalidateCachedInfoResponse{}
+		resp.Code, resp.Message = wire.ToResponse(err)
+		return resp, nil
+	}
 	o.mu.Lock()
 	for _, e := range req.Entries {
 		if e != nil {

@@ -60,7 +60,7 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	defer pin.Release()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.c.SsdReplicaCommit(ctx, &mp.SsdReplicaCommitRequest{Node: o.master.ref, Key: req.Key, PutId: req.PutId, Len: req.Len})
+	resp, err := o.master.cl().SsdReplicaCommit(ctx, &mp.SsdReplicaCommitRequest{Node: o.master.ref, Key: req.Key, PutId: req.PutId, Len: req.Len})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		// The master may not know this entry: keep none it might not know (a later
 		// delete would not reach it, and a restarted master would adopt it). If the
@@ -85,7 +85,7 @@ func (o *Owner) forwardEvictions() {
 			entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := o.master.c.BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
+		resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
 		cancel()
 		if err := o.master.check(respCode(resp, err)); err != nil {
 			// A master that lost us forgot these routes anyway; an unreachable one will

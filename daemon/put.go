@@ -25,7 +25,7 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	acks := o.acks.take()
-	resp, err := o.master.c.PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: key, Len: length,
+	resp, err := o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: key, Len: length,
 		RejectIfExists: opts != nil && opts.RejectIfExists, Acks: acks})
 	if err != nil {
 		o.acks.giveBack(acks)
@@ -52,6 +52,7 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 		// was not among the pins it reported, so the new master may hand it to someone
 		// else. Never let the client write into it.
 		o.mu.Unlock()
+		o.abandonPut(p) // revoked, in case the new master answered it
 		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "the master changed during PutStart; retry the put")
 	}
 	if p.local {
@@ -134,7 +135,7 @@ func (o *Owner) publish(p *pendingPut) error {
 	o.mu.Lock()
 	mark := o.replicas.mark()
 	o.mu.Unlock()
-	resp, err := o.master.c.PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
+	resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
 	if err != nil {
 		o.abandonPut(p) // best effort: the master may not have seen PutDone
 		// It may have published: the older version this owner records may be dead.
@@ -176,7 +177,7 @@ func (o *Owner) abandonPut(p *pendingPut) {
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.c.PutRevoke(ctx, &mp.PutRevokeRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
+	resp, err := o.master.cl().PutRevoke(ctx, &mp.PutRevokeRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", p.key).Int64("put_id", p.putID).Msg("put revoke failed; the master's TTL will reclaim it")
 	}

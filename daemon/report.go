@@ -54,7 +54,7 @@ func (o *Owner) reportReplicas() {
 	for start := 0; start < total; start += batch {
 		end := min(start+batch, total)
 		ctx, cancel := o.master.ctx()
-		resp, err := o.master.c.ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Records: recs[start:end]})
+		resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Records: recs[start:end]})
 		cancel()
 		if err == nil && resp.Code != common.ErrorCode_OK {
 			err = errCode(resp.Code, "%s", resp.Message)

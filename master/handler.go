@@ -227,10 +227,15 @@ func (h *handler) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequ
 }
 
 func (h *handler) Stat(ctx context.Context, req *mp.StatRequest) (*mp.StatResponse, error) {
-	resp := &mp.StatResponse{Code: common.ErrorCode_OK}
-	h.s.Inspect(func(st *State) {
+	resp := &mp.StatResponse{}
+	err := h.s.withState(func(st *State) error {
 		resp.Members = st.Members()
 		resp.Keys = int64(st.Keys())
+		return nil
 	})
+	if err == nil {
+		resp.Masters = h.s.listMasters(ctx)
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

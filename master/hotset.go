@@ -27,7 +27,7 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 		gen  int64
 	}
 	var owners []owner
-	s.withState(func(st *State) error {
+	s.locked(func(st *State) error {
 		for _, n := range st.nodes {
 			if s.opts.Placement == PlacementLocal && n.id != short.nodeID {
 				continue
@@ -50,7 +50,7 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 			}
 			cctx, cancel := context.WithTimeout(ctx, s.opts.InvalidateTimeout)
 			defer cancel()
-			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen, Bytes: 2 * short.bytes}, callOpts...)
+			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen, Bytes: 2 * short.bytes, MasterEpoch: s.epoch}, callOpts...)
 			if err != nil || resp.Code != common.ErrorCode_OK {
 				s.opts.Logger.Debug().Err(err).Str("peer", o.addr).Msg("release hot set failed")
 				return

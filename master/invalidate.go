@@ -90,6 +90,7 @@ type invalidator struct {
 	timeout time.Duration
 	max     int                            // distinct keys queued per owner
 	live    func(nodeID, addr string) bool // the owner is registered and not tombed
+	epoch   int64                          // the master's, sent with every call
 
 	ctx    context.Context // cancelled by close: in-flight calls end at once
 	cancel context.CancelFunc
@@ -103,8 +104,8 @@ type invalidator struct {
 
 // newInvalidator returns an invalidator whose calls time out after timeout, that
 // queues at most limit keys per owner and sends only to owners live says are live.
-func newInvalidator(log zerolog.Logger, peers *peerclient.Clients, timeout time.Duration, limit int, live func(nodeID, addr string) bool) *invalidator {
-	v := &invalidator{log: log, peers: peers, timeout: timeout, max: limit, live: live, queues: make(map[ownerKey]*invalQueue)}
+func newInvalidator(log zerolog.Logger, peers *peerclient.Clients, timeout time.Duration, limit int, epoch int64, live func(nodeID, addr string) bool) *invalidator {
+	v := &invalidator{log: log, peers: peers, timeout: timeout, max: limit, epoch: epoch, live: live, queues: make(map[ownerKey]*invalQueue)}
 	v.ctx, v.cancel = context.WithCancel(context.Background())
 	return v
 }
@@ -189,7 +190,7 @@ func (v *invalidator) send(ctx context.Context, k ownerKey, entries []*common.Ke
 	}
 	ctx, cancel := context.WithTimeout(ctx, v.timeout)
 	defer cancel()
-	_, err = c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries}, callOpts...)
+	_, err = c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries, MasterEpoch: v.epoch}, callOpts...)
 	return err
 }
 
@@ -248,7 +249,7 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 		}
 		var live, silent bool
 		var lastSeen time.Time
-		s.withState(func(st *State) error {
+		s.locked(func(st *State) error {
 			n := st.nodes[k.nodeID]
 			live = n != nil && n.generation == gen && n.peerAddr == k.addr
 			if live {

@@ -81,6 +81,10 @@ type Options struct {
 	// an owner it does not know. Default 2 × HeartbeatInterval; negative: none (`fluxkv
 	// up`, whose owner restarts with its master).
 	WriteQuiet time.Duration
+	// Epoch numbers this master's state for the owners (registration, eviction notices,
+	// the master_epoch of its peer calls); 0 means the current time in nanoseconds. An
+	// HA term sets its leadership's epoch (and IDBase from it).
+	Epoch int64
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64

@@ -292,7 +292,7 @@ func (p *persister) dropIfIdleLocked(k persistNodeKey) {
 // run makes one SsdReplicaPersist call, unless its owner incarnation is gone.
 func (p *persister) run(ctx context.Context, t *PersistTask) error {
 	live := false
-	p.s.withState(func(st *State) error { live = liveOwnerLocked(st, t.NodeID, t.Generation, ""); return nil })
+	p.s.locked(func(st *State) error { live = liveOwnerLocked(st, t.NodeID, t.Generation, ""); return nil })
 	if !live {
 		return errNodeGone
 	}
@@ -302,7 +302,7 @@ func (p *persister) run(ctx context.Context, t *PersistTask) error {
 	}
 	resp, err := c.SsdReplicaPersist(ctx, &peer.SsdReplicaPersistRequest{Key: t.Key, PutId: t.PutID,
 		Offset: t.Offset, Len: t.Len, Generation: t.Generation, SourceNodeId: t.SourceNodeID,
-		SourceGeneration: t.SourceGeneration, SourceDataAddr: t.SourceDataAddr}, callOpts...)
+		SourceGeneration: t.SourceGeneration, SourceDataAddr: t.SourceDataAddr, MasterEpoch: p.s.epoch}, callOpts...)
 	if err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, errNodeGone) || errors.Is(cause, errMasterStopping) {
 			return cause
@@ -317,7 +317,7 @@ func (p *persister) end(tasks []*PersistTask, err error) {
 	if len(tasks) == 0 {
 		return
 	}
-	p.s.withState(func(st *State) error {
+	p.s.locked(func(st *State) error {
 		for _, t := range tasks {
 			st.PersistDone(t.PutID, err == nil)
 		}
@@ -358,7 +358,7 @@ func (p *persister) watch() {
 			continue
 		}
 		var dead []persistNodeKey
-		p.s.withState(func(st *State) error {
+		p.s.locked(func(st *State) error {
 			for _, k := range keys {
 				if !liveOwnerLocked(st, k.id, k.gen, "") {
 					dead = append(dead, k)

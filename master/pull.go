@@ -52,7 +52,7 @@ func (s *Server) pull(t *PullTask) (err error, answered bool) {
 				return
 			case <-tick.C:
 				live := false
-				s.withState(func(st *State) error {
+				s.locked(func(st *State) error {
 					live = liveOwnerLocked(st, t.TargetNode, t.TargetGeneration, "")
 					return nil
 				})
@@ -65,7 +65,7 @@ func (s *Server) pull(t *PullTask) (err error, answered bool) {
 	}()
 	resp, err := c.PullPut(ctx, &peer.PullPutRequest{Key: t.Key, PutId: t.PutID, Generation: t.TargetGeneration,
 		TargetOffset: t.TargetOffset, Len: t.Len, SourceNodeId: t.SourceNode, SourceGeneration: t.SourceGeneration,
-		SourceDataAddr: t.SourceDataAddr, SourceOffset: t.SourceOffset}, append(callOpts, callopt.WithRPCTimeout(s.opts.PullTimeout))...)
+		SourceDataAddr: t.SourceDataAddr, SourceOffset: t.SourceOffset, MasterEpoch: s.epoch}, append(callOpts, callopt.WithRPCTimeout(s.opts.PullTimeout))...)
 	close(done)
 	wg.Wait()
 	if err != nil {

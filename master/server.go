@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,11 @@ import (
 type Server struct {
 	opts  Options
 	epoch int64
+	// gate, when set (a term of an HA master), says whether the master may serve now:
+	// every use of the state checks it and fails with its error (NOT_LEADER).
+	gate func() error
+	// masters lists the masters for Stat; nil: this one alone, the leader.
+	masters func(ctx context.Context) []*common.MasterInfo
 	// quietUntil: deletes and publishes answer no earlier (Options.WriteQuiet).
 	quietUntil time.Time
 
@@ -51,7 +57,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	opts.setDefaults()
 	now := time.Now()
-	s := &Server{opts: opts, epoch: now.UnixNano(), st: NewState(opts), stop: make(chan struct{}), quietUntil: now.Add(opts.WriteQuiet)}
+	s := &Server{opts: opts, epoch: cmp.Or(opts.Epoch, now.UnixNano()), st: NewState(opts), stop: make(chan struct{}), quietUntil: now.Add(opts.WriteQuiet)}
 	s.st.OpenRebuild(now)
 	return s, nil
 }
@@ -62,12 +68,21 @@ func (s *Server) Start(addr string) error {
 	if err != nil {
 		return fmt.Errorf("master listen %s: %w", addr, err)
 	}
+	if err := s.serve(raw); err != nil {
+		raw.Close()
+		return err
+	}
+	return nil
+}
+
+// serve serves on raw in the background; Stop closes it.
+func (s *Server) serve(raw net.Listener) error {
 	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
 	ln := auth.Listener(raw, s.opts.Secrets, auth.PurposeMaster,
 		auth.ListenerOptions{Logger: s.opts.Logger, Metrics: s.opts.Metrics})
 	s.ln = ln
 	s.peers = peerclient.New(s.opts.Secrets, s.opts.PeerConnectTimeout)
-	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.liveOwner)
+	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.epoch, s.liveOwner)
 	s.persist = newPersister(s)
 	s.svr = masterservice.NewServer(&handler{s: s}, append(append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-master"}),
@@ -83,7 +98,7 @@ func (s *Server) Start(addr string) error {
 	}
 	s.wg.Add(1)
 	go s.maintainLoop()
-	s.opts.Logger.Info().Str("addr", ln.Addr().String()).Msg("master serving")
+	s.opts.Logger.Debug().Str("addr", ln.Addr().String()).Int64("epoch", s.epoch).Msg("master serving")
 	return nil
 }
 
@@ -113,26 +128,53 @@ func (s *Server) Stop() error {
 	return err
 }
 
+// maintainLoop tombs silent owners and reclaims expired in-flight work. While the gate
+// is shut (an HA leader cut off from etcd) owners cannot heartbeat, so nothing is
+// tombed, and their silence is forgiven when it opens again.
 func (s *Server) maintainLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.HeartbeatInterval / 2)
 	defer t.Stop()
+	shut := false
 	for {
 		select {
 		case <-s.stop:
 			return
 		case now := <-t.C:
 			s.mu.Lock()
-			s.st.Maintain(now)
+			switch open := s.gate == nil || s.gate() == nil; {
+			case !open:
+				shut = true
+			case shut:
+				shut = false
+				s.st.Forgive(now)
+				fallthrough
+			default:
+				s.st.Maintain(now)
+			}
 			s.mu.Unlock()
 		}
 	}
 }
 
-// withState runs f under the lock.
+// locked runs f under the lock whether or not the gate is open: the master's own
+// bookkeeping (liveness checks of owners, ends of persists and pulls) must not take a
+// shut gate (etcd slow for a moment) for a dead owner.
+func (s *Server) locked(f func(st *State) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return f(s.st)
+}
+
+// withState runs f under the lock, unless the gate is shut (calls from owners).
 func (s *Server) withState(f func(st *State) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gate != nil {
+		if err := s.gate(); err != nil {
+			return err
+		}
+	}
 	return f(s.st)
 }
 
@@ -241,10 +283,18 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 // can read the level.
 func init() { klog.SetLevel(klog.LevelWarn) }
 
+// listMasters is the masters for Stat: this one alone, or the HA candidates on etcd.
+func (s *Server) listMasters(ctx context.Context) []*common.MasterInfo {
+	if s.masters != nil {
+		return s.masters(ctx)
+	}
+	return []*common.MasterInfo{{Addr: s.ln.Addr().String(), Leader: true, Epoch: s.epoch}}
+}
+
 // liveOwner reports whether the owner id at peer address addr is registered and not
 // tombed: invalidations to any other are dropped.
 func (s *Server) liveOwner(id, addr string) bool {
 	live := false
-	s.withState(func(st *State) error { live = liveOwnerLocked(st, id, 0, addr); return nil })
+	s.locked(func(st *State) error { live = liveOwnerLocked(st, id, 0, addr); return nil })
 	return live
 }

@@ -325,6 +325,14 @@ func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion) 
 
 // Maintain tombs owners silent for longer than the node TTL and revokes in-flight
 // operations past their deadline. It returns the ids of the tombed owners.
+// Forgive restarts the silence clock of every registered owner at now: they could not
+// reach a master whose gate was shut (an HA leader cut off from etcd).
+func (s *State) Forgive(now time.Time) {
+	for _, n := range s.nodes {
+		n.lastSeen = now
+	}
+}
+
 func (s *State) Maintain(now time.Time) []string {
 	var tombed []string
 	for _, n := range s.nodes {

@@ -54,6 +54,8 @@ type Metrics struct {
 
 	replicasOnce sync.Once
 	cachedGets   prometheus.Counter
+
+	leadership leadership
 }
 
 type opKey struct{ op, result string }

@@ -15,6 +15,18 @@ enum ErrorCode {
   INTERNAL = 8,
   // The caller may not do this: an attach by a uid or group the owner does not admit.
   PERMISSION_DENIED = 9,
+  // A master that is not the leader (HA on etcd) answers every call with this; the
+  // message names the leader ("not the leader: HOST:PORT") when it knows one. Only
+  // owners see it: they answer their clients UNAVAILABLE and follow the leader on etcd.
+  NOT_LEADER = 10,
+}
+
+// One master of the cluster as `fluxkv status` shows it: its address, whether it is the
+// leader, and the epoch of its leadership (0 for a follower).
+struct MasterInfo {
+  1: string addr,
+  2: bool leader,
+  3: i64 epoch,
 }
 
 // Where the bytes a get hands out came from.

@@ -306,6 +306,8 @@ struct StatResponse {
   5: string node_id,
   6: i64 client_holders,
   7: i64 clients,
+  // The masters as the leader sees them (master StatResponse.masters).
+  8: list<common.MasterInfo> masters,
 }
 
 service ExternalService {

@@ -290,6 +290,8 @@ struct StatResponse {
   2: string message,
   3: list<common.MemberStat> members,
   4: i64 keys,
+  // The masters: the one answering alone, or (HA) every candidate on etcd, the leader first.
+  5: list<common.MasterInfo> masters,
 }
 
 service MasterService {

@@ -19,6 +19,7 @@ struct SsdReplicaPersistRequest {
   6: string source_node_id,
   7: i64 source_generation,
   8: string source_data_addr,
+  9: i64 master_epoch,
 }
 
 struct SsdReplicaPersistResponse {
@@ -69,6 +70,7 @@ struct SsdStageReadResponse {
 struct InvalidateCachedInfoRequest {
   1: list<common.KeyVersion> entries,
   2: i64 generation,
+  3: i64 master_epoch,
 }
 
 struct InvalidateCachedInfoResponse {
@@ -93,6 +95,7 @@ struct PullPutRequest {
   7: i64 source_generation,
   8: string source_data_addr,
   9: i64 source_offset,
+  10: i64 master_epoch,
 }
 
 struct PullPutResponse {
@@ -107,6 +110,7 @@ struct PullPutResponse {
 struct ReleaseHotSetRequest {
   1: i64 generation,
   2: i64 bytes,
+  3: i64 master_epoch,
 }
 
 struct ReleaseHotSetResponse {
@@ -114,6 +118,10 @@ struct ReleaseHotSetResponse {
   2: string message,
   3: i64 released_bytes,
 }
+
+// master_epoch in the master's calls (SsdReplicaPersist, InvalidateCachedInfo, PullPut,
+// ReleaseHotSet) is the calling master's epoch: an owner registered with a later master
+// refuses the call (UNAVAILABLE), so a deposed leader cannot change it (DESIGN §12).
 
 service PeerService {
   SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),

@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -179,47 +180,87 @@ type memberJSON struct {
 	SsdPersistsPending int64 `json:"ssd_persists_pending"`
 }
 
+// masterJSON is one master: its address, whether it leads, and the epoch of its
+// leadership (0 for a follower). A standalone master is the one leader.
+type masterJSON struct {
+	Addr   string `json:"addr"`
+	Leader bool   `json:"leader"`
+	Epoch  int64  `json:"epoch"`
+}
+
 type statusJSON struct {
 	Members []memberJSON `json:"members"`
+	Masters []masterJSON `json:"masters"`
 	Keys    int64        `json:"keys"`
 }
 
 func statusCommand() *cli.Command {
-	return clientCommand("status", "members, memory and SSD capacity/used, keys", "", 0, 0,
+	return clientCommand("status", "members, memory and SSD capacity/used, masters and the leader, keys", "", 0, 0,
 		[]cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 		func(c *cli.Context, cl *fluxkv.Client, _ []string) error {
 			st, err := cl.Stat()
 			if err != nil {
 				return failure(err)
 			}
-			out := statusJSON{Members: []memberJSON{}, Keys: st.Keys}
-			for _, m := range st.Members {
-				mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
-					MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders,
-					SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped, SsdPersistsPending: m.SsdPersistsPending}
-				if m.MemorySegment != nil {
-					mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
-				}
-				if m.KvSsd != nil {
-					mj.KvSsd = capacityJSON{m.KvSsd.CapacityBytes, m.KvSsd.UsedBytes}
-				}
-				out.Members = append(out.Members, mj)
-			}
+			out := statusOf(st)
 			if c.Bool("json") {
 				enc := json.NewEncoder(os.Stdout)
 				return enc.Encode(out)
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
-			for _, m := range out.Members {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
-					approxSize(m.MemorySegment.UsedBytes), humanSize(m.MemorySegment.CapacityBytes),
-					approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
-			}
-			tw.Flush()
-			fmt.Printf("keys: %d\n", out.Keys)
+			printStatus(os.Stdout, out)
 			return nil
 		})
+}
+
+// statusOf is the owner's Stat answer as `fluxkv status` prints it; members and
+// masters are arrays even when empty.
+func statusOf(st *external.StatResponse) statusJSON {
+	out := statusJSON{Members: []memberJSON{}, Masters: []masterJSON{}, Keys: st.Keys}
+	for _, m := range st.Members {
+		mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
+			MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders,
+			SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped, SsdPersistsPending: m.SsdPersistsPending}
+		if m.MemorySegment != nil {
+			mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
+		}
+		if m.KvSsd != nil {
+			mj.KvSsd = capacityJSON{m.KvSsd.CapacityBytes, m.KvSsd.UsedBytes}
+		}
+		out.Members = append(out.Members, mj)
+	}
+	for _, m := range st.Masters {
+		if m != nil {
+			out.Masters = append(out.Masters, masterJSON{Addr: m.Addr, Leader: m.Leader, Epoch: m.Epoch})
+		}
+	}
+	return out
+}
+
+// printStatus prints status as tables: the members, then the masters (when the
+// owner reported any), then the key count.
+func printStatus(w io.Writer, out statusJSON) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
+	for _, m := range out.Members {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
+			approxSize(m.MemorySegment.UsedBytes), humanSize(m.MemorySegment.CapacityBytes),
+			approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
+	}
+	tw.Flush()
+	if len(out.Masters) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MASTER\tLEADER\tEPOCH")
+		for _, m := range out.Masters {
+			leader := "no"
+			if m.Leader {
+				leader = "yes"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\n", orDash(m.Addr), leader, m.Epoch)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "keys: %d\n", out.Keys)
 }
 
 // orDash prints an empty field as "-".

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/signal"
 	"syscall"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/fluxkv/fluxkv/config"
 	"github.com/fluxkv/fluxkv/daemon"
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/ssd"
@@ -26,7 +28,7 @@ func masterCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "master",
 		Usage: "run the master (routes, allocation, membership) over TCP",
-		Flags: append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, masterFlags("127.0.0.1:7700")...), clusterFlags()...),
+		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, masterFlags("127.0.0.1:7700")...), clusterFlags()...), haFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -54,7 +56,8 @@ func masterCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			// The standalone master's gauges are cluster totals.
+			// The standalone master's gauges are cluster totals (an HA master's while
+			// it leads).
 			m.SetCapacityFunc(srv.Capacity)
 			waitStop(ctx)
 			return st.stop()
@@ -67,8 +70,10 @@ func ownerCommand() *cli.Command {
 		Name:  "owner",
 		Usage: "run the per-node owner sidecar; it registers with a master",
 		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag(),
-			&cli.StringFlag{Name: "master", Usage: "master address host:port (required here or in the config) [fluxkv_spec.master]"}},
-			append(ownerFlags(), clusterFlags()...)...),
+			&cli.StringFlag{Name: "master", Usage: "the master's host:port, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/] to follow the leader " +
+				"of masters campaigning on etcd (prefix default /fluxkv/<cluster-name>/; TLS: --etcd-cacert, --etcd-cert, --etcd-key); " +
+				"required here or in the config [fluxkv_spec.master]"}},
+			append(append(ownerFlags(), clusterFlags()...), ownerEtcdFlags()...)...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -81,7 +86,7 @@ func ownerCommand() *cli.Command {
 				return err
 			}
 			if oc.Master == "" {
-				return cli.Exit("owner: the master's address is required: --master HOST:PORT or fluxkv_spec.master in --config", 2)
+				return cli.Exit("owner: the master's address is required: --master HOST:PORT (or etcd://HOST:PORT,... for masters on etcd) or fluxkv_spec.master in --config", 2)
 			}
 			if err := applyLogSettings(c, oc.LogLevel, oc.LogFormat); err != nil {
 				return err
@@ -240,12 +245,35 @@ func (s *stack) metrics(addr string) (*metrics.Metrics, error) {
 	return m, nil
 }
 
+// masterServer is a started master: a standalone *master.Server, or a *master.HA
+// campaigning on etcd.
+type masterServer interface {
+	Start(addr string) error
+	Stop() error
+	Addr() net.Addr
+	Capacity() metrics.Capacity
+}
+
+var (
+	_ masterServer = (*master.Server)(nil)
+	_ masterServer = (*master.HA)(nil)
+)
+
 // master starts a master; writeQuiet is master.Options.WriteQuiet (0: its default).
-func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets, writeQuiet time.Duration) (*master.Server, error) {
+// With etcd endpoints it is one of several campaigning there (HA, DESIGN §12).
+func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets, writeQuiet time.Duration) (masterServer, error) {
 	t0 := time.Now()
 	opts := masterOptions(mc, m, secrets)
 	opts.WriteQuiet = writeQuiet
-	srv, err := master.NewServer(opts)
+	var (
+		srv masterServer
+		err error
+	)
+	if len(mc.EtcdEndpoints) > 0 {
+		srv, err = master.NewHA(opts, haOptions(mc))
+	} else {
+		srv, err = master.NewServer(opts)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -253,8 +281,30 @@ func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secre
 		return nil, err
 	}
 	s.push("master", srv.Stop)
-	logger.Info().Str("component", "master").Str("addr", srv.Addr().String()).Dur("took", time.Since(t0)).Msg("master started")
+	ev := logger.Info().Str("component", "master").Str("addr", srv.Addr().String())
+	if len(mc.EtcdEndpoints) > 0 {
+		ev = ev.Strs("etcd_endpoints", mc.EtcdEndpoints).Str("etcd_prefix", mc.EtcdPrefix).Str("advertise_addr", mc.AdvertiseAddr)
+	}
+	ev.Dur("took", time.Since(t0)).Msg("master started")
 	return srv, nil
+}
+
+// haOptions turns merged master settings with etcd endpoints into the HA options:
+// the prefix defaults to /fluxkv/<cluster name>/ (masterSettings resolved it already).
+func haOptions(mc config.Master) master.HAOptions {
+	prefix := mc.EtcdPrefix
+	if prefix == "" {
+		prefix = ha.DefaultPrefix(mc.ClusterName)
+	}
+	return master.HAOptions{
+		Etcd: ha.Config{
+			Endpoints: mc.EtcdEndpoints,
+			Prefix:    prefix,
+			TLS:       ha.TLS{CACert: mc.EtcdCACert, Cert: mc.EtcdCert, Key: mc.EtcdKey},
+		},
+		AdvertiseAddr: mc.AdvertiseAddr,
+		LeaderTTL:     mc.LeaderTTL,
+	}
 }
 
 func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) (*daemon.Owner, error) {
@@ -313,7 +363,8 @@ func masterOptions(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) 
 
 // ownerOptions turns merged owner settings into daemon options; large_limit_size
 // turns the SSD tier on (DESIGN.md §6); nil secrets run an insecure cluster
-// (clusterSecrets allowed it).
+// (clusterSecrets allowed it). A masterAddr etcd://... (ownerSettings checked it)
+// makes the owner follow the leader on etcd (HA, DESIGN §12) instead.
 func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) daemon.Options {
 	l := componentLogger("owner")
 	opts := daemon.Options{
@@ -336,6 +387,14 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secret
 		Logger:          &l,
 	}
 	opts.AllowedUIDs = oc.AllowedUIDs
+	if ha.IsURL(masterAddr) {
+		// On the impossible parse error (ownerSettings refused it) the empty config
+		// makes the daemon refuse to start: "no etcd endpoints".
+		cfg, _ := ha.ParseURL(masterAddr, oc.ClusterName)
+		cfg.TLS = ha.TLS{CACert: oc.EtcdCACert, Cert: oc.EtcdCert, Key: oc.EtcdKey}
+		opts.MasterEtcd = &cfg
+		opts.MasterAddr = ""
+	}
 	if oc.TransferReserve != nil {
 		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
 		opts.TransferReserve = *oc.TransferReserve

@@ -5,11 +5,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/fluxkv/fluxkv/config"
+	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
@@ -63,6 +66,48 @@ func masterFlags(listenDefault string) []cli.Flag {
 		&cli.StringFlag{Name: "placement", Value: "pool",
 			Usage: "where puts go: pool = the requester while it has room, else the owner with the most free bytes, else evict across the pool (duplicate copies first) and place where room was made; the target owner pulls the value from the requester's transfer area (--transfer-reserve); local = always the requester [master.placement]"},
 	}
+}
+
+// haFlags are the master's flags for high availability on etcd: `fluxkv master` only
+// (`fluxkv up` is one node with its own master).
+func haFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "etcd-endpoints",
+			Usage: "etcd client endpoints (host:port or http(s)://host:port), comma-separated or repeated: the masters campaign there and only the leader serves; unset = this master runs alone [master.etcd_endpoints]"},
+		&cli.StringFlag{Name: "advertise-addr", DefaultText: "the --listen address",
+			Usage: "host:port owners reach this master at, published on etcd while it leads; required with --etcd-endpoints when --listen is a wildcard or port 0 [master.advertise_addr]"},
+		&cli.StringFlag{Name: "etcd-prefix", DefaultText: "/fluxkv/<cluster-name>/",
+			Usage: "key prefix of this cluster on etcd, starting and ending with /; owners name the same one [master.etcd_prefix]"},
+		&cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the default --etcd-prefix [master.cluster_name]"},
+		&cli.StringFlag{Name: "etcd-cacert", Usage: "CA certificate (PEM) that verifies etcd's certificate (TLS towards etcd) [master.etcd_cacert]"},
+		&cli.StringFlag{Name: "etcd-cert", Usage: "client certificate (PEM) this master presents to etcd; needs --etcd-key [master.etcd_cert]"},
+		&cli.StringFlag{Name: "etcd-key", Usage: "private key (PEM) of --etcd-cert [master.etcd_key]"},
+		&cli.DurationFlag{Name: "leader-ttl", DefaultText: "2s",
+			Usage: "etcd lease TTL of the leadership (etcd grants whole seconds): a crashed leader is replaced within about this; > 0 [master.leader_ttl]"},
+	}
+}
+
+// ownerEtcdFlags are the owner's flags for TLS towards etcd, used with --master
+// etcd://...: `fluxkv owner` only.
+func ownerEtcdFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "etcd-cacert", Usage: "with --master etcd://...: CA certificate (PEM) that verifies etcd's certificate [fluxkv_spec.etcd_cacert]"},
+		&cli.StringFlag{Name: "etcd-cert", Usage: "with --master etcd://...: client certificate (PEM) this owner presents to etcd; needs --etcd-key [fluxkv_spec.etcd_cert]"},
+		&cli.StringFlag{Name: "etcd-key", Usage: "with --master etcd://...: private key (PEM) of --etcd-cert [fluxkv_spec.etcd_key]"},
+	}
+}
+
+// hasFlag reports whether the running command defines the flag name.
+func hasFlag(c *cli.Context, name string) bool {
+	if c.Command == nil {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		if slices.Contains(f.Names(), name) {
+			return true
+		}
+	}
+	return false
 }
 
 func ownerFlags() []cli.Flag {
@@ -181,7 +226,90 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 			return s, refuse("%s: %v", settingName(c, "metrics-addr", "master.metrics_addr", fm.MetricsAddr != ""), err)
 		}
 	}
+	if hasFlag(c, "etcd-endpoints") {
+		if err := haSettings(c, fm, &s); err != nil {
+			return s, err
+		}
+	}
 	return s, nil
+}
+
+// haSettings merges the master's etcd settings (HA, DESIGN §12) over the file's and
+// checks them together. Without endpoints the master runs alone and every other HA
+// setting is refused (it would be silently ignored); with them the prefix is resolved
+// (default /fluxkv/<cluster name>/) and the cluster name is kept.
+func haSettings(c *cli.Context, fm config.Master, s *config.Master) error {
+	const sec = config.MasterSection + "."
+	name := func(flag, key string, fromFile bool) string { return settingName(c, flag, sec+key, fromFile) }
+	s.EtcdEndpoints = fm.EtcdEndpoints
+	if c.IsSet("etcd-endpoints") {
+		s.EtcdEndpoints = nil
+		for _, e := range c.StringSlice("etcd-endpoints") {
+			if e = strings.TrimSpace(e); e != "" {
+				s.EtcdEndpoints = append(s.EtcdEndpoints, e)
+			}
+		}
+		if len(s.EtcdEndpoints) == 0 {
+			return refuse("--etcd-endpoints: no endpoint given (leave it out to run the master alone)")
+		}
+	}
+	s.AdvertiseAddr = str(c, "advertise-addr", fm.AdvertiseAddr)
+	s.EtcdPrefix = str(c, "etcd-prefix", fm.EtcdPrefix)
+	s.EtcdCACert = str(c, "etcd-cacert", fm.EtcdCACert)
+	s.EtcdCert = str(c, "etcd-cert", fm.EtcdCert)
+	s.EtcdKey = str(c, "etcd-key", fm.EtcdKey)
+	s.LeaderTTL = dur(c, "leader-ttl", fm.LeaderTTL)
+	if c.IsSet("leader-ttl") && s.LeaderTTL <= 0 {
+		return refuse("--leader-ttl must be positive, got %v (leave it out for the default 2s)", s.LeaderTTL)
+	}
+	for _, e := range s.EtcdEndpoints {
+		if err := config.CheckEtcdEndpoint(e); err != nil {
+			return refuse("%s: %v", name("etcd-endpoints", "etcd_endpoints", !c.IsSet("etcd-endpoints")), err)
+		}
+	}
+	haOnly := []struct {
+		flag, key string
+		set       bool
+		fromFile  bool
+	}{
+		{"advertise-addr", "advertise_addr", s.AdvertiseAddr != "", fm.AdvertiseAddr != ""},
+		{"etcd-prefix", "etcd_prefix", s.EtcdPrefix != "", fm.EtcdPrefix != ""},
+		{"etcd-cacert", "etcd_cacert", s.EtcdCACert != "", fm.EtcdCACert != ""},
+		{"etcd-cert", "etcd_cert", s.EtcdCert != "", fm.EtcdCert != ""},
+		{"etcd-key", "etcd_key", s.EtcdKey != "", fm.EtcdKey != ""},
+		{"leader-ttl", "leader_ttl", s.LeaderTTL != 0, fm.LeaderTTL != 0},
+	}
+	if len(s.EtcdEndpoints) == 0 {
+		for _, h := range haOnly {
+			if h.set {
+				return refuse("%s needs --etcd-endpoints (master.etcd_endpoints): without etcd the master runs alone", name(h.flag, h.key, h.fromFile))
+			}
+		}
+		return nil
+	}
+	s.ClusterName = str(c, "cluster-name", fm.ClusterName)
+	if s.EtcdPrefix == "" {
+		s.EtcdPrefix = ha.DefaultPrefix(s.ClusterName)
+	}
+	if err := config.CheckEtcdPrefix(s.EtcdPrefix); err != nil {
+		return refuse("%s: %v", name("etcd-prefix", "etcd_prefix", fm.EtcdPrefix != ""), err)
+	}
+	if (s.EtcdCert == "") != (s.EtcdKey == "") {
+		have, lack := name("etcd-cert", "etcd_cert", fm.EtcdCert != ""), "--etcd-key (master.etcd_key)"
+		if s.EtcdCert == "" {
+			have, lack = name("etcd-key", "etcd_key", fm.EtcdKey != ""), "--etcd-cert (master.etcd_cert)"
+		}
+		return refuse("%s without %s: give both the client certificate and its key, or neither", have, lack)
+	}
+	if s.AdvertiseAddr != "" {
+		if err := config.CheckAdvertiseAddr(s.AdvertiseAddr); err != nil {
+			return refuse("%s: %v", name("advertise-addr", "advertise_addr", fm.AdvertiseAddr != ""), err)
+		}
+	} else if config.IsWildcardAddr(s.Listen) {
+		return refuse("--advertise-addr (master.advertise_addr) is required with etcd endpoints when %s %q is a wildcard or port 0: "+
+			"the leader publishes the address owners reach it at", name("listen", "listen", fm.Listen != ""), s.Listen)
+	}
+	return nil
 }
 
 // ownerSettings merges the file's fluxkv_spec section under the flags. The master
@@ -272,6 +400,9 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		return s, cli.Exit(fmt.Sprintf("socket directory %q: %v", s.SocketDir, err), 2)
 	}
 	s.SocketDir = dir
+	if err := ownerEtcdSettings(c, fo, &s); err != nil {
+		return s, err
+	}
 	for _, a := range []struct {
 		flag, key, v string
 		fromFile     bool
@@ -281,7 +412,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		{"metrics-addr", "metrics_addr", s.MetricsAddr, fo.MetricsAddr != ""},
 		{"master", "master", s.Master, fo.Master != ""},
 	} {
-		if a.v == "" {
+		if a.v == "" || a.flag == "master" && ha.IsURL(a.v) { // etcd://: ownerEtcdSettings checked it
 			continue
 		}
 		if err := config.CheckAddr(a.v); err != nil {
@@ -310,6 +441,44 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		}
 	}
 	return s, nil
+}
+
+// ownerEtcdSettings checks an owner's --master etcd://... (HA, DESIGN §12: the owner
+// follows the leader published there; without a prefix it is /fluxkv/<cluster name>/)
+// and merges --etcd-cacert, --etcd-cert and --etcd-key over the file's, which only go
+// with it.
+func ownerEtcdSettings(c *cli.Context, fo config.Owner, s *config.Owner) error {
+	const sec = config.OwnerSection + "."
+	name := func(flag, key string, fromFile bool) string { return settingName(c, flag, sec+key, fromFile) }
+	s.EtcdCACert = str(c, "etcd-cacert", fo.EtcdCACert)
+	s.EtcdCert = str(c, "etcd-cert", fo.EtcdCert)
+	s.EtcdKey = str(c, "etcd-key", fo.EtcdKey)
+	if !ha.IsURL(s.Master) {
+		for _, t := range []struct {
+			flag, key, v string
+			fromFile     bool
+		}{
+			{"etcd-cacert", "etcd_cacert", s.EtcdCACert, fo.EtcdCACert != ""},
+			{"etcd-cert", "etcd_cert", s.EtcdCert, fo.EtcdCert != ""},
+			{"etcd-key", "etcd_key", s.EtcdKey, fo.EtcdKey != ""},
+		} {
+			if t.v != "" {
+				return refuse("%s needs --master %sHOST:PORT[,HOST:PORT...] (fluxkv_spec.master): it is for the connection to etcd", name(t.flag, t.key, t.fromFile), ha.Scheme)
+			}
+		}
+		return nil
+	}
+	if _, err := ha.ParseURL(s.Master, s.ClusterName); err != nil {
+		return refuse("%s: %v", name("master", "master", fo.Master != ""), err)
+	}
+	if (s.EtcdCert == "") != (s.EtcdKey == "") {
+		have, lack := name("etcd-cert", "etcd_cert", fo.EtcdCert != ""), "--etcd-key (fluxkv_spec.etcd_key)"
+		if s.EtcdCert == "" {
+			have, lack = name("etcd-key", "etcd_key", fo.EtcdKey != ""), "--etcd-cert (fluxkv_spec.etcd_cert)"
+		}
+		return refuse("%s without %s: give both the client certificate and its key, or neither", have, lack)
+	}
+	return nil
 }
 
 // ownerSSDFlags applies --large-file-paths and --large-limit-size. Each replaces the

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +17,9 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/fluxkv/fluxkv/config"
+	"github.com/fluxkv/fluxkv/master/ha"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
 
 // runSettings runs a cli app with the real command flags and captures the merged
@@ -466,5 +471,284 @@ func TestHumanSize(t *testing.T) {
 		if got := approxSize(tt.n); got != tt.approx {
 			t.Errorf("approxSize(%d) = %q, want %q", tt.n, got, tt.approx)
 		}
+	}
+}
+
+// Masters on etcd (HA, DESIGN §12): `fluxkv master`'s flags merge over the file's
+// master section, the prefix defaults to /fluxkv/<cluster name>/, and settings that
+// cannot work together are refused with exit status 2.
+func TestSettingsMasterHA(t *testing.T) {
+	const haYAML = `
+master:
+  listen: 0.0.0.0:7700
+  etcd_endpoints: [e1:2379, e2:2379]
+  advertise_addr: 10.0.0.5:7700
+  cluster_name: prod
+  leader_ttl: 4s
+`
+	base := config.Master{Placement: "pool", NodeTTL: 5 * time.Second}
+	with := func(f func(m *config.Master)) *config.Master {
+		m := base
+		f(&m)
+		return &m
+	}
+	for _, tt := range []struct {
+		name, yaml string
+		args       []string
+		want       *config.Master
+		wantErr    string
+	}{
+		{name: "alone by default", want: with(func(m *config.Master) { m.Listen = "127.0.0.1:7700" })},
+		{name: "cluster name alone is ignored", args: []string{"--cluster-name", "prod"},
+			want: with(func(m *config.Master) { m.Listen = "127.0.0.1:7700" })},
+		{name: "file only", yaml: haYAML, want: with(func(m *config.Master) {
+			m.Listen, m.EtcdEndpoints, m.AdvertiseAddr, m.ClusterName, m.EtcdPrefix, m.LeaderTTL =
+				"0.0.0.0:7700", []string{"e1:2379", "e2:2379"}, "10.0.0.5:7700", "prod", "/fluxkv/prod/", 4*time.Second
+		})},
+		{name: "flags win", yaml: haYAML,
+			args: []string{"--etcd-endpoints", "f1:2379,f2:2379", "--etcd-endpoints", "https://f3:2379", "--advertise-addr", "10.0.0.6:7700",
+				"--cluster-name", "flagged", "--leader-ttl", "3s", "--etcd-cacert", "/ca.pem", "--etcd-cert", "/c.pem", "--etcd-key", "/k.pem"},
+			want: with(func(m *config.Master) {
+				m.Listen, m.EtcdEndpoints, m.AdvertiseAddr, m.ClusterName, m.EtcdPrefix, m.LeaderTTL =
+					"0.0.0.0:7700", []string{"f1:2379", "f2:2379", "https://f3:2379"}, "10.0.0.6:7700", "flagged", "/fluxkv/flagged/", 3*time.Second
+				m.EtcdCACert, m.EtcdCert, m.EtcdKey = "/ca.pem", "/c.pem", "/k.pem"
+			})},
+		{name: "flags only, listen not a wildcard: advertise defaults to it", args: []string{"--etcd-endpoints", "e:2379", "--listen", "10.0.0.7:7700"},
+			want: with(func(m *config.Master) {
+				m.Listen, m.EtcdEndpoints, m.ClusterName, m.EtcdPrefix = "10.0.0.7:7700", []string{"e:2379"}, "fluxkv", "/fluxkv/fluxkv/"
+			})},
+		{name: "prefix flag over the file's", yaml: haYAML + "  etcd_prefix: /file/\n", args: []string{"--etcd-prefix", "/flag/p/"},
+			want: with(func(m *config.Master) {
+				m.Listen, m.EtcdEndpoints, m.AdvertiseAddr, m.ClusterName, m.EtcdPrefix, m.LeaderTTL =
+					"0.0.0.0:7700", []string{"e1:2379", "e2:2379"}, "10.0.0.5:7700", "prod", "/flag/p/", 4*time.Second
+			})},
+		{name: "prefix from the file", yaml: haYAML + "  etcd_prefix: /file/\n",
+			want: with(func(m *config.Master) {
+				m.Listen, m.EtcdEndpoints, m.AdvertiseAddr, m.ClusterName, m.EtcdPrefix, m.LeaderTTL =
+					"0.0.0.0:7700", []string{"e1:2379", "e2:2379"}, "10.0.0.5:7700", "prod", "/file/", 4*time.Second
+			})},
+
+		// Refusals.
+		{name: "wildcard listen without advertise", args: []string{"--etcd-endpoints", "e:2379", "--listen", ":7700"},
+			wantErr: `--advertise-addr (master.advertise_addr) is required with etcd endpoints when --listen ":7700" is a wildcard or port 0`},
+		{name: "0.0.0.0 listen without advertise", args: []string{"--etcd-endpoints", "e:2379", "--listen", "0.0.0.0:7700"},
+			wantErr: `--advertise-addr (master.advertise_addr) is required`},
+		{name: ":: listen from the file without advertise", yaml: "master:\n  listen: \"[::]:7700\"\n", args: []string{"--etcd-endpoints", "e:2379"},
+			wantErr: `master.listen (--listen) "[::]:7700" is a wildcard or port 0`},
+		{name: "port 0 listen without advertise", args: []string{"--etcd-endpoints", "e:2379", "--listen", "10.0.0.1:0"},
+			wantErr: `--listen "10.0.0.1:0" is a wildcard or port 0`},
+		{name: "advertise a wildcard", args: []string{"--etcd-endpoints", "e:2379", "--advertise-addr", "0.0.0.0:7700"},
+			wantErr: `--advertise-addr: invalid address "0.0.0.0:7700": advertise a host other hosts can reach`},
+		{name: "advertise without endpoints", args: []string{"--advertise-addr", "10.0.0.1:7700"},
+			wantErr: "--advertise-addr needs --etcd-endpoints (master.etcd_endpoints): without etcd the master runs alone"},
+		{name: "file prefix without endpoints", yaml: "master: {etcd_prefix: /p/}",
+			wantErr: "master.etcd_prefix (--etcd-prefix) needs --etcd-endpoints"},
+		{name: "leader ttl without endpoints", args: []string{"--leader-ttl", "3s"}, wantErr: "--leader-ttl needs --etcd-endpoints"},
+		{name: "cacert without endpoints", args: []string{"--etcd-cacert", "/ca.pem"}, wantErr: "--etcd-cacert needs --etcd-endpoints"},
+		{name: "file key without endpoints", yaml: "master: {etcd_key: /k.pem}", wantErr: "master.etcd_key (--etcd-key) needs --etcd-endpoints"},
+		{name: "cert without key", yaml: haYAML, args: []string{"--etcd-cert", "/c.pem"},
+			wantErr: "--etcd-cert without --etcd-key (master.etcd_key): give both the client certificate and its key, or neither"},
+		{name: "key from the file without cert", yaml: haYAML + "  etcd_key: /k.pem\n",
+			wantErr: "master.etcd_key (--etcd-key) without --etcd-cert (master.etcd_cert)"},
+		{name: "bad prefix flag", yaml: haYAML, args: []string{"--etcd-prefix", "fluxkv"},
+			wantErr: `--etcd-prefix: invalid etcd prefix "fluxkv": must start and end with /`},
+		{name: "zero leader ttl", yaml: haYAML, args: []string{"--leader-ttl", "0s"},
+			wantErr: "--leader-ttl must be positive, got 0s"},
+		{name: "bad endpoint flag", args: []string{"--etcd-endpoints", "e1:2379,e2", "--listen", "10.0.0.1:7700"},
+			wantErr: `--etcd-endpoints: invalid etcd endpoint "e2": want host:port`},
+		{name: "empty endpoints flag", args: []string{"--etcd-endpoints", ""},
+			wantErr: "--etcd-endpoints: no endpoint given"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, mc, err := runSettings(t, "master", tt.yaml, tt.args...)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
+					t.Errorf("error %v is not exit status 2", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(mc, *tt.want) {
+				t.Errorf("master settings\n  got  %+v\n  want %+v", mc, *tt.want)
+			}
+			if len(mc.EtcdEndpoints) > 0 {
+				h := haOptions(mc)
+				if !slices.Equal(h.Etcd.Endpoints, mc.EtcdEndpoints) || h.Etcd.Prefix != mc.EtcdPrefix || h.AdvertiseAddr != mc.AdvertiseAddr ||
+					h.LeaderTTL != mc.LeaderTTL || h.Etcd.TLS.CACert != mc.EtcdCACert || h.Etcd.TLS.Cert != mc.EtcdCert || h.Etcd.TLS.Key != mc.EtcdKey {
+					t.Errorf("haOptions(%+v) = %+v", mc, h)
+				}
+				if err := h.Etcd.Validate(); err != nil {
+					t.Errorf("haOptions: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// The HA flags are `fluxkv master`'s (and the etcd TLS flags `fluxkv owner`'s):
+// `fluxkv up` is one node with its own master, and refuses the YAML keys too.
+func TestSettingsUpHasNoHA(t *testing.T) {
+	names := func(cmd *cli.Command) map[string]bool {
+		m := map[string]bool{}
+		for _, f := range cmd.Flags {
+			for _, n := range f.Names() {
+				m[n] = true
+			}
+		}
+		return m
+	}
+	master, owner, up := names(masterCommand()), names(ownerCommand()), names(upCommand())
+	for _, f := range haFlags() {
+		n := f.Names()[0]
+		if !master[n] {
+			t.Errorf("fluxkv master lacks --%s", n)
+		}
+		if up[n] && n != "cluster-name" { // up's --cluster-name is the owner's
+			t.Errorf("fluxkv up has --%s", n)
+		}
+	}
+	for _, n := range []string{"etcd-cacert", "etcd-cert", "etcd-key"} {
+		if !owner[n] {
+			t.Errorf("fluxkv owner lacks --%s", n)
+		}
+	}
+	for _, tt := range []struct{ yaml, wantErr string }{
+		{"master:\n  etcd_endpoints: [e:2379]\n",
+			"master.etcd_endpoints: not for `fluxkv up` (one node, its own master); run `fluxkv master`"},
+		{"master:\n  advertise_addr: 10.0.0.1:7700\n", "master.advertise_addr: not for `fluxkv up`"},
+		{"fluxkv_spec:\n  etcd_cert: /c.pem\n", "fluxkv_spec.etcd_cert: not for `fluxkv up`"},
+	} {
+		_, _, err := runSettings(t, "up", tt.yaml)
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%q: error %v, want one containing %q", tt.yaml, err, tt.wantErr)
+		} else if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
+			t.Errorf("error %v is not exit status 2", err)
+		}
+	}
+}
+
+// An owner's --master etcd://H:P[,H:P...][/PREFIX/] (or fluxkv_spec.master) follows
+// the leader on etcd: daemon.Options.MasterEtcd, with the prefix defaulting to
+// /fluxkv/<cluster name>/ and TLS from --etcd-cacert/--etcd-cert/--etcd-key.
+func TestSettingsOwnerEtcdMaster(t *testing.T) {
+	base := []string{"--dir", "/tmp/x"}
+	for _, tt := range []struct {
+		name, yaml string
+		args       []string
+		wantEtcd   *ha.Config // nil: a plain master address
+		wantAddr   string
+		wantErr    string
+	}{
+		{name: "plain address", args: []string{"--master", "10.0.0.1:7700"}, wantAddr: "10.0.0.1:7700"},
+		{name: "default prefix", args: []string{"--master", "etcd://h1:2379,h2:2379"},
+			wantEtcd: &ha.Config{Endpoints: []string{"h1:2379", "h2:2379"}, Prefix: "/fluxkv/fluxkv/"}},
+		{name: "default prefix from --cluster-name", args: []string{"--master", "etcd://h1:2379", "--cluster-name", "prod"},
+			wantEtcd: &ha.Config{Endpoints: []string{"h1:2379"}, Prefix: "/fluxkv/prod/"}},
+		{name: "default prefix from the file's cluster name", yaml: "fluxkv_spec:\n  master: etcd://h1:2379\n  cluster_name: filed\n",
+			wantEtcd: &ha.Config{Endpoints: []string{"h1:2379"}, Prefix: "/fluxkv/filed/"}},
+		{name: "explicit prefix", args: []string{"--master", "etcd://h1:2379,h2:2379/team/a/", "--cluster-name", "prod"},
+			wantEtcd: &ha.Config{Endpoints: []string{"h1:2379", "h2:2379"}, Prefix: "/team/a/"}},
+		{name: "TLS from flags and file", yaml: "fluxkv_spec:\n  master: etcd://h1:2379\n  etcd_cacert: /file-ca.pem\n  etcd_cert: /file-c.pem\n  etcd_key: /file-k.pem\n",
+			args: []string{"--etcd-cert", "/c.pem", "--etcd-key", "/k.pem"},
+			wantEtcd: &ha.Config{Endpoints: []string{"h1:2379"}, Prefix: "/fluxkv/fluxkv/",
+				TLS: ha.TLS{CACert: "/file-ca.pem", Cert: "/c.pem", Key: "/k.pem"}}},
+		{name: "flag master address over the file's etcd", yaml: "fluxkv_spec:\n  master: etcd://h1:2379\n",
+			args: []string{"--master", "10.0.0.1:7700"}, wantAddr: "10.0.0.1:7700"},
+
+		{name: "TLS without etcd", args: []string{"--master", "10.0.0.1:7700", "--etcd-cacert", "/ca.pem"},
+			wantErr: "--etcd-cacert needs --master etcd://HOST:PORT[,HOST:PORT...] (fluxkv_spec.master)"},
+		{name: "file TLS without etcd", yaml: "fluxkv_spec:\n  master: 10.0.0.1:7700\n  etcd_key: /k.pem\n",
+			wantErr: "fluxkv_spec.etcd_key (--etcd-key) needs --master etcd://"},
+		{name: "cert without key", args: []string{"--master", "etcd://h1:2379", "--etcd-cert", "/c.pem"},
+			wantErr: "--etcd-cert without --etcd-key (fluxkv_spec.etcd_key): give both the client certificate and its key, or neither"},
+		{name: "bad etcd url flag", args: []string{"--master", "etcd://h1:2379/p"},
+			wantErr: `--master: "etcd://h1:2379/p": etcd prefix "/p": must start and end with /`},
+		{name: "etcd url without endpoints", args: []string{"--master", "etcd://"},
+			wantErr: `--master: "etcd://": no etcd endpoints`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			oc, _, err := runSettings(t, "owner", tt.yaml, append(append([]string{}, base...), tt.args...)...)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
+					t.Errorf("error %v is not exit status 2", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := ownerOptions(oc, oc.Master, nil, nil)
+			if d.MasterAddr != tt.wantAddr {
+				t.Errorf("MasterAddr %q, want %q", d.MasterAddr, tt.wantAddr)
+			}
+			switch {
+			case tt.wantEtcd == nil && d.MasterEtcd != nil:
+				t.Errorf("MasterEtcd %+v, want none", *d.MasterEtcd)
+			case tt.wantEtcd != nil && (d.MasterEtcd == nil || !reflect.DeepEqual(*d.MasterEtcd, *tt.wantEtcd)):
+				t.Errorf("MasterEtcd %+v, want %+v", d.MasterEtcd, *tt.wantEtcd)
+			}
+		})
+	}
+	// up's owner registers with the embedded master whatever the file says.
+	if d := ownerOptions(config.Owner{ClusterName: "fluxkv"}, "127.0.0.1:5", nil, nil); d.MasterAddr != "127.0.0.1:5" || d.MasterEtcd != nil {
+		t.Errorf("plain address: MasterAddr %q MasterEtcd %v", d.MasterAddr, d.MasterEtcd)
+	}
+}
+
+// `fluxkv status` shows the masters: "masters" is always a JSON array, and the table
+// lists them after the members with the leader as yes/no.
+func TestStatusMasters(t *testing.T) {
+	empty := statusOf(&external.StatResponse{Keys: 3})
+	b, err := json.Marshal(empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"masters":[]`) || !strings.Contains(string(b), `"members":[]`) {
+		t.Errorf("no masters: %s", b)
+	}
+	var buf bytes.Buffer
+	printStatus(&buf, empty)
+	if strings.Contains(buf.String(), "MASTER") {
+		t.Errorf("table without masters shows a master section:\n%s", buf.String())
+	}
+
+	st := statusOf(&external.StatResponse{Keys: 7, Masters: []*common.MasterInfo{
+		{Addr: "10.0.0.1:7700", Leader: true, Epoch: 4}, nil, {Addr: "10.0.0.2:7700"},
+	}})
+	b, err = json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `"masters":[{"addr":"10.0.0.1:7700","leader":true,"epoch":4},{"addr":"10.0.0.2:7700","leader":false,"epoch":0}]`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s\n  lacks %s", b, want)
+	}
+	buf.Reset()
+	printStatus(&buf, st)
+	out := buf.String()
+	lines := strings.Split(out, "\n")
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "MASTER") })
+	if i < 1 || len(lines) < i+4 {
+		t.Fatalf("no master section after the members:\n%s", out)
+	}
+	if f := strings.Fields(lines[i]); !slices.Equal(f, []string{"MASTER", "LEADER", "EPOCH"}) {
+		t.Errorf("header %q", lines[i])
+	}
+	if f := strings.Fields(lines[i+1]); !slices.Equal(f, []string{"10.0.0.1:7700", "yes", "4"}) {
+		t.Errorf("leader row %q", lines[i+1])
+	}
+	if f := strings.Fields(lines[i+2]); !slices.Equal(f, []string{"10.0.0.2:7700", "no", "0"}) {
+		t.Errorf("follower row %q", lines[i+2])
+	}
+	if lines[i+3] != "keys: 7" {
+		t.Errorf("after the masters %q, want the key count", lines[i+3])
 	}
 }

@@ -156,7 +156,9 @@ func (c *Client) BatchDelete(keys []string) ([]bool, error) {
 }
 
 // Stat returns the cluster's members and key count as the owner sees them, after
-// applying this client's pending releases.
+// applying this client's pending releases, and the masters (Masters: each one's
+// address, whether it is the leader and the epoch of its leadership, as the leader
+// reports them; with masters on etcd, every campaigning master).
 func (c *Client) Stat() (*external.StatResponse, error) {
 	r, _, err := invoke(c, call{method: "Stat", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: s}}

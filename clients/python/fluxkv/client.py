@@ -861,7 +861,8 @@ class Client:
 
     def stat(self) -> dict:
         """The owner's status: members with memory and SSD capacity/used, key count, holders
-        and clients. Queued releases are sent first, so status reflects them."""
+        and clients, and the masters (``masters``: a list of ``{"addr", "leader", "epoch"}``,
+        the leader's epoch > 0). Queued releases are sent first, so status reflects them."""
 
         def op(s):
             s.flush_releases()
@@ -1032,12 +1033,18 @@ def _stat_dict(r) -> dict:
                 "ssd_persists_pending": m.ssd_persists_pending or 0,
             }
         )
+    masters = [
+        {"addr": m.addr or "", "leader": bool(m.leader), "epoch": m.epoch or 0}
+        for m in getattr(r, "masters", None) or ()
+        if m is not None
+    ]
     return {
         "node_id": r.node_id or "",
         "keys": r.keys or 0,
         "client_holders": r.client_holders or 0,
         "clients": r.clients or 0,
         "members": members,
+        "masters": masters,
     }
 
 

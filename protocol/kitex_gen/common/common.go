@@ -21,6 +21,7 @@ const (
 	ErrorCode_UNAVAILABLE       ErrorCode = 7
 	ErrorCode_INTERNAL          ErrorCode = 8
 	ErrorCode_PERMISSION_DENIED ErrorCode = 9
+	ErrorCode_NOT_LEADER        ErrorCode = 10
 )
 
 func (p ErrorCode) String() string {
@@ -45,6 +46,8 @@ func (p ErrorCode) String() string {
 		return "INTERNAL"
 	case ErrorCode_PERMISSION_DENIED:
 		return "PERMISSION_DENIED"
+	case ErrorCode_NOT_LEADER:
+		return "NOT_LEADER"
 	}
 	return "<UNSET>"
 }
@@ -71,6 +74,8 @@ func ErrorCodeFromString(s string) (ErrorCode, error) {
 		return ErrorCode_INTERNAL, nil
 	case "PERMISSION_DENIED":
 		return ErrorCode_PERMISSION_DENIED, nil
+	case "NOT_LEADER":
+		return ErrorCode_NOT_LEADER, nil
 	}
 	return ErrorCode(0), fmt.Errorf("not a valid ErrorCode string")
 }
@@ -130,6 +135,53 @@ func (p *Source) Value() (driver.Value, error) {
 		return nil, nil
 	}
 	return int64(*p), nil
+}
+
+type MasterInfo struct {
+	Addr   string `thrift:"addr,1" frugal:"1,default,string" json:"addr"`
+	Leader bool   `thrift:"leader,2" frugal:"2,default,bool" json:"leader"`
+	Epoch  int64  `thrift:"epoch,3" frugal:"3,default,i64" json:"epoch"`
+}
+
+func NewMasterInfo() *MasterInfo {
+	return &MasterInfo{}
+}
+
+func (p *MasterInfo) InitDefault() {
+}
+
+func (p *MasterInfo) GetAddr() (v string) {
+	return p.Addr
+}
+
+func (p *MasterInfo) GetLeader() (v bool) {
+	return p.Leader
+}
+
+func (p *MasterInfo) GetEpoch() (v int64) {
+	return p.Epoch
+}
+func (p *MasterInfo) SetAddr(val string) {
+	p.Addr = val
+}
+func (p *MasterInfo) SetLeader(val bool) {
+	p.Leader = val
+}
+func (p *MasterInfo) SetEpoch(val int64) {
+	p.Epoch = val
+}
+
+func (p *MasterInfo) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterInfo(%+v)", *p)
+}
+
+var fieldIDToName_MasterInfo = map[int16]string{
+	1: "addr",
+	2: "leader",
+	3: "epoch",
 }
 
 type CapacityStat struct {

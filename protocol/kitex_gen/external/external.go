@@ -1796,6 +1796,7 @@ type StatResponse struct {
 	NodeId        string               `thrift:"node_id,5" frugal:"5,default,string" json:"node_id"`
 	ClientHolders int64                `thrift:"client_holders,6" frugal:"6,default,i64" json:"client_holders"`
 	Clients       int64                `thrift:"clients,7" frugal:"7,default,i64" json:"clients"`
+	Masters       []*common.MasterInfo `thrift:"masters,8" frugal:"8,default,list<common.MasterInfo>" json:"masters"`
 }
 
 func NewStatResponse() *StatResponse {
@@ -1832,6 +1833,10 @@ func (p *StatResponse) GetClientHolders() (v int64) {
 func (p *StatResponse) GetClients() (v int64) {
 	return p.Clients
 }
+
+func (p *StatResponse) GetMasters() (v []*common.MasterInfo) {
+	return p.Masters
+}
 func (p *StatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -1853,6 +1858,9 @@ func (p *StatResponse) SetClientHolders(val int64) {
 func (p *StatResponse) SetClients(val int64) {
 	p.Clients = val
 }
+func (p *StatResponse) SetMasters(val []*common.MasterInfo) {
+	p.Masters = val
+}
 
 func (p *StatResponse) String() string {
 	if p == nil {
@@ -1869,6 +1877,7 @@ var fieldIDToName_StatResponse = map[int16]string{
 	5: "node_id",
 	6: "client_holders",
 	7: "clients",
+	8: "masters",
 }
 
 type ExternalService interface {

@@ -1963,6 +1963,7 @@ type StatResponse struct {
 	Message string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
 	Members []*common.MemberStat `thrift:"members,3" frugal:"3,default,list<common.MemberStat>" json:"members"`
 	Keys    int64                `thrift:"keys,4" frugal:"4,default,i64" json:"keys"`
+	Masters []*common.MasterInfo `thrift:"masters,5" frugal:"5,default,list<common.MasterInfo>" json:"masters"`
 }
 
 func NewStatResponse() *StatResponse {
@@ -1987,6 +1988,10 @@ func (p *StatResponse) GetMembers() (v []*common.MemberStat) {
 func (p *StatResponse) GetKeys() (v int64) {
 	return p.Keys
 }
+
+func (p *StatResponse) GetMasters() (v []*common.MasterInfo) {
+	return p.Masters
+}
 func (p *StatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -1998,6 +2003,9 @@ func (p *StatResponse) SetMembers(val []*common.MemberStat) {
 }
 func (p *StatResponse) SetKeys(val int64) {
 	p.Keys = val
+}
+func (p *StatResponse) SetMasters(val []*common.MasterInfo) {
+	p.Masters = val
 }
 
 func (p *StatResponse) String() string {
@@ -2012,6 +2020,7 @@ var fieldIDToName_StatResponse = map[int16]string{
 	2: "message",
 	3: "members",
 	4: "keys",
+	5: "masters",
 }
 
 type MasterService interface {

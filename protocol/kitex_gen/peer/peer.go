@@ -27,6 +27,7 @@ type SsdReplicaPersistRequest struct {
 	SourceNodeId     string `thrift:"source_node_id,6" frugal:"6,default,string" json:"source_node_id"`
 	SourceGeneration int64  `thrift:"source_generation,7" frugal:"7,default,i64" json:"source_generation"`
 	SourceDataAddr   string `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
+	MasterEpoch      int64  `thrift:"master_epoch,9" frugal:"9,default,i64" json:"master_epoch"`
 }
 
 func NewSsdReplicaPersistRequest() *SsdReplicaPersistRequest {
@@ -67,6 +68,10 @@ func (p *SsdReplicaPersistRequest) GetSourceGeneration() (v int64) {
 func (p *SsdReplicaPersistRequest) GetSourceDataAddr() (v string) {
 	return p.SourceDataAddr
 }
+
+func (p *SsdReplicaPersistRequest) GetMasterEpoch() (v int64) {
+	return p.MasterEpoch
+}
 func (p *SsdReplicaPersistRequest) SetKey(val string) {
 	p.Key = val
 }
@@ -91,6 +96,9 @@ func (p *SsdReplicaPersistRequest) SetSourceGeneration(val int64) {
 func (p *SsdReplicaPersistRequest) SetSourceDataAddr(val string) {
 	p.SourceDataAddr = val
 }
+func (p *SsdReplicaPersistRequest) SetMasterEpoch(val int64) {
+	p.MasterEpoch = val
+}
 
 func (p *SsdReplicaPersistRequest) String() string {
 	if p == nil {
@@ -108,6 +116,7 @@ var fieldIDToName_SsdReplicaPersistRequest = map[int16]string{
 	6: "source_node_id",
 	7: "source_generation",
 	8: "source_data_addr",
+	9: "master_epoch",
 }
 
 type SsdReplicaPersistResponse struct {
@@ -324,8 +333,9 @@ var fieldIDToName_SsdStageReadResponse = map[int16]string{
 }
 
 type InvalidateCachedInfoRequest struct {
-	Entries    []*common.KeyVersion `thrift:"entries,1" frugal:"1,default,list<common.KeyVersion>" json:"entries"`
-	Generation int64                `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
+	Entries     []*common.KeyVersion `thrift:"entries,1" frugal:"1,default,list<common.KeyVersion>" json:"entries"`
+	Generation  int64                `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
+	MasterEpoch int64                `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
 }
 
 func NewInvalidateCachedInfoRequest() *InvalidateCachedInfoRequest {
@@ -342,11 +352,18 @@ func (p *InvalidateCachedInfoRequest) GetEntries() (v []*common.KeyVersion) {
 func (p *InvalidateCachedInfoRequest) GetGeneration() (v int64) {
 	return p.Generation
 }
+
+func (p *InvalidateCachedInfoRequest) GetMasterEpoch() (v int64) {
+	return p.MasterEpoch
+}
 func (p *InvalidateCachedInfoRequest) SetEntries(val []*common.KeyVersion) {
 	p.Entries = val
 }
 func (p *InvalidateCachedInfoRequest) SetGeneration(val int64) {
 	p.Generation = val
+}
+func (p *InvalidateCachedInfoRequest) SetMasterEpoch(val int64) {
+	p.MasterEpoch = val
 }
 
 func (p *InvalidateCachedInfoRequest) String() string {
@@ -359,6 +376,7 @@ func (p *InvalidateCachedInfoRequest) String() string {
 var fieldIDToName_InvalidateCachedInfoRequest = map[int16]string{
 	1: "entries",
 	2: "generation",
+	3: "master_epoch",
 }
 
 type InvalidateCachedInfoResponse struct {
@@ -409,6 +427,7 @@ type PullPutRequest struct {
 	SourceGeneration int64  `thrift:"source_generation,7" frugal:"7,default,i64" json:"source_generation"`
 	SourceDataAddr   string `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
 	SourceOffset     int64  `thrift:"source_offset,9" frugal:"9,default,i64" json:"source_offset"`
+	MasterEpoch      int64  `thrift:"master_epoch,10" frugal:"10,default,i64" json:"master_epoch"`
 }
 
 func NewPullPutRequest() *PullPutRequest {
@@ -453,6 +472,10 @@ func (p *PullPutRequest) GetSourceDataAddr() (v string) {
 func (p *PullPutRequest) GetSourceOffset() (v int64) {
 	return p.SourceOffset
 }
+
+func (p *PullPutRequest) GetMasterEpoch() (v int64) {
+	return p.MasterEpoch
+}
 func (p *PullPutRequest) SetKey(val string) {
 	p.Key = val
 }
@@ -480,6 +503,9 @@ func (p *PullPutRequest) SetSourceDataAddr(val string) {
 func (p *PullPutRequest) SetSourceOffset(val int64) {
 	p.SourceOffset = val
 }
+func (p *PullPutRequest) SetMasterEpoch(val int64) {
+	p.MasterEpoch = val
+}
 
 func (p *PullPutRequest) String() string {
 	if p == nil {
@@ -489,15 +515,16 @@ func (p *PullPutRequest) String() string {
 }
 
 var fieldIDToName_PullPutRequest = map[int16]string{
-	1: "key",
-	2: "put_id",
-	3: "generation",
-	4: "target_offset",
-	5: "len",
-	6: "source_node_id",
-	7: "source_generation",
-	8: "source_data_addr",
-	9: "source_offset",
+	1:  "key",
+	2:  "put_id",
+	3:  "generation",
+	4:  "target_offset",
+	5:  "len",
+	6:  "source_node_id",
+	7:  "source_generation",
+	8:  "source_data_addr",
+	9:  "source_offset",
+	10: "master_epoch",
 }
 
 type PullPutResponse struct {
@@ -539,8 +566,9 @@ var fieldIDToName_PullPutResponse = map[int16]string{
 }
 
 type ReleaseHotSetRequest struct {
-	Generation int64 `thrift:"generation,1" frugal:"1,default,i64" json:"generation"`
-	Bytes      int64 `thrift:"bytes,2" frugal:"2,default,i64" json:"bytes"`
+	Generation  int64 `thrift:"generation,1" frugal:"1,default,i64" json:"generation"`
+	Bytes       int64 `thrift:"bytes,2" frugal:"2,default,i64" json:"bytes"`
+	MasterEpoch int64 `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
 }
 
 func NewReleaseHotSetRequest() *ReleaseHotSetRequest {
@@ -557,11 +585,18 @@ func (p *ReleaseHotSetRequest) GetGeneration() (v int64) {
 func (p *ReleaseHotSetRequest) GetBytes() (v int64) {
 	return p.Bytes
 }
+
+func (p *ReleaseHotSetRequest) GetMasterEpoch() (v int64) {
+	return p.MasterEpoch
+}
 func (p *ReleaseHotSetRequest) SetGeneration(val int64) {
 	p.Generation = val
 }
 func (p *ReleaseHotSetRequest) SetBytes(val int64) {
 	p.Bytes = val
+}
+func (p *ReleaseHotSetRequest) SetMasterEpoch(val int64) {
+	p.MasterEpoch = val
 }
 
 func (p *ReleaseHotSetRequest) String() string {
@@ -574,6 +609,7 @@ func (p *ReleaseHotSetRequest) String() string {
 var fieldIDToName_ReleaseHotSetRequest = map[int16]string{
 	1: "generation",
 	2: "bytes",
+	3: "master_epoch",
 }
 
 type ReleaseHotSetResponse struct {

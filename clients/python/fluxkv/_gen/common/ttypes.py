@@ -27,6 +27,7 @@ class ErrorCode(object):
     UNAVAILABLE = 7
     INTERNAL = 8
     PERMISSION_DENIED = 9
+    NOT_LEADER = 10
 
     _VALUES_TO_NAMES = {
         0: "OK",
@@ -39,6 +40,7 @@ class ErrorCode(object):
         7: "UNAVAILABLE",
         8: "INTERNAL",
         9: "PERMISSION_DENIED",
+        10: "NOT_LEADER",
     }
 
     _NAMES_TO_VALUES = {
@@ -52,6 +54,7 @@ class ErrorCode(object):
         "UNAVAILABLE": 7,
         "INTERNAL": 8,
         "PERMISSION_DENIED": 9,
+        "NOT_LEADER": 10,
     }
 
 
@@ -68,6 +71,85 @@ class Source(object):
         "MEMORY": 1,
         "SSD": 2,
     }
+
+
+class MasterInfo(object):
+    """
+    Attributes:
+     - addr
+     - leader
+     - epoch
+
+    """
+
+
+    def __init__(self, addr=None, leader=None, epoch=None,):
+        self.addr = addr
+        self.leader = leader
+        self.epoch = epoch
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.addr = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.BOOL:
+                    self.leader = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.epoch = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('MasterInfo')
+        if self.addr is not None:
+            oprot.writeFieldBegin('addr', TType.STRING, 1)
+            oprot.writeString(self.addr.encode('utf-8') if sys.version_info[0] == 2 else self.addr)
+            oprot.writeFieldEnd()
+        if self.leader is not None:
+            oprot.writeFieldBegin('leader', TType.BOOL, 2)
+            oprot.writeBool(self.leader)
+            oprot.writeFieldEnd()
+        if self.epoch is not None:
+            oprot.writeFieldBegin('epoch', TType.I64, 3)
+            oprot.writeI64(self.epoch)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
 
 
 class CapacityStat(object):
@@ -395,6 +477,13 @@ class KeyVersion(object):
 
     def __ne__(self, other):
         return not (self == other)
+all_structs.append(MasterInfo)
+MasterInfo.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'addr', 'UTF8', None, ),  # 1
+    (2, TType.BOOL, 'leader', None, None, ),  # 2
+    (3, TType.I64, 'epoch', None, None, ),  # 3
+)
 all_structs.append(CapacityStat)
 CapacityStat.thrift_spec = (
     None,  # 0

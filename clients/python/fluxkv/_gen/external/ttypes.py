@@ -2901,11 +2901,12 @@ class StatResponse(object):
      - node_id
      - client_holders
      - clients
+     - masters
 
     """
 
 
-    def __init__(self, code=None, message=None, members=None, keys=None, node_id=None, client_holders=None, clients=None,):
+    def __init__(self, code=None, message=None, members=None, keys=None, node_id=None, client_holders=None, clients=None, masters=None,):
         self.code = code
         self.message = message
         self.members = members
@@ -2913,6 +2914,7 @@ class StatResponse(object):
         self.node_id = node_id
         self.client_holders = client_holders
         self.clients = clients
+        self.masters = masters
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2964,6 +2966,17 @@ class StatResponse(object):
                     self.clients = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.LIST:
+                    self.masters = []
+                    (_etype121, _size118) = iprot.readListBegin()
+                    for _i122 in range(_size118):
+                        _elem123 = fluxkv._gen.common.ttypes.MasterInfo()
+                        _elem123.read(iprot)
+                        self.masters.append(_elem123)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2985,8 +2998,8 @@ class StatResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter118 in self.members:
-                iter118.write(oprot)
+            for iter124 in self.members:
+                iter124.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.keys is not None:
@@ -3004,6 +3017,13 @@ class StatResponse(object):
         if self.clients is not None:
             oprot.writeFieldBegin('clients', TType.I64, 7)
             oprot.writeI64(self.clients)
+            oprot.writeFieldEnd()
+        if self.masters is not None:
+            oprot.writeFieldBegin('masters', TType.LIST, 8)
+            oprot.writeListBegin(TType.STRUCT, len(self.masters))
+            for iter125 in self.masters:
+                iter125.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3272,6 +3292,7 @@ StatResponse.thrift_spec = (
     (5, TType.STRING, 'node_id', 'UTF8', None, ),  # 5
     (6, TType.I64, 'client_holders', None, None, ),  # 6
     (7, TType.I64, 'clients', None, None, ),  # 7
+    (8, TType.LIST, 'masters', (TType.STRUCT, [fluxkv._gen.common.ttypes.MasterInfo, None], False), None, ),  # 8
 )
 fix_spec(all_structs)
 del all_structs

@@ -1,0 +1,283 @@
+package ha
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Record is what a candidate keeps under its election key: its address, and once it
+// leads, the epoch of its leadership (0 while it waits).
+type Record struct {
+	Addr  string `json:"addr"`
+	Epoch int64  `json:"epoch"`
+}
+
+// ElectorOptions configure an Elector.
+type ElectorOptions struct {
+	// Addr is the address published for owners (host:port).
+	Addr string
+	// TTL is the lease TTL asked of etcd (it may grant more). Default 2s.
+	TTL time.Duration
+	// Logger receives structured logs. Default: disabled.
+	Logger *zerolog.Logger
+}
+
+// Elector campaigns for leadership of one fluxkv cluster on etcd.
+type Elector struct {
+	cfg  Config
+	opts ElectorOptions
+	cli  *clientv3.Client
+	log  zerolog.Logger
+}
+
+// NewElector returns an elector on an open etcd client (the caller closes it after the
+// elector's terms ended).
+func NewElector(cli *clientv3.Client, cfg Config, opts ElectorOptions) *Elector {
+	if opts.TTL <= 0 {
+		opts.TTL = 2 * time.Second
+	}
+	log := zerolog.Nop()
+	if opts.Logger != nil {
+		log = *opts.Logger
+	}
+	return &Elector{cfg: cfg, opts: opts, cli: cli, log: log}
+}
+
+// Term is one leadership: it begins when Campaign returns it and ends when its lease is
+// lost (Done) or it resigns.
+type Term struct {
+	// Epoch numbers this leadership: every term of a cluster has a larger one than the
+	// terms before it (while etcd keeps its data).
+	Epoch int64
+
+	e        *Elector
+	election *concurrency.Election
+	session  *concurrency.Session
+	lease    clientv3.LeaseID
+	ttl      time.Duration // as granted
+	base     time.Time
+	// validUntil (since base, monotonic): the send time of the last keepalive etcd
+	// acknowledged + the granted TTL − the margin.
+	validUntil atomic.Int64
+	done       chan struct{}
+	stop       chan struct{}
+	doneOnce   sync.Once
+	stopOnce   sync.Once
+	wg         sync.WaitGroup
+}
+
+// Margin is how long before its lease could expire at etcd a leader stops serving: it
+// covers clock rate differences and the time between a check and the answer it allows.
+// The next leader's term starts at least this long after the last one stopped serving.
+func Margin(ttl time.Duration) time.Duration { return ttl / 4 }
+
+// Campaign waits until this master leads and returns the term (unpublished: see
+// Publish), or ctx ends. A lease
+// that lapses while waiting is replaced and the campaign goes on.
+func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
+	for {
+		t, err := e.campaignOnce(ctx)
+		if err == nil {
+			return t, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		e.log.Warn().Err(err).Msg("campaign failed; campaigning again")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(e.opts.TTL / 4):
+		}
+	}
+}
+
+func (e *Elector) campaignOnce(ctx context.Context) (*Term, error) {
+	secs := max(1, int64((e.opts.TTL+time.Second-1)/time.Second))
+	// etcd starts the lease's TTL when it grants it, somewhere after this.
+	base := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, e.opts.TTL)
+	g, err := e.cli.Grant(cctx, secs)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("etcd lease: %w", err)
+	}
+	t := &Term{e: e, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, base: base,
+		done: make(chan struct{}), stop: make(chan struct{})}
+	t.extend(0)
+	t.wg.Add(1)
+	go t.keepAlive()
+	ok := false
+	defer func() {
+		if !ok {
+			t.end(context.Background())
+		}
+	}()
+	t.session, err = concurrency.NewSession(e.cli, concurrency.WithLease(g.ID))
+	if err != nil {
+		return nil, fmt.Errorf("etcd session: %w", err)
+	}
+	t.election = concurrency.NewElection(t.session, e.cfg.electionPrefix())
+	waiting, _ := json.Marshal(Record{Addr: e.opts.Addr})
+	// Campaign returns once every earlier candidate's key is gone, or fails when the
+	// lease lapsed; stop waiting when this term's lease is lost.
+	cctx, cancel = context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-t.done:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	err = t.election.Campaign(cctx, string(waiting))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("campaign: %w", err)
+	}
+	if t.Epoch, err = t.nextEpoch(ctx); err != nil {
+		return nil, err
+	}
+	if !t.Leading() {
+		return nil, errors.New("the lease lapsed while taking office")
+	}
+	ok = true
+	e.log.Info().Int64("epoch", t.Epoch).Str("addr", e.opts.Addr).Dur("lease_ttl", t.ttl).Msg("leading")
+	return t, nil
+}
+
+// Publish puts the term's epoch beside the leader's address, which tells owners to
+// register: call it once the term serves.
+func (t *Term) Publish(ctx context.Context) error {
+	rec, _ := json.Marshal(Record{Addr: t.e.opts.Addr, Epoch: t.Epoch})
+	ctx, cancel := context.WithTimeout(ctx, t.ttl)
+	defer cancel()
+	if err := t.election.Proclaim(ctx, string(rec)); err != nil {
+		return fmt.Errorf("publish the leader's epoch: %w", err)
+	}
+	return nil
+}
+
+// nextEpoch raises the cluster's epoch counter by one, in a transaction that holds only
+// while this candidate's election key still leads, and returns the new value.
+func (t *Term) nextEpoch(ctx context.Context) (int64, error) {
+	key := t.e.cfg.epochKey()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, t.ttl)
+		resp, err := t.e.cli.Get(cctx, key)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("read the epoch: %w", err)
+		}
+		var cur, modRev int64
+		if len(resp.Kvs) > 0 {
+			if cur, err = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err != nil {
+				return 0, fmt.Errorf("epoch key %s holds %q: %w", key, resp.Kvs[0].Value, err)
+			}
+			modRev = resp.Kvs[0].ModRevision
+		}
+		next := cur + 1
+		cctx, cancel = context.WithTimeout(ctx, t.ttl)
+		tx, err := t.e.cli.Txn(cctx).If(
+			clientv3.Compare(clientv3.CreateRevision(t.election.Key()), "=", t.election.Rev()),
+			clientv3.Compare(clientv3.ModRevision(key), "=", modRev),
+		).Then(clientv3.OpPut(key, strconv.FormatInt(next, 10))).Else(clientv3.OpGet(t.election.Key())).Commit()
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("raise the epoch: %w", err)
+		}
+		if tx.Succeeded {
+			return next, nil
+		}
+		if len(tx.Responses) == 0 || len(tx.Responses[0].GetResponseRange().Kvs) == 0 {
+			return 0, errors.New("the election key vanished before taking office (lease lapsed)")
+		}
+		// Someone raised the counter meanwhile (a deposed leader cannot: its key is
+		// gone); read it again.
+	}
+}
+
+// Leading reports whether the term may serve now: its lease cannot have expired at etcd.
+func (t *Term) Leading() bool {
+	select {
+	case <-t.done:
+		return false
+	default:
+	}
+	return int64(time.Since(t.base)) < t.validUntil.Load()
+}
+
+// Done is closed when the lease is lost for good (etcd does not know it any more) or
+// the term was resigned: the term is over.
+func (t *Term) Done() <-chan struct{} { return t.done }
+
+// extend records an acknowledged keepalive sent at sent (since base).
+func (t *Term) extend(sent time.Duration) {
+	until := int64(sent + t.ttl - Margin(t.ttl))
+	for {
+		cur := t.validUntil.Load()
+		if until <= cur || t.validUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// keepAlive renews the lease every TTL/4 (each call bounded by TTL/4) and moves the
+// fence; etcd answering that it does not know the lease ends the term.
+func (t *Term) keepAlive() {
+	defer t.wg.Done()
+	every := t.ttl / 4
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-time.After(every):
+		}
+		sent := time.Since(t.base)
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		_, err := t.e.cli.KeepAliveOnce(ctx, t.lease)
+		cancel()
+		switch {
+		case err == nil:
+			t.extend(sent)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			t.e.log.Warn().Int64("lease", int64(t.lease)).Msg("leadership lease expired at etcd; the term is over")
+			t.close()
+			return
+		default:
+			if !t.Leading() {
+				t.e.log.Warn().Err(err).Int64("lease", int64(t.lease)).Msg("etcd keepalive failing; fenced (not serving) until etcd answers")
+			}
+		}
+	}
+}
+
+func (t *Term) close() { t.doneOnce.Do(func() { close(t.done) }) }
+
+// end resigns (deletes the election key, so another candidate wins at once) and
+// revokes the lease; the term is over. Safe to call more than once.
+func (t *Term) end(ctx context.Context) {
+	t.close()
+	t.stopOnce.Do(func() { close(t.stop) })
+	t.wg.Wait()
+	ctx, cancel := context.WithTimeout(ctx, t.ttl)
+	defer cancel()
+	if t.session != nil {
+		t.session.Close() // revokes the lease: its keys go with it
+	} else {
+		t.e.cli.Revoke(ctx, t.lease)
+	}
+}
+
+// Resign ends the term and hands leadership to the next candidate at once.
+func (t *Term) Resign(ctx context.Context) { t.end(ctx) }

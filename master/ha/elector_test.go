@@ -1,0 +1,125 @@
+package ha_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/internal/etcdtest"
+	"github.com/fluxkv/fluxkv/master/ha"
+)
+
+func campaign(t *testing.T, ctx context.Context, el *ha.Elector) <-chan *ha.Term {
+	ch := make(chan *ha.Term, 1)
+	go func() {
+		tm, err := el.Campaign(ctx)
+		if err != nil {
+			close(ch)
+			return
+		}
+		ch <- tm
+	}()
+	return ch
+}
+
+// Two candidates: one leads, the other waits; the leader resigns and the other leads
+// with the next epoch; owners watching see each leader once it published its epoch.
+func TestElectionHandover(t *testing.T) {
+	etcd := etcdtest.Start(t, etcdtest.Options{})
+	cfg := ha.Config{Endpoints: etcd.Endpoints(), Prefix: ha.DefaultPrefix("t")}
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	seen := make(chan ha.Record, 16)
+	go ha.Watch(ctx, cli, cfg, zerolog.Nop(), func(r ha.Record, ok bool) {
+		if ok {
+			seen <- r
+		}
+	})
+
+	a := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
+	b := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "b:1", TTL: 2 * time.Second})
+	ta := <-campaign(t, ctx, a)
+	if ta == nil || !ta.Leading() {
+		t.Fatal("a does not lead")
+	}
+	if err := ta.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-seen; r.Addr != "a:1" || r.Epoch != ta.Epoch {
+		t.Fatalf("watch saw %+v, want a:1 epoch %d", r, ta.Epoch)
+	}
+	chB := campaign(t, ctx, b)
+	select {
+	case <-chB:
+		t.Fatal("b leads while a does")
+	case <-time.After(500 * time.Millisecond):
+	}
+	cs, err := ha.Candidates(ctx, cli, cfg)
+	if err != nil || len(cs) != 2 || !cs[0].Leader || cs[0].Addr != "a:1" || cs[1].Leader || cs[1].Addr != "b:1" {
+		t.Fatalf("candidates %+v, %v", cs, err)
+	}
+	ta.Resign(ctx)
+	if ta.Leading() {
+		t.Fatal("a leads after resigning")
+	}
+	tb := <-chB
+	if tb == nil || tb.Epoch != ta.Epoch+1 {
+		t.Fatalf("b's term %+v after a's epoch %d", tb, ta.Epoch)
+	}
+	if err := tb.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-seen; r.Addr != "b:1" || r.Epoch != tb.Epoch {
+		t.Fatalf("watch saw %+v, want b:1 epoch %d", r, tb.Epoch)
+	}
+	tb.Resign(ctx)
+}
+
+// A leader whose etcd stops answering stops leading within the TTL (its fence), long
+// before etcd could let another candidate win; when etcd answers again the term either
+// resumes (its lease survived) or is over.
+func TestLeaderFencedWhenEtcdStops(t *testing.T) {
+	etcd := etcdtest.Start(t, etcdtest.Options{})
+	cfg := ha.Config{Endpoints: etcd.Endpoints(), Prefix: ha.DefaultPrefix("t")}
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
+	ta := <-campaign(t, ctx, a)
+	if ta == nil {
+		t.Fatal("no term")
+	}
+	defer ta.Resign(context.Background())
+	etcd.Pause(0)
+	paused := time.Now()
+	for ta.Leading() {
+		if time.Since(paused) > 10*time.Second {
+			t.Fatal("still leading 10s after etcd stopped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fenced := time.Since(paused)
+	t.Logf("fenced %v after etcd stopped", fenced)
+	if fenced > 2*time.Second {
+		t.Fatalf("fenced after %v: past the 2s lease", fenced)
+	}
+	etcd.Resume(0)
+	deadline := time.Now().Add(10 * time.Second)
+	for !ta.Leading() {
+		select {
+		case <-ta.Done():
+			t.Log("the lease expired while etcd was stopped: term over")
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("neither leading again nor over 10s after etcd resumed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Log("the term resumed: its lease survived")
+}

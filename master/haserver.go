@@ -1,0 +1,332 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fluxkv/fluxkv/master/ha"
+	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// HAOptions turn a master into one of several campaigning on etcd (DESIGN §12).
+type HAOptions struct {
+	// Etcd names the etcd cluster and the key prefix of this fluxkv cluster.
+	Etcd ha.Config
+	// AdvertiseAddr is the host:port owners reach this master at, published while it
+	// leads. Default: the bound listen address, which must not be a wildcard then.
+	AdvertiseAddr string
+	// LeaderTTL is the etcd lease TTL of the leadership (etcd may grant more). Default 2s.
+	LeaderTTL time.Duration
+}
+
+// idEpochShift places a term's epoch in the high bits of its put, get and holder ids:
+// 2^40 ids per term, 2^23 terms.
+const idEpochShift = 40
+
+// HA is a master that serves only while it leads: it campaigns on etcd, answers every
+// call NOT_LEADER while another master leads, and starts each leadership (a term, with
+// its own epoch) from an empty state that the owners' reports rebuild.
+//
+// One listener serves every period: each term, and each stretch as a follower, is a
+// Server of its own on a listener handed the connections the shared one accepts; a
+// Server's stop closes its connections (owners reconnect to the next) and nothing of
+// a term outlives it.
+type HA struct {
+	opts Options
+	ha   HAOptions
+
+	raw    net.Listener
+	conns  chan net.Conn // accepted, waiting for the current Server's listener
+	cli    *clientv3.Client
+	el     *ha.Elector
+	leader atomic.Pointer[ha.Record] // the leader as last seen on etcd (nil: none)
+
+	mu  sync.Mutex // protects cur
+	cur *Server
+
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// NewHA returns a campaigning master that is not yet listening.
+func NewHA(opts Options, h HAOptions) (*HA, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if err := h.Etcd.Validate(); err != nil {
+		return nil, fmt.Errorf("master HA: %w", err)
+	}
+	if h.LeaderTTL < 0 {
+		return nil, errors.New("master HA: leader TTL must not be negative")
+	}
+	if h.LeaderTTL == 0 {
+		h.LeaderTTL = 2 * time.Second
+	}
+	opts.setDefaults()
+	return &HA{opts: opts, ha: h, conns: make(chan net.Conn)}, nil
+}
+
+// Start listens on addr, connects to etcd and campaigns in the background; it serves
+// as a follower until it leads.
+func (h *HA) Start(addr string) error {
+	raw, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("master listen %s: %w", addr, err)
+	}
+	if h.ha.AdvertiseAddr == "" {
+		host, _, _ := net.SplitHostPort(raw.Addr().String())
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			raw.Close()
+			return fmt.Errorf("master HA: listening on %s (a wildcard): set the address owners reach this master at (--advertise-addr)", raw.Addr())
+		}
+		h.ha.AdvertiseAddr = raw.Addr().String()
+	}
+	cli, err := h.ha.Etcd.Client()
+	if err != nil {
+		raw.Close()
+		return fmt.Errorf("master HA: %w", err)
+	}
+	h.raw, h.cli = raw, cli
+	h.el = ha.NewElector(cli, h.ha.Etcd, ha.ElectorOptions{Addr: h.ha.AdvertiseAddr, TTL: h.ha.LeaderTTL, Logger: h.opts.Logger})
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	if err := h.swap(h.follower()); err != nil {
+		h.cancel()
+		raw.Close()
+		cli.Close()
+		return err
+	}
+	h.wg.Add(3)
+	go h.accept()
+	go h.watch()
+	go h.run()
+	h.opts.Metrics.Leading(false)
+	h.opts.Logger.Info().Str("addr", raw.Addr().String()).Str("advertise", h.ha.AdvertiseAddr).
+		Strs("etcd", h.ha.Etcd.Endpoints).Str("prefix", h.ha.Etcd.Prefix).Msg("master campaigning on etcd")
+	return nil
+}
+
+// accept hands every accepted connection to the current Server's listener.
+func (h *HA) accept() {
+	defer h.wg.Done()
+	for {
+		c, err := h.raw.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || h.ctx.Err() != nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		select {
+		case h.conns <- c:
+		case <-h.ctx.Done():
+			c.Close()
+			return
+		}
+	}
+}
+
+// watch keeps the leader's address for followers' answers.
+func (h *HA) watch() {
+	defer h.wg.Done()
+	ha.Watch(h.ctx, h.cli, h.ha.Etcd, *h.opts.Logger, func(r ha.Record, ok bool) {
+		if ok {
+			h.leader.Store(&r)
+		} else {
+			h.leader.Store(nil)
+		}
+	})
+}
+
+// run campaigns, serves each term while it lasts, and serves as a follower between.
+func (h *HA) run() {
+	defer h.wg.Done()
+	for {
+		t, err := h.el.Campaign(h.ctx)
+		if err != nil {
+			return // stopping
+		}
+		srv, err := h.term(t)
+		if err == nil {
+			err = h.swap(srv)
+		}
+		if err == nil {
+			err = t.Publish(h.ctx)
+		}
+		if err != nil {
+			h.opts.Logger.Error().Err(err).Int64("epoch", t.Epoch).Msg("cannot serve the term; resigning")
+			t.Resign(context.Background())
+			if err := h.swap(h.follower()); err != nil {
+				h.opts.Logger.Error().Err(err).Msg("cannot serve as a follower")
+			}
+			select { // let another master lead
+			case <-h.ctx.Done():
+				return
+			case <-time.After(h.ha.LeaderTTL):
+			}
+			continue
+		}
+		h.opts.Metrics.LeadershipChange(metrics.LeadershipWon, t.Epoch)
+		h.opts.Metrics.Leading(true)
+		select {
+		case <-t.Done():
+			h.opts.Logger.Warn().Int64("epoch", t.Epoch).Msg("leadership lost; following")
+		case <-h.ctx.Done():
+			t.Resign(context.Background())
+		}
+		h.opts.Metrics.Leading(false)
+		h.opts.Metrics.LeadershipChange(metrics.LeadershipLost, t.Epoch)
+		if h.ctx.Err() != nil {
+			return
+		}
+		if err := h.swap(h.follower()); err != nil {
+			h.opts.Logger.Error().Err(err).Msg("cannot serve as a follower")
+		}
+	}
+}
+
+// term is the Server of one leadership: its epoch numbers its state and ids, and it
+// serves only while the term may (ha.Term.Leading).
+func (h *HA) term(t *ha.Term) (*Server, error) {
+	if t.Epoch >= 1<<(63-idEpochShift) {
+		return nil, fmt.Errorf("epoch %d: past the %d epochs ids can carry; reset %s on etcd with every master stopped", t.Epoch, int64(1)<<(63-idEpochShift), h.ha.Etcd.Prefix+"epoch")
+	}
+	opts := h.opts
+	opts.Epoch, opts.IDBase = t.Epoch, t.Epoch<<idEpochShift
+	// Owners answer gets from their hot sets until their lease, 2 heartbeat intervals
+	// less a quarter after the last heartbeat the previous leader answered, and that
+	// leader answered none after it stopped serving, at least Margin before this term:
+	// deletes and publishes wait out the rest (WriteQuiet).
+	if opts.WriteQuiet > 0 {
+		opts.WriteQuiet = max(time.Millisecond, 2*opts.HeartbeatInterval-opts.HeartbeatInterval/4-ha.Margin(h.ha.LeaderTTL))
+	}
+	s, err := NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	s.gate = func() error {
+		if t.Leading() {
+			return nil
+		}
+		return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: the leadership of epoch %d lapsed (etcd unreachable)", t.Epoch)
+	}
+	s.masters = h.masters
+	return s, nil
+}
+
+// follower is a Server that answers every call NOT_LEADER, naming the leader.
+func (h *HA) follower() *Server {
+	s, _ := NewServer(h.opts) // options were validated by NewHA
+	s.gate = func() error {
+		if r := h.leader.Load(); r != nil && r.Addr != h.ha.AdvertiseAddr {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: %s", r.Addr)
+		}
+		return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader; no leader elected yet")
+	}
+	return s
+}
+
+// swap stops the current Server and serves with next.
+func (h *HA) swap(next *Server) error {
+	h.mu.Lock()
+	prev := h.cur
+	h.cur = nil
+	h.mu.Unlock()
+	if prev != nil {
+		prev.Stop() // outside the lock: Capacity (metrics scrapes) does not wait for it
+	}
+	if err := next.serve(&handoff{conns: h.conns, addr: h.raw.Addr(), done: make(chan struct{})}); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.cur = next
+	h.mu.Unlock()
+	return nil
+}
+
+// masters lists the candidates on etcd for Stat.
+func (h *HA) masters(ctx context.Context) []*common.MasterInfo {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	cs, err := ha.Candidates(ctx, h.cli, h.ha.Etcd)
+	if err != nil {
+		h.opts.Logger.Warn().Err(err).Msg("listing the masters on etcd failed")
+		return nil
+	}
+	out := make([]*common.MasterInfo, len(cs))
+	for i, c := range cs {
+		out[i] = &common.MasterInfo{Addr: c.Addr, Leader: c.Leader, Epoch: c.Epoch}
+	}
+	return out
+}
+
+// Stop resigns (when leading) and stops serving; a second call does nothing.
+func (h *HA) Stop() error {
+	var err error
+	h.stopOnce.Do(func() {
+		if h.cancel == nil {
+			return // never started
+		}
+		h.cancel()
+		h.raw.Close()
+		h.wg.Wait()
+		h.mu.Lock()
+		if h.cur != nil {
+			err = h.cur.Stop()
+			h.cur = nil
+		}
+		h.mu.Unlock()
+		h.cli.Close()
+	})
+	return err
+}
+
+// Addr is the bound TCP address.
+func (h *HA) Addr() net.Addr { return h.raw.Addr() }
+
+// Capacity sums the members' capacity while leading (zero otherwise).
+func (h *HA) Capacity() metrics.Capacity {
+	h.mu.Lock()
+	s := h.cur
+	h.mu.Unlock()
+	if s == nil {
+		return metrics.Capacity{}
+	}
+	return s.Capacity()
+}
+
+// handoff is one Server's listener: it takes the connections the shared listener
+// accepted until its Server closes it.
+type handoff struct {
+	conns    <-chan net.Conn
+	addr     net.Addr
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+func (l *handoff) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handoff) Close() error {
+	l.doneOnce.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *handoff) Addr() net.Addr { return l.addr }
