@@ -40,6 +40,19 @@ func settingName(c *cli.Context, flag, key string, fromFile bool) string {
 }
 
 // refuse is a start-up refusal: exit status 2 with the message.
+// certPair refuses an etcd client certificate without its key, or the reverse; sec is
+// the YAML section ("master."), name names a setting as the user gave it.
+func certPair(cert, key string, certFromFile, keyFromFile bool, sec string, name func(flag, key string, fromFile bool) string) error {
+	if (cert == "") == (key == "") {
+		return nil
+	}
+	have, lack := name("etcd-cert", "etcd_cert", certFromFile), "--etcd-key ("+sec+"etcd_key)"
+	if cert == "" {
+		have, lack = name("etcd-key", "etcd_key", keyFromFile), "--etcd-cert ("+sec+"etcd_cert)"
+	}
+	return refuse("%s without %s: give both the client certificate and its key, or neither", have, lack)
+}
+
 func refuse(format string, args ...any) error {
 	return cli.Exit(fmt.Sprintf(format, args...), 2)
 }
@@ -294,12 +307,8 @@ func haSettings(c *cli.Context, fm config.Master, s *config.Master) error {
 	if err := config.CheckEtcdPrefix(s.EtcdPrefix); err != nil {
 		return refuse("%s: %v", name("etcd-prefix", "etcd_prefix", fm.EtcdPrefix != ""), err)
 	}
-	if (s.EtcdCert == "") != (s.EtcdKey == "") {
-		have, lack := name("etcd-cert", "etcd_cert", fm.EtcdCert != ""), "--etcd-key (master.etcd_key)"
-		if s.EtcdCert == "" {
-			have, lack = name("etcd-key", "etcd_key", fm.EtcdKey != ""), "--etcd-cert (master.etcd_cert)"
-		}
-		return refuse("%s without %s: give both the client certificate and its key, or neither", have, lack)
+	if err := certPair(s.EtcdCert, s.EtcdKey, fm.EtcdCert != "", fm.EtcdKey != "", "master.", name); err != nil {
+		return err
 	}
 	if s.AdvertiseAddr != "" {
 		if err := config.CheckAdvertiseAddr(s.AdvertiseAddr); err != nil {
@@ -471,12 +480,8 @@ func ownerEtcdSettings(c *cli.Context, fo config.Owner, s *config.Owner) error {
 	if _, err := ha.ParseURL(s.Master, s.ClusterName); err != nil {
 		return refuse("%s: %v", name("master", "master", fo.Master != ""), err)
 	}
-	if (s.EtcdCert == "") != (s.EtcdKey == "") {
-		have, lack := name("etcd-cert", "etcd_cert", fo.EtcdCert != ""), "--etcd-key (fluxkv_spec.etcd_key)"
-		if s.EtcdCert == "" {
-			have, lack = name("etcd-key", "etcd_key", fo.EtcdKey != ""), "--etcd-cert (fluxkv_spec.etcd_cert)"
-		}
-		return refuse("%s without %s: give both the client certificate and its key, or neither", have, lack)
+	if err := certPair(s.EtcdCert, s.EtcdKey, fo.EtcdCert != "", fo.EtcdKey != "", "fluxkv_spec.", name); err != nil {
+		return err
 	}
 	return nil
 }
