@@ -144,11 +144,14 @@ func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []s
 // dropped and the get is UNAVAILABLE (its target was not among the pins reported to
 // the new master, which may hand it to someone else).
 func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, *getTarget, error) {
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	if err := o.master.settled(ctx); err != nil {
+		return nil, nil, err
+	}
 	o.mu.Lock()
 	epoch := o.regEpoch
 	o.mu.Unlock()
-	ctx, cancel := o.master.ctx()
-	defer cancel()
 	acks := o.acks.take()
 	plan, err := o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
 	if err != nil {

@@ -2,9 +2,11 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -181,6 +183,8 @@ func readable(t *testing.T, c *haCluster, keys []string) int {
 			n++
 		case err == nil:
 			t.Fatalf("%s: wrong bytes after the failover (%d bytes)", k, len(got))
+		default:
+			t.Logf("%s not readable through owner %d: %v", k, i%len(c.clients), err)
 		case !errors.Is(err, fluxkv.ErrKeyNotFound) && !errors.Is(err, fluxkv.ErrUnavailable):
 			t.Fatalf("%s: %v", k, err)
 		}
@@ -210,6 +214,7 @@ func TestMasterFailover(t *testing.T) {
 			c.masters[lead].kill()
 			next, nextEpoch := c.leader(leaderTTL + 10*time.Second)
 			elected := time.Since(killed)
+			reregistered := c.waitRegistered(next)
 			waitFor(t, 15*time.Second, "a put after the failover", func() bool {
 				_, ok := load.firstPutAfter(killed)
 				return ok
@@ -222,8 +227,8 @@ func TestMasterFailover(t *testing.T) {
 				t.Fatal(load.wrong)
 			}
 			n := readable(t, c, base)
-			t.Logf("leader %d (epoch %d) killed; master %d leads with epoch %d after %v; first put after %v; puts %d (%d failed), gets %d (%d failed); %d/%d earlier keys readable",
-				lead, epoch, next, nextEpoch, elected.Round(time.Millisecond), firstPut.Round(time.Millisecond),
+			t.Logf("leader %d (epoch %d) killed; master %d leads with epoch %d after %v; every owner registered with it %v later; first put after %v; puts %d (%d failed), gets %d (%d failed); %d/%d earlier keys readable",
+				lead, epoch, next, nextEpoch, elected.Round(time.Millisecond), reregistered.Round(time.Millisecond), firstPut.Round(time.Millisecond),
 				load.puts.Load(), load.putFails.Load(), load.gets.Load(), load.getFails.Load(), n, len(base))
 			if next == lead || nextEpoch <= epoch {
 				t.Fatalf("after the kill master %d leads with epoch %d (was %d, epoch %d)", next, nextEpoch, lead, epoch)
@@ -234,6 +239,10 @@ func TestMasterFailover(t *testing.T) {
 			}
 			if n*100 < 95*len(base) {
 				t.Fatalf("%d of %d earlier keys readable after the failover; want ≥ 95%%", n, len(base))
+			}
+			if reregistered > 2*time.Second {
+				// Within 1s of the election; a second of slack for -race binaries on 2 busy cores.
+				t.Fatalf("owners registered with the new leader %v after it published its epoch; want within 1s", reregistered)
 			}
 			c.checkStatus(next, nextEpoch, 1) // the killed master's key went with its lease
 			if won := scrape(t, c.masterMetrics[next], `fluxkv_master_leadership_changes_total{change="won"}`); won != 1 {
@@ -246,6 +255,29 @@ func TestMasterFailover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitRegistered waits until every owner logged its registration with master i and
+// returns how long that took.
+func (c *haCluster) waitRegistered(i int) time.Duration {
+	c.t.Helper()
+	t0 := time.Now()
+	want := `"master":"` + c.masters[i].addr + `"`
+	waitFor(c.t, 15*time.Second, "owners registered with the new leader", func() bool {
+		for _, o := range c.owners {
+			ok := false
+			for _, line := range strings.Split(o.stderr.String(), "\n") {
+				if strings.Contains(line, "registered with master") && strings.Contains(line, want) {
+					ok = true
+				}
+			}
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+	return time.Since(t0)
 }
 
 // checkStatus checks the masters `fluxkv status` shows through every owner: n of them,
@@ -266,6 +298,23 @@ func (c *haCluster) checkStatus(lead int, epoch int64, n int) {
 				c.t.Fatalf("stat through owner %d: a follower %v", i, m)
 			}
 		}
+	}
+	// The command line: `fluxkv status --json` and the table.
+	out, err := exec.Command(bin, "status", "--json", "--socket", c.owners[0].socket).Output()
+	var st struct {
+		Masters []struct {
+			Addr   string `json:"addr"`
+			Leader bool   `json:"leader"`
+			Epoch  int64  `json:"epoch"`
+		} `json:"masters"`
+	}
+	if err != nil || json.Unmarshal(out, &st) != nil || len(st.Masters) != n ||
+		st.Masters[0].Addr != c.masters[lead].addr || !st.Masters[0].Leader || st.Masters[0].Epoch != epoch {
+		c.t.Fatalf("fluxkv status --json: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "status", "--socket", c.owners[0].socket).Output()
+	if err != nil || !strings.Contains(string(out), "LEADER") || !strings.Contains(string(out), c.masters[lead].addr) {
+		c.t.Fatalf("fluxkv status: %v\n%s", err, out)
 	}
 }
 

@@ -54,6 +54,10 @@ type masterLink struct {
 	base       time.Time
 	leaseUntil atomic.Int64
 
+	// settling is closed once the registration in progress (and its replica report) is
+	// over; allocating calls wait for it (settled).
+	settling atomic.Pointer[chan struct{}]
+
 	mu     sync.Mutex // protects closed, rereg
 	closed bool       // no background re-registration starts once set
 	rereg  bool       // a background re-registration is running
@@ -240,6 +244,12 @@ func (m *masterLink) register(ctx context.Context) error {
 			return nil
 		}
 	}
+	// Until the new master adopted this owner's report it does not know which ranges of
+	// the pool hold replicas: a range it handed out for a new put or a get target now
+	// would overwrite one (the replica lost). Allocating calls wait.
+	settling := make(chan struct{})
+	m.settling.Store(&settling)
+	defer close(settling)
 	sent := time.Since(m.base)
 	o.mu.Lock()
 	var pins []*mp.PinnedRange
@@ -425,6 +435,20 @@ func (m *masterLink) check(code common.ErrorCode, msg string, err error) error {
 		return errCode(common.ErrorCode_UNAVAILABLE, "master failover in progress; retry: %s", msg)
 	}
 	return wire.FromResponse(code, msg)
+}
+
+// settled waits until no registration is in progress, or ctx ends (UNAVAILABLE).
+func (m *masterLink) settled(ctx context.Context) error {
+	ch := m.settling.Load()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-*ch:
+		return nil
+	case <-ctx.Done():
+		return errCode(common.ErrorCode_UNAVAILABLE, "registering with the master took too long; retry")
+	}
 }
 
 // admit refuses a peer call of a master older than the one this owner registered with

@@ -36,6 +36,9 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return err
 	}
+	o.mu.Lock()
+	epoch := o.regEpoch
+	o.mu.Unlock()
 	var pin ssd.CommitPin
 	var err error
 	if req.SourceNodeId == "" || req.SourceNodeId == o.opts.NodeID {
@@ -58,6 +61,16 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 		return errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
 	}
 	defer pin.Release()
+	o.mu.Lock()
+	moved := o.regEpoch != epoch
+	o.mu.Unlock()
+	if moved {
+		// The owner registered with another master while the replica was read: that
+		// master never retained the source range for this persist and may have handed
+		// it out meanwhile, so the bytes read may not be the value's.
+		o.store.Forget(req.Key, req.PutId)
+		return errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD persist")
+	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	resp, err := o.master.cl().SsdReplicaCommit(ctx, &mp.SsdReplicaCommitRequest{Node: o.master.ref, Key: req.Key, PutId: req.PutId, Len: req.Len})

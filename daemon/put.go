@@ -19,11 +19,14 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 	if err := wire.ValidateLen(length, o.seg.Size()); err != nil {
 		return 0, 0, err
 	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	if err := o.master.settled(ctx); err != nil {
+		return 0, 0, err
+	}
 	o.mu.Lock()
 	epoch := o.regEpoch
 	o.mu.Unlock()
-	ctx, cancel := o.master.ctx()
-	defer cancel()
 	acks := o.acks.take()
 	resp, err := o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: key, Len: length,
 		RejectIfExists: opts != nil && opts.RejectIfExists, Acks: acks})

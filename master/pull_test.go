@@ -11,6 +11,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // TestPooledPutPull runs PutDone through the handler against fake owners over real
@@ -124,6 +125,79 @@ func TestPooledPutPull(t *testing.T) {
 	srv.Inspect(func(st *State) {
 		if len(st.puts) != 0 || st.nodes["a"].xfer.Used() != 0 || st.nodes["b"].alloc.Used() != 0 || c.alloc.Used() != usedBefore {
 			t.Errorf("failed put leaked: puts %d, area %d, b %d, c %d", len(st.puts), st.nodes["a"].xfer.Used(), st.nodes["b"].alloc.Used(), c.alloc.Used())
+		}
+	})
+}
+
+// TestShutGateKeepsPull: an HA leader whose gate shuts for a moment (etcd slow to
+// acknowledge a keepalive; the term goes on) answers calls NOT_LEADER meanwhile, but
+// does not take the owner pulling a pooled put for gone: the pull is not cancelled,
+// its target not freed under it, and the put is published once the gate opens again.
+func TestShutGateKeepsPull(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	var shut atomic.Bool
+	srv.gate = func() error {
+		if shut.Load() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: test")
+		}
+		return nil
+	}
+	h := &handler{s: srv}
+	pulling, release := make(chan struct{}), make(chan struct{})
+	var cancelled atomic.Bool
+	target := &fakePeer{pull: func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode {
+		close(pulling)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			cancelled.Store(true)
+		}
+		return common.ErrorCode_OK
+	}}
+	a := NodeRef{ID: "a", Generation: 1}
+	for _, n := range []struct {
+		ref        NodeRef
+		addr       string
+		size, area int64
+	}{{a, startFakePeer(t, s, &fakePeer{}), 8 << 10, 4 << 10}, {NodeRef{ID: "c", Generation: 1}, startFakePeer(t, s, target), 32 << 10, 0}} {
+		if err := srv.withState(func(st *State) error {
+			return st.Register(time.Now(), n.ref, n.size, n.area, "data-"+n.ref.ID, n.addr, SSDInfo{}, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mref := &mp.NodeRef{NodeId: a.ID, Generation: a.Generation}
+	// a's 4 KiB pool takes the first put; the second goes to c through a's area.
+	if st, _ := h.PutStart(context.Background(), &mp.PutStartRequest{Node: mref, Key: "first", Len: 4096}); st.TargetNodeId != "a" {
+		t.Fatalf("first put placed on %q: %v %s", st.TargetNodeId, st.Code, st.Message)
+	}
+	st, _ := h.PutStart(context.Background(), &mp.PutStartRequest{Node: mref, Key: "k", Len: 4096})
+	if st.Code != common.ErrorCode_OK || st.TargetNodeId != "c" {
+		t.Fatalf("PutStart: %v %s, target %q", st.Code, st.Message, st.TargetNodeId)
+	}
+	doneCh := make(chan *mp.PutDoneResponse, 1)
+	go func() {
+		d, _ := h.PutDone(context.Background(), &mp.PutDoneRequest{Node: mref, Key: "k", PutId: st.PutId})
+		doneCh <- d
+	}()
+	<-pulling
+	shut.Store(true)
+	if hb, _ := h.Heartbeat(context.Background(), &mp.HeartbeatRequest{Node: mref}); hb.Code != common.ErrorCode_NOT_LEADER {
+		t.Fatalf("heartbeat with the gate shut: %v %s", hb.Code, hb.Message)
+	}
+	time.Sleep(5 * persistWatchInterval) // the pull's watcher looks at the target meanwhile
+	shut.Store(false)
+	close(release)
+	if d := <-doneCh; d.Code != common.ErrorCode_OK {
+		t.Fatalf("PutDone after the gate opened: %v %s", d.Code, d.Message)
+	}
+	if cancelled.Load() {
+		t.Fatal("the pull was cancelled while the gate was shut")
+	}
+	srv.Inspect(func(st *State) {
+		if r := st.routes["k"]; r == nil || r.memoryReplica(st.nodes["c"]) == nil {
+			t.Fatalf("put not published on c: %+v", r)
 		}
 	})
 }

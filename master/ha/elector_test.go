@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fluxkv/fluxkv/internal/etcdtest"
 	"github.com/fluxkv/fluxkv/master/ha"
@@ -24,14 +25,19 @@ func campaign(t *testing.T, ctx context.Context, el *ha.Elector) <-chan *ha.Term
 	return ch
 }
 
+// startEtcd starts a one-member etcd and returns a client of it, the config of a
+// cluster on it and a context cancelled when the test ends.
+func startEtcd(t *testing.T) (*etcdtest.Cluster, ha.Config, *clientv3.Client, context.Context) {
+	etcd := etcdtest.Start(t, etcdtest.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return etcd, ha.Config{Endpoints: etcd.Endpoints(), Prefix: ha.DefaultPrefix("t")}, etcd.Client(t), ctx
+}
+
 // Two candidates: one leads, the other waits; the leader resigns and the other leads
 // with the next epoch; owners watching see each leader once it published its epoch.
 func TestElectionHandover(t *testing.T) {
-	etcd := etcdtest.Start(t, etcdtest.Options{})
-	cfg := ha.Config{Endpoints: etcd.Endpoints(), Prefix: ha.DefaultPrefix("t")}
-	cli := etcd.Client(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	_, cfg, cli, ctx := startEtcd(t)
 
 	seen := make(chan ha.Record, 16)
 	go ha.Watch(ctx, cli, cfg, zerolog.Nop(), func(r ha.Record, ok bool) {
@@ -83,11 +89,7 @@ func TestElectionHandover(t *testing.T) {
 // before etcd could let another candidate win; when etcd answers again the term either
 // resumes (its lease survived) or is over.
 func TestLeaderFencedWhenEtcdStops(t *testing.T) {
-	etcd := etcdtest.Start(t, etcdtest.Options{})
-	cfg := ha.Config{Endpoints: etcd.Endpoints(), Prefix: ha.DefaultPrefix("t")}
-	cli := etcd.Client(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	etcd, cfg, cli, ctx := startEtcd(t)
 	a := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
 	ta := <-campaign(t, ctx, a)
 	if ta == nil {

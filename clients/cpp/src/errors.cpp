@@ -22,9 +22,10 @@ FLUXKV_SAME_CODE(STALE_GENERATION)
 FLUXKV_SAME_CODE(UNAVAILABLE)
 FLUXKV_SAME_CODE(INTERNAL)
 FLUXKV_SAME_CODE(PERMISSION_DENIED)
+FLUXKV_SAME_CODE(NOT_LEADER)
 #undef FLUXKV_SAME_CODE
 // A new code in the IDL must be added to both public headers too.
-static_assert(wire::code_name(10) == nullptr, "protocol/common.thrift has a new ErrorCode: add it to fluxkv.hpp and fluxkv.h");
+static_assert(wire::code_name(11) == nullptr, "protocol/common.thrift has a new ErrorCode: add it to fluxkv.hpp and fluxkv.h");
 
 namespace {
 std::string with_code(ErrorCode code, const std::string& message) {

@@ -41,7 +41,10 @@ enum {
   FLUXKV_STALE_GENERATION = 6,
   FLUXKV_UNAVAILABLE = 7,
   FLUXKV_INTERNAL = 8,
-  FLUXKV_PERMISSION_DENIED = 9
+  FLUXKV_PERMISSION_DENIED = 9,
+  /* Between a master that is not the leader and an owner only (master HA on etcd); an
+     owner answers its clients UNAVAILABLE instead. */
+  FLUXKV_NOT_LEADER = 10
 };
 
 typedef struct {

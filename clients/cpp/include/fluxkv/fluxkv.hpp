@@ -45,6 +45,9 @@ enum class ErrorCode : int {
   UNAVAILABLE = 7,
   INTERNAL = 8,
   PERMISSION_DENIED = 9,
+  // Between a master that is not the leader and an owner only (master HA on etcd); an
+  // owner answers its clients UNAVAILABLE instead.
+  NOT_LEADER = 10,
 };
 
 // Base of every error the client throws. code() is the wire ErrorCode (INTERNAL for a

@@ -1,0 +1,95 @@
+package daemon
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+)
+
+// TestPullPutAcrossRegister: a PullPut (pooled placement) still writing its target when
+// the owner registers with a new master is reported as a pin, so the new master does
+// not hand the range out; its end fails the call (its master is gone) and acks the pin.
+// A PullPut arriving while a registration is out is refused before it writes a byte.
+func TestPullPutAcrossRegister(t *testing.T) {
+	n := startNode(t, 4<<20, nil, master.Options{InsecureCluster: true})
+	o := n.o
+	// A source that accepts and never answers: the pull waits until its deadline.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	req := &peer.PullPutRequest{Key: "k", PutId: 77, Generation: o.generation, TargetOffset: 1 << 20, Len: 4096,
+		SourceNodeId: "n9", SourceGeneration: 1, SourceDataAddr: ln.Addr().String()}
+
+	o.mu.Lock()
+	o.registering = true
+	o.mu.Unlock()
+	if err := o.pullPut(context.Background(), req); err == nil || !strings.Contains(err.Error(), "registering") {
+		t.Fatalf("PullPut during a registration: %v", err)
+	}
+	o.mu.Lock()
+	o.registering = false
+	o.mu.Unlock()
+
+	pullErr := make(chan error, 1)
+	go func() { pullErr <- o.pullPut(context.Background(), req) }()
+	waitUntil(t, func() bool { o.mu.Lock(); defer o.mu.Unlock(); return len(o.pulls) == 1 })
+
+	addr := n.m.Addr().String()
+	n.m.Stop()
+	m2, err := master.NewServer(master.Options{InsecureCluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Start(addr); err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.master.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := nodeHolders(t, m2); got != 1 {
+		t.Fatalf("the new master holds %d ranges of n1, want the pull's pin", got)
+	}
+	if err := <-pullErr; err == nil {
+		t.Fatal("a PullPut that outlived its master's term answered OK")
+	}
+	o.acks.sync()
+	if got := nodeHolders(t, m2); got != 0 {
+		t.Fatalf("the pin was not acked: the new master holds %d ranges of n1", got)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.pulls) != 0 {
+		t.Fatalf("%d pulls still tracked", len(o.pulls))
+	}
+}
+
+// waitUntil polls cond for up to 10s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
