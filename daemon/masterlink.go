@@ -278,7 +278,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
 		TransferReserve: o.opts.TransferReserve,
-		KvSsdStorage:    o.ssdInfo(), Pinned: pins,
+		KvSsdStorage:    o.ssdInfo(), Pinned: pins, PrevEpoch: prev,
 	})
 	if err == nil && resp.Code == common.ErrorCode_OK {
 		m.epoch.Store(resp.MasterEpoch) // admit() judges peer calls by it from now on

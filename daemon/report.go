@@ -51,10 +51,12 @@ func (o *Owner) reportReplicas() {
 	}
 	adopted := 0
 	batch := int(mp.REPORT_BATCH)
-	for start := 0; start < total; start += batch {
+	// The last batch says so (an empty index sends one empty batch): until then the
+	// master places no other owner's put here.
+	for start := 0; start == 0 || start < total; start += batch {
 		end := min(start+batch, total)
 		ctx, cancel := o.master.ctx()
-		resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Records: recs[start:end]})
+		resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Records: recs[start:end], Last: end == total})
 		cancel()
 		if err == nil && resp.Code != common.ErrorCode_OK {
 			err = errCode(resp.Code, "%s", resp.Message)

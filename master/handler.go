@@ -37,7 +37,11 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		}
 	}
 	err := h.s.withState(func(st *State) error {
-		return st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+		err := st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+		if err == nil && req.PrevEpoch != 0 && req.PrevEpoch != h.s.epoch {
+			st.ExpectReport(ref(req.Node))
+		}
+		return err
 	})
 	resp := &mp.RegisterResponse{MasterEpoch: h.s.epoch,
 		HeartbeatIntervalMs: h.s.opts.HeartbeatInterval.Milliseconds(), NodeTtlMs: h.s.opts.NodeTTL.Milliseconds()}
@@ -218,7 +222,7 @@ func (h *handler) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequ
 	}
 	var invs []Invalidation
 	err := h.s.withState(func(st *State) (err error) {
-		resp.Rejected, invs, err = st.ReportReplicas(time.Now(), ref(req.Node), recs)
+		resp.Rejected, invs, err = st.ReportReplicas(time.Now(), ref(req.Node), recs, req.Last)
 		return err
 	})
 	h.s.invalidate(invs)

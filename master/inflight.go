@@ -131,7 +131,7 @@ type GetPlan struct {
 // several remote replicas the one whose owner sources the fewest transfers is chosen,
 // ties by node id.
 func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []string) (GetPlan, error) {
-	n, err := s.nodeLocked(ref)
+	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
 		return GetPlan{}, err
 	}

@@ -56,6 +56,10 @@ type node struct {
 	// out since this incarnation registered: a reported record overlapping one may have
 	// been written over, so it is never adopted (rebuild.go). nil otherwise.
 	opened *rangeSet
+	// reporting is set while the owner, registered from another master, has not sent
+	// its report's last batch (during the rebuild window): no other owner's put is
+	// placed on it, since any range of its pool may still hold an unreported replica.
+	reporting bool
 }
 
 // NodeRef names an owner incarnation in a request.
@@ -185,6 +189,18 @@ func (s *State) nodeLocked(ref NodeRef) (*node, error) {
 		return nil, wire.Errorf(common.ErrorCode_STALE_GENERATION, "node %q generation %d is not registered with this master: register again", ref.ID, ref.Generation)
 	}
 	return n, nil
+}
+
+// reportedNodeLocked is nodeLocked for a call that may allocate in the owner's pool or
+// read its routes: refused (UNAVAILABLE, to retry) while the owner's replica report is
+// incomplete, since any range of its pool may still hold a replica the master has not
+// adopted, and its keys may not be routed yet (a get would miss).
+func (s *State) reportedNodeLocked(ref NodeRef) (*node, error) {
+	n, err := s.nodeLocked(ref)
+	if err == nil && n.reporting {
+		return nil, wire.Errorf(common.ErrorCode_UNAVAILABLE, "node %q is still reporting its replicas to this master; retry", ref.ID)
+	}
+	return n, err
 }
 
 // tombLocked removes an owner incarnation: its replicas vanish from routes, its

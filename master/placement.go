@@ -34,7 +34,7 @@ type PutPlan struct {
 // PlacementPool possibly on another owner, with a source range in the requester's
 // transfer area) and records the in-flight put.
 func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, rejectIfExists bool) (PutPlan, error) {
-	n, err := s.nodeLocked(ref)
+	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
 		return PutPlan{}, err
 	}
@@ -105,12 +105,12 @@ func (s *State) allocXferLocked(n *node, length int64) *Allocation {
 // poolCandidatesLocked lists the owners other than the requester a put of length bytes
 // may be placed on, most free bytes first, ties by node id: live (heard from within
 // two heartbeat intervals, so a silent owner attracts no puts while it waits for its
-// tomb), reachable (a peer address for PullPut), with a pool large enough, and not
-// excluded (a pull from them failed).
+// tomb), reachable (a peer address for PullPut), with a pool large enough, done
+// reporting its replicas (rebuild.go) and not excluded (a pull from them failed).
 func (s *State) poolCandidatesLocked(now time.Time, requester *node, length int64, exclude []string) []*node {
 	var out []*node
 	for _, m := range s.nodes {
-		if m == requester || m.tombed || m.peerAddr == "" || m.alloc.Capacity() < length ||
+		if m == requester || m.tombed || m.reporting || m.peerAddr == "" || m.alloc.Capacity() < length ||
 			now.Sub(m.lastSeen) > 2*s.opts.HeartbeatInterval || slices.Contains(exclude, m.id) {
 			continue
 		}

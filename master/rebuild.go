@@ -44,6 +44,7 @@ func (s *State) closeRebuildLocked(now time.Time) {
 	if s.tombstones != nil && now.After(s.rebuildUntil) {
 		for _, n := range s.nodes {
 			n.opened = nil
+			n.reporting = false
 		}
 		s.log.Info().Int("tombstones", len(s.tombstones)).Int("keys", len(s.routes)).Msg("rebuild window closed; owners that register from now on start with an empty index")
 		s.tombstones = nil
@@ -58,14 +59,27 @@ func (s *State) tombstoneLocked(key string, putID int64) {
 	}
 }
 
-// ReportReplicas adopts a batch of an owner's replica records. It returns the indexes
+// ExpectReport marks the owner ref, registered just now from a master of another
+// epoch, as reporting its replica index: no other owner's put is placed on it until its
+// last batch (ReportReplicas with last) or the end of the rebuild window.
+func (s *State) ExpectReport(ref NodeRef) {
+	if n, err := s.nodeLocked(ref); err == nil && s.tombstones != nil {
+		n.reporting = true
+	}
+}
+
+// ReportReplicas adopts a batch of an owner's replica records; last ends the owner's
+// report. It returns the indexes
 // of the records it refused (the owner drops them) and the invalidations of older
 // versions that a record displaced (other owners reported them earlier); those must
 // reach their owners before the report is answered, as for an overwrite.
-func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord) (rejected []int32, invs []Invalidation, err error) {
+func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord, last bool) (rejected []int32, invs []Invalidation, err error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return nil, nil, err
+	}
+	if last {
+		defer func() { n.reporting = false }()
 	}
 	n.lastSeen = now // a long report stands for the heartbeats it holds up
 	s.closeRebuildLocked(now)

@@ -125,7 +125,14 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if a := arg(d, "addr"); a != "" {
 			peer = a
 		}
-		return "ok\n", st.Register(*now, NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}, argInt(d, "size"), argInt(d, "reserve"), "", peer, ssd, pins)
+		ref := NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}
+		if err := st.Register(*now, ref, argInt(d, "size"), argInt(d, "reserve"), "", peer, ssd, pins); err != nil {
+			return "", err
+		}
+		if arg(d, "reports") != "" { // registered from another master: it reports next
+			st.ExpectReport(ref)
+		}
+		return "ok\n", nil
 	case "heartbeat":
 		// heartbeat node=N [ack=SEQ]: prints the unacked eviction notices it carries.
 		ns, err := st.Heartbeat(*now, nref(st, d), SSDInfo{}, argInt(d, "ack"))
@@ -154,9 +161,12 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		st.OpenRebuild(*now)
 		return "ok\n", err
 	case "report":
-		// report node=N, one record a line: KEY PUT_ID LEN mem@OFFSET|ssd
+		// report node=N [last=1], one record a line: KEY PUT_ID LEN mem@OFFSET|ssd
 		var recs []ReplicaRecord
 		for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
+			if line == "" {
+				continue // an empty batch
+			}
 			var r ReplicaRecord
 			var where string
 			if _, err := fmt.Sscanf(line, "%s %d %d %s", &r.Key, &r.PutID, &r.Len, &where); err != nil {
@@ -170,7 +180,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			}
 			recs = append(recs, r)
 		}
-		rejected, invs, err := st.ReportReplicas(*now, nref(st, d), recs)
+		rejected, invs, err := st.ReportReplicas(*now, nref(st, d), recs, arg(d, "last") != "")
 		return fmt.Sprintf("rejected=%v%s\n", rejected, fmtInv(invs)), err
 	case "put", "put-start":
 		p, err := st.PutStart(*now, nref(st, d), key, argInt(d, "len"), arg(d, "nx") != "")

@@ -37,6 +37,11 @@ struct RegisterRequest {
   5: KvSsdStorageInfo kv_ssd_storage,
   6: list<PinnedRange> pinned,
   7: i64 transfer_reserve,
+  // The epoch of the master this owner registered with last (0: none). An owner coming
+  // from another master reports its replica index right after registering; until its
+  // last report batch (ReportReplicasRequest.last) the master places no other owner's
+  // put on it, since it does not know yet which of its ranges hold replicas.
+  8: i64 prev_epoch,
 }
 
 struct RegisterResponse {
@@ -272,6 +277,8 @@ struct ReplicaRecord {
 struct ReportReplicasRequest {
   1: NodeRef node,
   2: list<ReplicaRecord> records,
+  // The report's last batch (possibly empty): the owner's ranges are all known now.
+  3: bool last,
 }
 
 struct ReportReplicasResponse {

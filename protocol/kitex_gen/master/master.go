@@ -152,6 +152,7 @@ type RegisterRequest struct {
 	KvSsdStorage    *KvSsdStorageInfo `thrift:"kv_ssd_storage,5" frugal:"5,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
 	Pinned          []*PinnedRange    `thrift:"pinned,6" frugal:"6,default,list<PinnedRange>" json:"pinned"`
 	TransferReserve int64             `thrift:"transfer_reserve,7" frugal:"7,default,i64" json:"transfer_reserve"`
+	PrevEpoch       int64             `thrift:"prev_epoch,8" frugal:"8,default,i64" json:"prev_epoch"`
 }
 
 func NewRegisterRequest() *RegisterRequest {
@@ -198,6 +199,10 @@ func (p *RegisterRequest) GetPinned() (v []*PinnedRange) {
 func (p *RegisterRequest) GetTransferReserve() (v int64) {
 	return p.TransferReserve
 }
+
+func (p *RegisterRequest) GetPrevEpoch() (v int64) {
+	return p.PrevEpoch
+}
 func (p *RegisterRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -218,6 +223,9 @@ func (p *RegisterRequest) SetPinned(val []*PinnedRange) {
 }
 func (p *RegisterRequest) SetTransferReserve(val int64) {
 	p.TransferReserve = val
+}
+func (p *RegisterRequest) SetPrevEpoch(val int64) {
+	p.PrevEpoch = val
 }
 
 func (p *RegisterRequest) IsSetNode() bool {
@@ -243,6 +251,7 @@ var fieldIDToName_RegisterRequest = map[int16]string{
 	5: "kv_ssd_storage",
 	6: "pinned",
 	7: "transfer_reserve",
+	8: "prev_epoch",
 }
 
 type RegisterResponse struct {
@@ -1848,6 +1857,7 @@ var fieldIDToName_ReplicaRecord = map[int16]string{
 type ReportReplicasRequest struct {
 	Node    *NodeRef         `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
 	Records []*ReplicaRecord `thrift:"records,2" frugal:"2,default,list<ReplicaRecord>" json:"records"`
+	Last    bool             `thrift:"last,3" frugal:"3,default,bool" json:"last"`
 }
 
 func NewReportReplicasRequest() *ReportReplicasRequest {
@@ -1869,11 +1879,18 @@ func (p *ReportReplicasRequest) GetNode() (v *NodeRef) {
 func (p *ReportReplicasRequest) GetRecords() (v []*ReplicaRecord) {
 	return p.Records
 }
+
+func (p *ReportReplicasRequest) GetLast() (v bool) {
+	return p.Last
+}
 func (p *ReportReplicasRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
 func (p *ReportReplicasRequest) SetRecords(val []*ReplicaRecord) {
 	p.Records = val
+}
+func (p *ReportReplicasRequest) SetLast(val bool) {
+	p.Last = val
 }
 
 func (p *ReportReplicasRequest) IsSetNode() bool {
@@ -1890,6 +1907,7 @@ func (p *ReportReplicasRequest) String() string {
 var fieldIDToName_ReportReplicasRequest = map[int16]string{
 	1: "node",
 	2: "records",
+	3: "last",
 }
 
 type ReportReplicasResponse struct {
