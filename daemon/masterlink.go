@@ -335,6 +335,12 @@ func (m *masterLink) heartbeatLoop() {
 			continue
 		}
 		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore
+		if resp.Code == common.ErrorCode_OK && resp.MasterEpoch != m.epoch.Load() {
+			// A master of another epoch knows this owner: a registration whose answer
+			// was lost (it may wait for this owner's report). Register again.
+			m.o.log.Warn().Int64("master_epoch", resp.MasterEpoch).Msg("the master's epoch is not the one this owner registered with; registering again")
+			m.reregisterInBackground()
+		}
 		if resp.Code == common.ErrorCode_STALE_GENERATION {
 			m.o.log.Warn().Str("why", resp.Message).Msg("master does not know this owner (master restarted?); registering again")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -30,6 +30,12 @@ func (o *Owner) pullPut(ctx context.Context, req *peer.PullPutRequest) error {
 		o.mu.Unlock()
 		return errCode(common.ErrorCode_UNAVAILABLE, "owner %q is registering with a master; place the put again", o.opts.NodeID)
 	}
+	// Again under the lock: a whole registration may have run since the handler
+	// admitted the call (it stores the new epoch before it clears registering).
+	if err := o.master.admit(req.MasterEpoch); err != nil {
+		o.mu.Unlock()
+		return err
+	}
 	o.replicas.open(req.TargetOffset, req.Len) // the master placed a new value there
 	t := &pullTarget{putID: req.PutId, offset: req.TargetOffset, len: req.Len}
 	if o.pulls == nil {

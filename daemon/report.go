@@ -69,6 +69,7 @@ func (o *Owner) reportReplicas() {
 			o.mu.Unlock()
 			o.log.Warn().Err(err).Int("reported", start).Int("records", total).Int("adopted", adopted).
 				Msg("replica report failed; the unreported records are forgotten")
+			o.endReport()
 			return
 		}
 		for _, i := range resp.Rejected {
@@ -84,6 +85,22 @@ func (o *Owner) reportReplicas() {
 	}
 	o.log.Info().Int("memory", len(mem)).Int("ssd", len(onSSD)).Int("adopted", adopted).Int("refused", total-adopted).
 		Dur("took", time.Since(t0)).Msg("replica index reported to the new master")
+}
+
+// endReport tells the master, after a report failed, that nothing more comes (an empty
+// last batch): it allocates in this owner's pool again at once instead of at the end
+// of its rebuild window. Best effort: a master that lost this owner or no longer leads
+// needs nothing.
+func (o *Owner) endReport() {
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Last: true})
+	if err == nil && resp.Code != common.ErrorCode_OK {
+		err = errCode(resp.Code, "%s", resp.Message)
+	}
+	if err != nil {
+		o.log.Warn().Err(err).Msg("could not end the failed replica report; the master allocates here again when its rebuild window ends")
+	}
 }
 
 // forgetReplicas drops the replica index and the SSD ring's entries: the master they
