@@ -50,16 +50,7 @@ func TestPullPutAcrossRegister(t *testing.T) {
 	go func() { pullErr <- o.pullPut(context.Background(), req) }()
 	waitUntil(t, func() bool { o.mu.Lock(); defer o.mu.Unlock(); return len(o.pulls) == 1 })
 
-	addr := n.m.Addr().String()
-	n.m.Stop()
-	m2, err := master.NewServer(master.Options{InsecureCluster: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m2.Start(addr); err != nil {
-		t.Fatal(err)
-	}
-	defer m2.Stop()
+	m2 := restartMaster(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := o.master.register(ctx); err != nil {

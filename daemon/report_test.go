@@ -23,16 +23,7 @@ func TestRegisterOnceAfterMasterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addr := n.m.Addr().String()
-	n.m.Stop()
-	m2, err := master.NewServer(master.Options{InsecureCluster: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m2.Start(addr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m2.Stop() })
+	m2 := restartMaster(t, n)
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Add(1)
@@ -92,4 +83,21 @@ func TestLeaseEndsCachedGets(t *testing.T) {
 		h.Release()
 		t.Fatal("a cached get was answered after the owner's lease ran out")
 	}
+}
+
+// restartMaster stops n's master and starts a new one (empty, a new epoch) on its
+// address, stopped when the test ends.
+func restartMaster(t *testing.T, n *node) *master.Server {
+	t.Helper()
+	addr := n.m.Addr().String()
+	n.m.Stop()
+	m, err := master.NewServer(master.Options{InsecureCluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(addr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Stop() })
+	return m
 }

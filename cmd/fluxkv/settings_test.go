@@ -178,12 +178,7 @@ master:
 		t.Run(tt.name, func(t *testing.T) {
 			oc, mc, err := runSettings(t, tt.command, tt.yaml, tt.args...)
 			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
-				}
-				if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
-					t.Errorf("error %v is not exit status 2", err)
-				}
+				wantRefusal(t, err, tt.wantErr)
 				return
 			}
 			if err != nil {
@@ -293,12 +288,7 @@ func TestSettingsRefusals(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := runSettings(t, tt.command, tt.yaml, tt.args...)
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
-			}
-			if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
-				t.Errorf("error %v is not exit status 2", err)
-			}
+			wantRefusal(t, err, tt.wantErr)
 		})
 	}
 }
@@ -562,12 +552,7 @@ master:
 		t.Run(tt.name, func(t *testing.T) {
 			_, mc, err := runSettings(t, "master", tt.yaml, tt.args...)
 			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
-				}
-				if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
-					t.Errorf("error %v is not exit status 2", err)
-				}
+				wantRefusal(t, err, tt.wantErr)
 				return
 			}
 			if err != nil {
@@ -624,11 +609,7 @@ func TestSettingsUpHasNoHA(t *testing.T) {
 		{"fluxkv_spec:\n  etcd_cert: /c.pem\n", "fluxkv_spec.etcd_cert: not for `fluxkv up`"},
 	} {
 		_, _, err := runSettings(t, "up", tt.yaml)
-		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-			t.Errorf("%q: error %v, want one containing %q", tt.yaml, err, tt.wantErr)
-		} else if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
-			t.Errorf("error %v is not exit status 2", err)
-		}
+		wantRefusal(t, err, tt.wantErr)
 	}
 }
 
@@ -674,12 +655,7 @@ func TestSettingsOwnerEtcdMaster(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			oc, _, err := runSettings(t, "owner", tt.yaml, append(append([]string{}, base...), tt.args...)...)
 			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
-				}
-				if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
-					t.Errorf("error %v is not exit status 2", err)
-				}
+				wantRefusal(t, err, tt.wantErr)
 				return
 			}
 			if err != nil {
@@ -750,5 +726,16 @@ func TestStatusMasters(t *testing.T) {
 	}
 	if lines[i+3] != "keys: 7" {
 		t.Errorf("after the masters %q, want the key count", lines[i+3])
+	}
+}
+
+// wantRefusal checks that err is a refusal containing want, with exit status 2.
+func wantRefusal(t *testing.T, err error, want string) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v, want one containing %q", err, want)
+	}
+	if ec, ok := err.(cli.ExitCoder); !ok || ec.ExitCode() != 2 {
+		t.Errorf("error %v is not exit status 2", err)
 	}
 }
