@@ -232,17 +232,21 @@ def main() -> int:
             fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.write(fd, os.urandom(48).hex().encode())
             os.close(fd)
+            mkey, mpub = tmp / "master.key", tmp / "master.pub"
+            subprocess.run([args.fluxkv_bin, "gen-master-key", "--master-key-file", mkey, "--master-pubkey-file", mpub],
+                           check=True, capture_output=True)
             maddr = f"127.0.0.1:{free_port()}"
             progress(f"starting master {maddr} (--no-promotion) and owners A, B ({format_size(dram)} DRAM each; B --cache-grace off)")
             common = ["--log-format", "text", "--log-level", "warn"]
             master = g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion",
-                                        "--cluster-secret-file", secret], tmp / "master.log")
+                                        "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
             owners = {}
             for name, extra in (("a", []), ("b", ["--cache-grace", "off"])):
                 d = tmp / name
                 d.mkdir()
                 owners[name] = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(dram), "--master", maddr,
-                                              "--node-id", name, "--cluster-secret-file", secret, *extra], tmp / f"{name}.log")
+                                              "--node-id", name, "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra],
+                                             tmp / f"{name}.log")
             for name, p in owners.items():
                 wait_for(lambda: unix_socket_ready(str(tmp / name / "fluxkv.sock")), 60, f"owner {name}'s socket", p)
             sock_a, sock_b = str(tmp / "a" / "fluxkv.sock"), str(tmp / "b" / "fluxkv.sock")

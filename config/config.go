@@ -68,6 +68,9 @@ type Owner struct {
 	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
 	ClusterSecretFiles []string
 	InsecureCluster    bool
+	// MasterPubKeyFiles (master_pubkey_files) hold the master public keys the owner
+	// accepts (DESIGN §11), any of them.
+	MasterPubKeyFiles []string
 	// CacheGrace (cache_grace) keeps released holdings of local replicas in the hot
 	// set this long: nil takes the daemon's default (30s), a pointer to 0 turns the
 	// grace, and so the hot set, off ("off" or "0s").
@@ -96,6 +99,9 @@ type Owner struct {
 	// PutArea (put_area) is each session's put area under isolation, PutAreaTotal
 	// (put_area_total) the cap on all live sessions' areas together. 0: the defaults.
 	PutArea, PutAreaTotal int64
+	// FrameMemory (frame_memory) bounds the bytes of request frames in progress across
+	// the owner's RPC and peer connections. 0: the daemon's default.
+	FrameMemory int64
 	// EtcdCACert (etcd_cacert) verifies etcd's certificate, EtcdCert (etcd_cert) and
 	// EtcdKey (etcd_key) authenticate the owner to etcd: with Master etcd://... only.
 	EtcdCACert, EtcdCert, EtcdKey string
@@ -128,6 +134,9 @@ type Master struct {
 	// first signing, any accepted; InsecureCluster (insecure_cluster) runs without.
 	ClusterSecretFiles []string
 	InsecureCluster    bool
+	// MasterKeyFile (master_key_file) holds the master's private key, which proves it
+	// to owners (DESIGN §11).
+	MasterKeyFile string
 
 	// High availability on etcd (DESIGN §12); `fluxkv master` only. EtcdEndpoints
 	// (etcd_endpoints) turn it on: the master campaigns there and serves while it

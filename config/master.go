@@ -96,6 +96,7 @@ func parseMaster(n *yaml.Node, role Role) (*Master, error) {
 		"log_format":           stringField(k("log_format"), &m.LogFormat, CheckLogFormat),
 		"cluster_secret_files": pathListField(k("cluster_secret_files"), "file", &m.ClusterSecretFiles),
 		"insecure_cluster":     boolField(k("insecure_cluster"), &m.InsecureCluster),
+		"master_key_file":      stringField(k("master_key_file"), &m.MasterKeyFile, nil),
 		"etcd_endpoints": func(v *yaml.Node) error {
 			if err := stringListField(k("etcd_endpoints"), "etcd endpoint (host:port or http(s)://host:port)", &m.EtcdEndpoints, CheckEtcdEndpoint)(v); err != nil {
 				return err

@@ -87,6 +87,7 @@ func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 		"etcd_key":       stringField(k("etcd_key"), &o.EtcdKey, nil),
 		"put_area":       sizeField(k("put_area"), &o.PutArea),
 		"put_area_total": sizeField(k("put_area_total"), &o.PutAreaTotal),
+		"frame_memory":   sizeField(k("frame_memory"), &o.FrameMemory),
 		"max_connections": func(v *yaml.Node) error {
 			if isNull(v) {
 				return nil
@@ -104,6 +105,7 @@ func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 		},
 		"cluster_secret_files": pathListField(k("cluster_secret_files"), "file", &o.ClusterSecretFiles),
 		"insecure_cluster":     boolField(k("insecure_cluster"), &o.InsecureCluster),
+		"master_pubkey_files":  pathListField(k("master_pubkey_files"), "file", &o.MasterPubKeyFiles),
 		"large_limit_size": func(v *yaml.Node) error {
 			limitsNode = v
 			if isNull(v) {

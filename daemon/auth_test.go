@@ -20,7 +20,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
 )
 
-func startAuthMaster(t *testing.T, s *auth.Secrets) *master.Server {
+func startAuthMaster(t testing.TB, s *auth.Secrets) *master.Server {
 	t.Helper()
 	nop := zerolog.Nop()
 	m, err := master.NewServer(master.Options{Logger: &nop, Secrets: s})
@@ -34,7 +34,7 @@ func startAuthMaster(t *testing.T, s *auth.Secrets) *master.Server {
 	return m
 }
 
-func authOwnerOptions(t *testing.T, m *master.Server, s *auth.Secrets) Options {
+func authOwnerOptions(t testing.TB, m *master.Server, s *auth.Secrets) Options {
 	nop := zerolog.Nop()
 	return Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: m.Addr().String(), NodeID: "n1", Logger: &nop,
 		Secrets: s, RegisterTimeout: 10 * time.Second}

@@ -198,8 +198,8 @@ func TestClusterSourceKilled(t *testing.T) {
 // refused with a message naming --node-id; the live one keeps serving.
 func TestClusterDuplicateNodeID(t *testing.T) {
 	cl := startCluster(t, 1, "16MiB")
-	dup := start(t, "owner", "--dir", t.TempDir(), "--dram", "16MiB", "--master", cl.master.addr,
-		"--node-id", "n0", "--cluster-secret-file", clusterSecret)
+	dup := start(t, append([]string{"owner", "--dir", t.TempDir(), "--dram", "16MiB", "--master", cl.master.addr,
+		"--node-id", "n0"}, ownerAuth()...)...)
 	waitFor(t, 20*time.Second, "the duplicate's refusal", func() bool {
 		return strings.Contains(dup.stderr.String(), "give each owner its own --node-id")
 	})
@@ -276,8 +276,8 @@ func TestClusterRestartFenced(t *testing.T) {
 	m := startMaster(t, "")
 	dataAddr := freePort(t)
 	dir := filepath.Join(t.TempDir(), "o0")
-	args := []string{"owner", "--dir", dir, "--dram", "16MiB", "--master", m.addr, "--node-id", "n0",
-		"--data-listen", dataAddr, "--cluster-secret-file", clusterSecret}
+	args := append([]string{"owner", "--dir", dir, "--dram", "16MiB", "--master", m.addr, "--node-id", "n0",
+		"--data-listen", dataAddr}, ownerAuth()...)
 	o0 := start(t, args...)
 	o0.socket = filepath.Join(dir, "fluxkv.sock")
 	o0.waitSocket()

@@ -208,5 +208,8 @@ func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, fun
 	if offset < 0 || length <= 0 || offset > int64(len(seg))-length {
 		return nil, nil, fmt.Errorf("%w: range [%d,+%d) outside the %d-byte segment", transfer.ErrFenced, offset, length, len(seg))
 	}
+	if err := o.checkPutSource(f.TransferID, offset, length); err != nil {
+		return nil, nil, err
+	}
 	return seg[offset : offset+length], func() {}, nil
 }

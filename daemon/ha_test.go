@@ -418,7 +418,7 @@ func TestMasterCutOffFromEtcd(t *testing.T) {
 		mport := strings.Split(freePort(t), ":")[1]
 		addr, metricsAddr := ns.addr(i)+":"+port, ns.addr(i)+":"+mport
 		p := startWrapped(t, []string{"ip", "netns", "exec", ns.names[i]}, append([]string{"master", "--listen", addr,
-			"--node-ttl", "2s", "--cluster-secret-file", clusterSecret, "--metrics-addr", metricsAddr}, c.masterFlags()...)...)
+			"--node-ttl", "2s", "--metrics-addr", metricsAddr}, append(masterAuth(), c.masterFlags()...)...)...)
 		p.addr = addr
 		c.masters = append(c.masters, p)
 		c.masterMetrics = append(c.masterMetrics, metricsAddr)

@@ -59,7 +59,8 @@ func startLimitNode(t *testing.T, opts Options) *limitNode {
 	t.Helper()
 	nop := zerolog.Nop()
 	secrets := authtest.Secrets(t)
-	ms, err := master.NewServer(master.Options{Logger: &nop, Secrets: secrets})
+	masterKey, masterKeys := authtest.MasterKeys(t)
+	ms, err := master.NewServer(master.Options{Logger: &nop, Secrets: secrets, MasterKey: masterKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func startLimitNode(t *testing.T, opts Options) *limitNode {
 	n := &limitNode{m: metrics.New(), log: &syncBuffer{}}
 	log := zerolog.New(n.log)
 	opts.Dir, opts.DRAM, opts.MasterAddr, opts.NodeID = t.TempDir(), 8<<20, ms.Addr().String(), "n1"
-	opts.Logger, opts.Metrics, opts.Secrets = &log, n.m, secrets
+	opts.Logger, opts.Metrics, opts.Secrets, opts.MasterKeys = &log, n.m, secrets, masterKeys
 	o, err := New(opts)
 	if err != nil {
 		ms.Stop()
@@ -350,13 +351,16 @@ func TestAnnouncedFrameNotAllocated(t *testing.T) {
 		cs = append(cs, conn)
 	}
 	// Each is closed by the frame deadline: by then its header was read and the body
-	// waited for.
+	// waited for, or (past the two frames the 64 MiB frame budget holds) the frame's
+	// memory was waited for and refused.
 	for _, conn := range cs {
 		waitClosed(t, conn, 30*time.Second)
 	}
 	runtime.ReadMemStats(&after)
-	if got := n.counter(t, "fluxkv_conn_timeouts_total", "socket", "rpc", "kind", "frame"); got != conns {
-		t.Fatalf("frame timeouts %v, want %d", got, conns)
+	timeouts := n.counter(t, "fluxkv_conn_timeouts_total", "socket", "rpc", "kind", "frame")
+	refused := n.counter(t, "fluxkv_conn_refused_total", "socket", "rpc", "reason", "frame_memory")
+	if timeouts+refused != conns || timeouts < 2 {
+		t.Fatalf("frame timeouts %v and frame-memory refusals %v, want %d in all, at least 2 timeouts", timeouts, refused, conns)
 	}
 	// Announced: 20 × 32 MiB = 640 MiB. Allowed: everything else the process did
 	// meanwhile, generously.

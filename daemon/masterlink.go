@@ -211,8 +211,10 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, auth.ErrAuthFailed) {
-			// A secret that does not match will not match on the next try either.
+		if errors.Is(err, auth.ErrAuthFailed) && !errors.Is(err, auth.ErrHandshakeIncomplete) {
+			// A secret that does not match will not match on the next try either; a
+			// handshake cut short may (an overloaded master sheds connections in their
+			// handshake, a restarting one closes them).
 			return fmt.Errorf("register with master %s: %w", m.addr(), err)
 		}
 		m.o.log.Warn().Err(err).Int("attempt", attempt).Str("master", m.addr()).Msg("register with master failed; retrying")

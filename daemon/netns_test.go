@@ -81,9 +81,8 @@ func (ns *netns) close() {
 func (ns *netns) startOwnerIn(t *testing.T, i int, masterAddr, dram string) *proc {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), fmt.Sprintf("ns%d", i))
-	p := startWrapped(t, []string{"ip", "netns", "exec", ns.names[i]}, "owner", "--dir", dir, "--dram", dram,
-		"--master", masterAddr, "--node-id", fmt.Sprintf("h%d", i), "--peer-listen", "0.0.0.0:0",
-		"--cluster-secret-file", clusterSecret)
+	p := startWrapped(t, []string{"ip", "netns", "exec", ns.names[i]}, append([]string{"owner", "--dir", dir, "--dram", dram,
+		"--master", masterAddr, "--node-id", fmt.Sprintf("h%d", i), "--peer-listen", "0.0.0.0:0"}, ownerAuth()...)...)
 	p.socket = filepath.Join(dir, "fluxkv.sock")
 	p.waitSocket()
 	return p

@@ -39,6 +39,13 @@ type Options struct {
 	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
 	// who reaches the peer port can call it. The master must run insecure too.
 	InsecureCluster bool
+	// MasterKeys are the master public keys this owner accepts (DESIGN §11): with
+	// Secrets, master-only peer calls (PullPut, SsdReplicaPersist, InvalidateCachedInfo,
+	// ReleaseHotSet) are answered only on a connection whose handshake proved one of
+	// them, for this node id; other members' calls get PERMISSION_DENIED. nil: no
+	// connection can prove a master, so those calls are refused from everyone
+	// (fluxkv owner refuses to start without keys).
+	MasterKeys *auth.MasterPubKeys
 	// DataListen is the TCP address of the data plane (owner-to-owner pulls). Default:
 	// PeerListen's host, port 0.
 	DataListen string
@@ -91,6 +98,12 @@ type Options struct {
 	// FrameTimeout bounds an RPC frame once its first byte arrived (the rest of the
 	// request must follow within it), and the write of a reply. Default 10s.
 	FrameTimeout time.Duration
+	// FrameMemory bounds the bytes of request frames in progress across all the owner's
+	// RPC and peer connections (wire.FrameBudget): a frame over 8 KiB reserves its size
+	// before its body is read, waits up to FrameTimeout for room, and is refused with a
+	// clear error after that. Default 0: wire.DefaultFrameBudget(DRAM) (an eighth of the
+	// segment, at most an eighth of RAM, at least 64 MiB).
+	FrameMemory int64
 	// IdleTimeout closes an RPC connection idle this long unless its last call named a
 	// session that is still attached (those idle forever). Default 10s.
 	IdleTimeout time.Duration
@@ -193,6 +206,9 @@ func (o *Options) setDefaults() {
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = 10 * time.Second
 	}
+	if o.FrameMemory == 0 {
+		o.FrameMemory = wire.DefaultFrameBudget(o.DRAM)
+	}
 	if o.PutArea == 0 {
 		o.PutArea = defaultPutArea
 	}
@@ -242,6 +258,9 @@ func (o *Options) Validate() error {
 	}
 	if o.PutArea < 0 || o.PutAreaTotal < 0 {
 		return fmt.Errorf("owner: put area %d and put area total %d must not be negative", o.PutArea, o.PutAreaTotal)
+	}
+	if o.FrameMemory < 0 {
+		return fmt.Errorf("owner: frame memory %d must not be negative", o.FrameMemory)
 	}
 	if o.PutAreaTotal != 0 && o.PutAreaTotal < minPutArea {
 		return fmt.Errorf("owner: put area total %d must be at least %d bytes", o.PutAreaTotal, minPutArea)

@@ -43,6 +43,7 @@ type Owner struct {
 
 	attachLn *net.UnixListener
 	rpc      *framedServer
+	frames   *wire.FrameBudget // the memory of request frames in progress, RPC and peer ports
 
 	mu       sync.Mutex // protects sessions, cache, nextID, stopping, areas, and holdings' refs and replica
 	sessions map[int64]*session
@@ -81,6 +82,7 @@ func New(opts Options) (*Owner, error) {
 		replicas: newReplicaIndex(),
 		areas:    putAreaBudget{per: opts.PutArea, total: opts.PutAreaTotal},
 		idleStop: make(chan struct{}),
+		frames:   wire.NewFrameBudget(opts.FrameMemory),
 	}
 	o.copied = sync.NewCond(&o.mu)
 	o.cachedGets = opts.Metrics.Replicas(func() metrics.ReplicaState {
@@ -167,7 +169,7 @@ func (o *Owner) Start(ctx context.Context) error {
 
 	svc := externalservice.NewServiceInfo()
 	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics,
-		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive})
+		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive, Budget: o.frames})
 	if err != nil {
 		o.closeResources()
 		return err
@@ -308,6 +310,8 @@ func (o *Owner) startDataPlane() error {
 	if err != nil {
 		return err
 	}
+	// A master names the address it dials in its proof: this one, or the local address.
+	o.peer.check.Advertise(o.peerAddr)
 	if err := checkReachable("--peer-listen", o.opts.PeerListen, o.peerAddr, o.opts.MasterAddr); err != nil {
 		return err
 	}

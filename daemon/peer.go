@@ -9,6 +9,7 @@ import (
 
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
+	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -19,9 +20,10 @@ import (
 
 // peerServer serves PeerService (master → owner, owner ↔ owner control calls) over TCP.
 type peerServer struct {
-	ln   net.Listener
-	svr  server.Server
-	once sync.Once
+	ln    net.Listener
+	svr   server.Server
+	check *auth.MasterCheck // nil: no master keys
+	once  sync.Once
 }
 
 func startPeerServer(o *Owner, addr string) (*peerServer, error) {
@@ -29,10 +31,15 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer listen %s: %w", addr, err)
 	}
+	check := auth.NewMasterCheck(o.opts.MasterKeys, o.opts.NodeID)
 	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
+	// A master's connection also proves it is one (masteronly.go).
 	ln := auth.Listener(raw, o.opts.Secrets, auth.PurposePeer,
-		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics})
-	svr := peerservice.NewServer(&peerHandler{o: o}, append(append(auth.ServerOptions(ln),
+		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics, MasterCheck: check})
+	// and every frame is checked before Kitex decodes a byte of it (wire.GuardListener).
+	ln = wire.GuardListener(ln, wire.GuardOptions{Socket: auth.PurposePeer, FrameTimeout: o.opts.FrameTimeout,
+		Budget: o.frames, Logger: o.opts.Logger, Metrics: o.opts.Metrics})
+	svr := peerservice.NewServer(newPeerHandler(o), append(append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
 		server.WithExitWaitTime(500*time.Millisecond),
 	), o.opts.testPeerServerOpts...)...)
@@ -43,7 +50,7 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 		return nil, fmt.Errorf("peer serve: %w", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	return &peerServer{ln: ln, svr: svr}, nil
+	return &peerServer{ln: ln, svr: svr, check: check}, nil
 }
 
 func (p *peerServer) addr() string { return p.ln.Addr().String() }
@@ -56,14 +63,24 @@ func (p *peerServer) stop() {
 	})
 }
 
-type peerHandler struct{ o *Owner }
+type peerHandler struct {
+	o       *Owner
+	refused zerolog.Logger // master-only calls refused: at most one line a second
+}
+
+func newPeerHandler(o *Owner) *peerHandler {
+	return &peerHandler{o: o, refused: o.log.Sample(&zerolog.BurstSampler{Burst: 1, Period: time.Second})}
+}
 
 var _ peer.PeerService = (*peerHandler)(nil)
 
 // SsdReplicaPersist writes a fresh memory replica to the local SSD ring and commits it.
 func (h *peerHandler) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
 	resp := &peer.SsdReplicaPersistResponse{}
-	err := h.o.master.admit(req.MasterEpoch)
+	err := h.masterOnly(ctx, "SsdReplicaPersist")
+	if err == nil {
+		err = h.o.master.admit(req.MasterEpoch)
+	}
 	if err == nil {
 		err = h.o.persist(req)
 	}
@@ -81,7 +98,10 @@ func (h *peerHandler) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRe
 // PullPut pulls a put the master placed here from its requester's transfer area.
 func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	resp := &peer.PullPutResponse{}
-	err := h.o.master.admit(req.MasterEpoch)
+	err := h.masterOnly(ctx, "PullPut")
+	if err == nil {
+		err = h.o.master.admit(req.MasterEpoch)
+	}
 	if err == nil {
 		err = h.o.pullPut(ctx, req)
 	}
@@ -94,6 +114,11 @@ func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*p
 // its retry finds the ranges free.
 func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {
 	o := h.o
+	if err := h.masterOnly(ctx, "ReleaseHotSet"); err != nil {
+		resp := &peer.ReleaseHotSetResponse{}
+		resp.Code, resp.Message = wire.ToResponse(err)
+		return resp, nil
+	}
 	if req.Generation != o.generation {
 		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_STALE_GENERATION,
 			Message: fmt.Sprintf("ReleaseHotSet for generation %d reached generation %d", req.Generation, o.generation)}, nil
@@ -117,6 +142,11 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 // InvalidateCachedInfo drops cached infos of keys another owner overwrote or deleted.
 func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	o := h.o
+	if err := h.masterOnly(ctx, "InvalidateCachedInfo"); err != nil {
+		resp := &peer.InvalidateCachedInfoResponse{}
+		resp.Code, resp.Message = wire.ToResponse(err)
+		return resp, nil
+	}
 	if err := o.master.admit(req.MasterEpoch); err != nil {
 		resp := &peer.InvalidateCachedInfoResponse{}
 		resp.Code, resp.Message = wire.ToResponse(err)

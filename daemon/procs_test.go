@@ -61,6 +61,11 @@ func TestMain(m *testing.M) {
 	if err := auth.GenerateSecretFile(clusterSecret); err != nil {
 		panic(err)
 	}
+	// One master key pair: masters sign with the key, owners accept the public half.
+	masterKeyFile, masterPubKeyFile = filepath.Join(dir, "master.key"), filepath.Join(dir, "master.pub")
+	if err := auth.GenerateMasterKeyFiles(masterKeyFile, masterPubKeyFile); err != nil {
+		panic(err)
+	}
 	if p := os.Getenv("FLUXKV_BIN"); p != "" {
 		bin = p
 	} else {
@@ -79,8 +84,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// clusterSecret is the --cluster-secret-file of the masters and owners tests start.
-var clusterSecret string
+// clusterSecret is the --cluster-secret-file of the masters and owners tests start;
+// masterKeyFile the masters' --master-key-file, masterPubKeyFile its public half, the
+// owners' --master-pubkey-file.
+var clusterSecret, masterKeyFile, masterPubKeyFile string
+
+// masterAuth and ownerAuth are the cluster authentication flags of a master and an owner.
+func masterAuth() []string {
+	return []string{"--cluster-secret-file", clusterSecret, "--master-key-file", masterKeyFile}
+}
+
+func ownerAuth() []string {
+	return []string{"--cluster-secret-file", clusterSecret, "--master-pubkey-file", masterPubKeyFile}
+}
 
 // proc is a fluxkv process started by a test; Cleanup stops it with SIGTERM and checks
 // that it exits 0 and leaves no socket behind.
@@ -142,7 +158,7 @@ func startMaster(t testing.TB, addr string, extra ...string) *proc {
 	if addr == "" {
 		addr = freePort(t)
 	}
-	p := start(t, append([]string{"master", "--listen", addr, "--node-ttl", "2s", "--cluster-secret-file", clusterSecret}, extra...)...)
+	p := start(t, append(append([]string{"master", "--listen", addr, "--node-ttl", "2s"}, masterAuth()...), extra...)...)
 	p.addr = addr
 	deadline := time.Now().Add(startBudget)
 	for time.Now().Before(deadline) {
@@ -170,8 +186,8 @@ func startOwner(t testing.TB, dir, masterAddr, dram string, nodeID ...string) *p
 // startOwnerWith is startOwner with a node id and extra flags.
 func startOwnerWith(t testing.TB, dir, masterAddr, dram, nodeID string, extra ...string) *proc {
 	t.Helper()
-	p := start(t, append([]string{"owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", nodeID,
-		"--cluster-secret-file", clusterSecret}, extra...)...)
+	p := start(t, append(append([]string{"owner", "--dir", dir, "--dram", dram, "--master", masterAddr, "--node-id", nodeID},
+		ownerAuth()...), extra...)...)
 	p.socket = filepath.Join(dir, "fluxkv.sock")
 	p.waitSocket()
 	return p

@@ -60,6 +60,9 @@ type connLimits struct {
 	IdleTimeout  time.Duration
 	// Live reports whether a client id is an attached session; nil: none is.
 	Live func(clientID int64) bool
+	// Budget bounds the memory of frames in progress, shared with the peer port; nil:
+	// each frame is bounded by wire.MaxFrameBytes alone.
+	Budget *wire.FrameBudget
 }
 
 // connState is what the server knows about one connection across calls: the client id
@@ -116,16 +119,29 @@ func (s *framedServer) serveConn(conn *net.UnixConn) error {
 			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Uint32("bytes", n) })
 			return fmt.Errorf("frame of %d bytes: not a framed thrift request of at most %d bytes: %w", n, wire.MaxFrameBytes, errConnDone)
 		}
-		var err error
-		if buf, err = shm.ReadFrameBody(r, buf, int(n)); err != nil {
+		// Large frames reserve their memory from the owner's budget first: a frame that
+		// finds no room within FrameTimeout is refused with the budget's message.
+		held, err := s.limits.Budget.Reserve(int(n), time.Now().Add(s.limits.FrameTimeout))
+		if err != nil {
+			s.acc.refused(metrics.RefuseFrameMemory, "rpc frame refused", func(e *zerolog.Event) { e.Uint32("bytes", n).Err(err) })
+			ex := thrift.NewApplicationException(thrift.INTERNAL_ERROR, err.Error())
+			conn.SetWriteDeadline(time.Now().Add(s.limits.FrameTimeout))
+			conn.Write(appendFrame(nil, exceptionMsg("", 0, ex)))
+			return fmt.Errorf("%w: %w", err, errConnDone)
+		}
+		buf, err = wire.ReadFrameBody(r, buf, int(n))
+		if err != nil {
+			s.limits.Budget.Release(held)
 			return s.readFailed(err)
 		}
 		method, typ, seq, off, err := thrift.Binary.ReadMessageBegin(buf)
 		if err != nil {
+			s.limits.Budget.Release(held)
 			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Err(err) })
 			return fmt.Errorf("garbage frame: %w: %w", err, errConnDone)
 		}
 		reply, fatal := s.dispatch(st, method, typ, seq, buf[off:])
+		s.limits.Budget.Release(held)
 		out = appendFrame(out[:0], reply)
 		conn.SetWriteDeadline(time.Now().Add(s.limits.FrameTimeout))
 		if _, err := conn.Write(out); err != nil {
@@ -208,7 +224,7 @@ func (s *framedServer) dispatch(st *connState, method string, typ thrift.TMessag
 	}
 	// A dry walk first: every container's declared size must fit in the bytes that
 	// follow, so decoding allocates in proportion to the frame, not to its claims.
-	if err := checkSizes(body); err != nil {
+	if err := wire.CheckStruct(body); err != nil {
 		ex := thrift.NewApplicationException(thrift.PROTOCOL_ERROR, "cannot decode "+method+" arguments: "+err.Error())
 		return exceptionMsg(method, seq, ex), fmt.Errorf("garbage %s arguments: %w", method, err)
 	}

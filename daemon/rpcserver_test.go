@@ -6,6 +6,7 @@ import (
 	"github.com/cloudwego/gopkg/protocol/thrift"
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external/externalservice"
 )
@@ -27,6 +28,14 @@ func FuzzExternalDispatch(f *testing.F) {
 		byte(thrift.STRUCT), 0, 1, byte(thrift.LIST), 0, 2, byte(thrift.I64), 0x7f, 0xff, 0xff, 0xff, 0, 0))
 	b, _ := thrift.MarshalFastMsg("Get", thrift.ONEWAY, 1, &external.ExternalServiceGetArgs{Req: &external.GetRequest{Key: "k"}})
 	f.Add(b)
+	// Every method's request with every field filled, and each with one length
+	// announcing 2^31-1.
+	for _, m := range authtest.Requests(externalservice.NewServiceInfo()) {
+		f.Add(m)
+	}
+	for _, m := range authtest.Bombs(externalservice.NewServiceInfo()) {
+		f.Add(m)
+	}
 	o := &Owner{sessions: map[int64]*session{}, cache: newHolderCache(0, 0), generation: 7}
 	s := &framedServer{svc: externalservice.NewServiceInfo(), handler: &externalHandler{o: o}, log: zerolog.Nop()}
 	f.Fuzz(func(t *testing.T, frame []byte) {

@@ -38,8 +38,11 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options, twe
 	}
 	mo.Logger = &log
 	secrets := authtest.Secrets(t)
+	masterKey, masterKeys := authtest.MasterKeys(t)
 	if !mo.InsecureCluster {
-		mo.Secrets = secrets
+		mo.Secrets, mo.MasterKey = secrets, masterKey
+	} else {
+		masterKeys = nil
 	}
 	m, err := master.NewServer(mo)
 	if err != nil {
@@ -49,7 +52,7 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options, twe
 		t.Fatal(err)
 	}
 	opts := Options{Dir: t.TempDir(), DRAM: dram, MasterAddr: m.Addr().String(), NodeID: "n1", SSD: so, Logger: &log,
-		Secrets: mo.Secrets, InsecureCluster: mo.InsecureCluster}
+		Secrets: mo.Secrets, InsecureCluster: mo.InsecureCluster, MasterKeys: masterKeys}
 	for _, f := range tweaks {
 		f(&opts)
 	}

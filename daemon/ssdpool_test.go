@@ -83,7 +83,7 @@ func TestClusterSSDPool(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), id)
 		o := &poolOwner{id: id, metrics: freePort(t)}
 		o.proc = start(t, append([]string{"owner", "--dir", dir, "--dram", "64MiB", "--master", m.addr, "--node-id", id,
-			"--cache-grace", "0", "--metrics-addr", o.metrics, "--cluster-secret-file", clusterSecret}, extra...)...)
+			"--cache-grace", "0", "--metrics-addr", o.metrics}, append(ownerAuth(), extra...)...)...)
 		o.socket = filepath.Join(dir, "fluxkv.sock")
 		o.waitSocket()
 		o.c = connect(t, o.socket)

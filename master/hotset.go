@@ -23,8 +23,8 @@ import (
 // bounded by InvalidateTimeout. It returns the bytes released in all.
 func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 	type owner struct {
-		addr string
-		gen  int64
+		id, addr string
+		gen      int64
 	}
 	var owners []owner
 	s.locked(func(st *State) error {
@@ -33,7 +33,7 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 				continue
 			}
 			if len(n.holders) > 0 && n.peerAddr != "" {
-				owners = append(owners, owner{n.peerAddr, n.generation})
+				owners = append(owners, owner{n.id, n.peerAddr, n.generation})
 			}
 		}
 		return nil
@@ -44,7 +44,7 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, callOpts, err := s.peers.Get(o.addr)
+			c, callOpts, err := s.peers.GetNode(o.id, o.addr)
 			if err != nil {
 				return
 			}

@@ -184,7 +184,7 @@ func (v *invalidator) sender(k ownerKey, q *invalQueue) {
 
 // send makes one InvalidateCachedInfo call bounded by the timeout.
 func (v *invalidator) send(ctx context.Context, k ownerKey, entries []*common.KeyVersion) error {
-	c, callOpts, err := v.peers.Get(k.addr)
+	c, callOpts, err := v.peers.GetNode(k.nodeID, k.addr)
 	if err != nil {
 		return err
 	}

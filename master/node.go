@@ -90,6 +90,9 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "transfer reserve %d leaves less than %d bytes of the %d-byte segment for the memory pool",
 			transferReserve, AllocGranule, segmentSize)
 	}
+	if err := s.checkAddrTakenLocked(now, ref.ID, dataAddr, peerAddr); err != nil {
+		return err
+	}
 	if old := s.nodes[ref.ID]; old != nil {
 		if err := s.checkIDTakenLocked(now, old, dataAddr, peerAddr); err != nil {
 			return err
@@ -154,6 +157,25 @@ func (s *State) checkIDTakenLocked(now time.Time, old *node, dataAddr, peerAddr 
 		return wire.Errorf(common.ErrorCode_ALREADY_EXISTS,
 			"node id %q is held by a live owner (generation %d, peer %s, data %s, heard from %v ago): give each owner its own --node-id",
 			old.id, old.generation, old.peerAddr, old.dataAddr, silent.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// checkAddrTakenLocked refuses a registration naming the peer or data address of
+// another live owner: the master would send that owner's calls (and its proofs, which
+// name the node) to the wrong node, and a member could make another owner's master
+// calls fail that way (DESIGN §11). An owner silent for over two heartbeat intervals
+// may have restarted on the same address under another id.
+func (s *State) checkAddrTakenLocked(now time.Time, id, dataAddr, peerAddr string) error {
+	for _, n := range s.nodes {
+		if n.id == id || now.Sub(n.lastSeen) > 2*s.opts.HeartbeatInterval {
+			continue
+		}
+		if (peerAddr != "" && n.peerAddr == peerAddr) || (dataAddr != "" && n.dataAddr == dataAddr) {
+			return wire.Errorf(common.ErrorCode_ALREADY_EXISTS,
+				"peer address %s / data address %s: live owner %q (peer %s, data %s) already registered it; each owner needs its own addresses",
+				peerAddr, dataAddr, n.id, n.peerAddr, n.dataAddr)
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // Options configures the master. Zero fields take the defaults below.
@@ -94,6 +95,17 @@ type Options struct {
 	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
 	// who reaches the port can call the master. Owners must run insecure too.
 	InsecureCluster bool
+	// MasterKey proves this master to owners on every connection it opens to their peer
+	// ports (DESIGN §11): owners answer master-only calls (PullPut, SsdReplicaPersist,
+	// InvalidateCachedInfo, ReleaseHotSet) only on such a connection, checked against
+	// their accepted public keys. nil: its connections are a member's, and owners that
+	// check refuse those calls (fluxkv master refuses to start without one).
+	MasterKey *auth.MasterKey
+	// FrameMemory bounds the bytes of request frames in progress across all the master's
+	// connections (wire.FrameBudget); a frame that finds no room within 10s is refused
+	// and its connection closed. Default 0: wire.DefaultFrameBudget(0) (a thirty-second
+	// of RAM, at least 64 MiB).
+	FrameMemory int64
 	// Logger receives structured logs. Default: disabled.
 	Logger *zerolog.Logger
 	// Metrics receives per-call counters and latencies. Default: none.
@@ -137,6 +149,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PersistQueue == 0 {
 		o.PersistQueue = 1024
+	}
+	if o.FrameMemory == 0 {
+		o.FrameMemory = wire.DefaultFrameBudget(0)
 	}
 	if o.PersistTimeout == 0 {
 		o.PersistTimeout = 30 * time.Second

@@ -296,7 +296,7 @@ func (p *persister) run(ctx context.Context, t *PersistTask) error {
 	if !live {
 		return errNodeGone
 	}
-	c, callOpts, err := p.s.peers.Get(t.PeerAddr)
+	c, callOpts, err := p.s.peers.GetNode(t.NodeID, t.PeerAddr)
 	if err != nil {
 		return err
 	}

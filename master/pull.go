@@ -26,7 +26,7 @@ var errTargetGone = errors.New("target owner tombed or re-registered during the 
 // will not write the target range any more. A call that failed in transport leaves
 // answered false.
 func (s *Server) pull(t *PullTask) (err error, answered bool) {
-	c, callOpts, err := s.peers.Get(t.TargetPeerAddr)
+	c, callOpts, err := s.peers.GetNode(t.TargetNode, t.TargetPeerAddr)
 	if err != nil {
 		return fmt.Errorf("PeerService client for %s: %w", t.TargetPeerAddr, err), true
 	}

@@ -80,8 +80,11 @@ func (s *Server) serve(raw net.Listener) error {
 	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
 	ln := auth.Listener(raw, s.opts.Secrets, auth.PurposeMaster,
 		auth.ListenerOptions{Logger: s.opts.Logger, Metrics: s.opts.Metrics})
+	// and every frame is checked before Kitex decodes a byte of it (wire.GuardListener).
+	ln = wire.GuardListener(ln, wire.GuardOptions{Socket: auth.PurposeMaster,
+		Budget: wire.NewFrameBudget(s.opts.FrameMemory), Logger: s.opts.Logger, Metrics: s.opts.Metrics})
 	s.ln = ln
-	s.peers = peerclient.New(s.opts.Secrets, s.opts.PeerConnectTimeout)
+	s.peers = peerclient.NewMaster(s.opts.Secrets, s.opts.MasterKey, s.opts.PeerConnectTimeout)
 	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.epoch, s.liveOwner)
 	s.persist = newPersister(s)
 	s.svr = masterservice.NewServer(&handler{s: s}, append(append(auth.ServerOptions(ln),

@@ -417,6 +417,30 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// TestRegisterAddrTaken: a registration naming another live owner's peer or data
+// address is refused (its master calls and proofs would go to the wrong node); once that
+// owner is silent past two heartbeat intervals the address may be taken.
+func TestRegisterAddrTaken(t *testing.T) {
+	st := NewState(Options{IDBase: 1})
+	now := time.Unix(1, 0)
+	if err := st.Register(now, NodeRef{ID: "n1", Generation: 1}, 1<<20, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, addrs := range [][2]string{{"d2:2", "p1:1"}, {"d1:2", "p2:1"}} {
+		err := st.Register(now, NodeRef{ID: "n2", Generation: 1}, 1<<20, 0, addrs[0], addrs[1], SSDInfo{}, nil)
+		if wire.CodeOf(err) != common.ErrorCode_ALREADY_EXISTS || !strings.Contains(err.Error(), `live owner "n1"`) {
+			t.Fatalf("data %s peer %s: %v", addrs[0], addrs[1], err)
+		}
+	}
+	if err := st.Register(now, NodeRef{ID: "n1", Generation: 2}, 1<<20, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
+		t.Fatalf("the same owner again: %v", err)
+	}
+	later := now.Add(3 * time.Second) // default heartbeat 1s
+	if err := st.Register(later, NodeRef{ID: "n2", Generation: 1}, 1<<20, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
+		t.Fatalf("after n1 went silent: %v", err)
+	}
+}
+
 func second[T any](_ T, err error) error { return err }
 
 // TestFillBeforeEviction: with 1 MiB − 128 B values the segment is fully used before

@@ -4,14 +4,17 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Reasons a socket refuses a connection (the reason label of fluxkv_conn_refused_total).
 const (
-	RefuseCap     = "cap"        // the socket's connection cap (--max-connections) was reached
-	RefuseNoFD    = "no_fd"      // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
-	RefuseHello   = "hello"      // an attach hello that was malformed, too large or refused
-	RefusePerm    = "permission" // an attach by a uid or group the owner does not admit
-	RefuseFrame   = "frame"      // a frame over the limit or not a CALL
-	RefuseAccept  = "accept"     // a temporary accept error (retried with backoff)
-	RefusePutArea = "put_area"   // client isolation: the put areas' total (--put-area-total) is used up
-	RefuseAuth    = "auth"       // a cluster connection that failed authentication (protocol/auth)
+	RefuseCap         = "cap"          // the socket's connection cap (--max-connections) was reached
+	RefuseNoFD        = "no_fd"        // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
+	RefuseHello       = "hello"        // an attach hello that was malformed, too large or refused
+	RefusePerm        = "permission"   // an attach by a uid or group the owner does not admit
+	RefuseFrame       = "frame"        // a frame over the limit, not a CALL, or announcing sizes its bytes do not hold
+	RefuseFrameMemory = "frame_memory" // a frame that did not fit in the process's frame memory budget in time
+	RefuseAccept      = "accept"       // a temporary accept error (retried with backoff)
+	RefusePutArea     = "put_area"     // client isolation: the put areas' total (--put-area-total) is used up
+	RefuseAuth        = "auth"         // a cluster connection that failed authentication (protocol/auth)
+	RefuseShed        = "shed"         // a cluster connection in its handshake shed for a newer one: too many pending (protocol/auth)
+	RefuseSourceCap   = "source_cap"   // the same, shed because its source address held its share of the pending ones
 )
 
 // Kinds of connection timeouts (the kind label of fluxkv_conn_timeouts_total).
@@ -34,7 +37,7 @@ func newEvents() *events {
 	return &events{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_refused_total",
-			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer) and reason (cap, no_fd, hello, permission, frame, accept, auth).",
+			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer) and reason (cap, no_fd, hello, permission, frame, accept, auth, shed, source_cap).",
 		}, []string{"socket", "reason"}),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_timeouts_total",

@@ -79,6 +79,24 @@ else
   echo "  (umask 077; head -c 32 /dev/urandom | base64 >$SECRET); chown $SERVICE_USER:$SERVICE_USER $SECRET"
 fi
 
+# The master key pair the units name: master.key (--master-key-file, masters only)
+# proves a master to owners; master.pub (--master-pubkey-file) is what owners accept.
+# Made here like the secret, by the installed binary.
+MKEY=$CONFDIR/master.key
+MPUB=$CONFDIR/master.pub
+if $live; then
+  if [ -e "$MKEY" ] && [ -e "$MPUB" ]; then
+    echo "kept existing $MKEY and $MPUB"
+  else
+    "$PREFIX/bin/fluxkv" gen-master-key --master-key-file "$MKEY" --master-pubkey-file "$MPUB"
+    chown "$SERVICE_USER:$SERVICE_USER" "$MKEY" "$MPUB"
+    echo "created $MKEY (0600, $SERVICE_USER) and $MPUB: copy master.key to the master node(s) only, master.pub to every owner"
+  fi
+else
+  echo "not creating $MKEY under DESTDIR: on each cluster, make the pair on a master and copy master.pub to every owner:"
+  echo "  fluxkv gen-master-key --master-key-file $MKEY --master-pubkey-file $MPUB; chown $SERVICE_USER:$SERVICE_USER $MKEY $MPUB"
+fi
+
 if $live && [ -d /run/systemd/system ]; then
   systemctl daemon-reload
 fi
@@ -86,6 +104,7 @@ cat <<MSG
 next steps:
   edit $CONFDIR/owner.yaml (dram, master, large_file_paths/large_limit_size) and $CONFDIR/master.yaml
   copy $SECRET (one secret per cluster) to every node, mode 0600, owner $SERVICE_USER
+  copy $MPUB to every owner node; keep $MKEY on the master node(s) only
   systemctl enable --now fluxkv-master   # on the control node
   systemctl enable --now fluxkv-owner    # on every node
   usermod -aG $SERVICE_USER USER         # users whose processes may attach to /run/fluxkv/fluxkv.sock

@@ -72,6 +72,10 @@ func openDevice(o *Options, id int, root string, dev uint64, limit int64, engine
 			}
 		}
 		if err := f.Truncate(d.shardSize); err != nil {
+			if errors.Is(err, unix.EFBIG) || errors.Is(err, unix.EINVAL) { // beyond the largest file
+				return nil, limitError{fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): size shard to %s: %w: larger than the file system (or RLIMIT_FSIZE) allows: lower the limit",
+					FormatSize(limit), FormatSize(d.shardSize), err)}
+			}
 			return nil, fmt.Errorf("size shard %s to %d bytes: %w", path, d.shardSize, err)
 		}
 	}
@@ -122,8 +126,8 @@ func (d *device) reserve(o *Options, root string) error {
 				o.Logger.Info().Err(err).Str("root", root).Msg("ssd: the file system cannot preallocate; shard files stay sparse")
 				return nil // statfs failing as well: nothing more to check
 			}
-			return fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): the file system cannot preallocate (%v) and has %s free: lower the limit",
-				FormatSize(want), err, FormatSize(free))
+			return limitError{fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): the file system cannot preallocate (%v) and has %s free: lower the limit",
+				FormatSize(want), err, FormatSize(free))}
 		}
 		for _, sh := range d.shards {
 			_ = sh.file.Truncate(0) // give back what the earlier shards reserved
@@ -133,8 +137,12 @@ func (d *device) reserve(o *Options, root string) error {
 		if serr == nil {
 			freeText = FormatSize(free) + " free"
 		}
-		return fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): fallocate %s: %w; %s: lower the limit",
+		err = fmt.Errorf("cannot reserve %s (large_limit_size / --ssd-limit): fallocate %s: %w; %s: lower the limit",
 			FormatSize(want), sh.file.Name(), err, freeText)
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.EFBIG) {
+			return limitError{err}
+		}
+		return err
 	}
 	return nil
 }

@@ -21,4 +21,16 @@ var (
 	// id, length or format mismatch); the entry was dropped. Handle it like any
 	// failed SSD read: the replica is gone.
 	ErrCorrupt = errors.New("ssd: corrupt record")
+	// ErrLimit: a large_limit_size entry its path cannot hold (more than the free
+	// space, or than the file system's largest file). A setting to refuse at start,
+	// not an IO failure: the error names the path, the limit and what fits.
+	ErrLimit = errors.New("ssd: large_limit_size does not fit")
 )
+
+// limitError is an error that is also ErrLimit (errors.Is), keeping its own text and
+// the OS error it wraps.
+type limitError struct{ err error }
+
+func (e limitError) Error() string        { return e.err.Error() }
+func (e limitError) Unwrap() error        { return e.err }
+func (e limitError) Is(target error) bool { return target == ErrLimit }

@@ -46,8 +46,8 @@ func TestReserveFailsWithoutSpace(t *testing.T) {
 			t.Fatalf("error %q lacks %q", err, want)
 		}
 	}
-	if !errors.Is(err, unix.ENOSPC) {
-		t.Fatalf("error does not wrap ENOSPC: %v", err)
+	if !errors.Is(err, unix.ENOSPC) || !errors.Is(err, ErrLimit) {
+		t.Fatalf("error does not wrap ENOSPC and ErrLimit: %v", err)
 	}
 	if free, err := freeBytes(dir); err != nil || free < 7<<20 {
 		t.Fatalf("after the failed start %d bytes free (%v): the partial reservation was not given back", free, err)
@@ -82,7 +82,7 @@ func TestReserveWithoutFallocate(t *testing.T) {
 	o := reserveOptions(dir, 16<<20)
 	_, err := Open(noFallocate(&o))
 	if err == nil || !strings.Contains(err.Error(), "cannot reserve 16MiB (large_limit_size / --ssd-limit)") ||
-		!strings.Contains(err.Error(), "cannot preallocate") || !strings.Contains(err.Error(), "MiB free") {
+		!strings.Contains(err.Error(), "cannot preallocate") || !strings.Contains(err.Error(), "MiB free") || !errors.Is(err, ErrLimit) {
 		t.Fatalf("16 MiB sparse limit on 8 MiB: %v", err)
 	}
 	o = reserveOptions(dir, 4<<20)

@@ -8,7 +8,6 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,9 +87,8 @@ func Open(opts Options) (_ *Storage, err error) {
 		}
 	}()
 	seen := make(map[uint64]string)
-	cacheDir := safeName(opts.Cluster) + "_cluster_kv_ssd_storage"
 	for i, p := range opts.Paths {
-		root := filepath.Join(p, cacheDir, safeName(opts.InstanceKey))
+		root := cacheRoot(&opts, p)
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return nil, fmt.Errorf("ssd: large_file_paths[%d] %s: create %s: %w", i, p, root, err)
 		}

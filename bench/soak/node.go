@@ -47,6 +47,8 @@ type cluster struct {
 	wg         *sync.WaitGroup
 	masterAddr string
 	secret     string // the --cluster-secret-file of the master and every owner
+	masterKey  string // the master's --master-key-file; masterPub its public half (owners)
+	masterPub  string
 	master     *proc
 	masterInc  int
 	owners     []*ownerProc
@@ -73,6 +75,10 @@ func startCluster(wg *sync.WaitGroup, cfg nodeConfig) (*cluster, error) {
 		return nil, fmt.Errorf("log dir: %w", err)
 	}
 	c.secret = filepath.Join(cfg.Dir, "cluster.secret")
+	c.masterKey, c.masterPub = filepath.Join(cfg.Dir, "master.key"), filepath.Join(cfg.Dir, "master.pub")
+	if err := auth.GenerateMasterKeyFiles(c.masterKey, c.masterPub); err != nil {
+		return nil, err
+	}
 	if err := auth.GenerateSecretFile(c.secret); err != nil {
 		return nil, err
 	}
@@ -105,7 +111,7 @@ func (c *cluster) logPath(name string, inc int) string {
 // startMaster starts a master incarnation on the fixed address and waits until it accepts.
 func (c *cluster) startMaster() error {
 	c.masterInc++
-	argv := []string{c.cfg.Bin, "master", "--listen", c.masterAddr, "--cluster-secret-file", c.secret}
+	argv := []string{c.cfg.Bin, "master", "--listen", c.masterAddr, "--cluster-secret-file", c.secret, "--master-key-file", c.masterKey}
 	p, err := startProc(c.wg, "master", argv, nil, c.logPath("master", c.masterInc), nil)
 	if err != nil {
 		return err
@@ -129,7 +135,8 @@ func (c *cluster) startMaster() error {
 func (c *cluster) startOwner(o *ownerProc) error {
 	o.inc++
 	argv := []string{c.cfg.Bin, "owner", "--master", c.masterAddr, "--dir", o.sockDir, "--dram", fmt.Sprint(c.cfg.DRAM),
-		"--node-id", o.nodeID, "--metrics-addr", o.metricsAddr, "--cluster-secret-file", c.secret}
+		"--node-id", o.nodeID, "--metrics-addr", o.metricsAddr, "--cluster-secret-file", c.secret,
+		"--master-pubkey-file", c.masterPub}
 	if c.cfg.SSDLimit > 0 && (c.cfg.SSDOwners <= 0 || o.idx < c.cfg.SSDOwners) {
 		argv = append(argv, "--ssd-path", o.ssdDir, "--ssd-limit", fmt.Sprint(c.cfg.SSDLimit))
 	}

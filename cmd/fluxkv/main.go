@@ -27,6 +27,7 @@ func main() {
 			delCommand(),
 			existsCommand(),
 			statusCommand(),
+			genMasterKeyCommand(),
 			{
 				Name:        "bench",
 				Usage:       "benchmarks",

@@ -36,12 +36,18 @@ func unitDirectives(t *testing.T, path string) map[string][]string {
 	return out
 }
 
+// unitKeyFlag is the master key flag each unit gives: the master signs, owners verify.
+var unitKeyFlag = map[string]string{
+	"master": " --master-key-file /etc/fluxkv/master.key",
+	"owner":  " --master-pubkey-file /etc/fluxkv/master.pub",
+}
+
 func TestSystemdUnits(t *testing.T) {
 	for _, role := range []string{"master", "owner"} {
 		t.Run(role, func(t *testing.T) {
 			d := unitDirectives(t, filepath.Join(scriptsDir, "fluxkv-"+role+".service"))
 			want := map[string]string{
-				"ExecStart":      "/usr/local/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml --cluster-secret-file /etc/fluxkv/cluster.secret",
+				"ExecStart":      "/usr/local/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml --cluster-secret-file /etc/fluxkv/cluster.secret" + unitKeyFlag[role],
 				"User":           "fluxkv",
 				"Group":          "fluxkv",
 				"Restart":        "on-failure",
@@ -131,7 +137,7 @@ func TestInstallScript(t *testing.T) {
 	}
 	for _, role := range []string{"master", "owner"} {
 		d := unitDirectives(t, filepath.Join(dest, "lib/systemd/system", "fluxkv-"+role+".service"))
-		if want := "/opt/fk/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml --cluster-secret-file /etc/fluxkv/cluster.secret"; len(d["ExecStart"]) != 1 || d["ExecStart"][0] != want {
+		if want := "/opt/fk/bin/fluxkv " + role + " --config /etc/fluxkv/" + role + ".yaml --cluster-secret-file /etc/fluxkv/cluster.secret" + unitKeyFlag[role]; len(d["ExecStart"]) != 1 || d["ExecStart"][0] != want {
 			t.Errorf("installed %s unit ExecStart=%q, want %q", role, d["ExecStart"], want)
 		}
 	}
@@ -145,7 +151,12 @@ func TestInstallScript(t *testing.T) {
 			t.Errorf("installed %s differs from scripts/examples/%s", cfg, cfg)
 		}
 	}
-	// A staged install never ships a secret: each site makes its own.
+	// A staged install never ships a secret or a master key: each site makes its own.
+	for _, f := range []string{"master.key", "master.pub"} {
+		if _, err := os.Stat(filepath.Join(dest, "etc/fluxkv", f)); err == nil {
+			t.Errorf("install staged %s under DESTDIR", f)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(dest, "etc/fluxkv/cluster.secret")); err == nil {
 		t.Errorf("install staged a cluster secret under DESTDIR")
 	}

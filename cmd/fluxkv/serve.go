@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os/signal"
@@ -28,7 +29,7 @@ func masterCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "master",
 		Usage: "run the master (routes, allocation, membership) over TCP",
-		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, masterFlags("127.0.0.1:7700")...), clusterFlags()...), haFlags()...),
+		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag(), masterKeyFlag()}, masterFlags("127.0.0.1:7700")...), clusterFlags()...), haFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -47,7 +48,11 @@ func masterCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var st stack
+			masterKey, err := clusterMasterKey(c, f, secrets)
+			if err != nil {
+				return err
+			}
+			st := stack{masterKey: masterKey}
 			m, err := st.metrics(mc.MetricsAddr)
 			if err != nil {
 				return st.fail(ctx, err)
@@ -73,7 +78,7 @@ func ownerCommand() *cli.Command {
 			&cli.StringFlag{Name: "master", Usage: "the master's host:port, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/] to follow the leader " +
 				"of masters campaigning on etcd (prefix default /fluxkv/<cluster-name>/; TLS: --etcd-cacert, --etcd-cert, --etcd-key); " +
 				"required here or in the config [fluxkv_spec.master]"}},
-			append(append(ownerFlags(), clusterFlags()...), ownerEtcdFlags()...)...),
+			append(append(append(ownerFlags(), clusterFlags()...), masterPubKeyFlag()), ownerEtcdFlags()...)...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -83,6 +88,9 @@ func ownerCommand() *cli.Command {
 			}
 			oc, err := ownerSettings(c, f)
 			if err != nil {
+				return err
+			}
+			if err := checkSSDSpace(oc); err != nil {
 				return err
 			}
 			if oc.Master == "" {
@@ -95,7 +103,11 @@ func ownerCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var st stack
+			pubKeys, err := clusterMasterPubKeys(c, f, secrets, nil)
+			if err != nil {
+				return err
+			}
+			st := stack{masterPubKeys: pubKeys}
 			m, err := st.metrics(oc.MetricsAddr)
 			if err != nil {
 				return st.fail(ctx, err)
@@ -113,7 +125,7 @@ func upCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "up",
 		Usage: "run a single-node cache: an embedded master and an owner in one process (still meeting over TCP)",
-		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...), clusterFlags()...),
+		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag(), masterKeyFlag(), masterPubKeyFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...), clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -127,6 +139,9 @@ func upCommand() *cli.Command {
 			}
 			oc, err := ownerSettings(c, f)
 			if err != nil {
+				return err
+			}
+			if err := checkSSDSpace(oc); err != nil {
 				return err
 			}
 			// One process, one log and one /metrics: the owner's settings first.
@@ -147,11 +162,19 @@ func upCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			masterKey, err := upMasterKey(c, f, oc.SocketDir, secrets)
+			if err != nil {
+				return err
+			}
+			pubKeys, err := clusterMasterPubKeys(c, f, secrets, masterKey)
+			if err != nil {
+				return err
+			}
 			addr := oc.MetricsAddr
 			if addr == "" {
 				addr = mc.MetricsAddr
 			}
-			var st stack
+			st := stack{masterKey: masterKey, masterPubKeys: pubKeys}
 			m, err := st.metrics(addr)
 			if err != nil {
 				return st.fail(ctx, err)
@@ -181,6 +204,9 @@ func upCommand() *cli.Command {
 // stack holds the started components; stop stops them in reverse order.
 type stack struct {
 	steps []stopStep
+
+	masterKey     *auth.MasterKey     // the master's (nil: insecure)
+	masterPubKeys *auth.MasterPubKeys // those the owner accepts (nil: insecure)
 }
 
 type stopStep struct {
@@ -265,6 +291,7 @@ func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secre
 	t0 := time.Now()
 	opts := masterOptions(mc, m, secrets)
 	opts.WriteQuiet = writeQuiet
+	opts.MasterKey = s.masterKey
 	var (
 		srv masterServer
 		err error
@@ -309,11 +336,17 @@ func haOptions(mc config.Master) master.HAOptions {
 
 func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) (*daemon.Owner, error) {
 	t0 := time.Now()
-	o, err := daemon.New(ownerOptions(oc, masterAddr, m, secrets))
+	opts := ownerOptions(oc, masterAddr, m, secrets)
+	opts.MasterKeys = s.masterPubKeys
+	o, err := daemon.New(opts)
 	if err != nil {
 		return nil, err
 	}
 	if err := o.Start(ctx); err != nil {
+		if errors.Is(err, ssd.ErrLimit) {
+			// An SSD limit only the start found too large: refused like any setting.
+			return nil, cli.Exit(err.Error(), 2)
+		}
 		return nil, err
 	}
 	m.SetCapacityFunc(o.Capacity)
@@ -383,6 +416,7 @@ func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secret
 		IdleTimeout:     oc.IdleTimeout,
 		PutArea:         oc.PutArea,
 		PutAreaTotal:    oc.PutAreaTotal,
+		FrameMemory:     oc.FrameMemory,
 		Metrics:         m,
 		Logger:          &l,
 	}

@@ -434,8 +434,12 @@ func TestMasterOwnerConfigs(t *testing.T) {
 	if err := auth.GenerateSecretFile(secret); err != nil {
 		t.Fatal(err)
 	}
-	mcfg := writeFile(t, dir, "master.yaml", fmt.Sprintf("master:\n  listen: %s\n  node_ttl: 3s\n  metrics_addr: 127.0.0.1:0\n  cluster_secret_files: [%s]\n",
-		masterAddr, secret))
+	key, pub := filepath.Join(dir, "master.key"), filepath.Join(dir, "master.pub")
+	if err := auth.GenerateMasterKeyFiles(key, pub); err != nil {
+		t.Fatal(err)
+	}
+	mcfg := writeFile(t, dir, "master.yaml", fmt.Sprintf("master:\n  listen: %s\n  node_ttl: 3s\n  metrics_addr: 127.0.0.1:0\n  cluster_secret_files: [%s]\n  master_key_file: %s\n",
+		masterAddr, secret, key))
 	sockDir := filepath.Join(dir, "run")
 	ocfg := writeFile(t, dir, "owner.yaml", fmt.Sprintf(`
 fluxkv_spec:
@@ -447,7 +451,8 @@ fluxkv_spec:
   metrics_addr: 127.0.0.1:0
   log_level: info
   cluster_secret_files: [%s]
-`, sockDir, masterAddr, secret))
+  master_pubkey_files: [%s]
+`, sockDir, masterAddr, secret, pub))
 
 	m := startService(t, "master", "--config", mcfg)
 	m.waitLog("master started")
@@ -585,6 +590,8 @@ func TestFlagRefusalsExit2(t *testing.T) {
 		want string
 	}{
 		{"ssd path without limit", []string{"--ssd-path", filepath.Join(dir, "ssd")}, "--ssd-path (--large-file-paths) needs --ssd-limit"},
+		{"ssd limit beyond the file system", []string{"--ssd-path", filepath.Join(dir, "ssd"), "--ssd-limit", "1024PiB"},
+			"large_file_paths[0] " + filepath.Join(dir, "ssd") + ": cannot reserve 1EiB (large_limit_size / --ssd-limit, 1152921504606846976 bytes)"},
 		{"dram above memory", []string{"--dram", strconv.FormatInt(mem+1, 10)}, "exceeds this machine's memory"},
 		{"negative cache grace", []string{"--cache-grace", "-1s"}, "--cache-grace: -1s must be ≥ 0"},
 		{"negative max connections", []string{"--max-connections", "-3"}, "--max-connections must be ≥ 0, got -3"},
@@ -601,6 +608,37 @@ func TestFlagRefusalsExit2(t *testing.T) {
 				t.Errorf("socket created by a refused start")
 			}
 		})
+	}
+}
+
+// An SSD limit the file system has room for but that only opening the SSD tier finds
+// too large (here: a shard file beyond RLIMIT_FSIZE) is refused like the rest: exit
+// status 2, a message naming the flag, the path and the size, no socket.
+func TestSSDLimitRefusedAtOpenExit2(t *testing.T) {
+	dir := t.TempDir()
+	ssdDir := filepath.Join(dir, "ssd")
+	if err := os.MkdirAll(ssdDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := supportsDirectIO(ssdDir); err != nil {
+		t.Skipf("no O_DIRECT in %s: %v", ssdDir, err)
+	}
+	sockDir := filepath.Join(dir, "run")
+	// ulimit -f counts 1 KiB blocks: files up to 64 MiB (the 16 MiB segment's memfd fits).
+	cmd := exec.Command("sh", "-c", `ulimit -f 65536 && exec "$0" "$@"`, fluxkvBin(t), "up", "--dir", sockDir, "--dram", "16MiB",
+		"--ssd-path", ssdDir, "--ssd-limit", "128MiB")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("exit: %v, want status 2:\n%s", err, out)
+	}
+	for _, want := range []string{"large_file_paths[0] " + ssdDir + ":", "cannot reserve 128MiB (large_limit_size / --ssd-limit)", "file too large"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sockDir, "fluxkv.sock")); err == nil {
+		t.Errorf("socket created by a refused start")
 	}
 }
 
@@ -669,6 +707,15 @@ func TestClusterSecretStart(t *testing.T) {
 	}
 	open := writeFile(t, dir, "open.secret", strings.Repeat("k", 40))
 	os.Chmod(open, 0o644)
+	key, pub := filepath.Join(dir, "master.key"), filepath.Join(dir, "master.pub")
+	if err := auth.GenerateMasterKeyFiles(key, pub); err != nil {
+		t.Fatal(err)
+	}
+	openKey := filepath.Join(dir, "open.key")
+	if err := auth.GenerateMasterKeyFiles(openKey, filepath.Join(dir, "open.pub")); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(openKey, 0o644)
 	sockDir := filepath.Join(dir, "run")
 	owner := []string{"owner", "--dir", sockDir, "--master", "127.0.0.1:1"}
 	for _, tt := range []struct {
@@ -680,6 +727,16 @@ func TestClusterSecretStart(t *testing.T) {
 		{"owner without a secret", owner, "fluxkv owner: no cluster secret: give --cluster-secret-file PATH"},
 		{"missing file", []string{"master", "--listen", "127.0.0.1:0", "--cluster-secret-file", filepath.Join(dir, "nope")}, "does not exist"},
 		{"other-readable file", append(owner, "--cluster-secret-file", open), "is readable by others (mode 0644)"},
+		{"master without a master key", []string{"master", "--listen", "127.0.0.1:0", "--cluster-secret-file", good},
+			"fluxkv master: no master key: give --master-key-file PATH"},
+		{"owner without a master public key", append(owner, "--cluster-secret-file", good),
+			"fluxkv owner: no master public key: give --master-pubkey-file PATH"},
+		{"other-readable master key", []string{"master", "--listen", "127.0.0.1:0", "--cluster-secret-file", good, "--master-key-file", openKey},
+			"master key file " + openKey + " is readable by others (mode 0644)"},
+		{"public key as the master key", []string{"master", "--listen", "127.0.0.1:0", "--cluster-secret-file", good, "--master-key-file", pub},
+			"is readable by others (mode 0644)"}, // a public key is world-readable: refused before it is parsed
+		{"insecure with a master key", []string{"master", "--listen", "127.0.0.1:0", "--insecure-cluster", "--master-key-file", key},
+			"--master-key-file and --insecure-cluster contradict each other"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := startService(t, tt.args...)
@@ -699,9 +756,9 @@ func TestClusterSecretStart(t *testing.T) {
 		}
 		addr := ln.Addr().String()
 		ln.Close()
-		m := startService(t, "master", "--listen", addr, "--cluster-secret-file", good)
+		m := startService(t, "master", "--listen", addr, "--cluster-secret-file", good, "--master-key-file", key)
 		m.waitLog("master started")
-		o := startService(t, "owner", "--dir", sockDir, "--master", addr, "--cluster-secret-file", other)
+		o := startService(t, "owner", "--dir", sockDir, "--master", addr, "--cluster-secret-file", other, "--master-pubkey-file", pub)
 		if code := o.wait(startBudget); code == 0 {
 			t.Errorf("owner with the wrong secret exited 0")
 		}

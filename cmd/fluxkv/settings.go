@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -142,6 +143,7 @@ func ownerFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "client-isolation",
 			Usage: "no client can change a byte it did not put: the segment is sealed against client writes and puts go through per-session put areas the owner copies from (reads are never isolated) [fluxkv_spec.client_isolation]"},
 		&cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment [fluxkv_spec.put_area]"},
+		&cli.StringFlag{Name: "frame-memory", DefaultText: "an eighth of the segment (at most of RAM), ≥ 64MiB", Usage: "bound on the bytes of request frames in progress across all RPC and peer connections; a frame that finds no room within --frame-timeout is refused; ≥ 64MiB [fluxkv_spec.frame_memory]"},
 		&cli.StringFlag{Name: "put-area-total", DefaultText: "1GiB", Usage: "under --client-isolation, the cap on all sessions' put areas together; ≥ 1MiB [fluxkv_spec.put_area_total]"},
 		&cli.StringFlag{Name: "peer-listen", Value: "127.0.0.1:0", Usage: "TCP address of the owner's peer service; other owners and the master connect to it [fluxkv_spec.peer_listen]"},
 		&cli.StringFlag{Name: "data-listen", DefaultText: "the --peer-listen host, port 0", Usage: "TCP address of the owner's data plane (other owners pull values from it) [fluxkv_spec.data_listen]"},
@@ -353,6 +355,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		ClientIsolation: fo.ClientIsolation,
 		PutArea:         fo.PutArea,
 		PutAreaTotal:    fo.PutAreaTotal,
+		FrameMemory:     fo.FrameMemory,
 	}
 	s.ClusterSecretFiles, s.InsecureCluster = clusterSettings(c, fo.ClusterSecretFiles, fo.InsecureCluster)
 	for _, f := range []string{"hello-timeout", "frame-timeout", "idle-timeout"} {
@@ -522,6 +525,21 @@ func ownerSSDFlags(c *cli.Context, s *config.Owner) error {
 	return nil
 }
 
+// checkSSDSpace refuses, before anything starts, an SSD limit the file system under its
+// path cannot hold (ssd.CheckSpace: the free space plus this owner's shard files from an
+// earlier run). What only opening the SSD tier finds (file system overhead, quotas, the
+// largest file) stack.owner refuses the same way: exit status 2, as every refused setting.
+func checkSSDSpace(oc config.Owner) error {
+	if !oc.SSDEnabled() {
+		return nil
+	}
+	// The options the owner will open the tier with.
+	if err := ssd.CheckSpace(*ownerOptions(oc, "", nil, nil).SSD); errors.Is(err, ssd.ErrLimit) {
+		return refuse("%v", err)
+	}
+	return nil // any other error is the start's to report
+}
+
 // checkDRAM refuses a segment larger than the machine's memory: the memfd would be
 // created, and the node would fail (or swap, or be OOM-killed) only once it fills.
 func checkDRAM(c *cli.Context, dram int64, fromFile bool) error {
@@ -564,8 +582,11 @@ func maxConnections(c *cli.Context, s *config.Owner, fromFile bool) error {
 }
 
 // isolationSettings applies --transfer-reserve, --allow-uid, --client-isolation,
-// --put-area and --put-area-total over the file's transfer_reserve, allowed_uids,
-// client_isolation, put_area and put_area_total.
+// --put-area, --put-area-total and --frame-memory over the file's transfer_reserve,
+// allowed_uids, client_isolation, put_area, put_area_total and frame_memory.
+// minFrameMemory is the smallest --frame-memory: two frames of the largest size.
+const minFrameMemory = 2 * int64(wire.MaxFrameBytes)
+
 func isolationSettings(c *cli.Context, s *config.Owner) error {
 	if c.IsSet("transfer-reserve") {
 		var n int64
@@ -594,7 +615,7 @@ func isolationSettings(c *cli.Context, s *config.Owner) error {
 		flag string
 		dst  *int64
 		min  int64
-	}{{"put-area", &s.PutArea, 4096}, {"put-area-total", &s.PutAreaTotal, 1 << 20}} {
+	}{{"put-area", &s.PutArea, 4096}, {"put-area-total", &s.PutAreaTotal, 1 << 20}, {"frame-memory", &s.FrameMemory, minFrameMemory}} {
 		if !c.IsSet(a.flag) {
 			continue
 		}
@@ -606,6 +627,9 @@ func isolationSettings(c *cli.Context, s *config.Owner) error {
 			return refuse("--%s %s: must be at least %s", a.flag, c.String(a.flag), humanSize(a.min))
 		}
 		*a.dst = n
+	}
+	if s.FrameMemory != 0 && s.FrameMemory < minFrameMemory { // from the file (the flag is checked above)
+		return refuse("fluxkv_spec.frame_memory (--frame-memory) %s: must be at least %s", humanSize(s.FrameMemory), humanSize(minFrameMemory))
 	}
 	return nil
 }

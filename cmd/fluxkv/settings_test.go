@@ -263,6 +263,10 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--hello-timeout must be positive, got 0s"},
 		{name: "negative idle timeout", command: "owner", args: append([]string{"--idle-timeout=-1s"}, owner...),
 			wantErr: "--idle-timeout must be positive, got -1s"},
+		{name: "frame memory below two frames", command: "up", args: []string{"--frame-memory", "32MiB"},
+			wantErr: "--frame-memory 32MiB: must be at least 64 MiB"},
+		{name: "frame memory below two frames in the file", command: "up", yaml: "fluxkv_spec:\n  frame_memory: 1MiB\n",
+			wantErr: "fluxkv_spec.frame_memory (--frame-memory) 1 MiB: must be at least 64 MiB"},
 		{name: "negative frame timeout in the file", command: "up", yaml: "fluxkv_spec:\n  frame_timeout: -2s\n",
 			wantErr: `fluxkv_spec.frame_timeout: invalid duration "-2s": must be positive`},
 		{name: "max connections from the file above the limit", command: "up", yaml: "fluxkv_spec:\n  max_connections: 2000000000\n",
@@ -380,6 +384,18 @@ func TestSettingsEdges(t *testing.T) {
 		{"max connections wired", "fluxkv_spec:\n  max_connections: 64\n", nil, func(o config.Owner) string {
 			if n := ownerOptions(o, "127.0.0.1:1", nil, nil).MaxConnections; n != 64 {
 				return fmt.Sprintf("daemon MaxConnections %d, want 64", n)
+			}
+			return ""
+		}},
+		{"frame memory wired, flag wins", "fluxkv_spec:\n  frame_memory: 256MiB\n", []string{"--frame-memory", "128MiB"}, func(o config.Owner) string {
+			if n := ownerOptions(o, "127.0.0.1:1", nil, nil).FrameMemory; n != 128<<20 {
+				return fmt.Sprintf("daemon FrameMemory %d, want 128 MiB", n)
+			}
+			return ""
+		}},
+		{"frame memory from the file", "fluxkv_spec:\n  frame_memory: 256MiB\n", nil, func(o config.Owner) string {
+			if n := ownerOptions(o, "127.0.0.1:1", nil, nil).FrameMemory; n != 256<<20 {
+				return fmt.Sprintf("daemon FrameMemory %d, want 256 MiB", n)
 			}
 			return ""
 		}},

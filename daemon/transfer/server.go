@@ -28,8 +28,10 @@ type ServerOptions struct {
 	Logger *zerolog.Logger
 	// Metrics counts bytes served, failed serves and refused connections. Default: none.
 	Metrics *metrics.Metrics
-	// MaxConns caps the open connections (pooled ones included); one more is closed
-	// at once. Default 256.
+	// MaxConns caps the authenticated connections (pooled ones included); one more is
+	// closed at once. Those still in their handshake are bounded by auth.Listener (at
+	// most MaxConns of them, half per source address; the oldest is shed for a
+	// newer one). Default 256.
 	MaxConns int
 	// HandshakeTimeout bounds the authentication handshake. Default 5s.
 	HandshakeTimeout time.Duration
@@ -85,8 +87,9 @@ type Server struct {
 
 	wg sync.WaitGroup // the accept loop and every connection's goroutine
 
-	mu     sync.Mutex // protects conns, closed
+	mu     sync.Mutex // protects conns, authed, closed
 	conns  map[net.Conn]struct{}
+	authed int // the connections in conns past their handshake
 	closed bool
 }
 
@@ -157,11 +160,9 @@ func (s *Server) acceptLoop() {
 		switch {
 		case s.closed:
 			c.Close()
-		case len(s.conns) >= s.opts.MaxConns:
+		case s.authed >= s.opts.MaxConns:
 			c.Close()
-			s.opts.Metrics.ConnRefused(auth.PurposeData, metrics.RefuseCap)
-			s.warn.Warn().Str("remote", c.RemoteAddr().String()).Int("max_conns", s.opts.MaxConns).
-				Msg("too many data-plane connections; closed one")
+			s.refuseCap(c)
 		default:
 			s.conns[c] = struct{}{}
 			s.wg.Add(1)
@@ -178,6 +179,26 @@ func (s *Server) serve(c net.Conn) {
 		c.Close()
 		s.mu.Lock()
 		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	// Authenticate first, then count the connection against MaxConns: connections in
+	// their handshake are auth.Listener's to bound (it sheds the oldest, which a count
+	// here would only learn of once its goroutine ran). A refused or shed client is
+	// counted and logged there.
+	if auth.Handshake(c) != nil {
+		return
+	}
+	s.mu.Lock()
+	if s.authed >= s.opts.MaxConns {
+		s.mu.Unlock()
+		s.refuseCap(c)
+		return
+	}
+	s.authed++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.authed--
 		s.mu.Unlock()
 	}()
 	var hdr [maxRequestLen]byte
@@ -217,6 +238,13 @@ func (s *Server) serve(c net.Conn) {
 			return
 		}
 	}
+}
+
+// refuseCap counts and logs a connection closed for MaxConns.
+func (s *Server) refuseCap(c net.Conn) {
+	s.opts.Metrics.ConnRefused(auth.PurposeData, metrics.RefuseCap)
+	s.warn.Warn().Str("remote", c.RemoteAddr().String()).Int("max_conns", s.opts.MaxConns).
+		Msg("too many data-plane connections; closed one")
 }
 
 // badRequest counts and logs a malformed request and, when reply is set, answers

@@ -208,8 +208,11 @@ func TestBadRequest(t *testing.T) {
 		"negative length":  func(b []byte) []byte { binary.BigEndian.PutUint64(b[32:], 1<<63); return b },
 		"zero length":      func(b []byte) []byte { binary.BigEndian.PutUint64(b[32:], 0); return b },
 	} {
-		conn, err := auth.NewDialer(sec, auth.PurposeData).DialTimeout("tcp", srv.Addr().String(), time.Second)
+		conn, err := net.DialTimeout("tcp", srv.Addr().String(), time.Second)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := auth.ClientHandshake(conn, sec, auth.PurposeData, srv.Addr().String(), time.Second); err != nil {
 			t.Fatal(err)
 		}
 		conn.SetDeadline(time.Now().Add(10 * time.Second))

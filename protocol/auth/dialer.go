@@ -10,6 +10,8 @@ import (
 
 	"github.com/cloudwego/gopkg/bufiox"
 	"github.com/cloudwego/kitex/pkg/remote"
+
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // minHelloWait is the shortest wait for a server's hello, whatever the dial timeout.
@@ -21,6 +23,7 @@ const minHelloWait = 500 * time.Millisecond
 type Dialer struct {
 	secrets *Secrets // nil: insecure
 	purpose string
+	master  *masterProof // nil: a member's connections (NewMasterDialer sets it)
 }
 
 var _ remote.Dialer = (*Dialer)(nil)
@@ -46,7 +49,7 @@ func (d *Dialer) DialTimeout(network, address string, timeout time.Duration) (ne
 	if d.secrets == nil {
 		return newClientConn(raw, &insecureReader{conn: raw, addr: address}), nil
 	}
-	if err := ClientHandshake(raw, d.secrets, d.purpose, address, timeout); err != nil {
+	if err := clientHandshakeConn(raw, d.secrets, d.purpose, address, timeout, d.master); err != nil {
 		raw.Close()
 		return nil, err
 	}
@@ -59,6 +62,11 @@ func (d *Dialer) DialTimeout(network, address string, timeout time.Duration) (ne
 // rest of the handshake within 5s. The connection's deadline is cleared on success; on
 // failure the caller closes it.
 func ClientHandshake(conn net.Conn, s *Secrets, purpose, address string, helloWait time.Duration) error {
+	return clientHandshakeConn(conn, s, purpose, address, helloWait, nil)
+}
+
+// clientHandshakeConn is ClientHandshake, proving a master with master set.
+func clientHandshakeConn(conn net.Conn, s *Secrets, purpose, address string, helloWait time.Duration, master *masterProof) error {
 	checkPurpose(purpose)
 	if s == nil {
 		return nil
@@ -71,7 +79,7 @@ func ClientHandshake(conn net.Conn, s *Secrets, purpose, address string, helloWa
 	serverNonce, err := readHello(conn, purpose, address)
 	if err == nil {
 		conn.SetDeadline(start.Add(defaultLimit))
-		err = answerHello(conn, s, purpose, address, serverNonce)
+		err = answerHello(conn, s, purpose, address, serverNonce, master)
 	}
 	if err != nil {
 		return err
@@ -116,7 +124,8 @@ var (
 )
 
 func newClientConn(conn net.Conn, rd interface{ Read([]byte) (int, error) }) *clientConn {
-	return &clientConn{Conn: conn, r: bufiox.NewDefaultReader(rd), w: bufiox.NewDefaultWriter(conn)}
+	// Replies are checked before Kitex decodes them, like the calls servers read.
+	return &clientConn{Conn: conn, r: bufiox.NewDefaultReader(wire.GuardReader(rd, 0)), w: bufiox.NewDefaultWriter(conn)}
 }
 
 // Reader and Writer are the buffered sides Kitex's gonet transport reads and writes through.

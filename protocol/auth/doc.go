@@ -14,5 +14,15 @@
 // the client side as a Kitex remote.Dialer. Secrets come from files (secrets.go): the
 // first signs, any is accepted, so a secret is rotated by running with two files.
 //
+// The secret makes a process a member; a master also proves it holds a master key
+// (Ed25519, masterkey.go) in the handshake of each connection it opens to an owner,
+// signing both nonces and the owner's node id (role.go). Handlers read the proved
+// role with ConnRole; owners answer master-only calls only from RoleMaster.
+//
+// Anyone who reaches a port can open connections that never authenticate, so Listener
+// bounds those in their handshake per source address and in total, and sheds the
+// oldest for a new one rather than refusing it (shed.go): a member's dial, which
+// answers within a round trip, completes while a flood of silent connections runs.
+//
 // Traffic is authenticated, not encrypted.
 package auth

@@ -160,11 +160,18 @@ func (r *recorder) Write(b []byte) (int, error) {
 	return r.Conn.Write(b)
 }
 
-// FuzzServerHandshake feeds arbitrary client bytes to the server side: it must never
-// panic and never accept (the server's nonce is fresh, so no input can hold its proof).
+// FuzzServerHandshake feeds arbitrary client bytes to the server side, one that checks
+// master claims: it must never panic and never accept (the server's nonce is fresh,
+// so no input can hold its proof, a member's or a master's).
 func FuzzServerHandshake(f *testing.F) {
 	s, _ := NewSecrets(bytes.Repeat([]byte("k"), MinSecretLen))
+	mk, _ := GenerateMasterKey()
+	pubs, _ := NewMasterPubKeys(mk.Public())
+	check := NewMasterCheck(pubs, "n1")
 	f.Add([]byte{})
+	f.Add(append([]byte("FXKA\x02\x01"), make([]byte, nonceLen+macLen+sigLen)...))
+	f.Add(append([]byte("FXKA\x02\x00"), make([]byte, nonceLen+macLen)...))
+	f.Add(append([]byte("FXKA\x02\x07"), make([]byte, nonceLen+macLen)...))
 	f.Add([]byte("FXKA"))
 	f.Add(append([]byte("FXKA\x01"), make([]byte, nonceLen+macLen)...))
 	f.Add(append([]byte("FXKA\x02"), make([]byte, nonceLen+macLen)...))
@@ -174,7 +181,7 @@ func FuzzServerHandshake(f *testing.F) {
 	f.Add(junk)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		rw := &fakeConn{in: bytes.NewReader(in)}
-		if err := serverHandshake(rw, s, PurposeMaster); err == nil {
+		if _, err := serverRoleHandshake(rw, s, PurposePeer, "", check); err == nil {
 			t.Fatalf("accepted %x", in)
 		}
 		if rw.out.Len() != helloLen && rw.out.Len() != helloLen+verdictLen {

@@ -6,23 +6,28 @@ import (
 	"github.com/cloudwego/kitex/client"
 	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
 	"github.com/cloudwego/kitex/server"
+	"github.com/cloudwego/kitex/transport"
 )
 
 // ServerOptions serve ln (from Listener) with Kitex's gonet transport, which reads
 // through the listener's connections; netpoll would take their raw fds and skip the
-// handshake.
+// handshake. Handlers find the role their connection proved with ConnRole.
 func ServerOptions(ln net.Listener) []server.Option {
 	return []server.Option{
 		server.WithTransServerFactory(gonet.NewTransServerFactory()),
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
+		server.WithBoundHandler(roleHandler{}),
 		server.WithListener(ln),
 		server.WithServiceAddr(ln.Addr()),
 	}
 }
 
-// ClientOptions make a Kitex client authenticate with s for purpose (nil s: insecure).
+// ClientOptions make a Kitex client authenticate with s for purpose (nil s: insecure)
+// and speak framed binary thrift, the only transport cluster servers accept (their
+// frames are checked before decoding: wire.GuardListener).
 func ClientOptions(s *Secrets, purpose string) []client.Option {
 	return []client.Option{
+		client.WithTransportProtocol(transport.Framed),
 		client.WithTransHandlerFactory(gonet.NewCliTransHandlerFactory()),
 		client.WithDialer(NewDialer(s, purpose)),
 	}

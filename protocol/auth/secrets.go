@@ -108,22 +108,27 @@ func loadSecret(path string) ([]byte, error) {
 
 // checkMode refuses a secret others may read.
 func checkMode(path string, fi os.FileInfo) error {
+	return checkFileMode("cluster secret file", path, fi)
+}
+
+// checkFileMode refuses a private file (what names it in errors) others may read.
+func checkFileMode(what, path string, fi os.FileInfo) error {
 	perm := fi.Mode().Perm()
 	if perm&0o004 != 0 {
-		return fmt.Errorf("cluster secret file %s is readable by others (mode %04o): chmod 600 %s", path, perm, path)
+		return fmt.Errorf("%s %s is readable by others (mode %04o): chmod 600 %s", what, path, perm, path)
 	}
 	if perm&0o040 == 0 {
 		return nil
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return fmt.Errorf("cluster secret file %s: cannot read its group", path)
+		return fmt.Errorf("%s %s: cannot read its group", what, path)
 	}
 	if inGroup(int(st.Gid)) {
 		return nil
 	}
-	return fmt.Errorf("cluster secret file %s is readable by group %d, which this process (gid %d) is not in: chmod 600 %s, or chgrp it to the service's group",
-		path, st.Gid, os.Getegid(), path)
+	return fmt.Errorf("%s %s is readable by group %d, which this process (gid %d) is not in: chmod 600 %s, or chgrp it to the service's group",
+		what, path, st.Gid, os.Getegid(), path)
 }
 
 // inGroup reports whether gid is this process's effective gid or a supplementary group.

@@ -33,16 +33,59 @@ type Clients struct {
 	connectTimeout time.Duration
 	dialer         *fastFailDialer
 
+	idMu sync.Mutex        // protects ids
+	ids  map[string]string // a master's: the node id of the owner at each address (GetNode)
+
 	once sync.Once
 	c    peerservice.Client
 	err  error
 }
 
 // New returns clients whose connections authenticate with s (nil: insecure) and give
-// up a dial after connectTimeout.
+// up a dial after connectTimeout: an owner's, for the calls owners make to each other.
 func New(s *auth.Secrets, connectTimeout time.Duration) *Clients {
 	return &Clients{secrets: s, connectTimeout: connectTimeout,
 		dialer: &fastFailDialer{d: auth.NewDialer(s, auth.PurposePeer), window: connectTimeout, failed: make(map[string]dialFailure)}}
+}
+
+// NewMaster returns a master's clients: their connections also prove a master with
+// key (DESIGN §11), so owners answer its master-only calls; call owners through
+// GetNode, which names the owner the proof is for. A nil key makes New's clients.
+func NewMaster(s *auth.Secrets, key *auth.MasterKey, connectTimeout time.Duration) *Clients {
+	p := &Clients{secrets: s, connectTimeout: connectTimeout, ids: make(map[string]string)}
+	p.dialer = &fastFailDialer{d: auth.NewMasterDialer(s, auth.PurposePeer, key, p.nodeAt), window: connectTimeout,
+		failed: make(map[string]dialFailure)}
+	return p
+}
+
+// maxNodeAddrs bounds the addresses a master remembers node ids of.
+const maxNodeAddrs = 4096
+
+// nodeAt is the node id GetNode last named for addr (as dialled: IP and port).
+func (p *Clients) nodeAt(addr string) string {
+	p.idMu.Lock()
+	defer p.idMu.Unlock()
+	return p.ids[addr]
+}
+
+// GetNode is Get for a call to owner nodeID at addr: a master's connection proves it
+// to that node only (an owner cannot relay the proof to another owner).
+func (p *Clients) GetNode(nodeID, addr string) (peerservice.Client, []callopt.Option, error) {
+	ap, err := p.resolve(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	if p.ids != nil {
+		p.idMu.Lock()
+		if len(p.ids) >= maxNodeAddrs && p.ids[ap.String()] == "" {
+			// Owners that left on ports not used again: every call names its node
+			// again right before it dials, so starting afresh loses nothing.
+			clear(p.ids)
+		}
+		p.ids[ap.String()] = nodeID
+		p.idMu.Unlock()
+	}
+	return p.get(ap)
 }
 
 // Get returns the client and the options that direct a call to the owner at addr
@@ -54,6 +97,10 @@ func (p *Clients) Get(addr string) (peerservice.Client, []callopt.Option, error)
 	if err != nil {
 		return nil, nil, err
 	}
+	return p.get(ap)
+}
+
+func (p *Clients) get(ap netip.AddrPort) (peerservice.Client, []callopt.Option, error) {
 	p.once.Do(func() {
 		p.c, p.err = peerservice.NewClient("fluxkv-owner", append(auth.ClientOptions(p.secrets, auth.PurposePeer),
 			client.WithConnectTimeout(p.connectTimeout),

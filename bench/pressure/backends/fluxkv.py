@@ -284,6 +284,12 @@ class Cluster(Server):
         port = free_port()
         self.master_addr = f"127.0.0.1:{port}"
         margs = common + ["master", "--listen", self.master_addr, "--cluster-secret-file", str(secret)]
+        # Builds with master keys (DESIGN §11) need the pair: masters sign, owners verify.
+        mkey, mpub = workdir / "master.key", workdir / "master.pub"
+        keys = subprocess.run([self.bin, "gen-master-key", "--master-key-file", str(mkey), "--master-pubkey-file", str(mpub)],
+                              capture_output=True, timeout=20).returncode == 0
+        if keys:
+            margs += ["--master-key-file", str(mkey)]
         if t.no_promotion:
             margs.append("--no-promotion")
         if t.placement:
@@ -300,6 +306,8 @@ class Cluster(Server):
             d.mkdir()
             args = common + ["owner", "--dir", str(d), "--dram", str(t.dram_bytes), "--master", self.master_addr, "--node-id", owner_id(i),
                              "--cluster-secret-file", str(secret)]
+            if keys:
+                args += ["--master-pubkey-file", str(mpub)]
             if t.cache_grace is not None:
                 args += ["--cache-grace", t.cache_grace]
             if i in t.ssd_owners:

@@ -50,11 +50,11 @@ void ClientImpl::batch_put(std::span<const PutItem> items, bool reject) {
     } catch (const Error& e) {
       throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "item " + std::to_string(i) + ": " + e.message());
     }
-    auto n = static_cast<std::int64_t>(items[i].value.size());
-    if (n <= 0 || n > seg)
-      throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "item " + std::to_string(i) + " (" + quote(items[i].key) +
-                                                             "): value length " + std::to_string(n) +
-                                                             " must be 1 byte to the segment size " + std::to_string(seg));
+    try {
+      validate_len(items[i].value.size(), seg);
+    } catch (const Error& e) {
+      throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "item " + std::to_string(i) + " (" + quote(items[i].key) + "): " + e.message());
+    }
   }
   std::vector<std::exception_ptr> errors(items.size());
   for (std::size_t lo = 0; lo < items.size();) {

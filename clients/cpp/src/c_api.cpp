@@ -3,6 +3,7 @@
 #include "fluxkv/fluxkv.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -59,6 +60,19 @@ std::string_view key_of(const char* key, size_t key_len) {
   return {key == nullptr ? "" : key, key_len};
 }
 
+// The FLUXKV_PUT_* flags as reject_if_exists: a bit this library does not know is refused,
+// not ignored (a caller built against a newer header must not get a put that quietly lacks
+// what it asked for).
+bool reject_of(unsigned flags) {
+  constexpr unsigned known = FLUXKV_PUT_REJECT_IF_EXISTS;
+  if ((flags & ~known) != 0) {
+    char msg[128];
+    std::snprintf(msg, sizeof msg, "unknown put flags 0x%x (known: FLUXKV_PUT_REJECT_IF_EXISTS = 0x%x)", flags & ~known, known);
+    throw fluxkv::InvalidArgument(fluxkv::ErrorCode::INVALID_ARGUMENT, msg);
+  }
+  return (flags & FLUXKV_PUT_REJECT_IF_EXISTS) != 0;
+}
+
 fluxkv::Client& client_of(fluxkv_client* c) {
   if (c == nullptr) throw fluxkv::InvalidArgument(fluxkv::ErrorCode::INVALID_ARGUMENT, "client is NULL");
   return c->c;
@@ -85,7 +99,8 @@ int fluxkv_put(fluxkv_client* c, const char* key, size_t key_len, const void* da
 int fluxkv_put_flags(fluxkv_client* c, const char* key, size_t key_len, const void* data, size_t len, unsigned flags,
                      fluxkv_error* err) {
   return guarded(err, -1, [&] {
-    client_of(c).put(key_of(key, key_len), data, len, fluxkv::PutOptions{(flags & FLUXKV_PUT_REJECT_IF_EXISTS) != 0});
+    bool reject = reject_of(flags);
+    client_of(c).put(key_of(key, key_len), data, len, fluxkv::PutOptions{reject});
     return 0;
   });
 }
@@ -96,11 +111,12 @@ int fluxkv_put_begin(fluxkv_client* c, const char* key, size_t key_len, size_t l
   return guarded(err, -1, [&] {
     if (put == nullptr || span == nullptr)
       throw fluxkv::InvalidArgument(fluxkv::ErrorCode::INVALID_ARGUMENT, "put and span must not be NULL");
+    bool reject = reject_of(flags);
     auto p = std::make_unique<fluxkv_pending_put>();
     p->impl = fluxkv::detail::ClientImpl::shared(client_of(c));
     p->key = std::string(key_of(key, key_len));
-    p->reject = (flags & FLUXKV_PUT_REJECT_IF_EXISTS) != 0;
-    p->txn = std::make_unique<fluxkv::detail::PutTxn>(*p->impl, p->key, static_cast<std::int64_t>(len), p->reject);
+    p->reject = reject;
+    p->txn = std::make_unique<fluxkv::detail::PutTxn>(*p->impl, p->key, len, p->reject);
     std::span<std::byte> w = p->txn->writable();
     span->data = w.data();
     span->len = w.size();
@@ -125,7 +141,7 @@ int fluxkv_put_commit(fluxkv_pending_put* put, fluxkv_error* err) {
                                                                       ": the outcome is unknown: " + e.what());
       p->impl->put_redos.fetch_add(1, std::memory_order_relaxed);
       std::span<std::byte> w = p->txn->writable();
-      p->impl->put(p->key, static_cast<std::int64_t>(w.size()), false, w.data(), nullptr);
+      p->impl->put(p->key, w.size(), false, w.data(), nullptr);
     }
     return 0;
   });

@@ -52,7 +52,7 @@ void Client::close() noexcept {
 
 void Client::put(std::string_view key, const void* data, std::size_t len, PutOptions opts) {
   if (data == nullptr && len > 0) throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "put: data is null");
-  live(impl_).put(key, static_cast<std::int64_t>(len), opts.reject_if_exists, static_cast<const std::byte*>(data), nullptr);
+  live(impl_).put(key, len, opts.reject_if_exists, static_cast<const std::byte*>(data), nullptr);
 }
 
 void Client::put(std::string_view key, std::span<const std::byte> value, PutOptions opts) {
@@ -62,7 +62,7 @@ void Client::put(std::string_view key, std::span<const std::byte> value, PutOpti
 std::int64_t Client::put_with(std::string_view key, std::size_t len, const std::function<void(std::span<std::byte>)>& fill,
                               PutOptions opts) {
   if (!fill) throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "put_with: fill is empty");
-  return live(impl_).put(key, static_cast<std::int64_t>(len), opts.reject_if_exists, nullptr, &fill);
+  return live(impl_).put(key, len, opts.reject_if_exists, nullptr, &fill);
 }
 
 MemHolder Client::get(std::string_view key) { return live(impl_).get(key); }

@@ -30,6 +30,9 @@ void raise_for(std::int32_t code, const std::string& message);
 std::exception_ptr error_ptr(std::int32_t code, const std::string& message);
 // Checks a key: 1..MAX_KEY_BYTES bytes.
 void validate_key(std::string_view key);
+// Checks a value length: 1 byte to the segment size seg. The message names the length as
+// the caller gave it (SIZE_MAX as 18446744073709551615, never a signed -1).
+std::int64_t validate_len(std::size_t n, std::int64_t seg);
 // A key for messages: quoted, cut when long.
 std::string quote(std::string_view key);
 
@@ -136,7 +139,7 @@ class ClientImpl {
                                const std::byte* src, std::int64_t n, bool keep_last);
 
   // The operations (Client's public methods forward here).
-  std::int64_t put(std::string_view key, std::int64_t n, bool reject, const std::byte* src,
+  std::int64_t put(std::string_view key, std::size_t n, bool reject, const std::byte* src,
                    const std::function<void(std::span<std::byte>)>* fill);
   MemHolder get(std::string_view key);
   bool flag_call(std::string_view method, std::string_view key);  // Exists, Delete
@@ -195,7 +198,7 @@ class ClientImpl {
 // put that was neither committed nor aborted.
 class PutTxn {
  public:
-  PutTxn(ClientImpl& c, std::string_view key, std::int64_t n, bool reject);
+  PutTxn(ClientImpl& c, std::string_view key, std::size_t n, bool reject);
   ~PutTxn();
   PutTxn(const PutTxn&) = delete;
   PutTxn& operator=(const PutTxn&) = delete;

@@ -1,4 +1,5 @@
 // fluxkv::Error and the mapping from wire ErrorCode to exception classes.
+#include <cstdint>
 #include <string>
 
 #include "client_impl.hpp"
@@ -72,6 +73,16 @@ void validate_key(std::string_view key) {
   if (key.size() > static_cast<std::size_t>(wire::MAX_KEY_BYTES))
     throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "key of " + std::to_string(key.size()) +
                                                            " bytes exceeds the limit of " + std::to_string(wire::MAX_KEY_BYTES));
+}
+
+std::int64_t validate_len(std::size_t n, std::int64_t seg) {
+  if (n == 0 || n > static_cast<std::uint64_t>(seg)) {
+    std::string len = std::to_string(n);
+    if (n == SIZE_MAX) len += " (SIZE_MAX)";
+    throw InvalidArgument(ErrorCode::INVALID_ARGUMENT,
+                          "value length " + len + " must be 1 byte to the segment size " + std::to_string(seg));
+  }
+  return static_cast<std::int64_t>(n);
 }
 
 std::string quote(std::string_view key) {

@@ -11,12 +11,10 @@
 
 namespace fluxkv::detail {
 
-PutTxn::PutTxn(ClientImpl& c, std::string_view key, std::int64_t n, bool reject) : c_(c), key_(key), n_(n) {
+PutTxn::PutTxn(ClientImpl& c, std::string_view key, std::size_t len, bool reject) : c_(c), key_(key) {
   validate_key(key);
-  std::int64_t seg = c.current()->segment_size;
-  if (n <= 0 || n > seg)
-    throw InvalidArgument(ErrorCode::INVALID_ARGUMENT,
-                          "value length " + std::to_string(n) + " must be 1 byte to the segment size " + std::to_string(seg));
+  n_ = validate_len(len, c.current()->segment_size);
+  std::int64_t n = n_;
   c.run(
       [&](std::shared_ptr<Session>& s) {
         PutStartResponse r;
@@ -119,7 +117,7 @@ std::vector<AreaCopy> ClientImpl::stream(const std::shared_ptr<Session>& s, std:
   return {};
 }
 
-std::int64_t ClientImpl::put(std::string_view key, std::int64_t n, bool reject, const std::byte* src,
+std::int64_t ClientImpl::put(std::string_view key, std::size_t n, bool reject, const std::byte* src,
                              const std::function<void(std::span<std::byte>)>* fill) {
   for (int redo = 0;; ++redo) {
     std::int64_t put_id = 0;

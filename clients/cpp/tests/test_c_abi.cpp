@@ -3,8 +3,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "fluxkv/fluxkv.h"
 #include "shared_owner.hpp"
@@ -101,4 +103,45 @@ TEST(c_abi_errors_and_version) {
   fluxkv_close(c);
   CHECK_EQ(*static_cast<const char*>(fluxkv_holder_data(h)), 'x');  // valid after close
   fluxkv_holder_release(h);
+}
+
+// Flags this library does not define are refused, not ignored; a length of SIZE_MAX is
+// refused and named as such, not as a signed -1. Nothing is published by either.
+TEST(c_abi_refuses_unknown_flags_and_huge_lengths) {
+  fluxkv_error err;
+  fluxkv_client* c = fluxkv_connect(plain_owner().socket().c_str(), &err);
+  if (c == nullptr) fail(std::string("fluxkv_connect: ") + err.message, __FILE__, __LINE__);
+  for (unsigned flags : {2u, 0x80000000u, FLUXKV_PUT_REJECT_IF_EXISTS | 4u}) {
+    fluxkv_pending_put* p = reinterpret_cast<fluxkv_pending_put*>(1);
+    fluxkv_span span{};
+    CHECK_EQ(fluxkv_put_begin(c, "cabi/flags", 10, 8, flags, &p, &span, &err), -1);
+    CHECK_EQ(err.code, FLUXKV_INVALID_ARGUMENT);
+    CHECK(p == nullptr);
+    CHECK(std::string(err.message).find("unknown put flags") != std::string::npos);
+    CHECK_EQ(fluxkv_put_flags(c, "cabi/flags", 10, "12345678", 8, flags, &err), -1);
+    CHECK_EQ(err.code, FLUXKV_INVALID_ARGUMENT);
+    CHECK(std::string(err.message).find("unknown put flags") != std::string::npos);
+  }
+  CHECK_EQ(fluxkv_exists(c, "cabi/flags", 10, &err), 0);
+  // The defined flag still works through both.
+  CHECK_EQ(fluxkv_put_flags(c, "cabi/flags", 10, "12345678", 8, FLUXKV_PUT_REJECT_IF_EXISTS, &err), 0);
+  CHECK_EQ(fluxkv_delete(c, "cabi/flags", 10, &err), 1);
+
+  for (std::size_t n : {SIZE_MAX, SIZE_MAX / 2 + 1}) {
+    fluxkv_pending_put* p = nullptr;
+    fluxkv_span span{};
+    CHECK_EQ(fluxkv_put_begin(c, "cabi/huge", 9, n, 0, &p, &span, &err), -1);
+    CHECK_EQ(err.code, FLUXKV_INVALID_ARGUMENT);
+    CHECK(p == nullptr);
+    std::string msg = err.message;
+    if (msg.find("value length " + std::to_string(n) + " ") == std::string::npos || msg.find("-1") != std::string::npos)
+      fail("put_begin of " + std::to_string(n) + " bytes: " + msg, __FILE__, __LINE__);
+    CHECK_EQ(msg.find("SIZE_MAX") != std::string::npos, n == SIZE_MAX);
+    // fluxkv_put refuses it before reading a byte of data.
+    CHECK_EQ(fluxkv_put(c, "cabi/huge", 9, "x", n, &err), -1);
+    CHECK_EQ(err.code, FLUXKV_INVALID_ARGUMENT);
+    CHECK(std::string(err.message).find(std::to_string(n)) != std::string::npos);
+  }
+  CHECK_EQ(fluxkv_exists(c, "cabi/huge", 9, &err), 0);
+  fluxkv_close(c);
 }

@@ -3,6 +3,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
+
 #include "shared_owner.hpp"
 #include "testing.hpp"
 
@@ -43,6 +45,12 @@ TEST(owner_and_client_errors) {
   CHECK_THROWS(fluxkv::InvalidArgument, c.put("errors/empty", nullptr, 0));
   CHECK_THROWS(fluxkv::InvalidArgument, c.put_with("errors/huge", static_cast<std::size_t>(c.segment_size()) + 1,
                                                [](std::span<std::byte>) {}));
+  try {  // SIZE_MAX is named as given, not as a signed -1
+    c.put_with("errors/huge", SIZE_MAX, [](std::span<std::byte>) {});
+    CHECK(!"put_with of SIZE_MAX bytes must throw");
+  } catch (const fluxkv::InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("value length 18446744073709551615 (SIZE_MAX)") != std::string::npos);
+  }
   c.put("errors/small", v);
   std::vector<std::byte> tiny(5);
   CHECK_THROWS(fluxkv::InvalidArgument, c.get_into("errors/small", tiny));

@@ -607,6 +607,9 @@ class Client:
         under client isolation, None without), then PutEnd (resent on the same session after
         a lost reply). A put whose outcome became unknown is redone once without
         ``reject``, reported Unavailable with it."""
+        seg = self.segment_size
+        if n <= 0 or n > seg:  # as the C++ client: named as given, even one the wire's i64 cannot carry
+            raise InvalidArgument(f"value length {n} must be 1 byte to the segment size {seg}")
         opts = PutOptions(reject)
         for redo in (False, True):
             s, put_id, off = self._run(lambda s: _put_start(s, k, n, opts), lost_reply=False)

@@ -190,6 +190,10 @@ class Cluster:
         fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(base64.b64encode(os.urandom(32)).decode() + "\n")
+        # The master key pair: masters sign with the key, owners accept the public half.
+        self.master_key, self.master_pub = self.root / "master.key", self.root / "master.pub"
+        subprocess.run([binary, "gen-master-key", "--master-key-file", str(self.master_key),
+                        "--master-pubkey-file", str(self.master_pub)], check=True, capture_output=True)
 
     def up(self, dram: str = "64MiB", name: str = "node") -> Proc:
         d = self.root / name
@@ -203,7 +207,8 @@ class Cluster:
     def master(self, port: int | None = None) -> tuple[Proc, str]:
         port = port or free_port()
         addr = f"127.0.0.1:{port}"
-        p = Proc([self.binary, "master", "--listen", addr, "--cluster-secret-file", str(self.secret)], self.root / "master.log")
+        p = Proc([self.binary, "master", "--listen", addr, "--cluster-secret-file", str(self.secret),
+                  "--master-key-file", str(self.master_key)], self.root / "master.log")
         self.procs.append(p)
         p.wait_port(port)
         return p, addr
@@ -216,7 +221,7 @@ class Cluster:
         sock = str(d / "fluxkv.sock")
         p = Proc(
             [self.binary, "owner", "--dir", str(d), "--dram", dram, "--master", master_addr,
-             "--node-id", name, "--cluster-secret-file", str(self.secret)],
+             "--node-id", name, "--cluster-secret-file", str(self.secret), "--master-pubkey-file", str(self.master_pub)],
             self.root / f"{name}.log",
             sock,
         )

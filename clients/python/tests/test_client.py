@@ -445,6 +445,11 @@ def test_error_classes(client):
         client.put("too-big", too_big)
     with pytest.raises(fluxkv.InvalidArgument):
         client.put("empty-value", b"")
+    # A length beyond the wire's i64 (C's SIZE_MAX) is refused as given, not as -1 or an OverflowError.
+    for n in (2**64 - 1, 2**63, -1):
+        with pytest.raises(fluxkv.InvalidArgument, match=f"value length {n} must be 1 byte"):
+            client.put_with("huge", n, lambda put_id, view: None)
+    assert not client.exists("huge")
     for bad in ("", "k" * 5000, "k" * 4097):
         with pytest.raises(fluxkv.InvalidArgument):
             client.put(bad, b"v")

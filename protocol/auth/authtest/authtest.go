@@ -36,6 +36,21 @@ func Secrets(t testing.TB) *auth.Secrets {
 	return s
 }
 
+// MasterKeys returns a fresh master key and the public keys that accept it, for
+// in-process masters (master.Options.MasterKey) and owners (daemon.Options.MasterKeys).
+func MasterKeys(t testing.TB) (*auth.MasterKey, *auth.MasterPubKeys) {
+	t.Helper()
+	k, err := auth.GenerateMasterKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := auth.NewMasterPubKeys(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, pub
+}
+
 // Methods are the names in svc's method table, sorted.
 func Methods(svc *serviceinfo.ServiceInfo) []string {
 	var names []string

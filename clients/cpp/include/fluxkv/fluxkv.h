@@ -63,7 +63,8 @@ typedef struct {
   size_t len;
 } fluxkv_span;
 
-/* Put flags. */
+/* Put flags (fluxkv_put_flags, fluxkv_put_begin): a bit not defined here is refused with
+ * INVALID_ARGUMENT, never ignored. */
 #define FLUXKV_PUT_REJECT_IF_EXISTS 1u
 
 int fluxkv_abi_version(void);

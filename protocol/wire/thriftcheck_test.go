@@ -1,20 +1,20 @@
-package daemon
+package wire
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
-	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// TestCheckSizes: real requests of every shape pass (batches over the limit too: the
+// TestCheckStruct: real requests of every shape pass (batches over the limit too: the
 // handler answers them with INVALID_ARGUMENT); announced sizes beyond the bytes
 // present, huge counts of variable-size elements, unknown types and deep nesting fail.
-func TestCheckSizes(t *testing.T) {
+func TestCheckStruct(t *testing.T) {
 	keys := func(n int) []string {
 		ks := make([]string, n)
 		for i := range ks {
@@ -23,19 +23,19 @@ func TestCheckSizes(t *testing.T) {
 		return ks
 	}
 	s := &external.Session{ClientId: 1, SessionToken: 2, OwnerGeneration: 3, Releases: make([]int64, 100000)}
-	items := make([]*external.PutStartItem, wire.MaxBatch+1)
+	items := make([]*external.PutStartItem, MaxBatch+1)
 	for i := range items {
 		items[i] = &external.PutStartItem{Key: "k", Len: 10, Opts: &external.PutOptions{}}
 	}
 	for _, args := range []thrift.FastCodec{
 		&external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: "k"}},
-		&external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys(wire.MaxBatch + 1)}},
+		&external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys(MaxBatch + 1)}},
 		&external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s, HolderIds: make([]int64, 5000)}},
 		&external.ExternalServiceBatchPutStartArgs{Req: &external.BatchPutStartRequest{Session: s, Items: items}},
 		&external.ExternalServiceStatArgs{Req: &external.StatRequest{}},
 		&external.ExternalServiceStatArgs{},
 	} {
-		if err := checkSizes(thrift.FastMarshal(args)); err != nil {
+		if err := CheckStruct(thrift.FastMarshal(args)); err != nil {
 			t.Errorf("%T: %v", args, err)
 		}
 	}
@@ -70,8 +70,46 @@ func TestCheckSizes(t *testing.T) {
 		{"no STOP", field(thrift.I32, 1)},
 		{"empty", nil},
 	} {
-		if err := checkSizes(tc.b); err == nil {
+		if err := CheckStruct(tc.b); err == nil {
 			t.Errorf("%s: accepted", tc.name)
 		}
 	}
+}
+
+// FuzzCheckMessage: the check never panics, agrees with LengthOffsets, and a message
+// it passes decodes (as any request of ours) within memory proportional to its size.
+func FuzzCheckMessage(f *testing.F) {
+	s := &external.Session{ClientId: 1, Releases: []int64{1, 2}}
+	for _, args := range []thrift.FastCodec{
+		&external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: []string{"a", "b"}}},
+		&external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s, HolderIds: []int64{1}}},
+	} {
+		b, _ := thrift.MarshalFastMsg("M", thrift.CALL, 1, args)
+		f.Add(b)
+	}
+	f.Add(append(thrift.Binary.AppendMessageBegin(nil, "Release", thrift.CALL, 1),
+		byte(thrift.STRUCT), 0, 1, byte(thrift.LIST), 0, 2, byte(thrift.I64), 0x7f, 0xff, 0xff, 0xff, 0, 0))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		err := CheckMessage(msg, maxVarElems)
+		if err != nil {
+			return
+		}
+		_, _, _, off, _ := thrift.Binary.ReadMessageBegin(msg)
+		if _, err := LengthOffsets(msg[off:]); err != nil {
+			t.Fatalf("CheckMessage passed what LengthOffsets refuses: %v", err)
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for _, args := range []thrift.FastCodec{&external.ExternalServiceBatchGetArgs{}, &external.ExternalServiceReleaseArgs{},
+			&external.ExternalServiceBatchPutStartArgs{}} {
+			func() {
+				defer func() { recover() }() // the skipper may panic on garbage; the servers recover it
+				args.FastRead(msg[off:])
+			}()
+		}
+		runtime.ReadMemStats(&after)
+		if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(1<<20+1024*len(msg)); got > limit {
+			t.Fatalf("a %d-byte message that passed decoded into %d bytes", len(msg), got)
+		}
+	})
 }
