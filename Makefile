@@ -48,8 +48,11 @@ vet:
 test: deps-test vet build build-race test-go test-python test-cpp
 	$(MAKE) soak SOAK=60s
 
+# -parallel 4: the daemon package's process tests marked t.Parallel mostly wait on
+# heartbeats, leases and failovers, so four of them share the two cores (the default is
+# GOMAXPROCS); no other package of RACE_PKGS calls t.Parallel.
 test-go: build build-race
-	$(TEST_ENV) $(GO) test -race -timeout 20m $(RACE_PKGS)
+	$(TEST_ENV) $(GO) test -race -timeout 20m -parallel 4 $(RACE_PKGS)
 	FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) \
 	  $(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e /master -e /daemon -e /shm -e /ssd -e /clients/go -e /cmd/ -e /metrics -e /protocol/)
 

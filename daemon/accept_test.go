@@ -26,6 +26,8 @@ const acceptChildEnv = "FLUXKV_ACCEPT_CHILD"
 // leaves room for 16 connections and no cap of its own: a burst of 60 connections gets
 // 16 served and the rest a clear refusal (the spare fd at work), none hangs; once they
 // close, new connections are served again.
+//
+// Not parallel: a child process at its RLIMIT_NOFILE.
 func TestAcceptorFDExhaustion(t *testing.T) {
 	if path := os.Getenv(acceptChildEnv); path != "" {
 		acceptChild(t, path)

@@ -82,16 +82,19 @@ func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 		o.attachReject(conn, common.ErrorCode_PERMISSION_DENIED, err.Error())
 		return
 	}
-	o.mu.Lock()
-	if o.stopping {
-		o.mu.Unlock()
+	st := o.lock()
+	if st.stopping {
+		o.unlock()
 		o.attachReject(conn, common.ErrorCode_UNAVAILABLE, "owner shutting down")
 		return
 	}
-	o.nextID++
-	area, err := o.newPutAreaLocked(o.nextID)
+	id, size, err := st.reserveSession()
+	var area *shm.Segment
+	if err == nil {
+		area, err = o.newPutAreaLocked(st, id, size)
+	}
 	if err != nil {
-		o.mu.Unlock()
+		o.unlock()
 		a.refused(metrics.RefusePutArea, "attach: no put area", func(e *zerolog.Event) {
 			e.Err(err).Int32("pid", cred.Pid).Uint32("uid", cred.Uid).Str("name", truncate(hello.Name, logNameBytes))
 		})
@@ -99,9 +102,9 @@ func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 		o.attachReject(conn, code, msg)
 		return
 	}
-	c := newSession(o.nextID, randomID(), hello.Name, cred, conn, area)
-	o.sessions[c.id] = c
-	o.mu.Unlock()
+	c := newSession(id, randomID(), hello.Name, cred, conn, area)
+	st.sessions[c.id] = c
+	o.unlock()
 	reply := &external.AttachReply{
 		Code: common.ErrorCode_OK, ProtocolVersion: external.PROTOCOL_VERSION,
 		ClientId: c.id, SessionToken: c.token, OwnerGeneration: o.generation,

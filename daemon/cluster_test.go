@@ -18,14 +18,33 @@ import (
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
-// clusterValue is the value of key i of size n: distinct per key and size.
+// clusterValue is the value of key i of size n: distinct per key and size. Byte j is
+// byte(i*131 + j*7 + j>>9), copied from clusterPattern: a loop storing each byte costs
+// the race detector's check per byte, most of the CPU of a -race test putting
+// hundreds of MiB.
 func clusterValue(i, n int) []byte {
 	b := make([]byte, n)
-	for j := range b {
-		b[j] = byte(i*131 + j*7 + j>>9)
+	p := clusterPattern()
+	off := (i * 131 & 255) * 512
+	for s := 0; s < n; s += clusterPeriod {
+		copy(b[s:], p[off:off+clusterPeriod])
 	}
 	return b
 }
+
+// clusterPeriod is the period of clusterValue's bytes: in 512-byte block k, byte m is
+// byte(i*131 + k + 7m) (7·512k is a multiple of 256), so block k+256 repeats block k.
+const clusterPeriod = 256 * 512
+
+// clusterPattern is two periods of block d, for d in [0, 512): byte(d + 7m) at
+// d·512 + m. clusterValue(i, ·) is a copy of one period starting at block i*131 mod 256.
+var clusterPattern = sync.OnceValue(func() []byte {
+	p := make([]byte, 2*clusterPeriod)
+	for j := range p {
+		p[j] = byte(j>>9 + 7*(j&511))
+	}
+	return p
+})
 
 // cluster is a master and owners on loopback, each a real process, with a client
 // attached to every owner.
@@ -63,6 +82,7 @@ func getBytes(c *fluxkv.Client, key string) ([]byte, bool, error) {
 // (promoted); an overwrite and a delete through one owner are seen through every
 // other; a holder of the old version stays byte-stable meanwhile; nothing leaks.
 func TestClusterRemoteGet(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "64MiB")
 	sizes := []int{1, 511, 4096, 1<<20 - 128, 4<<20 + 7, 16<<20 + 1}
 	var keys []string
@@ -132,6 +152,7 @@ func TestClusterRemoteGet(t *testing.T) {
 // the master tombs the dead owner within its TTL (2s) + 1s; afterwards every get of a
 // key without a promoted copy misses; the survivors' memory is back to empty.
 func TestClusterSourceKilled(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "32MiB")
 	const n = 12
 	var keys []string
@@ -197,6 +218,7 @@ func TestClusterSourceKilled(t *testing.T) {
 // TestClusterDuplicateNodeID: an owner started with the node id of a live one is
 // refused with a message naming --node-id; the live one keeps serving.
 func TestClusterDuplicateNodeID(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 1, "16MiB")
 	dup := start(t, append([]string{"owner", "--dir", t.TempDir(), "--dram", "16MiB", "--master", cl.master.addr,
 		"--node-id", "n0"}, ownerAuth()...)...)
@@ -273,6 +295,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // new generation; a pull whose fence names the old generation is refused (ErrFenced)
 // while the same pull naming the new one is served, and its old keys miss elsewhere.
 func TestClusterRestartFenced(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "")
 	dataAddr := freePort(t)
 	dir := filepath.Join(t.TempDir(), "o0")
@@ -337,6 +360,7 @@ func TestClusterRestartFenced(t *testing.T) {
 // stays byte-stable across a master restart; afterwards remote gets work again and
 // every range comes back once the holder is released.
 func TestClusterMasterRestartRemoteHolder(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 2, "32MiB")
 	v := clusterValue(5, 3<<20+5)
 	if err := cl.clients[0].Put("held", v); err != nil {
@@ -368,6 +392,7 @@ func TestClusterMasterRestartRemoteHolder(t *testing.T) {
 // there (SsdStageRead) and pulled into the reader's segment: byte-exact, Source "ssd",
 // Remote. Placement is local so the values stay on the owner with the SSD.
 func TestClusterRemoteSSD(t *testing.T) {
+	t.Parallel()
 	ssdDir := t.TempDir()
 	if err := ssd.ProbeDirectIO(ssdDir); err != nil {
 		t.Skipf("no O_DIRECT under %s: %v", ssdDir, err)

@@ -79,6 +79,7 @@ func observe(c *fluxkv.Client, key string) (observed, error) {
 //     that owner do too (probes after the first sighting, the next round's probes,
 //     and each reader's successive values never go back to an older round).
 func TestConsistencyAcrossOwners(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "64MiB")
 	rounds := 200
 	if testing.Short() {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
@@ -15,14 +16,14 @@ type externalHandler struct{ o *Owner }
 var _ external.ExternalService = (*externalHandler)(nil)
 
 // serve validates the session, processes the releases piggybacked on the request
-// (first: they may free the space a put needs; a released key stays cached for
-// CacheGrace, so a get + release loop still hits the cache), then runs f. More than
+// (first: they may free the space a put needs; a released key stays in the hot set for
+// CacheGrace, so a get + release loop still hits the hot set), then runs f. More than
 // wire.MaxReleasesPerCall releases fail the call with INVALID_ARGUMENT, none processed.
 // A valid session is recorded on the call's connection (it may then idle while the
 // session lives).
 func (o *Owner) serve(ctx context.Context, s *external.Session, f func(c *session) error) (common.ErrorCode, string) {
-	o.mu.Lock()
-	c, err := o.sessionLocked(s)
+	st := o.lock()
+	c, err := st.session(s)
 	if err == nil {
 		setConnClient(ctx, c.id)
 		if len(s.Releases) > wire.MaxReleasesPerCall {
@@ -30,11 +31,12 @@ func (o *Owner) serve(ctx context.Context, s *external.Session, f func(c *sessio
 		}
 	}
 	if err == nil {
+		now := time.Now()
 		for _, id := range s.Releases {
-			o.releaseLocked(c, id)
+			st.release(c, id, now)
 		}
 	}
-	o.mu.Unlock()
+	o.unlock()
 	if err == nil {
 		err = f(c)
 	}
@@ -92,16 +94,16 @@ func (h *externalHandler) Release(ctx context.Context, req *external.ReleaseRequ
 			return err
 		}
 		bad := 0
-		h.o.mu.Lock()
+		st, now := h.o.lock(), time.Now()
 		for _, id := range req.HolderIds {
 			code := common.ErrorCode_OK
-			if !h.o.releaseLocked(c, id) {
+			if !st.release(c, id, now) {
 				code = common.ErrorCode_INVALID_ARGUMENT
 				bad++
 			}
 			resp.Results = append(resp.Results, code)
 		}
-		h.o.mu.Unlock()
+		h.o.unlock()
 		if bad > 0 {
 			return errCode(common.ErrorCode_INVALID_ARGUMENT, "%d of %d holders unknown or already released", bad, len(req.HolderIds))
 		}
@@ -256,10 +258,10 @@ func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKe
 func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (*external.StatResponse, error) {
 	resp := &external.StatResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
-		h.o.mu.Lock()
+		st := h.o.lock()
 		resp.ClientHolders = int64(len(c.holders))
-		resp.Clients = int64(len(h.o.sessions))
-		h.o.mu.Unlock()
+		resp.Clients = int64(len(st.sessions))
+		h.o.unlock()
 		// Released holders must count as released: end their grace and ack them now.
 		h.o.sweepIdle(true)
 		h.o.acks.sync()

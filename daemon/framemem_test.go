@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -63,6 +64,8 @@ func procStatusKiB(t *testing.T, pid int, name string) int64 {
 // 256 MiB segment the frame budget is 64 MiB: two frames are read, the others wait for
 // room and are refused with the budget's message; the owner's peak RSS grows by the
 // budget and slack, it survives inside the same 1.5 GiB cgroup, and it keeps serving.
+//
+// Not parallel: a memory cgroup named after the pid, and an RSS bound.
 func TestFrameMemoryBounded(t *testing.T) {
 	const (
 		conns    = 40
@@ -80,7 +83,7 @@ func TestFrameMemoryBounded(t *testing.T) {
 	} else {
 		t.Logf("running without a memory cgroup (%v): peak RSS is still measured", cgErr)
 	}
-	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1), socket: socket}
+	p := &proc{t: t, stderr: &proctest.Buffer{}, done: make(chan error, 1), socket: socket}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -33,9 +33,7 @@ const (
 func (o *Owner) planGet(key string) (*holding, *getTarget, error) {
 	var exclude []string
 	for failures := 0; ; {
-		o.mu.Lock()
-		mark := o.replicas.mark()
-		o.mu.Unlock()
+		mark := o.replicaMark()
 		plan, t, err := o.getStart(key, exclude)
 		if err != nil {
 			return nil, nil, err
@@ -45,16 +43,15 @@ func (o *Owner) planGet(key string) (*holding, *getTarget, error) {
 			o.learnReplica(h, mark, 0)
 			return h, t, nil
 		}
-		o.mu.Lock()
-		own := o.replicas.open(plan.TargetOffset, plan.Len)
-		o.mu.Unlock()
+		st := o.lock()
+		own := st.replicas.open(plan.TargetOffset, plan.Len)
+		o.unlock()
 		done := func(h *holding) (*holding, *getTarget, error) {
-			o.mu.Lock()
-			stale := t.staleLocked(o)
-			o.mu.Unlock()
-			if !stale { // a stale get fails in the caller: it teaches nothing
-				o.learnReplica(h, mark, own)
+			st := o.lock()
+			if !st.getStale(t) { // a stale get fails in the caller: it teaches nothing
+				st.learnReplica(h, mark, own)
 			}
+			o.unlock()
 			return h, t, nil
 		}
 		switch {
@@ -111,15 +108,11 @@ func (o *Owner) planGet(key string) (*holding, *getTarget, error) {
 	}
 }
 
-// learnReplica records h in the replica index when it views the key's memory replica
-// in this segment (a local hit, or a promoted target); mark and own as for
-// replicaIndex.learn.
+// learnReplica is ownerState.learnReplica taking Owner.mu.
 func (o *Owner) learnReplica(h *holding, mark, own uint64) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if h.replica {
-		o.replicas.learn(replicaRecord{key: h.key, putID: h.putID, offset: h.offset, len: h.len}, mark, own)
-	}
+	st := o.lock()
+	defer o.unlock()
+	st.learnReplica(h, mark, own)
 }
 
 // excludeSource handles a transfer from another owner that failed: the source was
@@ -149,9 +142,7 @@ func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, *g
 	if err := o.master.settled(ctx); err != nil {
 		return nil, nil, err
 	}
-	o.mu.Lock()
-	epoch := o.regEpoch
-	o.mu.Unlock()
+	epoch := o.regEpoch()
 	acks := o.acks.take()
 	plan, err := o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
 	if err != nil {
@@ -160,9 +151,9 @@ func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, *g
 	if err := o.master.check(respCode(plan, err)); err != nil {
 		return nil, nil, err
 	}
-	o.mu.Lock()
-	t, err := o.acceptPlanLocked(plan, epoch)
-	o.mu.Unlock()
+	st := o.lock()
+	t, err := st.acceptPlan(plan, epoch)
+	o.unlock()
 	if err != nil {
 		o.dropPlan(key, plan)
 		return nil, nil, err
@@ -176,7 +167,7 @@ func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, *g
 func (o *Owner) revokeGet(key string, getID int64, dropSSD bool, reason string) {
 	if o.getPinned(getID) {
 		// The master that planned it is gone; the new one holds the target as a pin,
-		// acked when the get ends (endGetLocked).
+		// acked when the get ends (ownerState.endGet).
 		return
 	}
 	ctx, cancel := o.master.ctx()

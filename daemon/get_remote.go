@@ -74,6 +74,10 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 		select {
 		case stageErr = <-verdict:
 		case <-time.After(stageVerdictWait):
+			// No longer wait for the SSD owner's answer: its call ends with ctx, and
+			// the goroutine making it is joined.
+			cancel()
+			<-verdict
 		}
 		if !errors.Is(stageErr, errRemoteSSD) {
 			stageErr = pullErr
@@ -184,32 +188,4 @@ func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, er
 	}
 	return &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,
 		masterID: done.HolderId, replica: done.Promoted, remote: true}, nil
-}
-
-// segmentSource serves other owners' pulls from this owner's segment: the fence must
-// name this incarnation, and the range must lie in the segment. The master retains the
-// range for the transfer (until its GetDone or GetRevoke), so it holds the value. A
-// staged pull (Fence.Staged) is served from the stager instead.
-type segmentSource struct{ o *Owner }
-
-func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, func(), error) {
-	o := s.o
-	if f.SourceNode != o.opts.NodeID || f.SourceGeneration != o.generation {
-		return nil, nil, fmt.Errorf("%w: pull for node %q generation %d reached node %q generation %d",
-			transfer.ErrFenced, f.SourceNode, f.SourceGeneration, o.opts.NodeID, o.generation)
-	}
-	if f.Staged {
-		if o.stager == nil {
-			return nil, nil, fmt.Errorf("%w: node %q has no SSD tier to stage from", transfer.ErrFenced, o.opts.NodeID)
-		}
-		return o.stager.open(f.TransferID, offset, length)
-	}
-	seg := o.seg.Bytes()
-	if offset < 0 || length <= 0 || offset > int64(len(seg))-length {
-		return nil, nil, fmt.Errorf("%w: range [%d,+%d) outside the %d-byte segment", transfer.ErrFenced, offset, length, len(seg))
-	}
-	if err := o.checkPutSource(f.TransferID, offset, length); err != nil {
-		return nil, nil, err
-	}
-	return seg[offset : offset+length], func() {}, nil
 }

@@ -76,8 +76,8 @@ func (o *Owner) confirmRefill(key string, getID int64, h *holding, mark, own uin
 		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")
 		return
 	}
-	o.mu.Lock()
+	st := o.lock()
 	h.replica = done.Promoted
-	o.mu.Unlock()
-	o.learnReplica(h, mark, own)
+	st.learnReplica(h, mark, own)
+	o.unlock()
 }

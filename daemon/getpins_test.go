@@ -5,16 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
-	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
-	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
-	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // nodeHolders is the number of holders the master records for owner n1 (pins
@@ -33,78 +29,6 @@ func nodeHolders(t *testing.T, m *master.Server) int64 {
 		t.Fatal("the master does not know n1")
 	}
 	return holders
-}
-
-// TestGetPinTable: the get-target table at the unit level. Targets of plans this owner
-// writes are tracked (a local hit is not), reported as pins with the get id and marked
-// pinned; a pinned target's end fails the get and acks the pin, an unpinned one's does
-// neither; a plan answered across a registration is refused; a local hit accepted
-// before a registration is stale after it.
-func TestGetPinTable(t *testing.T) {
-	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.AckDelay = time.Hour })
-	o := n.o
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	epoch := o.regEpoch
-	refill := &mp.GetStartResponse{GetId: 1001, TargetOffset: 4096, Len: 1000, Source: common.Source_SSD, SourceNodeId: "n1", HolderId: 1000}
-	pull := &mp.GetStartResponse{GetId: 1002, TargetOffset: 8192, Len: 512, Source: common.Source_MEMORY, SourceNodeId: "n2"}
-	hit := &mp.GetStartResponse{Done: true, HolderId: 1003, TargetOffset: 0, Len: 512}
-	outside := &mp.GetStartResponse{GetId: 1004, TargetOffset: o.seg.Size() - 100, Len: 512, Source: common.Source_MEMORY, SourceNodeId: "n2"}
-	var ts []*getTarget
-	for _, p := range []*mp.GetStartResponse{refill, pull, hit, outside} {
-		tg, err := o.acceptPlanLocked(p, epoch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts = append(ts, tg)
-	}
-	if len(o.gets.m) != 2 || !ts[0].tracked || !ts[1].tracked || ts[2].tracked || ts[3].tracked {
-		t.Fatalf("tracked %d targets (%v %v %v %v), want the refill and the pull", len(o.gets.m), ts[0].tracked, ts[1].tracked, ts[2].tracked, ts[3].tracked)
-	}
-	// The pull ends before the registration: not stale, nothing acked.
-	if o.endGetLocked(ts[1]) {
-		t.Fatal("an unpinned get of the current registration is stale")
-	}
-	// What register does under mu.
-	pins := o.getPinsLocked()
-	o.regEpoch++
-	want := []*mp.PinnedRange{{PinId: 1001, Offset: 4096, Len: 1000}}
-	if len(pins) != 1 || *pins[0] != *want[0] {
-		t.Fatalf("pins %v, want %v", pins, want)
-	}
-	if !ts[0].pinned || !o.getPinnedIDLocked(1001) {
-		t.Fatal("the reported target is not marked pinned")
-	}
-	if _, err := o.acceptPlanLocked(pull, epoch); wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
-		t.Fatalf("a plan answered across a registration: %v, want UNAVAILABLE", err)
-	}
-	if !o.endGetLocked(ts[0]) || !o.endGetLocked(ts[0]) {
-		t.Fatal("a pinned get is not stale")
-	}
-	if !o.endGetLocked(ts[2]) {
-		t.Fatal("a local hit planned before the registration is not stale after it")
-	}
-	if o.endGetLocked(nil) {
-		t.Fatal("a nil target is stale")
-	}
-	if len(o.gets.m) != 0 {
-		t.Fatalf("%d targets left in the table", len(o.gets.m))
-	}
-	o.acks.mu.Lock()
-	acked := slices.Clone(o.acks.pending)
-	o.acks.mu.Unlock()
-	if !slices.Equal(acked, []int64{1001}) {
-		t.Fatalf("acked %v, want the pinned get id 1001 once", acked)
-	}
-	if pins := o.getPinsLocked(); len(pins) != 0 {
-		t.Fatalf("pins after every get ended: %v", pins)
-	}
-}
-
-// getPinnedIDLocked is getPinned under a held Owner.mu (tests).
-func (o *Owner) getPinnedIDLocked(id int64) bool {
-	tg := o.gets.m[id]
-	return tg != nil && tg.pinned
 }
 
 // TestGetPinAcrossRegister: an SSD refill whose target was written while the owner
@@ -135,7 +59,7 @@ func TestGetPinAcrossRegister(t *testing.T) {
 	)
 	hookErr := make(chan error, 1)
 	n.o.mu.Lock()
-	n.o.gets.afterWrite = func(getID int64) {
+	n.o.mu.afterWrite = func(getID int64) {
 		if fired.Add(1) != 1 {
 			return
 		}
@@ -154,11 +78,9 @@ func TestGetPinAcrossRegister(t *testing.T) {
 			if err := n.o.master.register(ctx); err != nil {
 				return err
 			}
-			n.o.mu.Lock()
-			if n.o.getPinnedIDLocked(getID) {
+			if n.o.getPinned(getID) {
 				pinnedID.Store(getID)
 			}
-			n.o.mu.Unlock()
 			pinsAtNew.Store(nodeHolders(t, m))
 			return nil
 		}()
@@ -191,8 +113,8 @@ func TestGetPinAcrossRegister(t *testing.T) {
 		t.Fatalf("the new master held %d ranges of n1 after the registration, want the get's pin", got)
 	}
 	n.o.mu.Lock()
-	left := len(n.o.gets.m)
-	n.o.gets.afterWrite = nil
+	left := n.o.mu.st.writes.count(writeGet)
+	n.o.mu.afterWrite = nil
 	n.o.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d get targets still tracked", left)

@@ -199,6 +199,7 @@ func readable(t *testing.T, c *haCluster, keys []string) int {
 // succeeds within the leader TTL + 2s, and ≥ 95% of the earlier keys stay readable.
 // With one etcd member and with three.
 func TestMasterFailover(t *testing.T) {
+	t.Parallel()
 	for _, members := range []int{1, 3} {
 		t.Run(fmt.Sprintf("etcd%d", members), func(t *testing.T) {
 			etcd := etcdtest.Start(t, etcdtest.Options{Members: members})
@@ -354,6 +355,7 @@ func (c *haCluster) checkStatus(lead int, epoch int64, n int) {
 // the cluster stops taking puts; etcd restarted on the same data: a master leads again
 // and the cluster serves, the earlier keys readable.
 func TestMasterEtcdOutage(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t, etcdtest.Options{})
 	c := startHACluster(t, etcd, 2, 2)
 	_, epoch := c.leader(10 * time.Second)
@@ -408,6 +410,9 @@ func TestMasterEtcdOutage(t *testing.T) {
 // it stops serving within the leader TTL (fenced: etcd no longer acknowledges its
 // keepalives), the other master takes over and the owners serve through it; when the
 // link comes back the old leader finds its lease gone and follows.
+//
+// Not parallel: the fence is bounded by the 2 s TTL and takes about 1.6 s with the
+// cores to itself, and newNetns names its namespaces after the pid (as TestNetnsCluster's).
 func TestMasterCutOffFromEtcd(t *testing.T) {
 	ns := newNetns(t, 2)
 	host := ns.prefix + "1"

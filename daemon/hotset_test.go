@@ -20,6 +20,7 @@ import (
 // the hot set pins gets it: the master asks the owner to give its idle holdings back.
 // Every read is byte-exact or a miss, and nothing leaks.
 func TestHotSet(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "", "--placement", "local", "--heartbeat-interval", "3s", "--node-ttl", "10s")
 	metricsAddr := freePort(t)
 	o0 := startOwnerWith(t, filepath.Join(t.TempDir(), "o0"), m.addr, "24MiB", "n0", "--metrics-addr", metricsAddr)

@@ -29,6 +29,7 @@ func payload(seed int64, n int) []byte {
 // TestRoundTripSizes: put/get/overwrite/exists/delete over the socket, byte-exact at
 // sizes from 1 B to 16 MiB + 1, with the holder viewing the shared mapping.
 func TestRoundTripSizes(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "64MiB")
 	c := connect(t, p.socket)
 	sizes := []int{1, 2, 511, 512, 513, 4095, 4096, 4097, 1<<20 - 128, 1 << 20, 4<<20 + 7, 16<<20 + 1}
@@ -93,6 +94,7 @@ func TestRoundTripSizes(t *testing.T) {
 // TestHolderSurvivesOverwriteAndDelete: a holder keeps its bytes while the key is
 // overwritten and deleted; releasing it frees the range.
 func TestHolderSurvivesOverwriteAndDelete(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "16MiB")
 	c := connect(t, p.socket)
 	v1 := payload(1, 100000)
@@ -126,6 +128,7 @@ func TestHolderSurvivesOverwriteAndDelete(t *testing.T) {
 // TestEvictionAt4xDRAM: writing 4× DRAM evicts older values; every put succeeds, the
 // most recent ones hit, used bytes never exceed capacity.
 func TestEvictionAt4xDRAM(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "64MiB")
 	c := connect(t, p.socket)
 	const n = 256 // 256 × 1 MiB = 4 × 64 MiB
@@ -163,6 +166,7 @@ func TestEvictionAt4xDRAM(t *testing.T) {
 // makes the owner register again (and report its replicas), held ranges stay pinned,
 // service resumes.
 func TestSeparateMasterAndOwner(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "")
 	dir := t.TempDir()
 	o := startOwner(t, dir, m.addr, "8MiB")
@@ -216,6 +220,7 @@ func TestSeparateMasterAndOwner(t *testing.T) {
 // TestOwnerDeathTombs: an owner killed with SIGKILL is tombed by the master within the
 // node TTL; a new owner incarnation starts empty and serves.
 func TestOwnerDeathTombs(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "")
 	dir := t.TempDir()
 	o := startOwner(t, dir, m.addr, "8MiB")
@@ -247,6 +252,7 @@ func TestOwnerDeathTombs(t *testing.T) {
 // TestBadRequestsRaw sends malformed requests that bypass the client's own checks; each
 // gets a clear code and the node keeps serving without leaking.
 func TestBadRequestsRaw(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "8MiB")
 	c := connect(t, p.socket)
 	sess := func() *external.Session {
@@ -339,6 +345,7 @@ func sessionToken(c *fluxkv.Client) int64 { return c.SessionToken() }
 // TestExternalKilled: a client killed with SIGKILL while holding holders or mid-put has
 // everything released within 2 s.
 func TestExternalKilled(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "16MiB")
 	c := connect(t, p.socket)
 	var keys []string
@@ -369,6 +376,7 @@ func TestExternalKilled(t *testing.T) {
 
 // TestConcurrentClients: many goroutines on one client and several clients, under load.
 func TestConcurrentClients(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "64MiB")
 	c1 := connect(t, p.socket)
 	c2 := connect(t, p.socket)
@@ -418,6 +426,7 @@ func TestConcurrentClients(t *testing.T) {
 
 // TestCLI: the operator commands as a user runs them.
 func TestCLI(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "256MiB")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "v5")
@@ -481,6 +490,7 @@ func TestCLI(t *testing.T) {
 // TestThousandPuts: 1,000 puts of 1 MiB into a 256 MiB node all succeed and the 20
 // most recent keys still hit.
 func TestThousandPuts(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short: skips the 1 GiB write")
 	}
@@ -516,6 +526,7 @@ func TestThousandPuts(t *testing.T) {
 // TestOwnerDiesTombedWithinTTL: the master tombs an owner that stopped heartbeating
 // within the node TTL (2s in these tests); its replicas vanish from routes.
 func TestOwnerDiesTombedWithinTTL(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "")
 	a := startOwner(t, t.TempDir(), m.addr, "8MiB", "owner-a")
 	b := startOwner(t, t.TempDir(), m.addr, "8MiB", "owner-b")
@@ -550,6 +561,7 @@ func TestOwnerDiesTombedWithinTTL(t *testing.T) {
 // TestMemoryPressureBoundedWait: when every byte is held, a put waits (bounded) and
 // then fails with NO_SPACE naming total and free capacity; it never waits forever.
 func TestMemoryPressureBoundedWait(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "4MiB")
 	c := connect(t, p.socket)
 	var hs []*fluxkv.MemHolder
@@ -589,6 +601,7 @@ func TestMemoryPressureBoundedWait(t *testing.T) {
 // new incarnation by itself and retries; a holder of the old one keeps its bytes
 // (its mapping stays until Close) and releasing it is harmless.
 func TestGoClientReattach(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "")
 	dir := t.TempDir()
 	o := startOwner(t, dir, m.addr, "8MiB")

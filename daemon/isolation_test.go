@@ -28,6 +28,7 @@ func startIsolated(t *testing.T, extra ...string) *proc {
 // put area (streamed through it) round-trip byte-exact through Put, PutWithID (Fill)
 // and BatchPut, and the client never maps the segment writable.
 func TestIsolatedPutsRoundTrip(t *testing.T) {
+	t.Parallel()
 	p := startIsolated(t)
 	c := connect(t, p.socket)
 	if !c.Isolated() || c.PutAreaSize() != testArea {
@@ -153,6 +154,7 @@ func area(valueOff, areaOff, n int64) *external.AreaCopy {
 // overflowing, too many, for an unknown or ending put) is INVALID_ARGUMENT and leaves a
 // pending put pending; a repeated PutEnd answers its first outcome without copying again.
 func TestIsolatedBadCopies(t *testing.T) {
+	t.Parallel()
 	p := startIsolated(t)
 	c := connect(t, p.socket)
 	const n = 1000
@@ -235,6 +237,7 @@ func TestIsolatedBadCopies(t *testing.T) {
 
 // TestCopiesWithoutIsolation: an owner without isolation refuses PutWrite and copies.
 func TestCopiesWithoutIsolation(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "16MiB")
 	c := connect(t, p.socket)
 	if c.Isolated() || c.PutAreaSize() != 0 {
@@ -257,6 +260,7 @@ func TestCopiesWithoutIsolation(t *testing.T) {
 // (at least 1 MiB), then NO_SPACE naming --put-area-total; a session's end gives its
 // area back.
 func TestPutAreaTotal(t *testing.T) {
+	t.Parallel()
 	p := startUp(t, "64MiB", "--client-isolation", "--put-area", "2MiB", "--put-area-total", "5MiB")
 	var cs []*fluxkv.Client
 	for i, want := range []int64{2 << 20, 2 << 20, 1 << 20} {

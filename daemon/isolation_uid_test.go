@@ -185,6 +185,7 @@ func reachable(t *testing.T, socket string) {
 // isolation every route fails and A's holder stays byte-identical; without it the same
 // routes succeed and change A's bytes, so the test shows isolation makes the difference.
 func TestIsolationOtherUID(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root to run a client as uid 65534 with setpriv")
 	}

@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -15,6 +14,7 @@ import (
 	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
@@ -33,12 +33,14 @@ func noRaceBin() string {
 // session, so no deadline closes them): attaches beyond what the node can hold get a
 // clear refusal instead of a hang, the node keeps serving the connections it holds,
 // and once they close, attach + put + get work again.
+//
+// Not parallel: 400 connections' fds in this process.
 func TestOpenFileLimit(t *testing.T) {
 	if _, err := exec.LookPath("prlimit"); err != nil {
 		t.Skip("prlimit not installed")
 	}
 	dir := t.TempDir()
-	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1), socket: filepath.Join(dir, "fluxkv.sock")}
+	p := &proc{t: t, stderr: &proctest.Buffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "fluxkv.sock")}
 	p.cmd = exec.Command("prlimit", "--nofile=256:256", noRaceBin(), "--log-level", "info", "up", "--dir", dir, "--dram", "16MiB")
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
@@ -34,25 +33,7 @@ import (
 type limitNode struct {
 	o   *Owner
 	m   *metrics.Metrics
-	log *syncBuffer
-}
-
-// syncBuffer is a log sink safe for the owner's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
+	log *proctest.Buffer // safe for the owner's goroutines
 }
 
 func startLimitNode(t *testing.T, opts Options) *limitNode {
@@ -67,7 +48,7 @@ func startLimitNode(t *testing.T, opts Options) *limitNode {
 	if err := ms.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	n := &limitNode{m: metrics.New(), log: &syncBuffer{}}
+	n := &limitNode{m: metrics.New(), log: &proctest.Buffer{}}
 	log := zerolog.New(n.log)
 	opts.Dir, opts.DRAM, opts.MasterAddr, opts.NodeID = t.TempDir(), 8<<20, ms.Addr().String(), "n1"
 	opts.Logger, opts.Metrics, opts.Secrets, opts.MasterKeys = &log, n.m, secrets, masterKeys
@@ -186,6 +167,8 @@ func sessionOf(c *fluxkv.Client) *external.Session {
 // TestRPCDeadlines: a partial frame is closed by FrameTimeout, a connection that never
 // named a session by IdleTimeout; a connection of a live session idles through several
 // IdleTimeouts, and is closed within one once its session ended.
+//
+// Not parallel: the test's own calls must beat 300 ms deadlines.
 func TestRPCDeadlines(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	n := startLimitNode(t, Options{FrameTimeout: timeout, IdleTimeout: timeout})
@@ -232,6 +215,8 @@ func TestRPCDeadlines(t *testing.T) {
 
 // TestAttachHelloDeadline: an attach connection that never says hello is closed by
 // HelloTimeout and counted; the node keeps attaching others.
+//
+// Not parallel: the last client's hello must beat a 200 ms deadline.
 func TestAttachHelloDeadline(t *testing.T) {
 	n := startLimitNode(t, Options{HelloTimeout: 200 * time.Millisecond})
 	silent, err := net.Dial("unix", n.o.SocketPath())
@@ -260,6 +245,7 @@ func TestAttachHelloDeadline(t *testing.T) {
 // connections closed at once, while an existing client keeps working; once the flood
 // is gone, new clients attach again.
 func TestConnectionCap(t *testing.T) {
+	t.Parallel()
 	const max = 6
 	n := startLimitNode(t, Options{MaxConnections: max})
 	c := n.connect(t, "existing")
@@ -337,6 +323,8 @@ func TestConnectionCap(t *testing.T) {
 
 // TestAnnouncedFrameNotAllocated: connections announcing 32 MiB frames and sending
 // nothing more cost the owner little memory (before: the announced length each).
+//
+// Not parallel: it measures the process's allocations (runtime.MemStats).
 func TestAnnouncedFrameNotAllocated(t *testing.T) {
 	const conns = 20
 	n := startLimitNode(t, Options{FrameTimeout: 500 * time.Millisecond})
@@ -379,6 +367,8 @@ func TestAnnouncedFrameNotAllocated(t *testing.T) {
 // TestHostileCalls: ONEWAY and REPLY-typed messages get a TApplicationException and
 // the connection closes; 5000 piggybacked releases fail the call with INVALID_ARGUMENT
 // and release nothing; a hostile list size is refused without allocating it.
+//
+// Not parallel: it measures the process's allocations (runtime.MemStats).
 func TestHostileCalls(t *testing.T) {
 	n := startLimitNode(t, Options{})
 	c := n.connect(t, "hostile")
@@ -459,6 +449,7 @@ func TestHostileCalls(t *testing.T) {
 // TestHelloBounds: a 300-byte name is refused with INVALID_ARGUMENT and not logged in
 // full; a hello frame over MAX_ATTACH_FRAME_BYTES is refused too.
 func TestHelloBounds(t *testing.T) {
+	t.Parallel()
 	n := startLimitNode(t, Options{})
 	name := strings.Repeat("n", 299) + "Z"
 	_, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: name})

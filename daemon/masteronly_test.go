@@ -93,6 +93,7 @@ func checkValues(t *testing.T, cl *cluster, vals map[string][]byte) {
 // byte-exact through real gets. A master key the owners do not accept is refused in
 // the handshake. SsdStageRead, which owners ask of each other, is not refused.
 func TestMasterOnlyCallsRefused(t *testing.T) {
+	t.Parallel()
 	cl := pooledPair(t)
 	vals := putPooled(t, cl, "victim", 24)
 
@@ -196,6 +197,7 @@ func TestMasterOnlyCallsRefused(t *testing.T) {
 // Rotating the master key: owners accept the old and the new public key, the master
 // restarts with the new key, and pooled puts (PullPut) work before and after.
 func TestMasterKeyRotation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	newKey, newPub := filepath.Join(dir, "new.key"), filepath.Join(dir, "new.pub")
 	if err := auth.GenerateMasterKeyFiles(newKey, newPub); err != nil {

@@ -95,6 +95,7 @@ func (ns *netns) startOwnerIn(t *testing.T, i int, masterAddr, dram string) *pro
 // (hit, miss or UNAVAILABLE) promptly, and once the master tombed it a get finds a
 // promoted copy or misses; the healed host serves again as a new generation.
 func TestNetnsCluster(t *testing.T) {
+	t.Parallel()
 	ns := newNetns(t, 3)
 	m := startMaster(t, ns.prefix+"1:"+strings.Split(freePort(t), ":")[1])
 	var owners []*proc

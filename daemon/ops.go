@@ -8,7 +8,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// delete removes key at the master; this owner then drops its cached info and SSD
+// delete removes key at the master; this owner then drops the key from its hot set, replica index and SSD
 // entries of the removed version (other owners learn it from the master).
 func (o *Owner) delete(key string) (bool, error) {
 	if err := wire.ValidateKey(key); err != nil {
@@ -16,9 +16,9 @@ func (o *Owner) delete(key string) (bool, error) {
 	}
 	// Whatever the outcome (a lost reply may hide a delete that happened), this owner's
 	// record of the key goes first: a master restart must not bring it back.
-	o.mu.Lock()
-	o.replicas.drop(key, math.MaxInt64)
-	o.mu.Unlock()
+	st := o.lock()
+	st.replicas.drop(key, math.MaxInt64)
+	o.unlock()
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	resp, err := o.master.cl().Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: key})
@@ -29,9 +29,9 @@ func (o *Owner) delete(key string) (bool, error) {
 	if upTo == 0 { // no route, or a master that does not say: nothing of the key is current
 		upTo = math.MaxInt64
 	}
-	o.mu.Lock()
-	o.invalidateLocked(key, upTo)
-	o.mu.Unlock()
+	st = o.lock()
+	st.invalidate(key, upTo)
+	o.unlock()
 	return resp.Deleted, nil
 }
 

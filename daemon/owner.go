@@ -45,26 +45,20 @@ type Owner struct {
 	rpc      *framedServer
 	frames   *wire.FrameBudget // the memory of request frames in progress, RPC and peer ports
 
-	mu       sync.Mutex // protects sessions, cache, nextID, stopping, areas, and holdings' refs and replica
-	sessions map[int64]*session
-	areas    putAreaBudget // client isolation: the live sessions' put areas
-	copied   *sync.Cond    // on mu: broadcast when a copy from a put area ends
-	stopping bool          // Stop began: no new sessions
-	// regEpoch counts registrations with a master; bumped while register collects the
-	// pins under mu, so a put whose PutStart straddles it is known to be unpinned.
-	regEpoch uint64
-	// gets are the get targets being written (getpins.go), pinned at a registration.
-	gets getTargets
-	// pulls are the PullPut targets being written (put_remote.go); registering is set
-	// while a registration is out, from collecting its pins to its answer.
-	pulls       map[*pullTarget]bool
-	registering bool
-	cache       *holderCache  // key → holding of its current version (cached info)
-	replicas    *replicaIndex // which key version each range of the pool holds
-	// cachedGets counts gets answered from a cached holding (nil without metrics).
+	// mu guards the owner's bookkeeping (ownerState); methods that run with it held are
+	// named ...Locked. No network call runs under it.
+	mu struct {
+		sync.Mutex
+		st ownerState
+		// afterWrite (tests only), when set, runs once a get's target has been written,
+		// before the get completes; called without the lock.
+		afterWrite func(getID int64)
+	}
+	copied *sync.Cond // on mu: broadcast when a copy from a put area or a segment user ends
+	// cachedGets counts gets answered from the hot set (nil without metrics).
 	cachedGets prometheus.Counter
-	nextID     int64 // client ids and external holder ids
 	idleStop   chan struct{}
+	idleOnce   sync.Once
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -78,19 +72,55 @@ func New(opts Options) (*Owner, error) {
 	}
 	o := &Owner{
 		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
-		generation: randomID(), sessions: make(map[int64]*session), cache: newHolderCache(opts.CacheGrace, opts.hotSetBudget()),
-		replicas: newReplicaIndex(),
-		areas:    putAreaBudget{per: opts.PutArea, total: opts.PutAreaTotal},
-		idleStop: make(chan struct{}),
-		frames:   wire.NewFrameBudget(opts.FrameMemory),
+		generation: randomID(),
+		idleStop:   make(chan struct{}),
+		frames:     wire.NewFrameBudget(opts.FrameMemory),
 	}
-	o.copied = sync.NewCond(&o.mu)
+	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM,
+		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(),
+		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal})
+	o.copied = sync.NewCond(&o.mu.Mutex)
 	o.cachedGets = opts.Metrics.Replicas(func() metrics.ReplicaState {
-		o.mu.Lock()
+		o.mu.Lock() // reads only: no effects to apply
 		defer o.mu.Unlock()
-		return metrics.ReplicaState{HotSetHoldings: int64(o.cache.idleLen()), HotSetBytes: o.cache.idleBytes, Records: int64(o.replicas.len())}
+		st := &o.mu.st
+		return metrics.ReplicaState{HotSetHoldings: int64(st.hot.idleLen()), HotSetBytes: st.hot.idleBytes, Records: int64(st.replicas.len())}
 	})
 	return o, nil
+}
+
+// lock takes Owner.mu and returns the state it guards; unlock releases it.
+func (o *Owner) lock() *ownerState {
+	o.mu.Lock()
+	return &o.mu.st
+}
+
+// unlock releases Owner.mu, then carries out the effects the state collected while it
+// was held: acks and hot-set hits go to the acker, SSD entries of dead versions are
+// forgotten.
+func (o *Owner) unlock() {
+	fx := o.mu.st.takeEffects()
+	o.mu.Unlock()
+	o.apply(fx)
+}
+
+func (o *Owner) apply(fx effects) {
+	if len(fx.acks) == 0 && len(fx.touched) == 0 && len(fx.ssdForget) == 0 {
+		return
+	}
+	if o.acks != nil {
+		for _, id := range fx.acks {
+			o.acks.add(id)
+		}
+		for _, k := range fx.touched {
+			o.acks.touch(k)
+		}
+	}
+	if o.store != nil {
+		for _, e := range fx.ssdForget {
+			o.store.Forget(e.Key, e.PutId)
+		}
+	}
 }
 
 // randomID is a random positive int64 (generations, session tokens).
@@ -114,6 +144,7 @@ func (o *Owner) Start(ctx context.Context) error {
 		return fmt.Errorf("create segment: %w", err)
 	}
 	o.seg = seg
+	o.mu.st.segSize = seg.Size()
 	ev := o.log.Info().Int64("bytes", o.opts.DRAM).Bool("client_isolation", o.opts.ClientIsolation)
 	if o.opts.ClientIsolation {
 		ev = ev.Int64("put_area", o.opts.PutArea).Int64("put_area_total", o.opts.PutAreaTotal)
@@ -155,7 +186,7 @@ func (o *Owner) Start(ctx context.Context) error {
 	err = o.master.registerUntil(rctx)
 	cancel()
 	if err != nil {
-		o.closeResources()
+		o.failStart()
 		return err
 	}
 	o.wg.Add(1)
@@ -171,14 +202,14 @@ func (o *Owner) Start(ctx context.Context) error {
 	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics,
 		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive, Budget: o.frames})
 	if err != nil {
-		o.closeResources()
+		o.failStart()
 		return err
 	}
 	// The attach socket comes last: its appearance means "ready".
 	o.attachLn, err = shm.ListenUnix(o.opts.SocketPath(), o.opts.SocketMode)
 	if err != nil {
 		o.rpc.close()
-		o.closeResources()
+		o.failStart()
 		return err
 	}
 	o.wg.Add(1)
@@ -204,18 +235,18 @@ func (o *Owner) Stop() error {
 		}
 		// A hello being handled now must not register a session after the list below
 		// is taken: nobody would end it and the wait group would never drain.
-		o.mu.Lock()
-		o.stopping = true
-		o.mu.Unlock()
+		st := o.lock()
+		st.stopping = true
+		o.unlock()
 		if o.rpc != nil {
-			o.rpc.close()
+			o.rpc.close() // joins the calls in progress (gets writing into the segment)
 		}
-		o.mu.Lock()
-		ss := make([]*session, 0, len(o.sessions))
-		for _, s := range o.sessions {
+		st = o.lock()
+		ss := make([]*session, 0, len(st.sessions))
+		for _, s := range st.sessions {
 			ss = append(ss, s)
 		}
-		o.mu.Unlock()
+		o.unlock()
 		done := make(chan struct{})
 		go func() {
 			for _, s := range ss {
@@ -227,10 +258,15 @@ func (o *Owner) Stop() error {
 			}
 			close(done)
 		}()
+		timedOut := false
 		select {
 		case <-done:
 		case <-time.After(o.opts.ShutdownTimeout):
-			o.log.Warn().Msg("shutdown: in-flight work did not finish in time")
+			timedOut = true
+			o.log.Warn().Msg("shutdown: in-flight work did not finish in time; cutting it short")
+			if o.master != nil {
+				o.master.cutShort() // master calls still waiting (revokes, acks, commits) fail now
+			}
 		}
 		if o.stager != nil {
 			o.stager.close() // refills being staged for others end now
@@ -244,7 +280,15 @@ func (o *Owner) Stop() error {
 		}
 		if o.master != nil {
 			o.master.close()
-			close(o.idleStop)
+			o.stopIdle()
+		}
+		// Everything the ending goroutine waits on is shut now, and its master calls fail
+		// at once after a timeout: it ends soon. Peer calls that read or write the segment are waited
+		// for too; only then is the segment unmapped (closeResources).
+		<-done
+		o.closeSegmentUsers()
+		if timedOut {
+			o.log.Warn().Dur("took", time.Since(t0)).Msg("shutdown: the cut-short work has ended")
 		}
 		o.wg.Wait()
 		o.closeResources()
@@ -252,6 +296,22 @@ func (o *Owner) Stop() error {
 	})
 	return nil
 }
+
+// failStart undoes a Start that failed after the acker started: the background loops
+// stop and are joined, then the resources close.
+func (o *Owner) failStart() {
+	o.master.close() // the heartbeat loop ends
+	o.stopIdle()
+	if o.store != nil {
+		o.store.Close() // forwardEvictions ends
+	}
+	o.acks.close()
+	o.wg.Wait()
+	o.closeResources()
+}
+
+// stopIdle ends the idle loop (once).
+func (o *Owner) stopIdle() { o.idleOnce.Do(func() { close(o.idleStop) }) }
 
 func (o *Owner) closeResources() {
 	if o.stager != nil {
@@ -301,45 +361,31 @@ func errCode(code common.ErrorCode, format string, args ...any) error {
 	return wire.Errorf(code, format, args...)
 }
 
-// startDataPlane serves pulls from the segment, makes the puller, and fixes the
-// advertised peer and data addresses (refusing loopback ones in a cluster whose master
-// is not on loopback).
-func (o *Owner) startDataPlane() error {
-	var err error
-	o.peerAddr, err = advertise(o.peer.ln.Addr(), o.opts.AdvertiseHost, o.opts.MasterAddr)
-	if err != nil {
-		return err
-	}
-	// A master names the address it dials in its proof: this one, or the local address.
-	o.peer.check.Advertise(o.peerAddr)
-	if err := checkReachable("--peer-listen", o.opts.PeerListen, o.peerAddr, o.opts.MasterAddr); err != nil {
-		return err
-	}
-	o.data, err = transfer.Listen(o.opts.DataListen, segmentSource{o}, transfer.ServerOptions{
-		Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
-	if err != nil {
-		return fmt.Errorf("data plane: %w", err)
-	}
-	o.dataAddr, err = advertise(o.data.Addr(), o.opts.AdvertiseHost, o.opts.MasterAddr)
-	if err != nil {
-		return err
-	}
-	if err := checkReachable("--data-listen", o.opts.DataListen, o.dataAddr, o.opts.MasterAddr); err != nil {
-		return err
-	}
-	o.puller = transfer.NewClient(transfer.ClientOptions{Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
-	o.peers = peerclient.New(o.opts.Secrets, time.Second)
-	o.log.Info().Str("peer", o.peerAddr).Str("data", o.dataAddr).Msg("peer service and data plane serving")
-	return nil
+// regEpoch is the registration epoch, read before a master call whose answer must not
+// straddle a registration.
+func (o *Owner) regEpoch() uint64 {
+	st := o.lock()
+	defer o.unlock()
+	return st.reg.epoch
 }
 
-// stopDataPlane stops serving and making pulls (a get pulling meanwhile fails and
-// revokes); later calls do nothing more. The fields stay set: gets may still read them.
-func (o *Owner) stopDataPlane() {
-	if o.data != nil {
-		o.data.Close()
-	}
-	if o.puller != nil {
-		o.puller.Close()
-	}
+// replicaMark is the replica index's mark for an answer to a call starting now.
+func (o *Owner) replicaMark() uint64 {
+	st := o.lock()
+	defer o.unlock()
+	return st.replicas.mark()
+}
+
+// admit is ownerState.admit taking Owner.mu.
+func (o *Owner) admit(epoch int64) error {
+	st := o.lock()
+	defer o.unlock()
+	return st.admit(epoch)
+}
+
+// masterEpoch is the epoch of the master this owner last registered with (0: none).
+func (o *Owner) masterEpoch() int64 {
+	st := o.lock()
+	defer o.unlock()
+	return st.reg.masterEpoch
 }

@@ -24,6 +24,7 @@ type peerServer struct {
 	svr   server.Server
 	check *auth.MasterCheck // nil: no master keys
 	once  sync.Once
+	ran   chan struct{} // closed when Run returned
 }
 
 func startPeerServer(o *Owner, addr string) (*peerServer, error) {
@@ -43,23 +44,27 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
 		server.WithExitWaitTime(500*time.Millisecond),
 	), o.opts.testPeerServerOpts...)...)
-	errc := make(chan error, 1)
-	go func() { errc <- svr.Run() }()
+	errc, ran := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(ran)
+		errc <- svr.Run()
+	}()
 	select {
 	case err := <-errc:
 		return nil, fmt.Errorf("peer serve: %w", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	return &peerServer{ln: ln, svr: svr, check: check}, nil
+	return &peerServer{ln: ln, svr: svr, check: check, ran: ran}, nil
 }
 
 func (p *peerServer) addr() string { return p.ln.Addr().String() }
 
-// stop stops serving; later calls do nothing.
+// stop stops serving and waits for the server's goroutine; later calls do nothing.
 func (p *peerServer) stop() {
 	p.once.Do(func() {
 		p.svr.Stop()
 		p.ln.Close() // Kitex closed it; this also drains connections if it did not
+		<-p.ran
 	})
 }
 
@@ -79,7 +84,7 @@ func (h *peerHandler) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplic
 	resp := &peer.SsdReplicaPersistResponse{}
 	err := h.masterOnly(ctx, "SsdReplicaPersist")
 	if err == nil {
-		err = h.o.master.admit(req.MasterEpoch)
+		err = h.o.admit(req.MasterEpoch)
 	}
 	if err == nil {
 		err = h.o.persist(req)
@@ -100,7 +105,7 @@ func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*p
 	resp := &peer.PullPutResponse{}
 	err := h.masterOnly(ctx, "PullPut")
 	if err == nil {
-		err = h.o.master.admit(req.MasterEpoch)
+		err = h.o.admit(req.MasterEpoch)
 	}
 	if err == nil {
 		err = h.o.pullPut(ctx, req)
@@ -123,23 +128,22 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_STALE_GENERATION,
 			Message: fmt.Sprintf("ReleaseHotSet for generation %d reached generation %d", req.Generation, o.generation)}, nil
 	}
-	if err := o.master.admit(req.MasterEpoch); err != nil {
+	if err := o.admit(req.MasterEpoch); err != nil {
 		resp := &peer.ReleaseHotSetResponse{}
 		resp.Code, resp.Message = wire.ToResponse(err)
 		return resp, nil
 	}
-	o.mu.Lock()
-	acks, released := o.cache.release(req.Bytes)
-	o.ackLocked(acks...)
-	o.mu.Unlock()
-	if len(acks) > 0 {
+	st := o.lock()
+	n, released := st.releaseHotSet(req.Bytes)
+	o.unlock()
+	if n > 0 {
 		o.acks.sync()
-		o.log.Debug().Int("holdings", len(acks)).Int64("bytes", released).Msg("hot set given back to the master")
+		o.log.Debug().Int("holdings", n).Int64("bytes", released).Msg("hot set given back to the master")
 	}
 	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK, ReleasedBytes: released}, nil
 }
 
-// InvalidateCachedInfo drops cached infos of keys another owner overwrote or deleted.
+// InvalidateCachedInfo drops from the hot set the keys another owner overwrote or deleted.
 func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	o := h.o
 	if err := h.masterOnly(ctx, "InvalidateCachedInfo"); err != nil {
@@ -147,17 +151,17 @@ func (h *peerHandler) InvalidateCachedInfo(ctx context.Context, req *peer.Invali
 		resp.Code, resp.Message = wire.ToResponse(err)
 		return resp, nil
 	}
-	if err := o.master.admit(req.MasterEpoch); err != nil {
+	if err := o.admit(req.MasterEpoch); err != nil {
 		resp := &peer.InvalidateCachedInfoResponse{}
 		resp.Code, resp.Message = wire.ToResponse(err)
 		return resp, nil
 	}
-	o.mu.Lock()
+	st := o.lock()
 	for _, e := range req.Entries {
 		if e != nil {
-			o.invalidateLocked(e.Key, e.PutId)
+			st.invalidate(e.Key, e.PutId)
 		}
 	}
-	o.mu.Unlock()
+	o.unlock()
 	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
 }

@@ -36,9 +36,11 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return err
 	}
-	o.mu.Lock()
-	epoch := o.regEpoch
-	o.mu.Unlock()
+	if !o.useSegment() {
+		return errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
+	}
+	defer o.doneSegment()
+	epoch := o.regEpoch()
 	var pin ssd.CommitPin
 	var err error
 	if req.SourceNodeId == "" || req.SourceNodeId == o.opts.NodeID {
@@ -61,10 +63,7 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 		return errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
 	}
 	defer pin.Release()
-	o.mu.Lock()
-	moved := o.regEpoch != epoch
-	o.mu.Unlock()
-	if moved {
+	if o.regEpoch() != epoch {
 		// The owner registered with another master while the replica was read: that
 		// master never retained the source range for this persist and may have handed
 		// it out meanwhile, so the bytes read may not be the value's.

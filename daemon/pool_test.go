@@ -13,6 +13,7 @@ import (
 // back twice through another owner with no miss and no wrong byte: the reader fills
 // up with promoted copies, and eviction takes those duplicates before any sole copy.
 func TestClusterPool(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "128MiB")
 	const n, size = 300, 1<<20 - 128
 	keys := make([]string, n)

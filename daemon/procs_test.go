@@ -2,22 +2,20 @@ package daemon_test
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cloudwego/kitex/pkg/klog"
+
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
@@ -26,28 +24,24 @@ import (
 // has it.
 var bin string
 
-// Timing budgets of the process tests. `make test` runs them against bin/fluxkv-race
-// (several times slower) on two busy cores, so each is a generous deadline on a
-// condition, never an expected speed.
+// Timing budgets of the process tests: generous deadlines on a condition, never an
+// expected speed (proctest says why).
 const (
-	startBudget = 60 * time.Second // a process to open its socket or listen
-	// stopBudget is how long SIGTERM may take: the owner's own shutdown timeout is 4 s,
-	// the systemd units allow 20 s.
-	stopBudget = 20 * time.Second
+	startBudget = proctest.StartBudget // a process to open its socket or listen
+	stopBudget  = proctest.StopBudget  // SIGTERM to the exit
 )
 
-// raceReport marks a race detector report in a child's stderr.
-const raceReport = "WARNING: DATA RACE"
+// The race detector in a -race child: its report, its exit status, and the GORACE
+// that makes it stop at the first race with that status.
+const (
+	raceReport   = proctest.RaceReport
+	raceExitCode = proctest.RaceExitCode
+)
 
-// raceExitCode is the exit status a -race child uses when it found a race (GORACE
-// exitcode, set by start).
-const raceExitCode = 66
-
-// raceEnv makes a -race child stop at its first race with raceExitCode (a plain
-// binary ignores GORACE).
-var raceEnv = "GORACE=halt_on_error=1 exitcode=" + strconv.Itoa(raceExitCode)
+var raceEnv = proctest.RaceEnv
 
 func TestMain(m *testing.M) {
+	klog.SetLevel(klog.LevelWarn) // the library leaves Kitex's global logger alone; tests quiet it
 	if mode := os.Getenv("FLUXKV_TEST_CHILD"); mode != "" {
 		os.Exit(runChild(mode))
 	}
@@ -55,7 +49,6 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	bin = filepath.Join(dir, "fluxkv")
 	// One cluster secret for every master and owner this test binary starts.
 	clusterSecret = filepath.Join(dir, "cluster.secret")
 	if err := auth.GenerateSecretFile(clusterSecret); err != nil {
@@ -66,20 +59,12 @@ func TestMain(m *testing.M) {
 	if err := auth.GenerateMasterKeyFiles(masterKeyFile, masterPubKeyFile); err != nil {
 		panic(err)
 	}
-	if p := os.Getenv("FLUXKV_BIN"); p != "" {
-		bin = p
-	} else {
-		args := []string{"build", "-o", bin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, "../cmd/fluxkv")...).CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "build fluxkv: %v\n%s", err, out)
-			os.Exit(1)
-		}
+	if bin, err = proctest.Binary(raceEnabled); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	code := m.Run()
+	proctest.RemoveBuilt()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -99,25 +84,26 @@ func ownerAuth() []string {
 }
 
 // proc is a fluxkv process started by a test; Cleanup stops it with SIGTERM and checks
-// that it exits 0 and leaves no socket behind.
+// that it exits 0 and leaves no socket behind. Tests that run fluxkv under prlimit or
+// a cgroup build one from its fields (cmd, stderr, done) and use its methods.
 type proc struct {
 	t      testing.TB
 	cmd    *exec.Cmd
-	stderr *syncWriter
+	stderr *proctest.Buffer
 	socket string
 	addr   string // master address, for master processes
 	done   chan error
 	exited bool
 }
 
+// freePort is a loopback address with a port free right now.
 func freePort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := proctest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 func start(t testing.TB, args ...string) *proc {
@@ -128,7 +114,7 @@ func start(t testing.TB, args ...string) *proc {
 // startWrapped runs fluxkv under a wrapper command (e.g. `ip netns exec NS`).
 func startWrapped(t testing.TB, wrapper []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, stderr: &syncWriter{b: &bytes.Buffer{}}, done: make(chan error, 1)}
+	p := &proc{t: t, stderr: &proctest.Buffer{}, done: make(chan error, 1)}
 	argv := append(append(slices.Clone(wrapper), bin, "--log-level", "debug"), args...)
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Env = append(os.Environ(), raceEnv)
@@ -160,17 +146,8 @@ func startMaster(t testing.TB, addr string, extra ...string) *proc {
 	}
 	p := start(t, append(append([]string{"master", "--listen", addr, "--node-ttl", "2s"}, masterAuth()...), extra...)...)
 	p.addr = addr
-	deadline := time.Now().Add(startBudget)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return p
-		}
-		p.checkAlive()
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("master did not listen on %s:\n%s", addr, p.stderr)
-	return nil
+	p.waitFor("the master to listen on "+addr, func() bool { return proctest.Accepts("tcp", addr) })
+	return p
 }
 
 // startOwner runs `fluxkv owner` against a master and waits for its socket.
@@ -200,23 +177,28 @@ func (p *proc) checkAlive() {
 		if msg := p.raced(err); msg != "" {
 			p.t.Fatal(msg)
 		}
-		p.t.Fatalf("fluxkv exited early (%v):\n%s", err, p.stderr)
+		p.t.Fatalf("%s exited early (%v):\n%s", p.name(), err, tail(p.stderr.String()))
 	default:
 	}
 }
 
+// waitSocket waits for p.socket to accept (a crashed predecessor may have left a stale
+// socket file).
 func (p *proc) waitSocket() {
+	p.waitFor("socket "+p.socket+" to accept", func() bool { return proctest.Accepts("unix", p.socket) })
+}
+
+// waitFor polls cond for up to startBudget; an early exit or the deadline fails the test.
+func (p *proc) waitFor(what string, cond func() bool) {
+	p.t.Helper()
 	deadline := time.Now().Add(startBudget)
-	for time.Now().Before(deadline) {
-		// A crashed predecessor may have left a stale socket file: wait for one that accepts.
-		if c, err := net.Dial("unix", p.socket); err == nil {
-			c.Close()
-			return
-		}
+	for !cond() {
 		p.checkAlive()
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: gave up waiting %v for %s:\n%s", p.name(), startBudget, what, tail(p.stderr.String()))
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.t.Fatalf("socket %s did not appear:\n%s", p.socket, p.stderr)
 }
 
 // stop sends SIGTERM and requires a clean exit within stopBudget with the sockets
@@ -232,7 +214,7 @@ func (p *proc) stop() {
 		if msg := p.raced(err); msg != "" {
 			p.t.Error(msg)
 		} else if err != nil {
-			p.t.Errorf("fluxkv exited with %v after SIGTERM:\n%s", err, tail(p.stderr.String()))
+			p.t.Errorf("%s exited with %v after SIGTERM:\n%s", p.name(), err, tail(p.stderr.String()))
 		}
 	case <-time.After(stopBudget):
 		p.cmd.Process.Kill()
@@ -240,7 +222,7 @@ func (p *proc) stop() {
 		if msg := p.raced(nil); msg != "" {
 			p.t.Error(msg)
 		}
-		p.t.Errorf("fluxkv did not exit within %v of SIGTERM:\n%s", stopBudget, tail(p.stderr.String()))
+		p.t.Errorf("%s did not exit within %v of SIGTERM:\n%s", p.name(), stopBudget, tail(p.stderr.String()))
 	}
 	if p.socket != "" {
 		for _, s := range []string{p.socket, p.socket + ".rpc"} {
@@ -266,50 +248,16 @@ func (p *proc) kill() {
 // raced says why the exited process shows a race, or "" when it does not: a race
 // report in its stderr, or waitErr carrying the race detector's exit status.
 func (p *proc) raced(waitErr error) string {
-	log := p.stderr.String()
-	if i := strings.Index(log, raceReport); i >= 0 {
-		// The report and what follows it (halt_on_error makes it the end of the log).
-		if j := strings.LastIndex(log[:i], "\n"); j >= 0 {
-			i = j + 1
-		}
-		return fmt.Sprintf("the race detector reported a race in fluxkv %s (%v):\n%s",
-			strings.Join(p.cmd.Args[1:], " "), waitErr, tailN(log[i:], 16000))
-	}
-	var ee *exec.ExitError
-	if errors.As(waitErr, &ee) && ee.ExitCode() == raceExitCode {
-		return fmt.Sprintf("fluxkv %s exited with status %d, the race detector's:\n%s",
-			strings.Join(p.cmd.Args[1:], " "), raceExitCode, tail(log))
-	}
-	return ""
+	return proctest.RaceFailure(p.name(), p.stderr.String(), waitErr)
 }
+
+// name names the process in failure messages: fluxkv and its arguments.
+func (p *proc) name() string { return "fluxkv " + strings.Join(p.cmd.Args[1:], " ") }
 
 // tail is the end of a process's log, for a failure message.
 func tail(s string) string { return tailN(s, 4000) }
 
-func tailN(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
-}
-
-// syncWriter lets the process's stderr be read while it is being written.
-type syncWriter struct {
-	mu sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (w *syncWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(b)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
+func tailN(s string, n int) string { return proctest.Tail(s, n) }
 
 func connect(t testing.TB, socket string) *fluxkv.Client {
 	t.Helper()

@@ -36,19 +36,17 @@ func TestPullPutAcrossRegister(t *testing.T) {
 	req := &peer.PullPutRequest{Key: "k", PutId: 77, Generation: o.generation, TargetOffset: 1 << 20, Len: 4096,
 		SourceNodeId: "n9", SourceGeneration: 1, SourceDataAddr: ln.Addr().String()}
 
-	o.mu.Lock()
-	o.registering = true
-	o.mu.Unlock()
+	o.lock().reg.registering = true
+	o.unlock()
 	if err := o.pullPut(context.Background(), req); err == nil || !strings.Contains(err.Error(), "registering") {
 		t.Fatalf("PullPut during a registration: %v", err)
 	}
-	o.mu.Lock()
-	o.registering = false
-	o.mu.Unlock()
+	o.lock().reg.registering = false
+	o.unlock()
 
 	pullErr := make(chan error, 1)
 	go func() { pullErr <- o.pullPut(context.Background(), req) }()
-	waitUntil(t, func() bool { o.mu.Lock(); defer o.mu.Unlock(); return len(o.pulls) == 1 })
+	waitUntil(t, func() bool { defer o.unlock(); return o.lock().writes.count(writePull) == 1 })
 
 	m2 := restartMaster(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -66,10 +64,10 @@ func TestPullPutAcrossRegister(t *testing.T) {
 	if got := nodeHolders(t, m2); got != 0 {
 		t.Fatalf("the pin was not acked: the new master holds %d ranges of n1", got)
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.pulls) != 0 {
-		t.Fatalf("%d pulls still tracked", len(o.pulls))
+	st := o.lock()
+	defer o.unlock()
+	if n := st.writes.count(writePull); n != 0 {
+		t.Fatalf("%d pulls still tracked", n)
 	}
 }
 

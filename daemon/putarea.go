@@ -37,18 +37,15 @@ func (b *putAreaBudget) release(size int64) {
 	b.used -= size
 }
 
-// newPutAreaLocked reserves and creates a session's put area (nil without isolation).
-func (o *Owner) newPutAreaLocked(clientID int64) (*shm.Segment, error) {
-	if !o.opts.ClientIsolation {
+// newPutAreaLocked creates the put area of size bytes for client id (nil for size 0:
+// no isolation); a failure gives the size back to the budget.
+func (o *Owner) newPutAreaLocked(st *ownerState, clientID, size int64) (*shm.Segment, error) {
+	if size == 0 {
 		return nil, nil
-	}
-	size, err := o.areas.reserve()
-	if err != nil {
-		return nil, err
 	}
 	area, err := shm.CreatePutArea(fmt.Sprintf("fluxkv-%s-put-%d", o.opts.NodeID, clientID), size)
 	if err != nil {
-		o.areas.release(size)
+		st.areas.release(size)
 		return nil, errCode(common.ErrorCode_NO_SPACE, "create the session's put area of %d bytes: %v", size, err)
 	}
 	return area, nil
@@ -57,13 +54,13 @@ func (o *Owner) newPutAreaLocked(clientID int64) (*shm.Segment, error) {
 // closePutArea unmaps and closes the area of an ended session (no copy runs: endSession
 // waited for them) and returns its bytes to the budget.
 func (o *Owner) closePutArea(c *session) {
-	o.mu.Lock()
+	st := o.lock()
 	area := c.area
 	c.area = nil
 	if area != nil {
-		o.areas.release(area.Size())
+		st.areas.release(area.Size())
 	}
-	o.mu.Unlock()
+	o.unlock()
 	if area != nil {
 		if err := area.Close(); err != nil {
 			o.log.Warn().Err(err).Int64("client", c.id).Msg("close put area")

@@ -38,10 +38,10 @@ func checkCopies(copies []*external.AreaCopy, valueLen, areaLen int64) error {
 	return nil
 }
 
-// checkPutCopiesLocked validates copies into the pending put p of session c: none
-// without isolation; under it, ranges inside p's value and c's area, and p's target
-// inside the segment (the master placed it; a bad range would be an owner crash).
-func (o *Owner) checkPutCopiesLocked(c *session, p *pendingPut, copies []*external.AreaCopy) error {
+// checkPutCopies validates copies into the pending put p of session c: none without
+// isolation; under it, ranges inside p's value and c's area, and p's target inside the
+// segment (the master placed it; a bad range would be an owner crash).
+func (st *ownerState) checkPutCopies(c *session, p *pendingPut, copies []*external.AreaCopy) error {
 	if len(copies) == 0 {
 		return nil
 	}
@@ -51,8 +51,8 @@ func (o *Owner) checkPutCopiesLocked(c *session, p *pendingPut, copies []*extern
 	if err := checkCopies(copies, p.len, c.area.Size()); err != nil {
 		return err
 	}
-	if p.offset < 0 || p.len > o.seg.Size() || p.offset > o.seg.Size()-p.len {
-		return errCode(common.ErrorCode_INTERNAL, "put %d: target [%d, +%d) is outside the %d-byte segment", p.putID, p.offset, p.len, o.seg.Size())
+	if p.offset < 0 || p.len > st.segSize || p.offset > st.segSize-p.len {
+		return errCode(common.ErrorCode_INTERNAL, "put %d: target [%d, +%d) is outside the %d-byte segment", p.putID, p.offset, p.len, st.segSize)
 	}
 	return nil
 }
@@ -78,34 +78,34 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 	if err := checkCopyCount(len(copies)); err != nil {
 		return err
 	}
-	o.mu.Lock()
+	st := o.lock()
 	p := c.puts[putID]
 	switch {
 	case c.closed:
-		o.mu.Unlock()
-		return errCode(common.ErrorCode_UNAVAILABLE, "session closed")
+		o.unlock()
+		return errSessionClosed()
 	case p == nil || p.key != key || p.ending != nil:
-		o.mu.Unlock()
+		o.unlock()
 		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ending, ended or aborted)", putID)
 	}
-	if err := o.checkPutCopiesLocked(c, p, copies); err != nil {
-		o.mu.Unlock()
+	if err := st.checkPutCopies(c, p, copies); err != nil {
+		o.unlock()
 		return err
 	}
 	p.copying++
 	c.copying++
 	area := c.area
-	o.mu.Unlock()
+	o.unlock()
 	o.copyIn(area, p, copies)
-	o.mu.Lock()
+	o.lock()
 	p.copying--
 	c.copying--
 	o.copied.Broadcast()
-	o.mu.Unlock()
+	o.unlock()
 	return nil
 }
 
-// waitCopiesLocked waits (releasing o.mu meanwhile) until no copy into p runs.
+// waitCopiesLocked waits (releasing Owner.mu meanwhile) until no copy into p runs.
 func (o *Owner) waitCopiesLocked(p *pendingPut) {
 	for p.copying > 0 {
 		o.copied.Wait()

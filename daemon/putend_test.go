@@ -40,6 +40,7 @@ func rawPutEnd(t *testing.T, c *fluxkv.Client, key string, putID int64) *externa
 // session after a lost reply; the owner answers the first outcome, also while the
 // first is still running, and forgets puts older than its memory.
 func TestPutEndRepeated(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{})
 	c := n.c
 	s := rawPutStart(t, c, "k", 1000)

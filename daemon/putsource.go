@@ -14,10 +14,8 @@ import (
 // (a master bug, or a member pulling with a put's fence) from being served other bytes
 // of the segment under the put's name. Put, get and holder ids share the master's one
 // counter, so a get's pull never matches a put here.
-func (o *Owner) checkPutSource(id, offset, length int64) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, c := range o.sessions {
+func (st *ownerState) checkPutSource(id, offset, length int64) error {
+	for _, c := range st.sessions {
 		p := c.puts[id]
 		if p == nil || p.local {
 			continue

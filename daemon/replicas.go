@@ -27,7 +27,7 @@ type indexNote struct {
 }
 
 // indexNotes is how many recent notes the index keeps for learn: a master call during
-// which more changes happened learns nothing (a missing record only costs a cache entry
+// which more changes happened learns nothing (a missing record only costs a hot-set entry
 // after a master restart; a stale one could serve a dead version).
 const indexNotes = 4096
 

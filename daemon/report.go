@@ -18,55 +18,33 @@ import (
 // registration's own bound).
 func (o *Owner) reportReplicas() {
 	t0 := time.Now()
-	o.mu.Lock()
-	mem := o.replicas.records()
-	o.mu.Unlock()
+	st := o.lock()
+	mem := st.replicas.records()
+	o.unlock()
 	var onSSD []replicaRecord
 	if o.store != nil {
 		for _, e := range o.store.Committed() {
 			onSSD = append(onSSD, replicaRecord{key: e.Key, putID: e.PutID, len: e.Length})
 		}
 	}
-	total := len(mem) + len(onSSD)
-	recs := make([]*mp.ReplicaRecord, 0, total)
-	for _, r := range mem {
-		recs = append(recs, &mp.ReplicaRecord{Key: r.key, PutId: r.putID, Len: r.len, Memory: true, Offset: r.offset})
-	}
-	for _, r := range onSSD {
-		recs = append(recs, &mp.ReplicaRecord{Key: r.key, PutId: r.putID, Len: r.len, Ssd: true})
-	}
-	record := func(i int) replicaRecord {
-		if i < len(mem) {
-			return mem[i]
-		}
-		return onSSD[i-len(mem)]
-	}
-	refuse := func(i int) {
-		r := record(i)
-		if i < len(mem) {
-			o.replicas.forget(r)
-		} else {
-			o.store.Forget(r.key, r.putID)
-		}
-	}
+	rep := newReplicaReport(mem, onSSD, int(mp.REPORT_BATCH))
+	total, recs := len(rep.recs), rep.recs
+	refuse := rep.refuse
 	adopted := 0
-	batch := int(mp.REPORT_BATCH)
-	// The last batch says so (an empty index sends one empty batch): until then the
-	// master places no other owner's put here.
-	for start := 0; start == 0 || start < total; start += batch {
-		end := min(start+batch, total)
+	for _, b := range rep.batches() {
+		start, end := b[0], b[1]
 		ctx, cancel := o.master.ctx()
 		resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Records: recs[start:end], Last: end == total})
 		cancel()
 		if err == nil && resp.Code != common.ErrorCode_OK {
 			err = errCode(resp.Code, "%s", resp.Message)
 		}
-		o.mu.Lock()
+		st := o.lock()
 		if err != nil {
 			for i := start; i < total; i++ {
-				refuse(i)
+				refuse(st, i)
 			}
-			o.mu.Unlock()
+			o.unlock()
 			o.log.Warn().Err(err).Int("reported", start).Int("records", total).Int("adopted", adopted).
 				Msg("replica report failed; the unreported records are forgotten")
 			o.endReport()
@@ -74,12 +52,12 @@ func (o *Owner) reportReplicas() {
 		}
 		for _, i := range resp.Rejected {
 			if int(i) >= 0 && int(i) < end-start {
-				refuse(start + int(i))
+				refuse(st, start+int(i))
 			}
 		}
-		o.mu.Unlock()
+		o.unlock()
 		adopted += end - start - len(resp.Rejected)
-		if total > batch { // a long report shows its progress
+		if total > rep.batch { // a long report shows its progress
 			o.log.Info().Int("reported", end).Int("records", total).Int("adopted", adopted).Msg("replica report progress")
 		}
 	}
@@ -103,13 +81,9 @@ func (o *Owner) endReport() {
 	}
 }
 
-// forgetReplicas drops the replica index and the SSD ring's entries: the master they
-// were registered with forgot them.
-func (o *Owner) forgetReplicas(why string) {
-	o.mu.Lock()
-	n := o.replicas.len()
-	o.replicas.reset()
-	o.mu.Unlock()
+// forgetSSD drops the SSD ring's entries: the master they were registered with forgot
+// them (ownerState.endRegister dropped the replica index already).
+func (o *Owner) forgetSSD(why string) {
 	dropped := 0
 	if o.store != nil {
 		for _, e := range o.store.Committed() {
@@ -118,24 +92,46 @@ func (o *Owner) forgetReplicas(why string) {
 			}
 		}
 	}
-	o.log.Warn().Str("why", why).Int("memory", n).Int("ssd", dropped).Msg("replica index forgotten")
+	o.log.Warn().Str("why", why).Int("ssd", dropped).Msg("replica index and SSD entries forgotten")
 }
 
-// applyEvictions drops the records of memory replicas the master evicted, and the SSD
-// entries it no longer routes to.
-func (o *Owner) applyEvictions(evicted, ssdDropped []*common.KeyVersion) {
-	o.mu.Lock()
-	for _, e := range evicted {
-		if e != nil {
-			o.replicas.drop(e.Key, e.PutId)
-		}
+// replicaReport is one report of the replica index (mem) and the SSD ring's entries
+// (ssd) to a new master, as wire records cut in batches of batch.
+type replicaReport struct {
+	mem, ssd []replicaRecord
+	recs     []*mp.ReplicaRecord
+	batch    int
+}
+
+func newReplicaReport(mem, ssd []replicaRecord, batch int) *replicaReport {
+	r := &replicaReport{mem: mem, ssd: ssd, batch: batch, recs: make([]*mp.ReplicaRecord, 0, len(mem)+len(ssd))}
+	for _, x := range mem {
+		r.recs = append(r.recs, &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Memory: true, Offset: x.offset})
 	}
-	o.mu.Unlock()
-	if o.store != nil {
-		for _, e := range ssdDropped {
-			if e != nil {
-				o.store.Forget(e.Key, e.PutId)
-			}
-		}
+	for _, x := range ssd {
+		r.recs = append(r.recs, &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Ssd: true})
 	}
+	return r
+}
+
+// batches are the [start, end) record ranges of the report's calls. The last batch
+// says so (ReportReplicasRequest.last; an empty report sends one empty batch): until
+// then the master places no other owner's put here.
+func (r *replicaReport) batches() [][2]int {
+	var out [][2]int
+	for start := 0; start == 0 || start < len(r.recs); start += r.batch {
+		out = append(out, [2]int{start, min(start+r.batch, len(r.recs))})
+	}
+	return out
+}
+
+// refuse forgets record i, which the master did not adopt (rejected, or left unsent):
+// a memory record leaves the replica index, an SSD entry the ring.
+func (r *replicaReport) refuse(st *ownerState, i int) {
+	if i < len(r.mem) {
+		st.replicas.forget(r.mem[i])
+		return
+	}
+	x := r.ssd[i-len(r.mem)]
+	st.fx.ssdForget = append(st.fx.ssdForget, &common.KeyVersion{Key: x.key, PutId: x.putID})
 }

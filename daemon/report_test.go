@@ -16,6 +16,7 @@ import (
 // only the first registers and reports the replica index: a second would make the new
 // master drop the incarnation the first rebuilt, and the owner its index.
 func TestRegisterOnceAfterMasterRestart(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true})
 	const keys = 10
 	for i := range keys {
@@ -59,6 +60,9 @@ func TestRegisterOnceAfterMasterRestart(t *testing.T) {
 // the master gone, a hot key is still served at once, and once the lease ran out the
 // get goes to the master (and fails: it is gone) instead of answering what another
 // owner's delete may have killed meanwhile.
+//
+// Not parallel: the get right after the master stops must land within the lease left
+// (two 1 s heartbeat periods after the last heartbeat, less a margin: about 1 s).
 func TestLeaseEndsCachedGets(t *testing.T) {
 	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true, HeartbeatInterval: time.Second, NodeTTL: 5 * time.Second})
 	if err := n.c.Put("hot", value(1, 5000)); err != nil {

@@ -212,6 +212,9 @@ func (r *recovery) summary() (n int, when, gets string) {
 // before the kill comes back; holders open across the restart keep their bytes; the
 // new master never hands out a reported range again (every recovered value still reads
 // byte-exact after 50 more puts); nothing leaks.
+//
+// Not parallel: the recovery window includes this test's own reads, which slow
+// down several times over when other tests share the two cores.
 func TestMasterRestartKeepsCache(t *testing.T) {
 	cl := startCluster(t, 3, "64MiB")
 	const n = 1000
@@ -423,6 +426,9 @@ func TestMasterRestartKeepsCache(t *testing.T) {
 // of the new master listening (>= 99%); the restarted owner is a new, empty generation:
 // its predecessor's keys read KEY_NOT_FOUND through every owner, and puts through it
 // work and read back everywhere; nothing leaks.
+//
+// Not parallel: the recovery window includes this test's own reads, which slow
+// down several times over when other tests share the two cores.
 func TestMasterRestartWithOwner(t *testing.T) {
 	cl := startCluster(t, 2, "32MiB")
 	const n = 100
@@ -523,8 +529,13 @@ func TestMasterRestartWithOwner(t *testing.T) {
 }
 
 // TestMasterRestartReportsInBatches: an index larger than one report (REPORT_BATCH,
-// 4,096 records) goes in several calls, and every record is adopted: 5,000 small values
-// of one owner are all readable, byte-exact, within 5 s of the new master's start.
+// 4,096 records) goes in several calls, and every record is adopted within 5 s of the
+// new master's start (the owner's log says so); then all 5,000 small values of the owner
+// exist and read back byte-exact. The window does not include this test's own 5,000-key
+// reads (each key one master call today: seconds under -race on a busy machine).
+//
+// Not parallel: the report must finish within the window while other tests share
+// the two cores.
 func TestMasterRestartReportsInBatches(t *testing.T) {
 	cl := startCluster(t, 1, "16MiB")
 	c := cl.clients[0]
@@ -547,19 +558,19 @@ func TestMasterRestartReportsInBatches(t *testing.T) {
 	cl.master.kill()
 	cl.master = startMaster(t, cl.master.addr)
 	t0 := time.Now()
-	waitFor(t, recoveryWindow, "every key back after the restart", func() bool {
-		found, err := c.BatchExists(keys)
-		if err != nil {
-			return false
-		}
-		for _, ok := range found {
-			if !ok {
-				return false
-			}
-		}
-		return true
+	waitFor(t, recoveryWindow, "every record adopted after the restart", func() bool {
+		return strings.Contains(cl.owners[0].stderr.String(), `"adopted":5000`)
 	})
-	t.Logf("%d keys back %v after the new master started", n, time.Since(t0).Round(time.Millisecond))
+	t.Logf("%d records adopted %v after the new master started", n, time.Since(t0).Round(time.Millisecond))
+	found, err := c.BatchExists(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range found {
+		if !ok {
+			t.Fatalf("%s does not exist after the report was adopted", keys[i])
+		}
+	}
 	hs, errs, err := c.BatchGet(keys)
 	if err != nil {
 		t.Fatal(err)
@@ -573,14 +584,14 @@ func TestMasterRestartReportsInBatches(t *testing.T) {
 		}
 		h.Release()
 	}
-	if log := cl.owners[0].stderr.String(); !strings.Contains(log, `"adopted":5000`) {
-		t.Errorf("the owner's log does not say all 5000 records were adopted:\n%s", tail(log))
-	}
 	leakCheck(t, c, keys...)
 }
 
 // TestMasterRestartKeepsSSD: values whose only copy is on an owner's SSD come back too:
 // the owner reports its SSD ring's entries and the new master routes gets to them.
+//
+// Not parallel: the recovery window includes this test's own reads, which slow
+// down several times over when other tests share the two cores.
 func TestMasterRestartKeepsSSD(t *testing.T) {
 	ssdDir := t.TempDir()
 	if err := ssd.ProbeDirectIO(ssdDir); err != nil {

@@ -36,7 +36,8 @@ func FuzzExternalDispatch(f *testing.F) {
 	for _, m := range authtest.Bombs(externalservice.NewServiceInfo()) {
 		f.Add(m)
 	}
-	o := &Owner{sessions: map[int64]*session{}, cache: newHolderCache(0, 0), generation: 7}
+	o := &Owner{generation: 7}
+	o.mu.st = newOwnerState(stateOptions{generation: 7})
 	s := &framedServer{svc: externalservice.NewServiceInfo(), handler: &externalHandler{o: o}, log: zerolog.Nop()}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		method, typ, seq, off, err := thrift.Binary.ReadMessageBegin(frame)

@@ -1,11 +1,11 @@
 package daemon
 
 import (
+	"cmp"
 	"net"
+	"slices"
 	"time"
 
-	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
-	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
 )
@@ -23,7 +23,7 @@ type session struct {
 	cred  shm.Cred
 	conn  *net.UnixConn // the attach connection: closing it ends the session
 
-	// Protected by Owner.mu.
+	// Part of ownerState (under Owner.mu).
 	holders map[int64]*holding // external holder id → shared holding
 	puts    map[int64]*pendingPut
 	ended   endedPuts
@@ -46,9 +46,11 @@ type pendingPut struct {
 	putID  int64
 	offset int64
 	len    int64
-	// pinned: the master restarted during the put; the new master keeps the range as a
-	// pin (id = putID) that must be acked, and the put cannot complete.
-	pinned bool
+	// write is its entry in segmentWrites while the session has it; once pinned (the
+	// owner registered with a new master during the put) the new master keeps the range
+	// as a pin (id = putID) that must be acked, and the put cannot complete.
+	write    *segmentWrite
+	pinAcked bool // its pin was acked (ownerState.ackPin)
 	// local: the master placed the put on this owner (offset is its replica's range).
 	local bool
 	// ending is closed when the PutEnd in progress finished (nil: none started); a
@@ -91,70 +93,35 @@ func (e *endedPuts) lookup(putID int64, key string) (outcome error, ok bool) {
 	return p.outcome, true
 }
 
-// sessionLocked checks a request's session: known client, matching token, current
-// generation.
-func (o *Owner) sessionLocked(s *external.Session) (*session, error) {
-	if s == nil || (s.ClientId == 0 && s.OwnerGeneration == 0) {
-		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "missing session: attach first")
+// pinned reports whether a registration reported p's range as a pin.
+func (p *pendingPut) pinned() bool { return p.write != nil && p.write.pinned }
+
+// sortedPuts returns a session's puts in put id order.
+func sortedPuts(m map[int64]*pendingPut) []*pendingPut {
+	out := make([]*pendingPut, 0, len(m))
+	for _, p := range m {
+		out = append(out, p)
 	}
-	if s.OwnerGeneration != o.generation {
-		return nil, errCode(common.ErrorCode_STALE_GENERATION, "owner generation %d is not %d: the owner restarted, attach again", s.OwnerGeneration, o.generation)
-	}
-	c := o.sessions[s.ClientId]
-	if c == nil || c.token != s.SessionToken || c.closed {
-		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown client %d or wrong session token: attach first", s.ClientId)
-	}
-	return c, nil
+	slices.SortFunc(out, func(a, b *pendingPut) int { return cmp.Compare(a.putID, b.putID) })
+	return out
 }
 
 // sessionLive reports whether client id names an attached session (the RPC server
 // closes idle connections of dead sessions).
 func (o *Owner) sessionLive(id int64) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	c := o.sessions[id]
-	return c != nil && !c.closed
+	st := o.lock()
+	defer o.unlock()
+	return st.live(id)
 }
 
-// newHolderLocked gives the session a new external holder on h (reviving it if it was
-// idle in the cache).
-func (o *Owner) newHolderLocked(c *session, h *holding) int64 {
-	o.nextID++
-	o.cache.ref(h)
-	c.holders[o.nextID] = h
-	return o.nextID
-}
-
-// releaseLocked drops one external holder. The last reference to a cached holding
-// leaves it idle in the cache for CacheGrace (a get meanwhile revives it without a
-// master trip); an uncached one is acked to the master at once.
-func (o *Owner) releaseLocked(c *session, id int64) bool {
-	h := c.holders[id]
-	if h == nil {
-		return false
-	}
-	delete(c.holders, id)
-	o.ackLocked(o.cache.unref(h, time.Now())...)
-	return true
-}
-
-// ackLocked queues master holder ids for BatchDeleteAck (0 = nothing).
-func (o *Owner) ackLocked(ids ...int64) {
-	for _, id := range ids {
-		if id != 0 {
-			o.acks.add(id)
-		}
-	}
-}
-
-// sweepIdle acks idle cached holdings whose grace ran out (all of them with force).
+// sweepIdle acks idle hot-set holdings whose grace ran out (all of them with force).
 func (o *Owner) sweepIdle(force bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.ackLocked(o.cache.sweep(time.Now(), force)...)
+	st := o.lock()
+	defer o.unlock()
+	st.sweepIdle(time.Now(), force)
 }
 
-// idleLoop ends cache grace periods.
+// idleLoop ends hot-set grace periods.
 func (o *Owner) idleLoop(stop <-chan struct{}) {
 	defer o.wg.Done()
 	t := time.NewTicker(max(o.opts.CacheGrace/2, time.Millisecond))
@@ -170,42 +137,19 @@ func (o *Owner) idleLoop(stop <-chan struct{}) {
 	}
 }
 
-// invalidateLocked declares every version of key up to upTo dead on this owner
-// (math.MaxInt64: any version): its cached info is dropped (live holders keep their
-// bytes) and so are its SSD entries.
-func (o *Owner) invalidateLocked(key string, upTo int64) {
-	o.ackLocked(o.cache.invalidate(key, upTo))
-	o.replicas.drop(key, upTo)
-	if o.store != nil && upTo > 0 {
-		o.store.Forget(key, upTo)
-	}
-}
-
 // endSession releases everything a client held: revokes its in-flight puts and drops
 // its holders. Called when the attach connection closes and at shutdown.
 func (o *Owner) endSession(c *session, why string) {
-	o.mu.Lock()
-	if c.closed {
-		o.mu.Unlock()
+	st := o.lock()
+	puts, nh, ok := st.endSession(c, time.Now())
+	if !ok {
+		o.unlock()
 		return
 	}
-	c.closed = true
-	delete(o.sessions, c.id)
-	nh := len(c.holders)
-	for id := range c.holders {
-		o.releaseLocked(c, id)
-	}
-	var puts []*pendingPut
-	for _, p := range c.puts {
-		if p.ending == nil { // a PutEnd in progress finishes (or revokes) by itself
-			puts = append(puts, p)
-		}
-	}
-	c.puts = nil
 	for c.copying > 0 { // copies into its puts' ranges, from its area
 		o.copied.Wait()
 	}
-	o.mu.Unlock()
+	o.unlock()
 	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)
 	for _, p := range puts {
 		o.abandonPut(p)

@@ -35,6 +35,7 @@ func shardFiles(t *testing.T, n *node) []string {
 // answer its exact bytes or a clean miss/UNAVAILABLE, never other bytes; each corrupt
 // record is dropped and counted.
 func TestSSDCorruptRecordNeverServed(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{})
 	const size = 1 << 20
@@ -92,6 +93,7 @@ func TestSSDCorruptRecordNeverServed(t *testing.T) {
 // TestSSDDeleteForgetsEntries: deleted and overwritten keys leave the ring's index at
 // once, and used bytes count live records only.
 func TestSSDDeleteForgetsEntries(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 32<<20, so, master.Options{})
 	for i := 0; i < 4; i++ {

@@ -170,6 +170,7 @@ func readAll(t *testing.T, c *fluxkv.Client, keys []string, want func(i int) []b
 // by client isolation: the owner's O_DIRECT reads still land); with SSD off the same
 // workload misses.
 func TestSSDTierReadBack(t *testing.T) {
+	t.Parallel()
 	const dram = 16 << 20
 	sizeOf := func(i int) int { return 512<<10 + i*4099 + 1 } // unaligned, ~0.5–0.7 MiB
 	var keys []string
@@ -212,6 +213,7 @@ func TestSSDTierReadBack(t *testing.T) {
 // TestSSDOverwriteDeleteRace: overwrites and deletes racing in-flight persists never
 // make an old version readable, from memory or from SSD.
 func TestSSDOverwriteDeleteRace(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, ssdOptions(t, 256<<20), master.Options{})
 	const keys, rounds = 4, 30
 	var wg sync.WaitGroup
@@ -278,6 +280,7 @@ func TestSSDOverwriteDeleteRace(t *testing.T) {
 // reports them and the master's routes converge: gets of overwritten keys miss
 // cleanly, never error.
 func TestSSDRingEvictionConverges(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 4<<20, ssdOptions(t, 8<<20), master.Options{})
 	var keys []string
 	for i := 0; i < 40; i++ { // 40 MiB through an 8 MiB ring and a 4 MiB segment
@@ -310,6 +313,7 @@ func TestSSDRingEvictionConverges(t *testing.T) {
 // TestSSDReadErrorReplans: an injected SSD read error drops that SSD replica and the
 // get re-plans: the result is a clean miss, never wrong bytes, and the node serves on.
 func TestSSDReadErrorReplans(t *testing.T) {
+	t.Parallel()
 	faults := &ssd.Faults{}
 	so := ssdOptions(t, 64<<20)
 	so.OpenFile = faults.OpenFile
@@ -418,6 +422,7 @@ func BenchmarkSSDHitGet(b *testing.B) {
 // the persist but never the put: the value reads back from memory, and no SSD replica
 // is published for it.
 func TestSSDWriteErrorLeavesPutIntact(t *testing.T) {
+	t.Parallel()
 	faults := &ssd.Faults{}
 	so := ssdOptions(t, 64<<20)
 	so.OpenFile = faults.OpenFile
@@ -456,6 +461,7 @@ func TestSSDWriteErrorLeavesPutIntact(t *testing.T) {
 // targets whose space is reused by the next refill; they must not keep pushing memory
 // replicas out (a get-only workload would otherwise drain DRAM).
 func TestSSDRefillKeepsMemoryReplicas(t *testing.T) {
+	t.Parallel()
 	const dram, size = 16 << 20, 1<<20 - 128
 	n := startNode(t, dram, ssdOptions(t, 256<<20), master.Options{NoPromotion: true})
 	var keys []string

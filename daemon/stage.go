@@ -63,6 +63,9 @@ type stager struct {
 	o       *Owner
 	metrics *metrics.Stage
 
+	// mu protects mem, free, sessions, changed, closed, and every stageSession's
+	// chunks, held, reads, served and err. Nothing blocking runs under it: SSD reads
+	// and pulls run outside, and waiters select on changed.
 	mu       sync.Mutex
 	mem      []byte // mapped on first use: slots × stageChunk
 	free     []int  // free slot indexes
@@ -353,10 +356,12 @@ func (o *Owner) stageRead(req *peer.SsdStageReadRequest) error {
 }
 
 // watch fails s once a read chunk stays unpulled for stageUnpulled (the requester is
-// gone or stuck): its load stops and its slots go back. The returned func stops it.
+// gone or stuck): its load stops and its slots go back. The returned func stops it and
+// waits for it to end.
 func (st *stager) watch(s *stageSession) (stop func()) {
-	done := make(chan struct{})
+	done, ended := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(ended)
 		tick := time.NewTicker(stageUnpulled / 4)
 		defer tick.Stop()
 		for {
@@ -373,7 +378,10 @@ func (st *stager) watch(s *stageSession) (stop func()) {
 			st.mu.Unlock()
 		}
 	}()
-	return func() { close(done) }
+	return func() {
+		close(done)
+		<-ended
+	}
 }
 
 // waitServed waits until every chunk of s was pulled, or s failed, or ctx ended.

@@ -428,6 +428,12 @@ func (a *Allocator) removeRange(f *freeRange) {
 // few wide nodes instead of a long chain of pointers, which keeps Free fast when the
 // free ranges of a large segment no longer fit in the CPU caches. Each inner key is the
 // largest key below its child.
+//
+// It is not github.com/google/btree (BTreeG of {end, range} items): with that, at any
+// degree from 16 to 64, BenchmarkAllocatorFragmented ran 33–42% slower per Free+Alloc
+// or Free+Reserve and 51–52% slower restoring ranges. Its searches call the less func
+// through a closure per comparison, a ceil costs an iteration, and it cannot rekey in
+// place.
 type btree struct {
 	root   *bnode
 	height int // levels below the root

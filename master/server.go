@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cloudwego/kitex/pkg/endpoint"
-	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 
@@ -281,10 +280,6 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 		return err
 	}
 }
-
-// Kitex logs through klog; keep it to warnings. Set once, before any Kitex goroutine
-// can read the level.
-func init() { klog.SetLevel(klog.LevelWarn) }
 
 // listMasters is the masters for Stat: this one alone, or the HA candidates on etcd.
 func (s *Server) listMasters(ctx context.Context) []*common.MasterInfo {

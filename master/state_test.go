@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 
+	"github.com/fluxkv/fluxkv/internal/scripttest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
@@ -31,42 +32,11 @@ func TestScenarios(t *testing.T) {
 	})
 }
 
-func arg(d *datadriven.TestData, key string) string {
-	for _, a := range d.CmdArgs {
-		if a.Key == key {
-			if len(a.Vals) == 0 {
-				return "true"
-			}
-			return a.Vals[0]
-		}
-	}
-	return ""
-}
-
-func argInt(d *datadriven.TestData, key string) int64 {
-	v := arg(d, key)
-	if v == "" {
-		return 0
-	}
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		return n
-	}
-	n, err := parseSizeForTest(v)
-	if err != nil {
-		panic(err)
-	}
-	return n
-}
-
-func parseSizeForTest(v string) (int64, error) {
-	for suf, mul := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20} {
-		if strings.HasSuffix(v, suf) {
-			n, err := strconv.ParseInt(strings.TrimSuffix(v, suf), 10, 64)
-			return n * mul, err
-		}
-	}
-	return 0, fmt.Errorf("bad number %q", v)
-}
+// arg and argInt read a command's arguments (scripttest).
+var (
+	arg    = scripttest.Arg
+	argInt = scripttest.Int
+)
 
 func nref(st *State, d *datadriven.TestData) NodeRef {
 	id := arg(d, "node")

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/rs/zerolog"
 	"github.com/rs/zerolog/log"
 
@@ -28,6 +29,9 @@ import (
 )
 
 func main() {
+	// Kitex logs through klog; keep it to warnings, in the workers too. Set before any
+	// Kitex goroutine can read the level.
+	klog.SetLevel(klog.LevelWarn)
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(workerMain(os.Args[2:]))
 	}

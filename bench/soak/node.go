@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"github.com/rs/zerolog/log"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
@@ -54,21 +54,14 @@ type cluster struct {
 	owners     []*ownerProc
 }
 
-// freePort returns a loopback address with a port free right now.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("pick a port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
+// startBudget is how long a daemon incarnation may take to start.
+const startBudget = 30 * time.Second
 
 // startCluster starts the master, then every owner, and waits until each is ready.
 func startCluster(wg *sync.WaitGroup, cfg nodeConfig) (*cluster, error) {
 	c := &cluster{cfg: cfg, wg: wg}
 	var err error
-	if c.masterAddr, err = freePort(); err != nil {
+	if c.masterAddr, err = proctest.FreePort(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "logs"), 0o755); err != nil {
@@ -88,7 +81,7 @@ func startCluster(wg *sync.WaitGroup, cfg nodeConfig) (*cluster, error) {
 	for i := 0; i < cfg.Owners; i++ {
 		o := &ownerProc{idx: i, nodeID: fmt.Sprintf("soak-%d", i),
 			sockDir: filepath.Join(cfg.Dir, fmt.Sprintf("owner%d", i)), ssdDir: filepath.Join(cfg.Dir, fmt.Sprintf("ssd%d", i))}
-		if o.metricsAddr, err = freePort(); err != nil {
+		if o.metricsAddr, err = proctest.FreePort(); err != nil {
 			return nil, err
 		}
 		for _, d := range []string{o.sockDir, o.ssdDir} {
@@ -117,17 +110,10 @@ func (c *cluster) startMaster() error {
 		return err
 	}
 	c.master = p
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if conn, err := net.DialTimeout("tcp", c.masterAddr, time.Second); err == nil {
-			conn.Close()
-			return nil
-		}
-		if p.exited() || time.Now().After(deadline) {
-			return fmt.Errorf("master did not start: %s", p.describe())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := p.pt.WaitFor(startBudget, "the master to listen", func() bool { return proctest.Accepts("tcp", c.masterAddr) }); err != nil {
+		return fmt.Errorf("master did not start: %s", p.describe())
 	}
+	return nil
 }
 
 // startOwner starts an owner incarnation and waits until a client can attach to it and
@@ -146,22 +132,24 @@ func (c *cluster) startOwner(o *ownerProc) error {
 	}
 	o.p = p
 	prev := o.generation
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var attachErr error
+	err = p.pt.WaitFor(startBudget, "an attach to a new generation", func() bool {
 		cl, err := fluxkv.Connect(fluxkv.Options{Socket: o.socket(), Name: "soak-driver", Timeout: 5 * time.Second})
-		if err == nil {
-			gen := cl.Generation()
-			cl.Close()
-			if gen != prev {
-				o.generation = gen
-				return nil
-			}
+		if attachErr = err; err != nil {
+			return false
 		}
-		if p.exited() || time.Now().After(deadline) {
-			return fmt.Errorf("owner %s did not start (last attach error: %v): %s", o.nodeID, err, p.describe())
+		gen := cl.Generation()
+		cl.Close()
+		if gen == prev {
+			return false
 		}
-		time.Sleep(50 * time.Millisecond)
+		o.generation = gen
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("owner %s did not start (last attach error: %v): %s", o.nodeID, attachErr, p.describe())
 	}
+	return nil
 }
 
 // restartMaster kills the master with SIGKILL, waits pause, and starts it again.

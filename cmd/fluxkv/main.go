@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/urfave/cli/v2"
 )
 
 func main() {
+	// Kitex logs through klog; keep it to warnings. Set before any Kitex goroutine can
+	// read the level.
+	klog.SetLevel(klog.LevelWarn)
 	app := &cli.App{
 		Name:  "fluxkv",
 		Usage: "distributed DRAM + SSD key-value cache for AI inference",

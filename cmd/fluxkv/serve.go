@@ -74,10 +74,7 @@ func ownerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "owner",
 		Usage: "run the per-node owner sidecar; it registers with a master",
-		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag(),
-			&cli.StringFlag{Name: "master", Usage: "the master's host:port, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/] to follow the leader " +
-				"of masters campaigning on etcd (prefix default /fluxkv/<cluster-name>/; TLS: --etcd-cacert, --etcd-cert, --etcd-key); " +
-				"required here or in the config [fluxkv_spec.master]"}},
+		Flags: append([]cli.Flag{configFlag(), metricsAddrFlag(), ownerMasterFlag()},
 			append(append(append(ownerFlags(), clusterFlags()...), masterPubKeyFlag()), ownerEtcdFlags()...)...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
@@ -319,19 +316,12 @@ func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secre
 // haOptions turns merged master settings with etcd endpoints into the HA options:
 // the prefix defaults to /fluxkv/<cluster name>/ (masterSettings resolved it already).
 func haOptions(mc config.Master) master.HAOptions {
-	prefix := mc.EtcdPrefix
-	if prefix == "" {
-		prefix = ha.DefaultPrefix(mc.ClusterName)
+	var o master.HAOptions
+	haTable().apply(&mc, &o)
+	if o.Etcd.Prefix == "" {
+		o.Etcd.Prefix = ha.DefaultPrefix(mc.ClusterName)
 	}
-	return master.HAOptions{
-		Etcd: ha.Config{
-			Endpoints: mc.EtcdEndpoints,
-			Prefix:    prefix,
-			TLS:       ha.TLS{CACert: mc.EtcdCACert, Cert: mc.EtcdCert, Key: mc.EtcdKey},
-		},
-		AdvertiseAddr: mc.AdvertiseAddr,
-		LeaderTTL:     mc.LeaderTTL,
-	}
+	return o
 }
 
 func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) (*daemon.Owner, error) {
@@ -380,18 +370,9 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 // an insecure cluster (clusterSecrets allowed it).
 func masterOptions(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) master.Options {
 	l := componentLogger("master")
-	return master.Options{
-		Secrets:           secrets,
-		InsecureCluster:   secrets == nil,
-		NodeTTL:           mc.NodeTTL,
-		HeartbeatInterval: mc.HeartbeatInterval,
-		InflightTTL:       mc.InflightTTL,
-		AllocWait:         mc.AllocWait,
-		NoPromotion:       mc.NoPromotion,
-		Placement:         mc.Placement,
-		Metrics:           m,
-		Logger:            &l,
-	}
+	opts := master.Options{Secrets: secrets, InsecureCluster: secrets == nil, Metrics: m, Logger: &l}
+	masterTable().apply(&mc, &opts)
+	return opts
 }
 
 // ownerOptions turns merged owner settings into daemon options; large_limit_size
@@ -400,58 +381,15 @@ func masterOptions(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) 
 // makes the owner follow the leader on etcd (HA, DESIGN §12) instead.
 func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) daemon.Options {
 	l := componentLogger("owner")
-	opts := daemon.Options{
-		Secrets:         secrets,
-		InsecureCluster: secrets == nil,
-		Dir:             oc.SocketDir,
-		DRAM:            oc.DRAM,
-		MasterAddr:      masterAddr,
-		NodeID:          oc.NodeID,
-		PeerListen:      oc.PeerListen,
-		DataListen:      oc.DataListen,
-		AdvertiseHost:   oc.AdvertiseHost,
-		MaxConnections:  oc.MaxConnections,
-		HelloTimeout:    oc.HelloTimeout,
-		FrameTimeout:    oc.FrameTimeout,
-		IdleTimeout:     oc.IdleTimeout,
-		PutArea:         oc.PutArea,
-		PutAreaTotal:    oc.PutAreaTotal,
-		FrameMemory:     oc.FrameMemory,
-		Metrics:         m,
-		Logger:          &l,
-	}
-	opts.AllowedUIDs = oc.AllowedUIDs
+	opts := daemon.Options{Secrets: secrets, InsecureCluster: secrets == nil, MasterAddr: masterAddr, Metrics: m, Logger: &l}
+	ownerTable().apply(&oc, &opts)
 	if ha.IsURL(masterAddr) {
 		// On the impossible parse error (ownerSettings refused it) the empty config
 		// makes the daemon refuse to start: "no etcd endpoints".
 		cfg, _ := ha.ParseURL(masterAddr, oc.ClusterName)
-		cfg.TLS = ha.TLS{CACert: oc.EtcdCACert, Cert: oc.EtcdCert, Key: oc.EtcdKey}
+		ownerEtcdTable().apply(&oc, &cfg.TLS)
 		opts.MasterEtcd = &cfg
 		opts.MasterAddr = ""
-	}
-	if oc.TransferReserve != nil {
-		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
-		opts.TransferReserve = *oc.TransferReserve
-		if opts.TransferReserve == 0 {
-			opts.TransferReserve = -1
-		}
-	}
-	if oc.ClientIsolation != nil {
-		opts.ClientIsolation = *oc.ClientIsolation
-	}
-	if oc.CacheGrace != nil {
-		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
-		opts.CacheGrace = *oc.CacheGrace
-		if opts.CacheGrace == 0 {
-			opts.CacheGrace = -1
-		}
-	}
-	if oc.HotSet != nil {
-		// The CLI's 0 ("off") is the daemon's negative; the daemon's 0 is its default.
-		opts.HotSet = *oc.HotSet
-		if opts.HotSet == 0 {
-			opts.HotSet = -1
-		}
 	}
 	if oc.SSDEnabled() {
 		opts.SSD = &ssd.Options{

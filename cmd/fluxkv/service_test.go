@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,162 +21,101 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
 // These tests run the real binary as a service would: `up`, `master` and `owner`
 // with --config files, scraping /metrics over HTTP and stopping with SIGTERM.
 
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-)
-
-// Timing budgets of these tests. `make test` runs them against bin/fluxkv-race (built
-// with -race: several times slower) on two busy cores, so each bound is a generous
-// deadline on a condition, never an expected speed.
+// Timing budgets of these tests: generous deadlines on a condition, never an expected
+// speed (proctest says why).
 const (
-	startBudget = 60 * time.Second // a process to log a line or open its socket
-	// stopBudget is how long SIGTERM may take: the owner's own shutdown timeout is 4 s,
-	// the systemd units allow 20 s.
-	stopBudget = 20 * time.Second
+	startBudget = proctest.StartBudget // a process to log a line or open its socket
+	stopBudget  = proctest.StopBudget  // SIGTERM to the exit
 )
-
-// raceReport marks a race detector report in a child's stderr.
-const raceReport = "WARNING: DATA RACE"
-
-// raceExitCode is the exit status a -race child uses when it found a race
-// (GORACE exitcode, set by startService).
-const raceExitCode = 66
 
 // fluxkvBin is $FLUXKV_BIN (`make test` points it at bin/fluxkv-race), or this
 // package built once into a temporary directory, with -race when this test binary
 // has it.
 func fluxkvBin(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("FLUXKV_BIN"); p != "" {
-		return p
+	bin, err := proctest.Binary(raceEnabled)
+	if err != nil {
+		t.Fatal(err)
 	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "fluxkv-cmd-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		builtBin = filepath.Join(dir, "fluxkv")
-		args := []string{"build", "-o", builtBin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
+	return bin
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if builtBin != "" {
-		os.RemoveAll(filepath.Dir(builtBin))
-	}
+	proctest.RemoveBuilt()
 	os.Exit(code)
 }
 
 // service is a running fluxkv process whose JSON log lines the test reads.
 type service struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // Wait's result, valid after done
+	t *testing.T
+	p *proctest.Proc
 
-	mu    sync.Mutex
-	lines []map[string]any
-	raw   strings.Builder
+	mu    sync.Mutex       // protects lines
+	lines []map[string]any // the log's JSON lines, in order
 }
 
+// startService runs fluxkv with JSON debug logs. When the test ends, a process still
+// running is killed, and a race in it fails the test whatever else the test checked.
 func startService(t *testing.T, args ...string) *service {
 	t.Helper()
-	s := &service{t: t, done: make(chan struct{})}
-	s.cmd = exec.Command(fluxkvBin(t), append([]string{"--log-format", "json", "--log-level", "debug"}, args...)...)
-	// A -race child stops at its first race with a status of its own (a plain binary
-	// ignores GORACE).
-	s.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1 exitcode="+strconv.Itoa(raceExitCode))
-	stderr, err := s.cmd.StderrPipe()
+	s := &service{t: t}
+	p, err := proctest.Start(proctest.Options{
+		Name: "fluxkv " + strings.Join(args, " "),
+		Args: append([]string{fluxkvBin(t), "--log-format", "json", "--log-level", "debug"}, args...),
+		Env:  []string{proctest.RaceEnv},
+		OnLogLine: func(line []byte) {
+			var m map[string]any
+			if json.Unmarshal(line, &m) == nil && m != nil {
+				s.mu.Lock()
+				s.lines = append(s.lines, m)
+				s.mu.Unlock()
+			}
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var m map[string]any
-			json.Unmarshal(sc.Bytes(), &m)
-			s.mu.Lock()
-			s.raw.WriteString(sc.Text() + "\n")
-			if m != nil {
-				s.lines = append(s.lines, m)
-			}
-			s.mu.Unlock()
-		}
-	}()
-	go func() {
-		<-readDone
-		s.err = s.cmd.Wait()
-		close(s.done)
-	}()
+	s.p = p
 	t.Cleanup(func() {
-		select {
-		case <-s.done:
-		default:
-			s.cmd.Process.Kill()
-			<-s.done
-		}
-		// Whatever else the test checked: a race in the child fails it.
-		if log := s.log(); strings.Contains(log, raceReport) {
-			t.Errorf("the race detector reported a race in fluxkv %s:\n%s", strings.Join(args, " "), log)
+		p.Kill()
+		if msg := p.RaceFailure(); msg != "" {
+			t.Error(msg)
 		}
 	})
 	return s
 }
 
-func (s *service) log() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.raw.String()
-}
+// log is everything the process has written to stderr and stdout so far.
+func (s *service) log() string { return s.p.Log() }
 
 // waitLog returns the first log line with message msg (and its index), waiting for it.
 func (s *service) waitLog(msg string) (map[string]any, int) {
 	s.t.Helper()
-	deadline := time.Now().Add(startBudget)
-	for time.Now().Before(deadline) {
+	var line map[string]any
+	at := -1
+	err := s.p.WaitFor(startBudget, fmt.Sprintf("%q in the log", msg), func() bool {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		for i, l := range s.lines {
 			if l["message"] == msg {
-				s.mu.Unlock()
-				return l, i
+				line, at = l, i
+				return true
 			}
 		}
-		s.mu.Unlock()
-		select {
-		case <-s.done:
-			s.t.Fatalf("fluxkv exited (%v) before logging %q:\n%s", s.err, msg, s.log())
-		case <-time.After(10 * time.Millisecond):
-		}
+		return false
+	})
+	if err != nil {
+		s.t.Fatal(err)
 	}
-	s.t.Fatalf("no %q in the log:\n%s", msg, s.log())
-	return nil, 0
+	return line, at
 }
 
 // metricsAddr is the address the process logged for its /metrics server.
@@ -197,35 +134,27 @@ func (s *service) metricsAddr() string {
 func (s *service) wait(timeout time.Duration) int {
 	s.t.Helper()
 	select {
-	case <-s.done:
+	case <-s.p.Done():
 	case <-time.After(timeout):
-		s.cmd.Process.Kill()
-		<-s.done
+		s.p.Kill()
 		s.t.Fatalf("fluxkv did not exit within %v:\n%s", timeout, s.log())
 	}
-	if strings.Contains(s.log(), raceReport) {
-		s.t.Fatalf("the race detector reported a race in fluxkv (exit %v):\n%s", s.err, s.log())
+	if msg := s.p.RaceFailure(); msg != "" {
+		s.t.Fatal(msg)
 	}
 	var ee *exec.ExitError
-	if errors.As(s.err, &ee) {
-		if ee.ExitCode() == raceExitCode {
-			s.t.Fatalf("fluxkv exited with status %d, the race detector's:\n%s", raceExitCode, s.log())
-		}
-		return ee.ExitCode()
+	if err := s.p.Err(); err != nil && !errors.As(err, &ee) {
+		s.t.Fatalf("wait: %v", err)
 	}
-	if s.err != nil {
-		s.t.Fatalf("wait: %v", s.err)
-	}
-	return 0
+	return s.p.ExitCode()
 }
 
 // stop sends SIGTERM and requires exit status 0 within stopBudget with no socket left.
 func (s *service) stop(socket string) {
 	s.t.Helper()
 	t0 := time.Now()
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.wait(stopBudget); code != 0 {
-		s.t.Fatalf("exit status %d after SIGTERM:\n%s", code, s.log())
+	if err := s.p.Stop(stopBudget); err != nil {
+		s.t.Fatal(err)
 	}
 	s.t.Logf("stopped %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
 	if socket != "" {
@@ -239,19 +168,19 @@ func (s *service) stop(socket string) {
 
 func waitSocket(t *testing.T, s *service, socket string) {
 	t.Helper()
-	deadline := time.Now().Add(startBudget)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("unix", socket); err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-s.done:
-			t.Fatalf("fluxkv exited (%v) before its socket appeared:\n%s", s.err, s.log())
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err := s.p.WaitFor(startBudget, "socket "+socket+" to accept", func() bool { return proctest.Accepts("unix", socket) }); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("socket %s did not appear:\n%s", socket, s.log())
+}
+
+// freePort is a loopback address with a port free right now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	addr, err := proctest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 // scrape fetches /metrics and returns every sample as "name{l1=v1,...}" → value,
@@ -424,12 +353,7 @@ master:
 // A separate master and owner, each from its example-style config file.
 func TestMasterOwnerConfigs(t *testing.T) {
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	masterAddr := ln.Addr().String()
-	ln.Close()
+	masterAddr := freePort(t)
 	secret := filepath.Join(dir, "cluster.secret")
 	if err := auth.GenerateSecretFile(secret); err != nil {
 		t.Fatal(err)
@@ -750,12 +674,7 @@ func TestClusterSecretStart(t *testing.T) {
 	}
 
 	t.Run("wrong secret", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
+		addr := freePort(t)
 		m := startService(t, "master", "--listen", addr, "--cluster-secret-file", good, "--master-key-file", key)
 		m.waitLog("master started")
 		o := startService(t, "owner", "--dir", sockDir, "--master", addr, "--cluster-secret-file", other, "--master-pubkey-file", pub)

@@ -755,3 +755,109 @@ func wantRefusal(t *testing.T, err error, want string) {
 		t.Errorf("error %v is not exit status 2", err)
 	}
 }
+
+// Every setting of the tables is one the config file sets (its YAML key parses into
+// the field the row merges), its flag's usage names the key, and a row with options
+// sets them; every field of the sections is a row's or the file's alone.
+func TestSettingTables(t *testing.T) {
+	owner := map[string]string{
+		"socket_dir": "/run/x", "dram": "64MiB", "node_id": "n", "cache_grace": "1s", "hot_set": "0.5", "max_connections": "3",
+		"hello_timeout": "1s", "frame_timeout": "1s", "idle_timeout": "1s", "allowed_uids": "[7]", "transfer_reserve": "1MiB",
+		"client_isolation": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
+		"data_listen": "127.0.0.1:2", "advertise_host": "h", "cluster_name": "c", "instance_key": "i",
+		"large_file_paths": "[/a]\n  large_limit_size: [1GiB]", "large_limit_size": "[1GiB]\n  large_file_paths: [/a]", "metrics_addr": "127.0.0.1:3",
+		"master": "127.0.0.1:4", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k",
+	}
+	master := map[string]string{
+		"listen": "127.0.0.1:1", "node_ttl": "9s", "heartbeat_interval": "2s", "inflight_ttl": "1m", "no_promotion": "true", "alloc_wait": "1s",
+		"placement": "local", "metrics_addr": "127.0.0.1:2", "etcd_endpoints": "[e:2379]", "advertise_addr": "10.0.0.1:1", "etcd_prefix": "/p/",
+		"cluster_name": "c", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k", "leader_ttl": "3s",
+	}
+	ownerHas := checkTable(t, ownerTable(), config.RoleOwner, owner)
+	ownerHas = append(ownerHas, checkTable(t, ownerMasterTable(), config.RoleOwner, owner)...)
+	ownerHas = append(ownerHas, checkTable(t, ownerEtcdTable(), config.RoleOwner, owner)...)
+	masterHas := checkTable(t, masterTable(), config.RoleMaster, master)
+	masterHas = append(masterHas, checkTable(t, haTable(), config.RoleMaster, master)...)
+	// Read from the file by cluster.go, masterkey.go and logging.go, with flags of their own.
+	fileOnly := []string{"LogLevel", "LogFormat", "ClusterSecretFiles", "InsecureCluster", "MasterPubKeyFiles", "MasterKeyFile"}
+	checkFields[config.Owner](t, ownerHas, fileOnly)
+	checkFields[config.Master](t, masterHas, fileOnly)
+}
+
+// checkTable checks tbl's rows against the YAML samples (key: value under the
+// section) and returns their has functions.
+func checkTable[S, O any](t *testing.T, tbl *table[S, O], role config.Role, samples map[string]string) []func(*S) bool {
+	t.Helper()
+	flags := tbl.flags()
+	var has []func(*S) bool
+	for _, r := range tbl.rows {
+		key := tbl.section + "." + r.key
+		has = append(has, r.kind.has)
+		if !r.common {
+			if u := flags[0].(cli.DocGenerationFlag).GetUsage(); !strings.HasSuffix(u, " ["+key+"]") {
+				t.Errorf("--%s: usage %q does not end with [%s]", r.flag.Names()[0], u, key)
+			}
+			flags = flags[1:]
+		}
+		v, ok := samples[r.key]
+		if !ok {
+			t.Errorf("%s: no sample value in the test", key)
+			continue
+		}
+		f, err := config.Parse([]byte(tbl.section+":\n  "+r.key+": "+v+"\n"), role)
+		if err != nil {
+			t.Errorf("%s: %v", key, err)
+			continue
+		}
+		file := reflect.ValueOf(f).Elem().FieldByName(map[string]string{config.OwnerSection: "Owner", config.MasterSection: "Master"}[tbl.section]).Interface().(*S)
+		if !r.kind.has(file) {
+			t.Errorf("%s: the file's value does not land in the row's field", key)
+		}
+		if r.set != nil {
+			var o, zero O
+			r.set(&o, file)
+			if reflect.DeepEqual(o, zero) {
+				t.Errorf("%s: sets no option", key)
+			}
+		}
+	}
+	return has
+}
+
+// checkFields checks that every field of S is some row's (has reports it once set)
+// or one of fileOnly.
+func checkFields[S any](t *testing.T, has []func(*S) bool, fileOnly []string) {
+	t.Helper()
+	typ := reflect.TypeFor[S]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		var s S
+		v := reflect.ValueOf(&s).Elem().Field(i)
+		switch v.Kind() {
+		case reflect.String:
+			v.SetString("x")
+		case reflect.Int, reflect.Int64:
+			v.SetInt(1)
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.Pointer:
+			v.Set(reflect.New(f.Type.Elem()))
+		case reflect.Slice:
+			v.Set(reflect.MakeSlice(f.Type, 1, 1))
+		default:
+			t.Fatalf("%s.%s: kind %v", typ.Name(), f.Name, v.Kind())
+		}
+		n := 0
+		for _, h := range has {
+			if h(&s) {
+				n++
+			}
+		}
+		switch {
+		case slices.Contains(fileOnly, f.Name) && n > 0:
+			t.Errorf("%s.%s is a row's and listed as the file's alone", typ.Name(), f.Name)
+		case !slices.Contains(fileOnly, f.Name) && n != 1:
+			t.Errorf("%s.%s is the field of %d rows, want 1", typ.Name(), f.Name, n)
+		}
+	}
+}

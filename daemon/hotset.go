@@ -9,8 +9,8 @@ import (
 )
 
 // holding is one master holder, shared by every external holder of the same key
-// version on this owner. A holding of the key's current version is the owner's
-// "cached info": a get finds it in the holderCache and needs no master trip.
+// version on this owner. The holding of a key's current version is in the hot set: a
+// get finds it there and needs no master trip.
 type holding struct {
 	key      string
 	putID    int64
@@ -19,57 +19,61 @@ type holding struct {
 	source   common.Source
 	masterID int64         // the master's holder id: acked (BatchDeleteAck) once nobody holds it
 	refs     int           // external holders referring to it
-	idle     time.Time     // when refs dropped to 0 while cached (zero: in use or not cached)
-	elem     *list.Element // its place in holderCache.idle while idle
+	idle     time.Time     // when refs dropped to 0 while in the hot set (zero: in use or not in it)
+	elem     *list.Element // its place in hotSet.idle while idle
 	// replica: the holding views the key's memory replica itself (local reuse or a
-	// promoted refill), so keeping it cached after release costs no extra memory. A
+	// promoted refill), so keeping it in the hot set after release costs no extra memory. A
 	// temporary refill target is released at once instead: its space serves the next
 	// refill rather than pushing a replica out.
 	replica bool
 	// remote: the bytes were pulled from another owner's replica.
 	remote bool
+	// write is its entry in segmentWrites while externals reference it (refs > 0).
+	write *segmentWrite
 }
 
-// holderCache is the owner's cached info: for each key, the holding of its current
-// version that this owner has, held by externals or idle within its grace period. It
-// is a plain deterministic type, not safe for concurrent use (Owner.mu protects it);
-// time is passed in, and it never calls the master: methods that let a holding go
-// return the master holder ids the caller must ack.
+// hotSet is the owner's hot set: for each key, the holding of its current version
+// that this owner has, held by externals or idle within its grace period. (Older notes
+// and the wire call it "cached info": InvalidateCachedInfo drops keys from it.) It is a
+// plain deterministic type inside ownerState; time is passed in, and it never calls
+// the master: methods that let a holding go return the master holder ids the caller
+// must ack.
 //
-// The idle holdings are the owner's hot set: replicas of this segment it serves
-// without a master trip, each kept alive by its master holder (a pin: the master never
-// frees a held range, and its eviction passes over held replicas). They are bounded by
-// the budget (bytes; the least recently released go first), the grace period, an
-// invalidation of their key, and the master's ReleaseHotSet when it needs the space.
+// Its idle holdings are replicas of this segment the owner serves without a master
+// trip, each kept alive by its master holder (a pin: the master never frees a held
+// range, and its eviction passes over held replicas). They are bounded by the budget
+// (bytes; the least recently released go first), the grace period, an invalidation of
+// their key, and the master's ReleaseHotSet when it needs the space. Gets answer from
+// it only under the lease (registration.go).
 //
 // The invalidation sequence guards the window of a master trip. A get that missed
-// reads seq() before calling GetStart and hands the result to install with that
+// reads invalSeq() before calling GetStart and hands the result to install with that
 // value; if any invalidation (a put or delete through this owner, the master's
-// InvalidateCachedInfo, a re-registration) happened in between, install does not
-// cache the result: it may be a version the invalidation already declared dead. The
-// get still hands its holder out (the bytes are a consistent version that was current
+// InvalidateCachedInfo, a re-registration) happened in between, install does not keep
+// the result: it may be a version the invalidation already declared dead. The get
+// still hands its holder out (the bytes are a consistent version that was current
 // during the call), it just does not keep it for later gets.
-type holderCache struct {
+type hotSet struct {
 	grace     time.Duration // ≤ 0: released holdings are never kept idle
 	budget    int64         // most bytes of idle holdings (≤ 0: none are kept)
 	byKey     map[string]*holding
-	idle      list.List // cached holdings with refs == 0, least recently released first
+	idle      list.List // hot-set holdings with refs == 0, least recently released first
 	idleBytes int64
 	seq       uint64 // bumped by every invalidation
 }
 
-func newHolderCache(grace time.Duration, budget int64) *holderCache {
-	return &holderCache{grace: grace, budget: budget, byKey: make(map[string]*holding)}
+func newHotSet(grace time.Duration, budget int64) *hotSet {
+	return &hotSet{grace: grace, budget: budget, byKey: make(map[string]*holding)}
 }
 
-// lookup returns the cached holding of key, or nil.
-func (c *holderCache) lookup(key string) *holding { return c.byKey[key] }
+// lookup returns the hot-set holding of key, or nil.
+func (c *hotSet) lookup(key string) *holding { return c.byKey[key] }
 
 // invalSeq is the invalidation sequence to pass to install after a master trip.
-func (c *holderCache) invalSeq() uint64 { return c.seq }
+func (c *hotSet) invalSeq() uint64 { return c.seq }
 
 // ref adds an external holder to h, reviving it if it was idle.
-func (c *holderCache) ref(h *holding) {
+func (c *hotSet) ref(h *holding) {
 	if h.refs == 0 {
 		c.unidle(h)
 	}
@@ -77,7 +81,7 @@ func (c *holderCache) ref(h *holding) {
 }
 
 // unidle takes h off the idle list, if it is on it.
-func (c *holderCache) unidle(h *holding) {
+func (c *hotSet) unidle(h *holding) {
 	if h.elem != nil {
 		c.idle.Remove(h.elem)
 		c.idleBytes -= h.len
@@ -90,7 +94,7 @@ func (c *holderCache) unidle(h *holding) {
 // replica holding stays idle (in the hot set) for the grace period, and the oldest
 // idle holdings past the budget are let go; anything else is let go at once. It
 // returns the master ids let go, for acking.
-func (c *holderCache) unref(h *holding, now time.Time) (acks []int64) {
+func (c *hotSet) unref(h *holding, now time.Time) (acks []int64) {
 	if h.refs <= 0 {
 		panic("BUG: holding released more often than held")
 	}
@@ -110,8 +114,8 @@ func (c *holderCache) unref(h *holding, now time.Time) (acks []int64) {
 	return acks
 }
 
-// forget removes an unreferenced holding from the cache and returns its master id.
-func (c *holderCache) forget(h *holding) int64 {
+// forget removes an unreferenced holding from the hot set and returns its master id.
+func (c *hotSet) forget(h *holding) int64 {
 	if c.byKey[h.key] == h {
 		delete(c.byKey, h.key)
 	}
@@ -122,7 +126,7 @@ func (c *holderCache) forget(h *holding) int64 {
 // release lets go of idle holdings, least recently released first, until at least
 // bytes are released (bytes ≤ 0: all of them). It returns their master ids and the
 // bytes released.
-func (c *holderCache) release(bytes int64) (acks []int64, released int64) {
+func (c *hotSet) release(bytes int64) (acks []int64, released int64) {
 	for c.idle.Len() > 0 && (bytes <= 0 || released < bytes) {
 		h := c.idle.Front().Value.(*holding)
 		released += h.len
@@ -132,14 +136,14 @@ func (c *holderCache) release(bytes int64) (acks []int64, released int64) {
 }
 
 // install offers h, fresh from the master, for caching; seq is what invalSeq said
-// before the master call. It returns the holding the get must reference (a cached one
+// before the master call. It returns the holding the get must reference (one in the hot set
 // of the same version wins, and h's master id is then returned for acking) and any
 // master id let go. The caller refs the returned holding.
-func (c *holderCache) install(h *holding, seq uint64) (use *holding, acks []int64) {
+func (c *hotSet) install(h *holding, seq uint64) (use *holding, acks []int64) {
 	cur := c.byKey[h.key]
 	switch {
 	case cur != nil && cur.putID == h.putID:
-		return cur, []int64{h.masterID} // a concurrent get cached the same version: share it
+		return cur, []int64{h.masterID} // a concurrent get installed the same version: share it
 	case seq == c.seq && (cur == nil || cur.putID < h.putID):
 		if cur != nil {
 			delete(c.byKey, h.key)
@@ -152,9 +156,9 @@ func (c *holderCache) install(h *holding, seq uint64) (use *holding, acks []int6
 	return h, acks
 }
 
-// invalidate drops the cached info of key if its version is ≤ upTo (math.MaxInt64:
+// invalidate drops key from the hot set if its version is ≤ upTo (math.MaxInt64:
 // any version). Live holders keep their bytes; an idle holding is let go (ack ≠ 0).
-func (c *holderCache) invalidate(key string, upTo int64) (ack int64) {
+func (c *hotSet) invalidate(key string, upTo int64) (ack int64) {
 	c.seq++
 	h := c.byKey[key]
 	if h == nil || h.putID > upTo {
@@ -169,7 +173,7 @@ func (c *holderCache) invalidate(key string, upTo int64) (ack int64) {
 
 // sweep lets go of idle holdings whose grace ended by now (all of them with force),
 // returning their master ids in ascending order.
-func (c *holderCache) sweep(now time.Time, force bool) []int64 {
+func (c *hotSet) sweep(now time.Time, force bool) []int64 {
 	var acks []int64
 	for c.idle.Len() > 0 {
 		h := c.idle.Front().Value.(*holding)
@@ -182,9 +186,9 @@ func (c *holderCache) sweep(now time.Time, force bool) []int64 {
 	return acks
 }
 
-// reset forgets every cached info without acking: a new master registration knows
+// reset empties the hot set without acking: a new master registration knows
 // none of these holders (held ones are reported to it as pins and acked when released).
-func (c *holderCache) reset() {
+func (c *hotSet) reset() {
 	c.seq++
 	for c.idle.Len() > 0 {
 		c.unidle(c.idle.Front().Value.(*holding))
@@ -192,6 +196,6 @@ func (c *holderCache) reset() {
 	clear(c.byKey)
 }
 
-// len is the number of cached keys; idleLen the number of idle holdings.
-func (c *holderCache) len() int     { return len(c.byKey) }
-func (c *holderCache) idleLen() int { return c.idle.Len() }
+// len is the number of keys in the hot set; idleLen the number of idle holdings.
+func (c *hotSet) len() int     { return len(c.byKey) }
+func (c *hotSet) idleLen() int { return c.idle.Len() }

@@ -4,44 +4,25 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/datadriven"
+
+	"github.com/fluxkv/fluxkv/internal/scripttest"
 )
 
-// TestHolderCacheScript replays testdata/holdercache.txt against holderCache: cache
+// TestHotSetScript replays testdata/hotset/hotset.txt against hotSet: cache
 // hits, installs racing invalidations (the invalidation sequence), grace periods,
 // re-registration. Holdings are named by their master holder id.
-func TestHolderCacheScript(t *testing.T) {
-	c := newHolderCache(20*time.Millisecond, 1<<30)
+func TestHotSetScript(t *testing.T) {
+	c := newHotSet(20*time.Millisecond, 1<<30)
 	now := time.Unix(1000, 0)
 	byID := make(map[int64]*holding)
-	datadriven.RunTest(t, "testdata/holdercache.txt", func(t *testing.T, d *datadriven.TestData) string {
-		argStr := func(k string) string {
-			for _, a := range d.CmdArgs {
-				if a.Key == k {
-					if len(a.Vals) == 0 {
-						return "true"
-					}
-					return a.Vals[0]
-				}
-			}
-			return ""
-		}
-		argInt := func(k string) int64 {
-			v := argStr(k)
-			if v == "" {
-				return 0
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", d.Pos, err)
-			}
-			return n
-		}
+	datadriven.RunTest(t, "testdata/hotset/hotset.txt", func(t *testing.T, d *datadriven.TestData) string {
+		argStr := func(k string) string { return scripttest.Arg(d, k) }
+		argInt := func(k string) int64 { return scripttest.Int(d, k) }
 		switch d.Cmd {
 		case "get": // a get that finds cached info takes an external holder on it
 			h := c.lookup(argStr("key"))
@@ -116,8 +97,8 @@ func TestHolderCacheScript(t *testing.T) {
 	})
 }
 
-func TestHolderCacheUnrefUnderflowPanics(t *testing.T) {
-	c := newHolderCache(time.Second, 1<<30)
+func TestHotSetUnrefUnderflowPanics(t *testing.T) {
+	c := newHotSet(time.Second, 1<<30)
 	defer func() {
 		if recover() == nil {
 			t.Fatal("releasing an unheld holding did not panic")

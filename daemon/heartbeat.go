@@ -1,0 +1,77 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+)
+
+// heartbeatLoop heartbeats every period until the link closes; it registers again when
+// the master lost this owner or answers with another epoch.
+func (m *masterLink) heartbeatLoop() {
+	defer m.o.wg.Done()
+	more := false // eviction notices wait at the master: heartbeat again at once
+	for {
+		wait := m.o.heartbeatPeriod()
+		if more {
+			wait = 0
+		}
+		select {
+		case <-m.stop:
+			return
+		case <-time.After(wait):
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, reregister, err := m.heartbeat(ctx)
+		cancel()
+		more = false
+		if err != nil {
+			m.o.log.Warn().Err(err).Msg("heartbeat failed")
+			continue
+		}
+		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore
+		if reregister {
+			// A master of another epoch knows this owner: a registration whose answer
+			// was lost (it may wait for this owner's report). Register again.
+			m.o.log.Warn().Int64("master_epoch", resp.MasterEpoch).Msg("the master's epoch is not the one this owner registered with; registering again")
+			m.reregisterInBackground()
+		}
+		if resp.Code == common.ErrorCode_STALE_GENERATION {
+			m.o.log.Warn().Str("why", resp.Message).Msg("master does not know this owner (master restarted?); registering again")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := m.register(ctx); err != nil {
+				m.o.log.Warn().Err(err).Msg("re-register failed")
+			}
+			cancel()
+		}
+	}
+}
+
+// heartbeat makes one Heartbeat call: it acks the eviction notices applied so far,
+// applies the new ones, and renews the lease when the master answers OK. reregister:
+// the master answered OK with an epoch this owner did not register with.
+func (m *masterLink) heartbeat(ctx context.Context) (resp *mp.HeartbeatResponse, reregister bool, err error) {
+	o := m.o
+	st := o.lock()
+	a := st.reg.acked
+	o.unlock()
+	sent := time.Now()
+	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(),
+		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
+	if err != nil || resp.Code != common.ErrorCode_OK {
+		return resp, false, err
+	}
+	st = o.lock()
+	reregister = st.heartbeatAnswered(a, sent, resp)
+	o.unlock()
+	return resp, reregister, nil
+}
+
+// heartbeatPeriod is the period the master asked for.
+func (o *Owner) heartbeatPeriod() time.Duration {
+	st := o.lock()
+	defer o.unlock()
+	return st.reg.period
+}

@@ -1,0 +1,271 @@
+package daemon
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+)
+
+// ownerState is the owner's bookkeeping in one place: the attached sessions (their
+// holders and in-flight puts), the hot set, the replica index, the registry of ranges
+// being written or held in the segment (segmentWrites: what a new master is told of as
+// pins), and the registration with the master (its epochs and the hot-set lease).
+//
+// It is a plain deterministic type, not safe for concurrent use: Owner wraps it once
+// (Owner.mu), and every Owner method that runs with that lock held is named ...Locked.
+// Time is an argument. It makes no master call and touches neither the network nor
+// the disk: what must be sent or done once the lock is released — holder acks, hot-set
+// hits to report, SSD entries to forget — collects in fx, which Owner.unlock hands on;
+// what decides a master call (the pins of a Register, the puts to revoke, whether to
+// report the replica index) is returned to the caller. Scripts in
+// testdata/*.txt drive it (TestOwnerScripts).
+type ownerState struct {
+	nodeID     string
+	generation int64
+	segSize    int64
+	isolation  bool // client isolation: sessions get put areas
+
+	sessions map[int64]*session
+	nextID   int64 // client ids and external holder ids
+	stopping bool  // Stop began: no new sessions
+	areas    putAreaBudget
+	// segUsers counts peer calls using the segment (Owner.useSegment); once segClosed
+	// none start, and Stop unmaps the segment when the count is 0.
+	segUsers  int
+	segClosed bool
+
+	hot      *hotSet
+	replicas *replicaIndex
+	writes   segmentWrites
+	reg      registration
+
+	fx effects
+}
+
+// effects is what an ownerState change asks of the world once Owner.mu is released.
+type effects struct {
+	acks    []int64  // master holder ids to ack (BatchDeleteAck)
+	touched []string // keys of gets served from the hot set, for the master's eviction order
+	// ssdForget: SSD entries of dead versions (every version of Key up to PutId).
+	ssdForget []*common.KeyVersion
+}
+
+// stateOptions are the settings ownerState needs.
+type stateOptions struct {
+	nodeID     string
+	generation int64
+	segSize    int64
+	isolation  bool
+	grace      time.Duration // hot-set grace period
+	hotBudget  int64         // hot-set bytes
+	putArea    int64         // per-session put area
+	areaTotal  int64         // all put areas
+}
+
+func newOwnerState(o stateOptions) ownerState {
+	return ownerState{
+		nodeID: o.nodeID, generation: o.generation, segSize: o.segSize, isolation: o.isolation,
+		sessions: make(map[int64]*session),
+		areas:    putAreaBudget{per: o.putArea, total: o.areaTotal},
+		hot:      newHotSet(o.grace, o.hotBudget),
+		replicas: newReplicaIndex(),
+		reg:      registration{period: time.Second},
+	}
+}
+
+// takeEffects returns and clears the effects collected so far.
+func (st *ownerState) takeEffects() effects {
+	fx := st.fx
+	st.fx = effects{}
+	return fx
+}
+
+// ack queues master holder ids to ack (0 = nothing).
+func (st *ownerState) ack(ids ...int64) {
+	for _, id := range ids {
+		if id != 0 {
+			st.fx.acks = append(st.fx.acks, id)
+		}
+	}
+}
+
+// session checks a request's session: known client, matching token, current generation.
+func (st *ownerState) session(s *external.Session) (*session, error) {
+	if s == nil || (s.ClientId == 0 && s.OwnerGeneration == 0) {
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "missing session: attach first")
+	}
+	if s.OwnerGeneration != st.generation {
+		return nil, errCode(common.ErrorCode_STALE_GENERATION, "owner generation %d is not %d: the owner restarted, attach again", s.OwnerGeneration, st.generation)
+	}
+	c := st.sessions[s.ClientId]
+	if c == nil || c.token != s.SessionToken || c.closed {
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown client %d or wrong session token: attach first", s.ClientId)
+	}
+	return c, nil
+}
+
+// live reports whether client id names an attached session.
+func (st *ownerState) live(id int64) bool {
+	c := st.sessions[id]
+	return c != nil && !c.closed
+}
+
+// reserveSession takes the next client id and, under client isolation, the size of
+// its put area (0 without); a refusal is UNAVAILABLE (stopping) or NO_SPACE.
+func (st *ownerState) reserveSession() (id, areaSize int64, err error) {
+	if st.stopping {
+		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "owner shutting down")
+	}
+	st.nextID++
+	if st.isolation {
+		if areaSize, err = st.areas.reserve(); err != nil {
+			return 0, 0, err
+		}
+	}
+	return st.nextID, areaSize, nil
+}
+
+// newHolder gives session c a new external holder on h (reviving h if it was idle in
+// the hot set).
+func (st *ownerState) newHolder(c *session, h *holding) int64 {
+	st.nextID++
+	if h.refs == 0 {
+		h.write = st.writes.add(writeHolder, h.masterID, h.offset, h.len)
+	}
+	st.hot.ref(h)
+	c.holders[st.nextID] = h
+	return st.nextID
+}
+
+// release drops one external holder of c at now. The last reference to a hot-set
+// holding leaves it idle there for the grace period (a get meanwhile revives it
+// without a master trip); any other is acked to the master at once.
+func (st *ownerState) release(c *session, id int64, now time.Time) bool {
+	h := c.holders[id]
+	if h == nil {
+		return false
+	}
+	delete(c.holders, id)
+	acks := st.hot.unref(h, now)
+	if h.refs == 0 {
+		st.writes.remove(h.write)
+		h.write = nil
+	}
+	st.ack(acks...)
+	return true
+}
+
+// invalidate declares every version of key up to upTo dead on this owner
+// (math.MaxInt64: any version): it leaves the hot set (live holders keep their
+// bytes), the replica index, and the SSD ring.
+func (st *ownerState) invalidate(key string, upTo int64) {
+	st.ack(st.hot.invalidate(key, upTo))
+	st.replicas.drop(key, upTo)
+	if upTo > 0 {
+		st.fx.ssdForget = append(st.fx.ssdForget, &common.KeyVersion{Key: key, PutId: upTo})
+	}
+}
+
+// sweepIdle acks idle hot-set holdings whose grace ran out by now (all with force).
+func (st *ownerState) sweepIdle(now time.Time, force bool) {
+	st.ack(st.hot.sweep(now, force)...)
+}
+
+// releaseHotSet lets go of idle hot-set holdings until at least bytes are released
+// (ReleaseHotSet: the master needs the space); it returns how many and their bytes.
+func (st *ownerState) releaseHotSet(bytes int64) (n int, released int64) {
+	acks, released := st.hot.release(bytes)
+	st.ack(acks...)
+	return len(acks), released
+}
+
+// endSession closes c: its holders are released and its puts leave it. It returns
+// the puts to abandon (a PutEnd in progress finishes or revokes by itself) and the
+// number of holders it had; ok is false when c was already closed.
+func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingPut, holders int, ok bool) {
+	if c.closed {
+		return nil, 0, false
+	}
+	c.closed = true
+	delete(st.sessions, c.id)
+	holders = len(c.holders)
+	ids := make([]int64, 0, len(c.holders))
+	for id := range c.holders {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		st.release(c, id, now)
+	}
+	for _, p := range sortedPuts(c.puts) {
+		st.writes.remove(p.write)
+		if p.ending == nil {
+			abandon = append(abandon, p)
+		}
+	}
+	c.puts = nil
+	return abandon, holders, true
+}
+
+// cachedGet answers a get of key from the hot set at now, under the lease: an owner
+// cut off from the master may hold a version another owner's delete has since killed.
+// A miss (nil resp) returns the invalidation sequence to install the master's answer
+// with.
+func (st *ownerState) cachedGet(c *session, key string, now time.Time) (resp *external.GetResponse, seq uint64, err error) {
+	if c.closed { // the session ended while this call waited: nobody would release a holder
+		return nil, 0, errSessionClosed()
+	}
+	if h := st.hot.lookup(key); h != nil && st.leased(now) {
+		id := st.newHolder(c, h)
+		if h.replica {
+			st.fx.touched = append(st.fx.touched, key)
+		}
+		resp = holderResponse(id, h)
+		resp.Remote = false // this get moved nothing: the bytes are already here
+		return resp, 0, nil
+	}
+	return nil, st.hot.invalSeq(), nil
+}
+
+// getNotFound: the master has no version of key. A get planned before this miss must
+// not install one afterwards (its install sees the sequence moved).
+func (st *ownerState) getNotFound(key string) {
+	st.ack(st.hot.invalidate(key, math.MaxInt64))
+}
+
+// finishGet hands the holding h of a planned get (target t) to session c: the target
+// leaves segmentWrites and becomes the session's holder, which register pins like any
+// other. A plan of an earlier registration never reaches the client. seq is what
+// cachedGet returned.
+func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64) (*external.GetResponse, error) {
+	if st.endGet(t) {
+		st.ack(h.masterID)
+		return nil, errGetMasterChanged()
+	}
+	if c.closed {
+		st.ack(h.masterID)
+		return nil, errSessionClosed()
+	}
+	h, acks := st.hot.install(h, seq)
+	st.ack(acks...)
+	id := st.newHolder(c, h)
+	return holderResponse(id, h), nil
+}
+
+// learnReplica records h in the replica index when it views the key's memory replica
+// in this segment (a local hit, or a promoted target); mark and own as for
+// replicaIndex.learn.
+func (st *ownerState) learnReplica(h *holding, mark, own uint64) {
+	if h.replica {
+		st.replicas.learn(replicaRecord{key: h.key, putID: h.putID, offset: h.offset, len: h.len}, mark, own)
+	}
+}
+
+func errSessionClosed() error { return errCode(common.ErrorCode_UNAVAILABLE, "session closed") }
+
+func holderResponse(id int64, h *holding) *external.GetResponse {
+	return &external.GetResponse{HolderId: id, Offset: h.offset, Len: h.len, Source: h.source, PutId: h.putID, Remote: h.remote}
+}

@@ -1,0 +1,119 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// registerUntil retries Register until it succeeds or ctx ends.
+func (m *masterLink) registerUntil(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := m.register(ctx)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, auth.ErrAuthFailed) && !errors.Is(err, auth.ErrHandshakeIncomplete) {
+			// A secret that does not match will not match on the next try either; a
+			// handshake cut short may (an overloaded master sheds connections in their
+			// handshake, a restarting one closes them).
+			return fmt.Errorf("register with master %s: %w", m.addr(), err)
+		}
+		m.o.log.Warn().Err(err).Int("attempt", attempt).Str("master", m.addr()).Msg("register with master failed; retrying")
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("register with master %s: %w", m.addr(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// register announces this incarnation with every range externals still use, so a
+// restarted master never hands them out again.
+//
+// Several callers may ask for it after one master restart (the heartbeat loop, any call
+// answered STALE_GENERATION); one that finds this incarnation already registered with
+// the master it last registered with does nothing: registering again would make the
+// master drop what the first registration's report rebuilt.
+func (m *masterLink) register(ctx context.Context) error {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	o := m.o
+	if m.client.Load() == nil {
+		return errCode(common.ErrorCode_UNAVAILABLE, "no master leads on etcd yet")
+	}
+	if epoch := o.masterEpoch(); epoch != 0 {
+		resp, _, err := m.heartbeat(ctx)
+		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
+			return nil
+		}
+	}
+	// Until the new master adopted this owner's report it does not know which ranges of
+	// the pool hold replicas: a range it handed out for a new put or a get target now
+	// would overwrite one (the replica lost). Allocating calls wait.
+	settling := make(chan struct{})
+	m.settling.Store(&settling)
+	defer close(settling)
+	sent := time.Now()
+	st := o.lock()
+	pins, prev := st.beginRegister()
+	o.unlock()
+	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
+		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
+		TransferReserve: o.opts.TransferReserve,
+		KvSsdStorage:    o.ssdInfo(), Pinned: pins, PrevEpoch: prev,
+	})
+	st = o.lock()
+	next, ok := st.endRegister(resp, sent, prev)
+	o.unlock()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return wire.FromResponse(resp.Code, resp.Message)
+	}
+	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Str("master", m.addr()).Int("pinned", len(pins)).Msg("registered with master")
+	if prev != 0 {
+		o.opts.Metrics.Reregistered()
+	}
+	switch next {
+	case registeredFirst:
+		// Nothing was learned before it.
+	case registeredTombed:
+		o.forgetSSD("this master dropped this owner's replicas (tombed)")
+	case registeredReport:
+		o.reportReplicas()
+	}
+	return nil
+}
+
+// reregisterInBackground registers again in a goroutine the owner's wait group joins;
+// at most one runs at a time, and none starts once the link is closed.
+func (m *masterLink) reregisterInBackground() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.rereg {
+		return
+	}
+	m.rereg = true
+	m.o.wg.Add(1)
+	go func() {
+		defer m.o.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			m.rereg = false
+			m.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := m.register(ctx); err != nil {
+			m.o.log.Warn().Err(err).Msg("re-register failed")
+		}
+	}()
+}

@@ -1,0 +1,141 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+)
+
+// registration is the owner's standing with the master, inside ownerState.
+//
+// The lease: the owner may answer gets from its hot set only until leaseUntil, two
+// heartbeat periods (less a margin) after sending the last heartbeat or registration
+// the master answered OK. A master that stops hearing from the owner tombs it only
+// after two periods of silence (and then answers the delete that was waiting for it),
+// by which time the owner has stopped serving what may be a dead version.
+type registration struct {
+	// epoch counts registrations begun; a call sent at one epoch and answered at
+	// another straddled a registration (its ranges were not among the pins reported).
+	epoch uint64
+	// masterEpoch is the master epoch of the last successful registration (0: none).
+	masterEpoch int64
+	// registering is set from collecting a registration's pins to its answer.
+	registering bool
+	period      time.Duration // heartbeat period, from Register replies
+	leaseUntil  time.Time
+	// acked is the last eviction notice applied to the replica index and the epoch of
+	// the master that numbered it, acked with the next heartbeat (replaced at each
+	// registration: a master's notices start at 1).
+	acked evictAck
+}
+
+// evictAck is the last eviction notice applied, numbered by the master of epoch since
+// this owner's registration number reg (registration.epoch: a master that answers a
+// registration again starts its numbering again, under the same epoch).
+type evictAck struct {
+	epoch, seq int64
+	reg        uint64
+}
+
+// afterRegister is what follows a successful registration.
+type afterRegister int
+
+const (
+	registeredFirst  afterRegister = iota // the first registration: nothing to report
+	registeredReport                      // a master that did not know this owner: report the replica index
+	registeredTombed                      // the same master tombed this incarnation: every replica is forgotten
+)
+
+// beginRegister collects the pins of a Register call — every range of segmentWrites,
+// marked pinned — and begins a registration: the hot set is emptied (the new master
+// knows none of its versions; held holdings stay pinned, idle ones nobody holds and the
+// new master never knew them), and calls sent before now are known to straddle it. prev
+// is the master epoch registered with so far, for RegisterRequest.PrevEpoch.
+func (st *ownerState) beginRegister() (pins []*mp.PinnedRange, prev int64) {
+	pins = st.writes.pinAll()
+	st.reg.registering = true
+	st.hot.reset()
+	st.reg.epoch++
+	return pins, st.reg.masterEpoch
+}
+
+// endRegister ends the registration begun by beginRegister with the master's answer
+// (resp nil: the call failed) to a call sent at sent. On success it adopts the
+// master's epoch and heartbeat period, renews the lease, and says what follows.
+func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, prev int64) (afterRegister, bool) {
+	st.reg.registering = false
+	if resp == nil || resp.Code != common.ErrorCode_OK {
+		return 0, false
+	}
+	st.reg.masterEpoch = resp.MasterEpoch // admit judges peer calls by it from now on
+	if resp.HeartbeatIntervalMs > 0 {
+		st.reg.period = time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond
+	}
+	st.reg.acked = evictAck{epoch: resp.MasterEpoch, reg: st.reg.epoch}
+	st.renewLease(sent)
+	switch {
+	case prev == 0:
+		return registeredFirst, true
+	case prev == resp.MasterEpoch:
+		// It dropped every replica here: so does the index (the SSD ring's entries go
+		// too, in Owner.forgetSSD).
+		st.replicas.reset()
+		return registeredTombed, true
+	default:
+		return registeredReport, true
+	}
+}
+
+// renewLease extends the lease after a call sent at sent was answered OK.
+func (st *ownerState) renewLease(sent time.Time) {
+	p := st.reg.period
+	if until := sent.Add(2*p - p/4); until.After(st.reg.leaseUntil) {
+		st.reg.leaseUntil = until
+	}
+}
+
+// leased reports whether the owner may answer gets from its hot set at now.
+func (st *ownerState) leased(now time.Time) bool { return now.Before(st.reg.leaseUntil) }
+
+// heartbeatAnswered takes the master's OK answer to a heartbeat sent at sent that acked
+// a: the lease is renewed, and the eviction notices it carries (when numbered by the
+// master a names) are applied: the evicted replicas' records go, and so do the SSD
+// entries it no longer routes to. The ack moves only if no registration happened since
+// the heartbeat was sent (its numbering would be another's). It reports whether the
+// master's epoch is not the one this owner registered with (register again: a
+// registration whose answer was lost).
+func (st *ownerState) heartbeatAnswered(a evictAck, sent time.Time, resp *mp.HeartbeatResponse) (reregister bool) {
+	st.renewLease(sent)
+	if resp.MasterEpoch == a.epoch && resp.EvictionsSeq > a.seq {
+		st.applyEvictions(resp.Evicted)
+		for _, e := range resp.SsdDropped {
+			if e != nil {
+				st.fx.ssdForget = append(st.fx.ssdForget, e)
+			}
+		}
+		if st.reg.acked == a {
+			st.reg.acked = evictAck{epoch: a.epoch, seq: resp.EvictionsSeq, reg: a.reg}
+		}
+	}
+	return resp.MasterEpoch != st.reg.masterEpoch
+}
+
+// applyEvictions drops the records of memory replicas the master evicted.
+func (st *ownerState) applyEvictions(evicted []*common.KeyVersion) {
+	for _, e := range evicted {
+		if e != nil {
+			st.replicas.drop(e.Key, e.PutId)
+		}
+	}
+}
+
+// admit refuses a peer call of a master older than the one this owner registered with
+// last (a deposed leader, or a master before a restart): its ranges and versions may
+// be stale. epoch 0 (no epoch sent) is admitted.
+func (st *ownerState) admit(epoch int64) error {
+	if cur := st.reg.masterEpoch; epoch != 0 && epoch < cur {
+		return errCode(common.ErrorCode_UNAVAILABLE, "call from master epoch %d; this owner is registered with epoch %d", epoch, cur)
+	}
+	return nil
+}
