@@ -96,12 +96,13 @@ APT_BENCH := memcached redis-server python3-pymemcache python3-redis
 
 # bench-python: 1 MiB memory-hit gets from Python: fluxkv holder/bytes vs memcached and Redis; then
 # one thread over a working set in DRAM (4 KiB / 64 KiB / 1 MiB, Zipf and uniform; Go at 4 KiB):
-# the per-get cost of a node (WORKING_SET keys, default 4096).
+# the per-get cost of a node (WORKING_SET keys, default 4096); then the batch calls (bench/batch_bench.py).
 WORKING_SET ?= 4096
 bench-python: build deps-test
 	@bash scripts/apt-ensure.sh $(APT_BENCH)
 	$(PY) bench/python_get_bench.py --fluxkv-bin $(BIN) --seconds 5 --keys 16
 	$(PY) bench/working_set_bench.py --fluxkv-bin $(BIN) --working-set $(WORKING_SET) --seconds 3
+	$(PY) bench/batch_bench.py --fluxkv-bin $(BIN)
 
 bench-ssd: build
 	./$(BIN) bench ssd --dir $${DIR:-out/bench-ssd} --size 1MiB --seconds 10 --json

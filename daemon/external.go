@@ -115,8 +115,9 @@ func (h *externalHandler) Release(ctx context.Context, req *external.ReleaseRequ
 func (h *externalHandler) Delete(ctx context.Context, req *external.DeleteRequest) (*external.DeleteResponse, error) {
 	resp := &external.DeleteResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
-		resp.Deleted, err = h.o.delete(req.Key)
-		return err
+		r := h.o.deleteMany([]string{req.Key})[0]
+		resp.Deleted = r.Deleted
+		return wire.FromResponse(r.Code, r.Message)
 	})
 	return resp, nil
 }
@@ -136,17 +137,7 @@ func (h *externalHandler) BatchPutStart(ctx context.Context, req *external.Batch
 		if err := wire.ValidateBatch(len(req.Items)); err != nil {
 			return err
 		}
-		for _, it := range req.Items {
-			r := &external.PutStartResponse{}
-			if it == nil {
-				r.Code, r.Message = wire.ToResponse(errCode(common.ErrorCode_INVALID_ARGUMENT, "null item"))
-			} else {
-				var err error
-				r.PutId, r.Offset, err = h.o.putStart(c, it.Key, it.Len, it.Opts)
-				r.Code, r.Message = wire.ToResponse(err)
-			}
-			resp.Results = append(resp.Results, r)
-		}
+		resp.Results = h.o.putStartMany(c, req.Items)
 		return nil
 	})
 	return resp, nil
@@ -167,9 +158,9 @@ func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPu
 		if err := checkCopyCount(copies); err != nil {
 			return err
 		}
-		for _, it := range req.Items {
+		for _, err := range h.o.putEndMany(c, req.Items) {
 			r := &external.PutEndResponse{}
-			r.Code, r.Message = wire.ToResponse(itemErr(it, func() error { return h.o.putEnd(c, it.Key, it.PutId, it.Copies) }))
+			r.Code, r.Message = wire.ToResponse(err)
 			resp.Results = append(resp.Results, r)
 		}
 		return nil
@@ -206,12 +197,12 @@ func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysR
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
-		for _, k := range req.Keys {
-			r, err := h.o.get(c, k)
+		for _, g := range h.o.getMany(c, req.Keys) {
+			r := g.resp
 			if r == nil {
 				r = &external.GetResponse{}
 			}
-			r.Code, r.Message = wire.ToResponse(err)
+			r.Code, r.Message = wire.ToResponse(g.err)
 			resp.Results = append(resp.Results, r)
 		}
 		return nil
@@ -219,19 +210,16 @@ func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysR
 	return resp, nil
 }
 
-func (h *externalHandler) BatchExists(ctx context.Context, req *external.BatchKeysRequest) (*external.BatchExistsResponse, error) {
+func (h *externalHandler) BatchExists(ctx context.Context, req *external.BatchExistsRequest) (*external.BatchExistsResponse, error) {
 	resp := &external.BatchExistsResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
-		for _, k := range req.Keys {
-			r := &external.ExistsResponse{}
-			var err error
-			r.Exists, err = h.o.exists(k)
-			r.Code, r.Message = wire.ToResponse(err)
-			resp.Results = append(resp.Results, r)
+		if req.PinMs < 0 || req.PinMs > int64(external.MAX_PIN_MS) || (req.PinMs > 0 && !req.Prefix) {
+			return errCode(common.ErrorCode_INVALID_ARGUMENT, "pin_ms %d: a prefix lookup pins for 0 to %d ms", req.PinMs, external.MAX_PIN_MS)
 		}
+		resp.Results, resp.Found = h.o.existsMany(c, req.Keys, req.Prefix, time.Duration(req.PinMs)*time.Millisecond)
 		return nil
 	})
 	return resp, nil
@@ -243,13 +231,7 @@ func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKe
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
-		for _, k := range req.Keys {
-			r := &external.DeleteResponse{}
-			var err error
-			r.Deleted, err = h.o.delete(k)
-			r.Code, r.Message = wire.ToResponse(err)
-			resp.Results = append(resp.Results, r)
-		}
+		resp.Results = h.o.deleteMany(req.Keys)
 		return nil
 	})
 	return resp, nil

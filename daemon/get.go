@@ -3,47 +3,204 @@ package daemon
 import (
 	"time"
 
+	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // The owner's get path, one file per step:
-//   get.go       the entry: the hot set first (no master trip), else plan, then install
-//   get_plan.go  GetStart and the re-plan loop; revokes
+//   get.go        the entry: the hot set first (no master trip), else one flight per key
+//                 (flights.go) planned in one master call per batch (get_batch.go)
+//   get_plan.go   GetStart and the re-plan loop; revokes
 //   get_local.go  a memory replica in this segment: the master reused it, nothing moves
 //   get_remote.go a memory replica on another owner: pull it over the data plane
-//   get_ssd.go   an SSD replica on this owner: refill into the target, confirm
+//   get_ssd.go    an SSD replica on this owner: refill into the target, confirm
 // The hot set (hotset.go) and the rest of the owner's bookkeeping (ownerstate.go) are
 // plain types under Owner.mu.
 
-// get hands the session a holder: from the hot set when a holder of the key's current
-// version lives here or was released within the grace period (no master trip), else
-// through master GetStart (and a pull or SSD refill when that is the source).
+// getResult is one key's answer to a get.
+type getResult struct {
+	resp *external.GetResponse
+	err  error
+}
+
+// get hands the session a holder of key (getMany of one key).
 func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
-	if err := wire.ValidateKey(key); err != nil {
-		return nil, err
+	r := o.getMany(c, []string{key})
+	return r[0].resp, r[0].err
+}
+
+// getMany hands the session a holder of each key, answered in key order: from the hot
+// set when a holder of the key's current version lives here or was released within the
+// grace period (no master trip), else through a flight of the key (flights.go): the
+// keys this call leads are planned with one master call (BatchGetStart; GetStart for
+// one key) and brought in concurrently (lead); a key another get is already bringing in
+// waits for that flight and then takes its holder from the hot set. One key's failure
+// never fails the others.
+func (o *Owner) getMany(c *session, keys []string) []getResult {
+	out := make([]getResult, len(keys))
+	var leads []getLeg
+	var follows []getLeg
+	hits := 0
+	st, now := o.lock(), time.Now()
+	for i, k := range keys {
+		if err := wire.ValidateKey(k); err != nil {
+			out[i].err = err
+			continue
+		}
+		resp, seq, err := st.cachedGet(c, k, now)
+		if err != nil || resp != nil {
+			out[i] = getResult{resp, err}
+			if resp != nil {
+				hits++
+			}
+			continue
+		}
+		f, lead := st.joinFlight(k, seq)
+		leg := getLeg{i: i, key: k, seq: seq, f: f}
+		if lead {
+			leads = append(leads, leg)
+		} else {
+			follows = append(follows, leg)
+		}
 	}
+	o.unlock()
+	if hits > 0 && o.cachedGets != nil {
+		o.cachedGets.Add(float64(hits))
+	}
+	o.lead(c, leads, out)
+	// A follower whose flight left nothing in the hot set joins (or leads) a new flight
+	// of its key once; after a second such miss it plans alone.
+	for round := 0; len(follows) > 0; round++ {
+		var again, alone []getLeg
+		for _, leg := range follows {
+			r, seq, ok := o.follow(c, leg)
+			switch {
+			case ok:
+				out[leg.i] = r
+			case round > 0:
+				leg.f, leg.seq = nil, seq
+				alone = append(alone, leg)
+			default:
+				leg.seq = seq
+				again = append(again, leg)
+			}
+		}
+		o.lead(c, alone, out)
+		leads, follows = nil, nil
+		st := o.lock()
+		for _, leg := range again {
+			f, lead := st.joinFlight(leg.key, leg.seq)
+			leg.f = f
+			if lead {
+				leads = append(leads, leg)
+			} else {
+				follows = append(follows, leg)
+			}
+		}
+		o.unlock()
+		o.lead(c, leads, out)
+	}
+	return out
+}
+
+// getLeg is one key of a getMany that missed the hot set: out[i] answers it, seq is the
+// hot set's invalidation sequence before its master trip, f its flight (nil: none).
+type getLeg struct {
+	i   int
+	key string
+	seq uint64
+	f   *flight
+}
+
+// getParallel bounds the keys of one batch brought in at once (pulls from other owners
+// are also bounded per peer by the data plane).
+const getParallel = 16
+
+// planMaxAge is the oldest plan a batch's worker still carries out: a later one is
+// revoked and planned again (GetStart). The master frees the target of a get that has
+// not completed within its in-flight TTL (60 s by default), so a transfer must start
+// early enough to end inside it: planMaxAge + TransferTimeout must stay below the
+// master's InflightTTL.
+const planMaxAge = 5 * time.Second
+
+// lead plans legs with one master call per wire.MaxBatch keys, brings the values in
+// concurrently, hands each holder to c and lands each leg's flight. A leg whose plan
+// failed lands at once, before any transfer of the batch runs.
+func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
+	if len(legs) == 0 {
+		return
+	}
+	keys := make([]string, len(legs))
+	for j, leg := range legs {
+		keys[j] = leg.key
+	}
+	starts := o.startGets(keys)
+	var run []int
+	for j, s := range starts {
+		if s.err != nil {
+			o.land(c, legs[j], nil, nil, s.err, true, out)
+		} else {
+			run = append(run, j)
+		}
+	}
+	workers.ForEach(len(run), getParallel, func(r int) {
+		j := run[r]
+		leg, s := legs[j], starts[j]
+		if !s.plan.Done && time.Since(s.at) > planMaxAge {
+			// Its target may be freed at the master before a transfer could end.
+			o.revokeGet(leg.key, s.plan.GetId, false, "the plan waited too long in its batch")
+			if err := o.endGet(s.t); err != nil {
+				o.land(c, leg, nil, nil, err, false, out)
+				return
+			}
+			s = o.getStart(leg.key, nil)
+		}
+		h, t, err := o.planGet(leg.key, s)
+		o.land(c, leg, h, t, err, false, out)
+	})
+}
+
+// land ends one leg: its holder (h, t) goes to c, or err answers it (a KEY_NOT_FOUND
+// marks the key absent); the leg's flight lands with the outcome. firstPlan says err
+// is the answer to the key's first plan: only such a miss is shared with the flight's
+// followers (one after a failed pull's re-plan is this get's own).
+func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error, firstPlan bool, out []getResult) {
 	st := o.lock()
-	resp, seq, err := st.cachedGet(c, key, time.Now())
+	defer o.unlock()
+	var resp *external.GetResponse
+	switch {
+	case err == nil:
+		resp, err = st.finishGet(c, t, h, leg.seq, time.Now())
+	case wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND:
+		st.getNotFound(leg.key)
+	}
+	if leg.f != nil {
+		leg.f.shareMiss = firstPlan
+	}
+	st.endFlight(leg.key, leg.f, err)
+	out[leg.i] = getResult{resp, err}
+}
+
+// follow waits for the flight another get leads and then answers from the hot set; ok
+// is false when the get must be planned on its own (seq: for its install).
+func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool) {
+	<-leg.f.done
+	st := o.lock()
+	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
+		// The key was absent during the follower's call, and no put or delete of it has
+		// reached this owner since the leader's miss.
+		o.unlock()
+		return getResult{err: leg.f.err}, 0, true
+	}
+	resp, seq, err := st.cachedGet(c, leg.key, time.Now())
 	o.unlock()
 	if err != nil || resp != nil {
 		if resp != nil && o.cachedGets != nil {
 			o.cachedGets.Inc()
 		}
-		return resp, err
+		return getResult{resp, err}, 0, true
 	}
-
-	h, t, err := o.planGet(key)
-	if wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND {
-		st := o.lock()
-		st.getNotFound(key)
-		o.unlock()
-	}
-	if err != nil {
-		return nil, err
-	}
-	st = o.lock()
-	defer o.unlock()
-	return st.finishGet(c, t, h, seq)
+	return getResult{}, seq, false
 }

@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"context"
 	"errors"
+	"slices"
+	"time"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -30,14 +33,15 @@ const (
 // when the holder reaches its session (or not). A failed attempt ends it here, once
 // nothing writes its target; one whose target was pinned meanwhile (the owner
 // registered with a new master) fails the get UNAVAILABLE instead of re-planning.
-func (o *Owner) planGet(key string) (*holding, *getTarget, error) {
+//
+// s is the first plan (startGets); the re-plans go one key at a time (GetStart).
+func (o *Owner) planGet(key string, s startedGet) (*holding, *getTarget, error) {
 	var exclude []string
-	for failures := 0; ; {
-		mark := o.replicaMark()
-		plan, t, err := o.getStart(key, exclude)
-		if err != nil {
-			return nil, nil, err
+	for failures := 0; ; s = o.getStart(key, exclude) {
+		if s.err != nil {
+			return nil, nil, s.err
 		}
+		plan, t, mark := s.plan, s.t, s.mark
 		if plan.Done {
 			h := localHit(key, plan)
 			o.learnReplica(h, mark, 0)
@@ -131,34 +135,111 @@ func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []s
 	return exclude, nil
 }
 
+// startedGet is one key's answer to GetStart (or its item of BatchGetStart), accepted:
+// plan and target, and the replica index's mark from before the call; or err.
+type startedGet struct {
+	plan *mp.GetStartResponse
+	t    *getTarget
+	mark uint64
+	at   time.Time // when the call was sent
+	err  error
+}
+
 // getStart asks the master for a plan, carrying queued holder acks; exclude names the
 // nodes a pull from just failed. The plan is accepted (getpins.go) under the
 // registration epoch the call was sent at: one answered across a registration is
 // dropped and the get is UNAVAILABLE (its target was not among the pins reported to
 // the new master, which may hand it to someone else).
-func (o *Owner) getStart(key string, exclude []string) (*mp.GetStartResponse, *getTarget, error) {
+func (o *Owner) getStart(key string, exclude []string) startedGet {
+	var plan *mp.GetStartResponse
+	s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
+		plan, err = o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
+		return err
+	}, func() (common.ErrorCode, string) { return plan.Code, plan.Message })
+	if s.err != nil {
+		return s
+	}
+	return o.acceptPlans([]string{key}, []*mp.GetStartResponse{plan}, s)[0]
+}
+
+// startGets plans keys: GetStart for one key, else one BatchGetStart per wire.MaxBatch
+// keys. Each answer is accepted as getStart's; a failed call fails its keys.
+func (o *Owner) startGets(keys []string) []startedGet {
+	if len(keys) == 1 {
+		return []startedGet{o.getStart(keys[0], nil)}
+	}
+	out := make([]startedGet, 0, len(keys))
+	for part := range slices.Chunk(keys, int(mp.BATCH)) {
+		var resp *mp.BatchGetStartResponse
+		s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
+			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks})
+			return err
+		}, func() (common.ErrorCode, string) { return resp.Code, resp.Message })
+		if s.err == nil && len(resp.Results) != len(part) {
+			s.err = errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d keys of a BatchGetStart", len(resp.Results), len(part))
+		}
+		if s.err != nil {
+			for range part {
+				out = append(out, s)
+			}
+			continue
+		}
+		out = append(out, o.acceptPlans(part, resp.Results, s)...)
+	}
+	return out
+}
+
+// askMaster makes one planning call (call, carrying the queued holder acks, which go
+// back to the queue when the call fails in transport) once no registration is in
+// progress, and returns the call's mark and registration epoch (in t) or its error;
+// code reads the answer's code.
+func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, code func() (common.ErrorCode, string)) startedGet {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	if err := o.master.settled(ctx); err != nil {
-		return nil, nil, err
-	}
-	epoch := o.regEpoch()
-	acks := o.acks.take()
-	plan, err := o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
-	if err != nil {
-		o.acks.giveBack(acks)
-	}
-	if err := o.master.check(respCode(plan, err)); err != nil {
-		return nil, nil, err
+		return startedGet{err: err}
 	}
 	st := o.lock()
-	t, err := st.acceptPlan(plan, epoch)
+	s := startedGet{mark: st.replicas.mark(), t: &getTarget{epoch: st.reg.epoch}, at: time.Now()}
 	o.unlock()
+	acks := o.acks.take()
+	err := call(ctx, acks)
 	if err != nil {
-		o.dropPlan(key, plan)
-		return nil, nil, err
+		o.acks.giveBack(acks)
+		return startedGet{err: o.master.check(0, "", err)}
 	}
-	return plan, t, nil
+	c, msg := code()
+	if err := o.master.check(c, msg, nil); err != nil {
+		return startedGet{err: err}
+	}
+	return s
+}
+
+// acceptPlans accepts the master's answers to keys (a call described by s) under one
+// hold of Owner.mu; a refused plan is dropped.
+func (o *Owner) acceptPlans(keys []string, plans []*mp.GetStartResponse, s startedGet) []startedGet {
+	out := make([]startedGet, len(keys))
+	for i, plan := range plans {
+		out[i] = startedGet{plan: plan, mark: s.mark, at: s.at}
+		if plan == nil {
+			out[i].err = errCode(common.ErrorCode_INTERNAL, "the master sent no plan for key %q", keys[i])
+		} else {
+			out[i].err = o.master.check(plan.Code, plan.Message, nil)
+		}
+	}
+	st := o.lock()
+	for i := range out {
+		if out[i].err == nil {
+			out[i].t, out[i].err = st.acceptPlan(plans[i], s.t.epoch)
+		}
+	}
+	o.unlock()
+	for i, r := range out {
+		if r.t == nil && r.err != nil && plans[i] != nil && plans[i].Code == common.ErrorCode_OK {
+			o.dropPlan(keys[i], plans[i])
+		}
+	}
+	return out
 }
 
 // revokeGet tells the master a planned get will not complete, and why (dropSSD: its

@@ -11,6 +11,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // pullRemote serves a get planned from another owner's memory replica: this owner
@@ -174,16 +175,14 @@ func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, er
 	if o.getPinned(plan.GetId) {
 		return nil, errGetMasterChanged()
 	}
-	mctx, mcancel := o.master.ctx()
-	defer mcancel()
-	done, derr := o.master.cl().GetDone(mctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
-	if derr != nil {
+	done, err := o.getDone(key, plan.GetId)
+	if wire.CodeOf(err) == common.ErrorCode_UNAVAILABLE {
 		// The reply may be lost after the master recorded the holder, whose id is the
 		// get id: release it (an ack of a holder that does not exist does no harm; an
 		// unfinished get expires with the master's in-flight TTL).
 		o.acks.add(plan.GetId)
 	}
-	if err := o.master.check(respCode(done, derr)); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,

@@ -48,10 +48,8 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) 
 	}
 	if plan.HolderId == 0 {
 		// A master that did not pre-record the holder: confirm before handing out.
-		ctx, cancel := o.master.ctx()
-		defer cancel()
-		done, derr := o.master.cl().GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: plan.GetId})
-		if err := o.master.check(respCode(done, derr)); err != nil {
+		done, err := o.getDone(key, plan.GetId)
+		if err != nil {
 			return nil, err
 		}
 		h.masterID, h.replica = done.HolderId, done.Promoted
@@ -67,10 +65,8 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) 
 // the key's memory replica from then on, so its holding may stay cached after release.
 func (o *Owner) confirmRefill(key string, getID int64, h *holding, mark, own uint64) {
 	defer o.wg.Done()
-	ctx, cancel := o.master.ctx()
-	defer cancel()
-	done, err := o.master.cl().GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: key, GetId: getID})
-	if err := o.master.check(respCode(done, err)); err != nil {
+	done, err := o.getDone(key, getID)
+	if err != nil {
 		// The holder stays valid (the master keeps it until acked); only the
 		// promotion is lost.
 		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")

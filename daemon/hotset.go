@@ -48,18 +48,50 @@ type holding struct {
 //
 // The invalidation sequence guards the window of a master trip. A get that missed
 // reads invalSeq() before calling GetStart and hands the result to install with that
-// value; if any invalidation (a put or delete through this owner, the master's
-// InvalidateCachedInfo, a re-registration) happened in between, install does not keep
-// the result: it may be a version the invalidation already declared dead. The get
-// still hands its holder out (the bytes are a consistent version that was current
-// during the call), it just does not keep it for later gets.
+// value; if an invalidation of its key (a put or delete through this owner, the
+// master's InvalidateCachedInfo, a miss at the master) or a reset (a re-registration)
+// happened in between, install does not keep the result: it may be a version the
+// invalidation already declared dead. The get still hands its holder out (the bytes
+// are a consistent version that was current during the call), it just does not keep it
+// for later gets. The hot set remembers the keys of its last invalNotes invalidations;
+// a trip that saw more of them keeps nothing.
 type hotSet struct {
 	grace     time.Duration // ≤ 0: released holdings are never kept idle
 	budget    int64         // most bytes of idle holdings (≤ 0: none are kept)
 	byKey     map[string]*holding
 	idle      list.List // hot-set holdings with refs == 0, least recently released first
 	idleBytes int64
-	seq       uint64 // bumped by every invalidation
+	pinned    int64  // bytes of prefix-lookup pins (pins.go), inside budget too
+	seq       uint64 // bumped by every invalidation and reset
+	// notes[s%invalNotes] is what invalidation s invalidated: a key, or all (a reset).
+	notes [invalNotes]invalNote
+}
+
+// invalNotes is how many recent invalidations the hot set remembers for install.
+const invalNotes = 1024
+
+type invalNote struct {
+	key string
+	all bool
+}
+
+// noteInval records invalidation n as the next in the sequence.
+func (c *hotSet) noteInval(n invalNote) {
+	c.seq++
+	c.notes[c.seq%invalNotes] = n
+}
+
+// invalidatedSince reports whether key may have been invalidated after seq.
+func (c *hotSet) invalidatedSince(key string, seq uint64) bool {
+	if c.seq-seq >= invalNotes {
+		return true
+	}
+	for s := seq + 1; s <= c.seq; s++ {
+		if n := c.notes[s%invalNotes]; n.all || n.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 func newHotSet(grace time.Duration, budget int64) *hotSet {
@@ -108,11 +140,31 @@ func (c *hotSet) unref(h *holding, now time.Time) (acks []int64) {
 	h.idle = now
 	h.elem = c.idle.PushBack(h)
 	c.idleBytes += h.len
-	for c.idleBytes > c.budget {
+	return append(acks, c.trim()...)
+}
+
+// trim lets go of the least recently released idle holdings while idle and pinned
+// bytes exceed the budget, returning their master ids.
+func (c *hotSet) trim() (acks []int64) {
+	for c.idleBytes+c.pinned > c.budget && c.idle.Len() > 0 {
 		acks = append(acks, c.forget(c.idle.Front().Value.(*holding)))
 	}
 	return acks
 }
+
+// reservePin counts n more pinned bytes against the budget, letting idle holdings go
+// to make room (their master ids returned); ok is false, and nothing changes, when the
+// pins alone would exceed it.
+func (c *hotSet) reservePin(n int64) (acks []int64, ok bool) {
+	if c.pinned+n > c.budget {
+		return nil, false
+	}
+	c.pinned += n
+	return c.trim(), true
+}
+
+// unpin gives back n pinned bytes.
+func (c *hotSet) unpin(n int64) { c.pinned -= n }
 
 // forget removes an unreferenced holding from the hot set and returns its master id.
 func (c *hotSet) forget(h *holding) int64 {
@@ -144,7 +196,7 @@ func (c *hotSet) install(h *holding, seq uint64) (use *holding, acks []int64) {
 	switch {
 	case cur != nil && cur.putID == h.putID:
 		return cur, []int64{h.masterID} // a concurrent get installed the same version: share it
-	case seq == c.seq && (cur == nil || cur.putID < h.putID):
+	case !c.invalidatedSince(h.key, seq) && (cur == nil || cur.putID < h.putID):
 		if cur != nil {
 			delete(c.byKey, h.key)
 			if cur.refs == 0 {
@@ -159,7 +211,7 @@ func (c *hotSet) install(h *holding, seq uint64) (use *holding, acks []int64) {
 // invalidate drops key from the hot set if its version is ≤ upTo (math.MaxInt64:
 // any version). Live holders keep their bytes; an idle holding is let go (ack ≠ 0).
 func (c *hotSet) invalidate(key string, upTo int64) (ack int64) {
-	c.seq++
+	c.noteInval(invalNote{key: key})
 	h := c.byKey[key]
 	if h == nil || h.putID > upTo {
 		return 0
@@ -189,7 +241,7 @@ func (c *hotSet) sweep(now time.Time, force bool) []int64 {
 // reset empties the hot set without acking: a new master registration knows
 // none of these holders (held ones are reported to it as pins and acked when released).
 func (c *hotSet) reset() {
-	c.seq++
+	c.noteInval(invalNote{all: true})
 	for c.idle.Len() > 0 {
 		c.unidle(c.idle.Front().Value.(*holding))
 	}

@@ -74,6 +74,12 @@ func TestHotSetScript(t *testing.T) {
 		case "reset":
 			c.reset()
 			return "ok\n"
+		case "pin": // pin bytes=N: a prefix lookup pins N bytes
+			acks, ok := c.reservePin(argInt("bytes"))
+			return fmt.Sprintf("ok=%v acks=%v pinned=%d\n", ok, acks, c.pinned)
+		case "unpin":
+			c.unpin(argInt("bytes"))
+			return fmt.Sprintf("pinned=%d\n", c.pinned)
 		case "state":
 			var b strings.Builder
 			keys := make([]string, 0, c.len())

@@ -168,6 +168,12 @@ func (m *masterLink) check(code common.ErrorCode, msg string, err error) error {
 	return wire.FromResponse(code, msg)
 }
 
+// unsettled reports whether a registration (or its replica report) is in progress.
+func (m *masterLink) unsettled() bool {
+	ch := m.settling.Load()
+	return ch != nil && !isClosed(*ch)
+}
+
 // settled waits until no registration is in progress, or ctx ends (UNAVAILABLE).
 func (m *masterLink) settled(ctx context.Context) error {
 	ch := m.settling.Load()

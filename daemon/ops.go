@@ -2,50 +2,82 @@ package daemon
 
 import (
 	"math"
+	"slices"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// delete removes key at the master; this owner then drops the key from its hot set, replica index and SSD
-// entries of the removed version (other owners learn it from the master).
-func (o *Owner) delete(key string) (bool, error) {
-	if err := wire.ValidateKey(key); err != nil {
-		return false, err
-	}
+// deleteMany removes keys at the master (Delete for one key, else one BatchDelete per
+// wire.MaxBatch keys); results[i] answers keys[i]. This owner then drops each key from
+// its hot set, replica index and SSD entries of the removed version (other owners learn
+// it from the master).
+func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
+	out := make([]*external.DeleteResponse, len(keys))
+	var valid []int
 	// Whatever the outcome (a lost reply may hide a delete that happened), this owner's
-	// record of the key goes first: a master restart must not bring it back.
+	// record of each key goes first: a master restart must not bring it back.
 	st := o.lock()
-	st.replicas.drop(key, math.MaxInt64)
-	o.unlock()
-	ctx, cancel := o.master.ctx()
-	defer cancel()
-	resp, err := o.master.cl().Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: key})
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		return false, err
+	for i, k := range keys {
+		out[i] = &external.DeleteResponse{}
+		if err := wire.ValidateKey(k); err != nil {
+			out[i].Code, out[i].Message = wire.ToResponse(err)
+			continue
+		}
+		st.replicas.drop(k, math.MaxInt64)
+		valid = append(valid, i)
 	}
-	upTo := resp.PutId
-	if upTo == 0 { // no route, or a master that does not say: nothing of the key is current
-		upTo = math.MaxInt64
-	}
-	st = o.lock()
-	st.invalidate(key, upTo)
 	o.unlock()
-	return resp.Deleted, nil
+	for part := range slices.Chunk(valid, int(mp.BATCH)) {
+		names := make([]string, len(part))
+		for j, i := range part {
+			names[j] = keys[i]
+		}
+		results, callErr := o.askDelete(names)
+		errs := make([]error, len(part))
+		for j := range part {
+			if errs[j] = callErr; errs[j] == nil {
+				errs[j] = o.master.check(results[j].Code, results[j].Message, nil)
+			}
+		}
+		st := o.lock()
+		for j, i := range part {
+			if errs[j] == nil {
+				out[i].Deleted = results[j].Deleted
+				upTo := results[j].PutId
+				if upTo == 0 { // no route, or a master that does not say: nothing of the key is current
+					upTo = math.MaxInt64
+				}
+				st.invalidate(keys[i], upTo)
+			}
+			out[i].Code, out[i].Message = wire.ToResponse(errs[j])
+		}
+		o.unlock()
+	}
+	return out
 }
 
-func (o *Owner) exists(key string) (bool, error) {
-	if err := wire.ValidateKey(key); err != nil {
-		return false, err
-	}
+// askDelete is one Delete (one key) or BatchDelete call; results[i] answers keys[i].
+func (o *Owner) askDelete(keys []string) ([]*mp.DeleteResponse, error) {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.cl().Exists(ctx, &mp.ExistsRequest{Node: o.master.ref, Key: key})
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		return false, err
+	if len(keys) == 1 {
+		resp, err := o.master.cl().Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: keys[0]})
+		if err != nil {
+			return nil, o.master.check(0, "", err)
+		}
+		return []*mp.DeleteResponse{resp}, nil
 	}
-	return resp.Exists, nil
+	resp, err := o.master.cl().BatchDelete(ctx, &mp.BatchDeleteRequest{Node: o.master.ref, Keys: keys})
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		return nil, err
+	}
+	if len(resp.Results) != len(keys) || slices.Contains(resp.Results, nil) {
+		return nil, errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d keys of a BatchDelete", len(resp.Results), len(keys))
+	}
+	return resp.Results, nil
 }
 
 // coded is any response with a (code, message) pair.

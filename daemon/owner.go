@@ -35,9 +35,11 @@ type Owner struct {
 	master *masterLink
 	peer   *peerServer
 	acks   *acker
-	data   *transfer.Server    // serves other owners' pulls from the segment
-	puller *transfer.Client    // pulls from other owners into the segment
-	peers  *peerclient.Clients // other owners' peer services (remote SSD staging)
+	// getDones coalesces the GetDones of concurrent gets (getdone.go).
+	getDones getDoneQueue
+	data     *transfer.Server    // serves other owners' pulls from the segment
+	puller   *transfer.Client    // pulls from other owners into the segment
+	peers    *peerclient.Clients // other owners' peer services (remote SSD staging)
 	// peerAddr and dataAddr are the advertised addresses registered with the master.
 	peerAddr, dataAddr string
 

@@ -227,7 +227,7 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		if t != nil {
 			h.offset, h.len = t.offset, t.len
 		}
-		resp, err := st.finishGet(c, t, h, s.seqs[key])
+		resp, err := st.finishGet(c, t, h, s.seqs[key], s.now)
 		if err != nil {
 			return "", err
 		}
@@ -297,7 +297,7 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 			// PutDone went out and failed (a registration may have pinned the put meanwhile).
 			outcome = errCode(common.ErrorCode_UNAVAILABLE, "PutDone failed")
 		default:
-			st.putPublished(p, s.mark(d))
+			st.putsPublished([]*pendingPut{p}, s.mark(d))
 		}
 		st.endPut(c, p, outcome)
 		return "outcome: " + code(outcome) + "\n", nil

@@ -41,6 +41,8 @@ type ownerState struct {
 	replicas *replicaIndex
 	writes   segmentWrites
 	reg      registration
+	flights  map[string]*flight // gets in progress, one per key (flights.go)
+	pins     pinQueue           // prefix-lookup pins by deadline (pins.go)
 
 	fx effects
 }
@@ -171,6 +173,7 @@ func (st *ownerState) invalidate(key string, upTo int64) {
 
 // sweepIdle acks idle hot-set holdings whose grace ran out by now (all with force).
 func (st *ownerState) sweepIdle(now time.Time, force bool) {
+	st.expirePins(now)
 	st.ack(st.hot.sweep(now, force)...)
 }
 
@@ -191,6 +194,7 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 	}
 	c.closed = true
 	delete(st.sessions, c.id)
+	st.dropPins(c)
 	holders = len(c.holders)
 	ids := make([]int64, 0, len(c.holders))
 	for id := range c.holders {
@@ -220,6 +224,7 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time) (resp *ex
 	}
 	if h := st.hot.lookup(key); h != nil && st.leased(now) {
 		id := st.newHolder(c, h)
+		st.takeOverPin(c, key, now)
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)
 		}
@@ -240,7 +245,7 @@ func (st *ownerState) getNotFound(key string) {
 // leaves segmentWrites and becomes the session's holder, which register pins like any
 // other. A plan of an earlier registration never reaches the client. seq is what
 // cachedGet returned.
-func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64) (*external.GetResponse, error) {
+func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64, now time.Time) (*external.GetResponse, error) {
 	if st.endGet(t) {
 		st.ack(h.masterID)
 		return nil, errGetMasterChanged()
@@ -252,6 +257,7 @@ func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64
 	h, acks := st.hot.install(h, seq)
 	st.ack(acks...)
 	id := st.newHolder(c, h)
+	st.takeOverPin(c, h.key, now)
 	return holderResponse(id, h), nil
 }
 

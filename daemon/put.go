@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"slices"
+	"time"
 
 	"github.com/cloudwego/kitex/client/callopt"
 
@@ -13,43 +15,108 @@ import (
 
 // putStart asks the master for a target and records the in-flight put in the session.
 func (o *Owner) putStart(c *session, key string, length int64, opts *external.PutOptions) (putID, offset int64, err error) {
-	if err := wire.ValidateKey(key); err != nil {
-		return 0, 0, err
+	r := o.putStartMany(c, []*external.PutStartItem{{Key: key, Len: length, Opts: opts}})[0]
+	return r.PutId, r.Offset, wire.FromResponse(r.Code, r.Message)
+}
+
+// putStartMany starts the puts of items (PutStart for one, else one BatchPutStart per
+// wire.MaxBatch items) and records each in the session; results[i] answers items[i].
+func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*external.PutStartResponse {
+	out := make([]*external.PutStartResponse, len(items))
+	var valid []int
+	for i, it := range items {
+		out[i] = &external.PutStartResponse{}
+		err := errCode(common.ErrorCode_INVALID_ARGUMENT, "null item")
+		if it != nil {
+			if err = wire.ValidateKey(it.Key); err == nil {
+				err = wire.ValidateLen(it.Len, o.seg.Size())
+			}
+		}
+		if err != nil {
+			out[i].Code, out[i].Message = wire.ToResponse(err)
+			continue
+		}
+		valid = append(valid, i)
 	}
-	if err := wire.ValidateLen(length, o.seg.Size()); err != nil {
-		return 0, 0, err
+	for part := range slices.Chunk(valid, int(mp.BATCH)) {
+		reqs := make([]*mp.PutStartItem, len(part))
+		for j, i := range part {
+			it := items[i]
+			reqs[j] = &mp.PutStartItem{Key: it.Key, Len: it.Len, RejectIfExists: it.Opts != nil && it.Opts.RejectIfExists}
+		}
+		plans, epoch, callErr := o.askPutStart(reqs)
+		for j, i := range part {
+			err := callErr
+			if err == nil {
+				var r *external.PutStartResponse
+				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch); err == nil {
+					out[i] = r
+				}
+			}
+			out[i].Code, out[i].Message = wire.ToResponse(err)
+		}
 	}
+	return out
+}
+
+// askPutStart is one PutStart (one item) or BatchPutStart call, carrying the queued
+// holder acks, once no registration is in progress; epoch is the registration's when it
+// was sent.
+func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartResponse, epoch uint64, err error) {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	if err := o.master.settled(ctx); err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
-	epoch := o.regEpoch()
+	epoch = o.regEpoch()
 	acks := o.acks.take()
-	resp, err := o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: key, Len: length,
-		RejectIfExists: opts != nil && opts.RejectIfExists, Acks: acks})
+	code, msg := common.ErrorCode_OK, ""
+	if len(items) == 1 {
+		it := items[0]
+		var resp *mp.PutStartResponse
+		if resp, err = o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: it.Key, Len: it.Len, RejectIfExists: it.RejectIfExists, Acks: acks}); err == nil {
+			plans = []*mp.PutStartResponse{resp}
+		}
+	} else {
+		var resp *mp.BatchPutStartResponse
+		if resp, err = o.master.cl().BatchPutStart(ctx, &mp.BatchPutStartRequest{Node: o.master.ref, Items: items, Acks: acks}); err == nil {
+			code, msg, plans = resp.Code, resp.Message, resp.Results
+		}
+	}
 	if err != nil {
 		o.acks.giveBack(acks)
 	}
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		return 0, 0, err
+	if err := o.master.check(code, msg, err); err != nil {
+		return nil, 0, err
+	}
+	if len(plans) != len(items) || slices.Contains(plans, nil) {
+		return nil, 0, errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d puts of a BatchPutStart", len(plans), len(items))
+	}
+	return plans, epoch, nil
+}
+
+// acceptStartedPut records the put the master placed for it (resp, answered to a call
+// sent at registration epoch) in session c.
+func (o *Owner) acceptStartedPut(c *session, it *mp.PutStartItem, resp *mp.PutStartResponse, epoch uint64) (*external.PutStartResponse, error) {
+	if err := o.master.check(resp.Code, resp.Message, nil); err != nil {
+		return nil, err
 	}
 	// The client writes at the source offset: the target itself, or, for a put the
 	// master placed on another owner, a range of this owner's transfer area that the
 	// target pulls from at PutDone.
-	p := &pendingPut{key: key, putID: resp.PutId, offset: resp.SourceOffset, len: length, local: resp.TargetNodeId == o.opts.NodeID}
-	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-length {
+	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, local: resp.TargetNodeId == o.opts.NodeID}
+	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-it.Len {
 		o.abandonPut(p)
-		return 0, 0, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, length, o.seg.Size())
+		return nil, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, it.Len, o.seg.Size())
 	}
 	st := o.lock()
-	err = st.acceptPut(c, p, epoch)
+	err := st.acceptPut(c, p, epoch)
 	o.unlock()
 	if err != nil {
 		o.abandonPut(p) // revoked, in case a new master answered it
-		return 0, 0, err
+		return nil, err
 	}
-	return p.putID, p.offset, nil
+	return &external.PutStartResponse{PutId: p.putID, Offset: p.offset}, nil
 }
 
 // acceptPut records the put the master placed for session c, whose PutStart was sent
@@ -87,47 +154,94 @@ func (st *ownerState) endPut(c *session, p *pendingPut, outcome error) {
 	close(p.ending)
 }
 
-// putPublished: the master published p (mark was the replica index's before PutDone).
-// Older versions of the key are dead here; a put placed on this owner is the key's
-// replica.
-func (st *ownerState) putPublished(p *pendingPut, mark uint64) {
-	st.invalidate(p.key, p.putID-1)
-	if p.local {
-		st.replicas.learn(replicaRecord{key: p.key, putID: p.putID, offset: p.offset, len: p.len}, mark, 0)
+// putsPublished: the master published ps (mark was the replica index's before
+// PutDone). A put placed on this owner is the key's replica; older versions of the
+// keys are dead here. Every record is learned before any older version is dropped: the
+// drops are notes of the index, and a batch's own must not make its records doubtful.
+func (st *ownerState) putsPublished(ps []*pendingPut, mark uint64) {
+	for _, p := range ps {
+		if p.local {
+			st.replicas.learn(replicaRecord{key: p.key, putID: p.putID, offset: p.offset, len: p.len}, mark, 0)
+		}
+	}
+	for _, p := range ps {
+		st.invalidate(p.key, p.putID-1)
 	}
 }
 
-// putEnd publishes the put; the key leaves the owner's hot set only after
-// the master published the new version, so no get can install the old one afterwards.
-// A PutEnd repeated on the same session (its reply was lost) answers the outcome of
-// the first: it waits for one still in progress, or finds it among the session's last
-// putEndMemory ended puts.
+// putEnd publishes the put (putEndMany of one item).
+func (o *Owner) putEnd(c *session, key string, putID int64, copies []*external.AreaCopy) error {
+	return o.putEndMany(c, []*external.PutEndItem{{Key: key, PutId: putID, Copies: copies}})[0]
+}
+
+// putEndMany publishes the puts of items, results[i] answering items[i]: each is
+// readied (endingPut), then those ready go to the master together (publish), then
+// each ends. The key leaves the owner's hot set only after the master published the
+// new version, so no get can install the old one afterwards.
+func (o *Owner) putEndMany(c *session, items []*external.PutEndItem) []error {
+	out := make([]error, len(items))
+	var ready, ending []*pendingPut
+	var at, endingAt []int
+	for i, it := range items {
+		if it == nil {
+			out[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "null item")
+			continue
+		}
+		p, running, err := o.endingPut(c, it.Key, it.PutId, it.Copies)
+		switch {
+		case p != nil:
+			ready, at = append(ready, p), append(at, i)
+		case running != nil: // answered once this call (or another) has published it
+			ending, endingAt = append(ending, running), append(endingAt, i)
+		default:
+			out[i] = err
+		}
+	}
+	errs := o.publish(ready)
+	st := o.lock()
+	for j, p := range ready {
+		st.endPut(c, p, errs[j])
+		out[at[j]] = errs[j]
+	}
+	o.unlock()
+	for j, p := range ending {
+		<-p.ending
+		out[endingAt[j]] = p.outcome
+	}
+	return out
+}
+
+// endingPut readies one put for publishing and returns it (p), or the put whose PutEnd
+// is already in progress (running: the caller waits for its outcome once its own puts
+// are published, since this call may be the one publishing it), or the outcome to
+// answer at once. A PutEnd repeated on the same session (its reply was lost) answers
+// the outcome of the first: it waits for one still in progress, or finds it among the
+// session's last putEndMemory ended puts.
 //
 // Under client isolation the copies (validated first: a bad one leaves the put pending)
 // are copied from the session's put area into the put's range after any PutWrite still
 // copying has finished; a repeated PutEnd copies nothing again.
-func (o *Owner) putEnd(c *session, key string, putID int64, copies []*external.AreaCopy) error {
+func (o *Owner) endingPut(c *session, key string, putID int64, copies []*external.AreaCopy) (p, running *pendingPut, err error) {
 	if err := checkCopyCount(len(copies)); err != nil {
-		return err
+		return nil, nil, err
 	}
 	st := o.lock()
-	p := c.puts[putID]
+	p = c.puts[putID]
 	switch {
 	case p != nil && p.key == key && p.ending != nil:
 		o.unlock()
-		<-p.ending
-		return p.outcome
+		return nil, p, nil
 	case p == nil || p.key != key:
 		outcome, ok := c.ended.lookup(putID, key)
 		o.unlock()
 		if ok {
-			return outcome
+			return nil, nil, outcome
 		}
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, aborted, or ended longer ago than the last %d puts)", putID, putEndMemory)
+		return nil, nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, aborted, or ended longer ago than the last %d puts)", putID, putEndMemory)
 	}
 	if err := st.checkPutCopies(c, p, copies); err != nil {
 		o.unlock()
-		return err
+		return nil, nil, err
 	}
 	p.ending = make(chan struct{}) // no PutWrite starts from now on
 	if len(copies) > 0 {
@@ -142,42 +256,86 @@ func (o *Owner) putEnd(c *session, key string, putID int64, copies []*external.A
 	}
 	o.waitCopiesLocked(p)
 	o.unlock()
-
-	err := o.publish(p)
-
-	st = o.lock()
-	st.endPut(c, p, err)
-	o.unlock()
-	return err
+	return p, nil, nil
 }
 
-// publish runs PutDone for p. On success the key's older versions are dead here: the
-// hot-set holding and SSD entries of versions before putID go.
-func (o *Owner) publish(p *pendingPut) error {
-	if o.ackPin(p) {
-		return errCode(common.ErrorCode_UNAVAILABLE, "the master restarted during this put; the value was not stored")
+// publish runs PutDone for ps (one call: PutDone for one put, else BatchPutDone per
+// wire.MaxBatch puts); errs[i] is ps[i]'s outcome. On success the key's older versions
+// are dead here: the hot-set holding and SSD entries of versions before putID go.
+func (o *Owner) publish(ps []*pendingPut) []error {
+	errs := make([]error, len(ps))
+	var send []int
+	for i, p := range ps {
+		if o.ackPin(p) {
+			errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "the master restarted during this put; the value was not stored")
+			continue
+		}
+		send = append(send, i)
 	}
-	// A put placed on another owner is pulled by it during PutDone: allow for the
-	// transfer (its owner gives up after TransferTimeout) on top of the usual bound.
-	wait := o.opts.MasterTimeout + o.opts.TransferTimeout
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	mark := o.replicaMark()
-	resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
-	if err != nil {
-		o.abandonPut(p) // best effort: the master may not have seen PutDone
-		// It may have published: the older version this owner records may be dead.
+	for part := range slices.Chunk(send, int(mp.BATCH)) {
+		mark := o.replicaMark()
+		results, err := o.askPutDone(ps, part)
+		if err != nil {
+			for _, i := range part {
+				o.abandonPut(ps[i]) // best effort: the master may not have seen PutDone
+			}
+		}
+		for j, i := range part {
+			if errs[i] = err; err == nil {
+				errs[i] = o.master.check(results[j].Code, results[j].Message, nil)
+			}
+		}
 		st := o.lock()
-		st.replicas.drop(p.key, p.putID-1)
+		for _, i := range part {
+			if err != nil {
+				// It may have published: the older version this owner records may be dead.
+				st.replicas.drop(ps[i].key, ps[i].putID-1)
+			}
+		}
+		var published []*pendingPut
+		for _, i := range part {
+			if err == nil && errs[i] == nil {
+				published = append(published, ps[i])
+			}
+		}
+		st.putsPublished(published, mark)
 		o.unlock()
 	}
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		return err
+	return errs
+}
+
+// putDoneParallel is how many items of a BatchPutDone the master publishes at once.
+const putDoneParallel = int(mp.BATCH_PUT_DONE_PARALLEL)
+
+// askPutDone is one PutDone (one put) or BatchPutDone call for ps[i], i in part.
+func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse, error) {
+	// A put placed on another owner is pulled by it during PutDone: allow for the
+	// transfer (its owner gives up after TransferTimeout) on top of the usual bound, once
+	// for each round of a batch's pulls (the master runs putDoneParallel at a time).
+	rounds := (len(part) + putDoneParallel - 1) / putDoneParallel
+	wait := o.opts.MasterTimeout + time.Duration(rounds)*o.opts.TransferTimeout
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if len(part) == 1 {
+		p := ps[part[0]]
+		resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
+		if err != nil {
+			return nil, o.master.check(0, "", err)
+		}
+		return []*mp.PutDoneResponse{resp}, nil
 	}
-	st := o.lock()
-	st.putPublished(p, mark)
-	o.unlock()
-	return nil
+	items := make([]*mp.PutDoneItem, len(part))
+	for j, i := range part {
+		items[j] = &mp.PutDoneItem{Key: ps[i].key, PutId: ps[i].putID}
+	}
+	resp, err := o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: o.master.ref, Items: items}, callopt.WithRPCTimeout(wait))
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		return nil, err
+	}
+	if len(resp.Results) != len(part) || slices.Contains(resp.Results, nil) {
+		return nil, errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d puts of a BatchPutDone", len(resp.Results), len(part))
+	}
+	return resp.Results, nil
 }
 
 func (o *Owner) putAbort(c *session, key string, putID int64) error {

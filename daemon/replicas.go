@@ -3,6 +3,7 @@ package daemon
 import (
 	"github.com/google/btree"
 
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -28,8 +29,9 @@ type indexNote struct {
 
 // indexNotes is how many recent notes the index keeps for learn: a master call during
 // which more changes happened learns nothing (a missing record only costs a hot-set entry
-// after a master restart; a stale one could serve a dead version).
-const indexNotes = 4096
+// after a master restart; a stale one could serve a dead version). Twice a batch: the
+// keys of one batch open their own targets during the batch's call.
+const indexNotes = 2 * external.MAX_BATCH
 
 // replicaIndex is the owner's record of which key version each range of its memory
 // pool holds (README "Several owners": owners know their replicas). It learns a record

@@ -26,6 +26,7 @@ type session struct {
 	// Part of ownerState (under Owner.mu).
 	holders map[int64]*holding // external holder id → shared holding
 	puts    map[int64]*pendingPut
+	pins    map[string]*pin // prefix-lookup pins by key (pins.go)
 	ended   endedPuts
 	closed  bool
 	// area is the session's put area under client isolation (nil without): the client
@@ -121,10 +122,13 @@ func (o *Owner) sweepIdle(force bool) {
 	st.sweepIdle(time.Now(), force)
 }
 
-// idleLoop ends hot-set grace periods.
+// pinTick bounds how late a prefix-lookup pin ends after its time is up.
+const pinTick = 50 * time.Millisecond
+
+// idleLoop ends hot-set grace periods and prefix-lookup pins.
 func (o *Owner) idleLoop(stop <-chan struct{}) {
 	defer o.wg.Done()
-	t := time.NewTicker(max(o.opts.CacheGrace/2, time.Millisecond))
+	t := time.NewTicker(min(max(o.opts.CacheGrace/2, time.Millisecond), pinTick))
 	defer t.Stop()
 	for {
 		select {

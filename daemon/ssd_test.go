@@ -25,9 +25,10 @@ import (
 // serves real Unix sockets and a real memfd). In-process so a test can hand the SSD
 // tier an error-injecting file (ssd.Faults): the one fake DESIGN allows.
 type node struct {
-	m *master.Server
-	o *Owner
-	c *fluxkv.Client
+	m    *master.Server
+	o    *Owner
+	c    *fluxkv.Client
+	opts Options // the owner's; addOwner starts more owners from it
 }
 
 func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options, tweaks ...func(*Options)) *node {
@@ -73,7 +74,7 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options, twe
 		o.Stop()
 		m.Stop()
 	})
-	return &node{m: m, o: o, c: c}
+	return &node{m: m, o: o, c: c, opts: opts}
 }
 
 func ssdOptions(t testing.TB, limit int64) *ssd.Options {

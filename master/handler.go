@@ -66,23 +66,34 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 
 func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.PutStartResponse, error) {
 	h.applyAcks(req.Node, req.Acks)
+	return h.putStart(ctx, req.Node, req.Key, req.Len, req.RejectIfExists), nil
+}
+
+func (h *handler) putStart(ctx context.Context, node *mp.NodeRef, key string, length int64, reject bool) *mp.PutStartResponse {
 	var plan PutPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
-		plan, err = st.PutStart(time.Now(), ref(req.Node), req.Key, req.Len, req.RejectIfExists)
+		plan, err = st.PutStart(time.Now(), ref(node), key, length, reject)
 		return err
 	})
 	resp := &mp.PutStartResponse{PutId: plan.PutID, TargetNodeId: plan.TargetNode, TargetDataAddr: plan.TargetAddr,
 		TargetOffset: plan.TargetOffset, SourceOffset: plan.SourceOffset, PersistToSsd: plan.PersistToSSD}
 	resp.Code, resp.Message = wire.ToResponse(err)
-	return resp, nil
+	return resp
 }
 
 // PutDone publishes a put; one placed on another owner is first pulled by that owner
 // (Server.pull, outside the lock), and placed again on another one while pulls fail.
 func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutDoneResponse, error) {
+	resp := h.putDone(req.Node, req.Key, req.PutId)
+	h.s.writeQuiet(ctx)
+	return resp, nil
+}
+
+// putDone is PutDone without the write quiet period (a batch waits it out once).
+func (h *handler) putDone(node *mp.NodeRef, key string, putID int64) *mp.PutDoneResponse {
 	var res PutResult
 	err := h.s.withState(func(st *State) (err error) {
-		res, err = st.PutDone(time.Now(), ref(req.Node), req.Key, req.PutId)
+		res, err = st.PutDone(time.Now(), ref(node), key, putID)
 		return err
 	})
 	for err == nil && res.Pull != nil {
@@ -95,10 +106,9 @@ func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutD
 	}
 	h.s.invalidate(res.Invalidations)
 	h.s.persist.submit(res.Persist)
-	h.s.writeQuiet(ctx)
 	resp := &mp.PutDoneResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
-	return resp, nil
+	return resp
 }
 
 func (h *handler) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest) (*mp.PutRevokeResponse, error) {
@@ -110,26 +120,34 @@ func (h *handler) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest) (*mp.
 
 func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.GetStartResponse, error) {
 	h.applyAcks(req.Node, req.Acks)
+	return h.getStart(ctx, req.Node, req.Key, req.ExcludeNodes), nil
+}
+
+func (h *handler) getStart(ctx context.Context, node *mp.NodeRef, key string, exclude []string) *mp.GetStartResponse {
 	var p GetPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
-		p, err = st.GetStart(time.Now(), ref(req.Node), req.Key, req.ExcludeNodes)
+		p, err = st.GetStart(time.Now(), ref(node), key, exclude)
 		return err
 	})
 	resp := &mp.GetStartResponse{GetId: p.GetID, PutId: p.PutID, Len: p.Len, Source: p.Source,
 		SourceNodeId: p.SourceNode, SourceGeneration: p.SourceGeneration, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
 		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, Done: p.Done, HolderId: p.HolderID}
 	resp.Code, resp.Message = wire.ToResponse(err)
-	return resp, nil
+	return resp
 }
 
 func (h *handler) GetDone(ctx context.Context, req *mp.GetDoneRequest) (*mp.GetDoneResponse, error) {
+	return h.getDone(req.Node, req.Key, req.GetId), nil
+}
+
+func (h *handler) getDone(node *mp.NodeRef, key string, getID int64) *mp.GetDoneResponse {
 	resp := &mp.GetDoneResponse{}
 	err := h.s.withState(func(st *State) (err error) {
-		resp.HolderId, resp.Promoted, err = st.GetDone(ref(req.Node), req.Key, req.GetId)
+		resp.HolderId, resp.Promoted, err = st.GetDone(ref(node), key, getID)
 		return err
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)
-	return resp, nil
+	return resp
 }
 
 func (h *handler) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest) (*mp.GetRevokeResponse, error) {
@@ -146,16 +164,22 @@ func (h *handler) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest) (*mp.
 }
 
 func (h *handler) Delete(ctx context.Context, req *mp.DeleteRequest) (*mp.DeleteResponse, error) {
+	resp := h.delete(req.Node, req.Key)
+	h.s.writeQuiet(ctx)
+	return resp, nil
+}
+
+// delete is Delete without the write quiet period (a batch waits it out once).
+func (h *handler) delete(node *mp.NodeRef, key string) *mp.DeleteResponse {
 	resp := &mp.DeleteResponse{}
 	var invs []Invalidation
 	err := h.s.withState(func(st *State) (err error) {
-		resp.Deleted, resp.PutId, invs, err = st.Delete(ref(req.Node), req.Key)
+		resp.Deleted, resp.PutId, invs, err = st.Delete(ref(node), key)
 		return err
 	})
 	h.s.invalidate(invs)
-	h.s.writeQuiet(ctx)
 	resp.Code, resp.Message = wire.ToResponse(err)
-	return resp, nil
+	return resp
 }
 
 func (h *handler) Exists(ctx context.Context, req *mp.ExistsRequest) (*mp.ExistsResponse, error) {

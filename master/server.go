@@ -197,7 +197,7 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 			defer func() { st.spareHeld = false }()
 			return f(st)
 		})
-		if !errors.Is(err, wire.ErrNoSpace) || time.Now().After(deadline) {
+		if !errors.Is(err, wire.ErrNoSpace) || time.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		if time.Since(asked) >= hotSetAskInterval {

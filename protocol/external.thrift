@@ -31,6 +31,8 @@ const i32 MAX_HELLO_NAME_BYTES = 256
 const i32 MAX_BATCH = 4096
 // The most holder ids piggybacked in Session.releases on any one call.
 const i32 MAX_RELEASES_PER_CALL = 4096
+// The longest pin of a prefix lookup (BatchExistsRequest.pin_ms).
+const i32 MAX_PIN_MS = 5000
 
 // Retry rules. A call "fails in transport" when no answer came back: the connection
 // broke, was refused, or the call timed out. Whether it may be sent again depends on the
@@ -282,10 +284,30 @@ struct BatchGetResponse {
   3: list<GetResponse> results,
 }
 
+// A prefix lookup (prefix): the keys are the pages of one prompt in order; the answer
+// is the count of leading keys present (BatchExistsResponse.found), evaluated in one
+// call and stopped at the first absent key. pin_ms > 0 (prefix only, at most
+// MAX_PIN_MS) also pins the pages found for that long: each becomes a holding of this
+// session in the owner's memory (a page on another owner or on SSD is brought in), so
+// the load that follows finds it and eviction spares it. A pin needs no release: it
+// ends when its time is up, when the session ends, or when the session gets the same
+// key (the get's holder takes over). Pins count against the owner's hot-set budget; a
+// page that cannot be pinned (no space) ends the count like an absent one.
+struct BatchExistsRequest {
+  1: Session session,
+  2: list<string> keys,
+  3: bool prefix,
+  4: i64 pin_ms,
+}
+
+// results[i] answers keys[i]. With prefix, results stop after the first absent key
+// (or the first error): found counts the leading keys present, results the keys
+// evaluated. Without prefix, found counts every key present.
 struct BatchExistsResponse {
   1: common.ErrorCode code,
   2: string message,
   3: list<ExistsResponse> results,
+  4: i32 found,
 }
 
 struct BatchDeleteResponse {
@@ -340,7 +362,7 @@ service ExternalService {
   // At most MAX_BATCH keys. Rule: RETRY SAFE.
   BatchGetResponse BatchGet(1: BatchKeysRequest req),
   // At most MAX_BATCH keys. Rule: RETRY SAFE.
-  BatchExistsResponse BatchExists(1: BatchKeysRequest req),
+  BatchExistsResponse BatchExists(1: BatchExistsRequest req),
   // At most MAX_BATCH keys. Rule: RETRY SAFE; a retried delete may report deleted=false.
   BatchDeleteResponse BatchDelete(1: BatchKeysRequest req),
   // Rule: RETRY SAFE.

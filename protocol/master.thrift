@@ -289,6 +289,107 @@ struct ReportReplicasResponse {
 
 const i32 REPORT_BATCH = 4096
 
+// Batch forms of the per-key calls: an owner serves a client batch with one of them
+// (split at BATCH items). results[i] answers items[i] (keys[i]) exactly as the per-key
+// call would; one item's failure never fails the others. The response code is not OK
+// only when no item was evaluated (an unknown or tombed node, a shut master, more than
+// BATCH items).
+const i32 BATCH = 4096
+
+struct BatchGetStartRequest {
+  1: NodeRef node,
+  2: list<string> keys,
+  3: list<i64> acks,
+}
+
+struct BatchGetStartResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<GetStartResponse> results,
+}
+
+// prefix: evaluate keys in order and stop after the first absent one (results is then
+// shorter than keys).
+struct BatchExistsRequest {
+  1: NodeRef node,
+  2: list<string> keys,
+  3: bool prefix,
+}
+
+struct BatchExistsResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<ExistsResponse> results,
+}
+
+struct BatchDeleteRequest {
+  1: NodeRef node,
+  2: list<string> keys,
+}
+
+struct BatchDeleteResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<DeleteResponse> results,
+}
+
+struct PutStartItem {
+  1: string key,
+  2: i64 len,
+  3: bool reject_if_exists,
+}
+
+struct BatchPutStartRequest {
+  1: NodeRef node,
+  2: list<PutStartItem> items,
+  3: list<i64> acks,
+}
+
+struct BatchPutStartResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<PutStartResponse> results,
+}
+
+struct PutDoneItem {
+  1: string key,
+  2: i64 put_id,
+}
+
+struct GetDoneItem {
+  1: string key,
+  2: i64 get_id,
+}
+
+// The GetDones of gets that completed while another GetDone of the same owner was out.
+struct BatchGetDoneRequest {
+  1: NodeRef node,
+  2: list<GetDoneItem> items,
+}
+
+struct BatchGetDoneResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<GetDoneResponse> results,
+}
+
+// The master publishes BATCH_PUT_DONE_PARALLEL items of a BatchPutDone at once: each
+// may wait for a pull by another owner (a put placed there). An owner allows its call
+// one TransferTimeout per round of that many items.
+const i32 BATCH_PUT_DONE_PARALLEL = 8
+
+// The items' pulls (puts placed on other owners) run concurrently.
+struct BatchPutDoneRequest {
+  1: NodeRef node,
+  2: list<PutDoneItem> items,
+}
+
+struct BatchPutDoneResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<PutDoneResponse> results,
+}
+
 struct StatRequest {
 }
 
@@ -317,4 +418,10 @@ service MasterService {
   BatchDeleteAckResponse BatchDeleteAck(1: BatchDeleteAckRequest req),
   StatResponse Stat(1: StatRequest req),
   ReportReplicasResponse ReportReplicas(1: ReportReplicasRequest req),
+  BatchGetStartResponse BatchGetStart(1: BatchGetStartRequest req),
+  BatchGetDoneResponse BatchGetDone(1: BatchGetDoneRequest req),
+  BatchExistsResponse BatchExists(1: BatchExistsRequest req),
+  BatchDeleteResponse BatchDelete(1: BatchDeleteRequest req),
+  BatchPutStartResponse BatchPutStart(1: BatchPutStartRequest req),
+  BatchPutDoneResponse BatchPutDone(1: BatchPutDoneRequest req),
 }

@@ -56,13 +56,16 @@ func checkValue(got, want []byte, full bool) bool {
 
 // BenchResult is what RunBench measured. Bandwidths count real value bytes.
 type BenchResult struct {
-	Engine      string  `json:"engine"`
-	Depth       int     `json:"depth"`
-	Callers     int     `json:"callers"`
-	ODirect     bool    `json:"o_direct"`
-	Dir         string  `json:"dir"`
-	ValueBytes  int64   `json:"value_bytes"`
-	LimitBytes  int64   `json:"limit_bytes"`
+	Engine     string `json:"engine"`
+	Depth      int    `json:"depth"`
+	Callers    int    `json:"callers"`
+	ODirect    bool   `json:"o_direct"`
+	Dir        string `json:"dir"`
+	ValueBytes int64  `json:"value_bytes"`
+	LimitBytes int64  `json:"limit_bytes"`
+	// AlignBytes is the unit records are placed and written in (the file system's
+	// block, see placementAlign).
+	AlignBytes  int64   `json:"align_bytes"`
 	Seconds     float64 `json:"seconds"`
 	Writes      int64   `json:"writes"`
 	WriteGiBs   float64 `json:"write_gib_s"`
@@ -185,7 +188,7 @@ func RunBench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	}()
 
 	res := BenchResult{Engine: s.Engine(), Depth: o.Depth, Callers: o.Callers, ODirect: true, Dir: o.Dir, ValueBytes: o.Size,
-		LimitBytes: s.Stats().CapacityBytes, Seconds: o.Seconds}
+		LimitBytes: s.Stats().CapacityBytes, AlignBytes: s.devices[0].align, Seconds: o.Seconds}
 	// Values are windows of one random source: value i starts at (i*4099) mod 64 KiB.
 	src := make([]byte, o.Size+64<<10)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))

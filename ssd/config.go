@@ -211,6 +211,10 @@ type Options struct {
 	// fallocate reserves a shard file's blocks; tests fake EOPNOTSUPP. Default
 	// unix.Fallocate with mode 0.
 	fallocate func(fd int, size int64) error
+	// blockAlign, when not 0, replaces the file system's block size as the unit
+	// records are placed and written in (placementAlign; a power of two, at least
+	// Align). Tests and BenchmarkPersist set Align to measure 512-byte placement.
+	blockAlign int64
 	// minShardSize is the smallest shard a limit is split into (default 256 MiB);
 	// tests lower it to get several small shards.
 	minShardSize int64
@@ -303,6 +307,9 @@ func (o *Options) Validate() error {
 	}
 	if o.ChunkSize < 0 || o.ChunkSize%Align != 0 || o.ChunkSize > maxIOSize {
 		return fmt.Errorf("ssd options: chunk size %d must be a positive multiple of %d, at most %d", o.ChunkSize, Align, maxIOSize)
+	}
+	if o.blockAlign != 0 && (o.blockAlign < Align || o.blockAlign&(o.blockAlign-1) != 0) {
+		return fmt.Errorf("ssd options: block alignment %d is not a power of two of at least %d", o.blockAlign, Align)
 	}
 	if o.BusyWait < 0 || o.EvictionDelay < 0 {
 		return errors.New("ssd options: durations must not be negative")

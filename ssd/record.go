@@ -8,7 +8,14 @@ import (
 
 // On-disk record format. Every SSD entry is a record:
 //
-//	[header: headerSize(len(key)) bytes, a multiple of 512][value: AlignedLen(n) bytes, zero padded]
+//	[header: headerSize(len(key)) bytes, a multiple of 512][value: AlignedLen(n) bytes, zero padded][gap]
+//
+// A record starts on a block of the file system (placementAlign: its block size,
+// 4 KiB on ext4 and xfs) and the zero gap runs to the next block, so that its one
+// write starts and ends on blocks: the file systems serialize unaligned direct
+// writes per file, which held persists of 1 MiB values (1 MiB + 512-byte records)
+// to 0.18-0.30× of fio. The record's bytes themselves are as before; a scan finds
+// the next record at the first block boundary after the value.
 //
 // The header (little endian) is
 //

@@ -132,16 +132,18 @@ func (s *Storage) enter() bool {
 func (s *Storage) leave() { s.ops.Done() }
 
 // pickDevice chooses the next device round-robin among those whose shards can hold
-// size bytes.
-func (s *Storage) pickDevice(size int64) (*device, error) {
+// a record of rec bytes (header and padded value), and returns the record's span
+// there (device.span).
+func (s *Storage) pickDevice(rec int64) (*device, int64, error) {
 	n := uint64(len(s.devices))
 	start := s.rr.Add(1) - 1
 	for i := range n {
-		if d := s.devices[(start+i)%n]; d.shardSize >= size {
-			return d, nil
+		d := s.devices[(start+i)%n]
+		if size := d.span(rec); d.shardSize >= size {
+			return d, size, nil
 		}
 	}
-	return nil, ErrTooLarge
+	return nil, 0, ErrTooLarge
 }
 
 // CommitPin keeps a freshly persisted entry from being overwritten until the owner's
@@ -170,11 +172,11 @@ func (c CommitPin) Release() {
 
 // Persist writes src as the SSD replica of (key, putID): it copies src into a
 // zero-padded aligned buffer behind a checksummed record header (record.go; keys of
-// at most MaxRecordKey bytes), reserves a contiguous range on one device (round
-// robin; waiting up to BusyWait while the space is held by busy entries), writes
-// it and commits the entry only if every aligned byte was written. The returned pin
-// must be released once the commit to the master returned. Overwritten committed
-// entries appear on Evictions. src is not retained.
+// at most MaxRecordKey bytes), reserves a contiguous range of whole file system
+// blocks on one device (round robin; waiting up to BusyWait while the space is held
+// by busy entries), writes it and commits the entry only if every aligned byte was
+// written. The returned pin must be released once the commit to the master
+// returned. Overwritten committed entries appear on Evictions. src is not retained.
 //
 // Errors: ErrStale if the key already has this or a newer put id (or lost it while
 // writing), ErrTooLarge, ErrBusy, ErrClosed, or a wrapped IO error; on any error no
@@ -199,20 +201,24 @@ func (s *Storage) PersistFrom(key string, putID, length int64, fill func(dst []b
 	}
 	defer s.leave()
 	hdr := headerSize(len(key))
-	size := hdr + alignUp(length)
-	// Filled before taking a writer's turn: a slow fill (a pull) holds up no other persist.
+	rec := hdr + alignUp(length)
+	// The record's span is a whole number of the device's blocks, so that its write
+	// starts and ends on file system blocks: an unaligned direct write is serialized
+	// by the file system (see placementAlign).
+	d, size, err := s.pickDevice(rec)
+	if err != nil {
+		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", key, putID, rec, err)
+	}
+	// Filled (and checksummed) before taking a writer's turn, by each caller on its
+	// own goroutine: a slow fill (a pull) holds up no other persist.
 	buf := getBuf(int(size))
 	defer putBuf(buf) // the write below completed (or never started) by then
 	value := buf[hdr : hdr+length]
 	if err := fill(value); err != nil {
 		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %w", key, putID, err)
 	}
-	clear(buf[hdr+length:]) // padding is zero and stays in the owner
+	clear(buf[hdr+length:]) // the value's padding and the gap to the next block: zero, they stay in the owner
 	crc := crc32.Checksum(value, castagnoli)
-	d, err := s.pickDevice(size)
-	if err != nil {
-		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", key, putID, size, err)
-	}
 	if err := s.checkNewer(key, putID); err != nil {
 		return CommitPin{}, err
 	}
@@ -787,12 +793,16 @@ type DeviceStats struct {
 	Shards        int    `json:"shards"`
 	CapacityBytes int64  `json:"capacity_bytes"`
 	UsedBytes     int64  `json:"used_bytes"`
+	// AlignBytes is the unit records are placed and written in there: the file
+	// system's block size (see placementAlign).
+	AlignBytes int64 `json:"align_bytes"`
 }
 
 // Stats is the storage's capacity and use (kv_ssd_capacity_bytes,
-// kv_ssd_used_bytes). Used counts the on-disk bytes (header and padded value) of the
-// committed entries in the index: not the ones being written, forgotten, superseded,
-// overwritten or found corrupt, nor the ring's skipped gaps.
+// kv_ssd_used_bytes). Used counts the on-disk bytes (header, padded value and the
+// zero gap to the next block) of the committed entries in the index: not the ones
+// being written, forgotten, superseded, overwritten or found corrupt, nor the
+// ring's skipped gaps.
 type Stats struct {
 	Engine           string `json:"engine"`
 	CapacityBytes    int64  `json:"capacity_bytes"`
@@ -822,7 +832,8 @@ func (s *Storage) Stats() Stats {
 		ScratchReadChunks: s.scratchReads.Load(),
 	}
 	for _, d := range s.devices {
-		ds := DeviceStats{Root: d.root, Dev: d.dev, Engine: d.kind, Shards: len(d.shards), CapacityBytes: d.capacity(), UsedBytes: d.used}
+		ds := DeviceStats{Root: d.root, Dev: d.dev, Engine: d.kind, Shards: len(d.shards), CapacityBytes: d.capacity(), UsedBytes: d.used,
+			AlignBytes: d.align}
 		st.CapacityBytes += ds.CapacityBytes
 		st.UsedBytes += ds.UsedBytes
 		st.Devices = append(st.Devices, ds)

@@ -218,3 +218,15 @@ def fs_type(path: str) -> str:
     except OSError:
         pass
     return kind
+
+
+def cluster_auth(fluxkv_bin: str, d: Path) -> tuple[Path, Path, Path]:
+    """A fresh cluster secret (mode 0600) and master key pair under d: (secret, master key,
+    master public key), for --cluster-secret-file, --master-key-file, --master-pubkey-file."""
+    secret = d / "cluster.secret"
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, os.urandom(48).hex().encode())
+    os.close(fd)
+    mkey, mpub = d / "master.key", d / "master.pub"
+    subprocess.run([fluxkv_bin, "gen-master-key", "--master-key-file", mkey, "--master-pubkey-file", mpub], check=True, capture_output=True)
+    return secret, mkey, mpub

@@ -5,6 +5,8 @@
 //	remoteget -socket B/fluxkv.sock -prefix rg/1048576/ -keys 8 -size 1048576 -conc 2 -duration 5s
 //	remoteget -tcp-pair -size 16777216 -conc 2 -duration 5s
 //	remoteget -unix-pair -duration 3s
+//	remoteget -transfer-pair -size 1048576 -conc 1 -duration 5s
+//	remoteget -tcp-pair -child-pair -size 1048576 -conc 1 -duration 5s
 //
 // Get mode: conc goroutines share one client and loop get + release over the keys
 // PREFIX0 … PREFIX{keys-1}, each goroutine over its own share of them; every
@@ -12,10 +14,13 @@
 // the value the harness put (value.go), outside the timed call. A wrong value is not a
 // hit: it is counted, and the exit status is 1. TCP-pair mode: a server in this process
 // answers each 8-byte request with that many bytes from one buffer; each of conc
-// clients has its own connection and reads every answer into a reused buffer. Both
-// Unix-pair mode (unixpair.go): the floor of a holder get, a small request and reply
-// between this process and a child over a Unix socket. Each prints one JSON line
-// (result) on stdout: ops, bytes, seconds, GiB/s, p50/p99 in µs.
+// clients has its own connection and reads every answer into a reused buffer
+// (-child-pair: the server is a child process). Transfer-pair mode (transferpair.go):
+// the data plane alone, a child serving a memfd segment over daemon/transfer and this
+// process pulling it into memfd segments. Unix-pair mode (unixpair.go): the floor of a
+// holder get, a small request and reply between this process and a child over a Unix
+// socket. Each prints one JSON line (result) on stdout: ops, bytes, seconds, GiB/s,
+// p50/p99 in µs.
 package main
 
 import (
@@ -56,23 +61,31 @@ type result struct {
 }
 
 type config struct {
-	tcpPair     bool
-	unixPair    bool
-	socket      string
-	prefix      string
-	keys        int
-	size        int
-	conc        int
-	duration    time.Duration
-	warmup      time.Duration
-	verifyEvery int
+	tcpPair      bool
+	childPair    bool
+	transferPair bool
+	unixPair     bool
+	socket       string
+	prefix       string
+	keys         int
+	size         int
+	conc         int
+	duration     time.Duration
+	warmup       time.Duration
+	verifyEvery  int
+	requestBytes int
 }
 
 func main() {
 	var c config
 	flag.BoolVar(&c.tcpPair, "tcp-pair", false, "measure the plain TCP sender/receiver pair over loopback instead of fluxkv gets")
 	flag.BoolVar(&c.unixPair, "unix-pair", false, "measure a small request/reply round trip with a child process over a Unix socket (a holder get's floor) instead of fluxkv gets")
+	flag.IntVar(&c.requestBytes, "request-bytes", 8, "with -tcp-pair: bytes of each request (the length in the first 8). On AMD EPYC an 8-byte request written by the thread that then writes the answer puts the answer's kernel copy on a slow rep movsb path (daemon/transfer/wire.go, okHeaderLen); 64 keeps it off")
+	flag.BoolVar(&c.childPair, "child-pair", false, "with -tcp-pair: the sender is a child process (as a remote get's source is another owner)")
+	flag.BoolVar(&c.transferPair, "transfer-pair", false, "measure the data plane alone (daemon/transfer between this process and a child, memfd segment to memfd segments) instead of fluxkv gets")
 	serve := flag.Bool("unix-pair-serve", false, "internal: the answering process of -unix-pair")
+	serveTransfer := flag.Bool("transfer-pair-serve", false, "internal: the source process of -transfer-pair")
+	serveTCP := flag.Bool("tcp-pair-serve", false, "internal: the sender process of -tcp-pair -child-pair")
 	flag.StringVar(&c.socket, "socket", "", "owner socket the gets go through (get mode)")
 	flag.StringVar(&c.prefix, "prefix", "rg/", "key prefix: the keys are PREFIX0 … PREFIX{keys-1}")
 	flag.IntVar(&c.keys, "keys", 8, "how many keys to rotate over")
@@ -82,15 +95,22 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured warmup before the window")
 	flag.IntVar(&c.verifyEvery, "verify-every", 16, "compare every Nth get of each goroutine byte for byte (and its first); 0 = only the first")
 	flag.Parse()
-	if *serve {
+	switch {
+	case *serve:
 		serveUnixPair()
 		return
+	case *serveTransfer:
+		serveTransferPair(c.size)
+		return
+	case *serveTCP:
+		serveTCPPairChild(c.size, c.requestBytes)
+		return
 	}
-	if c.conc < 1 || c.size < 1 || c.keys < 1 || c.duration <= 0 {
-		fmt.Fprintln(os.Stderr, "remoteget: -conc, -size, -keys and -duration must be positive")
+	if c.conc < 1 || c.size < 1 || c.keys < 1 || c.duration <= 0 || c.requestBytes < 8 {
+		fmt.Fprintln(os.Stderr, "remoteget: -conc, -size, -keys and -duration must be positive, -request-bytes at least 8")
 		os.Exit(2)
 	}
-	if !c.tcpPair && !c.unixPair && c.keys < c.conc {
+	if !c.tcpPair && !c.unixPair && !c.transferPair && c.keys < c.conc {
 		fmt.Fprintln(os.Stderr, "remoteget: -keys must be at least -conc (each goroutine gets its own keys)")
 		os.Exit(2)
 	}
@@ -99,11 +119,13 @@ func main() {
 	switch {
 	case c.tcpPair:
 		r, err = runTCPPair(c)
+	case c.transferPair:
+		r, err = runTransferPair(c)
 	case c.unixPair:
 		r, err = runUnixPair(c)
 	default:
 		if c.socket == "" {
-			fmt.Fprintln(os.Stderr, "remoteget: -socket is required without -tcp-pair")
+			fmt.Fprintln(os.Stderr, "remoteget: -socket is required without -tcp-pair, -transfer-pair or -unix-pair")
 			os.Exit(2)
 		}
 		r, err = runGets(c)
@@ -239,12 +261,20 @@ func runGets(c config) (result, error) {
 // runTCPPair is the limit: the same sizes over a plain loopback TCP connection per
 // goroutine, request/response (an 8-byte length, then that many bytes).
 func runTCPPair(c config) (result, error) {
+	src := make([]byte, c.size)
+	fillValue("tcp-pair", src)
+	if c.childPair {
+		addr, stop, err := pairChild(nil, "-tcp-pair-serve", "-size", strconv.Itoa(c.size), "-request-bytes", strconv.Itoa(c.requestBytes))
+		if err != nil {
+			return result{}, err
+		}
+		defer stop()
+		return tcpPairClients(c, addr, src, "tcp-pair-child")
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return result{}, err
 	}
-	src := make([]byte, c.size)
-	fillValue("tcp-pair", src)
 	var srvWG sync.WaitGroup
 	var mu sync.Mutex // protects served
 	var served []net.Conn
@@ -262,27 +292,12 @@ func runTCPPair(c config) (result, error) {
 			srvWG.Add(1)
 			go func() {
 				defer srvWG.Done()
-				var h [8]byte
-				for {
-					if _, err := io.ReadFull(conn, h[:]); err != nil {
-						return
-					}
-					if _, err := conn.Write(src[:binary.BigEndian.Uint64(h[:])]); err != nil {
-						return
-					}
-				}
+				serveTCPPairConn(conn, src, c.requestBytes)
 			}()
 		}
 	}()
-	conns := make([]net.Conn, c.conc)
-	bufs := make([][]byte, c.conc)
 	defer func() {
 		ln.Close()
-		for _, conn := range conns {
-			if conn != nil {
-				conn.Close()
-			}
-		}
 		mu.Lock()
 		for _, conn := range served {
 			conn.Close()
@@ -290,18 +305,51 @@ func runTCPPair(c config) (result, error) {
 		mu.Unlock()
 		srvWG.Wait()
 	}()
+	return tcpPairClients(c, ln.Addr().String(), src, "tcp-pair")
+}
+
+// serveTCPPairConn answers each request of reqLen bytes on conn (a length, then
+// padding) with that many bytes of src.
+func serveTCPPairConn(conn net.Conn, src []byte, reqLen int) {
+	defer conn.Close()
+	h := make([]byte, reqLen)
+	for {
+		if _, err := io.ReadFull(conn, h); err != nil {
+			return
+		}
+		if _, err := conn.Write(src[:binary.BigEndian.Uint64(h)]); err != nil {
+			return
+		}
+	}
+}
+
+// tcpPairClients measures conc connections to the pair's sender at addr, each reading
+// every answer into its own reused buffer; the first answer is compared with src.
+func tcpPairClients(c config, addr string, src []byte, mode string) (result, error) {
+	conns := make([]net.Conn, c.conc)
+	bufs := make([][]byte, c.conc)
+	reqs := make([][]byte, c.conc)
+	defer func() {
+		for _, conn := range conns {
+			if conn != nil {
+				conn.Close()
+			}
+		}
+	}()
 	for g := range conns {
-		if conns[g], err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		var err error
+		if conns[g], err = net.Dial("tcp", addr); err != nil {
 			return result{}, err
 		}
 		bufs[g] = make([]byte, c.size)
+		reqs[g] = make([]byte, c.requestBytes)
 	}
 	var wrong atomic.Int64
 	pull := func(g, i int) (time.Duration, error) {
 		t0 := time.Now()
-		var h [8]byte
-		binary.BigEndian.PutUint64(h[:], uint64(c.size))
-		if _, err := conns[g].Write(h[:]); err != nil {
+		h := reqs[g]
+		binary.BigEndian.PutUint64(h, uint64(c.size))
+		if _, err := conns[g].Write(h); err != nil {
 			return 0, err
 		}
 		if _, err := io.ReadFull(conns[g], bufs[g]); err != nil {
@@ -314,7 +362,7 @@ func runTCPPair(c config) (result, error) {
 		return d, nil
 	}
 	lat, seconds, errs, firstErr := loop(c, pull)
-	r := summarize("tcp-pair", c, lat, seconds)
+	r := summarize(mode, c, lat, seconds)
 	r.Errors, r.Wrong = errs, int(wrong.Load())
 	if firstErr != nil {
 		if errors.Is(firstErr, io.EOF) {

@@ -26,7 +26,9 @@ func benchSSDCommand() *cli.Command {
 			"CRC32C, the header read as a separate IO or in one READV with the first chunk) and without\n" +
 			"verification, so the cost of verification comes from one run over the same data. The root\n" +
 			"is removed afterwards. Compare with fio on the same disk, e.g.\n" +
-			"  fio --name=r --filename=DIR/f --direct=1 --rw=randread --bs=1M --iodepth=8 --ioengine=io_uring --size=2G --runtime=10 --time_based",
+			"  fio --name=w --filename=DIR/w --direct=1 --rw=write --bs=1M --iodepth=8 --ioengine=io_uring --size=2G --runtime=10 --time_based\n" +
+			"  fio --name=r --filename=DIR/f --direct=1 --rw=randread --bs=1M --iodepth=8 --ioengine=io_uring --size=2G --runtime=10 --time_based\n" +
+			"(the read file fully written first: fio lays it out; the write file fresh, as the ring's fallocated shards are).",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "dir", Required: true, Usage: "directory on the disk to measure (must support O_DIRECT)"},
 			&cli.StringFlag{Name: "size", Value: "1MiB", Usage: "value size: bytes or a size such as 512KiB, 1MiB, 4MiB"},
@@ -75,8 +77,9 @@ func benchSSDCommand() *cli.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(res)
 			}
-			fmt.Printf("engine %s, depth %d, O_DIRECT %v, value %s, ring %s on %s\n",
-				res.Engine, res.Depth, res.ODirect, ssd.FormatSize(res.ValueBytes), ssd.FormatSize(res.LimitBytes), res.Dir)
+			fmt.Printf("engine %s, depth %d, O_DIRECT %v, value %s, ring %s on %s, records on %s blocks\n",
+				res.Engine, res.Depth, res.ODirect, ssd.FormatSize(res.ValueBytes), ssd.FormatSize(res.LimitBytes), res.Dir,
+				ssd.FormatSize(res.AlignBytes))
 			fmt.Printf("write: %d values, %.2f GiB/s, p50 %.0f us, p99 %.0f us, %d evictions\n",
 				res.Writes, res.WriteGiBs, res.WriteP50us, res.WriteP99us, res.Evictions)
 			fmt.Printf("read:  %d resident values, read modes alternating in rounds (the first is the owner's):\n", res.ReadSetKeys)

@@ -32,7 +32,20 @@ type ClientOptions struct {
 	ProgressTimeout time.Duration
 	// UserTimeout is TCP_USER_TIMEOUT on each connection. Default 2s.
 	UserTimeout time.Duration
-	// MaxIdlePerPeer caps the pooled idle connections per peer address. Default 4.
+	// MaxPullsPerPeer bounds the pulls in flight to one peer address (a get batch
+	// brings its keys in concurrently, several from the same owner): a pull beyond it
+	// waits, first come first served, until one of them ends, or until its context
+	// ends or the client closes; the wait is not on the wire, so ProgressTimeout does
+	// not run meanwhile. A pull that waited while another pull from the peer failed as
+	// unreachable (dial failed, connection broke or stalled) fails at once with that
+	// error (ErrUnreachable) instead of trying: a batch from a dead peer fails in one
+	// deadline, not one per MaxPullsPerPeer pulls. Staged pulls (Fence.Staged) are not
+	// counted: each may wait on the source's disk and on its staging, which the other
+	// staged pulls of the same refill free, and their caller bounds them
+	// (STAGE_PULLS_IN_FLIGHT per refill). Default 4.
+	MaxPullsPerPeer int
+	// MaxIdlePerPeer caps the pooled idle connections per peer address. Default
+	// MaxPullsPerPeer.
 	MaxIdlePerPeer int
 	// IdleTimeout: a pooled connection idle longer is closed, not reused (keep it
 	// under the server's IdleTimeout). Default 1 minute.
@@ -56,8 +69,11 @@ func (o *ClientOptions) fill() {
 	if o.UserTimeout <= 0 {
 		o.UserTimeout = 2 * time.Second
 	}
+	if o.MaxPullsPerPeer <= 0 {
+		o.MaxPullsPerPeer = 4
+	}
 	if o.MaxIdlePerPeer <= 0 {
-		o.MaxIdlePerPeer = 4
+		o.MaxIdlePerPeer = o.MaxPullsPerPeer
 	}
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = time.Minute
@@ -78,9 +94,10 @@ type Client struct {
 	wg    sync.WaitGroup // dial goroutines
 	stop  chan struct{}  // closed by Close: abandons dials in progress
 
-	mu     sync.Mutex // protects idle, active, closed
+	mu     sync.Mutex // protects idle, active, gates, closed
 	idle   map[string][]idleConn
 	active map[*net.TCPConn]struct{}
+	gates  map[string]*gate // per peer address, while a pull holds or waits for a slot
 	closed bool
 }
 
@@ -105,6 +122,7 @@ func NewClient(opts ClientOptions) *Client {
 		stop:   make(chan struct{}),
 		idle:   make(map[string][]idleConn),
 		active: make(map[*net.TCPConn]struct{}),
+		gates:  make(map[string]*gate),
 	}
 }
 
@@ -144,10 +162,25 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 	if err := wire.ValidateNodeID(f.SourceNode); err != nil {
 		return fmt.Errorf("transfer: pull from %s: %w", addr, err)
 	}
+	if f.Staged {
+		_, err := c.pull(ctx, addr, f, offset, dst)
+		return err
+	}
+	g, err := c.enter(ctx, addr, f)
+	if err != nil {
+		return err
+	}
+	kind, err := c.pull(ctx, addr, f, offset, dst)
+	c.leave(addr, g, kind, err)
+	return err
+}
+
+// pull runs one pull (and its one retry); kind is the metrics kind of err.
+func (c *Client) pull(ctx context.Context, addr string, f Fence, offset int64, dst []byte) (kind string, err error) {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			c.tm.Error(metrics.TransferPull, metrics.TransferErrCanceled)
-			return fmt.Errorf("pull from %s (node %q): %w", addr, f.SourceNode, err)
+			return metrics.TransferErrCanceled, fmt.Errorf("pull from %s (node %q): %w", addr, f.SourceNode, err)
 		}
 		tc, reused, err := c.get(ctx, addr)
 		if err != nil {
@@ -157,7 +190,7 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 			}
 			c.tm.Error(metrics.TransferPull, kind)
 			c.warn.Warn().Str("peer", addr).Err(err).Msg("data-plane dial failed")
-			return err
+			return kind, err
 		}
 		res := c.pullOn(ctx, tc, addr, f, offset, dst)
 		if res.keep {
@@ -167,7 +200,7 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 		}
 		if res.err == nil {
 			c.tm.Bytes(metrics.TransferPull, int64(len(dst)))
-			return nil
+			return "", nil
 		}
 		// A pooled connection the server closed meanwhile (idle timeout, restart)
 		// fails before any reply byte: the pull reads nothing, so one retry on a
@@ -179,8 +212,96 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 		if res.kind != metrics.TransferErrFenced {
 			c.warn.Warn().Str("peer", addr).Err(res.err).Msg("pull failed")
 		}
-		return res.err
+		return res.kind, res.err
 	}
+}
+
+// gate bounds the pulls in flight to one peer (MaxPullsPerPeer). A slot is a send on
+// slots: a channel's blocked senders go first come first served. Every field but
+// slots is protected by Client.mu.
+type gate struct {
+	slots chan struct{}
+	users int // pulls holding or waiting for a slot; the gate is dropped at 0
+	// downs counts the pulls that failed because the peer looked down (its dial
+	// failed, its connection broke or stalled past ProgressTimeout); down is the last
+	// such error. A pull that waited while one failed so does not try the peer: it
+	// fails with that error at once, so a batch of pulls from a dead peer fails in one
+	// ProgressTimeout, not one per MaxPullsPerPeer of them.
+	downs uint64
+	down  error
+}
+
+// peerDown reports whether a pull that failed with kind says its peer is down.
+func peerDown(kind string) bool {
+	return kind == metrics.TransferErrUnreachable || kind == metrics.TransferErrTimeout || kind == metrics.TransferErrIO
+}
+
+// enter takes one of addr's MaxPullsPerPeer slots, waiting while they are all held;
+// leave gives it back. It fails when ctx ends or the client closes first, or when a
+// pull from the peer failed as down (peerDown) while it waited.
+func (c *Client) enter(ctx context.Context, addr string, f Fence) (*gate, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+	}
+	g := c.gates[addr]
+	if g == nil {
+		g = &gate{slots: make(chan struct{}, c.opts.MaxPullsPerPeer)}
+		c.gates[addr] = g
+	}
+	g.users++
+	downs := g.downs
+	c.mu.Unlock()
+	select {
+	case g.slots <- struct{}{}:
+		return g, nil // no wait: nothing failed meanwhile
+	default:
+	}
+	select {
+	case g.slots <- struct{}{}:
+	case <-ctx.Done():
+		c.drop(addr, g)
+		c.tm.Error(metrics.TransferPull, metrics.TransferErrCanceled)
+		return nil, fmt.Errorf("pull from %s (node %q): waiting for one of the %d pulls in flight to end: %w",
+			addr, f.SourceNode, c.opts.MaxPullsPerPeer, ctx.Err())
+	case <-c.stop:
+		c.drop(addr, g)
+		return nil, fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+	}
+	c.mu.Lock()
+	down := g.down
+	failed := g.downs != downs
+	c.mu.Unlock()
+	if failed {
+		<-g.slots
+		c.drop(addr, g)
+		c.tm.Error(metrics.TransferPull, metrics.TransferErrUnreachable)
+		return nil, fmt.Errorf("%w: pull from %s (node %q) not tried: a pull from it failed while this one waited: %w",
+			ErrUnreachable, addr, f.SourceNode, down)
+	}
+	return g, nil
+}
+
+// leave gives back g's slot after a pull that ended with err (of metrics kind kind).
+func (c *Client) leave(addr string, g *gate, kind string, err error) {
+	if err != nil && peerDown(kind) {
+		c.mu.Lock()
+		g.downs++
+		g.down = err
+		c.mu.Unlock()
+	}
+	<-g.slots
+	c.drop(addr, g)
+}
+
+// drop ends one user of g, dropping g with its last.
+func (c *Client) drop(addr string, g *gate) {
+	c.mu.Lock()
+	if g.users--; g.users == 0 && c.gates[addr] == g {
+		delete(c.gates, addr)
+	}
+	c.mu.Unlock()
 }
 
 // pullResult is the outcome of one pull on one connection.

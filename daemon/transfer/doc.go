@@ -14,13 +14,19 @@
 // Wire, version 1. A connection opens with protocol/auth's handshake for purpose
 // "data" (the versioned hello carrying the cluster authentication); then the client
 // sends requests, one at a time, each answered before the next, and the connection is
-// pooled per peer address for the next pull. Integers are big-endian:
+// pooled per peer address for the next pull. At most ClientOptions.MaxPullsPerPeer
+// pulls (default 4; staged ones aside) are in flight to one peer; more wait.
+// Integers are big-endian:
 //
 //	request  (40 + n bytes): magic "FXKD" | version 1 | op (1 = PULL, 2 = PULL_STAGED) | node id length n (2; 1..256)
 //	                         | transfer id (8) | source generation (8) | offset (8) | length (8) | node id (n)
 //	response (16 + m bytes): magic "FXKD" | version 1 | status (1) | message length m (2; ≤ 256)
 //	                         | length (8) | message (m)
 //	                         then, for status OK, exactly length bytes: the source range.
+//
+// The message of an OK response is padding the puller skips: the server pads the
+// header to 64 bytes (128 for some source offsets), which keeps the kernel's copies of
+// the data off a slow path of the CPU (wire.go, okHeaderLen).
 //
 // Status: 0 OK; 1 FENCED (the fence or range is not what the source retains; the
 // connection stays usable); 2 BAD_REQUEST (malformed: the server closes the

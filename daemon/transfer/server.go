@@ -320,7 +320,7 @@ func (s *Server) pull(c net.Conn, buf []byte, remote string, req request) bool {
 	}
 	defer release()
 	c.SetWriteDeadline(time.Now().Add(s.opts.ProgressTimeout))
-	if _, err := c.Write(appendResponse(buf, statusOK, req.length, "")); err != nil {
+	if _, err := c.Write(appendResponse(buf, statusOK, req.length, okPadding[:okPad(data)])); err != nil {
 		s.serveFailed(remote, req, 0, err)
 		return false
 	}

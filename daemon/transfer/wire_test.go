@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
@@ -55,4 +56,34 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("%+v does not encode back to %x", r, b)
 		}
 	})
+}
+
+// TestOKPadding: the data of an OK response starts where neither kernel copy has its
+// destination 1 to 31 bytes past its source modulo 4096 (okHeaderLen): the send's
+// from any source offset, the read's into any destination on a 512-byte granule.
+func TestOKPadding(t *testing.T) {
+	buf := make([]byte, 3*4096)
+	base := int(uintptr(unsafe.Pointer(&buf[0])) & 4095)
+	slow := func(dst, src int) bool { d := (dst - src) & 4095; return d >= 1 && d < 32 }
+	for s := range 4096 {
+		data := buf[(4096-base+s)%4096:][:100]
+		h := responseFixedLen + okPad(data)
+		if h != okHeaderLen && h != okHeaderLenAlt {
+			t.Fatalf("source at page offset %d: header of %d bytes", s, h)
+		}
+		if slow(h, s) {
+			t.Errorf("source at page offset %d: header of %d bytes puts the send's copy on the slow path", s, h)
+		}
+		if s%512 != 0 {
+			continue
+		}
+		for d := 0; d < 4096; d += 512 {
+			if slow(d, h) {
+				t.Errorf("source at %d, destination at %d: header of %d bytes puts the read's copy on the slow path", s, d, h)
+			}
+		}
+	}
+	if len(okPadding) < okHeaderLenAlt-responseFixedLen || okHeaderLenAlt-responseFixedLen > maxMessageBytes {
+		t.Fatalf("padding of %d bytes, message limit %d", len(okPadding), maxMessageBytes)
+	}
 }

@@ -1,4 +1,5 @@
-// Batch calls, as the Python client's. Keys go in chunks of MAX_BATCH. A batch put goes in
+// Batch calls, as the Python client's. Keys go in chunks of MAX_BATCH (a prefix lookup sends
+// a later chunk only when the whole previous one was present). A batch put goes in
 // waves (BatchPutStart, copy, BatchPutEnd) of at most MAX_BATCH items holding at most
 // segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes started and not ended (a larger item goes
 // alone), so a batch never waits for space only it holds.
@@ -258,6 +259,43 @@ std::vector<bool> ClientImpl::batch_flags(std::string_view method, std::span<con
     }
     return out;
   });
+}
+
+// A prefix-aware owner stops its results after the first absent key (or the first error)
+// and counts the leading keys present in found; one that predates prefix lookups ignores
+// the flag and answers every key with found = 0. So: found when the results are fewer
+// than the keys or found > 0, else the number of leading results present.
+std::size_t prefix_count(const BatchExistsResponse& r, std::size_t n) {
+  if (r.results.size() < n || r.found > 0) return std::min(static_cast<std::size_t>(std::max(r.found, 0)), n);
+  std::size_t k = 0;
+  while (k < n && r.results[k].code == kOK && r.results[k].flag) ++k;
+  return k;
+}
+
+std::size_t ClientImpl::batch_exists_prefix(std::span<const std::string_view> keys, std::int64_t pin_ms) {
+  if (pin_ms < 0 || pin_ms > wire::MAX_PIN_MS)
+    throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "pin of " + std::to_string(pin_ms) + " ms: must be 0 to " +
+                                                           std::to_string(wire::MAX_PIN_MS) + " (MAX_PIN_MS)");
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    try {
+      validate_key(keys[i]);
+    } catch (const Error& e) {
+      throw InvalidArgument(ErrorCode::INVALID_ARGUMENT, "key " + std::to_string(i) + ": " + e.message());
+    }
+  }
+  std::size_t total = 0;
+  for (std::size_t lo = 0; lo < keys.size(); lo += kChunk) {
+    auto chunk = keys.subspan(lo, std::min(kChunk, keys.size() - lo));
+    std::size_t n = run([&](std::shared_ptr<Session>& s) {
+      BatchExistsResponse r;
+      s->call("BatchExists", [&](Writer& w, const SessionRef& ref) { write_batch_exists(w, ref, chunk, true, pin_ms); }, r);
+      raise_for(r.code, r.message);
+      return prefix_count(r, chunk.size());
+    });
+    total += n;
+    if (n < chunk.size()) break;
+  }
+  return total;
 }
 
 }  // namespace fluxkv::detail

@@ -10,6 +10,9 @@
 
 #include "client_impl.hpp"
 
+static_assert(FLUXKV_MAX_PIN_MS == fluxkv::wire::MAX_PIN_MS, "fluxkv.h: FLUXKV_MAX_PIN_MS differs from the IDL");
+static_assert(fluxkv::kMaxPin.count() == fluxkv::wire::MAX_PIN_MS, "fluxkv.hpp: kMaxPin differs from the IDL");
+
 struct fluxkv_client {
   fluxkv::Client c;
 };
@@ -178,6 +181,22 @@ int fluxkv_exists(fluxkv_client* c, const char* key, size_t key_len, fluxkv_erro
 
 int fluxkv_delete(fluxkv_client* c, const char* key, size_t key_len, fluxkv_error* err) {
   return guarded(err, -1, [&] { return client_of(c).remove(key_of(key, key_len)) ? 1 : 0; });
+}
+
+int fluxkv_batch_exists_prefix(fluxkv_client* c, const char* const* keys, const size_t* key_lens, size_t n, int64_t pin_ms,
+                               size_t* found, fluxkv_error* err) {
+  if (found != nullptr) *found = 0;
+  return guarded(err, -1, [&] {
+    if (found == nullptr) throw fluxkv::InvalidArgument(fluxkv::ErrorCode::INVALID_ARGUMENT, "found is NULL");
+    if (n > 0 && (keys == nullptr || key_lens == nullptr))
+      throw fluxkv::InvalidArgument(fluxkv::ErrorCode::INVALID_ARGUMENT, "keys and key_lens must not be NULL");
+    fluxkv::Client& client = client_of(c);
+    std::vector<std::string_view> ks;
+    ks.reserve(n);
+    for (size_t i = 0; i < n; ++i) ks.push_back(key_of(keys[i], key_lens[i]));
+    *found = client.batch_exists_prefix(ks, std::chrono::milliseconds(pin_ms));
+    return 0;
+  });
 }
 
 char* fluxkv_stat_json(fluxkv_client* c, fluxkv_error* err) {

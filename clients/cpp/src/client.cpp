@@ -88,6 +88,9 @@ std::vector<std::optional<MemHolder>> Client::batch_get(std::span<const std::str
 std::vector<bool> Client::batch_exists(std::span<const std::string_view> keys) {
   return live(impl_).batch_flags("BatchExists", keys);
 }
+std::size_t Client::batch_exists_prefix(std::span<const std::string_view> keys, std::chrono::milliseconds pin) {
+  return live(impl_).batch_exists_prefix(keys, pin.count());
+}
 std::vector<bool> Client::batch_remove(std::span<const std::string_view> keys) {
   return live(impl_).batch_flags("BatchDelete", keys);
 }

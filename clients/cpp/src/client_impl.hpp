@@ -35,6 +35,8 @@ void validate_key(std::string_view key);
 std::int64_t validate_len(std::size_t n, std::int64_t seg);
 // A key for messages: quoted, cut when long.
 std::string quote(std::string_view key);
+// The count of leading keys present a prefix answer for n keys gives (see batch.cpp).
+std::size_t prefix_count(const BatchExistsResponse& r, std::size_t n);
 
 class PutTxn;
 
@@ -146,6 +148,7 @@ class ClientImpl {
   void batch_put(std::span<const PutItem> items, bool reject);
   std::vector<std::optional<MemHolder>> batch_get(std::span<const std::string_view> keys);
   std::vector<bool> batch_flags(std::string_view method, std::span<const std::string_view> keys);
+  std::size_t batch_exists_prefix(std::span<const std::string_view> keys, std::int64_t pin_ms);
   std::string stat_json();
   void flush() noexcept;
   std::int64_t release_errors() const noexcept;

@@ -64,6 +64,24 @@ void ReleaseResponse::read(Reader& r) {
   });
 }
 
+void BatchExistsResponse::read(Reader& r) {
+  read_struct(r, [&](TType t, std::int16_t id) {
+    if (read_field(r, t, id)) return true;
+    if (id == 3 && t == T_LIST) {
+      std::size_t n = r.list_begin(T_STRUCT);
+      results.resize(n);
+      for (auto& x : results) x.read(r);
+      has_results = true;
+      return true;
+    }
+    if (id == 4 && t == T_I32) {
+      found = r.i32();
+      return true;
+    }
+    return false;
+  });
+}
+
 void CapacityStat::read(Reader& r) {
   read_struct(r, [&](TType t, std::int16_t id) {
     if (t != T_I64) return false;
@@ -214,6 +232,19 @@ void write_keys(Writer& w, const SessionRef& s, std::span<const std::string_view
   w.field(T_LIST, 2);
   w.list_begin(T_STRING, keys.size());
   for (std::string_view k : keys) w.string(k);
+  w.stop();
+}
+
+void write_batch_exists(Writer& w, const SessionRef& s, std::span<const std::string_view> keys, bool prefix,
+                        std::int64_t pin_ms) {
+  write_session(w, s);
+  w.field(T_LIST, 2);
+  w.list_begin(T_STRING, keys.size());
+  for (std::string_view k : keys) w.string(k);
+  w.field(T_BOOL, 3);
+  w.boolean(prefix);
+  w.field(T_I64, 4);
+  w.i64(pin_ms);
   w.stop();
 }
 

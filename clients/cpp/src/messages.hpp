@@ -97,6 +97,13 @@ struct BatchResponse : Status {
   }
 };
 
+// BatchExists: the per-key answers (field 3) and found (field 4), the count of leading
+// keys present of a prefix lookup (0 from an owner that predates prefix lookups).
+struct BatchExistsResponse : BatchResponse<FlagResponse> {
+  std::int32_t found = 0;
+  void read(Reader& r);
+};
+
 struct CapacityStat {
   std::int64_t capacity_bytes = 0;
   std::int64_t used_bytes = 0;
@@ -152,6 +159,9 @@ void write_put_ref(Writer& w, const SessionRef& s, std::string_view key, std::in
                    const std::vector<AreaCopy>* copies);
 void write_release(Writer& w, const SessionRef& s, std::span<const std::int64_t> ids);
 void write_keys(Writer& w, const SessionRef& s, std::span<const std::string_view> keys);  // BatchGet/Exists/Delete
+// BatchExists as a prefix lookup (prefix, pin_ms: fields 3 and 4 of BatchExistsRequest).
+void write_batch_exists(Writer& w, const SessionRef& s, std::span<const std::string_view> keys, bool prefix,
+                        std::int64_t pin_ms);
 
 struct PutStartItem {
   std::string_view key;

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "binary_protocol.hpp"
+#include "fluxkv/fluxkv.hpp"
 #include "messages.hpp"
 #include "testing.hpp"
 #include "wire_constants.hpp"
@@ -29,6 +30,8 @@ TEST(generated_constants_match_the_idl) {
   CHECK_EQ(fluxkv::wire::MAX_HELLO_NAME_BYTES, value("MAX_HELLO_NAME_BYTES"));
   CHECK_EQ(fluxkv::wire::MAX_BATCH, value("MAX_BATCH"));
   CHECK_EQ(fluxkv::wire::MAX_RELEASES_PER_CALL, value("MAX_RELEASES_PER_CALL"));
+  CHECK_EQ(fluxkv::wire::MAX_PIN_MS, value("MAX_PIN_MS"));
+  CHECK_EQ(fluxkv::kMaxPin.count(), value("MAX_PIN_MS"));
   CHECK_EQ(fluxkv::wire::PUT_END_MEMORY, value("PUT_END_MEMORY"));
   CHECK_EQ(fluxkv::wire::PUT_WAVE_SEGMENT_DIVISOR, value("PUT_WAVE_SEGMENT_DIVISOR"));
   // The owner accepts frames above the Debian libthrift default (16,384,000 bytes): the

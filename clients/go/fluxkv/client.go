@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -104,12 +105,14 @@ type Client struct {
 	hooks hooks // test instrumentation; zero in production
 	stats stats
 
-	mu       sync.Mutex // protects cur, old, releases, timerSet, closed
+	mu       sync.Mutex // protects cur, old, releases, timerSet, relTimer, closed
 	cur      *attachment
 	old      []*attachment // previous incarnations, unmapped at Close
 	releases []int64       // holder ids of cur waiting to ride on a call
-	timerSet bool
+	timerSet bool          // relTimer is armed
+	relTimer *time.Timer   // sends releases no call carried within ReleaseDelay; reused
 	closed   bool
+	closing  atomic.Bool // set with closed: the check a call makes before it dials, lock-free
 }
 
 // Connect attaches to the owner at opts.Socket.
@@ -254,6 +257,10 @@ func (c *Client) Close() error {
 	c.Flush()
 	c.mu.Lock()
 	c.closed = true
+	c.closing.Store(true)
+	if c.relTimer != nil {
+		c.relTimer.Stop()
+	}
 	all := append(c.old, c.cur)
 	c.mu.Unlock()
 	for _, a := range all {
@@ -315,23 +322,37 @@ func (c *Client) reattach(a *attachment) error {
 	return nil
 }
 
-// session builds the Session of a request on attachment a, carrying up to
-// wire.MaxReleasesPerCall of the releases queued so far when a is current.
-func (c *Client) session(a *attachment) *external.Session {
+// session fills rc's Session for a request on attachment a, carrying up to
+// wire.MaxReleasesPerCall of the releases queued so far when a is current. The Session
+// and its releases live in rc (reused from call to call): they are valid until rc's next
+// call. ErrClosed once the client is closed.
+func (c *Client) session(a *attachment, rc *rpcConn) (*external.Session, error) {
+	rel := rc.rel[:0]
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	var rel []int64
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
 	if a == c.cur && len(c.releases) > 0 {
 		k := min(len(c.releases), wire.MaxReleasesPerCall)
-		rel = append([]int64(nil), c.releases[:k]...)
-		c.releases = c.releases[k:]
-		if len(c.releases) == 0 {
+		rel = append(rel, c.releases[:k]...)
+		if k == len(c.releases) && cap(c.releases) <= wire.MaxReleasesPerCall {
+			c.releases = c.releases[:0] // keep the backing array: the next release reuses it
+		} else if k == len(c.releases) {
 			c.releases = nil
+		} else {
+			c.releases = c.releases[k:]
 		}
 	}
+	c.mu.Unlock()
+	rc.rel = rel
 	r := a.reply
-	return &external.Session{ClientId: r.ClientId, SessionToken: r.SessionToken,
+	rc.sess = external.Session{ClientId: r.ClientId, SessionToken: r.SessionToken,
 		OwnerGeneration: r.OwnerGeneration, Releases: rel}
+	if len(rel) == 0 {
+		rc.sess.Releases = nil
+	}
+	return &rc.sess, nil
 }
 
 // requeue puts back releases of a request that never reached the owner.
@@ -341,7 +362,8 @@ func (c *Client) requeue(s *external.Session, a *attachment) {
 	}
 	c.mu.Lock()
 	if c.cur == a {
-		c.releases = append(s.Releases, c.releases...)
+		// A copy: s.Releases is the connection's buffer.
+		c.releases = append(append(make([]int64, 0, len(s.Releases)+len(c.releases)), s.Releases...), c.releases...)
 	}
 	c.mu.Unlock()
 }
@@ -360,16 +382,30 @@ func (c *Client) callOn(a *attachment, method string, args, result thrift.FastCo
 	if closed {
 		return ErrClosed
 	}
-	var rc *rpcConn
-	select {
-	case rc = <-a.idle:
-	default:
-		var err error
-		rc, err = dialRPC(a.reply.RpcSocket, c.opts.Timeout)
-		if err != nil {
-			return fmt.Errorf("%w: %w: dial %s: %v", ErrUnavailable, errNotSent, a.reply.RpcSocket, err)
-		}
+	rc, err := c.conn(a)
+	if err != nil {
+		return err
 	}
+	return c.exchange(a, rc, method, args, result)
+}
+
+// conn takes one of a's pooled RPC connections, or dials a new one.
+func (c *Client) conn(a *attachment) (*rpcConn, error) {
+	select {
+	case rc := <-a.idle:
+		return rc, nil
+	default:
+	}
+	rc, err := dialRPC(a.reply.RpcSocket, c.opts.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: dial %s: %v", ErrUnavailable, errNotSent, a.reply.RpcSocket, err)
+	}
+	return rc, nil
+}
+
+// exchange runs one call on rc, then gives rc back to a's pool, or closes it after a
+// failure.
+func (c *Client) exchange(a *attachment, rc *rpcConn, method string, args, result thrift.FastCodec) error {
 	c.hooks.sent(method, args)
 	if err := rc.call(method, args, result, c.opts.Timeout, c.hooks.dropReply); err != nil {
 		rc.close()
@@ -382,12 +418,17 @@ func (c *Client) callOn(a *attachment, method string, args, result thrift.FastCo
 		}
 		return fmt.Errorf("%w: %w: %s: %v", ErrUnavailable, errNoReply, method, err)
 	}
+	a.putIdle(rc)
+	return nil
+}
+
+// putIdle gives rc back to the pool, or closes it when the pool is full.
+func (a *attachment) putIdle(rc *rpcConn) {
 	select {
 	case a.idle <- rc:
 	default:
 		rc.close()
 	}
-	return nil
 }
 
 // coded is any response with a (code, message) pair.
@@ -424,15 +465,41 @@ const (
 type call struct {
 	method string
 	args   func(s *external.Session) thrift.FastCodec
-	retry  retryRule
+	// req, when set, builds the request instead of args, without a closure to allocate
+	// (Get's pooled getCall).
+	req   sessionRequest
+	retry retryRule
+}
+
+// sessionRequest is a request that takes its Session when it is sent.
+type sessionRequest interface {
+	withSession(s *external.Session) thrift.FastCodec
+}
+
+func (k *call) build(s *external.Session) thrift.FastCodec {
+	if k.req != nil {
+		return k.req.withSession(s)
+	}
+	return k.args(s)
 }
 
 // invokeOn runs a call on attachment a and maps the response code to an error.
 // Transport failures give the session's releases back.
 func invokeOn[R coded](c *Client, a *attachment, k call, res resultOf[R]) (R, error) {
 	var zero R
-	s := c.session(a)
-	if err := c.callOn(a, k.method, k.args(s), res); err != nil {
+	if c.closing.Load() {
+		return zero, ErrClosed
+	}
+	rc, err := c.conn(a)
+	if err != nil {
+		return zero, err
+	}
+	s, err := c.session(a, rc)
+	if err != nil {
+		rc.close()
+		return zero, err
+	}
+	if err := c.exchange(a, rc, k.method, k.build(s), res); err != nil {
 		c.requeue(s, a) // the owner may not have seen them: a repeated release is harmless
 		return zero, err
 	}

@@ -14,6 +14,10 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(echoServeEnv); spec != "" {
+		serveEcho(spec) // the answering process of BenchmarkHotGet4KiB's floor
+		return
+	}
 	var err error
 	if bin, err = proctest.Binary(raceEnabled); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -2,8 +2,10 @@ package fluxkv
 
 import (
 	"fmt"
-	"github.com/cloudwego/gopkg/protocol/thrift"
+	"sync"
 	"time"
+
+	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
@@ -15,13 +17,84 @@ func (c *Client) Get(key string) (*MemHolder, error) {
 	if err := wire.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	r, a, err := invoke(c, call{method: "Get", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: key}}
-	}}, &external.ExternalServiceGetResult{})
-	if err != nil {
-		return nil, err
+	g := getCalls.Get().(*getCall)
+	g.req.Key = key
+	r, a, err := invoke(c, call{method: "Get", retry: retryAlways, req: g}, &g.res)
+	var h *MemHolder
+	if err == nil {
+		h, err = c.holder(a, r)
 	}
-	return c.holder(a, r)
+	*g = getCall{} // keeps nothing of this call (key, session) while pooled
+	getCalls.Put(g)
+	return h, err
+}
+
+// getCall is one Get's request and reply, pooled: a get allocates only its holder (the
+// generated Args, request, Result and response structs would be four allocations more).
+type getCall struct {
+	args external.ExternalServiceGetArgs
+	req  external.GetRequest
+	res  getResult
+}
+
+var getCalls = sync.Pool{New: func() any { return new(getCall) }}
+
+func (g *getCall) withSession(s *external.Session) thrift.FastCodec {
+	g.req.Session = s
+	g.args.Req = &g.req
+	return &g.args
+}
+
+// getResult is ExternalServiceGetResult decoding into a GetResponse it holds, where the
+// generated struct allocates one per reply. Only FastRead is used (a reply is read, never
+// written); the rest of thrift.FastCodec delegates to the generated struct.
+type getResult struct {
+	resp external.GetResponse
+	set  bool
+}
+
+func (r *getResult) FastRead(buf []byte) (int, error) {
+	r.resp, r.set = external.GetResponse{}, false
+	off := 0
+	for {
+		typ, id, l, err := thrift.Binary.ReadFieldBegin(buf[off:])
+		off += l
+		if err != nil {
+			return off, fmt.Errorf("Get result: %w", err)
+		}
+		if typ == thrift.STOP {
+			return off, nil
+		}
+		if id == 0 && typ == thrift.STRUCT {
+			l, err = r.resp.FastRead(buf[off:])
+			r.set = true
+		} else {
+			l, err = thrift.Binary.Skip(buf[off:], typ)
+		}
+		off += l
+		if err != nil {
+			return off, fmt.Errorf("Get result field %d: %w", id, err)
+		}
+	}
+}
+
+func (r *getResult) generated() *external.ExternalServiceGetResult {
+	if !r.set {
+		return &external.ExternalServiceGetResult{}
+	}
+	return &external.ExternalServiceGetResult{Success: &r.resp}
+}
+
+func (r *getResult) BLength() int { return r.generated().BLength() }
+func (r *getResult) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+	return r.generated().FastWriteNocopy(buf, w)
+}
+func (r *getResult) IsSetSuccess() bool { return r.set }
+func (r *getResult) GetSuccess() *external.GetResponse {
+	if !r.set {
+		return nil
+	}
+	return &r.resp
 }
 
 func (c *Client) holder(a *attachment, r *external.GetResponse) (*MemHolder, error) {
@@ -113,7 +186,7 @@ func (c *Client) BatchExists(keys []string) ([]bool, error) {
 	out := make([]bool, len(keys))
 	err := chunks(keys, func(base int, part []string) error {
 		r, _, err := invoke(c, call{method: "BatchExists", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
-			return &external.ExternalServiceBatchExistsArgs{Req: &external.BatchKeysRequest{Session: s, Keys: part}}
+			return &external.ExternalServiceBatchExistsArgs{Req: &external.BatchExistsRequest{Session: s, Keys: part}}
 		}}, &external.ExternalServiceBatchExistsResult{})
 		if err != nil {
 			return err
@@ -129,6 +202,71 @@ func (c *Client) BatchExists(keys []string) ([]bool, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// MaxPin is the longest pin of a prefix lookup (BatchExistsPrefix; the protocol's
+// MAX_PIN_MS).
+const MaxPin = time.Duration(external.MAX_PIN_MS) * time.Millisecond
+
+// BatchExistsPrefix is a prefix lookup: keys are the pages of one prompt in order, and it
+// returns how many leading keys are present. The owner evaluates each chunk of
+// wire.MaxBatch keys in one call and stops at the first absent key; a later chunk is
+// sent only when the whole previous one was present. A key the owner could not
+// evaluate (a per-key error) ends the count like an absent one.
+//
+// pin > 0 (at most MaxPin; rounded up to whole milliseconds) also pins the pages found
+// for that long: each becomes a holding of this client's session in the owner's memory
+// (a page on another owner or on SSD is brought in), so the load that follows finds it
+// and eviction spares it. A pin needs no release: it ends when its time is up, when the
+// session ends, or when this client gets the same key (the get's holder takes over).
+// Pins count against the owner's hot-set budget; a page that cannot be pinned ends the
+// count like an absent one.
+//
+// An owner that predates prefix lookups answers every key (and pins nothing): the count
+// is then that of the leading keys present, the same answer. On an error the count is
+// that of the chunks answered before it.
+func (c *Client) BatchExistsPrefix(keys []string, pin time.Duration) (int, error) {
+	if pin < 0 || pin > MaxPin {
+		return 0, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "pin %v: must be 0 to %v (MAX_PIN_MS)", pin, MaxPin)
+	}
+	pinMS := int64((pin + time.Millisecond - 1) / time.Millisecond)
+	for i, k := range keys {
+		if err := wire.ValidateKey(k); err != nil {
+			return 0, fmt.Errorf("key %d: %w", i, err)
+		}
+	}
+	total := 0
+	for base := 0; base < len(keys); base += wire.MaxBatch {
+		part := keys[base:min(base+wire.MaxBatch, len(keys))]
+		r, _, err := invoke(c, call{method: "BatchExists", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
+			return &external.ExternalServiceBatchExistsArgs{Req: &external.BatchExistsRequest{Session: s, Keys: part, Prefix: true, PinMs: pinMS}}
+		}}, &external.ExternalServiceBatchExistsResult{})
+		if err != nil {
+			return total, err
+		}
+		n := prefixCount(r.Results, r.Found, len(part))
+		total += n
+		if n < len(part) {
+			break
+		}
+	}
+	return total, nil
+}
+
+// prefixCount is the count of leading keys present that a prefix answer for n keys
+// gives. A prefix-aware owner stops its results after the first absent key and counts
+// in found; one that predates prefix lookups ignores the flag and answers every key
+// with found = 0. So: found when the results are fewer than the keys or found > 0, else
+// the number of leading results present.
+func prefixCount(results []*external.ExistsResponse, found int32, n int) int {
+	if len(results) < n || found > 0 {
+		return min(max(int(found), 0), n)
+	}
+	k := 0
+	for k < n && results[k] != nil && results[k].Code == common.ErrorCode_OK && results[k].Exists {
+		k++
+	}
+	return k
 }
 
 // BatchDelete deletes many keys, wire.MaxBatch per round trip. A retried call (after a
@@ -175,17 +313,23 @@ func (c *Client) queueRelease(a *attachment, id int64) {
 		return
 	}
 	c.releases = append(c.releases, id)
-	arm := !c.timerSet
-	c.timerSet = true
-	c.mu.Unlock()
-	if arm {
-		time.AfterFunc(c.opts.ReleaseDelay, func() {
-			c.mu.Lock()
-			c.timerSet = false
-			c.mu.Unlock()
-			c.Flush()
-		})
+	if !c.timerSet {
+		c.timerSet = true
+		if c.relTimer == nil {
+			c.relTimer = time.AfterFunc(c.opts.ReleaseDelay, c.releaseDue)
+		} else {
+			c.relTimer.Reset(c.opts.ReleaseDelay)
+		}
 	}
+	c.mu.Unlock()
+}
+
+// releaseDue is the release timer's function: it sends what no call carried meanwhile.
+func (c *Client) releaseDue() {
+	c.mu.Lock()
+	c.timerSet = false
+	c.mu.Unlock()
+	c.Flush()
 }
 
 // Flush sends queued releases now (they ride on the session of empty Releases).

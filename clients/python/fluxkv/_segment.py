@@ -63,6 +63,10 @@ def buffer_address(obj) -> int:
         _ReleaseBuffer(ctypes.byref(view))
 
 
+# _SMALL_COPY: the largest copy Segment.write makes under the GIL.
+_SMALL_COPY = 16 << 10
+
+
 class Segment:
     """Both mappings of one memfd segment. The file descriptor is not kept: the mappings
     stay valid after it is closed. Never unmapped explicitly; the mappings go when the last
@@ -94,7 +98,12 @@ class Segment:
 
     def write(self, offset: int, src, length: int) -> None:
         """The put path's one copy: the C-contiguous buffer ``src`` (``length`` bytes) into
-        rw at offset. The copy runs without the GIL."""
+        rw at offset. A copy of more than _SMALL_COPY bytes runs without the GIL; a smaller
+        one is a slice assignment (cheaper than the foreign call around it)."""
+        if length <= _SMALL_COPY:
+            with memoryview(src) as mv:
+                self.rw[offset : offset + length] = mv.cast("B")
+            return
         _copy_in(self.rw_base, offset, src, length)
 
     def read_bytes(self, offset: int, length: int) -> bytes:

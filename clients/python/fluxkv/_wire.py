@@ -5,10 +5,11 @@ TBinaryProtocol struct: AttachHello out, AttachReply back, with the segment's me
 as SCM_RIGHTS ancillary data on the first bytes of the reply. The attach connection stays
 open for the client's life; its close makes the owner release everything the client holds.
 
-RPC: framed binary thrift (TFramedTransport's format + TBinaryProtocol, accelerated where
-the C extension is present) to ExternalService on the socket the reply names, through the
-generated ExternalService.Client over FramedUnixTransport: the same bytes as
-TFramedTransport over TSocket, one syscall fewer per call.
+RPC: framed binary thrift (TFramedTransport's format + TBinaryProtocol) to ExternalService
+on the socket the reply names: RPCConnection sends each request frame in one send and reads
+each reply frame whole, encoded and decoded by fluxkv._codec (the same bytes the generated
+ExternalService.Client writes over TFramedTransport; FramedUnixTransport is that client's
+transport, kept for tests and tools).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from io import BytesIO
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TTransport
 
+from fluxkv import _codec
 from fluxkv._gen.common.ttypes import ErrorCode
 from fluxkv._gen.external import ExternalService
 from fluxkv._gen.external.constants import MAX_ATTACH_FRAME_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION
@@ -50,12 +52,7 @@ _RECV_SIZE = 65536
 _LEN = struct.Struct(">I")
 _MAX_FDS = 4
 
-try:
-    from thrift.protocol import fastbinary  # noqa: F401
-
-    ACCELERATED = True
-except ImportError:  # pure-Python thrift runtime
-    ACCELERATED = False
+ACCELERATED = _codec.ACCELERATED  # the fastbinary C extension is present
 
 
 def default_socket() -> str:
@@ -280,29 +277,122 @@ class FramedUnixTransport(TTransport.TTransportBase, TTransport.CReadableTranspo
 
 
 class RPCConnection:
-    """One framed-binary thrift connection to ExternalService, driven by the generated
-    client. Not safe for concurrent use: the client hands each connection to one thread at
-    a time."""
+    """One framed-binary thrift connection to ExternalService. Not safe for concurrent use:
+    the client hands each connection to one thread at a time.
 
-    __slots__ = ("transport", "client")
+    :meth:`call` is the whole exchange of one call: the request frame goes out in one send,
+    the reply frame usually comes back in one recv (a larger one is read into one buffer),
+    and the caller decodes it with :mod:`fluxkv._codec`. The socket is blocking, its
+    timeout set as SO_RCVTIMEO / SO_SNDTIMEO: a socket timeout in Python costs a poll(2)
+    before every send and recv. ``client`` is the generated ExternalService client on the
+    same socket, for tests and tools (built on first use)."""
+
+    __slots__ = ("sock", "timeout", "_extra", "_client")
 
     def __init__(self, path: str, timeout: float):
         handle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             handle.settimeout(timeout)
             handle.connect(path)
+            if timeout is not None and timeout > 0:
+                handle.settimeout(None)
+                tv = _timeval(timeout)
+                handle.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                handle.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         except BaseException:
             handle.close()
             raise
-        self.transport = FramedUnixTransport(handle)
-        if ACCELERATED:
-            proto = TBinaryProtocol.TBinaryProtocolAccelerated(self.transport)
+        self.sock = handle
+        self.timeout = timeout
+        self._extra = b""  # bytes received beyond the last frame (never, from a sane owner)
+        self._client = None
+
+    def call(self, method: str, session: bytes, rest: bytes) -> bytes:
+        """Send one call of ``method``: its request struct is ``session`` (field 1, encoded)
+        then ``rest`` (the other fields and the struct's stop). Returns the reply frame, its
+        4-byte length included (fluxkv._codec decodes it). Raises TTransportException
+        (closed, EOF, size), TimeoutError, OSError."""
+        head = _codec.call_head(method)
+        n = len(head) + len(session) + len(rest) + 1
+        if 4 + n > MAX_FRAME_BYTES:
+            raise TTransport.TTransportException(
+                TTransport.TTransportException.SIZE_LIMIT,
+                f"request frame of {4 + n} bytes exceeds the limit of {MAX_FRAME_BYTES}",
+            )
+        sock = self.sock
+        if sock is None:
+            raise TTransport.TTransportException(TTransport.TTransportException.NOT_OPEN, "connection closed")
+        try:
+            sock.sendall(b"".join((_LEN.pack(n), head, session, rest, b"\x00")))
+            return self._read_frame(sock)
+        except BlockingIOError:  # SO_RCVTIMEO / SO_SNDTIMEO ran out
+            raise TimeoutError(f"no reply from the owner within {self.timeout} s") from None
+
+    def _read_frame(self, sock) -> bytes:
+        data = self._extra
+        if data:
+            self._extra = b""
         else:
-            proto = TBinaryProtocol.TBinaryProtocol(self.transport)
-        self.client = ExternalService.Client(proto)
+            data = sock.recv(_RECV_SIZE)
+            if not data:
+                raise _eof()
+        while len(data) < 4:
+            more = sock.recv(_RECV_SIZE)
+            if not more:
+                raise _eof()
+            data += more
+        need = 4 + _LEN.unpack_from(data)[0]
+        if need > MAX_FRAME_BYTES:
+            raise TTransport.TTransportException(
+                TTransport.TTransportException.SIZE_LIMIT, f"response frame of {need - 4} bytes exceeds the limit of {MAX_FRAME_BYTES}"
+            )
+        have = len(data)
+        if have == need:
+            return data
+        if have > need:
+            self._extra = data[need:]
+            return data[:need]
+        buf = bytearray(need)
+        buf[:have] = data
+        view = memoryview(buf)
+        try:
+            while have < need:
+                got = sock.recv_into(view[have:])
+                if not got:
+                    raise _eof()
+                have += got
+        finally:
+            view.release()
+        return bytes(buf)
+
+    @property
+    def client(self):
+        """The generated ExternalService client over this connection (tests, tools)."""
+        if self._client is None:
+            t = FramedUnixTransport(self.sock)
+            proto = TBinaryProtocol.TBinaryProtocolAccelerated(t) if ACCELERATED else TBinaryProtocol.TBinaryProtocol(t)
+            self._client = ExternalService.Client(proto)
+        return self._client
 
     def close(self) -> None:
-        try:
-            self.transport.close()
-        except OSError:
-            pass
+        # close(2) only, never shutdown(2): after fork() the other process may still use it.
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+def _eof() -> TTransport.TTransportException:
+    return TTransport.TTransportException(TTransport.TTransportException.END_OF_FILE, "the owner closed the connection")
+
+
+def _timeval(seconds: float) -> bytes:
+    sec = int(seconds)
+    usec = int(round((seconds - sec) * 1e6))
+    if usec >= 1_000_000:
+        sec, usec = sec + 1, usec - 1_000_000
+    if sec == 0 and usec == 0:
+        usec = 1  # 0 would mean no timeout at all
+    return struct.pack("@ll", sec, usec)

@@ -18,6 +18,7 @@ thread sends the ones no call picked up within ``release_delay`` seconds.
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 import os
 import socket as _socketmod
@@ -31,17 +32,17 @@ from thrift.protocol.TProtocol import TProtocolException
 from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
 
+from fluxkv import _codec
+from fluxkv._codec import DELETE, EXISTS, GET, NO_RELEASES, decode_batch, decode_one, encode_fields, key_field, releases_field
 from fluxkv._gen.common.ttypes import ErrorCode
-from fluxkv._gen.external.constants import MAX_BATCH, MAX_RELEASES_PER_CALL, PUT_WAVE_SEGMENT_DIVISOR
+from fluxkv._gen.external.constants import MAX_BATCH, MAX_PIN_MS, MAX_RELEASES_PER_CALL, PUT_WAVE_SEGMENT_DIVISOR
 from fluxkv._gen.external.ttypes import (
     AreaCopy,
+    BatchExistsRequest,
     BatchKeysRequest,
     BatchPutAbortRequest,
     BatchPutEndRequest,
     BatchPutStartRequest,
-    DeleteRequest,
-    ExistsRequest,
-    GetRequest,
     PutAbortRequest,
     PutEndItem,
     PutEndRequest,
@@ -72,6 +73,14 @@ _INVALID = ErrorCode.INVALID_ARGUMENT
 _KEY_NOT_FOUND = ErrorCode.KEY_NOT_FOUND
 _STALE = ErrorCode.STALE_GENERATION
 _MSG_PEEK_DONTWAIT = _socketmod.MSG_PEEK | _socketmod.MSG_DONTWAIT
+_tokens = itertools.count(1)  # next() is atomic under the GIL
+_STOP = b"\x00"  # the rest of a request that holds nothing but its session
+# Where the hot responses' tuples (fluxkv._codec layouts) keep their fields.
+_G_HID, _G_OFF, _G_LEN, _G_PID, _G_REMOTE, _G_CODE, _G_MSG, _G_SRC = (
+    GET.index[n] for n in ("holder_id", "offset", "len", "put_id", "remote", "code", "message", "source")
+)
+_E_FLAG, _E_CODE, _E_MSG = (EXISTS.index[n] for n in ("exists", "code", "message"))
+assert (_E_FLAG, _E_CODE, _E_MSG) == tuple(DELETE.index[n] for n in ("deleted", "code", "message"))  # one reader for both
 
 _CLIENTS: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
@@ -132,10 +141,16 @@ class _Session:
         self.rpc_path = reply.rpc_socket or path + ".rpc"
         self.timeout = timeout
         self.max_idle = max_idle
-        # Releases drained from pending and not yet answered (piggybacked or in Release):
-        # flush_releases waits for them, so stat() reflects releases another thread sends.
+        # Every request starts with its Session struct: constant but for the releases.
+        self.sess_head = _codec.session_head(self.client_id, self.session_token, self.generation)
+        self.sess_bare = self.sess_head + NO_RELEASES
+        # Calls carrying releases drained from pending and not yet answered (piggybacked or
+        # in Release), one token each: flush_releases waits for them, so stat() reflects
+        # releases another thread sends. A set (add/discard are atomic under the GIL) keeps
+        # the lock off the call path; releases_cond is taken only while a flush waits.
         self.releases_cond = threading.Condition()
-        self.releases_in_flight = 0
+        self.releases_in_flight: set[int] = set()
+        self.flush_waiters = 0
         self.idle: collections.deque[RPCConnection] = collections.deque()
         self.pending: collections.deque[int] = collections.deque()  # holder ids to release
         self.pins: set[int] = set()  # live exports of every holder of this session
@@ -173,8 +188,13 @@ class _Session:
     # -- RPC ------------------------------------------------------------------------------------------
 
     def drain(self, limit: int = RELEASE_CHUNK) -> list[int]:
-        out: list[int] = []
         pending = self.pending
+        if len(pending) == 1:  # a get + release loop: one id per call
+            try:
+                return [pending.popleft()]
+            except IndexError:
+                return []
+        out: list[int] = []
         if not pending:
             return out
         pop = pending.popleft
@@ -185,9 +205,15 @@ class _Session:
             pass
         return out
 
-    def call(self, fn, piggyback: bool = True):
-        """fn(generated client, Session struct) -> response. Raises _Broken when the connection
-        failed, _Stale on STALE_GENERATION; any other response is returned as is."""
+    def call(self, method, rest: bytes = _STOP, decode=None, piggyback: bool = True):
+        """One call of ``method`` (an ExternalService method name) on a connection of the pool:
+        its request is this session's Session struct (with the queued releases when
+        ``piggyback``) then ``rest`` (the other fields of the request and its stop byte).
+        The reply is decoded by decode(method, reply frame) (a tuple of a fluxkv._codec
+        layout, code included) or, without ``decode``, into the generated response struct.
+        Raises _Broken when the connection failed, _Stale on STALE_GENERATION; any other
+        response is returned as is. ``method`` may also be fn(generated client, Session
+        struct) -> response, the generated client's path (tests and tools)."""
         if self.state is not None:
             if self.state == "replaced":
                 raise _Stale("the session was replaced by another thread")
@@ -199,39 +225,47 @@ class _Session:
                 conn = RPCConnection(self.rpc_path, self.timeout)
             except OSError as e:
                 raise _Broken(e, _is_timeout(e), sent=False) from None
-        releases = self.drain() if piggyback else []
-        self._releases_sent(releases, +1)
+        releases = self.drain() if piggyback and self.pending else None
+        if releases:
+            token = next(_tokens)
+            self.releases_in_flight.add(token)
         try:
-            resp = fn(conn.client, Session(self.client_id, self.session_token, self.generation, releases))
+            if type(method) is str:
+                data = conn.call(method, self.sess_head + releases_field(releases) if releases else self.sess_bare, rest)
+                resp = _codec.decode_reply(method, data) if decode is None else decode(method, data)
+            else:
+                resp = method(conn.client, Session(self.client_id, self.session_token, self.generation, releases or []))
         except (TTransportException, TProtocolException, OSError, EOFError) as e:
             conn.close()
-            self.pending.extendleft(reversed(releases))
+            if releases:
+                self.pending.extendleft(reversed(releases))
             raise _Broken(e, _is_timeout(e)) from None
         except TApplicationException as e:
             conn.close()
-            self.pending.extendleft(reversed(releases))
+            if releases:
+                self.pending.extendleft(reversed(releases))
             raise Error(f"owner failed the call: {e}", ErrorCode.INTERNAL) from None
         except BaseException:
             conn.close()  # the frame may be half written
-            self.pending.extendleft(reversed(releases))
+            if releases:
+                self.pending.extendleft(reversed(releases))
             raise
         finally:
-            self._releases_sent(releases, -1)
+            if releases:
+                self._answered(token)
         self.rpc_count += 1
         if len(self.idle) < self.max_idle and self.state is None:
             self.idle.append(conn)
         else:
             conn.close()
-        if resp.code == _STALE:
-            raise _Stale(resp.message or "stale generation")
+        if (resp[decode.code_at] if type(resp) is tuple else resp.code) == _STALE:
+            raise _Stale((resp[decode.message_at] if type(resp) is tuple else resp.message) or "stale generation")
         return resp
 
-    def _releases_sent(self, ids: list, delta: int) -> None:
-        if not ids:
-            return
-        with self.releases_cond:
-            self.releases_in_flight += delta
-            if self.releases_in_flight == 0:
+    def _answered(self, token: int) -> None:
+        self.releases_in_flight.discard(token)
+        if self.flush_waiters:
+            with self.releases_cond:
                 self.releases_cond.notify_all()
 
     def flush_releases(self) -> None:
@@ -241,11 +275,12 @@ class _Session:
             ids = self.drain()
             if not ids:
                 break
-            self._releases_sent(ids, +1)
+            token = next(_tokens)
+            self.releases_in_flight.add(token)
             try:
-                resp = self.call(lambda c, s: c.Release(ReleaseRequest(s, ids)), piggyback=False)
+                resp = self.call("Release", encode_fields(ReleaseRequest(None, ids)), piggyback=False)
             finally:
-                self._releases_sent(ids, -1)
+                self._answered(token)
             if resp.results is None or len(resp.results) != len(ids):
                 if resp.code != _OK:
                     self.release_errors += len(ids)
@@ -254,7 +289,11 @@ class _Session:
             # (or a daemon one), counted so tests can assert there is none.
             self.release_errors += sum(1 for code in resp.results if code != _OK)
         with self.releases_cond:
-            self.releases_cond.wait_for(lambda: self.releases_in_flight == 0, timeout=self.timeout)
+            self.flush_waiters += 1
+            try:
+                self.releases_cond.wait_for(lambda: not self.releases_in_flight, timeout=self.timeout)
+            finally:
+                self.flush_waiters -= 1
 
     def attach_alive(self) -> bool:
         """False once the owner closed the attach connection (it exited or restarted)."""
@@ -410,15 +449,17 @@ class Client:
             self._s = self._new_session_locked()
             return self._s
 
-    def _run(self, op, lost_reply: bool = True):
-        """Run op(session) with one recovery, by the retry rules of protocol/external.thrift:
+    def _run(self, op, *args, lost_reply: bool = True):
+        """Run op(session, *args) with one recovery, by the retry rules of protocol/external.thrift:
         on STALE_GENERATION, or a broken connection to an owner whose attach connection has
         closed, attach again and retry once; a broken connection to a live owner is retried
         once on a fresh connection, unless ``lost_reply`` is False (PutStart: a request that
         may have been sent is not sent again on a live session)."""
-        s = self._current()
+        s = self._s
+        if s is None or s.state is not None:
+            s = self._renew(s)
         try:
-            return op(s)
+            return op(s, *args)
         except _Stale as e:
             why = f"the owner restarted ({e})"
             s2 = self._renew(s)
@@ -439,7 +480,7 @@ class Client:
                     raise Unavailable(f"{why}; attaching again failed: {u}") from None
         self._stats["retries"] += 1
         try:
-            return op(s2)
+            return op(s2, *args)
         except _Stale as e:
             raise Unavailable(f"{why}; the retry failed too: stale generation ({e})") from None
         except _Broken as e:
@@ -595,7 +636,7 @@ class Client:
                 off += part
                 if off == n and keep_last:
                     return [cp]
-                r, retried = self._put_end(s, lambda c, ss: c.PutWrite(PutWriteRequest(ss, k, put_id, [cp])))
+                r, retried = self._put_end(s, "PutWrite", encode_fields(PutWriteRequest(None, k, put_id, [cp])))
                 if retried and r.code == _INVALID:
                     raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
                 raise_for(r.code, r.message)
@@ -612,7 +653,7 @@ class Client:
             raise InvalidArgument(f"value length {n} must be 1 byte to the segment size {seg}")
         opts = PutOptions(reject)
         for redo in (False, True):
-            s, put_id, off = self._run(lambda s: _put_start(s, k, n, opts), lost_reply=False)
+            s, put_id, off = self._run(_put_start, k, n, opts, lost_reply=False)
             try:
                 with _area_turn(s):
                     try:
@@ -625,7 +666,7 @@ class Client:
                     except BaseException:
                         _abort(s, [(k, put_id)])
                         raise
-                    r, retried = self._put_end(s, lambda c, ss: c.PutEnd(PutEndRequest(ss, k, put_id, copies)))
+                    r, retried = self._put_end(s, "PutEnd", encode_fields(PutEndRequest(None, k, put_id, copies)))
                 if retried and r.code == _INVALID:
                     raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
             except _OutcomeUnknown as e:
@@ -637,13 +678,13 @@ class Client:
             return put_id
         raise AssertionError("BUG: unreachable")
 
-    def _put_end(self, s: _Session, fn):
-        """Send PutEnd/BatchPutEnd (``fn``) on session ``s``, again on the same session after a
+    def _put_end(self, s: _Session, method: str, rest: bytes):
+        """Send PutEnd/BatchPutEnd/PutWrite (``method``, the request's fields ``rest``) on session ``s``, again on the same session after a
         lost reply (the owner answers a repeat with the first outcome). Returns (response,
         retried); raises _OutcomeUnknown when the session is gone."""
         for attempt in range(PUT_END_TRIES):
             try:
-                return s.call(fn), attempt > 0
+                return s.call(method, rest), attempt > 0
             except _Stale as e:
                 self._renew(s)
                 raise _OutcomeUnknown(f"the owner restarted before PutEnd was answered ({e})") from None
@@ -660,7 +701,7 @@ class Client:
     def get(self, key) -> MemHolder:
         """A holder of the value of ``key``; raises KeyNotFound on a miss."""
         k = _norm_key(key)
-        return self._run(lambda s: _get_once(s, k))
+        return self._run(_get_once, k)
 
     def get_into(self, key, buffer) -> int:
         """Copy the value of ``key`` into a writable buffer; returns its length."""
@@ -674,26 +715,12 @@ class Client:
         """Remove ``key``; True when it existed. Holders of it keep their bytes."""
         k = _norm_key(key)
 
-        def op(s):
-            r = s.call(lambda c, ss: c.Delete(DeleteRequest(ss, k)))
-            if r.code == _KEY_NOT_FOUND:
-                return False
-            raise_for(r.code, r.message)
-            return bool(r.deleted)
-
-        return self._run(op)
+        return self._run(_flag_once, "Delete", k, _dec_delete)
 
     def exists(self, key) -> bool:
         k = _norm_key(key)
 
-        def op(s):
-            r = s.call(lambda c, ss: c.Exists(ExistsRequest(ss, k)))
-            if r.code == _KEY_NOT_FOUND:
-                return False
-            raise_for(r.code, r.message)
-            return bool(r.exists)
-
-        return self._run(op)
+        return self._run(_flag_once, "Exists", k, _dec_exists)
 
     # -- public: batch calls ---------------------------------------------------------------------
 
@@ -759,7 +786,7 @@ class Client:
         self._stats["max_wave_bytes"] = max(self._stats["max_wave_bytes"], nbytes)
 
         def start(s):
-            r = s.call(lambda c, ss: c.BatchPutStart(BatchPutStartRequest(ss, starts)))
+            r = s.call("BatchPutStart", encode_fields(BatchPutStartRequest(None, starts)))
             raise_for(r.code, r.message)
             return s, _check_count("BatchPutStart", r.results, len(starts))
 
@@ -796,7 +823,7 @@ class Client:
                     _abort(s, [(prepared[i][0], pid) for i, pid, _ in started])  # none of them was ended
                     raise
                 ends = [PutEndItem(prepared[i][0], pid, cps) for (i, pid, _), cps in zip(started, copies)]
-                r, retried = self._put_end(s, lambda c, ss: c.BatchPutEnd(BatchPutEndRequest(ss, ends)))
+                r, retried = self._put_end(s, "BatchPutEnd", encode_fields(BatchPutEndRequest(None, ends)))
         except _OutcomeUnknown as e:
             for i, _, _ in started:
                 errors[i] = e
@@ -850,15 +877,36 @@ class Client:
         ks = [_norm_key(k) for k in keys]
         if not ks:
             return []
-        return self._run(lambda s: _batch_get_once(s, ks))
+        return self._run(_batch_get_once, ks)
 
-    def batch_exists(self, keys) -> list:
+    def batch_exists(self, keys, prefix: bool = False, pin_ms: int = 0):
+        """Without ``prefix``: one bool per key (present or not). With ``prefix`` (the keys
+        are the pages of one prompt, in order): the count of leading keys present, as an
+        int, stopping at the first absent one; the owner evaluates up to MAX_BATCH keys in
+        one call, and the next MAX_BATCH only when all before were present. ``pin_ms`` > 0
+        (prefix only, at most MAX_PIN_MS) also pins the pages counted for that long, so the
+        get that follows finds them in the owner's memory; a pin needs no release (it ends
+        with its time, the session, or a get of the key), and a page that cannot be pinned
+        ends the count like an absent one."""
+        prefix = bool(prefix)
+        try:
+            pin = operator.index(pin_ms)
+        except TypeError:
+            raise TypeError(f"pin_ms must be an int (milliseconds), not {type(pin_ms).__name__}") from None
+        if pin < 0 or pin > MAX_PIN_MS:
+            raise InvalidArgument(f"pin_ms {pin} is out of range: a prefix lookup pins for 0 to {MAX_PIN_MS} ms")
+        if pin and not prefix:
+            raise InvalidArgument(f"pin_ms {pin} needs prefix=True: only a prefix lookup pins what it found")
         ks = [_norm_key(k) for k in keys]
-        return self._run(lambda s: _batch_flags(s, ks, "BatchExists", "exists")) if ks else []
+        if not ks:
+            return 0 if prefix else []
+        if prefix:
+            return self._run(_prefix_count, ks, pin)
+        return self._run(_batch_flags, ks, "BatchExists", _dec_batch_exists)
 
     def batch_delete(self, keys) -> list:
         ks = [_norm_key(k) for k in keys]
-        return self._run(lambda s: _batch_flags(s, ks, "BatchDelete", "deleted")) if ks else []
+        return self._run(_batch_flags, ks, "BatchDelete", _dec_batch_delete) if ks else []
 
     # -- public: status ------------------------------------------------------------------------------
 
@@ -869,7 +917,7 @@ class Client:
 
         def op(s):
             s.flush_releases()
-            r = s.call(lambda c, ss: c.Stat(StatRequest(ss)), piggyback=False)
+            r = s.call("Stat", piggyback=False)
             raise_for(r.code, r.message)
             return _stat_dict(r)
 
@@ -891,7 +939,7 @@ def connect(socket=None, **kwargs) -> Client:
 
 
 def _put_start(s: _Session, k: str, n: int, opts: PutOptions):
-    r = s.call(lambda c, ss: c.PutStart(PutStartRequest(ss, k, n, opts)))
+    r = s.call("PutStart", encode_fields(PutStartRequest(None, k, n, opts)))
     raise_for(r.code, r.message)
     return s, r.put_id, r.offset
 
@@ -933,34 +981,73 @@ def _abort(s: _Session, puts) -> None:
     try:
         if len(puts) == 1:
             k, pid = puts[0]
-            s.call(lambda c, ss: c.PutAbort(PutAbortRequest(ss, k, pid)))
+            s.call("PutAbort", encode_fields(PutAbortRequest(None, k, pid)))
         elif puts:
             items = [PutEndItem(k, pid) for k, pid in puts]
-            s.call(lambda c, ss: c.BatchPutAbort(BatchPutAbortRequest(ss, items)))
+            s.call("BatchPutAbort", encode_fields(BatchPutAbortRequest(None, items)))
     except Exception:
         pass
 
 
-def _holder(s: _Session, k: str, r) -> MemHolder:
-    if r.holder_id is None or r.offset is None or r.len is None or not s.segment.contains(r.offset, r.len):
-        if r.holder_id is not None:
-            s.queue_release(r.holder_id, wake=True)
+def _decoder(method_layout, batch: bool):
+    """decode(method, reply frame) for Session.call: a tuple of ``method_layout`` (one-key
+    calls) or (code, message, results, found) (batch calls), with where code and message lie."""
+    if batch:
+
+        def decode(method, data):
+            return decode_batch(method, method_layout, data)
+
+        decode.code_at, decode.message_at = 0, 1
+    else:
+
+        def decode(method, data):
+            return decode_one(method, method_layout, data)
+
+        decode.code_at, decode.message_at = method_layout.index["code"], method_layout.index["message"]
+    return decode
+
+
+_dec_get = _decoder(GET, False)
+_dec_exists = _decoder(EXISTS, False)
+_dec_delete = _decoder(DELETE, False)
+_dec_batch_get = _decoder(GET, True)
+_dec_batch_exists = _decoder(EXISTS, True)
+_dec_batch_delete = _decoder(DELETE, True)
+
+
+def _holder(s: _Session, k: str, r: tuple) -> MemHolder:
+    """The holder of a GetResponse tuple (fluxkv._codec.GET) whose code is OK."""
+    hid, off, n = r[_G_HID], r[_G_OFF], r[_G_LEN]
+    if hid is None or off is None or n is None or not s.segment.contains(off, n):
+        if hid is not None:
+            s.queue_release(hid, wake=True)
         raise Error(
-            f"Get({k!r}) returned holder {r.holder_id} at offset {r.offset} len {r.len}, "
-            f"outside the {s.segment.size}-byte segment",
+            f"Get({k!r}) returned holder {hid} at offset {off} len {n}, outside the {s.segment.size}-byte segment",
             ErrorCode.INTERNAL,
         )
-    return MemHolder(s, k, r.holder_id, r.offset, r.len, r.source, r.put_id, bool(r.remote))
+    return MemHolder(s, k, hid, off, n, r[_G_SRC], r[_G_PID], bool(r[_G_REMOTE]))
 
 
 def _get_once(s: _Session, k: str) -> MemHolder:
-    r = s.call(lambda c, ss: c.Get(GetRequest(ss, k)))
-    if r.code != _OK:
-        raise_for(r.code, r.message)
+    r = s.call("Get", key_field(2, k), _dec_get)
+    if r[_G_CODE] != _OK:
+        raise_for(r[_G_CODE], r[_G_MSG] or "")
     return _holder(s, k, r)
 
 
-def _chunks(seq, size=BATCH_CHUNK):
+def _flag_once(s: _Session, method: str, k: str, decode) -> bool:
+    """Exists / Delete of one key: its flag; False on KEY_NOT_FOUND."""
+    r = s.call(method, key_field(2, k), decode)
+    code = r[_E_CODE]
+    if code == _KEY_NOT_FOUND:
+        return False
+    if code != _OK:
+        raise_for(code, r[_E_MSG] or "")
+    return bool(r[_E_FLAG])
+
+
+def _chunks(seq, size=None):
+    size = size or BATCH_CHUNK
     for i in range(0, len(seq), size):
         yield i, seq[i : i + size]
 
@@ -976,17 +1063,20 @@ def _batch_get_once(s: _Session, ks: list) -> list:
     out: list = []
     try:
         for _, chunk in _chunks(ks):
-            r = s.call(lambda c, ss: c.BatchGet(BatchKeysRequest(ss, chunk)))
-            raise_for(r.code, r.message)
-            for k, res in zip(chunk, _check_count("BatchGet", r.results, len(chunk))):
-                if res.code == _OK:
-                    out.append(_holder(s, k, res))
-                elif res.code == _KEY_NOT_FOUND:
+            code, message, results, _ = s.call("BatchGet", encode_fields(BatchKeysRequest(None, chunk)), _dec_batch_get)
+            raise_for(code, message)
+            _check_count("BatchGet", results, len(chunk))
+            for i, res in enumerate(results):
+                c = res[_G_CODE]
+                if c == _OK:
+                    out.append(_holder(s, chunk[i], res))
+                elif c == _KEY_NOT_FOUND:
                     out.append(None)
                 else:
-                    if res.holder_id:
-                        s.queue_release(res.holder_id, wake=True)
-                    raise error_for(res.code, f"key {k!r}: {res.message or ''}")
+                    for later in results[i:]:  # the owner granted them: give them back
+                        if later[_G_HID]:
+                            s.queue_release(later[_G_HID], wake=True)
+                    raise error_for(c, f"key {chunk[i]!r}: {res[_G_MSG] or ''}")
     except BaseException:
         for h in out:
             if h is not None:
@@ -995,19 +1085,61 @@ def _batch_get_once(s: _Session, ks: list) -> list:
     return out
 
 
-def _batch_flags(s: _Session, ks: list, method: str, field: str) -> list:
+def _batch_flags(s: _Session, ks: list, method: str, decode) -> list:
+    """BatchExists (without prefix) / BatchDelete: one flag per key, False on KEY_NOT_FOUND."""
     out: list = []
+    req = BatchExistsRequest if method == "BatchExists" else BatchKeysRequest
     for _, chunk in _chunks(ks):
-        r = s.call(lambda c, ss: getattr(c, method)(BatchKeysRequest(ss, chunk)))
-        raise_for(r.code, r.message)
-        for k, res in zip(chunk, _check_count(method, r.results, len(chunk))):
-            if res.code == _KEY_NOT_FOUND:
+        code, message, results, _ = s.call(method, encode_fields(req(None, chunk)), decode)
+        raise_for(code, message)
+        _check_count(method, results, len(chunk))
+        for k, res in zip(chunk, results):
+            c = res[_E_CODE]
+            if c == _OK:
+                out.append(bool(res[_E_FLAG]))
+            elif c == _KEY_NOT_FOUND:
                 out.append(False)
-                continue
-            if res.code != _OK:
-                raise error_for(res.code, f"key {k!r}: {res.message or ''}")
-            out.append(bool(getattr(res, field)))
+            else:
+                raise error_for(c, f"key {k!r}: {res[_E_MSG] or ''}")
     return out
+
+
+# A prefix lookup's count ends at a key that is absent, or that the owner could not pin.
+_ENDS_PREFIX = (ErrorCode.KEY_NOT_FOUND, ErrorCode.NO_SPACE)
+
+
+def _prefix_count(s: _Session, ks: list, pin_ms: int) -> int:
+    """BatchExists with prefix: the count of leading keys present, the owner evaluating each
+    chunk of MAX_BATCH keys in one call; a chunk is sent only when every key before it was
+    present. The count is the response's ``found`` when the owner stopped early (results
+    shorter than the keys) or counted something; else the leading present results (an
+    owner that answers every key and leaves ``found`` out)."""
+    total = 0
+    for _, chunk in _chunks(ks):
+        req = BatchExistsRequest(None, chunk, True, pin_ms if pin_ms > 0 else None)
+        code, message, results, found = s.call("BatchExists", encode_fields(req), _dec_batch_exists)
+        raise_for(code, message)
+        if results is None or len(results) > len(chunk):
+            got = "no" if results is None else len(results)
+            raise Error(f"BatchExists: {got} results for {len(chunk)} keys", ErrorCode.INTERNAL)
+        lead = 0
+        for res in results:
+            if res[_E_CODE] != _OK or not res[_E_FLAG]:
+                break
+            lead += 1
+        found = found or 0
+        n = found if (len(results) < len(chunk) or found > 0) else lead
+        if n < 0 or n > len(chunk) or n > len(results):
+            raise Error(f"BatchExists: found {found} of {len(chunk)} keys with {len(results)} results", ErrorCode.INTERNAL)
+        if n < len(results):
+            res = results[n]  # the key that ended the count: absent, unpinnable, or failed
+            c = res[_E_CODE]
+            if c != _OK and c not in _ENDS_PREFIX:
+                raise error_for(c, f"key {chunk[n]!r}: {res[_E_MSG] or ''}")
+        total += n
+        if n < len(chunk):
+            break
+    return total
 
 
 def _cap(c) -> dict:

@@ -1,8 +1,8 @@
 """The wire contract of protocol/external.thrift, followed by the client: limits from the
 generated constants, the retry rules (a lost PutEnd reply, an owner restart mid-put),
-batch puts in waves, releases chunked. Faults are injected on the client side: the
-generated client's ``recv_*`` reads the reply, throws it away and closes the connection,
-so the owner acted on the request and the client never learns its answer."""
+batch puts in waves, releases chunked. Faults are injected on the client side: the RPC
+connection's ``call`` reads the reply, throws it away and closes the connection, so the
+owner acted on the request and the client never learns its answer."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ from thrift.transport.TTransport import TTransportException
 import fluxkv
 import fluxkv.client as fc
 from fluxkv import _wire
-from fluxkv._gen.external import ExternalService
 from fluxkv._gen.external import constants as C
-from fluxkv._gen.external.ttypes import ReleaseRequest, Session
 
 
 def pattern(key: str, put_id: int, n: int) -> bytes:
@@ -44,20 +42,20 @@ def check_value(c: fluxkv.Client, key: str, n: int) -> int:
 
 def drop_reply(monkeypatch, method: str, times: int = 1, before=None) -> list:
     """Lose the reply of the next ``times`` calls to ``method``; returns the list of drops."""
-    orig = getattr(ExternalService.Client, "recv_" + method)
+    orig = _wire.RPCConnection.call
     dropped: list = []
 
-    def recv(self):
-        if len(dropped) < times:
+    def call(self, name, session, rest):
+        if name == method and len(dropped) < times:
             dropped.append(method)
-            orig(self)  # the owner acted on the call: its answer is read and lost
-            self._iprot.trans.close()
+            orig(self, name, session, rest)  # the owner acted on the call: its answer is read and lost
+            self.close()
             if before is not None:
                 before()
             raise TTransportException(TTransportException.END_OF_FILE, "reply dropped by the test")
-        return orig(self)
+        return orig(self, name, session, rest)
 
-    monkeypatch.setattr(ExternalService.Client, "recv_" + method, recv)
+    monkeypatch.setattr(_wire.RPCConnection, "call", call)
     return dropped
 
 
@@ -186,8 +184,12 @@ def test_batch_put_larger_than_segment_goes_in_waves(cluster):
 
 def test_batch_put_oversize_item_starts_nothing(client, monkeypatch):
     starts: list = []
-    orig = ExternalService.Client.send_BatchPutStart
-    monkeypatch.setattr(ExternalService.Client, "send_BatchPutStart", lambda self, req: (starts.append(req), orig(self, req)))
+    orig = _wire.RPCConnection.call
+    monkeypatch.setattr(
+        _wire.RPCConnection,
+        "call",
+        lambda self, name, *a: (starts.append(name) if name == "BatchPutStart" else None, orig(self, name, *a))[1],
+    )
     with pytest.raises(fluxkv.InvalidArgument):
         client.batch_put([("small", b"x"), ("huge", bytes(client.segment_size + 1))])
     assert starts == []
@@ -198,21 +200,15 @@ def test_releases_are_chunked(client, monkeypatch):
     """More releases than one call may carry go out over several calls of at most
     MAX_RELEASES_PER_CALL ids (piggybacked or in Release), and every holder is released."""
     carried: list = []
+    orig = fc._Session.drain
 
-    class Recording(Session):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            if self.releases:
-                carried.append(len(self.releases))
+    def drain(self, *a):
+        ids = orig(self, *a)  # what one call carries: piggybacked, or in Release
+        if ids:
+            carried.append(len(ids))
+        return ids
 
-    class RecordingRelease(ReleaseRequest):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            if self.holder_ids:
-                carried.append(len(self.holder_ids))
-
-    monkeypatch.setattr(fc, "Session", Recording)
-    monkeypatch.setattr(fc, "ReleaseRequest", RecordingRelease)
+    monkeypatch.setattr(fc._Session, "drain", drain)
     client.put("r", b"value")
     total = C.MAX_RELEASES_PER_CALL + 1000
     holders = client.batch_get(["r"] * (total // 2)) + client.batch_get(["r"] * (total - total // 2))

@@ -23,6 +23,8 @@ const (
 
 	MAX_RELEASES_PER_CALL = 4096
 
+	MAX_PIN_MS = 5000
+
 	PUT_END_MEMORY = 64
 
 	PUT_WAVE_SEGMENT_DIVISOR = 2
@@ -1656,10 +1658,76 @@ var fieldIDToName_BatchGetResponse = map[int16]string{
 	3: "results",
 }
 
+type BatchExistsRequest struct {
+	Session *Session `thrift:"session,1" frugal:"1,default,Session" json:"session"`
+	Keys    []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
+	Prefix  bool     `thrift:"prefix,3" frugal:"3,default,bool" json:"prefix"`
+	PinMs   int64    `thrift:"pin_ms,4" frugal:"4,default,i64" json:"pin_ms"`
+}
+
+func NewBatchExistsRequest() *BatchExistsRequest {
+	return &BatchExistsRequest{}
+}
+
+func (p *BatchExistsRequest) InitDefault() {
+}
+
+var BatchExistsRequest_Session_DEFAULT *Session
+
+func (p *BatchExistsRequest) GetSession() (v *Session) {
+	if !p.IsSetSession() {
+		return BatchExistsRequest_Session_DEFAULT
+	}
+	return p.Session
+}
+
+func (p *BatchExistsRequest) GetKeys() (v []string) {
+	return p.Keys
+}
+
+func (p *BatchExistsRequest) GetPrefix() (v bool) {
+	return p.Prefix
+}
+
+func (p *BatchExistsRequest) GetPinMs() (v int64) {
+	return p.PinMs
+}
+func (p *BatchExistsRequest) SetSession(val *Session) {
+	p.Session = val
+}
+func (p *BatchExistsRequest) SetKeys(val []string) {
+	p.Keys = val
+}
+func (p *BatchExistsRequest) SetPrefix(val bool) {
+	p.Prefix = val
+}
+func (p *BatchExistsRequest) SetPinMs(val int64) {
+	p.PinMs = val
+}
+
+func (p *BatchExistsRequest) IsSetSession() bool {
+	return p.Session != nil
+}
+
+func (p *BatchExistsRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchExistsRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchExistsRequest = map[int16]string{
+	1: "session",
+	2: "keys",
+	3: "prefix",
+	4: "pin_ms",
+}
+
 type BatchExistsResponse struct {
 	Code    common.ErrorCode  `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
 	Message string            `thrift:"message,2" frugal:"2,default,string" json:"message"`
 	Results []*ExistsResponse `thrift:"results,3" frugal:"3,default,list<ExistsResponse>" json:"results"`
+	Found   int32             `thrift:"found,4" frugal:"4,default,i32" json:"found"`
 }
 
 func NewBatchExistsResponse() *BatchExistsResponse {
@@ -1680,6 +1748,10 @@ func (p *BatchExistsResponse) GetMessage() (v string) {
 func (p *BatchExistsResponse) GetResults() (v []*ExistsResponse) {
 	return p.Results
 }
+
+func (p *BatchExistsResponse) GetFound() (v int32) {
+	return p.Found
+}
 func (p *BatchExistsResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -1688,6 +1760,9 @@ func (p *BatchExistsResponse) SetMessage(val string) {
 }
 func (p *BatchExistsResponse) SetResults(val []*ExistsResponse) {
 	p.Results = val
+}
+func (p *BatchExistsResponse) SetFound(val int32) {
+	p.Found = val
 }
 
 func (p *BatchExistsResponse) String() string {
@@ -1701,6 +1776,7 @@ var fieldIDToName_BatchExistsResponse = map[int16]string{
 	1: "code",
 	2: "message",
 	3: "results",
+	4: "found",
 }
 
 type BatchDeleteResponse struct {
@@ -1905,7 +1981,7 @@ type ExternalService interface {
 
 	BatchGet(ctx context.Context, req *BatchKeysRequest) (r *BatchGetResponse, err error)
 
-	BatchExists(ctx context.Context, req *BatchKeysRequest) (r *BatchExistsResponse, err error)
+	BatchExists(ctx context.Context, req *BatchExistsRequest) (r *BatchExistsResponse, err error)
 
 	BatchDelete(ctx context.Context, req *BatchKeysRequest) (r *BatchDeleteResponse, err error)
 
@@ -2825,7 +2901,7 @@ var fieldIDToName_ExternalServiceBatchGetResult = map[int16]string{
 }
 
 type ExternalServiceBatchExistsArgs struct {
-	Req *BatchKeysRequest `thrift:"req,1" frugal:"1,default,BatchKeysRequest" json:"req"`
+	Req *BatchExistsRequest `thrift:"req,1" frugal:"1,default,BatchExistsRequest" json:"req"`
 }
 
 func NewExternalServiceBatchExistsArgs() *ExternalServiceBatchExistsArgs {
@@ -2835,15 +2911,15 @@ func NewExternalServiceBatchExistsArgs() *ExternalServiceBatchExistsArgs {
 func (p *ExternalServiceBatchExistsArgs) InitDefault() {
 }
 
-var ExternalServiceBatchExistsArgs_Req_DEFAULT *BatchKeysRequest
+var ExternalServiceBatchExistsArgs_Req_DEFAULT *BatchExistsRequest
 
-func (p *ExternalServiceBatchExistsArgs) GetReq() (v *BatchKeysRequest) {
+func (p *ExternalServiceBatchExistsArgs) GetReq() (v *BatchExistsRequest) {
 	if !p.IsSetReq() {
 		return ExternalServiceBatchExistsArgs_Req_DEFAULT
 	}
 	return p.Req
 }
-func (p *ExternalServiceBatchExistsArgs) SetReq(val *BatchKeysRequest) {
+func (p *ExternalServiceBatchExistsArgs) SetReq(val *BatchExistsRequest) {
 	p.Req = val
 }
 

@@ -10,6 +10,10 @@ import (
 
 const (
 	REPORT_BATCH = 4096
+
+	BATCH = 4096
+
+	BATCH_PUT_DONE_PARALLEL = 8
 )
 
 type NodeRef struct {
@@ -1957,6 +1961,720 @@ var fieldIDToName_ReportReplicasResponse = map[int16]string{
 	3: "rejected",
 }
 
+type BatchGetStartRequest struct {
+	Node *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Keys []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
+	Acks []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
+}
+
+func NewBatchGetStartRequest() *BatchGetStartRequest {
+	return &BatchGetStartRequest{}
+}
+
+func (p *BatchGetStartRequest) InitDefault() {
+}
+
+var BatchGetStartRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchGetStartRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return BatchGetStartRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *BatchGetStartRequest) GetKeys() (v []string) {
+	return p.Keys
+}
+
+func (p *BatchGetStartRequest) GetAcks() (v []int64) {
+	return p.Acks
+}
+func (p *BatchGetStartRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *BatchGetStartRequest) SetKeys(val []string) {
+	p.Keys = val
+}
+func (p *BatchGetStartRequest) SetAcks(val []int64) {
+	p.Acks = val
+}
+
+func (p *BatchGetStartRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *BatchGetStartRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchGetStartRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchGetStartRequest = map[int16]string{
+	1: "node",
+	2: "keys",
+	3: "acks",
+}
+
+type BatchGetStartResponse struct {
+	Code    common.ErrorCode    `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string              `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*GetStartResponse `thrift:"results,3" frugal:"3,default,list<GetStartResponse>" json:"results"`
+}
+
+func NewBatchGetStartResponse() *BatchGetStartResponse {
+	return &BatchGetStartResponse{}
+}
+
+func (p *BatchGetStartResponse) InitDefault() {
+}
+
+func (p *BatchGetStartResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchGetStartResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchGetStartResponse) GetResults() (v []*GetStartResponse) {
+	return p.Results
+}
+func (p *BatchGetStartResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchGetStartResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchGetStartResponse) SetResults(val []*GetStartResponse) {
+	p.Results = val
+}
+
+func (p *BatchGetStartResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchGetStartResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchGetStartResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
+type BatchExistsRequest struct {
+	Node   *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Keys   []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
+	Prefix bool     `thrift:"prefix,3" frugal:"3,default,bool" json:"prefix"`
+}
+
+func NewBatchExistsRequest() *BatchExistsRequest {
+	return &BatchExistsRequest{}
+}
+
+func (p *BatchExistsRequest) InitDefault() {
+}
+
+var BatchExistsRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchExistsRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return BatchExistsRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *BatchExistsRequest) GetKeys() (v []string) {
+	return p.Keys
+}
+
+func (p *BatchExistsRequest) GetPrefix() (v bool) {
+	return p.Prefix
+}
+func (p *BatchExistsRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *BatchExistsRequest) SetKeys(val []string) {
+	p.Keys = val
+}
+func (p *BatchExistsRequest) SetPrefix(val bool) {
+	p.Prefix = val
+}
+
+func (p *BatchExistsRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *BatchExistsRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchExistsRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchExistsRequest = map[int16]string{
+	1: "node",
+	2: "keys",
+	3: "prefix",
+}
+
+type BatchExistsResponse struct {
+	Code    common.ErrorCode  `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string            `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*ExistsResponse `thrift:"results,3" frugal:"3,default,list<ExistsResponse>" json:"results"`
+}
+
+func NewBatchExistsResponse() *BatchExistsResponse {
+	return &BatchExistsResponse{}
+}
+
+func (p *BatchExistsResponse) InitDefault() {
+}
+
+func (p *BatchExistsResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchExistsResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchExistsResponse) GetResults() (v []*ExistsResponse) {
+	return p.Results
+}
+func (p *BatchExistsResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchExistsResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchExistsResponse) SetResults(val []*ExistsResponse) {
+	p.Results = val
+}
+
+func (p *BatchExistsResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchExistsResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchExistsResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
+type BatchDeleteRequest struct {
+	Node *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Keys []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
+}
+
+func NewBatchDeleteRequest() *BatchDeleteRequest {
+	return &BatchDeleteRequest{}
+}
+
+func (p *BatchDeleteRequest) InitDefault() {
+}
+
+var BatchDeleteRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchDeleteRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return BatchDeleteRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *BatchDeleteRequest) GetKeys() (v []string) {
+	return p.Keys
+}
+func (p *BatchDeleteRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *BatchDeleteRequest) SetKeys(val []string) {
+	p.Keys = val
+}
+
+func (p *BatchDeleteRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *BatchDeleteRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchDeleteRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchDeleteRequest = map[int16]string{
+	1: "node",
+	2: "keys",
+}
+
+type BatchDeleteResponse struct {
+	Code    common.ErrorCode  `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string            `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*DeleteResponse `thrift:"results,3" frugal:"3,default,list<DeleteResponse>" json:"results"`
+}
+
+func NewBatchDeleteResponse() *BatchDeleteResponse {
+	return &BatchDeleteResponse{}
+}
+
+func (p *BatchDeleteResponse) InitDefault() {
+}
+
+func (p *BatchDeleteResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchDeleteResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchDeleteResponse) GetResults() (v []*DeleteResponse) {
+	return p.Results
+}
+func (p *BatchDeleteResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchDeleteResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchDeleteResponse) SetResults(val []*DeleteResponse) {
+	p.Results = val
+}
+
+func (p *BatchDeleteResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchDeleteResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchDeleteResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
+type PutStartItem struct {
+	Key            string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	Len            int64  `thrift:"len,2" frugal:"2,default,i64" json:"len"`
+	RejectIfExists bool   `thrift:"reject_if_exists,3" frugal:"3,default,bool" json:"reject_if_exists"`
+}
+
+func NewPutStartItem() *PutStartItem {
+	return &PutStartItem{}
+}
+
+func (p *PutStartItem) InitDefault() {
+}
+
+func (p *PutStartItem) GetKey() (v string) {
+	return p.Key
+}
+
+func (p *PutStartItem) GetLen() (v int64) {
+	return p.Len
+}
+
+func (p *PutStartItem) GetRejectIfExists() (v bool) {
+	return p.RejectIfExists
+}
+func (p *PutStartItem) SetKey(val string) {
+	p.Key = val
+}
+func (p *PutStartItem) SetLen(val int64) {
+	p.Len = val
+}
+func (p *PutStartItem) SetRejectIfExists(val bool) {
+	p.RejectIfExists = val
+}
+
+func (p *PutStartItem) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PutStartItem(%+v)", *p)
+}
+
+var fieldIDToName_PutStartItem = map[int16]string{
+	1: "key",
+	2: "len",
+	3: "reject_if_exists",
+}
+
+type BatchPutStartRequest struct {
+	Node  *NodeRef        `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Items []*PutStartItem `thrift:"items,2" frugal:"2,default,list<PutStartItem>" json:"items"`
+	Acks  []int64         `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
+}
+
+func NewBatchPutStartRequest() *BatchPutStartRequest {
+	return &BatchPutStartRequest{}
+}
+
+func (p *BatchPutStartRequest) InitDefault() {
+}
+
+var BatchPutStartRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchPutStartRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return BatchPutStartRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *BatchPutStartRequest) GetItems() (v []*PutStartItem) {
+	return p.Items
+}
+
+func (p *BatchPutStartRequest) GetAcks() (v []int64) {
+	return p.Acks
+}
+func (p *BatchPutStartRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *BatchPutStartRequest) SetItems(val []*PutStartItem) {
+	p.Items = val
+}
+func (p *BatchPutStartRequest) SetAcks(val []int64) {
+	p.Acks = val
+}
+
+func (p *BatchPutStartRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *BatchPutStartRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchPutStartRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchPutStartRequest = map[int16]string{
+	1: "node",
+	2: "items",
+	3: "acks",
+}
+
+type BatchPutStartResponse struct {
+	Code    common.ErrorCode    `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string              `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*PutStartResponse `thrift:"results,3" frugal:"3,default,list<PutStartResponse>" json:"results"`
+}
+
+func NewBatchPutStartResponse() *BatchPutStartResponse {
+	return &BatchPutStartResponse{}
+}
+
+func (p *BatchPutStartResponse) InitDefault() {
+}
+
+func (p *BatchPutStartResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchPutStartResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchPutStartResponse) GetResults() (v []*PutStartResponse) {
+	return p.Results
+}
+func (p *BatchPutStartResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchPutStartResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchPutStartResponse) SetResults(val []*PutStartResponse) {
+	p.Results = val
+}
+
+func (p *BatchPutStartResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchPutStartResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchPutStartResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
+type PutDoneItem struct {
+	Key   string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+}
+
+func NewPutDoneItem() *PutDoneItem {
+	return &PutDoneItem{}
+}
+
+func (p *PutDoneItem) InitDefault() {
+}
+
+func (p *PutDoneItem) GetKey() (v string) {
+	return p.Key
+}
+
+func (p *PutDoneItem) GetPutId() (v int64) {
+	return p.PutId
+}
+func (p *PutDoneItem) SetKey(val string) {
+	p.Key = val
+}
+func (p *PutDoneItem) SetPutId(val int64) {
+	p.PutId = val
+}
+
+func (p *PutDoneItem) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PutDoneItem(%+v)", *p)
+}
+
+var fieldIDToName_PutDoneItem = map[int16]string{
+	1: "key",
+	2: "put_id",
+}
+
+type GetDoneItem struct {
+	Key   string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	GetId int64  `thrift:"get_id,2" frugal:"2,default,i64" json:"get_id"`
+}
+
+func NewGetDoneItem() *GetDoneItem {
+	return &GetDoneItem{}
+}
+
+func (p *GetDoneItem) InitDefault() {
+}
+
+func (p *GetDoneItem) GetKey() (v string) {
+	return p.Key
+}
+
+func (p *GetDoneItem) GetGetId() (v int64) {
+	return p.GetId
+}
+func (p *GetDoneItem) SetKey(val string) {
+	p.Key = val
+}
+func (p *GetDoneItem) SetGetId(val int64) {
+	p.GetId = val
+}
+
+func (p *GetDoneItem) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GetDoneItem(%+v)", *p)
+}
+
+var fieldIDToName_GetDoneItem = map[int16]string{
+	1: "key",
+	2: "get_id",
+}
+
+type BatchGetDoneRequest struct {
+	Node  *NodeRef       `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Items []*GetDoneItem `thrift:"items,2" frugal:"2,default,list<GetDoneItem>" json:"items"`
+}
+
+func NewBatchGetDoneRequest() *BatchGetDoneRequest {
+	return &BatchGetDoneRequest{}
+}
+
+func (p *BatchGetDoneRequest) InitDefault() {
+}
+
+var BatchGetDoneRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchGetDoneRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return BatchGetDoneRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *BatchGetDoneRequest) GetItems() (v []*GetDoneItem) {
+	return p.Items
+}
+func (p *BatchGetDoneRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *BatchGetDoneRequest) SetItems(val []*GetDoneItem) {
+	p.Items = val
+}
+
+func (p *BatchGetDoneRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *BatchGetDoneRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchGetDoneRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchGetDoneRequest = map[int16]string{
+	1: "node",
+	2: "items",
+}
+
+type BatchGetDoneResponse struct {
+	Code    common.ErrorCode   `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*GetDoneResponse `thrift:"results,3" frugal:"3,default,list<GetDoneResponse>" json:"results"`
+}
+
+func NewBatchGetDoneResponse() *BatchGetDoneResponse {
+	return &BatchGetDoneResponse{}
+}
+
+func (p *BatchGetDoneResponse) InitDefault() {
+}
+
+func (p *BatchGetDoneResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchGetDoneResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchGetDoneResponse) GetResults() (v []*GetDoneResponse) {
+	return p.Results
+}
+func (p *BatchGetDoneResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchGetDoneResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchGetDoneResponse) SetResults(val []*GetDoneResponse) {
+	p.Results = val
+}
+
+func (p *BatchGetDoneResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchGetDoneResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchGetDoneResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
+type BatchPutDoneRequest struct {
+	Node  *NodeRef       `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Items []*PutDoneItem `thrift:"items,2" frugal:"2,default,list<PutDoneItem>" json:"items"`
+}
+
+func NewBatchPutDoneRequest() *BatchPutDoneRequest {
+	return &BatchPutDoneRequest{}
+}
+
+func (p *BatchPutDoneRequest) InitDefault() {
+}
+
+var BatchPutDoneRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchPutDoneRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return BatchPutDoneRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *BatchPutDoneRequest) GetItems() (v []*PutDoneItem) {
+	return p.Items
+}
+func (p *BatchPutDoneRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *BatchPutDoneRequest) SetItems(val []*PutDoneItem) {
+	p.Items = val
+}
+
+func (p *BatchPutDoneRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *BatchPutDoneRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchPutDoneRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchPutDoneRequest = map[int16]string{
+	1: "node",
+	2: "items",
+}
+
+type BatchPutDoneResponse struct {
+	Code    common.ErrorCode   `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*PutDoneResponse `thrift:"results,3" frugal:"3,default,list<PutDoneResponse>" json:"results"`
+}
+
+func NewBatchPutDoneResponse() *BatchPutDoneResponse {
+	return &BatchPutDoneResponse{}
+}
+
+func (p *BatchPutDoneResponse) InitDefault() {
+}
+
+func (p *BatchPutDoneResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchPutDoneResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchPutDoneResponse) GetResults() (v []*PutDoneResponse) {
+	return p.Results
+}
+func (p *BatchPutDoneResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchPutDoneResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchPutDoneResponse) SetResults(val []*PutDoneResponse) {
+	p.Results = val
+}
+
+func (p *BatchPutDoneResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchPutDoneResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchPutDoneResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
 type StatRequest struct {
 }
 
@@ -2071,6 +2789,18 @@ type MasterService interface {
 	Stat(ctx context.Context, req *StatRequest) (r *StatResponse, err error)
 
 	ReportReplicas(ctx context.Context, req *ReportReplicasRequest) (r *ReportReplicasResponse, err error)
+
+	BatchGetStart(ctx context.Context, req *BatchGetStartRequest) (r *BatchGetStartResponse, err error)
+
+	BatchGetDone(ctx context.Context, req *BatchGetDoneRequest) (r *BatchGetDoneResponse, err error)
+
+	BatchExists(ctx context.Context, req *BatchExistsRequest) (r *BatchExistsResponse, err error)
+
+	BatchDelete(ctx context.Context, req *BatchDeleteRequest) (r *BatchDeleteResponse, err error)
+
+	BatchPutStart(ctx context.Context, req *BatchPutStartRequest) (r *BatchPutStartResponse, err error)
+
+	BatchPutDone(ctx context.Context, req *BatchPutDoneRequest) (r *BatchPutDoneResponse, err error)
 }
 
 type MasterServiceRegisterArgs struct {
@@ -3210,5 +3940,461 @@ func (p *MasterServiceReportReplicasResult) String() string {
 }
 
 var fieldIDToName_MasterServiceReportReplicasResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceBatchGetStartArgs struct {
+	Req *BatchGetStartRequest `thrift:"req,1" frugal:"1,default,BatchGetStartRequest" json:"req"`
+}
+
+func NewMasterServiceBatchGetStartArgs() *MasterServiceBatchGetStartArgs {
+	return &MasterServiceBatchGetStartArgs{}
+}
+
+func (p *MasterServiceBatchGetStartArgs) InitDefault() {
+}
+
+var MasterServiceBatchGetStartArgs_Req_DEFAULT *BatchGetStartRequest
+
+func (p *MasterServiceBatchGetStartArgs) GetReq() (v *BatchGetStartRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceBatchGetStartArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceBatchGetStartArgs) SetReq(val *BatchGetStartRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceBatchGetStartArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceBatchGetStartArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchGetStartArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchGetStartArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceBatchGetStartResult struct {
+	Success *BatchGetStartResponse `thrift:"success,0,optional" frugal:"0,optional,BatchGetStartResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceBatchGetStartResult() *MasterServiceBatchGetStartResult {
+	return &MasterServiceBatchGetStartResult{}
+}
+
+func (p *MasterServiceBatchGetStartResult) InitDefault() {
+}
+
+var MasterServiceBatchGetStartResult_Success_DEFAULT *BatchGetStartResponse
+
+func (p *MasterServiceBatchGetStartResult) GetSuccess() (v *BatchGetStartResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceBatchGetStartResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceBatchGetStartResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchGetStartResponse)
+}
+
+func (p *MasterServiceBatchGetStartResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceBatchGetStartResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchGetStartResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchGetStartResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceBatchGetDoneArgs struct {
+	Req *BatchGetDoneRequest `thrift:"req,1" frugal:"1,default,BatchGetDoneRequest" json:"req"`
+}
+
+func NewMasterServiceBatchGetDoneArgs() *MasterServiceBatchGetDoneArgs {
+	return &MasterServiceBatchGetDoneArgs{}
+}
+
+func (p *MasterServiceBatchGetDoneArgs) InitDefault() {
+}
+
+var MasterServiceBatchGetDoneArgs_Req_DEFAULT *BatchGetDoneRequest
+
+func (p *MasterServiceBatchGetDoneArgs) GetReq() (v *BatchGetDoneRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceBatchGetDoneArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceBatchGetDoneArgs) SetReq(val *BatchGetDoneRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceBatchGetDoneArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceBatchGetDoneArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchGetDoneArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchGetDoneArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceBatchGetDoneResult struct {
+	Success *BatchGetDoneResponse `thrift:"success,0,optional" frugal:"0,optional,BatchGetDoneResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceBatchGetDoneResult() *MasterServiceBatchGetDoneResult {
+	return &MasterServiceBatchGetDoneResult{}
+}
+
+func (p *MasterServiceBatchGetDoneResult) InitDefault() {
+}
+
+var MasterServiceBatchGetDoneResult_Success_DEFAULT *BatchGetDoneResponse
+
+func (p *MasterServiceBatchGetDoneResult) GetSuccess() (v *BatchGetDoneResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceBatchGetDoneResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceBatchGetDoneResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchGetDoneResponse)
+}
+
+func (p *MasterServiceBatchGetDoneResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceBatchGetDoneResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchGetDoneResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchGetDoneResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceBatchExistsArgs struct {
+	Req *BatchExistsRequest `thrift:"req,1" frugal:"1,default,BatchExistsRequest" json:"req"`
+}
+
+func NewMasterServiceBatchExistsArgs() *MasterServiceBatchExistsArgs {
+	return &MasterServiceBatchExistsArgs{}
+}
+
+func (p *MasterServiceBatchExistsArgs) InitDefault() {
+}
+
+var MasterServiceBatchExistsArgs_Req_DEFAULT *BatchExistsRequest
+
+func (p *MasterServiceBatchExistsArgs) GetReq() (v *BatchExistsRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceBatchExistsArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceBatchExistsArgs) SetReq(val *BatchExistsRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceBatchExistsArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceBatchExistsArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchExistsArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchExistsArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceBatchExistsResult struct {
+	Success *BatchExistsResponse `thrift:"success,0,optional" frugal:"0,optional,BatchExistsResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceBatchExistsResult() *MasterServiceBatchExistsResult {
+	return &MasterServiceBatchExistsResult{}
+}
+
+func (p *MasterServiceBatchExistsResult) InitDefault() {
+}
+
+var MasterServiceBatchExistsResult_Success_DEFAULT *BatchExistsResponse
+
+func (p *MasterServiceBatchExistsResult) GetSuccess() (v *BatchExistsResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceBatchExistsResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceBatchExistsResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchExistsResponse)
+}
+
+func (p *MasterServiceBatchExistsResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceBatchExistsResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchExistsResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchExistsResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceBatchDeleteArgs struct {
+	Req *BatchDeleteRequest `thrift:"req,1" frugal:"1,default,BatchDeleteRequest" json:"req"`
+}
+
+func NewMasterServiceBatchDeleteArgs() *MasterServiceBatchDeleteArgs {
+	return &MasterServiceBatchDeleteArgs{}
+}
+
+func (p *MasterServiceBatchDeleteArgs) InitDefault() {
+}
+
+var MasterServiceBatchDeleteArgs_Req_DEFAULT *BatchDeleteRequest
+
+func (p *MasterServiceBatchDeleteArgs) GetReq() (v *BatchDeleteRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceBatchDeleteArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceBatchDeleteArgs) SetReq(val *BatchDeleteRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceBatchDeleteArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceBatchDeleteArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchDeleteArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchDeleteArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceBatchDeleteResult struct {
+	Success *BatchDeleteResponse `thrift:"success,0,optional" frugal:"0,optional,BatchDeleteResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceBatchDeleteResult() *MasterServiceBatchDeleteResult {
+	return &MasterServiceBatchDeleteResult{}
+}
+
+func (p *MasterServiceBatchDeleteResult) InitDefault() {
+}
+
+var MasterServiceBatchDeleteResult_Success_DEFAULT *BatchDeleteResponse
+
+func (p *MasterServiceBatchDeleteResult) GetSuccess() (v *BatchDeleteResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceBatchDeleteResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceBatchDeleteResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchDeleteResponse)
+}
+
+func (p *MasterServiceBatchDeleteResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceBatchDeleteResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchDeleteResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchDeleteResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceBatchPutStartArgs struct {
+	Req *BatchPutStartRequest `thrift:"req,1" frugal:"1,default,BatchPutStartRequest" json:"req"`
+}
+
+func NewMasterServiceBatchPutStartArgs() *MasterServiceBatchPutStartArgs {
+	return &MasterServiceBatchPutStartArgs{}
+}
+
+func (p *MasterServiceBatchPutStartArgs) InitDefault() {
+}
+
+var MasterServiceBatchPutStartArgs_Req_DEFAULT *BatchPutStartRequest
+
+func (p *MasterServiceBatchPutStartArgs) GetReq() (v *BatchPutStartRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceBatchPutStartArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceBatchPutStartArgs) SetReq(val *BatchPutStartRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceBatchPutStartArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceBatchPutStartArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchPutStartArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchPutStartArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceBatchPutStartResult struct {
+	Success *BatchPutStartResponse `thrift:"success,0,optional" frugal:"0,optional,BatchPutStartResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceBatchPutStartResult() *MasterServiceBatchPutStartResult {
+	return &MasterServiceBatchPutStartResult{}
+}
+
+func (p *MasterServiceBatchPutStartResult) InitDefault() {
+}
+
+var MasterServiceBatchPutStartResult_Success_DEFAULT *BatchPutStartResponse
+
+func (p *MasterServiceBatchPutStartResult) GetSuccess() (v *BatchPutStartResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceBatchPutStartResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceBatchPutStartResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchPutStartResponse)
+}
+
+func (p *MasterServiceBatchPutStartResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceBatchPutStartResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchPutStartResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchPutStartResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceBatchPutDoneArgs struct {
+	Req *BatchPutDoneRequest `thrift:"req,1" frugal:"1,default,BatchPutDoneRequest" json:"req"`
+}
+
+func NewMasterServiceBatchPutDoneArgs() *MasterServiceBatchPutDoneArgs {
+	return &MasterServiceBatchPutDoneArgs{}
+}
+
+func (p *MasterServiceBatchPutDoneArgs) InitDefault() {
+}
+
+var MasterServiceBatchPutDoneArgs_Req_DEFAULT *BatchPutDoneRequest
+
+func (p *MasterServiceBatchPutDoneArgs) GetReq() (v *BatchPutDoneRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceBatchPutDoneArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceBatchPutDoneArgs) SetReq(val *BatchPutDoneRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceBatchPutDoneArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceBatchPutDoneArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchPutDoneArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchPutDoneArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceBatchPutDoneResult struct {
+	Success *BatchPutDoneResponse `thrift:"success,0,optional" frugal:"0,optional,BatchPutDoneResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceBatchPutDoneResult() *MasterServiceBatchPutDoneResult {
+	return &MasterServiceBatchPutDoneResult{}
+}
+
+func (p *MasterServiceBatchPutDoneResult) InitDefault() {
+}
+
+var MasterServiceBatchPutDoneResult_Success_DEFAULT *BatchPutDoneResponse
+
+func (p *MasterServiceBatchPutDoneResult) GetSuccess() (v *BatchPutDoneResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceBatchPutDoneResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceBatchPutDoneResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchPutDoneResponse)
+}
+
+func (p *MasterServiceBatchPutDoneResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceBatchPutDoneResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceBatchPutDoneResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceBatchPutDoneResult = map[int16]string{
 	0: "success",
 }

@@ -109,6 +109,21 @@ int fluxkv_exists(fluxkv_client* c, const char* key, size_t key_len, fluxkv_erro
 /* 1 deleted, 0 absent. Holders of the key keep their bytes. */
 int fluxkv_delete(fluxkv_client* c, const char* key, size_t key_len, fluxkv_error* err);
 
+/* The longest pin of fluxkv_batch_exists_prefix, in milliseconds (the protocol's MAX_PIN_MS). */
+#define FLUXKV_MAX_PIN_MS 5000
+
+/* A prefix lookup: keys[i] (key_lens[i] bytes), i < n, are the pages of one prompt in order;
+ * *found is set to how many leading keys are present. The owner evaluates each chunk of
+ * MAX_BATCH (4096) keys in one call and stops at the first absent key; a later chunk is sent
+ * only when the whole previous one was present. pin_ms > 0 (at most FLUXKV_MAX_PIN_MS) also
+ * pins the pages found for that long in the owner's memory, so the loads that follow find
+ * them: no release is needed (a pin ends when its time is up, when the client closes, or
+ * when the client gets the key). A pin outside 0..FLUXKV_MAX_PIN_MS, a bad key, or NULL keys
+ * or key_lens with n > 0 are refused with INVALID_ARGUMENT before anything is sent. 0 ok;
+ * -1 on error (*found is then 0). */
+int fluxkv_batch_exists_prefix(fluxkv_client* c, const char* const* keys, const size_t* key_lens, size_t n, int64_t pin_ms,
+                               size_t* found, fluxkv_error* err);
+
 /* The owner's status as a NUL-terminated JSON object (node_id, keys, client_holders, clients,
  * members); free it with fluxkv_free_string. NULL on error. */
 char* fluxkv_stat_json(fluxkv_client* c, fluxkv_error* err);

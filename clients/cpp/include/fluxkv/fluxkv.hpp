@@ -203,6 +203,18 @@ class Client {
   std::vector<std::optional<MemHolder>> batch_get(std::span<const std::string_view> keys);
   std::vector<bool> batch_exists(std::span<const std::string_view> keys);
   std::vector<bool> batch_remove(std::span<const std::string_view> keys);
+  // A prefix lookup: keys are the pages of one prompt in order; returns how many leading
+  // keys are present. The owner evaluates each chunk of MAX_BATCH keys in one call and
+  // stops at the first absent key (a later chunk is sent only when the whole previous one
+  // was present); a key it could not evaluate ends the count like an absent one. pin > 0
+  // (at most kMaxPin) also pins the pages found for that long: each becomes a holding of
+  // this client's session in the owner's memory, so the load that follows finds it and
+  // eviction spares it. A pin needs no release (it ends when its time is up, with the
+  // session, or when this client gets the key); pins count against the owner's hot-set
+  // budget, and a page that cannot be pinned ends the count. InvalidArgument for a pin
+  // outside 0..kMaxPin or a bad key, before anything is sent. An owner that predates
+  // prefix lookups answers every key and pins nothing: the count is the same.
+  std::size_t batch_exists_prefix(std::span<const std::string_view> keys, std::chrono::milliseconds pin = {});
 
   // The owner's status as JSON (the Python client's stat(): node_id, keys, client_holders,
   // clients, members[...] with memory_segment / kv_ssd capacity and used bytes). Queued
@@ -224,6 +236,10 @@ class Client {
   explicit Client(std::shared_ptr<detail::ClientImpl> impl) noexcept;
   std::shared_ptr<detail::ClientImpl> impl_;
 };
+
+// The longest pin of Client::batch_exists_prefix (the protocol's MAX_PIN_MS; checked
+// against the IDL when the library is built).
+inline constexpr std::chrono::milliseconds kMaxPin{5000};
 
 // The default attach socket: $FLUXKV_SOCKET, else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock,
 // else /run/fluxkv/fluxkv.sock.

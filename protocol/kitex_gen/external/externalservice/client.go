@@ -23,7 +23,7 @@ type Client interface {
 	BatchPutEnd(ctx context.Context, req *external.BatchPutEndRequest, callOptions ...callopt.Option) (r *external.BatchPutEndResponse, err error)
 	BatchPutAbort(ctx context.Context, req *external.BatchPutAbortRequest, callOptions ...callopt.Option) (r *external.BatchPutAbortResponse, err error)
 	BatchGet(ctx context.Context, req *external.BatchKeysRequest, callOptions ...callopt.Option) (r *external.BatchGetResponse, err error)
-	BatchExists(ctx context.Context, req *external.BatchKeysRequest, callOptions ...callopt.Option) (r *external.BatchExistsResponse, err error)
+	BatchExists(ctx context.Context, req *external.BatchExistsRequest, callOptions ...callopt.Option) (r *external.BatchExistsResponse, err error)
 	BatchDelete(ctx context.Context, req *external.BatchKeysRequest, callOptions ...callopt.Option) (r *external.BatchDeleteResponse, err error)
 	Stat(ctx context.Context, req *external.StatRequest, callOptions ...callopt.Option) (r *external.StatResponse, err error)
 }
@@ -117,7 +117,7 @@ func (p *kExternalServiceClient) BatchGet(ctx context.Context, req *external.Bat
 	return p.kClient.BatchGet(ctx, req)
 }
 
-func (p *kExternalServiceClient) BatchExists(ctx context.Context, req *external.BatchKeysRequest, callOptions ...callopt.Option) (r *external.BatchExistsResponse, err error) {
+func (p *kExternalServiceClient) BatchExists(ctx context.Context, req *external.BatchExistsRequest, callOptions ...callopt.Option) (r *external.BatchExistsResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.BatchExists(ctx, req)
 }

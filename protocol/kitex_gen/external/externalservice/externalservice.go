@@ -584,7 +584,7 @@ func (p *kClient) BatchGet(ctx context.Context, req *external.BatchKeysRequest) 
 	return _result.GetSuccess(), nil
 }
 
-func (p *kClient) BatchExists(ctx context.Context, req *external.BatchKeysRequest) (r *external.BatchExistsResponse, err error) {
+func (p *kClient) BatchExists(ctx context.Context, req *external.BatchExistsRequest) (r *external.BatchExistsResponse, err error) {
 	var _args external.ExternalServiceBatchExistsArgs
 	_args.Req = req
 	var _result external.ExternalServiceBatchExistsResult

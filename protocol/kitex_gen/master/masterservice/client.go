@@ -26,6 +26,12 @@ type Client interface {
 	BatchDeleteAck(ctx context.Context, req *master.BatchDeleteAckRequest, callOptions ...callopt.Option) (r *master.BatchDeleteAckResponse, err error)
 	Stat(ctx context.Context, req *master.StatRequest, callOptions ...callopt.Option) (r *master.StatResponse, err error)
 	ReportReplicas(ctx context.Context, req *master.ReportReplicasRequest, callOptions ...callopt.Option) (r *master.ReportReplicasResponse, err error)
+	BatchGetStart(ctx context.Context, req *master.BatchGetStartRequest, callOptions ...callopt.Option) (r *master.BatchGetStartResponse, err error)
+	BatchGetDone(ctx context.Context, req *master.BatchGetDoneRequest, callOptions ...callopt.Option) (r *master.BatchGetDoneResponse, err error)
+	BatchExists(ctx context.Context, req *master.BatchExistsRequest, callOptions ...callopt.Option) (r *master.BatchExistsResponse, err error)
+	BatchDelete(ctx context.Context, req *master.BatchDeleteRequest, callOptions ...callopt.Option) (r *master.BatchDeleteResponse, err error)
+	BatchPutStart(ctx context.Context, req *master.BatchPutStartRequest, callOptions ...callopt.Option) (r *master.BatchPutStartResponse, err error)
+	BatchPutDone(ctx context.Context, req *master.BatchPutDoneRequest, callOptions ...callopt.Option) (r *master.BatchPutDoneResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -130,4 +136,34 @@ func (p *kMasterServiceClient) Stat(ctx context.Context, req *master.StatRequest
 func (p *kMasterServiceClient) ReportReplicas(ctx context.Context, req *master.ReportReplicasRequest, callOptions ...callopt.Option) (r *master.ReportReplicasResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.ReportReplicas(ctx, req)
+}
+
+func (p *kMasterServiceClient) BatchGetStart(ctx context.Context, req *master.BatchGetStartRequest, callOptions ...callopt.Option) (r *master.BatchGetStartResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchGetStart(ctx, req)
+}
+
+func (p *kMasterServiceClient) BatchGetDone(ctx context.Context, req *master.BatchGetDoneRequest, callOptions ...callopt.Option) (r *master.BatchGetDoneResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchGetDone(ctx, req)
+}
+
+func (p *kMasterServiceClient) BatchExists(ctx context.Context, req *master.BatchExistsRequest, callOptions ...callopt.Option) (r *master.BatchExistsResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchExists(ctx, req)
+}
+
+func (p *kMasterServiceClient) BatchDelete(ctx context.Context, req *master.BatchDeleteRequest, callOptions ...callopt.Option) (r *master.BatchDeleteResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchDelete(ctx, req)
+}
+
+func (p *kMasterServiceClient) BatchPutStart(ctx context.Context, req *master.BatchPutStartRequest, callOptions ...callopt.Option) (r *master.BatchPutStartResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchPutStart(ctx, req)
+}
+
+func (p *kMasterServiceClient) BatchPutDone(ctx context.Context, req *master.BatchPutDoneRequest, callOptions ...callopt.Option) (r *master.BatchPutDoneResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchPutDone(ctx, req)
 }

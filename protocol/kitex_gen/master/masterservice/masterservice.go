@@ -118,6 +118,48 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"BatchGetStart": kitex.NewMethodInfo(
+		batchGetStartHandler,
+		newMasterServiceBatchGetStartArgs,
+		newMasterServiceBatchGetStartResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"BatchGetDone": kitex.NewMethodInfo(
+		batchGetDoneHandler,
+		newMasterServiceBatchGetDoneArgs,
+		newMasterServiceBatchGetDoneResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"BatchExists": kitex.NewMethodInfo(
+		batchExistsHandler,
+		newMasterServiceBatchExistsArgs,
+		newMasterServiceBatchExistsResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"BatchDelete": kitex.NewMethodInfo(
+		batchDeleteHandler,
+		newMasterServiceBatchDeleteArgs,
+		newMasterServiceBatchDeleteResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"BatchPutStart": kitex.NewMethodInfo(
+		batchPutStartHandler,
+		newMasterServiceBatchPutStartArgs,
+		newMasterServiceBatchPutStartResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"BatchPutDone": kitex.NewMethodInfo(
+		batchPutDoneHandler,
+		newMasterServiceBatchPutDoneArgs,
+		newMasterServiceBatchPutDoneResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -454,6 +496,114 @@ func newMasterServiceReportReplicasResult() interface{} {
 	return master.NewMasterServiceReportReplicasResult()
 }
 
+func batchGetStartHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchGetStartArgs)
+	realResult := result.(*master.MasterServiceBatchGetStartResult)
+	success, err := handler.(master.MasterService).BatchGetStart(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceBatchGetStartArgs() interface{} {
+	return master.NewMasterServiceBatchGetStartArgs()
+}
+
+func newMasterServiceBatchGetStartResult() interface{} {
+	return master.NewMasterServiceBatchGetStartResult()
+}
+
+func batchGetDoneHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchGetDoneArgs)
+	realResult := result.(*master.MasterServiceBatchGetDoneResult)
+	success, err := handler.(master.MasterService).BatchGetDone(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceBatchGetDoneArgs() interface{} {
+	return master.NewMasterServiceBatchGetDoneArgs()
+}
+
+func newMasterServiceBatchGetDoneResult() interface{} {
+	return master.NewMasterServiceBatchGetDoneResult()
+}
+
+func batchExistsHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchExistsArgs)
+	realResult := result.(*master.MasterServiceBatchExistsResult)
+	success, err := handler.(master.MasterService).BatchExists(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceBatchExistsArgs() interface{} {
+	return master.NewMasterServiceBatchExistsArgs()
+}
+
+func newMasterServiceBatchExistsResult() interface{} {
+	return master.NewMasterServiceBatchExistsResult()
+}
+
+func batchDeleteHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchDeleteArgs)
+	realResult := result.(*master.MasterServiceBatchDeleteResult)
+	success, err := handler.(master.MasterService).BatchDelete(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceBatchDeleteArgs() interface{} {
+	return master.NewMasterServiceBatchDeleteArgs()
+}
+
+func newMasterServiceBatchDeleteResult() interface{} {
+	return master.NewMasterServiceBatchDeleteResult()
+}
+
+func batchPutStartHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchPutStartArgs)
+	realResult := result.(*master.MasterServiceBatchPutStartResult)
+	success, err := handler.(master.MasterService).BatchPutStart(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceBatchPutStartArgs() interface{} {
+	return master.NewMasterServiceBatchPutStartArgs()
+}
+
+func newMasterServiceBatchPutStartResult() interface{} {
+	return master.NewMasterServiceBatchPutStartResult()
+}
+
+func batchPutDoneHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchPutDoneArgs)
+	realResult := result.(*master.MasterServiceBatchPutDoneResult)
+	success, err := handler.(master.MasterService).BatchPutDone(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceBatchPutDoneArgs() interface{} {
+	return master.NewMasterServiceBatchPutDoneArgs()
+}
+
+func newMasterServiceBatchPutDoneResult() interface{} {
+	return master.NewMasterServiceBatchPutDoneResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -609,6 +759,66 @@ func (p *kClient) ReportReplicas(ctx context.Context, req *master.ReportReplicas
 	_args.Req = req
 	var _result master.MasterServiceReportReplicasResult
 	if err = p.c.Call(ctx, "ReportReplicas", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchGetStart(ctx context.Context, req *master.BatchGetStartRequest) (r *master.BatchGetStartResponse, err error) {
+	var _args master.MasterServiceBatchGetStartArgs
+	_args.Req = req
+	var _result master.MasterServiceBatchGetStartResult
+	if err = p.c.Call(ctx, "BatchGetStart", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchGetDone(ctx context.Context, req *master.BatchGetDoneRequest) (r *master.BatchGetDoneResponse, err error) {
+	var _args master.MasterServiceBatchGetDoneArgs
+	_args.Req = req
+	var _result master.MasterServiceBatchGetDoneResult
+	if err = p.c.Call(ctx, "BatchGetDone", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchExists(ctx context.Context, req *master.BatchExistsRequest) (r *master.BatchExistsResponse, err error) {
+	var _args master.MasterServiceBatchExistsArgs
+	_args.Req = req
+	var _result master.MasterServiceBatchExistsResult
+	if err = p.c.Call(ctx, "BatchExists", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchDelete(ctx context.Context, req *master.BatchDeleteRequest) (r *master.BatchDeleteResponse, err error) {
+	var _args master.MasterServiceBatchDeleteArgs
+	_args.Req = req
+	var _result master.MasterServiceBatchDeleteResult
+	if err = p.c.Call(ctx, "BatchDelete", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchPutStart(ctx context.Context, req *master.BatchPutStartRequest) (r *master.BatchPutStartResponse, err error) {
+	var _args master.MasterServiceBatchPutStartArgs
+	_args.Req = req
+	var _result master.MasterServiceBatchPutStartResult
+	if err = p.c.Call(ctx, "BatchPutStart", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchPutDone(ctx context.Context, req *master.BatchPutDoneRequest) (r *master.BatchPutDoneResponse, err error) {
+	var _args master.MasterServiceBatchPutDoneArgs
+	_args.Req = req
+	var _result master.MasterServiceBatchPutDoneResult
+	if err = p.c.Call(ctx, "BatchPutDone", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

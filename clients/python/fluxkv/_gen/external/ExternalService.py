@@ -2539,7 +2539,7 @@ class BatchExists_args(object):
                 break
             if fid == 1:
                 if ftype == TType.STRUCT:
-                    self.req = BatchKeysRequest()
+                    self.req = BatchExistsRequest()
                     self.req.read(iprot)
                 else:
                     iprot.skip(ftype)
@@ -2576,7 +2576,7 @@ class BatchExists_args(object):
 all_structs.append(BatchExists_args)
 BatchExists_args.thrift_spec = (
     None,  # 0
-    (1, TType.STRUCT, 'req', [BatchKeysRequest, None], None, ),  # 1
+    (1, TType.STRUCT, 'req', [BatchExistsRequest, None], None, ),  # 1
 )
 
 

@@ -2657,20 +2657,121 @@ class BatchGetResponse(object):
         return not (self == other)
 
 
+class BatchExistsRequest(object):
+    """
+    Attributes:
+     - session
+     - keys
+     - prefix
+     - pin_ms
+
+    """
+
+
+    def __init__(self, session=None, keys=None, prefix=None, pin_ms=None,):
+        self.session = session
+        self.keys = keys
+        self.prefix = prefix
+        self.pin_ms = pin_ms
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.session = Session()
+                    self.session.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.LIST:
+                    self.keys = []
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.keys.append(_elem103)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.prefix = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.pin_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('BatchExistsRequest')
+        if self.session is not None:
+            oprot.writeFieldBegin('session', TType.STRUCT, 1)
+            self.session.write(oprot)
+            oprot.writeFieldEnd()
+        if self.keys is not None:
+            oprot.writeFieldBegin('keys', TType.LIST, 2)
+            oprot.writeListBegin(TType.STRING, len(self.keys))
+            for iter104 in self.keys:
+                oprot.writeString(iter104.encode('utf-8') if sys.version_info[0] == 2 else iter104)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.prefix is not None:
+            oprot.writeFieldBegin('prefix', TType.BOOL, 3)
+            oprot.writeBool(self.prefix)
+            oprot.writeFieldEnd()
+        if self.pin_ms is not None:
+            oprot.writeFieldBegin('pin_ms', TType.I64, 4)
+            oprot.writeI64(self.pin_ms)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class BatchExistsResponse(object):
     """
     Attributes:
      - code
      - message
      - results
+     - found
 
     """
 
 
-    def __init__(self, code=None, message=None, results=None,):
+    def __init__(self, code=None, message=None, results=None, found=None,):
         self.code = code
         self.message = message
         self.results = results
+        self.found = found
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2694,12 +2795,17 @@ class BatchExistsResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype101, _size98) = iprot.readListBegin()
-                    for _i102 in range(_size98):
-                        _elem103 = ExistsResponse()
-                        _elem103.read(iprot)
-                        self.results.append(_elem103)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = ExistsResponse()
+                        _elem110.read(iprot)
+                        self.results.append(_elem110)
                     iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I32:
+                    self.found = iprot.readI32()
                 else:
                     iprot.skip(ftype)
             else:
@@ -2723,9 +2829,13 @@ class BatchExistsResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter104 in self.results:
-                iter104.write(oprot)
+            for iter111 in self.results:
+                iter111.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.found is not None:
+            oprot.writeFieldBegin('found', TType.I32, 4)
+            oprot.writeI32(self.found)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2782,11 +2892,11 @@ class BatchDeleteResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype108, _size105) = iprot.readListBegin()
-                    for _i109 in range(_size105):
-                        _elem110 = DeleteResponse()
-                        _elem110.read(iprot)
-                        self.results.append(_elem110)
+                    (_etype115, _size112) = iprot.readListBegin()
+                    for _i116 in range(_size112):
+                        _elem117 = DeleteResponse()
+                        _elem117.read(iprot)
+                        self.results.append(_elem117)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2811,8 +2921,8 @@ class BatchDeleteResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter111 in self.results:
-                iter111.write(oprot)
+            for iter118 in self.results:
+                iter118.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2938,11 +3048,11 @@ class StatResponse(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype115, _size112) = iprot.readListBegin()
-                    for _i116 in range(_size112):
-                        _elem117 = fluxkv._gen.common.ttypes.MemberStat()
-                        _elem117.read(iprot)
-                        self.members.append(_elem117)
+                    (_etype122, _size119) = iprot.readListBegin()
+                    for _i123 in range(_size119):
+                        _elem124 = fluxkv._gen.common.ttypes.MemberStat()
+                        _elem124.read(iprot)
+                        self.members.append(_elem124)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2969,11 +3079,11 @@ class StatResponse(object):
             elif fid == 8:
                 if ftype == TType.LIST:
                     self.masters = []
-                    (_etype121, _size118) = iprot.readListBegin()
-                    for _i122 in range(_size118):
-                        _elem123 = fluxkv._gen.common.ttypes.MasterInfo()
-                        _elem123.read(iprot)
-                        self.masters.append(_elem123)
+                    (_etype128, _size125) = iprot.readListBegin()
+                    for _i129 in range(_size125):
+                        _elem130 = fluxkv._gen.common.ttypes.MasterInfo()
+                        _elem130.read(iprot)
+                        self.masters.append(_elem130)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2998,8 +3108,8 @@ class StatResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter124 in self.members:
-                iter124.write(oprot)
+            for iter131 in self.members:
+                iter131.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.keys is not None:
@@ -3021,8 +3131,8 @@ class StatResponse(object):
         if self.masters is not None:
             oprot.writeFieldBegin('masters', TType.LIST, 8)
             oprot.writeListBegin(TType.STRUCT, len(self.masters))
-            for iter125 in self.masters:
-                iter125.write(oprot)
+            for iter132 in self.masters:
+                iter132.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3263,12 +3373,21 @@ BatchGetResponse.thrift_spec = (
     (2, TType.STRING, 'message', 'UTF8', None, ),  # 2
     (3, TType.LIST, 'results', (TType.STRUCT, [GetResponse, None], False), None, ),  # 3
 )
+all_structs.append(BatchExistsRequest)
+BatchExistsRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'session', [Session, None], None, ),  # 1
+    (2, TType.LIST, 'keys', (TType.STRING, 'UTF8', False), None, ),  # 2
+    (3, TType.BOOL, 'prefix', None, None, ),  # 3
+    (4, TType.I64, 'pin_ms', None, None, ),  # 4
+)
 all_structs.append(BatchExistsResponse)
 BatchExistsResponse.thrift_spec = (
     None,  # 0
     (1, TType.I32, 'code', None, None, ),  # 1
     (2, TType.STRING, 'message', 'UTF8', None, ),  # 2
     (3, TType.LIST, 'results', (TType.STRUCT, [ExistsResponse, None], False), None, ),  # 3
+    (4, TType.I32, 'found', None, None, ),  # 4
 )
 all_structs.append(BatchDeleteResponse)
 BatchDeleteResponse.thrift_spec = (

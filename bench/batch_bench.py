@@ -1,0 +1,289 @@
+#!/usr/bin/python3
+"""Batches at the cost of one call: the batch calls an inference engine makes, from Python.
+
+Issue 26 item 6. One run starts a master (--no-promotion, /metrics) and two owners on loopback:
+A (--dram, SSD under --work-dir) and B (--cache-grace off, so every get of A's values through B is
+a pull), and a third owner C alone with a master of its own, all authenticated with a fresh cluster
+secret; then measures, each beside its baseline in the same run:
+
+  exists      batch_exists of 64 keys vs of 1 key through B (keys held by A: a master trip),
+              medians of --rounds calls each (goal: <= 3x)
+  prefix      batch_exists(prefix=True) of 64 keys vs of 1 key (goal: <= 3x, as exists)
+  remote-mem  batch_get of --pages x --page-size held by A, through B, vs the TCP pair moving
+              the same bytes in the same number of requests (bench/remoteget -tcp-pair, one
+              connection; goal: >= 0.7x)
+  remote-ssd  the same batch of pages that live only on A's SSD, through B (A stages each page
+              in its memory, B pulls it) vs through A (a local refill) (goal: >= 0.7x)
+  batch-put   batch_put of --put-keys values of 16 bytes in batches of 2,000 through one owner of
+              its own standalone master (the issue's set-up; its figure before: 3,711 keys/s;
+              goal: >= 10x)
+  one-flight  64 threads get one cold key of A through B at once: the master's GetStart and
+              BatchGetStart calls and B's pulls, counted from /metrics (goal: 1 and 1)
+
+Every page read is compared byte for byte. Prints a table and, with --json, one JSON line per
+row. Every daemon is stopped at the end, also on Ctrl-C or an error.
+
+  make build
+  /usr/bin/python3 bench/batch_bench.py
+  /usr/bin/python3 bench/batch_bench.py --pages 256 --page-size 64KiB --put-keys 1000000 --dram 4GiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "clients" / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import fluxkv  # noqa: E402
+from pressure.procs import Group, Interrupted, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
+from pressure.sizes import format_size, parse_size  # noqa: E402
+
+MiB = 1 << 20
+T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def value(key: str, n: int) -> bytes:
+    """A value that is a pure function of key and length."""
+    seed = (key.encode() * (1 + 64 // max(1, len(key))))[:64]
+    return (seed * (n // len(seed) + 1))[:n]
+
+
+def scrape(addr: str, name: str, labels: dict[str, str]) -> float:
+    """Sums the samples of metric name at addr whose labels include labels."""
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, v = line.rpartition(" ")
+        if all(f'{k}="{val}"' in head for k, val in labels.items()):
+            total += float(v)
+    return total
+
+
+def median_us(fn, rounds: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def timed_gib(fn, nbytes: int, seconds: float) -> float:
+    """Repeats fn (moving nbytes each time) for seconds; GiB/s."""
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return n * nbytes / (time.perf_counter() - t0) / (1 << 30)
+
+
+def batch_reader(c, keys: list[str], size: int):
+    def read():
+        hs = c.batch_get(keys)
+        try:
+            for k, h in zip(keys, hs):
+                if h is None:
+                    raise RuntimeError(f"batch get: {k} missing")
+                if len(h) != size:
+                    raise RuntimeError(f"batch get: {k} has {len(h)} bytes, want {size}")
+        finally:
+            for h in hs:
+                if h is not None:
+                    h.release()
+    return read
+
+
+def verify(c, keys: list[str], size: int) -> None:
+    hs = c.batch_get(keys)
+    try:
+        for k, h in zip(keys, hs):
+            if h is None or h.bytes() != value(k, size):
+                raise RuntimeError(f"batch get of {k}: wrong bytes")
+    finally:
+        for h in hs:
+            if h is not None:
+                h.release()
+
+
+def tcp_pair(rg: Path, size: int, seconds: float) -> float:
+    out = subprocess.run([str(rg), "-tcp-pair", "-size", str(size), "-conc", "1", "-duration", f"{seconds}s", "-warmup", "0.5s"],
+                         check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)["gib_per_s"]
+    raise RuntimeError(f"remoteget printed no JSON: {out[-400:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--fluxkv-bin", default=str(REPO / "bin" / "fluxkv"), help="fluxkv binary (default bin/fluxkv: `make build`)")
+    ap.add_argument("--go", default="go", help="go tool that builds bench/remoteget")
+    ap.add_argument("--dram", type=parse_size, default=64 * MiB, help="each owner's DRAM")
+    ap.add_argument("--pages", type=int, default=32, help="pages per batch get")
+    ap.add_argument("--page-size", type=parse_size, default=64 << 10, help="page size")
+    ap.add_argument("--put-keys", type=int, default=100_000, help="16-byte values for the batch-put row (batches of 2,000)")
+    ap.add_argument("--rounds", type=int, default=31, help="calls per exists median")
+    ap.add_argument("--seconds", type=float, default=3.0, help="measured window per throughput row")
+    ap.add_argument("--work-dir", default=None, help="where the temp dir (sockets, logs, A's SSD ring) goes")
+    ap.add_argument("--json", default=None, help="append one JSON line per row to this file")
+    args = ap.parse_args()
+    if not os.access(args.fluxkv_bin, os.X_OK):
+        ap.error(f"{args.fluxkv_bin} is not executable: run `make build` or pass --fluxkv-bin")
+    install_signal_handlers()
+    rows: list[dict] = []
+    failures: list[str] = []
+    with Group() as g:
+        try:
+            tmp = g.mkdtemp(args.work_dir, "fkv-batch-")
+            rg = tmp / "remoteget"
+            progress(f"building bench/remoteget -> {rg}")
+            subprocess.run([args.go, "build", "-o", str(rg), "./bench/remoteget"], cwd=REPO, check=True)
+            secret, mkey, mpub = cluster_auth(args.fluxkv_bin, tmp)
+            maddr, mmetrics, bmetrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+            common = ["--log-format", "text", "--log-level", "warn"]
+            progress(f"starting master {maddr} (--no-promotion) and owners A (SSD), B (--cache-grace off), {format_size(args.dram)} DRAM each")
+            g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion", "--metrics-addr", mmetrics,
+                               "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
+            m2addr = f"127.0.0.1:{free_port()}"
+            g.start("master2", [args.fluxkv_bin, *common, "master", "--listen", m2addr,
+                                "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master2.log")
+            ssd_dir = tmp / "a-ssd"
+            ssd_dir.mkdir()
+            socks = {}
+            for name, extra in (("a", ["--ssd-path", str(ssd_dir), "--ssd-limit", format_size(4 * args.dram).replace(" ", "")]),
+                                ("b", ["--cache-grace", "off", "--metrics-addr", bmetrics]), ("c", [])):
+                d = tmp / name
+                d.mkdir()
+                p = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(args.dram), "--master", m2addr if name == "c" else maddr, "--node-id", name,
+                                   "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra], tmp / f"{name}.log")
+                socks[name] = str(d / "fluxkv.sock")
+                wait_for(lambda s=socks[name]: unix_socket_ready(s), 60, f"owner {name}'s socket", p)
+
+            with fluxkv.connect(socks["a"]) as ca, fluxkv.connect(socks["b"]) as cb:
+                size, n = args.page_size, args.pages
+                # Pages that end up on A's SSD only: put first, then 2x DRAM of filler through A.
+                ssd_keys = [f"ssd/{i}" for i in range(n)]
+                ca.batch_put([(k, value(k, size)) for k in ssd_keys])
+                progress(f"pushing {n} pages out of A's memory (2x DRAM of filler)")
+                filler = 1 * MiB
+                for i in range(2 * args.dram // filler):
+                    ca.put(f"filler/{i}", value(f"filler/{i}", filler))
+                mem_keys = [f"mem/{i}" for i in range(n)]
+                ca.batch_put([(k, value(k, size)) for k in mem_keys])
+                verify(cb, mem_keys, size)
+                verify(cb, ssd_keys, size)
+                verify(ca, ssd_keys, size)
+
+                progress("exists: 64 keys vs 1, plain and prefix")
+                keys64 = (mem_keys * (64 // n + 1))[:64] if n < 64 else mem_keys[:64]
+                e1 = median_us(lambda: cb.batch_exists(keys64[:1]), args.rounds)
+                e64 = median_us(lambda: cb.batch_exists(keys64), args.rounds)
+                p1 = median_us(lambda: cb.batch_exists(keys64[:1], prefix=True), args.rounds)
+                p64 = median_us(lambda: cb.batch_exists(keys64, prefix=True), args.rounds)
+                if cb.batch_exists(keys64, prefix=True) != 64:
+                    failures.append("prefix lookup of 64 present keys did not count 64")
+                rows.append({"row": "exists", "one_us": e1, "batch_us": e64, "ratio": e64 / e1, "goal": "<= 3x"})
+                rows.append({"row": "prefix", "one_us": p1, "batch_us": p64, "ratio": p64 / p1, "goal": "<= 3x"})
+
+                batch_bytes = n * size
+                progress(f"remote-mem: batch_get of {n} x {format_size(size)} through B vs the TCP pair")
+                tcp = tcp_pair(rg, size, args.seconds)
+                rm = timed_gib(batch_reader(cb, mem_keys, size), batch_bytes, args.seconds)
+                rows.append({"row": "remote-mem", "gib_per_s": rm, "baseline_gib_per_s": tcp, "ratio": rm / tcp, "goal": ">= 0.7x", "baseline": "tcp-pair c1"})
+                progress("remote-ssd: the same from A's SSD, through B vs through A")
+                rs = timed_gib(batch_reader(cb, ssd_keys, size), batch_bytes, args.seconds)
+                ls = timed_gib(batch_reader(ca, ssd_keys, size), batch_bytes, args.seconds)
+                rows.append({"row": "remote-ssd", "gib_per_s": rs, "baseline_gib_per_s": ls, "ratio": rs / ls, "goal": ">= 0.7x", "baseline": "local SSD (A)"})
+
+                progress(f"batch-put: {args.put_keys} x 16 B in batches of 2,000 through C, alone with master 2")
+                with fluxkv.connect(socks["c"]) as cc:
+                    t0 = time.perf_counter()
+                    for base in range(0, args.put_keys, 2000):
+                        cc.batch_put([(f"small/{i}", b"%016d" % i) for i in range(base, min(base + 2000, args.put_keys))])
+                    kps = args.put_keys / (time.perf_counter() - t0)
+                    for i in (0, args.put_keys - 1):
+                        with cc.get(f"small/{i}") as h:
+                            if h.bytes() != b"%016d" % i:
+                                failures.append(f"batch-put: small/{i} wrong bytes")
+                rows.append({"row": "batch-put", "keys_per_s": kps, "baseline_keys_per_s": 3711, "ratio": kps / 3711, "goal": ">= 10x",
+                             "baseline": "issue 26's figure (other run)"})
+
+                progress("one-flight: 64 threads get one cold key through B")
+                key, vsize = "cold/1", 1 * MiB
+                ca.put(key, value(key, vsize))
+                plans0 = scrape(mmetrics, "fluxkv_ops_total", {"op": "GetStart"}) + scrape(mmetrics, "fluxkv_ops_total", {"op": "BatchGetStart"})
+                pulled0 = scrape(bmetrics, "fluxkv_transfer_bytes_total", {"dir": "pull"})
+                barrier, errs = threading.Barrier(64), []
+
+                def one():
+                    barrier.wait()
+                    try:
+                        with cb.get(key) as h:
+                            if h.bytes() != value(key, vsize):
+                                errs.append("wrong bytes")
+                    except Exception as e:  # noqa: BLE001
+                        errs.append(repr(e))
+                ts = [threading.Thread(target=one) for _ in range(64)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                plans = scrape(mmetrics, "fluxkv_ops_total", {"op": "GetStart"}) + scrape(mmetrics, "fluxkv_ops_total", {"op": "BatchGetStart"}) - plans0
+                pulls = (scrape(bmetrics, "fluxkv_transfer_bytes_total", {"dir": "pull"}) - pulled0) / vsize
+                rows.append({"row": "one-flight", "gets": 64, "master_plans": plans, "pulls": pulls, "goal": "1 and 1"})
+                if errs:
+                    failures.append(f"one-flight: {len(errs)} gets failed: {errs[0]}")
+        except (KeyboardInterrupt, Interrupted):
+            progress("interrupted: stopping the daemons")
+            return 130
+        except Exception as e:  # noqa: BLE001
+            failures.append(repr(e))
+        finally:
+            progress("stopping the daemons")
+            codes = g.close()
+            bad = {k: c for k, c in codes.items() if c not in (0, None)}
+            if bad:
+                failures.append(f"daemons exited with {bad}")
+
+    print(f"\nbatches (issue 26): {args.pages} x {format_size(args.page_size)} pages, {format_size(args.dram)} DRAM per owner")
+    for r in rows:
+        if "one_us" in r:
+            print(f"  {r['row']:<11} 64 keys {r['batch_us']:9.0f} us   1 key {r['one_us']:7.0f} us   ratio {r['ratio']:5.2f}x   goal {r['goal']}")
+        elif "gib_per_s" in r:
+            print(f"  {r['row']:<11} {r['gib_per_s']:6.3f} GiB/s   {r['baseline']}: {r['baseline_gib_per_s']:6.3f} GiB/s   ratio {r['ratio']:5.2f}x   goal {r['goal']}")
+        elif "keys_per_s" in r:
+            print(f"  {r['row']:<11} {r['keys_per_s']:9.0f} keys/s   {r['baseline']}: {r['baseline_keys_per_s']} keys/s   ratio {r['ratio']:5.1f}x   goal {r['goal']}")
+        else:
+            print(f"  {r['row']:<11} {r['gets']} gets: {r['master_plans']:.0f} master plans, {r['pulls']:.1f} pulls   goal {r['goal']}")
+    if args.json:
+        with open(args.json, "a") as f:
+            for r in rows:
+                f.write(json.dumps({**r, "pages": args.pages, "page_size": args.page_size, "dram": args.dram}) + "\n")
+    for f in failures:
+        print(f"FAIL: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/ssd"
+)
+
+// addOwner starts one more in-process owner (node id id) on n's master, with a client.
+func (n *node) addOwner(t *testing.T, id string, dram int64, so *ssd.Options, tweaks ...func(*Options)) (*Owner, *fluxkv.Client) {
+	t.Helper()
+	opts := n.opts
+	opts.Dir, opts.NodeID, opts.DRAM, opts.SSD, opts.Metrics = filepath.Join(t.TempDir(), id), id, dram, so, nil
+	for _, f := range tweaks {
+		f(&opts)
+	}
+	o, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: t.Name() + "-" + id})
+	if err != nil {
+		o.Stop()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		o.Stop()
+	})
+	return o, c
+}
+
+// counter sums the samples of a counter in m whose labels include want.
+func counter(t *testing.T, m *metrics.Metrics, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	sample:
+		for _, s := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range s.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue sample
+				}
+			}
+			sum += s.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// masterCalls counts the master's calls of each method so far.
+func masterCalls(t *testing.T, m *metrics.Metrics, methods ...string) map[string]int {
+	out := map[string]int{}
+	for _, op := range methods {
+		out[op] = int(counter(t, m, "fluxkv_ops_total", map[string]string{"op": op}))
+	}
+	return out
+}
+
+// callsSince is the calls of each method made since before.
+func callsSince(t *testing.T, m *metrics.Metrics, before map[string]int) map[string]int {
+	methods := make([]string, 0, len(before))
+	for k := range before {
+		methods = append(methods, k)
+	}
+	now := masterCalls(t, m, methods...)
+	for k, v := range before {
+		now[k] -= v
+	}
+	return now
+}
+
+var planCalls = []string{"GetStart", "BatchGetStart", "Exists", "BatchExists", "Delete", "BatchDelete", "PutStart", "BatchPutStart", "PutDone", "BatchPutDone"}
+
+// TestBatchesOneMasterCall: a batch get through n2 mixing hot-set hits, a local memory
+// replica, values held by n1 (pulled), values on n1's SSD only (staged and pulled),
+// absent keys, an invalid key and a repeated key answers every key in order, byte-exact,
+// with one BatchGetStart and no per-key GetStart; the same holds through n1 (its own SSD,
+// n2's memory). Exists, deletes and puts of a batch are one master call each; nothing
+// leaks.
+func TestBatchesOneMasterCall(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	const dram = 16 << 20
+	n := startNode(t, dram, ssdOptions(t, 256<<20), master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	_, c2 := n.addOwner(t, "n2", 64<<20, nil)
+	c1 := n.c
+
+	size := func(i int) int { return 256<<10 + i*4099 + 1 }
+	var onSSD, onN1, onN2 []string
+	want := map[string][]byte{}
+	put := func(c *fluxkv.Client, k string, i int) {
+		want[k] = value(i, size(i))
+		if err := c.Put(k, want[k]); err != nil {
+			t.Fatalf("put %s: %v", k, err)
+		}
+	}
+	// 3× n1's DRAM through n1: the first ones remain on its SSD only.
+	for i := range 3 * dram / size(40) {
+		k := fmt.Sprintf("s-%d", i)
+		put(c1, k, i)
+		onSSD = append(onSSD, k)
+	}
+	n.waitPersisted(t)
+	onN1, onSSD = onSSD[len(onSSD)-4:], onSSD[:6]
+	for i := range 6 {
+		k := fmt.Sprintf("m2-%d", i)
+		put(c2, k, 1000+i)
+		onN2 = append(onN2, k)
+	}
+	hot := onN2[0]
+	if h, err := c2.Get(hot); err != nil {
+		t.Fatal(err)
+	} else {
+		h.Release() // idle in n2's hot set now
+	}
+
+	mixed := []string{hot, onN2[1], onN1[0], onSSD[0], "absent-1", onN1[1], "", onSSD[1], onN2[2], onN1[0], "absent-2"}
+	check := func(via string, c *fluxkv.Client, keys []string) {
+		t.Helper()
+		before := masterCalls(t, mm, planCalls...)
+		hs, errs, err := c.BatchGet(keys)
+		if err != nil {
+			t.Fatalf("batch get through %s: %v", via, err)
+		}
+		for i, k := range keys {
+			switch {
+			case k == "":
+				if !errors.Is(errs[i], fluxkv.ErrInvalidArgument) {
+					t.Errorf("%s: key %d (empty) = %v, want invalid argument", via, i, errs[i])
+				}
+			case want[k] == nil:
+				if errs[i] != nil || hs[i] != nil {
+					t.Errorf("%s: %s = %v, want a miss (no holder, no error)", via, k, errs[i])
+				}
+			case errs[i] != nil:
+				t.Errorf("%s: %s: %v", via, k, errs[i])
+			case !bytes.Equal(hs[i].Bytes(), want[k]):
+				t.Errorf("%s: %s: wrong bytes (source %s)", via, k, hs[i].Source())
+			}
+			if hs[i] != nil {
+				hs[i].Release()
+			}
+		}
+		calls := callsSince(t, mm, before)
+		if calls["BatchGetStart"] != 1 || calls["GetStart"] != 0 {
+			t.Errorf("batch get of %d keys through %s: %v master calls, want 1 BatchGetStart and no GetStart", len(keys), via, calls)
+		}
+	}
+	check("n2", c2, mixed)
+	check("n1", c1, []string{onSSD[2], onN1[2], onN2[3], "absent-3", onSSD[3], onN2[4]})
+
+	// Exists: what n2 holds is answered without the master, the rest in one call.
+	before := masterCalls(t, mm, planCalls...)
+	ex, err := c2.BatchExists([]string{onN2[0], onN1[3], "absent-4", onSSD[4], onN2[5]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ex) != "[true true false true true]" {
+		t.Errorf("batch exists = %v", ex)
+	}
+	if calls := callsSince(t, mm, before); calls["BatchExists"] != 1 || calls["Exists"] != 0 {
+		t.Errorf("batch exists: %v master calls, want one BatchExists", calls)
+	}
+	before = masterCalls(t, mm, planCalls...)
+	if ex, err := c2.BatchExists(onN2); err != nil || fmt.Sprint(ex) != "[true true true true true true]" {
+		t.Errorf("batch exists of n2's own keys = %v, %v", ex, err)
+	}
+	if calls := callsSince(t, mm, before); calls["BatchExists"] != 0 || calls["Exists"] != 0 {
+		t.Errorf("batch exists of keys n2 holds: %v master calls, want none", calls)
+	}
+
+	// Puts in one wave: one BatchPutStart and one BatchPutDone.
+	var items []fluxkv.PutItem
+	for i := range 20 {
+		k := fmt.Sprintf("bp-%d", i)
+		want[k] = value(2000+i, 1000+i)
+		items = append(items, fluxkv.PutItem{Key: k, Value: want[k]})
+	}
+	before = masterCalls(t, mm, planCalls...)
+	if errs, err := c2.BatchPut(items, fluxkv.PutOptions{}); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("batch put: %v %v", err, errs)
+	}
+	if calls := callsSince(t, mm, before); calls["BatchPutStart"] != 1 || calls["BatchPutDone"] != 1 || calls["PutStart"]+calls["PutDone"] != 0 {
+		t.Errorf("batch put of 20 small values: %v master calls, want one BatchPutStart and one BatchPutDone", calls)
+	}
+	check("n1", c1, []string{"bp-0", "bp-19", "bp-7"})
+
+	// Deletes: one call, and every key is gone everywhere.
+	all := append(append(append([]string{}, onSSD...), onN1...), onN2...)
+	for _, it := range items {
+		all = append(all, it.Key)
+	}
+	before = masterCalls(t, mm, planCalls...)
+	deleted, err := c1.BatchDelete(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range deleted {
+		if !d {
+			t.Errorf("delete %s: not deleted", all[i])
+		}
+	}
+	if calls := callsSince(t, mm, before); calls["BatchDelete"] != 1 || calls["Delete"] != 0 {
+		t.Errorf("batch delete: %v master calls, want one BatchDelete", calls)
+	}
+	if ex, err := c2.BatchExists(all[:8]); err != nil || fmt.Sprint(ex) != "[false false false false false false false false]" {
+		t.Errorf("exists after delete = %v, %v", ex, err)
+	}
+	for _, c := range []*fluxkv.Client{c1, c2} {
+		c.Flush()
+		st, err := c.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.ClientHolders != 0 {
+			t.Errorf("%s: %d holders left", st.NodeId, st.ClientHolders)
+		}
+	}
+}
+
+// TestGetOneFlight: 64 concurrent gets of one cold key held by another owner, from two
+// sessions, make one master plan and one pull, and each gets its own holder of the same
+// bytes. The leader's own session ending mid-flight fails only its get; the followers
+// still get the value (planned on their own) and nothing leaks.
+func TestGetOneFlight(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	om := metrics.New()
+	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.Metrics = om })
+	c3, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	for _, tc := range []struct {
+		name       string
+		killLeader bool
+	}{{"together", false}, {"leader-killed", true}} {
+		key := "flight-" + tc.name
+		val := value(7, 1<<20+3)
+		if err := n.c.Put(key, val); err != nil {
+			t.Fatal(err)
+		}
+		leaderC := c2
+		if tc.killLeader {
+			var err error
+			if leaderC, err = fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-leader"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The leader's pull waits (hook) until 63 gets follow its flight.
+		const gets = 64
+		release := make(chan struct{})
+		o2.mu.Lock()
+		o2.mu.afterWrite = func(int64) { <-release }
+		o2.mu.Unlock()
+		before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+		pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
+		results := make(chan error, gets)
+		var wg sync.WaitGroup
+		leaderDone := make(chan error, 1)
+		wg.Go(func() {
+			h, err := leaderC.Get(key)
+			if err == nil {
+				h.Release()
+			}
+			leaderDone <- err
+		})
+		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key] != nil })
+		for i := range gets - 1 {
+			c := c2
+			if i%2 == 1 {
+				c = c3
+			}
+			wg.Go(func() {
+				h, err := c.Get(key)
+				if err == nil {
+					if !bytes.Equal(h.Bytes(), val) {
+						err = fmt.Errorf("wrong bytes")
+					}
+					h.Release()
+				}
+				results <- err
+			})
+		}
+		waitUntil(t, func() bool {
+			st := o2.lock()
+			defer o2.unlock()
+			f := st.flights[key]
+			return f != nil && f.followers == gets-1
+		})
+		if tc.killLeader {
+			leaderC.Close()
+			waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
+		}
+		o2.mu.Lock()
+		o2.mu.afterWrite = nil
+		o2.mu.Unlock()
+		close(release)
+		wg.Wait()
+		close(results)
+		for err := range results {
+			if err != nil {
+				t.Fatalf("%s: a follower's get: %v", tc.name, err)
+			}
+		}
+		if err := <-leaderDone; tc.killLeader != (err != nil) {
+			t.Fatalf("%s: the leader's get: %v", tc.name, err)
+		}
+		calls := callsSince(t, mm, before)
+		pulls := (counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled) / float64(len(val))
+		t.Logf("%s: %d gets: %v master plans, %.0f pulls", tc.name, gets, calls, pulls)
+		if !tc.killLeader && (calls["GetStart"]+calls["BatchGetStart"] != 1 || pulls != 1) {
+			t.Errorf("%d concurrent gets of one cold key: %v master plans and %.1f pulls, want 1 and 1", gets, calls, pulls)
+		}
+		if tc.killLeader && pulls != 1 {
+			t.Errorf("leader killed: %.1f pulls, want 1 (the followers reuse the pulled replica)", pulls)
+		}
+	}
+	for _, c := range []*fluxkv.Client{c2, c3} {
+		c.Flush()
+		if st, err := c.Stat(); err != nil || st.ClientHolders != 0 {
+			t.Fatalf("holders left: %v %v", st.GetClientHolders(), err)
+		}
+	}
+	st := o2.lock()
+	defer o2.unlock()
+	if len(st.flights) != 0 {
+		t.Fatalf("%d flights left", len(st.flights))
+	}
+}
+
+// prefix runs a prefix lookup through the owner's handler on c's session.
+func prefix(t *testing.T, o *Owner, c *fluxkv.Client, keys []string, pinMS int64) (int32, *external.BatchExistsResponse) {
+	t.Helper()
+	c.Flush()
+	h := &externalHandler{o}
+	resp, err := h.BatchExists(context.Background(), &external.BatchExistsRequest{Session: sessionOf(c), Keys: keys, Prefix: true, PinMs: pinMS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Found, resp
+}
+
+// TestPrefixLookup: the count of leading keys present stops at the first gap (absent or
+// invalid key) with results only up to it; pins bring the found pages in, keep them
+// through memory pressure that evicts unpinned ones, end by themselves, and end with
+// their session.
+func TestPrefixLookup(t *testing.T) {
+	t.Parallel()
+	const dram = 16 << 20
+	n := startNode(t, dram, nil, master.Options{InsecureCluster: true})
+	var keys []string
+	for i := range 10 {
+		k := fmt.Sprintf("page-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gap := append(append(append([]string{}, keys[:5]...), "page-absent"), keys[5:]...)
+	for _, tc := range []struct {
+		name    string
+		keys    []string
+		found   int32
+		results int
+		code    common.ErrorCode
+	}{
+		{"all", keys, 10, 10, common.ErrorCode_OK},
+		{"gap", gap, 5, 6, common.ErrorCode_OK},
+		{"first-absent", append([]string{"page-absent"}, keys...), 0, 1, common.ErrorCode_OK},
+		{"invalid", append(append([]string{}, keys[:3]...), "", keys[3]), 3, 4, common.ErrorCode_INVALID_ARGUMENT},
+		{"empty", nil, 0, 0, common.ErrorCode_OK},
+	} {
+		found, resp := prefix(t, n.o, n.c, tc.keys, 0)
+		if resp.Code != common.ErrorCode_OK || found != tc.found || len(resp.Results) != tc.results {
+			t.Errorf("%s: code %v found %d results %d, want found %d results %d", tc.name, resp.Code, found, len(resp.Results), tc.found, tc.results)
+			continue
+		}
+		if tc.results > 0 && resp.Results[tc.results-1].Code != tc.code {
+			t.Errorf("%s: last result %v, want %v", tc.name, resp.Results[tc.results-1].Code, tc.code)
+		}
+	}
+	for _, pin := range []int64{-1, int64(external.MAX_PIN_MS) + 1} {
+		if _, resp := prefix(t, n.o, n.c, keys, pin); resp.Code != common.ErrorCode_INVALID_ARGUMENT {
+			t.Errorf("pin_ms %d: %v, want INVALID_ARGUMENT", pin, resp.Code)
+		}
+	}
+
+	// Pin the first 4 pages, then put 2× DRAM of other values: the pinned pages stay
+	// in memory, an unpinned one (page-9) is evicted. (The renewing lookups find the
+	// pages in the hot set: only a pin keeps them there.)
+	if found, resp := prefix(t, n.o, n.c, keys[:4], int64(external.MAX_PIN_MS)); found != 4 {
+		t.Fatalf("pinned lookup: found %d (%v)", found, resp.Results)
+	}
+	pinned := func() int { st := n.o.lock(); defer n.o.unlock(); return st.pinned() }
+	if got := pinned(); got != 4 {
+		t.Fatalf("%d pins, want 4", got)
+	}
+	// The pins are renewed by a new lookup every 4 puts (each interval well inside
+	// MAX_PIN_MS even on a slow machine), as an engine renews what it is about to load.
+	for i := range 2 * dram / (1 << 20) {
+		if err := n.c.Put(fmt.Sprintf("pressure-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatalf("put under pins: %v", err)
+		}
+		if i%4 == 3 {
+			if found, resp := prefix(t, n.o, n.c, keys[:4], int64(external.MAX_PIN_MS)); found != 4 {
+				t.Fatalf("renewing the pins after %d puts: found %d (%v)", i+1, found, resp.Results)
+			}
+		}
+	}
+	if got := pinned(); got != 4 {
+		t.Fatalf("%d pins left of 4", got)
+	}
+	for i, k := range keys[:4] {
+		h, err := n.c.Get(k)
+		if err != nil {
+			t.Fatalf("pinned %s after pressure: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), value(i, 1<<20)) {
+			t.Fatalf("pinned %s: wrong bytes", k)
+		}
+		h.Release()
+	}
+	if _, err := n.c.Get("page-9"); !errors.Is(err, fluxkv.ErrKeyNotFound) {
+		t.Fatalf("unpinned page-9 after 2× DRAM of puts: %v, want evicted", err)
+	}
+	if got := pinned(); got != 0 {
+		t.Fatalf("the session's gets did not take over its pins: %d left", got)
+	}
+
+	// Short pins end by themselves; pins end with their session.
+	if found, _ := prefix(t, n.o, n.c, keys[:4], 50); found != 4 {
+		t.Fatalf("short pins: found %d", found)
+	}
+	waitUntil(t, func() bool { return pinned() == 0 })
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found, _ := prefix(t, n.o, c2, keys[:3], int64(external.MAX_PIN_MS)); found != 3 || pinned() != 3 {
+		t.Fatalf("second session: found %d, %d pins", found, pinned())
+	}
+	c2.Close()
+	waitUntil(t, func() bool { return pinned() == 0 })
+	n.c.Flush()
+	if st, err := n.c.Stat(); err != nil || st.ClientHolders != 0 {
+		t.Fatalf("holders left: %v %v", st.GetClientHolders(), err)
+	}
+}
+
+// TestBatchPutEndRepeatedItem: a BatchPutEnd naming one put twice answers both items
+// with the put's outcome (the second waits for the first's publish in the same call
+// instead of for itself), and the value reads back.
+func TestBatchPutEndRepeatedItem(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
+	h := &externalHandler{n.o}
+	ctx := context.Background()
+	val := value(3, 5000)
+	n.c.Flush()
+	start, _ := h.BatchPutStart(ctx, &external.BatchPutStartRequest{Session: sessionOf(n.c),
+		Items: []*external.PutStartItem{{Key: "twice", Len: int64(len(val))}}})
+	if start.Code != common.ErrorCode_OK || start.Results[0].Code != common.ErrorCode_OK {
+		t.Fatalf("put start: %v %v", start.Code, start.Results)
+	}
+	r := start.Results[0]
+	copy(n.o.seg.Bytes()[r.Offset:], val)
+	item := &external.PutEndItem{Key: "twice", PutId: r.PutId}
+	done := make(chan *external.BatchPutEndResponse, 1)
+	go func() {
+		end, _ := h.BatchPutEnd(ctx, &external.BatchPutEndRequest{Session: sessionOf(n.c), Items: []*external.PutEndItem{item, item}})
+		done <- end
+	}()
+	select {
+	case end := <-done:
+		if end.Code != common.ErrorCode_OK || len(end.Results) != 2 || end.Results[0].Code != common.ErrorCode_OK || end.Results[1].Code != common.ErrorCode_OK {
+			t.Fatalf("put end of one put twice: %v %v", end.Code, end.Results)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a BatchPutEnd naming one put twice did not answer")
+	}
+	hd, err := n.c.Get("twice")
+	if err != nil || !bytes.Equal(hd.Bytes(), val) {
+		t.Fatalf("get after the put: %v", err)
+	}
+	hd.Release()
+}
+
+// TestFlightMissNotSharedAfterInvalidation: a follower takes the leader's KEY_NOT_FOUND
+// only while no invalidation of the key (a put through this owner) happened since the
+// leader missed; after one it plans again.
+func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
+	n.c.Flush()
+	notFound := errCode(common.ErrorCode_KEY_NOT_FOUND, "not found")
+	for _, invalidated := range []bool{false, true} {
+		st := n.o.lock()
+		c := st.sessions[n.c.ClientID()]
+		f, lead := st.joinFlight("k", st.hot.invalSeq())
+		g, _ := st.joinFlight("k", st.hot.invalSeq())
+		if !lead || g != f {
+			t.Fatal("the second get did not follow the first's flight")
+		}
+		if invalidated {
+			st.invalidate("k", math.MaxInt64)
+		}
+		f.shareMiss = true
+		st.endFlight("k", f, notFound)
+		n.o.unlock()
+		_, _, shared := n.o.follow(c, getLeg{key: "k", f: f})
+		if shared == invalidated {
+			t.Errorf("invalidated=%v: the follower shared the miss: %v", invalidated, shared)
+		}
+	}
+}

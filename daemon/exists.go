@@ -1,0 +1,170 @@
+package daemon
+
+import (
+	"slices"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// Exists and prefix lookups. A key whose current version this owner holds — in its
+// hot set or its replica index, under the lease — is answered here without the master
+// (the master reaches both through invalidations before it answers an overwrite or
+// delete; an eviction reaches the replica index with the next heartbeat, so a key
+// evicted within the last heartbeat period may still answer true here, and a get of it
+// then misses, as one racing any eviction would). The rest of a batch goes to the
+// master in one BatchExists per wire.MaxBatch keys.
+
+// knows reports whether this owner holds key's current version at now. While a
+// registration and its replica report are out (settling) the replica index does not
+// count: the new master may still refuse any of its records.
+func (st *ownerState) knows(key string, now time.Time, settling bool) bool {
+	if !st.leased(now) {
+		return false
+	}
+	return st.hot.lookup(key) != nil || (!settling && st.replicas.byKey[key] != nil)
+}
+
+// exists reports whether key has a readable replica.
+func (o *Owner) exists(key string) (bool, error) {
+	if err := wire.ValidateKey(key); err != nil {
+		return false, err
+	}
+	settling := o.master.unsettled()
+	st := o.lock()
+	known := st.knows(key, time.Now(), settling)
+	o.unlock()
+	if known {
+		return true, nil
+	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.cl().Exists(ctx, &mp.ExistsRequest{Node: o.master.ref, Key: key})
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		return false, err
+	}
+	return resp.Exists, nil
+}
+
+// existsMany answers BatchExists: results[i] answers keys[i]; found counts the keys
+// present. With prefix the keys are evaluated in order and results stop after the
+// first absent or failed one; found is then the count of leading keys present, and pin
+// > 0 pins them (pins.go) — a page that cannot be pinned ends the count there.
+func (o *Owner) existsMany(c *session, keys []string, prefix bool, pin time.Duration) (results []*external.ExistsResponse, found int32) {
+	results = make([]*external.ExistsResponse, len(keys))
+	var ask []int // indexes of valid keys this owner does not know
+	settling := o.master.unsettled()
+	st, now := o.lock(), time.Now()
+	for i, k := range keys {
+		r := &external.ExistsResponse{}
+		results[i] = r
+		if err := wire.ValidateKey(k); err != nil {
+			r.Code, r.Message = wire.ToResponse(err)
+			if prefix {
+				results = results[:i+1]
+				break
+			}
+			continue
+		}
+		switch {
+		case len(ask) == 0 || !prefix:
+			if r.Exists = st.knows(k, now, settling); !r.Exists {
+				ask = append(ask, i)
+			}
+		default:
+			ask = append(ask, i) // past the first key the master must see: it stops the count
+		}
+	}
+	o.unlock()
+	o.askExists(keys, ask, prefix, results)
+	if prefix {
+		for n, r := range results {
+			if r.Code != common.ErrorCode_OK || !r.Exists {
+				results = results[:n+1]
+				break
+			}
+			found++
+		}
+		if pin > 0 && found > 0 {
+			found = o.pinFound(c, keys[:found], pin, results)
+			results = results[:min(int(found)+1, len(results))]
+		}
+		return results, found
+	}
+	for _, r := range results {
+		if r.Exists {
+			found++
+		}
+	}
+	return results, found
+}
+
+// askExists fills results[i] for i in ask from the master, one BatchExists per
+// wire.MaxBatch keys; with prefix it stops at the first chunk not wholly present.
+func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*external.ExistsResponse) {
+	for part := range slices.Chunk(ask, int(mp.BATCH)) {
+		names := make([]string, len(part))
+		for j, i := range part {
+			names[j] = keys[i]
+		}
+		ctx, cancel := o.master.ctx()
+		resp, err := o.master.cl().BatchExists(ctx, &mp.BatchExistsRequest{Node: o.master.ref, Keys: names, Prefix: prefix})
+		cancel()
+		err = o.master.check(respCode(resp, err))
+		all := true
+		for j, i := range part {
+			r := results[i]
+			switch {
+			case err != nil:
+				r.Code, r.Message = wire.ToResponse(err)
+			case j < len(resp.Results) && resp.Results[j] != nil:
+				r.Exists, r.Code, r.Message = resp.Results[j].Exists, resp.Results[j].Code, resp.Results[j].Message
+			default: // past where a prefix lookup stopped
+				r.Exists = false
+			}
+			all = all && r.Exists && r.Code == common.ErrorCode_OK
+		}
+		if prefix && !all {
+			return
+		}
+	}
+}
+
+// pinFound brings the found pages in (one getMany) and pins each for pin; the first
+// that cannot be brought in or pinned ends the count, and results[found] says why. It
+// returns the new count; holders past it are released at once.
+func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results []*external.ExistsResponse) (found int32) {
+	gets := o.getMany(c, keys)
+	st, now := o.lock(), time.Now()
+	defer o.unlock()
+	stopped := false
+	for j, g := range gets {
+		if g.err != nil || g.resp == nil || stopped {
+			if !stopped {
+				// A page gone since the lookup (a miss) is absent; any other failure is
+				// the key's error.
+				stopped = true
+				results[j].Exists = false
+				if wire.CodeOf(g.err) != common.ErrorCode_KEY_NOT_FOUND {
+					results[j].Code, results[j].Message = wire.ToResponse(g.err)
+				}
+			}
+			if g.resp != nil {
+				st.release(c, g.resp.HolderId, now)
+			}
+			continue
+		}
+		if !st.pinHolder(c, keys[j], g.resp.HolderId, now.Add(pin), now) {
+			stopped = true
+			st.release(c, g.resp.HolderId, now)
+			results[j].Exists = false
+			results[j].Code, results[j].Message = wire.ToResponse(errCode(common.ErrorCode_NO_SPACE, "the hot-set budget has no room to pin %q", keys[j]))
+			continue
+		}
+		found++
+	}
+	return found
+}

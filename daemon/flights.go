@@ -1,0 +1,48 @@
+package daemon
+
+// One flight per key (groupcache's singleflight, inside ownerState): concurrent gets of
+// one key on this owner that miss the hot set share one master plan, and so one pull or
+// SSD refill. The first get to miss leads the flight; the others follow: they wait for
+// it to land and then take their own holder from the hot set, where the leader's
+// holding was installed (under the same hold of Owner.mu that ends the flight). A
+// follower that still misses (the leader failed, its session ended, or an invalidation
+// kept the holding out of the hot set) plans again, except after the leader's first
+// plan found the key absent and no invalidation of the key has reached this owner
+// since the leader missed: that KEY_NOT_FOUND it shares (the key was absent during its
+// call, and no put through this owner has completed since).
+
+// flight is one get of a key in progress: done closes when it lands, err is its outcome.
+type flight struct {
+	done      chan struct{}
+	err       error
+	seq       uint64 // the hot set's invalidation sequence when the leader missed
+	shareMiss bool   // err is the answer to the leader's first plan
+	followers int    // gets waiting for it
+}
+
+// joinFlight returns the flight of key in progress, or starts one that the caller leads
+// (lead) and must end with endFlight; seq is the caller's invalidation sequence.
+func (st *ownerState) joinFlight(key string, seq uint64) (f *flight, lead bool) {
+	if f = st.flights[key]; f != nil {
+		f.followers++
+		return f, false
+	}
+	if st.flights == nil {
+		st.flights = make(map[string]*flight)
+	}
+	f = &flight{done: make(chan struct{}), seq: seq}
+	st.flights[key] = f
+	return f, true
+}
+
+// endFlight lands the flight f of key with its outcome, waking its followers.
+func (st *ownerState) endFlight(key string, f *flight, err error) {
+	if f == nil {
+		return
+	}
+	if st.flights[key] == f {
+		delete(st.flights, key)
+	}
+	f.err = err
+	close(f.done)
+}

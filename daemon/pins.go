@@ -1,0 +1,120 @@
+package daemon
+
+import (
+	"container/heap"
+	"time"
+)
+
+// Pins of a prefix lookup (BatchExists with pin_ms): each page the lookup found is
+// brought into this owner's memory and held for a short time by a holder of the
+// session that asked, so the load that follows finds it in the hot set and no eviction
+// takes it meanwhile (the master never frees a held range). A pin needs no call to end:
+// it ends when its time is up (swept with the hot set's grace periods), when its
+// session ends, or when the session gets the key (its own holder takes over). Pinned
+// bytes count against the hot-set budget (hotSet.reservePin): a page that does not fit
+// is not pinned.
+
+// pin is one pinned page: holder is the session's external holder id that keeps it.
+type pin struct {
+	c      *session
+	key    string
+	holder int64
+	len    int64
+	until  time.Time
+	index  int // in pinQueue
+}
+
+// pinQueue orders the pins of every session by deadline (container/heap).
+type pinQueue []*pin
+
+func (q pinQueue) Len() int           { return len(q) }
+func (q pinQueue) Less(i, j int) bool { return q[i].until.Before(q[j].until) }
+func (q pinQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *pinQueue) Push(x any) {
+	p := x.(*pin)
+	p.index = len(*q)
+	*q = append(*q, p)
+}
+func (q *pinQueue) Pop() any {
+	old := *q
+	p := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	p.index = -1
+	return p
+}
+
+// pinHolder pins the page that c's holder id views until until. It reports false
+// (and pins nothing) when the hot-set budget has no room for it; the caller releases
+// the holder then. A pin of the same key the session already has is replaced.
+func (st *ownerState) pinHolder(c *session, key string, id int64, until, now time.Time) bool {
+	h := c.holders[id]
+	if h == nil {
+		return false
+	}
+	acks, ok := st.hot.reservePin(h.len)
+	st.ack(acks...)
+	if !ok {
+		return false
+	}
+	if old := c.pins[key]; old != nil {
+		st.unpin(old, now)
+	}
+	p := &pin{c: c, key: key, holder: id, len: h.len, until: until}
+	if c.pins == nil {
+		c.pins = make(map[string]*pin)
+	}
+	c.pins[key] = p
+	heap.Push(&st.pins, p)
+	return true
+}
+
+// unpin ends p: its bytes leave the budget and its holder is released.
+func (st *ownerState) unpin(p *pin, now time.Time) {
+	if p.c.pins[p.key] != p {
+		return
+	}
+	delete(p.c.pins, p.key)
+	if p.index >= 0 {
+		heap.Remove(&st.pins, p.index)
+	}
+	st.hot.unpin(p.len)
+	st.release(p.c, p.holder, now)
+}
+
+// takeOverPin ends c's pin of key, if any: the session now holds the key itself.
+func (st *ownerState) takeOverPin(c *session, key string, now time.Time) {
+	if p := c.pins[key]; p != nil {
+		st.unpin(p, now)
+	}
+}
+
+// expirePins ends the pins whose time is up at now.
+func (st *ownerState) expirePins(now time.Time) {
+	for len(st.pins) > 0 && !now.Before(st.pins[0].until) {
+		p := st.pins[0]
+		if p.c.pins[p.key] == p {
+			st.unpin(p, now)
+		} else {
+			heap.Pop(&st.pins)
+		}
+	}
+}
+
+// dropPins ends c's pins without releasing their holders (endSession releases every
+// holder of the session).
+func (st *ownerState) dropPins(c *session) {
+	for _, p := range c.pins {
+		if p.index >= 0 {
+			heap.Remove(&st.pins, p.index)
+		}
+		st.hot.unpin(p.len)
+	}
+	c.pins = nil
+}
+
+// pinned is the number of pins in force (for Stat and tests).
+func (st *ownerState) pinned() int { return len(st.pins) }

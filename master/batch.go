@@ -1,0 +1,152 @@
+package master
+
+import (
+	"context"
+
+	"github.com/fluxkv/fluxkv/internal/workers"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
+)
+
+// The batch forms of the per-key calls (master.thrift, BATCH): one round trip serves a
+// client batch of an owner. Each item is answered exactly as its per-key call would be
+// (the same State method under the lock, the same waits for space); one item's failure
+// never fails the others. The response code is not OK only when no item was evaluated:
+// more than BATCH items, an unknown or tombed node, a shut gate.
+
+// batchPutDoneParallel bounds the items of one BatchPutDone published at once: each may
+// wait for a pull by another owner (a put placed there), which the master runs outside
+// its lock.
+const batchPutDoneParallel = int(mp.BATCH_PUT_DONE_PARALLEL)
+
+// checkBatch refuses a batch no item of which can be evaluated.
+func (h *handler) checkBatch(node *mp.NodeRef, n int) error {
+	if n > int(mp.BATCH) {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "%d items in one batch; at most %d", n, mp.BATCH)
+	}
+	return h.s.withState(func(st *State) error {
+		_, err := st.nodeLocked(ref(node))
+		return err
+	})
+}
+
+// spaceWait bounds the waits for space of a whole batch by one Options.AllocWait, as
+// for one per-key call: past it, the items still short of space fail NO_SPACE at once
+// instead of each waiting its own AllocWait (the owner's call would time out first).
+func (h *handler) spaceWait(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, h.s.opts.AllocWait)
+}
+
+func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartRequest) (*mp.BatchGetStartResponse, error) {
+	resp := &mp.BatchGetStartResponse{}
+	err := h.checkBatch(req.Node, len(req.Keys))
+	if err == nil {
+		ctx, cancel := h.spaceWait(ctx)
+		defer cancel()
+		h.applyAcks(req.Node, req.Acks)
+		resp.Results = make([]*mp.GetStartResponse, len(req.Keys))
+		for i, k := range req.Keys {
+			resp.Results[i] = h.getStart(ctx, req.Node, k, nil)
+		}
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) BatchGetDone(ctx context.Context, req *mp.BatchGetDoneRequest) (*mp.BatchGetDoneResponse, error) {
+	resp := &mp.BatchGetDoneResponse{}
+	err := h.checkBatch(req.Node, len(req.Items))
+	if err == nil {
+		resp.Results = make([]*mp.GetDoneResponse, len(req.Items))
+		for i, it := range req.Items {
+			if it == nil {
+				resp.Results[i] = &mp.GetDoneResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
+				continue
+			}
+			resp.Results[i] = h.getDone(req.Node, it.Key, it.GetId)
+		}
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+// BatchExists evaluates the keys under one hold of the lock; with prefix it stops
+// after the first absent key (or the first failed one).
+func (h *handler) BatchExists(ctx context.Context, req *mp.BatchExistsRequest) (*mp.BatchExistsResponse, error) {
+	resp := &mp.BatchExistsResponse{}
+	err := h.checkBatch(req.Node, len(req.Keys))
+	if err == nil {
+		err = h.s.withState(func(st *State) error {
+			resp.Results = make([]*mp.ExistsResponse, 0, len(req.Keys))
+			for _, k := range req.Keys {
+				r := &mp.ExistsResponse{}
+				var err error
+				r.Exists, err = st.Exists(ref(req.Node), k)
+				r.Code, r.Message = wire.ToResponse(err)
+				resp.Results = append(resp.Results, r)
+				if req.Prefix && !r.Exists {
+					break
+				}
+			}
+			return nil
+		})
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) BatchDelete(ctx context.Context, req *mp.BatchDeleteRequest) (*mp.BatchDeleteResponse, error) {
+	resp := &mp.BatchDeleteResponse{}
+	err := h.checkBatch(req.Node, len(req.Keys))
+	if err == nil {
+		resp.Results = make([]*mp.DeleteResponse, len(req.Keys))
+		for i, k := range req.Keys {
+			resp.Results[i] = h.delete(req.Node, k)
+		}
+		h.s.writeQuiet(ctx)
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartRequest) (*mp.BatchPutStartResponse, error) {
+	resp := &mp.BatchPutStartResponse{}
+	err := h.checkBatch(req.Node, len(req.Items))
+	if err == nil {
+		ctx, cancel := h.spaceWait(ctx)
+		defer cancel()
+		h.applyAcks(req.Node, req.Acks)
+		resp.Results = make([]*mp.PutStartResponse, len(req.Items))
+		for i, it := range req.Items {
+			if it == nil {
+				resp.Results[i] = &mp.PutStartResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
+				continue
+			}
+			resp.Results[i] = h.putStart(ctx, req.Node, it.Key, it.Len, it.RejectIfExists)
+		}
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+// BatchPutDone publishes the items, at most batchPutDoneParallel at once (pulls of puts
+// placed on other owners overlap), and waits out the write quiet period once.
+func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest) (*mp.BatchPutDoneResponse, error) {
+	resp := &mp.BatchPutDoneResponse{}
+	err := h.checkBatch(req.Node, len(req.Items))
+	if err == nil {
+		resp.Results = make([]*mp.PutDoneResponse, len(req.Items))
+		workers.ForEach(len(req.Items), batchPutDoneParallel, func(i int) {
+			it := req.Items[i]
+			if it == nil {
+				resp.Results[i] = &mp.PutDoneResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
+				return
+			}
+			resp.Results[i] = h.putDone(req.Node, it.Key, it.PutId)
+		})
+		h.s.writeQuiet(ctx)
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
