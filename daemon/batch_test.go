@@ -544,3 +544,64 @@ func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchReplansAgedPlans: a batch's plan that waited longer than planMaxAge for a
+// worker (every worker held by the test) is revoked and planned again with GetStart
+// before its transfer starts, and its key still reads back byte-exact.
+func TestBatchReplansAgedPlans(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	keys := make([]string, getParallel+1)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("aged-%d", i)
+		if err := n.c.Put(keys[i], value(i, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held sync.WaitGroup
+	held.Add(getParallel)
+	var once sync.Map
+	release := make(chan struct{})
+	o2.mu.Lock()
+	o2.mu.afterWrite = func(id int64) {
+		if _, dup := once.LoadOrStore(id, true); !dup {
+			select {
+			case <-release:
+			default:
+				held.Done()
+				<-release
+			}
+		}
+	}
+	o2.mu.Unlock()
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart", "GetRevoke")
+	type answer struct {
+		hs   []*fluxkv.MemHolder
+		errs []error
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		hs, errs, err := c2.BatchGet(keys)
+		done <- answer{hs, errs, err}
+	}()
+	held.Wait() // every worker is inside a transfer; the last key's plan waits
+	time.Sleep(planMaxAge + 500*time.Millisecond)
+	close(release)
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	for i, h := range a.hs {
+		if a.errs[i] != nil || h == nil || !bytes.Equal(h.Bytes(), value(i, 4096)) {
+			t.Fatalf("%s: %v (holder %v)", keys[i], a.errs[i], h != nil)
+		}
+		h.Release()
+	}
+	calls := callsSince(t, mm, before)
+	if calls["BatchGetStart"] != 1 || calls["GetStart"] != 1 || calls["GetRevoke"] != 1 {
+		t.Fatalf("master calls %v, want 1 BatchGetStart, then 1 GetRevoke and 1 GetStart for the aged plan", calls)
+	}
+}
