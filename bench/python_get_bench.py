@@ -103,8 +103,13 @@ def timed_loop(fn, keys: list, seconds: float, warmup: float) -> dict:
         now = perf()
         append(now - t0)
         i += 1
-    elapsed = (now - t_start) / 1e9
+    return latency_summary(lat, now - t_start)
+
+
+def latency_summary(lat: list[int], elapsed_ns: int) -> dict:
+    """Rate and latency figures of calls whose latencies (ns) are lat, over elapsed_ns."""
     lat.sort()
+    elapsed = elapsed_ns / 1e9
     return {
         "gets": len(lat),
         "seconds": elapsed,

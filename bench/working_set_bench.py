@@ -268,19 +268,6 @@ def python_unix_pair(seconds: float, warmup: float) -> dict:
         echo.close()
 
 
-def _summary(lat: list[int], elapsed_ns: int) -> dict:
-    lat.sort()
-    elapsed = elapsed_ns / 1e9
-    return {
-        "gets": len(lat),
-        "seconds": elapsed,
-        "gets_per_s": len(lat) / elapsed,
-        "p50_us": lat[len(lat) // 2] / 1e3,
-        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1e3,
-        "mean_us": statistics.fmean(lat) / 1e3,
-    }
-
-
 def interleaved_loops(fn, keys: list, echo: PythonEcho, seconds: float, warmup: float, slices: int) -> tuple[dict, dict]:
     """fn(key) over keys in turn and the Python echo, each for ``seconds`` in all, in
     ``slices`` alternating windows: on a shared machine both see the same load, so their
@@ -307,7 +294,7 @@ def interleaved_loops(fn, keys: list, echo: PythonEcho, seconds: float, warmup: 
                 append(now - t0)
                 i += 1
             spent[which] += now - t_start
-    return _summary(lats[0], spent[0]), _summary(lats[1], spent[1])
+    return pgb.latency_summary(lats[0], spent[0]), pgb.latency_summary(lats[1], spent[1])
 
 
 def pgb_size(n: int) -> str:

@@ -27,23 +27,7 @@ func (n *node) addOwner(t *testing.T, id string, dram int64, so *ssd.Options, tw
 	for _, f := range tweaks {
 		f(&opts)
 	}
-	o, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	c, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: t.Name() + "-" + id})
-	if err != nil {
-		o.Stop()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		o.Stop()
-	})
-	return o, c
+	return startOwnerClient(t, opts, t.Name()+"-"+id)
 }
 
 // counter sums the samples of a counter in m whose labels include want.

@@ -138,11 +138,12 @@ func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []s
 // startedGet is one key's answer to GetStart (or its item of BatchGetStart), accepted:
 // plan and target, and the replica index's mark from before the call; or err.
 type startedGet struct {
-	plan *mp.GetStartResponse
-	t    *getTarget
-	mark uint64
-	at   time.Time // when the call was sent
-	err  error
+	plan  *mp.GetStartResponse
+	t     *getTarget
+	mark  uint64
+	epoch uint64    // the registration's when the call was sent
+	at    time.Time // when the call was sent
+	err   error
 }
 
 // getStart asks the master for a plan, carrying queued holder acks; exclude names the
@@ -191,7 +192,7 @@ func (o *Owner) startGets(keys []string) []startedGet {
 
 // askMaster makes one planning call (call, carrying the queued holder acks, which go
 // back to the queue when the call fails in transport) once no registration is in
-// progress, and returns the call's mark and registration epoch (in t) or its error;
+// progress, and returns the call's mark and registration epoch or its error;
 // code reads the answer's code.
 func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, code func() (common.ErrorCode, string)) startedGet {
 	ctx, cancel := o.master.ctx()
@@ -200,7 +201,7 @@ func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, co
 		return startedGet{err: err}
 	}
 	st := o.lock()
-	s := startedGet{mark: st.replicas.mark(), t: &getTarget{epoch: st.reg.epoch}, at: time.Now()}
+	s := startedGet{mark: st.replicas.mark(), epoch: st.reg.epoch, at: time.Now()}
 	o.unlock()
 	acks := o.acks.take()
 	err := call(ctx, acks)
@@ -230,7 +231,7 @@ func (o *Owner) acceptPlans(keys []string, plans []*mp.GetStartResponse, s start
 	st := o.lock()
 	for i := range out {
 		if out[i].err == nil {
-			out[i].t, out[i].err = st.acceptPlan(plans[i], s.t.epoch)
+			out[i].t, out[i].err = st.acceptPlan(plans[i], s.epoch)
 		}
 	}
 	o.unlock()

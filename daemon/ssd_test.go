@@ -57,24 +57,32 @@ func startNode(t testing.TB, dram int64, so *ssd.Options, mo master.Options, twe
 	for _, f := range tweaks {
 		f(&opts)
 	}
+	t.Cleanup(func() { m.Stop() }) // after the owner's (cleanups run last first)
+	o, c := startOwnerClient(t, opts, t.Name())
+	return &node{m: m, o: o, c: c, opts: opts}
+}
+
+// startOwnerClient starts an in-process owner with opts and attaches a client named
+// name; both are stopped when the test ends.
+func startOwnerClient(t testing.TB, opts Options, name string) (*Owner, *fluxkv.Client) {
+	t.Helper()
 	o, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := o.Start(context.Background()); err != nil {
-		m.Stop()
 		t.Fatal(err)
 	}
-	c, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: t.Name()})
+	c, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: name})
 	if err != nil {
+		o.Stop()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		c.Close()
 		o.Stop()
-		m.Stop()
 	})
-	return &node{m: m, o: o, c: c, opts: opts}
+	return o, c
 }
 
 func ssdOptions(t testing.TB, limit int64) *ssd.Options {
