@@ -8,6 +8,8 @@ BIN := bin/fluxkv
 # the owner's and master's concurrency is race-checked too.
 RACE_BIN := bin/fluxkv-race
 APT_TEST := python3-thrift python3-numpy python3-pytest python3-matplotlib memcached redis-server python3-pymemcache python3-redis etcd-server etcd-client
+# python3-torch: the KV page tests (fluxkv.kv on real tensors), installed without recommends.
+APT_TORCH := python3-torch
 APT_GEN := thrift-compiler
 # Packages whose tests exercise concurrency run under the race detector.
 RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cmd/... ./metrics/... ./protocol/...
@@ -18,7 +20,7 @@ RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cm
 TEST_ENV = FLUXKV_BIN=$(CURDIR)/$(RACE_BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) GORACE="halt_on_error=1 exitcode=66"
 FUZZTIME ?= 10s
 
-.PHONY: all build build-race run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd bench-python bench bench-quick install
+.PHONY: all build build-race run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd bench-python bench-kv bench bench-quick install
 
 all: build
 
@@ -38,6 +40,7 @@ serve: build
 # deps-*: install missing Debian packages (CI and fresh machines run as root).
 deps-test:
 	@bash scripts/apt-ensure.sh $(APT_TEST)
+	@NO_RECOMMENDS=1 bash scripts/apt-ensure.sh $(APT_TORCH)
 
 deps-gen:
 	@bash scripts/apt-ensure.sh $(APT_GEN)
@@ -103,6 +106,15 @@ bench-python: build deps-test
 	$(PY) bench/python_get_bench.py --fluxkv-bin $(BIN) --seconds 5 --keys 16
 	$(PY) bench/working_set_bench.py --fluxkv-bin $(BIN) --working-set $(WORKING_SET) --seconds 3
 	$(PY) bench/batch_bench.py --fluxkv-bin $(BIN)
+
+# bench-kv: KV pages through fluxkv.kv (bench/kv_bench.py): time to first token of the test model
+# (clients/python/tests/tinylm.py, d_model 512 x 4 layers) for a 4096-token prompt with 0/50/90 % of
+# its pages cached vs recompute, and put_pages/get_pages_into GiB/s vs memcpy (64 x 256 KiB pages);
+# more flags (sizes, --json FILE): KV_BENCH_ARGS.
+bench-kv: build
+	@bash scripts/apt-ensure.sh python3-thrift python3-numpy
+	@NO_RECOMMENDS=1 bash scripts/apt-ensure.sh $(APT_TORCH)
+	$(PY) bench/kv_bench.py --fluxkv-bin $(BIN) $(KV_BENCH_ARGS)
 
 bench-ssd: build
 	./$(BIN) bench ssd --dir $${DIR:-out/bench-ssd} --size 1MiB --seconds 10 --json

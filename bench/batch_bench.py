@@ -46,15 +46,11 @@ sys.path.insert(0, str(REPO / "clients" / "python"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import fluxkv  # noqa: E402
-from pressure.procs import Group, Interrupted, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
+from pressure.procs import Group, progress, run_group, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
 from pressure.sizes import format_size, parse_size  # noqa: E402
 
 MiB = 1 << 20
-T0 = time.monotonic()
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def value(key: str, n: int) -> bytes:
@@ -153,118 +149,109 @@ def main() -> int:
     install_signal_handlers()
     rows: list[dict] = []
     failures: list[str] = []
-    with Group() as g:
-        try:
-            tmp = g.mkdtemp(args.work_dir, "fkv-batch-")
-            rg = tmp / "remoteget"
-            progress(f"building bench/remoteget -> {rg}")
-            subprocess.run([args.go, "build", "-o", str(rg), "./bench/remoteget"], cwd=REPO, check=True)
-            secret, mkey, mpub = cluster_auth(args.fluxkv_bin, tmp)
-            maddr, mmetrics, bmetrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-            common = ["--log-format", "text", "--log-level", "warn"]
-            progress(f"starting master {maddr} (--no-promotion) and owners A (SSD), B (--cache-grace off), {format_size(args.dram)} DRAM each")
-            g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion", "--metrics-addr", mmetrics,
-                               "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
-            m2addr = f"127.0.0.1:{free_port()}"
-            g.start("master2", [args.fluxkv_bin, *common, "master", "--listen", m2addr,
-                                "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master2.log")
-            ssd_dir = tmp / "a-ssd"
-            ssd_dir.mkdir()
-            socks = {}
-            for name, extra in (("a", ["--ssd-path", str(ssd_dir), "--ssd-limit", format_size(4 * args.dram).replace(" ", "")]),
-                                ("b", ["--cache-grace", "off", "--metrics-addr", bmetrics]), ("c", [])):
-                d = tmp / name
-                d.mkdir()
-                p = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(args.dram), "--master", m2addr if name == "c" else maddr, "--node-id", name,
-                                   "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra], tmp / f"{name}.log")
-                socks[name] = str(d / "fluxkv.sock")
-                wait_for(lambda s=socks[name]: unix_socket_ready(s), 60, f"owner {name}'s socket", p)
+    def measure(g: Group) -> None:
+        tmp = g.mkdtemp(args.work_dir, "fkv-batch-")
+        rg = tmp / "remoteget"
+        progress(f"building bench/remoteget -> {rg}")
+        subprocess.run([args.go, "build", "-o", str(rg), "./bench/remoteget"], cwd=REPO, check=True)
+        secret, mkey, mpub = cluster_auth(args.fluxkv_bin, tmp)
+        maddr, mmetrics, bmetrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        common = ["--log-format", "text", "--log-level", "warn"]
+        progress(f"starting master {maddr} (--no-promotion) and owners A (SSD), B (--cache-grace off), {format_size(args.dram)} DRAM each")
+        g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion", "--metrics-addr", mmetrics,
+                           "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
+        m2addr = f"127.0.0.1:{free_port()}"
+        g.start("master2", [args.fluxkv_bin, *common, "master", "--listen", m2addr,
+                            "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master2.log")
+        ssd_dir = tmp / "a-ssd"
+        ssd_dir.mkdir()
+        socks = {}
+        for name, extra in (("a", ["--ssd-path", str(ssd_dir), "--ssd-limit", format_size(4 * args.dram).replace(" ", "")]),
+                            ("b", ["--cache-grace", "off", "--metrics-addr", bmetrics]), ("c", [])):
+            d = tmp / name
+            d.mkdir()
+            p = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(args.dram), "--master", m2addr if name == "c" else maddr, "--node-id", name,
+                               "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra], tmp / f"{name}.log")
+            socks[name] = str(d / "fluxkv.sock")
+            wait_for(lambda s=socks[name]: unix_socket_ready(s), 60, f"owner {name}'s socket", p)
 
-            with fluxkv.connect(socks["a"]) as ca, fluxkv.connect(socks["b"]) as cb:
-                size, n = args.page_size, args.pages
-                # Pages that end up on A's SSD only: put first, then 2x DRAM of filler through A.
-                ssd_keys = [f"ssd/{i}" for i in range(n)]
-                ca.batch_put([(k, value(k, size)) for k in ssd_keys])
-                progress(f"pushing {n} pages out of A's memory (2x DRAM of filler)")
-                filler = 1 * MiB
-                for i in range(2 * args.dram // filler):
-                    ca.put(f"filler/{i}", value(f"filler/{i}", filler))
-                mem_keys = [f"mem/{i}" for i in range(n)]
-                ca.batch_put([(k, value(k, size)) for k in mem_keys])
-                verify(cb, mem_keys, size)
-                verify(cb, ssd_keys, size)
-                verify(ca, ssd_keys, size)
+        with fluxkv.connect(socks["a"]) as ca, fluxkv.connect(socks["b"]) as cb:
+            size, n = args.page_size, args.pages
+            # Pages that end up on A's SSD only: put first, then 2x DRAM of filler through A.
+            ssd_keys = [f"ssd/{i}" for i in range(n)]
+            ca.batch_put([(k, value(k, size)) for k in ssd_keys])
+            progress(f"pushing {n} pages out of A's memory (2x DRAM of filler)")
+            filler = 1 * MiB
+            for i in range(2 * args.dram // filler):
+                ca.put(f"filler/{i}", value(f"filler/{i}", filler))
+            mem_keys = [f"mem/{i}" for i in range(n)]
+            ca.batch_put([(k, value(k, size)) for k in mem_keys])
+            verify(cb, mem_keys, size)
+            verify(cb, ssd_keys, size)
+            verify(ca, ssd_keys, size)
 
-                progress("exists: 64 keys vs 1, plain and prefix")
-                keys64 = (mem_keys * (64 // n + 1))[:64] if n < 64 else mem_keys[:64]
-                e1 = median_us(lambda: cb.batch_exists(keys64[:1]), args.rounds)
-                e64 = median_us(lambda: cb.batch_exists(keys64), args.rounds)
-                p1 = median_us(lambda: cb.batch_exists(keys64[:1], prefix=True), args.rounds)
-                p64 = median_us(lambda: cb.batch_exists(keys64, prefix=True), args.rounds)
-                if cb.batch_exists(keys64, prefix=True) != 64:
-                    failures.append("prefix lookup of 64 present keys did not count 64")
-                rows.append({"row": "exists", "one_us": e1, "batch_us": e64, "ratio": e64 / e1, "goal": "<= 3x"})
-                rows.append({"row": "prefix", "one_us": p1, "batch_us": p64, "ratio": p64 / p1, "goal": "<= 3x"})
+            progress("exists: 64 keys vs 1, plain and prefix")
+            keys64 = (mem_keys * (64 // n + 1))[:64] if n < 64 else mem_keys[:64]
+            e1 = median_us(lambda: cb.batch_exists(keys64[:1]), args.rounds)
+            e64 = median_us(lambda: cb.batch_exists(keys64), args.rounds)
+            p1 = median_us(lambda: cb.batch_exists(keys64[:1], prefix=True), args.rounds)
+            p64 = median_us(lambda: cb.batch_exists(keys64, prefix=True), args.rounds)
+            if cb.batch_exists(keys64, prefix=True) != 64:
+                failures.append("prefix lookup of 64 present keys did not count 64")
+            rows.append({"row": "exists", "one_us": e1, "batch_us": e64, "ratio": e64 / e1, "goal": "<= 3x"})
+            rows.append({"row": "prefix", "one_us": p1, "batch_us": p64, "ratio": p64 / p1, "goal": "<= 3x"})
 
-                batch_bytes = n * size
-                progress(f"remote-mem: batch_get of {n} x {format_size(size)} through B vs the TCP pair")
-                tcp = tcp_pair(rg, size, args.seconds)
-                rm = timed_gib(batch_reader(cb, mem_keys, size), batch_bytes, args.seconds)
-                rows.append({"row": "remote-mem", "gib_per_s": rm, "baseline_gib_per_s": tcp, "ratio": rm / tcp, "goal": ">= 0.7x", "baseline": "tcp-pair c1"})
-                progress("remote-ssd: the same from A's SSD, through B vs through A")
-                rs = timed_gib(batch_reader(cb, ssd_keys, size), batch_bytes, args.seconds)
-                ls = timed_gib(batch_reader(ca, ssd_keys, size), batch_bytes, args.seconds)
-                rows.append({"row": "remote-ssd", "gib_per_s": rs, "baseline_gib_per_s": ls, "ratio": rs / ls, "goal": ">= 0.7x", "baseline": "local SSD (A)"})
+            batch_bytes = n * size
+            progress(f"remote-mem: batch_get of {n} x {format_size(size)} through B vs the TCP pair")
+            tcp = tcp_pair(rg, size, args.seconds)
+            rm = timed_gib(batch_reader(cb, mem_keys, size), batch_bytes, args.seconds)
+            rows.append({"row": "remote-mem", "gib_per_s": rm, "baseline_gib_per_s": tcp, "ratio": rm / tcp, "goal": ">= 0.7x", "baseline": "tcp-pair c1"})
+            progress("remote-ssd: the same from A's SSD, through B vs through A")
+            rs = timed_gib(batch_reader(cb, ssd_keys, size), batch_bytes, args.seconds)
+            ls = timed_gib(batch_reader(ca, ssd_keys, size), batch_bytes, args.seconds)
+            rows.append({"row": "remote-ssd", "gib_per_s": rs, "baseline_gib_per_s": ls, "ratio": rs / ls, "goal": ">= 0.7x", "baseline": "local SSD (A)"})
 
-                progress(f"batch-put: {args.put_keys} x 16 B in batches of 2,000 through C, alone with master 2")
-                with fluxkv.connect(socks["c"]) as cc:
-                    t0 = time.perf_counter()
-                    for base in range(0, args.put_keys, 2000):
-                        cc.batch_put([(f"small/{i}", b"%016d" % i) for i in range(base, min(base + 2000, args.put_keys))])
-                    kps = args.put_keys / (time.perf_counter() - t0)
-                    for i in (0, args.put_keys - 1):
-                        with cc.get(f"small/{i}") as h:
-                            if h.bytes() != b"%016d" % i:
-                                failures.append(f"batch-put: small/{i} wrong bytes")
-                rows.append({"row": "batch-put", "keys_per_s": kps, "baseline_keys_per_s": 3711, "ratio": kps / 3711, "goal": ">= 10x",
-                             "baseline": "issue 26's figure (other run)"})
+            progress(f"batch-put: {args.put_keys} x 16 B in batches of 2,000 through C, alone with master 2")
+            with fluxkv.connect(socks["c"]) as cc:
+                t0 = time.perf_counter()
+                for base in range(0, args.put_keys, 2000):
+                    cc.batch_put([(f"small/{i}", b"%016d" % i) for i in range(base, min(base + 2000, args.put_keys))])
+                kps = args.put_keys / (time.perf_counter() - t0)
+                for i in (0, args.put_keys - 1):
+                    with cc.get(f"small/{i}") as h:
+                        if h.bytes() != b"%016d" % i:
+                            failures.append(f"batch-put: small/{i} wrong bytes")
+            rows.append({"row": "batch-put", "keys_per_s": kps, "baseline_keys_per_s": 3711, "ratio": kps / 3711, "goal": ">= 10x",
+                         "baseline": "issue 26's figure (other run)"})
 
-                progress("one-flight: 64 threads get one cold key through B")
-                key, vsize = "cold/1", 1 * MiB
-                ca.put(key, value(key, vsize))
-                plans0 = scrape(mmetrics, "fluxkv_ops_total", {"op": "GetStart"}) + scrape(mmetrics, "fluxkv_ops_total", {"op": "BatchGetStart"})
-                pulled0 = scrape(bmetrics, "fluxkv_transfer_bytes_total", {"dir": "pull"})
-                barrier, errs = threading.Barrier(64), []
+            progress("one-flight: 64 threads get one cold key through B")
+            key, vsize = "cold/1", 1 * MiB
+            ca.put(key, value(key, vsize))
+            plans0 = scrape(mmetrics, "fluxkv_ops_total", {"op": "GetStart"}) + scrape(mmetrics, "fluxkv_ops_total", {"op": "BatchGetStart"})
+            pulled0 = scrape(bmetrics, "fluxkv_transfer_bytes_total", {"dir": "pull"})
+            barrier, errs = threading.Barrier(64), []
 
-                def one():
-                    barrier.wait()
-                    try:
-                        with cb.get(key) as h:
-                            if h.bytes() != value(key, vsize):
-                                errs.append("wrong bytes")
-                    except Exception as e:  # noqa: BLE001
-                        errs.append(repr(e))
-                ts = [threading.Thread(target=one) for _ in range(64)]
-                for t in ts:
-                    t.start()
-                for t in ts:
-                    t.join()
-                plans = scrape(mmetrics, "fluxkv_ops_total", {"op": "GetStart"}) + scrape(mmetrics, "fluxkv_ops_total", {"op": "BatchGetStart"}) - plans0
-                pulls = (scrape(bmetrics, "fluxkv_transfer_bytes_total", {"dir": "pull"}) - pulled0) / vsize
-                rows.append({"row": "one-flight", "gets": 64, "master_plans": plans, "pulls": pulls, "goal": "1 and 1"})
-                if errs:
-                    failures.append(f"one-flight: {len(errs)} gets failed: {errs[0]}")
-        except (KeyboardInterrupt, Interrupted):
-            progress("interrupted: stopping the daemons")
-            return 130
-        except Exception as e:  # noqa: BLE001
-            failures.append(repr(e))
-        finally:
-            progress("stopping the daemons")
-            codes = g.close()
-            bad = {k: c for k, c in codes.items() if c not in (0, None)}
-            if bad:
-                failures.append(f"daemons exited with {bad}")
+            def one():
+                barrier.wait()
+                try:
+                    with cb.get(key) as h:
+                        if h.bytes() != value(key, vsize):
+                            errs.append("wrong bytes")
+                except Exception as e:  # noqa: BLE001
+                    errs.append(repr(e))
+            ts = [threading.Thread(target=one) for _ in range(64)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            plans = scrape(mmetrics, "fluxkv_ops_total", {"op": "GetStart"}) + scrape(mmetrics, "fluxkv_ops_total", {"op": "BatchGetStart"}) - plans0
+            pulls = (scrape(bmetrics, "fluxkv_transfer_bytes_total", {"dir": "pull"}) - pulled0) / vsize
+            rows.append({"row": "one-flight", "gets": 64, "master_plans": plans, "pulls": pulls, "goal": "1 and 1"})
+            if errs:
+                failures.append(f"one-flight: {len(errs)} gets failed: {errs[0]}")
+
+    if not run_group(measure, failures, "daemons"):
+        return 130
 
     print(f"\nbatches (issue 26): {args.pages} x {format_size(args.page_size)} pages, {format_size(args.dram)} DRAM per owner")
     for r in rows:

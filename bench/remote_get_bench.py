@@ -47,15 +47,11 @@ sys.path.insert(0, str(REPO / "clients" / "python"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import fluxkv  # noqa: E402
-from pressure.procs import Group, Interrupted, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
+from pressure.procs import Group, progress, run_group, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
 from pressure.sizes import format_size, parse_size  # noqa: E402
 
 MiB = 1 << 20
-T0 = time.monotonic()
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 # -- values: the same function as bench/remoteget/value.go -----------------------------------------
@@ -221,87 +217,80 @@ def main() -> int:
     install_signal_handlers()
     rows: list[dict] = []
     failures: list[str] = []
-    with Group() as g:
-        try:
-            tmp = g.mkdtemp(args.work_dir, "fkv-remote-get-")
-            rg = tmp / "remoteget"
-            progress(f"building bench/remoteget -> {rg}")
-            subprocess.run([args.go, "build", "-o", str(rg), "./bench/remoteget"], cwd=REPO, check=True)
+    def measure(g: Group) -> None:
+        tmp = g.mkdtemp(args.work_dir, "fkv-remote-get-")
+        rg = tmp / "remoteget"
+        progress(f"building bench/remoteget -> {rg}")
+        subprocess.run([args.go, "build", "-o", str(rg), "./bench/remoteget"], cwd=REPO, check=True)
 
-            secret, mkey, mpub = cluster_auth(args.fluxkv_bin, tmp)
-            maddr = f"127.0.0.1:{free_port()}"
-            progress(f"starting master {maddr} (--no-promotion) and owners A, B ({format_size(dram)} DRAM each; B --cache-grace off)")
-            common = ["--log-format", "text", "--log-level", "warn"]
-            master = g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion",
-                                        "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
-            owners = {}
-            for name, extra in (("a", []), ("b", ["--cache-grace", "off"])):
-                d = tmp / name
-                d.mkdir()
-                owners[name] = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(dram), "--master", maddr,
-                                              "--node-id", name, "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra],
-                                             tmp / f"{name}.log")
-            for name, p in owners.items():
-                wait_for(lambda: unix_socket_ready(str(tmp / name / "fluxkv.sock")), 60, f"owner {name}'s socket", p)
-            sock_a, sock_b = str(tmp / "a" / "fluxkv.sock"), str(tmp / "b" / "fluxkv.sock")
-            wait_for(master.alive, 1, "master alive", master)
+        secret, mkey, mpub = cluster_auth(args.fluxkv_bin, tmp)
+        maddr = f"127.0.0.1:{free_port()}"
+        progress(f"starting master {maddr} (--no-promotion) and owners A, B ({format_size(dram)} DRAM each; B --cache-grace off)")
+        common = ["--log-format", "text", "--log-level", "warn"]
+        master = g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion",
+                                    "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
+        owners = {}
+        for name, extra in (("a", []), ("b", ["--cache-grace", "off"])):
+            d = tmp / name
+            d.mkdir()
+            owners[name] = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(dram), "--master", maddr,
+                                          "--node-id", name, "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra],
+                                         tmp / f"{name}.log")
+        for name, p in owners.items():
+            wait_for(lambda: unix_socket_ready(str(tmp / name / "fluxkv.sock")), 60, f"owner {name}'s socket", p)
+        sock_a, sock_b = str(tmp / "a" / "fluxkv.sock"), str(tmp / "b" / "fluxkv.sock")
+        wait_for(master.alive, 1, "master alive", master)
 
-            with fluxkv.connect(sock_a) as ca, fluxkv.connect(sock_b) as cb:
-                for size in sizes:
-                    progress(f"putting {args.keys} x {format_size(size)} through A")
-                    for k in keys_of(size, args.keys):
-                        ca.put(k, value(k, size))
-                    k = keys_of(size, 1)[0]
-                    with cb.get(k) as h:  # a first remote get, checked whole
-                        if not h.remote or h.bytes() != value(k, size):
-                            raise RuntimeError(f"get {k} through B: remote={h.remote}, byte-exact={h.bytes() == value(k, size)}")
-
+        with fluxkv.connect(sock_a) as ca, fluxkv.connect(sock_b) as cb:
             for size in sizes:
-                for conc in concs:
-                    label = f"{format_size(size)} c{conc}"
-                    progress(f"{label}: tcp-pair")
-                    rows.append(run_go(rg, ["-tcp-pair"], size, conc, args))
-                    if "go" in clients:
-                        progress(f"{label}: go (goroutines)")
-                        rows.append(run_go(rg, ["-socket", sock_b, "-prefix", key_prefix(size), "-keys", str(args.keys),
-                                                "-verify-every", str(args.verify_every)], size, conc, args))
-                    if "python" in clients:
-                        progress(f"{label}: python ({args.py_workers})")
-                        rows.append(run_python(sock_b, size, conc, args, g, tmp))
-                    for r in rows[-(1 + len(clients)):]:
-                        progress(f"{label}: {r['mode']:<14} {r['gib_per_s']:6.2f} GiB/s  p50 {r['p50_us'] / 1e3:7.2f} ms  p99 {r['p99_us'] / 1e3:7.2f} ms")
+                progress(f"putting {args.keys} x {format_size(size)} through A")
+                for k in keys_of(size, args.keys):
+                    ca.put(k, value(k, size))
+                k = keys_of(size, 1)[0]
+                with cb.get(k) as h:  # a first remote get, checked whole
+                    if not h.remote or h.bytes() != value(k, size):
+                        raise RuntimeError(f"get {k} through B: remote={h.remote}, byte-exact={h.bytes() == value(k, size)}")
 
-            for r in rows:
-                if r.get("wrong"):
-                    failures.append(f"{r['mode']} {format_size(r['size'])} c{r['conc']}: {r['wrong']} gets with WRONG BYTES ({r.get('first_error')})")
-                if r.get("errors"):
-                    failures.append(f"{r['mode']} {format_size(r['size'])} c{r['conc']}: {r['errors']} errors ({r.get('first_error')})")
-                # A get may find the holding of the same key that a release still queued in
-                # the client keeps held (B's hot set answers it without a pull): a few such
-                # gets are reported, more than 1% fail the run (they would flatter the figure).
-                local = r.get("total", 0) - r.get("remote", 0)
-                if r["mode"] != "tcp-pair" and local:
-                    msg = f"{r['mode']} {format_size(r['size'])} c{r['conc']}: {local} of {r['total']} gets were not remote"
-                    if local > r.get("total", 0) // 100:
-                        failures.append(msg)
-                    else:
-                        progress(msg + " (a held holding reused; under 1%)")
-            with fluxkv.connect(sock_b) as cb:  # B holds nothing once every holder is released
-                cb.flush()
-                st = cb.stat()
-                me = next(m for m in st["members"] if m["node_id"] == "b")
-                if me["memory_segment"]["used_bytes"] or me["holders"]:
-                    failures.append(f"B not back to empty: used={me['memory_segment']['used_bytes']} holders={me['holders']}")
-        except (KeyboardInterrupt, Interrupted):
-            progress("interrupted: stopping the daemons")
-            print_table(rows, args)
-            return 130
-        finally:
-            progress("stopping the daemons")
-            codes = g.close()
-            bad = {n: c for n, c in codes.items() if c not in (0, None)}
-            if bad:
-                failures.append(f"daemons exited with {bad}")
+        for size in sizes:
+            for conc in concs:
+                label = f"{format_size(size)} c{conc}"
+                progress(f"{label}: tcp-pair")
+                rows.append(run_go(rg, ["-tcp-pair"], size, conc, args))
+                if "go" in clients:
+                    progress(f"{label}: go (goroutines)")
+                    rows.append(run_go(rg, ["-socket", sock_b, "-prefix", key_prefix(size), "-keys", str(args.keys),
+                                            "-verify-every", str(args.verify_every)], size, conc, args))
+                if "python" in clients:
+                    progress(f"{label}: python ({args.py_workers})")
+                    rows.append(run_python(sock_b, size, conc, args, g, tmp))
+                for r in rows[-(1 + len(clients)):]:
+                    progress(f"{label}: {r['mode']:<14} {r['gib_per_s']:6.2f} GiB/s  p50 {r['p50_us'] / 1e3:7.2f} ms  p99 {r['p99_us'] / 1e3:7.2f} ms")
+
+        for r in rows:
+            if r.get("wrong"):
+                failures.append(f"{r['mode']} {format_size(r['size'])} c{r['conc']}: {r['wrong']} gets with WRONG BYTES ({r.get('first_error')})")
+            if r.get("errors"):
+                failures.append(f"{r['mode']} {format_size(r['size'])} c{r['conc']}: {r['errors']} errors ({r.get('first_error')})")
+            # A get may find the holding of the same key that a release still queued in
+            # the client keeps held (B's hot set answers it without a pull): a few such
+            # gets are reported, more than 1% fail the run (they would flatter the figure).
+            local = r.get("total", 0) - r.get("remote", 0)
+            if r["mode"] != "tcp-pair" and local:
+                msg = f"{r['mode']} {format_size(r['size'])} c{r['conc']}: {local} of {r['total']} gets were not remote"
+                if local > r.get("total", 0) // 100:
+                    failures.append(msg)
+                else:
+                    progress(msg + " (a held holding reused; under 1%)")
+        with fluxkv.connect(sock_b) as cb:  # B holds nothing once every holder is released
+            cb.flush()
+            st = cb.stat()
+            me = next(m for m in st["members"] if m["node_id"] == "b")
+            if me["memory_segment"]["used_bytes"] or me["holders"]:
+                failures.append(f"B not back to empty: used={me['memory_segment']['used_bytes']} holders={me['holders']}")
+
+    if not run_group(measure, failures, "daemons"):
+        print_table(rows, args)
+        return 130
 
     print_table(rows, args)
     if args.json:

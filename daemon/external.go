@@ -237,6 +237,24 @@ func (h *externalHandler) BatchDelete(ctx context.Context, req *external.BatchKe
 	return resp, nil
 }
 
+func (h *externalHandler) DeleteNamespace(ctx context.Context, req *external.NamespaceRequest) (*external.DeleteNamespaceResponse, error) {
+	resp := &external.DeleteNamespaceResponse{}
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
+		resp.Deleted, err = h.o.deleteNamespace(req.Name)
+		return err
+	})
+	return resp, nil
+}
+
+func (h *externalHandler) NamespaceStat(ctx context.Context, req *external.NamespaceRequest) (*external.NamespaceStatResponse, error) {
+	resp := &external.NamespaceStatResponse{}
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
+		resp.Keys, resp.Bytes, err = h.o.namespaceStat(req.Name)
+		return err
+	})
+	return resp, nil
+}
+
 func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (*external.StatResponse, error) {
 	resp := &external.StatResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {

@@ -182,6 +182,33 @@ func (h *handler) delete(node *mp.NodeRef, key string) *mp.DeleteResponse {
 	return resp
 }
 
+// NamespaceDelete deletes at most BATCH keys of a namespace under one hold of the lock
+// (namespace.go) and answers once their synchronous invalidations, the requester's
+// own included, are delivered; the owner calls again while more are left.
+func (h *handler) NamespaceDelete(ctx context.Context, req *mp.NamespaceRequest) (*mp.NamespaceDeleteResponse, error) {
+	resp := &mp.NamespaceDeleteResponse{}
+	var invs []Invalidation
+	err := h.s.withState(func(st *State) error {
+		deleted, left, is, err := st.NamespaceDelete(ref(req.Node), req.Name, int(mp.BATCH))
+		resp.Deleted, resp.Left, invs = int64(deleted), int64(left), is
+		return err
+	})
+	h.s.invalidate(invs)
+	h.s.writeQuiet(ctx)
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
+func (h *handler) NamespaceStat(ctx context.Context, req *mp.NamespaceRequest) (*mp.NamespaceStatResponse, error) {
+	resp := &mp.NamespaceStatResponse{}
+	err := h.s.withState(func(st *State) (err error) {
+		resp.Keys, resp.Bytes, err = st.NamespaceStat(ref(req.Node), req.Name)
+		return err
+	})
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
 func (h *handler) Exists(ctx context.Context, req *mp.ExistsRequest) (*mp.ExistsResponse, error) {
 	resp := &mp.ExistsResponse{}
 	err := h.s.withState(func(st *State) (err error) {

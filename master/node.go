@@ -237,7 +237,7 @@ func (s *State) tombLocked(n *node) {
 			}
 			delete(r.replicas, n)
 			if len(r.replicas) == 0 {
-				delete(s.routes, key)
+				s.unsetRouteLocked(key)
 				s.tombstoneLocked(key, r.putID)
 			}
 		}

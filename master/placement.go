@@ -303,7 +303,7 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	s.tombstoneLocked(key, math.MaxInt64)
 	t := p.target.node
 	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica)}
-	s.routes[key] = r
+	s.setRouteLocked(key, r)
 	var res PutResult
 	res.Persist = s.persistTaskLocked(key, putID, t, p.target)
 	s.setMemoryLocked(key, r, t, p.target, res.Persist == nil)

@@ -134,7 +134,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	}
 	if r == nil {
 		r = &route{putID: rec.PutID, len: rec.Len, replicas: make(map[*node]*replica)}
-		s.routes[rec.Key] = r
+		s.setRouteLocked(rec.Key, r)
 	}
 	if a != nil {
 		s.setMemoryLocked(rec.Key, r, n, a, true)

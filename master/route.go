@@ -71,7 +71,7 @@ func (s *State) pruneLocked(key string, r *route, n *node) {
 		delete(r.replicas, n)
 	}
 	if len(r.replicas) == 0 && s.routes[key] == r {
-		delete(s.routes, key)
+		s.unsetRouteLocked(key)
 		s.tombstoneLocked(key, r.putID)
 	}
 }
@@ -87,7 +87,7 @@ func (s *State) dropRouteLocked(key string, r *route) {
 		delete(r.replicas, n)
 	}
 	if s.routes[key] == r {
-		delete(s.routes, key)
+		s.unsetRouteLocked(key)
 		s.tombstoneLocked(key, r.putID)
 	}
 }

@@ -22,6 +22,9 @@ type State struct {
 	puts     map[int64]*inflightPut
 	gets     map[int64]*inflightGet
 	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	// namespaces indexes the routed keys by namespace (namespace.go); only
+	// setRouteLocked and unsetRouteLocked change routes, and they keep it in step.
+	namespaces map[string]*namespace
 	// persistStats counts persists per owner id (Members).
 	persistStats map[string]*persistCounts
 	// quarantine holds the targets of pulls whose answer never came (the call failed
@@ -58,6 +61,7 @@ func NewState(opts Options) *State {
 		log:          *opts.Logger,
 		nodes:        make(map[string]*node),
 		routes:       make(map[string]*route),
+		namespaces:   make(map[string]*namespace),
 		puts:         make(map[int64]*inflightPut),
 		gets:         make(map[int64]*inflightGet),
 		persists:     make(map[int64]*pendingPersist),
@@ -178,24 +182,29 @@ func (s *State) Delete(ref NodeRef, key string) (existed bool, putID int64, invs
 	if err := wire.ValidateKey(key); err != nil {
 		return false, 0, nil, err
 	}
+	existed, putID, invs = s.deleteLocked(n, key)
+	return existed, putID, invs, nil
+}
+
+// deleteLocked is Delete of a valid key for the requester n.
+func (s *State) deleteLocked(n *node, key string) (existed bool, putID int64, invs []Invalidation) {
 	r := s.routes[key]
 	if r == nil {
 		// Nothing known; an owner may still hold an evicted version (an unacked
 		// eviction notice), or, while the rebuild window is open, report one later:
 		// whatever it reports is older than this delete.
 		s.tombstoneLocked(key, math.MaxInt64)
-		var invs []Invalidation
 		for _, iv := range s.invalidationsLocked(n, key, s.nextID, nil) {
 			if iv.Sync {
 				invs = append(invs, iv)
 			}
 		}
-		return false, 0, invs, nil
+		return false, 0, invs
 	}
 	existed = r.readable()
 	holders := s.holdersLocked(key, r)
 	s.dropRouteLocked(key, r)
-	return existed, r.putID, s.invalidationsLocked(n, key, r.putID, holders), nil
+	return existed, r.putID, s.invalidationsLocked(n, key, r.putID, holders)
 }
 
 // Exists reports whether a key has a readable replica.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/internal/scripttest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -24,6 +25,10 @@ func TestScenarios(t *testing.T) {
 		now := time.Unix(1000, 0)
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			out, err := runCmd(st, &now, d)
+			// The namespace index never drifts from the routes, whatever a command did.
+			if _, drift := dumpNamespaces(st); drift != nil {
+				t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
+			}
 			if err != nil {
 				return "error: " + err.Error() + "\n"
 			}
@@ -244,6 +249,19 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	case "exists":
 		ok, err := st.Exists(nref(st, d), key)
 		return fmt.Sprintf("%v\n", ok), err
+	case "ns-delete":
+		// ns-delete node=N ns=NAME [limit=K]: one NamespaceDelete call (BATCH keys unless limit).
+		limit := int(mp.BATCH)
+		if arg(d, "limit") != "" {
+			limit = int(argInt(d, "limit"))
+		}
+		n, left, invs, err := st.NamespaceDelete(nref(st, d), arg(d, "ns"), limit)
+		return fmt.Sprintf("deleted=%d left=%d%s\n", n, left, fmtInv(invs)), err
+	case "ns-stat":
+		keys, bytes, err := st.NamespaceStat(nref(st, d), arg(d, "ns"))
+		return fmt.Sprintf("keys=%d bytes=%d\n", keys, bytes), err
+	case "namespaces":
+		return dumpNamespaces(st)
 	case "ssd-commit":
 		ok, err := st.SsdReplicaCommit(nref(st, d), key, argInt(d, "put"), argInt(d, "len"))
 		return fmt.Sprintf("published=%v\n", ok), err
@@ -347,6 +365,54 @@ func dumpState(st *State) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// dumpNamespaces prints the namespace index (namespace.go), one namespace a line with
+// its byte total and keys in order, after checking it against a recount of the routes:
+// an index that drifted from them is an error.
+func dumpNamespaces(st *State) (string, error) {
+	type count struct {
+		keys  []string
+		bytes int64
+	}
+	want := map[string]*count{}
+	for k, r := range st.routes {
+		if name, ok := wire.KeyNamespace(k); ok {
+			if want[name] == nil {
+				want[name] = &count{}
+			}
+			want[name].keys = append(want[name].keys, k)
+			want[name].bytes += r.len
+		}
+	}
+	names := make([]string, 0, len(st.namespaces))
+	for name := range st.namespaces {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, name := range names {
+		ns := st.namespaces[name]
+		var keys []string
+		ns.keys.Ascend(func(k string) bool { keys = append(keys, k); return true })
+		w := want[name]
+		if w == nil {
+			return "", fmt.Errorf("namespace %q is indexed but has no routed key", name)
+		}
+		sort.Strings(w.keys)
+		if fmt.Sprint(keys) != fmt.Sprint(w.keys) || ns.bytes != w.bytes {
+			return "", fmt.Errorf("namespace %q: index %v %d bytes, routes %v %d bytes", name, keys, ns.bytes, w.keys, w.bytes)
+		}
+		delete(want, name)
+		fmt.Fprintf(&b, "ns %s bytes=%d [%s]\n", name, ns.bytes, strings.Join(keys, " "))
+	}
+	for name := range want {
+		return "", fmt.Errorf("namespace %q has routed keys but is not indexed", name)
+	}
+	if b.Len() == 0 {
+		return "none\n", nil
+	}
+	return b.String(), nil
 }
 
 // TestValidation covers bad requests at the master: every one is an error code, never a panic.

@@ -34,12 +34,19 @@ const i32 MAX_RELEASES_PER_CALL = 4096
 // The longest pin of a prefix lookup (BatchExistsRequest.pin_ms).
 const i32 MAX_PIN_MS = 5000
 
+// Namespaces (DeleteNamespace, NamespaceStat). A key's namespace is the text before its
+// last NAMESPACE_SEPARATOR: "kv1/m/tp0of1/ab12" is in namespace "kv1/m/tp0of1". A key
+// without one (or whose only one is its first byte) is in no namespace. Namespaces are
+// not nested: "kv1/m/tp0of1/x" is in "kv1/m/tp0of1", not in "kv1/m". A namespace named
+// in a call is 1..MAX_KEY_BYTES bytes and does not end with the separator.
+const string NAMESPACE_SEPARATOR = "/"
+
 // Retry rules. A call "fails in transport" when no answer came back: the connection
 // broke, was refused, or the call timed out. Whether it may be sent again depends on the
 // call (each one's comment in ExternalService says which rule it follows):
 //
 // - RETRY SAFE (Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete, PutAbort,
-//   BatchPutAbort): send again after a transport failure, on a fresh RPC connection,
+//   BatchPutAbort, DeleteNamespace, NamespaceStat): send again after a transport failure, on a fresh RPC connection,
 //   or after STALE_GENERATION once re-attached (the owner restarted).
 // - RETRY ON THE SAME SESSION (PutWrite: simply sent again while the put is pending).
 // - RETRY ON THE SAME SESSION (PutEnd, BatchPutEnd): the owner remembers the outcome of
@@ -316,6 +323,28 @@ struct BatchDeleteResponse {
   3: list<DeleteResponse> results,
 }
 
+// name: a namespace (see NAMESPACE_SEPARATOR).
+struct NamespaceRequest {
+  1: Session session,
+  2: string name,
+}
+
+// deleted: the keys of the namespace that existed and were deleted.
+struct DeleteNamespaceResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 deleted,
+}
+
+// keys: the keys of the namespace; bytes: their values' bytes (the current version of
+// each key counted once, however many replicas it has).
+struct NamespaceStatResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 keys,
+  4: i64 bytes,
+}
+
 struct StatRequest {
   1: Session session,
 }
@@ -367,4 +396,13 @@ service ExternalService {
   BatchDeleteResponse BatchDelete(1: BatchKeysRequest req),
   // Rule: RETRY SAFE.
   StatResponse Stat(1: StatRequest req),
+  // Deletes every key of a namespace, cluster-wide, exactly as BatchDelete deletes keys
+  // (holders keep their bytes; other owners learn it as they learn a delete), this
+  // owner's own cached holdings of them included. The owner asks the master in chunks of
+  // at most master BATCH keys, so the cost follows the namespace's size, not the cache's.
+  // A key put while the delete runs may survive it. Rule: RETRY SAFE; a retried delete
+  // may count fewer keys.
+  DeleteNamespaceResponse DeleteNamespace(1: NamespaceRequest req),
+  // The namespace's key count and value bytes, as the master knows them. Rule: RETRY SAFE.
+  NamespaceStatResponse NamespaceStat(1: NamespaceRequest req),
 }

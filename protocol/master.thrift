@@ -390,6 +390,39 @@ struct BatchPutDoneResponse {
   3: list<PutDoneResponse> results,
 }
 
+// Namespaces (external.thrift NAMESPACE_SEPARATOR: a key's namespace is the text before
+// its last '/'). The master indexes the keys of every namespace, so these calls cost
+// O(keys of the namespace), never O(all keys). name: 1..MAX_KEY_BYTES bytes, not ending
+// with '/'.
+struct NamespaceRequest {
+  1: NodeRef node,
+  2: string name,
+}
+
+// NamespaceDelete deletes at most BATCH keys of the namespace under one hold of the
+// master's lock, each exactly as Delete deletes a key (the same invalidations, SSD
+// replicas and tombstones), and answers once the owners that may hold them confirmed
+// (the requester among them: it drops its hot set, replica index and SSD entries of
+// those keys before the answer, lost or not). deleted: the keys that existed. left: the
+// keys of the namespace after this call; while some are left the owner calls again, at
+// most left/BATCH+1 more times after its first call (keys put while the delete runs may
+// survive it; a stream of puts never keeps it looping).
+struct NamespaceDeleteResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 deleted,
+  4: i64 left,
+}
+
+// keys: the namespace's routed keys; bytes: the length of each one's current version,
+// summed (one copy however many replicas).
+struct NamespaceStatResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: i64 keys,
+  4: i64 bytes,
+}
+
 struct StatRequest {
 }
 
@@ -424,4 +457,6 @@ service MasterService {
   BatchDeleteResponse BatchDelete(1: BatchDeleteRequest req),
   BatchPutStartResponse BatchPutStart(1: BatchPutStartRequest req),
   BatchPutDoneResponse BatchPutDone(1: BatchPutDoneRequest req),
+  NamespaceDeleteResponse NamespaceDelete(1: NamespaceRequest req),
+  NamespaceStatResponse NamespaceStat(1: NamespaceRequest req),
 }

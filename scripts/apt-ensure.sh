@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Install the named Debian packages if any is missing (needs root; CI runs as root).
+# NO_RECOMMENDS=1 installs them without their recommended packages (python3-torch's
+# recommendations are a CUDA-less build's optional extras, hundreds of MiB).
 set -euo pipefail
 missing=()
 for p in "$@"; do
@@ -11,4 +13,6 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq "${missing[@]}" </dev/null
+opts=()
+[ "${NO_RECOMMENDS:-}" = 1 ] && opts+=(--no-install-recommends)
+$SUDO apt-get install -y -qq "${opts[@]}" "${missing[@]}" </dev/null

@@ -47,6 +47,35 @@ def install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    """A progress line on stderr, stamped with the seconds since the harness started."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def run_group(body, failures: list, what: str = "daemons") -> bool:
+    """body(group) with a fresh :class:`Group`, whose processes are stopped and temp dirs removed
+    afterwards, however it ends: an exception becomes a line of ``failures``, and so does a
+    process that exited with an error. False when SIGTERM or Ctrl-C interrupted it."""
+    with Group() as g:
+        try:
+            body(g)
+        except (KeyboardInterrupt, Interrupted):
+            progress(f"interrupted: stopping the {what}")
+            return False
+        except Exception as e:  # noqa: BLE001
+            failures.append(repr(e))
+        finally:
+            progress(f"stopping the {what}")
+            codes = g.close()
+            bad = {n: c for n, c in codes.items() if c not in (0, None)}
+            if bad:
+                failures.append(f"{what} exited with {bad}")
+    return True
+
+
 class Proc:
     """One child process with a name and a log."""
 

@@ -456,7 +456,8 @@ const (
 	// a live session.
 	retryUnsent
 	// retryAlways: Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete,
-	// PutAbort, BatchPutAbort: once more after any transport error or STALE_GENERATION.
+	// PutAbort, BatchPutAbort, DeleteNamespace, NamespaceStat: once more after any
+	// transport error or STALE_GENERATION.
 	retryAlways
 )
 

@@ -4,7 +4,8 @@
 // MemHolder whose Bytes view the shared mapping without copying; Release it when done.
 //
 // Calls: Put, PutWith, PutWithID and BatchPut store values; Get and BatchGet return
-// holders; Exists, BatchExists, Delete, BatchDelete and Stat. BatchExistsPrefix is the
+// holders; Exists, BatchExists, Delete, BatchDelete and Stat; DeleteNamespace and
+// NamespaceStat act on every key of a namespace. BatchExistsPrefix is the
 // prefix lookup of an inference engine: given the pages of one prompt in order, it
 // returns how many leading pages the cache holds, one call per wire.MaxBatch keys,
 // stopping at the first absent page, and with a pin (at most MaxPin) it also keeps the

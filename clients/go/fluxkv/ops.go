@@ -293,6 +293,39 @@ func (c *Client) BatchDelete(keys []string) ([]bool, error) {
 	return out, nil
 }
 
+// DeleteNamespace deletes every key of namespace ns cluster-wide (a key's namespace is
+// the text before its last '/': see wire.KeyNamespace) and returns how many existed.
+// Holders of those keys keep their bytes. It costs one master call per 4,096 keys of
+// the namespace, whatever the size of the cache. A retried call (after a lost reply)
+// may count fewer keys.
+func (c *Client) DeleteNamespace(ns string) (int64, error) {
+	if err := wire.ValidateNamespace(ns); err != nil {
+		return 0, err
+	}
+	r, _, err := invoke(c, call{method: "DeleteNamespace", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceDeleteNamespaceArgs{Req: &external.NamespaceRequest{Session: s, Name: ns}}
+	}}, &external.ExternalServiceDeleteNamespaceResult{})
+	if err != nil {
+		return 0, err
+	}
+	return r.Deleted, nil
+}
+
+// NamespaceStat returns the number of keys of namespace ns and the bytes of their
+// values (each key's current version once, however many replicas it has).
+func (c *Client) NamespaceStat(ns string) (keys, bytes int64, err error) {
+	if err := wire.ValidateNamespace(ns); err != nil {
+		return 0, 0, err
+	}
+	r, _, err := invoke(c, call{method: "NamespaceStat", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
+		return &external.ExternalServiceNamespaceStatArgs{Req: &external.NamespaceRequest{Session: s, Name: ns}}
+	}}, &external.ExternalServiceNamespaceStatResult{})
+	if err != nil {
+		return 0, 0, err
+	}
+	return r.Keys, r.Bytes, nil
+}
+
 // Stat returns the cluster's members and key count as the owner sees them, after
 // applying this client's pending releases, and the masters (Masters: each one's
 // address, whether it is the leader and the epoch of its leadership, as the leader

@@ -14,6 +14,7 @@ speaks the thrift ExternalService of protocol/external.thrift. See clients/pytho
 from fluxkv.client import Client, connect
 from fluxkv.errors import AlreadyExists, Error, InvalidArgument, KeyNotFound, NoSpace, PermissionDenied, Unavailable
 from fluxkv.holder import MemHolder
+from fluxkv._gather import Gather
 from fluxkv._wire import default_socket
 
 __version__ = "0.1.0"
@@ -22,6 +23,7 @@ __all__ = [
     "connect",
     "Client",
     "MemHolder",
+    "Gather",
     "Error",
     "KeyNotFound",
     "AlreadyExists",

@@ -21,6 +21,8 @@ import ctypes
 import mmap
 import os
 
+from fluxkv._gather import Gather
+
 __all__ = ["Segment", "PutArea", "buffer_address"]
 
 
@@ -99,8 +101,9 @@ class Segment:
     def write(self, offset: int, src, length: int) -> None:
         """The put path's one copy: the C-contiguous buffer ``src`` (``length`` bytes) into
         rw at offset. A copy of more than _SMALL_COPY bytes runs without the GIL; a smaller
-        one is a slice assignment (cheaper than the foreign call around it)."""
-        if length <= _SMALL_COPY:
+        one is a slice assignment (cheaper than the foreign call around it). ``src`` may be a
+        :class:`~fluxkv._gather.Gather`."""
+        if length <= _SMALL_COPY and not isinstance(src, Gather):
             with memoryview(src) as mv:
                 self.rw[offset : offset + length] = mv.cast("B")
             return
@@ -149,6 +152,11 @@ def _check_fd_size(fd: int, size: int, what: str) -> None:
 
 
 def _copy_in(base: int, offset: int, src, length: int) -> None:
+    if isinstance(src, Gather):
+        if src.nbytes != length:
+            raise ValueError(f"value holds {src.nbytes} bytes, expected {length}")
+        src.copy_to(base + offset)
+        return
     view = _PyBuffer()
     _GetBuffer(src, ctypes.byref(view), _PyBUF_SIMPLE)
     try:

@@ -54,6 +54,7 @@ from fluxkv._gen.external.ttypes import (
     Session,
     StatRequest,
 )
+from fluxkv._gather import Gather
 from fluxkv._segment import PutArea, Segment
 from fluxkv._wire import RPCConnection, attach, resolve_socket
 from fluxkv.errors import Error, InvalidArgument, Unavailable, error_for, raise_for
@@ -363,7 +364,10 @@ def _norm_key(key) -> str:
 
 
 def _norm_value(value):
-    """(buffer object, nbytes) for a C-contiguous buffer; the object itself is copied later."""
+    """(buffer object or Gather, nbytes) for a C-contiguous buffer or a :class:`Gather`; the
+    object itself is copied later."""
+    if isinstance(value, Gather):
+        return value, value.nbytes
     try:
         mv = memoryview(value)
     except TypeError:
@@ -577,7 +581,8 @@ class Client:
     # -- public: single-key calls ---------------------------------------------------------------
 
     def put(self, key, value, reject_if_exists: bool = False) -> None:
-        """Store ``value`` (any C-contiguous buffer) under ``key``: one copy, into shared memory.
+        """Store ``value`` (any C-contiguous buffer, or a :class:`fluxkv.Gather` of several memory
+        ranges written back to back) under ``key``: one copy, into shared memory.
         Raises AlreadyExists when ``reject_if_exists`` and the key exists; Unavailable when the
         owner restarted before the put's PutEnd was answered and ``reject_if_exists`` is set
         (the outcome is unknown; without it the put is redone on the new session)."""
@@ -626,12 +631,12 @@ class Client:
         part at a time, each copied by a PutWrite (resent on the same session after a lost
         reply). With ``keep_last`` the last part is not sent: its copy is returned for the
         PutEnd to carry. The caller holds ``s.area_lock``."""
-        with memoryview(obj) as mv, mv.cast("B") as src:
+        with _byte_source(obj) as src:
             n, size = len(src), s.area.size
             off = 0
             while off < n:
                 part = min(size, n - off)
-                s.area.write(0, src[off : off + part], part)
+                src.copy_part(s.area, off, part)
                 cp = AreaCopy(off, 0, part)
                 off += part
                 if off == n and keep_last:
@@ -725,7 +730,8 @@ class Client:
     # -- public: batch calls ---------------------------------------------------------------------
 
     def batch_put(self, items, reject_if_exists: bool = False) -> None:
-        """Store many values: ``items`` is a mapping or an iterable of (key, value). A bad key
+        """Store many values: ``items`` is a mapping or an iterable of (key, value), each value a
+        buffer or a :class:`fluxkv.Gather` as for :meth:`put`. A bad key
         or a value that is empty or larger than the segment raises InvalidArgument before
         anything is started. The items go in waves (BatchPutStart, copy, BatchPutEnd) of at
         most MAX_BATCH items holding at most segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes
@@ -908,6 +914,22 @@ class Client:
         ks = [_norm_key(k) for k in keys]
         return self._run(_batch_flags, ks, "BatchDelete", _dec_batch_delete) if ks else []
 
+    def delete_namespace(self, namespace) -> int:
+        """Delete every key of ``namespace`` cluster-wide and return how many existed. A key's
+        namespace is the text before its last '/' (namespaces do not nest: "a/b/k" is in "a/b",
+        not in "a"); ``namespace`` must be non-empty and not end with '/'. Holders of the
+        deleted keys keep their bytes; afterwards no owner answers a get of them. It costs one
+        master call per MAX_BATCH keys of the namespace, whatever the size of the cache.
+        Retried like :meth:`delete`: a retry may count fewer keys."""
+        return self._run(_namespace_call, "DeleteNamespace", _norm_key(namespace)).deleted
+
+    def namespace_stat(self, namespace) -> dict:
+        """``{"keys": n, "bytes": n}`` of ``namespace`` (see :meth:`delete_namespace`): its keys
+        and their values' bytes (each key's current version once, however many replicas), as
+        the master knows them."""
+        r = self._run(_namespace_call, "NamespaceStat", _norm_key(namespace))
+        return {"keys": r.keys, "bytes": r.bytes}
+
     # -- public: status ------------------------------------------------------------------------------
 
     def stat(self) -> dict:
@@ -936,6 +958,37 @@ def connect(socket=None, **kwargs) -> Client:
 
 
 # -- the operations, each run against one session (Client._run retries them once) ----------------
+
+
+class _byte_source:
+    """A value to stream through the put area part by part (Client._stream): a buffer's
+    bytes, or a Gather's ranges."""
+
+    def __init__(self, obj):
+        self._obj = obj
+        self._mv = None
+
+    def __enter__(self) -> "_byte_source":
+        if isinstance(self._obj, Gather):
+            self._len = self._obj.nbytes
+        else:
+            self._mv = memoryview(self._obj).cast("B")
+            self._len = len(self._mv)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._mv is not None:
+            self._mv.release()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def copy_part(self, area: PutArea, off: int, n: int) -> None:
+        """Bytes [off, off+n) of the value to the start of the put area."""
+        if self._mv is None:
+            self._obj.copy_to(area.rw_base, off, n)
+        else:
+            area.write(0, self._mv[off : off + n], n)
 
 
 def _put_start(s: _Session, k: str, n: int, opts: PutOptions):
@@ -1044,6 +1097,14 @@ def _flag_once(s: _Session, method: str, k: str, decode) -> bool:
     if code != _OK:
         raise_for(code, r[_E_MSG] or "")
     return bool(r[_E_FLAG])
+
+
+def _namespace_call(s: _Session, method: str, namespace: str):
+    """DeleteNamespace / NamespaceStat (a NamespaceRequest: the session, then the name as
+    field 2): the generated response, raised unless OK."""
+    r = s.call(method, key_field(2, namespace))
+    raise_for(r.code, r.message)
+    return r
 
 
 def _chunks(seq, size=None):

@@ -159,6 +159,30 @@ class MemHolder:
             self._unpin(token)
         return self._len
 
+    def read(self, start: int, length: int) -> bytes:
+        """A copy of ``length`` bytes of the value from ``start``."""
+        self._check_range(start, length)
+        token = self._pin()
+        try:
+            return self._session.segment.read_bytes(self._offset + start, length)
+        finally:
+            self._unpin(token)
+
+    def copy_range_to(self, address: int, start: int, length: int) -> None:
+        """Copy ``length`` bytes of the value from ``start`` to the raw ``address`` (writable
+        memory of at least ``length`` bytes the caller owns, e.g. a tensor's data_ptr()),
+        without the GIL."""
+        self._check_range(start, length)
+        token = self._pin()
+        try:
+            ctypes.memmove(address, self._session.segment.ro_base + self._offset + start, length)
+        finally:
+            self._unpin(token)
+
+    def _check_range(self, start: int, length: int) -> None:
+        if start < 0 or length < 0 or start + length > self._len:
+            raise InvalidArgument(f"range [{start}, {start + length}) outside the {self._len}-byte value")
+
     def numpy(self, dtype=None, shape=None):
         """A read-only numpy array over the value (zero copy). ``dtype`` defaults to uint8;
         ``shape`` reshapes (the byte length must match)."""

@@ -195,11 +195,13 @@ class Cluster:
         subprocess.run([binary, "gen-master-key", "--master-key-file", str(self.master_key),
                         "--master-pubkey-file", str(self.master_pub)], check=True, capture_output=True)
 
-    def up(self, dram: str = "64MiB", name: str = "node") -> Proc:
+    def up(self, dram: str = "64MiB", name: str = "node", *extra: str) -> Proc:
+        """A single node (``fluxkv up``) in ``root/name`` (its socket ``root/name/fluxkv.sock``),
+        with ``extra`` flags."""
         d = self.root / name
         d.mkdir(exist_ok=True)
         sock = str(d / "fluxkv.sock")
-        p = Proc([self.binary, "up", "--dir", str(d), "--dram", dram], self.root / f"{name}.log", sock)
+        p = Proc([self.binary, "up", "--dir", str(d), "--dram", dram, *extra], self.root / f"{name}.log", sock)
         self.procs.append(p)
         p.wait_socket()
         return p
@@ -286,12 +288,12 @@ def client(daemon):
     c.close()
 
 
-@pytest.fixture(scope="module")
-def big_daemon(fluxkv_bin):
-    """A 128 MiB single-node cache shared by one module's size tests."""
-    c = Cluster(fluxkv_bin)
+def shared_node(binary: str, dram: str, name: str):
+    """A generator for a module-scoped fixture: one single-node cache shared by a module's tests,
+    stopped (and checked for a clean exit) after the last of them."""
+    c = Cluster(binary)
     try:
-        p = c.up("128MiB", name="big")
+        p = c.up(dram, name=name)
     except BaseException:
         c.close()
         raise
@@ -299,6 +301,12 @@ def big_daemon(fluxkv_bin):
     problems = c.close()
     if problems:
         pytest.fail("\n\n".join(problems))
+
+
+@pytest.fixture(scope="module")
+def big_daemon(fluxkv_bin):
+    """A 128 MiB single-node cache shared by one module's size tests."""
+    yield from shared_node(fluxkv_bin, "128MiB", "big")
 
 
 def local_member(st: dict) -> dict:

@@ -9,24 +9,15 @@ import numpy as np
 import pytest
 
 import fluxkv
-from conftest import Proc, used_bytes, wait_until
+from conftest import used_bytes, wait_until
 
 AREA = 64 << 10  # --put-area of these tests: small, so streamed values stay small too
 
 
 @pytest.fixture
 def iso_client(cluster):
-    d = cluster.root / "iso"
-    d.mkdir()
-    sock = str(d / "fluxkv.sock")
-    p = Proc(
-        [cluster.binary, "up", "--dir", str(d), "--dram", "64MiB", "--client-isolation", "--put-area", "64KiB"],
-        cluster.root / "iso.log",
-        sock,
-    )
-    cluster.procs.append(p)
-    p.wait_socket()
-    c = fluxkv.connect(sock)
+    p = cluster.up("64MiB", "iso", "--client-isolation", "--put-area", "64KiB")
+    c = fluxkv.connect(p.socket)
     yield c
     c.close()
 

@@ -25,6 +25,8 @@ const (
 
 	MAX_PIN_MS = 5000
 
+	NAMESPACE_SEPARATOR = "/"
+
 	PUT_END_MEMORY = 64
 
 	PUT_WAVE_SEGMENT_DIVISOR = 2
@@ -1826,6 +1828,156 @@ var fieldIDToName_BatchDeleteResponse = map[int16]string{
 	3: "results",
 }
 
+type NamespaceRequest struct {
+	Session *Session `thrift:"session,1" frugal:"1,default,Session" json:"session"`
+	Name    string   `thrift:"name,2" frugal:"2,default,string" json:"name"`
+}
+
+func NewNamespaceRequest() *NamespaceRequest {
+	return &NamespaceRequest{}
+}
+
+func (p *NamespaceRequest) InitDefault() {
+}
+
+var NamespaceRequest_Session_DEFAULT *Session
+
+func (p *NamespaceRequest) GetSession() (v *Session) {
+	if !p.IsSetSession() {
+		return NamespaceRequest_Session_DEFAULT
+	}
+	return p.Session
+}
+
+func (p *NamespaceRequest) GetName() (v string) {
+	return p.Name
+}
+func (p *NamespaceRequest) SetSession(val *Session) {
+	p.Session = val
+}
+func (p *NamespaceRequest) SetName(val string) {
+	p.Name = val
+}
+
+func (p *NamespaceRequest) IsSetSession() bool {
+	return p.Session != nil
+}
+
+func (p *NamespaceRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("NamespaceRequest(%+v)", *p)
+}
+
+var fieldIDToName_NamespaceRequest = map[int16]string{
+	1: "session",
+	2: "name",
+}
+
+type DeleteNamespaceResponse struct {
+	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Deleted int64            `thrift:"deleted,3" frugal:"3,default,i64" json:"deleted"`
+}
+
+func NewDeleteNamespaceResponse() *DeleteNamespaceResponse {
+	return &DeleteNamespaceResponse{}
+}
+
+func (p *DeleteNamespaceResponse) InitDefault() {
+}
+
+func (p *DeleteNamespaceResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *DeleteNamespaceResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *DeleteNamespaceResponse) GetDeleted() (v int64) {
+	return p.Deleted
+}
+func (p *DeleteNamespaceResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *DeleteNamespaceResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *DeleteNamespaceResponse) SetDeleted(val int64) {
+	p.Deleted = val
+}
+
+func (p *DeleteNamespaceResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("DeleteNamespaceResponse(%+v)", *p)
+}
+
+var fieldIDToName_DeleteNamespaceResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "deleted",
+}
+
+type NamespaceStatResponse struct {
+	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Keys    int64            `thrift:"keys,3" frugal:"3,default,i64" json:"keys"`
+	Bytes   int64            `thrift:"bytes,4" frugal:"4,default,i64" json:"bytes"`
+}
+
+func NewNamespaceStatResponse() *NamespaceStatResponse {
+	return &NamespaceStatResponse{}
+}
+
+func (p *NamespaceStatResponse) InitDefault() {
+}
+
+func (p *NamespaceStatResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *NamespaceStatResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *NamespaceStatResponse) GetKeys() (v int64) {
+	return p.Keys
+}
+
+func (p *NamespaceStatResponse) GetBytes() (v int64) {
+	return p.Bytes
+}
+func (p *NamespaceStatResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *NamespaceStatResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *NamespaceStatResponse) SetKeys(val int64) {
+	p.Keys = val
+}
+func (p *NamespaceStatResponse) SetBytes(val int64) {
+	p.Bytes = val
+}
+
+func (p *NamespaceStatResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("NamespaceStatResponse(%+v)", *p)
+}
+
+var fieldIDToName_NamespaceStatResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "keys",
+	4: "bytes",
+}
+
 type StatRequest struct {
 	Session *Session `thrift:"session,1" frugal:"1,default,Session" json:"session"`
 }
@@ -1986,6 +2138,10 @@ type ExternalService interface {
 	BatchDelete(ctx context.Context, req *BatchKeysRequest) (r *BatchDeleteResponse, err error)
 
 	Stat(ctx context.Context, req *StatRequest) (r *StatResponse, err error)
+
+	DeleteNamespace(ctx context.Context, req *NamespaceRequest) (r *DeleteNamespaceResponse, err error)
+
+	NamespaceStat(ctx context.Context, req *NamespaceRequest) (r *NamespaceStatResponse, err error)
 }
 
 type ExternalServicePutStartArgs struct {
@@ -3125,5 +3281,157 @@ func (p *ExternalServiceStatResult) String() string {
 }
 
 var fieldIDToName_ExternalServiceStatResult = map[int16]string{
+	0: "success",
+}
+
+type ExternalServiceDeleteNamespaceArgs struct {
+	Req *NamespaceRequest `thrift:"req,1" frugal:"1,default,NamespaceRequest" json:"req"`
+}
+
+func NewExternalServiceDeleteNamespaceArgs() *ExternalServiceDeleteNamespaceArgs {
+	return &ExternalServiceDeleteNamespaceArgs{}
+}
+
+func (p *ExternalServiceDeleteNamespaceArgs) InitDefault() {
+}
+
+var ExternalServiceDeleteNamespaceArgs_Req_DEFAULT *NamespaceRequest
+
+func (p *ExternalServiceDeleteNamespaceArgs) GetReq() (v *NamespaceRequest) {
+	if !p.IsSetReq() {
+		return ExternalServiceDeleteNamespaceArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *ExternalServiceDeleteNamespaceArgs) SetReq(val *NamespaceRequest) {
+	p.Req = val
+}
+
+func (p *ExternalServiceDeleteNamespaceArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *ExternalServiceDeleteNamespaceArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ExternalServiceDeleteNamespaceArgs(%+v)", *p)
+}
+
+var fieldIDToName_ExternalServiceDeleteNamespaceArgs = map[int16]string{
+	1: "req",
+}
+
+type ExternalServiceDeleteNamespaceResult struct {
+	Success *DeleteNamespaceResponse `thrift:"success,0,optional" frugal:"0,optional,DeleteNamespaceResponse" json:"success,omitempty"`
+}
+
+func NewExternalServiceDeleteNamespaceResult() *ExternalServiceDeleteNamespaceResult {
+	return &ExternalServiceDeleteNamespaceResult{}
+}
+
+func (p *ExternalServiceDeleteNamespaceResult) InitDefault() {
+}
+
+var ExternalServiceDeleteNamespaceResult_Success_DEFAULT *DeleteNamespaceResponse
+
+func (p *ExternalServiceDeleteNamespaceResult) GetSuccess() (v *DeleteNamespaceResponse) {
+	if !p.IsSetSuccess() {
+		return ExternalServiceDeleteNamespaceResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *ExternalServiceDeleteNamespaceResult) SetSuccess(x interface{}) {
+	p.Success = x.(*DeleteNamespaceResponse)
+}
+
+func (p *ExternalServiceDeleteNamespaceResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *ExternalServiceDeleteNamespaceResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ExternalServiceDeleteNamespaceResult(%+v)", *p)
+}
+
+var fieldIDToName_ExternalServiceDeleteNamespaceResult = map[int16]string{
+	0: "success",
+}
+
+type ExternalServiceNamespaceStatArgs struct {
+	Req *NamespaceRequest `thrift:"req,1" frugal:"1,default,NamespaceRequest" json:"req"`
+}
+
+func NewExternalServiceNamespaceStatArgs() *ExternalServiceNamespaceStatArgs {
+	return &ExternalServiceNamespaceStatArgs{}
+}
+
+func (p *ExternalServiceNamespaceStatArgs) InitDefault() {
+}
+
+var ExternalServiceNamespaceStatArgs_Req_DEFAULT *NamespaceRequest
+
+func (p *ExternalServiceNamespaceStatArgs) GetReq() (v *NamespaceRequest) {
+	if !p.IsSetReq() {
+		return ExternalServiceNamespaceStatArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *ExternalServiceNamespaceStatArgs) SetReq(val *NamespaceRequest) {
+	p.Req = val
+}
+
+func (p *ExternalServiceNamespaceStatArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *ExternalServiceNamespaceStatArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ExternalServiceNamespaceStatArgs(%+v)", *p)
+}
+
+var fieldIDToName_ExternalServiceNamespaceStatArgs = map[int16]string{
+	1: "req",
+}
+
+type ExternalServiceNamespaceStatResult struct {
+	Success *NamespaceStatResponse `thrift:"success,0,optional" frugal:"0,optional,NamespaceStatResponse" json:"success,omitempty"`
+}
+
+func NewExternalServiceNamespaceStatResult() *ExternalServiceNamespaceStatResult {
+	return &ExternalServiceNamespaceStatResult{}
+}
+
+func (p *ExternalServiceNamespaceStatResult) InitDefault() {
+}
+
+var ExternalServiceNamespaceStatResult_Success_DEFAULT *NamespaceStatResponse
+
+func (p *ExternalServiceNamespaceStatResult) GetSuccess() (v *NamespaceStatResponse) {
+	if !p.IsSetSuccess() {
+		return ExternalServiceNamespaceStatResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *ExternalServiceNamespaceStatResult) SetSuccess(x interface{}) {
+	p.Success = x.(*NamespaceStatResponse)
+}
+
+func (p *ExternalServiceNamespaceStatResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *ExternalServiceNamespaceStatResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ExternalServiceNamespaceStatResult(%+v)", *p)
+}
+
+var fieldIDToName_ExternalServiceNamespaceStatResult = map[int16]string{
 	0: "success",
 }

@@ -2675,6 +2675,165 @@ var fieldIDToName_BatchPutDoneResponse = map[int16]string{
 	3: "results",
 }
 
+type NamespaceRequest struct {
+	Node *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Name string   `thrift:"name,2" frugal:"2,default,string" json:"name"`
+}
+
+func NewNamespaceRequest() *NamespaceRequest {
+	return &NamespaceRequest{}
+}
+
+func (p *NamespaceRequest) InitDefault() {
+}
+
+var NamespaceRequest_Node_DEFAULT *NodeRef
+
+func (p *NamespaceRequest) GetNode() (v *NodeRef) {
+	if !p.IsSetNode() {
+		return NamespaceRequest_Node_DEFAULT
+	}
+	return p.Node
+}
+
+func (p *NamespaceRequest) GetName() (v string) {
+	return p.Name
+}
+func (p *NamespaceRequest) SetNode(val *NodeRef) {
+	p.Node = val
+}
+func (p *NamespaceRequest) SetName(val string) {
+	p.Name = val
+}
+
+func (p *NamespaceRequest) IsSetNode() bool {
+	return p.Node != nil
+}
+
+func (p *NamespaceRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("NamespaceRequest(%+v)", *p)
+}
+
+var fieldIDToName_NamespaceRequest = map[int16]string{
+	1: "node",
+	2: "name",
+}
+
+type NamespaceDeleteResponse struct {
+	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Deleted int64            `thrift:"deleted,3" frugal:"3,default,i64" json:"deleted"`
+	Left    int64            `thrift:"left,4" frugal:"4,default,i64" json:"left"`
+}
+
+func NewNamespaceDeleteResponse() *NamespaceDeleteResponse {
+	return &NamespaceDeleteResponse{}
+}
+
+func (p *NamespaceDeleteResponse) InitDefault() {
+}
+
+func (p *NamespaceDeleteResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *NamespaceDeleteResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *NamespaceDeleteResponse) GetDeleted() (v int64) {
+	return p.Deleted
+}
+
+func (p *NamespaceDeleteResponse) GetLeft() (v int64) {
+	return p.Left
+}
+func (p *NamespaceDeleteResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *NamespaceDeleteResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *NamespaceDeleteResponse) SetDeleted(val int64) {
+	p.Deleted = val
+}
+func (p *NamespaceDeleteResponse) SetLeft(val int64) {
+	p.Left = val
+}
+
+func (p *NamespaceDeleteResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("NamespaceDeleteResponse(%+v)", *p)
+}
+
+var fieldIDToName_NamespaceDeleteResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "deleted",
+	4: "left",
+}
+
+type NamespaceStatResponse struct {
+	Code    common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Keys    int64            `thrift:"keys,3" frugal:"3,default,i64" json:"keys"`
+	Bytes   int64            `thrift:"bytes,4" frugal:"4,default,i64" json:"bytes"`
+}
+
+func NewNamespaceStatResponse() *NamespaceStatResponse {
+	return &NamespaceStatResponse{}
+}
+
+func (p *NamespaceStatResponse) InitDefault() {
+}
+
+func (p *NamespaceStatResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *NamespaceStatResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *NamespaceStatResponse) GetKeys() (v int64) {
+	return p.Keys
+}
+
+func (p *NamespaceStatResponse) GetBytes() (v int64) {
+	return p.Bytes
+}
+func (p *NamespaceStatResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *NamespaceStatResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *NamespaceStatResponse) SetKeys(val int64) {
+	p.Keys = val
+}
+func (p *NamespaceStatResponse) SetBytes(val int64) {
+	p.Bytes = val
+}
+
+func (p *NamespaceStatResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("NamespaceStatResponse(%+v)", *p)
+}
+
+var fieldIDToName_NamespaceStatResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "keys",
+	4: "bytes",
+}
+
 type StatRequest struct {
 }
 
@@ -2801,6 +2960,10 @@ type MasterService interface {
 	BatchPutStart(ctx context.Context, req *BatchPutStartRequest) (r *BatchPutStartResponse, err error)
 
 	BatchPutDone(ctx context.Context, req *BatchPutDoneRequest) (r *BatchPutDoneResponse, err error)
+
+	NamespaceDelete(ctx context.Context, req *NamespaceRequest) (r *NamespaceDeleteResponse, err error)
+
+	NamespaceStat(ctx context.Context, req *NamespaceRequest) (r *NamespaceStatResponse, err error)
 }
 
 type MasterServiceRegisterArgs struct {
@@ -4396,5 +4559,157 @@ func (p *MasterServiceBatchPutDoneResult) String() string {
 }
 
 var fieldIDToName_MasterServiceBatchPutDoneResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceNamespaceDeleteArgs struct {
+	Req *NamespaceRequest `thrift:"req,1" frugal:"1,default,NamespaceRequest" json:"req"`
+}
+
+func NewMasterServiceNamespaceDeleteArgs() *MasterServiceNamespaceDeleteArgs {
+	return &MasterServiceNamespaceDeleteArgs{}
+}
+
+func (p *MasterServiceNamespaceDeleteArgs) InitDefault() {
+}
+
+var MasterServiceNamespaceDeleteArgs_Req_DEFAULT *NamespaceRequest
+
+func (p *MasterServiceNamespaceDeleteArgs) GetReq() (v *NamespaceRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceNamespaceDeleteArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceNamespaceDeleteArgs) SetReq(val *NamespaceRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceNamespaceDeleteArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceNamespaceDeleteArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceNamespaceDeleteArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceNamespaceDeleteArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceNamespaceDeleteResult struct {
+	Success *NamespaceDeleteResponse `thrift:"success,0,optional" frugal:"0,optional,NamespaceDeleteResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceNamespaceDeleteResult() *MasterServiceNamespaceDeleteResult {
+	return &MasterServiceNamespaceDeleteResult{}
+}
+
+func (p *MasterServiceNamespaceDeleteResult) InitDefault() {
+}
+
+var MasterServiceNamespaceDeleteResult_Success_DEFAULT *NamespaceDeleteResponse
+
+func (p *MasterServiceNamespaceDeleteResult) GetSuccess() (v *NamespaceDeleteResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceNamespaceDeleteResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceNamespaceDeleteResult) SetSuccess(x interface{}) {
+	p.Success = x.(*NamespaceDeleteResponse)
+}
+
+func (p *MasterServiceNamespaceDeleteResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceNamespaceDeleteResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceNamespaceDeleteResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceNamespaceDeleteResult = map[int16]string{
+	0: "success",
+}
+
+type MasterServiceNamespaceStatArgs struct {
+	Req *NamespaceRequest `thrift:"req,1" frugal:"1,default,NamespaceRequest" json:"req"`
+}
+
+func NewMasterServiceNamespaceStatArgs() *MasterServiceNamespaceStatArgs {
+	return &MasterServiceNamespaceStatArgs{}
+}
+
+func (p *MasterServiceNamespaceStatArgs) InitDefault() {
+}
+
+var MasterServiceNamespaceStatArgs_Req_DEFAULT *NamespaceRequest
+
+func (p *MasterServiceNamespaceStatArgs) GetReq() (v *NamespaceRequest) {
+	if !p.IsSetReq() {
+		return MasterServiceNamespaceStatArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *MasterServiceNamespaceStatArgs) SetReq(val *NamespaceRequest) {
+	p.Req = val
+}
+
+func (p *MasterServiceNamespaceStatArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *MasterServiceNamespaceStatArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceNamespaceStatArgs(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceNamespaceStatArgs = map[int16]string{
+	1: "req",
+}
+
+type MasterServiceNamespaceStatResult struct {
+	Success *NamespaceStatResponse `thrift:"success,0,optional" frugal:"0,optional,NamespaceStatResponse" json:"success,omitempty"`
+}
+
+func NewMasterServiceNamespaceStatResult() *MasterServiceNamespaceStatResult {
+	return &MasterServiceNamespaceStatResult{}
+}
+
+func (p *MasterServiceNamespaceStatResult) InitDefault() {
+}
+
+var MasterServiceNamespaceStatResult_Success_DEFAULT *NamespaceStatResponse
+
+func (p *MasterServiceNamespaceStatResult) GetSuccess() (v *NamespaceStatResponse) {
+	if !p.IsSetSuccess() {
+		return MasterServiceNamespaceStatResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *MasterServiceNamespaceStatResult) SetSuccess(x interface{}) {
+	p.Success = x.(*NamespaceStatResponse)
+}
+
+func (p *MasterServiceNamespaceStatResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *MasterServiceNamespaceStatResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MasterServiceNamespaceStatResult(%+v)", *p)
+}
+
+var fieldIDToName_MasterServiceNamespaceStatResult = map[int16]string{
 	0: "success",
 }

@@ -26,6 +26,8 @@ type Client interface {
 	BatchExists(ctx context.Context, req *external.BatchExistsRequest, callOptions ...callopt.Option) (r *external.BatchExistsResponse, err error)
 	BatchDelete(ctx context.Context, req *external.BatchKeysRequest, callOptions ...callopt.Option) (r *external.BatchDeleteResponse, err error)
 	Stat(ctx context.Context, req *external.StatRequest, callOptions ...callopt.Option) (r *external.StatResponse, err error)
+	DeleteNamespace(ctx context.Context, req *external.NamespaceRequest, callOptions ...callopt.Option) (r *external.DeleteNamespaceResponse, err error)
+	NamespaceStat(ctx context.Context, req *external.NamespaceRequest, callOptions ...callopt.Option) (r *external.NamespaceStatResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -130,4 +132,14 @@ func (p *kExternalServiceClient) BatchDelete(ctx context.Context, req *external.
 func (p *kExternalServiceClient) Stat(ctx context.Context, req *external.StatRequest, callOptions ...callopt.Option) (r *external.StatResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.Stat(ctx, req)
+}
+
+func (p *kExternalServiceClient) DeleteNamespace(ctx context.Context, req *external.NamespaceRequest, callOptions ...callopt.Option) (r *external.DeleteNamespaceResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.DeleteNamespace(ctx, req)
+}
+
+func (p *kExternalServiceClient) NamespaceStat(ctx context.Context, req *external.NamespaceRequest, callOptions ...callopt.Option) (r *external.NamespaceStatResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.NamespaceStat(ctx, req)
 }

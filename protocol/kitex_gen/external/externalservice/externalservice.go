@@ -118,6 +118,20 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"DeleteNamespace": kitex.NewMethodInfo(
+		deleteNamespaceHandler,
+		newExternalServiceDeleteNamespaceArgs,
+		newExternalServiceDeleteNamespaceResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"NamespaceStat": kitex.NewMethodInfo(
+		namespaceStatHandler,
+		newExternalServiceNamespaceStatArgs,
+		newExternalServiceNamespaceStatResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -454,6 +468,42 @@ func newExternalServiceStatResult() interface{} {
 	return external.NewExternalServiceStatResult()
 }
 
+func deleteNamespaceHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*external.ExternalServiceDeleteNamespaceArgs)
+	realResult := result.(*external.ExternalServiceDeleteNamespaceResult)
+	success, err := handler.(external.ExternalService).DeleteNamespace(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newExternalServiceDeleteNamespaceArgs() interface{} {
+	return external.NewExternalServiceDeleteNamespaceArgs()
+}
+
+func newExternalServiceDeleteNamespaceResult() interface{} {
+	return external.NewExternalServiceDeleteNamespaceResult()
+}
+
+func namespaceStatHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*external.ExternalServiceNamespaceStatArgs)
+	realResult := result.(*external.ExternalServiceNamespaceStatResult)
+	success, err := handler.(external.ExternalService).NamespaceStat(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newExternalServiceNamespaceStatArgs() interface{} {
+	return external.NewExternalServiceNamespaceStatArgs()
+}
+
+func newExternalServiceNamespaceStatResult() interface{} {
+	return external.NewExternalServiceNamespaceStatResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -609,6 +659,26 @@ func (p *kClient) Stat(ctx context.Context, req *external.StatRequest) (r *exter
 	_args.Req = req
 	var _result external.ExternalServiceStatResult
 	if err = p.c.Call(ctx, "Stat", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) DeleteNamespace(ctx context.Context, req *external.NamespaceRequest) (r *external.DeleteNamespaceResponse, err error) {
+	var _args external.ExternalServiceDeleteNamespaceArgs
+	_args.Req = req
+	var _result external.ExternalServiceDeleteNamespaceResult
+	if err = p.c.Call(ctx, "DeleteNamespace", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) NamespaceStat(ctx context.Context, req *external.NamespaceRequest) (r *external.NamespaceStatResponse, err error) {
+	var _args external.ExternalServiceNamespaceStatArgs
+	_args.Req = req
+	var _result external.ExternalServiceNamespaceStatResult
+	if err = p.c.Call(ctx, "NamespaceStat", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

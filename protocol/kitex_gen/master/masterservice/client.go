@@ -32,6 +32,8 @@ type Client interface {
 	BatchDelete(ctx context.Context, req *master.BatchDeleteRequest, callOptions ...callopt.Option) (r *master.BatchDeleteResponse, err error)
 	BatchPutStart(ctx context.Context, req *master.BatchPutStartRequest, callOptions ...callopt.Option) (r *master.BatchPutStartResponse, err error)
 	BatchPutDone(ctx context.Context, req *master.BatchPutDoneRequest, callOptions ...callopt.Option) (r *master.BatchPutDoneResponse, err error)
+	NamespaceDelete(ctx context.Context, req *master.NamespaceRequest, callOptions ...callopt.Option) (r *master.NamespaceDeleteResponse, err error)
+	NamespaceStat(ctx context.Context, req *master.NamespaceRequest, callOptions ...callopt.Option) (r *master.NamespaceStatResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -166,4 +168,14 @@ func (p *kMasterServiceClient) BatchPutStart(ctx context.Context, req *master.Ba
 func (p *kMasterServiceClient) BatchPutDone(ctx context.Context, req *master.BatchPutDoneRequest, callOptions ...callopt.Option) (r *master.BatchPutDoneResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.BatchPutDone(ctx, req)
+}
+
+func (p *kMasterServiceClient) NamespaceDelete(ctx context.Context, req *master.NamespaceRequest, callOptions ...callopt.Option) (r *master.NamespaceDeleteResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.NamespaceDelete(ctx, req)
+}
+
+func (p *kMasterServiceClient) NamespaceStat(ctx context.Context, req *master.NamespaceRequest, callOptions ...callopt.Option) (r *master.NamespaceStatResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.NamespaceStat(ctx, req)
 }

@@ -160,6 +160,20 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"NamespaceDelete": kitex.NewMethodInfo(
+		namespaceDeleteHandler,
+		newMasterServiceNamespaceDeleteArgs,
+		newMasterServiceNamespaceDeleteResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"NamespaceStat": kitex.NewMethodInfo(
+		namespaceStatHandler,
+		newMasterServiceNamespaceStatArgs,
+		newMasterServiceNamespaceStatResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -604,6 +618,42 @@ func newMasterServiceBatchPutDoneResult() interface{} {
 	return master.NewMasterServiceBatchPutDoneResult()
 }
 
+func namespaceDeleteHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceNamespaceDeleteArgs)
+	realResult := result.(*master.MasterServiceNamespaceDeleteResult)
+	success, err := handler.(master.MasterService).NamespaceDelete(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceNamespaceDeleteArgs() interface{} {
+	return master.NewMasterServiceNamespaceDeleteArgs()
+}
+
+func newMasterServiceNamespaceDeleteResult() interface{} {
+	return master.NewMasterServiceNamespaceDeleteResult()
+}
+
+func namespaceStatHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceNamespaceStatArgs)
+	realResult := result.(*master.MasterServiceNamespaceStatResult)
+	success, err := handler.(master.MasterService).NamespaceStat(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newMasterServiceNamespaceStatArgs() interface{} {
+	return master.NewMasterServiceNamespaceStatArgs()
+}
+
+func newMasterServiceNamespaceStatResult() interface{} {
+	return master.NewMasterServiceNamespaceStatResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -819,6 +869,26 @@ func (p *kClient) BatchPutDone(ctx context.Context, req *master.BatchPutDoneRequ
 	_args.Req = req
 	var _result master.MasterServiceBatchPutDoneResult
 	if err = p.c.Call(ctx, "BatchPutDone", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) NamespaceDelete(ctx context.Context, req *master.NamespaceRequest) (r *master.NamespaceDeleteResponse, err error) {
+	var _args master.MasterServiceNamespaceDeleteArgs
+	_args.Req = req
+	var _result master.MasterServiceNamespaceDeleteResult
+	if err = p.c.Call(ctx, "NamespaceDelete", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) NamespaceStat(ctx context.Context, req *master.NamespaceRequest) (r *master.NamespaceStatResponse, err error) {
+	var _args master.MasterServiceNamespaceStatArgs
+	_args.Req = req
+	var _result master.MasterServiceNamespaceStatResult
+	if err = p.c.Call(ctx, "NamespaceStat", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

@@ -1,0 +1,335 @@
+"""PageStore: one namespace of KV pages on top of a fluxkv client's batch calls.
+
+Every method is one batch call per ``batch`` pages (a prefix lookup: one call per MAX_BATCH),
+so an engine's lookup over hundreds of pages costs one owner round trip and, behind it, one
+master call. Stores write the page header and the tensor's bytes straight into shared
+memory (a :class:`fluxkv.Gather`); loads copy from shared memory into the caller's tensors,
+or hand out read-only tensors over it.
+
+With ``fail_open=True`` (what engine backends use) the cache being unreachable is never an
+error: a lookup finds nothing, a load misses, a store stores nothing, and the engine
+recomputes. A page of the wrong layout is still an error then: that is a configuration bug,
+not an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+import time
+
+import fluxkv
+from fluxkv._segment import buffer_address
+from fluxkv.errors import AlreadyExists, Error, Unavailable
+
+from fluxkv.kv.header import PAGE_HEADER_BYTES, PageCorrupt, PageHeader, PageLayoutMismatch, check_layout_tag, crc32_of
+from fluxkv.kv.namespace import check_namespace, hash_text
+from fluxkv.kv.tensors import describe, tensor_view
+
+__all__ = ["PageStore"]
+
+_log = logging.getLogger("fluxkv.kv")
+_LOG_EVERY_S = 10.0
+_COUNTERS = ("hits", "misses", "stored", "skipped", "errors")
+
+
+class PageStore:
+    """The pages of one ``namespace`` (see :func:`fluxkv.kv.namespace`).
+
+    ``client_or_socket``: a :class:`fluxkv.Client` (the store borrows it), or the owner's
+    socket path (the store connects on first use, reconnects after a failure at most every
+    ``retry_s`` seconds, and closes the client in :meth:`close`). ``layout``: a tag (at most
+    20 ASCII bytes) every page records and every read checks. ``checksum``: record a CRC-32
+    of each payload and check it on load. ``pin_ms``: how long :meth:`contains_prefix` pins
+    the pages it found (0..MAX_PIN_MS) so the load that follows finds them in memory.
+    ``batch``: the most pages one load holds at once. ``timeout``: seconds one call may take
+    on a client this store opens (an owner that hangs costs an engine that long, then a miss
+    when failing open)."""
+
+    def __init__(
+        self,
+        client_or_socket,
+        namespace: str,
+        *,
+        layout: str = "",
+        checksum: bool = False,
+        pin_ms: int = 1000,
+        fail_open: bool = False,
+        retry_s: float = 5.0,
+        batch: int = 256,
+        timeout: float = 10.0,
+    ):
+        self.namespace = check_namespace(namespace)
+        check_layout_tag(layout)
+        self.layout = layout
+        self.checksum = bool(checksum)
+        self.pin_ms = operator.index(pin_ms)
+        self.fail_open = bool(fail_open)
+        self.batch = operator.index(batch)
+        if self.batch < 1:
+            raise ValueError(f"batch {batch} must be at least 1")
+        self._retry_s = float(retry_s)
+        self._timeout = float(timeout)
+        if isinstance(client_or_socket, fluxkv.Client):
+            self._client, self._socket, self._owns = client_or_socket, None, False
+        else:
+            self._client, self._socket, self._owns = None, client_or_socket, True
+        self._lock = threading.Lock()
+        self._next_try = 0.0
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._logged_at = -_LOG_EVERY_S
+        self._unlogged = 0
+        self._closed = False
+
+    # -- keys --------------------------------------------------------------------------------
+
+    def key(self, h) -> str:
+        """The fluxkv key of page hash ``h``."""
+        return f"{self.namespace}/{hash_text(h)}"
+
+    def keys(self, hashes) -> list:
+        return [self.key(h) for h in hashes]
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def contains_prefix(self, hashes, *, pin: bool = True) -> int:
+        """How many leading pages of ``hashes`` are cached (one call; with ``pin``, pins them
+        for pin_ms so the load that follows finds them in memory)."""
+        ks = self.keys(hashes)
+        if not ks:
+            return 0
+        pin_ms = self.pin_ms if pin else 0
+        return self._guard(0, lambda c: c.batch_exists(ks, prefix=True, pin_ms=pin_ms))
+
+    def contains(self, hashes) -> list:
+        """Whether each page is cached."""
+        ks = self.keys(hashes)
+        if not ks:
+            return []
+        return self._guard([False] * len(ks), lambda c: c.batch_exists(ks))
+
+    # -- stores ----------------------------------------------------------------------------------
+
+    def put_pages(self, hashes, tensors) -> list:
+        """Store each tensor as the page of its hash; True where the page is cached after the
+        call: stored now, or already cached (then it is not rewritten: counted as ``skipped``);
+        False only failing open, where it could not be stored."""
+        ks = self.keys(hashes)
+        ts = list(tensors)
+        _same_length(ks, ts, "tensors")
+        if not ks:
+            return []
+        items = [(k, self._page_value(k, t, i)) for i, (k, t) in enumerate(zip(ks, ts))]
+
+        def put(c):
+            """(cached after the call, stored now) per item."""
+            try:
+                c.batch_put(items, reject_if_exists=True)
+                return [True] * len(items), [True] * len(items)
+            except Error as e:
+                errors = getattr(e, "errors", None)
+                if errors is None:
+                    raise
+            failed = [err for err in errors if err is not None and not isinstance(err, AlreadyExists)]
+            if failed:
+                if not self.fail_open:
+                    raise failed[0]
+                self._failed(failed[0], "put_pages")
+            return [err is None or isinstance(err, AlreadyExists) for err in errors], [err is None for err in errors]
+
+        none = [False] * len(items)
+        cached, stored = self._guard((none, none), put)
+        n = sum(stored)
+        self._count(stored=n, skipped=sum(cached) - n)
+        return cached
+
+    def _page_value(self, key: str, t, i: int) -> fluxkv.Gather:
+        buf = describe(t, writable=False, what=f"page {i} ({key!r})")
+        crc = crc32_of(buf.address, buf.nbytes) if self.checksum else None
+        header = PageHeader(buf.dtype, buf.shape, self.layout, buf.nbytes, crc).pack()
+        return fluxkv.Gather([(buffer_address(header), PAGE_HEADER_BYTES), (buf.address, buf.nbytes)], keep=(header, t))
+
+    # -- loads -------------------------------------------------------------------------------------
+
+    def get_pages_into(self, hashes, tensors) -> list:
+        """Copy each cached page into its tensor (same dtype, shape and layout as stored, else
+        PageLayoutMismatch before anything of that batch is copied); True where it was copied,
+        False for a miss. A tensor of a miss is left as it was. With ``checksum`` a payload
+        that does not match its CRC raises PageCorrupt (failing open: its batch answers False)
+        after the copy: the tensors of that batch then hold bytes to ignore."""
+        ks = self.keys(hashes)
+        ts = list(tensors)
+        _same_length(ks, ts, "tensors")
+        bufs = [describe(t, writable=True, what=f"buffer {i} ({k!r})") for i, (k, t) in enumerate(zip(ks, ts))]
+        out: list = []
+        for lo in range(0, len(ks), self.batch):
+            chunk = ks[lo : lo + self.batch]
+            out += self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)]))
+        return out
+
+    def _load_into(self, c, ks: list, bufs: list) -> list:
+        holders = c.batch_get(ks)
+        try:
+            headers = []
+            for k, h, b in zip(ks, holders, bufs):
+                if h is None:
+                    headers.append(None)
+                    continue
+                hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
+                hdr.expect(key=k, dtype=b.dtype, shape=b.shape, layout=self.layout, value_len=len(h))
+                headers.append(hdr)
+            found = []
+            for k, h, b, hdr in zip(ks, holders, bufs, headers):
+                if h is not None:
+                    h.copy_range_to(b.address, PAGE_HEADER_BYTES, hdr.nbytes)
+                    if hdr.crc32 is not None and crc32_of(b.address, hdr.nbytes) != hdr.crc32:
+                        raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
+                found.append(h is not None)
+        finally:
+            for h in holders:
+                if h is not None:
+                    h.release()
+        n = sum(found)
+        self._count(hits=n, misses=len(found) - n)
+        return found
+
+    def get_pages(self, hashes, *, numpy: bool = False) -> list:
+        """A zero-copy read-only tensor (a numpy array with ``numpy=True``) of each cached page,
+        of its stored dtype and shape, or None for a miss. Each keeps its page's bytes in the
+        owner's memory for as long as it lives; writing into one faults (the mapping is
+        read-only). Layout: as :meth:`get_pages_into`."""
+        ks = self.keys(hashes)
+        out: list = []
+        for lo in range(0, len(ks), self.batch):
+            chunk = ks[lo : lo + self.batch]
+            out += self._guard([None] * len(chunk), lambda c: self._views(c, chunk, numpy))
+        return out
+
+    def _views(self, c, ks: list, numpy: bool) -> list:
+        holders = c.batch_get(ks)
+        views: list = []
+        v = None
+        try:
+            for k, h in zip(ks, holders):
+                if h is None:
+                    views.append(None)
+                    continue
+                hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
+                hdr.expect(key=k, dtype=None, shape=None, layout=self.layout, value_len=len(h))
+                v = tensor_view(h, hdr.dtype, hdr.shape, numpy)
+                if hdr.crc32 is not None and crc32_of(h.address + PAGE_HEADER_BYTES, hdr.nbytes) != hdr.crc32:
+                    raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
+                views.append(v)
+        except BaseException:
+            views.clear()  # the views go first, so each holder's bytes are handed back below
+            v = None
+            raise
+        finally:
+            for h in holders:
+                if h is not None:
+                    h.release()  # acked once its view is gone
+        n = sum(v is not None for v in views)
+        self._count(hits=n, misses=len(views) - n)
+        return views
+
+    # -- removal and status --------------------------------------------------------------------
+
+    def delete_pages(self, hashes) -> list:
+        """Remove pages; True where one existed. Views and holders of them keep their bytes."""
+        ks = self.keys(hashes)
+        if not ks:
+            return []
+        return self._guard([False] * len(ks), lambda c: c.batch_delete(ks))
+
+    def delete_namespace(self) -> int:
+        """Remove every page of this namespace, cluster-wide; the count removed. Costs the
+        namespace's pages, not the whole cache (one master call per 4,096 pages): a namespace
+        of millions of pages may outlast the call ``timeout``; the owner finishes the delete
+        anyway, and a repeat counts what was left."""
+        return self._guard(0, lambda c: c.delete_namespace(self.namespace))
+
+    def stats(self) -> dict:
+        """``pages`` and ``bytes`` of the namespace cluster-wide (None when failing open while
+        the cache is unreachable), and this store's counters: ``hits``, ``misses``, ``stored``,
+        ``skipped`` (already cached), ``errors`` (failures answered as misses)."""
+        st = self._guard(None, lambda c: c.namespace_stat(self.namespace))
+        return {"pages": st["keys"] if st else None, "bytes": st["bytes"] if st else None, **self.counters()}
+
+    def counters(self) -> dict:
+        """This store's counters (as :meth:`stats`), without asking the cluster."""
+        with self._lock:
+            return dict(self._counts)
+
+    def close(self) -> None:
+        """Close the client if this store opened it. Idempotent."""
+        with self._lock:
+            self._closed = True
+            c, self._client = self._client, (None if self._owns else self._client)
+        if self._owns and c is not None:
+            c.close()
+
+    def __enter__(self) -> "PageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<fluxkv.kv.PageStore {self.namespace!r} layout={self.layout!r}>"
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _connected(self) -> "fluxkv.Client":
+        with self._lock:
+            if self._closed:
+                raise Error("the page store is closed")
+            if self._client is not None:
+                return self._client
+            now = time.monotonic()
+            if now < self._next_try:
+                raise Unavailable(f"the owner at {self._socket!r} was unreachable; next try in {self._next_try - now:.1f} s")
+            self._next_try = now + self._retry_s
+            try:
+                self._client = fluxkv.connect(self._socket, timeout=self._timeout, attach_timeout=min(self._timeout, 10.0))
+            except (Error, OSError) as e:
+                raise Unavailable(f"cannot attach to the owner at {self._socket!r}: {e}") from e
+            return self._client
+
+    def _guard(self, missing, op):
+        """op(client); failing open, an outage answers ``missing`` instead of raising."""
+        try:
+            return op(self._connected())
+        except PageLayoutMismatch:
+            raise
+        except (Error, OSError) as e:
+            if not self.fail_open:
+                raise
+            self._failed(e, getattr(op, "__name__", "call"))
+            return missing
+
+    def _failed(self, e: BaseException, what: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._counts["errors"] += 1
+            if now - self._logged_at < _LOG_EVERY_S:
+                self._unlogged += 1
+                return
+            self._logged_at, quiet, self._unlogged = now, self._unlogged, 0
+        _log.warning(
+            "fluxkv page store %s: %s failed, answered as not cached (%s)%s",
+            self.namespace,
+            what,
+            e,
+            f"; {quiet} more failures not logged" if quiet else "",
+        )
+
+    def _count(self, **n) -> None:
+        with self._lock:
+            for k, v in n.items():
+                self._counts[k] += v
+
+
+def _same_length(keys: list, items: list, what: str) -> None:
+    if len(keys) != len(items):
+        raise ValueError(f"{len(keys)} hashes but {len(items)} {what}")

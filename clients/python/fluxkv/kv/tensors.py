@@ -1,0 +1,87 @@
+"""Torch tensors and numpy arrays as pages: where their bytes are, what dtype and shape they
+have, and zero-copy read-only tensors over a holder's payload.
+
+Neither torch nor numpy is imported here unless the caller passes one of its objects (or
+asks for a tensor), so ``fluxkv.kv`` loads on a machine with only one of them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from fluxkv.errors import InvalidArgument
+
+from fluxkv.kv.header import DTYPES, PAGE_HEADER_BYTES
+
+__all__ = ["Buffer", "describe", "tensor_view"]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor's or array's memory: ``nbytes`` at ``address``, owned by ``obj``."""
+
+    obj: object
+    dtype: str
+    shape: tuple
+    address: int
+    nbytes: int
+
+
+def _is_torch(t) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
+def _is_numpy(t) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(t, np.ndarray)
+
+
+def describe(t, *, writable: bool, what: str) -> Buffer:
+    """The memory of a CPU, C-contiguous torch tensor or numpy array; InvalidArgument for
+    anything else (``what`` names it in the message)."""
+    if _is_torch(t):
+        if t.device.type != "cpu":
+            raise InvalidArgument(f"{what}: a {t.device} tensor; pages move through host memory (use a CPU tensor)")
+        if not t.is_contiguous():
+            raise InvalidArgument(f"{what}: the tensor must be contiguous")
+        name = str(t.dtype).removeprefix("torch.")
+        nbytes = t.numel() * t.element_size()
+        address = t.data_ptr()
+    elif _is_numpy(t):
+        if not t.flags.c_contiguous:
+            raise InvalidArgument(f"{what}: the array must be C-contiguous")
+        if writable and not t.flags.writeable:
+            raise InvalidArgument(f"{what}: the array is read-only")
+        name = t.dtype.name
+        nbytes = t.nbytes
+        address = t.ctypes.data
+    else:
+        raise TypeError(f"{what}: a torch.Tensor or numpy.ndarray is required, not {type(t).__name__}")
+    if name not in DTYPES:
+        raise InvalidArgument(f"{what}: dtype {name} has no page format (known: {', '.join(DTYPES)})")
+    if nbytes == 0:
+        raise InvalidArgument(f"{what}: an empty tensor is not a page")
+    return Buffer(t, name, tuple(int(d) for d in t.shape), address, nbytes)
+
+
+def tensor_view(holder, dtype: str, shape: tuple, numpy: bool):
+    """A zero-copy read-only tensor (or numpy array) of ``dtype`` x ``shape`` over a holder's
+    payload; it keeps the holder's bytes for as long as it lives (then the holder is released).
+    Writing into it faults: the bytes are mapped read-only."""
+    if numpy:
+        import numpy as np
+
+        try:
+            np_dtype = np.dtype(dtype)
+        except TypeError:
+            raise InvalidArgument(f"page {holder.key!r} is {dtype}, which numpy has no type for: read it as torch") from None
+        return holder.numpy()[PAGE_HEADER_BYTES:].view(np_dtype).reshape(shape)
+    import torch
+
+    t_dtype = getattr(torch, dtype, None)
+    if not isinstance(t_dtype, torch.dtype):
+        raise InvalidArgument(f"page {holder.key!r} is {dtype}, which this torch has no type for")
+    raw = torch.utils.dlpack.from_dlpack(holder)  # 1-D uint8 over the read-only mapping
+    return raw[PAGE_HEADER_BYTES:].view(t_dtype).view(shape)

@@ -1,0 +1,1 @@
+"""Stand-in of sglang.srt (see sglang/__init__.py)."""

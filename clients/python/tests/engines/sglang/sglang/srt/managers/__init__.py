@@ -1,0 +1,1 @@
+"""Stand-in of sglang.srt.managers (see sglang/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Stand-in of sglang.srt.observability (see sglang/__init__.py)."""

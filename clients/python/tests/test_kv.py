@@ -1,0 +1,265 @@
+"""fluxkv.kv, the page API, against a real owner: round trips of torch tensors (fp32, bf16)
+and numpy arrays, pages already cached are not rewritten, zero-copy views keep their bytes
+and hand them back when they go, the header refuses a read of another layout, a CRC catches
+a payload that does not match, Gather values stream through a small put area under client
+isolation, and a store that fails open answers "not cached" while the owner is away."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import numpy as np
+import pytest
+
+import fluxkv
+from fluxkv import kv
+from fluxkv.kv.header import PAGE_HEADER_BYTES, PageHeader
+
+from conftest import wait_until
+from test_isolation import iso_client  # noqa: F401  (fixture)
+
+torch = pytest.importorskip("torch")
+
+
+def pages(n: int, shape=(4, 2, 2, 16, 8), dtype=None, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(dtype or torch.float32) for _ in range(n)]
+
+
+def store_key_in(store, h, err) -> bool:
+    return store.key(h) in str(err)
+
+
+def raw(t) -> bytes:
+    """A tensor's bytes (bf16 has no numpy type: view it as int16)."""
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.uint8 else t.numpy().tobytes()
+
+
+@pytest.fixture
+def store(client):
+    return kv.PageStore(client, kv.namespace("test-model", dtype="float32"), layout="LHD")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_round_trip_into(store, dtype):
+    ps = pages(6, dtype=dtype)
+    hashes = [f"h{i}" for i in range(6)]
+    assert store.put_pages(hashes, ps) == [True] * 6
+    assert store.contains_prefix(hashes + ["absent"]) == 6
+    dest = [torch.empty_like(p) for p in ps]
+    assert store.get_pages_into(hashes, dest) == [True] * 6
+    for a, b in zip(ps, dest):
+        assert raw(a) == raw(b)
+
+
+def test_numpy_round_trip(store):
+    arrs = [np.arange(256, dtype=np.int32).reshape(16, 16) * i for i in range(3)]
+    assert store.put_pages([1, 2, 3], arrs) == [True] * 3
+    out = [np.zeros((16, 16), dtype=np.int32) for _ in range(3)]
+    assert store.get_pages_into([1, 2, 3], out) == [True] * 3
+    assert all((a == b).all() for a, b in zip(arrs, out))
+    views = store.get_pages([1, 2, 3], numpy=True)
+    assert all((a == v).all() and not v.flags.writeable for a, v in zip(arrs, views))
+
+
+def test_present_pages_are_not_rewritten(store, client):
+    ps = pages(4)
+    assert store.put_pages(["a", "b"], ps[:2]) == [True, True]
+    first = client.get(store.key("a"))
+    pid = first.put_id
+    first.release()
+    # a and b are cached: their new tensors are not written; c and d are; all four are cached now
+    assert store.put_pages(["a", "b", "c", "d"], [ps[3], ps[3], ps[2], ps[3]]) == [True] * 4
+    with client.get(store.key("a")) as h:
+        assert h.put_id == pid
+    dest = [torch.empty_like(ps[0]) for _ in range(2)]
+    store.get_pages_into(["a", "c"], dest)
+    assert raw(dest[0]) == raw(ps[0]) and raw(dest[1]) == raw(ps[2])
+    st = store.counters()
+    assert (st["stored"], st["skipped"]) == (4, 2)
+
+
+def test_misses_leave_buffers_alone(store):
+    ps = pages(2)
+    store.put_pages(["x"], ps[:1])
+    dest = [torch.full_like(ps[0], 7.0) for _ in range(3)]
+    assert store.get_pages_into(["x", "nope", "x"], dest) == [True, False, True]
+    assert torch.equal(dest[1], torch.full_like(ps[0], 7.0))
+    st = store.counters()
+    assert (st["hits"], st["misses"]) == (2, 1)
+
+
+def test_zero_copy_views_live_with_their_tensors(store, client):
+    ps = pages(3, dtype=torch.bfloat16)
+    store.put_pages(["v0", "v1", "v2"], ps)
+    views = store.get_pages(["v0", "missing", "v2"])
+    assert views[1] is None
+    assert views[0].dtype == torch.bfloat16 and tuple(views[0].shape) == tuple(ps[0].shape)
+    assert torch.equal(views[0], ps[0]) and torch.equal(views[2], ps[2])
+    # the holders stay with the tensors; a view derived from a view keeps them too
+    held = client.stat()["client_holders"]
+    assert held >= 2
+    part = views[0][1:3]
+    del views
+    gc.collect()
+    client.flush()
+    assert client.stat()["client_holders"] == held - 1  # v2's view went; part still holds v0
+    assert torch.equal(part, ps[0][1:3])
+    del part
+    gc.collect()
+    client.flush()
+    assert wait_until(lambda: client.stat()["client_holders"] == held - 2, 10)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        dict(dtype=torch.float16),  # other dtype
+        dict(shape=(4, 2, 2, 8, 16)),  # same bytes, other shape
+        dict(layout="HLD"),  # other layout tag
+    ],
+    ids=["dtype", "shape", "layout"],
+)
+def test_wrong_layout_is_refused(client, wrong):
+    ns = kv.namespace("m", dtype="float32")
+    src = kv.PageStore(client, ns, layout="LHD")
+    p = pages(1)[0]
+    src.put_pages(["p"], [p])
+    reader = kv.PageStore(client, ns, layout=wrong.get("layout", "LHD"))
+    dest = torch.zeros(wrong.get("shape", p.shape), dtype=wrong.get("dtype", p.dtype))
+    before = raw(dest)
+    with pytest.raises(kv.PageLayoutMismatch) as e:
+        reader.get_pages_into(["p"], [dest])
+    assert isinstance(e.value, ValueError) and store_key_in(reader, "p", e.value)
+    assert raw(dest) == before  # nothing copied
+    if "layout" in wrong:
+        with pytest.raises(kv.PageLayoutMismatch):
+            reader.get_pages(["p"])
+
+
+def test_not_a_page_is_refused(store, client):
+    client.put(store.key("plain"), b"x" * 100)
+    with pytest.raises(kv.PageLayoutMismatch, match="not a fluxkv page"):
+        store.get_pages_into(["plain"], [torch.zeros(9)])
+    # a mismatch is a configuration error: failing open does not hide it
+    lenient = kv.PageStore(client, store.namespace, layout=store.layout, fail_open=True)
+    with pytest.raises(kv.PageLayoutMismatch):
+        lenient.get_pages(["plain"])
+
+
+def test_malformed_headers_are_refused(store, client):
+    """A header is never trusted for sizes: one whose payload length disagrees with its dtype x
+    shape (written by a bad writer: any process of the node may put any key) is refused
+    before a byte is copied, and a value shorter than a header is not a page."""
+    big = torch.zeros(8)
+    dest = big[:4]  # a view: the 4 floats after it belong to someone else
+    liar = PageHeader("float32", (4,), store.layout, 16).pack()
+    liar = liar[:8] + (64).to_bytes(8, "little") + liar[16:]  # claims 64 payload bytes for 4 floats
+    client.put(store.key("liar"), liar + b"\x01" * 64)
+    with pytest.raises(kv.PageLayoutMismatch, match="malformed"):
+        store.get_pages_into(["liar"], [dest])
+    with pytest.raises(kv.PageLayoutMismatch, match="malformed"):
+        store.get_pages(["liar"])
+    assert torch.equal(big, torch.zeros(8))
+    client.put(store.key("short"), b"FKVP")
+    lenient = kv.PageStore(client, store.namespace, layout=store.layout, fail_open=True)
+    for s in (store, lenient):
+        with pytest.raises(kv.PageLayoutMismatch, match="too short"):
+            s.get_pages_into(["short"], [torch.zeros(1)])
+    assert lenient.counters()["errors"] == 0
+
+
+def test_checksum_catches_a_wrong_payload(client):
+    store = kv.PageStore(client, "ns/crc", checksum=True)
+    p = pages(1)[0]
+    assert store.put_pages(["ok"], [p]) == [True]
+    assert store.get_pages_into(["ok"], [torch.empty_like(p)]) == [True]
+    # a page whose bytes differ from what its header's CRC says
+    hdr = PageHeader("float32", tuple(p.shape), "", p.numel() * 4, crc32=12345).pack()
+    client.put(store.key("bad"), hdr + raw(p))
+    with pytest.raises(kv.PageCorrupt):
+        store.get_pages_into(["bad"], [torch.empty_like(p)])
+    with pytest.raises(kv.PageCorrupt):
+        store.get_pages(["bad"])
+
+
+def test_header_layout_on_the_wire(store, client):
+    p = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    store.put_pages([0xABC], [p])
+    assert store.key(0xABC).endswith("/abc") and store.key(-5).endswith("/-5")
+    with client.get(store.key(0xABC)) as h:
+        assert len(h) == PAGE_HEADER_BYTES + 96
+        hdr = PageHeader.unpack(h.bytes()[:PAGE_HEADER_BYTES])
+    assert (hdr.dtype, hdr.shape, hdr.layout, hdr.nbytes, hdr.crc32) == ("int64", (3, 4), "LHD", 96, None)
+
+
+def test_pages_stream_through_a_small_put_area(iso_client):
+    # the put area is 64 KiB: a 256 KiB page (plus header) goes through it in parts
+    store = kv.PageStore(iso_client, "iso/pages")
+    ps = pages(3, shape=(64, 1024))
+    assert store.put_pages(["a", "b", "c"], ps) == [True] * 3
+    dest = [torch.empty_like(p) for p in ps]
+    assert store.get_pages_into(["a", "b", "c"], dest) == [True] * 3
+    assert all(torch.equal(a, b) for a, b in zip(ps, dest))
+
+
+def test_fail_open_while_the_owner_is_away(cluster, caplog):
+    sock = str(cluster.root / "late" / "fluxkv.sock")  # where cluster.up(name="late") listens
+    store = kv.PageStore(sock, "away/ns", fail_open=True, retry_s=0.0)
+    p = pages(1)[0]
+    with caplog.at_level(logging.WARNING, logger="fluxkv.kv"):
+        assert store.contains_prefix(["a", "b"]) == 0
+        assert store.put_pages(["a"], [p]) == [False]
+        assert store.get_pages_into(["a"], [torch.empty_like(p)]) == [False]
+        assert store.get_pages(["a"]) == [None]
+        assert store.stats()["pages"] is None
+    assert store.counters()["errors"] >= 5
+    assert sum("answered as not cached" in r.getMessage() for r in caplog.records) == 1  # rate-limited
+    strict = kv.PageStore(sock, "away/ns")
+    with pytest.raises(fluxkv.Unavailable):
+        strict.contains(["a"])
+    # the owner comes up: the same store attaches and works
+    proc = cluster.up("64MiB", "late")
+    assert store.put_pages(["a"], [p]) == [True]
+    assert store.contains_prefix(["a", "b"]) == 1
+    # and goes away again mid-use: misses, no exception
+    proc.stop()
+    assert store.get_pages_into(["a"], [torch.empty_like(p)]) == [False]
+    store.close()
+    strict.close()
+
+
+def test_bad_inputs(store):
+    with pytest.raises(ValueError, match="2 hashes but 1"):
+        store.put_pages(["a", "b"], pages(1))
+    with pytest.raises(fluxkv.InvalidArgument, match="contiguous"):
+        store.put_pages(["a"], [pages(1)[0].transpose(0, 1)])
+    with pytest.raises(TypeError):
+        store.put_pages(["a"], [b"bytes are not a page"])
+    with pytest.raises(ValueError, match="no '/'"):
+        store.key("a/b")
+    with pytest.raises(ValueError):
+        kv.PageStore(store._client, "ns/", layout="")
+    with pytest.raises(ValueError, match="layout tag"):
+        kv.PageStore(store._client, "ns", layout="x" * 21)
+    ro = np.zeros(4, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(fluxkv.InvalidArgument, match="read-only"):
+        store.get_pages_into(["a"], [ro])
+
+
+def test_namespaces(client):
+    ns = kv.namespace("org/model-7b", tp_rank=1, tp_size=4, dtype="bfloat16", layout="page_first")
+    assert ns == "kv1/org/model-7b/tp1of4/pp0of1/bfloat16/page_first"
+    assert kv.namespace("m", tp_rank=None) == "kv1/m/tp*/pp0of1/-/-"
+    a = kv.PageStore(client, kv.namespace("m", tp_rank=0, tp_size=2))
+    b = kv.PageStore(client, kv.namespace("m", tp_rank=1, tp_size=2))
+    p, q = pages(2)
+    a.put_pages(["same"], [p])
+    assert b.contains_prefix(["same"]) == 0
+    b.put_pages(["same"], [q])
+    da, db = torch.empty_like(p), torch.empty_like(q)
+    a.get_pages_into(["same"], [da])
+    b.get_pages_into(["same"], [db])
+    assert torch.equal(da, p) and torch.equal(db, q)

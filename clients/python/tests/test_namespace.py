@@ -1,0 +1,45 @@
+"""Namespaces (issue 27): ``delete_namespace(ns)`` deletes every key whose text before its last
+'/' is ``ns`` and returns how many existed; ``namespace_stat(ns)`` is ``{"keys", "bytes"}`` of
+those keys. Namespaces do not nest, and other namespaces and plain keys are untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+import fluxkv
+from fluxkv._gen.external import constants as C
+
+NS = "kv1/tiny/tp0of1"
+
+
+def test_delete_namespace_and_stat(client):
+    pages = {f"{NS}/{i:04x}": bytes([i]) * (100 + i) for i in range(20)}
+    kept = {
+        f"{NS}/sub/0": b"nested",  # in namespace NS/sub, not in NS
+        "kv1/tiny/tp1of1/0": b"sibling",
+        "plain": b"no namespace",
+    }
+    client.batch_put({**pages, **kept})
+    with client.get(f"{NS}/0003") as held:
+        assert client.namespace_stat(NS) == {"keys": 20, "bytes": sum(len(v) for v in pages.values())}
+        assert client.namespace_stat(f"{NS}/sub") == {"keys": 1, "bytes": 6}
+
+        assert client.delete_namespace(NS) == 20
+        assert held.bytes() == pages[f"{NS}/0003"]  # a holder keeps its bytes
+    assert client.namespace_stat(NS) == {"keys": 0, "bytes": 0}
+    assert client.batch_exists(list(pages)) == [False] * len(pages)
+    with pytest.raises(fluxkv.KeyNotFound):
+        client.get(f"{NS}/0000")
+    for k, v in kept.items():
+        with client.get(k) as h:
+            assert h.bytes() == v
+    assert client.delete_namespace(NS) == 0
+    assert client.delete_namespace("absent/ns") == 0
+
+
+@pytest.mark.parametrize("bad", ["", f"{NS}/", "n" * (C.MAX_KEY_BYTES + 1)])
+def test_bad_namespace(client, bad):
+    with pytest.raises(fluxkv.InvalidArgument):
+        client.delete_namespace(bad)
+    with pytest.raises(fluxkv.InvalidArgument):
+        client.namespace_stat(bad)
