@@ -59,10 +59,14 @@ test-go: build build-race
 	FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) \
 	  $(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e /master -e /daemon -e /shm -e /ssd -e /clients/go -e /cmd/ -e /metrics -e /protocol/)
 
-# test-python: the Python client against real (-race) daemons, and the pressure
-# harness's own tests (a benchmark: the plain binary).
+# test-python: the Python client against real (-race) daemons; the layers above the client
+# (fluxkv.kv and the engine backends: KV pages of real models, many MiB each) against the
+# plain binary, whose concurrency the client tests and the Go tests race-check; and the
+# pressure harness's own tests (a benchmark: the plain binary).
+KV_TESTS := tests/test_kv.py tests/test_kv_model.py tests/test_sglang_backend.py tests/test_lmcache_backend.py
 test-python: build build-race
-	cd clients/python && $(TEST_ENV) $(PY) -m pytest -q tests
+	cd clients/python && $(TEST_ENV) $(PY) -m pytest -q tests $(addprefix --ignore=,$(KV_TESTS))
+	cd clients/python && FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) $(PY) -m pytest -q $(KV_TESTS)
 	cd bench && FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) $(PY) -m pytest -q pressure/tests
 
 # fuzz: run every fuzz target briefly (FUZZTIME each).
