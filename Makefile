@@ -20,7 +20,7 @@ RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cm
 TEST_ENV = FLUXKV_BIN=$(CURDIR)/$(RACE_BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) GORACE="halt_on_error=1 exitcode=66"
 FUZZTIME ?= 10s
 
-.PHONY: all build build-race run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd bench-python bench-kv bench bench-quick install
+.PHONY: all build build-race run serve test test-go test-python vet fuzz gen deps-test deps-gen clean bench-ssd bench-python bench-kv bench-trace bench bench-quick install
 
 all: build
 
@@ -67,12 +67,13 @@ KV_TESTS := tests/test_kv.py tests/test_kv_model.py tests/test_sglang_backend.py
 test-python: build build-race
 	cd clients/python && $(TEST_ENV) $(PY) -m pytest -q tests $(addprefix --ignore=,$(KV_TESTS))
 	cd clients/python && FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) $(PY) -m pytest -q $(KV_TESTS)
-	cd bench && FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) $(PY) -m pytest -q pressure/tests
+	cd bench && FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) $(PY) -m pytest -q pressure/tests tracebench/tests
 
 # fuzz: run every fuzz target briefly (FUZZTIME each).
 fuzz: build
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzAllocator$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPolicy$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPagePolicy$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzRangeSet$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzMasterFrames$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ha/ -run '^$$' -fuzz '^FuzzParseURL$$' -fuzztime $(FUZZTIME)
@@ -119,6 +120,19 @@ bench-kv: build
 	@bash scripts/apt-ensure.sh python3-thrift python3-numpy
 	@NO_RECOMMENDS=1 bash scripts/apt-ensure.sh $(APT_TORCH)
 	$(PY) bench/kv_bench.py --fluxkv-bin $(BIN) $(KV_BENCH_ARGS)
+
+# bench-trace: a real LLM request trace (bench/traces/conversation_trace.jsonl, Mooncake's FAST'25
+# conversation trace) replayed through fluxkv.kv as a serving engine would (prefix lookup, load, store),
+# beside Redis, memcached (extstore with SSD), Mooncake Store where installed, and offline LRU, S3-FIFO,
+# Belady and the infinite cache on the same requests (bench/README.md). BENCH_PRESET=quick (64 KiB
+# blocks, the first 3,000 requests, minutes) or full (28 MiB blocks: Qwen2.5-7B; hours, hundreds of GiB);
+# BENCH_OUT (default out/bench-trace) gets summary.jsonl and trace.png; more flags: BENCH_ARGS.
+BENCH_PRESET ?= quick
+BENCH_TRACE_OUT = $(if $(filter command line environment environment override override,$(origin BENCH_OUT)),$(BENCH_OUT),out/bench-trace)
+APT_TRACE := memcached redis-server python3-pymemcache python3-redis python3-hiredis python3-thrift python3-numpy python3-matplotlib
+bench-trace: build
+	@bash scripts/apt-ensure.sh $(APT_TRACE)
+	PYTHONPATH=$(CURDIR)/bench $(PY) -m tracebench --preset $(BENCH_PRESET) --out $(BENCH_TRACE_OUT) --fluxkv-bin $(BIN) $(BENCH_ARGS)
 
 bench-ssd: build
 	./$(BIN) bench ssd --dir $${DIR:-out/bench-ssd} --size 1MiB --seconds 10 --json

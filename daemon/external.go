@@ -47,7 +47,7 @@ func (o *Owner) serve(ctx context.Context, s *external.Session, f func(c *sessio
 func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRequest) (*external.PutStartResponse, error) {
 	resp := &external.PutStartResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
-		resp.PutId, resp.Offset, err = h.o.putStart(c, req.Key, req.Len, req.Opts)
+		resp.PutId, resp.Offset, err = h.o.putStart(c, req.Key, req.Len, req.Opts, req.Parent)
 		return err
 	})
 	return resp, nil

@@ -13,9 +13,10 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// putStart asks the master for a target and records the in-flight put in the session.
-func (o *Owner) putStart(c *session, key string, length int64, opts *external.PutOptions) (putID, offset int64, err error) {
-	r := o.putStartMany(c, []*external.PutStartItem{{Key: key, Len: length, Opts: opts}})[0]
+// putStart asks the master for a target and records the in-flight put in the session;
+// parent is set for a KV page (see PutStartRequest.parent).
+func (o *Owner) putStart(c *session, key string, length int64, opts *external.PutOptions, parent *string) (putID, offset int64, err error) {
+	r := o.putStartMany(c, []*external.PutStartItem{{Key: key, Len: length, Opts: opts, Parent: parent}})[0]
 	return r.PutId, r.Offset, wire.FromResponse(r.Code, r.Message)
 }
 
@@ -42,7 +43,7 @@ func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*exte
 		reqs := make([]*mp.PutStartItem, len(part))
 		for j, i := range part {
 			it := items[i]
-			reqs[j] = &mp.PutStartItem{Key: it.Key, Len: it.Len, RejectIfExists: it.Opts != nil && it.Opts.RejectIfExists}
+			reqs[j] = &mp.PutStartItem{Key: it.Key, Len: it.Len, RejectIfExists: it.Opts != nil && it.Opts.RejectIfExists, Parent: it.Parent}
 		}
 		plans, epoch, callErr := o.askPutStart(reqs)
 		for j, i := range part {
@@ -74,7 +75,7 @@ func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartRespo
 	if len(items) == 1 {
 		it := items[0]
 		var resp *mp.PutStartResponse
-		if resp, err = o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: it.Key, Len: it.Len, RejectIfExists: it.RejectIfExists, Acks: acks}); err == nil {
+		if resp, err = o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: it.Key, Len: it.Len, RejectIfExists: it.RejectIfExists, Parent: it.Parent, Acks: acks}); err == nil {
 			plans = []*mp.PutStartResponse{resp}
 		}
 	} else {

@@ -123,7 +123,7 @@ func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartReques
 				resp.Results[i] = &mp.PutStartResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
 				continue
 			}
-			resp.Results[i] = h.putStart(ctx, req.Node, it.Key, it.Len, it.RejectIfExists)
+			resp.Results[i] = h.putStart(ctx, req.Node, it.Key, it.Len, it.RejectIfExists, it.Parent)
 		}
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)

@@ -66,13 +66,13 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 
 func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.PutStartResponse, error) {
 	h.applyAcks(req.Node, req.Acks)
-	return h.putStart(ctx, req.Node, req.Key, req.Len, req.RejectIfExists), nil
+	return h.putStart(ctx, req.Node, req.Key, req.Len, req.RejectIfExists, req.Parent), nil
 }
 
-func (h *handler) putStart(ctx context.Context, node *mp.NodeRef, key string, length int64, reject bool) *mp.PutStartResponse {
+func (h *handler) putStart(ctx context.Context, node *mp.NodeRef, key string, length int64, reject bool, parent *string) *mp.PutStartResponse {
 	var plan PutPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
-		plan, err = st.PutStart(time.Now(), ref(node), key, length, reject)
+		plan, err = st.PutStart(time.Now(), ref(node), key, length, reject, parent)
 		return err
 	})
 	resp := &mp.PutStartResponse{PutId: plan.PutID, TargetNodeId: plan.TargetNode, TargetDataAddr: plan.TargetAddr,

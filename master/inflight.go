@@ -18,6 +18,8 @@ type inflightPut struct {
 	source         *Allocation // in the requester's transfer area; nil for a local put
 	deadline       time.Time
 	rejectIfExists bool
+	page           bool   // a KV page of a chain (else a plain key)
+	parent         string // the page before this one in its chain ("" for a first page)
 	// pull is the PullPut the server is running for this put (between PutDone and
 	// PullDone); nil otherwise. While it runs the target owner may write the target,
 	// so nothing frees it: a revoke, an expiry or the requester's tomb only marks the

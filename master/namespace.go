@@ -26,6 +26,7 @@ func (s *State) setRouteLocked(key string, r *route) {
 		panic("BUG: a route set over another one")
 	}
 	s.routes[key] = r
+	s.linkChainLocked(key, r)
 	name, ok := wire.KeyNamespace(key)
 	if !ok {
 		return
@@ -46,6 +47,7 @@ func (s *State) unsetRouteLocked(key string) {
 		return
 	}
 	delete(s.routes, key)
+	s.unlinkChainLocked(key, r)
 	name, ok := wire.KeyNamespace(key)
 	if !ok {
 		return

@@ -41,7 +41,7 @@ type node struct {
 	// none (every put of it is then placed on it).
 	xfer     *Allocator
 	xferBase int64
-	policy   *Policy[string]       // keys whose memory replica lives here, in eviction order
+	policy   *evictOrder           // keys whose memory replica lives here, in eviction order
 	holders  map[int64]*Allocation // holder id → the range it keeps alive
 	allocs   int                   // live Allocations in this segment (leak checks)
 	// sourcing counts in-flight gets that pull from this node for another one: the
@@ -104,7 +104,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
 		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
 		alloc:   NewAllocator(segmentSize - reserve),
-		policy:  NewPolicy[string](),
+		policy:  newEvictOrder(),
 		holders: make(map[int64]*Allocation),
 	}
 	if reserve > 0 {

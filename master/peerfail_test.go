@@ -215,7 +215,7 @@ func putPersisted(t *testing.T, srv *Server, ref NodeRef, key string) *PersistTa
 	t.Helper()
 	var task *PersistTask
 	err := srv.withState(func(st *State) error {
-		plan, err := st.PutStart(time.Now(), ref, key, 4096, false)
+		plan, err := st.PutStart(time.Now(), ref, key, 4096, false, nil)
 		if err != nil {
 			return err
 		}

@@ -54,7 +54,7 @@ func (s *State) PersistDone(putID int64, ok bool) {
 	}
 	s.endPersistLocked(putID, pp, ok)
 	if r := s.routes[pp.key]; r != nil && r.putID == putID && r.memoryReplica(pp.node) == pp.alloc && !pp.node.tombed {
-		pp.node.policy.Insert(pp.key, pp.alloc.Size())
+		s.enterPolicyLocked(pp.key, r, pp.node, pp.alloc.Size())
 	}
 	pp.alloc.Release()
 }

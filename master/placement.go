@@ -33,12 +33,19 @@ type PutPlan struct {
 // PutStart plans a put: it places the target range (on the requester, or under
 // PlacementPool possibly on another owner, with a source range in the requester's
 // transfer area) and records the in-flight put.
-func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, rejectIfExists bool) (PutPlan, error) {
+//
+// parent is set for a KV page: the page before it in its chain (a valid key, not key
+// itself), "" for a chain's first page; nil for a plain key. The eviction order keeps
+// a chain's pages while their prefix is cached (chain.go).
+func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, rejectIfExists bool, parent *string) (PutPlan, error) {
 	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
 		return PutPlan{}, err
 	}
 	if err := wire.ValidateKey(key); err != nil {
+		return PutPlan{}, err
+	}
+	if err := validateParent(key, parent); err != nil {
 		return PutPlan{}, err
 	}
 	// A value is limited by the requester's pool, wherever it is placed.
@@ -58,7 +65,7 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 	t := target.node
 	s.puts[id] = &inflightPut{
 		key: key, node: n, target: target, source: source, deadline: now.Add(s.opts.InflightTTL),
-		rejectIfExists: rejectIfExists,
+		rejectIfExists: rejectIfExists, page: parent != nil, parent: deref(parent),
 	}
 	plan := PutPlan{PutID: id, TargetNode: t.id, TargetAddr: t.dataAddr,
 		TargetOffset: target.Offset(), SourceOffset: target.Offset(), PersistToSSD: s.persistNodeLocked(t, length) != nil}
@@ -302,7 +309,7 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	// the key (it would win only if this master's ids were below the old one's).
 	s.tombstoneLocked(key, math.MaxInt64)
 	t := p.target.node
-	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica)}
+	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica), page: p.page, parent: p.parent}
 	s.setRouteLocked(key, r)
 	var res PutResult
 	res.Persist = s.persistTaskLocked(key, putID, t, p.target)

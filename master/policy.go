@@ -24,6 +24,9 @@ type Policy[K comparable] struct {
 	// victimWeight is the weight of the last victim (a small victim's goes to zero in
 	// the ghost): VictimWhere restores it.
 	victimWeight int64
+	// now is the clock evictOrder stamps inserts and hits with (it orders these keys
+	// against a node's KV pages); it plays no part in the order within the policy.
+	now int64
 }
 
 const (
@@ -43,10 +46,12 @@ const (
 )
 
 type policyEntry[K comparable] struct {
-	key        K
-	weight     int64
-	freq       uint8
-	queue      queueID
+	key    K
+	weight int64
+	freq   uint8
+	queue  queueID
+	stamp  int64 // the clock at the last insert or hit
+
 	prev, next *policyEntry[K]
 }
 
@@ -134,6 +139,7 @@ func (p *Policy[K]) Insert(k K, weight int64) {
 		e.weight = weight
 		e.freq = min(e.freq+1, maxFreq)
 	}
+	e.stamp = p.now
 	p.newest = e
 }
 
@@ -141,6 +147,26 @@ func (p *Policy[K]) Insert(k K, weight int64) {
 func (p *Policy[K]) Touch(k K) {
 	if e := p.entries[k]; e != nil && e.queue != inGhost {
 		e.freq = min(e.freq+1, maxFreq)
+		e.stamp = p.now
+	}
+}
+
+// has reports whether k is live.
+func (p *Policy[K]) has(k K) bool {
+	e := p.entries[k]
+	return e != nil && e.queue != inGhost
+}
+
+// nextStamp is the stamp of the key Victim would examine first (the tail of the queue
+// it evicts from); ok is false when no key is live.
+func (p *Policy[K]) nextStamp() (int64, bool) {
+	switch {
+	case p.Len() == 0:
+		return 0, false
+	case p.small.n > 0 && (p.main.n == 0 || p.small.weight*100 > p.Weight()*smallPercent):
+		return p.small.tail().stamp, true
+	default:
+		return p.main.tail().stamp, true
 	}
 }
 

@@ -14,7 +14,9 @@ type route struct {
 	putID      int64
 	len        int64
 	replicas   map[*node]*replica
-	promotions int // durable promotions of this version
+	promotions int    // durable promotions of this version
+	page       bool   // a KV page of a chain (chain.go), else a plain key
+	parent     string // the page before this one in its chain; "" for a first page
 }
 
 func (r *route) memoryReplica(n *node) *Allocation {
@@ -38,7 +40,7 @@ func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation, ev
 	}
 	rep.memory = a
 	if evictable {
-		n.policy.Insert(key, a.Size())
+		s.enterPolicyLocked(key, r, n, a.Size())
 	}
 }
 

@@ -44,6 +44,9 @@ type State struct {
 	spareHeld bool
 	// short is the last allocation that failed with NO_SPACE.
 	short shortage
+	// children maps a KV page's key to the routed keys put with it as their parent
+	// (chain.go); kept in step with routes by setRouteLocked and unsetRouteLocked.
+	children map[string]map[string]struct{}
 }
 
 // shortage names an allocation that found no space: length bytes for a request of
@@ -66,6 +69,7 @@ func NewState(opts Options) *State {
 		gets:         make(map[int64]*inflightGet),
 		persists:     make(map[int64]*pendingPersist),
 		persistStats: make(map[string]*persistCounts),
+		children:     make(map[string]map[string]struct{}),
 		nextID:       opts.IDBase,
 	}
 }

@@ -158,7 +158,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		rejected, invs, err := st.ReportReplicas(*now, nref(st, d), recs, arg(d, "last") != "")
 		return fmt.Sprintf("rejected=%v%s\n", rejected, fmtInv(invs)), err
 	case "put", "put-start":
-		p, err := st.PutStart(*now, nref(st, d), key, argInt(d, "len"), arg(d, "nx") != "")
+		p, err := st.PutStart(*now, nref(st, d), key, argInt(d, "len"), arg(d, "nx") != "", scriptParent(d))
 		if err != nil {
 			return "", err
 		}
@@ -428,12 +428,12 @@ func TestValidation(t *testing.T) {
 		err  error
 		code common.ErrorCode
 	}{
-		{"empty key", second(st.PutStart(now, ref, "", 10, false)), common.ErrorCode_INVALID_ARGUMENT},
-		{"long key", second(st.PutStart(now, ref, strings.Repeat("k", 5000), 10, false)), common.ErrorCode_INVALID_ARGUMENT},
-		{"zero len", second(st.PutStart(now, ref, "k", 0, false)), common.ErrorCode_INVALID_ARGUMENT},
-		{"negative len", second(st.PutStart(now, ref, "k", -5, false)), common.ErrorCode_INVALID_ARGUMENT},
-		{"len > segment", second(st.PutStart(now, ref, "k", 2<<20, false)), common.ErrorCode_INVALID_ARGUMENT},
-		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false)), common.ErrorCode_STALE_GENERATION},
+		{"empty key", second(st.PutStart(now, ref, "", 10, false, nil)), common.ErrorCode_INVALID_ARGUMENT},
+		{"long key", second(st.PutStart(now, ref, strings.Repeat("k", 5000), 10, false, nil)), common.ErrorCode_INVALID_ARGUMENT},
+		{"zero len", second(st.PutStart(now, ref, "k", 0, false, nil)), common.ErrorCode_INVALID_ARGUMENT},
+		{"negative len", second(st.PutStart(now, ref, "k", -5, false, nil)), common.ErrorCode_INVALID_ARGUMENT},
+		{"len > segment", second(st.PutStart(now, ref, "k", 2<<20, false, nil)), common.ErrorCode_INVALID_ARGUMENT},
+		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false, nil)), common.ErrorCode_STALE_GENERATION},
 		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k", nil)), common.ErrorCode_STALE_GENERATION},
 		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
 		{"negative transfer reserve", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, -1, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
@@ -495,7 +495,7 @@ func TestFillBeforeEviction(t *testing.T) {
 		before := n.alloc.Used()
 		replicas := n.policy.Len()
 		key := fmt.Sprintf("k%03d", i)
-		p, err := st.PutStart(now, ref, key, 1<<20-128, false)
+		p, err := st.PutStart(now, ref, key, 1<<20-128, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -527,4 +527,17 @@ func TestFillBeforeEviction(t *testing.T) {
 	if n.alloc.Used() != 0 || n.allocs != 0 {
 		t.Fatalf("leak: used=%d allocations=%d", n.alloc.Used(), n.allocs)
 	}
+}
+
+// scriptParent is a put's parent= argument: unset for a plain key, "-" for a chain's
+// first page, else the parent key.
+func scriptParent(d *datadriven.TestData) *string {
+	if !d.HasArg("parent") {
+		return nil
+	}
+	p := arg(d, "parent")
+	if p == "-" {
+		p = ""
+	}
+	return &p
 }

@@ -131,6 +131,10 @@ struct PutStartRequest {
   2: string key,
   3: i64 len,
   4: PutOptions opts,
+  // Set for a KV page: the page before it in its prefix chain, "" for a chain's first
+  // page; eviction keeps a chain's pages while their prefix is cached. Unset: a plain
+  // key. A set parent other than "" is a valid key, not the key itself.
+  5: optional string parent,
 }
 
 // The external copies len bytes into its read-write mapping at offset, then calls PutEnd.
@@ -238,6 +242,10 @@ struct PutStartItem {
   1: string key,
   2: i64 len,
   3: PutOptions opts,
+  // Set for a KV page: the page before it in its prefix chain, "" for a chain's first
+  // page; eviction keeps a chain's pages while their prefix is cached. Unset: a plain
+  // key. A set parent other than "" is a valid key, not the key itself.
+  4: optional string parent,
 }
 
 struct BatchPutStartRequest {

@@ -87,6 +87,9 @@ struct PutStartRequest {
   3: i64 len,
   4: bool reject_if_exists,
   5: list<i64> acks,
+  // Set for a KV page: the page before it in its chain ("" for a first page); unset for a
+  // plain key. See external.thrift.
+  6: optional string parent,
 }
 
 // source_offset is where the external writes (in the requester's segment); when the
@@ -337,6 +340,7 @@ struct PutStartItem {
   1: string key,
   2: i64 len,
   3: bool reject_if_exists,
+  4: optional string parent, // see PutStartRequest
 }
 
 struct BatchPutStartRequest {

@@ -13,12 +13,14 @@ import (
 
 // PutItem is one value of a BatchPut: Value, or (when Fill is set) Len bytes written by
 // Fill straight into the segment, as PutWithID does (under client isolation into the put
-// area, or a scratch buffer when Len exceeds the area; see PutWith).
+// area, or a scratch buffer when Len exceeds the area; see PutWith). Parent, when set,
+// makes it a KV page of a chain (see PutOptions.Parent); a batch may hold whole chains.
 type PutItem struct {
-	Key   string
-	Value []byte
-	Len   int64
-	Fill  func(putID int64, dst []byte) error
+	Key    string
+	Value  []byte
+	Len    int64
+	Fill   func(putID int64, dst []byte) error
+	Parent *string
 }
 
 func (it *PutItem) size() int64 {
@@ -56,8 +58,13 @@ func (it *PutItem) whole(putID int64) ([]byte, error) {
 // wire.PutWaveBytes(segment) bytes started and not yet ended (under client isolation
 // also at most the put area; an item larger than the bound goes alone), so the batch
 // never waits for space only it holds. errs[i] is item i's
-// outcome; err is set only when nothing was attempted. The retry rules are Put's.
+// outcome (a parent the owner refuses fails its item); err is set only when nothing was
+// attempted. The retry rules are Put's. Parents come from the items: opts.Parent set
+// fails the batch with ErrInvalidArgument.
 func (c *Client) BatchPut(items []PutItem, opts PutOptions) (errs []error, err error) {
+	if opts.Parent != nil {
+		return nil, fmt.Errorf("%w: BatchPut takes each item's parent from PutItem.Parent, not PutOptions", ErrInvalidArgument)
+	}
 	seg := c.SegmentSize()
 	for i := range items {
 		if err := wire.ValidateKey(items[i].Key); err != nil {
@@ -127,7 +134,7 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 	var bytes int64
 	for j, i := range idx {
 		starts[j] = &external.PutStartItem{Key: items[i].Key, Len: items[i].size(),
-			Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}
+			Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}, Parent: items[i].Parent}
 		bytes += items[i].size()
 	}
 	c.stats.noteWave(bytes)

@@ -14,6 +14,13 @@ import (
 type PutOptions struct {
 	// RejectIfExists fails the put with ErrAlreadyExists when the key has a value.
 	RejectIfExists bool
+	// Parent makes the value a KV page of a prefix chain: it points to the key of the
+	// page before it, or to "" for a chain's first page; nil (the default) puts a plain
+	// key. Eviction keeps a chain's pages while the pages before them are cached,
+	// evicting from the deep end first, and evicts first a page whose parent is gone. A
+	// parent that is not a valid key, or is the key itself, fails the put with
+	// ErrInvalidArgument. BatchPut reads each item's PutItem.Parent instead.
+	Parent *string
 }
 
 // putEndTries bounds the PutEnd (BatchPutEnd) sends of one put on one session.
@@ -47,7 +54,7 @@ func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []b
 // set, the whole put is redone on the new session, with a new put_id; with
 // RejectIfExists the put fails with ErrUnavailable saying its outcome is unknown.
 func (c *Client) PutWithID(key string, n int64, opts PutOptions, fill func(putID int64, dst []byte) error) (int64, error) {
-	return c.put(&PutItem{Key: key, Len: n, Fill: fill}, opts)
+	return c.put(&PutItem{Key: key, Len: n, Fill: fill, Parent: opts.Parent}, opts)
 }
 
 // put runs one put by the retry rules (see PutWithID).
@@ -75,7 +82,7 @@ func (c *Client) putOnce(it *PutItem, opts PutOptions) (int64, error) {
 	key, n := it.Key, it.size()
 	start, a, err := invoke(c, call{method: "PutStart", retry: retryUnsent, args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServicePutStartArgs{Req: &external.PutStartRequest{
-			Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}}}
+			Session: s, Key: key, Len: n, Opts: &external.PutOptions{RejectIfExists: opts.RejectIfExists}, Parent: it.Parent}}
 	}}, &external.ExternalServicePutStartResult{})
 	if err != nil {
 		return 0, err

@@ -363,6 +363,12 @@ def _norm_key(key) -> str:
     return k
 
 
+def _norm_parent(parent) -> str | None:
+    """A put's parent (see :meth:`Client.put`): None stays None, "" is a chain's first page,
+    anything else is normalized like a key."""
+    return None if parent is None else _norm_key(parent)
+
+
 def _norm_value(value):
     """(buffer object or Gather, nbytes) for a C-contiguous buffer or a :class:`Gather`; the
     object itself is copied later."""
@@ -580,13 +586,20 @@ class Client:
 
     # -- public: single-key calls ---------------------------------------------------------------
 
-    def put(self, key, value, reject_if_exists: bool = False) -> None:
+    def put(self, key, value, reject_if_exists: bool = False, parent=None) -> None:
         """Store ``value`` (any C-contiguous buffer, or a :class:`fluxkv.Gather` of several memory
         ranges written back to back) under ``key``: one copy, into shared memory.
         Raises AlreadyExists when ``reject_if_exists`` and the key exists; Unavailable when the
         owner restarted before the put's PutEnd was answered and ``reject_if_exists`` is set
-        (the outcome is unknown; without it the put is redone on the new session)."""
+        (the outcome is unknown; without it the put is redone on the new session).
+
+        ``parent`` makes the value a KV page of a prefix chain: the key of the page before it,
+        or "" for a chain's first page (None, the default: a plain key). Eviction keeps a
+        chain's pages while the pages before them are cached, from the deep end first, and
+        evicts first a page whose parent is gone. A parent that is not a valid key, or is
+        ``key`` itself, raises InvalidArgument. The :mod:`fluxkv.kv` page store passes it."""
         k = _norm_key(key)
+        par = _norm_parent(parent)
         obj, n = _norm_value(value)
 
         def write(s, put_id, off):
@@ -598,9 +611,9 @@ class Client:
                 return [AreaCopy(0, 0, n)]
             return self._stream(s, k, put_id, obj, keep_last=True)
 
-        self._put(k, n, bool(reject_if_exists), write)
+        self._put(k, n, bool(reject_if_exists), par, write)
 
-    def put_with(self, key, size: int, fill, reject_if_exists: bool = False) -> int:
+    def put_with(self, key, size: int, fill, reject_if_exists: bool = False, parent=None) -> int:
         """Store ``size`` bytes under ``key`` written by ``fill(put_id, view)`` straight into
         shared memory; returns the put_id (the version ``MemHolder.put_id`` reports), so a
         value may be derived from (key, put_id). ``view`` is a writable memoryview of exactly
@@ -609,8 +622,9 @@ class Client:
         put is redone after an owner restart (see :meth:`put`). Under client isolation
         ``view`` lies in the session's put area, or, when ``size`` exceeds the area, in a
         scratch buffer that is then streamed through it; ``fill`` must not put through the
-        same client then (the area is held while it runs)."""
+        same client then (the area is held while it runs). ``parent``: as for :meth:`put`."""
         k = _norm_key(key)
+        par = _norm_parent(parent)
         n = operator.index(size)
 
         def write(s, put_id, off):
@@ -624,7 +638,7 @@ class Client:
             fill(put_id, memoryview(scratch))
             return self._stream(s, k, put_id, scratch, keep_last=True)
 
-        return self._put(k, n, bool(reject_if_exists), write)
+        return self._put(k, n, bool(reject_if_exists), par, write)
 
     def _stream(self, s: _Session, k: str, put_id: int, obj, keep_last: bool):
         """Client isolation: send a value larger than the put area through it, one area-full
@@ -647,18 +661,18 @@ class Client:
                 raise_for(r.code, r.message)
         return None
 
-    def _put(self, k: str, n: int, reject: bool, write) -> int:
+    def _put(self, k: str, n: int, reject: bool, parent: str | None, write) -> int:
         """One put by the retry rules: PutStart (retried only when unsent or after the session
-        ended), write(session, put_id, offset) (it returns the put area copies PutEnd carries
-        under client isolation, None without), then PutEnd (resent on the same session after
-        a lost reply). A put whose outcome became unknown is redone once without
-        ``reject``, reported Unavailable with it."""
+        ended; it carries ``parent``, a redo too), write(session, put_id, offset) (it returns
+        the put area copies PutEnd carries under client isolation, None without), then PutEnd
+        (resent on the same session after a lost reply). A put whose outcome became unknown
+        is redone once without ``reject``, reported Unavailable with it."""
         seg = self.segment_size
         if n <= 0 or n > seg:  # as the C++ client: named as given, even one the wire's i64 cannot carry
             raise InvalidArgument(f"value length {n} must be 1 byte to the segment size {seg}")
         opts = PutOptions(reject)
         for redo in (False, True):
-            s, put_id, off = self._run(_put_start, k, n, opts, lost_reply=False)
+            s, put_id, off = self._run(_put_start, k, n, opts, parent, lost_reply=False)
             try:
                 with _area_turn(s):
                     try:
@@ -729,11 +743,15 @@ class Client:
 
     # -- public: batch calls ---------------------------------------------------------------------
 
-    def batch_put(self, items, reject_if_exists: bool = False) -> None:
+    def batch_put(self, items, reject_if_exists: bool = False, parents=None) -> None:
         """Store many values: ``items`` is a mapping or an iterable of (key, value), each value a
-        buffer or a :class:`fluxkv.Gather` as for :meth:`put`. A bad key
-        or a value that is empty or larger than the segment raises InvalidArgument before
-        anything is started. The items go in waves (BatchPutStart, copy, BatchPutEnd) of at
+        buffer or a :class:`fluxkv.Gather` as for :meth:`put`. ``parents``, when given, is a
+        list aligned with the items: each None (a plain key), "" (a chain's first page) or
+        the key of the page before it (see :meth:`put`); a batch may hold whole chains, in
+        order. A bad key or parent, a ``parents`` of another length than the items, or a
+        value that is empty or larger than the segment raises InvalidArgument before
+        anything is started (a parent the owner refuses, e.g. the item's own key, fails that
+        item). The items go in waves (BatchPutStart, copy, BatchPutEnd) of at
         most MAX_BATCH items holding at most segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes
         started and not ended (a larger item goes alone), so a batch larger than the segment
         costs what the same puts one by one cost. Every item is attempted; if any failed,
@@ -744,6 +762,12 @@ class Client:
         for k, v in pairs:
             obj, n = _norm_value(v)
             prepared.append((_norm_key(k), obj, n))
+        if parents is None:
+            pars: list = [None] * len(prepared)
+        else:
+            pars = [_norm_parent(p) for p in parents]
+            if len(pars) != len(prepared):
+                raise InvalidArgument(f"{len(pars)} parents for {len(prepared)} items")
         if not prepared:
             return
         seg = self.segment_size
@@ -762,18 +786,19 @@ class Client:
             while hi < len(prepared) and hi - lo < MAX_BATCH and (hi == lo or nbytes + prepared[hi][2] <= budget):
                 nbytes += prepared[hi][2]
                 hi += 1
-            self._put_wave(prepared, list(range(lo, hi)), opts, errors)
+            self._put_wave(prepared, pars, list(range(lo, hi)), opts, errors)
             lo = hi
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             first.errors = errors
             raise first
 
-    def _put_wave(self, prepared: list, idx: list, opts: PutOptions, errors: list) -> None:
-        """Put prepared[i] for i in idx as one wave; items whose outcome became unknown are
-        redone once as a new wave without reject_if_exists, reported Unavailable with it."""
+    def _put_wave(self, prepared: list, parents: list, idx: list, opts: PutOptions, errors: list) -> None:
+        """Put prepared[i] (under parents[i]) for i in idx as one wave; items whose outcome
+        became unknown are redone once as a new wave without reject_if_exists, reported
+        Unavailable with it."""
         for redo in (False, True):
-            unknown = self._put_wave_once(prepared, idx, opts, errors)
+            unknown = self._put_wave_once(prepared, parents, idx, opts, errors)
             if not unknown:
                 return
             if opts.reject_if_exists or redo:
@@ -783,10 +808,10 @@ class Client:
             self._stats["put_redos"] += len(unknown)
             idx = unknown
 
-    def _put_wave_once(self, prepared: list, idx: list, opts: PutOptions, errors: list) -> list:
+    def _put_wave_once(self, prepared: list, parents: list, idx: list, opts: PutOptions, errors: list) -> list:
         """One BatchPutStart, the copies, one BatchPutEnd (resent on the same session after a
         lost reply). Returns the items whose outcome is unknown (errors[i] says why)."""
-        starts = [PutStartItem(prepared[i][0], prepared[i][2], opts) for i in idx]
+        starts = [PutStartItem(prepared[i][0], prepared[i][2], opts, parents[i]) for i in idx]
         nbytes = sum(prepared[i][2] for i in idx)
         self._stats["waves"] += 1
         self._stats["max_wave_bytes"] = max(self._stats["max_wave_bytes"], nbytes)
@@ -991,8 +1016,8 @@ class _byte_source:
             area.write(0, self._mv[off : off + n], n)
 
 
-def _put_start(s: _Session, k: str, n: int, opts: PutOptions):
-    r = s.call("PutStart", encode_fields(PutStartRequest(None, k, n, opts)))
+def _put_start(s: _Session, k: str, n: int, opts: PutOptions, parent: str | None):
+    r = s.call("PutStart", encode_fields(PutStartRequest(None, k, n, opts, parent)))
     raise_for(r.code, r.message)
     return s, r.put_id, r.offset
 

@@ -335,6 +335,7 @@ type PutStartRequest struct {
 	Key     string      `thrift:"key,2" frugal:"2,default,string" json:"key"`
 	Len     int64       `thrift:"len,3" frugal:"3,default,i64" json:"len"`
 	Opts    *PutOptions `thrift:"opts,4" frugal:"4,default,PutOptions" json:"opts"`
+	Parent  *string     `thrift:"parent,5,optional" frugal:"5,optional,string" json:"parent,omitempty"`
 }
 
 func NewPutStartRequest() *PutStartRequest {
@@ -369,6 +370,15 @@ func (p *PutStartRequest) GetOpts() (v *PutOptions) {
 	}
 	return p.Opts
 }
+
+var PutStartRequest_Parent_DEFAULT string
+
+func (p *PutStartRequest) GetParent() (v string) {
+	if !p.IsSetParent() {
+		return PutStartRequest_Parent_DEFAULT
+	}
+	return *p.Parent
+}
 func (p *PutStartRequest) SetSession(val *Session) {
 	p.Session = val
 }
@@ -381,6 +391,9 @@ func (p *PutStartRequest) SetLen(val int64) {
 func (p *PutStartRequest) SetOpts(val *PutOptions) {
 	p.Opts = val
 }
+func (p *PutStartRequest) SetParent(val *string) {
+	p.Parent = val
+}
 
 func (p *PutStartRequest) IsSetSession() bool {
 	return p.Session != nil
@@ -388,6 +401,10 @@ func (p *PutStartRequest) IsSetSession() bool {
 
 func (p *PutStartRequest) IsSetOpts() bool {
 	return p.Opts != nil
+}
+
+func (p *PutStartRequest) IsSetParent() bool {
+	return p.Parent != nil
 }
 
 func (p *PutStartRequest) String() string {
@@ -402,6 +419,7 @@ var fieldIDToName_PutStartRequest = map[int16]string{
 	2: "key",
 	3: "len",
 	4: "opts",
+	5: "parent",
 }
 
 type PutStartResponse struct {
@@ -1182,9 +1200,10 @@ var fieldIDToName_ExistsResponse = map[int16]string{
 }
 
 type PutStartItem struct {
-	Key  string      `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	Len  int64       `thrift:"len,2" frugal:"2,default,i64" json:"len"`
-	Opts *PutOptions `thrift:"opts,3" frugal:"3,default,PutOptions" json:"opts"`
+	Key    string      `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	Len    int64       `thrift:"len,2" frugal:"2,default,i64" json:"len"`
+	Opts   *PutOptions `thrift:"opts,3" frugal:"3,default,PutOptions" json:"opts"`
+	Parent *string     `thrift:"parent,4,optional" frugal:"4,optional,string" json:"parent,omitempty"`
 }
 
 func NewPutStartItem() *PutStartItem {
@@ -1210,6 +1229,15 @@ func (p *PutStartItem) GetOpts() (v *PutOptions) {
 	}
 	return p.Opts
 }
+
+var PutStartItem_Parent_DEFAULT string
+
+func (p *PutStartItem) GetParent() (v string) {
+	if !p.IsSetParent() {
+		return PutStartItem_Parent_DEFAULT
+	}
+	return *p.Parent
+}
 func (p *PutStartItem) SetKey(val string) {
 	p.Key = val
 }
@@ -1219,9 +1247,16 @@ func (p *PutStartItem) SetLen(val int64) {
 func (p *PutStartItem) SetOpts(val *PutOptions) {
 	p.Opts = val
 }
+func (p *PutStartItem) SetParent(val *string) {
+	p.Parent = val
+}
 
 func (p *PutStartItem) IsSetOpts() bool {
 	return p.Opts != nil
+}
+
+func (p *PutStartItem) IsSetParent() bool {
+	return p.Parent != nil
 }
 
 func (p *PutStartItem) String() string {
@@ -1235,6 +1270,7 @@ var fieldIDToName_PutStartItem = map[int16]string{
 	1: "key",
 	2: "len",
 	3: "opts",
+	4: "parent",
 }
 
 type BatchPutStartRequest struct {

@@ -486,6 +486,7 @@ type PutStartRequest struct {
 	Len            int64    `thrift:"len,3" frugal:"3,default,i64" json:"len"`
 	RejectIfExists bool     `thrift:"reject_if_exists,4" frugal:"4,default,bool" json:"reject_if_exists"`
 	Acks           []int64  `thrift:"acks,5" frugal:"5,default,list<i64>" json:"acks"`
+	Parent         *string  `thrift:"parent,6,optional" frugal:"6,optional,string" json:"parent,omitempty"`
 }
 
 func NewPutStartRequest() *PutStartRequest {
@@ -519,6 +520,15 @@ func (p *PutStartRequest) GetRejectIfExists() (v bool) {
 func (p *PutStartRequest) GetAcks() (v []int64) {
 	return p.Acks
 }
+
+var PutStartRequest_Parent_DEFAULT string
+
+func (p *PutStartRequest) GetParent() (v string) {
+	if !p.IsSetParent() {
+		return PutStartRequest_Parent_DEFAULT
+	}
+	return *p.Parent
+}
 func (p *PutStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -534,9 +544,16 @@ func (p *PutStartRequest) SetRejectIfExists(val bool) {
 func (p *PutStartRequest) SetAcks(val []int64) {
 	p.Acks = val
 }
+func (p *PutStartRequest) SetParent(val *string) {
+	p.Parent = val
+}
 
 func (p *PutStartRequest) IsSetNode() bool {
 	return p.Node != nil
+}
+
+func (p *PutStartRequest) IsSetParent() bool {
+	return p.Parent != nil
 }
 
 func (p *PutStartRequest) String() string {
@@ -552,6 +569,7 @@ var fieldIDToName_PutStartRequest = map[int16]string{
 	3: "len",
 	4: "reject_if_exists",
 	5: "acks",
+	6: "parent",
 }
 
 type PutStartResponse struct {
@@ -2262,9 +2280,10 @@ var fieldIDToName_BatchDeleteResponse = map[int16]string{
 }
 
 type PutStartItem struct {
-	Key            string `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	Len            int64  `thrift:"len,2" frugal:"2,default,i64" json:"len"`
-	RejectIfExists bool   `thrift:"reject_if_exists,3" frugal:"3,default,bool" json:"reject_if_exists"`
+	Key            string  `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	Len            int64   `thrift:"len,2" frugal:"2,default,i64" json:"len"`
+	RejectIfExists bool    `thrift:"reject_if_exists,3" frugal:"3,default,bool" json:"reject_if_exists"`
+	Parent         *string `thrift:"parent,4,optional" frugal:"4,optional,string" json:"parent,omitempty"`
 }
 
 func NewPutStartItem() *PutStartItem {
@@ -2285,6 +2304,15 @@ func (p *PutStartItem) GetLen() (v int64) {
 func (p *PutStartItem) GetRejectIfExists() (v bool) {
 	return p.RejectIfExists
 }
+
+var PutStartItem_Parent_DEFAULT string
+
+func (p *PutStartItem) GetParent() (v string) {
+	if !p.IsSetParent() {
+		return PutStartItem_Parent_DEFAULT
+	}
+	return *p.Parent
+}
 func (p *PutStartItem) SetKey(val string) {
 	p.Key = val
 }
@@ -2293,6 +2321,13 @@ func (p *PutStartItem) SetLen(val int64) {
 }
 func (p *PutStartItem) SetRejectIfExists(val bool) {
 	p.RejectIfExists = val
+}
+func (p *PutStartItem) SetParent(val *string) {
+	p.Parent = val
+}
+
+func (p *PutStartItem) IsSetParent() bool {
+	return p.Parent != nil
 }
 
 func (p *PutStartItem) String() string {
@@ -2306,6 +2341,7 @@ var fieldIDToName_PutStartItem = map[int16]string{
 	1: "key",
 	2: "len",
 	3: "reject_if_exists",
+	4: "parent",
 }
 
 type BatchPutStartRequest struct {

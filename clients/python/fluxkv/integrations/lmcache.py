@@ -60,7 +60,9 @@ the namespace and the layout tag. A chunk handed to ``put`` in another format is
 zero-copy view of the page (so the shape is known before anything is allocated), allocates
 from LMCache's local CPU backend and copies once. Every batched form is one batch call; a
 prefix lookup is one call (``contains_prefix``, which pins what it found, when ``pin``).
-PageStore calls block, so the async methods run them on the connector's worker threads.
+A batched put's chunks go as one chain of pages, so eviction keeps a prompt's chunks from
+the front (see ``FluxKVConnector._store_all``). PageStore calls block, so the async methods
+run them on the connector's worker threads.
 A thread cannot be stopped, so cancelling an async method (LMCache's timeout) leaves its
 work running to the end: a cancelled load releases the MemoryObjs it allocated when it
 finishes, and a store holds its own reference to each MemoryObj until it has copied it (the
@@ -388,11 +390,21 @@ class FluxKVConnector(RemoteConnector):
         await _wait(work)
 
     def _store_all(self, keys: list, objs: list) -> None:
-        """(on a worker) Store the chunks in meta_fmt, then drop batched_put's references."""
+        """(on a worker) Store the chunks in meta_fmt, then drop batched_put's references.
+
+        LMCache stores a request's new chunks with one batched_put, in token order, so a
+        run of chunk keys is put as one chain (each chunk's parent is the chunk before it),
+        and eviction keeps a prompt's chunks from the front. What comes before the first
+        chunk is not known (the chunks LMCache found cached are left out of the call), so
+        it starts a chain of its own. No chain where the order is not certain: layer keys
+        (each is one layer of a chunk: whether lookups walk them by chunk or by layer is
+        not known here), and a batch with a chunk left out (not in meta_fmt: the next
+        chunk's parent would never be stored)."""
         try:
             kept = [i for i, o in enumerate(objs) if self._storable(o)]
+            chain = len(kept) == len(objs) and all(getattr(k, "layer_id", None) is None for k in keys)
             for store, start, hashes in self._runs([keys[i] for i in kept]):
-                store.put_pages(hashes, [objs[i].tensor for i in kept[start : start + len(hashes)]])
+                store.put_pages(hashes, [objs[i].tensor for i in kept[start : start + len(hashes)]], chain=chain)
         finally:
             _release(objs)
 

@@ -29,6 +29,12 @@ What SGLang expects, as read from sgl-project/sglang main at commit 001067ff
   -> bool``. Either way ``batch_exists(keys, extra_info) -> int`` (leading pages present)
   sizes a prefetch, in batches of 128, reduced with MIN across ranks; a load counts the
   leading True results, a backup needs all of them. For MLA only TP rank 0 backs up.
+- Order. A backup hands ``batch_set_v1`` (and the generic ``batch_set``) the pages of one
+  radix-tree node in prompt order, at most 128 a call. ``extra_info`` is a
+  ``HiCacheStorageExtraInfo`` whose ``prefix_keys`` lists the hashes of the pages before
+  the batch, when the controller knows them: for a node under the root it stays empty for
+  every batch of the node (it is extended only once non-empty), and some releases default
+  it to ``(None,)``. The generic calls get no ``extra_info``.
 - Failure. These calls run on the controller's prefetch and backup threads, which nothing
   restarts: a None result or an escaping exception ends L3 for the life of the process. So
   every outcome of fluxkv (down, out of space, a page of another layout) is answered as a miss
@@ -59,10 +65,13 @@ namespace ``kv.namespace(model, tp, pp, dtype, layout)`` (the host pool's dtype 
 of ``kv.DTYPES``: refused at registration otherwise) -- ``tp*`` for MLA, ``cp<r>of<n>``
 appended under attention context parallelism -- with a page's K and V under
 ``<hash>.k``/``<hash>.v`` (MLA: ``<hash>``), each stored in the host pool's own page order.
-Both call paths read and write the same pages. v1 calls move pages between fluxkv and the
-host pool's buffers at ``host_indices``: page_first pages are contiguous slices, copied
-straight in and out of shared memory; layer_first pages are strided, so a store gathers each
-page once before its copy into shared memory and a load copies from a zero-copy view.
+Both call paths read and write the same pages. A store's pages go as one chain
+(``PageStore.put_pages`` with ``chain``): K before V, each page after the one before it, so
+eviction keeps a prompt's pages from the front (see :meth:`FluxkvHiCacheStorage._save`). v1
+calls move pages between fluxkv and the host pool's buffers at ``host_indices``: page_first
+pages are contiguous slices, copied straight in and out of shared memory; layer_first pages
+are strided, so a store gathers each page once before its copy into shared memory and a load
+copies from a zero-copy view.
 """
 
 from __future__ import annotations
@@ -422,7 +431,7 @@ class FluxkvHiCacheStorage(HiCacheStorage):
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
         """Store each page of the host pool at its slots; True where fluxkv holds it now."""
         pages, _ = self._ready()
-        return self._save(keys, pages.at(len(keys), host_indices))
+        return self._save(keys, pages.at(len(keys), host_indices), _page_before(extra_info))
 
     # -- generic (flat page) calls -----------------------------------------------------------
 
@@ -506,13 +515,25 @@ class FluxkvHiCacheStorage(HiCacheStorage):
         self._meter.loaded(len(keys), sum(found), pages.page_bytes, time.perf_counter() - started)
         return found
 
-    def _save(self, keys: Sequence[str], sources: list) -> list:
-        """Store each page's components; per page, whether fluxkv holds all of them now."""
+    def _save(self, keys: Sequence[str], sources: list, before: Optional[str] = None) -> list:
+        """Store each page's components; per page, whether fluxkv holds all of them now.
+
+        The keys are consecutive pages of one prompt (SGLang backs up a radix node's pages
+        in order), so they are put as one chain, whose first page follows the page
+        ``before`` (its SGLang key), or starts at the root when that is unknown. An MHA
+        page is two keys, K and V: the chain runs K, V, next K, ..., the order in which
+        :meth:`batch_exists` looks them up, so V's parent is its K and K's parent is the
+        previous page's V; a lookup stops at the first component missing, and that is
+        where the cached part of the chain ends. Without prefix_keys the batch is taken to
+        start at the root: right for the first batch of a node under the root; for its later
+        batches, and for a generic call, the true predecessor is unknown, and the page then
+        ranks by its own use instead of under its parent (never as an orphan)."""
         pages, store = self._ready()
         started = time.perf_counter()
         names = pages.names(keys)
+        parent = pages.names([before])[-1] if before else None
         flat = [t if t.is_contiguous() else t.contiguous() for page in sources for t in page]
-        held = pages.per_page(store.put_pages(names, flat))
+        held = pages.per_page(store.put_pages(names, flat, parent=parent))
         self._meter.wrote(sum(held), pages.page_bytes, time.perf_counter() - started)
         return held
 
@@ -521,6 +542,14 @@ class FluxkvHiCacheStorage(HiCacheStorage):
         if now - self._mismatch_logged_at >= _MISMATCH_LOG_EVERY_S:
             self._mismatch_logged_at = now
             _log.error("fluxkv HiCache storage: a page of another layout in %s, answered as a miss: %s", self.namespace, e)
+
+
+def _page_before(extra_info: Any) -> Optional[str]:
+    """The SGLang key of the page before a batch: the last of ``extra_info.prefix_keys``;
+    None when it names none (no extra_info, an empty list, or ``(None,)``)."""
+    prefix = getattr(extra_info, "prefix_keys", None)
+    last = prefix[-1] if prefix else None
+    return last if isinstance(last, str) and last else None
 
 
 def _copy(target: torch.Tensor, page: Optional[torch.Tensor]) -> bool:

@@ -111,13 +111,29 @@ class PageStore:
 
     # -- stores ----------------------------------------------------------------------------------
 
-    def put_pages(self, hashes, tensors) -> list:
+    def put_pages(self, hashes, tensors, *, parent=None, chain: bool = True) -> list:
         """Store each tensor as the page of its hash; True where the page is cached after the
         call: stored now, or already cached (then it is not rewritten: counted as ``skipped``);
-        False only failing open, where it could not be stored."""
+        False only failing open, where it could not be stored.
+
+        With ``chain`` (the default) the hashes are consecutive pages of one prompt, and each
+        page is put with its parent, so that eviction keeps a prompt's pages while the pages
+        before them are cached, evicts them from the deep end first, and evicts first those
+        whose prefix is gone: page i's parent is page i-1, page 0's is the page of hash
+        ``parent`` (the page before it, e.g. the last of those :meth:`contains_prefix`
+        found), or the root of the chain when ``parent`` is None. ``chain=False`` puts
+        plain keys (pages in no known order); ``parent`` must then be None. A page already
+        cached keeps the parent it was put with."""
         ks = self.keys(hashes)
         ts = list(tensors)
         _same_length(ks, ts, "tensors")
+        if chain:
+            head = "" if parent is None else self.key(parent)
+            parents: list | None = [head] + ks[:-1]
+        elif parent is not None:
+            raise ValueError("parent names the page before a chain: it needs chain=True")
+        else:
+            parents = None
         if not ks:
             return []
         items = [(k, self._page_value(k, t, i)) for i, (k, t) in enumerate(zip(ks, ts))]
@@ -125,7 +141,7 @@ class PageStore:
         def put(c):
             """(cached after the call, stored now) per item."""
             try:
-                c.batch_put(items, reject_if_exists=True)
+                c.batch_put(items, reject_if_exists=True, parents=parents)
                 return [True] * len(items), [True] * len(items)
             except Error as e:
                 errors = getattr(e, "errors", None)

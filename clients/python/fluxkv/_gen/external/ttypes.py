@@ -504,15 +504,17 @@ class PutStartRequest(object):
      - key
      - len
      - opts
+     - parent
 
     """
 
 
-    def __init__(self, session=None, key=None, len=None, opts=None,):
+    def __init__(self, session=None, key=None, len=None, opts=None, parent=None,):
         self.session = session
         self.key = key
         self.len = len
         self.opts = opts
+        self.parent = parent
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -545,6 +547,11 @@ class PutStartRequest(object):
                     self.opts.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.parent = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -570,6 +577,10 @@ class PutStartRequest(object):
         if self.opts is not None:
             oprot.writeFieldBegin('opts', TType.STRUCT, 4)
             self.opts.write(oprot)
+            oprot.writeFieldEnd()
+        if self.parent is not None:
+            oprot.writeFieldBegin('parent', TType.STRING, 5)
+            oprot.writeString(self.parent.encode('utf-8') if sys.version_info[0] == 2 else self.parent)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1832,14 +1843,16 @@ class PutStartItem(object):
      - key
      - len
      - opts
+     - parent
 
     """
 
 
-    def __init__(self, key=None, len=None, opts=None,):
+    def __init__(self, key=None, len=None, opts=None, parent=None,):
         self.key = key
         self.len = len
         self.opts = opts
+        self.parent = parent
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1866,6 +1879,11 @@ class PutStartItem(object):
                     self.opts.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.parent = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1887,6 +1905,10 @@ class PutStartItem(object):
         if self.opts is not None:
             oprot.writeFieldBegin('opts', TType.STRUCT, 3)
             self.opts.write(oprot)
+            oprot.writeFieldEnd()
+        if self.parent is not None:
+            oprot.writeFieldBegin('parent', TType.STRING, 4)
+            oprot.writeString(self.parent.encode('utf-8') if sys.version_info[0] == 2 else self.parent)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3438,6 +3460,7 @@ PutStartRequest.thrift_spec = (
     (2, TType.STRING, 'key', 'UTF8', None, ),  # 2
     (3, TType.I64, 'len', None, None, ),  # 3
     (4, TType.STRUCT, 'opts', [PutOptions, None], None, ),  # 4
+    (5, TType.STRING, 'parent', 'UTF8', None, ),  # 5
 )
 all_structs.append(PutStartResponse)
 PutStartResponse.thrift_spec = (
@@ -3551,6 +3574,7 @@ PutStartItem.thrift_spec = (
     (1, TType.STRING, 'key', 'UTF8', None, ),  # 1
     (2, TType.I64, 'len', None, None, ),  # 2
     (3, TType.STRUCT, 'opts', [PutOptions, None], None, ),  # 3
+    (4, TType.STRING, 'parent', 'UTF8', None, ),  # 4
 )
 all_structs.append(BatchPutStartRequest)
 BatchPutStartRequest.thrift_spec = (

@@ -1,0 +1,157 @@
+"""The backends a trace replays against, started by the pressure harness's own servers
+(bench/pressure/backends): ``fluxkv up`` for one owner, ``pressure.backends.fluxkv.Cluster``
+(a master and N owners with a fresh cluster secret and master key pair) for several,
+Redis and memcached on Unix sockets, Mooncake Store where it is installed.
+
+Sizes. Every backend gets the same cache memory for a capacity of C blocks: C x block bytes
+(the pressure harness's rule: every peer gets the same DRAM and flash, and its defaults
+otherwise), and with SSD on ``--ssd-ratio`` times that in flash. A fluxkv owner's transfer
+reserve lies outside its memory pool: one node runs without one (``--transfer-reserve off``:
+it has nobody to place values on), each owner of a cluster gets min(pool/7, 256 MiB) on top of
+its share of the pool (the owner's default, an eighth of its segment). What each backend really
+holds is read back at the end of the replay (:meth:`Running.held`): per-value overheads (fluxkv's
+64-byte page header and 512-byte granule, memcached's slab classes, Redis's allocator classes)
+make it fewer blocks than C, and the summary says how many."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pressure.backends import fluxkv as fx
+from pressure.backends import load as load_backend
+from pressure.backends.base import CaseSpec
+from pressure.procs import fs_type
+
+from fluxkv.kv import PAGE_HEADER_BYTES
+
+__all__ = ["NAMES", "Target", "Running", "add_arguments", "prepare", "transfer_reserve"]
+
+NAMES = ("fluxkv", "redis", "memcached", "mooncake")
+MOONCAKE_VARIANT = "dedicated_owner"  # one resident store holds all the memory; replay processes only request
+_PAGE = 4096
+_RESERVE_CAP = 256 << 20
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """Each pressure backend's own flags (binaries, Python paths, extra server flags)."""
+    for name in NAMES:
+        mod = load_backend(name)
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(ap.add_argument_group(name))
+
+
+@dataclass(frozen=True)
+class Target:
+    """One backend configuration."""
+
+    backend: str
+    owners: int  # fluxkv: owners; every other backend: 1 server
+    ssd: bool
+
+    @property
+    def label(self) -> str:
+        shape = f" {self.owners} owners" if self.owners > 1 else ""
+        return f"{self.backend}{shape} SSD {'on' if self.ssd else 'off'}"
+
+
+def transfer_reserve(pool: int) -> int:
+    """A cluster owner's transfer reserve for a pool of ``pool`` bytes (an eighth of the segment)."""
+    return min(_RESERVE_CAP, -(-pool // 7 // _PAGE) * _PAGE)
+
+
+def _round_page(n: int) -> int:
+    return -(-n // _PAGE) * _PAGE
+
+
+@dataclass
+class Running:
+    """A backend prepared for one (target, capacity): its server object, case and sizes;
+    ``start`` runs it in a process group."""
+
+    target: Target
+    server: object
+    spec: CaseSpec
+    dram_bytes: int  # cache memory, all servers together
+    ssd_bytes: int
+    transfer_reserve_bytes: int  # per fluxkv owner, outside the pool
+    endpoint: dict | None = None
+    workdir: Path | None = None
+
+    def unavailable(self) -> str | None:
+        return self.server.unavailable(self.spec)
+
+    def start(self, workdir: Path, group) -> dict:
+        self.endpoint = self.server.start(self.spec, workdir, group)
+        self.workdir = workdir
+        return self.endpoint
+
+    def settle(self) -> None:
+        """Wait for background SSD writes to drain, so what is held can be counted."""
+        if self.target.ssd:
+            self.server.settle(60)
+
+    def ssd_counter(self):
+        return self.server.ssd_counter()
+
+    def held(self) -> dict:
+        """Blocks held now: in memory and, SSD on, in flash (None where the backend does not say).
+        memcached's memory count is items less extstore objects, which its counters report with
+        some lag while flushing: approximate with SSD on."""
+        d = self.server.describe()
+        b = self.target.backend
+        if b == "fluxkv":
+            return {"memory": d.get("memory_replicas"), "ssd": d.get("ssd_replicas") if self.target.ssd else 0}
+        if b == "redis":
+            return {"memory": d.get("keys"), "ssd": 0}
+        if b == "memcached":
+            items, flash = d.get("curr_items"), d.get("extstore_objects_used") or 0
+            return {"memory": None if items is None else items - flash, "ssd": flash}
+        return {"memory": None, "ssd": None}
+
+    def describe(self) -> dict:
+        out = {"dram_bytes": self.dram_bytes, "ssd_bytes": self.ssd_bytes}
+        if self.target.backend == "fluxkv" and self.target.owners > 1:
+            out["transfer_reserve_bytes_per_owner"] = self.transfer_reserve_bytes
+        if self.target.ssd and self.workdir is not None:
+            out["ssd_fs"] = fs_type(str(self.workdir))
+        cmd = getattr(self.server, "cmdline", None)
+        if cmd:
+            out["server_cmd"] = " ".join(str(a) for a in cmd)
+        return out
+
+
+def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ratio: float, procs: int, distinct: int) -> Running:
+    """The server and case for ``target`` at ``capacity_blocks`` blocks of ``block_bytes``."""
+    dram = capacity_blocks * block_bytes
+    ssd = int(ssd_ratio * dram) if target.ssd else 0
+    fluxkv = target.backend == "fluxkv"
+    value = block_bytes + PAGE_HEADER_BYTES if fluxkv else block_bytes
+    o = argparse.Namespace(**vars(opts))
+    reserve = 0
+    if fluxkv and target.owners > 1:
+        pool = _round_page(math.ceil(dram / target.owners))
+        reserve = transfer_reserve(pool)
+        o.fluxkv_owner_args = f"{getattr(o, 'fluxkv_owner_args', '') or ''} --transfer-reserve {reserve}".strip()
+        topo = fx.Topology(
+            owners=target.owners,
+            dram_bytes=pool + reserve,
+            ssd_owners=tuple(range(target.owners)) if target.ssd else (),
+            ssd_bytes=_round_page(ssd // target.owners) if target.ssd else 0,
+            attach=tuple(range(target.owners)),
+            put_via=tuple(range(target.owners)),
+        )
+        server = fx.Cluster(o, topo)
+        per_server_dram, per_server_ssd = pool + reserve, topo.ssd_bytes
+    else:
+        if fluxkv:
+            o.fluxkv_up_args = f"{o.fluxkv_up_args or ''} --transfer-reserve off".strip()
+        elif target.owners != 1:
+            raise ValueError(f"{target.backend} runs as one server, not {target.owners}")
+        server = load_backend(target.backend).Server(o)
+        per_server_dram, per_server_ssd = _round_page(dram) if fluxkv else dram, ssd
+    variant = MOONCAKE_VARIANT if target.backend == "mooncake" else None
+    spec = CaseSpec(target.backend, variant, target.ssd, "bytes", value, distinct, per_server_dram, per_server_ssd, procs, 1)
+    return Running(target, server, spec, dram, ssd, reserve)

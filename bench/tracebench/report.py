@@ -1,0 +1,191 @@
+"""The rows of summary.jsonl (one per backend x capacity x SSD x owners, the simulations
+included) and the printed table.
+
+Every row has ``backend`` (fluxkv, mooncake, redis, memcached, sim-lru, sim-s3fifo,
+sim-belady, ideal), ``capacity_fraction`` (of the trace's distinct blocks), ``capacity_blocks``,
+``owners`` and ``ssd`` (None for a simulation: no server), ``hit_rate`` (block accesses
+served from cache, prefix semantics), ``token_hit_rate`` (the same weighted by tokens: 512 a
+block, a request's last block what is left of its input_length) and ``status`` (ok, failed,
+unavailable). A replay row adds lookup+load latency p50/p99 per request, GiB/s moved, hits by
+source and what the backend held at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from pressure.stats import PLACES, attribute_counter, attribute_dram_only, split_by_place
+
+from .backends import Running
+from .replay import ReplayResult
+from .sim import POLICIES, SimResult
+from .trace import Trace
+
+__all__ = ["sim_row", "replay_row", "unavailable_row", "failed_row", "write_jsonl", "table"]
+
+GiB = 1 << 30
+
+
+def _base(backend: str, trace: Trace, capacity_blocks: int, owners, ssd, **extra) -> dict:
+    return {
+        "backend": backend,
+        "capacity_fraction": capacity_blocks / trace.distinct,
+        "capacity_blocks": capacity_blocks,
+        "owners": owners,
+        "ssd": ssd,
+        "requests": len(trace.requests),
+        "blocks": trace.accesses,
+        "distinct_blocks": trace.distinct,
+        **extra,
+    }
+
+
+def token_hits(trace: Trace, hits: list) -> int:
+    return sum(r.prefix_tokens(h) for r, h in zip(trace.requests, hits))
+
+
+def sim_row(s: SimResult, trace: Trace, capacity_blocks: int, context: dict) -> dict:
+    return {
+        **_base(s.policy, trace, capacity_blocks, None, None, **context),
+        "hits": s.hits,
+        "hit_rate": s.hit_rate,
+        "token_hit_rate": s.token_hit_rate,
+        "sim_seconds": round(s.seconds, 3),
+        "status": "ok",
+    }
+
+
+def unavailable_row(run: Running, trace: Trace, capacity_blocks: int, reason: str, context: dict) -> dict:
+    t = run.target
+    return {**_base(t.backend, trace, capacity_blocks, t.owners, t.ssd, **context), **run.describe(),
+            "hit_rate": None, "token_hit_rate": None, "status": "unavailable", "reason": reason}
+
+
+def failed_row(run: Running, trace: Trace, capacity_blocks: int, reason: str, context: dict) -> dict:
+    return {**unavailable_row(run, trace, capacity_blocks, reason, context), "status": "failed"}
+
+
+def percentile_ms(values: list, p: float) -> float | None:
+    """Nearest-rank percentile, in ms, of seconds."""
+    if not values:
+        return None
+    s = sorted(values)
+    return 1000.0 * s[max(0, math.ceil(p / 100.0 * len(s)) - 1)]
+
+
+def sources(run: Running, res: ReplayResult, counter_samples: list) -> dict:
+    """Hits by place (memory/SSD x local/remote) and how they were attributed."""
+    hits = res.loaded
+    by = dict(res.sources)
+    if run.target.backend == "fluxkv":
+        split = split_by_place(hits, by)
+        return {"hits_by_source": split.counts, "sources_method": split.method, "sources_complete": split.complete,
+                **({"sources_note": split.note} if split.note else {})}
+    remote = run.target.backend == "mooncake"  # dedicated owner: every hit crosses to the resident store
+    where = "remote" if remote else "local"
+    counts = {p: 0 for p in PLACES}
+    for k, v in by.items():
+        if k in PLACES:
+            counts[f"{k.split('_')[0]}_{where}"] += v
+    loose = by.get("unattributed", 0) + by.get("unknown", 0)
+    method, complete, note = "per-get", True, ""
+    if loose:
+        a = attribute_counter(loose, counter_samples) if run.target.ssd else attribute_dram_only(loose)
+        counts[f"memory_{where}"] += a.memory
+        counts[f"ssd_{where}"] += a.ssd
+        method, complete, note = a.method, a.complete, a.note
+        if not a.complete:
+            counts = {p: None for p in PLACES}
+    out = {"hits_by_source": counts, "sources_method": method, "sources_complete": complete}
+    if note:
+        out["sources_note"] = note
+    return out
+
+
+def replay_row(run: Running, trace: Trace, capacity_blocks: int, res: ReplayResult, block_bytes: int, held: dict,
+               counter_samples: list, context: dict) -> dict:
+    t = run.target
+    hits = sum(res.hits)
+    stored = res.store_attempts - res.put_failed - res.skipped
+    loaded_bytes, stored_bytes = res.loaded * block_bytes, stored * block_bytes
+    load_s, store_s = sum(res.lookup_load_s), sum(res.store_s)
+    problems = []
+    if res.wrong_bytes:
+        problems.append(f"{res.wrong_bytes} wrong bytes in {res.verified} pages checked")
+    if hits != res.loaded:
+        problems.append(f"{hits} prefix hits but {res.loaded} pages loaded")
+    row = {
+        **_base(t.backend, trace, capacity_blocks, t.owners, t.ssd, **context),
+        **run.describe(),
+        "held_blocks": held.get("memory"),
+        "held_ssd_blocks": held.get("ssd"),
+        "hits": hits,
+        "hit_rate": hits / trace.accesses,
+        "token_hit_rate": token_hits(trace, res.hits) / trace.tokens,
+        "p50_ms": percentile_ms(res.lookup_load_s, 50),
+        "p99_ms": percentile_ms(res.lookup_load_s, 99),
+        "gib_per_s": (loaded_bytes + stored_bytes) / GiB / res.wall_s if res.wall_s else None,
+        "load_gib_per_s": loaded_bytes / GiB / load_s if load_s else None,
+        "store_gib_per_s": stored_bytes / GiB / store_s if store_s else None,
+        "loaded_bytes": loaded_bytes,
+        "stored_bytes": stored_bytes,
+        **sources(run, res, counter_samples),
+        "put_failed": res.put_failed,
+        "already_cached_puts": res.skipped,
+        "errors": res.errors,
+        "verified_pages": res.verified,
+        "wrong_bytes": res.wrong_bytes,
+        "chained_puts": res.chained,
+        "buffer_pages": res.buffer_pages,
+        "wall_s": round(res.wall_s, 3),
+        "status": "failed" if problems else "ok",
+    }
+    if problems:
+        row["reason"] = "; ".join(problems)
+    return row
+
+
+def write_jsonl(rows: list, path: Path) -> None:
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:5.1f}"
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _sources_text(r: dict) -> str:
+    s = r.get("hits_by_source")
+    if not s:
+        return ""
+    if not r.get("sources_complete"):
+        return "unknown"
+    return " ".join(f"{k.replace('memory', 'mem')}={v}" for k, v in s.items() if v)
+
+
+def _table_order(r: dict) -> tuple:
+    sims = list(POLICIES)
+    return (r["capacity_blocks"], r["owners"] is None, sims.index(r["backend"]) if r["backend"] in sims else 0,
+            r["backend"], r["owners"] or 0, bool(r["ssd"]))
+
+
+def table(rows: list) -> str:
+    """The rows as a fixed-width table, capacities in order, simulations last in each."""
+    head = f"{'backend':<12} {'own':>3} {'SSD':>3} {'capacity':>14} {'held':>7} {'hit %':>6} {'tok %':>6} {'p50 ms':>7} {'p99 ms':>7} {'GiB/s':>6}  sources / status"
+    lines = [head, "-" * len(head)]
+    for r in sorted(rows, key=_table_order):
+        ssd = "" if r["ssd"] is None else ("on" if r["ssd"] else "off")
+        cap = f"{r['capacity_blocks']:,} ({100 * r['capacity_fraction']:.1f}%)"
+        tail = _sources_text(r) if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"
+        lines.append(
+            f"{r['backend']:<12} {'' if r['owners'] is None else r['owners']:>3} {ssd:>3} {cap:>14} {_num(r.get('held_blocks'), ','):>7} "
+            f"{_pct(r['hit_rate']):>6} {_pct(r['token_hit_rate']):>6} {_num(r.get('p50_ms'), '.2f'):>7} {_num(r.get('p99_ms'), '.2f'):>7} "
+            f"{_num(r.get('gib_per_s'), '.2f'):>6}  {tail}"
+        )
+    return "\n".join(lines)

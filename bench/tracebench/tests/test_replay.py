@@ -1,0 +1,177 @@
+"""Replays of a small synthetic trace against a real ``fluxkv up``: with room for every block the
+hits per request are the infinite cache's, every page loaded is checked byte for byte (a wrong
+one fails the case), and the CLI writes summary.jsonl and trace.png. Without a daemon: the
+chain's parent handed to put_pages, page contents, capacity flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from pressure.procs import Group
+from tracebench import backends as tb
+from tracebench import cli, report, sim, worker
+from tracebench.clients import FluxkvPages
+from tracebench.pages import Pages
+from tracebench.replay import ReplayConfig, replay
+from tracebench.trace import load
+
+BLOCK = 4096
+NAMESPACE = ReplayConfig().namespace
+
+
+def write_trace(path) -> str:
+    """Four conversations of five turns, interleaved; every prompt starts with block 0 (a shared
+    system prompt) and turn t of conversation c extends turn t - 1 by one block."""
+    lines = []
+    for t in range(5):
+        for c in range(4):
+            ids = [0] + [100 * (c + 1) + j for j in range(t + 1)]
+            lines.append(json.dumps({"timestamp": 10 * len(lines), "input_length": 512 * len(ids) - 100, "output_length": 5, "hash_ids": ids}))
+    f = path / "synthetic.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    return str(f)
+
+
+def options(fluxkv_bin: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    tb.add_arguments(ap)
+    return ap.parse_args(["--fluxkv-bin", fluxkv_bin])
+
+
+def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_bin, tmp_path):
+    t = load(write_trace(tmp_path))
+    run = tb.prepare(tb.Target("fluxkv", 1, False), options(fluxkv_bin), 2 * t.distinct, BLOCK, 5, 2, t.distinct)
+    with Group() as g:
+        run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
+        res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=2, window=1, verify_every=1))
+        held = run.held()
+    ideal = sim.simulate(t, sim.Infinite())
+    assert res.hits == ideal.per_request
+    assert res.loaded == res.verified == sum(ideal.per_request) > 0
+    assert res.wrong_bytes == 0 and res.put_failed == 0 and res.errors == 0
+    assert dict(res.sources) == {"memory_local": res.loaded}
+    assert held["memory"] == t.distinct
+
+
+def test_a_wrong_page_fails_the_case(fluxkv_bin, tmp_path):
+    import fluxkv
+    from fluxkv import kv
+
+    t = load(write_trace(tmp_path))
+    run = tb.prepare(tb.Target("fluxkv", 1, False), options(fluxkv_bin), 2 * t.distinct, BLOCK, 5, 1, t.distinct)
+    pages = Pages(BLOCK)
+    wrong = pages.buffers(1)[0]
+    pages.fill(wrong, 7)  # block 7's bytes under block 0's key
+    with Group() as g:
+        run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
+        with fluxkv.connect(run.endpoint["socket"]) as c:
+            assert kv.PageStore(c, NAMESPACE).put_pages([0], [wrong]) == [True]
+        res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=1, verify_every=1))
+        row = report.replay_row(run, t, 2 * t.distinct, res, BLOCK, run.held(), [], {})
+    assert res.wrong_bytes > 0
+    assert row["status"] == "failed" and "wrong bytes" in row["reason"]
+
+
+def test_cli_writes_summary_rows_and_chart(fluxkv_bin, tmp_path):
+    f = write_trace(tmp_path)
+    ample = 2 * load(f).distinct
+    out = tmp_path / "out"
+    rc = cli.main(["--trace", f, "--backends", "fluxkv", "--ssd", "off", "--capacity", "2.0,8b", "--procs", "2", "--window", "1",
+                   "--block-bytes", "4KiB", "--out", str(out), "--fluxkv-bin", fluxkv_bin, "--work-dir", str(tmp_path)])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
+    assert {(r["backend"], r["capacity_blocks"]) for r in rows} == {(b, c) for b in ("fluxkv", *sim.POLICIES) for c in (ample, 8)}
+    for r in rows:
+        for k in ("backend", "capacity_fraction", "capacity_blocks", "owners", "ssd", "hit_rate", "token_hit_rate", "status"):
+            assert k in r, k
+        assert r["status"] == "ok"
+    fx = {r["capacity_blocks"]: r for r in rows if r["backend"] == "fluxkv"}
+    ideal = next(r for r in rows if r["backend"] == "ideal")
+    assert fx[ample]["hit_rate"] == ideal["hit_rate"] > 0 and fx[ample]["token_hit_rate"] == ideal["token_hit_rate"]
+    assert 0 < fx[8]["held_blocks"] <= 8 and fx[8]["hit_rate"] < ideal["hit_rate"]
+    for k in ("p50_ms", "p99_ms", "gib_per_s", "hits_by_source", "wrong_bytes", "held_blocks"):
+        assert fx[8][k] is not None, k
+    assert (out / "trace.png").stat().st_size > 10_000
+
+
+class FakePages:
+    """A page client that remembers what was stored and the parent each store named."""
+
+    def __init__(self):
+        self.cached: set = set()
+        self.stores: list = []
+
+    def lookup(self, ids) -> int:
+        n = 0
+        while n < len(ids) and ids[n] in self.cached:
+            n += 1
+        return n
+
+    def load(self, ids, bufs) -> int:
+        return len(ids)
+
+    def store_pages(self, ids, bufs, parent) -> int:
+        self.stores.append((list(ids), parent))
+        self.cached.update(ids)
+        return 0
+
+
+def test_stores_name_the_chain_parent_in_chunks_of_the_buffers():
+    sync = worker.Sync(mp.get_context("spawn"), 2)
+    sync.start_at.value = 0.0
+    plan = worker.Plan(0, "fake", {}, {}, [(0, 0, (1, 2, 3)), (1, 0, (1, 2, 4, 5, 6))], 64, 2, 1, 0, 0.0, 1, NAMESPACE)
+    pc = FakePages()
+    out = worker.serve(plan, sync, pc)
+    assert pc.stores == [([1, 2], None), ([3], 2), ([4, 5], 2), ([6], 5)]
+    assert [r[1] for r in out["rows"]] == [0, 2]
+
+
+def test_put_pages_gets_the_parent_only_where_page_store_takes_it(monkeypatch):
+    from fluxkv import kv
+
+    seen = []
+
+    class ChainedStore:
+        def __init__(self, client, namespace, **kw):
+            pass
+
+        def put_pages(self, hashes, tensors, parent=None):
+            seen.append(parent)
+            return [True] * len(hashes)
+
+    class PlainStore(ChainedStore):
+        def put_pages(self, hashes, tensors):
+            seen.append("plain")
+            return [True] * len(hashes)
+
+    client = argparse.Namespace(batch_get=lambda keys: [])
+    for store, expect in ((ChainedStore, 9), (PlainStore, "plain")):
+        monkeypatch.setattr(kv, "PageStore", store)
+        assert FluxkvPages(client, NAMESPACE, 0).store_pages([10], [np.zeros(8, np.uint8)], 9) == 0
+        assert seen[-1] == expect
+
+
+def test_pages_are_a_function_of_the_id_and_wrong_bytes_count():
+    p = Pages(3 * 4096)
+    a, b = p.buffers(2)
+    p.fill(a, 1)
+    p.fill(b, 1)
+    assert np.array_equal(a, b) and p.wrong_bytes(a, 1) == 0
+    assert p.wrong_bytes(a, 2) == 3  # ids 1 and 2 differ in one byte of each 4 KiB's id word
+    a[5000] ^= 0xFF
+    assert p.wrong_bytes(a, 1) == 1
+
+
+def test_capacity_flags():
+    assert cli.parse_capacity("0.10", 1000, 4096) == 100
+    assert cli.parse_capacity("4000b", 1000, 4096) == 4000
+    assert cli.parse_capacity("1MiB", 1000, 4096) == 256
+    for bad in ("4000", "x", "1b"):
+        with pytest.raises(ValueError):
+            cli.parse_capacity(bad, 1000, 4096)
+    assert [t.label for t in cli.targets(["fluxkv", "redis"], [1, 3], [False])] == ["fluxkv SSD off", "fluxkv 3 owners SSD off", "redis SSD off"]

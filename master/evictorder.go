@@ -1,0 +1,97 @@
+package master
+
+// evictOrder is a node's eviction order: plain keys in a weighted S3-FIFO (Policy),
+// KV pages put with a parent in a pagePolicy. A node holding only plain keys evicts
+// exactly as the S3-FIFO alone would. When it holds both, each draw goes to the class
+// whose next candidate is older on the node's clock (a tick per insert or hit; a page
+// counts its priority, hit bonus included); a class that finds no acceptable victim
+// hands the draw to the other. The most recently inserted key is chosen only when it
+// is the last key left. Not safe for concurrent use.
+type evictOrder struct {
+	plain *Policy[string]
+	pages *pagePolicy
+	clock int64
+}
+
+func newEvictOrder() *evictOrder {
+	return &evictOrder{plain: NewPolicy[string](), pages: newPagePolicy()}
+}
+
+// Len is the number of live keys; Weight their bytes.
+func (o *evictOrder) Len() int      { return o.plain.Len() + o.pages.Len() }
+func (o *evictOrder) Weight() int64 { return o.plain.Weight() + o.pages.Weight() }
+
+func (o *evictOrder) tick() int64 {
+	o.clock++
+	o.plain.now = o.clock
+	return o.clock
+}
+
+// Insert adds a plain key (see Policy.Insert).
+func (o *evictOrder) Insert(k string, weight int64) {
+	o.pages.remove(k)
+	o.tick()
+	o.plain.Insert(k, weight)
+	o.pages.newest = nil
+}
+
+// InsertPage adds a KV page whose parent key is parent ("" for a chain's first page);
+// orphan says the parent has no route (the page is then the first victim).
+func (o *evictOrder) InsertPage(k string, weight int64, parent string, orphan bool) {
+	o.plain.Remove(k)
+	o.pages.insert(k, weight, parent, parent != "", orphan, o.tick())
+	o.plain.newest = nil
+}
+
+// Touch records a hit on k.
+func (o *evictOrder) Touch(k string) {
+	now := o.tick()
+	if o.pages.has(k) {
+		o.pages.touch(k, now)
+		return
+	}
+	o.plain.Touch(k)
+}
+
+// Orphan makes page k a first victim (its parent lost its route); Adopt undoes it.
+func (o *evictOrder) Orphan(k string) { o.pages.orphan(k) }
+func (o *evictOrder) Adopt(k string)  { o.pages.adopt(k) }
+
+// Remove forgets a live key without reporting it as a victim.
+func (o *evictOrder) Remove(k string) bool {
+	return o.pages.remove(k) || o.plain.Remove(k)
+}
+
+// VictimWhere evicts the first key accept takes, drawing at most limit keys from the
+// class the next draw belongs to (see evictOrder), then from the other; false when none
+// was accepted, and then nothing was evicted.
+func (o *evictOrder) VictimWhere(accept func(string) bool, limit int) (string, bool) {
+	if o.pages.Len() == 0 {
+		return o.plain.VictimWhere(accept, limit)
+	}
+	protect := o.Len() > 1
+	plainAccept := accept
+	if newest := o.plain.newest; protect && newest != nil {
+		// Policy hands out its newest key once it refused the rest: not while pages are left.
+		plainAccept = func(k string) bool { return k != newest.key && accept(k) }
+	}
+	pagesFirst := o.pagesFirst()
+	for range 2 {
+		if pagesFirst {
+			if k, ok := o.pages.victimWhere(accept, limit, protect); ok {
+				return k, true
+			}
+		} else if k, ok := o.plain.VictimWhere(plainAccept, limit); ok {
+			return k, true
+		}
+		pagesFirst = !pagesFirst
+	}
+	return "", false
+}
+
+// pagesFirst reports whether the next draw goes to the pages.
+func (o *evictOrder) pagesFirst() bool {
+	pp, okp := o.pages.minPriority()
+	ps, oks := o.plain.nextStamp()
+	return okp && (!oks || pp < ps)
+}

@@ -1,0 +1,342 @@
+package master
+
+import (
+	"container/heap"
+	"math"
+)
+
+// pagePolicy orders the memory replicas of one node's chained keys (KV pages put with
+// their parent, the page before them in a prefix chain) for eviction. A request reuses
+// the leading pages of its chain that are cached and stops at the first miss, so a page
+// is worth keeping only while its parent is: the policy evicts the lowest priority
+// first. A page's own priority is the node's access clock at its last insert or hit
+// plus pageFreqBonus for each doubling of its hits (recency and frequency: on the
+// conversation trace most pages are used once, and a page used again is likely to be
+// used yet again); its priority is that, capped by its parent's when the parent is a
+// page on this node, so a chain is evicted from its deep end (ties go to the deeper
+// page). A page whose parent has no route (an orphan) has priority zero, and so has
+// every page under it on this node: they are the first victims, deepest first. Evicted
+// pages are remembered, with their hit counts, in a ghost list as long as four times
+// the live pages, so a page put again soon after its eviction keeps its history.
+//
+// The pages of each parent key are linked (kids), so a change that lowers a page's
+// priority or moves its depth (it became an orphan, its parent was put after it, a
+// batch published it first) is carried down to the pages under it, and adoption lifts
+// them again; a raise (a hit) is not carried down: the pages under it already rank no
+// later. Operations are O(log n), those that carry a change O(pages under the page ·
+// log n); memory is O(keys). Not safe for concurrent use; evictOrder drives it with
+// the shared clock.
+type pagePolicy struct {
+	entries map[string]*pageEntry
+	kids    map[string]*pageEntry // parent key → the first of the live pages put under it
+	heap    pageHeap
+	weight  int64
+	newest  *pageEntry
+	ghost   map[string]pageGhost
+	ghostQ  []ghostRef // oldest first from ghostAt
+	ghostAt int
+	seq     uint64
+	pass    uint64 // numbers the walks of update (a cycle of parents ends them)
+}
+
+const (
+	// pageFreqBonus is the priority a page gains per doubling of its hits, in clock
+	// ticks (inserts and hits on the node). Measured on the conversation trace (see
+	// README): 16Ki ticks is about three minutes of that service's block accesses.
+	pageFreqBonus = 1 << 14
+	// maxPageFreq caps the hit count (the bonus grows with its logarithm).
+	maxPageFreq = 1 << 16
+	// pageGhostFactor is the ghost list's length in live pages.
+	pageGhostFactor = 4
+)
+
+type pageEntry struct {
+	key       string
+	parent    string
+	hasParent bool
+	orphan    bool // the parent has no route
+	weight    int64
+	freq      uint32
+	own       int64 // the clock at the last insert or hit, plus the hit bonus
+	prio      int64 // own capped by the parent's here; zero for an orphan or under one
+	depth     int32 // on this node: 1 + the parent's when the parent is a page here
+	seq       uint64
+	pass      uint64
+	index     int // in the heap; -1 while out of it
+	// prevKid, nextKid link the live pages of the same parent key.
+	prevKid, nextKid *pageEntry
+}
+
+type pageGhost struct {
+	freq uint32
+	seq  uint64
+}
+
+type ghostRef struct {
+	key string
+	seq uint64
+}
+
+func newPagePolicy() *pagePolicy {
+	return &pagePolicy{entries: make(map[string]*pageEntry), kids: make(map[string]*pageEntry), ghost: make(map[string]pageGhost)}
+}
+
+func (p *pagePolicy) Len() int      { return len(p.heap) }
+func (p *pagePolicy) Weight() int64 { return p.weight }
+
+// has reports whether k is a live page.
+func (p *pagePolicy) has(k string) bool { return p.entries[k] != nil }
+
+// insert adds page k (or refreshes a live one, counting a hit) at clock now; orphan
+// says its parent has no route.
+func (p *pagePolicy) insert(k string, weight int64, parent string, hasParent, orphan bool, now int64) {
+	e := p.entries[k]
+	moved := true
+	if e == nil {
+		p.seq++
+		e = &pageEntry{key: k, freq: 1, seq: p.seq, index: -1}
+		if g, ok := p.ghost[k]; ok {
+			e.freq = min(g.freq+1, maxPageFreq)
+			delete(p.ghost, k)
+		}
+		p.entries[k] = e
+	} else {
+		p.weight -= e.weight
+		e.freq = min(e.freq+1, maxPageFreq)
+		if moved = e.parent != parent || e.hasParent != hasParent; moved {
+			p.unlink(e)
+		}
+	}
+	p.weight += weight
+	e.weight, e.orphan = weight, orphan
+	e.parent, e.hasParent = parent, hasParent
+	if moved {
+		p.link(e)
+	}
+	e.own = p.own(e, now)
+	p.newest = e
+	p.update(e)
+}
+
+// touch records a hit on a live page.
+func (p *pagePolicy) touch(k string, now int64) {
+	if e := p.entries[k]; e != nil {
+		e.freq = min(e.freq+1, maxPageFreq)
+		e.own = p.own(e, now)
+		p.update(e)
+	}
+}
+
+// orphan makes page k and the pages under it here the first victims (its parent lost
+// its route); adopt undoes that (the parent was put again).
+func (p *pagePolicy) orphan(k string) { p.setOrphan(k, true) }
+func (p *pagePolicy) adopt(k string)  { p.setOrphan(k, false) }
+
+func (p *pagePolicy) setOrphan(k string, orphan bool) {
+	if e := p.entries[k]; e != nil && e.orphan != orphan {
+		e.orphan = orphan
+		p.update(e)
+	}
+}
+
+func (p *pagePolicy) own(e *pageEntry, now int64) int64 {
+	return now + int64(pageFreqBonus*math.Log2(float64(e.freq)))
+}
+
+// rank is e's priority and depth from its own priority, its orphan mark and its parent.
+func (p *pagePolicy) rank(e *pageEntry) (prio int64, depth int32) {
+	prio = e.own
+	if e.orphan {
+		prio = 0
+	}
+	if par := p.parentOf(e); par != nil {
+		return min(prio, par.prio), par.depth + 1
+	}
+	return prio, 0
+}
+
+// parentOf is e's parent when it is a live page here.
+func (p *pagePolicy) parentOf(e *pageEntry) *pageEntry {
+	if !e.hasParent {
+		return nil
+	}
+	return p.entries[e.parent]
+}
+
+// update ranks e again (entering it in the heap when it is out) and carries a change
+// down: to the pages under e whose rank it lowers or moves, and, when e rose from
+// zero, whose rank it lifts. A page met twice in one walk (a cycle of parents) stops it.
+func (p *pagePolicy) update(e *pageEntry) {
+	p.pass++
+	var todo []*pageEntry
+	for {
+		if e.pass != p.pass {
+			e.pass = p.pass
+			if p.rerank(e) {
+				for c := p.kids[e.key]; c != nil; c = c.nextKid {
+					todo = append(todo, c)
+				}
+			}
+		}
+		if len(todo) == 0 {
+			return
+		}
+		e = todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+	}
+}
+
+// rerank sets e's priority and depth and its place in the heap; it reports whether the
+// pages under e must be ranked again.
+func (p *pagePolicy) rerank(e *pageEntry) bool {
+	prio, depth := p.rank(e)
+	fresh := e.index < 0
+	carry := fresh || prio < e.prio || depth != e.depth || (e.prio == 0 && prio != 0)
+	e.prio, e.depth = prio, depth
+	if fresh {
+		heap.Push(&p.heap, e)
+	} else {
+		heap.Fix(&p.heap, e.index)
+	}
+	return carry
+}
+
+func (p *pagePolicy) link(e *pageEntry) {
+	if !e.hasParent {
+		return
+	}
+	head := p.kids[e.parent]
+	e.prevKid, e.nextKid = nil, head
+	if head != nil {
+		head.prevKid = e
+	}
+	p.kids[e.parent] = e
+}
+
+func (p *pagePolicy) unlink(e *pageEntry) {
+	if !e.hasParent {
+		return
+	}
+	if e.prevKid != nil {
+		e.prevKid.nextKid = e.nextKid
+	} else if e.nextKid != nil {
+		p.kids[e.parent] = e.nextKid
+	} else {
+		delete(p.kids, e.parent)
+	}
+	if e.nextKid != nil {
+		e.nextKid.prevKid = e.prevKid
+	}
+	e.prevKid, e.nextKid = nil, nil
+}
+
+// remove forgets a live page without reporting it as a victim.
+func (p *pagePolicy) remove(k string) bool {
+	e := p.entries[k]
+	if e == nil {
+		return false
+	}
+	heap.Remove(&p.heap, e.index)
+	p.drop(e)
+	return true
+}
+
+// drop forgets e (out of the heap); the pages under it lose its cap and depth.
+func (p *pagePolicy) drop(e *pageEntry) {
+	p.unlink(e)
+	delete(p.entries, e.key)
+	p.weight -= e.weight
+	if p.newest == e {
+		p.newest = nil
+	}
+	for c := p.kids[e.key]; c != nil; c = c.nextKid {
+		p.update(c)
+	}
+}
+
+// victimWhere draws pages lowest priority first and evicts the first that accept takes
+// (remembered in the ghost); the others go back unchanged. The newest page is passed
+// over unless protectNewest is false. At most limit pages are drawn.
+func (p *pagePolicy) victimWhere(accept func(string) bool, limit int, protectNewest bool) (string, bool) {
+	var back []*pageEntry
+	var victim *pageEntry
+	for range limit {
+		if len(p.heap) == 0 {
+			break
+		}
+		e := heap.Pop(&p.heap).(*pageEntry)
+		if (protectNewest && e == p.newest) || !accept(e.key) {
+			back = append(back, e)
+			continue
+		}
+		victim = e
+		break
+	}
+	for _, e := range back {
+		heap.Push(&p.heap, e)
+	}
+	if victim == nil {
+		return "", false
+	}
+	p.drop(victim)
+	p.remember(victim)
+	return victim.key, true
+}
+
+// minPriority is the priority of the next victim; ok is false without pages.
+func (p *pagePolicy) minPriority() (int64, bool) {
+	if len(p.heap) == 0 {
+		return 0, false
+	}
+	return p.heap[0].prio, true
+}
+
+// remember puts an evicted page in the ghost and trims the ghost to its length.
+func (p *pagePolicy) remember(e *pageEntry) {
+	p.seq++
+	p.ghost[e.key] = pageGhost{freq: e.freq, seq: p.seq}
+	p.ghostQ = append(p.ghostQ, ghostRef{e.key, p.seq})
+	for len(p.ghost) > max(pageGhostFactor*p.Len(), minGhost) && p.ghostAt < len(p.ghostQ) {
+		g := p.ghostQ[p.ghostAt]
+		p.ghostAt++
+		if cur, ok := p.ghost[g.key]; ok && cur.seq == g.seq {
+			delete(p.ghost, g.key)
+		}
+	}
+	if p.ghostAt > len(p.ghostQ)/2 {
+		p.ghostQ = append(p.ghostQ[:0:0], p.ghostQ[p.ghostAt:]...)
+		p.ghostAt = 0
+	}
+}
+
+// pageHeap is a min-heap of pages by priority, deeper first, then older first.
+type pageHeap []*pageEntry
+
+func (h pageHeap) Len() int { return len(h) }
+func (h pageHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.prio != b.prio {
+		return a.prio < b.prio
+	}
+	if a.depth != b.depth {
+		return a.depth > b.depth
+	}
+	return a.seq < b.seq
+}
+func (h pageHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *pageHeap) Push(x any) {
+	e := x.(*pageEntry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *pageHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.index = -1
+	return e
+}

@@ -1,0 +1,319 @@
+package master
+
+import (
+	"fmt"
+	"testing"
+)
+
+// checkPagePolicy verifies a pagePolicy's structure: the heap holds every live page once
+// at its index and in heap order, weights add up, the newest page is live, the ghost is
+// bounded and holds no live page, and every page ranks no later than its parent on this
+// node (a lower priority, or the same and deeper).
+func checkPagePolicy(t testing.TB, p *pagePolicy) {
+	t.Helper()
+	if len(p.heap) != len(p.entries) {
+		t.Fatalf("%d pages in the heap, %d in the map", len(p.heap), len(p.entries))
+	}
+	var w int64
+	for i, e := range p.heap {
+		if e.index != i || p.entries[e.key] != e {
+			t.Fatalf("heap[%d] = %q (index %d) is not the map's entry", i, e.key, e.index)
+		}
+		if i > 0 && p.heap.Less(i, (i-1)/2) {
+			t.Fatalf("heap[%d] = %q ranks before its heap parent", i, e.key)
+		}
+		w += e.weight
+		if _, ghost := p.ghost[e.key]; ghost {
+			t.Fatalf("live page %q is in the ghost", e.key)
+		}
+		if par := p.entries[e.parent]; e.hasParent && par != nil && !inCycle(p, e) && !ranksBefore(e, par) {
+			t.Fatalf("page %q (priority %d, depth %d) ranks after its parent %q (priority %d, depth %d)",
+				e.key, e.prio, e.depth, par.key, par.prio, par.depth)
+		}
+	}
+	if w != p.weight {
+		t.Fatalf("pages weigh %d, counted %d", w, p.weight)
+	}
+	if p.newest != nil && p.entries[p.newest.key] != p.newest {
+		t.Fatalf("newest page %q is not live", p.newest.key)
+	}
+	if len(p.ghost) > max(pageGhostFactor*p.Len(), minGhost) {
+		t.Fatalf("ghost holds %d pages for %d live", len(p.ghost), p.Len())
+	}
+}
+
+// ranksBefore reports whether page a is drawn before page b (a < b in the heap order,
+// the sequence tie-break left out: equal priority and depth is neither way).
+func ranksBefore(a, b *pageEntry) bool {
+	return a.prio < b.prio || (a.prio == b.prio && a.depth > b.depth)
+}
+
+// inCycle reports whether e's chain of live parent pages leads back to e (puts may name
+// each other as parents: such pages have no order to keep).
+func inCycle(p *pagePolicy, e *pageEntry) bool {
+	c := e
+	for range len(p.entries) {
+		if c = p.entries[c.parent]; c == nil || !c.hasParent {
+			return false
+		}
+		if c == e {
+			return true
+		}
+	}
+	return true
+}
+
+// orderModel is what State tells a node's evictOrder, replayed on one node: routed keys
+// (a route may outlive the memory replica, as with an SSD copy), the live keys with
+// their weights and parents, and the newest key.
+type orderModel struct {
+	t        *testing.T
+	o        *evictOrder
+	routed   map[string]bool
+	live     map[string]modelKey
+	weight   int64
+	newest   string
+	hasNew   bool
+	victims  int
+	orphansA int // victims drawn while an orphan was a candidate
+}
+
+type modelKey struct {
+	weight    int64
+	page      bool
+	parent    string
+	hasParent bool
+}
+
+func newOrderModel(t *testing.T) *orderModel {
+	return &orderModel{t: t, o: newEvictOrder(), routed: map[string]bool{}, live: map[string]modelKey{}}
+}
+
+// route and unroute mirror setRouteLocked / unsetRouteLocked: a route adopts or
+// orphans the live pages whose parent is the key.
+func (m *orderModel) route(k string) {
+	m.routed[k] = true
+	for c, v := range m.live {
+		if v.page && v.hasParent && v.parent == k {
+			m.o.Adopt(c)
+		}
+	}
+}
+
+func (m *orderModel) unroute(k string) {
+	delete(m.routed, k)
+	for c, v := range m.live {
+		if v.page && v.hasParent && v.parent == k {
+			m.o.Orphan(c)
+		}
+	}
+}
+
+// put publishes k (a page when page, with parent unless it is ""), as publishLocked
+// does: the old route goes, the new one is set, then the replica enters the order.
+func (m *orderModel) put(k string, w int64, page bool, parent string) {
+	if _, ok := m.live[k]; ok {
+		m.forget(k)
+	}
+	if m.routed[k] {
+		m.unroute(k)
+	}
+	m.route(k)
+	if page {
+		m.o.InsertPage(k, w, parent, parent != "" && !m.routed[parent])
+	} else {
+		m.o.Insert(k, w)
+	}
+	m.live[k] = modelKey{weight: w, page: page, parent: parent, hasParent: page && parent != ""}
+	m.weight += w
+	m.newest, m.hasNew = k, true
+}
+
+// forget drops k's replica from the order and the model (its route is left alone).
+func (m *orderModel) forget(k string) {
+	v, ok := m.live[k]
+	if got := m.o.Remove(k); got != ok {
+		m.t.Fatalf("Remove(%q) = %v, model %v", k, got, ok)
+	}
+	m.drop(k, v)
+}
+
+func (m *orderModel) drop(k string, v modelKey) {
+	m.weight -= v.weight
+	delete(m.live, k)
+	if k == m.newest {
+		m.hasNew = false
+	}
+}
+
+// stranded reports whether live page k is an orphan or lies under one on this node: its
+// chain of live pages reaches a page whose parent has no route.
+func (m *orderModel) stranded(k string) bool {
+	for range len(m.live) + 1 {
+		v := m.live[k]
+		if !v.hasParent {
+			return false
+		}
+		if !m.routed[v.parent] {
+			return true
+		}
+		pv, ok := m.live[v.parent]
+		if !ok || !pv.page {
+			return false
+		}
+		k = v.parent
+	}
+	return false // a cycle of parents: no page of it is an orphan
+}
+
+// cyclic reports whether live page k's chain of live parent pages leads back to it.
+func (m *orderModel) cyclic(k string) bool {
+	c := k
+	for range len(m.live) {
+		v, ok := m.live[c]
+		if !ok || !v.page || !v.hasParent {
+			return false
+		}
+		if c = v.parent; c == k {
+			return true
+		}
+	}
+	return true
+}
+
+// victim draws a victim through VictimWhere (refusing the keys refuse names) and checks
+// it: live, accepted, the newest only when no other key is a candidate, no live page whose
+// parent it is left behind (but the newest), an orphan (or under one) whenever a
+// candidate is, and a page before every plain key while an orphan is a candidate.
+func (m *orderModel) victim(refuse func(string) bool) bool {
+	k, ok := m.o.VictimWhere(func(k string) bool { return !refuse(k) }, len(m.live)+1)
+	candidates, stranded := 0, 0
+	for c, v := range m.live {
+		if refuse(c) || (m.hasNew && c == m.newest && len(m.live) > 1) {
+			continue
+		}
+		candidates++
+		if v.page && m.stranded(c) {
+			stranded++
+		}
+	}
+	// With every other key refused, the S3-FIFO may hand out its newest key.
+	if (candidates > 0 && !ok) || (candidates == 0 && ok && k != m.newest) {
+		m.t.Fatalf("VictimWhere() = %q, %v with %d candidates", k, ok, candidates)
+	}
+	if !ok {
+		return false
+	}
+	v, live := m.live[k]
+	switch {
+	case !live:
+		m.t.Fatalf("victim %q is not live", k)
+	case refuse(k):
+		m.t.Fatalf("victim %q was refused", k)
+	case candidates > 0 && m.hasNew && k == m.newest && len(m.live) > 1:
+		m.t.Fatalf("victim %q is the newest key, with %d others live", k, len(m.live)-1)
+	case stranded > 0 && !(v.page && m.stranded(k)):
+		m.t.Fatalf("victim %q is not an orphan, while %d orphans are candidates", k, stranded)
+	}
+	if v.page && !m.cyclic(k) {
+		for c, cv := range m.live {
+			if cv.page && cv.hasParent && cv.parent == k && c != k && !refuse(c) && !(m.hasNew && c == m.newest) {
+				m.t.Fatalf("victim %q leaves its child page %q behind", k, c)
+			}
+		}
+	}
+	m.victims++
+	if stranded > 0 {
+		m.orphansA++
+	}
+	m.drop(k, v)
+	m.unroute(k) // a sole memory replica: its route goes with it
+	return true
+}
+
+func (m *orderModel) check(what string) {
+	m.t.Helper()
+	checkPagePolicy(m.t, m.o.pages)
+	checkPolicy(m.t, m.o.plain)
+	if m.o.Len() != len(m.live) || m.o.Weight() != m.weight {
+		m.t.Fatalf("after %s: len %d weight %d, model %d and %d", what, m.o.Len(), m.o.Weight(), len(m.live), m.weight)
+	}
+	for k, v := range m.live {
+		if v.page != m.o.pages.has(k) || !v.page != m.o.plain.has(k) {
+			m.t.Fatalf("after %s: %q (page %v) is in the wrong class", what, k, v.page)
+		}
+		if e := m.o.pages.entries[k]; e != nil && (e.prio == 0) != m.stranded(k) {
+			m.t.Fatalf("after %s: page %q has priority %d, stranded %v", what, k, e.prio, m.stranded(k))
+		}
+	}
+}
+
+// FuzzPagePolicy replays random State-like sequences on one node's evictOrder: puts of
+// pages (a parent chosen among the keys, or a chain's first page) and of plain keys,
+// hits, deletes, replicas dropped while their route lives on (an SSD copy), route
+// losses, and victims with some keys refused. After every step the structure and the
+// model agree (no key lost or duplicated, weights add up, each page ranks no later
+// than its parent on the node); every victim is live and accepted, never the newest
+// while another key is a candidate, leaves no child page behind (unless puts made their parents a cycle), and is an orphan (or under one)
+// whenever one is a candidate. A final drain returns every live key once.
+func FuzzPagePolicy(f *testing.F) {
+	// A chain a-b-c, a plain key, hits, then victims; a child put before its parent.
+	f.Add([]byte{0, 0, 8, 99, 0, 1, 8, 0, 0, 2, 8, 1, 1, 9, 8, 0, 2, 2, 0, 0, 6, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0})
+	f.Add([]byte{0, 5, 8, 4, 0, 4, 8, 3, 0, 3, 8, 99, 2, 5, 0, 0, 3, 3, 0, 0, 4, 0, 0, 0, 0, 3, 8, 99, 4, 0, 0, 0})
+	f.Add([]byte{0, 1, 8, 0, 0, 0, 8, 1, 5, 0, 0, 0, 7, 1, 0, 0, 0, 2, 8, 1, 4, 0, 0, 0, 4, 0, 0, 0})
+	// Plain keys only, the newest accepted and the rest refused; then a page candidate too.
+	f.Add([]byte("2A002000%000"))
+	f.Add([]byte("210002002000%0010"))
+	f.Fuzz(runPageOps)
+}
+
+// runPageOps is FuzzPagePolicy's body: ops is read four bytes a step (op, key, weight, arg).
+func runPageOps(t *testing.T, ops []byte) {
+	m := newOrderModel(t)
+	const keys = 24
+	name := func(b byte) string { return fmt.Sprintf("k%d", b%keys) }
+	for len(ops) >= 4 {
+		op, k, w, arg := ops[0]%8, name(ops[1]), int64(ops[2]%16)+1, ops[3]
+		ops = ops[4:]
+		switch op {
+		case 0, 1: // put a page: arg names its parent, or (>= keys) a chain's first page
+			parent := ""
+			if arg < keys*8 && name(arg) != k {
+				parent = name(arg)
+			}
+			m.put(k, w, true, parent)
+		case 2:
+			m.put(k, w, false, "")
+		case 3:
+			m.o.Touch(k)
+		case 4:
+			m.victim(func(string) bool { return false })
+		case 5: // refuse the keys whose number shares a bit with arg (held replicas)
+			m.victim(func(c string) bool {
+				var n byte
+				fmt.Sscanf(c, "k%d", &n)
+				return n&arg != 0
+			})
+		case 6: // delete: the replica and the route go
+			m.forget(k)
+			if m.routed[k] {
+				m.unroute(k)
+			}
+		case 7: // the replica goes, the route stays (an SSD copy); arg odd: then the route goes too
+			m.forget(k)
+			if arg%2 == 1 && m.routed[k] {
+				m.unroute(k)
+			}
+		}
+		m.check(fmt.Sprintf("op %d on %s", op, k))
+	}
+	for m.o.Len() > 0 {
+		if !m.victim(func(string) bool { return false }) {
+			t.Fatalf("no victim with %d keys live", m.o.Len())
+		}
+		m.check("drain")
+	}
+	if len(m.live) != 0 || m.weight != 0 {
+		t.Fatalf("drain left %d keys of weight %d in the model", len(m.live), m.weight)
+	}
+}
