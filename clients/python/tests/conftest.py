@@ -11,6 +11,7 @@ it shows as a race report in the daemon's log or as exit status 66.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -286,6 +287,29 @@ def client(daemon):
     c = fluxkv.connect(daemon.socket)
     yield c
     c.close()
+
+
+@contextlib.contextmanager
+def engine_standin(engine: str):
+    """The stand-in of an inference engine's interface (tests/engines/<engine>) importable as
+    ``<engine>`` inside the block, with fluxkv's backend for it (fluxkv.integrations.<engine>)
+    imported afresh on top of it; both are gone from sys.modules, and the stand-in from
+    sys.path, before and after, so no other test ever sees a fake engine."""
+    path = str(Path(__file__).resolve().parent / "engines" / engine)
+    backend = f"fluxkv.integrations.{engine}"
+
+    def forget() -> None:
+        for name in list(sys.modules):
+            if name == engine or name.startswith(engine + ".") or name == backend:
+                del sys.modules[name]
+
+    forget()
+    sys.path.insert(0, path)
+    try:
+        yield
+    finally:
+        sys.path.remove(path)
+        forget()
 
 
 def shared_node(binary: str, dram: str, name: str):

@@ -18,11 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import child_env, wait_until
+from conftest import child_env, engine_standin, wait_until
 from fluxkv import kv
 from tinylm import TinyLM, chain_hashes
 
-STANDIN = Path(__file__).resolve().parent / "engines" / "lmcache"
 CHUNK_TOKENS = 32  # LMCache chunk: two tinylm pages
 LAYERS, HIDDEN = 4, 32  # a test chunk: KV_2LTD [2, LAYERS, tokens, HIDDEN]
 
@@ -40,19 +39,11 @@ extra_config:
 """
 
 
-def _drop_modules() -> None:
-    for name in list(sys.modules):
-        if name == "lmcache" or name.startswith("lmcache.") or name == "fluxkv.integrations.lmcache":
-            del sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def lmc():
     """The stand-in LMCache modules, and the backend imported against them; both are gone
     from sys.modules (and the stand-in from sys.path) after this module."""
-    _drop_modules()
-    sys.path.insert(0, str(STANDIN))
-    try:
+    with engine_standin("lmcache"):
         yield SimpleNamespace(
             utils=importlib.import_module("lmcache.utils"),
             config=importlib.import_module("lmcache.v1.config"),
@@ -64,9 +55,6 @@ def lmc():
             base=importlib.import_module("lmcache.v1.storage_backend.connector.base_connector"),
             backend=importlib.import_module("fluxkv.integrations.lmcache"),
         )
-    finally:
-        sys.path.remove(str(STANDIN))
-        _drop_modules()
 
 
 def open_connector(lmc, socket: str, tmp_path: Path, *, dtype=torch.float32, use_mla=False, capacity=64 << 20):

@@ -11,7 +11,6 @@ import logging
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,10 +19,9 @@ import torch
 import fluxkv
 from fluxkv import kv
 
-from conftest import child_env, shared_node, wait_until
+from conftest import child_env, engine_standin, shared_node, wait_until
 from tinylm import TinyLM, chain_hashes
 
-STANDIN = str(Path(__file__).resolve().parent / "engines" / "sglang")
 # The issue's --hicache-storage-backend-extra-config, socket filled in per test.
 ISSUE_EXTRA_CONFIG = '{"backend_name": "fluxkv", "module_path": "fluxkv.integrations.sglang", "class_name": "FluxkvHiCacheStorage", "socket": "%s"}'
 PAGE = 16  # tokens per page
@@ -31,19 +29,11 @@ LAYOUTS = ("layer_first", "page_first")
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _forget_sglang() -> None:
-    for name in list(sys.modules):
-        if name == "sglang" or name.startswith("sglang.") or name == "fluxkv.integrations.sglang":
-            del sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def sg():
     """The stand-in SGLang importable for this module's tests only, and the backend module
     imported on top of it (so it subclasses the stand-in's HiCacheStorage)."""
-    _forget_sglang()
-    sys.path.insert(0, STANDIN)
-    try:
+    with engine_standin("sglang"):
         from sglang.srt.managers.cache_controller import StorageController
         from sglang.srt.mem_cache import hicache_storage, pool_host
         from sglang.srt.observability.metrics_collector import StorageMetricsCollector
@@ -53,9 +43,6 @@ def sg():
         yield SimpleNamespace(
             storage=hicache_storage, pools=pool_host, Controller=StorageController, Collector=StorageMetricsCollector, backend=backend
         )
-    finally:
-        sys.path.remove(STANDIN)
-        _forget_sglang()
 
 
 @pytest.fixture(scope="module")
