@@ -25,10 +25,10 @@ FUZZTIME ?= 10s
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/fluxkv
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/fluxkv
 
 build-race:
-	$(GO) build -race -o $(RACE_BIN) ./cmd/fluxkv
+	$(GO) build -buildvcs=auto -race -o $(RACE_BIN) ./cmd/fluxkv
 
 run: build
 	bash scripts/demo.sh
@@ -174,6 +174,24 @@ soak: build soak-bin
 
 chaos: build soak-bin
 	FLUXKV_BIN=$(CURDIR)/$(BIN) ./$(SOAK_BIN) -chaos -duration $(SOAK) -python $(PY) -py-worker bench/soak/worker.py -py-path clients/python $(SOAK_ARGS)
+
+# image: the container image of deploy/Containerfile (docs/container-image.md), built with
+# podman where installed, else docker (CONTAINER_BUILDER=... picks one), tagged
+# $(IMAGE):$(VERSION) and $(IMAGE):latest. The build context has no .git, so the commit
+# (-dirty for a modified tree, as the go tool says) and its date go in as build args,
+# which the Containerfile links into the binary (-ldflags -X; `fluxkv version`).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+IMAGE ?= fluxkv
+IMAGE_COMMIT = $(shell git rev-parse HEAD 2>/dev/null)$(if $(shell git status --porcelain 2>/dev/null | head -1),-dirty)
+IMAGE_DATE = $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+CONTAINER_BUILDER ?= $(shell command -v podman 2>/dev/null || command -v docker 2>/dev/null)
+.PHONY: image
+image:
+	@if [ -z '$(CONTAINER_BUILDER)' ]; then \
+	  echo 'make image: neither podman nor docker is installed; install one, or set CONTAINER_BUILDER=/path/to/builder' >&2; exit 1; fi
+	$(CONTAINER_BUILDER) build -f deploy/Containerfile \
+	  --build-arg VERSION='$(VERSION)' --build-arg COMMIT='$(IMAGE_COMMIT)' --build-arg DATE='$(IMAGE_DATE)' \
+	  -t '$(IMAGE):$(VERSION)' -t '$(IMAGE):latest' .
 
 # bench-cluster: the cluster benchmark (bench/cluster.mk, bench/README.md).
 include bench/cluster.mk

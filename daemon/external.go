@@ -197,7 +197,9 @@ func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysR
 		if err := wire.ValidateBatch(len(req.Keys)); err != nil {
 			return err
 		}
-		for _, g := range h.o.getMany(c, req.Keys) {
+		gets := h.o.getMany(c, req.Keys)
+		h.o.countGets(gets)
+		for _, g := range gets {
 			r := g.resp
 			if r == nil {
 				r = &external.GetResponse{}

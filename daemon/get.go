@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"time"
 
 	"github.com/fluxkv/fluxkv/internal/workers"
@@ -28,6 +29,7 @@ type getResult struct {
 // get hands the session a holder of key (getMany of one key).
 func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 	r := o.getMany(c, []string{key})
+	o.countGets(r)
 	return r[0].resp, r[0].err
 }
 
@@ -103,6 +105,19 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 		o.lead(c, leads, out)
 	}
 	return out
+}
+
+// countGets records what a client's Get or BatchGet answered for each key: a hit by
+// source and locality, or a miss (a prefix lookup's pins, also getMany, are not gets).
+func (o *Owner) countGets(rs []getResult) {
+	for _, r := range rs {
+		switch {
+		case r.err == nil && r.resp != nil:
+			o.opts.Metrics.GetHit(r.resp.Source == common.Source_SSD, r.resp.Remote, r.resp.Len)
+		case errors.Is(r.err, wire.ErrKeyNotFound):
+			o.opts.Metrics.GetMiss()
+		}
+	}
 }
 
 // getLeg is one key of a getMany that missed the hot set: out[i] answers it, seq is the

@@ -226,6 +226,14 @@ func (o *Owner) Generation() int64 { return o.generation }
 // SocketPath is the attach socket.
 func (o *Owner) SocketPath() string { return o.opts.SocketPath() }
 
+// Registered reports whether this owner is registered with a master that answered
+// its registration or a heartbeat within the lease (readiness and metrics).
+func (o *Owner) Registered() bool {
+	st := o.lock()
+	defer o.unlock()
+	return st.reg.masterEpoch != 0 && st.leased(time.Now())
+}
+
 // Stop stops accepting, ends every session (revoking in-flight puts, releasing
 // holders), flushes acks to the master, and removes the sockets. Bounded by
 // ShutdownTimeout.

@@ -199,12 +199,17 @@ func (o *Owner) putEndMany(c *session, items []*external.PutEndItem) []error {
 		}
 	}
 	errs := o.publish(ready)
+	var putBytes int64
 	st := o.lock()
 	for j, p := range ready {
 		st.endPut(c, p, errs[j])
 		out[at[j]] = errs[j]
+		if errs[j] == nil {
+			putBytes += p.len
+		}
 	}
 	o.unlock()
+	o.opts.Metrics.PutBytes(putBytes)
 	for j, p := range ending {
 		<-p.ending
 		out[endingAt[j]] = p.outcome

@@ -295,6 +295,17 @@ func (h *HA) Stop() error {
 // Addr is the bound TCP address.
 func (h *HA) Addr() net.Addr { return h.raw.Addr() }
 
+// Members counts the members while leading (zero otherwise).
+func (h *HA) Members() int {
+	h.mu.Lock()
+	s := h.cur
+	h.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	return s.Members()
+}
+
 // Capacity sums the members' capacity while leading (zero otherwise).
 func (h *HA) Capacity() metrics.Capacity {
 	h.mu.Lock()

@@ -107,6 +107,16 @@ func (s *Server) serve(raw net.Listener) error {
 // Addr is the bound TCP address.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
+// Epoch numbers this master's state for the owners (its term's, under HA).
+func (s *Server) Epoch() int64 { return s.epoch }
+
+// Members counts the owners registered and not tombed (the /metrics gauge).
+func (s *Server) Members() int {
+	n := 0
+	s.Inspect(func(st *State) { n = len(st.nodes) })
+	return n
+}
+
 // Stop stops serving and the background loops; a second call does nothing.
 func (s *Server) Stop() error {
 	stopped := true

@@ -17,6 +17,25 @@ const (
 	RefuseSourceCap   = "source_cap"   // the same, shed because its source address held its share of the pending ones
 )
 
+// Sockets a connection is refused or timed out on (the socket label of
+// fluxkv_conn_refused_total and fluxkv_conn_timeouts_total): the owner's two Unix
+// sockets (daemon) and the authenticated TCP listeners, named by their purpose
+// (protocol/auth.Purpose*).
+const (
+	SocketAttach = "attach" // the owner's attach socket (DIR/fluxkv.sock)
+	SocketRPC    = "rpc"    // the owner's RPC socket (DIR/fluxkv.sock.rpc)
+	SocketMaster = "master" // the master's TCP listener
+	SocketPeer   = "peer"   // the owner's peer service
+	SocketData   = "data"   // the owner's data plane
+)
+
+var (
+	sockets       = []string{SocketAttach, SocketRPC, SocketMaster, SocketPeer, SocketData}
+	refuseReasons = []string{RefuseCap, RefuseNoFD, RefuseHello, RefusePerm, RefuseFrame, RefuseFrameMemory,
+		RefuseAccept, RefusePutArea, RefuseAuth, RefuseShed, RefuseSourceCap}
+	timeoutKinds = []string{TimeoutHello, TimeoutFrame, TimeoutIdle, TimeoutAuth}
+)
+
 // Kinds of connection timeouts (the kind label of fluxkv_conn_timeouts_total).
 const (
 	TimeoutHello = "hello" // no complete attach hello within the deadline
@@ -33,21 +52,32 @@ type events struct {
 	ssdCorrupt prometheus.Counter
 }
 
+// newEvents returns the counters with every socket × reason (and socket × kind) at 0,
+// pairs that cannot happen included, so that increase() sees the first event.
 func newEvents() *events {
-	return &events{
+	e := &events{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_refused_total",
-			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer) and reason (cap, no_fd, hello, permission, frame, accept, auth, shed, source_cap).",
+			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer, data) and reason (cap, no_fd, hello, permission, frame, frame_memory, accept, put_area, auth, shed, source_cap).",
 		}, []string{"socket", "reason"}),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_timeouts_total",
-			Help: "Connections closed by a deadline, by socket (attach, rpc, master, peer) and kind (hello, frame, idle, auth).",
+			Help: "Connections closed by a deadline, by socket (attach, rpc, master, peer, data) and kind (hello, frame, idle, auth).",
 		}, []string{"socket", "kind"}),
 		ssdCorrupt: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fluxkv_ssd_corrupt_total",
 			Help: "SSD reads whose record failed verification (checksum, key, version or length mismatch); each dropped that SSD replica.",
 		}),
 	}
+	for _, s := range sockets {
+		for _, r := range refuseReasons {
+			e.refused.WithLabelValues(s, r)
+		}
+		for _, k := range timeoutKinds {
+			e.timeouts.WithLabelValues(s, k)
+		}
+	}
+	return e
 }
 
 func (e *events) collectors() []prometheus.Collector {

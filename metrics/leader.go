@@ -39,6 +39,8 @@ func (m *Metrics) leaderInstruments() *leadership {
 			Name: "fluxkv_master_leadership_changes_total",
 			Help: "Leaderships this master won and lost (change: won, lost).",
 		}, []string{"change"})
+		l.changes.WithLabelValues(LeadershipWon)
+		l.changes.WithLabelValues(LeadershipLost)
 		m.reg.MustRegister(l.leader, l.epoch, l.changes)
 	})
 	return l

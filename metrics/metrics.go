@@ -42,6 +42,7 @@ type Metrics struct {
 	inflight *prometheus.GaugeVec
 	capacity *capacityCollector
 	events   *events
+	traffic  *traffic
 
 	// byOp caches the counter and histogram child of each (op, result) so Observe
 	// does one map lookup instead of two label hashes: opKey → *opInstruments.
@@ -56,6 +57,7 @@ type Metrics struct {
 	cachedGets   prometheus.Counter
 
 	leadership leadership
+	membership membership
 }
 
 type opKey struct{ op, result string }
@@ -85,6 +87,7 @@ func New() *Metrics {
 		}, []string{"op"}),
 		capacity: newCapacityCollector(capacityMaxAge, capacityTimeout),
 		events:   newEvents(),
+		traffic:  newTraffic(),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -92,6 +95,7 @@ func New() *Metrics {
 		m.ops, m.duration, m.inflight, m.capacity,
 	)
 	m.reg.MustRegister(m.events.collectors()...)
+	m.reg.MustRegister(m.traffic.collectors()...)
 	return m
 }
 

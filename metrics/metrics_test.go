@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/rs/zerolog"
 )
 
 // scrape serves m on 127.0.0.1:0, fetches /metrics once over HTTP and parses it.
@@ -84,7 +83,7 @@ func checkGoroutines(t *testing.T) {
 
 func serve(t *testing.T, m *Metrics) *Server {
 	t.Helper()
-	srv, err := Serve("127.0.0.1:0", m, zerolog.Nop())
+	srv, err := Serve("127.0.0.1:0", m, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +291,7 @@ func TestNilMetrics(t *testing.T) {
 	if m.Registry() != nil {
 		t.Error("nil Metrics has a registry")
 	}
-	if _, err := Serve("127.0.0.1:0", nil, zerolog.Nop()); err == nil {
+	if _, err := Serve("127.0.0.1:0", nil, Options{}); err == nil {
 		t.Error("Serve accepted a nil Metrics")
 	}
 }
@@ -300,7 +299,7 @@ func TestNilMetrics(t *testing.T) {
 func TestServeListensBeforeReturn(t *testing.T) {
 	checkGoroutines(t)
 	m := New()
-	srv, err := Serve("127.0.0.1:0", m, zerolog.Nop())
+	srv, err := Serve("127.0.0.1:0", m, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +307,7 @@ func TestServeListensBeforeReturn(t *testing.T) {
 		t.Fatalf("Addr %q lacks the real port", srv.Addr())
 	}
 	// The port is taken: a second server on it fails at once.
-	if s2, err := Serve(srv.Addr(), m, zerolog.Nop()); err == nil {
+	if s2, err := Serve(srv.Addr(), m, Options{}); err == nil {
 		s2.Close()
 		t.Fatal("second Serve on a taken port succeeded")
 	}

@@ -6,13 +6,15 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 )
 
-// Server serves one Metrics on /metrics over HTTP.
+// Server serves one Metrics on /metrics over HTTP, with the process's health on
+// /healthz and its readiness on /readyz (the paths Kubernetes probes).
 type Server struct {
 	ln   net.Listener
 	srv  *http.Server
@@ -20,15 +22,34 @@ type Server struct {
 	log  zerolog.Logger
 }
 
+// Options configure Serve.
+type Options struct {
+	// Ready says whether the process's role is ready: nil, or why not. /readyz answers
+	// 200 "ok" when it returns nil, else 503 with the reason on one line. It is called
+	// at every /readyz request, from the HTTP handler, and must not block. Default
+	// (nil): ready while the server serves.
+	Ready func() error
+	// Logger receives the server's errors. Default: none.
+	Logger *zerolog.Logger
+}
+
 // shutdownTimeout bounds how long Close waits for scrapes in progress.
 const shutdownTimeout = 2 * time.Second
 
 // Serve listens on addr (host:port; port 0 picks a free one) before it returns, so
-// the endpoint is reachable as soon as Serve succeeds, then serves /metrics in the
-// background until Close.
-func Serve(addr string, m *Metrics, log zerolog.Logger) (*Server, error) {
+// the endpoints are reachable as soon as Serve succeeds, then serves in the background
+// until Close:
+//
+//	/metrics  m's registry in the Prometheus text format
+//	/healthz  200 "ok" while the process serves (liveness)
+//	/readyz   200 "ok" once opts.Ready says the role is ready, else 503 and the reason
+func Serve(addr string, m *Metrics, opts Options) (*Server, error) {
 	if m == nil {
 		return nil, errors.New("metrics: serve: nil *Metrics")
+	}
+	log := zerolog.Nop()
+	if opts.Logger != nil {
+		log = *opts.Logger
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -41,12 +62,24 @@ func Serve(addr string, m *Metrics, log zerolog.Logger) (*Server, error) {
 			ErrorHandling: promhttp.ContinueOnError,
 			Timeout:       10 * time.Second,
 		})))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		plain(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if opts.Ready != nil {
+			if err := opts.Ready(); err != nil {
+				plain(w, http.StatusServiceUnavailable, "not ready: "+oneLine(err.Error()))
+				return
+			}
+		}
+		plain(w, http.StatusOK, "ok")
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
 			return
 		}
-		fmt.Fprintln(w, "fluxkv: metrics at /metrics")
+		fmt.Fprintln(w, "fluxkv: metrics at /metrics, health at /healthz, readiness at /readyz")
 	})
 	s := &Server{
 		ln: ln,
@@ -66,6 +99,17 @@ func Serve(addr string, m *Metrics, log zerolog.Logger) (*Server, error) {
 	}()
 	return s, nil
 }
+
+// plain answers status with body and a newline as text/plain, never cached.
+func plain(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	fmt.Fprintln(w, body)
+}
+
+// oneLine is s with every run of white space, newlines included, made one space.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // Addr is the address the server listens on (with the real port when addr had 0).
 func (s *Server) Addr() string { return s.ln.Addr().String() }

@@ -23,6 +23,9 @@ const (
 	TransferErrCanceled    = "canceled"    // the puller's context ended
 )
 
+var transferErrKinds = []string{TransferErrFenced, TransferErrUnreachable, TransferErrTimeout, TransferErrIO,
+	TransferErrUnavailable, TransferErrBadRequest, TransferErrCanceled}
+
 // Transfer counts the data plane's bytes and errors. A nil *Transfer records nothing.
 type Transfer struct {
 	pull, serve prometheus.Counter
@@ -44,6 +47,11 @@ func (m *Metrics) Transfer() *Transfer {
 		Name: "fluxkv_transfer_errors_total",
 		Help: "Failed data-plane transfers, by direction (pull, serve) and kind (fenced, unreachable, timeout, io, unavailable, bad_request, canceled).",
 	}, []string{"dir", "kind"}))
+	for _, dir := range []string{TransferPull, TransferServe} {
+		for _, kind := range transferErrKinds {
+			errs.WithLabelValues(dir, kind) // at 0 from the start, for increase()
+		}
+	}
 	return &Transfer{pull: bytes.WithLabelValues(TransferPull), serve: bytes.WithLabelValues(TransferServe), errors: errs}
 }
 

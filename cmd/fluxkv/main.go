@@ -32,6 +32,7 @@ func main() {
 			existsCommand(),
 			statusCommand(),
 			genMasterKeyCommand(),
+			versionCommand(),
 			{
 				Name:        "bench",
 				Usage:       "benchmarks",
@@ -39,6 +40,7 @@ func main() {
 			},
 		},
 	}
+	setVersion(app)
 	if err := app.Run(os.Args); err != nil {
 		if ec, ok := err.(cli.ExitCoder); ok {
 			if msg := ec.Error(); msg != "" {

@@ -53,7 +53,7 @@ func masterCommand() *cli.Command {
 				return err
 			}
 			st := stack{masterKey: masterKey}
-			m, err := st.metrics(mc.MetricsAddr)
+			m, err := st.metrics(mc.MetricsAddr, "master")
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -64,6 +64,7 @@ func masterCommand() *cli.Command {
 			// The standalone master's gauges are cluster totals (an HA master's while
 			// it leads).
 			m.SetCapacityFunc(srv.Capacity)
+			exportMaster(m, srv)
 			waitStop(ctx)
 			return st.stop()
 		},
@@ -105,7 +106,7 @@ func ownerCommand() *cli.Command {
 				return err
 			}
 			st := stack{masterPubKeys: pubKeys}
-			m, err := st.metrics(oc.MetricsAddr)
+			m, err := st.metrics(oc.MetricsAddr, "owner")
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -172,7 +173,7 @@ func upCommand() *cli.Command {
 				addr = mc.MetricsAddr
 			}
 			st := stack{masterKey: masterKey, masterPubKeys: pubKeys}
-			m, err := st.metrics(addr)
+			m, err := st.metrics(addr, "master", "owner")
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -184,6 +185,7 @@ func upCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
+			exportMaster(m, srv) // its leadership and members are the node's to show
 			if oc.TransferReserve == nil {
 				// One owner: every put is placed on it, a transfer area would be idle memory.
 				none := int64(0)
@@ -204,6 +206,8 @@ type stack struct {
 
 	masterKey     *auth.MasterKey     // the master's (nil: insecure)
 	masterPubKeys *auth.MasterPubKeys // those the owner accepts (nil: insecure)
+
+	ready *metrics.Readiness // /readyz: the components up (nil: no metrics server)
 }
 
 type stopStep struct {
@@ -252,14 +256,17 @@ func (s *stack) fail(ctx context.Context, err error) error {
 
 // metrics starts the /metrics server on addr and returns the instruments the
 // components record into; without an address there is neither (nil *Metrics
-// records nothing).
-func (s *stack) metrics(addr string) (*metrics.Metrics, error) {
+// records nothing). Its /readyz answers ready once each of components (started by
+// master and owner) is up.
+func (s *stack) metrics(addr string, components ...string) (*metrics.Metrics, error) {
 	if addr == "" {
 		return nil, nil
 	}
 	t0 := time.Now()
 	m := metrics.New()
-	srv, err := metrics.Serve(addr, m, logger.With().Str("component", "metrics").Logger())
+	s.ready = metrics.NewReadiness(components...)
+	l := logger.With().Str("component", "metrics").Logger()
+	srv, err := metrics.Serve(addr, m, metrics.Options{Ready: s.ready.Check, Logger: &l})
 	if err != nil {
 		return nil, err
 	}
@@ -275,6 +282,7 @@ type masterServer interface {
 	Stop() error
 	Addr() net.Addr
 	Capacity() metrics.Capacity
+	Members() int
 }
 
 var (
@@ -304,13 +312,29 @@ func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secre
 	if err := srv.Start(mc.Listen); err != nil {
 		return nil, err
 	}
-	s.push("master", srv.Stop)
-	ev := logger.Info().Str("component", "master").Str("addr", srv.Addr().String())
+	// Ready while it serves its listener: an HA master that does not lead answers
+	// every call NOT_LEADER with the leader's address, which owners follow.
+	s.ready.Up("master", nil)
+	s.push("master", func() error {
+		s.ready.Down("master")
+		return srv.Stop()
+	})
+	ev := logger.Info().Str("component", "master").EmbedObject(currentBuild()).Str("addr", srv.Addr().String())
 	if len(mc.EtcdEndpoints) > 0 {
 		ev = ev.Strs("etcd_endpoints", mc.EtcdEndpoints).Str("etcd_prefix", mc.EtcdPrefix).Str("advertise_addr", mc.AdvertiseAddr)
 	}
 	ev.Dur("took", time.Since(t0)).Msg("master started")
 	return srv, nil
+}
+
+// exportMaster shows srv's members and leadership on m: a standalone master leads from
+// its start, in one epoch; an HA master records its terms itself (master.HA).
+func exportMaster(m *metrics.Metrics, srv masterServer) {
+	m.SetMembersFunc(srv.Members)
+	if s, ok := srv.(*master.Server); ok {
+		m.LeadershipChange(metrics.LeadershipWon, s.Epoch())
+		m.Leading(true)
+	}
 }
 
 // haOptions turns merged master settings with etcd endpoints into the HA options:
@@ -332,6 +356,7 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 	if err != nil {
 		return nil, err
 	}
+	m.SetRegisteredFunc(o.Registered)
 	if err := o.Start(ctx); err != nil {
 		if errors.Is(err, ssd.ErrLimit) {
 			// An SSD limit only the start found too large: refused like any setting.
@@ -340,14 +365,22 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 		return nil, err
 	}
 	m.SetCapacityFunc(o.Capacity)
+	// Ready with its sockets listening (Start opened them) while registered.
+	s.ready.Up("owner", func() error {
+		if !o.Registered() {
+			return errors.New("not registered with a master (no answer within its lease)")
+		}
+		return nil
+	})
 	s.push("owner", func() error {
+		s.ready.Down("owner")
 		m.SetCapacityFunc(nil) // scrapes during and after the stop do not call into it
 		return o.Stop()
 	})
 	// The segment as mapped (DRAM rounded up to the page) in exact bytes and for
 	// people; the requested size beside it when the rounding changed it.
 	seg := segmentSize(oc.DRAM)
-	ev := logger.Info().Str("component", "owner").Str("socket", o.SocketPath()).
+	ev := logger.Info().Str("component", "owner").EmbedObject(currentBuild()).Str("socket", o.SocketPath()).
 		Int64("segment_bytes", seg).Str("segment", humanSize(seg))
 	if seg != oc.DRAM {
 		ev = ev.Int64("dram_requested_bytes", oc.DRAM)
