@@ -462,6 +462,41 @@ func TestPrefixLookup(t *testing.T) {
 	}
 }
 
+// TestPrefixPinsWithoutHotSet: an owner whose hot set is off (--hot-set off) still pins
+// what a prefix lookup found (the pins have the default hot set's share of the pool),
+// so the lookup counts the pages instead of stopping at the first.
+func TestPrefixPinsWithoutHotSet(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.HotSet = -1 })
+	keys := []string{"page-0", "page-1", "page-2"}
+	for i, k := range keys {
+		if err := n.c.Put(k, value(i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinned := func() int { st := n.o.lock(); defer n.o.unlock(); return st.pinned() }
+	if found, resp := prefix(t, n.o, n.c, keys, int64(external.MAX_PIN_MS)); found != 3 || pinned() != 3 {
+		t.Fatalf("found %d (%v), %d pins; want 3 and 3", found, resp.Results, pinned())
+	}
+	for i, k := range keys {
+		h, err := n.c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(h.Bytes(), value(i, 1<<20)) {
+			t.Fatalf("%s: wrong bytes", k)
+		}
+		h.Release()
+	}
+	if got := pinned(); got != 0 {
+		t.Fatalf("the gets did not take over the pins: %d left", got)
+	}
+	n.c.Flush()
+	if st, err := n.c.Stat(); err != nil || st.ClientHolders != 0 {
+		t.Fatalf("holders left: %v %v", st.GetClientHolders(), err)
+	}
+}
+
 // TestBatchPutEndRepeatedItem: a BatchPutEnd naming one put twice answers both items
 // with the put's outcome (the second waits for the first's publish in the same call
 // instead of for itself), and the value reads back.

@@ -469,7 +469,7 @@ func TestHandshakeFlood(t *testing.T) {
 }
 
 // refusals reads fluxkv_conn_refused_total{socket} by reason from a node's /metrics
-// (reasons not counted yet are absent).
+// (every reason is there from the start, at 0 until counted).
 func refusals(t *testing.T, metricsAddr, socket string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")

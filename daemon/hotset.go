@@ -61,7 +61,10 @@ type hotSet struct {
 	byKey     map[string]*holding
 	idle      list.List // hot-set holdings with refs == 0, least recently released first
 	idleBytes int64
-	pinned    int64  // bytes of prefix-lookup pins (pins.go), inside budget too
+	pinned    int64 // bytes of prefix-lookup pins (pins.go), inside budget too
+	// pinBudget, when > 0, bounds the pins instead of budget: an owner whose hot set
+	// is off still pins what a prefix lookup found (pins.go).
+	pinBudget int64
 	seq       uint64 // bumped by every invalidation and reset
 	// notes[s%invalNotes] is what invalidation s invalidated: a key, or all (a reset).
 	notes [invalNotes]invalNote
@@ -94,8 +97,8 @@ func (c *hotSet) invalidatedSince(key string, seq uint64) bool {
 	return false
 }
 
-func newHotSet(grace time.Duration, budget int64) *hotSet {
-	return &hotSet{grace: grace, budget: budget, byKey: make(map[string]*holding)}
+func newHotSet(grace time.Duration, budget, pinBudget int64) *hotSet {
+	return &hotSet{grace: grace, budget: budget, pinBudget: pinBudget, byKey: make(map[string]*holding)}
 }
 
 // lookup returns the hot-set holding of key, or nil.
@@ -156,7 +159,11 @@ func (c *hotSet) trim() (acks []int64) {
 // to make room (their master ids returned); ok is false, and nothing changes, when the
 // pins alone would exceed it.
 func (c *hotSet) reservePin(n int64) (acks []int64, ok bool) {
-	if c.pinned+n > c.budget {
+	limit := c.budget
+	if c.pinBudget > 0 {
+		limit = c.pinBudget
+	}
+	if c.pinned+n > limit {
 		return nil, false
 	}
 	c.pinned += n
@@ -183,6 +190,18 @@ func (c *hotSet) release(bytes int64) (acks []int64, released int64) {
 		h := c.idle.Front().Value.(*holding)
 		released += h.len
 		acks = append(acks, c.forget(h))
+	}
+	return acks, released
+}
+
+// releaseKeys lets go of the idle holdings of keys (the master's eviction order reached
+// them); a holding an external still uses stays. It returns their master ids and bytes.
+func (c *hotSet) releaseKeys(keys []string) (acks []int64, released int64) {
+	for _, k := range keys {
+		if h := c.byKey[k]; h != nil && h.refs == 0 && h.elem != nil {
+			released += h.len
+			acks = append(acks, c.forget(h))
+		}
 	}
 	return acks, released
 }

@@ -17,7 +17,7 @@ import (
 // hits, installs racing invalidations (the invalidation sequence), grace periods,
 // re-registration. Holdings are named by their master holder id.
 func TestHotSetScript(t *testing.T) {
-	c := newHotSet(20*time.Millisecond, 1<<30)
+	c := newHotSet(20*time.Millisecond, 1<<30, 0)
 	now := time.Unix(1000, 0)
 	byID := make(map[int64]*holding)
 	datadriven.RunTest(t, "testdata/hotset/hotset.txt", func(t *testing.T, d *datadriven.TestData) string {
@@ -71,6 +71,9 @@ func TestHotSetScript(t *testing.T) {
 		case "release-hot": // the master's ReleaseHotSet
 			acks, n := c.release(argInt("bytes"))
 			return fmt.Sprintf("acks=%v released=%d\n", acks, n)
+		case "release-keys": // the master's ReleaseHotSet naming keys its eviction order reached
+			acks, n := c.releaseKeys(strings.Split(argStr("keys"), ","))
+			return fmt.Sprintf("acks=%v released=%d\n", acks, n)
 		case "reset":
 			c.reset()
 			return "ok\n"
@@ -104,7 +107,7 @@ func TestHotSetScript(t *testing.T) {
 }
 
 func TestHotSetUnrefUnderflowPanics(t *testing.T) {
-	c := newHotSet(time.Second, 1<<30)
+	c := newHotSet(time.Second, 1<<30, 0)
 	defer func() {
 		if recover() == nil {
 			t.Fatal("releasing an unheld holding did not panic")

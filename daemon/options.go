@@ -189,7 +189,7 @@ func (o *Options) setDefaults() {
 		o.CacheGrace = 30 * time.Second
 	}
 	if o.HotSet == 0 {
-		o.HotSet = 0.5
+		o.HotSet = defaultHotSet
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 4 * time.Second
@@ -269,6 +269,19 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("owner: %w", err)
 	}
 	return nil
+}
+
+// defaultHotSet is the default HotSet.
+const defaultHotSet = 0.5
+
+// pinBudget is the bytes prefix-lookup pins may hold: the hot-set budget, or with the
+// hot set off the default hot set's share of the pool (pins last a moment; a page that
+// cannot be pinned ends a prefix lookup's count, so none would be found).
+func (o *Options) pinBudget() int64 {
+	if b := o.hotSetBudget(); b > 0 {
+		return b
+	}
+	return int64(defaultHotSet * float64(o.DRAM-o.TransferReserve))
 }
 
 // hotSetBudget is the bytes idle hot-set holdings may keep (0: none).

@@ -79,7 +79,7 @@ func New(opts Options) (*Owner, error) {
 		frames:     wire.NewFrameBudget(opts.FrameMemory),
 	}
 	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM,
-		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(),
+		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(), pinBudget: opts.pinBudget(),
 		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal})
 	o.copied = sync.NewCond(&o.mu.Mutex)
 	o.cachedGets = opts.Metrics.Replicas(func() metrics.ReplicaState {

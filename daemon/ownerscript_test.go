@@ -259,7 +259,11 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		return "", nil
 
 	case "release-hotset":
-		n, b := st.releaseHotSet(sInt(d, "bytes"))
+		var keys []string
+		if k := sArg(d, "keys"); k != "" {
+			keys = strings.Split(k, ",")
+		}
+		n, b := st.releaseHotSet(keys, sInt(d, "bytes"))
 		return fmt.Sprintf("released %d holdings, %d bytes\n", n, b), nil
 
 	// --- puts

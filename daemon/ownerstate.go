@@ -63,6 +63,7 @@ type stateOptions struct {
 	isolation  bool
 	grace      time.Duration // hot-set grace period
 	hotBudget  int64         // hot-set bytes
+	pinBudget  int64         // prefix-lookup pin bytes (0: hotBudget)
 	putArea    int64         // per-session put area
 	areaTotal  int64         // all put areas
 }
@@ -72,7 +73,7 @@ func newOwnerState(o stateOptions) ownerState {
 		nodeID: o.nodeID, generation: o.generation, segSize: o.segSize, isolation: o.isolation,
 		sessions: make(map[int64]*session),
 		areas:    putAreaBudget{per: o.putArea, total: o.areaTotal},
-		hot:      newHotSet(o.grace, o.hotBudget),
+		hot:      newHotSet(o.grace, o.hotBudget, o.pinBudget),
 		replicas: newReplicaIndex(),
 		reg:      registration{period: time.Second},
 	}
@@ -177,10 +178,16 @@ func (st *ownerState) sweepIdle(now time.Time, force bool) {
 	st.ack(st.hot.sweep(now, force)...)
 }
 
-// releaseHotSet lets go of idle hot-set holdings until at least bytes are released
-// (ReleaseHotSet: the master needs the space); it returns how many and their bytes.
-func (st *ownerState) releaseHotSet(bytes int64) (n int, released int64) {
-	acks, released := st.hot.release(bytes)
+// releaseHotSet lets go of idle hot-set holdings (ReleaseHotSet: the master needs the
+// space): those of keys first, then least recently released until at least bytes are
+// released (bytes ≤ 0: all of them without keys, no more with keys). It returns how many
+// and their bytes.
+func (st *ownerState) releaseHotSet(keys []string, bytes int64) (n int, released int64) {
+	acks, released := st.hot.releaseKeys(keys)
+	if len(keys) == 0 || (bytes > 0 && released < bytes) {
+		more, b := st.hot.release(bytes - released)
+		acks, released = append(acks, more...), released+b
+	}
 	st.ack(acks...)
 	return len(acks), released
 }

@@ -115,7 +115,8 @@ func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*p
 }
 
 // ReleaseHotSet gives the master back idle holdings of the hot set: it needs space
-// and found no replica it may evict. The acks reach the master before the answer, so
+// and found no replica it may evict, or its eviction order reached keys this owner
+// holds (req.Keys). The acks reach the master before the answer, so
 // its retry finds the ranges free.
 func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {
 	o := h.o
@@ -134,7 +135,7 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 		return resp, nil
 	}
 	st := o.lock()
-	n, released := st.releaseHotSet(req.Bytes)
+	n, released := st.releaseHotSet(req.Keys, req.Bytes)
 	o.unlock()
 	if n > 0 {
 		o.acks.sync()

@@ -112,9 +112,9 @@ func parseContainerfile(t *testing.T, path string) []*containerfileStage {
 	return stages
 }
 
-// imageFluxkvBin is the plain fluxkv binary: $FLUXKV_BIN_NORACE or $FLUXKV_BIN (`make
+// fluxkvBin is the plain fluxkv binary: $FLUXKV_BIN_NORACE or $FLUXKV_BIN (`make
 // test` sets both), else cmd/fluxkv built into the test's temporary directory.
-func imageFluxkvBin(t *testing.T) string {
+func fluxkvBin(t *testing.T) string {
 	t.Helper()
 	for _, env := range []string{proctest.NoRaceBinEnv, proctest.BinEnv} {
 		if p := os.Getenv(env); p != "" {
@@ -141,7 +141,7 @@ func imageDocumentedPorts(t *testing.T) map[int][]string {
 			ports[p] = append(ports[p], where)
 		}
 	}
-	bin := imageFluxkvBin(t)
+	bin := fluxkvBin(t)
 	helpDefault := regexp.MustCompile(`(?m)^\s*(--[a-z-]+).*\(default: "[^"]*:(\d+)"\)`)
 	for _, role := range []string{"master", "owner"} {
 		out, err := exec.Command(bin, role, "--help").CombinedOutput()

@@ -32,7 +32,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fluxkv/fluxkv/config"
-	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
@@ -904,7 +903,7 @@ func TestK8sConfigMaps(t *testing.T) {
 // (its --help), so a misspelled flag fails here, not at the pod's start.
 func TestK8sFlags(t *testing.T) {
 	m := k8sLoad(t)
-	bin := k8sBinary(t)
+	bin := fluxkvBin(t)
 	master, owner := k8sWorkloads(t, m)
 	ex, _ := k8sExample(t, m)
 	client := k8sFluxkvRole(t, m, k8sPodTemplate{"Pod " + ex.Name, ex.ObjectMeta, &ex.Spec}, ex.Spec.Containers[0].Name)
@@ -933,22 +932,6 @@ func TestK8sFlags(t *testing.T) {
 			}
 		}
 	}
-}
-
-// k8sBinary is the plain fluxkv binary: $FLUXKV_BIN_NORACE or $FLUXKV_BIN (`make test`
-// sets them), else cmd/fluxkv built into the test's temporary directory.
-func k8sBinary(t *testing.T) string {
-	t.Helper()
-	for _, env := range []string{proctest.NoRaceBinEnv, proctest.BinEnv} {
-		if p := os.Getenv(env); p != "" {
-			return p
-		}
-	}
-	bin := filepath.Join(t.TempDir(), "fluxkv")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/fluxkv/fluxkv/cmd/fluxkv").CombinedOutput(); err != nil {
-		t.Fatalf("build fluxkv: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // TestK8sSocketWiring: the owner serves its socket in a hostPath directory, the example

@@ -80,3 +80,18 @@ func (s *State) eachChildReplicaLocked(key string, f func(child string, n *node)
 		}
 	}
 }
+
+// refreshChainLocked: a page is being put under parent, so parent's prefix was just
+// used; its memory replicas and the pages above them move on in their nodes' order
+// before the put's allocation evicts anything (pagePolicy.refresh).
+func (s *State) refreshChainLocked(parent string) {
+	r := s.routes[parent]
+	if parent == "" || r == nil {
+		return
+	}
+	for n, rep := range r.replicas {
+		if rep.memory != nil && !n.tombed {
+			n.policy.RefreshChain(parent)
+		}
+	}
+}

@@ -53,6 +53,29 @@ func (o *evictOrder) Touch(k string) {
 	o.plain.Touch(k)
 }
 
+// RefreshChain moves page k and the pages above it on to now (a page is being put
+// under k), without counting hits.
+func (o *evictOrder) RefreshChain(k string) {
+	if o.pages.has(k) {
+		o.pages.refreshChain(k, o.tick())
+	}
+}
+
+// IsPage reports whether k is a live KV page (put with a parent).
+func (o *evictOrder) IsPage(k string) bool { return o.pages.has(k) }
+
+// Pass records that eviction passed over k because a holder keeps it: a page moves on
+// as if used now, without a hit counted (a hit bonus earned by being held would outrank
+// the pages that were really used again); a plain key is touched, as before.
+func (o *evictOrder) Pass(k string) {
+	now := o.tick()
+	if o.pages.has(k) {
+		o.pages.passOver(k, now)
+		return
+	}
+	o.plain.Touch(k)
+}
+
 // Orphan makes page k a first victim (its parent lost its route); Adopt undoes it.
 func (o *evictOrder) Orphan(k string) { o.pages.orphan(k) }
 func (o *evictOrder) Adopt(k string)  { o.pages.adopt(k) }

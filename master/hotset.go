@@ -61,3 +61,131 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 	wg.Wait()
 	return released.Load()
 }
+
+// releaseAsk is what the master asks one owner to let go of from its hot set: the KV
+// pages its eviction order reached while a holder kept them (allocateEvictingLocked).
+// Otherwise an owner's hot set, up to half its pool of idle holdings in the order the
+// owner released them, would decide what stays in memory instead of the page order. A
+// page is asked for once and keeps its place in the order until the owner has answered
+// (the next allocations pass over it while it is still held); if it is still held
+// then, an external uses it and it is passed on (Pass) like any held key.
+type releaseAsk struct {
+	want     []string        // asked for, not sent yet
+	asked    map[string]bool // key → a call naming it was answered
+	inFlight bool            // one call at a time per owner
+}
+
+const (
+	// maxReleaseAsk bounds the pages one owner is asked for at once; past it, held pages
+	// are passed on at once, as plain keys are.
+	maxReleaseAsk = 4096
+	// releaseBatch caps the keys of one ReleaseHotSet call.
+	releaseBatch = 1024
+)
+
+// ask records that the eviction order reached page k while it was held. It reports
+// whether k should keep its place: asked now, or asked and not answered yet.
+func (r *releaseAsk) ask(k string) bool {
+	answered, ok := r.asked[k]
+	switch {
+	case !ok:
+		if len(r.asked) >= maxReleaseAsk {
+			return false
+		}
+		if r.asked == nil {
+			r.asked = make(map[string]bool)
+		}
+		r.asked[k] = false
+		r.want = append(r.want, k)
+		return true
+	case !answered:
+		return true
+	default:
+		delete(r.asked, k) // still held after the owner let go of what it could
+		return false
+	}
+}
+
+// take hands out the keys for the next call (nil while one is in flight).
+func (r *releaseAsk) take() []string {
+	if r.inFlight || len(r.want) == 0 {
+		return nil
+	}
+	n := min(len(r.want), releaseBatch)
+	keys := r.want[:n:n]
+	r.want = r.want[n:]
+	if len(r.want) == 0 {
+		r.want = nil
+	}
+	r.inFlight = true
+	return keys
+}
+
+// answered ends the call that named keys (failed or not: a page still held is then
+// passed on); entries of keys no longer held here (evicted, deleted, let go and
+// re-held) are dropped.
+func (r *releaseAsk) answered(keys []string, held func(string) bool) {
+	r.inFlight = false
+	for _, k := range keys {
+		if _, ok := r.asked[k]; ok {
+			r.asked[k] = true
+		}
+	}
+	for k, done := range r.asked {
+		if done && !held(k) {
+			delete(r.asked, k)
+		}
+	}
+}
+
+// releaseCall is one ReleaseHotSet naming keys, taken under the lock.
+type releaseCall struct {
+	id, addr string
+	gen      int64
+	keys     []string
+}
+
+// takeReleasesLocked takes the calls due: one per owner with pages asked for and no
+// call in flight.
+func (s *State) takeReleasesLocked() []releaseCall {
+	var calls []releaseCall
+	for _, n := range s.nodes {
+		if len(n.release.want) == 0 || n.tombed || n.peerAddr == "" {
+			continue
+		}
+		if keys := n.release.take(); keys != nil {
+			calls = append(calls, releaseCall{n.id, n.peerAddr, n.generation, keys})
+		}
+	}
+	return calls
+}
+
+// sendReleases makes the calls (in the background: the allocation that asked already
+// evicted the next page; the ones after it find the pages free).
+func (s *Server) sendReleases(calls []releaseCall) {
+	for _, rc := range calls {
+		go s.sendRelease(rc)
+	}
+}
+
+func (s *Server) sendRelease(rc releaseCall) {
+	defer s.locked(func(st *State) error {
+		if n := st.nodes[rc.id]; n != nil && n.generation == rc.gen {
+			n.release.answered(rc.keys, func(k string) bool { return st.heldLocked(k, n) })
+			if keys := n.release.take(); keys != nil { // asked for while this call was out
+				go s.sendRelease(releaseCall{n.id, n.peerAddr, n.generation, keys})
+			}
+		}
+		return nil
+	})
+	c, callOpts, err := s.peers.GetNode(rc.id, rc.addr)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.InvalidateTimeout)
+	defer cancel()
+	resp, err := c.ReleaseHotSet(ctx, &peer.ReleaseHotSetRequest{Generation: rc.gen, MasterEpoch: s.epoch, Keys: rc.keys}, callOpts...)
+	if err != nil || resp.Code != common.ErrorCode_OK {
+		s.opts.Logger.Debug().Err(err).Str("peer", rc.addr).Int("keys", len(rc.keys)).Msg("release of hot-set pages failed")
+	}
+}

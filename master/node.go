@@ -52,6 +52,9 @@ type node struct {
 	ssdPending int64
 	// evicted holds the eviction notices the owner has not acked (evictnotice.go).
 	evicted evictOutbox
+	// release holds the KV pages the eviction order reached while a holder kept them
+	// (hotset.go): the owner is asked to let their idle hot-set holdings go.
+	release releaseAsk
 	// opened marks, while the rebuild window is open, every range of the pool handed
 	// out since this incarnation registered: a reported record overlapping one may have
 	// been written over, so it is never adopted (rebuild.go). nil otherwise.

@@ -57,6 +57,9 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 			return PutPlan{}, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
 		}
 	}
+	if parent != nil {
+		s.refreshChainLocked(*parent)
+	}
 	target, source := s.placeLocked(now, n, length)
 	if target == nil {
 		return PutPlan{}, s.noSpaceLocked(n, length)

@@ -178,7 +178,8 @@ func (s *Server) locked(f func(st *State) error) error {
 	return f(s.st)
 }
 
-// withState runs f under the lock, unless the gate is shut (calls from owners).
+// withState runs f under the lock, unless the gate is shut (calls from owners). The
+// hot-set releases f's evictions asked for are sent after it (hotset.go).
 func (s *Server) withState(f func(st *State) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -187,7 +188,12 @@ func (s *Server) withState(f func(st *State) error) error {
 			return err
 		}
 	}
-	return f(s.st)
+	err := f(s.st)
+	if s.st.releasesDue {
+		s.st.releasesDue = false
+		s.sendReleases(s.st.takeReleasesLocked())
+	}
+	return err
 }
 
 // withSpace runs f under the lock, retrying while it fails with NO_SPACE: every

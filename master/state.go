@@ -44,6 +44,8 @@ type State struct {
 	spareHeld bool
 	// short is the last allocation that failed with NO_SPACE.
 	short shortage
+	// releasesDue: an eviction asked an owner for hot-set pages (Server.withState sends).
+	releasesDue bool
 	// children maps a KV page's key to the routed keys put with it as their parent
 	// (chain.go); kept in step with routes by setRouteLocked and unsetRouteLocked.
 	children map[string]map[string]struct{}
@@ -101,10 +103,13 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 		var key string
 		var ok bool
 		// A replica a holder keeps (an external's, or an owner's hot set) is passed
-		// over: evicting it would free nothing until the holder goes. It is touched so
+		// over: evicting it would free nothing until the holder goes. It is passed (Pass) so
 		// the policy moves it on instead of drawing it first again; when only held
 		// replicas are left the caller waits for holders (and the server asks the
-		// owners to give back idle ones).
+		// owners to give back idle ones). A KV page is first left in its place and
+		// its owner asked to let an idle hot-set holding of it go (releaseAsk), so the
+		// hot set does not overrule the page order; it is passed only when it is still
+		// held after the owner answered.
 		var held []string
 		free := func(k string) bool {
 			if s.heldLocked(k, n) {
@@ -124,7 +129,11 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 			key, ok = n.policy.VictimWhere(free, victimScanLimit)
 		}
 		for _, k := range held {
-			n.policy.Touch(k)
+			if !n.policy.IsPage(k) || !n.release.ask(k) {
+				n.policy.Pass(k)
+			} else {
+				s.releasesDue = true
+			}
 		}
 		if !ok {
 			return nil

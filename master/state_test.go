@@ -3,6 +3,7 @@ package master
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -198,6 +199,24 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	case "placement":
 		st.opts.Placement = arg(d, "set")
 		return "ok\n", nil
+	case "releases":
+		// releases: the hot-set release calls due (Server.withState makes them).
+		st.releasesDue = false
+		var b strings.Builder
+		calls := st.takeReleasesLocked()
+		slices.SortFunc(calls, func(a, b releaseCall) int { return strings.Compare(a.id, b.id) })
+		for _, c := range calls {
+			fmt.Fprintf(&b, "release node=%s keys=%s\n", c.id, strings.Join(c.keys, ","))
+		}
+		if len(calls) == 0 {
+			b.WriteString("none\n")
+		}
+		return b.String(), nil
+	case "release-answered":
+		// release-answered node=N keys=K,...: the owner answered the call naming keys.
+		n := st.nodes[arg(d, "node")]
+		n.release.answered(strings.Split(key+arg(d, "keys"), ","), func(k string) bool { return st.heldLocked(k, n) })
+		return fmt.Sprintf("asked=%d\n", len(n.release.asked)), nil
 	case "persist-done":
 		// persist-done put=N [failed]
 		st.PersistDone(argInt(d, "put"), arg(d, "failed") == "")

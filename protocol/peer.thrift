@@ -107,10 +107,16 @@ struct PullPutResponse {
 // owner lets go of idle holdings of its hot set (least recently used first) until at
 // least bytes are released or none is left, acks them to the master (BatchDeleteAck),
 // then answers with the bytes released.
+//
+// keys (optional): the master's eviction order reached these keys and found them held.
+// The owner first lets go of their holdings that are idle (a holding an external still
+// uses stays); then, while bytes > 0 and fewer than bytes are released, continues least
+// recently used first. With keys, bytes ≤ 0 releases only the keys' idle holdings.
 struct ReleaseHotSetRequest {
   1: i64 generation,
   2: i64 bytes,
   3: i64 master_epoch,
+  4: optional list<string> keys,
 }
 
 struct ReleaseHotSetResponse {

@@ -566,9 +566,10 @@ var fieldIDToName_PullPutResponse = map[int16]string{
 }
 
 type ReleaseHotSetRequest struct {
-	Generation  int64 `thrift:"generation,1" frugal:"1,default,i64" json:"generation"`
-	Bytes       int64 `thrift:"bytes,2" frugal:"2,default,i64" json:"bytes"`
-	MasterEpoch int64 `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
+	Generation  int64    `thrift:"generation,1" frugal:"1,default,i64" json:"generation"`
+	Bytes       int64    `thrift:"bytes,2" frugal:"2,default,i64" json:"bytes"`
+	MasterEpoch int64    `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
+	Keys        []string `thrift:"keys,4,optional" frugal:"4,optional,list<string>" json:"keys,omitempty"`
 }
 
 func NewReleaseHotSetRequest() *ReleaseHotSetRequest {
@@ -589,6 +590,15 @@ func (p *ReleaseHotSetRequest) GetBytes() (v int64) {
 func (p *ReleaseHotSetRequest) GetMasterEpoch() (v int64) {
 	return p.MasterEpoch
 }
+
+var ReleaseHotSetRequest_Keys_DEFAULT []string
+
+func (p *ReleaseHotSetRequest) GetKeys() (v []string) {
+	if !p.IsSetKeys() {
+		return ReleaseHotSetRequest_Keys_DEFAULT
+	}
+	return p.Keys
+}
 func (p *ReleaseHotSetRequest) SetGeneration(val int64) {
 	p.Generation = val
 }
@@ -597,6 +607,13 @@ func (p *ReleaseHotSetRequest) SetBytes(val int64) {
 }
 func (p *ReleaseHotSetRequest) SetMasterEpoch(val int64) {
 	p.MasterEpoch = val
+}
+func (p *ReleaseHotSetRequest) SetKeys(val []string) {
+	p.Keys = val
+}
+
+func (p *ReleaseHotSetRequest) IsSetKeys() bool {
+	return p.Keys != nil
 }
 
 func (p *ReleaseHotSetRequest) String() string {
@@ -610,6 +627,7 @@ var fieldIDToName_ReleaseHotSetRequest = map[int16]string{
 	1: "generation",
 	2: "bytes",
 	3: "master_epoch",
+	4: "keys",
 }
 
 type ReleaseHotSetResponse struct {
