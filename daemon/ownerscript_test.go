@@ -277,6 +277,10 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 			return "", err
 		}
 		p := &pendingPut{key: key, putID: sInt(d, "put"), offset: sInt(d, "off"), len: sInt(d, "len"), local: sArg(d, "local") != ""}
+		if par := sArg(d, "parent"); par != "" { // parent=- : a chain's first page
+			par = strings.TrimPrefix(par, "-")
+			p.parent = &par
+		}
 		if err := st.acceptPut(c, p, s.epochs[key]); err != nil {
 			return "", err
 		}
@@ -352,6 +356,9 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 				medium := "ssd"
 				if r.Memory {
 					medium = fmt.Sprintf("mem@%d", r.Offset)
+				}
+				if r.Parent != nil {
+					medium += fmt.Sprintf(",parent=%q", *r.Parent)
 				}
 				fmt.Fprintf(&b, " %s@%d(%s)", r.Key, r.PutId, medium)
 			}
@@ -431,7 +438,11 @@ func (s *ownerScript) dump() string {
 		fmt.Fprintf(&b, "write %s %d [%d+%d) pinned=%v\n", w.kind, w.id, w.offset, w.len, w.pinned)
 	}
 	for _, r := range st.replicas.records() {
-		fmt.Fprintf(&b, "replica %s@%d [%d+%d)\n", r.key, r.putID, r.offset, r.len)
+		fmt.Fprintf(&b, "replica %s@%d [%d+%d)", r.key, r.putID, r.offset, r.len)
+		if r.page {
+			fmt.Fprintf(&b, " parent=%q", r.parent)
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }

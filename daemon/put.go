@@ -105,7 +105,7 @@ func (o *Owner) acceptStartedPut(c *session, it *mp.PutStartItem, resp *mp.PutSt
 	// The client writes at the source offset: the target itself, or, for a put the
 	// master placed on another owner, a range of this owner's transfer area that the
 	// target pulls from at PutDone.
-	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, local: resp.TargetNodeId == o.opts.NodeID}
+	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, parent: it.Parent, local: resp.TargetNodeId == o.opts.NodeID}
 	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-it.Len {
 		o.abandonPut(p)
 		return nil, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, it.Len, o.seg.Size())
@@ -162,7 +162,7 @@ func (st *ownerState) endPut(c *session, p *pendingPut, outcome error) {
 func (st *ownerState) putsPublished(ps []*pendingPut, mark uint64) {
 	for _, p := range ps {
 		if p.local {
-			st.replicas.learn(replicaRecord{key: p.key, putID: p.putID, offset: p.offset, len: p.len}, mark, 0)
+			st.replicas.learn(replicaRecord{key: p.key, putID: p.putID, offset: p.offset, len: p.len, page: p.parent != nil, parent: deref(p.parent)}, mark, 0)
 		}
 	}
 	for _, p := range ps {

@@ -14,6 +14,10 @@ type replicaRecord struct {
 	putID  int64
 	offset int64
 	len    int64
+	// page: a KV page this owner put under parent ("" for a chain's first page);
+	// reported so a new master ranks it as a page again.
+	page   bool
+	parent string
 }
 
 func (r *replicaRecord) end() int64 { return r.offset + ssd.AlignedLen(r.len) }

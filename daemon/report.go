@@ -106,7 +106,11 @@ type replicaReport struct {
 func newReplicaReport(mem, ssd []replicaRecord, batch int) *replicaReport {
 	r := &replicaReport{mem: mem, ssd: ssd, batch: batch, recs: make([]*mp.ReplicaRecord, 0, len(mem)+len(ssd))}
 	for _, x := range mem {
-		r.recs = append(r.recs, &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Memory: true, Offset: x.offset})
+		rec := &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Memory: true, Offset: x.offset}
+		if x.page {
+			rec.Parent = &x.parent
+		}
+		r.recs = append(r.recs, rec)
 	}
 	for _, x := range ssd {
 		r.recs = append(r.recs, &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Ssd: true})
@@ -134,4 +138,12 @@ func (r *replicaReport) refuse(st *ownerState, i int) {
 	}
 	x := r.ssd[i-len(r.mem)]
 	st.fx.ssdForget = append(st.fx.ssdForget, &common.KeyVersion{Key: x.key, PutId: x.putID})
+}
+
+// deref is *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -47,6 +47,7 @@ type pendingPut struct {
 	putID  int64
 	offset int64
 	len    int64
+	parent *string // a KV page's parent (PutStartItem.parent); nil for a plain key
 	// write is its entry in segmentWrites while the session has it; once pinned (the
 	// owner registered with a new master during the put) the new master keeps the range
 	// as a pin (id = putID) that must be acked, and the put cannot complete.

@@ -268,7 +268,7 @@ func (h *handler) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequ
 	recs := make([]ReplicaRecord, len(req.Records))
 	for i, r := range req.Records {
 		if r != nil {
-			recs[i] = ReplicaRecord{Key: r.Key, PutID: r.PutId, Len: r.Len, Memory: r.Memory, Offset: r.Offset, SSD: r.Ssd}
+			recs[i] = ReplicaRecord{Key: r.Key, PutID: r.PutId, Len: r.Len, Memory: r.Memory, Offset: r.Offset, SSD: r.Ssd, Parent: r.Parent}
 		}
 	}
 	var invs []Invalidation

@@ -28,6 +28,7 @@ type ReplicaRecord struct {
 	Memory bool
 	Offset int64
 	SSD    bool
+	Parent *string // a KV page's parent (nil: a plain key)
 }
 
 // OpenRebuild opens the rebuild window at now (the master's start).
@@ -107,7 +108,7 @@ func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord,
 // adoptLocked adds one reported record to the routes, or refuses it.
 func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []Invalidation) {
 	if wire.ValidateKey(rec.Key) != nil || rec.Len <= 0 || rec.PutID <= 0 || rec.Memory == rec.SSD ||
-		rec.PutID <= s.tombstones[rec.Key] || (rec.SSD && !n.ssd.Enabled) {
+		rec.PutID <= s.tombstones[rec.Key] || (rec.SSD && !n.ssd.Enabled) || validateParent(rec.Key, rec.Parent) != nil {
 		return false, nil
 	}
 	// Ids issued from now on exceed every reported one (they already do when the new
@@ -133,7 +134,9 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 		}
 	}
 	if r == nil {
-		r = &route{putID: rec.PutID, len: rec.Len, replicas: make(map[*node]*replica)}
+		// The first record of a version decides whether it is a KV page (a copy
+		// reported by an owner that did not put it carries no parent).
+		r = &route{putID: rec.PutID, len: rec.Len, replicas: make(map[*node]*replica), page: rec.Parent != nil, parent: deref(rec.Parent)}
 		s.setRouteLocked(rec.Key, r)
 	}
 	if a != nil {

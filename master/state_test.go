@@ -138,6 +138,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		return "ok\n", err
 	case "report":
 		// report node=N [last=1], one record a line: KEY PUT_ID LEN mem@OFFSET|ssd
+		// [parent=P] (a KV page; parent=- for a chain's first page)
 		var recs []ReplicaRecord
 		for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
 			if line == "" {
@@ -147,6 +148,13 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			var where string
 			if _, err := fmt.Sscanf(line, "%s %d %d %s", &r.Key, &r.PutID, &r.Len, &where); err != nil {
 				return "", fmt.Errorf("record %q: %w", line, err)
+			}
+			if f := strings.Fields(line); len(f) > 4 {
+				p, _ := strings.CutPrefix(f[4], "parent=")
+				if p == "-" {
+					p = ""
+				}
+				r.Parent = &p
 			}
 			if off, ok := strings.CutPrefix(where, "mem@"); ok {
 				r.Memory = true

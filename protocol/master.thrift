@@ -269,6 +269,10 @@ struct ReplicaRecord {
   4: bool memory,
   5: i64 offset,
   6: bool ssd,
+  // A KV page's parent as its put named it ("" for a chain's first page), so the new
+  // master ranks it as a page again; unset for a plain key, an SSD record, or a copy
+  // the owner did not put itself (those are ranked as plain keys).
+  7: optional string parent,
 }
 
 // After registering with a master that does not know it (a restarted master), an owner

@@ -1803,12 +1803,13 @@ var fieldIDToName_BatchDeleteAckResponse = map[int16]string{
 }
 
 type ReplicaRecord struct {
-	Key    string `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	PutId  int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
-	Len    int64  `thrift:"len,3" frugal:"3,default,i64" json:"len"`
-	Memory bool   `thrift:"memory,4" frugal:"4,default,bool" json:"memory"`
-	Offset int64  `thrift:"offset,5" frugal:"5,default,i64" json:"offset"`
-	Ssd    bool   `thrift:"ssd,6" frugal:"6,default,bool" json:"ssd"`
+	Key    string  `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId  int64   `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Len    int64   `thrift:"len,3" frugal:"3,default,i64" json:"len"`
+	Memory bool    `thrift:"memory,4" frugal:"4,default,bool" json:"memory"`
+	Offset int64   `thrift:"offset,5" frugal:"5,default,i64" json:"offset"`
+	Ssd    bool    `thrift:"ssd,6" frugal:"6,default,bool" json:"ssd"`
+	Parent *string `thrift:"parent,7,optional" frugal:"7,optional,string" json:"parent,omitempty"`
 }
 
 func NewReplicaRecord() *ReplicaRecord {
@@ -1841,6 +1842,15 @@ func (p *ReplicaRecord) GetOffset() (v int64) {
 func (p *ReplicaRecord) GetSsd() (v bool) {
 	return p.Ssd
 }
+
+var ReplicaRecord_Parent_DEFAULT string
+
+func (p *ReplicaRecord) GetParent() (v string) {
+	if !p.IsSetParent() {
+		return ReplicaRecord_Parent_DEFAULT
+	}
+	return *p.Parent
+}
 func (p *ReplicaRecord) SetKey(val string) {
 	p.Key = val
 }
@@ -1859,6 +1869,13 @@ func (p *ReplicaRecord) SetOffset(val int64) {
 func (p *ReplicaRecord) SetSsd(val bool) {
 	p.Ssd = val
 }
+func (p *ReplicaRecord) SetParent(val *string) {
+	p.Parent = val
+}
+
+func (p *ReplicaRecord) IsSetParent() bool {
+	return p.Parent != nil
+}
 
 func (p *ReplicaRecord) String() string {
 	if p == nil {
@@ -1874,6 +1891,7 @@ var fieldIDToName_ReplicaRecord = map[int16]string{
 	4: "memory",
 	5: "offset",
 	6: "ssd",
+	7: "parent",
 }
 
 type ReportReplicasRequest struct {
