@@ -179,14 +179,14 @@ func (st *ownerState) sweepIdle(now time.Time, force bool) {
 }
 
 // releaseHotSet lets go of idle hot-set holdings (ReleaseHotSet: the master needs the
-// space): those of keys first, then least recently released until at least bytes are
-// released (bytes ≤ 0: all of them without keys, no more with keys). It returns how many
-// and their bytes.
+// space): with keys, those of keys only; without, least recently released first until at
+// least bytes are released (bytes ≤ 0: all of them). It returns how many and their bytes.
 func (st *ownerState) releaseHotSet(keys []string, bytes int64) (n int, released int64) {
-	acks, released := st.hot.releaseKeys(keys)
-	if len(keys) == 0 || (bytes > 0 && released < bytes) {
-		more, b := st.hot.release(bytes - released)
-		acks, released = append(acks, more...), released+b
+	var acks []int64
+	if len(keys) > 0 {
+		acks, released = st.hot.releaseKeys(keys)
+	} else {
+		acks, released = st.hot.release(bytes)
 	}
 	st.ack(acks...)
 	return len(acks), released

@@ -138,11 +138,13 @@ func (r *releaseAsk) answered(keys []string, held func(string) bool) {
 	}
 }
 
-// releaseCall is one ReleaseHotSet naming keys, taken under the lock.
+// releaseCall is one ReleaseHotSet naming keys, taken under the lock; bytes is their
+// size (what an owner of an earlier release, which does not know keys, releases).
 type releaseCall struct {
 	id, addr string
 	gen      int64
 	keys     []string
+	bytes    int64
 }
 
 // takeReleasesLocked takes the calls due: one per owner with pages asked for and no
@@ -154,10 +156,20 @@ func (s *State) takeReleasesLocked() []releaseCall {
 			continue
 		}
 		if keys := n.release.take(); keys != nil {
-			calls = append(calls, releaseCall{n.id, n.peerAddr, n.generation, keys})
+			calls = append(calls, s.releaseCallLocked(n, keys))
 		}
 	}
 	return calls
+}
+
+func (s *State) releaseCallLocked(n *node, keys []string) releaseCall {
+	var bytes int64
+	for _, k := range keys {
+		if r := s.routes[k]; r != nil {
+			bytes += r.len
+		}
+	}
+	return releaseCall{n.id, n.peerAddr, n.generation, keys, max(bytes, 1)}
 }
 
 // sendReleases makes the calls (in the background: the allocation that asked already
@@ -173,7 +185,7 @@ func (s *Server) sendRelease(rc releaseCall) {
 		if n := st.nodes[rc.id]; n != nil && n.generation == rc.gen {
 			n.release.answered(rc.keys, func(k string) bool { return st.heldLocked(k, n) })
 			if keys := n.release.take(); keys != nil { // asked for while this call was out
-				go s.sendRelease(releaseCall{n.id, n.peerAddr, n.generation, keys})
+				go s.sendRelease(st.releaseCallLocked(n, keys))
 			}
 		}
 		return nil
@@ -184,7 +196,7 @@ func (s *Server) sendRelease(rc releaseCall) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.InvalidateTimeout)
 	defer cancel()
-	resp, err := c.ReleaseHotSet(ctx, &peer.ReleaseHotSetRequest{Generation: rc.gen, MasterEpoch: s.epoch, Keys: rc.keys}, callOpts...)
+	resp, err := c.ReleaseHotSet(ctx, &peer.ReleaseHotSetRequest{Generation: rc.gen, Bytes: rc.bytes, MasterEpoch: s.epoch, Keys: rc.keys}, callOpts...)
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		s.opts.Logger.Debug().Err(err).Str("peer", rc.addr).Int("keys", len(rc.keys)).Msg("release of hot-set pages failed")
 	}

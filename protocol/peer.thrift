@@ -109,9 +109,10 @@ struct PullPutResponse {
 // then answers with the bytes released.
 //
 // keys (optional): the master's eviction order reached these keys and found them held.
-// The owner first lets go of their holdings that are idle (a holding an external still
-// uses stays); then, while bytes > 0 and fewer than bytes are released, continues least
-// recently used first. With keys, bytes ≤ 0 releases only the keys' idle holdings.
+// The owner lets go of their holdings that are idle (a holding an external still uses
+// stays) and of nothing else; bytes is then their size, for an owner of an earlier
+// release that does not know keys (it releases that many bytes, least recently used
+// first, instead of all its idle holdings).
 struct ReleaseHotSetRequest {
   1: i64 generation,
   2: i64 bytes,
