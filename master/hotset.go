@@ -83,26 +83,27 @@ const (
 	releaseBatch = 1024
 )
 
-// ask records that the eviction order reached page k while it was held. It reports
-// whether k should keep its place: asked now, or asked and not answered yet.
-func (r *releaseAsk) ask(k string) bool {
+// ask records that the eviction order reached page k while it was held. keep reports
+// whether k should keep its place (asked now, or asked and not answered yet); queued,
+// whether it was asked for now (a call is due).
+func (r *releaseAsk) ask(k string) (keep, queued bool) {
 	answered, ok := r.asked[k]
 	switch {
 	case !ok:
 		if len(r.asked) >= maxReleaseAsk {
-			return false
+			return false, false
 		}
 		if r.asked == nil {
 			r.asked = make(map[string]bool)
 		}
 		r.asked[k] = false
 		r.want = append(r.want, k)
-		return true
+		return true, true
 	case !answered:
-		return true
+		return true, false
 	default:
 		delete(r.asked, k) // still held after the owner let go of what it could
-		return false
+		return false, false
 	}
 }
 

@@ -157,10 +157,15 @@ func (p *pagePolicy) refresh(e *pageEntry, now int64) {
 		up = append(up, a)
 	}
 	for i := len(up) - 1; i >= 0; i-- {
-		if a := up[i]; p.own(a, now) > a.own {
-			a.own = p.own(a, now)
-			p.update(a)
-		}
+		p.moveOn(up[i], now)
+	}
+}
+
+// moveOn raises e's own priority to what a use at now gives it, hits unchanged.
+func (p *pagePolicy) moveOn(e *pageEntry, now int64) {
+	if own := p.own(e, now); own > e.own {
+		e.own = own
+		p.update(e)
 	}
 }
 
@@ -176,8 +181,7 @@ func (p *pagePolicy) touch(k string, now int64) {
 // passOver moves live page k on to now without counting a hit (eviction passed over it).
 func (p *pagePolicy) passOver(k string, now int64) {
 	if e := p.entries[k]; e != nil {
-		e.own = max(e.own, p.own(e, now))
-		p.update(e)
+		p.moveOn(e, now)
 	}
 }
 

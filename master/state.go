@@ -129,10 +129,14 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 			key, ok = n.policy.VictimWhere(free, victimScanLimit)
 		}
 		for _, k := range held {
-			if !n.policy.IsPage(k) || !n.release.ask(k) {
+			keep := false
+			if n.policy.IsPage(k) {
+				var queued bool
+				keep, queued = n.release.ask(k)
+				s.releasesDue = s.releasesDue || queued
+			}
+			if !keep {
 				n.policy.Pass(k)
-			} else {
-				s.releasesDue = true
 			}
 		}
 		if !ok {
