@@ -274,6 +274,7 @@ func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (
 			return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable: %v", err)
 		}
 		resp.Members, resp.Keys, resp.NodeId, resp.Masters = r.Members, r.Keys, h.o.opts.NodeID, r.Masters
+		resp.MemoryValues, resp.MemoryDuplicateBytes = r.MemoryValues, r.MemoryDuplicateBytes
 		// The master's SSD figures are a heartbeat old; this owner's own are current.
 		if h.o.store != nil {
 			for _, m := range resp.Members {

@@ -137,8 +137,10 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 	st := o.lock()
 	n, released := st.releaseHotSet(req.Keys, req.Bytes)
 	o.unlock()
+	// The master asks because it is short of room: holders released since the last
+	// ack batch are room too, so they are acked now, with the hot set's.
+	o.acks.sync()
 	if n > 0 {
-		o.acks.sync()
 		o.log.Debug().Int("holdings", n).Int64("bytes", released).Msg("hot set given back to the master")
 	}
 	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK, ReleasedBytes: released}, nil

@@ -2,16 +2,20 @@ package daemon_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 )
 
 // TestClusterPool: three owners of 128 MiB are one memory pool. 300 values of
 // 1 MiB − 128 B (more than any one segment holds) put through one owner are placed
 // across the pool (the requester first, then the owner with the most free bytes, the
 // target pulling each value from the requester's transfer area); every key then reads
-// back twice through another owner with no miss and no wrong byte: the reader fills
-// up with promoted copies, and eviction takes those duplicates before any sole copy.
+// back twice through another owner with no miss and no wrong byte: promoted copies
+// take the reader's free room only while headroom of its transfer area's size stays,
+// the other gets land in free room or the reader's transfer area, so no value is lost.
 func TestClusterPool(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3, "128MiB")
@@ -51,5 +55,71 @@ func TestClusterPool(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d gets pulled from another owner", remote, 2*n)
+	// Reading through n1 copies no value out of the pool: promoted copies take free room
+	// only, and gets that are not promoted leave nothing behind.
+	if st, err = cl.clients[2].Stat(); err != nil {
+		t.Fatal(err)
+	}
+	var replicas int64
+	for _, m := range st.Members {
+		replicas += m.MemoryReplicas
+	}
+	const granule = 512
+	t.Logf("after the reads: %d distinct values, %d replicas, %d duplicate bytes", st.MemoryValues, replicas, st.MemoryDuplicateBytes)
+	if st.MemoryValues != n || st.MemoryDuplicateBytes != (replicas-n)*((size+granule-1)/granule*granule) {
+		t.Errorf("status: %d distinct values and %d duplicate bytes in %d replicas, want %d values and the rest duplicates",
+			st.MemoryValues, st.MemoryDuplicateBytes, replicas, n)
+	}
+	leakCheck(t, cl.clients[0], keys...)
+}
+
+// TestClusterPoolLendsTransferAreas: a full cluster holds as many values as its DRAM.
+// Three owners of 32 MiB (each a 28 MiB pool and a 4 MiB transfer area) take 96 values
+// of 1 MiB − 128 B through every owner in turn: the last ones borrow the idle areas,
+// nothing is evicted. Reading them all through one owner, whose segment is full, costs
+// at most the value its one get in flight evicted, and leaves no duplicate.
+func TestClusterPoolLendsTransferAreas(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3, "32MiB")
+	const n, size = 96, 1<<20 - 128
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("lend-%d", i)
+		if err := cl.clients[i%3].Put(keys[i], clusterValue(i, size)); err != nil {
+			t.Fatalf("put %s: %v", keys[i], err)
+		}
+	}
+	st, err := cl.clients[0].Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Members {
+		if m.TransferArea == nil || m.TransferArea.CapacityBytes != 4<<20 || m.TransferArea.UsedBytes != 4<<20 || m.TransferAreaReplicas != 4 {
+			t.Errorf("member %s: transfer area %+v with %d replicas, want 4 MiB, all of it lent to 4 replicas", m.NodeId, m.TransferArea, m.TransferAreaReplicas)
+		}
+	}
+	if st.MemoryValues != n || st.MemoryDuplicateBytes != 0 {
+		t.Fatalf("after the puts: %d values, %d duplicate bytes; want all %d, none", st.MemoryValues, st.MemoryDuplicateBytes, n)
+	}
+	misses := 0
+	for i, k := range keys {
+		got, _, err := getBytes(cl.clients[1], k)
+		switch {
+		case errors.Is(err, fluxkv.ErrKeyNotFound):
+			misses++
+		case err != nil:
+			t.Fatalf("get %s through n1: %v", k, err)
+		case !bytes.Equal(got, clusterValue(i, size)):
+			t.Fatalf("get %s through n1: wrong bytes", k)
+		}
+	}
+	if st, err = cl.clients[2].Stat(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reads through n1: %d misses; then %d values, %d duplicate bytes", misses, st.MemoryValues, st.MemoryDuplicateBytes)
+	if misses > 1 || st.MemoryValues < n-1 || st.MemoryDuplicateBytes != 0 {
+		t.Errorf("reads through a full owner: %d misses, %d values, %d duplicate bytes; want ≤ 1 miss, ≥ %d values, no duplicate",
+			misses, st.MemoryValues, st.MemoryDuplicateBytes, n-1)
+	}
 	leakCheck(t, cl.clients[0], keys...)
 }

@@ -9,8 +9,8 @@ import "fmt"
 // that has been tombed release nothing: that incarnation's allocator is gone.
 //
 // An Allocation comes either from the node's memory pool or from its transfer area
-// (the source range of a put placed on another owner); Release returns it to the
-// allocator it came from.
+// (the source range of a put placed on another owner, or a replica the pool borrowed
+// the area's idle room for); Release returns it to the allocator it came from.
 //
 // Not safe for concurrent use; the State's lock protects it.
 type Allocation struct {
@@ -33,6 +33,7 @@ func newAllocation(n *node, r Range, length int64) *Allocation {
 func newXferAllocation(n *node, r Range, length int64) *Allocation {
 	n.allocs++
 	r.Offset += n.xferBase
+	n.opened.add(r)
 	return &Allocation{node: n, area: n.xfer, base: n.xferBase, r: r, len: length, refs: 1}
 }
 
@@ -41,6 +42,9 @@ func (a *Allocation) Offset() int64 { return a.r.Offset }
 
 // Len is the payload length stored in the range.
 func (a *Allocation) Len() int64 { return a.len }
+
+// inArea reports whether the range lies in its node's transfer area.
+func (a *Allocation) inArea() bool { return a.area != a.node.alloc }
 
 // Size is the number of segment bytes the range occupies.
 func (a *Allocation) Size() int64 { return a.r.Size }

@@ -286,6 +286,7 @@ func (h *handler) Stat(ctx context.Context, req *mp.StatRequest) (*mp.StatRespon
 	err := h.s.withState(func(st *State) error {
 		resp.Members = st.Members()
 		resp.Keys = int64(st.Keys())
+		resp.MemoryValues, resp.MemoryDuplicateBytes = st.MemoryValues()
 		return nil
 	})
 	if err == nil {

@@ -17,8 +17,9 @@ import (
 
 // releaseHotSets asks owners with holders to release idle hot-set holdings for an
 // allocation that found no space (short): the requester's owner when local placement
-// confines the value to it, else every owner with holders (pooled placement may place
-// it anywhere); each releases the least recently used holdings until twice the request
+// or a get (its bytes land in the requester's segment) confines the value to it, else
+// every owner with holders (pooled placement may place it anywhere); each also acks
+// the holders its clients released since its last ack batch, and releases the least recently used holdings until twice the request
 // is free again (allocations need contiguous ranges). The calls run in parallel, each
 // bounded by InvalidateTimeout. It returns the bytes released in all.
 func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
@@ -29,7 +30,7 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 	var owners []owner
 	s.locked(func(st *State) error {
 		for _, n := range st.nodes {
-			if s.opts.Placement == PlacementLocal && n.id != short.nodeID {
+			if (s.opts.Placement == PlacementLocal || short.local) && n.id != short.nodeID {
 				continue
 			}
 			if len(n.holders) > 0 && n.peerAddr != "" {

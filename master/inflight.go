@@ -65,6 +65,9 @@ type inflightGet struct {
 	// path). The holder keeps its own reference to target; GetRevoke (a failed read)
 	// drops it, an expired TTL does not (the owner may have handed it out).
 	holderID int64
+	// noPromotion: the target is for this get alone (the transfer area, or room a
+	// duplicate may not take: getTargetLocked); GetDone does not promote it.
+	noPromotion bool
 }
 
 // dropGetLocked ends an in-flight get, dropping its pre-recorded holder too when the
@@ -165,12 +168,14 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 	if src == nil {
 		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
 	}
-	target := s.allocateLocked(n, r.len)
+	target, promotable := s.getTargetLocked(n, r, kind)
 	if target == nil {
-		return GetPlan{}, s.noSpaceLocked(n, r.len)
+		err := s.noSpaceLocked(n, r.len)
+		s.short.local = true
+		return GetPlan{}, err
 	}
 	g := &inflightGet{key: key, putID: r.putID, node: n, target: target, sourceNode: src, kind: kind,
-		deadline: now.Add(s.opts.InflightTTL)}
+		deadline: now.Add(s.opts.InflightTTL), noPromotion: !promotable}
 	plan := GetPlan{PutID: r.putID, Len: r.len, Source: kind, SourceNode: src.id, SourceGeneration: src.generation,
 		SourceDataAddr: src.dataAddr, SourcePeerAddr: src.peerAddr, TargetOffset: target.Offset()}
 	switch {
@@ -196,9 +201,9 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 }
 
 // GetDone turns the get's target into a holder of the requesting owner (its id is the
-// get id) and, if the key
-// still has that version, the requester has no memory replica and fewer than
-// MaxPromotions promotions happened, also into a new memory replica.
+// get id) and, if the key still has that version, the requester has no memory replica,
+// fewer than MaxPromotions promotions happened and GetStart planned the target as a
+// replica (getTargetLocked), also into a new memory replica.
 func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, promoted bool, err error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
@@ -217,7 +222,7 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 		holderID = getID
 		g.node.holders[holderID] = g.target.Retain()
 	}
-	if r := s.routes[key]; r != nil && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
+	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
 		r.promotions++
 		s.setMemoryLocked(key, r, g.node, g.target.Retain(), true)
 		promoted = true

@@ -82,6 +82,12 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 // source is nil when the target is on the requester. A requester without a transfer
 // area, or whose area cannot take the value now, places the put on itself (so a
 // value larger than the area is always local). Both are nil when no owner has room.
+//
+// With no free range anywhere, the order is: the requester's duplicates, other owners'
+// duplicates (when the requester's area has idle room for the source), the
+// requester's idle transfer area, the requester's sole copies, other owners' sole
+// copies. A transfer takes back area room the pool borrowed (allocXferLocked) only to
+// place on an owner with a free range, where it evicts nothing.
 func (s *State) placeLocked(now time.Time, n *node, length int64) (target, source *Allocation) {
 	if s.opts.Placement == PlacementLocal {
 		return s.allocateLocked(n, length), nil
@@ -89,27 +95,35 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 	if r, ok := n.alloc.Alloc(length); ok {
 		return newAllocation(n, r, length), nil
 	}
-	if source = s.allocXferLocked(n, length); source == nil {
-		return s.allocateLocked(n, length), nil
+	others := s.poolCandidatesLocked(now, n, length, nil)
+	if slices.ContainsFunc(others, func(m *node) bool { return m.alloc.LargestFree() >= roundUp(length, AllocGranule) }) {
+		if source = s.allocXferLocked(n, length, true); source == nil {
+			return s.allocateLocked(n, length), nil
+		}
+		return s.placeAmongLocked(others, length), source
 	}
-	target = s.placeAmongLocked(append([]*node{n}, s.poolCandidatesLocked(now, n, length, nil)...), length)
-	if target == nil || target.node == n {
-		source.Release()
+	if target = s.allocateEvictingLocked(n, length, evictDuplicates); target != nil {
 		return target, nil
 	}
+	if source = s.allocXferLocked(n, length, false); source != nil {
+		for _, m := range others {
+			if target = s.allocateEvictingLocked(m, length, evictDuplicates); target != nil {
+				return target, source
+			}
+		}
+		source.Release()
+	}
+	if target = s.allocateLocked(n, length); target != nil || len(others) == 0 {
+		return target, nil
+	}
+	if source = s.allocXferLocked(n, length, true); source == nil {
+		return nil, nil
+	}
+	if target = s.placeAmongLocked(others, length); target == nil {
+		source.Release()
+		source = nil
+	}
 	return target, source
-}
-
-// allocXferLocked takes length bytes of n's transfer area, or nil.
-func (s *State) allocXferLocked(n *node, length int64) *Allocation {
-	if n.xfer == nil {
-		return nil
-	}
-	r, ok := n.xfer.Alloc(length)
-	if !ok {
-		return nil
-	}
-	return newXferAllocation(n, r, length)
 }
 
 // poolCandidatesLocked lists the owners other than the requester a put of length bytes
@@ -143,9 +157,9 @@ func (s *State) placeAmongLocked(nodes []*node, length int64) *Allocation {
 			return newAllocation(m, r, length)
 		}
 	}
-	for _, soleCopies := range []bool{false, true} {
+	for _, depth := range []evictDepth{evictDuplicates, evictSoleCopies} {
 		for _, m := range nodes {
-			if a := s.allocateEvictingLocked(m, length, soleCopies); a != nil {
+			if a := s.allocateEvictingLocked(m, length, depth); a != nil {
 				return a
 			}
 		}

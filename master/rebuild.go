@@ -204,19 +204,27 @@ func (s *rangeSet) overlaps(r Range) bool {
 	return hit
 }
 
-// reserveReportedLocked takes the reported range [offset, +length) of n's pool: free,
-// or exactly the range of a pin (a holder the owner reported at Register), which the
-// replica then shares. nil when it overlaps anything else or lies outside the pool.
+// reserveReportedLocked takes the reported range [offset, +length) of n's pool, or of
+// its transfer area (a replica the pool borrowed it for): free, or exactly the range
+// of a pin (a holder the owner reported at Register), which the replica then shares.
+// nil when it overlaps anything else or lies outside both.
 func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation {
 	r := Range{Offset: offset, Size: roundUp(length, AllocGranule)}
-	if offset < 0 || offset%AllocGranule != 0 || offset+r.Size > n.alloc.Capacity() || n.opened.overlaps(r) {
+	area, base := n.alloc, int64(0)
+	if n.xfer != nil && offset >= n.xferBase {
+		area, base = n.xfer, n.xferBase
+	}
+	if offset < 0 || offset%AllocGranule != 0 || offset-base+r.Size > area.Capacity() || n.opened.overlaps(r) {
 		return nil
 	}
-	if n.alloc.Reserve(r) {
-		return newAllocation(n, r, length)
+	if area.Reserve(Range{Offset: offset - base, Size: r.Size}) {
+		if area == n.alloc {
+			return newAllocation(n, r, length)
+		}
+		return newXferAllocation(n, Range{Offset: offset - base, Size: r.Size}, length)
 	}
 	for _, h := range n.holders {
-		if h.area == n.alloc && h.r == r && h.len == length {
+		if h.area == area && h.r == r && h.len == length {
 			return h.Retain()
 		}
 	}

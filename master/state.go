@@ -52,10 +52,12 @@ type State struct {
 }
 
 // shortage names an allocation that found no space: length bytes for a request of
-// nodeID (placed there, or, with pooled placement, anywhere).
+// nodeID (placed there, or, with pooled placement, anywhere, unless local: a get's
+// target, which only nodeID's segment can take).
 type shortage struct {
 	nodeID string
 	bytes  int64
+	local  bool
 }
 
 // NewState returns an empty master state.
@@ -85,16 +87,26 @@ func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
 
 // allocateLocked finds length bytes in n's pool, evicting older memory replicas of n
 // while the allocator has no fitting range: duplicates first (a replica whose key has
-// another live memory replica), a sole copy only when no duplicate is left to evict
-// (see evictLocked). It returns nil when nothing is left to evict: the caller waits for
+// another live memory replica), then the transfer area's idle room is borrowed
+// (borrowLocked), and a sole copy is evicted only when neither made room. It returns nil when nothing is left to evict: the caller waits for
 // holders to be released (bounded) or fails with NO_SPACE.
 func (s *State) allocateLocked(n *node, length int64) *Allocation {
-	return s.allocateEvictingLocked(n, length, true)
+	return s.allocateEvictingLocked(n, length, evictSoleCopies)
 }
 
-// allocateEvictingLocked is allocateLocked; with soleCopies false it evicts duplicates
-// only, and fails when they do not make room.
-func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *Allocation {
+// evictDepth says how far an allocation goes to make room in a full pool.
+type evictDepth int
+
+const (
+	evictDuplicates evictDepth = iota // evict duplicates only
+	evictBorrowing                    // then borrow the idle transfer area
+	evictSoleCopies                   // then evict sole copies
+)
+
+// allocateEvictingLocked is allocateLocked, going no further than depth; it fails when
+// that does not make room.
+func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) *Allocation {
+	soleCopies := depth >= evictSoleCopies
 	dups := true // evicting never creates a duplicate: once none is found, stop looking
 	for {
 		if r, ok := n.alloc.Alloc(length); ok {
@@ -122,37 +134,55 @@ func (s *State) allocateEvictingLocked(n *node, length int64, soleCopies bool) *
 			key, ok = n.policy.VictimWhere(func(k string) bool { return s.duplicateLocked(k, n) && free(k) }, victimScanLimit)
 			dups = ok
 		}
+		if !ok && depth >= evictBorrowing {
+			if a := s.borrowLocked(n, length); a != nil {
+				s.passHeldLocked(n, held)
+				return a
+			}
+		}
 		if !ok && s.spareHeld && len(held) > 0 {
 			soleCopies = false // held duplicates were passed over: wait for them instead
 		}
 		if !ok && soleCopies {
 			key, ok = n.policy.VictimWhere(free, victimScanLimit)
 		}
-		for _, k := range held {
-			keep := false
-			if n.policy.IsPage(k) {
-				var queued bool
-				keep, queued = n.release.ask(k)
-				s.releasesDue = s.releasesDue || queued
-			}
-			if !keep {
-				n.policy.Pass(k)
-			}
-		}
+		s.passHeldLocked(n, held)
 		if !ok {
 			return nil
 		}
-		r := s.routes[key]
-		if r == nil || r.replicas[n] == nil || r.replicas[n].memory == nil {
-			panic("BUG: eviction policy names a key without a memory replica on its node")
-		}
-		rep := r.replicas[n]
-		rep.memory.Release()
-		rep.memory = nil
-		n.evicted.push(key, r.putID, false)
-		s.pruneLocked(key, r, n)
-		s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", dups).Msg("evicted memory replica")
+		s.evictMemoryLocked(n, key, dups)
 	}
+}
+
+// passHeldLocked lets the eviction order move on past the held replicas an eviction
+// drew (see allocateEvictingLocked); a KV page's owner is asked to release it first.
+func (s *State) passHeldLocked(n *node, held []string) {
+	for _, k := range held {
+		keep := false
+		if n.policy.IsPage(k) {
+			var queued bool
+			keep, queued = n.release.ask(k)
+			s.releasesDue = s.releasesDue || queued
+		}
+		if !keep {
+			n.policy.Pass(k)
+		}
+	}
+}
+
+// evictMemoryLocked drops n's memory replica of key, which the eviction order has just
+// handed out as its victim.
+func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
+	r := s.routes[key]
+	if r == nil || r.replicas[n] == nil || r.replicas[n].memory == nil {
+		panic("BUG: eviction policy names a key without a memory replica on its node")
+	}
+	rep := r.replicas[n]
+	rep.memory.Release()
+	rep.memory = nil
+	n.evicted.push(key, r.putID, false)
+	s.pruneLocked(key, r, n)
+	s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", duplicate).Msg("evicted memory replica")
 }
 
 // victimScanLimit bounds how many of a node's eviction candidates (in the policy's
@@ -412,9 +442,25 @@ func (s *State) Members() []*common.MemberStat {
 			SsdPersistsDropped: s.persistCount(n.id).dropped,
 			SsdPersistsPending: pending[n],
 		})
+		if n.xfer != nil {
+			m := out[len(out)-1]
+			m.TransferArea = &common.CapacityStat{CapacityBytes: n.xfer.Capacity(), UsedBytes: n.xfer.Used()}
+			m.TransferAreaReplicas = s.borrowedReplicasLocked(n)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })
 	return out
+}
+
+// borrowedReplicasLocked counts n's memory replicas in its transfer area.
+func (s *State) borrowedReplicasLocked(n *node) int64 {
+	var c int64
+	for _, r := range s.routes {
+		if a := r.memoryReplica(n); a != nil && a.inArea() {
+			c++
+		}
+	}
+	return c
 }
 
 func (s *State) ssdReplicasLocked(n *node) int64 {
@@ -432,3 +478,24 @@ func (s *State) ssdReplicasLocked(n *node) int64 {
 
 // Keys is the number of routes.
 func (s *State) Keys() int { return len(s.routes) }
+
+// MemoryValues counts the keys with at least one live memory replica (the distinct
+// values the pool holds) and the bytes of their other memory replicas (duplicates:
+// promoted copies), by segment bytes.
+func (s *State) MemoryValues() (values, duplicateBytes int64) {
+	for _, r := range s.routes {
+		copies := 0
+		for m, rep := range r.replicas {
+			if m.tombed || rep.memory == nil {
+				continue
+			}
+			if copies++; copies > 1 {
+				duplicateBytes += rep.memory.Size()
+			}
+		}
+		if copies > 0 {
+			values++
+		}
+	}
+	return values, duplicateBytes
+}

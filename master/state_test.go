@@ -302,6 +302,9 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		*now = now.Add(dur)
 		tombed := st.Maintain(*now)
 		return fmt.Sprintf("tombed=%v\n", tombed), nil
+	case "values":
+		v, dup := st.MemoryValues()
+		return fmt.Sprintf("values=%d duplicate_bytes=%d\n", v, dup), nil
 	case "state":
 		return dumpState(st), nil
 	case "inflight-ttl":

@@ -58,6 +58,11 @@ struct MemberStat {
   12: i64 ssd_persists_dropped,
   // Persists assigned to this owner and not ended yet.
   13: i64 ssd_persists_pending,
+  // The transfer area (outside memory_segment): its size, and the bytes in use there —
+  // values on their way to another owner, gets' ranges, and replicas the pool borrowed
+  // the idle area for (transfer_area_replicas of memory_replicas).
+  14: CapacityStat transfer_area,
+  15: i64 transfer_area_replicas,
 }
 
 struct KeyVersion {

@@ -367,6 +367,9 @@ struct StatResponse {
   7: i64 clients,
   // The masters as the leader sees them (master StatResponse.masters).
   8: list<common.MasterInfo> masters,
+  // Distinct values in memory and duplicate bytes (master StatResponse).
+  9: i64 memory_values,
+  10: i64 memory_duplicate_bytes,
 }
 
 service ExternalService {

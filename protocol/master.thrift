@@ -441,6 +441,10 @@ struct StatResponse {
   4: i64 keys,
   // The masters: the one answering alone, or (HA) every candidate on etcd, the leader first.
   5: list<common.MasterInfo> masters,
+  // Distinct values held in memory (keys with at least one memory replica), and the
+  // bytes of memory replicas beyond each key's first (duplicates).
+  6: i64 memory_values,
+  7: i64 memory_duplicate_bytes,
 }
 
 service MasterService {

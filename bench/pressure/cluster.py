@@ -66,6 +66,7 @@ SIXTEEN_MIB = 16 << 20
 EXTRA = (
     "kind", "path", "owners", "owner_dram_bytes", "memory_local_hits", "memory_remote_hits", "ssd_local_hits", "ssd_remote_hits",
     "place_method", "dropped_persists", "persists", "filler", "x_tcp_raw", "x_local_ssd", "load_avg",
+    "distinct_values", "duplicate_bytes", "pool",
 )
 SCHEMA = harness.SCHEMA + EXTRA
 
@@ -241,6 +242,7 @@ def run_fluxkv(case: ClusterCase, ctx: harness.Context) -> list[dict]:
         else:
             persists["ssd_replicas_after_bootstrap"] = 0
         persists["bootstrap"] = srv.persist_counts()
+        pool = {"after_bootstrap": srv.pool_counts()}
         if case.path == "remote-ssd":
             n, size = filler_count(opts, case.payload_bytes), filler_size(opts, case.payload_bytes)
             workers[0].send({"cmd": "fill", "count": n, "size": size})
@@ -256,6 +258,7 @@ def run_fluxkv(case: ClusterCase, ctx: harness.Context) -> list[dict]:
         rec["server"]["binary"] = binary_identity(srv.bin)
         say(f"window {case.path}")
         windows.append((rec, *harness.measure(workers, srv, case, opts)))
+        rec["pool"] = {**pool, "end": srv.pool_counts()}
         if ref is not None:
             harness.stop_workers(workers, True)
             workers.clear()
@@ -265,6 +268,7 @@ def run_fluxkv(case: ClusterCase, ctx: harness.Context) -> list[dict]:
                        bootstrap=rec["bootstrap"], filler=rec["filler"], server=rec["server"])
             say(f"window {REFERENCE_PATH} (same cluster)")
             windows.append((ref, *harness.measure(workers, srv, case, opts)))
+            ref["pool"] = {**pool, "end": srv.pool_counts()}
         persists["end"] = srv.persist_counts()
         finished = True
     except (KeyboardInterrupt, Interrupted):
@@ -281,7 +285,8 @@ def run_fluxkv(case: ClusterCase, ctx: harness.Context) -> list[dict]:
     dropped = (persists.get("end") or {}).get("dropped")
     for r, results, samples, skew in windows:
         tally = harness.account(r, case, srv, results, samples, skew, opts.window)
-        r.update(dropped_persists=dropped, persists=persists)
+        end = (r.get("pool") or {}).get("end") or {}
+        r.update(dropped_persists=dropped, persists=persists, distinct_values=end.get("values"), duplicate_bytes=end.get("duplicate_bytes"))
         if tally is not None:
             finish_split(r, split_by_place(tally.hits, tally.by_place))
         if rec.get("servers_died"):  # the counts stay, but they are not the path's
@@ -509,7 +514,7 @@ def _f(v, fmt: str, width: int) -> str:
 
 
 TABLE_HEAD = (f"{'row':<40} {'payload':<10} {'cN':<4} {'GiB/s':>7} {'x tcp':>6} {'x lSSD':>6} {'hits':>7} {'miss':>6} {'err':>4} {'hit%':>6} "
-              f"{'mem-l':>6} {'mem-r':>6} {'ssd-l':>6} {'ssd-r':>6} {'p50us':>7} {'p99us':>7} {'drop':>4}")
+              f"{'mem-l':>6} {'mem-r':>6} {'ssd-l':>6} {'ssd-r':>6} {'p50us':>7} {'p99us':>7} {'drop':>4} {'vals':>5} {'dupMiB':>6}")
 
 
 def fmt_row(r: dict) -> str:
@@ -521,6 +526,7 @@ def fmt_row(r: dict) -> str:
             f"{_f(r['hits'], 'd', 7)} {_f(r['misses'], 'd', 6)} {_f(r['errors'], 'd', 4)} {_f(hr, '.1f', 6)} "
             + " ".join(_f(r.get(f"{p}_hits"), "d", 6) for p in PLACES)
             + f" {_f(r['p50_us'], '.0f', 7)} {_f(r['p99_us'], '.0f', 7)} {_f(r.get('dropped_persists'), 'd', 4)}"
+            + f" {_f(r.get('distinct_values'), 'd', 5)} {_f(None if r.get('duplicate_bytes') is None else r['duplicate_bytes'] / 2**20, '.0f', 6)}"
             + ("" if r["status"] == "ok" else f" {r['status'].upper()}"))
 
 

@@ -178,6 +178,10 @@ type memberJSON struct {
 	SsdPersists        int64 `json:"ssd_persists"`
 	SsdPersistsDropped int64 `json:"ssd_persists_dropped"`
 	SsdPersistsPending int64 `json:"ssd_persists_pending"`
+	// TransferArea: the area outside memory_segment (values on their way to another
+	// owner, gets' ranges, and the TransferAreaReplicas the pool borrowed it for).
+	TransferArea         capacityJSON `json:"transfer_area"`
+	TransferAreaReplicas int64        `json:"transfer_area_replicas"`
 }
 
 // masterJSON is one master: its address, whether it leads, and the epoch of its
@@ -192,6 +196,10 @@ type statusJSON struct {
 	Members []memberJSON `json:"members"`
 	Masters []masterJSON `json:"masters"`
 	Keys    int64        `json:"keys"`
+	// MemoryValues: keys with a memory replica (distinct values in memory);
+	// MemoryDuplicateBytes: the bytes of their other memory replicas.
+	MemoryValues         int64 `json:"memory_values"`
+	MemoryDuplicateBytes int64 `json:"memory_duplicate_bytes"`
 }
 
 func statusCommand() *cli.Command {
@@ -215,7 +223,8 @@ func statusCommand() *cli.Command {
 // statusOf is the owner's Stat answer as `fluxkv status` prints it; members and
 // masters are arrays even when empty.
 func statusOf(st *external.StatResponse) statusJSON {
-	out := statusJSON{Members: []memberJSON{}, Masters: []masterJSON{}, Keys: st.Keys}
+	out := statusJSON{Members: []memberJSON{}, Masters: []masterJSON{}, Keys: st.Keys,
+		MemoryValues: st.MemoryValues, MemoryDuplicateBytes: st.MemoryDuplicateBytes}
 	for _, m := range st.Members {
 		mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
 			MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders,
@@ -225,6 +234,10 @@ func statusOf(st *external.StatResponse) statusJSON {
 		}
 		if m.KvSsd != nil {
 			mj.KvSsd = capacityJSON{m.KvSsd.CapacityBytes, m.KvSsd.UsedBytes}
+		}
+		if m.TransferArea != nil {
+			mj.TransferArea = capacityJSON{m.TransferArea.CapacityBytes, m.TransferArea.UsedBytes}
+			mj.TransferAreaReplicas = m.TransferAreaReplicas
 		}
 		out.Members = append(out.Members, mj)
 	}
@@ -240,11 +253,15 @@ func statusOf(st *external.StatResponse) statusJSON {
 // owner reported any), then the key count.
 func printStatus(w io.Writer, out statusJSON) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS")
+	fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS\tTRANSFER AREA (USED/SIZE)")
 	for _, m := range out.Members {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
+		area := "-"
+		if m.TransferArea.CapacityBytes > 0 {
+			area = fmt.Sprintf("%s/%s", approxSize(m.TransferArea.UsedBytes), humanSize(m.TransferArea.CapacityBytes))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
 			approxSize(m.MemorySegment.UsedBytes), humanSize(m.MemorySegment.CapacityBytes),
-			approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders)
+			approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders, area)
 	}
 	tw.Flush()
 	if len(out.Masters) > 0 {
@@ -260,7 +277,7 @@ func printStatus(w io.Writer, out statusJSON) {
 		}
 		tw.Flush()
 	}
-	fmt.Fprintf(w, "keys: %d\n", out.Keys)
+	fmt.Fprintf(w, "keys: %d (in memory: %d, duplicate bytes: %s)\n", out.Keys, out.MemoryValues, approxSize(out.MemoryDuplicateBytes))
 }
 
 // orDash prints an empty field as "-".

@@ -712,14 +712,14 @@ func TestStatusMasters(t *testing.T) {
 		t.Errorf("table without masters shows a master section:\n%s", buf.String())
 	}
 
-	st := statusOf(&external.StatResponse{Keys: 7, Masters: []*common.MasterInfo{
+	st := statusOf(&external.StatResponse{Keys: 7, MemoryValues: 5, MemoryDuplicateBytes: 3 << 20, Masters: []*common.MasterInfo{
 		{Addr: "10.0.0.1:7700", Leader: true, Epoch: 4}, nil, {Addr: "10.0.0.2:7700"},
 	}})
 	b, err = json.Marshal(st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `"masters":[{"addr":"10.0.0.1:7700","leader":true,"epoch":4},{"addr":"10.0.0.2:7700","leader":false,"epoch":0}]`
+	const want = `"masters":[{"addr":"10.0.0.1:7700","leader":true,"epoch":4},{"addr":"10.0.0.2:7700","leader":false,"epoch":0}],"keys":7,"memory_values":5,"memory_duplicate_bytes":3145728`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s\n  lacks %s", b, want)
 	}
@@ -740,7 +740,7 @@ func TestStatusMasters(t *testing.T) {
 	if f := strings.Fields(lines[i+2]); !slices.Equal(f, []string{"10.0.0.2:7700", "no", "0"}) {
 		t.Errorf("follower row %q", lines[i+2])
 	}
-	if lines[i+3] != "keys: 7" {
+	if lines[i+3] != "keys: 7 (in memory: 5, duplicate bytes: 3 MiB)" {
 		t.Errorf("after the masters %q, want the key count", lines[i+3])
 	}
 }

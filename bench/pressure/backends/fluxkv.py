@@ -251,6 +251,17 @@ def persist_counts(status: dict) -> dict:
     return out
 
 
+def pool_counts(status: dict) -> dict:
+    """What the cluster's memory holds, from ``fluxkv status --json``: ``values`` (keys with a memory
+    replica: distinct values), ``duplicate_bytes`` (bytes of memory replicas beyond each key's first:
+    promoted copies), ``replicas`` and ``used_bytes`` summed over the members, and ``keys`` (routes,
+    memory or SSD). ``values`` and ``duplicate_bytes`` are None from a build that does not report them."""
+    ms = status.get("members", [])
+    return {"values": status.get("memory_values"), "duplicate_bytes": status.get("memory_duplicate_bytes"),
+            "replicas": sum(m.get("memory_replicas") or 0 for m in ms),
+            "used_bytes": sum((m.get("memory_segment") or {}).get("used_bytes") or 0 for m in ms), "keys": status.get("keys")}
+
+
 class Cluster(Server):
     """``fluxkv master`` and ``topo.owners`` × ``fluxkv owner`` on loopback, sharing a fresh cluster
     secret (mode 0600): owner i is ``o{i}`` in ``DIR/o{i}`` (socket ``DIR/o{i}/fluxkv.sock``), the
@@ -342,6 +353,10 @@ class Cluster(Server):
     def persist_counts(self) -> dict:
         """The master's SSD persist counters (``persist_counts``)."""
         return persist_counts(self._status())
+
+    def pool_counts(self) -> dict:
+        """What the memory pool holds (``pool_counts``)."""
+        return pool_counts(self._status())
 
     def describe(self) -> dict:
         st = self._status()

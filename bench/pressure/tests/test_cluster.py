@@ -85,6 +85,13 @@ def test_persist_counts_from_status():
     assert c["by_member"]["o2"] == {"asked": 0, "dropped": 0, "pending": 0}
 
 
+def test_pool_counts_from_status():
+    st = {"keys": 9, "memory_values": 7, "memory_duplicate_bytes": 3 * MiB,
+          "members": [{"memory_replicas": 6, "memory_segment": {"used_bytes": 6 * MiB}}, {"memory_replicas": 4}]}
+    assert fx.pool_counts(st) == {"values": 7, "duplicate_bytes": 3 * MiB, "replicas": 10, "used_bytes": 6 * MiB, "keys": 9}
+    assert fx.pool_counts({"members": []})["values"] is None  # a build that does not report them
+
+
 def _row(backend, path, payload, gib, **kw):
     r = {k: None for k in cluster.SCHEMA}
     r.update(backend=backend, path=path, variant=None, ssd=kw.pop("ssd", path != "remote-memory"), mode=kw.pop("mode", "holder"), on_miss="none",
@@ -172,6 +179,9 @@ def test_cluster_end_to_end_three_owners(tmp_path):
             assert r["x_tcp_raw"] == pytest.approx(r["hit_gib_s"] / tcp["hit_gib_s"])
     rm, rs, ls = by[("fluxkv", "remote-memory")], by[("fluxkv", "remote-ssd")], by[("fluxkv", "local-ssd")]
     assert rm["memory_remote_hits"] == rm["hits"] and rm["misses"] == 0  # every hit a pull
+    # remote-memory: no promotion, so the window leaves every value once and no duplicate
+    assert rm["distinct_values"] == rm["keys"] and rm["duplicate_bytes"] == 0, rm["pool"]
+    assert rm["pool"]["after_bootstrap"]["values"] == rm["keys"] and rm["pool"]["end"]["replicas"] == rm["keys"]
     assert rs["ssd_remote_hits"] == rs["hits"]  # every hit a remote SSD refill
     assert ls["ssd_local_hits"] == ls["hits"] and ls["kind"] == "reference"
     assert rs["x_local_ssd"] == pytest.approx(rs["hit_gib_s"] / ls["hit_gib_s"])

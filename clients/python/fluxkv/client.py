@@ -958,8 +958,9 @@ class Client:
     # -- public: status ------------------------------------------------------------------------------
 
     def stat(self) -> dict:
-        """The owner's status: members with memory and SSD capacity/used, key count, holders
-        and clients, and the masters (``masters``: a list of ``{"addr", "leader", "epoch"}``,
+        """The owner's status: members with memory and SSD capacity/used, key count, distinct
+        values in memory (``memory_values``) and duplicate bytes (``memory_duplicate_bytes``),
+        holders and clients, and the masters (``masters``: a list of ``{"addr", "leader", "epoch"}``,
         the leader's epoch > 0). Queued releases are sent first, so status reflects them."""
 
         def op(s):
@@ -1252,6 +1253,8 @@ def _stat_dict(r) -> dict:
                 "ssd_persists": m.ssd_persists or 0,
                 "ssd_persists_dropped": m.ssd_persists_dropped or 0,
                 "ssd_persists_pending": m.ssd_persists_pending or 0,
+                "transfer_area": _cap(getattr(m, "transfer_area", None)),
+                "transfer_area_replicas": getattr(m, "transfer_area_replicas", None) or 0,
             }
         )
     masters = [
@@ -1262,6 +1265,8 @@ def _stat_dict(r) -> dict:
     return {
         "node_id": r.node_id or "",
         "keys": r.keys or 0,
+        "memory_values": getattr(r, "memory_values", None) or 0,
+        "memory_duplicate_bytes": getattr(r, "memory_duplicate_bytes", None) or 0,
         "client_holders": r.client_holders or 0,
         "clients": r.clients or 0,
         "members": members,

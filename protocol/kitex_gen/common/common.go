@@ -223,19 +223,21 @@ var fieldIDToName_CapacityStat = map[int16]string{
 }
 
 type MemberStat struct {
-	NodeId             string        `thrift:"node_id,1" frugal:"1,default,string" json:"node_id"`
-	Generation         int64         `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
-	MemorySegment      *CapacityStat `thrift:"memory_segment,3" frugal:"3,default,CapacityStat" json:"memory_segment"`
-	KvSsd              *CapacityStat `thrift:"kv_ssd,4" frugal:"4,default,CapacityStat" json:"kv_ssd"`
-	Alive              bool          `thrift:"alive,5" frugal:"5,default,bool" json:"alive"`
-	DataAddr           string        `thrift:"data_addr,6" frugal:"6,default,string" json:"data_addr"`
-	PeerAddr           string        `thrift:"peer_addr,7" frugal:"7,default,string" json:"peer_addr"`
-	MemoryReplicas     int64         `thrift:"memory_replicas,8" frugal:"8,default,i64" json:"memory_replicas"`
-	SsdReplicas        int64         `thrift:"ssd_replicas,9" frugal:"9,default,i64" json:"ssd_replicas"`
-	Holders            int64         `thrift:"holders,10" frugal:"10,default,i64" json:"holders"`
-	SsdPersists        int64         `thrift:"ssd_persists,11" frugal:"11,default,i64" json:"ssd_persists"`
-	SsdPersistsDropped int64         `thrift:"ssd_persists_dropped,12" frugal:"12,default,i64" json:"ssd_persists_dropped"`
-	SsdPersistsPending int64         `thrift:"ssd_persists_pending,13" frugal:"13,default,i64" json:"ssd_persists_pending"`
+	NodeId               string        `thrift:"node_id,1" frugal:"1,default,string" json:"node_id"`
+	Generation           int64         `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
+	MemorySegment        *CapacityStat `thrift:"memory_segment,3" frugal:"3,default,CapacityStat" json:"memory_segment"`
+	KvSsd                *CapacityStat `thrift:"kv_ssd,4" frugal:"4,default,CapacityStat" json:"kv_ssd"`
+	Alive                bool          `thrift:"alive,5" frugal:"5,default,bool" json:"alive"`
+	DataAddr             string        `thrift:"data_addr,6" frugal:"6,default,string" json:"data_addr"`
+	PeerAddr             string        `thrift:"peer_addr,7" frugal:"7,default,string" json:"peer_addr"`
+	MemoryReplicas       int64         `thrift:"memory_replicas,8" frugal:"8,default,i64" json:"memory_replicas"`
+	SsdReplicas          int64         `thrift:"ssd_replicas,9" frugal:"9,default,i64" json:"ssd_replicas"`
+	Holders              int64         `thrift:"holders,10" frugal:"10,default,i64" json:"holders"`
+	SsdPersists          int64         `thrift:"ssd_persists,11" frugal:"11,default,i64" json:"ssd_persists"`
+	SsdPersistsDropped   int64         `thrift:"ssd_persists_dropped,12" frugal:"12,default,i64" json:"ssd_persists_dropped"`
+	SsdPersistsPending   int64         `thrift:"ssd_persists_pending,13" frugal:"13,default,i64" json:"ssd_persists_pending"`
+	TransferArea         *CapacityStat `thrift:"transfer_area,14" frugal:"14,default,CapacityStat" json:"transfer_area"`
+	TransferAreaReplicas int64         `thrift:"transfer_area_replicas,15" frugal:"15,default,i64" json:"transfer_area_replicas"`
 }
 
 func NewMemberStat() *MemberStat {
@@ -306,6 +308,19 @@ func (p *MemberStat) GetSsdPersistsDropped() (v int64) {
 func (p *MemberStat) GetSsdPersistsPending() (v int64) {
 	return p.SsdPersistsPending
 }
+
+var MemberStat_TransferArea_DEFAULT *CapacityStat
+
+func (p *MemberStat) GetTransferArea() (v *CapacityStat) {
+	if !p.IsSetTransferArea() {
+		return MemberStat_TransferArea_DEFAULT
+	}
+	return p.TransferArea
+}
+
+func (p *MemberStat) GetTransferAreaReplicas() (v int64) {
+	return p.TransferAreaReplicas
+}
 func (p *MemberStat) SetNodeId(val string) {
 	p.NodeId = val
 }
@@ -345,6 +360,12 @@ func (p *MemberStat) SetSsdPersistsDropped(val int64) {
 func (p *MemberStat) SetSsdPersistsPending(val int64) {
 	p.SsdPersistsPending = val
 }
+func (p *MemberStat) SetTransferArea(val *CapacityStat) {
+	p.TransferArea = val
+}
+func (p *MemberStat) SetTransferAreaReplicas(val int64) {
+	p.TransferAreaReplicas = val
+}
 
 func (p *MemberStat) IsSetMemorySegment() bool {
 	return p.MemorySegment != nil
@@ -352,6 +373,10 @@ func (p *MemberStat) IsSetMemorySegment() bool {
 
 func (p *MemberStat) IsSetKvSsd() bool {
 	return p.KvSsd != nil
+}
+
+func (p *MemberStat) IsSetTransferArea() bool {
+	return p.TransferArea != nil
 }
 
 func (p *MemberStat) String() string {
@@ -375,6 +400,8 @@ var fieldIDToName_MemberStat = map[int16]string{
 	11: "ssd_persists",
 	12: "ssd_persists_dropped",
 	13: "ssd_persists_pending",
+	14: "transfer_area",
+	15: "transfer_area_replicas",
 }
 
 type KeyVersion struct {

@@ -2053,14 +2053,16 @@ var fieldIDToName_StatRequest = map[int16]string{
 }
 
 type StatResponse struct {
-	Code          common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message       string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	Members       []*common.MemberStat `thrift:"members,3" frugal:"3,default,list<common.MemberStat>" json:"members"`
-	Keys          int64                `thrift:"keys,4" frugal:"4,default,i64" json:"keys"`
-	NodeId        string               `thrift:"node_id,5" frugal:"5,default,string" json:"node_id"`
-	ClientHolders int64                `thrift:"client_holders,6" frugal:"6,default,i64" json:"client_holders"`
-	Clients       int64                `thrift:"clients,7" frugal:"7,default,i64" json:"clients"`
-	Masters       []*common.MasterInfo `thrift:"masters,8" frugal:"8,default,list<common.MasterInfo>" json:"masters"`
+	Code                 common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message              string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Members              []*common.MemberStat `thrift:"members,3" frugal:"3,default,list<common.MemberStat>" json:"members"`
+	Keys                 int64                `thrift:"keys,4" frugal:"4,default,i64" json:"keys"`
+	NodeId               string               `thrift:"node_id,5" frugal:"5,default,string" json:"node_id"`
+	ClientHolders        int64                `thrift:"client_holders,6" frugal:"6,default,i64" json:"client_holders"`
+	Clients              int64                `thrift:"clients,7" frugal:"7,default,i64" json:"clients"`
+	Masters              []*common.MasterInfo `thrift:"masters,8" frugal:"8,default,list<common.MasterInfo>" json:"masters"`
+	MemoryValues         int64                `thrift:"memory_values,9" frugal:"9,default,i64" json:"memory_values"`
+	MemoryDuplicateBytes int64                `thrift:"memory_duplicate_bytes,10" frugal:"10,default,i64" json:"memory_duplicate_bytes"`
 }
 
 func NewStatResponse() *StatResponse {
@@ -2101,6 +2103,14 @@ func (p *StatResponse) GetClients() (v int64) {
 func (p *StatResponse) GetMasters() (v []*common.MasterInfo) {
 	return p.Masters
 }
+
+func (p *StatResponse) GetMemoryValues() (v int64) {
+	return p.MemoryValues
+}
+
+func (p *StatResponse) GetMemoryDuplicateBytes() (v int64) {
+	return p.MemoryDuplicateBytes
+}
 func (p *StatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -2125,6 +2135,12 @@ func (p *StatResponse) SetClients(val int64) {
 func (p *StatResponse) SetMasters(val []*common.MasterInfo) {
 	p.Masters = val
 }
+func (p *StatResponse) SetMemoryValues(val int64) {
+	p.MemoryValues = val
+}
+func (p *StatResponse) SetMemoryDuplicateBytes(val int64) {
+	p.MemoryDuplicateBytes = val
+}
 
 func (p *StatResponse) String() string {
 	if p == nil {
@@ -2134,14 +2150,16 @@ func (p *StatResponse) String() string {
 }
 
 var fieldIDToName_StatResponse = map[int16]string{
-	1: "code",
-	2: "message",
-	3: "members",
-	4: "keys",
-	5: "node_id",
-	6: "client_holders",
-	7: "clients",
-	8: "masters",
+	1:  "code",
+	2:  "message",
+	3:  "members",
+	4:  "keys",
+	5:  "node_id",
+	6:  "client_holders",
+	7:  "clients",
+	8:  "masters",
+	9:  "memory_values",
+	10: "memory_duplicate_bytes",
 }
 
 type ExternalService interface {

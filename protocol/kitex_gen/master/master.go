@@ -2908,11 +2908,13 @@ func (p *StatRequest) String() string {
 var fieldIDToName_StatRequest = map[int16]string{}
 
 type StatResponse struct {
-	Code    common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	Members []*common.MemberStat `thrift:"members,3" frugal:"3,default,list<common.MemberStat>" json:"members"`
-	Keys    int64                `thrift:"keys,4" frugal:"4,default,i64" json:"keys"`
-	Masters []*common.MasterInfo `thrift:"masters,5" frugal:"5,default,list<common.MasterInfo>" json:"masters"`
+	Code                 common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message              string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Members              []*common.MemberStat `thrift:"members,3" frugal:"3,default,list<common.MemberStat>" json:"members"`
+	Keys                 int64                `thrift:"keys,4" frugal:"4,default,i64" json:"keys"`
+	Masters              []*common.MasterInfo `thrift:"masters,5" frugal:"5,default,list<common.MasterInfo>" json:"masters"`
+	MemoryValues         int64                `thrift:"memory_values,6" frugal:"6,default,i64" json:"memory_values"`
+	MemoryDuplicateBytes int64                `thrift:"memory_duplicate_bytes,7" frugal:"7,default,i64" json:"memory_duplicate_bytes"`
 }
 
 func NewStatResponse() *StatResponse {
@@ -2941,6 +2943,14 @@ func (p *StatResponse) GetKeys() (v int64) {
 func (p *StatResponse) GetMasters() (v []*common.MasterInfo) {
 	return p.Masters
 }
+
+func (p *StatResponse) GetMemoryValues() (v int64) {
+	return p.MemoryValues
+}
+
+func (p *StatResponse) GetMemoryDuplicateBytes() (v int64) {
+	return p.MemoryDuplicateBytes
+}
 func (p *StatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -2956,6 +2966,12 @@ func (p *StatResponse) SetKeys(val int64) {
 func (p *StatResponse) SetMasters(val []*common.MasterInfo) {
 	p.Masters = val
 }
+func (p *StatResponse) SetMemoryValues(val int64) {
+	p.MemoryValues = val
+}
+func (p *StatResponse) SetMemoryDuplicateBytes(val int64) {
+	p.MemoryDuplicateBytes = val
+}
 
 func (p *StatResponse) String() string {
 	if p == nil {
@@ -2970,6 +2986,8 @@ var fieldIDToName_StatResponse = map[int16]string{
 	3: "members",
 	4: "keys",
 	5: "masters",
+	6: "memory_values",
+	7: "memory_duplicate_bytes",
 }
 
 type MasterService interface {

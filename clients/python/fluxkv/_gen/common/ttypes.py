@@ -236,11 +236,13 @@ class MemberStat(object):
      - ssd_persists
      - ssd_persists_dropped
      - ssd_persists_pending
+     - transfer_area
+     - transfer_area_replicas
 
     """
 
 
-    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None,):
+    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None, transfer_area=None, transfer_area_replicas=None,):
         self.node_id = node_id
         self.generation = generation
         self.memory_segment = memory_segment
@@ -254,6 +256,8 @@ class MemberStat(object):
         self.ssd_persists = ssd_persists
         self.ssd_persists_dropped = ssd_persists_dropped
         self.ssd_persists_pending = ssd_persists_pending
+        self.transfer_area = transfer_area
+        self.transfer_area_replicas = transfer_area_replicas
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -331,6 +335,17 @@ class MemberStat(object):
                     self.ssd_persists_pending = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 14:
+                if ftype == TType.STRUCT:
+                    self.transfer_area = CapacityStat()
+                    self.transfer_area.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 15:
+                if ftype == TType.I64:
+                    self.transfer_area_replicas = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -392,6 +407,14 @@ class MemberStat(object):
         if self.ssd_persists_pending is not None:
             oprot.writeFieldBegin('ssd_persists_pending', TType.I64, 13)
             oprot.writeI64(self.ssd_persists_pending)
+            oprot.writeFieldEnd()
+        if self.transfer_area is not None:
+            oprot.writeFieldBegin('transfer_area', TType.STRUCT, 14)
+            self.transfer_area.write(oprot)
+            oprot.writeFieldEnd()
+        if self.transfer_area_replicas is not None:
+            oprot.writeFieldBegin('transfer_area_replicas', TType.I64, 15)
+            oprot.writeI64(self.transfer_area_replicas)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -506,6 +529,8 @@ MemberStat.thrift_spec = (
     (11, TType.I64, 'ssd_persists', None, None, ),  # 11
     (12, TType.I64, 'ssd_persists_dropped', None, None, ),  # 12
     (13, TType.I64, 'ssd_persists_pending', None, None, ),  # 13
+    (14, TType.STRUCT, 'transfer_area', [CapacityStat, None], None, ),  # 14
+    (15, TType.I64, 'transfer_area_replicas', None, None, ),  # 15
 )
 all_structs.append(KeyVersion)
 KeyVersion.thrift_spec = (

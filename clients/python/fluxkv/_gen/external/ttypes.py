@@ -3272,11 +3272,13 @@ class StatResponse(object):
      - client_holders
      - clients
      - masters
+     - memory_values
+     - memory_duplicate_bytes
 
     """
 
 
-    def __init__(self, code=None, message=None, members=None, keys=None, node_id=None, client_holders=None, clients=None, masters=None,):
+    def __init__(self, code=None, message=None, members=None, keys=None, node_id=None, client_holders=None, clients=None, masters=None, memory_values=None, memory_duplicate_bytes=None,):
         self.code = code
         self.message = message
         self.members = members
@@ -3285,6 +3287,8 @@ class StatResponse(object):
         self.client_holders = client_holders
         self.clients = clients
         self.masters = masters
+        self.memory_values = memory_values
+        self.memory_duplicate_bytes = memory_duplicate_bytes
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3347,6 +3351,16 @@ class StatResponse(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.I64:
+                    self.memory_values = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.I64:
+                    self.memory_duplicate_bytes = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3394,6 +3408,14 @@ class StatResponse(object):
             for iter132 in self.masters:
                 iter132.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.memory_values is not None:
+            oprot.writeFieldBegin('memory_values', TType.I64, 9)
+            oprot.writeI64(self.memory_values)
+            oprot.writeFieldEnd()
+        if self.memory_duplicate_bytes is not None:
+            oprot.writeFieldBegin('memory_duplicate_bytes', TType.I64, 10)
+            oprot.writeI64(self.memory_duplicate_bytes)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3695,6 +3717,8 @@ StatResponse.thrift_spec = (
     (6, TType.I64, 'client_holders', None, None, ),  # 6
     (7, TType.I64, 'clients', None, None, ),  # 7
     (8, TType.LIST, 'masters', (TType.STRUCT, [fluxkv._gen.common.ttypes.MasterInfo, None], False), None, ),  # 8
+    (9, TType.I64, 'memory_values', None, None, ),  # 9
+    (10, TType.I64, 'memory_duplicate_bytes', None, None, ),  # 10
 )
 fix_spec(all_structs)
 del all_structs

@@ -1,0 +1,126 @@
+package master
+
+import "github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+
+// The transfer area (DESIGN §10 "Placement (one pool)"): the last bytes of an owner's
+// segment, where its clients write the values of puts placed on other owners, which
+// pull them from there. It holds values only while they are in flight, so its idle
+// room is lent to the memory pool instead of standing empty: when the pool has no free
+// range and no duplicate left to evict, an allocation borrows a range of the area
+// (borrowLocked) before a sole copy is evicted. A transfer that finds no room takes it
+// back, evicting the borrowed replicas there (allocXferLocked) — duplicates first,
+// then the least recently used — so the area costs the pool only the bytes of the
+// transfers in flight, not its whole size.
+
+// borrowLocked takes length bytes of n's transfer area for the pool, or nil.
+func (s *State) borrowLocked(n *node, length int64) *Allocation {
+	if n.xfer == nil {
+		return nil
+	}
+	r, ok := n.xfer.Alloc(length)
+	if !ok {
+		return nil
+	}
+	return newXferAllocation(n, r, length)
+}
+
+// allocXferLocked takes length bytes of n's transfer area for a transfer; with
+// takeBack it evicts the replicas the pool borrowed the area for while no range fits.
+// nil when the area is too small, or what keeps the room is held or in flight (or
+// borrowed, without takeBack).
+func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocation {
+	if n.xfer == nil || roundUp(length, AllocGranule) > n.xfer.Capacity() {
+		return nil
+	}
+	for {
+		if r, ok := n.xfer.Alloc(length); ok {
+			return newXferAllocation(n, r, length)
+		}
+		if !takeBack {
+			return nil
+		}
+		// Borrowed replicas were put when the pool was full, so they are likely the
+		// newest in the eviction order: the whole order is searched.
+		limit := n.policy.Len()
+		dup := true
+		key, ok := n.policy.VictimWhere(func(k string) bool {
+			return s.borrowedLocked(k, n) && s.duplicateLocked(k, n) && !s.heldLocked(k, n)
+		}, limit)
+		if !ok {
+			dup = false
+			key, ok = n.policy.VictimWhere(func(k string) bool { return s.borrowedLocked(k, n) && !s.heldLocked(k, n) }, limit)
+		}
+		if !ok {
+			return nil
+		}
+		s.evictMemoryLocked(n, key, dup)
+	}
+}
+
+// areaCapacity is the size of n's transfer area (0 without one).
+func (n *node) areaCapacity() int64 {
+	if n.xfer == nil {
+		return 0
+	}
+	return n.xfer.Capacity()
+}
+
+// borrowedLocked reports whether n's memory replica of key lies in n's transfer area.
+func (s *State) borrowedLocked(key string, n *node) bool {
+	r := s.routes[key]
+	return r != nil && r.memoryReplica(n) != nil && r.memoryReplica(n).inArea()
+}
+
+// getTargetLocked finds the range a get's bytes land in, in the requester n's segment,
+// and whether it may become a memory replica at GetDone. An SSD refill becomes the
+// key's only memory copy, so it takes room as a put does. A copy of a value another
+// owner holds in memory (kind MEMORY) would be a duplicate, which must cost no other
+// value: it is promoted into free room only while the pool keeps free room of the
+// transfer area's size beside it (headroom for gets in flight), else by evicting
+// other duplicates. A get that is not promoted lands in free room of the pool or the
+// transfer area for itself alone; only when there is none (and, on a first attempt,
+// no released range of this owner may be on its way back) is a sole copy evicted (the
+// eviction order's victim), and the room it frees serves the next such get, since no
+// promotion takes it: the gets in flight cost the pool their bytes once.
+func (s *State) getTargetLocked(n *node, r *route, kind common.Source) (target *Allocation, promotable bool) {
+	promotable = r.promotions < s.opts.maxPromotions()
+	if kind == common.Source_SSD && promotable {
+		return s.allocateLocked(n, r.len), true
+	}
+	size := roundUp(r.len, AllocGranule)
+	if promotable && n.alloc.FreeBytes()-size >= n.areaCapacity() {
+		if rg, ok := n.alloc.Alloc(r.len); ok {
+			return newAllocation(n, rg, r.len), true
+		}
+	}
+	if rg, ok := n.alloc.Alloc(r.len); ok {
+		return newAllocation(n, rg, r.len), false
+	}
+	if target = s.allocXferLocked(n, r.len, false); target != nil {
+		return target, false
+	}
+	if promotable {
+		if target = s.allocateEvictingLocked(n, r.len, evictDuplicates); target != nil {
+			return target, true
+		}
+	}
+	if s.spareHeld && s.soleHoldingsLocked(n) {
+		// A get's range its client released may not be acked yet (the owner batches
+		// acks): the first attempt fails, the server asks the owners for their hot sets
+		// (which flushes their acks) and retries, rather than evict a value for room
+		// that is about to be free.
+		return nil, false
+	}
+	return s.allocateLocked(n, r.len), false
+}
+
+// soleHoldingsLocked reports whether a holder of n keeps a range no replica shares
+// (a get's target that was not promoted, or a replica's range after its eviction).
+func (s *State) soleHoldingsLocked(n *node) bool {
+	for _, a := range n.holders {
+		if a.refs == 1 {
+			return true
+		}
+	}
+	return false
+}
