@@ -56,8 +56,9 @@ type Options struct {
 	// TransferReserve is the transfer area: the last bytes of the segment, outside the
 	// memory pool, where this owner's clients write puts the master places on other
 	// owners (pooled placement); they pull from it. A value larger than it is placed
-	// here. Default 0: min(DRAM/8, 256 MiB); negative: no transfer area (every put of
-	// this owner is placed on it).
+	// here. Remote gets that are not promoted land there too, and the master lends its
+	// idle room to the pool (master/xferarea.go). Default 0: min(DRAM/8, 256 MiB);
+	// negative: no transfer area (every put of this owner is placed on it).
 	TransferReserve int64
 	// TransferTimeout bounds one pull from another owner, well under the master's
 	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
