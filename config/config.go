@@ -126,6 +126,7 @@ type Master struct {
 	InflightTTL       time.Duration // inflight_ttl: revoke a put or get older than this
 	AllocWait         time.Duration // alloc_wait: wait this long for space before NO_SPACE
 	NoPromotion       bool          // no_promotion: SSD refills never become memory replicas
+	PersistWorkers    int           // persist_workers: concurrent SSD persist calls (0: the default)
 	Placement         string        // placement: pool or local (where puts' memory replicas go)
 	MetricsAddr       string        // metrics_addr: host:port of /metrics
 	LogLevel          string        // log_level: debug, info, warn, error

@@ -90,6 +90,7 @@ func parseMaster(n *yaml.Node, role Role) (*Master, error) {
 		"inflight_ttl":         durationField(k("inflight_ttl"), &m.InflightTTL),
 		"alloc_wait":           durationField(k("alloc_wait"), &m.AllocWait),
 		"no_promotion":         boolField(k("no_promotion"), &m.NoPromotion),
+		"persist_workers":      countField(k("persist_workers"), "0 = the default", &m.PersistWorkers),
 		"placement":            stringField(k("placement"), &m.Placement, CheckPlacement),
 		"metrics_addr":         stringField(k("metrics_addr"), &m.MetricsAddr, CheckAddr),
 		"log_level":            stringField(k("log_level"), &m.LogLevel, CheckLogLevel),

@@ -260,6 +260,18 @@ func ParseHotSet(s string) (float64, error) {
 }
 
 // countValue is a YAML integer ≥ 0.
+// countField reads a whole number ≥ 0 into dst; zero says what 0 means.
+func countField(key, zero string, dst *int) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		n, err := countValue(v)
+		if err != nil {
+			return keyErr(v, key, "%w (%s)", err, zero)
+		}
+		*dst = n
+		return nil
+	}
+}
+
 func countValue(v *yaml.Node) (int, error) {
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
 		return 0, fmt.Errorf("want a whole number, got %s", describe(v))

@@ -310,6 +310,15 @@ func (k byHandKind[S, T]) has(s *S) bool { return !isZero(*k.field(s)) }
 
 func intFlag(c *cli.Context, flag string) (int, error) { return c.Int(flag), nil }
 
+// countFlag reads a whole number ≥ 0.
+func countFlag(c *cli.Context, flag string) (int, error) {
+	n := c.Int(flag)
+	if n < 0 {
+		return 0, refuse("--%s must be ≥ 0, got %d (0 = the default)", flag, n)
+	}
+	return n, nil
+}
+
 func stringsFlag(c *cli.Context, flag string) ([]string, error) { return c.StringSlice(flag), nil }
 
 func boolFlag(c *cli.Context, flag string) (*bool, error) {

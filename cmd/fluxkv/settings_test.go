@@ -273,6 +273,8 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "fluxkv_spec.max_connections (--max-connections) 2000000000 per socket"},
 		{name: "zero node ttl", command: "master", args: []string{"--node-ttl", "0s"},
 			wantErr: "--node-ttl must be positive, got 0s"},
+		{name: "negative persist workers", command: "master", args: []string{"--persist-workers", "-1"},
+			wantErr: "--persist-workers must be ≥ 0, got -1 (0 = the default)"},
 		{name: "negative alloc wait", command: "up", args: []string{"--alloc-wait", "-1s"},
 			wantErr: "--alloc-wait must be positive, got -1s"},
 		{name: "negative inflight ttl", command: "master", args: []string{"--inflight-ttl=-5s"},
@@ -769,7 +771,7 @@ func TestSettingTables(t *testing.T) {
 		"master": "127.0.0.1:4", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k",
 	}
 	master := map[string]string{
-		"listen": "127.0.0.1:1", "node_ttl": "9s", "heartbeat_interval": "2s", "inflight_ttl": "1m", "no_promotion": "true", "alloc_wait": "1s",
+		"listen": "127.0.0.1:1", "node_ttl": "9s", "heartbeat_interval": "2s", "inflight_ttl": "1m", "no_promotion": "true", "persist_workers": "8", "alloc_wait": "1s",
 		"placement": "local", "metrics_addr": "127.0.0.1:2", "etcd_endpoints": "[e:2379]", "advertise_addr": "10.0.0.1:1", "etcd_prefix": "/p/",
 		"cluster_name": "c", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k", "leader_ttl": "3s",
 	}
