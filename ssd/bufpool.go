@@ -34,6 +34,16 @@ func getBuf(n int) []byte {
 	return alignedAlloc(1 << (c + minBufShift))[:n]
 }
 
+// bufCapacity is the capacity getBuf(n) allocates: its size class, or n past the
+// largest class.
+func bufCapacity(n int) int {
+	c := bufClass(n)
+	if c >= len(bufPools) {
+		return n
+	}
+	return 1 << (c + minBufShift)
+}
+
 func putBuf(b []byte) {
 	c := bufClass(cap(b))
 	if c >= len(bufPools) || cap(b) != 1<<(c+minBufShift) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/semaphore"
 )
 
 // Storage is the owner's KV SSD cache (the seed's KvSsdStorage): de-duplicated
@@ -32,6 +33,10 @@ type Storage struct {
 
 	closing chan struct{} // closed when Close begins
 	ops     sync.WaitGroup
+
+	bufBudget    *semaphore.Weighted // persistBufferBudget (persistbudget.go)
+	budgetCtx    context.Context     // cancelled when Close begins
+	budgetCancel context.CancelFunc
 
 	evq       chan Eviction   // to the batcher; full → dropped and counted
 	evOut     chan []Eviction // batches for the owner
@@ -62,6 +67,8 @@ func Open(opts Options) (_ *Storage, err error) {
 		evStop:  make(chan struct{}),
 		evDone:  make(chan struct{}),
 	}
+	s.bufBudget = newPersistBudget()
+	s.budgetCtx, s.budgetCancel = context.WithCancel(context.Background())
 	switch opts.Engine {
 	case EnginePsync:
 		s.kind = EnginePsync
@@ -211,6 +218,11 @@ func (s *Storage) PersistFrom(key string, putID, length int64, fill func(dst []b
 	}
 	// Filled (and checksummed) before taking a writer's turn, by each caller on its
 	// own goroutine: a slow fill (a pull) holds up no other persist.
+	w, err := s.acquireBuffer(int(size))
+	if err != nil {
+		return CommitPin{}, err
+	}
+	defer s.bufBudget.Release(w)
 	buf := getBuf(int(size))
 	defer putBuf(buf) // the write below completed (or never started) by then
 	value := buf[hdr : hdr+length]
@@ -853,6 +865,7 @@ func (s *Storage) Close() error {
 	}
 	s.closed = true
 	close(s.closing)
+	s.budgetCancel()
 	s.mu.Unlock()
 	s.ops.Wait()
 	var errs []error
