@@ -20,6 +20,9 @@ type Allocation struct {
 	r    Range      // in segment offsets
 	len  int64      // real payload length (≤ r.Size)
 	refs int
+	// lent: a range of the transfer area taken for the pool (xferarea.go), counted in
+	// node.lent until it is freed.
+	lent bool
 }
 
 // newAllocation wraps a range of n's memory pool.
@@ -68,6 +71,9 @@ func (a *Allocation) Release() {
 		return
 	}
 	a.node.allocs--
+	if a.lent {
+		a.node.lent--
+	}
 	if !a.node.tombed {
 		a.area.Free(Range{Offset: a.r.Offset - a.base, Size: a.r.Size})
 	}

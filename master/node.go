@@ -44,6 +44,7 @@ type node struct {
 	policy   *evictOrder           // keys whose memory replica lives here, in eviction order
 	holders  map[int64]*Allocation // holder id → the range it keeps alive
 	allocs   int                   // live Allocations in this segment (leak checks)
+	lent     int                   // live Allocations of the transfer area lent to the pool
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.
 	sourcing int

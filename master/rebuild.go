@@ -221,7 +221,9 @@ func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation
 		if area == n.alloc {
 			return newAllocation(n, r, length)
 		}
-		return newXferAllocation(n, Range{Offset: offset - base, Size: r.Size}, length)
+		a := newXferAllocation(n, Range{Offset: offset - base, Size: r.Size}, length)
+		lend(a)
+		return a
 	}
 	for _, h := range n.holders {
 		if h.area == area && h.r == r && h.len == length {

@@ -88,8 +88,9 @@ func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
 // allocateLocked finds length bytes in n's pool, evicting older memory replicas of n
 // while the allocator has no fitting range: duplicates first (a replica whose key has
 // another live memory replica), then the transfer area's idle room is borrowed
-// (borrowLocked), and a sole copy is evicted only when neither made room. It returns nil when nothing is left to evict: the caller waits for
-// holders to be released (bounded) or fails with NO_SPACE.
+// (borrowLocked), and a sole copy is evicted only when neither made room. It returns
+// nil when nothing is left to evict: the caller waits for holders to be released
+// (bounded) or fails with NO_SPACE.
 func (s *State) allocateLocked(n *node, length int64) *Allocation {
 	return s.allocateEvictingLocked(n, length, evictSoleCopies)
 }
@@ -426,6 +427,7 @@ func (s *State) Members() []*common.MemberStat {
 	for _, pp := range s.persists {
 		pending[pp.ssdNode]++
 	}
+	lentReplicas := s.lentReplicasLocked()
 	for _, n := range s.nodes {
 		out = append(out, &common.MemberStat{
 			NodeId:             n.id,
@@ -445,22 +447,32 @@ func (s *State) Members() []*common.MemberStat {
 		if n.xfer != nil {
 			m := out[len(out)-1]
 			m.TransferArea = &common.CapacityStat{CapacityBytes: n.xfer.Capacity(), UsedBytes: n.xfer.Used()}
-			m.TransferAreaReplicas = s.borrowedReplicasLocked(n)
+			m.TransferAreaReplicas = lentReplicas[n]
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })
 	return out
 }
 
-// borrowedReplicasLocked counts n's memory replicas in its transfer area.
-func (s *State) borrowedReplicasLocked(n *node) int64 {
-	var c int64
+// lentReplicasLocked counts, per node, the memory replicas in its transfer area (one
+// pass over the routes, only while some node lent its area).
+func (s *State) lentReplicasLocked() map[*node]int64 {
+	out := make(map[*node]int64)
+	lent := false
+	for _, n := range s.nodes {
+		lent = lent || n.lent > 0
+	}
+	if !lent {
+		return out
+	}
 	for _, r := range s.routes {
-		if a := r.memoryReplica(n); a != nil && a.inArea() {
-			c++
+		for n, rep := range r.replicas {
+			if rep.memory != nil && rep.memory.inArea() {
+				out[n]++
+			}
 		}
 	}
-	return c
+	return out
 }
 
 func (s *State) ssdReplicasLocked(n *node) int64 {

@@ -12,16 +12,19 @@ import "github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 // then the least recently used — so the area costs the pool only the bytes of the
 // transfers in flight, not its whole size.
 
-// borrowLocked takes length bytes of n's transfer area for the pool, or nil.
+// borrowLocked takes length bytes of n's idle transfer area for the pool, or nil.
 func (s *State) borrowLocked(n *node, length int64) *Allocation {
-	if n.xfer == nil {
-		return nil
+	a := s.allocXferLocked(n, length, false)
+	if a != nil {
+		lend(a)
 	}
-	r, ok := n.xfer.Alloc(length)
-	if !ok {
-		return nil
-	}
-	return newXferAllocation(n, r, length)
+	return a
+}
+
+// lend marks a transfer-area allocation as the pool's.
+func lend(a *Allocation) {
+	a.lent = true
+	a.node.lent++
 }
 
 // allocXferLocked takes length bytes of n's transfer area for a transfer; with
@@ -36,7 +39,7 @@ func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocatio
 		if r, ok := n.xfer.Alloc(length); ok {
 			return newXferAllocation(n, r, length)
 		}
-		if !takeBack {
+		if !takeBack || n.lent == 0 {
 			return nil
 		}
 		// Borrowed replicas were put when the pool was full, so they are likely the
