@@ -112,6 +112,25 @@ func TestClusterRemoteGet(t *testing.T) {
 		}
 	}
 
+	// A prefix lookup's pin brings a page in for the load that follows: that get
+	// reports the pull the pin made (Remote), the next one a local hit.
+	if err := cl.clients[0].Put("pinned", clusterValue(7, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := cl.clients[1].BatchExistsPrefix([]string{"pinned"}, 5*time.Second); err != nil || found != 1 {
+		t.Fatalf("pinned lookup through n1: found %d, %v", found, err)
+	}
+	for i, want := range []bool{true, false} {
+		h, err := cl.clients[1].Get("pinned")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(h.Bytes(), clusterValue(7, 3<<20)) || h.Remote() != want || h.Source() != "memory" {
+			t.Errorf("get %d of a page pinned through n1: source %s remote %v, want memory %v", i, h.Source(), h.Remote(), want)
+		}
+		h.Release()
+	}
+
 	// An old-version holder on n1 stays byte-stable while n2 overwrites the key.
 	old, err := cl.clients[1].Get(keys[3])
 	if err != nil {
@@ -143,7 +162,7 @@ func TestClusterRemoteGet(t *testing.T) {
 			return errors.Is(err, fluxkv.ErrKeyNotFound)
 		})
 	}
-	leakCheck(t, cl.clients[0], keys...)
+	leakCheck(t, cl.clients[0], append(keys, "pinned")...)
 }
 
 // TestClusterSourceKilled: the owner holding the only replicas is killed with SIGKILL
@@ -421,8 +440,16 @@ func TestClusterRemoteSSD(t *testing.T) {
 		}
 		return false
 	})
-	fromSSD := 0
+	// Every other key is pinned by a prefix lookup first: the get that takes the pin
+	// over reports where the pin got the bytes.
+	fromSSD, pinnedFromSSD := 0, 0
 	for i, k := range keys {
+		pinned := i%2 == 1
+		if pinned {
+			if found, err := c1.BatchExistsPrefix([]string{k}, 5*time.Second); err != nil || found != 1 {
+				t.Fatalf("pinned lookup of %s through n1: found %d, %v", k, found, err)
+			}
+		}
 		h, err := c1.Get(k)
 		if err != nil {
 			t.Fatalf("get %s through n1: %v", k, err)
@@ -432,15 +459,18 @@ func TestClusterRemoteSSD(t *testing.T) {
 		}
 		if h.Source() == "ssd" {
 			if !h.Remote() {
-				t.Errorf("get %s through n1 from n0's SSD: Remote() = false", k)
+				t.Errorf("get %s through n1 from n0's SSD (pinned %v): Remote() = false", k, pinned)
 			}
 			fromSSD++
+			if pinned {
+				pinnedFromSSD++
+			}
 		}
 		h.Release()
 	}
-	t.Logf("%d of %d gets through n1 staged from n0's SSD", fromSSD, n)
-	if fromSSD == 0 {
-		t.Fatal("no get was served from the other owner's SSD")
+	t.Logf("%d of %d gets through n1 staged from n0's SSD, %d of them pinned first", fromSSD, n, pinnedFromSSD)
+	if fromSSD == 0 || pinnedFromSSD == 0 {
+		t.Fatalf("gets served from the other owner's SSD: %d, pinned first %d", fromSSD, pinnedFromSSD)
 	}
 	leakCheck(t, c0, keys...)
 }

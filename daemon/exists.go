@@ -157,7 +157,7 @@ func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results [
 			}
 			continue
 		}
-		if !st.pinHolder(c, keys[j], g.resp.HolderId, now.Add(pin), now) {
+		if !st.pinHolder(c, keys[j], g.resp, now.Add(pin), now) {
 			stopped = true
 			st.release(c, g.resp.HolderId, now)
 			results[j].Exists = false

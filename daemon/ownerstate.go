@@ -231,12 +231,14 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time) (resp *ex
 	}
 	if h := st.hot.lookup(key); h != nil && st.leased(now) {
 		id := st.newHolder(c, h)
-		st.takeOverPin(c, key, now)
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)
 		}
+		// This get moved nothing: the bytes are already here, unless the session's pin
+		// of the key brought them in for it.
 		resp = holderResponse(id, h)
-		resp.Remote = false // this get moved nothing: the bytes are already here
+		resp.Source, resp.Remote = common.Source_MEMORY, false
+		st.takeOverPin(c, key, h, resp, now)
 		return resp, 0, nil
 	}
 	return nil, st.hot.invalSeq(), nil
@@ -264,8 +266,9 @@ func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64
 	h, acks := st.hot.install(h, seq)
 	st.ack(acks...)
 	id := st.newHolder(c, h)
-	st.takeOverPin(c, h.key, now)
-	return holderResponse(id, h), nil
+	resp := holderResponse(id, h)
+	st.takeOverPin(c, h.key, h, resp, now)
+	return resp, nil
 }
 
 // learnReplica records h in the replica index when it views the key's memory replica

@@ -3,6 +3,9 @@ package daemon
 import (
 	"container/heap"
 	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
 
 // Pins of a prefix lookup (BatchExists with pin_ms): each page the lookup found is
@@ -12,7 +15,9 @@ import (
 // it ends when its time is up (swept with the hot set's grace periods), when its
 // session ends, or when the session gets the key (its own holder takes over). Pinned
 // bytes count against the hot-set budget (hotSet.reservePin): a page that does not fit
-// is not pinned.
+// is not pinned. A pin remembers where the lookup got the page (memory or SSD, here or
+// on another owner): the get that takes it over reports that place, since the lookup
+// moved the bytes for that load.
 
 // pin is one pinned page: holder is the session's external holder id that keeps it.
 type pin struct {
@@ -22,6 +27,9 @@ type pin struct {
 	len    int64
 	until  time.Time
 	index  int // in pinQueue
+	// source and remote: what the lookup's get of the page answered.
+	source common.Source
+	remote bool
 }
 
 // pinQueue orders the pins of every session by deadline (container/heap).
@@ -47,10 +55,11 @@ func (q *pinQueue) Pop() any {
 	return p
 }
 
-// pinHolder pins the page that c's holder id views until until. It reports false
-// (and pins nothing) when the hot-set budget has no room for it; the caller releases
-// the holder then. A pin of the same key the session already has is replaced.
-func (st *ownerState) pinHolder(c *session, key string, id int64, until, now time.Time) bool {
+// pinHolder pins the page of the get that answered got to c until until. It reports
+// false (and pins nothing) when the hot-set budget has no room for it; the caller
+// releases the holder then. A pin of the same key the session already has is replaced.
+func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
+	id := got.HolderId
 	h := c.holders[id]
 	if h == nil {
 		return false
@@ -63,7 +72,7 @@ func (st *ownerState) pinHolder(c *session, key string, id int64, until, now tim
 	if old := c.pins[key]; old != nil {
 		st.unpin(old, now)
 	}
-	p := &pin{c: c, key: key, holder: id, len: h.len, until: until}
+	p := &pin{c: c, key: key, holder: id, len: h.len, until: until, source: got.Source, remote: got.Remote}
 	if c.pins == nil {
 		c.pins = make(map[string]*pin)
 	}
@@ -85,11 +94,19 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 	st.release(p.c, p.holder, now)
 }
 
-// takeOverPin ends c's pin of key, if any: the session now holds the key itself.
-func (st *ownerState) takeOverPin(c *session, key string, now time.Time) {
-	if p := c.pins[key]; p != nil {
-		st.unpin(p, now)
+// takeOverPin ends c's pin of key, if any: the session now holds the key itself
+// through resp, the answer of its get of h. A get that moved nothing (a memory hit
+// here) of the version the pin viewed reports where the pin's lookup got the bytes:
+// they were moved for this load.
+func (st *ownerState) takeOverPin(c *session, key string, h *holding, resp *external.GetResponse, now time.Time) {
+	p := c.pins[key]
+	if p == nil {
+		return
 	}
+	if ph := c.holders[p.holder]; ph != nil && ph.putID == h.putID && resp.Source == common.Source_MEMORY && !resp.Remote {
+		resp.Source, resp.Remote = p.source, p.remote
+	}
+	st.unpin(p, now)
 }
 
 // expirePins ends the pins whose time is up at now.

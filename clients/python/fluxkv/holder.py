@@ -92,7 +92,9 @@ class MemHolder:
 
     @property
     def source(self) -> str:
-        """``"memory"`` or ``"ssd"``: where the owner found the bytes."""
+        """``"memory"`` or ``"ssd"``: where the owner found the bytes for this get (``"memory"``
+        when they were already in its memory; a get after a pinned prefix lookup reports
+        where the lookup found them)."""
         return _SOURCES.get(self._source, "unknown")
 
     @property
