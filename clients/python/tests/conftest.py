@@ -4,8 +4,8 @@ The binary is built once per session with ``go build -o <tmp>/fluxkv ./cmd/fluxk
 repository root, unless ``FLUXKV_BIN`` names one (``make test`` points it at the ``-race`` build).
 Every daemon a test starts is stopped with SIGTERM at its teardown (SIGKILL only if it does not
 exit within 20 s), and the test fails if it did not exit cleanly. A ``-race`` daemon runs with
-``GORACE=halt_on_error=1 exitcode=66``: a race it finds fails the test that started it, whether
-it shows as a race report in the daemon's log or as exit status 66.
+``GORACE=halt_on_error=1 exitcode=66 atexit_sleep_ms=0``: a race it finds fails the test that
+started it, whether it shows as a race report in the daemon's log or as exit status 66.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ STOP_TIMEOUT = 20.0
 RACE_REPORT = "WARNING: DATA RACE"
 # The exit status a -race daemon uses when it found a race (GORACE exitcode).
 RACE_EXIT_CODE = 66
-# A -race daemon stops at its first race with RACE_EXIT_CODE (a plain binary ignores GORACE).
-GORACE = f"halt_on_error=1 exitcode={RACE_EXIT_CODE}"
+# A -race daemon stops at its first race with RACE_EXIT_CODE (a plain binary ignores GORACE),
+# and exits without the race runtime's default one-second sleep at exit (atexit_sleep_ms).
+GORACE = f"halt_on_error=1 exitcode={RACE_EXIT_CODE} atexit_sleep_ms=0"
 
 
 def child_env(**extra) -> dict:
