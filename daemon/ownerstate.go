@@ -234,11 +234,11 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time) (resp *ex
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)
 		}
-		// This get moved nothing: the bytes are already here, unless the session's pin
-		// of the key brought them in for it.
+		// This get moved nothing: the bytes are already here (the session's pin of the
+		// key may have brought them in for it).
 		resp = holderResponse(id, h)
-		resp.Source, resp.Remote = common.Source_MEMORY, false
-		st.takeOverPin(c, key, h, resp, now)
+		resp.Remote = false
+		st.takeOverPin(c, key, h, resp, true, now)
 		return resp, 0, nil
 	}
 	return nil, st.hot.invalSeq(), nil
@@ -267,7 +267,7 @@ func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64
 	st.ack(acks...)
 	id := st.newHolder(c, h)
 	resp := holderResponse(id, h)
-	st.takeOverPin(c, h.key, h, resp, now)
+	st.takeOverPin(c, h.key, h, resp, resp.Source == common.Source_MEMORY && !resp.Remote, now)
 	return resp, nil
 }
 

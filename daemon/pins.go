@@ -95,15 +95,15 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 }
 
 // takeOverPin ends c's pin of key, if any: the session now holds the key itself
-// through resp, the answer of its get of h. A get that moved nothing (a memory hit
-// here) of the version the pin viewed reports where the pin's lookup got the bytes:
-// they were moved for this load.
-func (st *ownerState) takeOverPin(c *session, key string, h *holding, resp *external.GetResponse, now time.Time) {
+// through resp, the answer of its get of h. When that get moved nothing (here: its
+// bytes were in this owner's memory) and the pin viewed the same version, resp reports
+// where the pin's lookup got the bytes: they were moved for this load.
+func (st *ownerState) takeOverPin(c *session, key string, h *holding, resp *external.GetResponse, here bool, now time.Time) {
 	p := c.pins[key]
 	if p == nil {
 		return
 	}
-	if ph := c.holders[p.holder]; ph != nil && ph.putID == h.putID && resp.Source == common.Source_MEMORY && !resp.Remote {
+	if ph := c.holders[p.holder]; here && ph != nil && ph.putID == h.putID {
 		resp.Source, resp.Remote = p.source, p.remote
 	}
 	st.unpin(p, now)

@@ -197,13 +197,12 @@ struct GetResponse {
   3: i64 holder_id,
   4: i64 offset,
   5: i64 len,
-  // source and remote say what this get moved: SSD (refilled from flash), remote
-  // (pulled from another owner's replica into this owner's segment; source says which
-  // tier they came from there), or neither (MEMORY, false: the bytes were already in
-  // this owner's memory, e.g. a hot-set hit). A get that takes over this session's pin
-  // of the key (BatchExists pin_ms) reports what the pin's lookup moved for it.
   6: common.Source source,
   7: i64 put_id,
+  // The bytes crossed the network: pulled from another owner's replica into this
+  // owner's segment (source says which tier they came from there). A get that takes
+  // over this session's pin of the key (BatchExists pin_ms) and finds the pinned bytes
+  // here reports source and remote as the pin's lookup found them.
   8: bool remote,
 }
 

@@ -41,9 +41,9 @@ func (h *MemHolder) ID() int64 { return h.id }
 // PutID is the version of the value.
 func (h *MemHolder) PutID() int64 { return h.putID }
 
-// Source says where the owner found the bytes for this get: "memory" (also when they
-// were already in its memory) or "ssd". A get after a pinned prefix lookup
-// (BatchExistsPrefix) reports where the lookup found them, and so does Remote.
+// Source says where the bytes came from: "memory" or "ssd". A get after a pinned
+// prefix lookup (BatchExistsPrefix) reports where the lookup found them, and so does
+// Remote.
 func (h *MemHolder) Source() string {
 	if h.source == common.Source_SSD {
 		return "ssd"

@@ -92,9 +92,8 @@ class MemHolder:
 
     @property
     def source(self) -> str:
-        """``"memory"`` or ``"ssd"``: where the owner found the bytes for this get (``"memory"``
-        when they were already in its memory; a get after a pinned prefix lookup reports
-        where the lookup found them)."""
+        """``"memory"`` or ``"ssd"``: where the owner found the bytes (a get after a pinned
+        prefix lookup: where the lookup found them, and so does ``remote``)."""
         return _SOURCES.get(self._source, "unknown")
 
     @property
