@@ -3,18 +3,24 @@ package master
 // evictOrder is a node's eviction order: plain keys in a weighted S3-FIFO (Policy),
 // KV pages put with a parent in a pagePolicy. A node holding only plain keys evicts
 // exactly as the S3-FIFO alone would. When it holds both, each draw goes to the class
-// whose next candidate is older on the node's clock (a tick per insert or hit; a page
-// counts its priority, hit bonus included); a class that finds no acceptable victim
-// hands the draw to the other. The most recently inserted key is chosen only when it
-// is the last key left. Not safe for concurrent use.
+// whose next candidate is older on the clock (a tick per insert or hit; a page counts
+// its priority, hit bonus included); a class that finds no acceptable victim hands the
+// draw to the other. The most recently inserted key is chosen only when it is the last
+// key left. The clock is the pool's (State.clock, shared by every node's order), so
+// pooled placement can compare the next victims of different nodes (NextPriority). Not
+// safe for concurrent use.
 type evictOrder struct {
 	plain *Policy[string]
 	pages *pagePolicy
-	clock int64
+	clock *int64
 }
 
-func newEvictOrder() *evictOrder {
-	return &evictOrder{plain: NewPolicy[string](), pages: newPagePolicy()}
+// newEvictOrder is an empty order ticking clock (nil: a clock of its own).
+func newEvictOrder(clock *int64) *evictOrder {
+	if clock == nil {
+		clock = new(int64)
+	}
+	return &evictOrder{plain: NewPolicy[string](), pages: newPagePolicy(), clock: clock}
 }
 
 // Len is the number of live keys; Weight their bytes.
@@ -22,9 +28,9 @@ func (o *evictOrder) Len() int      { return o.plain.Len() + o.pages.Len() }
 func (o *evictOrder) Weight() int64 { return o.plain.Weight() + o.pages.Weight() }
 
 func (o *evictOrder) tick() int64 {
-	o.clock++
-	o.plain.now = o.clock
-	return o.clock
+	*o.clock++
+	o.plain.now = *o.clock
+	return *o.clock
 }
 
 // Insert adds a plain key (see Policy.Insert).
@@ -117,4 +123,19 @@ func (o *evictOrder) pagesFirst() bool {
 	pp, okp := o.pages.minPriority()
 	ps, oks := o.plain.nextStamp()
 	return okp && (!oks || pp < ps)
+}
+
+// NextPriority is where the next draw starts, on the clock: the priority of the lowest
+// page or the stamp of the plain key examined first, whichever is older; ok is false
+// without keys. (The draw may pass that key over: held, or a plain key with hits.)
+func (o *evictOrder) NextPriority() (prio int64, ok bool) {
+	pp, okp := o.pages.minPriority()
+	ps, oks := o.plain.nextStamp()
+	switch {
+	case okp && (!oks || pp < ps):
+		return pp, true
+	case oks:
+		return ps, true
+	}
+	return 0, false
 }

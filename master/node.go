@@ -108,7 +108,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
 		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
 		alloc:   NewAllocator(segmentSize - reserve),
-		policy:  newEvictOrder(),
+		policy:  newEvictOrder(&s.clock),
 		holders: make(map[int64]*Allocation),
 	}
 	if reserve > 0 {

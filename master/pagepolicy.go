@@ -9,7 +9,7 @@ import (
 // their parent, the page before them in a prefix chain) for eviction. A request reuses
 // the leading pages of its chain that are cached and stops at the first miss, so a page
 // is worth keeping only while its parent is: the policy evicts the lowest priority
-// first. A page's own priority is the node's access clock at its last insert or hit
+// first. A page's own priority is the pool's access clock at its last insert or hit
 // plus pageFreqBonus for each doubling of its hits (recency and frequency: on the
 // conversation trace most pages are used once, and a page used again is likely to be
 // used yet again); its priority is that, capped by its parent's when the parent is a
@@ -49,7 +49,7 @@ type pagePolicy struct {
 
 const (
 	// pageFreqBonus is the priority a page gains per doubling of its hits, in clock
-	// ticks (inserts and hits on the node). Measured on the conversation trace (see
+	// ticks (inserts and hits in the pool). Measured on the conversation trace (see
 	// README): 16Ki ticks is about three minutes of that service's block accesses.
 	pageFreqBonus = 1 << 14
 	// maxPageFreq caps the hit count (the bonus grows with its logarithm).

@@ -86,7 +86,7 @@ type modelKey struct {
 }
 
 func newOrderModel(t *testing.T) *orderModel {
-	return &orderModel{t: t, o: newEvictOrder(), routed: map[string]bool{}, live: map[string]modelKey{}}
+	return &orderModel{t: t, o: newEvictOrder(nil), routed: map[string]bool{}, live: map[string]modelKey{}}
 }
 
 // route and unroute mirror setRouteLocked / unsetRouteLocked: a route adopts or

@@ -14,7 +14,8 @@ import (
 // Pooled placement (DESIGN §10 "Placement (one pool)"). A put goes to its requester
 // when the requester's pool has room; else to the live owner with the most free bytes
 // that has room; else the master evicts across the pool, duplicates before sole
-// copies, sole copies on the requester first, and places the put where it made room.
+// copies, sole copies on the requester first unless another owner's keys are much
+// colder, and places the put where it made room.
 // A put placed on another owner is written by its client into a source range of the
 // requester's transfer area; at PutDone the master has the target owner pull it
 // (PullTask, run by the server outside the lock), and PullDone publishes it or places
@@ -84,10 +85,12 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 // value larger than the area is always local). Both are nil when no owner has room.
 //
 // With no free range anywhere, the order is: the requester's duplicates, other owners'
-// duplicates (when the requester's area has idle room for the source), the
-// requester's idle transfer area, the requester's sole copies, other owners' sole
-// copies. A transfer takes back area room the pool borrowed (allocXferLocked) only to
-// place on an owner with a free range, where it evicts nothing.
+// duplicates (when the requester's area has idle room for the source), the sole
+// copies of an owner whose next victim is much older than the requester's
+// (staleNodeLocked; idle area room again), the requester's idle transfer area, the
+// requester's sole copies, other owners' sole copies. A transfer takes back area room
+// the pool borrowed (allocXferLocked) only to place on an owner with a free range,
+// where it evicts nothing.
 func (s *State) placeLocked(now time.Time, n *node, length int64) (target, source *Allocation) {
 	if s.opts.Placement == PlacementLocal {
 		return s.allocateLocked(n, length), nil
@@ -113,6 +116,14 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 		}
 		source.Release()
 	}
+	if m := s.staleNodeLocked(n, others); m != nil {
+		if source = s.allocXferLocked(n, length, false); source != nil {
+			if target = s.allocateEvictingLocked(m, length, evictSoleCopies); target != nil {
+				return target, source
+			}
+			source.Release()
+		}
+	}
 	if target = s.allocateLocked(n, length); target != nil || len(others) == 0 {
 		return target, nil
 	}
@@ -124,6 +135,33 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 		source = nil
 	}
 	return target, source
+}
+
+// staleVictimMargin is how much older, on the pool's clock, another owner's next victim
+// must be than the requester's for a put to evict there instead (staleNodeLocked): the
+// same as a page's bonus for one doubling of its hits, so owners whose keys age alike
+// keep their own puts and pay no transfer for it.
+const staleVictimMargin = pageFreqBonus
+
+// staleNodeLocked is the owner among others whose next victim is older than the
+// requester n's by more than staleVictimMargin, the oldest first (ties: others'
+// order); nil when there is none. Eviction on the requester alone would leave an owner
+// that receives no puts (its engine idle, or none attached) holding what it held when
+// the pool filled, however cold: with one pool, the coldest keys go first wherever
+// they are.
+func (s *State) staleNodeLocked(n *node, others []*node) *node {
+	pn, ok := n.policy.NextPriority()
+	if !ok {
+		return nil
+	}
+	var stale *node
+	var oldest int64
+	for _, m := range others {
+		if pm, ok := m.policy.NextPriority(); ok && pm < pn-staleVictimMargin && (stale == nil || pm < oldest) {
+			stale, oldest = m, pm
+		}
+	}
+	return stale
 }
 
 // poolCandidatesLocked lists the owners other than the requester a put of length bytes

@@ -49,6 +49,9 @@ type State struct {
 	// children maps a KV page's key to the routed keys put with it as their parent
 	// (chain.go); kept in step with routes by setRouteLocked and unsetRouteLocked.
 	children map[string]map[string]struct{}
+	// clock ticks once per insert or hit in any node's eviction order (evictOrder), so
+	// the orders of different nodes rank on one scale.
+	clock int64
 }
 
 // shortage names an allocation that found no space: length bytes for a request of

@@ -302,6 +302,10 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		*now = now.Add(dur)
 		tombed := st.Maintain(*now)
 		return fmt.Sprintf("tombed=%v\n", tombed), nil
+	case "clock":
+		// advance=N: N inserts or hits elsewhere in the pool age every key by N ticks.
+		st.clock += argInt(d, "advance")
+		return fmt.Sprintf("clock=%d\n", st.clock), nil
 	case "values":
 		v, dup := st.MemoryValues()
 		return fmt.Sprintf("values=%d duplicate_bytes=%d\n", v, dup), nil
