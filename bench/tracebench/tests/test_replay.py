@@ -58,6 +58,22 @@ def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_b
     assert held["memory"] == t.distinct
 
 
+def test_three_owners_count_pinned_pulls_as_remote_hits(fluxkv_bin, tmp_path):
+    """A master and 3 owners, a client process on each: the turns of a conversation go to
+    different owners, so a prefix is often found on another owner. The lookup's pin pulls it
+    and the load that follows reports the pull (memory_remote), not a local hit."""
+    t = load(write_trace(tmp_path))
+    run = tb.prepare(tb.Target("fluxkv", 3, False), options(fluxkv_bin), 4096, BLOCK, 5, 3, t.distinct)
+    with Group() as g:
+        run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
+        res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=3, window=1, verify_every=1))
+    ideal = sim.simulate(t, sim.Infinite())
+    assert res.hits == ideal.per_request
+    assert res.wrong_bytes == 0 and res.put_failed == 0 and res.errors == 0
+    assert set(res.sources) <= {"memory_local", "memory_remote"} and sum(res.sources.values()) == res.loaded
+    assert res.sources["memory_remote"] > 0, dict(res.sources)
+
+
 def test_a_wrong_page_fails_the_case(fluxkv_bin, tmp_path):
     import fluxkv
     from fluxkv import kv
