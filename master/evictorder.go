@@ -120,22 +120,27 @@ func (o *evictOrder) VictimWhere(accept func(string) bool, limit int) (string, b
 
 // pagesFirst reports whether the next draw goes to the pages.
 func (o *evictOrder) pagesFirst() bool {
-	pp, okp := o.pages.minPriority()
-	ps, oks := o.plain.nextStamp()
-	return okp && (!oks || pp < ps)
+	_, pages, _ := o.next()
+	return pages
 }
 
 // NextPriority is where the next draw starts, on the clock: the priority of the lowest
 // page or the stamp of the plain key examined first, whichever is older; ok is false
 // without keys. (The draw may pass that key over: held, or a plain key with hits.)
 func (o *evictOrder) NextPriority() (prio int64, ok bool) {
+	prio, _, ok = o.next()
+	return prio, ok
+}
+
+// next is the clock value the next draw starts at and whether it goes to the pages.
+func (o *evictOrder) next() (prio int64, pages, ok bool) {
 	pp, okp := o.pages.minPriority()
 	ps, oks := o.plain.nextStamp()
 	switch {
 	case okp && (!oks || pp < ps):
-		return pp, true
+		return pp, true, true
 	case oks:
-		return ps, true
+		return ps, false, true
 	}
-	return 0, false
+	return 0, false, false
 }
