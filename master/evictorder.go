@@ -7,21 +7,25 @@ package master
 // its priority, hit bonus included); a class that finds no acceptable victim hands the
 // draw to the other. The most recently inserted key is chosen only when it is the last
 // key left. The clock is the pool's (State.clock, shared by every node's order), so
-// pooled placement can compare the next victims of different nodes (NextPriority). Not
-// safe for concurrent use.
+// pooled placement can compare the next victims of different nodes (NextPriority), and
+// so is the ghost of evicted pages (State.ghosts). Not safe for concurrent use.
 type evictOrder struct {
 	plain *Policy[string]
 	pages *pagePolicy
 	clock *int64
 }
 
-// newEvictOrder is an empty order ticking clock (nil: a clock of its own).
-func newEvictOrder(clock *int64) *evictOrder {
+// newEvictOrder is an empty order ticking clock and remembering evicted pages in ghosts
+// (nil: a clock or a ghost of its own).
+func newEvictOrder(clock *int64, ghosts *pageGhosts) *evictOrder {
 	if clock == nil {
 		clock = new(int64)
 	}
-	return &evictOrder{plain: NewPolicy[string](), pages: newPagePolicy(), clock: clock}
+	return &evictOrder{plain: NewPolicy[string](), pages: newPagePolicy(ghosts), clock: clock}
 }
+
+// Detach leaves the pool's shared page ghost (the node is gone).
+func (o *evictOrder) Detach() { o.pages.detach() }
 
 // Len is the number of live keys; Weight their bytes.
 func (o *evictOrder) Len() int      { return o.plain.Len() + o.pages.Len() }

@@ -108,7 +108,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
 		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
 		alloc:   NewAllocator(segmentSize - reserve),
-		policy:  newEvictOrder(&s.clock),
+		policy:  newEvictOrder(&s.clock, s.ghosts),
 		holders: make(map[int64]*Allocation),
 	}
 	if reserve > 0 {
@@ -234,6 +234,7 @@ func (s *State) reportedNodeLocked(ref NodeRef) (*node, error) {
 func (s *State) tombLocked(n *node) {
 	n.tombed = true
 	delete(s.nodes, n.id)
+	n.policy.Detach()
 	for key, r := range s.routes {
 		if rep := r.replicas[n]; rep != nil {
 			if rep.memory != nil {

@@ -16,8 +16,8 @@ import (
 // page on this node, so a chain is evicted from its deep end (ties go to the deeper
 // page). A page whose parent has no route (an orphan) has priority zero, and so has
 // every page under it on this node: they are the first victims, deepest first. Evicted
-// pages are remembered, with their hit counts, in a ghost list as long as four times
-// the live pages, so a page put again soon after its eviction keeps its history.
+// pages are remembered, with their hit counts, in the pool's ghost (pageghost.go), so
+// a page put again soon after its eviction, through any owner, keeps its history.
 //
 // A page put under a parent (and its put's start, before the allocation evicts
 // anything) moves the parent and the pages above it on to now without counting hits
@@ -40,9 +40,7 @@ type pagePolicy struct {
 	heap    pageHeap
 	weight  int64
 	newest  *pageEntry
-	ghost   map[string]pageGhost
-	ghostQ  []ghostRef // oldest first from ghostAt
-	ghostAt int
+	ghosts  *pageGhosts
 	seq     uint64
 	pass    uint64 // numbers the walks of update (a cycle of parents ends them)
 }
@@ -77,18 +75,21 @@ type pageEntry struct {
 	prevKid, nextKid *pageEntry
 }
 
-type pageGhost struct {
-	freq uint32
-	seq  uint64
+// newPagePolicy is an empty policy remembering its victims in ghosts (nil: a ghost of
+// its own).
+func newPagePolicy(ghosts *pageGhosts) *pagePolicy {
+	if ghosts == nil {
+		ghosts = newPageGhosts()
+	}
+	return &pagePolicy{entries: make(map[string]*pageEntry), kids: make(map[string]*pageEntry), ghosts: ghosts}
 }
 
-type ghostRef struct {
-	key string
-	seq uint64
-}
-
-func newPagePolicy() *pagePolicy {
-	return &pagePolicy{entries: make(map[string]*pageEntry), kids: make(map[string]*pageEntry), ghost: make(map[string]pageGhost)}
+// detach leaves the shared ghost (the node is gone): its live pages no longer count
+// toward the ghost's length, and what it does from now on stays out of it.
+func (p *pagePolicy) detach() {
+	p.ghosts.live -= len(p.entries)
+	p.ghosts = newPageGhosts()
+	p.ghosts.live = len(p.entries)
 }
 
 func (p *pagePolicy) Len() int      { return len(p.heap) }
@@ -105,11 +106,11 @@ func (p *pagePolicy) insert(k string, weight int64, parent string, hasParent, or
 	if e == nil {
 		p.seq++
 		e = &pageEntry{key: k, freq: 1, seq: p.seq, index: -1}
-		if g, ok := p.ghost[k]; ok {
-			e.freq = min(g.freq+1, maxPageFreq)
-			delete(p.ghost, k)
+		if freq, ok := p.ghosts.take(k); ok {
+			e.freq = min(freq+1, maxPageFreq)
 		}
 		p.entries[k] = e
+		p.ghosts.live++
 	} else {
 		p.weight -= e.weight
 		e.freq = min(e.freq+1, maxPageFreq)
@@ -303,6 +304,7 @@ func (p *pagePolicy) remove(k string) bool {
 func (p *pagePolicy) drop(e *pageEntry) {
 	p.unlink(e)
 	delete(p.entries, e.key)
+	p.ghosts.live--
 	p.weight -= e.weight
 	if p.newest == e {
 		p.newest = nil
@@ -337,7 +339,7 @@ func (p *pagePolicy) victimWhere(accept func(string) bool, limit int, protectNew
 		return "", false
 	}
 	p.drop(victim)
-	p.remember(victim)
+	p.ghosts.remember(victim.key, victim.freq)
 	return victim.key, true
 }
 
@@ -347,24 +349,6 @@ func (p *pagePolicy) minPriority() (int64, bool) {
 		return 0, false
 	}
 	return p.heap[0].prio, true
-}
-
-// remember puts an evicted page in the ghost and trims the ghost to its length.
-func (p *pagePolicy) remember(e *pageEntry) {
-	p.seq++
-	p.ghost[e.key] = pageGhost{freq: e.freq, seq: p.seq}
-	p.ghostQ = append(p.ghostQ, ghostRef{e.key, p.seq})
-	for len(p.ghost) > max(pageGhostFactor*p.Len(), minGhost) && p.ghostAt < len(p.ghostQ) {
-		g := p.ghostQ[p.ghostAt]
-		p.ghostAt++
-		if cur, ok := p.ghost[g.key]; ok && cur.seq == g.seq {
-			delete(p.ghost, g.key)
-		}
-	}
-	if p.ghostAt > len(p.ghostQ)/2 {
-		p.ghostQ = append(p.ghostQ[:0:0], p.ghostQ[p.ghostAt:]...)
-		p.ghostAt = 0
-	}
 }
 
 // pageHeap is a min-heap of pages by priority, deeper first, then older first.

@@ -7,9 +7,10 @@ import (
 
 // checkPagePolicy verifies a pagePolicy's structure: the heap holds every live page once
 // at its index and in heap order, weights add up, the newest page is live, the ghost is
-// bounded and holds no live page, and every page ranks no later than its parent on this
+// bounded (and, when the policy has it to itself, holds no live page and counts its
+// pages), and every page ranks no later than its parent on this
 // node (a lower priority, or the same and deeper).
-func checkPagePolicy(t testing.TB, p *pagePolicy) {
+func checkPagePolicy(t testing.TB, p *pagePolicy, ownGhost bool) {
 	t.Helper()
 	if len(p.heap) != len(p.entries) {
 		t.Fatalf("%d pages in the heap, %d in the map", len(p.heap), len(p.entries))
@@ -23,7 +24,7 @@ func checkPagePolicy(t testing.TB, p *pagePolicy) {
 			t.Fatalf("heap[%d] = %q ranks before its heap parent", i, e.key)
 		}
 		w += e.weight
-		if _, ghost := p.ghost[e.key]; ghost {
+		if _, ghost := p.ghosts.ghost[e.key]; ghost && ownGhost {
 			t.Fatalf("live page %q is in the ghost", e.key)
 		}
 		if par := p.entries[e.parent]; e.hasParent && par != nil && !inCycle(p, e) && !ranksBefore(e, par) {
@@ -37,8 +38,8 @@ func checkPagePolicy(t testing.TB, p *pagePolicy) {
 	if p.newest != nil && p.entries[p.newest.key] != p.newest {
 		t.Fatalf("newest page %q is not live", p.newest.key)
 	}
-	if len(p.ghost) > max(pageGhostFactor*p.Len(), minGhost) {
-		t.Fatalf("ghost holds %d pages for %d live", len(p.ghost), p.Len())
+	if g := p.ghosts; g.Len() > g.bound() || (ownGhost && g.live != p.Len()) {
+		t.Fatalf("ghost holds %d pages for %d live (counted %d)", g.Len(), p.Len(), g.live)
 	}
 }
 
@@ -86,7 +87,7 @@ type modelKey struct {
 }
 
 func newOrderModel(t *testing.T) *orderModel {
-	return &orderModel{t: t, o: newEvictOrder(nil), routed: map[string]bool{}, live: map[string]modelKey{}}
+	return &orderModel{t: t, o: newEvictOrder(nil, nil), routed: map[string]bool{}, live: map[string]modelKey{}}
 }
 
 // route and unroute mirror setRouteLocked / unsetRouteLocked: a route adopts or
@@ -233,7 +234,7 @@ func (m *orderModel) victim(refuse func(string) bool) bool {
 
 func (m *orderModel) check(what string) {
 	m.t.Helper()
-	checkPagePolicy(m.t, m.o.pages)
+	checkPagePolicy(m.t, m.o.pages, true)
 	checkPolicy(m.t, m.o.plain)
 	if m.o.Len() != len(m.live) || m.o.Weight() != m.weight {
 		m.t.Fatalf("after %s: len %d weight %d, model %d and %d", what, m.o.Len(), m.o.Weight(), len(m.live), m.weight)

@@ -52,6 +52,8 @@ type State struct {
 	// clock ticks once per insert or hit in any node's eviction order (evictOrder), so
 	// the orders of different nodes rank on one scale.
 	clock int64
+	// ghosts remembers the KV pages evicted on any node (pageghost.go).
+	ghosts *pageGhosts
 }
 
 // shortage names an allocation that found no space: length bytes for a request of
@@ -77,6 +79,7 @@ func NewState(opts Options) *State {
 		persists:     make(map[int64]*pendingPersist),
 		persistStats: make(map[string]*persistCounts),
 		children:     make(map[string]map[string]struct{}),
+		ghosts:       newPageGhosts(),
 		nextID:       opts.IDBase,
 	}
 }

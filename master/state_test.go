@@ -30,12 +30,29 @@ func TestScenarios(t *testing.T) {
 			if _, drift := dumpNamespaces(st); drift != nil {
 				t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
 			}
+			// Nor does the pool's page ghost from the live pages of the nodes sharing it.
+			if drift := ghostDrift(st); drift != nil {
+				t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
+			}
 			if err != nil {
 				return "error: " + err.Error() + "\n"
 			}
 			return out
 		})
 	})
+}
+
+// ghostDrift reports a pool ghost whose count of live pages is not the nodes' pages, or
+// that holds more than its bound.
+func ghostDrift(st *State) error {
+	live := 0
+	for _, n := range st.nodes {
+		live += n.policy.pages.Len()
+	}
+	if g := st.ghosts; g.live != live || g.Len() > g.bound() {
+		return fmt.Errorf("page ghost counts %d live pages (the nodes hold %d) and remembers %d (bound %d)", g.live, live, g.Len(), g.bound())
+	}
+	return nil
 }
 
 // arg and argInt read a command's arguments (scripttest).
