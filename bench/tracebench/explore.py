@@ -1,0 +1,307 @@
+"""How much of a trace's reuse an online policy can serve: the offline experiment behind
+docs/eviction.md ("Why the SSD-off goals ... are not met"). It replays a trace with the prefix
+semantics of :mod:`tracebench.sim` through
+
+* ``lru`` (the yardstick),
+* ``page-order``: the master's KV page order run offline (master/pagepolicy.go: priority = the
+  access clock at the last use plus ``bonus`` per doubling of the hits, capped by the parent's;
+  a chain goes from its deep end; a put under a parent moves the chain above on to now; evicted
+  pages keep their hits in a ghost four times the live pages),
+* ``oracle-lhd``: a hit-density ranking (LHD, Beckmann et al., NSDI '18) whose table is computed
+  from the whole trace's future: for each hit count so far (1 to 5+) and idle age, the hits
+  still to come per block-tick of room, so no recency/frequency policy can rank better than it
+  knows how,
+* ``belady`` (the offline optimum of :class:`tracebench.sim.Belady`),
+
+and splits each one's hits by how often the block was used before (1: a block's first reuse,
+on the conversation trace the first follow-up of a conversation). Run from the repository
+root::
+
+    PYTHONPATH=bench python3 -m tracebench.explore [--trace FILE] [--requests N] [--capacities 18279,4000]
+
+The whole conversation trace takes about a minute per policy and capacity."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import heapq
+import math
+import random
+import sys
+import time
+
+from . import sim
+from .trace import DEFAULT_TRACE, Trace, load
+
+__all__ = ["PageOrder", "OracleLHD", "lhd_table", "replay", "Result", "POLICIES", "main"]
+
+BONUS = 1 << 14  # master/pagepolicy.go pageFreqBonus
+GHOST_FACTOR = 4  # master/pagepolicy.go pageGhostFactor
+REFRESH_DEPTH = 256  # master/pagepolicy.go refreshDepth
+USE_CLASSES = 4  # hits are split by prior uses 1, 2, 3 and 4+
+
+
+class PageOrder:
+    """The master's page order over ``capacity`` blocks, one node (module docstring). Every
+    insert or hit ticks the clock, as the pool's access clock does."""
+
+    def __init__(self, capacity: int, bonus: int = BONUS, ghost_factor: int = GHOST_FACTOR):
+        self.capacity, self.bonus, self.ghost_factor = capacity, bonus, ghost_factor
+        self.clock = 0
+        self.freq: dict = {}
+        self.last: dict = {}
+        self.parent: dict = {}
+        self.depth: dict = {}
+        self.kids: dict = collections.defaultdict(set)
+        self.heap: list = []  # (own priority, -depth, block); stale entries are skipped
+        self.ghost: collections.OrderedDict = collections.OrderedDict()
+
+    def _own(self, b) -> float:
+        return self.last[b] + self.bonus * math.log2(self.freq[b])
+
+    def _push(self, b) -> None:
+        heapq.heappush(self.heap, (self._own(b), -self.depth[b], b))
+
+    def hit(self, block, parent, now) -> bool:
+        if block not in self.freq:
+            return False
+        self.clock += 1
+        self.freq[block] += 1
+        self.last[block] = self.clock
+        self._push(block)
+        return True
+
+    def insert(self, block, parent, now) -> None:
+        self.clock += 1
+        if block in self.freq:  # offered again after a miss before it: a use
+            self.freq[block] += 1
+            self.last[block] = self.clock
+            self._push(block)
+            return
+        self.freq[block] = self.ghost.pop(block, 0) + 1
+        self.last[block] = self.clock
+        self.parent[block] = parent
+        self.depth[block] = self.depth.get(parent, -1) + 1 if parent is not None else 0
+        if parent is not None:
+            self.kids[parent].add(block)
+        up, n = parent, 0
+        while up is not None and up in self.freq and n < REFRESH_DEPTH:  # the refresh
+            self.last[up] = self.clock
+            self._push(up)
+            up, n = self.parent.get(up), n + 1
+        self._push(block)
+        while len(self.freq) > self.capacity:
+            self._evict()
+
+    def _evict(self) -> None:
+        while True:
+            own, d, b = heapq.heappop(self.heap)
+            if b in self.freq and own == self._own(b):
+                break
+        v = b  # the page of lowest own priority caps the pages under it: its deep end goes
+        while self.kids.get(v):
+            v = max(self.kids[v], key=self.depth.__getitem__)
+        if v != b:
+            heapq.heappush(self.heap, (own, d, b))
+        p = self.parent.pop(v)
+        if p is not None and p in self.kids:
+            self.kids[p].discard(v)
+        self.ghost[v] = self.freq[v]
+        while len(self.ghost) > self.ghost_factor * self.capacity:
+            self.ghost.popitem(last=False)
+        for m in (self.freq, self.last, self.depth):
+            del m[v]
+        self.kids.pop(v, None)
+
+
+def lhd_table(trace: Trace, bucket: int = 64, buckets: int = 4096, classes: int = 5, horizon: int = 2000) -> list:
+    """Hit density per (uses so far, idle age bucket) from the whole trace's future: the hits
+    still to come for a block of that class at that age, over the block-ticks of room it holds
+    until its next use, a block never used again holding room for ``horizon`` buckets."""
+    hits = [[0.0] * buckets for _ in range(classes)]
+    deaths = [0.0] * classes
+    last: dict = {}
+    uses: dict = {}
+    t = 0
+    for r in trace.requests:
+        for b in r.hash_ids:
+            t += 1
+            if b in last:
+                c = min(uses[b], classes) - 1
+                hits[c][min((t - last[b]) // bucket, buckets - 1)] += 1
+                uses[b] += 1
+            else:
+                uses[b] = 1
+            last[b] = t
+    for n in uses.values():
+        deaths[min(n, classes) - 1] += 1
+    table = []
+    for c in range(classes):
+        dens = [0.0] * buckets
+        later = 0.0  # hits at ages >= a
+        room = 0.0  # sum over those hits of (age - a + 1)
+        for a in range(buckets - 1, -1, -1):
+            later += hits[c][a]
+            room += later
+            dens[a] = later / (room + deaths[c] * max(horizon - a, 1)) if room or deaths[c] else 0.0
+        table.append(dens)
+    return table
+
+
+class OracleLHD:
+    """Evicts, of ``samples`` random cached blocks, the one of lowest hit density by
+    :func:`lhd_table` (taking a chain from its deep end); one clock tick per insert or hit.
+    It knows every block's whole past (uses and last use survive an eviction, as in a ghost
+    of unbounded length) and, through the table, the statistics of the future."""
+
+    def __init__(self, capacity: int, table: list, bucket: int = 64, samples: int = 32, seed: int = 1):
+        self.capacity, self.table, self.bucket, self.samples = capacity, table, bucket, samples
+        self.rand = random.Random(seed)
+        self.clock = 0
+        self.uses: dict = {}  # every block seen: uses so far
+        self.last: dict = {}  # and the clock at its last use
+        self.parent: dict = {}
+        self.depth: dict = {}
+        self.kids: dict = collections.defaultdict(set)
+        self.cached: list = []
+        self.index: dict = {}  # cached block -> its place in cached
+
+    def _density(self, b) -> float:
+        dens = self.table[min(self.uses[b], len(self.table)) - 1]
+        return dens[min((self.clock - self.last[b]) // self.bucket, len(dens) - 1)]
+
+    def _use(self, block) -> None:
+        self.clock += 1
+        self.uses[block] = self.uses.get(block, 0) + 1
+        self.last[block] = self.clock
+
+    def hit(self, block, parent, now) -> bool:
+        if block not in self.index:
+            return False
+        self._use(block)
+        return True
+
+    def insert(self, block, parent, now) -> None:
+        self._use(block)
+        if block in self.index:
+            return
+        self.parent[block] = parent
+        self.depth[block] = self.depth.get(parent, -1) + 1 if parent is not None else 0
+        if parent is not None:
+            self.kids[parent].add(block)
+        self.index[block] = len(self.cached)
+        self.cached.append(block)
+        while len(self.cached) > self.capacity:
+            self._evict(block)
+
+    def _evict(self, newest) -> None:
+        best, low = None, None
+        for _ in range(self.samples):
+            c = self.cached[self.rand.randrange(len(self.cached))]
+            if c != newest and (low is None or self._density(c) < low):
+                best, low = c, self._density(c)
+        v = best if best is not None else newest
+        while self.kids.get(v):
+            v = max(self.kids[v], key=self.depth.__getitem__)
+        p = self.parent.pop(v)
+        if p is not None and p in self.kids:
+            self.kids[p].discard(v)
+        i, tail = self.index.pop(v), self.cached.pop()
+        if tail != v:
+            self.cached[i], self.index[tail] = tail, i
+        del self.depth[v]
+        self.kids.pop(v, None)
+
+
+class _Plain:
+    """A :class:`tracebench.sim.Policy` (block, now) behind the (block, parent, now) calls."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def hit(self, block, parent, now) -> bool:
+        return self.policy.hit(block, now)
+
+    def insert(self, block, parent, now) -> None:
+        self.policy.insert(block, now)
+
+
+class Result:
+    """What one replay served: hits, and hits by the block's uses before (1 .. USE_CLASSES+)."""
+
+    def __init__(self, policy: str, capacity: int):
+        self.policy, self.capacity = policy, capacity
+        self.accesses = 0
+        self.hits = 0
+        self.by_uses = [0] * USE_CLASSES
+        self.seconds = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+
+def replay(trace: Trace, policy, name: str, capacity: int) -> Result:
+    """Run ``policy`` (hit / insert with the block's parent, the id before it in the request)
+    over ``trace`` with sim's prefix semantics."""
+    res = Result(name, capacity)
+    t0 = time.perf_counter()
+    uses: collections.Counter = collections.Counter()
+    now = 0
+    for r in trace.requests:
+        ids = r.hash_ids
+        n, h = len(ids), 0
+        while h < n and policy.hit(ids[h], ids[h - 1] if h else None, now + h):
+            res.by_uses[min(uses[ids[h]], USE_CLASSES) - 1] += 1
+            h += 1
+        for j in range(h, n):
+            policy.insert(ids[j], ids[j - 1] if j else None, now + j)
+        for b in ids:
+            uses[b] += 1
+        now += n
+        res.accesses += n
+        res.hits += h
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# name -> constructor(capacity, trace, shared state): the policies main() runs, in order
+POLICIES = {
+    "lru": lambda cap, trace, memo: _Plain(sim.LRU(cap)),
+    "page-order": lambda cap, trace, memo: PageOrder(cap),
+    "oracle-lhd": lambda cap, trace, memo: OracleLHD(cap, memo.setdefault("lhd", lhd_table(trace))),
+    "belady": lambda cap, trace, memo: _Plain(sim.Belady(cap, memo.setdefault("next", sim.next_uses(trace)))),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m tracebench.explore", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE), help="trace file (Mooncake FAST'25 format; default: the shipped conversation trace)")
+    ap.add_argument("--requests", type=int, default=0, help="replay the first N requests (default 0: all)")
+    ap.add_argument("--capacities", default="0.1,4000", help="capacities in blocks, or fractions (< 1) of the distinct blocks (default 0.1,4000)")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"of {', '.join(POLICIES)} (default: all)")
+    a = ap.parse_args(argv)
+    trace = load(a.trace)
+    if a.requests:
+        trace = Trace(trace.path, trace.requests[: a.requests])
+    names = [p for p in a.policies.split(",") if p]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        ap.error(f"unknown policies {', '.join(unknown)}: want {', '.join(POLICIES)}")
+    caps = []
+    for c in a.capacities.split(","):
+        v = float(c)
+        caps.append(max(1, int(v * trace.distinct)) if v < 1 else int(v))
+    print(f"{trace.path}: {len(trace.requests)} requests, {trace.accesses} block accesses, {trace.distinct} distinct blocks", flush=True)
+    print(f"{'policy':<11} {'capacity':>9} {'hit %':>6} " + " ".join(f"{f'uses {i + 1}' + ('+' if i == USE_CLASSES - 1 else ''):>8}" for i in range(USE_CLASSES)) + "  seconds")
+    memo: dict = {}
+    for cap in caps:
+        for name in names:
+            r = replay(trace, POLICIES[name](cap, trace, memo), name, cap)
+            print(f"{name:<11} {cap:>9} {100 * r.hit_rate:>6.1f} " + " ".join(f"{h:>8}" for h in r.by_uses) + f"  {r.seconds:7.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
