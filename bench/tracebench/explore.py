@@ -42,6 +42,35 @@ REFRESH_DEPTH = 256  # master/pagepolicy.go refreshDepth
 USE_CLASSES = 4  # hits are split by prior uses 1, 2, 3 and 4+
 
 
+class _Chains:
+    """The cached blocks' chains: each block's parent (the id before it in its request), its
+    depth below the first cached block of its chain, and the cached blocks under each."""
+
+    def __init__(self):
+        self.parent: dict = {}
+        self.depth: dict = {}
+        self.kids: dict = collections.defaultdict(set)
+
+    def add(self, block, parent) -> None:
+        self.parent[block] = parent
+        self.depth[block] = self.depth.get(parent, -1) + 1 if parent is not None else 0
+        if parent is not None:
+            self.kids[parent].add(block)
+
+    def deep_end(self, block):
+        """The deepest cached block under ``block`` (itself when none): a chain goes from there."""
+        while self.kids.get(block):
+            block = max(self.kids[block], key=self.depth.__getitem__)
+        return block
+
+    def remove(self, block) -> None:
+        p = self.parent.pop(block)
+        if p is not None and p in self.kids:
+            self.kids[p].discard(block)
+        del self.depth[block]
+        self.kids.pop(block, None)
+
+
 class PageOrder:
     """The master's page order over ``capacity`` blocks, one node (module docstring). Every
     insert or hit ticks the clock, as the pool's access clock does."""
@@ -51,9 +80,7 @@ class PageOrder:
         self.clock = 0
         self.freq: dict = {}
         self.last: dict = {}
-        self.parent: dict = {}
-        self.depth: dict = {}
-        self.kids: dict = collections.defaultdict(set)
+        self.chains = _Chains()
         self.heap: list = []  # (own priority, -depth, block); stale entries are skipped
         self.ghost: collections.OrderedDict = collections.OrderedDict()
 
@@ -61,7 +88,7 @@ class PageOrder:
         return self.last[b] + self.bonus * math.log2(self.freq[b])
 
     def _push(self, b) -> None:
-        heapq.heappush(self.heap, (self._own(b), -self.depth[b], b))
+        heapq.heappush(self.heap, (self._own(b), -self.chains.depth[b], b))
 
     def hit(self, block, parent, now) -> bool:
         if block not in self.freq:
@@ -81,15 +108,12 @@ class PageOrder:
             return
         self.freq[block] = self.ghost.pop(block, 0) + 1
         self.last[block] = self.clock
-        self.parent[block] = parent
-        self.depth[block] = self.depth.get(parent, -1) + 1 if parent is not None else 0
-        if parent is not None:
-            self.kids[parent].add(block)
+        self.chains.add(block, parent)
         up, n = parent, 0
         while up is not None and up in self.freq and n < REFRESH_DEPTH:  # the refresh
             self.last[up] = self.clock
             self._push(up)
-            up, n = self.parent.get(up), n + 1
+            up, n = self.chains.parent.get(up), n + 1
         self._push(block)
         while len(self.freq) > self.capacity:
             self._evict()
@@ -99,20 +123,14 @@ class PageOrder:
             own, d, b = heapq.heappop(self.heap)
             if b in self.freq and own == self._own(b):
                 break
-        v = b  # the page of lowest own priority caps the pages under it: its deep end goes
-        while self.kids.get(v):
-            v = max(self.kids[v], key=self.depth.__getitem__)
+        v = self.chains.deep_end(b)  # the page of lowest own priority caps the pages under it
         if v != b:
             heapq.heappush(self.heap, (own, d, b))
-        p = self.parent.pop(v)
-        if p is not None and p in self.kids:
-            self.kids[p].discard(v)
+        self.chains.remove(v)
         self.ghost[v] = self.freq[v]
         while len(self.ghost) > self.ghost_factor * self.capacity:
             self.ghost.popitem(last=False)
-        for m in (self.freq, self.last, self.depth):
-            del m[v]
-        self.kids.pop(v, None)
+        del self.freq[v], self.last[v]
 
 
 def lhd_table(trace: Trace, bucket: int = 64, buckets: int = 4096, classes: int = 5, horizon: int = 2000) -> list:
@@ -161,9 +179,7 @@ class OracleLHD:
         self.clock = 0
         self.uses: dict = {}  # every block seen: uses so far
         self.last: dict = {}  # and the clock at its last use
-        self.parent: dict = {}
-        self.depth: dict = {}
-        self.kids: dict = collections.defaultdict(set)
+        self.chains = _Chains()
         self.cached: list = []
         self.index: dict = {}  # cached block -> its place in cached
 
@@ -186,10 +202,7 @@ class OracleLHD:
         self._use(block)
         if block in self.index:
             return
-        self.parent[block] = parent
-        self.depth[block] = self.depth.get(parent, -1) + 1 if parent is not None else 0
-        if parent is not None:
-            self.kids[parent].add(block)
+        self.chains.add(block, parent)
         self.index[block] = len(self.cached)
         self.cached.append(block)
         while len(self.cached) > self.capacity:
@@ -201,17 +214,11 @@ class OracleLHD:
             c = self.cached[self.rand.randrange(len(self.cached))]
             if c != newest and (low is None or self._density(c) < low):
                 best, low = c, self._density(c)
-        v = best if best is not None else newest
-        while self.kids.get(v):
-            v = max(self.kids[v], key=self.depth.__getitem__)
-        p = self.parent.pop(v)
-        if p is not None and p in self.kids:
-            self.kids[p].discard(v)
+        v = self.chains.deep_end(best if best is not None else newest)
+        self.chains.remove(v)
         i, tail = self.index.pop(v), self.cached.pop()
         if tail != v:
             self.cached[i], self.index[tail] = tail, i
-        del self.depth[v]
-        self.kids.pop(v, None)
 
 
 class _Plain:
