@@ -48,6 +48,12 @@ type node struct {
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.
 	sourcing int
+	// dups counts the memory replicas here whose key has a memory replica on another
+	// live node too (duplicates.go): an eviction looks for a duplicate to evict first
+	// only while there is one; dupQuiet counts down the evictions before it looks
+	// again after a search found none (allocateEvictingLocked).
+	dups     int
+	dupQuiet int
 	// ssdPending is the bytes of SSD persists assigned to this owner and not ended:
 	// the SSD pool counts them as used until its next heartbeat catches up.
 	ssdPending int64
@@ -238,6 +244,7 @@ func (s *State) tombLocked(n *node) {
 	for key, r := range s.routes {
 		if rep := r.replicas[n]; rep != nil {
 			if rep.memory != nil {
+				s.countCopyLocked(r, n, -1)
 				rep.memory.Release()
 			}
 			delete(r.replicas, n)

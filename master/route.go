@@ -39,6 +39,7 @@ func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation, ev
 		panic("BUG: memory replica set twice")
 	}
 	rep.memory = a
+	s.countCopyLocked(r, n, +1)
 	if evictable {
 		s.enterPolicyLocked(key, r, n, a.Size())
 	}
@@ -50,6 +51,7 @@ func (s *State) clearMemoryLocked(key string, r *route, n *node) {
 	if rep == nil || rep.memory == nil {
 		return
 	}
+	s.countCopyLocked(r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.policy.Remove(key)
@@ -83,6 +85,7 @@ func (s *State) pruneLocked(key string, r *route, n *node) {
 func (s *State) dropRouteLocked(key string, r *route) {
 	for n, rep := range r.replicas {
 		if rep.memory != nil {
+			s.countCopyLocked(r, n, -1)
 			rep.memory.Release()
 			n.policy.Remove(key)
 		}

@@ -114,7 +114,12 @@ const (
 // that does not make room.
 func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) *Allocation {
 	soleCopies := depth >= evictSoleCopies
-	dups := true // evicting never creates a duplicate: once none is found, stop looking
+	// Evicting never creates a duplicate: once none is found, stop looking. A node with
+	// none (n.dups) is not searched at all, and one whose search found none is searched
+	// again after dupRescan more evictions here, or as soon as a duplicate appears
+	// (countCopyLocked): a search that finds nothing costs victimScanLimit draws from
+	// the order, and a full pool allocates with evictions all the time.
+	dups := n.dups > 0 && n.dupQuiet == 0
 	for {
 		if r, ok := n.alloc.Alloc(length); ok {
 			return newAllocation(n, r, length)
@@ -138,8 +143,21 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 			return true
 		}
 		if dups {
-			key, ok = n.policy.VictimWhere(func(k string) bool { return s.duplicateLocked(k, n) && free(k) }, victimScanLimit)
-			dups = ok
+			heldDup := false
+			key, ok = n.policy.VictimWhere(func(k string) bool {
+				if !s.duplicateLocked(k, n) {
+					return false
+				}
+				if !free(k) {
+					heldDup = true
+					return false
+				}
+				return true
+			}, victimScanLimit)
+			if dups = ok; !ok && !heldDup {
+				// (A held duplicate may be released any time: it keeps the search on.)
+				n.dupQuiet = dupRescan
+			}
 		}
 		if !ok && depth >= evictBorrowing {
 			if a := s.borrowLocked(n, length); a != nil {
@@ -158,6 +176,9 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 			return nil
 		}
 		s.evictMemoryLocked(n, key, dups)
+		if !dups && n.dupQuiet > 0 {
+			n.dupQuiet--
+		}
 	}
 }
 
@@ -185,6 +206,7 @@ func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
 		panic("BUG: eviction policy names a key without a memory replica on its node")
 	}
 	rep := r.replicas[n]
+	s.countCopyLocked(r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.evicted.push(key, r.putID, false)
@@ -198,24 +220,16 @@ func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
 // evictable duplicate. It keeps an eviction O(victimScanLimit), not O(replicas).
 const victimScanLimit = 256
 
+// dupRescan is how many sole copies a node evicts without searching for a duplicate,
+// the one after a search of its oldest victimScanLimit candidates that found none
+// included (unless a duplicate appears there first): a duplicate moving up the order
+// is found within that many draws of the window's end.
+const dupRescan = 32
+
 // heldLocked reports whether n's memory replica of key is kept by a holder too.
 func (s *State) heldLocked(key string, n *node) bool {
 	r := s.routes[key]
 	return r != nil && r.memoryReplica(n) != nil && r.memoryReplica(n).refs > 1
-}
-
-// duplicateLocked reports whether key has a live memory replica on a node other than n.
-func (s *State) duplicateLocked(key string, n *node) bool {
-	r := s.routes[key]
-	if r == nil {
-		return false
-	}
-	for m, rep := range r.replicas {
-		if m != n && !m.tombed && rep.memory != nil {
-			return true
-		}
-	}
-	return false
 }
 
 // noSpaceLocked is the error for a full segment; Server retries it for a bounded time.

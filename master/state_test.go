@@ -30,9 +30,12 @@ func TestScenarios(t *testing.T) {
 			if _, drift := dumpNamespaces(st); drift != nil {
 				t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
 			}
-			// Nor does the pool's page ghost from the live pages of the nodes sharing it.
-			if drift := ghostDrift(st); drift != nil {
-				t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
+			// Nor do the pool's page ghost from the live pages of the nodes sharing it,
+			// and the nodes' duplicate counts from their replicas.
+			for _, drift := range []error{ghostDrift(st), dupDrift(st)} {
+				if drift != nil {
+					t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
+				}
 			}
 			if err != nil {
 				return "error: " + err.Error() + "\n"
@@ -51,6 +54,25 @@ func ghostDrift(st *State) error {
 	}
 	if g := st.ghosts; g.live != live || g.Len() > g.bound() {
 		return fmt.Errorf("page ghost counts %d live pages (the nodes hold %d) and remembers %d (bound %d)", g.live, live, g.Len(), g.bound())
+	}
+	return nil
+}
+
+// dupDrift reports a node whose duplicate count is not its memory replicas whose key
+// has a memory replica on another live node.
+func dupDrift(st *State) error {
+	want := map[*node]int{}
+	for key, r := range st.routes {
+		for n, rep := range r.replicas {
+			if rep.memory != nil && !n.tombed && st.duplicateLocked(key, n) {
+				want[n]++
+			}
+		}
+	}
+	for _, n := range st.nodes {
+		if n.dups != want[n] {
+			return fmt.Errorf("node %s counts %d duplicates, holds %d", n.id, n.dups, want[n])
+		}
 	}
 	return nil
 }

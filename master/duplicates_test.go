@@ -1,0 +1,80 @@
+package master
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+)
+
+// scriptLine runs one script command (as in testdata/*.txt) on st and returns its output.
+func scriptLine(t *testing.T, st *State, now *time.Time, line string) string {
+	t.Helper()
+	cmd, args, err := datadriven.ParseLine(line)
+	if err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	out, err := runCmd(st, now, &datadriven.TestData{Cmd: cmd, CmdArgs: args})
+	if err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	return out
+}
+
+// TestDupSearchRests: a full node whose only duplicate lies beyond the oldest
+// victimScanLimit candidates searches once, evicts dupRescan sole copies without
+// searching, then searches again; a duplicate that appears ends the rest at once.
+func TestDupSearchRests(t *testing.T) {
+	st := NewState(Options{IDBase: 100, NodeTTL: time.Minute, InflightTTL: time.Minute})
+	now := time.Unix(1000, 0)
+	const keys = victimScanLimit + 64
+	scriptLine(t, st, &now, fmt.Sprintf("register node=a gen=1 size=%d", keys*AllocGranule))
+	scriptLine(t, st, &now, "register node=b gen=1 size=16KiB")
+	for i := range keys {
+		scriptLine(t, st, &now, fmt.Sprintf("put node=a key=k%d len=%d", i, AllocGranule))
+	}
+	a := st.nodes["a"]
+	copyToB := func(key string) {
+		scriptLine(t, st, &now, "get node=b key="+key)
+		if out := scriptLine(t, st, &now, "get-done node=b key="+key); !strings.Contains(out, "promoted=true") {
+			t.Fatalf("b's copy of %s was not kept: %s", key, out)
+		}
+	}
+	put := func(i int) {
+		scriptLine(t, st, &now, fmt.Sprintf("put node=a key=x%d len=%d", i, AllocGranule))
+	}
+	// b copies the newest key: a duplicate on a, at the end of a's order.
+	copyToB(fmt.Sprintf("k%d", keys-1))
+	if a.dups != 1 || a.dupQuiet != 0 {
+		t.Fatalf("a: dups=%d quiet=%d, want 1 and 0", a.dups, a.dupQuiet)
+	}
+	// The search finds no duplicate among the oldest candidates: k0 goes, the first of
+	// dupRescan evictions without a search.
+	put(0)
+	if st.routes["k0"] != nil || a.dupQuiet != dupRescan-1 {
+		t.Fatalf("after x0: k0 routed %v, quiet=%d; want k0 evicted, quiet=%d", st.routes["k0"] != nil, a.dupQuiet, dupRescan-1)
+	}
+	for i := 1; i < dupRescan; i++ {
+		put(i)
+	}
+	if a.dupQuiet != 0 || st.routes[fmt.Sprint("k", dupRescan-1)] != nil {
+		t.Fatalf("after %d puts: quiet=%d, want 0 (and k%d evicted)", dupRescan, a.dupQuiet, dupRescan-1)
+	}
+	// The rest is over: the next eviction searches again, finds none, rests again.
+	put(dupRescan)
+	if a.dupQuiet != dupRescan-1 {
+		t.Fatalf("after x%d: quiet=%d, want %d (a new search)", dupRescan, a.dupQuiet, dupRescan-1)
+	}
+	// A new duplicate ends the rest at once. (A get touches its source, so a copy made
+	// by a get is recent on both nodes; a master rebuilding from reports can learn old
+	// ones.)
+	copyToB(fmt.Sprint("k", dupRescan+8))
+	if a.dups != 2 || a.dupQuiet != 0 {
+		t.Fatalf("after b's second copy: dups=%d quiet=%d, want 2 and 0", a.dups, a.dupQuiet)
+	}
+	if err := dupDrift(st); err != nil {
+		t.Fatal(err)
+	}
+}
