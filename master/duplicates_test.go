@@ -5,23 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/cockroachdb/datadriven"
 )
-
-// scriptLine runs one script command (as in testdata/*.txt) on st and returns its output.
-func scriptLine(t *testing.T, st *State, now *time.Time, line string) string {
-	t.Helper()
-	cmd, args, err := datadriven.ParseLine(line)
-	if err != nil {
-		t.Fatalf("%q: %v", line, err)
-	}
-	out, err := runCmd(st, now, &datadriven.TestData{Cmd: cmd, CmdArgs: args})
-	if err != nil {
-		t.Fatalf("%q: %v", line, err)
-	}
-	return out
-}
 
 // TestDupSearchRests: a full node whose only duplicate lies beyond the oldest
 // victimScanLimit candidates searches once, evicts dupRescan sole copies without

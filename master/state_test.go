@@ -123,6 +123,20 @@ func scriptGetID(st *State, d *datadriven.TestData) int64 {
 	return id
 }
 
+// scriptLine runs one script command (as in testdata/*.txt) on st and returns its output.
+func scriptLine(t *testing.T, st *State, now *time.Time, line string) string {
+	t.Helper()
+	cmd, args, err := datadriven.ParseLine(line)
+	if err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	out, err := runCmd(st, now, &datadriven.TestData{Cmd: cmd, CmdArgs: args})
+	if err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	return out
+}
+
 func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	key := arg(d, "key")
 	switch d.Cmd {
