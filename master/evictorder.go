@@ -95,6 +95,26 @@ func (o *evictOrder) Remove(k string) bool {
 	return o.pages.remove(k) || o.plain.Remove(k)
 }
 
+// Rank is where k stands in the order, on the clock: a page's priority, a plain key's
+// stamp (its hits, which let it survive a lap of its queue, are not counted); lower is
+// evicted sooner. ok is false when k is not in the order (a replica waiting for its SSD
+// persist is not yet: setMemoryLocked).
+func (o *evictOrder) Rank(k string) (rank int64, ok bool) {
+	if e := o.pages.entries[k]; e != nil {
+		return e.prio, true
+	}
+	if e := o.plain.entries[k]; e != nil && e.queue != inGhost {
+		return e.stamp, true
+	}
+	return 0, false
+}
+
+// Evict evicts the live key k out of turn (a take-back of transfer area room chooses
+// its own victims: takeBackVictimLocked), as if it had been drawn.
+func (o *evictOrder) Evict(k string) bool {
+	return o.pages.evict(k) || o.plain.Evict(k)
+}
+
 // VictimWhere evicts the first key accept takes, drawing at most limit keys from the
 // class the next draw belongs to (see evictOrder), then from the other; false when none
 // was accepted, and then nothing was evicted.

@@ -45,6 +45,9 @@ type node struct {
 	holders  map[int64]*Allocation // holder id → the range it keeps alive
 	allocs   int                   // live Allocations in this segment (leak checks)
 	lent     int                   // live Allocations of the transfer area lent to the pool
+	// borrowed is the keys whose memory replica here lies in the transfer area, in the
+	// order they came (a take-back's candidates: takeBackVictimLocked).
+	borrowed keyOrder
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.
 	sourcing int
@@ -244,7 +247,7 @@ func (s *State) tombLocked(n *node) {
 	for key, r := range s.routes {
 		if rep := r.replicas[n]; rep != nil {
 			if rep.memory != nil {
-				s.countCopyLocked(r, n, -1)
+				s.copyChangedLocked(key, r, n, -1)
 				rep.memory.Release()
 			}
 			delete(r.replicas, n)

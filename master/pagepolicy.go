@@ -300,6 +300,19 @@ func (p *pagePolicy) remove(k string) bool {
 	return true
 }
 
+// evict evicts page k out of turn, as victimWhere would (remembered in the ghost); it
+// reports whether k was a live page.
+func (p *pagePolicy) evict(k string) bool {
+	e := p.entries[k]
+	if e == nil {
+		return false
+	}
+	heap.Remove(&p.heap, e.index)
+	p.drop(e)
+	p.ghosts.remember(e.key, e.freq)
+	return true
+}
+
 // drop forgets e (out of the heap); the pages under it lose its cap and depth.
 func (p *pagePolicy) drop(e *pageEntry) {
 	p.unlink(e)

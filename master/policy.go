@@ -186,6 +186,26 @@ func (p *Policy[K]) Remove(k K) bool {
 	return true
 }
 
+// Evict evicts the live key k out of turn, as if Victim had drawn it: a key in small is
+// remembered in the ghost, one in main is forgotten. It reports whether k was live.
+func (p *Policy[K]) Evict(k K) bool {
+	e := p.entries[k]
+	if e == nil || e.queue == inGhost {
+		return false
+	}
+	from := e.queue
+	p.queue(e).remove(e)
+	p.evicted(e)
+	if from == inSmall {
+		e.weight, e.freq = 0, 0
+		p.ghost.pushHead(e, inGhost)
+	} else {
+		delete(p.entries, k)
+	}
+	p.trimGhost()
+	return true
+}
+
 // Victim chooses the next key to evict, removes it and returns it; false when no key
 // is live. Small is evicted from while it holds more than 10% of the weight (or main
 // is empty), main otherwise.

@@ -39,9 +39,24 @@ func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation, ev
 		panic("BUG: memory replica set twice")
 	}
 	rep.memory = a
-	s.countCopyLocked(r, n, +1)
+	s.copyChangedLocked(key, r, n, +1)
 	if evictable {
 		s.enterPolicyLocked(key, r, n, a.Size())
+	}
+}
+
+// copyChangedLocked keeps n's own records of its memory replicas as its replica of key
+// (route r) comes (delta +1, just after it is set) or goes (delta -1, just before it is
+// released): the duplicate counts (countCopyLocked) and the keys it borrowed transfer
+// area room for (node.borrowed).
+func (s *State) copyChangedLocked(key string, r *route, n *node, delta int) {
+	s.countCopyLocked(r, n, delta)
+	switch {
+	case !r.replicas[n].memory.inArea():
+	case delta > 0:
+		n.borrowed.push(key)
+	default:
+		n.borrowed.remove(key)
 	}
 }
 
@@ -51,7 +66,7 @@ func (s *State) clearMemoryLocked(key string, r *route, n *node) {
 	if rep == nil || rep.memory == nil {
 		return
 	}
-	s.countCopyLocked(r, n, -1)
+	s.copyChangedLocked(key, r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.policy.Remove(key)
@@ -85,7 +100,7 @@ func (s *State) pruneLocked(key string, r *route, n *node) {
 func (s *State) dropRouteLocked(key string, r *route) {
 	for n, rep := range r.replicas {
 		if rep.memory != nil {
-			s.countCopyLocked(r, n, -1)
+			s.copyChangedLocked(key, r, n, -1)
 			rep.memory.Release()
 			n.policy.Remove(key)
 		}

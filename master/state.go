@@ -206,7 +206,7 @@ func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
 		panic("BUG: eviction policy names a key without a memory replica on its node")
 	}
 	rep := r.replicas[n]
-	s.countCopyLocked(r, n, -1)
+	s.copyChangedLocked(key, r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.evicted.push(key, r.putID, false)
@@ -447,7 +447,6 @@ func (s *State) Members() []*common.MemberStat {
 	for _, pp := range s.persists {
 		pending[pp.ssdNode]++
 	}
-	lentReplicas := s.lentReplicasLocked()
 	for _, n := range s.nodes {
 		out = append(out, &common.MemberStat{
 			NodeId:             n.id,
@@ -467,31 +466,10 @@ func (s *State) Members() []*common.MemberStat {
 		if n.xfer != nil {
 			m := out[len(out)-1]
 			m.TransferArea = &common.CapacityStat{CapacityBytes: n.xfer.Capacity(), UsedBytes: n.xfer.Used()}
-			m.TransferAreaReplicas = lentReplicas[n]
+			m.TransferAreaReplicas = int64(n.borrowed.len())
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })
-	return out
-}
-
-// lentReplicasLocked counts, per node, the memory replicas in its transfer area (one
-// pass over the routes, only while some node lent its area).
-func (s *State) lentReplicasLocked() map[*node]int64 {
-	out := make(map[*node]int64)
-	lent := false
-	for _, n := range s.nodes {
-		lent = lent || n.lent > 0
-	}
-	if !lent {
-		return out
-	}
-	for _, r := range s.routes {
-		for n, rep := range r.replicas {
-			if rep.memory != nil && rep.memory.inArea() {
-				out[n]++
-			}
-		}
-	}
 	return out
 }
 

@@ -31,8 +31,8 @@ func TestScenarios(t *testing.T) {
 				t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
 			}
 			// Nor do the pool's page ghost from the live pages of the nodes sharing it,
-			// and the nodes' duplicate counts from their replicas.
-			for _, drift := range []error{ghostDrift(st), dupDrift(st)} {
+			// the nodes' duplicate counts and borrowed keys from their replicas.
+			for _, drift := range []error{ghostDrift(st), dupDrift(st), borrowedDrift(st)} {
 				if drift != nil {
 					t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
 				}
@@ -72,6 +72,28 @@ func dupDrift(st *State) error {
 	for _, n := range st.nodes {
 		if n.dups != want[n] {
 			return fmt.Errorf("node %s counts %d duplicates, holds %d", n.id, n.dups, want[n])
+		}
+	}
+	return nil
+}
+
+// borrowedDrift reports a node whose set of borrowed keys is not its memory replicas
+// in the transfer area.
+func borrowedDrift(st *State) error {
+	want := map[*node]int{}
+	for key, r := range st.routes {
+		for n, rep := range r.replicas {
+			if rep.memory != nil && rep.memory.inArea() && !n.tombed {
+				if !n.borrowed.has(key) {
+					return fmt.Errorf("node %s: %s lies in the transfer area, not among its borrowed keys", n.id, key)
+				}
+				want[n]++
+			}
+		}
+	}
+	for _, n := range st.nodes {
+		if n.borrowed.len() != want[n] {
+			return fmt.Errorf("node %s lists %d borrowed keys, holds %d replicas in its transfer area", n.id, n.borrowed.len(), want[n])
 		}
 	}
 	return nil
