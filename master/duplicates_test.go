@@ -9,7 +9,8 @@ import (
 
 // TestDupSearchRests: a full node whose only duplicate lies beyond the oldest
 // victimScanLimit candidates searches once, evicts dupRescan sole copies without
-// searching, then searches again; a duplicate that appears ends the rest at once.
+// searching, then searches again; a duplicate a get makes leaves the rest alone, one a
+// replica report brings ends it at once.
 func TestDupSearchRests(t *testing.T) {
 	st := NewState(Options{IDBase: 100, NodeTTL: time.Minute, InflightTTL: time.Minute})
 	now := time.Unix(1000, 0)
@@ -51,12 +52,20 @@ func TestDupSearchRests(t *testing.T) {
 	if a.dupQuiet != dupRescan-1 {
 		t.Fatalf("after x%d: quiet=%d, want %d (a new search)", dupRescan, a.dupQuiet, dupRescan-1)
 	}
-	// A new duplicate ends the rest at once. (A get touches its source, so a copy made
-	// by a get is recent on both nodes; a master rebuilding from reports can learn old
-	// ones.)
+	// A copy a get makes does not end the rest: the get touched its source, so both
+	// copies are new in their orders.
 	copyToB(fmt.Sprint("k", dupRescan+8))
-	if a.dups != 2 || a.dupQuiet != 0 {
-		t.Fatalf("after b's second copy: dups=%d quiet=%d, want 2 and 0", a.dups, a.dupQuiet)
+	if a.dups != 2 || a.dupQuiet != dupRescan-1 {
+		t.Fatalf("after b's second copy: dups=%d quiet=%d, want 2 and %d", a.dups, a.dupQuiet, dupRescan-1)
+	}
+	// A copy learned from a replica report (a new master rebuilding) may be old on a:
+	// that ends the rest at once.
+	old := fmt.Sprint("k", dupRescan+9)
+	scriptLine(t, st, &now, "rebuild window=10s")
+	scriptLine(t, st, &now, "register node=c gen=1 size=16KiB reports=1")
+	scriptLine(t, st, &now, "report node=c last=1", fmt.Sprintf("%s %d %d mem@0", old, st.routes[old].putID, AllocGranule))
+	if a.dups != 3 || a.dupQuiet != 0 {
+		t.Fatalf("after c reported a copy of %s: dups=%d quiet=%d, want 3 and 0", old, a.dups, a.dupQuiet)
 	}
 	if err := dupDrift(st); err != nil {
 		t.Fatal(err)

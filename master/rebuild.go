@@ -141,6 +141,14 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	}
 	if a != nil {
 		s.setMemoryLocked(rec.Key, r, n, a, true)
+		if len(r.replicas) > 1 {
+			// A duplicate learned from a report may be old in its other owner's order:
+			// the owners holding it search for duplicates again at once (the copies a
+			// get makes are new on both sides, and need not: countCopyLocked).
+			for m := range r.replicas {
+				m.dupQuiet = 0
+			}
+		}
 		return true, displaced
 	}
 	rep := r.replicas[n]

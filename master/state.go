@@ -116,8 +116,8 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 	soleCopies := depth >= evictSoleCopies
 	// Evicting never creates a duplicate: once none is found, stop looking. A node with
 	// none (n.dups) is not searched at all, and one whose search found none is searched
-	// again after dupRescan more evictions here, or as soon as a duplicate appears
-	// (countCopyLocked): a search that finds nothing costs victimScanLimit draws from
+	// again after dupRescan more evictions here, or as soon as a replica report brings
+	// one (countCopyLocked, adoptLocked): a search that finds nothing costs victimScanLimit draws from
 	// the order, and a full pool allocates with evictions all the time.
 	dups := n.dups > 0 && n.dupQuiet == 0
 	for {

@@ -145,14 +145,15 @@ func scriptGetID(st *State, d *datadriven.TestData) int64 {
 	return id
 }
 
-// scriptLine runs one script command (as in testdata/*.txt) on st and returns its output.
-func scriptLine(t *testing.T, st *State, now *time.Time, line string) string {
+// scriptLine runs one script command (as in testdata/*.txt, its input lines after it)
+// on st and returns its output.
+func scriptLine(t *testing.T, st *State, now *time.Time, line string, input ...string) string {
 	t.Helper()
 	cmd, args, err := datadriven.ParseLine(line)
 	if err != nil {
 		t.Fatalf("%q: %v", line, err)
 	}
-	out, err := runCmd(st, now, &datadriven.TestData{Cmd: cmd, CmdArgs: args})
+	out, err := runCmd(st, now, &datadriven.TestData{Cmd: cmd, CmdArgs: args, Input: strings.Join(input, "\n")})
 	if err != nil {
 		t.Fatalf("%q: %v", line, err)
 	}
