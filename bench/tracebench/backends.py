@@ -99,7 +99,8 @@ class Running:
     def held(self) -> dict:
         """Blocks held now: in memory and, SSD on, in flash (None where the backend does not say).
         memcached's memory count is items less extstore objects, which its counters report with
-        some lag while flushing: approximate with SSD on."""
+        some lag while flushing: approximate with SSD on. Mooncake's master counts its objects,
+        not where they are: told with SSD off only."""
         d = self.server.describe()
         b = self.target.backend
         if b == "fluxkv":
@@ -109,6 +110,9 @@ class Running:
         if b == "memcached":
             items, flash = d.get("curr_items"), d.get("extstore_objects_used") or 0
             return {"memory": None if items is None else items - flash, "ssd": flash}
+        if b == "mooncake" and not self.target.ssd:
+            # The master's key count is every object, in memory or on flash: split only with SSD off.
+            return {"memory": d.get("master_key_count"), "ssd": 0}
         return {"memory": None, "ssd": None}
 
     def describe(self) -> dict:

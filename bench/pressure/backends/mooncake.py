@@ -18,8 +18,11 @@ embedded; ``--enable_offload=true`` when SSD is on), waits for its ports, and th
 Clients: one ``MooncakeDistributedStore`` per process, shared by its threads, set up with
 ``setup("127.0.0.1", "http://127.0.0.1:P/metadata", segment, local_buffer, "tcp", "",
 "127.0.0.1:R")``; a storage process with SSD on adds ``enable_ssd_offload=True,
-ssd_offload_path=DIR`` (its own directory) and its flash share in
-``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``. Environment, applied before ``setup()`` and recorded
+ssd_offload_path=DIR`` (its own directory, an absolute path) and its flash share in
+``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``, ``MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE`` and
+``MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES`` (the default bucket backend obeys the last two; the
+first alone leaves it 90 % of the file system). A case is unavailable when a client's non-zero
+segment is under one 16 MiB slab (setup() refuses it) or a value exceeds the local buffer. Environment, applied before ``setup()`` and recorded
 per case (``server.master_env``, ``client_env``, ``owner_env_at_setup``; ``client.env_at_setup``):
 ``MC_TCP_ENABLE_CONNECTION_POOL=1`` in every Mooncake process (master, owner, benchmark processes;
 without it the TCP transport opens a connection per transfer and a long run runs out of ephemeral
@@ -30,7 +33,10 @@ and ``MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS=1`` (``offload_env``). Output 
 (the payload as ``bytes``, empty on a miss). Puts: ``put(key, value)`` returns 0; a put refused
 for space (``NO_AVAILABLE_HANDLE``, -200: DRAM full while eviction catches up, or leased objects)
 is retried with a short backoff a bounded number of times (``--mooncake-put-retries``) and then
-counted as failed.
+counted as failed; one the client's local buffer has no room for (``INVALID_PARAMS``, -600: every
+put and get first takes the whole value from it) fails at once and is counted apart
+(``local_full``). Not told apart: a get that fails (local buffer full, a transfer or SSD read
+error) returns what a miss does, and counts as one.
 
 Sources by counter: Mooncake tells no per-get source. ``get_offload_rpc_read_count()`` counts the
 client's offload-RPC reads of ``LOCAL_DISK`` replicas (upstream: every call of
@@ -74,15 +80,29 @@ DEFAULT_LOCAL_BUFFER = "512MiB"
 DEFAULT_PUT_RETRIES = 8
 # Mooncake's ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as ints.
 ERROR_NAMES = {
-    -1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -100: "SHARD_INDEX_OUT_OF_RANGE", -101: "AVAILABLE_SEGMENT_EMPTY",
+    -1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -100: "SHARD_INDEX_OUT_OF_RANGE", -101: "SEGMENT_NOT_FOUND",
     -200: "NO_AVAILABLE_HANDLE", -600: "INVALID_PARAMS", -703: "REPLICA_IS_NOT_READY", -704: "OBJECT_NOT_FOUND",
-    -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE", -800: "TRANSFER_FAIL", -900: "RPC_FAIL",
+    -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED", -714: "OBJECT_REPLICA_BUSY",
+    -800: "TRANSFER_FAIL", -900: "RPC_FAIL", -901: "RPC_TIMEOUT", -1700: "TENANT_QUOTA_EXCEEDED",
 }
 NO_AVAILABLE_HANDLE = -200
+# A put the client's local buffer has no room for (every put and get first takes the whole value
+# from it): not a refusal for space in the store, so not retried; counted apart (PutStats).
+INVALID_PARAMS = -600
+# Mooncake 3b5a594's client turns OBJECT_ALREADY_EXISTS from PutStart into 0; an older binding (or
+# another path) may still return it, and it is counted apart, not as an error.
 OBJECT_ALREADY_EXISTS = -705
-# The largest value Mooncake's SSD offload takes in one slice (0.3.11.post1; seed 000 §8.3).
+# The largest value Mooncake's SSD offload takes in one slice (kMaxSliceSize at 3b5a594; seed 000 §8.3).
 SSD_SLICE_MAX = 0xFFFFF0
+# The smallest non-zero global segment a client can mount: its memory is allocated in whole 16 MiB
+# slabs, and setup() fails (INVALID_PARAMS) below one.
+SEGMENT_MIN = 16 * 1024 * 1024
+# The flash share: TOTAL_SIZE_LIMIT only gates offloading without an eviction policy; the default
+# bucket backend obeys BUCKET_MAX_TOTAL_SIZE (0: 90 % of the file system) and, for the bytes its
+# bucket files keep on disk, BUCKET_MAX_PHYSICAL_BYTES. All three are set to the share.
 ENV_SSD_LIMIT = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"
+ENV_SSD_BUCKET_TOTAL = "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE"
+ENV_SSD_BUCKET_PHYSICAL = "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES"
 ENV_SSD_PATH = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
 ENV_HEARTBEAT = "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"
 ENV_BUCKET_KEYS = "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT"
@@ -93,7 +113,8 @@ ENV_TCP_POOL = "MC_TCP_ENABLE_CONNECTION_POOL"
 TCP_POOL_ENV = {ENV_TCP_POOL: "1"}  # every Mooncake process of every case: the master and every client
 OFFLOAD_ENV_KEYS = (ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT)
 # What each process's summary reports as seen in its environment at setup().
-TRACKED_ENV = (ENV_TCP_POOL, ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT, ENV_SSD_LIMIT, ENV_SSD_PATH)
+TRACKED_ENV = (ENV_TCP_POOL, ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT, ENV_SSD_LIMIT, ENV_SSD_BUCKET_TOTAL,
+               ENV_SSD_BUCKET_PHYSICAL, ENV_SSD_PATH)
 DEFAULT_HEARTBEAT_S = 10  # Mooncake's default offload heartbeat: how often clients offload to SSD
 DEFAULT_BUCKET_KEYS = 500  # Mooncake's default bucket: written when one heartbeat's batch fills it
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
@@ -209,9 +230,10 @@ def client_config(case: CaseSpec, role: str, index: int, segment_bytes: int, ssd
         "ssd_dir": None,
     }
     if case.ssd and ssd_bytes > 0:
-        d = str(Path(workdir) / f"ssd-{role}-{index}")
+        d = str(Path(workdir).resolve() / f"ssd-{role}-{index}")  # Mooncake takes only an absolute path
         cfg["kwargs"] = {"enable_ssd_offload": True, "ssd_offload_path": d}
-        cfg["env"].update({ENV_SSD_LIMIT: str(int(ssd_bytes)), ENV_SSD_PATH: d})
+        share = str(int(ssd_bytes))
+        cfg["env"].update({ENV_SSD_LIMIT: share, ENV_SSD_BUCKET_TOTAL: share, ENV_SSD_BUCKET_PHYSICAL: share, ENV_SSD_PATH: d})
         cfg["env"].update(offload_env(case))
         cfg["ssd_bytes"] = int(ssd_bytes)
         cfg["ssd_dir"] = d
@@ -288,6 +310,7 @@ class PutError(RuntimeError):
 class PutStats:
     ok: int = 0  # stored (after retries or not)
     existed: int = 0  # OBJECT_ALREADY_EXISTS: the key was there already (read-through races); not an error
+    local_full: int = 0  # INVALID_PARAMS: the client's local buffer had no room for the value (failed, not retried)
     retried: int = 0  # puts that needed at least one retry
     retries: int = 0  # retries in all
     gave_up: int = 0  # refused for space on every attempt
@@ -317,6 +340,8 @@ def put_with_retry(put, key: str, value, retries: int, stats: PutStats, sleep=ti
         if rc != NO_AVAILABLE_HANDLE:
             stats.failed += 1
             stats.retries += attempt
+            if rc == INVALID_PARAMS:
+                stats.local_full += 1
             raise PutError(f"mooncake put {key}: error {rc} ({error_name(rc)})")
         if attempt < retries:
             sleep(backoff_s(attempt))
@@ -653,6 +678,14 @@ class Server(_Server):
             return "this mooncake.store's setup() takes no enable_ssd_offload / ssd_offload_path (no client SSD offload)"
         if case.variant not in VARIANTS:
             return f"unknown variant {case.variant!r}"
+        owner, bench = plan_clients(case, Path("."), Ports(0, 0, 0), self.local_buffer)
+        small = [c["segment_bytes"] for c in ([owner] if owner else []) + bench if 0 < c["segment_bytes"] < SEGMENT_MIN]
+        if small:
+            return (f"a Mooncake client's global segment must be 0 or at least {format_size(SEGMENT_MIN)} (whole slabs); "
+                    f"this case gives one {format_size(min(small))}")
+        if case.payload_bytes > self.local_buffer:
+            return (f"a {format_size(case.payload_bytes)} value does not fit a client's {format_size(self.local_buffer)} local buffer "
+                    "(--mooncake-local-buffer), which every put and get goes through")
         return None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -811,7 +844,7 @@ class Server(_Server):
                 out.append("mooncake: nothing was written to flash after the bootstrap (ssd_files_bytes 0): SSD hits will be 0")
             if self.case.payload_bytes > SSD_SLICE_MAX:
                 out.append(f"mooncake: values of {format_size(self.case.payload_bytes)} exceed its SSD-offload slice limit "
-                           f"({SSD_SLICE_MAX} B in 0.3.11.post1): they may stay DRAM-only")
+                           f"({SSD_SLICE_MAX} B at 3b5a594): they may stay DRAM-only")
         return out
 
 

@@ -9,8 +9,10 @@ test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put
 * The fake master takes the real master's flags, listens on the HTTP metadata, RPC and metrics
   ports, and keeps every value itself: memory capacity = the sum of the clients'
   ``global_segment_size``; with ``--enable_offload=true``, values evicted from memory move to a
-  "disk" of the clients' ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` (only of clients that set up
-  with ``enable_ssd_offload``), else they are dropped. Like Mooncake's bucket SSD backend, evicted
+  "disk" of the clients' ``MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE`` (only of clients that set up
+  with ``enable_ssd_offload``; unset: unbounded, as upstream's default of 90 % of the file system
+  is for these sizes; ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` does not bound it, as upstream's
+  bucket backend ignores it), else they are dropped. Like Mooncake's bucket SSD backend, evicted
   values are written in buckets: a bucket is written once it holds
   ``MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT`` keys (default 500) or
   ``MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES`` (default 256 MiB), as the flash-holding client's
@@ -20,8 +22,10 @@ test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put
   eviction, or with no memory at all, is refused with -200 (NO_AVAILABLE_HANDLE). It dies of
   SIGTERM (no handler).
 * The fake client mirrors the binding's calls (``setup`` with the seven positional arguments and
-  ``enable_ssd_offload`` / ``ssd_offload_path``, ``put`` → 0 or an error code, ``get`` → bytes or
-  b"", ``get_buffer`` → a handle with ``ptr()`` / ``size()`` or None,
+  ``enable_ssd_offload`` / ``ssd_offload_path``, refusing a non-zero segment below one 16 MiB
+  slab and an SSD path that is not an absolute directory with INVALID_PARAMS; ``put`` → 0 (also for
+  a key already there, as upstream's client maps OBJECT_ALREADY_EXISTS) or an error code,
+  ``get`` → bytes or b"", ``get_buffer`` → a handle with ``ptr()`` / ``size()`` or None,
   ``get_offload_rpc_read_count``, ``close``); like upstream's counter, the one of the client that
   *requested* a read from disk goes up.
 
@@ -31,7 +35,8 @@ as JSON lines),
 ``FAKE_MOONCAKE_REFUSE_PUTS=N`` (the master refuses its first N puts for space),
 ``FAKE_MOONCAKE_COUNTER=backwards|inflate`` (a counter that goes backwards / rises a million per
 read), ``FAKE_MOONCAKE_FAIL_SETUP=owner|bench`` (setup returns -1 in the client with (owner) or
-without (bench) a segment).
+without (bench) a segment), ``FAKE_MOONCAKE_SEGMENT_MIN=BYTES`` (the smallest non-zero segment
+setup takes; default 16 MiB, upstream's slab: the tests' pools are smaller).
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 NO_AVAILABLE_HANDLE = -200
 INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
-OBJECT_ALREADY_EXISTS = -705
 
 
 def _env() -> dict:
@@ -95,11 +99,13 @@ class MooncakeDistributedStore:
 
     def setup(self, local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices,
               master_server_addr, engine=None, enable_ssd_offload=False, ssd_offload_path=""):
-        ssd_limit = os.environ.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")
+        ssd_limit = os.environ.get("MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE")
         _log("setup", args=[local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices, master_server_addr],
              enable_ssd_offload=enable_ssd_offload, ssd_offload_path=ssd_offload_path, ssd_limit_env=ssd_limit, env=_env())
         if not (isinstance(global_segment_size, int) and global_segment_size >= 0 and isinstance(local_buffer_size, int)
                 and protocol == "tcp" and metadata_server.startswith("http://") and isinstance(local_hostname, str)):
+            return INVALID_PARAMS
+        if 0 < global_segment_size < int(os.environ.get("FAKE_MOONCAKE_SEGMENT_MIN") or 16 * 1024 * 1024):
             return INVALID_PARAMS
         fail = os.environ.get("FAKE_MOONCAKE_FAIL_SETUP")
         if (fail == "owner" and global_segment_size > 0) or (fail == "bench" and global_segment_size == 0):
@@ -107,9 +113,9 @@ class MooncakeDistributedStore:
         ssd = 0
         bucket = None
         if enable_ssd_offload:
-            if not ssd_offload_path or not os.path.isdir(ssd_offload_path):
+            if not ssd_offload_path or not os.path.isabs(ssd_offload_path) or not os.path.isdir(ssd_offload_path):
                 return INVALID_PARAMS
-            ssd = int(ssd_limit or 0)
+            ssd = int(ssd_limit or 1 << 62)
             bucket = [int(os.environ.get("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT") or 500),
                       int(os.environ.get("MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES") or 256 * 1024 * 1024)]
         host, port = master_server_addr.rsplit(":", 1)
@@ -228,7 +234,7 @@ class _Cluster:
                 self.refuse -= 1
                 return NO_AVAILABLE_HANDLE
             if key in self.mem or key in self.disk:
-                return OBJECT_ALREADY_EXISTS
+                return 0  # upstream's client turns OBJECT_ALREADY_EXISTS into success
             n = len(data)
             if n > self.mem_cap:
                 return NO_AVAILABLE_HANDLE

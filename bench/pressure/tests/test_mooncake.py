@@ -85,7 +85,10 @@ def test_setup_arguments_dedicated_owner(tmp_path):
     assert owner["args"] == ["127.0.0.1", "http://127.0.0.1:18080/metadata", 2 * GiB, buf, "tcp", "", "127.0.0.1:15051"]
     d = str(tmp_path / "ssd-owner-0")
     assert owner["kwargs"] == {"enable_ssd_offload": True, "ssd_offload_path": d}
+    # the flash share where the bucket backend obeys it (BUCKET_MAX_*), not only TOTAL_SIZE_LIMIT
     assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
+                            "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB),
+                            "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16 * GiB),
                             # the flash holder writes one value per bucket, on a 1 s heartbeat (issue 14 item 5)
                             "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "1", "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": str(1 * MiB - 128),
                             "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "1"}
@@ -105,7 +108,10 @@ def test_setup_arguments_default_offload_variant(tmp_path):
     owner, bench = mc.plan_clients(spec(mc.DEFAULT_OFFLOAD, True, procs=2), tmp_path, PORTS, buf)
     d = str(tmp_path / "ssd-owner-0")
     assert owner["args"][2] == 2 * GiB and owner["kwargs"] == {"enable_ssd_offload": True, "ssd_offload_path": d}
+    # the flash share where the bucket backend obeys it (BUCKET_MAX_*), not only TOTAL_SIZE_LIMIT
     assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
+                            "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB),
+                            "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16 * GiB),
                             "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": None, "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": None,
                             "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": None, "MC_TCP_ENABLE_CONNECTION_POOL": "1"}
     assert [b["args"][2] for b in bench] == [0, 0] and all(b["env"] == POOL for b in bench)
@@ -114,6 +120,7 @@ def test_setup_arguments_default_offload_variant(tmp_path):
     env = {"MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "7", "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "0", "X": "y"}
     mc.apply_env(owner["env"], env)
     assert env == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
+                   "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB), "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16 * GiB),
                    "MC_TCP_ENABLE_CONNECTION_POOL": "1", "X": "y"}
     # the bucket holds the value: its size limit follows the payload
     big, _ = mc.plan_clients(CaseSpec("mooncake", "dedicated_owner", True, "bytes", 16 * MiB - 128, 160, GiB, 8 * GiB, 1, 2), tmp_path, PORTS, buf)
@@ -191,6 +198,10 @@ def test_put_retries_a_refusal_for_space_then_counts_it_failed():
     assert slept == [] and st.failed == 2 and st.gave_up == 1
     put, _ = scripted(-705)  # already there (a read-through race): stored, not an error
     assert mc.put_with_retry(put, "k4", b"v", 8, st, slept.append) == 0 and st.existed == 1
+    put, calls = scripted(-600)  # no room in the client's local buffer: failed at once, counted apart
+    with pytest.raises(mc.PutError, match="INVALID_PARAMS"):
+        mc.put_with_retry(put, "k5", b"v", 8, st, slept.append)
+    assert len(calls) == 1 and st.local_full == 1 and st.failed == 3
     assert [mc.backoff_s(i) for i in range(8)] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5]
 
 
@@ -234,7 +245,7 @@ def test_thread_client_modes_and_bootstrap_stats(tmp_path, monkeypatch):
     boot.put("b", memoryview(b"yy"))
     boot.close()
     assert store.data["b"] == b"yy"
-    assert json.loads(Path(path).read_text()) == {"ok": 1, "existed": 0, "retried": 1, "retries": 2, "gave_up": 0, "failed": 0}
+    assert json.loads(Path(path).read_text()) == {"ok": 1, "existed": 0, "local_full": 0, "retried": 1, "retries": 2, "gave_up": 0, "failed": 0}
 
 
 # -- the fake Mooncake, and the skip path ----------------------------------------------------------
@@ -261,6 +272,10 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.delenv("MC_TCP_ENABLE_CONNECTION_POOL", raising=False)
     monkeypatch.setattr(mc, "_probes", {})
     monkeypatch.setattr(mc, "_announced", set())
+    # The tests' pools (64 KiB) are far below Mooncake's 16 MiB slab: both the adapter's check and
+    # the fake's setup are lowered to the tests' sizes (test_segment_below_a_slab keeps the real one).
+    monkeypatch.setattr(mc, "SEGMENT_MIN", 4 * KiB)
+    monkeypatch.setenv("FAKE_MOONCAKE_SEGMENT_MIN", str(4 * KiB))
     return SimpleNamespace(pythonpath=py, master=master, log=log)
 
 
@@ -303,6 +318,34 @@ def test_unavailable_says_why_once(tmp_path, fake, broken, capsys, monkeypatch):
     srv = mc.Server(opts_for(tmp_path, "--mooncake-pythonpath", str(fake.pythonpath)))
     assert srv.unavailable(spec("dedicated_owner", True, mode="holder")) is None
     assert srv.info()["counter"] is True and srv.info()["ssd_offload"] is True
+
+
+def test_cases_mooncake_cannot_set_up_are_unavailable(tmp_path, fake, monkeypatch):
+    """A client's non-zero segment below one 16 MiB slab (setup() refuses it) and a value larger than
+    the local buffer (every put and get goes through it) are reported unavailable, with the reason."""
+    monkeypatch.setattr(mc, "SEGMENT_MIN", 16 * MiB)  # Mooncake's, not the fixture's
+    srv = mc.Server(opts_for(tmp_path, "--mooncake-pythonpath", str(fake.pythonpath), "--mooncake-master", str(fake.master),
+                             "--mooncake-local-buffer", "64MiB"))
+    assert srv.unavailable(spec("dedicated_owner", False, dram=16 * MiB)) is None
+    r = srv.unavailable(spec("dedicated_owner", False, dram=8 * MiB))
+    assert "at least 16MiB" in r and "one 8MiB" in r, r
+    assert "one 12MiB" in srv.unavailable(spec("per_process", False, procs=4, dram=48 * MiB))  # 12 MiB shares
+    big = CaseSpec("mooncake", "dedicated_owner", False, "bytes", 128 * MiB, 4, GiB, 0, 1, 2)
+    assert "local buffer" in srv.unavailable(big)
+
+
+def test_fake_setup_refuses_what_mooncake_refuses(tmp_path, monkeypatch):
+    """The fake's setup() (before it calls its master) refuses as upstream does: a segment below the
+    slab, an SSD path that is not absolute."""
+    from pressure.tests import fake_mooncake as fm
+
+    monkeypatch.delenv("FAKE_MOONCAKE_SEGMENT_MIN", raising=False)
+    args = ["127.0.0.1", "http://127.0.0.1:1/metadata"]
+    tail = [0, "tcp", "", "127.0.0.1:1"]
+    assert fm.MooncakeDistributedStore().setup(*args, 4 * MiB, *tail) == fm.INVALID_PARAMS
+    (tmp_path / "rel").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert fm.MooncakeDistributedStore().setup(*args, 0, *tail, enable_ssd_offload=True, ssd_offload_path="rel") == fm.INVALID_PARAMS
 
 
 def test_quick_run_skips_mooncake_and_goes_on(tmp_path, broken):
@@ -462,10 +505,12 @@ def test_a_failed_setup_fails_the_case_and_stops_everything(tmp_path, fake, monk
 
 
 def test_ctrl_c_stops_the_master_and_the_owner(tmp_path, fake):
+    # A subprocess: the fixture's lowered segment check does not reach its adapter, so the owner gets
+    # one whole 16 MiB slab.
     env = {**os.environ, "PYTHONPATH": str(BENCH)}
     p = subprocess.Popen(
-        [sys.executable, "-m", "pressure", "run", "--preset", "quick", "--backends", "mooncake", "--out", str(tmp_path / "out"), "--dram", "64KiB",
-         "--payloads", "4KiB", "--warmup", "0.2", "--window", "30", "--work-dir", str(tmp_path), "--no-chart", "--pace-scale", "0",
+        [sys.executable, "-m", "pressure", "run", "--preset", "quick", "--backends", "mooncake", "--out", str(tmp_path / "out"), "--dram", "16MiB",
+         "--payloads", "64KiB", "--warmup", "0.2", "--window", "30", "--work-dir", str(tmp_path), "--no-chart", "--pace-scale", "0",
          "--mooncake-master", str(fake.master), "--mooncake-pythonpath", str(fake.pythonpath)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -110,6 +110,7 @@ def test_cli_writes_summary_rows_and_chart(fluxkv_bin, tmp_path):
     ideal = next(r for r in rows if r["backend"] == "ideal")
     assert fx[ample]["hit_rate"] == ideal["hit_rate"] > 0 and fx[ample]["token_hit_rate"] == ideal["token_hit_rate"]
     assert 0 < fx[8]["held_blocks"] <= 8 and fx[8]["hit_rate"] < ideal["hit_rate"]
+    assert fx[8]["access"] == "batch"
     for k in ("p50_ms", "p99_ms", "gib_per_s", "hits_by_source", "wrong_bytes", "held_blocks"):
         assert fx[8][k] is not None, k
     assert (out / "trace.png").stat().st_size > 10_000
@@ -191,3 +192,23 @@ def test_capacity_flags():
         with pytest.raises(ValueError):
             cli.parse_capacity(bad, 1000, 4096)
     assert [t.label for t in cli.targets(["fluxkv", "redis"], [1, 3], [False])] == ["fluxkv SSD off", "fluxkv 3 owners SSD off", "redis SSD off"]
+
+
+def test_held_blocks_of_each_byte_store():
+    """What each byte store's description says it holds, as the summary's held_blocks reads it;
+    Mooncake's master counts objects wherever they are, so its count stands with SSD off only."""
+
+    class Described:
+        def __init__(self, d):
+            self.d = d
+
+        def describe(self):
+            return self.d
+
+    def held(backend, ssd, d):
+        return tb.Running(tb.Target(backend, 1, ssd), Described(d), None, 0, 0, 0).held()
+
+    assert held("redis", False, {"keys": 7}) == {"memory": 7, "ssd": 0}
+    assert held("memcached", True, {"curr_items": 9, "extstore_objects_used": 4}) == {"memory": 5, "ssd": 4}
+    assert held("mooncake", False, {"master_key_count": 12}) == {"memory": 12, "ssd": 0}
+    assert held("mooncake", True, {"master_key_count": 12}) == {"memory": None, "ssd": None}
