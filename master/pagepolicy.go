@@ -304,11 +304,9 @@ func (p *pagePolicy) remove(k string) bool {
 // reports whether k was a live page.
 func (p *pagePolicy) evict(k string) bool {
 	e := p.entries[k]
-	if e == nil {
+	if !p.remove(k) {
 		return false
 	}
-	heap.Remove(&p.heap, e.index)
-	p.drop(e)
 	p.ghosts.remember(e.key, e.freq)
 	return true
 }
