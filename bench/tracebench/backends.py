@@ -88,6 +88,11 @@ class Running:
         self.workdir = workdir
         return self.endpoint
 
+    def stop(self) -> None:
+        """What the server does before its process group is stopped (Mooncake: its master as a
+        process group, since pip's ``mooncake_master`` is a wrapper around the real binary)."""
+        self.server.stop()
+
     def settle(self) -> None:
         """Wait for background SSD writes to drain, so what is held can be counted."""
         if self.target.ssd:

@@ -133,15 +133,18 @@ def run_case(run: tb.Running, trace, cap: int, a, cfg: ReplayConfig, context: di
     def body(g) -> None:
         wd = g.mkdtemp(a.work_dir, "tracebench-")
         progress(f"{label}: starting ({approx_size(run.dram_bytes)} DRAM" + (f", {approx_size(run.ssd_bytes)} SSD)" if run.ssd_bytes else ")"))
-        run.start(wd, g)
-        c0 = run.ssd_counter()
-        res = replay(trace, run.target.backend, run.endpoint, run.spec, a.block_bytes, cfg, label=label)
-        c1 = run.ssd_counter()
-        run.settle()
-        samples = [(c0, c1)] if c0 is not None else []  # the server's SSD-read counter (memcached, a Mooncake owner)
-        if res.ssd_counter_delta is not None:  # the replay processes' own (Mooncake clients)
-            samples.append((0, res.ssd_counter_delta))
-        row = report.replay_row(run, trace, cap, res, a.block_bytes, run.held(), samples, context)
+        try:
+            run.start(wd, g)
+            c0 = run.ssd_counter()
+            res = replay(trace, run.target.backend, run.endpoint, run.spec, a.block_bytes, cfg, label=label)
+            c1 = run.ssd_counter()
+            run.settle()
+            samples = [(c0, c1)] if c0 is not None else []  # the server's SSD-read counter (memcached, a Mooncake owner)
+            if res.ssd_counter_delta is not None:  # the replay processes' own (Mooncake clients)
+                samples.append((0, res.ssd_counter_delta))
+            row = report.replay_row(run, trace, cap, res, a.block_bytes, run.held(), samples, context)
+        finally:
+            run.stop()
         rows.append(row)
         progress(f"{label}: hit {100 * row['hit_rate']:.1f} % of blocks in {res.wall_s:.1f} s ({row['status']})")
 

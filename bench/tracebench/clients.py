@@ -3,9 +3,13 @@
 * :class:`FluxkvPages`: ``fluxkv.kv.PageStore`` on the process's fluxkv client, as an engine
   backend uses it: one ``contains_prefix`` call, ``get_pages_into`` the pages it found,
   ``put_pages`` the rest (with the chain's parent where this PageStore takes ``parent=``).
-* :class:`BytePages`: a byte store (Redis, memcached, Mooncake Store) through the pressure
-  harness's per-backend ``ThreadClient``. A byte store has no prefix lookup: the pages are got
-  one by one, in order, until the first miss, and each hit is copied into the engine's buffer.
+* :class:`MooncakePages`: Mooncake Store through its batch zero-copy calls, as an engine's
+  Mooncake connector uses it: the process's page buffers registered once (``register_buffer``),
+  ``batch_is_exist`` for the prefix lookup, ``batch_get_into`` the pages found, ``batch_put_from``
+  the rest (a refusal for space retried, as the pressure adapter does for ``put``).
+* :class:`BytePages`: a byte store (Redis, memcached) through the pressure harness's per-backend
+  ``ThreadClient``. A byte store has no prefix lookup: the pages are got one by one, in order,
+  until the first miss, and each hit is copied into the engine's buffer.
 
 Hits by source: fluxkv's ``get_pages_into`` hides the holders it reads, so
 :class:`FluxkvPages` taps its client's ``batch_get`` (the call the PageStore loads through)
@@ -23,7 +27,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["FluxkvPages", "BytePages"]
+__all__ = ["FluxkvPages", "MooncakePages", "BytePages"]
 
 
 def _source_key(source: str | None, remote: bool | None) -> str:
@@ -77,6 +81,107 @@ class FluxkvPages:
     def counters(self) -> dict:
         c = self.store.counters()
         return {"sources": dict(self.tally), "errors": c["errors"], "skipped": c["skipped"], "chained": self.chained}
+
+
+class MooncakePages:
+    """Pages of one prefix in Mooncake Store, through ``store`` (the process's
+    ``MooncakeDistributedStore``) and its batch zero-copy calls on registered buffers. With SSD
+    off every hit is a memory hit; with SSD on hits are left unattributed here and split by the
+    clients' offload-read counters (the coordinator). A lookup or load error (a negative code other
+    than OBJECT_NOT_FOUND) ends the prefix there, as a miss would, and is counted."""
+
+    def __init__(self, store, prefix: str, block_bytes: int, ssd: bool, put_retries: int, sleep=None):
+        import time
+
+        from pressure.backends import mooncake as mc
+
+        self.mc = mc
+        self.store = store
+        self.prefix = prefix
+        self.block_bytes = block_bytes
+        self.source = None if ssd else "memory"
+        self.put_retries = put_retries
+        self.sleep = sleep or time.sleep
+        self.tally: Counter = Counter()
+        self.errors: Counter = Counter()  # lookup / load / put errors by Mooncake's name
+        self.wrong_bytes = 0  # of loads that returned another length: every byte counts wrong
+        self.existed = 0
+        self.registered: dict = {}  # buffer address -> size
+
+    def key(self, block: int) -> str:
+        return f"{self.prefix}/{block}"
+
+    def register(self, bufs) -> None:
+        """Register the page buffers with the store (what zero-copy loads and stores need)."""
+        for b in bufs:
+            ptr, size = int(b.ctypes.data), int(b.nbytes)
+            rc = self.store.register_buffer(ptr, size)
+            if rc != 0:
+                raise RuntimeError(f"mooncake register_buffer({size} bytes) returned {rc} ({self.mc.error_name(rc)})")
+            self.registered[ptr] = size
+
+    def _addrs(self, bufs) -> tuple[list, list]:
+        ptrs = [int(b.ctypes.data) for b in bufs]
+        missing = [p for p in ptrs if p not in self.registered]
+        if missing:
+            raise RuntimeError(f"{len(missing)} page buffers not registered with mooncake")
+        return ptrs, [int(b.nbytes) for b in bufs]
+
+    def _error(self, rc: int) -> None:
+        self.errors[self.mc.error_name(rc)] += 1
+
+    def lookup(self, ids) -> int:
+        if not ids:
+            return 0
+        found = self.store.batch_is_exist([self.key(b) for b in ids])
+        n = 0
+        while n < len(found) and found[n] == 1:
+            n += 1
+        if n < len(found) and found[n] < 0:
+            self._error(found[n])
+        return n
+
+    def load(self, ids, bufs) -> int:
+        ptrs, sizes = self._addrs(bufs)
+        got = self.store.batch_get_into([self.key(b) for b in ids], ptrs, sizes)
+        n = 0
+        while n < len(got) and got[n] > 0:
+            if got[n] != self.block_bytes:
+                self.wrong_bytes += self.block_bytes
+            self.tally[_source_key(self.source, True)] += 1
+            n += 1
+        if n < len(got) and got[n] != self.mc.OBJECT_NOT_FOUND:
+            self._error(got[n])
+        return n
+
+    def store_pages(self, ids, bufs, parent) -> int:
+        """Store the pages; how many could not be stored. Keys refused for space
+        (NO_AVAILABLE_HANDLE) are tried again, alone, with the pressure adapter's backoff."""
+        ptrs, sizes = self._addrs(bufs)
+        todo = list(range(len(ids)))
+        failed = 0
+        for attempt in range(self.put_retries + 1):
+            rcs = self.store.batch_put_from([self.key(ids[i]) for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
+            again = []
+            for i, rc in zip(todo, rcs):
+                if rc == 0:
+                    continue
+                if rc == self.mc.OBJECT_ALREADY_EXISTS:
+                    self.existed += 1
+                elif rc == self.mc.NO_AVAILABLE_HANDLE and attempt < self.put_retries:
+                    again.append(i)
+                else:
+                    failed += 1
+                    self._error(rc)
+            if not again:
+                break
+            todo = again
+            self.sleep(self.mc.backoff_s(attempt))
+        return failed
+
+    def counters(self) -> dict:
+        return {"sources": dict(self.tally), "errors": sum(self.errors.values()), "mooncake_errors": dict(self.errors),
+                "wrong_bytes_values": self.wrong_bytes}
 
 
 class BytePages:

@@ -121,9 +121,10 @@ def replay_row(run: Running, trace: Trace, capacity_blocks: int, res: ReplayResu
         "held_blocks": held.get("memory"),
         "held_ssd_blocks": held.get("ssd"),
         # fluxkv: fluxkv.kv's batch calls (one prefix lookup, batched loads into the engine's
-        # buffers, batched stores); a byte store: one copying get per page until the first miss,
-        # one put per page (Mooncake too: not its batch_get_into / batch_put_from on registered buffers).
-        "access": "batch" if t.backend == "fluxkv" else "per-key",
+        # buffers, batched stores); Mooncake: its batch zero-copy calls on registered buffers
+        # (tracebench.clients.MooncakePages); Redis, memcached: one copying get per page until the
+        # first miss, one put per page.
+        "access": "batch" if t.backend in ("fluxkv", "mooncake") else "per-key",
         "hits": hits,
         "hit_rate": hits / trace.accesses,
         "token_hit_rate": token_hits(trace, res.hits) / trace.tokens,

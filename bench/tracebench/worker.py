@@ -9,7 +9,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from .clients import BytePages, FluxkvPages
+from .clients import BytePages, FluxkvPages, MooncakePages
 from .pages import Pages
 
 __all__ = ["Plan", "Sync", "main"]
@@ -77,6 +77,9 @@ def open_pages(plan: Plan):
     ws = mod.WorkerSide(plan.endpoint, CaseSpec(**plan.spec), plan.index)
     if plan.backend == "fluxkv":
         return FluxkvPages(ws.client, plan.namespace, plan.pin_ms), ws, None
+    if plan.backend == "mooncake":
+        retries = int(plan.endpoint.get("put_retries", 8))
+        return MooncakePages(ws.store, plan.namespace, plan.block_bytes, bool(plan.spec.get("ssd")), retries), ws, None
     tc = ws.thread_client(0)
     return BytePages(tc, plan.namespace, plan.block_bytes), ws, tc
 
@@ -84,6 +87,8 @@ def open_pages(plan: Plan):
 def serve(plan: Plan, sync: Sync, pc) -> dict:
     pages = Pages(plan.block_bytes)
     bufs = pages.buffers(plan.buffer_pages)
+    if hasattr(pc, "register"):
+        pc.register(bufs)  # zero-copy clients (Mooncake) load into and store from registered memory
     nb = len(bufs)
     t0 = sync.start_at.value
     rows = []

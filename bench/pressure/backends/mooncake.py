@@ -86,6 +86,7 @@ ERROR_NAMES = {
     -800: "TRANSFER_FAIL", -900: "RPC_FAIL", -901: "RPC_TIMEOUT", -1700: "TENANT_QUOTA_EXCEEDED",
 }
 NO_AVAILABLE_HANDLE = -200
+OBJECT_NOT_FOUND = -704  # a batch_get_into of a key that is not there
 # A put the client's local buffer has no room for (every put and get first takes the whole value
 # from it): not a refusal for space in the store, so not retried; counted apart (PutStats).
 INVALID_PARAMS = -600

@@ -26,7 +26,9 @@ test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put
   slab and an SSD path that is not an absolute directory with INVALID_PARAMS; ``put`` → 0 (also for
   a key already there, as upstream's client maps OBJECT_ALREADY_EXISTS) or an error code,
   ``get`` → bytes or b"", ``get_buffer`` → a handle with ``ptr()`` / ``size()`` or None,
-  ``get_offload_rpc_read_count``, ``close``); like upstream's counter, the one of the client that
+  ``register_buffer``, ``is_exist`` / ``batch_is_exist`` (1 / 0), ``batch_get_into`` (bytes read,
+  OBJECT_NOT_FOUND, or INVALID_PARAMS for memory outside every registered buffer),
+  ``batch_put_from``, ``get_offload_rpc_read_count``, ``close``); like upstream's counter, the one of the client that
   *requested* a read from disk goes up.
 
 Test knobs (environment): ``FAKE_MOONCAKE_LOG`` (append every setup call, with the client's
@@ -96,6 +98,7 @@ class MooncakeDistributedStore:
         self._mu = threading.Lock()
         self._addr = None
         self._reads = 0
+        self._registered: dict = {}  # register_buffer: address -> size
 
     def setup(self, local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices,
               master_server_addr, engine=None, enable_ssd_offload=False, ssd_offload_path=""):
@@ -162,6 +165,53 @@ class MooncakeDistributedStore:
         v = self._get(key)
         return None if v is None else BufferHandle(v)
 
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        if size <= 0:
+            return INVALID_PARAMS
+        with self._mu:
+            self._registered[int(buffer_ptr)] = int(size)
+        return 0
+
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        with self._mu:
+            return 0 if self._registered.pop(int(buffer_ptr), None) is not None else INVALID_PARAMS
+
+    def _inside(self, ptr: int, size: int) -> bool:
+        """Whether [ptr, ptr + size) lies in one registered buffer (upstream: Store-managed memory)."""
+        with self._mu:
+            return any(b <= ptr and ptr + size <= b + n for b, n in self._registered.items())
+
+    def is_exist(self, key) -> int:
+        rep, _ = self._call({"op": "exists", "key": key})
+        return rep["rc"]
+
+    def batch_is_exist(self, keys) -> list:
+        return [self.is_exist(k) for k in keys]
+
+    def batch_get_into(self, keys, buffer_ptrs, sizes) -> list:
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)):
+            return [INVALID_PARAMS] * len(keys)
+        out = []
+        for k, ptr, size in zip(keys, buffer_ptrs, sizes):
+            if not self._inside(ptr, size):
+                out.append(INVALID_PARAMS)
+                continue
+            v = self._get(k)
+            if v is None:
+                out.append(OBJECT_NOT_FOUND)
+            elif len(v) > size:
+                out.append(INVALID_PARAMS)
+            else:
+                ctypes.memmove(ptr, v, len(v))
+                out.append(len(v))
+        return out
+
+    def batch_put_from(self, keys, buffer_ptrs, sizes, config=None) -> list:
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)):
+            return [INVALID_PARAMS] * len(keys)
+        return [self.put(k, ctypes.string_at(ptr, size)) if self._inside(ptr, size) else INVALID_PARAMS
+                for k, ptr, size in zip(keys, buffer_ptrs, sizes)]
+
     def get_offload_rpc_read_count(self) -> int:
         mode = os.environ.get("FAKE_MOONCAKE_COUNTER", "")
         if mode == "backwards":
@@ -179,6 +229,27 @@ class MooncakeDistributedStore:
             except OSError:
                 pass
         return 0
+
+
+def install(dst) -> tuple:
+    """Lay this fake out under ``dst`` as the tests use it: ``(pythonpath, master)``, a directory
+    holding the package ``mooncake`` (its ``store`` is this file) for ``--mooncake-pythonpath`` and a
+    ``mooncake_master`` wrapper (shaped like pip's, mooncake/cli.py: a Python script running the
+    "binary" as its child) for ``--mooncake-master``."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve()
+    py = Path(dst) / "fakepy"
+    (py / "mooncake").mkdir(parents=True)
+    (py / "mooncake" / "__init__.py").write_text("# TEST FAKE package, not Mooncake\n")
+    (py / "mooncake" / "store.py").write_text(here.read_text())
+    b = Path(dst) / "fakebin"
+    b.mkdir()
+    master = b / "mooncake_master"
+    master.write_text(f"#!{sys.executable}\n# TEST FAKE mooncake_master wrapper, not Mooncake\nimport subprocess, sys\n"
+                      f"sys.exit(subprocess.call([sys.executable, {str(here)!r}] + sys.argv[1:]))\n")
+    master.chmod(0o755)
+    return py, master
 
 
 # -- the master (mooncake_master) ------------------------------------------------------------------
@@ -255,6 +326,10 @@ class _Cluster:
             v = self.disk.get(key)
             return (v, "disk") if v is not None else (None, None)
 
+    def exists(self, key: str) -> bool:
+        with self.mu:
+            return key in self.mem or key in self.disk
+
     def metrics(self) -> str:
         with self.mu:
             return (f"# TEST FAKE\nmaster_key_count {len(self.mem) + len(self.disk)}\nmaster_allocated_bytes {self.mem_used}\n"
@@ -275,6 +350,8 @@ class _Rpc(socketserver.StreamRequestHandler):
                 rep = {"rc": cl.mount(req["dram"], req["ssd"], req.get("bucket"), req.get("path"))}
             elif op == "put":
                 rep = {"rc": cl.put(req["key"], self.rfile.read(req["size"]))}
+            elif op == "exists":
+                rep = {"rc": 1 if cl.exists(req["key"]) else 0}
             elif op == "get":
                 v, tier = cl.get(req["key"])
                 rep = {"rc": OBJECT_NOT_FOUND} if v is None else {"rc": 0, "tier": tier, "size": len(v)}

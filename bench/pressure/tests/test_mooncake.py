@@ -23,6 +23,7 @@ from pressure.matrix import Case, cross, quick
 from pressure.sizes import GiB, KiB, MiB
 from pressure.stats import attribute_counter
 from pressure.tests.fake_mooncake import BufferHandle as FakeHandle
+from pressure.tests.fake_mooncake import install as fake_install
 
 BENCH = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_mooncake.py")
@@ -254,17 +255,7 @@ def test_thread_client_modes_and_bootstrap_stats(tmp_path, monkeypatch):
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """TEST FAKE mooncake.store on a temp path and a TEST FAKE mooncake_master binary."""
-    py = tmp_path / "fakepy"
-    (py / "mooncake").mkdir(parents=True)
-    (py / "mooncake" / "__init__.py").write_text("# TEST FAKE package, not Mooncake\n")
-    (py / "mooncake" / "store.py").write_text(FAKE.read_text())
-    b = tmp_path / "fakebin"
-    b.mkdir()
-    master = b / "mooncake_master"
-    # Shaped like pip's mooncake_master (mooncake/cli.py): a Python wrapper running the "binary" as its child.
-    master.write_text(f"#!{sys.executable}\n# TEST FAKE mooncake_master wrapper, not Mooncake\nimport subprocess, sys\n"
-                      f"sys.exit(subprocess.call([sys.executable, {str(FAKE)!r}] + sys.argv[1:]))\n")
-    master.chmod(0o755)
+    py, master = fake_install(tmp_path)
     log = tmp_path / "fake-setup.jsonl"
     monkeypatch.setenv("FAKE_MOONCAKE_LOG", str(log))
     # in the harness's environment: the tuned variants override it, mooncake-default-offload removes it

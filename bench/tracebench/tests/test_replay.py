@@ -212,3 +212,77 @@ def test_held_blocks_of_each_byte_store():
     assert held("memcached", True, {"curr_items": 9, "extstore_objects_used": 4}) == {"memory": 5, "ssd": 4}
     assert held("mooncake", False, {"master_key_count": 12}) == {"memory": 12, "ssd": 0}
     assert held("mooncake", True, {"master_key_count": 12}) == {"memory": None, "ssd": None}
+
+
+def _fake_masters() -> set:
+    """Pids of TEST FAKE mooncake_master processes running now (any test's)."""
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", "pressure/tests/fake_mooncake.py"], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def test_replay_through_mooncake_batch_calls_on_the_fake(tmp_path, monkeypatch):
+    """Mooncake is replayed as its engine connectors use it: the page buffers registered once, a
+    batch_is_exist prefix lookup, batch_get_into and batch_put_from (the TEST FAKE Mooncake refuses a
+    zero-copy call on memory outside a registered buffer). With room for every block its hits are the
+    infinite cache's, every page checked byte for byte, and the case stops the master it started,
+    wrapper and binary both. Nothing here measures Mooncake."""
+    from pressure.backends import mooncake as mc
+    from pressure.tests.fake_mooncake import install
+
+    py, master = install(tmp_path)
+    # The fake's segment of a few KiB is below Mooncake's 16 MiB slab: the checks follow the test's sizes.
+    monkeypatch.setattr(mc, "SEGMENT_MIN", 4096)
+    monkeypatch.setenv("FAKE_MOONCAKE_SEGMENT_MIN", "4096")
+    monkeypatch.setattr(mc, "_probes", {})
+    before = _fake_masters()
+    f = write_trace(tmp_path)
+    t = load(f)
+    out = tmp_path / "out"
+    rc = cli.main(["--trace", f, "--backends", "mooncake", "--ssd", "off", "--capacity", "2.0", "--procs", "2", "--window", "1",
+                   "--block-bytes", "4KiB", "--verify-every", "1", "--sims", "ideal", "--out", str(out), "--work-dir", str(tmp_path),
+                   "--mooncake-master", str(master), "--mooncake-pythonpath", str(py)])
+    rows = {r["backend"]: r for r in map(json.loads, (out / "summary.jsonl").read_text().splitlines())}
+    mk, ideal = rows["mooncake"], rows["ideal"]
+    assert rc == 0 and mk["status"] == "ok", mk
+    assert mk["hit_rate"] == ideal["hit_rate"] > 0 and mk["access"] == "batch"
+    assert mk["verified_pages"] == mk["hits"] and mk["wrong_bytes"] == 0 and mk["put_failed"] == 0 and mk["errors"] == 0
+    assert mk["hits_by_source"]["memory_remote"] == mk["hits"] and mk["held_blocks"] == t.distinct
+    assert _fake_masters() - before == set()
+
+
+def test_mooncake_pages_count_errors_and_retry_refusals():
+    """MooncakePages against a scripted store: a lookup error ends the prefix and is counted; a
+    load stops at the first miss (not an error) or error; a put refused for space is retried alone."""
+    from tracebench.clients import MooncakePages
+
+    class Store:
+        def __init__(self):
+            self.puts = []
+
+        def register_buffer(self, ptr, size):
+            return 0
+
+        def batch_is_exist(self, keys):
+            return [1, 1, -900, 1][: len(keys)]
+
+        def batch_get_into(self, keys, ptrs, sizes):
+            return [BLOCK, -704, BLOCK][: len(keys)]
+
+        def batch_put_from(self, keys, ptrs, sizes):
+            self.puts.append(list(keys))
+            return [0 if len(self.puts) > 1 or i != 1 else -200 for i in range(len(keys))]
+
+    st = Store()
+    slept = []
+    pc = MooncakePages(st, "ns", BLOCK, False, 2, sleep=slept.append)
+    bufs = Pages(BLOCK).buffers(3)
+    pc.register(bufs)
+    assert pc.lookup([1, 2, 3, 4]) == 2 and pc.errors == {"RPC_FAIL": 1}
+    assert pc.load([1, 2, 3], bufs) == 1 and pc.errors == {"RPC_FAIL": 1}  # a miss is not an error
+    assert pc.store_pages([7, 8, 9], bufs, None) == 0
+    assert st.puts == [["ns/7", "ns/8", "ns/9"], ["ns/8"]] and slept == [0.01]
+    with pytest.raises(RuntimeError, match="not registered"):
+        pc.load([1], Pages(BLOCK).buffers(1))
+    assert pc.counters()["sources"] == {"memory_remote": 1}
