@@ -93,6 +93,9 @@ type Owner struct {
 	// on other owners: nil takes the daemon's default, a pointer to 0 means none
 	// ("off" or 0).
 	TransferReserve *int64
+	// LandingReserve (landing_reserve) is memory beyond dram for gets of values held by
+	// other owners that are not promoted (0: none).
+	LandingReserve int64
 	// AllowedUIDs (allowed_uids) may attach besides root, the owner's uid and members
 	// of the socket's group.
 	AllowedUIDs []uint32

@@ -54,12 +54,13 @@ type cluster struct {
 	clients []*fluxkv.Client
 }
 
-func startCluster(t *testing.T, owners int, dram string) *cluster {
+// startCluster starts a master and owners of dram each, every owner with ownerFlags.
+func startCluster(t *testing.T, owners int, dram string, ownerFlags ...string) *cluster {
 	t.Helper()
 	cl := &cluster{master: startMaster(t, "")}
 	for i := 0; i < owners; i++ {
 		dir := filepath.Join(t.TempDir(), fmt.Sprintf("o%d", i))
-		o := startOwner(t, dir, cl.master.addr, dram, fmt.Sprintf("n%d", i))
+		o := startOwnerWith(t, dir, cl.master.addr, dram, fmt.Sprintf("n%d", i), ownerFlags...)
 		cl.owners = append(cl.owners, o)
 		cl.clients = append(cl.clients, connect(t, o.socket))
 	}

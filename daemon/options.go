@@ -60,6 +60,14 @@ type Options struct {
 	// idle room to the pool (master/xferarea.go). Default 0: min(DRAM/8, 256 MiB);
 	// negative: no transfer area (every put of this owner is placed on it).
 	TransferReserve int64
+	// LandingReserve is memory beyond DRAM, at the end of the segment, outside the pool
+	// and never lent to it, where the master lands the gets of values held elsewhere that
+	// are not promoted (master/xferarea.go, getTargetLocked): an owner whose pool is full
+	// then evicts nothing for the room of its reads from other owners, where without one
+	// each such get in flight takes a value's room (what a Mooncake client's local buffer
+	// does for its gets). The segment is DRAM + LandingReserve (rounded up to pages).
+	// Default 0: none.
+	LandingReserve int64
 	// TransferTimeout bounds one pull from another owner, well under the master's
 	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
 	TransferTimeout time.Duration
@@ -171,6 +179,7 @@ func (o *Options) setDefaults() {
 		o.TransferReserve = 0
 	}
 	o.TransferReserve = o.TransferReserve / transferGranule * transferGranule
+	o.LandingReserve = (max(o.LandingReserve, 0) + pageSize - 1) / pageSize * pageSize
 	if o.TransferTimeout == 0 {
 		o.TransferTimeout = 30 * time.Second
 	}

@@ -78,7 +78,7 @@ func New(opts Options) (*Owner, error) {
 		idleStop:   make(chan struct{}),
 		frames:     wire.NewFrameBudget(opts.FrameMemory),
 	}
-	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM,
+	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM + opts.LandingReserve,
 		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(), pinBudget: opts.pinBudget(),
 		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal})
 	o.copied = sync.NewCond(&o.mu.Mutex)
@@ -141,13 +141,13 @@ func (o *Owner) Start(ctx context.Context) error {
 	if err := os.MkdirAll(o.opts.Dir, 0o755); err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}
-	seg, err := shm.CreateSegment("fluxkv-"+o.opts.NodeID, o.opts.DRAM, shm.SegmentOptions{SealWrites: o.opts.ClientIsolation})
+	seg, err := shm.CreateSegment("fluxkv-"+o.opts.NodeID, o.opts.DRAM+o.opts.LandingReserve, shm.SegmentOptions{SealWrites: o.opts.ClientIsolation})
 	if err != nil {
 		return fmt.Errorf("create segment: %w", err)
 	}
 	o.seg = seg
 	o.mu.st.segSize = seg.Size()
-	ev := o.log.Info().Int64("bytes", o.opts.DRAM).Bool("client_isolation", o.opts.ClientIsolation)
+	ev := o.log.Info().Int64("bytes", o.opts.DRAM).Int64("landing_reserve", o.opts.LandingReserve).Bool("client_isolation", o.opts.ClientIsolation)
 	if o.opts.ClientIsolation {
 		ev = ev.Int64("put_area", o.opts.PutArea).Int64("put_area_total", o.opts.PutAreaTotal)
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
 
 // TestClusterPool: three owners of 128 MiB are one memory pool. 300 values of
@@ -120,6 +122,59 @@ func TestClusterPoolLendsTransferAreas(t *testing.T) {
 	if misses > 1 || st.MemoryValues < n-1 || st.MemoryDuplicateBytes != 0 {
 		t.Errorf("reads through a full owner: %d misses, %d values, %d duplicate bytes; want ≤ 1 miss, ≥ %d values, no duplicate",
 			misses, st.MemoryValues, st.MemoryDuplicateBytes, n-1)
+	}
+	leakCheck(t, cl.clients[0], keys...)
+}
+
+// TestClusterPoolLandingArea: owners with a landing area (--landing-reserve) read a full
+// cluster without losing a value. Two owners of 32 MiB (a 28 MiB pool and a 4 MiB
+// transfer area each, every byte of both holding values) and 4 MiB of landing area each
+// read every value through n1: n0's land in n1's landing area, n1 evicts nothing, and
+// all of them are still there afterwards, with no duplicate; the areas are empty again
+// once the holders are gone.
+func TestClusterPoolLandingArea(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 2, "32MiB", "--landing-reserve", "4MiB")
+	const n, size = 64, 1<<20 - 128
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("land-%d", i)
+		if err := cl.clients[i%2].Put(keys[i], clusterValue(i, size)); err != nil {
+			t.Fatalf("put %s: %v", keys[i], err)
+		}
+	}
+	for round := range 2 {
+		for i, k := range keys {
+			got, _, err := getBytes(cl.clients[1], k)
+			if err != nil {
+				t.Fatalf("round %d: get %s through n1: %v", round, k, err)
+			}
+			if !bytes.Equal(got, clusterValue(i, size)) {
+				t.Fatalf("round %d: get %s through n1: wrong bytes", round, k)
+			}
+		}
+	}
+	cl.clients[1].Flush()
+	var st *external.StatResponse
+	waitFor(t, 30*time.Second, "the landing areas empty once the holders are gone", func() bool {
+		var err error
+		if st, err = cl.clients[0].Stat(); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range st.Members {
+			if m.LandingArea == nil || m.LandingArea.UsedBytes != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, m := range st.Members {
+		if m.LandingArea.CapacityBytes != 4<<20 || m.MemorySegment.CapacityBytes != 28<<20 {
+			t.Errorf("member %s: landing area %+v, pool %+v; want 4 MiB and 28 MiB", m.NodeId, m.LandingArea, m.MemorySegment)
+		}
+	}
+	if st.MemoryValues != n || st.MemoryDuplicateBytes != 0 {
+		t.Errorf("after two rounds of reads through n1: %d values, %d duplicate bytes; want all %d, none", st.MemoryValues, st.MemoryDuplicateBytes, n)
 	}
 	leakCheck(t, cl.clients[0], keys...)
 }

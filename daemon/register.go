@@ -67,6 +67,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
 		TransferReserve: o.opts.TransferReserve,
+		LandingReserve:  o.opts.LandingReserve,
 		KvSsdStorage:    o.ssdInfo(), Pinned: pins, PrevEpoch: prev,
 	})
 	st = o.lock()

@@ -8,14 +8,15 @@ import "fmt"
 // returns to the node's allocator when the last reference goes. Allocations of a node
 // that has been tombed release nothing: that incarnation's allocator is gone.
 //
-// An Allocation comes either from the node's memory pool or from its transfer area
-// (the source range of a put placed on another owner, or a replica the pool borrowed
-// the area's idle room for); Release returns it to the allocator it came from.
+// An Allocation comes from the node's memory pool, from its transfer area (the source
+// range of a put placed on another owner, or a replica the pool borrowed the area's
+// idle room for) or from its landing area (a get's range); Release returns it to the
+// allocator it came from.
 //
 // Not safe for concurrent use; the State's lock protects it.
 type Allocation struct {
 	node *node
-	area *Allocator // the allocator r came from: node.alloc or node.xfer
+	area *Allocator // the allocator r came from: node.alloc, node.xfer or node.landing
 	base int64      // the segment offset of area's offset 0
 	r    Range      // in segment offsets
 	len  int64      // real payload length (≤ r.Size)
@@ -34,10 +35,17 @@ func newAllocation(n *node, r Range, length int64) *Allocation {
 
 // newXferAllocation wraps a range r of n's transfer area (in area offsets).
 func newXferAllocation(n *node, r Range, length int64) *Allocation {
+	return newAreaAllocation(n, n.xfer, n.xferBase, r, length)
+}
+
+// newAreaAllocation wraps a range r (in the area's offsets) of n's allocator area,
+// whose offset 0 is segment offset base: the pool (base 0), the transfer area or the
+// landing area.
+func newAreaAllocation(n *node, area *Allocator, base int64, r Range, length int64) *Allocation {
 	n.allocs++
-	r.Offset += n.xferBase
+	r.Offset += base
 	n.opened.add(r)
-	return &Allocation{node: n, area: n.xfer, base: n.xferBase, r: r, len: length, refs: 1}
+	return &Allocation{node: n, area: area, base: base, r: r, len: length, refs: 1}
 }
 
 // Offset is where the range starts in the owner's segment.
@@ -47,7 +55,7 @@ func (a *Allocation) Offset() int64 { return a.r.Offset }
 func (a *Allocation) Len() int64 { return a.len }
 
 // inArea reports whether the range lies in its node's transfer area.
-func (a *Allocation) inArea() bool { return a.area != a.node.alloc }
+func (a *Allocation) inArea() bool { return a.node.xfer != nil && a.area == a.node.xfer }
 
 // Size is the number of segment bytes the range occupies.
 func (a *Allocation) Size() int64 { return a.r.Size }

@@ -37,7 +37,7 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		}
 	}
 	err := h.s.withState(func(st *State) error {
-		err := st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+		err := st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.LandingReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
 		if err == nil && req.PrevEpoch != 0 && req.PrevEpoch != h.s.epoch {
 			st.ExpectReport(ref(req.Node))
 		}

@@ -36,15 +36,20 @@ type node struct {
 	tombed      bool
 
 	alloc *Allocator // the memory pool: [0, xferBase)
-	// xfer is the transfer area, [xferBase, segmentSize), outside the pool: source
-	// ranges of this owner's puts placed on other owners. nil when the owner reserved
-	// none (every put of it is then placed on it).
+	// xfer is the transfer area, [xferBase, landingBase or segmentSize), outside the
+	// pool: source ranges of this owner's puts placed on other owners. nil when the owner
+	// reserved none (every put of it is then placed on it).
 	xfer     *Allocator
 	xferBase int64
-	policy   *evictOrder           // keys whose memory replica lives here, in eviction order
-	holders  map[int64]*Allocation // holder id → the range it keeps alive
-	allocs   int                   // live Allocations in this segment (leak checks)
-	lent     int                   // live Allocations of the transfer area lent to the pool
+	// landing is the landing area, [landingBase, segmentSize), outside the pool and never
+	// lent to it: the ranges of gets of values held elsewhere that are not promoted
+	// (getTargetLocked). nil when the owner reserved none.
+	landing     *Allocator
+	landingBase int64
+	policy      *evictOrder           // keys whose memory replica lives here, in eviction order
+	holders     map[int64]*Allocation // holder id → the range it keeps alive
+	allocs      int                   // live Allocations in this segment (leak checks)
+	lent        int                   // live Allocations of the transfer area lent to the pool
 	// borrowed is the keys whose memory replica here lies in the transfer area, in the
 	// order they came (a take-back's candidates: takeBackVictimLocked).
 	borrowed keyOrder
@@ -84,11 +89,12 @@ type NodeRef struct {
 // Register admits an owner incarnation. A previous incarnation under the same id is
 // tombed first (its replicas vanish). Pinned ranges are re-reserved as holders.
 //
-// The last transferReserve bytes of the segment (rounded down to AllocGranule) are the
-// owner's transfer area, outside its memory pool; the pool is the rest. The pool is
-// what the owner's capacity and use report (Members, Stat, metrics): the transfer
-// area only ever holds values on their way to another owner.
-func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserve int64, dataAddr, peerAddr string, ssd SSDInfo, pinned []Pin) error {
+// The last landingReserve bytes of the segment (rounded down to AllocGranule) are the
+// owner's landing area, the transferReserve bytes before them its transfer area, both
+// outside its memory pool; the pool is the rest. The pool is what the owner's capacity
+// and use report (Members, Stat, metrics): the areas only ever hold values on their way
+// to another owner or a client (and the pool's borrowings of the transfer area).
+func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserve, landingReserve int64, dataAddr, peerAddr string, ssd SSDInfo, pinned []Pin) error {
 	if err := wire.ValidateNodeID(ref.ID); err != nil {
 		return err
 	}
@@ -99,10 +105,12 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "segment size %d is below %d bytes", segmentSize, AllocGranule)
 	}
 	reserve := transferReserve / AllocGranule * AllocGranule
-	if transferReserve < 0 || segmentSize-reserve < AllocGranule {
-		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "transfer reserve %d leaves less than %d bytes of the %d-byte segment for the memory pool",
-			transferReserve, AllocGranule, segmentSize)
+	landing := landingReserve / AllocGranule * AllocGranule
+	if transferReserve < 0 || landingReserve < 0 || segmentSize-reserve-landing < AllocGranule {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "transfer reserve %d and landing reserve %d leave less than %d bytes of the %d-byte segment for the memory pool",
+			transferReserve, landingReserve, AllocGranule, segmentSize)
 	}
+	end := segmentSize - landing // the transfer area's end
 	if err := s.checkAddrTakenLocked(now, ref.ID, dataAddr, peerAddr); err != nil {
 		return err
 	}
@@ -116,15 +124,21 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	n := &node{
 		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
 		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
-		alloc:   NewAllocator(segmentSize - reserve),
+		alloc:   NewAllocator(end - reserve),
 		policy:  newEvictOrder(&s.clock, s.ghosts),
 		holders: make(map[int64]*Allocation),
 	}
-	if reserve > 0 {
-		// The area starts on a granule; a segment size that is not a multiple of it
+	if landing > 0 {
+		// The areas start on a granule; a segment size that is not a multiple of it
 		// loses its tail (owners size segments in pages).
-		n.xferBase = roundUp(segmentSize-reserve, AllocGranule)
-		n.xfer = NewAllocator(segmentSize - n.xferBase)
+		n.landingBase = roundUp(end, AllocGranule)
+		if n.landing = NewAllocator(segmentSize - n.landingBase); n.landing.Capacity() == 0 {
+			n.landing, n.landingBase = nil, 0
+		}
+	}
+	if reserve > 0 {
+		n.xferBase = roundUp(end-reserve, AllocGranule)
+		n.xfer = NewAllocator(end - n.xferBase)
 		if n.xfer.Capacity() == 0 {
 			n.xfer, n.xferBase = nil, 0
 		}
@@ -138,13 +152,12 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		r := Range{Offset: p.Offset, Size: roundUp(p.Len, AllocGranule)}
 		_, dup := n.holders[p.PinID]
 		// A pin in the transfer area is the source range of a put an external was
-		// writing; any other is in the pool.
-		inXfer := n.xfer != nil && p.Offset >= n.xferBase
-		switch {
-		case !dup && inXfer && n.xfer.Reserve(Range{Offset: r.Offset - n.xferBase, Size: r.Size}):
-			n.holders[p.PinID] = newXferAllocation(n, Range{Offset: r.Offset - n.xferBase, Size: r.Size}, p.Len)
-		case !dup && !inXfer && n.alloc.Reserve(r):
-			n.holders[p.PinID] = newAllocation(n, r, p.Len)
+		// writing (or a get's range), one in the landing area a get's range; any other is
+		// in the pool.
+		area, base := n.regionOf(p.Offset)
+		switch rr := (Range{Offset: r.Offset - base, Size: r.Size}); {
+		case !dup && area.Reserve(rr):
+			n.holders[p.PinID] = newAreaAllocation(n, area, base, rr, p.Len)
 		default:
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pinned range overlaps another; ignored")
 		}
@@ -154,6 +167,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		n.opened = newRangeSet()
 	}
 	s.log.Info().Str("node", ref.ID).Int64("generation", ref.Generation).Int64("segment", segmentSize).Int64("transfer_reserve", reserve).
+		Int64("landing_reserve", landing).
 		Bool("ssd", ssd.Enabled).Int("pinned", len(n.holders)).Msg("owner registered")
 	return nil
 }
@@ -298,4 +312,16 @@ func (s *State) tombLocked(n *node) {
 func liveOwnerLocked(st *State, id string, gen int64, addr string) bool {
 	n := st.nodes[id]
 	return n != nil && !n.tombed && (gen == 0 || n.generation == gen) && (addr == "" || n.peerAddr == addr)
+}
+
+// regionOf is the allocator that segment offset off belongs to — the landing area, the
+// transfer area or the pool — and the segment offset of its offset 0.
+func (n *node) regionOf(off int64) (area *Allocator, base int64) {
+	switch {
+	case n.landing != nil && off >= n.landingBase:
+		return n.landing, n.landingBase
+	case n.xfer != nil && off >= n.xferBase:
+		return n.xfer, n.xferBase
+	}
+	return n.alloc, 0
 }

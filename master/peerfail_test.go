@@ -202,7 +202,7 @@ func registerOwner(t *testing.T, srv *Server, id, peerAddr string) NodeRef {
 	t.Helper()
 	ref := NodeRef{ID: id, Generation: 1}
 	err := srv.withState(func(st *State) error {
-		return st.Register(time.Now(), ref, 64<<20, 0, "", peerAddr, SSDInfo{Enabled: true, CapacityBytes: 1 << 30}, nil)
+		return st.Register(time.Now(), ref, 64<<20, 0, 0, "", peerAddr, SSDInfo{Enabled: true, CapacityBytes: 1 << 30}, nil)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ func TestPooledPutPull(t *testing.T) {
 	register := func(id, addr string, size, reserve int64) NodeRef {
 		ref := NodeRef{ID: id, Generation: 1}
 		if err := srv.withState(func(st *State) error {
-			return st.Register(time.Now(), ref, size, reserve, "data-"+id, addr, SSDInfo{}, nil)
+			return st.Register(time.Now(), ref, size, reserve, 0, "data-"+id, addr, SSDInfo{}, nil)
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func TestShutGateKeepsPull(t *testing.T) {
 		size, area int64
 	}{{a, startFakePeer(t, s, &fakePeer{}), 8 << 10, 4 << 10}, {NodeRef{ID: "c", Generation: 1}, startFakePeer(t, s, target), 32 << 10, 0}} {
 		if err := srv.withState(func(st *State) error {
-			return st.Register(time.Now(), n.ref, n.size, n.area, "data-"+n.ref.ID, n.addr, SSDInfo{}, nil)
+			return st.Register(time.Now(), n.ref, n.size, n.area, 0, "data-"+n.ref.ID, n.addr, SSDInfo{}, nil)
 		}); err != nil {
 			t.Fatal(err)
 		}

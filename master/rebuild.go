@@ -218,12 +218,10 @@ func (s *rangeSet) overlaps(r Range) bool {
 // nil when it overlaps anything else or lies outside both.
 func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation {
 	r := Range{Offset: offset, Size: roundUp(length, AllocGranule)}
-	area, base := n.alloc, int64(0)
-	if n.xfer != nil && offset >= n.xferBase {
-		area, base = n.xfer, n.xferBase
-	}
-	if offset < 0 || offset%AllocGranule != 0 || offset-base+r.Size > area.Capacity() || n.opened.overlaps(r) {
-		return nil
+	area, base := n.regionOf(offset)
+	if offset < 0 || offset%AllocGranule != 0 || offset-base+r.Size > area.Capacity() || n.opened.overlaps(r) ||
+		area == n.landing {
+		return nil // (no replica lives in the landing area: it holds gets' ranges only)
 	}
 	if area.Reserve(Range{Offset: offset - base, Size: r.Size}) {
 		if area == n.alloc {

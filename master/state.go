@@ -468,6 +468,9 @@ func (s *State) Members() []*common.MemberStat {
 			m.TransferArea = &common.CapacityStat{CapacityBytes: n.xfer.Capacity(), UsedBytes: n.xfer.Used()}
 			m.TransferAreaReplicas = int64(n.borrowed.len())
 		}
+		if n.landing != nil {
+			out[len(out)-1].LandingArea = &common.CapacityStat{CapacityBytes: n.landing.Capacity(), UsedBytes: n.landing.Used()}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })
 	return out

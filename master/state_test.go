@@ -178,7 +178,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			peer = a
 		}
 		ref := NodeRef{ID: arg(d, "node"), Generation: argInt(d, "gen")}
-		if err := st.Register(*now, ref, argInt(d, "size"), argInt(d, "reserve"), "", peer, ssd, pins); err != nil {
+		if err := st.Register(*now, ref, argInt(d, "size"), argInt(d, "reserve"), argInt(d, "landing"), "", peer, ssd, pins); err != nil {
 			return "", err
 		}
 		if arg(d, "reports") != "" { // registered from another master: it reports next
@@ -439,6 +439,9 @@ func dumpState(st *State) string {
 	for _, id := range ids {
 		n := st.nodes[id]
 		fmt.Fprintf(&b, "node %s gen=%d used=%d/%d replicas=%d holders=%d", id, n.generation, n.alloc.Used(), n.alloc.Capacity(), n.policy.Len(), len(n.holders))
+		if n.landing != nil {
+			fmt.Fprintf(&b, " landing=%d/%d", n.landing.Used(), n.landing.Capacity())
+		}
 		if n.xfer != nil {
 			fmt.Fprintf(&b, " xfer=%d/%d", n.xfer.Used(), n.xfer.Capacity())
 		}
@@ -530,7 +533,7 @@ func TestValidation(t *testing.T) {
 	st := NewState(Options{IDBase: 1})
 	now := time.Unix(1, 0)
 	ref := NodeRef{ID: "n1", Generation: 7}
-	if err := st.Register(now, ref, 1<<20, 0, "", "", SSDInfo{}, nil); err != nil {
+	if err := st.Register(now, ref, 1<<20, 0, 0, "", "", SSDInfo{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -546,12 +549,12 @@ func TestValidation(t *testing.T) {
 		{"stale generation", second(st.PutStart(now, NodeRef{ID: "n1", Generation: 8}, "k", 1, false, nil)), common.ErrorCode_STALE_GENERATION},
 		{"unknown node", second(st.GetStart(now, NodeRef{ID: "zz", Generation: 1}, "k", nil)), common.ErrorCode_STALE_GENERATION},
 		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
-		{"negative transfer reserve", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, -1, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
-		{"transfer reserve = segment", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, 1<<20, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"negative transfer reserve", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, -1, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"transfer reserve = segment", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, 1<<20, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"unknown get", st.GetRevoke(ref, "k", 12345, false), common.ErrorCode_INVALID_ARGUMENT},
 		{"miss", second(st.GetStart(now, ref, "k", nil)), common.ErrorCode_KEY_NOT_FOUND},
-		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
-		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, 0, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, 0, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 	}
 	for _, c := range cases {
 		if got := wire.CodeOf(c.err); got != c.code {
@@ -569,20 +572,20 @@ func TestValidation(t *testing.T) {
 func TestRegisterAddrTaken(t *testing.T) {
 	st := NewState(Options{IDBase: 1})
 	now := time.Unix(1, 0)
-	if err := st.Register(now, NodeRef{ID: "n1", Generation: 1}, 1<<20, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
+	if err := st.Register(now, NodeRef{ID: "n1", Generation: 1}, 1<<20, 0, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, addrs := range [][2]string{{"d2:2", "p1:1"}, {"d1:2", "p2:1"}} {
-		err := st.Register(now, NodeRef{ID: "n2", Generation: 1}, 1<<20, 0, addrs[0], addrs[1], SSDInfo{}, nil)
+		err := st.Register(now, NodeRef{ID: "n2", Generation: 1}, 1<<20, 0, 0, addrs[0], addrs[1], SSDInfo{}, nil)
 		if wire.CodeOf(err) != common.ErrorCode_ALREADY_EXISTS || !strings.Contains(err.Error(), `live owner "n1"`) {
 			t.Fatalf("data %s peer %s: %v", addrs[0], addrs[1], err)
 		}
 	}
-	if err := st.Register(now, NodeRef{ID: "n1", Generation: 2}, 1<<20, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
+	if err := st.Register(now, NodeRef{ID: "n1", Generation: 2}, 1<<20, 0, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
 		t.Fatalf("the same owner again: %v", err)
 	}
 	later := now.Add(3 * time.Second) // default heartbeat 1s
-	if err := st.Register(later, NodeRef{ID: "n2", Generation: 1}, 1<<20, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
+	if err := st.Register(later, NodeRef{ID: "n2", Generation: 1}, 1<<20, 0, 0, "d1:2", "p1:1", SSDInfo{}, nil); err != nil {
 		t.Fatalf("after n1 went silent: %v", err)
 	}
 }
@@ -596,7 +599,7 @@ func TestFillBeforeEviction(t *testing.T) {
 	now := time.Unix(1, 0)
 	ref := NodeRef{ID: "n1", Generation: 1}
 	const seg = 64 << 20
-	if err := st.Register(now, ref, seg, 0, "", "", SSDInfo{}, nil); err != nil {
+	if err := st.Register(now, ref, seg, 0, 0, "", "", SSDInfo{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	n := st.nodes["n1"]

@@ -91,8 +91,9 @@ func (s *State) takeBackVictimLocked(n *node) (key string, dup, ok bool) {
 // owner holds in memory (kind MEMORY) would be a duplicate, which must cost no other
 // value: it is promoted into free room only while the pool keeps free room of the
 // transfer area's size beside it (headroom for gets in flight), else by evicting
-// other duplicates. A get that is not promoted lands in free room of the pool or the
-// transfer area for itself alone; only when there is none (and, on a first attempt,
+// other duplicates. A get that is not promoted lands in the owner's landing area (memory
+// beyond its pool kept for this alone, --landing-reserve), else in free room of the pool
+// or the transfer area, for itself alone; only when there is none (and, on a first attempt,
 // no released range of this owner may be on its way back) is a sole copy evicted (the
 // eviction order's victim), and the room it frees serves the next such get, since no
 // promotion takes it: the gets in flight cost the pool their bytes once.
@@ -105,6 +106,11 @@ func (s *State) getTargetLocked(n *node, r *route, kind common.Source) (target *
 	if promotable && n.alloc.FreeBytes()-size >= n.areaCapacity() {
 		if rg, ok := n.alloc.Alloc(r.len); ok {
 			return newAllocation(n, rg, r.len), true
+		}
+	}
+	if n.landing != nil {
+		if rg, ok := n.landing.Alloc(r.len); ok {
+			return newAreaAllocation(n, n.landing, n.landingBase, rg, r.len), false
 		}
 	}
 	if rg, ok := n.alloc.Alloc(r.len); ok {

@@ -63,6 +63,9 @@ struct MemberStat {
   // the idle area for (transfer_area_replicas of memory_replicas).
   14: CapacityStat transfer_area,
   15: i64 transfer_area_replicas,
+  // The landing area (outside memory_segment and the transfer area; unset without one):
+  // its size, and the bytes of the gets landed there and not released yet.
+  16: CapacityStat landing_area,
 }
 
 struct KeyVersion {

@@ -42,6 +42,11 @@ struct RegisterRequest {
   // last report batch (ReportReplicasRequest.last) the master places no other owner's
   // put on it, since it does not know yet which of its ranges hold replicas.
   8: i64 prev_epoch,
+  // landing_reserve: the last landing_reserve bytes of the segment (after the transfer
+  // area) are the owner's landing area, outside the memory pool and never lent to it: the
+  // master lands there the gets of values held elsewhere that are not promoted, before it
+  // would evict a value for their room (0: none).
+  9: i64 landing_reserve,
 }
 
 struct RegisterResponse {

@@ -48,7 +48,7 @@ from .backends import fluxkv as fx
 from .backends.base import CaseSpec
 from .matrix import Case, parse_workers
 from .procs import Group, Interrupted, fs_type
-from .sizes import format_size, label_size
+from .sizes import format_size, label_size, parse_size
 from .stats import PLACES, split_all_remote, split_by_place
 from .workload import key_count
 
@@ -128,6 +128,19 @@ def ssd_owner_indices(opts) -> tuple:
     return tuple(range(opts.ssd_owners))
 
 
+def landing_bytes(case: ClusterCase, opts, attached: int) -> int:
+    """Each owner's landing area (--landing-reserve) on the mixed path: ``--fluxkv-landing`` as
+    given, or (auto) room for twice the gets the benchmark threads attached to one owner have in
+    flight, of the case's payload. It is memory beyond the owner's DRAM, as a Mooncake client's
+    local buffer (--mooncake-local-buffer, per benchmark process) is beyond its segment."""
+    if opts.fluxkv_landing in ("0", "off"):
+        return 0
+    if opts.fluxkv_landing != "auto":
+        return parse_size(opts.fluxkv_landing)
+    per_owner = -(-case.procs // max(attached, 1)) * case.threads
+    return 2 * per_owner * case.payload_bytes
+
+
 def topology_for(case: ClusterCase, opts) -> fx.Topology:
     n = opts.owners
     ssd = ssd_owner_indices(opts) if case.ssd else ()
@@ -135,7 +148,7 @@ def topology_for(case: ClusterCase, opts) -> fx.Topology:
     every = tuple(range(n))
     base = dict(owners=n, dram_bytes=opts.owner_dram, ssd_owners=ssd, ssd_bytes=opts.ssd_size if ssd else 0)
     if case.path == "mixed":
-        return fx.Topology(**base, attach=every, put_via=every)
+        return fx.Topology(**base, attach=every, put_via=every, landing_bytes=landing_bytes(case, opts, len(every)))
     if case.path == "remote-memory":
         home = plain[0] if plain else 0
         readers = tuple(i for i in every if i != home)
@@ -679,6 +692,10 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     f = r.add_argument_group("cluster tools")
     f.add_argument("--fluxkv-master-args", default="", help="extra flags for 'fluxkv master' (recorded in server.cmd)")
     f.add_argument("--fluxkv-owner-args", default="", help="extra flags for every 'fluxkv owner'")
+    f.add_argument("--fluxkv-landing", default="auto",
+                   help="mixed path: every owner's --landing-reserve, memory beyond its DRAM for gets of values other owners hold "
+                        "(as a Mooncake client's local buffer): a size, 0 for none, or auto (default: twice the payload of the gets "
+                        "in flight through one owner)")
     f.add_argument("--remoteget-bin", default=str(REPO / "bin" / "fluxkv-remoteget"),
                    help="bench/remoteget binary for the tcp-raw rows (make bench-cluster builds it; else built here with --go)")
     f.add_argument("--go", default="go", help="go tool that builds bench/remoteget when --remoteget-bin is missing")
@@ -690,6 +707,11 @@ def resolve(a) -> argparse.Namespace:
     from .sizes import parse_size
 
     p = PRESETS[a.preset]
+    if a.fluxkv_landing not in ("auto", "0", "off"):
+        try:
+            parse_size(a.fluxkv_landing)
+        except ValueError as e:
+            raise SystemExit(f"--fluxkv-landing {a.fluxkv_landing!r}: want a size, 0 or auto ({e})") from None
 
     def pick(name, key=None):
         v = getattr(a, name)

@@ -182,6 +182,9 @@ type memberJSON struct {
 	// owner, gets' ranges, and the TransferAreaReplicas the pool borrowed it for).
 	TransferArea         capacityJSON `json:"transfer_area"`
 	TransferAreaReplicas int64        `json:"transfer_area_replicas"`
+	// LandingArea: the area beyond the pool and the transfer area for the gets of
+	// values held elsewhere that are not promoted (--landing-reserve; 0 without one).
+	LandingArea capacityJSON `json:"landing_area"`
 }
 
 // masterJSON is one master: its address, whether it leads, and the epoch of its
@@ -239,6 +242,9 @@ func statusOf(st *external.StatResponse) statusJSON {
 			mj.TransferArea = capacityJSON{m.TransferArea.CapacityBytes, m.TransferArea.UsedBytes}
 			mj.TransferAreaReplicas = m.TransferAreaReplicas
 		}
+		if m.LandingArea != nil {
+			mj.LandingArea = capacityJSON{m.LandingArea.CapacityBytes, m.LandingArea.UsedBytes}
+		}
 		out.Members = append(out.Members, mj)
 	}
 	for _, m := range st.Masters {
@@ -249,19 +255,24 @@ func statusOf(st *external.StatResponse) statusJSON {
 	return out
 }
 
+// areaUse is an area's "used/size", or - for none.
+func areaUse(a capacityJSON) string {
+	if a.CapacityBytes <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s/%s", approxSize(a.UsedBytes), humanSize(a.CapacityBytes))
+}
+
 // printStatus prints status as tables: the members, then the masters (when the
 // owner reported any), then the key count.
 func printStatus(w io.Writer, out statusJSON) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS\tTRANSFER AREA (USED/SIZE)")
+	fmt.Fprintln(tw, "NODE\tGENERATION\tPEER\tDATA\tMEMORY USED\tMEMORY CAPACITY\tSSD USED\tSSD CAPACITY\tREPLICAS (MEM/SSD)\tHOLDERS\tTRANSFER AREA (USED/SIZE)\tLANDING AREA (USED/SIZE)")
 	for _, m := range out.Members {
-		area := "-"
-		if m.TransferArea.CapacityBytes > 0 {
-			area = fmt.Sprintf("%s/%s", approxSize(m.TransferArea.UsedBytes), humanSize(m.TransferArea.CapacityBytes))
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", m.NodeID, m.Generation, orDash(m.PeerAddr), orDash(m.DataAddr),
 			approxSize(m.MemorySegment.UsedBytes), humanSize(m.MemorySegment.CapacityBytes),
-			approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders, area)
+			approxSize(m.KvSsd.UsedBytes), humanSize(m.KvSsd.CapacityBytes), m.MemoryReplicas, m.SsdReplicas, m.Holders,
+			areaUse(m.TransferArea), areaUse(m.LandingArea))
 	}
 	tw.Flush()
 	if len(out.Masters) > 0 {

@@ -764,7 +764,7 @@ func wantRefusal(t *testing.T, err error, want string) {
 func TestSettingTables(t *testing.T) {
 	owner := map[string]string{
 		"socket_dir": "/run/x", "dram": "64MiB", "node_id": "n", "cache_grace": "1s", "hot_set": "0.5", "max_connections": "3",
-		"hello_timeout": "1s", "frame_timeout": "1s", "idle_timeout": "1s", "allowed_uids": "[7]", "transfer_reserve": "1MiB",
+		"hello_timeout": "1s", "frame_timeout": "1s", "idle_timeout": "1s", "allowed_uids": "[7]", "transfer_reserve": "1MiB", "landing_reserve": "32MiB",
 		"client_isolation": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
 		"data_listen": "127.0.0.1:2", "advertise_host": "h", "cluster_name": "c", "instance_key": "i",
 		"large_file_paths": "[/a]\n  large_limit_size: [1GiB]", "large_limit_size": "[1GiB]\n  large_file_paths: [/a]", "metrics_addr": "127.0.0.1:3",

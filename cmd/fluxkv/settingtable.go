@@ -56,6 +56,10 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			Usage: "transfer area at the end of the segment, outside the memory pool, for puts the master places on other owners (a larger value is placed here) and remote gets that are not promoted; lent to the pool while no transfer needs it; 0 or off: none"},
 			key: "transfer_reserve", kind: replace(func(s *config.Owner) **int64 { return &s.TransferReserve }, transferReserveFlag), // below dram: ownerSettings
 			set: func(o *daemon.Options, s *config.Owner) { o.TransferReserve = offNegative(s.TransferReserve) }},
+		{flag: &cli.StringFlag{Name: "landing-reserve", DefaultText: "0 (none)",
+			Usage: "memory beyond --dram, outside the memory pool and never lent to it, where gets of values other owners hold land when they are not promoted: a full owner then evicts nothing for its reads from other owners (without it each such get in flight takes a value's room); the segment is dram + this"},
+			key: "landing_reserve", kind: size(func(s *config.Owner) *int64 { return &s.LandingReserve }, 0),
+			set: func(o *daemon.Options, s *config.Owner) { o.LandingReserve = s.LandingReserve }},
 		{flag: &cli.BoolFlag{Name: "client-isolation",
 			Usage: "no client can change a byte it did not put: the segment is sealed against client writes and puts go through per-session put areas the owner copies from (reads are never isolated)"},
 			key: "client_isolation", kind: replace(func(s *config.Owner) **bool { return &s.ClientIsolation }, boolFlag),

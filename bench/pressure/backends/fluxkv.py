@@ -226,6 +226,7 @@ class Topology:
     no_promotion: bool = False  # master --no-promotion
     placement: str | None = None  # master --placement (None: its default, pool)
     cache_grace: str | None = None  # every owner's --cache-grace (None: its default)
+    landing_bytes: int = 0  # every owner's --landing-reserve (0: none)
 
     def to_json(self) -> dict:
         return {**asdict(self), "ssd_owners": list(self.ssd_owners), "attach": list(self.attach), "put_via": list(self.put_via),
@@ -321,6 +322,8 @@ class Cluster(Server):
                 args += ["--master-pubkey-file", str(mpub)]
             if t.cache_grace is not None:
                 args += ["--cache-grace", t.cache_grace]
+            if t.landing_bytes:
+                args += ["--landing-reserve", str(t.landing_bytes)]
             if i in t.ssd_owners:
                 (d / "ssd").mkdir()
                 args += ["--ssd-path", str(d / "ssd"), "--ssd-limit", str(t.ssd_bytes)]

@@ -3,6 +3,7 @@ end-to-end run against the real binary (3 owners of 16 MiB, one with SSD; tiny w
 remote paths, whose rows must show every hit remote; the mixed path differs only in its topology
 (tested above) and is left to the benchmark itself, to keep this under 30 s on 2 busy cores."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -64,6 +65,15 @@ def test_quick_preset_matrix_and_topologies(tmp_path):
     assert moon and {v for _, v in moon} == {"dedicated_owner"} and "remote-ssd" not in {p for p, _ in moon}
     by = {c.path: cluster.topology_for(c, o) for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "fluxkv"}
     assert by["mixed"].attach == (0, 1, 2) and by["mixed"].put_via == (0, 1, 2) and not by["mixed"].no_promotion
+    # the mixed path's landing areas: twice the gets in flight through one owner (c2 over 3 owners: one)
+    mixed = [c for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "fluxkv" and c.path == "mixed"]
+    assert all(cluster.topology_for(c, o).landing_bytes == 2 * c.payload_bytes for c in mixed) and by["remote-memory"].landing_bytes == 0
+    c8 = dataclasses.replace(mixed[0], procs=4, threads=2)
+    assert cluster.topology_for(c8, o).landing_bytes == 2 * 2 * 2 * (MiB - 128)  # 4 processes over 3 owners: 2 x 2 threads
+    assert cluster.topology_for(c8, parse(tmp_path, "--fluxkv-landing", "0")).landing_bytes == 0
+    assert cluster.topology_for(c8, parse(tmp_path, "--fluxkv-landing", "8MiB")).landing_bytes == 8 * MiB
+    with pytest.raises(SystemExit, match="--fluxkv-landing"):
+        parse(tmp_path, "--fluxkv-landing", "lots")
     rm = by["remote-memory"]  # put through an owner without SSD, read on the others, which hold no replica
     assert rm.put_via == (1,) and 1 not in rm.attach and rm.placement == "local" and rm.no_promotion and rm.cache_grace == "0"
     rs = by["remote-ssd"]  # read on the owners without SSD

@@ -238,6 +238,7 @@ type MemberStat struct {
 	SsdPersistsPending   int64         `thrift:"ssd_persists_pending,13" frugal:"13,default,i64" json:"ssd_persists_pending"`
 	TransferArea         *CapacityStat `thrift:"transfer_area,14" frugal:"14,default,CapacityStat" json:"transfer_area"`
 	TransferAreaReplicas int64         `thrift:"transfer_area_replicas,15" frugal:"15,default,i64" json:"transfer_area_replicas"`
+	LandingArea          *CapacityStat `thrift:"landing_area,16" frugal:"16,default,CapacityStat" json:"landing_area"`
 }
 
 func NewMemberStat() *MemberStat {
@@ -321,6 +322,15 @@ func (p *MemberStat) GetTransferArea() (v *CapacityStat) {
 func (p *MemberStat) GetTransferAreaReplicas() (v int64) {
 	return p.TransferAreaReplicas
 }
+
+var MemberStat_LandingArea_DEFAULT *CapacityStat
+
+func (p *MemberStat) GetLandingArea() (v *CapacityStat) {
+	if !p.IsSetLandingArea() {
+		return MemberStat_LandingArea_DEFAULT
+	}
+	return p.LandingArea
+}
 func (p *MemberStat) SetNodeId(val string) {
 	p.NodeId = val
 }
@@ -366,6 +376,9 @@ func (p *MemberStat) SetTransferArea(val *CapacityStat) {
 func (p *MemberStat) SetTransferAreaReplicas(val int64) {
 	p.TransferAreaReplicas = val
 }
+func (p *MemberStat) SetLandingArea(val *CapacityStat) {
+	p.LandingArea = val
+}
 
 func (p *MemberStat) IsSetMemorySegment() bool {
 	return p.MemorySegment != nil
@@ -377,6 +390,10 @@ func (p *MemberStat) IsSetKvSsd() bool {
 
 func (p *MemberStat) IsSetTransferArea() bool {
 	return p.TransferArea != nil
+}
+
+func (p *MemberStat) IsSetLandingArea() bool {
+	return p.LandingArea != nil
 }
 
 func (p *MemberStat) String() string {
@@ -402,6 +419,7 @@ var fieldIDToName_MemberStat = map[int16]string{
 	13: "ssd_persists_pending",
 	14: "transfer_area",
 	15: "transfer_area_replicas",
+	16: "landing_area",
 }
 
 type KeyVersion struct {

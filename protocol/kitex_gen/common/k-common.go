@@ -577,6 +577,20 @@ func (p *MemberStat) FastRead(buf []byte) (int, error) {
 					goto SkipFieldError
 				}
 			}
+		case 16:
+			if fieldTypeId == thrift.STRUCT {
+				l, err = p.FastReadField16(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
 		default:
 			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
 			offset += l
@@ -799,6 +813,18 @@ func (p *MemberStat) FastReadField15(buf []byte) (int, error) {
 	return offset, nil
 }
 
+func (p *MemberStat) FastReadField16(buf []byte) (int, error) {
+	offset := 0
+	_field := NewCapacityStat()
+	if l, err := _field.FastRead(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+	}
+	p.LandingArea = _field
+	return offset, nil
+}
+
 func (p *MemberStat) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
@@ -821,6 +847,7 @@ func (p *MemberStat) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 		offset += p.fastWriteField6(buf[offset:], w)
 		offset += p.fastWriteField7(buf[offset:], w)
 		offset += p.fastWriteField14(buf[offset:], w)
+		offset += p.fastWriteField16(buf[offset:], w)
 	}
 	offset += thrift.Binary.WriteFieldStop(buf[offset:])
 	return offset
@@ -844,6 +871,7 @@ func (p *MemberStat) BLength() int {
 		l += p.field13Length()
 		l += p.field14Length()
 		l += p.field15Length()
+		l += p.field16Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
@@ -954,6 +982,13 @@ func (p *MemberStat) fastWriteField15(buf []byte, w thrift.NocopyWriter) int {
 	return offset
 }
 
+func (p *MemberStat) fastWriteField16(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 16)
+	offset += p.LandingArea.FastWriteNocopy(buf[offset:], w)
+	return offset
+}
+
 func (p *MemberStat) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
@@ -1056,6 +1091,13 @@ func (p *MemberStat) field15Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.I64Length()
+	return l
+}
+
+func (p *MemberStat) field16Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += p.LandingArea.BLength()
 	return l
 }
 

@@ -157,6 +157,7 @@ type RegisterRequest struct {
 	Pinned          []*PinnedRange    `thrift:"pinned,6" frugal:"6,default,list<PinnedRange>" json:"pinned"`
 	TransferReserve int64             `thrift:"transfer_reserve,7" frugal:"7,default,i64" json:"transfer_reserve"`
 	PrevEpoch       int64             `thrift:"prev_epoch,8" frugal:"8,default,i64" json:"prev_epoch"`
+	LandingReserve  int64             `thrift:"landing_reserve,9" frugal:"9,default,i64" json:"landing_reserve"`
 }
 
 func NewRegisterRequest() *RegisterRequest {
@@ -207,6 +208,10 @@ func (p *RegisterRequest) GetTransferReserve() (v int64) {
 func (p *RegisterRequest) GetPrevEpoch() (v int64) {
 	return p.PrevEpoch
 }
+
+func (p *RegisterRequest) GetLandingReserve() (v int64) {
+	return p.LandingReserve
+}
 func (p *RegisterRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -230,6 +235,9 @@ func (p *RegisterRequest) SetTransferReserve(val int64) {
 }
 func (p *RegisterRequest) SetPrevEpoch(val int64) {
 	p.PrevEpoch = val
+}
+func (p *RegisterRequest) SetLandingReserve(val int64) {
+	p.LandingReserve = val
 }
 
 func (p *RegisterRequest) IsSetNode() bool {
@@ -256,6 +264,7 @@ var fieldIDToName_RegisterRequest = map[int16]string{
 	6: "pinned",
 	7: "transfer_reserve",
 	8: "prev_epoch",
+	9: "landing_reserve",
 }
 
 type RegisterResponse struct {

@@ -238,11 +238,12 @@ class MemberStat(object):
      - ssd_persists_pending
      - transfer_area
      - transfer_area_replicas
+     - landing_area
 
     """
 
 
-    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None, transfer_area=None, transfer_area_replicas=None,):
+    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None, transfer_area=None, transfer_area_replicas=None, landing_area=None,):
         self.node_id = node_id
         self.generation = generation
         self.memory_segment = memory_segment
@@ -258,6 +259,7 @@ class MemberStat(object):
         self.ssd_persists_pending = ssd_persists_pending
         self.transfer_area = transfer_area
         self.transfer_area_replicas = transfer_area_replicas
+        self.landing_area = landing_area
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -346,6 +348,12 @@ class MemberStat(object):
                     self.transfer_area_replicas = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 16:
+                if ftype == TType.STRUCT:
+                    self.landing_area = CapacityStat()
+                    self.landing_area.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -415,6 +423,10 @@ class MemberStat(object):
         if self.transfer_area_replicas is not None:
             oprot.writeFieldBegin('transfer_area_replicas', TType.I64, 15)
             oprot.writeI64(self.transfer_area_replicas)
+            oprot.writeFieldEnd()
+        if self.landing_area is not None:
+            oprot.writeFieldBegin('landing_area', TType.STRUCT, 16)
+            self.landing_area.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -531,6 +543,7 @@ MemberStat.thrift_spec = (
     (13, TType.I64, 'ssd_persists_pending', None, None, ),  # 13
     (14, TType.STRUCT, 'transfer_area', [CapacityStat, None], None, ),  # 14
     (15, TType.I64, 'transfer_area_replicas', None, None, ),  # 15
+    (16, TType.STRUCT, 'landing_area', [CapacityStat, None], None, ),  # 16
 )
 all_structs.append(KeyVersion)
 KeyVersion.thrift_spec = (
