@@ -234,8 +234,8 @@ func offField[T any](key, want string, parse func(string) (T, error), dst **T, t
 	}
 }
 
-// ParseHotSet parses a hot set size: the fraction 0 < x ≤ 1 of the memory pool (the
-// segment less the transfer area) that idle hot-set holdings may keep, where 0 and
+// ParseHotSet parses a hot set size: the fraction 0 < x ≤ 1 of the memory pool (dram
+// less the transfer area) that idle hot-set holdings may keep, where 0 and
 // "off" turn the hot set off. A negative fraction is refused rather than read as
 // "off", and one above 1 (more than the pool) is refused too.
 func ParseHotSet(s string) (float64, error) {

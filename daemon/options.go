@@ -53,8 +53,8 @@ type Options struct {
 	// data listeners at. Default: the listener's own address, or for a wildcard
 	// listener this host's address on the route to the master.
 	AdvertiseHost string
-	// TransferReserve is the transfer area: the last bytes of the segment, outside the
-	// memory pool, where this owner's clients write puts the master places on other
+	// TransferReserve is the transfer area: the last bytes of DRAM (before the landing
+	// area), outside the memory pool, where this owner's clients write puts the master places on other
 	// owners (pooled placement); they pull from it. A value larger than it is placed
 	// here. Remote gets that are not promoted land there too, and the master lends its
 	// idle room to the pool (master/xferarea.go). Default 0: min(DRAM/8, 256 MiB);
@@ -87,7 +87,7 @@ type Options struct {
 	// evict a held replica; when it needs the space it asks for the idle ones back
 	// (ReleaseHotSet). Default 30s; negative disables the hot set.
 	CacheGrace time.Duration
-	// HotSet is the fraction of the memory pool (the segment less TransferReserve) that
+	// HotSet is the fraction of the memory pool (DRAM less TransferReserve) that
 	// idle holdings of the hot set may keep pinned; past it the least recently released
 	// go. Default 0.5; negative disables the hot set.
 	HotSet float64

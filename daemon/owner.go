@@ -359,7 +359,7 @@ func (o *Owner) Capacity() metrics.Capacity {
 	if err == nil {
 		for _, m := range r.Members {
 			if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {
-				// The memory pool: the segment less the transfer area.
+				// The memory pool: the segment less the transfer and landing areas.
 				c.SegmentCapacity, c.SegmentUsed = m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes
 			}
 		}

@@ -104,13 +104,16 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	if segmentSize < AllocGranule {
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "segment size %d is below %d bytes", segmentSize, AllocGranule)
 	}
+	// Every boundary on a granule: a segment size that is not a multiple of it loses its
+	// tail once (owners size segments in pages).
+	usable := segmentSize / AllocGranule * AllocGranule
 	reserve := transferReserve / AllocGranule * AllocGranule
 	landing := landingReserve / AllocGranule * AllocGranule
-	if transferReserve < 0 || landingReserve < 0 || segmentSize-reserve-landing < AllocGranule {
+	if transferReserve < 0 || landingReserve < 0 || usable-reserve-landing < AllocGranule {
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "transfer reserve %d and landing reserve %d leave less than %d bytes of the %d-byte segment for the memory pool",
 			transferReserve, landingReserve, AllocGranule, segmentSize)
 	}
-	end := segmentSize - landing // the transfer area's end
+	end := usable - landing // the transfer area's end
 	if err := s.checkAddrTakenLocked(now, ref.ID, dataAddr, peerAddr); err != nil {
 		return err
 	}
@@ -129,19 +132,10 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		holders: make(map[int64]*Allocation),
 	}
 	if landing > 0 {
-		// The areas start on a granule; a segment size that is not a multiple of it
-		// loses its tail (owners size segments in pages).
-		n.landingBase = roundUp(end, AllocGranule)
-		if n.landing = NewAllocator(segmentSize - n.landingBase); n.landing.Capacity() == 0 {
-			n.landing, n.landingBase = nil, 0
-		}
+		n.landingBase, n.landing = end, NewAllocator(landing)
 	}
 	if reserve > 0 {
-		n.xferBase = roundUp(end-reserve, AllocGranule)
-		n.xfer = NewAllocator(end - n.xferBase)
-		if n.xfer.Capacity() == 0 {
-			n.xfer, n.xferBase = nil, 0
-		}
+		n.xferBase, n.xfer = end-reserve, NewAllocator(reserve)
 	}
 	s.nodes[ref.ID] = n
 	for _, p := range pinned {

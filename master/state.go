@@ -440,7 +440,8 @@ func (s *State) Maintain(now time.Time) []string {
 }
 
 // Members describes every live owner. MemorySegment is the owner's memory pool (its
-// segment less the transfer area, which only holds values on their way elsewhere).
+// segment less the transfer and landing areas, which hold values on their way
+// elsewhere, and what the pool borrows of the transfer area).
 func (s *State) Members() []*common.MemberStat {
 	out := make([]*common.MemberStat, 0, len(s.nodes))
 	pending := make(map[*node]int64)

@@ -26,8 +26,9 @@ struct PinnedRange {
   3: i64 len,
 }
 
-// transfer_reserve: the last transfer_reserve bytes of the segment are the owner's
-// transfer area, outside the memory pool: the master allocates there the source ranges
+// transfer_reserve: the transfer_reserve bytes of the segment before the landing area
+// (landing_reserve; at its end without one) are the owner's transfer area, outside the
+// memory pool: the master allocates there the source ranges
 // of puts it places on other owners (0: every put of this owner is placed on it).
 struct RegisterRequest {
   1: NodeRef node,

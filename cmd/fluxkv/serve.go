@@ -377,13 +377,16 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 		m.SetCapacityFunc(nil) // scrapes during and after the stop do not call into it
 		return o.Stop()
 	})
-	// The segment as mapped (DRAM rounded up to the page) in exact bytes and for
+	// The segment as mapped (DRAM rounded up to the page, and the landing reserve) in exact bytes and for
 	// people; the requested size beside it when the rounding changed it.
-	seg := segmentSize(oc.DRAM)
+	seg := segmentSize(oc.DRAM) + segmentSize(oc.LandingReserve)
 	ev := logger.Info().Str("component", "owner").EmbedObject(currentBuild()).Str("socket", o.SocketPath()).
 		Int64("segment_bytes", seg).Str("segment", humanSize(seg))
 	if seg != oc.DRAM {
 		ev = ev.Int64("dram_requested_bytes", oc.DRAM)
+	}
+	if oc.LandingReserve > 0 {
+		ev = ev.Int64("landing_reserve_bytes", segmentSize(oc.LandingReserve))
 	}
 	if oc.SSDEnabled() {
 		ev = ev.Strs("large_file_paths", oc.LargeFilePaths).Ints64("large_limit_size", oc.LargeLimitSize).

@@ -196,7 +196,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	if s.FrameMemory != 0 && s.FrameMemory < minFrameMemory { // from the file (the flag's was checked)
 		return s, refuse("%s %s: must be at least %s", t.name(c, "frame-memory", &fo), humanSize(s.FrameMemory), humanSize(minFrameMemory))
 	}
-	if err := checkDRAM(t.name(c, "dram", &fo), s.DRAM); err != nil {
+	if err := checkDRAM(t.name(c, "dram", &fo), s.DRAM, s.LandingReserve); err != nil {
 		return s, err
 	}
 	if s.TransferReserve != nil && *s.TransferReserve >= s.DRAM {
@@ -305,14 +305,18 @@ func checkSSDSpace(oc config.Owner) error {
 // checkDRAM refuses a segment larger than the machine's memory: the memfd would be
 // created, and the node would fail (or swap, or be OOM-killed) only once it fills.
 // name names the setting.
-func checkDRAM(name string, dram int64) error {
+func checkDRAM(name string, dram, landing int64) error {
 	total, err := memTotal()
 	if err != nil {
 		logger.Warn().Err(err).Msg("cannot check --dram against the machine's memory")
 		return nil
 	}
-	if seg := segmentSize(dram); seg > total {
-		return refuse("%s %s exceeds this machine's memory (%s, MemTotal)", name, humanSize(dram), approxSize(total))
+	if seg := segmentSize(dram) + segmentSize(landing); seg > total {
+		with := ""
+		if landing > 0 {
+			with = " with the landing reserve of " + humanSize(landing)
+		}
+		return refuse("%s %s%s exceeds this machine's memory (%s, MemTotal)", name, humanSize(dram), with, approxSize(total))
 	}
 	return nil
 }

@@ -53,7 +53,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			key: "allowed_uids", kind: replace(func(s *config.Owner) *[]uint32 { return &s.AllowedUIDs }, uidsFlag),
 			set: func(o *daemon.Options, s *config.Owner) { o.AllowedUIDs = s.AllowedUIDs }},
 		{flag: &cli.StringFlag{Name: "transfer-reserve", DefaultText: "min(dram/8, 256MiB)",
-			Usage: "transfer area at the end of the segment, outside the memory pool, for puts the master places on other owners (a larger value is placed here) and remote gets that are not promoted; lent to the pool while no transfer needs it; 0 or off: none"},
+			Usage: "transfer area at the end of --dram, outside the memory pool, for puts the master places on other owners (a larger value is placed here) and remote gets that are not promoted; lent to the pool while no transfer needs it; 0 or off: none"},
 			key: "transfer_reserve", kind: replace(func(s *config.Owner) **int64 { return &s.TransferReserve }, transferReserveFlag), // below dram: ownerSettings
 			set: func(o *daemon.Options, s *config.Owner) { o.TransferReserve = offNegative(s.TransferReserve) }},
 		{flag: &cli.StringFlag{Name: "landing-reserve", DefaultText: "0 (none)",
