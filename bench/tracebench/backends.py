@@ -57,9 +57,10 @@ class Target:
         return f"{self.backend}{shape} SSD {'on' if self.ssd else 'off'}"
 
 
-def transfer_reserve(pool: int) -> int:
-    """A cluster owner's transfer reserve for a pool of ``pool`` bytes (an eighth of the segment)."""
-    return min(_RESERVE_CAP, -(-pool // 7 // _PAGE) * _PAGE)
+def transfer_reserve(segment: int) -> int:
+    """A cluster owner's transfer reserve in a segment of ``segment`` bytes: an eighth of it (the
+    owner's default), in pages."""
+    return min(_RESERVE_CAP, segment // 8 // _PAGE * _PAGE)
 
 
 def _round_page(n: int) -> int:
@@ -76,7 +77,7 @@ class Running:
     spec: CaseSpec
     dram_bytes: int  # cache memory, all servers together
     ssd_bytes: int
-    transfer_reserve_bytes: int  # per fluxkv owner, outside the pool
+    transfer_reserve_bytes: int  # per fluxkv owner, inside its segment
     endpoint: dict | None = None
     workdir: Path | None = None
 
@@ -141,19 +142,22 @@ def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ra
     o = argparse.Namespace(**vars(opts))
     reserve = 0
     if fluxkv and target.owners > 1:
-        pool = _round_page(math.ceil(dram / target.owners))
-        reserve = transfer_reserve(pool)
+        # The owners' segments together are the capacity: the transfer area is inside, since the
+        # master lends its idle room to the pool (a reserve beyond the capacity held 13 % more
+        # blocks than the other backends were given).
+        segment = _round_page(math.ceil(dram / target.owners))
+        reserve = transfer_reserve(segment)
         o.fluxkv_owner_args = f"{getattr(o, 'fluxkv_owner_args', '') or ''} --transfer-reserve {reserve}".strip()
         topo = fx.Topology(
             owners=target.owners,
-            dram_bytes=pool + reserve,
+            dram_bytes=segment,
             ssd_owners=tuple(range(target.owners)) if target.ssd else (),
             ssd_bytes=_round_page(ssd // target.owners) if target.ssd else 0,
             attach=tuple(range(target.owners)),
             put_via=tuple(range(target.owners)),
         )
         server = fx.Cluster(o, topo)
-        per_server_dram, per_server_ssd = pool + reserve, topo.ssd_bytes
+        per_server_dram, per_server_ssd = segment, topo.ssd_bytes
     else:
         if fluxkv:
             o.fluxkv_up_args = f"{o.fluxkv_up_args or ''} --transfer-reserve off".strip()

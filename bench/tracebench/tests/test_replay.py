@@ -286,3 +286,14 @@ def test_mooncake_pages_count_errors_and_retry_refusals():
     with pytest.raises(RuntimeError, match="not registered"):
         pc.load([1], Pages(BLOCK).buffers(1))
     assert pc.counters()["sources"] == {"memory_remote": 1}
+
+
+def test_three_owners_get_the_capacity_and_no_more(tmp_path):
+    """The owners' segments, transfer areas included, add up to the capacity (within a page each):
+    the master lends idle transfer area room to the pool, so an area on top would be cache memory
+    the other backends are not given."""
+    cap = 5528
+    run = tb.prepare(tb.Target("fluxkv", 3, False), options("fluxkv"), cap, 64 * 1024, 5, 2, 55287)
+    assert run.server.topo.dram_bytes * 3 - cap * 64 * 1024 < 3 * 4096
+    assert run.spec.dram_bytes == run.server.topo.dram_bytes and 0 < run.transfer_reserve_bytes < run.spec.dram_bytes
+    assert f"--transfer-reserve {run.transfer_reserve_bytes}" in run.server.opts.fluxkv_owner_args
