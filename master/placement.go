@@ -81,15 +81,16 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 
 // placeLocked chooses a put's target: see the comment at the top of this file. The
 // source is nil when the target is on the requester. A requester without a transfer
-// area, or whose area cannot take the value now, places the put on itself (so a
-// value larger than the area is always local). Both are nil when no owner has room.
+// area, or whose areas (transfer, else landing: allocSourceLocked) cannot take the value
+// now, places the put on itself (so a value larger than both is always local). Both are
+// nil when no owner has room.
 //
 // With no free range anywhere, the order is: the requester's duplicates, other owners'
-// duplicates (when the requester's area has idle room for the source), the sole
+// duplicates (when the requester has idle area room for the source), the sole
 // copies of an owner whose next victim is much older than the requester's
 // (staleNodeLocked; idle area room again), the requester's idle transfer area, the
 // requester's sole copies, other owners' sole copies. A transfer takes back area room
-// the pool borrowed (allocXferLocked) only to place on an owner with a free range,
+// the pool borrowed (allocSourceLocked) only to place on an owner with a free range,
 // where it evicts nothing.
 func (s *State) placeLocked(now time.Time, n *node, length int64) (target, source *Allocation) {
 	if s.opts.Placement == PlacementLocal {
@@ -100,7 +101,7 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 	}
 	others := s.poolCandidatesLocked(now, n, length, nil)
 	if slices.ContainsFunc(others, func(m *node) bool { return m.alloc.LargestFree() >= roundUp(length, AllocGranule) }) {
-		if source = s.allocXferLocked(n, length, true); source == nil {
+		if source = s.allocSourceLocked(n, length, true); source == nil {
 			return s.allocateLocked(n, length), nil
 		}
 		return s.placeAmongLocked(others, length), source
@@ -108,7 +109,7 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 	if target = s.allocateEvictingLocked(n, length, evictDuplicates); target != nil {
 		return target, nil
 	}
-	if source = s.allocXferLocked(n, length, false); source != nil {
+	if source = s.allocSourceLocked(n, length, false); source != nil {
 		for _, m := range others {
 			if target = s.allocateEvictingLocked(m, length, evictDuplicates); target != nil {
 				return target, source
@@ -117,7 +118,7 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 		source.Release()
 	}
 	if m := s.staleNodeLocked(n, others); m != nil {
-		if source = s.allocXferLocked(n, length, false); source != nil {
+		if source = s.allocSourceLocked(n, length, false); source != nil {
 			if target = s.allocateEvictingLocked(m, length, evictSoleCopies); target != nil {
 				return target, source
 			}
@@ -127,7 +128,7 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 	if target = s.allocateLocked(n, length); target != nil || len(others) == 0 {
 		return target, nil
 	}
-	if source = s.allocXferLocked(n, length, true); source == nil {
+	if source = s.allocSourceLocked(n, length, true); source == nil {
 		return nil, nil
 	}
 	if target = s.placeAmongLocked(others, length); target == nil {

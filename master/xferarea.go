@@ -53,6 +53,39 @@ func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocatio
 	}
 }
 
+// allocSourceLocked takes length bytes of n's segment for the source range of a put
+// placed on another owner: idle transfer area room, else room of the landing area (never
+// lent, so free whenever no get or transfer holds it), else, with takeBack, transfer area
+// room taken back from the pool. Without the landing fallback an owner whose area the
+// pool has borrowed in full could place no put elsewhere without evicting a value for its
+// source: with its reads landing in the landing area, its area stays lent, and puts
+// through it stopped reaching an owner that receives none of its own
+// (staleNodeLocked).
+func (s *State) allocSourceLocked(n *node, length int64, takeBack bool) *Allocation {
+	if a := s.allocXferLocked(n, length, false); a != nil {
+		return a
+	}
+	if a := n.allocLanding(length); a != nil {
+		return a
+	}
+	if takeBack {
+		return s.allocXferLocked(n, length, true)
+	}
+	return nil
+}
+
+// allocLanding takes length bytes of n's landing area, or nil.
+func (n *node) allocLanding(length int64) *Allocation {
+	if n.landing == nil {
+		return nil
+	}
+	rg, ok := n.landing.Alloc(length)
+	if !ok {
+		return nil
+	}
+	return newAreaAllocation(n, n.landing, n.landingBase, rg, length)
+}
+
 // areaCapacity is the size of n's transfer area (0 without one).
 func (n *node) areaCapacity() int64 {
 	if n.xfer == nil {
@@ -108,10 +141,8 @@ func (s *State) getTargetLocked(n *node, r *route, kind common.Source) (target *
 			return newAllocation(n, rg, r.len), true
 		}
 	}
-	if n.landing != nil {
-		if rg, ok := n.landing.Alloc(r.len); ok {
-			return newAreaAllocation(n, n.landing, n.landingBase, rg, r.len), false
-		}
+	if target = n.allocLanding(r.len); target != nil {
+		return target, false
 	}
 	if rg, ok := n.alloc.Alloc(r.len); ok {
 		return newAllocation(n, rg, r.len), false
