@@ -27,7 +27,7 @@ from pressure.procs import fs_type
 
 from fluxkv.kv import PAGE_HEADER_BYTES
 
-__all__ = ["NAMES", "Target", "Running", "add_arguments", "prepare", "transfer_reserve"]
+__all__ = ["NAMES", "Target", "Running", "add_arguments", "prepare", "transfer_reserve", "landing_reserve"]
 
 NAMES = ("fluxkv", "redis", "memcached", "mooncake")
 MOONCAKE_VARIANT = "dedicated_owner"  # one resident store holds all the memory; replay processes only request
@@ -61,6 +61,17 @@ def transfer_reserve(segment: int) -> int:
     """A cluster owner's transfer reserve in a segment of ``segment`` bytes: an eighth of it (the
     owner's default), in pages."""
     return min(_RESERVE_CAP, segment // 8 // _PAGE * _PAGE)
+
+
+def landing_reserve(segment: int, value: int, procs: int, owners: int) -> int:
+    """A cluster owner's landing area (``fluxkv owner --landing-reserve``): room beyond its
+    segment for the pages of one batch load (128 pages) of each replay process attached to it,
+    at most an eighth of the segment. It holds only reads and transfers in flight, never a
+    cached page: the counterpart of the other backends' clients' receive buffers (Mooncake's
+    512 MiB local buffer per process). Without it a load of pages another owner holds, on an
+    owner whose pool is full, evicts a page there for each page in flight."""
+    per_owner = -(-procs // owners)
+    return min(segment // 8, _round_page(128 * value * per_owner))
 
 
 def _round_page(n: int) -> int:
@@ -125,6 +136,7 @@ class Running:
         out = {"dram_bytes": self.dram_bytes, "ssd_bytes": self.ssd_bytes}
         if self.target.backend == "fluxkv" and self.target.owners > 1:
             out["transfer_reserve_bytes_per_owner"] = self.transfer_reserve_bytes
+            out["landing_reserve_bytes_per_owner"] = self.server.topo.landing_bytes
         if self.target.ssd and self.workdir is not None:
             out["ssd_fs"] = fs_type(str(self.workdir))
         cmd = getattr(self.server, "cmdline", None)
@@ -147,9 +159,11 @@ def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ra
         # blocks than the other backends were given).
         segment = _round_page(math.ceil(dram / target.owners))
         reserve = transfer_reserve(segment)
-        o.fluxkv_owner_args = f"{getattr(o, 'fluxkv_owner_args', '') or ''} --transfer-reserve {reserve}".strip()
+        landing = landing_reserve(segment, value, procs, target.owners)
+        o.fluxkv_owner_args = f"{getattr(o, 'fluxkv_owner_args', '') or ''} --transfer-reserve {reserve} --landing-reserve {landing}".strip()
         topo = fx.Topology(
             owners=target.owners,
+            landing_bytes=landing,
             dram_bytes=segment,
             ssd_owners=tuple(range(target.owners)) if target.ssd else (),
             ssd_bytes=_round_page(ssd // target.owners) if target.ssd else 0,

@@ -291,9 +291,14 @@ def test_mooncake_pages_count_errors_and_retry_refusals():
 def test_three_owners_get_the_capacity_and_no_more(tmp_path):
     """The owners' segments, transfer areas included, add up to the capacity (within a page each):
     the master lends idle transfer area room to the pool, so an area on top would be cache memory
-    the other backends are not given."""
+    the other backends are not given. The landing area, never lent and never a page's home, is
+    on top."""
     cap = 5528
     run = tb.prepare(tb.Target("fluxkv", 3, False), options("fluxkv"), cap, 64 * 1024, 5, 2, 55287)
     assert run.server.topo.dram_bytes * 3 - cap * 64 * 1024 < 3 * 4096
     assert run.spec.dram_bytes == run.server.topo.dram_bytes and 0 < run.transfer_reserve_bytes < run.spec.dram_bytes
     assert f"--transfer-reserve {run.transfer_reserve_bytes}" in run.server.opts.fluxkv_owner_args
+    # beyond the capacity only the landing area, for loads in flight: one 128-page batch of the
+    # one process attached to each owner (2 processes over 3 owners), under an eighth of the segment
+    assert run.server.topo.landing_bytes == tb.landing_reserve(run.server.topo.dram_bytes, run.spec.payload_bytes, 2, 3)
+    assert 128 * run.spec.payload_bytes <= run.server.topo.landing_bytes <= run.server.topo.dram_bytes // 8
