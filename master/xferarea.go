@@ -125,7 +125,7 @@ func (s *State) takeBackVictimLocked(n *node) (key string, dup, ok bool) {
 // value: it is promoted into free room only while the pool keeps free room of the
 // transfer area's size beside it (headroom for gets in flight), else by evicting
 // other duplicates. A get that is not promoted lands in the owner's landing area (memory
-// beyond its pool kept for this alone, --landing-reserve), else in free room of the pool
+// beyond its pool kept for gets and transfers in flight, --landing-reserve), else in free room of the pool
 // or the transfer area, for itself alone; only when there is none (and, on a first attempt,
 // no released range of this owner may be on its way back) is a sole copy evicted (the
 // eviction order's victim), and the room it frees serves the next such get, since no
