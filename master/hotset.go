@@ -19,10 +19,12 @@ import (
 // allocation that found no space (short): the requester's owner when local placement
 // or a get (its bytes land in the requester's segment) confines the value to it, else
 // every owner with holders (pooled placement may place it anywhere); each also acks
-// the holders its clients released since its last ack batch, and releases the least recently used holdings until twice the request
-// is free again (allocations need contiguous ranges). The calls run in parallel, each
-// bounded by InvalidateTimeout. It returns the bytes released in all.
-func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
+// the holders its clients released since its last ack batch, and releases the least
+// recently used holdings until twice the request is free again (allocations need
+// contiguous ranges). The calls run in parallel, each bounded by InvalidateTimeout. It
+// reports whether every owner asked answered: one that did not (a timeout on a loaded
+// machine) may still have acks of released holders on their way.
+func (s *Server) releaseHotSets(ctx context.Context, short shortage) (answered bool) {
 	type owner struct {
 		id, addr string
 		gen      int64
@@ -39,7 +41,7 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 		}
 		return nil
 	})
-	var released atomic.Int64
+	var failed atomic.Int64
 	var wg sync.WaitGroup
 	for _, o := range owners {
 		wg.Add(1)
@@ -47,20 +49,20 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) int64 {
 			defer wg.Done()
 			c, callOpts, err := s.peers.GetNode(o.id, o.addr)
 			if err != nil {
+				failed.Add(1)
 				return
 			}
 			cctx, cancel := context.WithTimeout(ctx, s.opts.InvalidateTimeout)
 			defer cancel()
 			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen, Bytes: 2 * short.bytes, MasterEpoch: s.epoch}, callOpts...)
 			if err != nil || resp.Code != common.ErrorCode_OK {
+				failed.Add(1)
 				s.opts.Logger.Debug().Err(err).Str("peer", o.addr).Msg("release hot set failed")
-				return
 			}
-			released.Add(resp.ReleasedBytes)
 		}()
 	}
 	wg.Wait()
-	return released.Load()
+	return failed.Load() == 0
 }
 
 // releaseAsk is what the master asks one owner to let go of from its hot set: the KV

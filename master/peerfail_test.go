@@ -30,6 +30,9 @@ type fakePeer struct {
 	// the server runs, or later with setPull.
 	pull      func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
 	pullCalls atomic.Int64
+	// hotSet, when set, answers ReleaseHotSet (set it before the server runs); else
+	// ReleaseHotSet answers OK at once, releasing nothing.
+	hotSet func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse
 
 	persistCalls   atomic.Int64
 	persistRunning atomic.Int64
@@ -81,6 +84,9 @@ func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer
 }
 
 func (f *fakePeer) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {
+	if f.hotSet != nil {
+		return f.hotSet(ctx, req), nil
+	}
 	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK}, nil
 }
 

@@ -203,24 +203,35 @@ func (s *Server) withState(f func(st *State) error) error {
 // (ReleaseHotSet: replicas they serve without a master trip, which nothing can evict
 // while held) and retries at once; while NO_SPACE persists it asks again at most every
 // hotSetAskInterval. The first attempt spares sole copies where held duplicates could
-// go instead (State.spareHeld); the retries do not.
+// go instead, or where a get's released range may not be acked yet (State.spareHeld);
+// so do the retries while an owner asked has not answered (its acks may still be on
+// their way: evicting then loses a value for room that is about to be free), up to
+// AllocWait, after which one last attempt may evict a sole copy.
 func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	deadline := time.Now().Add(s.opts.AllocWait)
 	var asked time.Time
-	for attempt := 0; ; attempt++ {
+	spare := true
+	for {
 		err := s.withState(func(st *State) error {
-			st.spareHeld = attempt == 0
+			st.spareHeld = spare
 			defer func() { st.spareHeld = false }()
 			return f(st)
 		})
-		if !errors.Is(err, wire.ErrNoSpace) || time.Now().After(deadline) || ctx.Err() != nil {
+		if !errors.Is(err, wire.ErrNoSpace) || ctx.Err() != nil {
 			return err
+		}
+		if time.Now().After(deadline) {
+			if !spare {
+				return err
+			}
+			spare = false
+			continue
 		}
 		if time.Since(asked) >= hotSetAskInterval {
 			asked = time.Now()
 			var short shortage
 			s.withState(func(st *State) error { short = st.short; return nil })
-			s.releaseHotSets(ctx, short)
+			spare = !s.releaseHotSets(ctx, short)
 			continue
 		}
 		select {
