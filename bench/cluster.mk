@@ -1,7 +1,7 @@
 # bench-cluster: the cluster benchmark (bench/README.md, "The cluster benchmark"; issue 14 item 4): a
 # fluxkv master and 3 owners on this machine (one with SSD), paths mixed / remote-memory / remote-ssd
 # (+ its local-ssd reference), every hit attributed per response (memory or SSD, this owner or another),
-# beside the tcp-raw limit (bench/remoteget -tcp-pair, same bytes, same run) and Mooncake's
+# beside the tcp-raw limit (bench/remoteget -tcp-pair -child-pair, same bytes, same run) and Mooncake's
 # dedicated_owner topology where it is installed. Writes $(BENCH_OUT)/summary.jsonl, goals.json and
 # cluster.png; the quick preset (default) takes under 4 minutes on 2 cores. BENCH_PRESET=full: the
 # seed's sizes per owner (hours); anything else through BENCH_ARGS, e.g.

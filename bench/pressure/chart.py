@@ -298,7 +298,7 @@ def cluster_label(s: tuple) -> str:
     """A bar's name, one item a line: backend, path, SSD state (mixed), read-through, output mode."""
     backend, path, ssd, on_miss, mode = s
     if backend == "tcp-raw":
-        return "tcp-raw\n(limit)"
+        return "tcp-raw\n(limit, 2 procs)"
     lines = [backend, path or "?"]
     if ssd is not None:
         lines.append(f"SSD {'on' if ssd else 'off'}")
@@ -392,8 +392,8 @@ def cluster_figure(records: list[dict], title: str | None = None):
             ax.set_axisbelow(True)
             ax.set_ylabel("hit GiB/s", fontsize=8)
             layouts = sorted({f"{r['procs']}x{r['threads']}" for _, r in rows if r is not None and r["backend"] != "tcp-raw"})
-            ax.set_title(f"payload {label_size(payload)} · c{ck} ({', '.join(layouts) or ck} processes x threads; tcp-raw: {ck} connections)", fontsize=9)
-    handles = [Patch(color="#b0b0b0", label="tcp-raw: Go TCP pair, same bytes (limit)"),
+            ax.set_title(f"payload {label_size(payload)} · c{ck} ({', '.join(layouts) or ck} processes x threads; tcp-raw: {ck} connections between two processes)", fontsize=9)
+    handles = [Patch(color="#b0b0b0", label="tcp-raw: Go TCP pair, two processes, same bytes (limit)"),
                Line2D([], [], color="#555555", linestyle="--", label="tcp-raw level"), Line2D([], [], color="#999999", linestyle=":", label="0.7x tcp-raw")]
     for b in [b for b in ("fluxkv", "mooncake") if any(r["backend"] == b for r in ran)]:
         for place, shade in PLACE_SHADES:
