@@ -80,8 +80,13 @@ func newMasterLink(o *Owner) (*masterLink, error) {
 	return m, nil
 }
 
-// dial makes the client of the master at addr the current one.
+// dial makes the client of the master at addr the current one: the in-process
+// master's (Options.LocalMaster) when there is one, else a Kitex client of addr.
 func (m *masterLink) dial(addr string) error {
+	if c := m.o.opts.LocalMaster; c != nil {
+		m.use(c, addr)
+		return nil
+	}
 	c, err := masterservice.NewClient("fluxkv-master", append(auth.ClientOptions(m.o.opts.Secrets, auth.PurposeMaster),
 		client.WithHostPorts(addr),
 		client.WithRPCTimeout(m.o.opts.MasterTimeout),
@@ -91,11 +96,16 @@ func (m *masterLink) dial(addr string) error {
 	if err != nil {
 		return fmt.Errorf("master client: %w", err)
 	}
+	m.use(c, addr)
+	return nil
+}
+
+// use makes c, the client of the master at addr, the current one.
+func (m *masterLink) use(c masterservice.Client, addr string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	if old := m.client.Swap(&masterClient{Client: c, addr: addr, ctx: ctx, cancel: cancel}); old != nil {
 		old.cancel()
 	}
-	return nil
 }
 
 // cl is the client of the current master. Only register runs before the first

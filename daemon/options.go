@@ -13,6 +13,7 @@ import (
 	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
@@ -29,6 +30,12 @@ type Options struct {
 	// (HA, DESIGN §12): the owner follows the leader published there instead of
 	// MasterAddr, and registers again with each new leader.
 	MasterEtcd *ha.Config
+	// LocalMaster, when set, is the client of a master in this process (fluxkv up:
+	// master.Server.LocalClient) at MasterAddr: the owner's calls to it run its
+	// handlers directly instead of crossing a loopback connection. MasterAddr stays
+	// the master's address (logs, status); the master's calls to the owner still
+	// use the peer service. Not with MasterEtcd.
+	LocalMaster masterservice.Client
 	// NodeID names this owner in the cluster. Default: the host name.
 	NodeID string
 	// PeerListen is the TCP address of the PeerService (master → owner calls). Default 127.0.0.1:0.
@@ -242,6 +249,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MasterAddr != "" && o.MasterEtcd != nil {
 		return fmt.Errorf("owner: a master address and an etcd cluster to follow are exclusive")
+	}
+	if o.LocalMaster != nil && o.MasterEtcd != nil {
+		return fmt.Errorf("owner: an in-process master and an etcd cluster to follow are exclusive")
 	}
 	if o.MasterEtcd != nil {
 		if err := o.MasterEtcd.Validate(); err != nil {

@@ -79,7 +79,11 @@ func (m *masterLink) register(ctx context.Context) error {
 	if !ok {
 		return wire.FromResponse(resp.Code, resp.Message)
 	}
-	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Str("master", m.addr()).Int("pinned", len(pins)).Msg("registered with master")
+	link := "tcp"
+	if o.opts.LocalMaster != nil {
+		link = "in-process"
+	}
+	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Str("master", m.addr()).Str("master_link", link).Int("pinned", len(pins)).Msg("registered with master")
 	if prev != 0 {
 		o.opts.Metrics.Reregistered()
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -122,7 +123,7 @@ func ownerCommand() *cli.Command {
 func upCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "up",
-		Usage: "run a single-node cache: an embedded master and an owner in one process (still meeting over TCP)",
+		Usage: "run a single-node cache: an embedded master and an owner in one process (the owner calls the master in-process)",
 		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag(), masterKeyFlag(), masterPubKeyFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...), clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
@@ -191,6 +192,12 @@ func upCommand() *cli.Command {
 				none := int64(0)
 				oc.TransferReserve = &none
 			}
+			// The owner calls the embedded master in-process (other owners given its
+			// address reach it over TCP); one campaigning on etcd may not lead, so the
+			// owner then dials it and follows the leader as any owner does.
+			if s, ok := srv.(*master.Server); ok {
+				st.localMaster = s.LocalClient()
+			}
 			if _, err := st.owner(ctx, oc, srv.Addr().String(), m, secrets); err != nil {
 				return st.fail(ctx, err)
 			}
@@ -206,6 +213,9 @@ type stack struct {
 
 	masterKey     *auth.MasterKey     // the master's (nil: insecure)
 	masterPubKeys *auth.MasterPubKeys // those the owner accepts (nil: insecure)
+	// localMaster is the embedded master's in-process client (up; nil: the owner dials
+	// its master).
+	localMaster masterservice.Client
 
 	ready *metrics.Readiness // /readyz: the components up (nil: no metrics server)
 }
@@ -352,6 +362,7 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 	t0 := time.Now()
 	opts := ownerOptions(oc, masterAddr, m, secrets)
 	opts.MasterKeys = s.masterPubKeys
+	opts.LocalMaster = s.localMaster
 	o, err := daemon.New(opts)
 	if err != nil {
 		return nil, err

@@ -295,6 +295,9 @@ master:
 	if metricsAt > ownerAt {
 		t.Errorf("metrics server started after the owner (log lines %d > %d)", metricsAt, ownerAt)
 	}
+	if reg, _ := s.waitLog("registered with master"); reg["master_link"] != "in-process" {
+		t.Errorf("up's owner registered over %v, want its embedded master in-process: %v", reg["master_link"], reg)
+	}
 
 	got := waitCapacity(t, addr)
 	if v := got["kvcache_segment_capacity_bytes"]; v != 48<<20 {
@@ -385,6 +388,9 @@ fluxkv_spec:
 	socket := filepath.Join(sockDir, "fluxkv.sock")
 	waitSocket(t, o, socket)
 	oaddr := o.metricsAddr()
+	if reg, _ := o.waitLog("registered with master"); reg["master_link"] != "tcp" {
+		t.Errorf("a separate owner registered over %v, want tcp: %v", reg["master_link"], reg)
+	}
 
 	// The memory pool: the segment less the transfer area.
 	if got := waitCapacity(t, oaddr); got["kvcache_segment_capacity_bytes"] != 12<<20 {

@@ -1,0 +1,56 @@
+package master
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+)
+
+// TestLocalClient: the in-process client (fluxkv up's owner) runs the handlers: a
+// registration, a put and a get answer as over the network; a wait for space ends
+// with the caller's deadline; a handler's panic (a nil request) is an error to the
+// caller, and the master goes on serving.
+func TestLocalClient(t *testing.T) {
+	srv := startPeerFailMaster(t, Options{Secrets: authtest.Secrets(t), AllocWait: time.Minute, WriteQuiet: -1})
+	c := srv.LocalClient()
+	ctx := context.Background()
+	node := &mp.NodeRef{NodeId: "n1", Generation: 1}
+	reg, err := c.Register(ctx, &mp.RegisterRequest{Node: node, SegmentSize: 4096, DataAddr: "127.0.0.1:1", PeerAddr: "127.0.0.1:2"})
+	if err != nil || reg.Code != common.ErrorCode_OK || reg.MasterEpoch != srv.Epoch() {
+		t.Fatalf("register: %+v, %v", reg, err)
+	}
+	ps, err := c.PutStart(ctx, &mp.PutStartRequest{Node: node, Key: "k", Len: 4096})
+	if err != nil || ps.Code != common.ErrorCode_OK {
+		t.Fatalf("put start: %+v, %v", ps, err)
+	}
+	if pd, err := c.PutDone(ctx, &mp.PutDoneRequest{Node: node, Key: "k", PutId: ps.PutId}); err != nil || pd.Code != common.ErrorCode_OK {
+		t.Fatalf("put done: %+v, %v", pd, err)
+	}
+	gs, err := c.GetStart(ctx, &mp.GetStartRequest{Node: node, Key: "k"})
+	if err != nil || gs.Code != common.ErrorCode_OK || gs.TargetOffset != ps.TargetOffset {
+		t.Fatalf("get start: %+v, %v; want the put's range at %d", gs, err, ps.TargetOffset)
+	}
+	// The segment is full and k is held by the get: a second put waits for space (a
+	// minute, AllocWait) only as long as its caller does.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	ps2, err := c.PutStart(short, &mp.PutStartRequest{Node: node, Key: "k2", Len: 4096})
+	if err != nil || ps2.Code != common.ErrorCode_NO_SPACE {
+		t.Fatalf("put into a full segment: %+v, %v; want NO_SPACE", ps2, err)
+	}
+	if d := time.Since(t0); d > 30*time.Second {
+		t.Fatalf("the put into a full segment waited %v: past its caller's deadline", d)
+	}
+	if _, err := c.Register(ctx, nil); err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("a nil registration: %v; want the handler's panic as an error", err)
+	}
+	if st, err := c.Stat(ctx, &mp.StatRequest{}); err != nil || st.Code != common.ErrorCode_OK || st.Keys != 1 {
+		t.Fatalf("stat after the panic: %+v, %v; want 1 key", st, err)
+	}
+}
