@@ -2,8 +2,12 @@ package master
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/cloudwego/kitex/pkg/kerrors"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
@@ -22,26 +26,31 @@ import (
 // the holders its clients released since its last ack batch, and releases the least
 // recently used holdings until twice the request is free again (allocations need
 // contiguous ranges). The calls run in parallel, each bounded by InvalidateTimeout. It
-// reports whether every owner asked answered: one that did not (a timeout on a loaded
-// machine) may still have acks of released holders on their way.
+// reports whether every owner asked answered in time. One that did not, though it
+// heartbeated within the last two intervals (a loaded machine, not a dead owner), may
+// still have acks of released holders on their way; an answer other than OK, a refused
+// connection, or an owner not heard from for longer counts as answered: nothing is
+// coming from it.
 func (s *Server) releaseHotSets(ctx context.Context, short shortage) (answered bool) {
 	type owner struct {
 		id, addr string
 		gen      int64
+		alive    bool // heard from within two heartbeat intervals
 	}
 	var owners []owner
+	now := time.Now()
 	s.locked(func(st *State) error {
 		for _, n := range st.nodes {
 			if (s.opts.Placement == PlacementLocal || short.local) && n.id != short.nodeID {
 				continue
 			}
 			if len(n.holders) > 0 && n.peerAddr != "" {
-				owners = append(owners, owner{n.id, n.peerAddr, n.generation})
+				owners = append(owners, owner{n.id, n.peerAddr, n.generation, now.Sub(n.lastSeen) <= 2*s.opts.HeartbeatInterval})
 			}
 		}
 		return nil
 	})
-	var failed atomic.Int64
+	var late atomic.Int64
 	var wg sync.WaitGroup
 	for _, o := range owners {
 		wg.Add(1)
@@ -49,20 +58,22 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) (answered b
 			defer wg.Done()
 			c, callOpts, err := s.peers.GetNode(o.id, o.addr)
 			if err != nil {
-				failed.Add(1)
 				return
 			}
 			cctx, cancel := context.WithTimeout(ctx, s.opts.InvalidateTimeout)
 			defer cancel()
 			resp, err := c.ReleaseHotSet(cctx, &peer.ReleaseHotSetRequest{Generation: o.gen, Bytes: 2 * short.bytes, MasterEpoch: s.epoch}, callOpts...)
 			if err != nil || resp.Code != common.ErrorCode_OK {
-				failed.Add(1)
 				s.opts.Logger.Debug().Err(err).Str("peer", o.addr).Msg("release hot set failed")
+			}
+			timedOut := errors.Is(err, kerrors.ErrRPCTimeout) || (err != nil && cctx.Err() != nil)
+			if timedOut && ctx.Err() == nil && o.alive {
+				late.Add(1) // no answer within the timeout
 			}
 		}()
 	}
 	wg.Wait()
-	return failed.Load() == 0
+	return late.Load() == 0
 }
 
 // releaseAsk is what the master asks one owner to let go of from its hot set: the KV

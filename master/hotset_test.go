@@ -8,27 +8,32 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
 
-// TestGetWaitsForUnansweredRelease: a get on a full owner, whose previous get's range
-// its client released but the owner has not acked yet, waits for that ack instead of
-// evicting a sole copy, also when the owner's answer to ReleaseHotSet comes after the
-// master's timeout (a loaded machine: the ack and the answer are late together). The
-// fault: the owner answers ReleaseHotSet 150 ms after a 20 ms timeout and acks the
-// released holder just before it answers.
-func TestGetWaitsForUnansweredRelease(t *testing.T) {
+// fullOwner is a master with two owners: a holds k1 and k2; b's pool (2 KiB, no transfer
+// area) is full of q1 and q2, and b's owner answers ReleaseHotSet 150 ms after the
+// master's 20 ms timeout, acking then (when ack is set) the holder its client released
+// last (held).
+type fullOwner struct {
+	srv   *Server
+	b     NodeRef
+	held  atomic.Int64 // the holder b's client released, not acked yet
+	asked atomic.Int64 // ReleaseHotSet calls b's owner received
+}
+
+func startFullOwner(t *testing.T, allocWait time.Duration, ack bool) *fullOwner {
+	t.Helper()
 	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s, InvalidateTimeout: 20 * time.Millisecond})
-	b := NodeRef{ID: "b", Generation: 1}
-	var held atomic.Int64 // the holder the owner's client released, not acked yet
-	var asked atomic.Int64
+	f := &fullOwner{b: NodeRef{ID: "b", Generation: 1}}
+	f.srv = startPeerFailMaster(t, Options{Secrets: s, InvalidateTimeout: 20 * time.Millisecond, AllocWait: allocWait})
 	owner := &fakePeer{hotSet: func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse {
-		asked.Add(1)
+		f.asked.Add(1)
 		time.Sleep(150 * time.Millisecond)
-		if id := held.Swap(0); id != 0 {
-			srv.withState(func(st *State) error {
-				_, err := st.BatchDeleteAck(b, []int64{id}, nil)
+		if id := f.held.Load(); ack && id != 0 && f.held.CompareAndSwap(id, 0) {
+			f.srv.withState(func(st *State) error {
+				_, err := st.BatchDeleteAck(f.b, []int64{id}, nil)
 				return err
 			})
 		}
@@ -36,66 +41,112 @@ func TestGetWaitsForUnansweredRelease(t *testing.T) {
 	}}
 	addr := startFakePeer(t, s, owner)
 	a := NodeRef{ID: "a", Generation: 1}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	put := func(ref NodeRef, key string) {
-		t.Helper()
-		must(srv.withState(func(st *State) error {
-			plan, err := st.PutStart(time.Now(), ref, key, 1024, false, nil)
-			if err != nil {
-				return err
-			}
-			_, err = st.PutDone(time.Now(), ref, key, plan.PutID)
-			return err
-		}))
-	}
-	// a holds k1 and k2; b's pool (2 KiB, no transfer area) is full of q1 and q2.
-	must(srv.withState(func(st *State) error {
+	f.must(t, f.srv.withState(func(st *State) error {
 		if err := st.Register(time.Now(), a, 4096, 0, 0, "", "", SSDInfo{}, nil); err != nil {
 			return err
 		}
-		return st.Register(time.Now(), b, 2048, 0, 0, "", addr, SSDInfo{}, nil)
+		return st.Register(time.Now(), f.b, 2048, 0, 0, "", addr, SSDInfo{}, nil)
 	}))
-	put(a, "k1")
-	put(a, "k2")
-	put(b, "q1")
-	put(b, "q2")
-	get := func(key string, sole bool) {
-		t.Helper()
-		var plan GetPlan
-		must(srv.withSpace(context.Background(), func(st *State) error {
-			var err error
-			plan, err = st.GetStart(time.Now(), b, key, nil)
-			return err
-		}))
-		must(srv.withState(func(st *State) error {
-			id, promoted, err := st.GetDone(b, key, plan.GetID)
-			if promoted && sole {
-				t.Errorf("get of %s promoted: the test needs its range to be a sole holding", key)
+	for _, p := range []struct {
+		ref NodeRef
+		key string
+	}{{a, "k1"}, {a, "k2"}, {f.b, "q1"}, {f.b, "q2"}} {
+		f.must(t, f.srv.withState(func(st *State) error {
+			plan, err := st.PutStart(time.Now(), p.ref, p.key, 1024, false, nil)
+			if err != nil {
+				return err
 			}
-			held.Store(id)
+			_, err = st.PutDone(time.Now(), p.ref, p.key, plan.PutID)
 			return err
 		}))
 	}
-	get("k1", true)  // b is full: the first get costs b a value (q1)
-	get("k2", false) // k1's range is released by the client but not acked: no eviction
-	var memory []string
-	srv.Inspect(func(st *State) {
+	return f
+}
+
+func (f *fullOwner) must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// done ends a get of key through b started by plan; its holder is then b's client's,
+// released by it and not acked (held). sole: the get's range must not be promoted.
+func (f *fullOwner) done(t *testing.T, key string, plan GetPlan, sole bool) {
+	t.Helper()
+	f.must(t, f.srv.withState(func(st *State) error {
+		id, promoted, err := st.GetDone(f.b, key, plan.GetID)
+		if promoted && sole {
+			t.Errorf("get of %s promoted: the test needs its range to be a sole holding", key)
+		}
+		f.held.Store(id)
+		return err
+	}))
+}
+
+// get runs a get of key through b as the handler does (withSpace).
+func (f *fullOwner) get(t *testing.T, key string, sole bool) {
+	t.Helper()
+	var plan GetPlan
+	f.must(t, f.srv.withSpace(context.Background(), func(st *State) error {
+		var err error
+		plan, err = st.GetStart(time.Now(), f.b, key, nil)
+		return err
+	}))
+	f.done(t, key, plan, sole)
+}
+
+// inMemory lists which of k1, k2, q1, q2 have a memory replica.
+func (f *fullOwner) inMemory() []string {
+	var keys []string
+	f.srv.Inspect(func(st *State) {
 		for _, k := range []string{"k1", "k2", "q1", "q2"} {
-			if r := st.routes[k]; r != nil && r.memoryReplica(st.nodes["b"]) != nil || r != nil && r.memoryReplica(st.nodes["a"]) != nil {
-				memory = append(memory, k)
+			if r := st.routes[k]; r != nil && (r.memoryReplica(st.nodes["a"]) != nil || r.memoryReplica(st.nodes["b"]) != nil) {
+				keys = append(keys, k)
 			}
 		}
 	})
-	t.Logf("asked %d times; values in memory: %v", asked.Load(), memory)
-	if asked.Load() == 0 {
+	return keys
+}
+
+// TestGetWaitsForUnansweredRelease: a get on a full owner, whose previous get's range
+// its client released but the owner has not acked yet, waits for that ack instead of
+// evicting a sole copy, also when the owner's answer to ReleaseHotSet comes after the
+// master's timeout (a loaded machine: the ack and the answer are late together).
+func TestGetWaitsForUnansweredRelease(t *testing.T) {
+	f := startFullOwner(t, 5*time.Second, true)
+	f.get(t, "k1", true)  // b is full: the first get costs b a value (q1)
+	f.get(t, "k2", false) // k1's range is released by the client but not acked: no eviction
+	memory := f.inMemory()
+	t.Logf("asked %d times; values in memory: %v", f.asked.Load(), memory)
+	if f.asked.Load() == 0 {
 		t.Fatal("the second get never asked the owner for its hot set: the test did not reach the fault")
 	}
 	if len(memory) != 3 {
 		t.Fatalf("values in memory after two gets through full b: %v; want k1, k2 and one of b's (the first get's room)", memory)
+	}
+}
+
+// TestGetEvictsWhenReleaseNeverComes: when the owner never acks the released range and
+// never answers in time, a get waits its AllocWait (400 ms here) and then evicts a sole
+// copy on its last attempt, alone or in a batch (whose wait ends with its context).
+func TestGetEvictsWhenReleaseNeverComes(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		f := startFullOwner(t, 400*time.Millisecond, false)
+		f.get(t, "k1", true)
+		if batch {
+			h := &handler{s: f.srv}
+			resp, err := h.BatchGetStart(context.Background(), &mp.BatchGetStartRequest{Node: &mp.NodeRef{NodeId: "b", Generation: 1}, Keys: []string{"k2"}})
+			if err != nil || resp.Code != common.ErrorCode_OK || len(resp.Results) != 1 || resp.Results[0].Code != common.ErrorCode_OK {
+				t.Fatalf("batch get of k2 past b's wait: %+v, %v; want its last attempt to evict", resp, err)
+			}
+		} else {
+			f.get(t, "k2", false)
+		}
+		memory := f.inMemory()
+		t.Logf("batch %v: asked %d times; values in memory: %v", batch, f.asked.Load(), memory)
+		if len(memory) != 2 {
+			t.Fatalf("batch %v: values in memory: %v; want k1 and k2 (b gave q1 and q2 for the gets' room)", batch, memory)
+		}
 	}
 }

@@ -12,14 +12,16 @@ import (
 )
 
 // LocalClient is a MasterService client for an owner in this process (fluxkv up): its
-// calls run this server's handlers directly, on the caller's goroutine, without a
-// connection, framing, encoding or the authentication of one (the caller is this
-// process). The handlers get the caller's context, so a wait for space or for the
-// write quiet period ends with the caller's deadline (over the network the master
-// waited on after the caller had given up); a call that does not wait returns when the
-// handler does. Call options are ignored: the context's deadline is the timeout.
-// Requests must not be changed once sent, and answers belong to the caller (neither
-// side keeps the other's objects). Valid once the server is started.
+// calls run this server's handlers directly, without a connection, framing, encoding
+// or the authentication of one (the caller is this process). It keeps a network
+// call's semantics: the handler runs on a goroutine of its own without the caller's
+// deadline (a wait for space goes on up to AllocWait, the write quiet period is waited
+// out), and the caller stops waiting when its context ends, with an error as a timeout
+// is, while the master finishes the call. Once the server is stopped calls fail. Call
+// options are ignored: the context's deadline is the timeout. The master's calls count
+// in no metrics (up's master records none). Requests must not be changed once sent,
+// and answers belong to the caller (neither side keeps the other's objects). Valid
+// once the server is started.
 func (s *Server) LocalClient() masterservice.Client { return localClient{h: &handler{s: s}} }
 
 // localClient is LocalClient's client: one method per MasterService call, each
@@ -31,15 +33,38 @@ var _ masterservice.Client = localClient{}
 // local runs one handler call for a caller in this process (LocalClient). A panic in
 // the handler is logged and answered as an error, as the Kitex server does for a call
 // over the network.
-func local[Req, Resp any](h *handler, ctx context.Context, method string, req Req, f func(context.Context, Req) (Resp, error)) (resp Resp, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			h.s.opts.Logger.Error().Str("method", method).Interface("panic", p).Str("stack", string(debug.Stack())).Msg("master handler panicked (in-process call)")
-			var zero Resp
-			resp, err = zero, fmt.Errorf("in-process master %s: handler panicked: %v", method, p)
-		}
+func local[Req, Resp any](h *handler, ctx context.Context, method string, req Req, f func(context.Context, Req) (Resp, error)) (Resp, error) {
+	var zero Resp
+	if err := ctx.Err(); err != nil {
+		return zero, fmt.Errorf("in-process master %s: %w", method, err)
+	}
+	select {
+	case <-h.s.stop:
+		return zero, fmt.Errorf("in-process master %s: the master is stopped", method)
+	default:
+	}
+	type answer struct {
+		resp Resp
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		var a answer
+		defer func() {
+			if p := recover(); p != nil {
+				h.s.opts.Logger.Error().Str("method", method).Interface("panic", p).Str("stack", string(debug.Stack())).Msg("master handler panicked (in-process call)")
+				a = answer{zero, fmt.Errorf("in-process master %s: handler panicked: %v", method, p)}
+			}
+			done <- a
+		}()
+		a.resp, a.err = f(context.WithoutCancel(ctx), req)
 	}()
-	return f(ctx, req)
+	select {
+	case a := <-done:
+		return a.resp, a.err
+	case <-ctx.Done():
+		return zero, fmt.Errorf("in-process master %s: %w", method, ctx.Err())
+	}
 }
 
 func (c localClient) Register(ctx context.Context, req *mp.RegisterRequest, _ ...callopt.Option) (*mp.RegisterResponse, error) {

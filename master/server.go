@@ -206,7 +206,7 @@ func (s *Server) withState(f func(st *State) error) error {
 // go instead, or where a get's released range may not be acked yet (State.spareHeld);
 // so do the retries while an owner asked has not answered (its acks may still be on
 // their way: evicting then loses a value for room that is about to be free), up to
-// AllocWait, after which one last attempt may evict a sole copy.
+// AllocWait or the end of ctx, after which one last attempt may evict a sole copy.
 func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	deadline := time.Now().Add(s.opts.AllocWait)
 	var asked time.Time
@@ -217,14 +217,14 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 			defer func() { st.spareHeld = false }()
 			return f(st)
 		})
-		if !errors.Is(err, wire.ErrNoSpace) || ctx.Err() != nil {
+		if !errors.Is(err, wire.ErrNoSpace) {
 			return err
 		}
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil || time.Now().After(deadline) {
 			if !spare {
 				return err
 			}
-			spare = false
+			spare = false // the last attempt may evict a sole copy
 			continue
 		}
 		if time.Since(asked) >= hotSetAskInterval {
@@ -235,8 +235,7 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 			continue
 		}
 		select {
-		case <-ctx.Done():
-			return err
+		case <-ctx.Done(): // the next round makes the last attempt
 		case <-time.After(s.opts.AllocRetryInterval):
 		}
 	}
