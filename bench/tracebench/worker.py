@@ -5,6 +5,7 @@ back one row per request. :class:`Sync` keeps the processes in arrival order."""
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -132,6 +133,21 @@ def serve(plan: Plan, sync: Sync, pc) -> dict:
     return {"rows": rows, "loaded": loaded, "store_attempts": attempted, "put_failed": failed, "verified": verified, "wrong_bytes": wrong}
 
 
+def _profiled(plan: Plan, sync: Sync, pc) -> dict:
+    """serve, under cProfile when TRACEBENCH_PROFILE names a directory: each process writes
+    its statistics there (``worker-I.prof``, for ``python3 -m pstats``)."""
+    where = os.environ.get("TRACEBENCH_PROFILE")
+    if not where:
+        return serve(plan, sync, pc)
+    import cProfile
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(serve, plan, sync, pc)
+    finally:
+        prof.dump_stats(os.path.join(where, f"worker-{plan.index}.prof"))
+
+
 def main(plan: Plan, sync: Sync, out) -> None:
     """The process's entry point: ("ready", i, None), then ("done", i, result) or ("error", i, text) on ``out``."""
     ws = tc = None
@@ -140,7 +156,7 @@ def main(plan: Plan, sync: Sync, out) -> None:
         ssd0 = ws.ssd_counter()
         out.put(("ready", plan.index, None))
         sync.go.wait()
-        res = serve(plan, sync, pc)
+        res = _profiled(plan, sync, pc)
         ssd1 = ws.ssd_counter()
         res.update(pc.counters())
         res["wrong_bytes"] += res.pop("wrong_bytes_values", 0)

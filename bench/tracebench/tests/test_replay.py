@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import pstats
 
 import numpy as np
 import pytest
@@ -43,7 +44,10 @@ def options(fluxkv_bin: str) -> argparse.Namespace:
     return ap.parse_args(["--fluxkv-bin", fluxkv_bin])
 
 
-def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_bin, tmp_path):
+def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_bin, tmp_path, monkeypatch):
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    monkeypatch.setenv("TRACEBENCH_PROFILE", str(prof))  # each process profiles its share
     t = load(write_trace(tmp_path))
     run = tb.prepare(tb.Target("fluxkv", 1, False), options(fluxkv_bin), 2 * t.distinct, BLOCK, 5, 2, t.distinct)
     with Group() as g:
@@ -56,6 +60,9 @@ def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_b
     assert res.wrong_bytes == 0 and res.put_failed == 0 and res.errors == 0
     assert dict(res.sources) == {"memory_local": res.loaded}
     assert held["memory"] == t.distinct
+    for i in range(2):
+        stats = pstats.Stats(str(prof / f"worker-{i}.prof"))
+        assert any(fn == "serve" for (_, _, fn) in stats.stats)
 
 
 def test_three_owners_count_pinned_pulls_as_remote_hits(fluxkv_bin, tmp_path):
