@@ -1,7 +1,8 @@
 """fluxkv.integrations.sglang loaded and driven as SGLang does it: built by the stand-in of
 SGLang's storage backend factory (tests/engines/sglang) from the issue's extra_config, fed
 the stand-in's host pools (MHA and MLA, layer_first and page_first, float32 and bfloat16) and
-called through every method of SGLang's HiCacheStorage, against real daemons. The stand-in is
+called through every method of SGLang's HiCacheStorage, against real daemons; then the
+pools it refuses (MXFP8, pools without page buffers) and the asymmetric K/V pool. The stand-in is
 on sys.path only while this module runs."""
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from tinylm import TinyLM, chain_hashes
 # The issue's --hicache-storage-backend-extra-config, socket filled in per test.
 ISSUE_EXTRA_CONFIG = '{"backend_name": "fluxkv", "module_path": "fluxkv.integrations.sglang", "class_name": "FluxkvHiCacheStorage", "socket": "%s"}'
 PAGE = 16  # tokens per page
-LAYOUTS = ("layer_first", "page_first")
+LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")  # MHA's; MLA has no page_head
+MLA_LAYOUTS = LAYOUTS[:3]
+POOL_KINDS = [(False, layout) for layout in LAYOUTS] + [(True, layout) for layout in MLA_LAYOUTS]
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -97,6 +100,11 @@ def flat(pool, start: int) -> torch.Tensor:
     return pool.get_data_page(start).clone()
 
 
+def tag_of(layout: str) -> str:
+    """The layout's part of the namespace and page tag (a tag holds 20 bytes)."""
+    return {"page_first_direct": "page_direct"}.get(layout, layout)
+
+
 def test_loads_through_the_factory(sg, node):
     pool = make_pool(sg, mla=False, layout="page_first", dtype=torch.bfloat16)
     c = engine(sg, pool, "org/model-a", node.socket, tp_rank=1, tp_size=2, interface_v1=False)
@@ -127,8 +135,7 @@ def test_namespace_carries_model_ranks_dtype_layout(sg, node, ranks, mla, want):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("mla, layout", POOL_KINDS, ids=[f"{'mla' if m else 'mha'}-{lay}" for m, lay in POOL_KINDS])
 def test_every_method_round_trips(sg, node, mla, layout, dtype):
     model = f"rt-{int(mla)}-{layout}-{dtype}"
     src = make_pool(sg, mla, layout, dtype, fill_seed=1)
@@ -309,7 +316,7 @@ def test_a_page_of_another_shape_is_a_miss(sg, node, layout, caplog):
     pool = make_pool(sg, False, layout, torch.float32, fill_seed=8)
     b = engine(sg, pool, f"odd-{layout}", node.socket).backend
     assert b.batch_set_v1(["ok"], slots(0)) == [True]
-    with kv.PageStore(node.socket, b.namespace, layout=f"mha-{layout}") as foreign:
+    with kv.PageStore(node.socket, b.namespace, layout=f"mha-{tag_of(layout)}") as foreign:
         assert foreign.put_pages(["odd.k", "odd.v"], [torch.zeros(3, 5), torch.zeros(3, 5)]) == [True, True]
     with caplog.at_level(logging.ERROR, logger="fluxkv.integrations.sglang"):
         assert b.batch_get_v1(["odd"], slots(16)) == [False]
@@ -378,6 +385,92 @@ def test_misuse_raises(sg, node):
         sg.backend.FluxkvHiCacheStorage(nameless, {})
 
 
+def test_page_axis_layouts_name_their_namespace(sg, node):
+    for mla, layout in [(False, "page_first_direct"), (False, "page_head"), (True, "page_first_direct")]:
+        b = engine(sg, make_pool(sg, mla, layout, torch.float32), "axis", node.socket, mla=mla).backend
+        assert b.namespace == f"kv1/axis/{'tp*' if mla else 'tp0of1'}/pp0of1/float32/{'mla' if mla else 'mha'}-{tag_of(layout)}"
+        b.close()
+
+
+def asymmetric_pool(sg, layout: str, dtype=torch.bfloat16, pages: int = 8, fill_seed: int | None = None):
+    """A pool of a model whose V head is narrower than its K head (K 12, V 8 wide)."""
+    pool = sg.pools.AsymmetricMHATokenToKVPoolHost(pages * PAGE, PAGE, layer_num=3, head_num=2, head_dim=12, v_head_dim=8, dtype=dtype, layout=layout)
+    if fill_seed is not None:
+        g = torch.Generator().manual_seed(fill_seed)
+        for buf in pool.kv_buffer:
+            buf.copy_(torch.randn(buf.shape, generator=g).to(dtype))
+    return pool
+
+
+def page_parts(pool, start: int) -> list:
+    """K's and V's page at start, in the pool's own order (upstream's page ranges)."""
+    ptrs, sizes = pool.get_page_buffer_meta(torch.arange(start, start + PAGE))
+    base = [b.data_ptr() for b in pool.kv_buffer]
+    out = []
+    for buf, ptr, size in zip(pool.kv_buffer, ptrs, sizes):
+        flat_buf = buf.view(-1)
+        first = (ptr - buf.data_ptr()) // buf.element_size()
+        out.append(flat_buf[first : first + size // buf.element_size()])
+        assert buf.data_ptr() in base
+    return out
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_asymmetric_kv_pools_round_trip_zero_copy(sg, node, layout, monkeypatch):
+    """K and V in two host buffers of different widths: stored and loaded through the v1
+    calls, each page's K and V copied straight between the pool and shared memory."""
+    src, dst = asymmetric_pool(sg, layout, fill_seed=12), asymmetric_pool(sg, layout)
+    a = engine(sg, src, f"asym-{layout}", node.socket).backend
+    b = engine(sg, dst, f"asym-{layout}", node.socket).backend
+    assert a.namespace == b.namespace and a.namespace.endswith(f"/bfloat16/mha-{tag_of(layout)}")
+    targets: list = []
+    orig = kv.PageStore.get_pages_into
+
+    def spy(self, names, tensors, *args, **kw):
+        targets.extend(t.data_ptr() for t in tensors)
+        return orig(self, names, tensors, *args, **kw)
+
+    monkeypatch.setattr(kv.PageStore, "get_pages_into", spy)
+    keys, at, back = ["a0", "a1", "a2"], (48, 0, 96), (16, 112, 64)
+    assert a.batch_set_v1(keys, slots(*at)) == [True] * 3
+    assert b.batch_exists(keys + ["none"]) == 3
+    assert b.batch_get_v1(keys + ["none"], slots(*back, 32)) == [True, True, True, False]
+    for s, d in zip(at, back):
+        for want, got in zip(page_parts(src, s), page_parts(dst, d)):
+            assert torch.equal(want, got)
+    assert not any(buf.narrow(0, 32 // PAGE if layout == "page_first_direct" else 32, 1).any() for buf in dst.kv_buffer)
+    # zero-copy: every load target is a page range of the pool itself, K's and V's
+    want = [p for d in back for p in dst.get_page_buffer_meta(torch.arange(d, d + PAGE))[0]]
+    assert targets[: len(want)] == want
+    with fluxkv.connect(node.socket) as c:  # K and V pages of their own shapes
+        k, v = (kv.PageHeader.unpack(c.get(f"{a.namespace}/a0{s}").read(0, kv.PAGE_HEADER_BYTES)) for s in (".k", ".v"))
+    width = {"page_first": lambda d: (PAGE, 3, 2, d), "page_first_direct": lambda d: (3, PAGE, 2, d)}[layout]
+    assert (k.shape, v.shape) == (width(12), width(8))
+    a.close()
+    b.close()
+
+
+def test_asymmetric_kv_pool_on_the_generic_path_is_refused(sg, node):
+    with pytest.raises(ValueError, match=r"AsymmetricMHATokenToKVPoolHost has no flat data pages.*\"interface_v1\": 1"):
+        engine(sg, asymmetric_pool(sg, "page_first"), "asym-generic", node.socket, interface_v1=False)
+
+
+def test_mxfp8_and_undescribed_pools_are_refused_by_name(sg, node):
+    mxfp8 = sg.pools.MHATokenToKVPoolMXFP8Host(8 * PAGE, PAGE, layer_num=3, head_num=2, head_dim=8, sf_page_bytes=4)
+    with pytest.raises(ValueError, match=r"host pool MHATokenToKVPoolMXFP8Host: .*scales live outside kv_buffer \(k_scale_host, v_scale_host\)"):
+        engine(sg, mxfp8, "mxfp8", node.socket)
+
+    class Int8Pool(sg.pools.MHATokenToKVPoolHost):  # upstream's INT8 pool: no page buffers
+        def get_page_buffer_meta(self, indices):
+            raise NotImplementedError("INT8 host pool")
+
+    int8 = Int8Pool(8 * PAGE, PAGE, layer_num=3, head_num=2, head_dim=8, dtype=torch.uint8, layout="layer_first")
+    with pytest.raises(ValueError, match=r"host pool Int8Pool: .*describes no page buffers for it \(INT8 host pool\)"):
+        engine(sg, int8, "int8", node.socket)
+    with pytest.raises(ValueError, match=r"MLA pools"):
+        engine(sg, make_pool(sg, False, "page_head", torch.float32), "mla-head", node.socket, mla=True)
+
+
 def test_imports_without_sglang():
     code = (
         "import fluxkv.integrations.sglang as m, sys\n"
@@ -395,9 +488,16 @@ def test_imports_without_sglang():
 
 def pool_views(pool, start: int) -> list:
     """The K and V of the page at start, each as (layers, tokens, heads, head_dim) views."""
-    if pool.layout == "layer_first":
-        return [pool.k_buffer[:, start : start + PAGE], pool.v_buffer[:, start : start + PAGE]]
-    return [pool.k_buffer[start : start + PAGE].transpose(0, 1), pool.v_buffer[start : start + PAGE].transpose(0, 1)]
+    def view(buf):
+        if pool.layout == "layer_first":
+            return buf[:, start : start + PAGE]
+        if pool.layout == "page_first":
+            return buf[start : start + PAGE].transpose(0, 1)
+        if pool.layout == "page_first_direct":  # (pages, layers, page_size, heads, dim)
+            return buf[start // PAGE]
+        return buf[start // PAGE].permute(2, 1, 0, 3)  # page_head: (pages, heads, page_size, layers, dim)
+
+    return [view(pool.k_buffer), view(pool.v_buffer)]
 
 
 def to_pool(pool, start: int, page: torch.Tensor) -> None:

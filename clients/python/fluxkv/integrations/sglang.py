@@ -39,12 +39,24 @@ What SGLang expects, as read from sgl-project/sglang main at commit 001067ff
   restarts: a None result or an escaping exception ends L3 for the life of the process. So
   every outcome of fluxkv (down, out of space, a page of another layout) is answered as a miss
   or False; only misuse (no host pool, host_indices of the wrong length) raises.
-- Host pools. ``MHATokenToKVPoolHost.kv_buffer`` is (2, layers, tokens, heads, head_dim) for
-  ``layer_first`` and (2, tokens, layers, heads, head_dim) for ``page_first``
-  (``k_buffer``/``v_buffer`` are its halves); ``MLATokenToKVPoolHost.kv_buffer`` is (layers,
-  tokens, 1, kv_cache_dim) or (tokens, layers, 1, kv_cache_dim). ``get_page_buffer_meta(
-  indices)`` lists a page's memory ranges: K and V (MHA) or one range (MLA) per page for
-  page_first, one per layer for layer_first; a flat data page is K's page then V's.
+- Host pools (``mem_cache/pool_host/{mha,mla,mha_mxfp8}.py`` at 0047d999, 01c0ede3,
+  02d20b8b; ``--hicache-mem-layout`` picks the layout). ``MHATokenToKVPoolHost.kv_buffer`` is
+  (2, layers, tokens, heads, head_dim) for ``layer_first``, (2, tokens, layers, heads,
+  head_dim) for ``page_first``, (2, pages, layers, page_size, heads, head_dim) for
+  ``page_first_direct`` and (2, pages, heads, page_size, layers, head_dim) for ``page_head``
+  (``k_buffer``/``v_buffer`` are its halves). Models with ``head_dim != v_head_dim`` get an
+  ``AsymmetricMHATokenToKVPoolHost`` (page_first and page_first_direct only): K and V are
+  two allocations and ``kv_buffer`` is the tuple (K, V); its flat-page methods raise
+  NotImplementedError, so only the v1 calls move its pages (as Mooncake's backend does).
+  ``MLATokenToKVPoolHost.kv_buffer`` is (layers, tokens, 1, kv_cache_dim), (tokens, layers,
+  1, kv_cache_dim) or (pages, layers, page_size, 1, kv_cache_dim) (no page_head; Ascend's
+  ``page_first_kv_split`` is not supported here). ``get_page_buffer_meta(indices)`` lists a
+  page's memory ranges: K and V (MHA) or one range (MLA) per page, except one per layer for
+  layer_first; a flat data page is K's page then V's, each in the layout's order. The MXFP8
+  pool (``MHATokenToKVPoolMXFP8Host``: fp8 KV, scales in ``k_scale_host``/``v_scale_host``)
+  and the FP4 and INT8 pools raise NotImplementedError from ``get_page_buffer_meta`` and
+  the flat-page methods: this backend refuses them when it is attached, with a ValueError
+  naming the pool, rather than store KV bytes without their scales.
 - Peers. Mooncake's backend stores an MHA page as keys ``<key>_<rank>_k`` and ``_v`` (MLA:
   one ``_k`` key, no rank), skips keys already present on set, and refuses layer_first MHA on
   the v1 path. The file backend suffixes keys with the model name and, except for MLA, the TP
@@ -68,10 +80,14 @@ appended under attention context parallelism -- with a page's K and V under
 Both call paths read and write the same pages. A store's pages go as one chain
 (``PageStore.put_pages`` with ``chain``): K before V, each page after the one before it, so
 eviction keeps a prompt's pages from the front (see :meth:`FluxkvHiCacheStorage._save`). v1
-calls move pages between fluxkv and the host pool's buffers at ``host_indices``: page_first
-pages are contiguous slices, copied straight in and out of shared memory; layer_first pages
-are strided, so a store gathers each page once before its copy into shared memory and a load
-copies from a zero-copy view.
+calls move pages between fluxkv and the host pool's buffers at ``host_indices``: pages of
+page_first, page_first_direct and page_head (and both buffers of an asymmetric pool) are
+contiguous, copied straight in and out of shared memory; layer_first pages are strided, so a
+store gathers each page once before its copy into shared memory and a load copies from a
+zero-copy view. The layout is part of the namespace and of every page's header tag
+(``page_direct`` stands for page_first_direct: the tag holds 20 bytes), so pools of two
+layouts never read each other's pages. A pool without flat data pages is refused at
+registration unless ``interface_v1`` is set (the generic calls could not move its pages).
 """
 
 from __future__ import annotations
@@ -130,48 +146,106 @@ _SAMPLES = ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidt
 _STORAGE_METRICS_MODULES = ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector")
 
 
+# Host pool layouts: where a component buffer keeps a page. "slots": page_size token slots
+# along the token axis (a page of layer_first is strided, of page_first contiguous);
+# "page": one index of the leading page axis (contiguous).
+_LAYOUTS = {
+    "layer_first": ("slots", 1),
+    "page_first": ("slots", 0),
+    "page_first_direct": ("page", 0),
+    "page_head": ("page", 0),
+}
+# Layouts an MLA pool has (upstream has no page_head for MLA).
+_MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+# The layout part of the pages' tag and namespace: the header's tag holds 20 bytes, and
+# "mha-page_first_direct" is 21.
+_LAYOUT_TAGS = {"page_first_direct": "page_direct"}
+
+
 class _HostPages:
     """Where a host pool keeps each page: its components (MHA: K and V, MLA: one) as views of
-    the pool's ``kv_buffer``, and the flat form of a page the generic calls use."""
+    the pool's buffers, and the flat form of a page the generic calls use (each component's
+    page in the pool's own order, K's then V's).
 
-    LAYOUTS = ("layer_first", "page_first")
+    The component buffers: MHA ``kv_buffer`` is (2, ...), K and V its halves, except in an
+    asymmetric pool (``head_dim != v_head_dim``), whose ``kv_buffer`` is the tuple (K, V) of
+    two allocations; MLA ``kv_buffer`` is the one component. Per layout a component is
+    (layers, tokens, heads, dim) layer_first, (tokens, layers, heads, dim) page_first,
+    (pages, layers, page_size, heads, dim) page_first_direct and (pages, heads, page_size,
+    layers, dim) page_head (MLA: heads is 1)."""
 
     def __init__(self, pool, mla: bool):
-        if pool.layout not in self.LAYOUTS:
-            raise ValueError(f"host pool layout {pool.layout!r}: fluxkv's SGLang backend supports {' and '.join(self.LAYOUTS)}")
-        buf = pool.kv_buffer
-        if not isinstance(buf, torch.Tensor) or buf.device.type != "cpu":
-            raise ValueError("the host pool's kv_buffer must be a CPU tensor")
-        dtype = str(buf.dtype).removeprefix("torch.")
+        self.kind = type(pool).__name__
+        layouts = _MLA_LAYOUTS if mla else tuple(_LAYOUTS)
+        if pool.layout not in layouts:
+            raise ValueError(f"host pool layout {pool.layout!r}: fluxkv's SGLang backend supports {', '.join(layouts)} for {'MLA' if mla else 'MHA'} pools")
+        self._refuse_scaled(pool)
+        self.buffers, self.suffixes = self._components(pool.kv_buffer, mla)
+        dtypes = {b.dtype for b in self.buffers}
+        if len(dtypes) != 1:
+            raise ValueError(f"{self.kind}: K and V of different dtypes ({', '.join(map(str, dtypes))})")
+        self.dtype = self.buffers[0].dtype
+        dtype = str(self.dtype).removeprefix("torch.")
         if dtype not in kv.DTYPES:
             raise ValueError(f"host pool dtype {dtype}: fluxkv pages hold {', '.join(kv.DTYPES)}")
-        if mla:
-            if buf.dim() != 4:
-                raise ValueError(f"an MLA host pool's kv_buffer is 4-D, this one is {tuple(buf.shape)}")
-            self.buffers: tuple = (buf,)
-            self.suffixes: tuple = ("",)
-        else:
-            if buf.dim() != 5 or buf.shape[0] != 2:
-                raise ValueError(f"an MHA host pool's kv_buffer is (2, ...) 5-D, this one is {tuple(buf.shape)}")
-            self.buffers, self.suffixes = (buf[0], buf[1]), (".k", ".v")
         self.layout = pool.layout
+        self.tag = _LAYOUT_TAGS.get(pool.layout, pool.layout)
         self.page_size = int(pool.page_size)
-        self.dtype = buf.dtype
-        self.token_axis = 0 if pool.layout == "page_first" else 1
-        self.tokens = self.buffers[0].shape[self.token_axis]
-        first = self.views(0)
-        self.page_shape = tuple(first[0].shape)
-        self.page_numel = first[0].numel()
-        self.page_bytes = sum(v.numel() * v.element_size() for v in first)
-        self._check_meta(pool, first)
+        self._where, self._axis = _LAYOUTS[pool.layout]
+        want_dim = 4 if self._where == "slots" else 5
+        for b in self.buffers:
+            if b.dim() != want_dim:
+                what = "an MLA host pool's kv_buffer" if mla else "an MHA host pool's K and V"
+                raise ValueError(f"{what} ({self.kind}, {pool.layout}): {tuple(b.shape)}, expected {want_dim}-D")
+        first = self.buffers[0]
+        self.tokens = first.shape[self._axis] * (self.page_size if self._where == "page" else 1)
+        views = self.views(0)
+        self.page_shapes = [tuple(v.shape) for v in views]
+        self.page_numels = [v.numel() for v in views]
+        self.page_bytes = sum(v.numel() * v.element_size() for v in views)
+        self._check_meta(pool, views)
+
+    def _refuse_scaled(self, pool) -> None:
+        """Refuse a quantized pool whose scales live beside kv_buffer (MXFP8, FP4): storing its
+        KV bytes alone would load pages whose scales are wrong."""
+        scales = sorted(name for name, value in vars(pool).items() if "scale" in name and isinstance(value, torch.Tensor))
+        if scales:
+            raise ValueError(
+                f"host pool {self.kind}: fluxkv's SGLang backend cannot store its pages: their scales live outside "
+                f"kv_buffer ({', '.join(scales)}) and SGLang describes no page buffers for them; use a bf16/fp16/fp8 KV cache without block scales"
+            )
+
+    def _components(self, buf, mla: bool) -> tuple:
+        if isinstance(buf, (tuple, list)):  # an asymmetric MHA pool: K and V allocated apart
+            if mla or len(buf) != 2 or not all(isinstance(b, torch.Tensor) for b in buf):
+                raise ValueError(f"{self.kind}: kv_buffer is a {type(buf).__name__} of {len(buf)}; fluxkv reads (K, V) of an MHA pool")
+            self._cpu(buf)
+            return tuple(buf), (".k", ".v")
+        if not isinstance(buf, torch.Tensor):
+            raise ValueError(f"{self.kind}: kv_buffer is {type(buf).__name__}, not a tensor (K and V) or a (K, V) pair")
+        self._cpu((buf,))
+        if mla:
+            return (buf,), ("",)
+        if buf.shape[0] != 2:
+            raise ValueError(f"an MHA host pool's kv_buffer is (2, ...), this one is {tuple(buf.shape)}")
+        return (buf[0], buf[1]), (".k", ".v")
+
+    def _cpu(self, bufs) -> None:
+        for b in bufs:
+            if b.device.type != "cpu":
+                raise ValueError(f"{self.kind}: the host pool's buffers must be in CPU memory, one is on {b.device}")
 
     def _check_meta(self, pool, first: list) -> None:
         """Refuse a pool whose own page description (``get_page_buffer_meta``, where it has
-        one) disagrees with these views: the first range and the page's bytes must match."""
+        one) disagrees with these views: the first range and the page's bytes must match.
+        A pool that cannot describe its pages (NotImplementedError) is refused by name."""
         meta = getattr(pool, "get_page_buffer_meta", None)
         if meta is None:
             return
-        ptrs, sizes = meta(torch.arange(self.page_size, dtype=torch.int64))
+        try:
+            ptrs, sizes = meta(torch.arange(self.page_size, dtype=torch.int64))
+        except NotImplementedError as e:
+            raise ValueError(f"host pool {self.kind}: fluxkv's SGLang backend cannot store its pages: SGLang describes no page buffers for it ({e})") from None
         if list(ptrs)[:1] != [first[0].data_ptr()] or sum(sizes) != self.page_bytes:
             raise ValueError(f"the host pool's page buffers ({len(ptrs)} ranges, {sum(sizes)} bytes) are not the {self.layout} pages fluxkv expects")
 
@@ -188,7 +262,9 @@ class _HostPages:
         """The page of token slots start..start+page_size, one tensor per component."""
         if start < 0 or start % self.page_size or start + self.page_size > self.tokens:
             raise ValueError(f"host index {start} does not start a page of {self.page_size} slots in a pool of {self.tokens}")
-        return [b.narrow(self.token_axis, start, self.page_size) for b in self.buffers]
+        if self._where == "page":
+            return [b[start // self.page_size] for b in self.buffers]
+        return [b.narrow(self._axis, start, self.page_size) for b in self.buffers]
 
     def at(self, n_keys: int, host_indices: torch.Tensor) -> list:
         """The components of each page named by host_indices (page_size slots per key)."""
@@ -198,17 +274,20 @@ class _HostPages:
         return [self.views(int(s)) for s in idx[:: self.page_size].tolist()]
 
     def new_flat(self) -> torch.Tensor:
-        return torch.empty(self.page_numel * len(self.buffers), dtype=self.dtype)
+        return torch.empty(sum(self.page_numels), dtype=self.dtype)
 
     def split_flat(self, flat, what: str) -> list:
         """A flat data page's components, as views of its memory."""
-        want = self.page_numel * len(self.buffers)
+        want = sum(self.page_numels)
         if not isinstance(flat, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor (one flat host page), not {type(flat).__name__}")
         if flat.dtype != self.dtype or flat.numel() != want or not flat.is_contiguous() or flat.device.type != "cpu":
             raise ValueError(f"{what} is {flat.dtype} x {flat.numel()} ({flat.device}); a flat page is a contiguous CPU {self.dtype} x {want}")
-        flat = flat.view(-1)
-        return [flat[i * self.page_numel : (i + 1) * self.page_numel].view(self.page_shape) for i in range(len(self.buffers))]
+        flat, parts, offset = flat.view(-1), [], 0
+        for shape, n in zip(self.page_shapes, self.page_numels):
+            parts.append(flat[offset : offset + n].view(shape))
+            offset += n
+        return parts
 
 
 class _Meter:
@@ -373,6 +452,9 @@ class FluxkvHiCacheStorage(HiCacheStorage):
         if extra.get("timeout_s") is not None:
             self._store_options["timeout"] = float(extra["timeout_s"])
         self._mla = bool(storage_config.is_mla_model)
+        # Whether SGLang calls the zero-copy v1 methods (its controller's rule for a
+        # dynamic backend) or the generic ones, which need the pool's flat data pages.
+        self._v1 = bool(extra.get("interface_v1", 0))
         self._meter = _Meter(samples=bool(storage_config.enable_storage_metrics))
         self._pages: Optional[_HostPages] = None
         self._store: Optional[kv.PageStore] = None
@@ -387,7 +469,9 @@ class FluxkvHiCacheStorage(HiCacheStorage):
         cfg = self.storage_config
         if bool(cfg.is_page_first_layout) != (pages.layout == "page_first"):
             raise ValueError(f"storage config says page_first={cfg.is_page_first_layout}, the host pool is {pages.layout}")
-        tag = f"{'mla' if self._mla else 'mha'}-{pages.layout}"
+        if not self._v1:
+            self._check_flat_pages(mem_pool_host)
+        tag = f"{'mla' if self._mla else 'mha'}-{pages.tag}"
         cp_size = int(getattr(cfg, "attn_cp_size", 1) or 1)
         ns = kv.namespace(
             cfg.model_name,
@@ -405,6 +489,19 @@ class FluxkvHiCacheStorage(HiCacheStorage):
         self._pages, self._store = pages, store
         self._usage = _NamespaceUsage(store, len(pages.suffixes))
         _log.info("fluxkv HiCache storage: namespace %s at %s, %d bytes per page", ns, self.socket, pages.page_bytes)
+
+    @staticmethod
+    def _check_flat_pages(pool) -> None:
+        """The generic calls move flat data pages the controller gets from the pool; a pool
+        that has none (an asymmetric K/V pool) would fail on the first prefetch, so it is
+        refused here, with what to set instead."""
+        try:
+            pool.get_dummy_flat_data_page()
+        except NotImplementedError as e:
+            raise ValueError(
+                f"host pool {type(pool).__name__} has no flat data pages ({e}): SGLang's generic storage calls cannot move "
+                'its pages; set "interface_v1": 1 in --hicache-storage-backend-extra-config for the zero-copy calls'
+            ) from None
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
         """Hybrid models' extra host pools (Mamba, SWA, indexers) are refused here, when the
