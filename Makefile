@@ -66,7 +66,7 @@ test-go: build build-race
 # (fluxkv.kv and the engine backends: KV pages of real models, many MiB each) against the
 # plain binary, whose concurrency the client tests and the Go tests race-check; and the
 # pressure harness's own tests (a benchmark: the plain binary).
-KV_TESTS := tests/test_kv.py tests/test_kv_model.py tests/test_sglang_backend.py tests/test_lmcache_backend.py
+KV_TESTS := tests/test_kv.py tests/test_kv_model.py tests/test_sglang_backend.py tests/test_lmcache_backend.py tests/test_lmcache_releases.py
 test-python: build build-race
 	cd clients/python && $(TEST_ENV) $(PY) -m pytest -q tests $(addprefix --ignore=,$(KV_TESTS))
 	cd clients/python && FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) $(PY) -m pytest -q $(KV_TESTS)

@@ -44,30 +44,37 @@ def lmc():
     """The stand-in LMCache modules, and the backend imported against them; both are gone
     from sys.modules (and the stand-in from sys.path) after this module."""
     with engine_standin("lmcache"):
-        yield SimpleNamespace(
-            utils=importlib.import_module("lmcache.utils"),
-            config=importlib.import_module("lmcache.v1.config"),
-            metadata=importlib.import_module("lmcache.v1.metadata"),
-            mm=importlib.import_module("lmcache.v1.memory_management"),
-            cpu=importlib.import_module("lmcache.v1.storage_backend.local_cpu_backend"),
-            storage=importlib.import_module("lmcache.v1.storage_backend"),
-            connector=importlib.import_module("lmcache.v1.storage_backend.connector"),
-            base=importlib.import_module("lmcache.v1.storage_backend.connector.base_connector"),
-            backend=importlib.import_module("fluxkv.integrations.lmcache"),
-        )
+        yield standin_modules()
 
 
-def open_connector(lmc, socket: str, tmp_path: Path, *, dtype=torch.float32, use_mla=False, capacity=64 << 20):
-    """(connector, local CPU backend) as LMCache builds them from the issue's config file."""
+def standin_modules() -> SimpleNamespace:
+    """The stand-in's modules the tests use, and the backend imported on top of them."""
+    return SimpleNamespace(
+        utils=importlib.import_module("lmcache.utils"),
+        config=importlib.import_module("lmcache.v1.config"),
+        metadata=importlib.import_module("lmcache.v1.metadata"),
+        mm=importlib.import_module("lmcache.v1.memory_management"),
+        cpu=importlib.import_module("lmcache.v1.storage_backend.local_cpu_backend"),
+        storage=importlib.import_module("lmcache.v1.storage_backend"),
+        connector=importlib.import_module("lmcache.v1.storage_backend.connector"),
+        base=importlib.import_module("lmcache.v1.storage_backend.connector.base_connector"),
+        backend=importlib.import_module("fluxkv.integrations.lmcache"),
+    )
+
+
+def open_connector(lmc, socket: str, tmp_path: Path, *, dtype=torch.float32, use_mla=False, capacity=64 << 20,
+                   config_text: str = ISSUE_CONFIG, backend: str = "RemoteBackend-fluxkv", layer_pages=False, **metadata):
+    """(connector, local CPU backend) as LMCache builds them from a config file (the issue's
+    by default); ``metadata`` adds to the engine metadata (KV groups)."""
     cfg = tmp_path / f"lmcache-{len(list(tmp_path.glob('lmcache-*')))}.yaml"
-    cfg.write_text(ISSUE_CONFIG.format(chunk=CHUNK_TOKENS, socket=socket))
+    cfg.write_text(config_text.format(chunk=CHUNK_TOKENS, socket=socket))
     config = lmc.config.LMCacheEngineConfig.from_file(str(cfg))
     kv_shape = (LAYERS, 2, CHUNK_TOKENS, 2, 16)
-    metadata = lmc.metadata.LMCacheMetadata("tiny", 1, 0, dtype, kv_shape, use_mla, CHUNK_TOKENS)
-    cpu = lmc.cpu.LocalCPUBackend(capacity)
-    connectors = lmc.storage.CreateRemoteConnectors(config, metadata, None, cpu)
-    assert list(connectors) == ["RemoteBackend-fluxkv"]
-    return connectors["RemoteBackend-fluxkv"], cpu
+    md = lmc.metadata.LMCacheMetadata("tiny", 1, 0, dtype, kv_shape, use_mla, CHUNK_TOKENS, **metadata)
+    cpu = lmc.cpu.LocalCPUBackend(capacity, layer_pages=layer_pages)
+    connectors = lmc.storage.CreateRemoteConnectors(config, md, None, cpu)
+    assert list(connectors) == [backend]
+    return connectors[backend], cpu
 
 
 @pytest.fixture
@@ -152,6 +159,7 @@ def release(*objs) -> None:
 def test_loads_as_a_remote_storage_plugin(lmc, conn):
     c, _ = conn
     assert isinstance(c, lmc.backend.FluxKVConnector) and isinstance(c, lmc.base.RemoteConnector)
+    assert lmc.backend.lmcache_interface() == {"lmcache": None, "remote_connector_init": True, "batched_contains": "count"}
     switches = {n: getattr(c, n)() for n in dir(c) if n.startswith("support_")}
     assert switches == {
         "support_batched_async_contains": True,
@@ -494,6 +502,156 @@ def test_allocation_failure_is_a_miss(lmc, daemon, tmp_path):
 
 
 # -- fluxkv down ------------------------------------------------------------------------------
+
+
+# -- what a chunk can be: several KV groups, serialized bytes, layer pages ------------------
+
+# A model with two KV groups per chunk (as GLM-5's MLA: a uint8 rope part and a bf16 latent).
+GROUPS = dict(
+    group_shapes=[torch.Size([1, LAYERS, CHUNK_TOKENS, 8]), torch.Size([1, LAYERS, CHUNK_TOKENS, 24])],
+    group_dtypes=[torch.uint8, torch.bfloat16],
+)
+
+
+def grouped_chunk(cpu, seed: int, tokens: int = CHUNK_TOKENS):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [torch.Size([1, LAYERS, tokens, s[-1]]) for s in GROUPS["group_shapes"]]
+    obj = cpu.allocate(shapes, GROUPS["group_dtypes"], None)
+    obj.get_tensor(0).copy_(torch.randint(0, 256, tuple(shapes[0]), generator=g, dtype=torch.uint8))
+    obj.get_tensor(1).copy_(torch.randn(tuple(shapes[1]), generator=g).to(torch.bfloat16))
+    return obj
+
+
+def test_chunks_of_several_kv_groups_round_trip(lmc, daemon, client, tmp_path):
+    """Each KV group of a chunk is a page of its own dtype and shape; a chunk is present only
+    with all of its groups, and comes back with every group bit-exact."""
+    c, cpu = open_connector(lmc, daemon.socket, tmp_path, **GROUPS)
+    ks = [key(lmc, 0x6A0 + i) for i in range(3)]
+    objs = [grouped_chunk(cpu, 40), grouped_chunk(cpu, 41), grouped_chunk(cpu, 42, tokens=CHUNK_TOKENS // 2)]
+    run(c.batched_put(ks, objs))
+    assert c.batched_contains(ks) == 3 and run(c.batched_async_contains("r", ks)) == 3
+    got = run(c.batched_get(ks))
+    for want, have in zip(objs, got):
+        assert have.get_shapes() == want.get_shapes() and have.get_dtypes() == want.get_dtypes()
+        assert all(torch.equal(have.get_tensor(i), want.get_tensor(i)) for i in range(2))
+    ns = "kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache"
+    assert client.exists(f"{ns}/{0x6A1:x}") and client.exists(f"{ns}/{0x6A1:x}#1")
+    assert client.delete(f"{ns}/{0x6A1:x}#1")  # chunk 1 loses a group: it is gone, the prefix ends there
+    assert c.batched_contains(ks) == 1 and not c.exists_sync(ks[1])
+    assert run(c.get(ks[1])) is None
+    assert c.remove_sync(ks[0]) and not c.exists_sync(ks[0])
+    release(*objs, *got)
+    run(c.close())
+    assert cpu.live == 0
+
+
+SERDE_CONFIG = ISSUE_CONFIG.replace("remote_serde: naive", "remote_serde: cachegen")
+
+
+def test_serialized_chunks_are_stored_as_their_bytes(lmc, daemon, client, tmp_path, caplog):
+    """With a serde that encodes chunks (cachegen), LMCache hands the connector byte buffers:
+    each is stored as its bytes and loaded back as a byte buffer of the same bytes, for the
+    deserializer; a KV tensor chunk there is not stored (it is not what this config makes)."""
+    c, cpu = open_connector(lmc, daemon.socket, tmp_path, config_text=SERDE_CONFIG)
+    ks = [key(lmc, 0x5E0), key(lmc, 0x5E1)]
+    blobs = [bytes(range(256)) * 3 + b"tail", b"\x00\x01short"]
+    objs = []
+    for blob in blobs:
+        o = cpu.allocate(torch.Size([len(blob), 0, 0, 0]), None, lmc.mm.MemoryFormat.BINARY_BUFFER)
+        o.byte_array[:] = blob
+        objs.append(o)
+    run(c.batched_put(ks, objs))
+    assert c.batched_contains(ks) == 2
+    got = run(c.batched_get(ks))
+    assert [type(o).__name__ for o in got] == ["BytesBufferMemoryObj"] * 2
+    assert [bytes(o.byte_array) for o in got] == blobs
+    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/BINARY_BUFFER/lmcache/{0x5E0:x}")
+    with caplog.at_level(logging.WARNING, logger="fluxkv.integrations.lmcache"):
+        tensor_chunk = chunk(lmc, cpu, 43)
+        run(c.put(key(lmc, 0x5E2), tensor_chunk))
+    assert c.stats()["wrong_format"] == 1 and not c.exists_sync(key(lmc, 0x5E2))
+    release(tensor_chunk)
+    run(c.close())
+
+
+def test_layer_page_chunks_round_trip(lmc, daemon, tmp_path):
+    """A chunk kept as one page per layer (its ``tensor`` raises) is stored from its bytes and
+    loaded into a chunk of the same kind, every layer bit-exact."""
+    c, cpu = open_connector(lmc, daemon.socket, tmp_path, layer_pages=True)
+    ks = [key(lmc, 0x1A0), key(lmc, 0x1A1)]
+    objs = [chunk_pages(lmc, cpu, 50), chunk_pages(lmc, cpu, 51, tokens=CHUNK_TOKENS // 4)]
+    run(c.batched_put(ks, objs))
+    assert c.batched_contains(ks) == 2 and c.stats()["unstorable"] == 0
+    got = run(c.batched_get(ks))
+    for want, have in zip(objs, got):
+        assert type(have) is lmc.mm.LayerPageMemoryObj and have.get_shape() == want.get_shape()
+        assert all(torch.equal(have.layer_tensor(i), want.layer_tensor(i)) for i in range(LAYERS))
+    release(*objs, *got)
+    run(c.close())
+    assert cpu.live == 0
+
+
+def chunk_pages(lmc, cpu, seed: int, tokens: int = CHUNK_TOKENS):
+    obj = cpu.allocate(torch.Size((2, LAYERS, tokens, HIDDEN)), torch.float32, lmc.mm.MemoryFormat.KV_2LTD)
+    g = torch.Generator().manual_seed(seed)
+    for i in range(LAYERS):
+        obj.layer_tensor(i).copy_(torch.randn(2, tokens, HIDDEN, generator=g))
+    return obj
+
+
+def test_a_chunk_whose_data_cannot_be_read_is_refused_aloud(lmc, conn, caplog):
+    """A chunk whose tensor is not to be had and whose bytes are not its shape is not stored:
+    counted and logged as an error, never silently dropped; the rest of the batch is stored."""
+    c, cpu = conn
+    odd, ok = chunk(lmc, cpu, 52), chunk(lmc, cpu, 53)
+
+    class Opaque:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        @property
+        def tensor(self):
+            raise RuntimeError("Layer page requires layer_tensor(layer_id)")
+
+        @property
+        def byte_array(self):
+            return self.inner.byte_array[:100]
+
+    ks = [key(lmc, 0xE70), key(lmc, 0xE71)]
+    with caplog.at_level(logging.ERROR, logger="fluxkv.integrations.lmcache"):
+        run(c.batched_put(ks, [Opaque(odd), ok]))
+    assert [c.exists_sync(k) for k in ks] == [False, True]
+    assert c.stats()["unstorable"] == 1
+    assert any("cannot read, not stored" in r.getMessage() and "100 bytes" in r.getMessage() for r in caplog.records)
+    release(odd, ok)
+
+
+# -- remote_url ------------------------------------------------------------------------------
+
+REMOTE_URL_ONLY = """\
+chunk_size: {chunk}
+remote_serde: naive
+remote_url: fluxkv://{socket}
+"""
+
+
+def test_remote_url_needs_the_plugin_listed(lmc, daemon, tmp_path):
+    """``remote_url: fluxkv://...`` alone: LMCache looks the URL up among the adapters of the
+    plugins it was told about, so there is none (the docs say to list the plugin). Listed,
+    with no url key of its own, the remote_url backend works and the plugin's own backend
+    (0.4.4 on) is refused for want of its url: use one form, not both."""
+    with pytest.raises(ValueError, match="No adapter found for URL: fluxkv://"):
+        open_connector(lmc, daemon.socket, tmp_path, config_text=REMOTE_URL_ONLY, backend="RemoteBackend")
+    both = REMOTE_URL_ONLY + (
+        'remote_storage_plugins: ["fluxkv"]\nextra_config:\n'
+        "  remote_storage_plugin.fluxkv.module_path: fluxkv.integrations.lmcache\n"
+        "  remote_storage_plugin.fluxkv.class_name: FluxKVConnectorAdapter\n"
+    )
+    with pytest.raises(ValueError, match=r"set extra_config remote_storage_plugin\.fluxkv\.url"):
+        open_connector(lmc, daemon.socket, tmp_path, config_text=both, backend="RemoteBackend")
 
 
 def every_call_misses(lmc, c, cpu) -> None:

@@ -11,11 +11,27 @@ LMCache configuration::
 
 ``timeout_s`` (optional) is how long one owner call may take, in seconds (PageStore's
 ``timeout``; PageStore's default when unset). A named instance ``fluxkv.<instance>`` reads
-``remote_storage_plugin.fluxkv.<instance>.*``; the legacy ``remote_url`` form reads
+``remote_storage_plugin.fluxkv.<instance>.*``; the ``remote_url`` form reads
 ``remote_storage_plugin.fluxkv.timeout_s``.
 
-The interface met here (LMCache's v1 storage backend, 0.4/0.5 series: ``CacheEngineKey``
-without ``fmt``, ``RemoteConnector.__init__(config, metadata)``, ``ConnectorContext.plugin_name``):
+LMCache releases before 0.4.4 build no backend per plugin: there the URL goes in
+``remote_url: fluxkv:///run/fluxkv/fluxkv.sock``, with the plugin still listed in
+``remote_storage_plugins`` (module_path and class_name, no url key): LMCache looks a
+``remote_url`` up among its built-in adapters and those of the listed plugins only, so
+``remote_url: fluxkv:///...`` alone fails with "No adapter found for URL". From 0.4.4 on, use
+the plugin form above and no remote_url (both would make two remote backends).
+
+Two interfaces are met, detected when this module is imported (:func:`lmcache_interface`
+says which one the installed LMCache has): the 0.4/0.5 series below, and the older one of the
+releases with plugin loading but before ``RemoteConnector`` had a constructor (LMCache PRs
+#2225..#2314): there ``RemoteConnector`` has no ``__init__`` (this connector sets ``meta_fmt``
+itself, as the base's ``init_chunk_meta`` would) and ``batched_contains(keys,
+stop_after_first_not_exits=True)`` answers one bool per key (here the leading keys stored
+True and the rest False, or each key's own answer when ``stop_after_first_not_exits`` is
+False), not a count.
+
+The 0.4/0.5 interface (LMCache's v1 storage backend: ``CacheEngineKey`` without ``fmt``,
+``RemoteConnector.__init__(config, metadata)``, ``ConnectorContext.plugin_name``):
 
 - Plugin loading (``lmcache.v1.storage_backend.connector.ConnectorManager``): for each name in
   ``remote_storage_plugins`` LMCache imports ``extra_config["remote_storage_plugin.<name>.module_path"]``,
@@ -25,7 +41,8 @@ without ``fmt``, ``RemoteConnector.__init__(config, metadata)``, ``ConnectorCont
   with ``create_connector(context)``, ``context`` carrying ``url``, ``loop``,
   ``local_cpu_backend``, ``config``, ``metadata`` and ``plugin_name``. A name is ``<type>`` or
   ``<type>.<instance>``; the plugin's own settings are ``remote_storage_plugin.<name>.*`` keys.
-  The deprecated ``remote_url: fluxkv:///...`` reaches the same adapter with the real URL.
+  The deprecated ``remote_url: fluxkv:///...`` reaches the same adapter with the real URL
+  when the plugin is listed (see above), never alone.
   LMCache wraps the connector (``InstrumentedRemoteConnector``), which drops the caller's
   reference to a MemoryObj after ``put`` / ``batched_put``: a connector does not.
 - ``RemoteConnector`` (``...connector.base_connector``): abstract async ``exists(key)``,
@@ -33,7 +50,7 @@ without ``fmt``, ``RemoteConnector.__init__(config, metadata)``, ``ConnectorCont
   async ``put(key, memory_obj)``, async ``list() -> list[str]``, async ``close()``; optional,
   each behind a ``support_*()`` switch: async ``batched_get(keys) -> list[MemoryObj | None]``,
   async ``batched_put(keys, memory_objs)``, ``batched_contains(keys) -> int`` (leading keys
-  present; older releases also passed ``stop_after_first_not_exits``), async
+  present; the older interface's answers a list, see above), async
   ``batched_async_contains(lookup_id, keys, pin=False) -> int``, async
   ``batched_get_non_blocking(lookup_id, keys) -> list[MemoryObj]`` (the leading objects found;
   the rest must be released), async ``ping() -> int``; and ``remove_sync(key) -> bool``. The
@@ -44,17 +61,29 @@ without ``fmt``, ``RemoteConnector.__init__(config, metadata)``, ``ConnectorCont
   ``LayerCacheEngineKey`` adds ``layer_id``.
 - ``MemoryObj`` (``lmcache.v1.memory_management``): ``tensor`` (the chunk, e.g. KV_2LTD
   ``[2, num_layers, num_tokens, hidden]``), ``get_shape()``, ``get_dtype()``,
-  ``get_memory_format()``, ``byte_array``, ``ref_count_up/down()``. Upstream connectors store
+  ``get_memory_format()``, ``byte_array``, ``ref_count_up/down()``. A model with several KV
+  groups (``metadata.get_num_groups()``; e.g. a uint8 rope part and a bf16 latent) keeps them
+  back to back in one object: ``get_shapes()``, ``get_dtypes()``, ``get_tensor(i)``, and
+  ``tensor`` is group 0 only. A serde that encodes (``remote_serde: cachegen``) hands the
+  connector ``BytesBufferMemoryObj`` chunks (BINARY_BUFFER, ``tensor`` None, the bytes in
+  ``byte_array``, allocated back with shape ``[n, 0, 0, 0]``, dtype None); ``naive`` and
+  ``kivi`` pass KV chunks through. Some allocators (a fork's ``LayerPageMemoryObj``) keep a
+  chunk as per-layer pages whose ``tensor`` raises. Upstream connectors store
   a ``RemoteMetadata`` (length, shape, dtype, format) in front of the bytes so that ``get`` can
   allocate before reading, with ``local_cpu_backend.allocate(shape, dtype, fmt)``, and answer
   None when it returns None (the last chunk of a prompt may hold fewer tokens).
 - ``RemoteBackend`` runs the connector's coroutines on its own event loop and waits for each
   with a timeout, cancelling the coroutine when it passes.
 
-Here a chunk is one :class:`fluxkv.kv.PageStore` page. The page header already records the
-tensor's dtype and shape; the format (the connector's ``meta_fmt``, on every path) is part of
+Here a chunk is one :class:`fluxkv.kv.PageStore` page: its tensor (of a chunk whose
+``tensor`` raises, its ``byte_array`` viewed as its dtype and shape, when it is exactly that
+many bytes), or, for a model of several KV groups, one page per group (``<hash>``,
+``<hash>#1``, ...: a chunk is present only with all of them), or, with an encoding serde,
+its bytes as one uint8 page. The page header already records each page's dtype and shape;
+the format (``meta_fmt``, or BINARY_BUFFER under an encoding serde, on every path) is part of
 the namespace and the layout tag. A chunk handed to ``put`` in another format is not stored
-(nothing would read it): it is counted (``wrong_format``) and logged. Keys:
+(nothing would read it): it is counted (``wrong_format``) and logged; so is one whose data
+cannot be read (``unstorable``, logged as an error). Keys:
 ``kv1/<model>/tp<worker_id>of<world_size>/pp0of1/<dtype>/<format>/lmcache/<chunk hash hex>``
 (``.<layer>`` after the hash for a layer key, ``~<digest>`` for tagged keys). ``get`` reads a
 zero-copy view of the page (so the shape is known before anything is allocated), allocates
@@ -79,10 +108,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import importlib.metadata
 import importlib.util
+import inspect
 import logging
 import threading
 import time
+import warnings
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from urllib.parse import urlparse
 
@@ -92,7 +124,7 @@ if TYPE_CHECKING:
     import torch
     from lmcache.v1.storage_backend.connector import ConnectorContext
 
-__all__ = ["FluxKVConnectorAdapter", "FluxKVConnector", "PLUGIN_TYPE", "socket_path_of"]
+__all__ = ["FluxKVConnectorAdapter", "FluxKVConnector", "PLUGIN_TYPE", "socket_path_of", "lmcache_interface"]
 
 _log = logging.getLogger("fluxkv.integrations.lmcache")
 
@@ -103,12 +135,19 @@ _PLUGIN_SCHEME = "plugin://"
 _NAMESPACE_TAG = "lmcache"
 # How often a repeating problem (a chunk of another format, a page of another layout) is logged.
 _LOG_EVERY_S = 10.0
-_COUNTERS = ("alloc_failures", "wrong_format", "layout_mismatches")
+_COUNTERS = ("alloc_failures", "wrong_format", "layout_mismatches", "unstorable")
+# The remote_serde values whose chunks reach the connector as they are (KV tensors); any
+# other (cachegen) hands it serialized bytes, a BINARY_BUFFER object.
+_KV_SERDES = (None, "naive", "kivi")
+# The suffix of a KV group's page after the first (multi-group models: one page per group).
+_GROUP_SEP = "#"
 
 if importlib.util.find_spec("lmcache") is not None:
+    from lmcache.v1.memory_management import MemoryFormat
     from lmcache.v1.storage_backend.connector import ConnectorAdapter
     from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 else:  # LMCache is not installed: bases of the same shape, so this module still imports.
+    MemoryFormat = None
 
     class RemoteConnector:  # type: ignore[no-redef]
         """Stand-in for LMCache's RemoteConnector: a connector needs LMCache itself."""
@@ -121,6 +160,38 @@ else:  # LMCache is not installed: bases of the same shape, so this module still
 
         def __init__(self, schema: str = ""):
             self.schema = schema
+
+
+def lmcache_interface() -> dict:
+    """Which of LMCache's two remote-connector interfaces the installed LMCache has, as this
+    module detected it when it was imported (``python3 -c "import fluxkv.integrations.lmcache
+    as m; print(m.lmcache_interface())"``): ``remote_connector_init`` is whether
+    ``RemoteConnector`` has an ``__init__(config, metadata)`` (0.4 series; older releases
+    have none and this connector sets ``meta_fmt`` itself), ``batched_contains`` is what it
+    answers: ``"count"`` (leading keys present) or ``"list"`` (one bool per key, the older
+    ``batched_contains(keys, stop_after_first_not_exits=True)``)."""
+    try:
+        version = importlib.metadata.version("lmcache")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {
+        "lmcache": version,
+        "remote_connector_init": _BASE_HAS_INIT,
+        "batched_contains": "list" if _CONTAINS_LISTS else "count",
+    }
+
+
+def _base_has_init() -> bool:
+    return MemoryFormat is None or RemoteConnector.__init__ is not object.__init__
+
+
+def _contains_lists() -> bool:
+    base = getattr(RemoteConnector, "batched_contains", None)
+    return base is not None and "stop_after_first_not_exits" in inspect.signature(base).parameters
+
+
+_BASE_HAS_INIT = _base_has_init()
+_CONTAINS_LISTS = _contains_lists()
 
 
 def socket_path_of(url: str) -> str:
@@ -207,10 +278,29 @@ class FluxKVConnector(RemoteConnector):
 
     One fail-open :class:`fluxkv.kv.PageStore` per namespace, opened on first use on the
     owner socket ``socket_path`` (with ``timeout=timeout_s`` when given); a worker normally
-    uses one. Results of ``get`` are allocated from ``local_cpu_backend``."""
+    uses one. Results of ``get`` are allocated from ``local_cpu_backend``.
+
+    What a chunk is stored as, decided once from the engine metadata and the config: a KV
+    chunk of one group is one page (its tensor); a chunk of a model with several KV groups
+    (``metadata.get_num_groups()``) is one page per group, ``<hash>``, ``<hash>#1``, ...,
+    each of its group's dtype and shape; with a ``remote_serde`` that serializes (cachegen)
+    a chunk is its bytes (a BINARY_BUFFER object) as one uint8 page."""
 
     def __init__(self, socket_path: str, local_cpu_backend, config, metadata, *, timeout_s: Optional[float] = None):
-        super().__init__(config, metadata)
+        if metadata is None and MemoryFormat is not None:
+            raise ValueError("fluxkv's LMCache connector needs the engine metadata (LMCache passes it from 0.3.4 on)")
+        if _BASE_HAS_INIT:
+            super().__init__(config, metadata)
+        else:  # releases whose RemoteConnector has no __init__: the format it would set
+            self.meta_fmt = MemoryFormat.KV_MLA_FMT if metadata.use_mla else MemoryFormat.KV_2LTD
+        serde = getattr(config, "remote_serde", None) if config is not None else None
+        self._serialized = serde not in _KV_SERDES
+        # The format of the chunks this connector stores and loads.
+        self._fmt = MemoryFormat.BINARY_BUFFER if self._serialized else self.meta_fmt
+        get_groups = getattr(metadata, "get_num_groups", None)
+        self._groups = 1 if self._serialized or get_groups is None else int(get_groups())
+        if self._groups < 1:
+            raise ValueError(f"fluxkv's LMCache connector: the engine metadata says {self._groups} KV groups")
         self.socket_path = socket_path
         self.local_cpu_backend = local_cpu_backend
         self._store_options = {} if timeout_s is None else {"timeout": timeout_s}
@@ -220,6 +310,7 @@ class FluxKVConnector(RemoteConnector):
         self._counts = dict.fromkeys(_COUNTERS, 0)  # guarded by _lock
         self._log_format = _Throttled(logging.WARNING)
         self._log_mismatch = _Throttled(logging.ERROR)
+        self._log_unstorable = _Throttled(logging.ERROR)
 
     def __repr__(self) -> str:
         return f"<FluxKVConnector {self.socket_path}>"
@@ -227,7 +318,7 @@ class FluxKVConnector(RemoteConnector):
     # -- keys ------------------------------------------------------------------------------
 
     def _store(self, key) -> kv.PageStore:
-        fmt = self.meta_fmt.name
+        fmt = self._fmt.name
         ns = kv.namespace(
             key.model_name,
             tp_rank=key.worker_id,
@@ -244,9 +335,15 @@ class FluxKVConnector(RemoteConnector):
                 )
             return store
 
+    def _pages_of(self, key) -> list:
+        """The page hashes of one chunk: one per KV group."""
+        page = _page_hash(key)
+        return [page] + [f"{page}{_GROUP_SEP}{g}" for g in range(1, self._groups)]
+
     def _runs(self, keys: list) -> Iterator[tuple[kv.PageStore, int, list]]:
         """(store, index of the first key, page hashes) for each run of consecutive keys that
-        share a store: one run, so one batch call, unless keys of several namespaces mix."""
+        share a store: one run, so one batch call, unless keys of several namespaces mix.
+        The hashes are the pages of every key of the run, a key's groups together."""
         run_store, start, hashes = None, 0, []
         for i, key in enumerate(keys):
             store = self._store(key)
@@ -254,7 +351,7 @@ class FluxKVConnector(RemoteConnector):
                 yield run_store, start, hashes
                 start, hashes = i, []
             run_store = store
-            hashes.append(_page_hash(key))
+            hashes.extend(self._pages_of(key))
         if hashes:
             yield run_store, start, hashes
 
@@ -280,11 +377,21 @@ class FluxKVConnector(RemoteConnector):
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys: list, stop_after_first_not_exits: bool = True) -> int:
-        """How many leading keys are stored (one call). ``stop_after_first_not_exits``, which
-        older LMCache releases pass, is accepted and ignored: the count always stops at the
-        first key not stored."""
-        return self._prefix(list(keys), pin=False)
+    def batched_contains(self, keys: list, stop_after_first_not_exits: bool = True):
+        """Which keys are stored, in one call per namespace, in the form the installed LMCache
+        expects (:func:`lmcache_interface`): the number of leading keys stored (0.4 series),
+        or one bool per key (older releases): the leading keys stored True and the rest
+        False, or, with ``stop_after_first_not_exits=False``, each key's own answer."""
+        keys = list(keys)
+        if not _CONTAINS_LISTS:
+            return self._prefix(keys, pin=False)
+        if stop_after_first_not_exits:
+            n = self._prefix(keys, pin=False)
+            return [True] * n + [False] * (len(keys) - n)
+        found: list = []
+        for store, _, hashes in self._runs(keys):
+            found.extend(_per_chunk(store.contains(hashes), self._groups))
+        return found
 
     def support_batched_async_contains(self) -> bool:
         return True
@@ -298,7 +405,7 @@ class FluxKVConnector(RemoteConnector):
         n = 0
         for store, _, hashes in self._runs(keys):
             found = store.contains_prefix(hashes, pin=pin)
-            n += found
+            n += found // self._groups
             if found < len(hashes):
                 break
         return n
@@ -338,32 +445,73 @@ class FluxKVConnector(RemoteConnector):
                     self._count("layout_mismatches")
                     self._log_mismatch("fluxkv: a page of another layout in %s, answered as a miss: %s", store.namespace, e)
                     continue
-                out[start : start + len(hashes)] = self._copy_all(views)
+                g = self._groups
+                chunks = [views[i : i + g] for i in range(0, len(views), g)]
+                out[start : start + len(chunks)] = self._copy_all(chunks)
         except BaseException:
             _release(out)
             raise
         return out
 
-    def _copy_all(self, views: list) -> list:
-        """Copies of the pages (their views, and so the pages, go when this returns)."""
+    def _copy_all(self, chunks: list) -> list:
+        """Copies of the chunks, each from the views of its pages (they, and so the pages, go
+        when this returns); None for a chunk with a page missing."""
         out: list = []
         try:
-            for view in views:
-                out.append(None if view is None else self._copy_out(view))
+            for views in chunks:
+                out.append(None if any(v is None for v in views) else self._copy_out(views))
         except BaseException:
             _release(out)
             raise
         return out
 
-    def _copy_out(self, view: "torch.Tensor"):
-        obj = self.local_cpu_backend.allocate(view.shape, view.dtype, self.meta_fmt)
+    def _copy_out(self, views: list):
+        if self._serialized:  # the serialized bytes: LMCache's byte buffer objects
+            (view,) = views
+            obj = self.local_cpu_backend.allocate(_size((view.numel(), 0, 0, 0)), None, self._fmt)
+        elif self._groups == 1:
+            (view,) = views
+            obj = self.local_cpu_backend.allocate(view.shape, view.dtype, self._fmt)
+        else:
+            obj = self.local_cpu_backend.allocate([v.shape for v in views], [v.dtype for v in views], self._fmt)
         if obj is None:
             self._count("alloc_failures")
-            _log.warning("fluxkv: LMCache's local CPU backend has no room for a %s %s chunk; answered as a miss",
-                         view.dtype, tuple(view.shape))
+            _log.warning("fluxkv: LMCache's local CPU backend has no room for a %s chunk; answered as a miss",
+                         " + ".join(f"{v.dtype} {tuple(v.shape)}" for v in views))
             return None
-        obj.tensor.copy_(view)
+        try:
+            for target, view in zip(self._targets(obj), views):
+                target.copy_(view)
+        except BaseException:
+            obj.ref_count_down()
+            raise
         return obj
+
+    # -- what a chunk's pages are ------------------------------------------------------------
+
+    def _targets(self, obj) -> list:
+        """The tensors of a chunk, one per page: its serialized bytes (uint8), each KV group's
+        tensor, or the one tensor. Of a chunk whose ``tensor`` is not to be had (a layer-page
+        object: its KV is in per-layer pages), the bytes of the object viewed as its dtype and
+        shape, when they are exactly that much; ValueError otherwise."""
+        if self._serialized:
+            return [_bytes_of(obj)]
+        if self._groups > 1:
+            shapes = obj.get_shapes() if hasattr(obj, "get_shapes") else [obj.get_shape()]
+            if len(shapes) != self._groups:
+                raise ValueError(f"a chunk of {len(shapes)} KV groups where the model has {self._groups}")
+            return [obj.get_tensor(g) for g in range(self._groups)]
+        try:
+            t = obj.tensor
+        except Exception:  # e.g. LayerPageMemoryObj: "Layer page requires layer_tensor(layer_id)"
+            t = None
+        if t is not None:
+            return [t]
+        dtype, shape = obj.get_dtype(), _size(obj.get_shape())
+        raw = _bytes_of(obj)
+        if dtype is None or raw.numel() != shape.numel() * _itemsize(dtype):
+            raise ValueError(f"a {type(obj).__name__} whose tensor is not available and whose {raw.numel()} bytes are not a {dtype} {tuple(shape)}")
+        return [raw.view(dtype).view(shape)]
 
     # -- stores ----------------------------------------------------------------------------
 
@@ -390,34 +538,45 @@ class FluxKVConnector(RemoteConnector):
         await _wait(work)
 
     def _store_all(self, keys: list, objs: list) -> None:
-        """(on a worker) Store the chunks in meta_fmt, then drop batched_put's references.
+        """(on a worker) Store the chunks in this connector's format, then drop batched_put's
+        references.
 
         LMCache stores a request's new chunks with one batched_put, in token order, so a
-        run of chunk keys is put as one chain (each chunk's parent is the chunk before it),
-        and eviction keeps a prompt's chunks from the front. What comes before the first
-        chunk is not known (the chunks LMCache found cached are left out of the call), so
-        it starts a chain of its own. No chain where the order is not certain: layer keys
-        (each is one layer of a chunk: whether lookups walk them by chunk or by layer is
-        not known here), and a batch with a chunk left out (not in meta_fmt: the next
-        chunk's parent would never be stored)."""
+        run of chunk keys is put as one chain (each chunk's parent is the chunk before it,
+        a chunk's KV groups one after another), and eviction keeps a prompt's chunks from
+        the front. What comes before the first chunk is not known (the chunks LMCache found
+        cached are left out of the call), so it starts a chain of its own. No chain where
+        the order is not certain: layer keys (each is one layer of a chunk: whether lookups
+        walk them by chunk or by layer is not known here), and a batch with a chunk left out
+        (not storable: the next chunk's parent would never be stored)."""
         try:
-            kept = [i for i, o in enumerate(objs) if self._storable(o)]
+            tensors = {i: t for i, t in ((i, self._storable(o)) for i, o in enumerate(objs)) if t is not None}
+            kept = sorted(tensors)
             chain = len(kept) == len(objs) and all(getattr(k, "layer_id", None) is None for k in keys)
             for store, start, hashes in self._runs([keys[i] for i in kept]):
-                store.put_pages(hashes, [objs[i].tensor for i in kept[start : start + len(hashes)]], chain=chain)
+                n = len(hashes) // self._groups
+                pages = [t for i in kept[start : start + n] for t in tensors[i]]
+                store.put_pages(hashes, pages, chain=chain)
         finally:
             _release(objs)
 
-    def _storable(self, obj) -> bool:
+    def _storable(self, obj) -> Optional[list]:
+        """The chunk's page tensors, or None (counted and logged) where it cannot be stored:
+        a chunk of another format than this connector's, or one whose data is not to be had."""
         fmt = obj.get_memory_format()
-        if fmt == self.meta_fmt:
-            return True
-        self._count("wrong_format")
-        self._log_format("fluxkv: a %s chunk where this connector stores %s: not stored", fmt.name, self.meta_fmt.name)
-        return False
+        if fmt != self._fmt:
+            self._count("wrong_format")
+            self._log_format("fluxkv: a %s chunk where this connector stores %s: not stored", fmt.name, self._fmt.name)
+            return None
+        try:
+            return [t if t.is_contiguous() else t.contiguous() for t in self._targets(obj)]
+        except (ValueError, TypeError, RuntimeError, AttributeError) as e:
+            self._count("unstorable")
+            self._log_unstorable("fluxkv: a chunk (%s) this connector cannot read, not stored: %s", type(obj).__name__, e)
+            return None
 
     def remove_sync(self, key) -> bool:
-        return self._store(key).delete_pages([_page_hash(key)])[0]
+        return all(self._store(key).delete_pages(self._pages_of(key)))
 
     # -- the rest --------------------------------------------------------------------------
 
@@ -435,10 +594,12 @@ class FluxKVConnector(RemoteConnector):
 
     def stats(self) -> dict:
         """Counters summed over this connector's namespaces (see PageStore.stats: ``hits``,
-        ``misses``, ``stored``, ``skipped``, ``errors``) and this connector's own:
-        ``alloc_failures`` (loads answered as misses because LMCache's local CPU backend had
-        no room), ``wrong_format`` (chunks not stored: not in meta_fmt) and
-        ``layout_mismatches`` (batch loads answered as misses: a page of another layout)."""
+        ``misses``, ``stored``, ``skipped``, ``errors``; pages, so a chunk of several KV
+        groups counts one per group) and this connector's own: ``alloc_failures`` (loads
+        answered as misses because LMCache's local CPU backend had no room), ``wrong_format``
+        (chunks not stored: not in this connector's format), ``unstorable`` (chunks not
+        stored: their data could not be read) and ``layout_mismatches`` (batch loads
+        answered as misses: a page of another layout)."""
         with self._lock:
             stores, own = list(self._stores.values()), dict(self._counts)
         total = dict.fromkeys(("hits", "misses", "stored", "skipped", "errors"), 0)
@@ -447,6 +608,37 @@ class FluxKVConnector(RemoteConnector):
             for k in total:
                 total[k] += st[k]
         return {**total, **own}
+
+
+def _size(dims):
+    import torch
+
+    return torch.Size(dims)
+
+
+def _itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _bytes_of(obj):
+    """The bytes of a MemoryObj (``byte_array``) as a uint8 tensor sharing its memory. A
+    read-only buffer (a chunk being stored) is only read: torch's warning about it is not
+    for this use."""
+    import torch
+
+    raw = obj.byte_array
+    if memoryview(raw).nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(raw, dtype=torch.uint8)
+
+
+def _per_chunk(found: list, groups: int) -> list:
+    """Per-page answers folded into one per chunk: all of its groups."""
+    return [all(found[i : i + groups]) for i in range(0, len(found), groups)]
 
 
 async def _wait(work: concurrent.futures.Future, abandoned: Optional[Callable] = None):

@@ -7,6 +7,9 @@ come from the config: for each name in ``remote_storage_plugins``, ``extra_confi
 module (``remote_storage_plugin.<name>.module_path``) and the adapter class in it
 (``remote_storage_plugin.<name>.class_name``). A plugin name is ``<type>`` or
 ``<type>.<instance>``; the virtual URL ``plugin://<name>`` reaches the adapter of that type.
+A URL (``remote_url`` or a plugin's) is looked up among these adapters only: the built-in
+connectors are left out of the stand-in, and no adapter is registered any other way. With
+release 0.3 the manager calls the new connector's ``init_chunk_meta`` and ``post_init``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import abc
 import importlib
 from typing import Optional
 
+from lmcache import RELEASE
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
@@ -87,5 +91,9 @@ def CreateConnector(
     context = ConnectorContext(url, loop, local_cpu_backend, config, metadata, plugin_name)
     for adapter in plugin_adapters(config):
         if adapter.can_parse(url):
-            return adapter.create_connector(context)
-    raise ValueError(f"no adapter found for URL: {url}")
+            connector = adapter.create_connector(context)
+            if RELEASE == "0.3":  # the manager finishes the connector's set-up
+                connector.init_chunk_meta(config, metadata)
+                connector.post_init()
+            return connector
+    raise ValueError(f"No adapter found for URL: {url}")
