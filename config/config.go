@@ -52,7 +52,7 @@ type Owner struct {
 	DRAM      int64  // dram: the memory segment size in bytes (> 0)
 	SocketDir string // socket_dir: directory of fluxkv.sock
 	// Master (master) is the master's host:port, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/]
-	// to follow the leader among masters campaigning on etcd (HA, DESIGN §12).
+	// to follow the leader among masters campaigning on etcd (HA, docs/architecture.md §12).
 	Master      string
 	ClusterName string // cluster_name: names the SSD cache root
 	InstanceKey string // instance_key: names this owner's SSD cache root
@@ -69,7 +69,7 @@ type Owner struct {
 	ClusterSecretFiles []string
 	InsecureCluster    bool
 	// MasterPubKeyFiles (master_pubkey_files) hold the master public keys the owner
-	// accepts (DESIGN §11), any of them.
+	// accepts (docs/architecture.md §11), any of them.
 	MasterPubKeyFiles []string
 	// CacheGrace (cache_grace) keeps released holdings of local replicas in the hot
 	// set this long: nil takes the daemon's default (30s), a pointer to 0 turns the
@@ -87,7 +87,7 @@ type Owner struct {
 	// connection without a live session. Zero: the daemon's defaults.
 	HelloTimeout, FrameTimeout, IdleTimeout time.Duration
 	// ClientIsolation (client_isolation): seal the segment against client writes and
-	// take puts through per-session put areas (DESIGN §11). nil: the default.
+	// take puts through per-session put areas (docs/architecture.md §11). nil: the default.
 	ClientIsolation *bool
 	// TransferReserve (transfer_reserve) is the owner's transfer area for puts placed
 	// on other owners: nil takes the daemon's default, a pointer to 0 means none
@@ -139,10 +139,10 @@ type Master struct {
 	ClusterSecretFiles []string
 	InsecureCluster    bool
 	// MasterKeyFile (master_key_file) holds the master's private key, which proves it
-	// to owners (DESIGN §11).
+	// to owners (docs/architecture.md §11).
 	MasterKeyFile string
 
-	// High availability on etcd (DESIGN §12); `fluxkv master` only. EtcdEndpoints
+	// High availability on etcd (docs/architecture.md §12); `fluxkv master` only. EtcdEndpoints
 	// (etcd_endpoints) turn it on: the master campaigns there and serves while it
 	// leads. The rest needs them.
 	EtcdEndpoints []string

@@ -12,7 +12,7 @@ import (
 
 // CheckMaster accepts an owner's master: the master's host:port, or
 // etcd://HOST:PORT[,HOST:PORT...][/PREFIX/] naming the etcd cluster where masters
-// campaign (HA, DESIGN §12).
+// campaign (HA, docs/architecture.md §12).
 func CheckMaster(s string) error {
 	if ha.IsURL(s) {
 		// The cluster name only fills in a missing prefix; any valid one does here.

@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// Addresses an owner registers (DESIGN §10): the peer service's and the data plane's,
+// Addresses an owner registers (docs/architecture.md §10): the peer service's and the data plane's,
 // as other hosts reach them. A wildcard listener ("0.0.0.0", "[::]", "") is never
 // registered as such: the advertised host is --advertise-host, else the listener's own
 // address when it names one, else this host's address on the route to the master.

@@ -14,7 +14,7 @@ import (
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 )
 
-// consistencyBound is the stated cross-owner bound (issue 13 item 5, DESIGN §10
+// consistencyBound is the stated cross-owner bound (issue 13 item 5, docs/architecture.md §10
 // "Consistency"): a get that starts on any owner after a put (overwrite) or delete of
 // the key returned on another owner sees it within this. A get with no cached info
 // asks the master, which has the new route once the put or delete returned; only a

@@ -16,7 +16,7 @@ import (
 
 // pullRemote serves a get planned from another owner's memory replica: this owner
 // pulls the bytes over the data plane straight into the target the master allocated
-// in its segment (only this owner writes its segment: DESIGN §10), then GetDone turns
+// in its segment (only this owner writes its segment: docs/architecture.md §10), then GetDone turns
 // the target into a holder (and maybe the key's memory replica here). A failed pull
 // revokes the get with the reason; the caller re-plans without that node.
 func (o *Owner) pullRemote(key string, plan *mp.GetStartResponse) (*holding, error) {
@@ -34,7 +34,7 @@ var errRemoteSSD = errors.New("SSD read on the source owner failed")
 // failed: it says whether its read failed (drop the SSD replica) or not (exclude it).
 const stageVerdictWait = 500 * time.Millisecond
 
-// refillRemote serves a get planned from another owner's SSD (DESIGN §10 "SSD pool"):
+// refillRemote serves a get planned from another owner's SSD (docs/architecture.md §10 "SSD pool"):
 // one SsdStageRead makes that owner read the value in 4 MiB chunks into staging of
 // its own, while this owner pulls each chunk as it is read into its target (at most
 // STAGE_PULLS_IN_FLIGHT pulls at once); the SSD owner answers once every chunk was

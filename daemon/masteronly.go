@@ -7,7 +7,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 )
 
-// Master-only peer calls (DESIGN §11). The cluster secret makes a caller a member;
+// Master-only peer calls (docs/architecture.md §11). The cluster secret makes a caller a member;
 // PullPut, SsdReplicaPersist, InvalidateCachedInfo and ReleaseHotSet write this
 // owner's segment or SSD, or drop what it knows, on the master's word, so they are
 // answered only on a connection whose handshake proved a master key this owner

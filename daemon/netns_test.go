@@ -93,7 +93,8 @@ func (ns *netns) startOwnerIn(t *testing.T, i int, masterAddr, dram string) *pro
 // wildcard, never loopback); remote gets are byte-exact across hosts; with one host's
 // link cut under load, gets through the others never return wrong bytes and resolve
 // (hit, miss or UNAVAILABLE) promptly, and once the master tombed it a get finds a
-// promoted copy or misses; the healed host serves again as a new generation.
+// promoted copy or misses; the healed host registers again (same generation: the
+// master makes a fresh record for it, and it forgets its replicas) and serves again.
 func TestNetnsCluster(t *testing.T) {
 	t.Parallel()
 	ns := newNetns(t, 3)
@@ -179,7 +180,9 @@ func TestNetnsCluster(t *testing.T) {
 			t.Fatalf("cut-%d after h0 was tombed: %v, want the value (a promoted copy) or KEY_NOT_FOUND", i, err)
 		}
 	}
-	// Heal: h0 re-registers as a new generation and serves again.
+	// Heal: the master answers h0's next call STALE_GENERATION; h0 registers again under
+	// the same generation (a fresh record at the master; h0 drops its replica index) and
+	// serves again.
 	ns.ip("link", "set", ns.veths[0], "up")
 	waitFor(t, 20*time.Second, "h0 serves again after the link came back", func() bool {
 		return clients[0].Put("healed", []byte("v")) == nil

@@ -22,12 +22,13 @@ import (
 type Options struct {
 	// Dir holds the sockets: Dir/fluxkv.sock (attach) and Dir/fluxkv.sock.rpc.
 	Dir string
-	// DRAM is the segment size in bytes, rounded up to the page size. Default 1 GiB.
+	// DRAM is the memory pool plus the transfer area in bytes, rounded up to the page
+	// size; the segment is DRAM + LandingReserve. Default 1 GiB.
 	DRAM int64
 	// MasterAddr is the master's host:port. Required unless MasterEtcd is set.
 	MasterAddr string
 	// MasterEtcd, when set, names the etcd cluster and prefix where masters campaign
-	// (HA, DESIGN §12): the owner follows the leader published there instead of
+	// (HA, docs/architecture.md §12): the owner follows the leader published there instead of
 	// MasterAddr, and registers again with each new leader.
 	MasterEtcd *ha.Config
 	// LocalMaster, when set, is the client of a master in this process (fluxkv up:
@@ -41,12 +42,12 @@ type Options struct {
 	// PeerListen is the TCP address of the PeerService (master → owner calls). Default 127.0.0.1:0.
 	PeerListen string
 	// Secrets authenticate the owner to the master and every caller of its peer
-	// service (DESIGN §11). Required unless InsecureCluster.
+	// service (docs/architecture.md §11). Required unless InsecureCluster.
 	Secrets *auth.Secrets
 	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
 	// who reaches the peer port can call it. The master must run insecure too.
 	InsecureCluster bool
-	// MasterKeys are the master public keys this owner accepts (DESIGN §11): with
+	// MasterKeys are the master public keys this owner accepts (docs/architecture.md §11): with
 	// Secrets, master-only peer calls (PullPut, SsdReplicaPersist, InvalidateCachedInfo,
 	// ReleaseHotSet) are answered only on a connection whose handshake proved one of
 	// them, for this node id; other members' calls get PERMISSION_DENIED. nil: no
@@ -61,11 +62,13 @@ type Options struct {
 	// listener this host's address on the route to the master.
 	AdvertiseHost string
 	// TransferReserve is the transfer area: the last bytes of DRAM (before the landing
-	// area), outside the memory pool, where this owner's clients write puts the master places on other
-	// owners (pooled placement); they pull from it. A value larger than it is placed
-	// here. Remote gets that are not promoted land there too, and the master lends its
-	// idle room to the pool (master/xferarea.go). Default 0: min(DRAM/8, 256 MiB);
-	// negative: no transfer area (every put of this owner is placed on it).
+	// area), outside the memory pool, where this owner's clients write puts the master
+	// places on other owners (pooled placement); they pull from it. A put's source is
+	// taken there, else in the landing area (master/xferarea.go, allocSourceLocked); a
+	// value neither can take is placed here. Remote gets that are not promoted land
+	// there too, and the master lends its idle room to the pool. Default 0:
+	// min(DRAM/8, 256 MiB); negative: no transfer area (every put of this owner is
+	// placed on it, unless the landing area takes its source).
 	TransferReserve int64
 	// LandingReserve is memory beyond DRAM, at the end of the segment, outside the pool
 	// and never lent to it, where the master lands the gets of values held elsewhere that
@@ -125,7 +128,7 @@ type Options struct {
 	IdleTimeout time.Duration
 	// ClientIsolation seals the segment with F_SEAL_FUTURE_WRITE once the owner has
 	// mapped it, so no client can change a byte of it; puts go through a per-session
-	// put area the owner copies from (DESIGN §11). Default false.
+	// put area the owner copies from (docs/architecture.md §11). Default false.
 	ClientIsolation bool
 	// PutArea is the size of each session's put area under isolation (a value larger
 	// than it is streamed through it in parts), rounded up to the page size. Default
@@ -135,7 +138,7 @@ type Options struct {
 	// would exceed it gets a smaller area (at least minPutArea) or is refused with
 	// NO_SPACE. Default 1 GiB.
 	PutAreaTotal int64
-	// SSD enables the SSD tier (DESIGN §6) with these storage options; nil = memory only.
+	// SSD enables the SSD tier (docs/architecture.md §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
 
 	testPeerServerOpts []server.Option // added to the peer service's Kitex options by tests
@@ -271,7 +274,7 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("owner: hello/frame/idle timeouts (%v/%v/%v) must not be negative", o.HelloTimeout, o.FrameTimeout, o.IdleTimeout)
 	}
 	if o.TransferReserve > 0 && o.DRAM > 0 && o.TransferReserve >= o.DRAM {
-		return fmt.Errorf("owner: transfer reserve %d must be below the segment size %d", o.TransferReserve, o.DRAM)
+		return fmt.Errorf("owner: transfer reserve %d must be below DRAM %d", o.TransferReserve, o.DRAM)
 	}
 	if o.HotSet > 1 {
 		return fmt.Errorf("owner: hot set %v is a fraction of the memory pool: at most 1 (negative disables it)", o.HotSet)

@@ -33,7 +33,7 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 		return nil, fmt.Errorf("peer listen %s: %w", addr, err)
 	}
 	check := auth.NewMasterCheck(o.opts.MasterKeys, o.opts.NodeID)
-	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
+	// Every connection authenticates before Kitex reads a call from it (docs/architecture.md §11).
 	// A master's connection also proves it is one (masteronly.go).
 	ln := auth.Listener(raw, o.opts.Secrets, auth.PurposePeer,
 		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics, MasterCheck: check})

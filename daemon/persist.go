@@ -24,7 +24,7 @@ func (o *Owner) ssdInfo() *mp.KvSsdStorageInfo {
 // persist writes the memory replica of key@putID to the local SSD ring and commits it
 // at the master; the commit pin keeps the SSD entry from being overwritten until the
 // master answered. The master keeps the memory range alive meanwhile. A replica on
-// another owner (the SSD pool, DESIGN §10) is pulled over the data plane straight into
+// another owner (the SSD pool, docs/architecture.md §10) is pulled over the data plane straight into
 // the SSD record's buffer first.
 func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	if o.store == nil {

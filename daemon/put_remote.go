@@ -10,7 +10,7 @@ import (
 )
 
 // pullPut serves the master's PullPut: a put placed on this owner by another one
-// (pooled placement, DESIGN §10). This owner pulls the value from the requester's
+// (pooled placement, docs/architecture.md §10). This owner pulls the value from the requester's
 // transfer area straight into the target range the master allocated in this segment
 // and answers once the bytes are in or the pull failed; only this process writes its
 // segment, and never after answering (the master frees or publishes the range then).

@@ -8,7 +8,7 @@ import (
 )
 
 // putAreaBudget shares Options.PutAreaTotal among the put areas of live sessions under
-// client isolation (DESIGN §11). Not safe for concurrent use: Owner.mu protects it.
+// client isolation (docs/architecture.md §11). Not safe for concurrent use: Owner.mu protects it.
 type putAreaBudget struct {
 	per   int64 // Options.PutArea: what a session gets while the total allows
 	total int64 // Options.PutAreaTotal

@@ -34,7 +34,7 @@ const (
 
 // framedServer serves one thrift service as framed binary thrift on a Unix socket,
 // dispatching through the Kitex-generated method table and codecs. It exists because
-// the external hot path cannot afford Kitex's server stack on this socket (DESIGN §3:
+// the external hot path cannot afford Kitex's server stack on this socket (docs/architecture.md §3:
 // measured, see the README): a get is one read, one handler call and one write.
 //
 // A frame that cannot be parsed closes that connection only, after a

@@ -9,7 +9,7 @@ import (
 	"github.com/fluxkv/fluxkv/master"
 )
 
-// TestStopBoundedByShutdownTimeout (DESIGN §9, the owner stops while its master hangs):
+// TestStopBoundedByShutdownTimeout (docs/architecture.md §9, the owner stops while its master hangs):
 // Stop revokes a client's pending put and flushes holder acks at the master; when the
 // master accepts connections but never answers, those calls would each wait the whole
 // MasterTimeout (here 60 s). Past ShutdownTimeout they are cut short, every goroutine

@@ -23,7 +23,8 @@ import (
 
 // node is an in-process master + owner pair (they still meet over TCP and the owner
 // serves real Unix sockets and a real memfd). In-process so a test can hand the SSD
-// tier an error-injecting file (ssd.Faults): the one fake DESIGN allows.
+// tier an error-injecting file (ssd.Faults): the one kind of fake the
+// tests allow: a fault the real thing cannot produce on demand.
 type node struct {
 	m    *master.Server
 	o    *Owner

@@ -221,7 +221,7 @@ func TestClusterSSDPool(t *testing.T) {
 	// s becomes unreachable mid-refill (its proxies freeze: s alive, nothing moves): the
 	// reader's staged pull fails by its 1 s progress deadline, the SSD owner's verdict
 	// is given 0.5 s, and the get re-plans without s: a miss (s holds the only copy),
-	// within DESIGN §9's 2 s. Once the link is back, s's abandoned refill frees its
+	// within docs/architecture.md §9's 2 s. Once the link is back, s's abandoned refill frees its
 	// staging.
 	t.Run("SSDOwnerUnreachable", func(t *testing.T) {
 		forty := kvs[len(kvs)-1]

@@ -53,7 +53,7 @@ func stageDeadline(n int64) time.Duration {
 // or the owner is stopping).
 var errStageEnded = errors.New("staged refill ended")
 
-// stager serves other owners' refills from this owner's SSD (DESIGN §10 "SSD pool"):
+// stager serves other owners' refills from this owner's SSD (docs/architecture.md §10 "SSD pool"):
 // each SsdStageRead is a session that reads the value in 4 MiB chunks into slots of a
 // fixed staging area of this process's own memory (not the segment: the master never
 // allocates or frees it, so no write can land in a range it reused), at most 4 reads

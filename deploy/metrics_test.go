@@ -40,7 +40,7 @@ const (
 )
 
 // metricNameRE finds the fluxkv metric names in a PromQL expression: fluxkv_*, and the
-// capacity gauges whose names DESIGN.md §7 fixes (kvcache_segment_*, kv_ssd_*).
+// capacity gauges whose names docs/architecture.md §7 fixes (kvcache_segment_*, kv_ssd_*).
 var metricNameRE = regexp.MustCompile(`\b(?:fluxkv|kvcache|kv_ssd)_[A-Za-z0-9_]+`)
 
 // metricExprNames is the sorted set of metric names in exprs.

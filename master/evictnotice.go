@@ -14,8 +14,8 @@ type evictNotice struct {
 	ssd   bool
 }
 
-// evictOutbox holds the eviction notices an owner has not acknowledged yet (DESIGN:
-// "Owners know their replicas"). Evictions are silent on the hot path: the master frees
+// evictOutbox holds the eviction notices an owner has not acknowledged yet (docs/architecture.md
+// §5, owners know their replicas). Evictions are silent on the hot path: the master frees
 // the range at once and queues a notice; the owner learns it from the next heartbeat
 // reply, drops the record from its replica index and acks the sequence number with the
 // heartbeat after. Until then the owner may still report the version after a master

@@ -17,7 +17,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// HAOptions turn a master into one of several campaigning on etcd (DESIGN §12).
+// HAOptions turn a master into one of several campaigning on etcd (docs/architecture.md §12).
 type HAOptions struct {
 	// Etcd names the etcd cluster and the key prefix of this fluxkv cluster.
 	Etcd ha.Config

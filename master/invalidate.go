@@ -71,7 +71,7 @@ func (q *invalQueue) take(n int) []*common.KeyVersion {
 	return out
 }
 
-// invalidator sends InvalidateCachedInfo broadcasts to owners (DESIGN §10 "Death and
+// invalidator sends InvalidateCachedInfo broadcasts to owners (docs/architecture.md §10 "Death and
 // fencing"): each owner has its own queue and at most one call in flight, bounded by
 // InvalidateTimeout, so a dead or partitioned owner delays nobody else. Entries for an
 // owner collect while its call runs (one per key, the highest version) and go in its

@@ -185,7 +185,7 @@ func (s *State) checkIDTakenLocked(now time.Time, old *node, dataAddr, peerAddr 
 // checkAddrTakenLocked refuses a registration naming the peer or data address of
 // another live owner: the master would send that owner's calls (and its proofs, which
 // name the node) to the wrong node, and a member could make another owner's master
-// calls fail that way (DESIGN §11). An owner silent for over two heartbeat intervals
+// calls fail that way (docs/architecture.md §11). An owner silent for over two heartbeat intervals
 // may have restarted on the same address under another id.
 func (s *State) checkAddrTakenLocked(now time.Time, id, dataAddr, peerAddr string) error {
 	for _, n := range s.nodes {

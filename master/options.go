@@ -60,7 +60,7 @@ type Options struct {
 	// InvalidateCachedInfo call; past it the oldest are dropped (counted, logged).
 	// Default 16384.
 	InvalidateQueue int
-	// Placement decides where a put's memory replica goes (DESIGN §10 "Placement (one
+	// Placement decides where a put's memory replica goes (docs/architecture.md §10 "Placement (one
 	// pool)"): PlacementPool (the default) places it on the requester when its pool has
 	// room, else on the live owner with the most free bytes, else evicts across the pool
 	// (duplicates before sole copies) and places it where room was made; the requester
@@ -92,13 +92,13 @@ type Options struct {
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64
 	// Secrets authenticate every connection to the master and the master's calls to
-	// owners' peer services (DESIGN §11). Required unless InsecureCluster.
+	// owners' peer services (docs/architecture.md §11). Required unless InsecureCluster.
 	Secrets *auth.Secrets
 	// InsecureCluster runs without cluster authentication when Secrets is nil: anyone
 	// who reaches the port can call the master. Owners must run insecure too.
 	InsecureCluster bool
 	// MasterKey proves this master to owners on every connection it opens to their peer
-	// ports (DESIGN §11): owners answer master-only calls (PullPut, SsdReplicaPersist,
+	// ports (docs/architecture.md §11): owners answer master-only calls (PullPut, SsdReplicaPersist,
 	// InvalidateCachedInfo, ReleaseHotSet) only on such a connection, checked against
 	// their accepted public keys. nil: its connections are a member's, and owners that
 	// check refuse those calls (fluxkv master refuses to start without one).

@@ -14,7 +14,7 @@ import (
 )
 
 // pendingPersist keeps a fresh memory replica alive, out of the eviction policy, while
-// an owner writes it to SSD (DESIGN §4 put step 3): it cannot be evicted before it
+// an owner writes it to SSD (docs/architecture.md §4 put step 3): it cannot be evicted before it
 // reaches SSD, and its capacity stays reserved. ssdNode writes it: node itself when it
 // has SSD, else the SSD pool's choice, which pulls the bytes from node's segment.
 type pendingPersist struct {
@@ -78,7 +78,7 @@ func (s *State) persistCount(id string) *persistCounts {
 }
 
 // persistNodeLocked chooses the owner that writes the SSD replica of a value whose
-// memory replica is on t (DESIGN §10 "SSD pool"): t itself when it has SSD, else the
+// memory replica is on t (docs/architecture.md §10 "SSD pool"): t itself when it has SSD, else the
 // live SSD-capable owner with the most free ring space (as its heartbeat reported it,
 // less the persists assigned to it since), ties by node id; nil when no owner has SSD
 // room for length bytes.
@@ -135,10 +135,10 @@ var (
 // it has work for: their queued persists end at once, running ones are cancelled.
 const persistWatchInterval = 100 * time.Millisecond
 
-// persister runs SsdReplicaPersist calls after PutDone (DESIGN §4 put step 3) on
+// persister runs SsdReplicaPersist calls after PutDone (docs/architecture.md §4 put step 3) on
 // PersistWorkers workers; at most PersistWorkersPerNode of them work for one owner
 // incarnation at once, and owners with work are served round robin, so one slow or
-// dead owner never occupies every worker (DESIGN §10 "Death and fencing"). A call to
+// dead owner never occupies every worker (docs/architecture.md §10 "Death and fencing"). A call to
 // a dead owner fails within PeerConnectTimeout (twice it with authentication); a live
 // owner's call may take up to PersistTimeout. Every task ends with State.PersistDone,
 // whatever the outcome: done, failed, skipped (owner tombed), queue full or master

@@ -11,7 +11,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// Pooled placement (DESIGN §10 "Placement (one pool)"). A put goes to its requester
+// Pooled placement (docs/architecture.md §10 "Placement (one pool)"). A put goes to its requester
 // when the requester's pool has room; else to the live owner with the most free bytes
 // that has room; else the master evicts across the pool, duplicates before sole
 // copies, sole copies on the requester first unless another owner's keys are much
@@ -80,10 +80,10 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 }
 
 // placeLocked chooses a put's target: see the comment at the top of this file. The
-// source is nil when the target is on the requester. A requester without a transfer
-// area, or whose areas (transfer, else landing: allocSourceLocked) cannot take the value
-// now, places the put on itself (so a value larger than both is always local). Both are
-// nil when no owner has room.
+// source is nil when the target is on the requester. A requester whose areas (transfer,
+// else landing: allocSourceLocked) cannot take the value now, because it has neither or
+// neither has room, places the put on itself (so a value larger than both is always
+// local). Both are nil when no owner has room.
 //
 // With no free range anywhere, the order is: the requester's duplicates, other owners'
 // duplicates (when the requester has idle area room for the source), the sole
@@ -351,7 +351,7 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	if old != nil && old.putID > putID {
 		// A put of the key that started later was published first: concurrent puts
 		// serialize in put_id order, so this one is already overwritten. It is not
-		// published (a key's put_id never moves backwards, DESIGN §5: owners forget
+		// published (a key's put_id never moves backwards, docs/architecture.md §5: owners forget
 		// cached and SSD versions "up to" a put_id) and its target goes back.
 		p.target.Release()
 		return PutResult{}, nil

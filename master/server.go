@@ -76,7 +76,7 @@ func (s *Server) Start(addr string) error {
 
 // serve serves on raw in the background; Stop closes it.
 func (s *Server) serve(raw net.Listener) error {
-	// Every connection authenticates before Kitex reads a call from it (DESIGN §11).
+	// Every connection authenticates before Kitex reads a call from it (docs/architecture.md §11).
 	ln := auth.Listener(raw, s.opts.Secrets, auth.PurposeMaster,
 		auth.ListenerOptions{Logger: s.opts.Logger, Metrics: s.opts.Metrics})
 	// and every frame is checked before Kitex decodes a byte of it (wire.GuardListener).

@@ -2,7 +2,7 @@ package master
 
 import "github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 
-// The transfer area (DESIGN §10 "Placement (one pool)"): the last bytes of an owner's
+// The transfer area (docs/architecture.md §10 "Placement (one pool)"): the last bytes of an owner's
 // segment, where its clients write the values of puts placed on other owners, which
 // pull them from there. It holds values only while they are in flight, so its idle
 // room is lent to the memory pool instead of standing empty: when the pool has no free

@@ -1,6 +1,6 @@
 // Package metrics is fluxkv's Prometheus instrumentation: per-operation counters,
 // latency histograms and in-flight gauges, the memory and SSD capacity gauges the
-// operator dashboards read (DESIGN.md §7), hits by source and client bytes, membership
+// operator dashboards read (docs/architecture.md §7), hits by source and client bytes, membership
 // and leadership, and the small HTTP server that exposes them on /metrics beside the
 // /healthz and /readyz probes (Readiness says when a process's components are ready).
 // docs/monitoring.md lists every metric; deploy/ holds the dashboard and alert rules

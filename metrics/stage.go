@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Stage instruments remote SSD refills (DESIGN §10 "SSD pool"): the SSD owner's
+// Stage instruments remote SSD refills (docs/architecture.md §10 "SSD pool"): the SSD owner's
 // staging slots and reads, the requester's pulls. The peaks are the most seen at once
 // in one refill since the node started: they show the protocol's bounds hold (at most
 // STAGE_READS_IN_FLIGHT reads, STAGE_PULLS_IN_FLIGHT pulls). A nil *Stage records

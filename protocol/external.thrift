@@ -92,7 +92,7 @@ struct AttachReply {
   7: i64 segment_size,
   8: string rpc_socket,
   9: string node_id,
-  // Client isolation (DESIGN §11). true: the segment is sealed with F_SEAL_FUTURE_WRITE,
+  // Client isolation (docs/architecture.md §11). true: the segment is sealed with F_SEAL_FUTURE_WRITE,
   // so the client maps it read-only and can never write it; the reply carries a second
   // fd, this session's put area (put_area_size bytes, sealed against shrink and grow),
   // which the client maps read-write. A put then writes its value into the put area and

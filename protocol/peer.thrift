@@ -8,7 +8,7 @@ include "common.thrift"
 // Persist the value key@put_id (len bytes) to the local SSD ring, then commit with master
 // SsdReplicaCommit. Its memory replica is at offset of source_node_id's segment: this
 // owner's own (source_node_id empty or this node), or another owner's (the SSD pool,
-// DESIGN §10), which this owner pulls over the data plane first (fence: source_generation
+// docs/architecture.md §10), which this owner pulls over the data plane first (fence: source_generation
 // and put_id, which the master retains the replica for until this call ends).
 struct SsdReplicaPersistRequest {
   1: string key,
@@ -27,7 +27,7 @@ struct SsdReplicaPersistResponse {
   2: string message,
 }
 
-// A remote SSD refill (DESIGN §10: pull only). The requester asks the SSD owner to read
+// A remote SSD refill (docs/architecture.md §10: pull only). The requester asks the SSD owner to read
 // key@put_id (len bytes) from its SSD in STAGE_CHUNK_BYTES chunks into a bounded staging
 // area of its own memory (STAGE_READS_IN_FLIGHT reads in flight, STAGE_READY_CHUNKS read
 // chunks waiting); meanwhile the requester pulls each chunk over the data plane (op
@@ -78,7 +78,7 @@ struct InvalidateCachedInfoResponse {
   2: string message,
 }
 
-// Pooled placement (DESIGN §10): the master asks the put's target owner to pull the
+// Pooled placement (docs/architecture.md §10): the master asks the put's target owner to pull the
 // value from the requester's transfer area into the target range it allocated in the
 // target's segment, before it publishes the put. generation names the target
 // incarnation the range was allocated in (another one refuses: STALE_GENERATION); the
@@ -128,7 +128,7 @@ struct ReleaseHotSetResponse {
 
 // master_epoch in the master's calls (SsdReplicaPersist, InvalidateCachedInfo, PullPut,
 // ReleaseHotSet) is the calling master's epoch: an owner registered with a later master
-// refuses the call (UNAVAILABLE), so a deposed leader cannot change it (DESIGN §12).
+// refuses the call (UNAVAILABLE), so a deposed leader cannot change it (docs/architecture.md §12).
 
 service PeerService {
   SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),

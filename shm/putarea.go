@@ -1,6 +1,6 @@
 package shm
 
-// CreatePutArea creates one client session's put area under client isolation (DESIGN
+// CreatePutArea creates one client session's put area under client isolation (docs/architecture.md
 // §11): a memfd of size bytes sealed against shrink, grow and further seals, mapped
 // read-write here. The owner sends its fd to the client, which maps it read-write and
 // writes values into it; the owner copies them from its own mapping into the

@@ -11,7 +11,7 @@ import (
 )
 
 // TestSealWritesContract checks, on the running kernel, what client isolation relies on
-// (DESIGN §11): once a segment is created with SealWrites, every way a holder of its fd
+// (docs/architecture.md §11): once a segment is created with SealWrites, every way a holder of its fd
 // could change a byte fails, while the owner's own read-write mapping, read(2) into it
 // and O_DIRECT reads into it keep working.
 func TestSealWritesContract(t *testing.T) {

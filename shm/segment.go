@@ -41,7 +41,7 @@ type SegmentOptions struct {
 	// from then on every new writable mapping, write(2), hole punch and mprotect
 	// upgrade of the memfd fails with EPERM, whatever fd is used (a re-open of
 	// /proc/PID/fd/N included), while this process's own mapping, read(2) into it and
-	// O_DIRECT reads into it keep working. Client isolation (DESIGN §11).
+	// O_DIRECT reads into it keep working. Client isolation (docs/architecture.md §11).
 	SealWrites bool
 }
 

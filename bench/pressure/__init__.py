@@ -1,4 +1,4 @@
-"""fluxkv's pressure benchmark (DESIGN.md §8, seed 000 §8): fluxkv, memcached and Redis under
+"""fluxkv's pressure benchmark (docs/architecture.md §8): fluxkv, memcached and Redis under
 the same Zipf workload, DRAM and flash sizes, in one run on one machine. See bench/README.md.
 
 Modules: ``cli`` (flags, presets), ``matrix`` (cases), ``harness`` (one case end to end),

@@ -52,7 +52,7 @@ def onoff(s: str) -> list[bool]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python3 -m pressure", description="fluxkv pressure benchmark against memcached, Redis and Mooncake Store where installed (seed 000 §8)")
+    ap = argparse.ArgumentParser(prog="python3 -m pressure", description="fluxkv pressure benchmark against memcached, Redis and Mooncake Store where installed (docs/architecture.md §8)")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a matrix of cases, write summary.jsonl and pressure.png")

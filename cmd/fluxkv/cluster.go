@@ -12,7 +12,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
-// Cluster authentication (DESIGN §11): master, owner and up take the shared secret
+// Cluster authentication (docs/architecture.md §11): master, owner and up take the shared secret
 // from --cluster-secret-file (repeatable: the first signs, any is accepted) or their
 // YAML section's cluster_secret_files. master and owner without one refuse to start
 // unless --insecure-cluster says so; up creates DIR/cluster.secret when it has none.

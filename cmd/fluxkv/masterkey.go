@@ -11,7 +11,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/auth"
 )
 
-// Master keys (DESIGN §11): the cluster secret makes a process a member; a master
+// Master keys (docs/architecture.md §11): the cluster secret makes a process a member; a master
 // also proves it is one with its private key (--master-key-file), whose public half
 // owners accept (--master-pubkey-file, repeatable for rotation). A master or owner with
 // a cluster secret and no key refuses to start; up uses DIR/master.key, created with

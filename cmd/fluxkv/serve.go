@@ -301,7 +301,7 @@ var (
 )
 
 // master starts a master; writeQuiet is master.Options.WriteQuiet (0: its default).
-// With etcd endpoints it is one of several campaigning there (HA, DESIGN §12).
+// With etcd endpoints it is one of several campaigning there (HA, docs/architecture.md §12).
 func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets, writeQuiet time.Duration) (masterServer, error) {
 	t0 := time.Now()
 	opts := masterOptions(mc, m, secrets)
@@ -423,9 +423,9 @@ func masterOptions(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets) 
 }
 
 // ownerOptions turns merged owner settings into daemon options; large_limit_size
-// turns the SSD tier on (DESIGN.md §6); nil secrets run an insecure cluster
+// turns the SSD tier on (docs/architecture.md §6); nil secrets run an insecure cluster
 // (clusterSecrets allowed it). A masterAddr etcd://... (ownerSettings checked it)
-// makes the owner follow the leader on etcd (HA, DESIGN §12) instead.
+// makes the owner follow the leader on etcd (HA, docs/architecture.md §12) instead.
 func ownerOptions(oc config.Owner, masterAddr string, m *metrics.Metrics, secrets *auth.Secrets) daemon.Options {
 	l := componentLogger("owner")
 	opts := daemon.Options{Secrets: secrets, InsecureCluster: secrets == nil, MasterAddr: masterAddr, Metrics: m, Logger: &l}

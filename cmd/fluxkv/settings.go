@@ -120,7 +120,7 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 	return s, nil
 }
 
-// haSettings merges the master's etcd settings (HA, DESIGN §12) over the file's and
+// haSettings merges the master's etcd settings (HA, docs/architecture.md §12) over the file's and
 // checks them together. Without endpoints the master runs alone and every other HA
 // setting is refused (it would be silently ignored); with them the prefix is resolved
 // (default /fluxkv/<cluster name>/) and the cluster name is kept.
@@ -233,7 +233,7 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	return s, nil
 }
 
-// ownerEtcdSettings checks an owner's --master etcd://... (HA, DESIGN §12: the owner
+// ownerEtcdSettings checks an owner's --master etcd://... (HA, docs/architecture.md §12: the owner
 // follows the leader published there; without a prefix it is /fluxkv/<cluster name>/)
 // with --etcd-cacert, --etcd-cert and --etcd-key, which only go with it.
 func ownerEtcdSettings(c *cli.Context, fo config.Owner, s *config.Owner) error {

@@ -482,7 +482,7 @@ func TestHumanSize(t *testing.T) {
 	}
 }
 
-// Masters on etcd (HA, DESIGN §12): `fluxkv master`'s flags merge over the file's
+// Masters on etcd (HA, docs/architecture.md §12): `fluxkv master`'s flags merge over the file's
 // master section, the prefix defaults to /fluxkv/<cluster name>/, and settings that
 // cannot work together are refused with exit status 2.
 func TestSettingsMasterHA(t *testing.T) {

@@ -168,7 +168,7 @@ func masterTable() *table[config.Master, master.Options] {
 	}}
 }
 
-// haTable is the master's settings for high availability on etcd (DESIGN §12), set in
+// haTable is the master's settings for high availability on etcd (docs/architecture.md §12), set in
 // master.HAOptions: `fluxkv master` only (`fluxkv up` is one node with its own
 // master). haSettings checks them together.
 func haTable() *table[config.Master, master.HAOptions] {

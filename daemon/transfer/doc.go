@@ -1,4 +1,4 @@
-// Package transfer is the owner-to-owner data plane (DESIGN.md §3, §10): it moves a
+// Package transfer is the owner-to-owner data plane (docs/architecture.md §3, §10): it moves a
 // value's bytes from one owner's segment into another's over TCP.
 //
 // Pull only. Every byte in a segment is written by the process that owns it, so a

@@ -1,4 +1,4 @@
-// Package ha is master high availability on etcd (DESIGN §12): masters campaign for
+// Package ha is master high availability on etcd (docs/architecture.md §12): masters campaign for
 // leadership on an etcd lease (Elector), the leader publishes its address and the
 // epoch of its leadership under the election key, and owners and `fluxkv status`
 // follow that key (Watch, Candidates).

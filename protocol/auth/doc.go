@@ -1,6 +1,6 @@
 // Package auth authenticates fluxkv's cluster TCP connections (master, peer service,
 // and the owner-to-owner data plane) with a shared secret, before any byte of an RPC
-// is read (DESIGN §11).
+// is read (docs/architecture.md §11).
 //
 // Each connection opens with a mutual challenge-response handshake (handshake.go):
 // the server sends a random nonce, the client answers with its own nonce and an

@@ -12,7 +12,7 @@ import (
 	"os"
 )
 
-// Master keys (DESIGN §11): the cluster secret makes a process a member; a master
+// Master keys (docs/architecture.md §11): the cluster secret makes a process a member; a master
 // also holds an Ed25519 private key, whose public half every owner is given, and
 // proves it in the handshake of each connection it opens to an owner's peer port
 // (role.go). An owner cannot forge that proof, so master-only calls (PullPut,

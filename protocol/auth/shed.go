@@ -13,7 +13,7 @@ import (
 
 // Shedding. Connections still in their handshake cost a server an fd and a goroutine
 // each, and anyone who reaches a port can open them, so Listener bounds them per source
-// address and in total (DESIGN §11). A full bound never turns away the connection that
+// address and in total (docs/architecture.md §11). A full bound never turns away the connection that
 // just arrived: an honest dial answers its hello within a round trip, so the youngest
 // connection is the one most likely to authenticate, and the oldest pending one (the
 // slowest: the longest since its hello without an answer) is shed instead. A flood of

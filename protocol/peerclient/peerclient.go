@@ -49,7 +49,7 @@ func New(s *auth.Secrets, connectTimeout time.Duration) *Clients {
 }
 
 // NewMaster returns a master's clients: their connections also prove a master with
-// key (DESIGN §11), so owners answer its master-only calls; call owners through
+// key (docs/architecture.md §11), so owners answer its master-only calls; call owners through
 // GetNode, which names the owner the proof is for. A nil key makes New's clients.
 func NewMaster(s *auth.Secrets, key *auth.MasterKey, connectTimeout time.Duration) *Clients {
 	p := &Clients{secrets: s, connectTimeout: connectTimeout, ids: make(map[string]string)}

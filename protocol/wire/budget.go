@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Frame memory (DESIGN §11): every process bounds the bytes of request frames in
+// Frame memory (docs/architecture.md §11): every process bounds the bytes of request frames in
 // progress across all its connections with one FrameBudget.
 const (
 	// FreeFrameBytes: a frame up to this size is not charged to the budget. Such frames

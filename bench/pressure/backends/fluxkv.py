@@ -296,7 +296,7 @@ class Cluster(Server):
         port = free_port()
         self.master_addr = f"127.0.0.1:{port}"
         margs = common + ["master", "--listen", self.master_addr, "--cluster-secret-file", str(secret)]
-        # Builds with master keys (DESIGN §11) need the pair: masters sign, owners verify.
+        # Builds with master keys (docs/architecture.md §11) need the pair: masters sign, owners verify.
         mkey, mpub = workdir / "master.key", workdir / "master.pub"
         keys = subprocess.run([self.bin, "gen-master-key", "--master-key-file", str(mkey), "--master-pubkey-file", str(mpub)],
                               capture_output=True, timeout=20).returncode == 0

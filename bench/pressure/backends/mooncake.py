@@ -5,7 +5,7 @@ Mooncake case is reported unavailable with the reason, printed once, and the run
 
 Per case the harness starts ``mooncake_master`` on free loopback ports (HTTP metadata server
 embedded; ``--enable_offload=true`` when SSD is on), waits for its ports, and then, by topology
-(seed 000 §8.3, one ``variant`` each):
+(docs/architecture.md §8, one ``variant`` each):
 
 * ``dedicated_owner``: one resident store process (``python -m pressure.backends.mooncake owner``)
   contributes all the DRAM (``global_segment_size``) and, SSD on, all the flash; the benchmark
@@ -93,7 +93,7 @@ INVALID_PARAMS = -600
 # Mooncake 3b5a594's client turns OBJECT_ALREADY_EXISTS from PutStart into 0; an older binding (or
 # another path) may still return it, and it is counted apart, not as an error.
 OBJECT_ALREADY_EXISTS = -705
-# The largest value Mooncake's SSD offload takes in one slice (kMaxSliceSize at 3b5a594; seed 000 §8.3).
+# The largest value Mooncake's SSD offload takes in one slice (kMaxSliceSize at 3b5a594).
 SSD_SLICE_MAX = 0xFFFFF0
 # The smallest non-zero global segment a client can mount: its memory is allocated in whole 16 MiB
 # slabs, and setup() fails (INVALID_PARAMS) below one.

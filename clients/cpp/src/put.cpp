@@ -1,7 +1,7 @@
 // The put path, as the Python client's: PutStart (retried only when unsent or after the
 // session ended), the value written once, then PutEnd (resent on the same session after a
 // lost reply). Without isolation the value goes straight into the segment at the put's
-// offset; under client isolation (DESIGN §11) into the session's put area, which the owner
+// offset; under client isolation (docs/architecture.md §11) into the session's put area, which the owner
 // copies from (AreaCopy in PutEnd), a value larger than the area streamed through it by
 // PutWrite. A put whose outcome became unknown is redone once without reject_if_exists,
 // reported Unavailable with it.

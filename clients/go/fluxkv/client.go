@@ -233,7 +233,7 @@ func (c *Client) ClientID() int64    { return c.current().reply.ClientId }
 func (c *Client) Segment() []byte    { return c.current().ro.Bytes() }
 func (c *Client) Options() Options   { return c.opts }
 
-// Isolated reports whether the owner isolates its clients (DESIGN §11): the segment is
+// Isolated reports whether the owner isolates its clients (docs/architecture.md §11): the segment is
 // mapped read-only only and puts go through the session's put area.
 func (c *Client) Isolated() bool { return c.current().reply.Isolated }
 

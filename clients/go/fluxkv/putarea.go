@@ -6,7 +6,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
 
-// Puts through the session's put area, under client isolation (DESIGN §11): the segment
+// Puts through the session's put area, under client isolation (docs/architecture.md §11): the segment
 // is write-sealed, so a value is written into the put area and the owner copies it into
 // the put's range, as the AreaCopy ranges of PutWrite and PutEnd (BatchPutEnd) say. The
 // caller holds attachment.areaMu from the first byte written until the call that copies

@@ -1,10 +1,10 @@
-"""The client's two mappings of the owner's memfd segment (DESIGN.md §3).
+"""The client's two mappings of the owner's memfd segment (docs/architecture.md §3).
 
 ``ro`` is mapped PROT_READ|MAP_SHARED: every holder view handed to users (memoryview,
 numpy, DLPack) points into it, so a stray write faults in the offending process instead of
 corrupting a replica other processes read. ``rw`` is mapped PROT_READ|PROT_WRITE and is
 touched only by the put path, which copies a value into it exactly once. Under client
-isolation (DESIGN.md §11) the owner write-seals the segment: it is mapped read-only only
+isolation (docs/architecture.md §11) the owner write-seals the segment: it is mapped read-only only
 (``rw`` is None) and the put path writes into the session's :class:`PutArea` instead.
 
 Views are exported through small ctypes arrays laid over the read-only mapping

@@ -1,4 +1,4 @@
-"""What the client speaks on the owner's sockets (DESIGN.md §3, protocol/external.thrift).
+"""What the client speaks on the owner's sockets (docs/architecture.md §3, protocol/external.thrift).
 
 Attach: one frame each way on DIR/fluxkv.sock. A frame is a 4-byte big-endian length and a
 TBinaryProtocol struct: AttachHello out, AttachReply back, with the segment's memfd riding

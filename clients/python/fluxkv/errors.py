@@ -1,6 +1,6 @@
 """Exceptions of the fluxkv client and the mapping from wire error codes to them.
 
-Every response of the owner carries a ``common.ErrorCode`` and a message (DESIGN.md §3).
+Every response of the owner carries a ``common.ErrorCode`` and a message (docs/architecture.md §3).
 :func:`raise_for` turns a non-OK pair into the matching exception; codes without a
 class of their own (BUSY, INTERNAL, STALE_GENERATION after the one retry) raise the base
 :class:`Error`. Every exception keeps the wire code in ``code`` and the server's message.

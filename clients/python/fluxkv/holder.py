@@ -1,7 +1,7 @@
 """MemHolder: a zero-copy, read-only view of one value in the owner's segment.
 
 A holder pins ``len`` bytes at ``offset`` of the segment until it is released: the owner
-keeps them (DESIGN.md §4, holder lifecycle) and the client's read-only mapping shows them.
+keeps them (docs/architecture.md §4, holder lifecycle) and the client's read-only mapping shows them.
 Every way of looking at the bytes (``memoryview()``, ``numpy()``, ``__dlpack__``) is a
 view of that mapping, never a copy, except ``bytes()``.
 

@@ -439,7 +439,7 @@ def test_error_classes(client):
     with client.get("dup") as h:
         assert h.bytes() == b"1"
 
-    # A value larger than the segment is INVALID_ARGUMENT (DESIGN.md §9: len > segment).
+    # A value larger than the segment is INVALID_ARGUMENT (docs/architecture.md §9: len > segment).
     too_big = np.zeros(client.segment_size + 1, dtype=np.uint8)
     with pytest.raises(fluxkv.InvalidArgument):
         client.put("too-big", too_big)

@@ -1,4 +1,4 @@
-"""The Python client against an owner with client isolation (DESIGN.md §11): the segment
+"""The Python client against an owner with client isolation (docs/architecture.md §11): the segment
 is mapped read-only only, values go through the session's put area (streamed when larger)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who may attach (DESIGN §11): the owner's uid, root, and members of the socket's group,
+"""Who may attach (docs/architecture.md §11): the owner's uid, root, and members of the socket's group,
 primary or supplementary. Clients of another uid are run with setpriv (root only)."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Namespaces and page keys.
 
-A page's key is ``<namespace>/<hash text>``. The owner and master index keys by the text
-before their last ``/`` (their namespace), which is what makes :meth:`PageStore.delete_namespace`
-and per-namespace stats cost the namespace's pages rather than the whole cache; so a
-namespace may contain ``/`` but a page hash's text may not.
+A page's key is ``<namespace>/<hash text>``. The master indexes keys by the text before
+their last ``/`` (their namespace; the owner only forwards), which is what makes
+:meth:`PageStore.delete_namespace` and per-namespace stats cost the namespace's pages
+rather than the whole cache; so a namespace may contain ``/`` but a page hash's text may not.
 """
 
 from __future__ import annotations
