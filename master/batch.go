@@ -2,6 +2,8 @@ package master
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -110,6 +112,9 @@ func (h *handler) BatchDelete(ctx context.Context, req *mp.BatchDeleteRequest) (
 	return resp, nil
 }
 
+// BatchPutStart makes every item's first attempt in order under one hold of the lock
+// (the first attempt of withSpace: sparing held copies); an item short of space then
+// waits for it as its per-key call would, the batch's waits bounded by spaceWait.
 func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartRequest) (*mp.BatchPutStartResponse, error) {
 	resp := &mp.BatchPutStartResponse{}
 	err := h.checkBatch(req.Node, len(req.Items))
@@ -117,33 +122,82 @@ func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartReques
 		ctx, cancel := h.spaceWait(ctx)
 		defer cancel()
 		h.applyAcks(req.Node, req.Acks)
-		resp.Results = make([]*mp.PutStartResponse, len(req.Items))
-		for i, it := range req.Items {
-			if it == nil {
-				resp.Results[i] = &mp.PutStartResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
-				continue
+		n := len(req.Items)
+		resp.Results = make([]*mp.PutStartResponse, n)
+		plans, errs := make([]PutPlan, n), make([]error, n)
+		gateErr := h.s.withSpaceOnce(func(st *State) error {
+			now := time.Now()
+			for i, it := range req.Items {
+				if it != nil {
+					plans[i], errs[i] = st.PutStart(now, ref(req.Node), it.Key, it.Len, it.RejectIfExists, it.Parent)
+				}
 			}
-			resp.Results[i] = h.putStart(ctx, req.Node, it.Key, it.Len, it.RejectIfExists, it.Parent)
+			return nil
+		})
+		for i, it := range req.Items {
+			switch {
+			case it == nil:
+				resp.Results[i] = &mp.PutStartResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
+			case gateErr != nil:
+				resp.Results[i] = putStartResponse(PutPlan{}, gateErr)
+			case errors.Is(errs[i], wire.ErrNoSpace): // the waits for space of a per-key call
+				resp.Results[i] = h.putStart(ctx, req.Node, it.Key, it.Len, it.RejectIfExists, it.Parent)
+			default:
+				resp.Results[i] = putStartResponse(plans[i], errs[i])
+			}
 		}
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }
 
-// BatchPutDone publishes the items, at most batchPutDoneParallel at once (pulls of puts
-// placed on other owners overlap), and waits out the write quiet period once.
+// BatchPutDone publishes the items in order under one hold of the lock (State.PutDone,
+// as PutDone does for each), then finishes them as PutDone does: the items done at once
+// (local puts, the common case, and failures) with their invalidations sent together (one
+// message per owner) before their persists are queued; the puts placed on other owners,
+// whose pulls run outside the lock, at most batchPutDoneParallel at once so that they
+// overlap. It waits out the write quiet period once.
 func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest) (*mp.BatchPutDoneResponse, error) {
 	resp := &mp.BatchPutDoneResponse{}
 	err := h.checkBatch(req.Node, len(req.Items))
 	if err == nil {
-		resp.Results = make([]*mp.PutDoneResponse, len(req.Items))
-		workers.ForEach(len(req.Items), batchPutDoneParallel, func(i int) {
-			it := req.Items[i]
-			if it == nil {
-				resp.Results[i] = &mp.PutDoneResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
-				return
+		n := len(req.Items)
+		resp.Results = make([]*mp.PutDoneResponse, n)
+		results, errs := make([]PutResult, n), make([]error, n)
+		gateErr := h.s.withState(func(st *State) error {
+			now := time.Now()
+			for i, it := range req.Items {
+				if it != nil {
+					results[i], errs[i] = st.PutDone(now, ref(req.Node), it.Key, it.PutId)
+				}
 			}
-			resp.Results[i] = h.putDone(req.Node, it.Key, it.PutId)
+			return nil
+		})
+		var pulls []int
+		var invs []Invalidation // of the items done now: sent together, one message per owner
+		var persists []*PersistTask
+		for i, it := range req.Items {
+			switch {
+			case it == nil:
+				resp.Results[i] = &mp.PutDoneResponse{Code: common.ErrorCode_INVALID_ARGUMENT, Message: "null item"}
+				continue
+			case gateErr != nil:
+				errs[i] = gateErr
+			case errs[i] == nil && results[i].Pull != nil:
+				pulls = append(pulls, i)
+				continue
+			}
+			invs = append(invs, results[i].Invalidations...)
+			persists = append(persists, results[i].Persist)
+			resp.Results[i] = putDoneResponse(errs[i])
+		}
+		h.s.invalidate(invs)
+		for _, t := range persists {
+			h.s.persist.submit(t)
+		}
+		workers.ForEach(len(pulls), batchPutDoneParallel, func(j int) {
+			i := pulls[j]
+			resp.Results[i] = h.finishPutDone(results[i], errs[i])
 		})
 		h.s.writeQuiet(ctx)
 	}

@@ -75,6 +75,10 @@ func (h *handler) putStart(ctx context.Context, node *mp.NodeRef, key string, le
 		plan, err = st.PutStart(time.Now(), ref(node), key, length, reject, parent)
 		return err
 	})
+	return putStartResponse(plan, err)
+}
+
+func putStartResponse(plan PutPlan, err error) *mp.PutStartResponse {
 	resp := &mp.PutStartResponse{PutId: plan.PutID, TargetNodeId: plan.TargetNode, TargetDataAddr: plan.TargetAddr,
 		TargetOffset: plan.TargetOffset, SourceOffset: plan.SourceOffset, PersistToSsd: plan.PersistToSSD}
 	resp.Code, resp.Message = wire.ToResponse(err)
@@ -96,6 +100,13 @@ func (h *handler) putDone(node *mp.NodeRef, key string, putID int64) *mp.PutDone
 		res, err = st.PutDone(time.Now(), ref(node), key, putID)
 		return err
 	})
+	return h.finishPutDone(res, err)
+}
+
+// finishPutDone completes a State.PutDone's outcome: the pulls of a put placed on another
+// owner (outside the lock; placed again while they fail), then the invalidations and the
+// SSD persist it asks for.
+func (h *handler) finishPutDone(res PutResult, err error) *mp.PutDoneResponse {
 	for err == nil && res.Pull != nil {
 		t := res.Pull
 		pullErr, answered := h.s.pull(t)
@@ -106,6 +117,10 @@ func (h *handler) putDone(node *mp.NodeRef, key string, putID int64) *mp.PutDone
 	}
 	h.s.invalidate(res.Invalidations)
 	h.s.persist.submit(res.Persist)
+	return putDoneResponse(err)
+}
+
+func putDoneResponse(err error) *mp.PutDoneResponse {
 	resp := &mp.PutDoneResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp

@@ -212,11 +212,7 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	var asked time.Time
 	spare := true
 	for {
-		err := s.withState(func(st *State) error {
-			st.spareHeld = spare
-			defer func() { st.spareHeld = false }()
-			return f(st)
-		})
+		err := s.withSpare(spare, f)
 		if !errors.Is(err, wire.ErrNoSpace) {
 			return err
 		}
@@ -239,6 +235,19 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 		case <-time.After(s.opts.AllocRetryInterval):
 		}
 	}
+}
+
+// withSpaceOnce runs f under the lock as withSpace's first attempt does (sparing held
+// copies), once: for a batch whose items then wait for space one by one.
+func (s *Server) withSpaceOnce(f func(st *State) error) error { return s.withSpare(true, f) }
+
+// withSpare runs f under the lock with State.spareHeld set to spare for its length.
+func (s *Server) withSpare(spare bool, f func(st *State) error) error {
+	return s.withState(func(st *State) error {
+		st.spareHeld = spare
+		defer func() { st.spareHeld = false }()
+		return f(st)
+	})
 }
 
 // hotSetAskInterval spaces the ReleaseHotSet rounds of one allocation.

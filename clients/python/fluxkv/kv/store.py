@@ -32,6 +32,8 @@ __all__ = ["PageStore"]
 _log = logging.getLogger("fluxkv.kv")
 _LOG_EVERY_S = 10.0
 _COUNTERS = ("hits", "misses", "stored", "skipped", "errors")
+# The most header kinds (dtype, shape, size) a store keeps packed; a store sees a few.
+_HEADER_KINDS = 64
 
 
 class PageStore:
@@ -81,6 +83,7 @@ class PageStore:
         self._logged_at = -_LOG_EVERY_S
         self._unlogged = 0
         self._closed = False
+        self._headers: dict = {}  # (dtype, shape, nbytes) -> (packed header, its address)
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -161,10 +164,25 @@ class PageStore:
         return cached
 
     def _page_value(self, key: str, t, i: int) -> fluxkv.Gather:
-        buf = describe(t, writable=False, what=f"page {i} ({key!r})")
-        crc = crc32_of(buf.address, buf.nbytes) if self.checksum else None
-        header = PageHeader(buf.dtype, buf.shape, self.layout, buf.nbytes, crc).pack()
-        return fluxkv.Gather([(buffer_address(header), PAGE_HEADER_BYTES), (buf.address, buf.nbytes)], keep=(header, t))
+        buf = describe(t, writable=False, what=lambda: f"page {i} ({key!r})")
+        if self.checksum:
+            header = PageHeader(buf.dtype, buf.shape, self.layout, buf.nbytes, crc32_of(buf.address, buf.nbytes)).pack()
+            at = buffer_address(header)
+        else:
+            header, at = self._header(buf)
+        return fluxkv.Gather([(at, PAGE_HEADER_BYTES), (buf.address, buf.nbytes)], keep=(header, t))
+
+    def _header(self, buf) -> tuple:
+        """(the packed header, its address) of a page without a CRC: the same bytes for every
+        page of one dtype and shape, so packed once per kind (a store sees a few)."""
+        kind = (buf.dtype, buf.shape, buf.nbytes)
+        got = self._headers.get(kind)
+        if got is None:
+            header = PageHeader(buf.dtype, buf.shape, self.layout, buf.nbytes).pack()
+            if len(self._headers) >= _HEADER_KINDS:
+                self._headers.clear()
+            got = self._headers[kind] = (header, buffer_address(header))
+        return got
 
     # -- loads -------------------------------------------------------------------------------------
 
@@ -177,7 +195,7 @@ class PageStore:
         ks = self.keys(hashes)
         ts = list(tensors)
         _same_length(ks, ts, "tensors")
-        bufs = [describe(t, writable=True, what=f"buffer {i} ({k!r})") for i, (k, t) in enumerate(zip(ks, ts))]
+        bufs = [describe(t, writable=True, what=lambda i=i, k=k: f"buffer {i} ({k!r})") for i, (k, t) in enumerate(zip(ks, ts))]
         out: list = []
         for lo in range(0, len(ks), self.batch):
             chunk = ks[lo : lo + self.batch]

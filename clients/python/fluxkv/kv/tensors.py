@@ -38,32 +38,50 @@ def _is_numpy(t) -> bool:
     return np is not None and isinstance(t, np.ndarray)
 
 
+# The page dtype name of each torch or numpy dtype seen (a dtype's own name costs a few
+# microseconds to build, paid per page otherwise); a handful of entries.
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype, torch: bool) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.") if torch else dtype.name
+    return name
+
+
 def describe(t, *, writable: bool, what: str) -> Buffer:
     """The memory of a CPU, C-contiguous torch tensor or numpy array; InvalidArgument for
-    anything else (``what`` names it in the message)."""
-    if _is_torch(t):
-        if t.device.type != "cpu":
-            raise InvalidArgument(f"{what}: a {t.device} tensor; pages move through host memory (use a CPU tensor)")
-        if not t.is_contiguous():
-            raise InvalidArgument(f"{what}: the tensor must be contiguous")
-        name = str(t.dtype).removeprefix("torch.")
-        nbytes = t.numel() * t.element_size()
-        address = t.data_ptr()
-    elif _is_numpy(t):
-        if not t.flags.c_contiguous:
-            raise InvalidArgument(f"{what}: the array must be C-contiguous")
-        if writable and not t.flags.writeable:
-            raise InvalidArgument(f"{what}: the array is read-only")
-        name = t.dtype.name
+    anything else (``what`` names it in the message, a callable giving it: the message is
+    only built for an error)."""
+    if _is_numpy(t):
+        flags = t.flags
+        if not flags.c_contiguous:
+            raise InvalidArgument(f"{_what(what)}: the array must be C-contiguous")
+        if writable and not flags.writeable:
+            raise InvalidArgument(f"{_what(what)}: the array is read-only")
+        name = _dtype_name(t.dtype, torch=False)
         nbytes = t.nbytes
         address = t.ctypes.data
+    elif _is_torch(t):
+        if t.device.type != "cpu":
+            raise InvalidArgument(f"{_what(what)}: a {t.device} tensor; pages move through host memory (use a CPU tensor)")
+        if not t.is_contiguous():
+            raise InvalidArgument(f"{_what(what)}: the tensor must be contiguous")
+        name = _dtype_name(t.dtype, torch=True)
+        nbytes = t.numel() * t.element_size()
+        address = t.data_ptr()
     else:
-        raise TypeError(f"{what}: a torch.Tensor or numpy.ndarray is required, not {type(t).__name__}")
+        raise TypeError(f"{_what(what)}: a torch.Tensor or numpy.ndarray is required, not {type(t).__name__}")
     if name not in DTYPES:
-        raise InvalidArgument(f"{what}: dtype {name} has no page format (known: {', '.join(DTYPES)})")
+        raise InvalidArgument(f"{_what(what)}: dtype {name} has no page format (known: {', '.join(DTYPES)})")
     if nbytes == 0:
-        raise InvalidArgument(f"{what}: an empty tensor is not a page")
-    return Buffer(t, name, tuple(int(d) for d in t.shape), address, nbytes)
+        raise InvalidArgument(f"{_what(what)}: an empty tensor is not a page")
+    return Buffer(t, name, tuple(t.shape), address, nbytes)
+
+
+def _what(what) -> str:
+    return what() if callable(what) else what
 
 
 def tensor_view(holder, dtype: str, shape: tuple, numpy: bool):
