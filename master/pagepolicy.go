@@ -73,6 +73,9 @@ type pageEntry struct {
 	index     int // in the heap; -1 while out of it
 	// prevKid, nextKid link the live pages of the same parent key.
 	prevKid, nextKid *pageEntry
+	// up is the live page of key parent (nil while there is none): what parentOf returns,
+	// kept by insert and drop so that the walks up a chain look no key up.
+	up *pageEntry
 }
 
 // newPagePolicy is an empty policy remembering its victims in ghosts (nil: a ghost of
@@ -111,6 +114,9 @@ func (p *pagePolicy) insert(k string, weight int64, parent string, hasParent, or
 		}
 		p.entries[k] = e
 		p.ghosts.live++
+		for c := p.kids[k]; c != nil; c = c.nextKid {
+			c.up = e // pages put under k while it was not live
+		}
 	} else {
 		p.weight -= e.weight
 		e.freq = min(e.freq+1, maxPageFreq)
@@ -123,6 +129,10 @@ func (p *pagePolicy) insert(k string, weight int64, parent string, hasParent, or
 	e.parent, e.hasParent = parent, hasParent
 	if moved {
 		p.link(e)
+		e.up = nil
+		if hasParent {
+			e.up = p.entries[parent]
+		}
 	}
 	e.own = p.own(e, now)
 	p.newest = e
@@ -219,7 +229,7 @@ func (p *pagePolicy) parentOf(e *pageEntry) *pageEntry {
 	if !e.hasParent {
 		return nil
 	}
-	return p.entries[e.parent]
+	return e.up
 }
 
 // update ranks e again (entering it in the heap when it is out) and carries a change
@@ -321,6 +331,7 @@ func (p *pagePolicy) drop(e *pageEntry) {
 		p.newest = nil
 	}
 	for c := p.kids[e.key]; c != nil; c = c.nextKid {
+		c.up = nil
 		p.update(c)
 	}
 }

@@ -8,8 +8,8 @@ import (
 // checkPagePolicy verifies a pagePolicy's structure: the heap holds every live page once
 // at its index and in heap order, weights add up, the newest page is live, the ghost is
 // bounded (and, when the policy has it to itself, holds no live page and counts its
-// pages), and every page ranks no later than its parent on this
-// node (a lower priority, or the same and deeper).
+// pages), every page ranks no later than its parent on this node (a lower priority,
+// or the same and deeper) and caches that parent (up).
 func checkPagePolicy(t testing.TB, p *pagePolicy, ownGhost bool) {
 	t.Helper()
 	if len(p.heap) != len(p.entries) {
@@ -24,6 +24,9 @@ func checkPagePolicy(t testing.TB, p *pagePolicy, ownGhost bool) {
 			t.Fatalf("heap[%d] = %q ranks before its heap parent", i, e.key)
 		}
 		w += e.weight
+		if want := p.entries[e.parent]; e.hasParent && e.up != want || !e.hasParent && e.up != nil {
+			t.Fatalf("page %q: cached parent %p, the live page of its parent key %q is %p", e.key, e.up, e.parent, want)
+		}
 		if _, ghost := p.ghosts.ghost[e.key]; ghost && ownGhost {
 			t.Fatalf("live page %q is in the ghost", e.key)
 		}
