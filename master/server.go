@@ -237,10 +237,6 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	}
 }
 
-// withSpaceOnce runs f under the lock as withSpace's first attempt does (sparing held
-// copies), once: for a batch whose items then wait for space one by one.
-func (s *Server) withSpaceOnce(f func(st *State) error) error { return s.withSpare(true, f) }
-
 // withSpare runs f under the lock with State.spareHeld set to spare for its length.
 func (s *Server) withSpare(spare bool, f func(st *State) error) error {
 	return s.withState(func(st *State) error {
