@@ -89,6 +89,9 @@ type Owner struct {
 	// ClientIsolation (client_isolation): seal the segment against client writes and
 	// take puts through per-session put areas (docs/architecture.md §11). nil: the default.
 	ClientIsolation *bool
+	// Prefault (prefault): allocate the whole segment at start (every page faulted in)
+	// rather than as puts first write each page. nil: the default, true.
+	Prefault *bool
 	// TransferReserve (transfer_reserve) is the owner's transfer area for puts placed
 	// on other owners: nil takes the daemon's default, a pointer to 0 means none
 	// ("off" or 0).

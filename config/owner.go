@@ -54,17 +54,8 @@ func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 		"hello_timeout":  durationField(k("hello_timeout"), &o.HelloTimeout),
 		"frame_timeout":  durationField(k("frame_timeout"), &o.FrameTimeout),
 		"idle_timeout":   durationField(k("idle_timeout"), &o.IdleTimeout),
-		"client_isolation": func(v *yaml.Node) error {
-			if isNull(v) {
-				return nil
-			}
-			var b bool
-			if err := boolField(k("client_isolation"), &b)(v); err != nil {
-				return err
-			}
-			o.ClientIsolation = &b
-			return nil
-		},
+		"client_isolation": optionalBoolField(k("client_isolation"), &o.ClientIsolation),
+		"prefault":         optionalBoolField(k("prefault"), &o.Prefault),
 		"allowed_uids": uidListField(k("allowed_uids"), &o.AllowedUIDs),
 		"transfer_reserve": func(v *yaml.Node) error {
 			if isNull(v) {

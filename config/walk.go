@@ -316,6 +316,22 @@ func boolField(key string, dst *bool) func(*yaml.Node) error {
 	}
 }
 
+// optionalBoolField parses true or false into *dst (a new bool); null leaves *dst nil:
+// the setting's default.
+func optionalBoolField(key string, dst **bool) func(*yaml.Node) error {
+	return func(v *yaml.Node) error {
+		if isNull(v) {
+			return nil
+		}
+		var b bool
+		if err := boolField(key, &b)(v); err != nil {
+			return err
+		}
+		*dst = &b
+		return nil
+	}
+}
+
 // pathListField parses a list of paths (a file's or a directory's, as what says);
 // null leaves dst nil.
 func pathListField(key, what string, dst *[]string) func(*yaml.Node) error {

@@ -130,6 +130,12 @@ type Options struct {
 	// mapped it, so no client can change a byte of it; puts go through a per-session
 	// put area the owner copies from (docs/architecture.md §11). Default false.
 	ClientIsolation bool
+	// Prefault allocates the whole segment in Start, every page faulted in (progress
+	// logged), so no put pays a page's first touch (on a virtual machine the host's
+	// backing of the page too) and a machine without the memory fails at start. Default
+	// false (pages are allocated as they are first written); the command line's default
+	// is true.
+	Prefault bool
 	// PutArea is the size of each session's put area under isolation (a value larger
 	// than it is streamed through it in parts), rounded up to the page size. Default
 	// 32 MiB, at most the segment.

@@ -43,6 +43,12 @@ type SegmentOptions struct {
 	// /proc/PID/fd/N included), while this process's own mapping, read(2) into it and
 	// O_DIRECT reads into it keep working. Client isolation (docs/architecture.md §11).
 	SealWrites bool
+	// Populate allocates the whole segment now (populate): every page faulted in
+	// writable before CreateSegment returns, so puts never pay first-touch faults and a
+	// machine without the memory fails at creation. Progress, when not nil, is told the
+	// bytes done so far while that runs.
+	Populate bool
+	Progress func(done, total int64)
 }
 
 // CreateSegment creates a memfd named name (visible in /proc/PID/fd as "memfd:name") of
@@ -74,6 +80,12 @@ func CreateSegment(name string, size int64, opts SegmentOptions) (*Segment, erro
 	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fail("mmap %d bytes: %w", size, err)
+	}
+	if opts.Populate {
+		if err := populate(data, opts.Progress); err != nil {
+			unix.Munmap(data)
+			return fail("%w", err)
+		}
 	}
 	final := unix.F_SEAL_SEAL
 	if opts.SealWrites {

@@ -417,6 +417,24 @@ func TestSettingsEdges(t *testing.T) {
 				}
 				return ""
 			}},
+		{"prefault by default", "", nil, func(o config.Owner) string {
+			if d := ownerOptions(o, "127.0.0.1:1", nil, nil); !d.Prefault {
+				return "daemon Prefault false, want true (the default)"
+			}
+			return ""
+		}},
+		{"prefault off in the file", "fluxkv_spec:\n  prefault: false\n", nil, func(o config.Owner) string {
+			if d := ownerOptions(o, "127.0.0.1:1", nil, nil); d.Prefault {
+				return "daemon Prefault true, want false (the file's)"
+			}
+			return ""
+		}},
+		{"prefault flag wins over the file", "fluxkv_spec:\n  prefault: false\n", []string{"--prefault"}, func(o config.Owner) string {
+			if d := ownerOptions(o, "127.0.0.1:1", nil, nil); !d.Prefault {
+				return "daemon Prefault false, want true (the flag's)"
+			}
+			return ""
+		}},
 		{"allowed uids from the file", "fluxkv_spec:\n  allowed_uids: [1001, 1002]\n", nil, func(o config.Owner) string {
 			if d := ownerOptions(o, "127.0.0.1:1", nil, nil); !slices.Equal(d.AllowedUIDs, []uint32{1001, 1002}) || d.ClientIsolation {
 				return fmt.Sprintf("daemon allowed %v isolation %v, want [1001 1002] false", d.AllowedUIDs, d.ClientIsolation)
@@ -765,7 +783,7 @@ func TestSettingTables(t *testing.T) {
 	owner := map[string]string{
 		"socket_dir": "/run/x", "dram": "64MiB", "node_id": "n", "cache_grace": "1s", "hot_set": "0.5", "max_connections": "3",
 		"hello_timeout": "1s", "frame_timeout": "1s", "idle_timeout": "1s", "allowed_uids": "[7]", "transfer_reserve": "1MiB", "landing_reserve": "32MiB",
-		"client_isolation": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
+		"client_isolation": "true", "prefault": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
 		"data_listen": "127.0.0.1:2", "advertise_host": "h", "cluster_name": "c", "instance_key": "i",
 		"large_file_paths": "[/a]\n  large_limit_size: [1GiB]", "large_limit_size": "[1GiB]\n  large_file_paths: [/a]", "metrics_addr": "127.0.0.1:3",
 		"master": "127.0.0.1:4", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k",

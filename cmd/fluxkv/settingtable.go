@@ -66,6 +66,10 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			set: func(o *daemon.Options, s *config.Owner) {
 				o.ClientIsolation = s.ClientIsolation != nil && *s.ClientIsolation
 			}},
+		{flag: &cli.BoolFlag{Name: "prefault", Value: true,
+			Usage: "allocate the whole segment (--dram + --landing-reserve) at start, every page faulted in, so no put pays a page's first touch and a machine without the memory fails at start; --prefault=false takes pages as they are first written"},
+			key: "prefault", kind: replace(func(s *config.Owner) **bool { return &s.Prefault }, boolFlag),
+			set: func(o *daemon.Options, s *config.Owner) { o.Prefault = s.Prefault == nil || *s.Prefault }},
 		{flag: &cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment"},
 			key: "put_area", kind: size(func(s *config.Owner) *int64 { return &s.PutArea }, 4096),
 			set: func(o *daemon.Options, s *config.Owner) { o.PutArea = s.PutArea }},
