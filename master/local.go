@@ -12,13 +12,17 @@ import (
 )
 
 // LocalClient is a MasterService client for an owner in this process (fluxkv up): its
-// calls run this server's handlers directly, without a connection, framing, encoding
-// or the authentication of one (the caller is this process). It keeps a network
-// call's semantics: the handler runs on a goroutine of its own without the caller's
-// deadline (a wait for space goes on up to AllocWait, the write quiet period is waited
-// out), and the caller stops waiting when its context ends, with an error as a timeout
-// is, while the master finishes the call. Once the server is stopped calls fail. Call
-// options are ignored: the context's deadline is the timeout. The master's calls count
+// calls run this server's handlers directly on the caller's goroutine, without a
+// connection, framing, encoding or the authentication of one (the caller is this
+// process). A handler runs as it does for a network call, without the caller's
+// cancellation (what it sends to owners is not cut short), except that its waits (for
+// space, the write quiet period) end when the caller's context does: then it makes its
+// last attempt and answers, where a network caller would have stopped listening (a put
+// start the master granted after that would be left to the in-flight TTL). No goroutine
+// is started per call: on a few cores handing each call to one woke a second thread
+// and cost more than the handler (fluxkv up: a third of the owner's CPU per put). Once
+// the server is stopped calls fail. Call options are ignored: the context's deadline is
+// the timeout. The master's calls count
 // in no metrics (up's master records none). Requests must not be changed once sent,
 // and answers belong to the caller (neither side keeps the other's objects). Valid
 // once the server is started.
@@ -30,10 +34,10 @@ type localClient struct{ h *handler }
 
 var _ masterservice.Client = localClient{}
 
-// local runs one handler call for a caller in this process (LocalClient). A panic in
-// the handler is logged and answered as an error, as the Kitex server does for a call
-// over the network.
-func local[Req, Resp any](h *handler, ctx context.Context, method string, req Req, f func(context.Context, Req) (Resp, error)) (Resp, error) {
+// local runs one handler call for a caller in this process (LocalClient), on the
+// caller's goroutine. A panic in the handler is logged and answered as an error, as
+// the Kitex server does for a call over the network.
+func local[Req, Resp any](h *handler, ctx context.Context, method string, req Req, f func(context.Context, Req) (Resp, error)) (resp Resp, err error) {
 	var zero Resp
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("in-process master %s: %w", method, err)
@@ -43,28 +47,26 @@ func local[Req, Resp any](h *handler, ctx context.Context, method string, req Re
 		return zero, fmt.Errorf("in-process master %s: the master is stopped", method)
 	default:
 	}
-	type answer struct {
-		resp Resp
-		err  error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		var a answer
-		defer func() {
-			if p := recover(); p != nil {
-				h.s.opts.Logger.Error().Str("method", method).Interface("panic", p).Str("stack", string(debug.Stack())).Msg("master handler panicked (in-process call)")
-				a = answer{zero, fmt.Errorf("in-process master %s: handler panicked: %v", method, p)}
-			}
-			done <- a
-		}()
-		a.resp, a.err = f(context.WithoutCancel(ctx), req)
+	defer func() {
+		if p := recover(); p != nil {
+			h.s.opts.Logger.Error().Str("method", method).Interface("panic", p).Str("stack", string(debug.Stack())).Msg("master handler panicked (in-process call)")
+			resp, err = zero, fmt.Errorf("in-process master %s: handler panicked: %v", method, p)
+		}
 	}()
-	select {
-	case a := <-done:
-		return a.resp, a.err
-	case <-ctx.Done():
-		return zero, fmt.Errorf("in-process master %s: %w", method, ctx.Err())
+	return f(context.WithValue(context.WithoutCancel(ctx), callerKey{}, ctx), req)
+}
+
+// callerKey carries an in-process caller's context into its handler (local), whose
+// own context has no cancellation.
+type callerKey struct{}
+
+// waitContext is what a handler's waits end with: the in-process caller's context
+// when there is one (local), else the handler's.
+func waitContext(ctx context.Context) context.Context {
+	if c, ok := ctx.Value(callerKey{}).(context.Context); ok {
+		return c
 	}
+	return ctx
 }
 
 func (c localClient) Register(ctx context.Context, req *mp.RegisterRequest, _ ...callopt.Option) (*mp.RegisterResponse, error) {

@@ -13,8 +13,8 @@ import (
 )
 
 // TestLocalClient: the in-process client (fluxkv up's owner) runs the handlers: a
-// registration, a put and a get answer as over the network; a caller waiting for space
-// stops at its deadline; a handler's panic (a nil request) is an error to the caller,
+// registration, a put and a get answer as over the network; a wait for space ends at
+// the caller's deadline with the answer; a handler's panic (a nil request) is an error to the caller,
 // and the master goes on serving; once stopped, it answers nothing.
 func TestLocalClient(t *testing.T) {
 	srv := startPeerFailMaster(t, Options{Secrets: authtest.Secrets(t), AllocWait: 20 * time.Second, WriteQuiet: -1})
@@ -37,13 +37,20 @@ func TestLocalClient(t *testing.T) {
 		t.Fatalf("get start: %+v, %v; want the put's range at %d", gs, err, ps.TargetOffset)
 	}
 	// The segment is full and k is held by the get: a second put waits for space (a
-	// 20 s, AllocWait), its caller only as long as its context lasts, as over the
-	// network.
+	// 20 s, AllocWait), only as long as its caller's context lasts, and then answers
+	// NO_SPACE (its last attempt cannot evict the held k).
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
-	if ps2, err := c.PutStart(short, &mp.PutStartRequest{Node: node, Key: "k2", Len: 4096}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("put into a full segment: %+v, %v; want the caller's deadline", ps2, err)
+	if ps2, err := c.PutStart(short, &mp.PutStartRequest{Node: node, Key: "k2", Len: 4096}); err != nil || ps2.Code != common.ErrorCode_NO_SPACE {
+		t.Fatalf("put into a full segment: %+v, %v; want NO_SPACE at the caller's deadline", ps2, err)
+	}
+	if d := time.Since(t0); d < 200*time.Millisecond {
+		t.Fatalf("the put into a full segment answered after %v: before its caller's deadline", d)
+	}
+	// A caller whose context has ended is refused before the handler runs.
+	if _, err := c.PutStart(short, &mp.PutStartRequest{Node: node, Key: "k3", Len: 4096}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("put with an ended context: %v; want its deadline", err)
 	}
 	if d := time.Since(t0); d > 10*time.Second {
 		t.Fatalf("the put into a full segment returned after %v: past its caller's deadline", d)

@@ -206,8 +206,10 @@ func (s *Server) withState(f func(st *State) error) error {
 // go instead, or where a get's released range may not be acked yet (State.spareHeld);
 // so do the retries while an owner asked has not answered (its acks may still be on
 // their way: evicting then loses a value for room that is about to be free), up to
-// AllocWait or the end of ctx, after which one last attempt may evict a sole copy.
+// AllocWait or the end of ctx (an in-process caller's: waitContext), after which one last
+// attempt may evict a sole copy.
 func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
+	wait := waitContext(ctx)
 	deadline := time.Now().Add(s.opts.AllocWait)
 	var asked time.Time
 	spare := true
@@ -216,7 +218,7 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 		if !errors.Is(err, wire.ErrNoSpace) {
 			return err
 		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
+		if wait.Err() != nil || time.Now().After(deadline) {
 			if !spare {
 				return err
 			}
@@ -231,7 +233,7 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 			continue
 		}
 		select {
-		case <-ctx.Done(): // the next round makes the last attempt
+		case <-wait.Done(): // the next round makes the last attempt
 		case <-time.After(s.opts.AllocRetryInterval):
 		}
 	}
@@ -253,7 +255,7 @@ const hotSetAskInterval = 100 * time.Millisecond
 func (s *Server) writeQuiet(ctx context.Context) {
 	if d := time.Until(s.quietUntil); d > 0 {
 		select {
-		case <-ctx.Done():
+		case <-waitContext(ctx).Done():
 		case <-time.After(d):
 		}
 	}
