@@ -113,8 +113,9 @@ func TestClusterRemoteGet(t *testing.T) {
 		}
 	}
 
-	// A prefix lookup's pin brings a page in for the load that follows: that get
-	// reports the pull the pin made (Remote), the next one a local hit.
+	// A prefix lookup counts a page another owner holds (without a landing area it is
+	// counted unpinned: pinFound): the get that follows reports its pull (Remote), the
+	// next one a local hit.
 	if err := cl.clients[0].Put("pinned", clusterValue(7, 3<<20)); err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func (o *Owner) exists(key string) (bool, error) {
 // existsMany answers BatchExists: results[i] answers keys[i]; found counts the keys
 // present. With prefix the keys are evaluated in order and results stop after the
 // first absent or failed one; found is then the count of leading keys present, and pin
-// > 0 pins them (pins.go) — a page that cannot be pinned ends the count there.
+// > 0 pins them (pins.go, pinFound) — a page that cannot be pinned ends the count there.
 func (o *Owner) existsMany(c *session, keys []string, prefix bool, pin time.Duration) (results []*external.ExistsResponse, found int32) {
 	results = make([]*external.ExistsResponse, len(keys))
 	var ask []int // indexes of valid keys this owner does not know
@@ -133,15 +133,27 @@ func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*exte
 	}
 }
 
-// pinFound brings the found pages in (one getMany) and pins each for pin; the first
-// that cannot be brought in or pinned ends the count, and results[found] says why. It
+// pinFound pins the found pages for pin: every page this owner holds (its hot set or
+// replica index knows it), and of the pages other owners hold as many as half the
+// landing area takes (--landing-reserve), brought in now so the load that follows reads
+// them here. The others are counted unpinned, and the get that loads them pulls them:
+// bringing a page in for its pin takes room where the landing area has none (on a full
+// owner, the room of a sole copy evicted for a load that may never come), which cost
+// the trace replay on 3 owners more hits than the pins saved. The first page that
+// cannot be brought in or pinned ends the count, and results[found] says why. It
 // returns the new count; holders past it are released at once.
 func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results []*external.ExistsResponse) (found int32) {
-	gets := o.getMany(c, keys)
+	gets := o.bringIn(c, keys, o.opts.LandingReserve/2)
 	st, now := o.lock(), time.Now()
 	defer o.unlock()
 	stopped := false
 	for j, g := range gets {
+		if g == nil {
+			if !stopped {
+				found++ // held elsewhere, past the landing room: counted unpinned
+			}
+			continue
+		}
 		if g.err != nil || g.resp == nil || stopped {
 			if !stopped {
 				// A page gone since the lookup (a miss) is absent; any other failure is
@@ -167,4 +179,48 @@ func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results [
 		found++
 	}
 	return found
+}
+
+// bringIn gets the keys a prefix lookup pins (pinFound): one result per key, nil for
+// a key held elsewhere that was left where it is. Keys this owner knows, and the first
+// one it does not, go in one getMany; then as many more of the others as landing bytes
+// take, each counted at the length of that first one.
+func (o *Owner) bringIn(c *session, keys []string, landing int64) []*getResult {
+	settling := o.master.unsettled()
+	st, now := o.lock(), time.Now()
+	var first, away []int
+	for i, k := range keys {
+		if st.knows(k, now, settling) {
+			first = append(first, i)
+		} else if len(away) == 0 && landing > 0 {
+			away = append(away, i)
+			first = append(first, i)
+		} else {
+			away = append(away, i)
+		}
+	}
+	o.unlock()
+	out := make([]*getResult, len(keys))
+	fetch := func(idx []int) {
+		ks := make([]string, len(idx))
+		for j, i := range idx {
+			ks[j] = keys[i]
+		}
+		for j, g := range o.getMany(c, ks) {
+			out[idx[j]] = &g
+		}
+	}
+	fetch(first)
+	if len(away) < 2 || landing <= 0 {
+		return out
+	}
+	g := out[away[0]]
+	if g.err != nil || g.resp == nil || g.resp.Len <= 0 {
+		return out // the count ends there
+	}
+	more := min(int64(len(away)-1), landing/g.resp.Len-1)
+	if more > 0 {
+		fetch(away[1 : 1+more])
+	}
+	return out
 }

@@ -178,3 +178,50 @@ func TestClusterPoolLandingArea(t *testing.T) {
 	}
 	leakCheck(t, cl.clients[0], keys...)
 }
+
+// TestClusterPrefixPinsTakeNoPoolRoom: a prefix lookup's pins bring pages other owners
+// hold in only as far as half the landing area takes, and count the rest unpinned (the
+// load pulls them). A full cluster as in TestClusterPoolLandingArea; n1 looks up, pinned,
+// the 32 MiB of values n0 holds beside its 4 MiB landing area: all 32 are found, no value
+// is evicted for the pins (before, every pin past the landing area took a sole copy's
+// room), then all load with their bytes.
+func TestClusterPrefixPinsTakeNoPoolRoom(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 2, "32MiB", "--landing-reserve", "4MiB")
+	const n, size = 64, 1<<20 - 128
+	keys := make([]string, n)
+	var far []string // put through n0: held there
+	for i := range keys {
+		keys[i] = fmt.Sprintf("pinland-%d", i)
+		if err := cl.clients[i%2].Put(keys[i], clusterValue(i, size)); err != nil {
+			t.Fatalf("put %s: %v", keys[i], err)
+		}
+		if i%2 == 0 {
+			far = append(far, keys[i])
+		}
+	}
+	found, err := cl.clients[1].BatchExistsPrefix(far, 5*time.Second)
+	if err != nil || found != len(far) {
+		t.Fatalf("pinned prefix lookup of n0's %d values through n1: found %d, %v", len(far), found, err)
+	}
+	st, err := cl.clients[0].Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Members {
+		if m.NodeId == "n1" && (m.LandingArea == nil || m.LandingArea.UsedBytes > 2<<20) {
+			t.Errorf("n1's landing area while the pins last: %+v; want at most half of its 4 MiB used", m.LandingArea)
+		}
+	}
+	if st.MemoryValues != n || st.MemoryDuplicateBytes != 0 {
+		t.Errorf("after the pinned lookup: %d values, %d duplicate bytes; want all %d, none", st.MemoryValues, st.MemoryDuplicateBytes, n)
+	}
+	for i, k := range keys {
+		got, _, err := getBytes(cl.clients[1], k)
+		if err != nil || !bytes.Equal(got, clusterValue(i, size)) {
+			t.Fatalf("get %s through n1 after the lookup: err %v, right bytes %v", k, err, bytes.Equal(got, clusterValue(i, size)))
+		}
+	}
+	cl.clients[1].Flush()
+	leakCheck(t, cl.clients[0], keys...)
+}

@@ -305,11 +305,14 @@ struct BatchGetResponse {
 // is the count of leading keys present (BatchExistsResponse.found), evaluated in one
 // call and stopped at the first absent key. pin_ms > 0 (prefix only, at most
 // MAX_PIN_MS) also pins the pages found for that long: each becomes a holding of this
-// session in the owner's memory (a page on another owner or on SSD is brought in), so
-// the load that follows finds it and eviction spares it. A pin needs no release: it
-// ends when its time is up, when the session ends, or when the session gets the same
-// key (the get's holder takes over). Pins count against the owner's hot-set budget; a
-// page that cannot be pinned (no space) ends the count like an absent one.
+// session in the owner's memory, so the load that follows finds it and eviction spares
+// it. A page the owner does not hold in memory (on another owner or on SSD) is brought
+// in only as far as half the owner's landing area takes; the rest are counted unpinned
+// (the load brings them in), since bringing them in would take the room of other
+// values. A pin needs no release: it ends when its time is up, when the session ends,
+// or when the session gets the same key (the get's holder takes over). Pins count
+// against the owner's hot-set budget; a page that cannot be pinned (no space) or
+// brought in ends the count like an absent one.
 struct BatchExistsRequest {
   1: Session session,
   2: list<string> keys,

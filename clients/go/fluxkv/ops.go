@@ -215,9 +215,10 @@ const MaxPin = time.Duration(external.MAX_PIN_MS) * time.Millisecond
 // evaluate (a per-key error) ends the count like an absent one.
 //
 // pin > 0 (at most MaxPin; rounded up to whole milliseconds) also pins the pages found
-// for that long: each becomes a holding of this client's session in the owner's memory
-// (a page on another owner or on SSD is brought in), so the load that follows finds it
-// and eviction spares it. A pin needs no release: it ends when its time is up, when the
+// for that long: each becomes a holding of this client's session in the owner's memory,
+// so the load that follows finds it and eviction spares it (a page on another owner or
+// on SSD is brought in only as far as half the owner's landing area takes; the rest are
+// counted unpinned and the load brings them in). A pin needs no release: it ends when its time is up, when the
 // session ends, or when this client gets the same key (the get's holder takes over).
 // Pins count against the owner's hot-set budget; a page that cannot be pinned ends the
 // count like an absent one.

@@ -918,7 +918,9 @@ class Client:
         (prefix only, at most MAX_PIN_MS) also pins the pages counted for that long, so the
         get that follows finds them in the owner's memory; a pin needs no release (it ends
         with its time, the session, or a get of the key), and a page that cannot be pinned
-        ends the count like an absent one."""
+        ends the count like an absent one. Pages the owner does not hold in memory (on another
+        owner or on SSD) are brought in only as far as half its landing area takes; the rest
+        are counted unpinned, and the load brings them in."""
         prefix = bool(prefix)
         try:
             pin = operator.index(pin_ms)

@@ -209,7 +209,8 @@ class Client {
   // was present); a key it could not evaluate ends the count like an absent one. pin > 0
   // (at most kMaxPin) also pins the pages found for that long: each becomes a holding of
   // this client's session in the owner's memory, so the load that follows finds it and
-  // eviction spares it. A pin needs no release (it ends when its time is up, with the
+  // eviction spares it (pages on another owner or on SSD only as far as half the owner's
+  // landing area takes; the rest are counted unpinned). A pin needs no release (it ends when its time is up, with the
   // session, or when this client gets the key); pins count against the owner's hot-set
   // budget, and a page that cannot be pinned ends the count. InvalidArgument for a pin
   // outside 0..kMaxPin or a bad key, before anything is sent. An owner that predates
