@@ -117,12 +117,13 @@ def _is_timeout(e: BaseException) -> bool:
 class _Session:
     """One attach session: valid while ``state`` is None; "closed", "replaced" or "forked" after."""
 
-    def __init__(self, client: "Client", path: str, name: str, attach_timeout: float, timeout: float, max_idle: int):
+    def __init__(self, client: "Client", path: str, name: str, attach_timeout: float, timeout: float, max_idle: int,
+                 populate: bool | None = None):
         self.pid = os.getpid()
         sock, reply, fds = attach(path, name, self.pid, attach_timeout)
         try:
             # Under client isolation the segment is write-sealed: never mapped writable.
-            self.segment = Segment(fds[0], reply.segment_size, writable=not reply.isolated)
+            self.segment = Segment(fds[0], reply.segment_size, writable=not reply.isolated, populate=populate)
             self.area = PutArea(fds[1], reply.put_area_size) if reply.isolated else None
         except BaseException:
             sock.close()
@@ -402,6 +403,7 @@ class Client:
         attach_timeout: float = 10.0,
         max_idle_connections: int = 16,
         release_delay: float = 0.002,
+        populate: bool | None = None,
     ):
         self._path = resolve_socket(socket)
         self._name = name or _default_name()
@@ -409,6 +411,7 @@ class Client:
         self._attach_timeout = float(attach_timeout)
         self._max_idle = int(max_idle_connections)
         self._release_delay = float(release_delay)
+        self._populate = None if populate is None else bool(populate)
         self._lock = threading.RLock()  # protects _s replacement, _closed, _flusher
         self._wake = threading.Event()
         self._flush_armed = False
@@ -426,7 +429,7 @@ class Client:
     # -- session management ----------------------------------------------------------------------
 
     def _new_session_locked(self) -> _Session:
-        s = _Session(self, self._path, self._name, self._attach_timeout, self._timeout, self._max_idle)
+        s = _Session(self, self._path, self._name, self._attach_timeout, self._timeout, self._max_idle, self._populate)
         if self._flusher is None or not self._flusher.is_alive():
             t = threading.Thread(
                 target=_flush_loop,
@@ -981,7 +984,10 @@ def connect(socket=None, **kwargs) -> Client:
     default ``$FLUXKV_SOCKET``, else ``$XDG_RUNTIME_DIR/fluxkv/fluxkv.sock``, else
     ``/run/fluxkv/fluxkv.sock``. Raises Unavailable when no owner listens there.
     Keyword arguments: ``name`` (shown by the owner), ``timeout`` (seconds per call),
-    ``attach_timeout``, ``max_idle_connections``, ``release_delay``."""
+    ``attach_timeout``, ``max_idle_connections``, ``release_delay``, ``populate`` (map every
+    page of the segment ahead on a background thread, so no put or get takes a first-touch
+    page fault: True, False, or None, the default, for segments up to 16 GiB whose owner
+    allocated them whole, ``--prefault``)."""
     return Client(socket, **kwargs)
 
 
