@@ -133,9 +133,9 @@ func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*exte
 	}
 }
 
-// pinFound pins the found pages for pin: every page this owner holds (its hot set or
-// replica index knows it), and of the pages other owners hold as many as half the
-// landing area takes (--landing-reserve), brought in now so the load that follows reads
+// pinFound pins the found pages for pin: every page this owner holds in memory (its hot
+// set or replica index knows it), and of the others (another owner's, or on SSD) as many
+// as half the landing area takes (--landing-reserve), brought in now so the load that follows reads
 // them here. The others are counted unpinned, and the get that loads them pulls them:
 // bringing a page in for its pin takes room where the landing area has none (on a full
 // owner, the room of a sole copy evicted for a load that may never come), which cost

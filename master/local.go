@@ -22,10 +22,9 @@ import (
 // is started per call: on a few cores handing each call to one woke a second thread
 // and cost more than the handler (fluxkv up: a third of the owner's CPU per put). Once
 // the server is stopped calls fail. Call options are ignored: the context's deadline is
-// the timeout. The master's calls count
-// in no metrics (up's master records none). Requests must not be changed once sent,
-// and answers belong to the caller (neither side keeps the other's objects). Valid
-// once the server is started.
+// the timeout. The master's calls count in no metrics (up's master records none).
+// Requests must not be changed once sent, and answers belong to the caller (neither
+// side keeps the other's objects). Valid once the server is started.
 func (s *Server) LocalClient() masterservice.Client { return localClient{h: &handler{s: s}} }
 
 // localClient is LocalClient's client: one method per MasterService call, each

@@ -22,7 +22,7 @@ const populateChunk = 64 << 20
 // paid on a put's copy otherwise), and so a node without the memory fails here, at
 // start, instead of when a client first writes. Ranges go to up to GOMAXPROCS workers;
 // progress, when not nil, is called with the bytes done so far after each range (from
-// any worker, serially). A kernel without MADV_POPULATE_WRITE (before 5.14) gets each
+// any worker, one call at a time, the counts rising). A kernel without MADV_POPULATE_WRITE (before 5.14) gets each
 // page written instead: a zero byte over a zero page, before anybody else maps it.
 func populate(data []byte, progress func(done, total int64)) error {
 	total := int64(len(data))
@@ -30,12 +30,13 @@ func populate(data []byte, progress func(done, total int64)) error {
 		return nil
 	}
 	var (
-		next, done atomic.Int64
-		failed     atomic.Bool
-		mu         sync.Mutex // serialises progress
-		errOnce    sync.Once
-		firstErr   error // set once, read after wg.Wait
-		wg         sync.WaitGroup
+		next     atomic.Int64
+		failed   atomic.Bool
+		mu       sync.Mutex // protects done; serialises progress
+		done     int64
+		errOnce  sync.Once
+		firstErr error // set once, read after wg.Wait
+		wg       sync.WaitGroup
 	)
 	workers := min(runtime.GOMAXPROCS(0), int((total+populateChunk-1)/populateChunk))
 	for range workers {
@@ -53,12 +54,12 @@ func populate(data []byte, progress func(done, total int64)) error {
 					failed.Store(true)
 					return
 				}
-				d := done.Add(hi - lo)
+				mu.Lock()
+				done += hi - lo
 				if progress != nil {
-					mu.Lock()
-					progress(d, total)
-					mu.Unlock()
+					progress(done, total)
 				}
+				mu.Unlock()
 			}
 		}()
 	}
