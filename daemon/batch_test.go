@@ -568,13 +568,15 @@ func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 }
 
 // TestBatchReplansAgedPlans: a batch's plan that waited longer than planMaxAge for a
-// worker (every worker held by the test) is revoked and planned again with GetStart
-// before its transfer starts, and its key still reads back byte-exact.
+// worker (every worker held by the test inside an SSD refill) is revoked and planned
+// again with GetStart before its transfer starts, and its key still reads back
+// byte-exact. (Values pulled from another owner's memory are pulled for the whole
+// batch at once, right after its plan: TestBatchPullsPerSource.)
 func TestBatchReplansAgedPlans(t *testing.T) {
 	t.Parallel()
 	mm := metrics.New()
-	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
-	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Metrics: mm, InsecureCluster: true, NoPromotion: true},
+		func(o *Options) { o.CacheGrace = -1 })
 	keys := make([]string, getParallel+1)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("aged-%d", i)
@@ -582,6 +584,13 @@ func TestBatchReplansAgedPlans(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for i := range 12 { // 3x DRAM: the keys above are on SSD only
+		if err := n.c.Put(fmt.Sprintf("aged-filler-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	o2, c2 := n.o, n.c
 	var held sync.WaitGroup
 	held.Add(getParallel)
 	var once sync.Map
@@ -619,6 +628,9 @@ func TestBatchReplansAgedPlans(t *testing.T) {
 	for i, h := range a.hs {
 		if a.errs[i] != nil || h == nil || !bytes.Equal(h.Bytes(), value(i, 4096)) {
 			t.Fatalf("%s: %v (holder %v)", keys[i], a.errs[i], h != nil)
+		}
+		if h.Source() != "ssd" {
+			t.Errorf("%s came from %s, want an SSD refill", keys[i], h.Source())
 		}
 		h.Release()
 	}

@@ -12,7 +12,9 @@ import (
 
 // The owner's get path, one file per step:
 //   get.go        the entry: the hot set first (no master trip), else one flight per key
-//                 (flights.go) planned in one master call per batch (get_batch.go)
+//                 (flights.go) planned in one master call per batch (get_plan.go)
+//   get_batch_pull.go  a batch's values in other owners' memory: one pipelined pull per
+//                 source before the gets complete
 //   get_plan.go   GetStart and the re-plan loop; revokes
 //   get_local.go  a memory replica in this segment: the master reused it, nothing moves
 //   get_remote.go a memory replica on another owner: pull it over the data plane
@@ -160,10 +162,11 @@ func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
 			run = append(run, j)
 		}
 	}
+	pre := o.pullBatch(keys, starts, run)
 	workers.ForEach(len(run), getParallel, func(r int) {
 		j := run[r]
-		leg, s := legs[j], starts[j]
-		if !s.plan.Done && time.Since(s.at) > planMaxAge {
+		leg, s, p := legs[j], starts[j], pre[j]
+		if p == nil && !s.plan.Done && time.Since(s.at) > planMaxAge {
 			// Its target may be freed at the master before a transfer could end.
 			o.revokeGet(leg.key, s.plan.GetId, false, "the plan waited too long in its batch")
 			if err := o.endGet(s.t); err != nil {
@@ -172,7 +175,7 @@ func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
 			}
 			s = o.getStart(leg.key, nil)
 		}
-		h, t, err := o.planGet(leg.key, s)
+		h, t, err := o.planGet(leg.key, s, p)
 		o.land(c, leg, h, t, err, false, out)
 	})
 }

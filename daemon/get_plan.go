@@ -34,10 +34,12 @@ const (
 // nothing writes its target; one whose target was pinned meanwhile (the owner
 // registered with a new master) fails the get UNAVAILABLE instead of re-planning.
 //
-// s is the first plan (startGets); the re-plans go one key at a time (GetStart).
-func (o *Owner) planGet(key string, s startedGet) (*holding, *getTarget, error) {
+// s is the first plan (startGets); the re-plans go one key at a time (GetStart). pre,
+// when set, is the first plan's pull, already made with the rest of its batch
+// (pullBatch): its target opened and its outcome known.
+func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *getTarget, error) {
 	var exclude []string
-	for failures := 0; ; s = o.getStart(key, exclude) {
+	for failures := 0; ; s, pre = o.getStart(key, exclude), nil {
 		if s.err != nil {
 			return nil, nil, s.err
 		}
@@ -47,9 +49,14 @@ func (o *Owner) planGet(key string, s startedGet) (*holding, *getTarget, error) 
 			o.learnReplica(h, mark, 0)
 			return h, t, nil
 		}
-		st := o.lock()
-		own := st.replicas.open(plan.TargetOffset, plan.Len)
-		o.unlock()
+		var own uint64
+		if pre != nil {
+			own = pre.own
+		} else {
+			st := o.lock()
+			own = st.replicas.open(plan.TargetOffset, plan.Len)
+			o.unlock()
+		}
 		done := func(h *holding) (*holding, *getTarget, error) {
 			st := o.lock()
 			if !st.getStale(t) { // a stale get fails in the caller: it teaches nothing
@@ -60,7 +67,13 @@ func (o *Owner) planGet(key string, s startedGet) (*holding, *getTarget, error) 
 		}
 		switch {
 		case plan.Source == common.Source_MEMORY && plan.SourceNodeId != o.opts.NodeID:
-			h, err := o.pullRemote(key, plan)
+			var h *holding
+			var err error
+			if pre != nil {
+				h, err = o.finishPulled(key, plan, pre)
+			} else {
+				h, err = o.pullRemote(key, plan)
+			}
 			if err == nil {
 				return done(h)
 			}

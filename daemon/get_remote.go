@@ -158,6 +158,12 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
 	err := o.puller.Pull(ctx, plan.SourceDataAddr, f, srcOffset, dst)
 	cancel()
+	return o.pulled(key, plan, err)
+}
+
+// pulled completes a get whose pull into its target ended with err (nil: the target
+// holds the value) with GetDone; a failed pull revokes it.
+func (o *Owner) pulled(key string, plan *mp.GetStartResponse, err error) (*holding, error) {
 	if err != nil {
 		err = fmt.Errorf("pull from node %q (%s): %w", plan.SourceNodeId, plan.SourceDataAddr, err)
 		o.revokeGet(key, plan.GetId, false, err.Error())
@@ -176,6 +182,11 @@ func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, er
 		return nil, errGetMasterChanged()
 	}
 	done, err := o.getDone(key, plan.GetId)
+	return o.gotDone(key, plan, done, err)
+}
+
+// gotDone turns the master's answer to a get's GetDone into its holder.
+func (o *Owner) gotDone(key string, plan *mp.GetStartResponse, done *mp.GetDoneResponse, err error) (*holding, error) {
 	if wire.CodeOf(err) == common.ErrorCode_UNAVAILABLE {
 		// The reply may be lost after the master recorded the holder, whose id is the
 		// get id: release it (an ack of a holder that does not exist does no harm; an

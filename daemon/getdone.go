@@ -35,18 +35,31 @@ type getDoneCall struct {
 
 // getDone completes the get getID of key at the master.
 func (o *Owner) getDone(key string, getID int64) (*mp.GetDoneResponse, error) {
+	c := o.getDoneMany([]string{key}, []int64{getID})[0]
+	return c.resp, c.err
+}
+
+// getDoneMany completes the gets ids (of keys) at the master: queued together, they go
+// in one BatchGetDone per mp.BATCH (behind any call already out). It returns the
+// answered calls, in order.
+func (o *Owner) getDoneMany(keys []string, ids []int64) []*getDoneCall {
 	q := &o.getDones
-	c := &getDoneCall{key: key, getID: getID, done: make(chan struct{})}
+	calls := make([]*getDoneCall, len(keys))
+	for i, k := range keys {
+		calls[i] = &getDoneCall{key: k, getID: ids[i], done: make(chan struct{})}
+	}
 	q.mu.Lock()
-	q.queue = append(q.queue, c)
+	q.queue = append(q.queue, calls...)
 	lead := !q.sending
 	q.sending = true
 	q.mu.Unlock()
 	if lead {
-		o.sendQueued(c.done)
+		o.sendQueued(calls[len(calls)-1].done) // the queue is sent in order: the last is answered last
 	}
-	<-c.done
-	return c.resp, c.err
+	for _, c := range calls {
+		<-c.done
+	}
+	return calls
 }
 
 // sendQueued sends the queued GetDones; with own set it returns once own is closed

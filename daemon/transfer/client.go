@@ -316,31 +316,7 @@ type pullResult struct {
 func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fence, offset int64, dst []byte) (res pullResult) {
 	// Context cancellation makes every pending and later read or write fail at once.
 	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
-	defer func() {
-		if !stop() {
-			// The deadline was (or is being) forced: this connection is done.
-			res.keep = false
-			if res.err != nil {
-				res.err = fmt.Errorf("pull from %s (node %q): %w", addr, f.SourceNode, ctx.Err())
-				res.kind = metrics.TransferErrCanceled
-			}
-		}
-	}()
-	what := fmt.Sprintf("pull of [%d,+%d) from %s (node %q generation %d transfer %d)",
-		offset, len(dst), addr, f.SourceNode, f.SourceGeneration, f.TransferID)
-	ioFail := func(stage string, got int, err error) pullResult {
-		r := pullResult{kind: metrics.TransferErrIO, started: res.started || got > 0}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			r.kind, r.timeout = metrics.TransferErrTimeout, true
-			r.err = fmt.Errorf("%w: %s: no byte for %v while %s (%d of %d bytes arrived): %w",
-				ErrUnreachable, what, c.opts.ProgressTimeout, stage, got, len(dst), err)
-		} else {
-			r.err = fmt.Errorf("%w: %s: connection failed while %s (%d of %d bytes arrived): %w",
-				ErrUnreachable, what, stage, got, len(dst), err)
-		}
-		return r
-	}
-
+	defer func() { res = cancelled(stop, ctx, addr, f, res) }()
 	var hb [maxRequestLen]byte
 	op := byte(opPull)
 	if f.Staged {
@@ -349,50 +325,99 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 	req := appendRequest(hb[:0], request{op: op, fence: f, offset: offset, length: int64(len(dst))})
 	tc.SetWriteDeadline(time.Now().Add(c.opts.ProgressTimeout))
 	if _, err := tc.Write(req); err != nil {
-		return ioFail("sending the request", 0, err)
+		return c.ioFail(pullRef{addr, f, offset, len(dst)}, "sending the request", 0, false, err)
 	}
+	return c.readReply(tc, pullRef{addr, f, offset, len(dst)}, dst)
+}
+
+// cancelled ends a pull on a connection whose context deadline stop was armed: when
+// the context ended (its deadline forced on the connection) the connection is done,
+// and a failure is the context's.
+func cancelled(stop func() bool, ctx context.Context, addr string, f Fence, res pullResult) pullResult {
+	if !stop() {
+		// The deadline was (or is being) forced: this connection is done.
+		res.keep = false
+		if res.err != nil {
+			res.err = fmt.Errorf("pull from %s (node %q): %w", addr, f.SourceNode, ctx.Err())
+			res.kind = metrics.TransferErrCanceled
+		}
+	}
+	return res
+}
+
+// pullRef names one pull in errors.
+type pullRef struct {
+	addr   string
+	f      Fence
+	offset int64
+	n      int
+}
+
+func (r pullRef) String() string {
+	return fmt.Sprintf("pull of [%d,+%d) from %s (node %q generation %d transfer %d)",
+		r.offset, r.n, r.addr, r.f.SourceNode, r.f.SourceGeneration, r.f.TransferID)
+}
+
+// ioFail is the result of a pull whose connection failed while stage, got bytes of
+// its data in (started: a reply byte of it arrived before).
+func (c *Client) ioFail(r pullRef, stage string, got int, started bool, err error) pullResult {
+	res := pullResult{kind: metrics.TransferErrIO, started: started || got > 0}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		res.kind, res.timeout = metrics.TransferErrTimeout, true
+		res.err = fmt.Errorf("%w: %s: no byte for %v while %s (%d of %d bytes arrived): %w",
+			ErrUnreachable, r, c.opts.ProgressTimeout, stage, got, r.n, err)
+	} else {
+		res.err = fmt.Errorf("%w: %s: connection failed while %s (%d of %d bytes arrived): %w",
+			ErrUnreachable, r, stage, got, r.n, err)
+	}
+	return res
+}
+
+// readReply reads the answer to the request of r (sent on tc) and, for OK, its data
+// straight from the socket into dst.
+func (c *Client) readReply(tc *net.TCPConn, r pullRef, dst []byte) pullResult {
 	var rh [responseFixedLen + maxMessageBytes]byte
 	var status byte
 	var length int64
 	var msgLen int
+	started := false
 	for {
 		// A staged pull's source says statusWait while it reads the chunk: each one
 		// proves it alive, so the deadline starts again.
 		tc.SetReadDeadline(time.Now().Add(c.opts.ProgressTimeout))
 		if n, err := io.ReadFull(tc, rh[:responseFixedLen]); err != nil {
-			res.started = res.started || n > 0
-			return ioFail("reading the reply", 0, err)
+			return c.ioFail(r, "reading the reply", 0, started || n > 0, err)
 		}
-		res.started = true
+		started = true
 		var err error
 		status, length, msgLen, err = parseResponseFixed(rh[:responseFixedLen])
 		if err != nil {
-			return pullResult{err: fmt.Errorf("%w: %s: %s", ErrUnreachable, what, err), kind: metrics.TransferErrBadRequest, started: true}
+			return pullResult{err: fmt.Errorf("%w: %s: %s", ErrUnreachable, r, err), kind: metrics.TransferErrBadRequest, started: true}
 		}
-		if status != statusWait || !f.Staged {
+		if status != statusWait || !r.f.Staged {
 			break
 		}
 		if msgLen != 0 || length != 0 {
-			return pullResult{err: fmt.Errorf("%w: %s: a WAIT status with %d bytes", ErrUnreachable, what, length+int64(msgLen)), kind: metrics.TransferErrBadRequest, started: true}
+			return pullResult{err: fmt.Errorf("%w: %s: a WAIT status with %d bytes", ErrUnreachable, r, length+int64(msgLen)), kind: metrics.TransferErrBadRequest, started: true}
 		}
 	}
 	if _, err := io.ReadFull(tc, rh[responseFixedLen:responseFixedLen+msgLen]); err != nil {
-		return ioFail("reading the reply", 0, err)
+		return c.ioFail(r, "reading the reply", 0, true, err)
 	}
-	msg := string(rh[responseFixedLen : responseFixedLen+msgLen])
+	msg := rh[responseFixedLen : responseFixedLen+msgLen] // %s prints it; an OK's padding is never copied
 	switch status {
 	case statusOK:
 	case statusFenced:
-		return pullResult{err: fmt.Errorf("%w: %s: %s", ErrFenced, what, msg), kind: metrics.TransferErrFenced, keep: true, started: true}
+		return pullResult{err: fmt.Errorf("%w: %s: %s", ErrFenced, r, msg), kind: metrics.TransferErrFenced, keep: true, started: true}
 	case statusUnavailable:
-		return pullResult{err: fmt.Errorf("%w: %s: the source is unavailable: %s", ErrUnreachable, what, msg), kind: metrics.TransferErrUnavailable, keep: true, started: true}
+		return pullResult{err: fmt.Errorf("%w: %s: the source is unavailable: %s", ErrUnreachable, r, msg), kind: metrics.TransferErrUnavailable, keep: true, started: true}
 	case statusBadRequest:
-		return pullResult{err: fmt.Errorf("transfer: %s: the source refused a bad request: %s", what, msg), kind: metrics.TransferErrBadRequest, started: true}
+		return pullResult{err: fmt.Errorf("transfer: %s: the source refused a bad request: %s", r, msg), kind: metrics.TransferErrBadRequest, started: true}
 	default:
-		return pullResult{err: fmt.Errorf("%w: %s: unknown status %d: %s", ErrUnreachable, what, status, msg), kind: metrics.TransferErrBadRequest, started: true}
+		return pullResult{err: fmt.Errorf("%w: %s: unknown status %d: %s", ErrUnreachable, r, status, msg), kind: metrics.TransferErrBadRequest, started: true}
 	}
 	if length != int64(len(dst)) {
-		return pullResult{err: fmt.Errorf("%w: %s: the source announced %d bytes", ErrUnreachable, what, length), kind: metrics.TransferErrBadRequest, started: true}
+		return pullResult{err: fmt.Errorf("%w: %s: the source announced %d bytes", ErrUnreachable, r, length), kind: metrics.TransferErrBadRequest, started: true}
 	}
 
 	// Straight from the socket into dst. The deadline moves with progress: a pull
@@ -407,9 +432,7 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			r := ioFail("reading the data", got, err)
-			r.started = true
-			return r
+			return c.ioFail(r, "reading the data", got, true, err)
 		}
 		if now := time.Now(); now.Sub(last) > refresh {
 			last = now

@@ -13,9 +13,12 @@
 //
 // Wire, version 1. A connection opens with protocol/auth's handshake for purpose
 // "data" (the versioned hello carrying the cluster authentication); then the client
-// sends requests, one at a time, each answered before the next, and the connection is
-// pooled per peer address for the next pull. At most ClientOptions.MaxPullsPerPeer
-// pulls (default 4; staged ones aside) are in flight to one peer; more wait.
+// sends requests and the server answers them in order, one at a time, and the
+// connection is pooled per peer address for the next pull. Pull sends one request and
+// reads its answer; PullMany (a get batch's values from one owner) keeps up to 32
+// requests ahead, so the source streams one value after another without a round trip
+// between them. At most ClientOptions.MaxPullsPerPeer pulls or PullMany runs (default
+// 4; staged pulls aside) are in flight to one peer; more wait.
 // Integers are big-endian:
 //
 //	request  (40 + n bytes): magic "FXKD" | version 1 | op (1 = PULL, 2 = PULL_STAGED) | node id length n (2; 1..256)

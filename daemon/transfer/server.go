@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -204,19 +205,21 @@ func (s *Server) serve(c net.Conn) {
 	var hdr [maxRequestLen]byte
 	var resp [responseFixedLen + maxMessageBytes]byte
 	remote := c.RemoteAddr().String()
+	// Requests may come pipelined (PullMany): one read takes in the headers that wait.
+	br := bufio.NewReaderSize(c, 4096)
 	for {
 		// The first byte may take long (a pooled connection); the rest may not. The
 		// first Read also runs the authentication handshake: a refused client reads
 		// as EOF here (auth.Listener counted and logged it).
 		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
-		if _, err := io.ReadFull(c, hdr[:1]); err != nil {
+		if _, err := io.ReadFull(br, hdr[:1]); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				s.log.Debug().Str("remote", remote).Msg("idle data-plane connection closed")
 			}
 			return
 		}
 		c.SetReadDeadline(time.Now().Add(s.opts.HeaderTimeout))
-		if _, err := io.ReadFull(c, hdr[1:requestFixedLen]); err != nil {
+		if _, err := io.ReadFull(br, hdr[1:requestFixedLen]); err != nil {
 			s.badRequest(c, resp[:0], remote, fmt.Errorf("read request header: %w", err), false)
 			return
 		}
@@ -225,7 +228,7 @@ func (s *Server) serve(c net.Conn) {
 			s.badRequest(c, resp[:0], remote, err, true)
 			return
 		}
-		if _, err := io.ReadFull(c, hdr[requestFixedLen:requestFixedLen+n]); err != nil {
+		if _, err := io.ReadFull(br, hdr[requestFixedLen:requestFixedLen+n]); err != nil {
 			s.badRequest(c, resp[:0], remote, fmt.Errorf("read request node id: %w", err), false)
 			return
 		}

@@ -1,0 +1,101 @@
+package daemon
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/metrics"
+)
+
+// TestBatchPullsPerSource: a batch get through n2 of values held in n1's and n3's
+// memory pulls each source's values pipelined (get_batch_pull.go) and completes them
+// with one BatchGetDone; every byte is right. With n1's data plane gone (the owner
+// still registered), n1's keys fail alone, each get revoked, while n3's still read
+// back; nothing stays allocated on n2.
+func TestBatchPullsPerSource(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	om := metrics.New()
+	_, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.CacheGrace = -1; o.Metrics = om })
+	_, c3 := n.addOwner(t, "n3", 64<<20, nil)
+	var keys []string
+	want := map[string][]byte{}
+	onN1 := map[string]bool{}
+	var total int
+	for i := range 40 {
+		k := fmt.Sprintf("bp-%d", i)
+		c := n.c
+		if i%4 == 3 {
+			c = c3
+		} else {
+			onN1[k] = true
+		}
+		want[k] = value(i, 64<<10+i*513)
+		total += len(want[k])
+		if err := c.Put(k, want[k]); err != nil {
+			t.Fatalf("put %s: %v", k, err)
+		}
+		keys = append(keys, k)
+	}
+	calls := []string{"BatchGetStart", "GetStart", "BatchGetDone", "GetDone", "GetRevoke"}
+	before := masterCalls(t, mm, calls...)
+	pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
+	hs, errs, err := c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if errs[i] != nil || hs[i] == nil || !bytes.Equal(hs[i].Bytes(), want[k]) || !hs[i].Remote() {
+			t.Fatalf("%s: %v (holder %v)", k, errs[i], hs[i] != nil)
+		}
+		hs[i].Release()
+	}
+	if got := callsSince(t, mm, before); got["BatchGetStart"] != 1 || got["BatchGetDone"] != 1 || got["GetStart"]+got["GetDone"]+got["GetRevoke"] != 0 {
+		t.Errorf("batch get of 40 values of two other owners: master calls %v, want one BatchGetStart and one BatchGetDone", got)
+	}
+	if got := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled; got != float64(total) {
+		t.Errorf("n2 pulled %v bytes, want %d", got, total)
+	}
+
+	// n1 stays registered but its data plane is gone: every pull from it fails.
+	n.o.data.Close()
+	before = masterCalls(t, mm, calls...)
+	hs, errs, err = c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i, k := range keys {
+		switch {
+		case !onN1[k] && (errs[i] != nil || hs[i] == nil || !bytes.Equal(hs[i].Bytes(), want[k])):
+			t.Errorf("%s (on n3): %v (holder %v)", k, errs[i], hs[i] != nil)
+		case onN1[k] && hs[i] != nil:
+			t.Errorf("%s (on n1, data plane closed): got a holder", k)
+		case onN1[k]:
+			failed++
+		}
+		if hs[i] != nil {
+			hs[i].Release()
+		}
+	}
+	if got := callsSince(t, mm, before); got["GetRevoke"] != failed || failed != len(onN1) {
+		t.Errorf("%d of n1's %d keys failed, master calls %v: want each revoked", failed, len(onN1), got)
+	}
+	// Every target the failed gets had on n2 is freed, every holder released.
+	waitUntil(t, func() bool {
+		c2.Flush()
+		st, err := c2.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range st.Members {
+			if m.NodeId == "n2" {
+				return m.MemorySegment.UsedBytes == 0 && m.Holders == 0
+			}
+		}
+		return false
+	})
+}

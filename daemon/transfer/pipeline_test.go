@@ -1,0 +1,178 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestPullMany: a batch of more values than pipelineDepth, some refused, comes over
+// one pooled connection; each refused or invalid item fails alone, every other one
+// holds its bytes, and the connection stays in step for the next batch.
+func TestPullMany(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newTestSource(segment(t, 6*mib, true))
+	srv := startServer(t, src, ServerOptions{Secrets: sec})
+	cl := newClient(t, ClientOptions{Secrets: sec})
+	addr := srv.Addr().String()
+
+	const n = 3*pipelineDepth + 5
+	items := make([]PullItem, n)
+	want := make([][]byte, n)
+	off := int64(0)
+	for i := range items {
+		size := int64(1000 + 997*i)
+		f := src.retain(int64(i+1), off, size)
+		items[i] = PullItem{Fence: f, Offset: off, Dst: make([]byte, size)}
+		want[i] = src.seg[off : off+size]
+		off += size + 512
+	}
+	fenced := map[int]bool{7: true, pipelineDepth: true, n - 1: true}
+	items[7].Fence.TransferID = 10_000            // not retained
+	items[pipelineDepth].Fence.SourceGeneration++ // another incarnation
+	items[n-1].Offset++                           // outside its transfer's range
+	invalid := map[int]bool{3: true, 40: true}
+	items[3].Dst = nil            // no bytes
+	items[40].Fence.Staged = true // staged pulls are not pipelined
+
+	for round := range 2 {
+		for i := range items {
+			clear(items[i].Dst)
+		}
+		errs := cl.PullMany(context.Background(), addr, items)
+		for i, err := range errs {
+			switch {
+			case fenced[i]:
+				if !errors.Is(err, ErrFenced) {
+					t.Fatalf("round %d item %d: got %v, want ErrFenced", round, i, err)
+				}
+			case invalid[i]:
+				if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrUnreachable) {
+					t.Fatalf("round %d item %d: got %v, want an invalid pull", round, i, err)
+				}
+			case err != nil:
+				t.Fatalf("round %d item %d: %v", round, i, err)
+			case !bytes.Equal(items[i].Dst, want[i]):
+				t.Fatalf("round %d item %d: wrong bytes", round, i)
+			}
+		}
+	}
+	if d := cl.dials.Load(); d != 1 {
+		t.Errorf("%d dials for two batches under %d bytes, want 1 pooled connection", d, pipelineRunBytes)
+	}
+	// Every valid request reached the source; nothing was opened for the invalid ones.
+	if o := src.opens.Load(); o != 2*(n-int64(len(invalid))) {
+		t.Errorf("source opened %d ranges, want %d", o, 2*(n-int64(len(invalid))))
+	}
+	waitFor(t, "every opened range released", func() bool { return src.releases.Load() == 2*(n-int64(len(invalid))-int64(len(fenced))) })
+}
+
+// TestPullManyRuns: a batch of more than pipelineRunBytes goes in runs of its own
+// connections (at most MaxPullsPerPeer), and every byte lands.
+func TestPullManyRuns(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newTestSource(segment(t, 26*mib, true))
+	srv := startServer(t, src, ServerOptions{Secrets: sec})
+	cl := newClient(t, ClientOptions{Secrets: sec, MaxPullsPerPeer: 2})
+	var items []PullItem
+	for i := range 24 {
+		off := int64(i) * mib
+		items = append(items, PullItem{Fence: src.retain(int64(i+1), off, mib), Offset: off, Dst: make([]byte, mib)})
+	}
+	for i, err := range cl.PullMany(context.Background(), srv.Addr().String(), items) {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+		if !bytes.Equal(items[i].Dst, src.seg[int64(i)*mib:int64(i+1)*mib]) {
+			t.Fatalf("item %d: wrong bytes", i)
+		}
+	}
+	if d := cl.dials.Load(); d != 2 {
+		t.Errorf("%d dials for a 24 MiB batch with MaxPullsPerPeer 2, want 2", d)
+	}
+	if got := splitRuns(items, []int{0, 1, 2}, 3*mib, 4); len(got) != 1 {
+		t.Errorf("3 MiB split into %d runs, want 1", len(got))
+	}
+	idx := make([]int, 24)
+	for i := range idx {
+		idx[i] = i
+	}
+	runs := splitRuns(items, idx, 24*mib, 4)
+	if len(runs) != 3 || len(runs[0])+len(runs[1])+len(runs[2]) != 24 || runs[0][0] != 0 || runs[2][len(runs[2])-1] != 23 {
+		t.Errorf("24 MiB in runs of %d MiB at most 4: %v", pipelineRunBytes>>20, runs)
+	}
+}
+
+// TestPullManyStalled: a source that stops halfway through a batch's second value
+// fails it and the values after it by the progress deadline, not the first; the
+// connection is not pooled again.
+func TestPullManyStalled(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newTestSource(segment(t, 18*mib, true))
+	srv, _, release := blockingServer(t, src, sec)
+	t.Cleanup(release)
+	const progress = 200 * time.Millisecond
+	cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: progress, MaxPullsPerPeer: 1})
+	items := []PullItem{
+		{Fence: src.retain(1, 0, 1000), Offset: 0, Dst: make([]byte, 1000)},
+		{Fence: src.retain(2, mib, 16*mib), Offset: mib, Dst: make([]byte, 16*mib)},
+		{Fence: src.retain(3, 17*mib, 1000), Offset: 17 * mib, Dst: make([]byte, 1000)},
+	}
+	start := time.Now()
+	errs := cl.PullMany(context.Background(), srv.Addr().String(), items)
+	if took := time.Since(start); took > 10*progress {
+		t.Fatalf("stalled batch failed after %v, progress timeout %v", took, progress)
+	}
+	if errs[0] != nil || !bytes.Equal(items[0].Dst, src.seg[:1000]) {
+		t.Fatalf("the value before the stall: %v", errs[0])
+	}
+	for _, i := range []int{1, 2} {
+		if !errors.Is(errs[i], ErrUnreachable) || !errors.Is(errs[i], os.ErrDeadlineExceeded) {
+			t.Fatalf("item %d: got %v, want ErrUnreachable by the progress deadline", i, errs[i])
+		}
+	}
+	cl.mu.Lock()
+	idle := len(cl.idle)
+	cl.mu.Unlock()
+	if idle != 0 {
+		t.Fatal("a connection that failed mid-batch was pooled")
+	}
+}
+
+// TestPullManyIdleClosed: a pooled connection the server closed meanwhile is
+// replaced once, without failing the batch; a cancelled context fails every item.
+func TestPullManyIdleClosed(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newTestSource(segment(t, mib, true))
+	srv := startServer(t, src, ServerOptions{Secrets: sec, IdleTimeout: 50 * time.Millisecond})
+	cl := newClient(t, ClientOptions{Secrets: sec})
+	items := []PullItem{
+		{Fence: src.retain(1, 0, 1000), Offset: 0, Dst: make([]byte, 1000)},
+		{Fence: src.retain(2, 4096, 5000), Offset: 4096, Dst: make([]byte, 5000)},
+	}
+	for i := range 2 {
+		for j, err := range cl.PullMany(context.Background(), srv.Addr().String(), items) {
+			if err != nil {
+				t.Fatalf("batch %d item %d: %v", i, j, err)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if d := cl.dials.Load(); d != 2 {
+		t.Errorf("%d dials, want 2 (the idle connection closed by the server)", d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for j, err := range cl.PullMany(ctx, srv.Addr().String(), items) {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled batch item %d: %v", j, err)
+		}
+	}
+}
