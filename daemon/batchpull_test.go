@@ -99,3 +99,81 @@ func TestBatchPullsPerSource(t *testing.T) {
 		return false
 	})
 }
+
+// TestBatchRefillsPerSource: a batch get through n2 of pages on n1's SSD only is one
+// BatchSsdStageRead and two pipelined staged pulls (get_batch_pull.go): every page
+// byte-exact, remote, from SSD, completed with one BatchGetDone. With n1's data plane
+// gone, the pages fail alone (each get revoked) and n1 keeps every SSD replica: a
+// failed pull is not a failed read.
+func TestBatchRefillsPerSource(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	var keys []string
+	want := map[string][]byte{}
+	for i := range 24 {
+		k := fmt.Sprintf("page-%d", i)
+		want[k] = value(i, 64<<10+i*517)
+		if err := n.c.Put(k, want[k]); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	for i := range 12 { // 3x n1's DRAM: the pages are on its SSD only
+		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	ssdReplicas := func() int64 {
+		st, err := n.c.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range st.Members {
+			if m.NodeId == "n1" {
+				return m.SsdReplicas
+			}
+		}
+		return -1
+	}
+	replicas := ssdReplicas()
+	calls := []string{"BatchGetStart", "GetStart", "BatchGetDone", "GetDone", "GetRevoke"}
+	before := masterCalls(t, mm, calls...)
+	hs, errs, err := c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if errs[i] != nil || hs[i] == nil || !bytes.Equal(hs[i].Bytes(), want[k]) {
+			t.Fatalf("%s: %v (holder %v)", k, errs[i], hs[i] != nil)
+		}
+		if hs[i].Source() != "ssd" || !hs[i].Remote() {
+			t.Errorf("%s: source %s remote %v, want a remote SSD refill", k, hs[i].Source(), hs[i].Remote())
+		}
+		hs[i].Release()
+	}
+	if got := callsSince(t, mm, before); got["BatchGetStart"] != 1 || got["BatchGetDone"] != 1 || got["GetStart"]+got["GetDone"]+got["GetRevoke"] != 0 {
+		t.Errorf("batch get of 24 pages on n1's SSD: master calls %v, want one BatchGetStart and one BatchGetDone", got)
+	}
+
+	n.o.data.Close()
+	before = masterCalls(t, mm, calls...)
+	hs, _, err = c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys { // a miss (the plan without n1 finds no copy) or an error
+		if hs[i] != nil {
+			hs[i].Release()
+			t.Errorf("%s: a holder from an owner whose data plane is closed", k)
+		}
+	}
+	if got := callsSince(t, mm, before); got["GetRevoke"] < len(keys) {
+		t.Errorf("master calls %v: want every get revoked", got)
+	}
+	if got := ssdReplicas(); got != replicas {
+		t.Errorf("n1 holds %d SSD replicas after failed pulls, %d before: a failed pull dropped its source", got, replicas)
+	}
+}

@@ -2,25 +2,33 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
 
-// A get batch often finds many of its values in one other owner's memory (an engine's
-// pages of one prompt, put through one node). Pulled one by one, each value costs a
-// round trip and a wake-up of both owners; pullBatch pulls all of one source's values
-// with one pipelined PullMany (the source streams them back to back) before the
-// batch's gets complete, each as a lone pull would: GetDone, or a revoke and a
-// re-plan without that node when its pull failed.
+// A get batch often finds many of its values on one other owner (an engine's pages of
+// one prompt, put through one node). Brought in one by one, each value costs a round
+// trip and a wake-up of both owners, and from SSD a peer call of its own; pullBatch
+// brings all of one source's values in together before the batch's gets complete:
+//   - from its memory with one pipelined PullMany (the source streams them back to back);
+//   - from its SSD (values of one chunk) with one BatchSsdStageRead (stage_batch.go)
+//     while two pipelined PullMany pull them as they are staged, in the batch's order.
+// Then the values that landed complete with one BatchGetDone; each failed one is
+// revoked and re-planned alone by planGet, as a lone get's would be.
 
-// prePulled is one key of a batch whose value pullBatch pulled: own is the replica
-// index's open of its target (replicas.go), err the pull's outcome; for a pull that
-// succeeded, done and doneErr are its GetDone's answer (or the pinned target's error,
-// as completeGet has it).
+// prePulled is one key of a batch whose value pullBatch brought in: own is the replica
+// index's open of its target (replicas.go), err the transfer's outcome (for a refill:
+// errRemoteSSD when the source's read failed); for a transfer that succeeded, done and
+// doneErr are its GetDone's answer (or the pinned target's error, as completeGet has
+// it).
 type prePulled struct {
 	own     uint64
 	err     error
@@ -28,34 +36,50 @@ type prePulled struct {
 	doneErr error
 }
 
-// finishPulled completes a pre-pulled get as pulled and completeGet would have: a failed
-// pull revokes it, a completed one becomes its holder.
+// finishPulled completes a pre-pulled get as pulled, refilled and completeGet would
+// have: a failed transfer revokes it, a completed one becomes its holder.
 func (o *Owner) finishPulled(key string, plan *mp.GetStartResponse, pre *prePulled) (*holding, error) {
-	if pre.err != nil {
+	switch {
+	case pre.err == nil:
+		return o.gotDone(key, plan, pre.done, pre.doneErr)
+	case plan.Source == common.Source_SSD:
+		return o.refilled(key, plan, pre.err)
+	default:
 		return o.pulled(key, plan, pre.err)
 	}
-	return o.gotDone(key, plan, pre.done, pre.doneErr)
 }
 
-// pullBatch pulls, one PullMany per source owner (sources concurrently), the values of
-// the plans run names (of keys) that are to be pulled from another owner's memory, when a
-// source has at least two of them; pre[j] is set for each key it pulled. A target
-// outside the segment, a plan too old (planMaxAge) and a source's lone value are left
-// to planGet. The pulls share one TransferTimeout: the batch was planned at once.
+// batchSource is one source owner's share of a batch: its memory or its SSD.
+type batchSource struct {
+	node string
+	ssd  bool
+}
+
+// pullBatch brings in, per source owner and tier (sources concurrently), the values of
+// the plans run names (of keys) that come from another owner's memory or SSD, when a
+// source has at least two of them; pre[j] is set for each key it brought in. A target
+// outside the segment, a plan too old (planMaxAge), an SSD value of more than one
+// staging chunk and a source's lone value are left to planGet. A source's pulls share
+// one deadline: TransferTimeout from memory, the refills' stageDeadline from SSD.
 func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []*prePulled) {
 	pre = make([]*prePulled, len(starts))
-	groups := make(map[string][]int)
+	groups := make(map[batchSource][]int)
 	for _, j := range run {
 		p := starts[j].plan
-		if p.Done || p.Source != common.Source_MEMORY || p.SourceNodeId == o.opts.NodeID ||
-			p.TargetOffset < 0 || p.Len <= 0 || p.TargetOffset > o.seg.Size()-p.Len || time.Since(starts[j].at) > planMaxAge {
+		if p.Done || p.SourceNodeId == o.opts.NodeID || p.TargetOffset < 0 || p.Len <= 0 ||
+			p.TargetOffset > o.seg.Size()-p.Len || time.Since(starts[j].at) > planMaxAge {
 			continue
 		}
-		groups[p.SourceDataAddr] = append(groups[p.SourceDataAddr], j)
+		switch {
+		case p.Source == common.Source_MEMORY:
+			groups[batchSource{p.SourceNodeId, false}] = append(groups[batchSource{p.SourceNodeId, false}], j)
+		case p.Source == common.Source_SSD && p.Len <= stageChunk:
+			groups[batchSource{p.SourceNodeId, true}] = append(groups[batchSource{p.SourceNodeId, true}], j)
+		}
 	}
-	for addr, js := range groups {
+	for src, js := range groups {
 		if len(js) < 2 {
-			delete(groups, addr)
+			delete(groups, src)
 		}
 	}
 	if len(groups) == 0 {
@@ -69,23 +93,15 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 		}
 	}
 	o.unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
-	defer cancel()
-	seg := o.seg.Bytes()
 	var wg sync.WaitGroup
-	for addr, js := range groups {
+	for src, js := range groups {
 		wg.Go(func() {
-			items := make([]transfer.PullItem, len(js))
-			for k, j := range js {
-				p := starts[j].plan
-				items[k] = transfer.PullItem{
-					Fence:  transfer.Fence{SourceNode: p.SourceNodeId, SourceGeneration: p.SourceGeneration, TransferID: p.GetId},
-					Offset: p.SourceOffset,
-					Dst:    seg[p.TargetOffset : p.TargetOffset+p.Len],
+			if src.ssd {
+				for part := range chunkInts(js, int(peer.STAGE_BATCH_ITEMS)) {
+					o.refillGroup(keys, starts, part, pre)
 				}
-			}
-			for k, err := range o.puller.PullMany(ctx, addr, items) {
-				pre[js[k]].err = err
+			} else {
+				o.pullGroup(starts, js, pre)
 			}
 		})
 	}
@@ -112,4 +128,130 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 		}
 	}
 	return pre
+}
+
+// chunkInts yields s in parts of at most n.
+func chunkInts(s []int, n int) func(yield func([]int) bool) {
+	return func(yield func([]int) bool) {
+		for len(s) > 0 {
+			k := min(n, len(s))
+			if !yield(s[:k]) {
+				return
+			}
+			s = s[k:]
+		}
+	}
+}
+
+// pullGroup pulls the values js of one source's memory with one PullMany.
+func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
+	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
+	defer cancel()
+	seg := o.seg.Bytes()
+	items := make([]transfer.PullItem, len(js))
+	for k, j := range js {
+		p := starts[j].plan
+		items[k] = transfer.PullItem{
+			Fence:  transfer.Fence{SourceNode: p.SourceNodeId, SourceGeneration: p.SourceGeneration, TransferID: p.GetId},
+			Offset: p.SourceOffset,
+			Dst:    seg[p.TargetOffset : p.TargetOffset+p.Len],
+		}
+	}
+	for k, err := range o.puller.PullMany(ctx, starts[js[0]].plan.SourceDataAddr, items) {
+		pre[js[k]].err = err
+	}
+}
+
+// refillGroup refills the values js of one source's SSD (one chunk each, at most
+// STAGE_BATCH_ITEMS): one BatchSsdStageRead makes that owner stage them while this one
+// pulls them into their targets with two PullMany of staged pulls (each half of the
+// batch answered in order). Each value's outcome
+// is refillRemote's: the source's answer for it once its pull succeeded (a failed read
+// is errRemoteSSD), else the pull's failure unless the answer says the read failed.
+// After a failed pull the answer is waited for at most stageVerdictWait; then the call
+// is abandoned and the values without an answer fail as unreachable.
+func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []*prePulled) {
+	first := starts[js[0]].plan
+	var total int64
+	for _, j := range js {
+		total += starts[j].plan.Len
+	}
+	deadline := stageDeadline(total)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	fail := func(err error) {
+		for _, j := range js {
+			pre[j].err = err
+		}
+	}
+	c, callOpts, err := o.peers.Get(first.SourcePeerAddr)
+	if err != nil {
+		fail(fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err))
+		return
+	}
+	verdict := make(chan []error, 1) // one per value: nil, errRemoteSSD or unreachable
+	go func() {
+		items := make([]*peer.SsdStageReadRequest, len(js))
+		for k, j := range js {
+			p := starts[j].plan
+			items[k] = &peer.SsdStageReadRequest{Key: keys[j], PutId: p.PutId, GetId: p.GetId,
+				TargetNodeId: o.opts.NodeID, TargetDataAddr: o.dataAddr, TargetOffset: p.TargetOffset, Len: p.Len,
+				Generation: p.SourceGeneration, DeadlineMs: deadline.Milliseconds()}
+		}
+		resp, err := c.BatchSsdStageRead(ctx, &peer.BatchSsdStageReadRequest{Items: items}, callOpts...)
+		out := make([]error, len(js))
+		switch {
+		case err == nil && resp.Code == common.ErrorCode_OK && len(resp.Results) != len(js):
+			err = fmt.Errorf("it answered %d of %d values", len(resp.Results), len(js))
+		case err == nil && resp.Code != common.ErrorCode_OK:
+			err = fmt.Errorf("%s: %s", resp.Code, resp.Message)
+		}
+		for k := range out {
+			switch {
+			case err != nil:
+				out[k] = fmt.Errorf("%w: batch stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err)
+			case resp.Results[k] == nil:
+				out[k] = fmt.Errorf("%w: batch stage read on node %q: no answer for %q", transfer.ErrUnreachable, first.SourceNodeId, keys[js[k]])
+			case resp.Results[k].Code != common.ErrorCode_OK:
+				out[k] = fmt.Errorf("%w: %s", errRemoteSSD, resp.Results[k].Message)
+			}
+		}
+		verdict <- out
+	}()
+	seg := o.seg.Bytes()
+	items := make([]transfer.PullItem, len(js))
+	for k, j := range js {
+		p := starts[j].plan
+		items[k] = transfer.PullItem{
+			Fence: transfer.Fence{SourceNode: p.SourceNodeId, SourceGeneration: p.SourceGeneration, TransferID: p.GetId, Staged: true},
+			Dst:   seg[p.TargetOffset : p.TargetOffset+p.Len], // the value's one chunk, at offset 0
+		}
+	}
+	// Two pipelines: while one waits for a value still being read, the other sends.
+	pulls := make([]error, len(items))
+	h := len(items) / 2
+	var wg sync.WaitGroup
+	wg.Go(func() { copy(pulls[h:], o.puller.PullMany(ctx, first.SourceDataAddr, items[h:])) })
+	copy(pulls, o.puller.PullMany(ctx, first.SourceDataAddr, items[:h]))
+	wg.Wait()
+	failed := slices.ContainsFunc(pulls, func(err error) bool { return err != nil })
+	var answers []error
+	if !failed {
+		answers = <-verdict // bounded by ctx
+	} else {
+		select {
+		case answers = <-verdict:
+		case <-time.After(stageVerdictWait):
+			// The source's call ends with ctx; the goroutine making it is joined.
+			cancel()
+			answers = <-verdict
+		}
+	}
+	for k, j := range js {
+		err := answers[k]
+		if pulls[k] != nil && !errors.Is(err, errRemoteSSD) {
+			err = pulls[k]
+		}
+		pre[j].err = err
+	}
 }

@@ -84,7 +84,13 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 				return nil, nil, err
 			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId != o.opts.NodeID:
-			h, err := o.refillRemote(key, plan)
+			var h *holding
+			var err error
+			if pre != nil {
+				h, err = o.finishPulled(key, plan, pre)
+			} else {
+				h, err = o.refillRemote(key, plan)
+			}
 			if err == nil {
 				return done(h)
 			}

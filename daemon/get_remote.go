@@ -84,8 +84,15 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 			stageErr = pullErr
 		}
 	}
+	// Every pull has returned: nothing writes the target any more.
+	return o.refilled(key, plan, stageErr)
+}
+
+// refilled completes a remote SSD refill that ended with stageErr (nil: the target
+// holds the verified value) with GetDone; a failed one revokes the get, dropping the
+// SSD source when its read failed (errRemoteSSD).
+func (o *Owner) refilled(key string, plan *mp.GetStartResponse, stageErr error) (*holding, error) {
 	if stageErr != nil {
-		// Every pull has returned: nothing writes the target any more.
 		o.revokeGet(key, plan.GetId, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
 		return nil, stageErr
 	}

@@ -100,6 +100,20 @@ func (h *peerHandler) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRe
 	return resp, nil
 }
 
+// BatchSsdStageRead stages a get batch's values from this owner's SSD for another owner
+// to pull (stage_batch.go).
+func (h *peerHandler) BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest) (*peer.BatchSsdStageReadResponse, error) {
+	resp := &peer.BatchSsdStageReadResponse{}
+	errs, err := h.o.batchStageRead(req)
+	resp.Code, resp.Message = wire.ToResponse(err)
+	for _, e := range errs {
+		r := &peer.SsdStageReadResponse{}
+		r.Code, r.Message = wire.ToResponse(e)
+		resp.Results = append(resp.Results, r)
+	}
+	return resp, nil
+}
+
 // PullPut pulls a put the master placed here from its requester's transfer area.
 func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	resp := &peer.PullPutResponse{}

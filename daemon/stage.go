@@ -53,12 +53,17 @@ func stageDeadline(n int64) time.Duration {
 // or the owner is stopping).
 var errStageEnded = errors.New("staged refill ended")
 
+// errUnpulled marks a refill that failed because a read chunk waited stageUnpulled for
+// its pull.
+var errUnpulled = errors.New("a read chunk waited for its pull")
+
 // stager serves other owners' refills from this owner's SSD (docs/architecture.md §10 "SSD pool"):
 // each SsdStageRead is a session that reads the value in 4 MiB chunks into slots of a
 // fixed staging area of this process's own memory (not the segment: the master never
 // allocates or frees it, so no write can land in a range it reused), at most 4 reads
-// in flight and 12 slots per session, and hands each read chunk to the requester's
-// staged pull (transfer.Fence.Staged), which gives the slot back.
+// in flight and 12 slots per session (a small chunk in a sub-slot: stage_slots.go), and
+// hands each read chunk to the requester's staged pull (transfer.Fence.Staged), which
+// gives the slot back.
 type stager struct {
 	o       *Owner
 	metrics *metrics.Stage
@@ -69,6 +74,8 @@ type stager struct {
 	mu       sync.Mutex
 	mem      []byte // mapped on first use: slots × stageChunk
 	free     []int  // free slot indexes
+	subFree  []int  // free sub-slot indexes (stage_slots.go)
+	subUsed  []int  // per slot: its sub-slots in use
 	sessions map[int64]*stageSession
 	changed  chan struct{} // closed and replaced when sessions or free change
 	closed   bool
@@ -77,6 +84,7 @@ type stager struct {
 func newStager(o *Owner, slots int) *stager {
 	st := &stager{o: o, metrics: o.opts.Metrics.Stage(), sessions: make(map[int64]*stageSession), changed: make(chan struct{})}
 	st.free = make([]int, slots)
+	st.subUsed = make([]int, slots)
 	for i := range st.free {
 		st.free[i] = slots - 1 - i
 	}
@@ -123,10 +131,14 @@ type stageSession struct {
 	err    error // set once the session failed or ended
 	cancel context.CancelCauseFunc
 	freed  chan struct{} // ssd.Slots.Freed: signalled when a slot may be free
+	// changed is closed and replaced when a chunk of s is read or served or s fails:
+	// the waits on s (its pulls, waitServed) wake for s only, not for every session.
+	changed chan struct{}
 }
 
 type stagedChunk struct {
-	slot    int // -1: none
+	slot    int  // -1: none
+	sub     bool // slot is a sub-slot (stage_slots.go)
 	ready   bool
 	serving bool
 	done    bool
@@ -135,7 +147,7 @@ type stagedChunk struct {
 
 // begin registers a session for req.
 func (st *stager) begin(req *peer.SsdStageReadRequest, cancel context.CancelCauseFunc) (*stageSession, error) {
-	s := &stageSession{st: st, getID: req.GetId, key: req.Key, n: req.Len, cancel: cancel, freed: make(chan struct{}, 1),
+	s := &stageSession{st: st, getID: req.GetId, key: req.Key, n: req.Len, cancel: cancel, freed: make(chan struct{}, 1), changed: make(chan struct{}),
 		chunks: make([]stagedChunk, (req.Len+stageChunk-1)/stageChunk)}
 	for i := range s.chunks {
 		s.chunks[i].slot = -1
@@ -183,11 +195,18 @@ func (s *stageSession) failLocked(err error) {
 	if s.err == nil {
 		s.err = err
 		s.cancel(err)
+		s.changedLocked()
 	}
 }
 
+// changedLocked wakes everything waiting on s.changed.
+func (s *stageSession) changedLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
 func (s *stageSession) freeSlotLocked(c *stagedChunk) {
-	s.st.free = append(s.st.free, c.slot)
+	s.st.giveSlotLocked(c.slot, c.sub)
 	c.slot = -1
 	s.held--
 	s.st.metrics.Slots(-1)
@@ -205,18 +224,19 @@ func (s *stageSession) Take(i int, n int64) []byte {
 	st := s.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if s.err != nil || s.held >= stageSessionSlots || len(st.free) == 0 || n > stageChunk {
+	if s.err != nil || s.held >= stageSessionSlots || n > stageChunk {
 		return nil
 	}
-	slot := st.free[len(st.free)-1]
-	st.free = st.free[:len(st.free)-1]
-	s.chunks[i].slot = slot
+	slot, sub, buf, ok := st.takeSlotLocked(n)
+	if !ok {
+		return nil
+	}
+	s.chunks[i].slot, s.chunks[i].sub = slot, sub
 	s.held++
 	s.reads++
 	st.metrics.Slots(1)
 	st.metrics.Reads(s.reads)
-	off := slot * stageChunk
-	return st.mem[off : off+stageChunk : off+stageChunk]
+	return buf
 }
 
 // Freed implements ssd.Slots.
@@ -229,7 +249,7 @@ func (s *stageSession) deliver(i int, _, _ int64, _ []byte) error {
 	defer st.mu.Unlock()
 	s.reads--
 	s.chunks[i].ready, s.chunks[i].readyAt = true, time.Now()
-	st.broadcastLocked()
+	s.changedLocked()
 	return s.err
 }
 
@@ -253,6 +273,10 @@ func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
 	for {
 		s := st.sessions[getID]
 		var wait time.Duration
+		ch := st.changed // a session to appear, or the stager to close
+		if s != nil {
+			ch = s.changed
+		}
 		switch {
 		case st.closed:
 			return nil, nil, fmt.Errorf("%w: node %q is stopping", errStageEnded, st.o.opts.NodeID)
@@ -274,15 +298,13 @@ func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
 				return nil, nil, s.err
 			case c.ready:
 				c.serving = true
-				off := c.slot * stageChunk
-				return st.mem[off : off+int(length)], func() { st.served(s, c) }, nil
+				return st.slotBytes(c, length), func() { st.served(s, c) }, nil
 			}
 			wait = stageChunkWait - time.Since(start)
 			if wait <= 0 {
 				return nil, nil, fmt.Errorf("%w: chunk %d of get %d not read from SSD within %v", errStageEnded, i, getID, stageChunkWait)
 			}
 		}
-		ch := st.changed
 		st.mu.Unlock()
 		t := time.NewTimer(wait)
 		select {
@@ -301,7 +323,7 @@ func (st *stager) served(s *stageSession, c *stagedChunk) {
 	c.serving, c.done = false, true
 	s.served++
 	s.freeSlotLocked(c)
-	st.broadcastLocked()
+	s.changedLocked()
 }
 
 // stageRead serves another owner's refill from this owner's SSD: it reads key@put_id
@@ -309,34 +331,68 @@ func (st *stager) served(s *stageSession, c *stagedChunk) {
 // every chunk was pulled and the value verified. A failed or corrupt read answers an
 // error code: the requester revokes with drop_ssd_source.
 func (o *Owner) stageRead(req *peer.SsdStageReadRequest) error {
-	switch {
-	case o.store == nil || o.stager == nil:
-		return errCode(common.ErrorCode_UNAVAILABLE, "node %q has no SSD tier", o.opts.NodeID)
-	case req.Generation != o.generation:
-		return errCode(common.ErrorCode_STALE_GENERATION, "stage read for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
-	case req.Len <= 0:
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes", req.Len)
-	}
-	if err := wire.ValidateKey(req.Key); err != nil {
+	r, err := o.beginStage(req)
+	if err != nil {
 		return err
 	}
-	if c := o.store.Stats().CapacityBytes; req.Len > c {
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes from an SSD tier of %d", req.Len, c)
+	return r.run(time.Time{})
+}
+
+// stageRun is one refill whose session is registered (pulls of it wait for its chunks)
+// and whose read has not run yet.
+type stageRun struct {
+	o      *Owner
+	req    *peer.SsdStageReadRequest
+	s      *stageSession
+	base   context.Context
+	cancel context.CancelCauseFunc
+	// unpulled: run failed because a read chunk waited for its pull (errUnpulled).
+	unpulled bool
+}
+
+// beginStage checks req and registers its session.
+func (o *Owner) beginStage(req *peer.SsdStageReadRequest) (*stageRun, error) {
+	switch {
+	case o.store == nil || o.stager == nil:
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "node %q has no SSD tier", o.opts.NodeID)
+	case req.Generation != o.generation:
+		return nil, errCode(common.ErrorCode_STALE_GENERATION, "stage read for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
+	case req.Len <= 0:
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes", req.Len)
 	}
+	if err := wire.ValidateKey(req.Key); err != nil {
+		return nil, err
+	}
+	if c := o.store.Stats().CapacityBytes; req.Len > c {
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes from an SSD tier of %d", req.Len, c)
+	}
+	base, cancel := context.WithCancelCause(context.Background())
+	s, err := o.stager.begin(req, cancel)
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	return &stageRun{o: o, req: req, s: s, base: base, cancel: cancel}, nil
+}
+
+// run reads the value into staging while the requester pulls it, ends the session and
+// answers. Its deadline is the refill's (proportional to its length, at most the
+// requester's deadline_ms from now), and no later than by (zero: none).
+func (r *stageRun) run(by time.Time) error {
+	o, req, s := r.o, r.req, r.s
+	defer r.cancel(nil)
 	limit := stageDeadline(req.Len)
 	if d := time.Duration(req.DeadlineMs) * time.Millisecond; d > 0 && d < limit {
 		limit = d
 	}
-	base, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	ctx, cancelTimeout := context.WithTimeout(base, limit)
-	defer cancelTimeout()
-	s, err := o.stager.begin(req, cancel)
-	if err != nil {
-		return err
+	deadline := time.Now().Add(limit)
+	if !by.IsZero() && by.Before(deadline) {
+		deadline = by
 	}
+	ctx, cancelTimeout := context.WithDeadline(r.base, deadline)
+	defer cancelTimeout()
 	stopWatch := o.stager.watch(s)
-	err = o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, stageReadsInFlight, s, s.deliver)
+	err := o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, stageReadsInFlight, s, s.deliver)
 	if errors.Is(err, ssd.ErrCorrupt) {
 		o.opts.Metrics.SSDCorrupt()
 		o.log.Error().Err(err).Str("key", req.Key).Int64("put_id", req.PutId).Msg("corrupt SSD record dropped")
@@ -346,13 +402,19 @@ func (o *Owner) stageRead(req *peer.SsdStageReadRequest) error {
 	}
 	stopWatch()
 	o.stager.end(s, err)
-	if err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
-			err = fmt.Errorf("%w (%v)", err, cause)
-		}
-		return errCode(common.ErrorCode_KEY_NOT_FOUND, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, o.opts.NodeID, err)
+	r.unpulled = errors.Is(err, errUnpulled)
+	return stageAnswer(ctx, req, o.opts.NodeID, err)
+}
+
+// stageAnswer is the answer to a refill that ended with err (nil: served and verified).
+func stageAnswer(ctx context.Context, req *peer.SsdStageReadRequest, node string, err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w (%v)", err, cause)
+	}
+	return errCode(common.ErrorCode_KEY_NOT_FOUND, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, node, err)
 }
 
 // watch fails s once a read chunk stays unpulled for stageUnpulled (the requester is
@@ -372,8 +434,7 @@ func (st *stager) watch(s *stageSession) (stop func()) {
 			}
 			st.mu.Lock()
 			if s.stalledLocked(time.Now()) {
-				s.failLocked(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
-				st.broadcastLocked()
+				s.failLocked(fmt.Errorf("%w: %w: %v (is the requester gone?)", errStageEnded, errUnpulled, stageUnpulled))
 			}
 			st.mu.Unlock()
 		}
@@ -395,7 +456,7 @@ func (st *stager) waitServed(ctx context.Context, s *stageSession) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", errStageEnded, context.Cause(ctx))
 		}
-		ch := st.changed
+		ch := s.changed
 		st.mu.Unlock()
 		select {
 		case <-ch:

@@ -71,6 +71,10 @@ func (f *fakePeer) SsdStageRead(ctx context.Context, req *peer.SsdStageReadReque
 	return &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE}, nil
 }
 
+func (f *fakePeer) BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest) (*peer.BatchSsdStageReadResponse, error) {
+	return &peer.BatchSsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE}, nil
+}
+
 func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	f.pullCalls.Add(1)
 	code := common.ErrorCode_OK

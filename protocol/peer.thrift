@@ -65,6 +65,28 @@ struct SsdStageReadResponse {
   4: bool done_promoted,
 }
 
+// A get batch's refills from one SSD owner in one call: each item is an SsdStageRead
+// of its own (its session, chunks, pulls and answer), of at most STAGE_CHUNK_BYTES (one
+// chunk). The SSD owner registers every item's session at once, so each item's pull
+// finds it and waits for its chunk (hearing WAIT), reads at most STAGE_BATCH_IN_FLIGHT
+// items at a time in list order (fewer of values larger than a KV page), and answers every item in results (same order) once
+// each was served and verified or failed. Once a read item's chunk waited unpulled too
+// long (the requester stopped pulling), the items not yet read fail at once. deadline_ms
+// of the items bounds the whole call; a call of more than STAGE_BATCH_ITEMS items is
+// refused.
+struct BatchSsdStageReadRequest {
+  1: list<SsdStageReadRequest> items,
+}
+
+const i32 STAGE_BATCH_IN_FLIGHT = 16
+const i32 STAGE_BATCH_ITEMS = 256
+
+struct BatchSsdStageReadResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<SsdStageReadResponse> results,
+}
+
 // Each entry tells the owner that every version of key up to put_id is dead: it drops
 // its cached info and its SSD entries of those versions (live holders keep their bytes).
 struct InvalidateCachedInfoRequest {
@@ -133,6 +155,7 @@ struct ReleaseHotSetResponse {
 service PeerService {
   SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),
   SsdStageReadResponse SsdStageRead(1: SsdStageReadRequest req),
+  BatchSsdStageReadResponse BatchSsdStageRead(1: BatchSsdStageReadRequest req),
   InvalidateCachedInfoResponse InvalidateCachedInfo(1: InvalidateCachedInfoRequest req),
   PullPutResponse PullPut(1: PullPutRequest req),
   ReleaseHotSetResponse ReleaseHotSet(1: ReleaseHotSetRequest req),

@@ -17,7 +17,8 @@ import (
 // version 1's: a server reads a request, answers it, reads the next.
 
 // PullItem is one value of a PullMany: Len(Dst) bytes at Offset of the source's
-// segment, retained there for Fence (never a staged pull).
+// segment, retained there for Fence; or, for a staged fence, of the value the source
+// stages for it (the source answers each in order once its chunk is read).
 type PullItem struct {
 	Fence  Fence
 	Offset int64
@@ -38,7 +39,8 @@ const pipelineRunBytes = 8 << 20
 // (errs[i] nil: items[i].Dst holds the bytes), wrapping ErrFenced or ErrUnreachable
 // as Pull's do. One refused item fails alone; a connection that breaks fails the
 // items it had not delivered. Each run of items holds one of the peer's
-// MaxPullsPerPeer slots for its duration, and runs go concurrently.
+// MaxPullsPerPeer slots for its duration (a run of staged pulls only does not, as a
+// staged Pull does not), and runs go concurrently.
 func (c *Client) PullMany(ctx context.Context, addr string, items []PullItem) []error {
 	errs := make([]error, len(items))
 	var total int64
@@ -46,8 +48,6 @@ func (c *Client) PullMany(ctx context.Context, addr string, items []PullItem) []
 		switch {
 		case len(it.Dst) == 0 || it.Offset < 0:
 			errs[i] = fmt.Errorf("transfer: pull of %d bytes at offset %d from %s: want at least one byte at a non-negative offset", len(it.Dst), it.Offset, addr)
-		case it.Fence.Staged:
-			errs[i] = fmt.Errorf("transfer: pull from %s: a staged pull cannot be pipelined", addr)
 		default:
 			if err := wire.ValidateNodeID(it.Fence.SourceNode); err != nil {
 				errs[i] = fmt.Errorf("transfer: pull from %s: %w", addr, err)
@@ -105,15 +105,22 @@ func splitRuns(items []PullItem, idx []int, total int64, maxRuns int) [][]int {
 // errs. A pooled connection the server had closed fails before any reply byte: the
 // run is tried once more on a fresh one.
 func (c *Client) pullRun(ctx context.Context, addr string, items []PullItem, run []int, errs []error) {
-	g, err := c.enter(ctx, addr, items[run[0]].Fence)
-	if err != nil {
-		for _, i := range run {
-			errs[i] = err
+	var g *gate
+	var err error
+	if !allStaged(items, run) {
+		if g, err = c.enter(ctx, addr, items[run[0]].Fence); err != nil {
+			for _, i := range run {
+				errs[i] = err
+			}
+			return
 		}
-		return
 	}
 	var kind string
-	defer func() { c.leave(addr, g, kind, err) }()
+	defer func() {
+		if g != nil {
+			c.leave(addr, g, kind, err)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		if err = ctx.Err(); err != nil {
 			kind, err = metrics.TransferErrCanceled, fmt.Errorf("pull from %s (node %q): %w", addr, items[run[0]].Fence.SourceNode, err)
@@ -151,6 +158,16 @@ func (c *Client) pullRun(ctx context.Context, addr string, items []PullItem, run
 	}
 }
 
+// allStaged reports whether every item run names is a staged pull.
+func allStaged(items []PullItem, run []int) bool {
+	for _, i := range run {
+		if !items[i].Fence.Staged {
+			return false
+		}
+	}
+	return true
+}
+
 // failRun fails the items run names with err (of metrics kind kind).
 func (c *Client) failRun(run []int, errs []error, kind string, err error) {
 	for _, i := range run {
@@ -173,7 +190,11 @@ func (c *Client) pipelineOn(ctx context.Context, tc *net.TCPConn, addr string, i
 		buf = buf[:0]
 		for ; sent < upTo; sent++ {
 			it := items[run[sent]]
-			buf = appendRequest(buf, request{op: opPull, fence: it.Fence, offset: it.Offset, length: int64(len(it.Dst))})
+			op := byte(opPull)
+			if it.Fence.Staged {
+				op = opPullStaged
+			}
+			buf = appendRequest(buf, request{op: op, fence: it.Fence, offset: it.Offset, length: int64(len(it.Dst))})
 		}
 		tc.SetWriteDeadline(time.Now().Add(c.opts.ProgressTimeout))
 		if _, err := tc.Write(buf); err != nil {

@@ -36,8 +36,8 @@ func TestPullMany(t *testing.T) {
 	items[pipelineDepth].Fence.SourceGeneration++ // another incarnation
 	items[n-1].Offset++                           // outside its transfer's range
 	invalid := map[int]bool{3: true, 40: true}
-	items[3].Dst = nil            // no bytes
-	items[40].Fence.Staged = true // staged pulls are not pipelined
+	items[3].Dst = nil    // no bytes
+	items[40].Offset = -1 // a negative offset
 
 	for round := range 2 {
 		for i := range items {
@@ -173,6 +173,55 @@ func TestPullManyIdleClosed(t *testing.T) {
 	for j, err := range cl.PullMany(ctx, srv.Addr().String(), items) {
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled batch item %d: %v", j, err)
+		}
+	}
+}
+
+// slowStaged delays the staged opens of one transfer, as a source still reading its
+// chunk from SSD does.
+type slowStaged struct {
+	*testSource
+	id    int64
+	delay time.Duration
+}
+
+func (s slowStaged) Open(f Fence, off, n int64) ([]byte, func(), error) {
+	if f.Staged && f.TransferID == s.id {
+		time.Sleep(s.delay)
+	}
+	return s.testSource.Open(f, off, n)
+}
+
+// TestPullManyStaged: staged pulls go pipelined too, answered in order: a chunk the
+// source reads for longer than a WAIT interval delays the items after it but fails
+// none of them (the WAITs keep the progress deadline away), and a run of staged pulls
+// takes none of the peer's MaxPullsPerPeer slots.
+func TestPullManyStaged(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newTestSource(segment(t, mib, true))
+	srv := startServer(t, slowStaged{src, 2, 3 * waitInterval / 2}, ServerOptions{Secrets: sec})
+	cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: waitInterval * 5 / 4, MaxPullsPerPeer: 1})
+	addr := srv.Addr().String()
+	// A memory pull holds the peer's only slot meanwhile.
+	g, err := cl.enter(context.Background(), addr, Fence{SourceNode: src.node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.leave(addr, g, "", nil)
+	var items []PullItem
+	for i := range 5 {
+		off := int64(i) * 10_000
+		f := src.retain(int64(i+1), off, 9000)
+		f.Staged = true
+		items = append(items, PullItem{Fence: f, Offset: off, Dst: make([]byte, 9000)})
+	}
+	for i, err := range cl.PullMany(context.Background(), addr, items) {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+		if !bytes.Equal(items[i].Dst, src.seg[items[i].Offset:items[i].Offset+9000]) {
+			t.Fatalf("item %d: wrong bytes", i)
 		}
 	}
 }

@@ -31,6 +31,9 @@ func (*peerStub) SsdReplicaPersist(context.Context, *peer.SsdReplicaPersistReque
 func (*peerStub) SsdStageRead(context.Context, *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
 	return &peer.SsdStageReadResponse{Code: common.ErrorCode_OK}, nil
 }
+func (*peerStub) BatchSsdStageRead(context.Context, *peer.BatchSsdStageReadRequest) (*peer.BatchSsdStageReadResponse, error) {
+	return &peer.BatchSsdStageReadResponse{Code: common.ErrorCode_OK}, nil
+}
 func (*peerStub) InvalidateCachedInfo(context.Context, *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
 	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
 }

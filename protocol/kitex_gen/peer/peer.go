@@ -16,6 +16,10 @@ const (
 	STAGE_READY_CHUNKS = 8
 
 	STAGE_PULLS_IN_FLIGHT = 4
+
+	STAGE_BATCH_IN_FLIGHT = 16
+
+	STAGE_BATCH_ITEMS = 256
 )
 
 type SsdReplicaPersistRequest struct {
@@ -330,6 +334,82 @@ var fieldIDToName_SsdStageReadResponse = map[int16]string{
 	2: "message",
 	3: "done_holder_id",
 	4: "done_promoted",
+}
+
+type BatchSsdStageReadRequest struct {
+	Items []*SsdStageReadRequest `thrift:"items,1" frugal:"1,default,list<SsdStageReadRequest>" json:"items"`
+}
+
+func NewBatchSsdStageReadRequest() *BatchSsdStageReadRequest {
+	return &BatchSsdStageReadRequest{}
+}
+
+func (p *BatchSsdStageReadRequest) InitDefault() {
+}
+
+func (p *BatchSsdStageReadRequest) GetItems() (v []*SsdStageReadRequest) {
+	return p.Items
+}
+func (p *BatchSsdStageReadRequest) SetItems(val []*SsdStageReadRequest) {
+	p.Items = val
+}
+
+func (p *BatchSsdStageReadRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchSsdStageReadRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchSsdStageReadRequest = map[int16]string{
+	1: "items",
+}
+
+type BatchSsdStageReadResponse struct {
+	Code    common.ErrorCode        `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string                  `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*SsdStageReadResponse `thrift:"results,3" frugal:"3,default,list<SsdStageReadResponse>" json:"results"`
+}
+
+func NewBatchSsdStageReadResponse() *BatchSsdStageReadResponse {
+	return &BatchSsdStageReadResponse{}
+}
+
+func (p *BatchSsdStageReadResponse) InitDefault() {
+}
+
+func (p *BatchSsdStageReadResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchSsdStageReadResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchSsdStageReadResponse) GetResults() (v []*SsdStageReadResponse) {
+	return p.Results
+}
+func (p *BatchSsdStageReadResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchSsdStageReadResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchSsdStageReadResponse) SetResults(val []*SsdStageReadResponse) {
+	p.Results = val
+}
+
+func (p *BatchSsdStageReadResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchSsdStageReadResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchSsdStageReadResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
 }
 
 type InvalidateCachedInfoRequest struct {
@@ -682,6 +762,8 @@ type PeerService interface {
 
 	SsdStageRead(ctx context.Context, req *SsdStageReadRequest) (r *SsdStageReadResponse, err error)
 
+	BatchSsdStageRead(ctx context.Context, req *BatchSsdStageReadRequest) (r *BatchSsdStageReadResponse, err error)
+
 	InvalidateCachedInfo(ctx context.Context, req *InvalidateCachedInfoRequest) (r *InvalidateCachedInfoResponse, err error)
 
 	PullPut(ctx context.Context, req *PullPutRequest) (r *PullPutResponse, err error)
@@ -838,6 +920,82 @@ func (p *PeerServiceSsdStageReadResult) String() string {
 }
 
 var fieldIDToName_PeerServiceSsdStageReadResult = map[int16]string{
+	0: "success",
+}
+
+type PeerServiceBatchSsdStageReadArgs struct {
+	Req *BatchSsdStageReadRequest `thrift:"req,1" frugal:"1,default,BatchSsdStageReadRequest" json:"req"`
+}
+
+func NewPeerServiceBatchSsdStageReadArgs() *PeerServiceBatchSsdStageReadArgs {
+	return &PeerServiceBatchSsdStageReadArgs{}
+}
+
+func (p *PeerServiceBatchSsdStageReadArgs) InitDefault() {
+}
+
+var PeerServiceBatchSsdStageReadArgs_Req_DEFAULT *BatchSsdStageReadRequest
+
+func (p *PeerServiceBatchSsdStageReadArgs) GetReq() (v *BatchSsdStageReadRequest) {
+	if !p.IsSetReq() {
+		return PeerServiceBatchSsdStageReadArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *PeerServiceBatchSsdStageReadArgs) SetReq(val *BatchSsdStageReadRequest) {
+	p.Req = val
+}
+
+func (p *PeerServiceBatchSsdStageReadArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *PeerServiceBatchSsdStageReadArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServiceBatchSsdStageReadArgs(%+v)", *p)
+}
+
+var fieldIDToName_PeerServiceBatchSsdStageReadArgs = map[int16]string{
+	1: "req",
+}
+
+type PeerServiceBatchSsdStageReadResult struct {
+	Success *BatchSsdStageReadResponse `thrift:"success,0,optional" frugal:"0,optional,BatchSsdStageReadResponse" json:"success,omitempty"`
+}
+
+func NewPeerServiceBatchSsdStageReadResult() *PeerServiceBatchSsdStageReadResult {
+	return &PeerServiceBatchSsdStageReadResult{}
+}
+
+func (p *PeerServiceBatchSsdStageReadResult) InitDefault() {
+}
+
+var PeerServiceBatchSsdStageReadResult_Success_DEFAULT *BatchSsdStageReadResponse
+
+func (p *PeerServiceBatchSsdStageReadResult) GetSuccess() (v *BatchSsdStageReadResponse) {
+	if !p.IsSetSuccess() {
+		return PeerServiceBatchSsdStageReadResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *PeerServiceBatchSsdStageReadResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchSsdStageReadResponse)
+}
+
+func (p *PeerServiceBatchSsdStageReadResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *PeerServiceBatchSsdStageReadResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServiceBatchSsdStageReadResult(%+v)", *p)
+}
+
+var fieldIDToName_PeerServiceBatchSsdStageReadResult = map[int16]string{
 	0: "success",
 }
 

@@ -13,6 +13,7 @@ import (
 type Client interface {
 	SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest, callOptions ...callopt.Option) (r *peer.SsdReplicaPersistResponse, err error)
 	SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest, callOptions ...callopt.Option) (r *peer.SsdStageReadResponse, err error)
+	BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest, callOptions ...callopt.Option) (r *peer.BatchSsdStageReadResponse, err error)
 	InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error)
 	PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error)
 	ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest, callOptions ...callopt.Option) (r *peer.ReleaseHotSetResponse, err error)
@@ -55,6 +56,11 @@ func (p *kPeerServiceClient) SsdReplicaPersist(ctx context.Context, req *peer.Ss
 func (p *kPeerServiceClient) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest, callOptions ...callopt.Option) (r *peer.SsdStageReadResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.SsdStageRead(ctx, req)
+}
+
+func (p *kPeerServiceClient) BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest, callOptions ...callopt.Option) (r *peer.BatchSsdStageReadResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchSsdStageRead(ctx, req)
 }
 
 func (p *kPeerServiceClient) InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error) {

@@ -27,6 +27,13 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"BatchSsdStageRead": kitex.NewMethodInfo(
+		batchSsdStageReadHandler,
+		newPeerServiceBatchSsdStageReadArgs,
+		newPeerServiceBatchSsdStageReadResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 	"InvalidateCachedInfo": kitex.NewMethodInfo(
 		invalidateCachedInfoHandler,
 		newPeerServiceInvalidateCachedInfoArgs,
@@ -150,6 +157,24 @@ func newPeerServiceSsdStageReadResult() interface{} {
 	return peer.NewPeerServiceSsdStageReadResult()
 }
 
+func batchSsdStageReadHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.PeerServiceBatchSsdStageReadArgs)
+	realResult := result.(*peer.PeerServiceBatchSsdStageReadResult)
+	success, err := handler.(peer.PeerService).BatchSsdStageRead(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newPeerServiceBatchSsdStageReadArgs() interface{} {
+	return peer.NewPeerServiceBatchSsdStageReadArgs()
+}
+
+func newPeerServiceBatchSsdStageReadResult() interface{} {
+	return peer.NewPeerServiceBatchSsdStageReadResult()
+}
+
 func invalidateCachedInfoHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
 	realArg := arg.(*peer.PeerServiceInvalidateCachedInfoArgs)
 	realResult := result.(*peer.PeerServiceInvalidateCachedInfoResult)
@@ -229,6 +254,16 @@ func (p *kClient) SsdStageRead(ctx context.Context, req *peer.SsdStageReadReques
 	_args.Req = req
 	var _result peer.PeerServiceSsdStageReadResult
 	if err = p.c.Call(ctx, "SsdStageRead", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest) (r *peer.BatchSsdStageReadResponse, err error) {
+	var _args peer.PeerServiceBatchSsdStageReadArgs
+	_args.Req = req
+	var _result peer.PeerServiceBatchSsdStageReadResult
+	if err = p.c.Call(ctx, "BatchSsdStageRead", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil
