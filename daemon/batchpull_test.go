@@ -3,7 +3,9 @@ package daemon
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
@@ -175,5 +177,73 @@ func TestBatchRefillsPerSource(t *testing.T) {
 	}
 	if got := ssdReplicas(); got != replicas {
 		t.Errorf("n1 holds %d SSD replicas after failed pulls, %d before: a failed pull dropped its source", got, replicas)
+	}
+}
+
+// TestBatchRefillCorruptSource: a batch get through n2 of pages whose records on n1's
+// SSD are corrupt gets no holder for any of them (never other bytes): each failed read
+// drops that SSD replica (drop_ssd_source). The requester's pipelined pulls of items
+// whose refill already failed are answered at once (the stager remembers ended
+// refills), so the batch is not held a session wait per page.
+func TestBatchRefillCorruptSource(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	var keys []string
+	for i := range 16 {
+		k := fmt.Sprintf("page-%d", i)
+		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	for i := range 12 {
+		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	for _, f := range shardFiles(t, n) {
+		if err := os.Truncate(f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replicas := func() int64 {
+		st, err := n.c.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range st.Members {
+			if m.NodeId == "n1" {
+				return m.SsdReplicas
+			}
+		}
+		return -1
+	}
+	before := replicas()
+	start := time.Now()
+	hs, _, err := c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	for i, h := range hs {
+		if h != nil {
+			h.Release()
+			t.Errorf("%s: a holder from a corrupt record", keys[i])
+		}
+	}
+	t.Logf("batch of %d corrupt pages answered in %v", len(keys), took)
+	if took > 2*stageSessionWait { // a session wait per page in each pipeline: over 5 s
+		t.Errorf("batch of corrupt pages answered in %v: its pulls waited for sessions that had ended", took)
+	}
+	if after := replicas(); before-after < int64(len(keys)) {
+		t.Errorf("n1's SSD replicas %d -> %d after %d failed reads: want each dropped", before, after, len(keys))
+	}
+	for i, k := range keys { // the replicas were dropped: a miss now, not an SSD read
+		if h, err := c2.Get(k); err == nil {
+			h.Release()
+			t.Errorf("%s: a holder after its SSD replica was dropped", keys[i])
+		}
 	}
 }

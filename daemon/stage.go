@@ -77,12 +77,14 @@ type stager struct {
 	subFree  []int  // free sub-slot indexes (stage_slots.go)
 	subUsed  []int  // per slot: its sub-slots in use
 	sessions map[int64]*stageSession
+	ended    endedStages // sessions ended within stageSessionWait
 	changed  chan struct{} // closed and replaced when sessions or free change
 	closed   bool
 }
 
 func newStager(o *Owner, slots int) *stager {
-	st := &stager{o: o, metrics: o.opts.Metrics.Stage(), sessions: make(map[int64]*stageSession), changed: make(chan struct{})}
+	st := &stager{o: o, metrics: o.opts.Metrics.Stage(), sessions: make(map[int64]*stageSession), changed: make(chan struct{}),
+		ended: endedStages{errs: make(map[int64]error)}}
 	st.free = make([]int, slots)
 	st.subUsed = make([]int, slots)
 	for i := range st.free {
@@ -187,7 +189,34 @@ func (st *stager) end(s *stageSession, err error) {
 		}
 	}
 	delete(st.sessions, s.getID)
+	st.ended.add(s.getID, err, time.Now())
 	st.broadcastLocked()
+}
+
+// endedStages remembers the refills that ended in the last stageSessionWait, so a pull
+// that arrives after its refill ended (a batch's item whose read failed before its
+// turn in the requester's pipeline) is answered at once instead of waiting as long for
+// a session that will not come.
+type endedStages struct {
+	errs  map[int64]error // get id → why it ended
+	order []endedStage    // oldest first
+}
+
+type endedStage struct {
+	getID int64
+	at    time.Time
+}
+
+// add records get id's end (err) at now and forgets the ends older than
+// stageSessionWait.
+func (e *endedStages) add(getID int64, err error, now time.Time) {
+	n := 0
+	for n < len(e.order) && now.Sub(e.order[n].at) > stageSessionWait {
+		delete(e.errs, e.order[n].getID)
+		n++
+	}
+	e.order = append(e.order[n:], endedStage{getID, now})
+	e.errs[getID] = err
 }
 
 // failLocked records the session's end: waiting and later pulls get err.
@@ -280,6 +309,8 @@ func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
 		switch {
 		case st.closed:
 			return nil, nil, fmt.Errorf("%w: node %q is stopping", errStageEnded, st.o.opts.NodeID)
+		case s == nil && st.ended.errs[getID] != nil:
+			return nil, nil, fmt.Errorf("%w: the refill of get %d ended: %w", transfer.ErrFenced, getID, st.ended.errs[getID])
 		case s == nil:
 			wait = stageSessionWait - time.Since(start)
 			if wait <= 0 {

@@ -45,7 +45,16 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read of %d bytes: an item is at most one %d-byte chunk", it.Len, stageChunk)
 		default:
 			wait = max(wait, time.Duration(it.DeadlineMs)*time.Millisecond)
-			runs[i], errs[i] = o.beginStage(it)
+			if runs[i], errs[i] = o.beginStage(it); errs[i] != nil && it.GetId != 0 && o.stager != nil {
+				// Its pull, pipelined behind the others, is answered at once.
+				st := o.stager
+				st.mu.Lock()
+				if st.sessions[it.GetId] == nil {
+					st.ended.add(it.GetId, errs[i], time.Now())
+					st.broadcastLocked()
+				}
+				st.mu.Unlock()
+			}
 		}
 	}
 	var by time.Time // the requester's deadline bounds the whole call
