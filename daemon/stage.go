@@ -77,7 +77,7 @@ type stager struct {
 	subFree  []int  // free sub-slot indexes (stage_slots.go)
 	subUsed  []int  // per slot: its sub-slots in use
 	sessions map[int64]*stageSession
-	ended    endedStages // sessions ended within stageSessionWait
+	ended    endedStages   // sessions ended within stageSessionWait
 	changed  chan struct{} // closed and replaced when sessions or free change
 	closed   bool
 }
