@@ -56,7 +56,7 @@ func (o *Owner) stopDataPlane() {
 }
 
 // useSegment admits a peer call that reads or writes the segment outside an RPC call
-// (PullPut, SsdReplicaPersist); false once Stop is unmapping it. doneSegment ends it.
+// (PullPut, BatchSsdReplicaPersist); false once Stop is unmapping it. doneSegment ends it.
 func (o *Owner) useSegment() bool {
 	st := o.lock()
 	defer o.unlock()

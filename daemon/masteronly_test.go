@@ -139,9 +139,10 @@ func TestMasterOnlyCallsRefused(t *testing.T) {
 				}
 				return r.Code, r.Message, err
 			},
-			"SsdReplicaPersist": func() (common.ErrorCode, string, error) {
-				r, err := member.SsdReplicaPersist(ctx, &peer.SsdReplicaPersistRequest{Key: "victim-0", PutId: 1 << 62, Offset: 0, Len: 512 << 10,
-					Generation: m.Generation, SourceNodeId: "fake", SourceGeneration: 1, SourceDataAddr: fake.Addr().String(), MasterEpoch: epoch})
+			"BatchSsdReplicaPersist": func() (common.ErrorCode, string, error) {
+				r, err := member.BatchSsdReplicaPersist(ctx, &peer.BatchSsdReplicaPersistRequest{Items: []*peer.SsdReplicaPersistRequest{{
+					Key: "victim-0", PutId: 1 << 62, Offset: 0, Len: 512 << 10, Generation: m.Generation, SourceNodeId: "fake",
+					SourceGeneration: 1, SourceDataAddr: fake.Addr().String(), MasterEpoch: epoch}}})
 				if r == nil {
 					return 0, "", err
 				}

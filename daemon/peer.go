@@ -79,17 +79,30 @@ func newPeerHandler(o *Owner) *peerHandler {
 
 var _ peer.PeerService = (*peerHandler)(nil)
 
-// SsdReplicaPersist writes a fresh memory replica to the local SSD ring and commits it.
-func (h *peerHandler) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
-	resp := &peer.SsdReplicaPersistResponse{}
-	err := h.masterOnly(ctx, "SsdReplicaPersist")
-	if err == nil {
-		err = h.o.admit(req.MasterEpoch)
+// BatchSsdReplicaPersist writes fresh memory replicas to the local SSD ring and commits
+// them (persist.go).
+func (h *peerHandler) BatchSsdReplicaPersist(ctx context.Context, req *peer.BatchSsdReplicaPersistRequest) (*peer.BatchSsdReplicaPersistResponse, error) {
+	resp := &peer.BatchSsdReplicaPersistResponse{}
+	err := h.masterOnly(ctx, "BatchSsdReplicaPersist")
+	admitted := int64(-1)
+	for _, it := range req.Items { // one master's call: every item carries its epoch
+		if err != nil {
+			break
+		}
+		if it != nil && it.MasterEpoch != admitted {
+			admitted, err = it.MasterEpoch, h.o.admit(it.MasterEpoch)
+		}
 	}
+	var errs []error
 	if err == nil {
-		err = h.o.persist(req)
+		errs, err = h.o.persistMany(req.Items)
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)
+	for _, e := range errs {
+		r := &peer.SsdReplicaPersistResponse{}
+		r.Code, r.Message = wire.ToResponse(e)
+		resp.Results = append(resp.Results, r)
+	}
 	return resp, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
+	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
@@ -21,14 +22,137 @@ func (o *Owner) ssdInfo() *mp.KvSsdStorageInfo {
 	return &mp.KvSsdStorageInfo{Enabled: true, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes}
 }
 
-// persist writes the memory replica of key@putID to the local SSD ring and commits it
-// at the master; the commit pin keeps the SSD entry from being overwritten until the
-// master answered. The master keeps the memory range alive meanwhile. A replica on
-// another owner (the SSD pool, docs/architecture.md §10) is pulled over the data plane straight into
-// the SSD record's buffer first.
-func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
+// persistMany serves BatchSsdReplicaPersist (docs/architecture.md §4 put step 3): it writes
+// each item's memory replica to the local SSD ring (values of its own segment in write
+// runs of up to ssd.PersistRunBytes, one IO each; PERSIST_BATCH_IN_FLIGHT runs or pulled
+// values at a time) and commits the written ones with one master BatchSsdReplicaCommit; a commit pin keeps each
+// SSD entry from being overwritten until the master answered. The master keeps the memory
+// ranges alive meanwhile. A replica on another owner (the SSD pool, docs/architecture.md §10)
+// is pulled over the data plane straight into its SSD record's buffer first. It returns
+// one answer per item (nil: persisted and published, or the version died meanwhile and
+// the entry was dropped), or err for the whole call.
+func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, error) {
+	if n := len(items); n > int(peer.PERSIST_BATCH_ITEMS) {
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "batch persist of %d values, at most %d", n, peer.PERSIST_BATCH_ITEMS)
+	}
 	if o.store == nil {
-		return errCode(common.ErrorCode_UNAVAILABLE, "this owner has no SSD tier")
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "this owner has no SSD tier")
+	}
+	if !o.useSegment() {
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
+	}
+	defer o.doneSegment()
+	epoch := o.regEpoch()
+	errs := make([]error, len(items))
+	pins := make([]ssd.CommitPin, len(items))
+	written := make([]bool, len(items))
+	jobs := o.persistJobs(items, errs)
+	workers.ForEach(len(jobs), int(peer.PERSIST_BATCH_IN_FLIGHT), func(j int) {
+		job := jobs[j]
+		if req := items[job[0]]; !o.isLocalSource(req) {
+			pins[job[0]], errs[job[0]] = o.persistPulled(req)
+		} else {
+			batch := make([]ssd.PersistItem, len(job))
+			for k, i := range job {
+				batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len]}
+			}
+			ps, es := o.store.PersistMany(batch)
+			for k, i := range job {
+				pins[i], errs[i] = ps[k], es[k]
+				if errs[i] != nil {
+					errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", errs[i])
+				}
+			}
+		}
+		for _, i := range job {
+			written[i] = errs[i] == nil
+		}
+	})
+	defer func() {
+		for i, ok := range written {
+			if ok {
+				pins[i].Release()
+			}
+		}
+	}()
+	var commit []*mp.SsdReplicaCommitItem
+	var at []int // commit[j] is items[at[j]]
+	for i, ok := range written {
+		if ok {
+			commit = append(commit, &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len})
+			at = append(at, i)
+		}
+	}
+	if len(commit) == 0 {
+		return errs, nil
+	}
+	forget := func(err error) ([]error, error) {
+		for _, i := range at {
+			o.store.Forget(items[i].Key, items[i].PutId)
+			errs[i] = err
+		}
+		return errs, nil
+	}
+	if o.regEpoch() != epoch {
+		// The owner registered with another master while the replicas were read: that
+		// master never retained the source ranges for these persists and may have handed
+		// them out meanwhile, so the bytes read may not be the values'.
+		return forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD persist"))
+	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.cl().BatchSsdReplicaCommit(ctx, &mp.BatchSsdReplicaCommitRequest{Node: o.master.ref, Items: commit})
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		// The master may not know these entries: keep none it might not know (a later
+		// delete would not reach it, and a restarted master would adopt them). If the
+		// commit did land, a get finds the entry gone and drops that replica.
+		return forget(err)
+	}
+	if len(resp.Published) != len(commit) {
+		return forget(errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d SSD commits", len(resp.Published), len(commit)))
+	}
+	for j, i := range at {
+		if !resp.Published[j] {
+			// The version died while it was written (deleted, overwritten, node tombed):
+			// the entry must not hold ring space nor count as used.
+			o.store.Forget(items[i].Key, items[i].PutId)
+		}
+	}
+	return errs, nil
+}
+
+// persistJobs checks each item (errs[i] set for those refused) and groups the others:
+// a job is the items of one local write run (consecutive items of this owner's
+// segment, up to ssd.PersistRunBytes) or one item on another owner, pulled alone.
+func (o *Owner) persistJobs(items []*peer.SsdReplicaPersistRequest, errs []error) [][]int {
+	var jobs [][]int
+	run, runBytes := -1, int64(0) // the open local run's job, its bytes
+	for i, req := range items {
+		if errs[i] = o.checkPersist(req); errs[i] != nil {
+			continue
+		}
+		if !o.isLocalSource(req) {
+			jobs = append(jobs, []int{i})
+			continue
+		}
+		if run < 0 || runBytes+req.Len > ssd.PersistRunBytes {
+			jobs, run, runBytes = append(jobs, nil), len(jobs), 0
+		}
+		jobs[run] = append(jobs[run], i)
+		runBytes += req.Len
+	}
+	return jobs
+}
+
+// isLocalSource reports whether req's memory replica is in this owner's segment.
+func (o *Owner) isLocalSource(req *peer.SsdReplicaPersistRequest) bool {
+	return req.SourceNodeId == "" || req.SourceNodeId == o.opts.NodeID
+}
+
+// checkPersist refuses a persist item this owner cannot serve.
+func (o *Owner) checkPersist(req *peer.SsdReplicaPersistRequest) error {
+	if req == nil {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "batch persist: an item is empty")
 	}
 	if req.Generation != o.generation {
 		return errCode(common.ErrorCode_STALE_GENERATION, "persist for generation %d, this owner is %d", req.Generation, o.generation)
@@ -36,56 +160,30 @@ func (o *Owner) persist(req *peer.SsdReplicaPersistRequest) error {
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return err
 	}
-	if !o.useSegment() {
-		return errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
-	}
-	defer o.doneSegment()
-	epoch := o.regEpoch()
-	var pin ssd.CommitPin
-	var err error
-	if req.SourceNodeId == "" || req.SourceNodeId == o.opts.NodeID {
+	if o.isLocalSource(req) {
 		if req.Offset < 0 || req.Len <= 0 || req.Offset+req.Len > o.seg.Size() {
 			return errCode(common.ErrorCode_INVALID_ARGUMENT, "range [%d,+%d) outside the segment", req.Offset, req.Len)
 		}
-		pin, err = o.store.Persist(req.Key, req.PutId, o.seg.Bytes()[req.Offset:req.Offset+req.Len])
-	} else {
-		if c := o.store.Stats().CapacityBytes; req.Offset < 0 || req.Len <= 0 || req.Len > c {
-			return errCode(common.ErrorCode_INVALID_ARGUMENT, "persist of [%d,+%d) from node %q: this SSD tier holds %d bytes", req.Offset, req.Len, req.SourceNodeId, c)
-		}
-		f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
-		ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
-		pin, err = o.store.PersistFrom(req.Key, req.PutId, req.Len, func(dst []byte) error {
-			return o.puller.Pull(ctx, req.SourceDataAddr, f, req.Offset, dst)
-		})
-		cancel()
-	}
-	if err != nil {
-		return errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
-	}
-	defer pin.Release()
-	if o.regEpoch() != epoch {
-		// The owner registered with another master while the replica was read: that
-		// master never retained the source range for this persist and may have handed
-		// it out meanwhile, so the bytes read may not be the value's.
-		o.store.Forget(req.Key, req.PutId)
-		return errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD persist")
-	}
-	ctx, cancel := o.master.ctx()
-	defer cancel()
-	resp, err := o.master.cl().SsdReplicaCommit(ctx, &mp.SsdReplicaCommitRequest{Node: o.master.ref, Key: req.Key, PutId: req.PutId, Len: req.Len})
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		// The master may not know this entry: keep none it might not know (a later
-		// delete would not reach it, and a restarted master would adopt it). If the
-		// commit did land, a get finds the entry gone and drops that replica.
-		o.store.Forget(req.Key, req.PutId)
-		return err
-	}
-	if !resp.Published {
-		// The version died while it was written (deleted, overwritten, node tombed):
-		// the entry must not hold ring space nor count as used.
-		o.store.Forget(req.Key, req.PutId)
+	} else if c := o.store.Stats().CapacityBytes; req.Offset < 0 || req.Len <= 0 || req.Len > c {
+		return errCode(common.ErrorCode_INVALID_ARGUMENT, "persist of [%d,+%d) from node %q: this SSD tier holds %d bytes", req.Offset, req.Len, req.SourceNodeId, c)
 	}
 	return nil
+}
+
+// persistPulled writes the SSD record of a value whose memory replica is on another
+// owner (the SSD pool), pulled over the data plane straight into the record's buffer;
+// the pin is valid when err is nil.
+func (o *Owner) persistPulled(req *peer.SsdReplicaPersistRequest) (ssd.CommitPin, error) {
+	f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
+	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
+	defer cancel()
+	pin, err := o.store.PersistFrom(req.Key, req.PutId, req.Len, func(dst []byte) error {
+		return o.puller.Pull(ctx, req.SourceDataAddr, f, req.Offset, dst)
+	})
+	if err != nil {
+		return ssd.CommitPin{}, errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
+	}
+	return pin, nil
 }
 
 // forwardEvictions reports SSD ring evictions to the master in the storage's batches.

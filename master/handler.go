@@ -6,6 +6,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -234,11 +235,29 @@ func (h *handler) Exists(ctx context.Context, req *mp.ExistsRequest) (*mp.Exists
 	return resp, nil
 }
 
-func (h *handler) SsdReplicaCommit(ctx context.Context, req *mp.SsdReplicaCommitRequest) (*mp.SsdReplicaCommitResponse, error) {
-	resp := &mp.SsdReplicaCommitResponse{}
-	err := h.s.withState(func(st *State) (err error) {
-		resp.Published, err = st.SsdReplicaCommit(ref(req.Node), req.Key, req.PutId, req.Len)
-		return err
+// BatchSsdReplicaCommit publishes the SSD records of one BatchSsdReplicaPersist, under one
+// hold of the State.
+func (h *handler) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdReplicaCommitRequest) (*mp.BatchSsdReplicaCommitResponse, error) {
+	resp := &mp.BatchSsdReplicaCommitResponse{}
+	if len(req.Items) > int(peer.PERSIST_BATCH_ITEMS) {
+		resp.Code, resp.Message = wire.ToResponse(wire.Errorf(common.ErrorCode_INVALID_ARGUMENT,
+			"%d SSD commits in one call; at most %d", len(req.Items), peer.PERSIST_BATCH_ITEMS))
+		return resp, nil
+	}
+	err := h.s.withState(func(st *State) error {
+		resp.Published = make([]bool, len(req.Items))
+		for i, it := range req.Items {
+			if it == nil {
+				continue
+			}
+			ok, err := st.SsdReplicaCommit(ref(req.Node), it.Key, it.PutId, it.Len)
+			if err != nil {
+				resp.Published = nil
+				return err
+			}
+			resp.Published[i] = ok
+		}
+		return nil
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil

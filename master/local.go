@@ -108,8 +108,8 @@ func (c localClient) Exists(ctx context.Context, req *mp.ExistsRequest, _ ...cal
 	return local(c.h, ctx, "Exists", req, c.h.Exists)
 }
 
-func (c localClient) SsdReplicaCommit(ctx context.Context, req *mp.SsdReplicaCommitRequest, _ ...callopt.Option) (*mp.SsdReplicaCommitResponse, error) {
-	return local(c.h, ctx, "SsdReplicaCommit", req, c.h.SsdReplicaCommit)
+func (c localClient) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdReplicaCommitRequest, _ ...callopt.Option) (*mp.BatchSsdReplicaCommitResponse, error) {
+	return local(c.h, ctx, "BatchSsdReplicaCommit", req, c.h.BatchSsdReplicaCommit)
 }
 
 func (c localClient) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdReplicaEvictRequest, _ ...callopt.Option) (*mp.BatchSsdReplicaEvictResponse, error) {

@@ -30,14 +30,15 @@ type Options struct {
 	// of SSD-hit gets).
 	MaxPromotions int
 	NoPromotion   bool
-	// PersistWorkers bounds concurrent SsdReplicaPersist calls; PersistQueue bounds the
+	// PersistWorkers bounds concurrent BatchSsdReplicaPersist calls; PersistQueue bounds the
 	// persists waiting for a worker (a put whose persist finds the queue full is not
-	// persisted). Defaults 32 and 1024: a persist is one call and one SSD write, so a
-	// fast put stream needs many in flight (issue 28: on the conversation trace replayed
-	// as fast as possible, 4 workers left 70 % of the values memory-only).
+	// persisted). Defaults 32 and 1024: a call takes the values queued for its owner (up
+	// to PERSIST_BATCH_ITEMS), whose SSD writes run 8 at a time, so a fast put stream
+	// needs calls in flight (issue 28: on the conversation trace replayed as fast as
+	// possible, 4 workers of single-value calls left 70 % of the values memory-only).
 	PersistWorkers int
 	PersistQueue   int
-	// PersistTimeout bounds one SsdReplicaPersist call to a live owner (an SSD write of
+	// PersistTimeout bounds one BatchSsdReplicaPersist call to a live owner (an SSD write of
 	// a 16 MiB value may take a while). Default 30s. A dead owner's call fails much
 	// sooner (PeerConnectTimeout), and the calls of an owner that is tombed meanwhile
 	// are cancelled.
@@ -98,7 +99,7 @@ type Options struct {
 	// who reaches the port can call the master. Owners must run insecure too.
 	InsecureCluster bool
 	// MasterKey proves this master to owners on every connection it opens to their peer
-	// ports (docs/architecture.md §11): owners answer master-only calls (PullPut, SsdReplicaPersist,
+	// ports (docs/architecture.md §11): owners answer master-only calls (PullPut, BatchSsdReplicaPersist,
 	// InvalidateCachedInfo, ReleaseHotSet) only on such a connection, checked against
 	// their accepted public keys. nil: its connections are a member's, and owners that
 	// check refuse those calls (fluxkv master refuses to start without one).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,9 +24,9 @@ import (
 
 // fakePeer is an owner's PeerService that records what the master sends it.
 type fakePeer struct {
-	persistDelay time.Duration // each SsdReplicaPersist takes this long
+	persistDelay time.Duration // each BatchSsdReplicaPersist call takes this long
 	invalDelay   time.Duration // each InvalidateCachedInfo takes this long
-	block        chan struct{} // when set, SsdReplicaPersist waits until it is closed
+	block        chan struct{} // when set, BatchSsdReplicaPersist waits until it is closed
 	// pull, when set, answers PullPut; else PullPut answers OK at once. Set it before
 	// the server runs, or later with setPull.
 	pull      func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
@@ -34,7 +35,8 @@ type fakePeer struct {
 	// ReleaseHotSet answers OK at once, releasing nothing.
 	hotSet func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse
 
-	persistCalls   atomic.Int64
+	persistCalls   atomic.Int64 // BatchSsdReplicaPersist calls
+	persistItems   atomic.Int64 // values in them
 	persistRunning atomic.Int64
 	persistMaxRun  atomic.Int64
 	invalCalls     atomic.Int64
@@ -50,8 +52,9 @@ func (f *fakePeer) setPull(pull func(ctx context.Context, req *peer.PullPutReque
 	f.mu.Unlock()
 }
 
-func (f *fakePeer) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
+func (f *fakePeer) BatchSsdReplicaPersist(ctx context.Context, req *peer.BatchSsdReplicaPersistRequest) (*peer.BatchSsdReplicaPersistResponse, error) {
 	f.persistCalls.Add(1)
+	f.persistItems.Add(int64(len(req.Items)))
 	n := f.persistRunning.Add(1)
 	defer f.persistRunning.Add(-1)
 	for {
@@ -64,7 +67,15 @@ func (f *fakePeer) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPe
 		<-f.block
 	}
 	time.Sleep(f.persistDelay)
-	return &peer.SsdReplicaPersistResponse{Code: common.ErrorCode_OK}, nil
+	resp := &peer.BatchSsdReplicaPersistResponse{Code: common.ErrorCode_OK}
+	for _, it := range req.Items {
+		r := &peer.SsdReplicaPersistResponse{Code: common.ErrorCode_OK}
+		if strings.HasPrefix(it.Key, "fail-") {
+			r.Code, r.Message = common.ErrorCode_UNAVAILABLE, "fake: this record could not be written"
+		}
+		resp.Results = append(resp.Results, r)
+	}
+	return resp, nil
 }
 
 func (f *fakePeer) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
@@ -577,6 +588,57 @@ func TestPersistTombedOwnerSkipped(t *testing.T) {
 	if n := stuck.persistCalls.Load(); n != 1 {
 		t.Errorf("the tombed owner got %d persist calls; 1 was running, the rest should be skipped", n)
 	}
+}
+
+// Persists queued for one owner while its call runs go in the next call together, and each
+// value's outcome is its own: a value the owner could not write ends failed (dropped,
+// memory-only) beside the others of its call, which persist.
+func TestPersistBatchesQueuedValues(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, PersistWorkers: 2}) // one call per owner at once
+	owner := &fakePeer{block: make(chan struct{})}
+	ref := registerOwner(t, srv, "o", startFakePeer(t, s, owner))
+
+	first := putPersisted(t, srv, ref, "v-first")
+	var rest []*PersistTask
+	for i := range 40 {
+		key := fmt.Sprintf("v%d", i)
+		if i%10 == 3 {
+			key = fmt.Sprintf("fail-%d", i)
+		}
+		rest = append(rest, putPersisted(t, srv, ref, key))
+	}
+	log := watchPersists(srv, 1+len(rest))
+	srv.persist.submit(first)
+	for owner.persistCalls.Load() == 0 { // the first value's call runs, blocked
+		time.Sleep(time.Millisecond)
+	}
+	for _, task := range rest {
+		srv.persist.submit(task)
+	}
+	close(owner.block)
+	ended := log.wait(t, 10*time.Second)
+	if c, n := owner.persistCalls.Load(), owner.persistItems.Load(); c != 2 || n != 41 {
+		t.Errorf("%d calls of %d values; want the 40 queued behind the first in one call (2 calls, 41 values)", c, n)
+	}
+	failed := 0
+	for _, task := range append(rest, first) {
+		e := ended[task.PutID]
+		if want := strings.HasPrefix(task.Key, "fail-"); (e.err != nil) != want {
+			t.Errorf("persist %s ended with %v; want failed %v", task.Key, e.err, want)
+		}
+		if e.err != nil {
+			failed++
+		}
+	}
+	srv.Inspect(func(st *State) {
+		if n := st.PendingPersists(); n != 0 {
+			t.Errorf("%d persists still pending", n)
+		}
+		if c := st.persistCount("o"); c.asked != 41 || c.dropped != int64(failed) || failed != 4 {
+			t.Errorf("persists asked %d dropped %d (failed %d); want 41, 4, 4", c.asked, c.dropped, failed)
+		}
+	})
 }
 
 func TestPersistOptionsValidate(t *testing.T) {

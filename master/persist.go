@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -24,7 +25,8 @@ type pendingPersist struct {
 	ssdNode *node
 }
 
-// PersistTask is an SsdReplicaPersist call for the server to make after PutDone: node
+// PersistTask is a persist for the server to make after PutDone (an item of a
+// BatchSsdReplicaPersist call): node
 // NodeID persists the value whose memory replica is at Offset of SourceNodeID's
 // segment (empty: its own).
 type PersistTask struct {
@@ -135,17 +137,21 @@ var (
 // it has work for: their queued persists end at once, running ones are cancelled.
 const persistWatchInterval = 100 * time.Millisecond
 
-// persister runs SsdReplicaPersist calls after PutDone (docs/architecture.md §4 put step 3) on
-// PersistWorkers workers; at most PersistWorkersPerNode of them work for one owner
-// incarnation at once, and owners with work are served round robin, so one slow or
-// dead owner never occupies every worker (docs/architecture.md §10 "Death and fencing"). A call to
-// a dead owner fails within PeerConnectTimeout (twice it with authentication); a live
-// owner's call may take up to PersistTimeout. Every task ends with State.PersistDone,
-// whatever the outcome: done, failed, skipped (owner tombed), queue full or master
-// stopping.
+// persister runs the persists PutDone asks for (docs/architecture.md §4 put step 3) as
+// BatchSsdReplicaPersist calls on PersistWorkers workers: a worker takes every task queued
+// for one owner incarnation, up to PERSIST_BATCH_ITEMS and persistBatchBytes (at least
+// one), so a put stream faster than single persists becomes fewer, larger calls, and a
+// light one still persists each value at once. At most PersistWorkersPerNode calls run
+// for one owner incarnation at once, and owners with work are served round robin, so one
+// slow or dead owner never occupies every worker (docs/architecture.md §10 "Death and
+// fencing"). A call to a dead owner fails within PeerConnectTimeout (twice it with
+// authentication); a live owner's call may take up to PersistTimeout. Every task ends
+// with State.PersistDone, whatever the outcome: done, failed, skipped (owner tombed),
+// queue full or master stopping.
 type persister struct {
 	s        *Server
 	log      zerolog.Logger
+	fullLog  zerolog.Logger // queue-full drops: at most one line a second
 	timeout  time.Duration
 	perNode  int
 	queueCap int
@@ -170,11 +176,18 @@ type persistNodeKey struct {
 	gen int64
 }
 
-// persistNode is one owner incarnation's queued and running persists.
+// persistNode is one owner incarnation's queued persists and running calls.
 type persistNode struct {
 	tasks   []*PersistTask
-	running map[*PersistTask]*persistCall
+	running map[*persistBatch]*persistCall
 }
+
+// persistBatch is the tasks of one BatchSsdReplicaPersist call.
+type persistBatch struct{ tasks []*PersistTask }
+
+// persistBatchBytes bounds the values of one call (a first value larger than it goes alone),
+// so that a call of large values ends well within PersistTimeout.
+const persistBatchBytes = 64 << 20
 
 type persistCall struct {
 	cancel        context.CancelCauseFunc
@@ -183,7 +196,7 @@ type persistCall struct {
 
 // newPersister starts the workers.
 func newPersister(s *Server) *persister {
-	p := &persister{s: s, log: *s.opts.Logger, timeout: s.opts.PersistTimeout, perNode: s.opts.PersistWorkersPerNode,
+	p := &persister{s: s, log: *s.opts.Logger, fullLog: s.opts.Logger.Sample(&zerolog.BurstSampler{Burst: 1, Period: time.Second}), timeout: s.opts.PersistTimeout, perNode: s.opts.PersistWorkersPerNode,
 		queueCap: s.opts.PersistQueue, nodes: make(map[persistNodeKey]*persistNode), stop: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	for i := 0; i < s.opts.PersistWorkers; i++ {
@@ -208,13 +221,13 @@ func (p *persister) submit(t *PersistTask) {
 			err = errPersistQueueFull
 		}
 		p.mu.Unlock()
-		p.end([]*PersistTask{t}, err)
+		p.endAll([]*PersistTask{t}, err)
 		return
 	}
 	k := persistNodeKey{id: t.NodeID, gen: t.Generation}
 	n := p.nodes[k]
 	if n == nil {
-		n = &persistNode{running: make(map[*PersistTask]*persistCall)}
+		n = &persistNode{running: make(map[*persistBatch]*persistCall)}
 		p.nodes[k] = n
 		p.order = append(p.order, k)
 	}
@@ -227,18 +240,17 @@ func (p *persister) submit(t *PersistTask) {
 func (p *persister) worker() {
 	defer p.wg.Done()
 	for {
-		t, k, ctx, ok := p.next()
+		b, k, ctx, ok := p.next()
 		if !ok {
 			return
 		}
-		err := p.run(ctx, t)
-		p.end([]*PersistTask{t}, err)
+		p.end(b.tasks, p.run(ctx, b.tasks))
 		p.mu.Lock()
 		if n := p.nodes[k]; n != nil {
-			if c := n.running[t]; c != nil {
+			if c := n.running[b]; c != nil {
 				c.cancelTimeout()
 				c.cancel(nil)
-				delete(n.running, t)
+				delete(n.running, b)
 			}
 			p.dropIfIdleLocked(k)
 		}
@@ -247,9 +259,10 @@ func (p *persister) worker() {
 	}
 }
 
-// next waits for a task whose owner has a free slot, round robin over owners, and
+// next waits for tasks of an owner with a free slot, round robin over owners, takes a
+// batch of them (the queue's head, up to PERSIST_BATCH_ITEMS and persistBatchBytes) and
 // marks it running. It returns false once the persister is closed.
-func (p *persister) next() (*PersistTask, persistNodeKey, context.Context, bool) {
+func (p *persister) next() (*persistBatch, persistNodeKey, context.Context, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for !p.closed {
@@ -260,15 +273,20 @@ func (p *persister) next() (*PersistTask, persistNodeKey, context.Context, bool)
 			if len(n.tasks) == 0 || len(n.running) >= p.perNode {
 				continue
 			}
-			t := n.tasks[0]
-			n.tasks[0] = nil
-			n.tasks = n.tasks[1:]
-			p.queued--
+			take, bytes := 0, int64(0)
+			for take < len(n.tasks) && take < int(peer.PERSIST_BATCH_ITEMS) && (take == 0 || bytes+n.tasks[take].Len <= persistBatchBytes) {
+				bytes += n.tasks[take].Len
+				take++
+			}
+			b := &persistBatch{tasks: slices.Clone(n.tasks[:take])}
+			clear(n.tasks[:take])
+			n.tasks = n.tasks[take:]
+			p.queued -= take
 			base, cancel := context.WithCancelCause(context.Background())
 			ctx, cancelTimeout := context.WithTimeout(base, p.timeout)
-			n.running[t] = &persistCall{cancel: cancel, cancelTimeout: cancelTimeout}
+			n.running[b] = &persistCall{cancel: cancel, cancelTimeout: cancelTimeout}
 			p.rr = j + 1
-			return t, k, ctx, true
+			return b, k, ctx, true
 		}
 		p.cond.Wait()
 	}
@@ -289,54 +307,93 @@ func (p *persister) dropIfIdleLocked(k persistNodeKey) {
 	}
 }
 
-// run makes one SsdReplicaPersist call, unless its owner incarnation is gone.
-func (p *persister) run(ctx context.Context, t *PersistTask) error {
+// run makes one BatchSsdReplicaPersist call for tasks (all of one owner incarnation),
+// unless that incarnation is gone; it returns each task's outcome.
+func (p *persister) run(ctx context.Context, tasks []*PersistTask) []error {
+	all := func(err error) []error { return sameErr(len(tasks), err) }
+	t := tasks[0]
 	live := false
 	p.s.locked(func(st *State) error { live = liveOwnerLocked(st, t.NodeID, t.Generation, ""); return nil })
 	if !live {
-		return errNodeGone
+		return all(errNodeGone)
 	}
 	c, callOpts, err := p.s.peers.GetNode(t.NodeID, t.PeerAddr)
 	if err != nil {
-		return err
+		return all(err)
 	}
-	resp, err := c.SsdReplicaPersist(ctx, &peer.SsdReplicaPersistRequest{Key: t.Key, PutId: t.PutID,
-		Offset: t.Offset, Len: t.Len, Generation: t.Generation, SourceNodeId: t.SourceNodeID,
-		SourceGeneration: t.SourceGeneration, SourceDataAddr: t.SourceDataAddr, MasterEpoch: p.s.epoch}, callOpts...)
+	req := &peer.BatchSsdReplicaPersistRequest{Items: make([]*peer.SsdReplicaPersistRequest, len(tasks))}
+	for i, t := range tasks {
+		req.Items[i] = &peer.SsdReplicaPersistRequest{Key: t.Key, PutId: t.PutID, Offset: t.Offset, Len: t.Len,
+			Generation: t.Generation, SourceNodeId: t.SourceNodeID, SourceGeneration: t.SourceGeneration,
+			SourceDataAddr: t.SourceDataAddr, MasterEpoch: p.s.epoch}
+	}
+	resp, err := c.BatchSsdReplicaPersist(ctx, req, callOpts...)
 	if err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, errNodeGone) || errors.Is(cause, errMasterStopping) {
-			return cause
+			return all(cause)
 		}
-		return err
+		return all(err)
 	}
-	return wire.FromResponse(resp.Code, resp.Message)
+	if err := wire.FromResponse(resp.Code, resp.Message); err != nil {
+		return all(err)
+	}
+	if len(resp.Results) != len(tasks) {
+		return all(fmt.Errorf("owner %s answered %d of %d SSD persists", t.NodeID, len(resp.Results), len(tasks)))
+	}
+	errs := make([]error, len(tasks))
+	for i, r := range resp.Results {
+		if r == nil {
+			errs[i] = fmt.Errorf("owner %s sent no answer for the SSD persist of %q", t.NodeID, tasks[i].Key)
+			continue
+		}
+		errs[i] = wire.FromResponse(r.Code, r.Message)
+	}
+	return errs
 }
 
-// end ends tasks with PersistDone (one lock) and logs why they did not persist.
-func (p *persister) end(tasks []*PersistTask, err error) {
+// end ends tasks with PersistDone (one lock) and logs why they did not persist: errs[i]
+// is task i's outcome (nil: persisted).
+func (p *persister) end(tasks []*PersistTask, errs []error) {
 	if len(tasks) == 0 {
 		return
 	}
 	p.s.locked(func(st *State) error {
-		for _, t := range tasks {
-			st.PersistDone(t.PutID, err == nil)
+		for i, t := range tasks {
+			st.PersistDone(t.PutID, errs[i] == nil)
 		}
 		return nil
 	})
-	for _, t := range tasks {
-		switch {
+	full := 0
+	for i, t := range tasks {
+		switch err := errs[i]; {
 		case err == nil:
 		case errors.Is(err, errNodeGone) || errors.Is(err, errMasterStopping):
 			p.log.Debug().Err(err).Str("key", t.Key).Int64("put_id", t.PutID).Str("node", t.NodeID).Msg("SSD persist skipped")
 		case errors.Is(err, errPersistQueueFull):
-			p.log.Warn().Str("key", t.Key).Str("node", t.NodeID).Msg("SSD persist queue full; value stays memory-only")
+			full++
 		default:
 			p.log.Warn().Err(err).Str("key", t.Key).Int64("put_id", t.PutID).Str("node", t.NodeID).Msg("SSD persist failed; the put stays memory-only")
 		}
 		if p.testDone != nil {
-			p.testDone(t, err)
+			p.testDone(t, errs[i])
 		}
 	}
+	if full > 0 {
+		p.fullLog.Warn().Int("values", full).Str("node", tasks[0].NodeID).
+			Msg("SSD persist queue full; values stay memory-only (at most one line a second; ssd_persists_dropped counts them)")
+	}
+}
+
+// endAll ends tasks that share one outcome.
+func (p *persister) endAll(tasks []*PersistTask, err error) { p.end(tasks, sameErr(len(tasks), err)) }
+
+// sameErr is n outcomes, each err.
+func sameErr(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
 }
 
 // watch ends the queued persists of owners tombed meanwhile and cancels their running
@@ -385,7 +442,7 @@ func (p *persister) watch() {
 			p.dropIfIdleLocked(k)
 		}
 		p.mu.Unlock()
-		p.end(skipped, errNodeGone)
+		p.endAll(skipped, errNodeGone)
 	}
 }
 
@@ -404,7 +461,7 @@ func (p *persister) close(wait time.Duration) {
 	p.cond.Broadcast()
 	p.mu.Unlock()
 	close(p.stop)
-	p.end(queued, errMasterStopping)
+	p.endAll(queued, errMasterStopping)
 
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()

@@ -224,21 +224,28 @@ struct ExistsResponse {
   3: bool exists,
 }
 
-struct SsdReplicaCommitRequest {
-  1: NodeRef node,
-  2: string key,
-  3: i64 put_id,
-  4: i64 len,
+// One SSD record an owner wrote for a BatchSsdReplicaPersist.
+struct SsdReplicaCommitItem {
+  1: string key,
+  2: i64 put_id,
+  3: i64 len,
 }
 
-// OK whether the commit was published or ignored (stale put_id, replica gone, node tombed).
-struct SsdReplicaCommitResponse {
+// The records of one BatchSsdReplicaPersist, committed together (at most
+// peer.PERSIST_BATCH_ITEMS).
+struct BatchSsdReplicaCommitRequest {
+  1: NodeRef node,
+  2: list<SsdReplicaCommitItem> items,
+}
+
+// OK whether each commit was published or ignored (stale put_id, replica gone, node tombed).
+struct BatchSsdReplicaCommitResponse {
   1: common.ErrorCode code,
   2: string message,
-  // Whether the SSD replica was published. False for a late commit (the key no longer
-  // has that put_id, the node lost the memory replica, or it was tombed): the owner
-  // then drops the entry from its ring index.
-  3: bool published,
+  // Whether each item's SSD replica was published (same order). False for a late commit
+  // (the key no longer has that put_id, the node lost the memory replica, or it was
+  // tombed): the owner then drops the entry from its ring index.
+  3: list<bool> published,
 }
 
 struct BatchSsdReplicaEvictRequest {
@@ -464,7 +471,7 @@ service MasterService {
   GetRevokeResponse GetRevoke(1: GetRevokeRequest req),
   DeleteResponse Delete(1: DeleteRequest req),
   ExistsResponse Exists(1: ExistsRequest req),
-  SsdReplicaCommitResponse SsdReplicaCommit(1: SsdReplicaCommitRequest req),
+  BatchSsdReplicaCommitResponse BatchSsdReplicaCommit(1: BatchSsdReplicaCommitRequest req),
   BatchSsdReplicaEvictResponse BatchSsdReplicaEvict(1: BatchSsdReplicaEvictRequest req),
   BatchDeleteAckResponse BatchDeleteAck(1: BatchDeleteAckRequest req),
   StatResponse Stat(1: StatRequest req),

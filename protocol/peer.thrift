@@ -5,11 +5,12 @@ namespace py fluxkv._gen.peer
 
 include "common.thrift"
 
-// Persist the value key@put_id (len bytes) to the local SSD ring, then commit with master
-// SsdReplicaCommit. Its memory replica is at offset of source_node_id's segment: this
-// owner's own (source_node_id empty or this node), or another owner's (the SSD pool,
-// docs/architecture.md §10), which this owner pulls over the data plane first (fence: source_generation
-// and put_id, which the master retains the replica for until this call ends).
+// One value of a BatchSsdReplicaPersist: persist key@put_id (len bytes) to the local SSD
+// ring. Its memory replica is at offset of source_node_id's segment: this owner's own
+// (source_node_id empty or this node), or another owner's (the SSD pool,
+// docs/architecture.md §10), which this owner pulls over the data plane first (fence:
+// source_generation and put_id, which the master retains the replica for until the call
+// ends). generation and master_epoch are the same in every item of a batch.
 struct SsdReplicaPersistRequest {
   1: string key,
   2: i64 put_id,
@@ -25,6 +26,24 @@ struct SsdReplicaPersistRequest {
 struct SsdReplicaPersistResponse {
   1: common.ErrorCode code,
   2: string message,
+}
+
+// The master's SSD persists for one owner in one call (docs/architecture.md §4 put step 3): the
+// owner writes the records (values of its own segment in runs of up to 1 MiB, one write
+// each; PERSIST_BATCH_IN_FLIGHT runs or values pulled from other owners at a time), commits
+// the written ones with one master BatchSsdReplicaCommit and answers every item in results
+// (same order). A call of more than PERSIST_BATCH_ITEMS items is refused.
+struct BatchSsdReplicaPersistRequest {
+  1: list<SsdReplicaPersistRequest> items,
+}
+
+const i32 PERSIST_BATCH_ITEMS = 64
+const i32 PERSIST_BATCH_IN_FLIGHT = 8
+
+struct BatchSsdReplicaPersistResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<SsdReplicaPersistResponse> results,
 }
 
 // A remote SSD refill (docs/architecture.md §10: pull only). The requester asks the SSD owner to read
@@ -148,12 +167,12 @@ struct ReleaseHotSetResponse {
   3: i64 released_bytes,
 }
 
-// master_epoch in the master's calls (SsdReplicaPersist, InvalidateCachedInfo, PullPut,
+// master_epoch in the master's calls (BatchSsdReplicaPersist, InvalidateCachedInfo, PullPut,
 // ReleaseHotSet) is the calling master's epoch: an owner registered with a later master
 // refuses the call (UNAVAILABLE), so a deposed leader cannot change it (docs/architecture.md §12).
 
 service PeerService {
-  SsdReplicaPersistResponse SsdReplicaPersist(1: SsdReplicaPersistRequest req),
+  BatchSsdReplicaPersistResponse BatchSsdReplicaPersist(1: BatchSsdReplicaPersistRequest req),
   SsdStageReadResponse SsdStageRead(1: SsdStageReadRequest req),
   BatchSsdStageReadResponse BatchSsdStageRead(1: BatchSsdStageReadRequest req),
   InvalidateCachedInfoResponse InvalidateCachedInfo(1: InvalidateCachedInfoRequest req),

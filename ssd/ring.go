@@ -148,6 +148,10 @@ func (r *ring) alloc(key string, putID, length, size int64) (e *entry, evicted [
 	return e, evicted, nil
 }
 
+// fitsBeforeEnd reports whether size bytes allocated now would start at head, without
+// wrapping to the start of the file.
+func (r *ring) fitsBeforeEnd(size int64) bool { return r.head%r.size+size <= r.size }
+
 // commit turns a Writing entry Committed: all of its aligned bytes are on disk.
 func (r *ring) commit(e *entry) {
 	if e.state != stateWriting || e.evicted {

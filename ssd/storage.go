@@ -154,7 +154,7 @@ func (s *Storage) pickDevice(rec int64) (*device, int64, error) {
 }
 
 // CommitPin keeps a freshly persisted entry from being overwritten until the owner's
-// SsdReplicaCommit to the master returned. Whoever receives it from Persist must call
+// BatchSsdReplicaCommit to the master returned. Whoever receives it from Persist must call
 // Release exactly once (more calls are no-ops); until then the ring cannot reuse
 // the entry's range and writers on that shard may wait.
 type CommitPin struct{ p *commitPin }
@@ -189,10 +189,7 @@ func (c CommitPin) Release() {
 // writing), ErrTooLarge, ErrBusy, ErrClosed, or a wrapped IO error; on any error no
 // entry for (key, putID) is readable.
 func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error) {
-	return s.PersistFrom(key, putID, int64(len(src)), func(dst []byte) error {
-		copy(dst, src)
-		return nil
-	})
+	return s.PersistFrom(key, putID, int64(len(src)), copyFrom(src))
 }
 
 // PersistFrom is Persist of a length-byte value that fill writes into the record's
@@ -200,72 +197,9 @@ func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error
 // there without an intermediate copy. An error from fill aborts the persist before
 // anything is reserved on the ring.
 func (s *Storage) PersistFrom(key string, putID, length int64, fill func(dst []byte) error) (CommitPin, error) {
-	if key == "" || length <= 0 || len(key) > MaxRecordKey {
-		return CommitPin{}, fmt.Errorf("ssd persist %.64q: key of %d bytes (1..%d), value of %d bytes: empty or too long", key, len(key), MaxRecordKey, length)
-	}
-	if !s.enter() {
-		return CommitPin{}, ErrClosed
-	}
-	defer s.leave()
-	hdr := headerSize(len(key))
-	rec := hdr + alignUp(length)
-	// The record's span is a whole number of the device's blocks, so that its write
-	// starts and ends on file system blocks: an unaligned direct write is serialized
-	// by the file system (see placementAlign).
-	d, size, err := s.pickDevice(rec)
-	if err != nil {
-		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", key, putID, rec, err)
-	}
-	// Filled (and checksummed) before taking a writer's turn, by each caller on its
-	// own goroutine: a slow fill (a pull) holds up no other persist.
-	w, err := s.acquireBuffer(int(size))
-	if err != nil {
-		return CommitPin{}, err
-	}
-	defer s.bufBudget.Release(w)
-	buf := getBuf(int(size))
-	defer putBuf(buf) // the write below completed (or never started) by then
-	value := buf[hdr : hdr+length]
-	if err := fill(value); err != nil {
-		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %w", key, putID, err)
-	}
-	clear(buf[hdr+length:]) // the value's padding and the gap to the next block: zero, they stay in the owner
-	crc := crc32.Checksum(value, castagnoli)
-	if err := s.checkNewer(key, putID); err != nil {
-		return CommitPin{}, err
-	}
-	select { // the device's writer queue
-	case d.writeSlots <- struct{}{}:
-	case <-s.closing:
-		return CommitPin{}, ErrClosed
-	}
-	defer func() { <-d.writeSlots }()
-
-	e, err := s.reserve(d, key, putID, length, size)
-	if err != nil {
-		return CommitPin{}, err
-	}
-	// The header names the ring position, known only now.
-	encodeHeader(buf, recordHeader{pos: e.begin, putID: putID, length: length, valueCRC: crc, key: key})
-	werr := e.shard.write(buf, e.shard.fileOffset(e))
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if werr != nil || e.removed {
-		e.shard.ring.abort(e)
-		if s.index[key] == e {
-			delete(s.index, key)
-		}
-		s.signalLocked()
-		if werr != nil {
-			return CommitPin{}, fmt.Errorf("ssd persist %q put %d: %w", key, putID, werr)
-		}
-		return CommitPin{}, fmt.Errorf("ssd persist %q put %d: removed or superseded while writing: %w", key, putID, ErrStale)
-	}
-	e.shard.ring.commit(e)
-	e.shard.dev.used += e.size // committed and indexed
-	e.shard.ring.pinCommit(e)
-	return CommitPin{&commitPin{s: s, e: e}}, nil
+	r := &record{key: key, putID: putID, length: length, fill: fill}
+	s.persistRecords([]*record{r})
+	return r.pin, r.err
 }
 
 func (s *Storage) checkNewer(key string, putID int64) error {

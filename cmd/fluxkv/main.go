@@ -11,6 +11,9 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
+// stopProfile ends the --cpu-profile the app's Before started.
+var stopProfile = func() {}
+
 func main() {
 	// Kitex logs through klog; keep it to warnings. Set before any Kitex goroutine can
 	// read the level.
@@ -18,9 +21,18 @@ func main() {
 	app := &cli.App{
 		Name:  "fluxkv",
 		Usage: "distributed DRAM + SSD key-value cache for AI inference",
-		Flags: logFlags(),
+		Flags: append(logFlags(), profileFlag),
 		Before: func(c *cli.Context) error {
-			return setupLogging(c)
+			if err := setupLogging(c); err != nil {
+				return err
+			}
+			stop, err := startProfile(c)
+			stopProfile = stop
+			return err
+		},
+		After: func(*cli.Context) error {
+			stopProfile()
+			return nil
 		},
 		Commands: []*cli.Command{
 			masterCommand(),

@@ -29,7 +29,7 @@ const (
 	ownerPubKeysKey  = config.OwnerSection + ".master_pubkey_files"
 	masterKeyHint    = "make a pair with: fluxkv gen-master-key --master-key-file KEY --master-pubkey-file PUB"
 	masterKeyFlagDoc = "the master's Ed25519 private key (PEM PKCS#8, mode 0600), which proves it to owners: they answer master-only " +
-		"calls (PullPut, SsdReplicaPersist, InvalidateCachedInfo, ReleaseHotSet) only from it; " + masterKeyHint
+		"calls (PullPut, BatchSsdReplicaPersist, InvalidateCachedInfo, ReleaseHotSet) only from it; " + masterKeyHint
 )
 
 func masterKeyFlag() cli.Flag {

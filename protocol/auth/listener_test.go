@@ -25,8 +25,8 @@ import (
 // peerStub answers every PeerService call with OK.
 type peerStub struct{ _ int }
 
-func (*peerStub) SsdReplicaPersist(context.Context, *peer.SsdReplicaPersistRequest) (*peer.SsdReplicaPersistResponse, error) {
-	return &peer.SsdReplicaPersistResponse{Code: common.ErrorCode_OK}, nil
+func (*peerStub) BatchSsdReplicaPersist(context.Context, *peer.BatchSsdReplicaPersistRequest) (*peer.BatchSsdReplicaPersistResponse, error) {
+	return &peer.BatchSsdReplicaPersistResponse{Code: common.ErrorCode_OK}, nil
 }
 func (*peerStub) SsdStageRead(context.Context, *peer.SsdStageReadRequest) (*peer.SsdStageReadResponse, error) {
 	return &peer.SsdStageReadResponse{Code: common.ErrorCode_OK}, nil

@@ -16,7 +16,7 @@ import (
 // also holds an Ed25519 private key, whose public half every owner is given, and
 // proves it in the handshake of each connection it opens to an owner's peer port
 // (role.go). An owner cannot forge that proof, so master-only calls (PullPut,
-// SsdReplicaPersist, InvalidateCachedInfo, ReleaseHotSet) are answered only on a
+// BatchSsdReplicaPersist, InvalidateCachedInfo, ReleaseHotSet) are answered only on a
 // master's connection.
 //
 // Files are PEM, as openssl writes them: the private key a "PRIVATE KEY" block

@@ -5895,7 +5895,194 @@ func (p *ExistsResponse) field3Length() int {
 	return l
 }
 
-func (p *SsdReplicaCommitRequest) FastRead(buf []byte) (int, error) {
+func (p *SsdReplicaCommitItem) FastRead(buf []byte) (int, error) {
+
+	var err error
+	var offset int
+	var l int
+	var fieldTypeId thrift.TType
+	var fieldId int16
+	for {
+		fieldTypeId, fieldId, l, err = thrift.Binary.ReadFieldBegin(buf[offset:])
+		offset += l
+		if err != nil {
+			goto ReadFieldBeginError
+		}
+		if fieldTypeId == thrift.STOP {
+			break
+		}
+		switch fieldId {
+		case 1:
+			if fieldTypeId == thrift.STRING {
+				l, err = p.FastReadField1(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		case 2:
+			if fieldTypeId == thrift.I64 {
+				l, err = p.FastReadField2(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		case 3:
+			if fieldTypeId == thrift.I64 {
+				l, err = p.FastReadField3(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		default:
+			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			offset += l
+			if err != nil {
+				goto SkipFieldError
+			}
+		}
+	}
+
+	return offset, nil
+ReadFieldBeginError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
+ReadFieldError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_SsdReplicaCommitItem[fieldId]), err)
+SkipFieldError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
+}
+
+func (p *SsdReplicaCommitItem) FastReadField1(buf []byte) (int, error) {
+	offset := 0
+
+	var _field string
+	if v, l, err := thrift.Binary.ReadString(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = v
+	}
+	p.Key = _field
+	return offset, nil
+}
+
+func (p *SsdReplicaCommitItem) FastReadField2(buf []byte) (int, error) {
+	offset := 0
+
+	var _field int64
+	if v, l, err := thrift.Binary.ReadI64(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = v
+	}
+	p.PutId = _field
+	return offset, nil
+}
+
+func (p *SsdReplicaCommitItem) FastReadField3(buf []byte) (int, error) {
+	offset := 0
+
+	var _field int64
+	if v, l, err := thrift.Binary.ReadI64(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = v
+	}
+	p.Len = _field
+	return offset, nil
+}
+
+func (p *SsdReplicaCommitItem) FastWrite(buf []byte) int {
+	return p.FastWriteNocopy(buf, nil)
+}
+
+func (p *SsdReplicaCommitItem) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	if p != nil {
+		offset += p.fastWriteField2(buf[offset:], w)
+		offset += p.fastWriteField3(buf[offset:], w)
+		offset += p.fastWriteField1(buf[offset:], w)
+	}
+	offset += thrift.Binary.WriteFieldStop(buf[offset:])
+	return offset
+}
+
+func (p *SsdReplicaCommitItem) BLength() int {
+	l := 0
+	if p != nil {
+		l += p.field1Length()
+		l += p.field2Length()
+		l += p.field3Length()
+	}
+	l += thrift.Binary.FieldStopLength()
+	return l
+}
+
+func (p *SsdReplicaCommitItem) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 1)
+	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Key)
+	return offset
+}
+
+func (p *SsdReplicaCommitItem) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I64, 2)
+	offset += thrift.Binary.WriteI64(buf[offset:], p.PutId)
+	return offset
+}
+
+func (p *SsdReplicaCommitItem) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I64, 3)
+	offset += thrift.Binary.WriteI64(buf[offset:], p.Len)
+	return offset
+}
+
+func (p *SsdReplicaCommitItem) field1Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.StringLengthNocopy(p.Key)
+	return l
+}
+
+func (p *SsdReplicaCommitItem) field2Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.I64Length()
+	return l
+}
+
+func (p *SsdReplicaCommitItem) field3Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.I64Length()
+	return l
+}
+
+func (p *BatchSsdReplicaCommitRequest) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -5927,36 +6114,8 @@ func (p *SsdReplicaCommitRequest) FastRead(buf []byte) (int, error) {
 				}
 			}
 		case 2:
-			if fieldTypeId == thrift.STRING {
+			if fieldTypeId == thrift.LIST {
 				l, err = p.FastReadField2(buf[offset:])
-				offset += l
-				if err != nil {
-					goto ReadFieldError
-				}
-			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
-				offset += l
-				if err != nil {
-					goto SkipFieldError
-				}
-			}
-		case 3:
-			if fieldTypeId == thrift.I64 {
-				l, err = p.FastReadField3(buf[offset:])
-				offset += l
-				if err != nil {
-					goto ReadFieldError
-				}
-			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
-				offset += l
-				if err != nil {
-					goto SkipFieldError
-				}
-			}
-		case 4:
-			if fieldTypeId == thrift.I64 {
-				l, err = p.FastReadField4(buf[offset:])
 				offset += l
 				if err != nil {
 					goto ReadFieldError
@@ -5981,12 +6140,12 @@ func (p *SsdReplicaCommitRequest) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_SsdReplicaCommitRequest[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_BatchSsdReplicaCommitRequest[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *SsdReplicaCommitRequest) FastReadField1(buf []byte) (int, error) {
+func (p *BatchSsdReplicaCommitRequest) FastReadField1(buf []byte) (int, error) {
 	offset := 0
 	_field := NewNodeRef()
 	if l, err := _field.FastRead(buf[offset:]); err != nil {
@@ -5998,57 +6157,38 @@ func (p *SsdReplicaCommitRequest) FastReadField1(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *SsdReplicaCommitRequest) FastReadField2(buf []byte) (int, error) {
+func (p *BatchSsdReplicaCommitRequest) FastReadField2(buf []byte) (int, error) {
 	offset := 0
 
-	var _field string
-	if v, l, err := thrift.Binary.ReadString(buf[offset:]); err != nil {
+	_, size, l, err := thrift.Binary.ReadListBegin(buf[offset:])
+	offset += l
+	if err != nil {
 		return offset, err
-	} else {
-		offset += l
-		_field = v
 	}
-	p.Key = _field
+	_field := make([]*SsdReplicaCommitItem, 0, size)
+	values := make([]SsdReplicaCommitItem, size)
+	for i := 0; i < size; i++ {
+		_elem := &values[i]
+		_elem.InitDefault()
+		if l, err := _elem.FastRead(buf[offset:]); err != nil {
+			return offset, err
+		} else {
+			offset += l
+		}
+
+		_field = append(_field, _elem)
+	}
+	p.Items = _field
 	return offset, nil
 }
 
-func (p *SsdReplicaCommitRequest) FastReadField3(buf []byte) (int, error) {
-	offset := 0
-
-	var _field int64
-	if v, l, err := thrift.Binary.ReadI64(buf[offset:]); err != nil {
-		return offset, err
-	} else {
-		offset += l
-		_field = v
-	}
-	p.PutId = _field
-	return offset, nil
-}
-
-func (p *SsdReplicaCommitRequest) FastReadField4(buf []byte) (int, error) {
-	offset := 0
-
-	var _field int64
-	if v, l, err := thrift.Binary.ReadI64(buf[offset:]); err != nil {
-		return offset, err
-	} else {
-		offset += l
-		_field = v
-	}
-	p.Len = _field
-	return offset, nil
-}
-
-func (p *SsdReplicaCommitRequest) FastWrite(buf []byte) int {
+func (p *BatchSsdReplicaCommitRequest) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *SsdReplicaCommitRequest) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitRequest) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
-		offset += p.fastWriteField3(buf[offset:], w)
-		offset += p.fastWriteField4(buf[offset:], w)
 		offset += p.fastWriteField1(buf[offset:], w)
 		offset += p.fastWriteField2(buf[offset:], w)
 	}
@@ -6056,75 +6196,56 @@ func (p *SsdReplicaCommitRequest) FastWriteNocopy(buf []byte, w thrift.NocopyWri
 	return offset
 }
 
-func (p *SsdReplicaCommitRequest) BLength() int {
+func (p *BatchSsdReplicaCommitRequest) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
 		l += p.field2Length()
-		l += p.field3Length()
-		l += p.field4Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
 }
 
-func (p *SsdReplicaCommitRequest) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitRequest) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 1)
 	offset += p.Node.FastWriteNocopy(buf[offset:], w)
 	return offset
 }
 
-func (p *SsdReplicaCommitRequest) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitRequest) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
-	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 2)
-	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Key)
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.LIST, 2)
+	listBeginOffset := offset
+	offset += thrift.Binary.ListBeginLength()
+	var length int
+	for _, v := range p.Items {
+		length++
+		offset += v.FastWriteNocopy(buf[offset:], w)
+	}
+	thrift.Binary.WriteListBegin(buf[listBeginOffset:], thrift.STRUCT, length)
 	return offset
 }
 
-func (p *SsdReplicaCommitRequest) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
-	offset := 0
-	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I64, 3)
-	offset += thrift.Binary.WriteI64(buf[offset:], p.PutId)
-	return offset
-}
-
-func (p *SsdReplicaCommitRequest) fastWriteField4(buf []byte, w thrift.NocopyWriter) int {
-	offset := 0
-	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I64, 4)
-	offset += thrift.Binary.WriteI64(buf[offset:], p.Len)
-	return offset
-}
-
-func (p *SsdReplicaCommitRequest) field1Length() int {
+func (p *BatchSsdReplicaCommitRequest) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += p.Node.BLength()
 	return l
 }
 
-func (p *SsdReplicaCommitRequest) field2Length() int {
+func (p *BatchSsdReplicaCommitRequest) field2Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
-	l += thrift.Binary.StringLengthNocopy(p.Key)
+	l += thrift.Binary.ListBeginLength()
+	for _, v := range p.Items {
+		_ = v
+		l += v.BLength()
+	}
 	return l
 }
 
-func (p *SsdReplicaCommitRequest) field3Length() int {
-	l := 0
-	l += thrift.Binary.FieldBeginLength()
-	l += thrift.Binary.I64Length()
-	return l
-}
-
-func (p *SsdReplicaCommitRequest) field4Length() int {
-	l := 0
-	l += thrift.Binary.FieldBeginLength()
-	l += thrift.Binary.I64Length()
-	return l
-}
-
-func (p *SsdReplicaCommitResponse) FastRead(buf []byte) (int, error) {
+func (p *BatchSsdReplicaCommitResponse) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -6170,7 +6291,7 @@ func (p *SsdReplicaCommitResponse) FastRead(buf []byte) (int, error) {
 				}
 			}
 		case 3:
-			if fieldTypeId == thrift.BOOL {
+			if fieldTypeId == thrift.LIST {
 				l, err = p.FastReadField3(buf[offset:])
 				offset += l
 				if err != nil {
@@ -6196,12 +6317,12 @@ func (p *SsdReplicaCommitResponse) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_SsdReplicaCommitResponse[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_BatchSsdReplicaCommitResponse[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *SsdReplicaCommitResponse) FastReadField1(buf []byte) (int, error) {
+func (p *BatchSsdReplicaCommitResponse) FastReadField1(buf []byte) (int, error) {
 	offset := 0
 
 	var _field common.ErrorCode
@@ -6216,7 +6337,7 @@ func (p *SsdReplicaCommitResponse) FastReadField1(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *SsdReplicaCommitResponse) FastReadField2(buf []byte) (int, error) {
+func (p *BatchSsdReplicaCommitResponse) FastReadField2(buf []byte) (int, error) {
 	offset := 0
 
 	var _field string
@@ -6230,36 +6351,46 @@ func (p *SsdReplicaCommitResponse) FastReadField2(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *SsdReplicaCommitResponse) FastReadField3(buf []byte) (int, error) {
+func (p *BatchSsdReplicaCommitResponse) FastReadField3(buf []byte) (int, error) {
 	offset := 0
 
-	var _field bool
-	if v, l, err := thrift.Binary.ReadBool(buf[offset:]); err != nil {
+	_, size, l, err := thrift.Binary.ReadListBegin(buf[offset:])
+	offset += l
+	if err != nil {
 		return offset, err
-	} else {
-		offset += l
-		_field = v
+	}
+	_field := make([]bool, 0, size)
+	for i := 0; i < size; i++ {
+		var _elem bool
+		if v, l, err := thrift.Binary.ReadBool(buf[offset:]); err != nil {
+			return offset, err
+		} else {
+			offset += l
+			_elem = v
+		}
+
+		_field = append(_field, _elem)
 	}
 	p.Published = _field
 	return offset, nil
 }
 
-func (p *SsdReplicaCommitResponse) FastWrite(buf []byte) int {
+func (p *BatchSsdReplicaCommitResponse) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *SsdReplicaCommitResponse) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitResponse) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
-		offset += p.fastWriteField3(buf[offset:], w)
 		offset += p.fastWriteField1(buf[offset:], w)
 		offset += p.fastWriteField2(buf[offset:], w)
+		offset += p.fastWriteField3(buf[offset:], w)
 	}
 	offset += thrift.Binary.WriteFieldStop(buf[offset:])
 	return offset
 }
 
-func (p *SsdReplicaCommitResponse) BLength() int {
+func (p *BatchSsdReplicaCommitResponse) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
@@ -6270,45 +6401,54 @@ func (p *SsdReplicaCommitResponse) BLength() int {
 	return l
 }
 
-func (p *SsdReplicaCommitResponse) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitResponse) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I32, 1)
 	offset += thrift.Binary.WriteI32(buf[offset:], int32(p.Code))
 	return offset
 }
 
-func (p *SsdReplicaCommitResponse) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitResponse) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 2)
 	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Message)
 	return offset
 }
 
-func (p *SsdReplicaCommitResponse) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
+func (p *BatchSsdReplicaCommitResponse) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
-	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.BOOL, 3)
-	offset += thrift.Binary.WriteBool(buf[offset:], p.Published)
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.LIST, 3)
+	listBeginOffset := offset
+	offset += thrift.Binary.ListBeginLength()
+	var length int
+	for _, v := range p.Published {
+		length++
+		offset += thrift.Binary.WriteBool(buf[offset:], v)
+	}
+	thrift.Binary.WriteListBegin(buf[listBeginOffset:], thrift.BOOL, length)
 	return offset
 }
 
-func (p *SsdReplicaCommitResponse) field1Length() int {
+func (p *BatchSsdReplicaCommitResponse) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.I32Length()
 	return l
 }
 
-func (p *SsdReplicaCommitResponse) field2Length() int {
+func (p *BatchSsdReplicaCommitResponse) field2Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.StringLengthNocopy(p.Message)
 	return l
 }
 
-func (p *SsdReplicaCommitResponse) field3Length() int {
+func (p *BatchSsdReplicaCommitResponse) field3Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
-	l += thrift.Binary.BoolLength()
+	l += thrift.Binary.ListBeginLength()
+	l +=
+		thrift.Binary.BoolLength() * len(p.Published)
 	return l
 }
 
@@ -13782,7 +13922,7 @@ func (p *MasterServiceExistsResult) field0Length() int {
 	return l
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) FastRead(buf []byte) (int, error) {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -13826,14 +13966,14 @@ func (p *MasterServiceSsdReplicaCommitArgs) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_MasterServiceSsdReplicaCommitArgs[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_MasterServiceBatchSsdReplicaCommitArgs[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) FastReadField1(buf []byte) (int, error) {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) FastReadField1(buf []byte) (int, error) {
 	offset := 0
-	_field := NewSsdReplicaCommitRequest()
+	_field := NewBatchSsdReplicaCommitRequest()
 	if l, err := _field.FastRead(buf[offset:]); err != nil {
 		return offset, err
 	} else {
@@ -13843,11 +13983,11 @@ func (p *MasterServiceSsdReplicaCommitArgs) FastReadField1(buf []byte) (int, err
 	return offset, nil
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) FastWrite(buf []byte) int {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
 		offset += p.fastWriteField1(buf[offset:], w)
@@ -13856,7 +13996,7 @@ func (p *MasterServiceSsdReplicaCommitArgs) FastWriteNocopy(buf []byte, w thrift
 	return offset
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) BLength() int {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
@@ -13865,21 +14005,21 @@ func (p *MasterServiceSsdReplicaCommitArgs) BLength() int {
 	return l
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 1)
 	offset += p.Req.FastWriteNocopy(buf[offset:], w)
 	return offset
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) field1Length() int {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += p.Req.BLength()
 	return l
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) FastRead(buf []byte) (int, error) {
+func (p *MasterServiceBatchSsdReplicaCommitResult) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -13923,14 +14063,14 @@ func (p *MasterServiceSsdReplicaCommitResult) FastRead(buf []byte) (int, error) 
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_MasterServiceSsdReplicaCommitResult[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_MasterServiceBatchSsdReplicaCommitResult[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) FastReadField0(buf []byte) (int, error) {
+func (p *MasterServiceBatchSsdReplicaCommitResult) FastReadField0(buf []byte) (int, error) {
 	offset := 0
-	_field := NewSsdReplicaCommitResponse()
+	_field := NewBatchSsdReplicaCommitResponse()
 	if l, err := _field.FastRead(buf[offset:]); err != nil {
 		return offset, err
 	} else {
@@ -13940,11 +14080,11 @@ func (p *MasterServiceSsdReplicaCommitResult) FastReadField0(buf []byte) (int, e
 	return offset, nil
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) FastWrite(buf []byte) int {
+func (p *MasterServiceBatchSsdReplicaCommitResult) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *MasterServiceBatchSsdReplicaCommitResult) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
 		offset += p.fastWriteField0(buf[offset:], w)
@@ -13953,7 +14093,7 @@ func (p *MasterServiceSsdReplicaCommitResult) FastWriteNocopy(buf []byte, w thri
 	return offset
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) BLength() int {
+func (p *MasterServiceBatchSsdReplicaCommitResult) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field0Length()
@@ -13962,7 +14102,7 @@ func (p *MasterServiceSsdReplicaCommitResult) BLength() int {
 	return l
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) fastWriteField0(buf []byte, w thrift.NocopyWriter) int {
+func (p *MasterServiceBatchSsdReplicaCommitResult) fastWriteField0(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p.IsSetSuccess() {
 		offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 0)
@@ -13971,7 +14111,7 @@ func (p *MasterServiceSsdReplicaCommitResult) fastWriteField0(buf []byte, w thri
 	return offset
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) field0Length() int {
+func (p *MasterServiceBatchSsdReplicaCommitResult) field0Length() int {
 	l := 0
 	if p.IsSetSuccess() {
 		l += thrift.Binary.FieldBeginLength()
@@ -16436,11 +16576,11 @@ func (p *MasterServiceExistsResult) GetResult() interface{} {
 	return p.Success
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) GetFirstArgument() interface{} {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) GetFirstArgument() interface{} {
 	return p.Req
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) GetResult() interface{} {
+func (p *MasterServiceBatchSsdReplicaCommitResult) GetResult() interface{} {
 	return p.Success
 }
 

@@ -1511,113 +1511,142 @@ var fieldIDToName_ExistsResponse = map[int16]string{
 	3: "exists",
 }
 
-type SsdReplicaCommitRequest struct {
-	Node  *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	Key   string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
-	PutId int64    `thrift:"put_id,3" frugal:"3,default,i64" json:"put_id"`
-	Len   int64    `thrift:"len,4" frugal:"4,default,i64" json:"len"`
+type SsdReplicaCommitItem struct {
+	Key   string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Len   int64  `thrift:"len,3" frugal:"3,default,i64" json:"len"`
 }
 
-func NewSsdReplicaCommitRequest() *SsdReplicaCommitRequest {
-	return &SsdReplicaCommitRequest{}
+func NewSsdReplicaCommitItem() *SsdReplicaCommitItem {
+	return &SsdReplicaCommitItem{}
 }
 
-func (p *SsdReplicaCommitRequest) InitDefault() {
+func (p *SsdReplicaCommitItem) InitDefault() {
 }
 
-var SsdReplicaCommitRequest_Node_DEFAULT *NodeRef
+func (p *SsdReplicaCommitItem) GetKey() (v string) {
+	return p.Key
+}
 
-func (p *SsdReplicaCommitRequest) GetNode() (v *NodeRef) {
+func (p *SsdReplicaCommitItem) GetPutId() (v int64) {
+	return p.PutId
+}
+
+func (p *SsdReplicaCommitItem) GetLen() (v int64) {
+	return p.Len
+}
+func (p *SsdReplicaCommitItem) SetKey(val string) {
+	p.Key = val
+}
+func (p *SsdReplicaCommitItem) SetPutId(val int64) {
+	p.PutId = val
+}
+func (p *SsdReplicaCommitItem) SetLen(val int64) {
+	p.Len = val
+}
+
+func (p *SsdReplicaCommitItem) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("SsdReplicaCommitItem(%+v)", *p)
+}
+
+var fieldIDToName_SsdReplicaCommitItem = map[int16]string{
+	1: "key",
+	2: "put_id",
+	3: "len",
+}
+
+type BatchSsdReplicaCommitRequest struct {
+	Node  *NodeRef                `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Items []*SsdReplicaCommitItem `thrift:"items,2" frugal:"2,default,list<SsdReplicaCommitItem>" json:"items"`
+}
+
+func NewBatchSsdReplicaCommitRequest() *BatchSsdReplicaCommitRequest {
+	return &BatchSsdReplicaCommitRequest{}
+}
+
+func (p *BatchSsdReplicaCommitRequest) InitDefault() {
+}
+
+var BatchSsdReplicaCommitRequest_Node_DEFAULT *NodeRef
+
+func (p *BatchSsdReplicaCommitRequest) GetNode() (v *NodeRef) {
 	if !p.IsSetNode() {
-		return SsdReplicaCommitRequest_Node_DEFAULT
+		return BatchSsdReplicaCommitRequest_Node_DEFAULT
 	}
 	return p.Node
 }
 
-func (p *SsdReplicaCommitRequest) GetKey() (v string) {
-	return p.Key
+func (p *BatchSsdReplicaCommitRequest) GetItems() (v []*SsdReplicaCommitItem) {
+	return p.Items
 }
-
-func (p *SsdReplicaCommitRequest) GetPutId() (v int64) {
-	return p.PutId
-}
-
-func (p *SsdReplicaCommitRequest) GetLen() (v int64) {
-	return p.Len
-}
-func (p *SsdReplicaCommitRequest) SetNode(val *NodeRef) {
+func (p *BatchSsdReplicaCommitRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
-func (p *SsdReplicaCommitRequest) SetKey(val string) {
-	p.Key = val
-}
-func (p *SsdReplicaCommitRequest) SetPutId(val int64) {
-	p.PutId = val
-}
-func (p *SsdReplicaCommitRequest) SetLen(val int64) {
-	p.Len = val
+func (p *BatchSsdReplicaCommitRequest) SetItems(val []*SsdReplicaCommitItem) {
+	p.Items = val
 }
 
-func (p *SsdReplicaCommitRequest) IsSetNode() bool {
+func (p *BatchSsdReplicaCommitRequest) IsSetNode() bool {
 	return p.Node != nil
 }
 
-func (p *SsdReplicaCommitRequest) String() string {
+func (p *BatchSsdReplicaCommitRequest) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("SsdReplicaCommitRequest(%+v)", *p)
+	return fmt.Sprintf("BatchSsdReplicaCommitRequest(%+v)", *p)
 }
 
-var fieldIDToName_SsdReplicaCommitRequest = map[int16]string{
+var fieldIDToName_BatchSsdReplicaCommitRequest = map[int16]string{
 	1: "node",
-	2: "key",
-	3: "put_id",
-	4: "len",
+	2: "items",
 }
 
-type SsdReplicaCommitResponse struct {
+type BatchSsdReplicaCommitResponse struct {
 	Code      common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
 	Message   string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	Published bool             `thrift:"published,3" frugal:"3,default,bool" json:"published"`
+	Published []bool           `thrift:"published,3" frugal:"3,default,list<bool>" json:"published"`
 }
 
-func NewSsdReplicaCommitResponse() *SsdReplicaCommitResponse {
-	return &SsdReplicaCommitResponse{}
+func NewBatchSsdReplicaCommitResponse() *BatchSsdReplicaCommitResponse {
+	return &BatchSsdReplicaCommitResponse{}
 }
 
-func (p *SsdReplicaCommitResponse) InitDefault() {
+func (p *BatchSsdReplicaCommitResponse) InitDefault() {
 }
 
-func (p *SsdReplicaCommitResponse) GetCode() (v common.ErrorCode) {
+func (p *BatchSsdReplicaCommitResponse) GetCode() (v common.ErrorCode) {
 	return p.Code
 }
 
-func (p *SsdReplicaCommitResponse) GetMessage() (v string) {
+func (p *BatchSsdReplicaCommitResponse) GetMessage() (v string) {
 	return p.Message
 }
 
-func (p *SsdReplicaCommitResponse) GetPublished() (v bool) {
+func (p *BatchSsdReplicaCommitResponse) GetPublished() (v []bool) {
 	return p.Published
 }
-func (p *SsdReplicaCommitResponse) SetCode(val common.ErrorCode) {
+func (p *BatchSsdReplicaCommitResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
-func (p *SsdReplicaCommitResponse) SetMessage(val string) {
+func (p *BatchSsdReplicaCommitResponse) SetMessage(val string) {
 	p.Message = val
 }
-func (p *SsdReplicaCommitResponse) SetPublished(val bool) {
+func (p *BatchSsdReplicaCommitResponse) SetPublished(val []bool) {
 	p.Published = val
 }
 
-func (p *SsdReplicaCommitResponse) String() string {
+func (p *BatchSsdReplicaCommitResponse) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("SsdReplicaCommitResponse(%+v)", *p)
+	return fmt.Sprintf("BatchSsdReplicaCommitResponse(%+v)", *p)
 }
 
-var fieldIDToName_SsdReplicaCommitResponse = map[int16]string{
+var fieldIDToName_BatchSsdReplicaCommitResponse = map[int16]string{
 	1: "code",
 	2: "message",
 	3: "published",
@@ -3020,7 +3049,7 @@ type MasterService interface {
 
 	Exists(ctx context.Context, req *ExistsRequest) (r *ExistsResponse, err error)
 
-	SsdReplicaCommit(ctx context.Context, req *SsdReplicaCommitRequest) (r *SsdReplicaCommitResponse, err error)
+	BatchSsdReplicaCommit(ctx context.Context, req *BatchSsdReplicaCommitRequest) (r *BatchSsdReplicaCommitResponse, err error)
 
 	BatchSsdReplicaEvict(ctx context.Context, req *BatchSsdReplicaEvictRequest) (r *BatchSsdReplicaEvictResponse, err error)
 
@@ -3807,79 +3836,79 @@ var fieldIDToName_MasterServiceExistsResult = map[int16]string{
 	0: "success",
 }
 
-type MasterServiceSsdReplicaCommitArgs struct {
-	Req *SsdReplicaCommitRequest `thrift:"req,1" frugal:"1,default,SsdReplicaCommitRequest" json:"req"`
+type MasterServiceBatchSsdReplicaCommitArgs struct {
+	Req *BatchSsdReplicaCommitRequest `thrift:"req,1" frugal:"1,default,BatchSsdReplicaCommitRequest" json:"req"`
 }
 
-func NewMasterServiceSsdReplicaCommitArgs() *MasterServiceSsdReplicaCommitArgs {
-	return &MasterServiceSsdReplicaCommitArgs{}
+func NewMasterServiceBatchSsdReplicaCommitArgs() *MasterServiceBatchSsdReplicaCommitArgs {
+	return &MasterServiceBatchSsdReplicaCommitArgs{}
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) InitDefault() {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) InitDefault() {
 }
 
-var MasterServiceSsdReplicaCommitArgs_Req_DEFAULT *SsdReplicaCommitRequest
+var MasterServiceBatchSsdReplicaCommitArgs_Req_DEFAULT *BatchSsdReplicaCommitRequest
 
-func (p *MasterServiceSsdReplicaCommitArgs) GetReq() (v *SsdReplicaCommitRequest) {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) GetReq() (v *BatchSsdReplicaCommitRequest) {
 	if !p.IsSetReq() {
-		return MasterServiceSsdReplicaCommitArgs_Req_DEFAULT
+		return MasterServiceBatchSsdReplicaCommitArgs_Req_DEFAULT
 	}
 	return p.Req
 }
-func (p *MasterServiceSsdReplicaCommitArgs) SetReq(val *SsdReplicaCommitRequest) {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) SetReq(val *BatchSsdReplicaCommitRequest) {
 	p.Req = val
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) IsSetReq() bool {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) IsSetReq() bool {
 	return p.Req != nil
 }
 
-func (p *MasterServiceSsdReplicaCommitArgs) String() string {
+func (p *MasterServiceBatchSsdReplicaCommitArgs) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("MasterServiceSsdReplicaCommitArgs(%+v)", *p)
+	return fmt.Sprintf("MasterServiceBatchSsdReplicaCommitArgs(%+v)", *p)
 }
 
-var fieldIDToName_MasterServiceSsdReplicaCommitArgs = map[int16]string{
+var fieldIDToName_MasterServiceBatchSsdReplicaCommitArgs = map[int16]string{
 	1: "req",
 }
 
-type MasterServiceSsdReplicaCommitResult struct {
-	Success *SsdReplicaCommitResponse `thrift:"success,0,optional" frugal:"0,optional,SsdReplicaCommitResponse" json:"success,omitempty"`
+type MasterServiceBatchSsdReplicaCommitResult struct {
+	Success *BatchSsdReplicaCommitResponse `thrift:"success,0,optional" frugal:"0,optional,BatchSsdReplicaCommitResponse" json:"success,omitempty"`
 }
 
-func NewMasterServiceSsdReplicaCommitResult() *MasterServiceSsdReplicaCommitResult {
-	return &MasterServiceSsdReplicaCommitResult{}
+func NewMasterServiceBatchSsdReplicaCommitResult() *MasterServiceBatchSsdReplicaCommitResult {
+	return &MasterServiceBatchSsdReplicaCommitResult{}
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) InitDefault() {
+func (p *MasterServiceBatchSsdReplicaCommitResult) InitDefault() {
 }
 
-var MasterServiceSsdReplicaCommitResult_Success_DEFAULT *SsdReplicaCommitResponse
+var MasterServiceBatchSsdReplicaCommitResult_Success_DEFAULT *BatchSsdReplicaCommitResponse
 
-func (p *MasterServiceSsdReplicaCommitResult) GetSuccess() (v *SsdReplicaCommitResponse) {
+func (p *MasterServiceBatchSsdReplicaCommitResult) GetSuccess() (v *BatchSsdReplicaCommitResponse) {
 	if !p.IsSetSuccess() {
-		return MasterServiceSsdReplicaCommitResult_Success_DEFAULT
+		return MasterServiceBatchSsdReplicaCommitResult_Success_DEFAULT
 	}
 	return p.Success
 }
-func (p *MasterServiceSsdReplicaCommitResult) SetSuccess(x interface{}) {
-	p.Success = x.(*SsdReplicaCommitResponse)
+func (p *MasterServiceBatchSsdReplicaCommitResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchSsdReplicaCommitResponse)
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) IsSetSuccess() bool {
+func (p *MasterServiceBatchSsdReplicaCommitResult) IsSetSuccess() bool {
 	return p.Success != nil
 }
 
-func (p *MasterServiceSsdReplicaCommitResult) String() string {
+func (p *MasterServiceBatchSsdReplicaCommitResult) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("MasterServiceSsdReplicaCommitResult(%+v)", *p)
+	return fmt.Sprintf("MasterServiceBatchSsdReplicaCommitResult(%+v)", *p)
 }
 
-var fieldIDToName_MasterServiceSsdReplicaCommitResult = map[int16]string{
+var fieldIDToName_MasterServiceBatchSsdReplicaCommitResult = map[int16]string{
 	0: "success",
 }
 

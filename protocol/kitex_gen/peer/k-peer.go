@@ -621,6 +621,337 @@ func (p *SsdReplicaPersistResponse) field2Length() int {
 	return l
 }
 
+func (p *BatchSsdReplicaPersistRequest) FastRead(buf []byte) (int, error) {
+
+	var err error
+	var offset int
+	var l int
+	var fieldTypeId thrift.TType
+	var fieldId int16
+	for {
+		fieldTypeId, fieldId, l, err = thrift.Binary.ReadFieldBegin(buf[offset:])
+		offset += l
+		if err != nil {
+			goto ReadFieldBeginError
+		}
+		if fieldTypeId == thrift.STOP {
+			break
+		}
+		switch fieldId {
+		case 1:
+			if fieldTypeId == thrift.LIST {
+				l, err = p.FastReadField1(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		default:
+			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			offset += l
+			if err != nil {
+				goto SkipFieldError
+			}
+		}
+	}
+
+	return offset, nil
+ReadFieldBeginError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
+ReadFieldError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_BatchSsdReplicaPersistRequest[fieldId]), err)
+SkipFieldError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
+}
+
+func (p *BatchSsdReplicaPersistRequest) FastReadField1(buf []byte) (int, error) {
+	offset := 0
+
+	_, size, l, err := thrift.Binary.ReadListBegin(buf[offset:])
+	offset += l
+	if err != nil {
+		return offset, err
+	}
+	_field := make([]*SsdReplicaPersistRequest, 0, size)
+	values := make([]SsdReplicaPersistRequest, size)
+	for i := 0; i < size; i++ {
+		_elem := &values[i]
+		_elem.InitDefault()
+		if l, err := _elem.FastRead(buf[offset:]); err != nil {
+			return offset, err
+		} else {
+			offset += l
+		}
+
+		_field = append(_field, _elem)
+	}
+	p.Items = _field
+	return offset, nil
+}
+
+func (p *BatchSsdReplicaPersistRequest) FastWrite(buf []byte) int {
+	return p.FastWriteNocopy(buf, nil)
+}
+
+func (p *BatchSsdReplicaPersistRequest) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	if p != nil {
+		offset += p.fastWriteField1(buf[offset:], w)
+	}
+	offset += thrift.Binary.WriteFieldStop(buf[offset:])
+	return offset
+}
+
+func (p *BatchSsdReplicaPersistRequest) BLength() int {
+	l := 0
+	if p != nil {
+		l += p.field1Length()
+	}
+	l += thrift.Binary.FieldStopLength()
+	return l
+}
+
+func (p *BatchSsdReplicaPersistRequest) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.LIST, 1)
+	listBeginOffset := offset
+	offset += thrift.Binary.ListBeginLength()
+	var length int
+	for _, v := range p.Items {
+		length++
+		offset += v.FastWriteNocopy(buf[offset:], w)
+	}
+	thrift.Binary.WriteListBegin(buf[listBeginOffset:], thrift.STRUCT, length)
+	return offset
+}
+
+func (p *BatchSsdReplicaPersistRequest) field1Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.ListBeginLength()
+	for _, v := range p.Items {
+		_ = v
+		l += v.BLength()
+	}
+	return l
+}
+
+func (p *BatchSsdReplicaPersistResponse) FastRead(buf []byte) (int, error) {
+
+	var err error
+	var offset int
+	var l int
+	var fieldTypeId thrift.TType
+	var fieldId int16
+	for {
+		fieldTypeId, fieldId, l, err = thrift.Binary.ReadFieldBegin(buf[offset:])
+		offset += l
+		if err != nil {
+			goto ReadFieldBeginError
+		}
+		if fieldTypeId == thrift.STOP {
+			break
+		}
+		switch fieldId {
+		case 1:
+			if fieldTypeId == thrift.I32 {
+				l, err = p.FastReadField1(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		case 2:
+			if fieldTypeId == thrift.STRING {
+				l, err = p.FastReadField2(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		case 3:
+			if fieldTypeId == thrift.LIST {
+				l, err = p.FastReadField3(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
+		default:
+			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			offset += l
+			if err != nil {
+				goto SkipFieldError
+			}
+		}
+	}
+
+	return offset, nil
+ReadFieldBeginError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
+ReadFieldError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_BatchSsdReplicaPersistResponse[fieldId]), err)
+SkipFieldError:
+	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
+}
+
+func (p *BatchSsdReplicaPersistResponse) FastReadField1(buf []byte) (int, error) {
+	offset := 0
+
+	var _field common.ErrorCode
+	if v, l, err := thrift.Binary.ReadI32(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+
+		_field = common.ErrorCode(v)
+	}
+	p.Code = _field
+	return offset, nil
+}
+
+func (p *BatchSsdReplicaPersistResponse) FastReadField2(buf []byte) (int, error) {
+	offset := 0
+
+	var _field string
+	if v, l, err := thrift.Binary.ReadString(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = v
+	}
+	p.Message = _field
+	return offset, nil
+}
+
+func (p *BatchSsdReplicaPersistResponse) FastReadField3(buf []byte) (int, error) {
+	offset := 0
+
+	_, size, l, err := thrift.Binary.ReadListBegin(buf[offset:])
+	offset += l
+	if err != nil {
+		return offset, err
+	}
+	_field := make([]*SsdReplicaPersistResponse, 0, size)
+	values := make([]SsdReplicaPersistResponse, size)
+	for i := 0; i < size; i++ {
+		_elem := &values[i]
+		_elem.InitDefault()
+		if l, err := _elem.FastRead(buf[offset:]); err != nil {
+			return offset, err
+		} else {
+			offset += l
+		}
+
+		_field = append(_field, _elem)
+	}
+	p.Results = _field
+	return offset, nil
+}
+
+func (p *BatchSsdReplicaPersistResponse) FastWrite(buf []byte) int {
+	return p.FastWriteNocopy(buf, nil)
+}
+
+func (p *BatchSsdReplicaPersistResponse) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	if p != nil {
+		offset += p.fastWriteField1(buf[offset:], w)
+		offset += p.fastWriteField2(buf[offset:], w)
+		offset += p.fastWriteField3(buf[offset:], w)
+	}
+	offset += thrift.Binary.WriteFieldStop(buf[offset:])
+	return offset
+}
+
+func (p *BatchSsdReplicaPersistResponse) BLength() int {
+	l := 0
+	if p != nil {
+		l += p.field1Length()
+		l += p.field2Length()
+		l += p.field3Length()
+	}
+	l += thrift.Binary.FieldStopLength()
+	return l
+}
+
+func (p *BatchSsdReplicaPersistResponse) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I32, 1)
+	offset += thrift.Binary.WriteI32(buf[offset:], int32(p.Code))
+	return offset
+}
+
+func (p *BatchSsdReplicaPersistResponse) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 2)
+	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Message)
+	return offset
+}
+
+func (p *BatchSsdReplicaPersistResponse) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.LIST, 3)
+	listBeginOffset := offset
+	offset += thrift.Binary.ListBeginLength()
+	var length int
+	for _, v := range p.Results {
+		length++
+		offset += v.FastWriteNocopy(buf[offset:], w)
+	}
+	thrift.Binary.WriteListBegin(buf[listBeginOffset:], thrift.STRUCT, length)
+	return offset
+}
+
+func (p *BatchSsdReplicaPersistResponse) field1Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.I32Length()
+	return l
+}
+
+func (p *BatchSsdReplicaPersistResponse) field2Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.StringLengthNocopy(p.Message)
+	return l
+}
+
+func (p *BatchSsdReplicaPersistResponse) field3Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.ListBeginLength()
+	for _, v := range p.Results {
+		_ = v
+		l += v.BLength()
+	}
+	return l
+}
+
 func (p *SsdStageReadRequest) FastRead(buf []byte) (int, error) {
 
 	var err error
@@ -3159,7 +3490,7 @@ func (p *ReleaseHotSetResponse) field3Length() int {
 	return l
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) FastRead(buf []byte) (int, error) {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -3203,14 +3534,14 @@ func (p *PeerServiceSsdReplicaPersistArgs) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_PeerServiceSsdReplicaPersistArgs[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_PeerServiceBatchSsdReplicaPersistArgs[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) FastReadField1(buf []byte) (int, error) {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) FastReadField1(buf []byte) (int, error) {
 	offset := 0
-	_field := NewSsdReplicaPersistRequest()
+	_field := NewBatchSsdReplicaPersistRequest()
 	if l, err := _field.FastRead(buf[offset:]); err != nil {
 		return offset, err
 	} else {
@@ -3220,11 +3551,11 @@ func (p *PeerServiceSsdReplicaPersistArgs) FastReadField1(buf []byte) (int, erro
 	return offset, nil
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) FastWrite(buf []byte) int {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
 		offset += p.fastWriteField1(buf[offset:], w)
@@ -3233,7 +3564,7 @@ func (p *PeerServiceSsdReplicaPersistArgs) FastWriteNocopy(buf []byte, w thrift.
 	return offset
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) BLength() int {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
@@ -3242,21 +3573,21 @@ func (p *PeerServiceSsdReplicaPersistArgs) BLength() int {
 	return l
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 1)
 	offset += p.Req.FastWriteNocopy(buf[offset:], w)
 	return offset
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) field1Length() int {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += p.Req.BLength()
 	return l
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) FastRead(buf []byte) (int, error) {
+func (p *PeerServiceBatchSsdReplicaPersistResult) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -3300,14 +3631,14 @@ func (p *PeerServiceSsdReplicaPersistResult) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_PeerServiceSsdReplicaPersistResult[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_PeerServiceBatchSsdReplicaPersistResult[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) FastReadField0(buf []byte) (int, error) {
+func (p *PeerServiceBatchSsdReplicaPersistResult) FastReadField0(buf []byte) (int, error) {
 	offset := 0
-	_field := NewSsdReplicaPersistResponse()
+	_field := NewBatchSsdReplicaPersistResponse()
 	if l, err := _field.FastRead(buf[offset:]); err != nil {
 		return offset, err
 	} else {
@@ -3317,11 +3648,11 @@ func (p *PeerServiceSsdReplicaPersistResult) FastReadField0(buf []byte) (int, er
 	return offset, nil
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) FastWrite(buf []byte) int {
+func (p *PeerServiceBatchSsdReplicaPersistResult) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *PeerServiceBatchSsdReplicaPersistResult) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
 		offset += p.fastWriteField0(buf[offset:], w)
@@ -3330,7 +3661,7 @@ func (p *PeerServiceSsdReplicaPersistResult) FastWriteNocopy(buf []byte, w thrif
 	return offset
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) BLength() int {
+func (p *PeerServiceBatchSsdReplicaPersistResult) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field0Length()
@@ -3339,7 +3670,7 @@ func (p *PeerServiceSsdReplicaPersistResult) BLength() int {
 	return l
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) fastWriteField0(buf []byte, w thrift.NocopyWriter) int {
+func (p *PeerServiceBatchSsdReplicaPersistResult) fastWriteField0(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p.IsSetSuccess() {
 		offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 0)
@@ -3348,7 +3679,7 @@ func (p *PeerServiceSsdReplicaPersistResult) fastWriteField0(buf []byte, w thrif
 	return offset
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) field0Length() int {
+func (p *PeerServiceBatchSsdReplicaPersistResult) field0Length() int {
 	l := 0
 	if p.IsSetSuccess() {
 		l += thrift.Binary.FieldBeginLength()
@@ -4347,11 +4678,11 @@ func (p *PeerServiceReleaseHotSetResult) field0Length() int {
 	return l
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) GetFirstArgument() interface{} {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) GetFirstArgument() interface{} {
 	return p.Req
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) GetResult() interface{} {
+func (p *PeerServiceBatchSsdReplicaPersistResult) GetResult() interface{} {
 	return p.Success
 }
 

@@ -9,6 +9,10 @@ import (
 )
 
 const (
+	PERSIST_BATCH_ITEMS = 64
+
+	PERSIST_BATCH_IN_FLIGHT = 8
+
 	STAGE_CHUNK_BYTES = 4194304
 
 	STAGE_READS_IN_FLIGHT = 4
@@ -159,6 +163,82 @@ func (p *SsdReplicaPersistResponse) String() string {
 var fieldIDToName_SsdReplicaPersistResponse = map[int16]string{
 	1: "code",
 	2: "message",
+}
+
+type BatchSsdReplicaPersistRequest struct {
+	Items []*SsdReplicaPersistRequest `thrift:"items,1" frugal:"1,default,list<SsdReplicaPersistRequest>" json:"items"`
+}
+
+func NewBatchSsdReplicaPersistRequest() *BatchSsdReplicaPersistRequest {
+	return &BatchSsdReplicaPersistRequest{}
+}
+
+func (p *BatchSsdReplicaPersistRequest) InitDefault() {
+}
+
+func (p *BatchSsdReplicaPersistRequest) GetItems() (v []*SsdReplicaPersistRequest) {
+	return p.Items
+}
+func (p *BatchSsdReplicaPersistRequest) SetItems(val []*SsdReplicaPersistRequest) {
+	p.Items = val
+}
+
+func (p *BatchSsdReplicaPersistRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchSsdReplicaPersistRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchSsdReplicaPersistRequest = map[int16]string{
+	1: "items",
+}
+
+type BatchSsdReplicaPersistResponse struct {
+	Code    common.ErrorCode             `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string                       `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*SsdReplicaPersistResponse `thrift:"results,3" frugal:"3,default,list<SsdReplicaPersistResponse>" json:"results"`
+}
+
+func NewBatchSsdReplicaPersistResponse() *BatchSsdReplicaPersistResponse {
+	return &BatchSsdReplicaPersistResponse{}
+}
+
+func (p *BatchSsdReplicaPersistResponse) InitDefault() {
+}
+
+func (p *BatchSsdReplicaPersistResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchSsdReplicaPersistResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchSsdReplicaPersistResponse) GetResults() (v []*SsdReplicaPersistResponse) {
+	return p.Results
+}
+func (p *BatchSsdReplicaPersistResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchSsdReplicaPersistResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchSsdReplicaPersistResponse) SetResults(val []*SsdReplicaPersistResponse) {
+	p.Results = val
+}
+
+func (p *BatchSsdReplicaPersistResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchSsdReplicaPersistResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchSsdReplicaPersistResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
 }
 
 type SsdStageReadRequest struct {
@@ -758,7 +838,7 @@ var fieldIDToName_ReleaseHotSetResponse = map[int16]string{
 }
 
 type PeerService interface {
-	SsdReplicaPersist(ctx context.Context, req *SsdReplicaPersistRequest) (r *SsdReplicaPersistResponse, err error)
+	BatchSsdReplicaPersist(ctx context.Context, req *BatchSsdReplicaPersistRequest) (r *BatchSsdReplicaPersistResponse, err error)
 
 	SsdStageRead(ctx context.Context, req *SsdStageReadRequest) (r *SsdStageReadResponse, err error)
 
@@ -771,79 +851,79 @@ type PeerService interface {
 	ReleaseHotSet(ctx context.Context, req *ReleaseHotSetRequest) (r *ReleaseHotSetResponse, err error)
 }
 
-type PeerServiceSsdReplicaPersistArgs struct {
-	Req *SsdReplicaPersistRequest `thrift:"req,1" frugal:"1,default,SsdReplicaPersistRequest" json:"req"`
+type PeerServiceBatchSsdReplicaPersistArgs struct {
+	Req *BatchSsdReplicaPersistRequest `thrift:"req,1" frugal:"1,default,BatchSsdReplicaPersistRequest" json:"req"`
 }
 
-func NewPeerServiceSsdReplicaPersistArgs() *PeerServiceSsdReplicaPersistArgs {
-	return &PeerServiceSsdReplicaPersistArgs{}
+func NewPeerServiceBatchSsdReplicaPersistArgs() *PeerServiceBatchSsdReplicaPersistArgs {
+	return &PeerServiceBatchSsdReplicaPersistArgs{}
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) InitDefault() {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) InitDefault() {
 }
 
-var PeerServiceSsdReplicaPersistArgs_Req_DEFAULT *SsdReplicaPersistRequest
+var PeerServiceBatchSsdReplicaPersistArgs_Req_DEFAULT *BatchSsdReplicaPersistRequest
 
-func (p *PeerServiceSsdReplicaPersistArgs) GetReq() (v *SsdReplicaPersistRequest) {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) GetReq() (v *BatchSsdReplicaPersistRequest) {
 	if !p.IsSetReq() {
-		return PeerServiceSsdReplicaPersistArgs_Req_DEFAULT
+		return PeerServiceBatchSsdReplicaPersistArgs_Req_DEFAULT
 	}
 	return p.Req
 }
-func (p *PeerServiceSsdReplicaPersistArgs) SetReq(val *SsdReplicaPersistRequest) {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) SetReq(val *BatchSsdReplicaPersistRequest) {
 	p.Req = val
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) IsSetReq() bool {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) IsSetReq() bool {
 	return p.Req != nil
 }
 
-func (p *PeerServiceSsdReplicaPersistArgs) String() string {
+func (p *PeerServiceBatchSsdReplicaPersistArgs) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("PeerServiceSsdReplicaPersistArgs(%+v)", *p)
+	return fmt.Sprintf("PeerServiceBatchSsdReplicaPersistArgs(%+v)", *p)
 }
 
-var fieldIDToName_PeerServiceSsdReplicaPersistArgs = map[int16]string{
+var fieldIDToName_PeerServiceBatchSsdReplicaPersistArgs = map[int16]string{
 	1: "req",
 }
 
-type PeerServiceSsdReplicaPersistResult struct {
-	Success *SsdReplicaPersistResponse `thrift:"success,0,optional" frugal:"0,optional,SsdReplicaPersistResponse" json:"success,omitempty"`
+type PeerServiceBatchSsdReplicaPersistResult struct {
+	Success *BatchSsdReplicaPersistResponse `thrift:"success,0,optional" frugal:"0,optional,BatchSsdReplicaPersistResponse" json:"success,omitempty"`
 }
 
-func NewPeerServiceSsdReplicaPersistResult() *PeerServiceSsdReplicaPersistResult {
-	return &PeerServiceSsdReplicaPersistResult{}
+func NewPeerServiceBatchSsdReplicaPersistResult() *PeerServiceBatchSsdReplicaPersistResult {
+	return &PeerServiceBatchSsdReplicaPersistResult{}
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) InitDefault() {
+func (p *PeerServiceBatchSsdReplicaPersistResult) InitDefault() {
 }
 
-var PeerServiceSsdReplicaPersistResult_Success_DEFAULT *SsdReplicaPersistResponse
+var PeerServiceBatchSsdReplicaPersistResult_Success_DEFAULT *BatchSsdReplicaPersistResponse
 
-func (p *PeerServiceSsdReplicaPersistResult) GetSuccess() (v *SsdReplicaPersistResponse) {
+func (p *PeerServiceBatchSsdReplicaPersistResult) GetSuccess() (v *BatchSsdReplicaPersistResponse) {
 	if !p.IsSetSuccess() {
-		return PeerServiceSsdReplicaPersistResult_Success_DEFAULT
+		return PeerServiceBatchSsdReplicaPersistResult_Success_DEFAULT
 	}
 	return p.Success
 }
-func (p *PeerServiceSsdReplicaPersistResult) SetSuccess(x interface{}) {
-	p.Success = x.(*SsdReplicaPersistResponse)
+func (p *PeerServiceBatchSsdReplicaPersistResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchSsdReplicaPersistResponse)
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) IsSetSuccess() bool {
+func (p *PeerServiceBatchSsdReplicaPersistResult) IsSetSuccess() bool {
 	return p.Success != nil
 }
 
-func (p *PeerServiceSsdReplicaPersistResult) String() string {
+func (p *PeerServiceBatchSsdReplicaPersistResult) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("PeerServiceSsdReplicaPersistResult(%+v)", *p)
+	return fmt.Sprintf("PeerServiceBatchSsdReplicaPersistResult(%+v)", *p)
 }
 
-var fieldIDToName_PeerServiceSsdReplicaPersistResult = map[int16]string{
+var fieldIDToName_PeerServiceBatchSsdReplicaPersistResult = map[int16]string{
 	0: "success",
 }
 

@@ -21,7 +21,7 @@ type Client interface {
 	GetRevoke(ctx context.Context, req *master.GetRevokeRequest, callOptions ...callopt.Option) (r *master.GetRevokeResponse, err error)
 	Delete(ctx context.Context, req *master.DeleteRequest, callOptions ...callopt.Option) (r *master.DeleteResponse, err error)
 	Exists(ctx context.Context, req *master.ExistsRequest, callOptions ...callopt.Option) (r *master.ExistsResponse, err error)
-	SsdReplicaCommit(ctx context.Context, req *master.SsdReplicaCommitRequest, callOptions ...callopt.Option) (r *master.SsdReplicaCommitResponse, err error)
+	BatchSsdReplicaCommit(ctx context.Context, req *master.BatchSsdReplicaCommitRequest, callOptions ...callopt.Option) (r *master.BatchSsdReplicaCommitResponse, err error)
 	BatchSsdReplicaEvict(ctx context.Context, req *master.BatchSsdReplicaEvictRequest, callOptions ...callopt.Option) (r *master.BatchSsdReplicaEvictResponse, err error)
 	BatchDeleteAck(ctx context.Context, req *master.BatchDeleteAckRequest, callOptions ...callopt.Option) (r *master.BatchDeleteAckResponse, err error)
 	Stat(ctx context.Context, req *master.StatRequest, callOptions ...callopt.Option) (r *master.StatResponse, err error)
@@ -115,9 +115,9 @@ func (p *kMasterServiceClient) Exists(ctx context.Context, req *master.ExistsReq
 	return p.kClient.Exists(ctx, req)
 }
 
-func (p *kMasterServiceClient) SsdReplicaCommit(ctx context.Context, req *master.SsdReplicaCommitRequest, callOptions ...callopt.Option) (r *master.SsdReplicaCommitResponse, err error) {
+func (p *kMasterServiceClient) BatchSsdReplicaCommit(ctx context.Context, req *master.BatchSsdReplicaCommitRequest, callOptions ...callopt.Option) (r *master.BatchSsdReplicaCommitResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
-	return p.kClient.SsdReplicaCommit(ctx, req)
+	return p.kClient.BatchSsdReplicaCommit(ctx, req)
 }
 
 func (p *kMasterServiceClient) BatchSsdReplicaEvict(ctx context.Context, req *master.BatchSsdReplicaEvictRequest, callOptions ...callopt.Option) (r *master.BatchSsdReplicaEvictResponse, err error) {

@@ -83,10 +83,10 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
-	"SsdReplicaCommit": kitex.NewMethodInfo(
-		ssdReplicaCommitHandler,
-		newMasterServiceSsdReplicaCommitArgs,
-		newMasterServiceSsdReplicaCommitResult,
+	"BatchSsdReplicaCommit": kitex.NewMethodInfo(
+		batchSsdReplicaCommitHandler,
+		newMasterServiceBatchSsdReplicaCommitArgs,
+		newMasterServiceBatchSsdReplicaCommitResult,
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
@@ -420,22 +420,22 @@ func newMasterServiceExistsResult() interface{} {
 	return master.NewMasterServiceExistsResult()
 }
 
-func ssdReplicaCommitHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
-	realArg := arg.(*master.MasterServiceSsdReplicaCommitArgs)
-	realResult := result.(*master.MasterServiceSsdReplicaCommitResult)
-	success, err := handler.(master.MasterService).SsdReplicaCommit(ctx, realArg.Req)
+func batchSsdReplicaCommitHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*master.MasterServiceBatchSsdReplicaCommitArgs)
+	realResult := result.(*master.MasterServiceBatchSsdReplicaCommitResult)
+	success, err := handler.(master.MasterService).BatchSsdReplicaCommit(ctx, realArg.Req)
 	if err != nil {
 		return err
 	}
 	realResult.Success = success
 	return nil
 }
-func newMasterServiceSsdReplicaCommitArgs() interface{} {
-	return master.NewMasterServiceSsdReplicaCommitArgs()
+func newMasterServiceBatchSsdReplicaCommitArgs() interface{} {
+	return master.NewMasterServiceBatchSsdReplicaCommitArgs()
 }
 
-func newMasterServiceSsdReplicaCommitResult() interface{} {
-	return master.NewMasterServiceSsdReplicaCommitResult()
+func newMasterServiceBatchSsdReplicaCommitResult() interface{} {
+	return master.NewMasterServiceBatchSsdReplicaCommitResult()
 }
 
 func batchSsdReplicaEvictHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
@@ -764,11 +764,11 @@ func (p *kClient) Exists(ctx context.Context, req *master.ExistsRequest) (r *mas
 	return _result.GetSuccess(), nil
 }
 
-func (p *kClient) SsdReplicaCommit(ctx context.Context, req *master.SsdReplicaCommitRequest) (r *master.SsdReplicaCommitResponse, err error) {
-	var _args master.MasterServiceSsdReplicaCommitArgs
+func (p *kClient) BatchSsdReplicaCommit(ctx context.Context, req *master.BatchSsdReplicaCommitRequest) (r *master.BatchSsdReplicaCommitResponse, err error) {
+	var _args master.MasterServiceBatchSsdReplicaCommitArgs
 	_args.Req = req
-	var _result master.MasterServiceSsdReplicaCommitResult
-	if err = p.c.Call(ctx, "SsdReplicaCommit", &_args, &_result); err != nil {
+	var _result master.MasterServiceBatchSsdReplicaCommitResult
+	if err = p.c.Call(ctx, "BatchSsdReplicaCommit", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

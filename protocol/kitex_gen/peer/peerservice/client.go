@@ -11,7 +11,7 @@ import (
 
 // Client is designed to provide IDL-compatible methods with call-option parameter for kitex framework.
 type Client interface {
-	SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest, callOptions ...callopt.Option) (r *peer.SsdReplicaPersistResponse, err error)
+	BatchSsdReplicaPersist(ctx context.Context, req *peer.BatchSsdReplicaPersistRequest, callOptions ...callopt.Option) (r *peer.BatchSsdReplicaPersistResponse, err error)
 	SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest, callOptions ...callopt.Option) (r *peer.SsdStageReadResponse, err error)
 	BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest, callOptions ...callopt.Option) (r *peer.BatchSsdStageReadResponse, err error)
 	InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error)
@@ -48,9 +48,9 @@ type kPeerServiceClient struct {
 	*kClient
 }
 
-func (p *kPeerServiceClient) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest, callOptions ...callopt.Option) (r *peer.SsdReplicaPersistResponse, err error) {
+func (p *kPeerServiceClient) BatchSsdReplicaPersist(ctx context.Context, req *peer.BatchSsdReplicaPersistRequest, callOptions ...callopt.Option) (r *peer.BatchSsdReplicaPersistResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
-	return p.kClient.SsdReplicaPersist(ctx, req)
+	return p.kClient.BatchSsdReplicaPersist(ctx, req)
 }
 
 func (p *kPeerServiceClient) SsdStageRead(ctx context.Context, req *peer.SsdStageReadRequest, callOptions ...callopt.Option) (r *peer.SsdStageReadResponse, err error) {

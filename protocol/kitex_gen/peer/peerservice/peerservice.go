@@ -13,10 +13,10 @@ import (
 var errInvalidMessageType = errors.New("invalid message type for service method handler")
 
 var serviceMethods = map[string]kitex.MethodInfo{
-	"SsdReplicaPersist": kitex.NewMethodInfo(
-		ssdReplicaPersistHandler,
-		newPeerServiceSsdReplicaPersistArgs,
-		newPeerServiceSsdReplicaPersistResult,
+	"BatchSsdReplicaPersist": kitex.NewMethodInfo(
+		batchSsdReplicaPersistHandler,
+		newPeerServiceBatchSsdReplicaPersistArgs,
+		newPeerServiceBatchSsdReplicaPersistResult,
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
@@ -121,22 +121,22 @@ func newServiceInfo(hasStreaming bool, keepStreamingMethods bool, keepNonStreami
 	return svcInfo
 }
 
-func ssdReplicaPersistHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
-	realArg := arg.(*peer.PeerServiceSsdReplicaPersistArgs)
-	realResult := result.(*peer.PeerServiceSsdReplicaPersistResult)
-	success, err := handler.(peer.PeerService).SsdReplicaPersist(ctx, realArg.Req)
+func batchSsdReplicaPersistHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.PeerServiceBatchSsdReplicaPersistArgs)
+	realResult := result.(*peer.PeerServiceBatchSsdReplicaPersistResult)
+	success, err := handler.(peer.PeerService).BatchSsdReplicaPersist(ctx, realArg.Req)
 	if err != nil {
 		return err
 	}
 	realResult.Success = success
 	return nil
 }
-func newPeerServiceSsdReplicaPersistArgs() interface{} {
-	return peer.NewPeerServiceSsdReplicaPersistArgs()
+func newPeerServiceBatchSsdReplicaPersistArgs() interface{} {
+	return peer.NewPeerServiceBatchSsdReplicaPersistArgs()
 }
 
-func newPeerServiceSsdReplicaPersistResult() interface{} {
-	return peer.NewPeerServiceSsdReplicaPersistResult()
+func newPeerServiceBatchSsdReplicaPersistResult() interface{} {
+	return peer.NewPeerServiceBatchSsdReplicaPersistResult()
 }
 
 func ssdStageReadHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
@@ -239,11 +239,11 @@ func newServiceClient(c client.Client) *kClient {
 	}
 }
 
-func (p *kClient) SsdReplicaPersist(ctx context.Context, req *peer.SsdReplicaPersistRequest) (r *peer.SsdReplicaPersistResponse, err error) {
-	var _args peer.PeerServiceSsdReplicaPersistArgs
+func (p *kClient) BatchSsdReplicaPersist(ctx context.Context, req *peer.BatchSsdReplicaPersistRequest) (r *peer.BatchSsdReplicaPersistResponse, err error) {
+	var _args peer.PeerServiceBatchSsdReplicaPersistArgs
 	_args.Req = req
-	var _result peer.PeerServiceSsdReplicaPersistResult
-	if err = p.c.Call(ctx, "SsdReplicaPersist", &_args, &_result); err != nil {
+	var _result peer.PeerServiceBatchSsdReplicaPersistResult
+	if err = p.c.Call(ctx, "BatchSsdReplicaPersist", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil

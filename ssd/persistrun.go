@@ -1,0 +1,242 @@
+package ssd
+
+import (
+	"fmt"
+	"hash/crc32"
+)
+
+// PersistRunBytes bounds the records PersistMany writes with one IO: on a disk that
+// takes 64 KiB writes at a fraction of its bandwidth, sixteen 64 KiB KV pages go as
+// one 1 MiB write. Callers that persist runs concurrently split their items by it.
+const PersistRunBytes = 1 << 20
+
+// PersistItem is one value of PersistMany: src is copied, not retained.
+type PersistItem struct {
+	Key   string
+	PutID int64
+	Src   []byte
+}
+
+// PersistMany persists each item as Persist does, with fewer and larger writes: items
+// whose records add up to at most PersistRunBytes are filled into one buffer, and
+// those the ring then places back to back on one shard file go to disk as one write.
+// An item that cannot join a run (the ring wrapped, another writer allocated between,
+// a newer version is stored) starts the next one, so the outcome of each item is its
+// own. It returns each item's pin (to release once the commit to the master returned;
+// valid where its error is nil) and error, as Persist.
+func (s *Storage) PersistMany(items []PersistItem) ([]CommitPin, []error) {
+	recs := make([]*record, len(items))
+	for i, it := range items {
+		recs[i] = &record{key: it.Key, putID: it.PutID, length: int64(len(it.Src)), fill: copyFrom(it.Src)}
+	}
+	for lo := 0; lo < len(recs); {
+		hi, bytes := lo+1, runSpan(recs[lo])
+		for hi < len(recs) && bytes+runSpan(recs[hi]) <= PersistRunBytes {
+			bytes += runSpan(recs[hi])
+			hi++
+		}
+		s.persistRecords(recs[lo:hi])
+		lo = hi
+	}
+	pins, errs := make([]CommitPin, len(recs)), make([]error, len(recs))
+	for i, r := range recs {
+		pins[i], errs[i] = r.pin, r.err
+	}
+	return pins, errs
+}
+
+// copyFrom is the fill of a value held in memory.
+func copyFrom(src []byte) func(dst []byte) error {
+	return func(dst []byte) error {
+		copy(dst, src)
+		return nil
+	}
+}
+
+// record is one value on its way to the ring: what a persist was asked, then its
+// place in the run's buffer and on disk, then its outcome.
+type record struct {
+	key    string
+	putID  int64
+	length int64
+	fill   func(dst []byte) error
+
+	hdr  int64  // header bytes
+	size int64  // the record's span on its device: header, value, padding
+	at   int64  // offset in the run's buffer
+	e    *entry // its ring entry once reserved
+	crc  uint32
+
+	pin CommitPin
+	err error
+}
+
+// runSpan estimates r's bytes on disk for grouping (the device's alignment is not
+// known yet): header and value at Align.
+func runSpan(r *record) int64 { return headerSize(len(r.key)) + alignUp(max(r.length, 0)) }
+
+// persistRecords persists recs (one run: PersistMany's grouping, or one value) with as
+// few writes as the ring allows, setting each record's pin or err. Each record is
+// filled (and checksummed) before any writer's turn is taken, by the caller on its
+// own goroutine: a slow fill (a pull) holds up no other persist.
+func (s *Storage) persistRecords(recs []*record) {
+	fail := func(rs []*record, err error) {
+		for _, r := range rs {
+			if r.err == nil {
+				r.err = err
+			}
+		}
+	}
+	for _, r := range recs {
+		if r.key == "" || r.length <= 0 || len(r.key) > MaxRecordKey {
+			r.err = fmt.Errorf("ssd persist %.64q: key of %d bytes (1..%d), value of %d bytes: empty or too long", r.key, len(r.key), MaxRecordKey, r.length)
+		}
+	}
+	if !s.enter() {
+		fail(recs, ErrClosed)
+		return
+	}
+	defer s.leave()
+	// The records' spans are whole numbers of the device's blocks, so that each write
+	// starts and ends on file system blocks: an unaligned direct write is serialized by
+	// the file system (see placementAlign).
+	var d *device
+	var total int64
+	for _, r := range recs {
+		if r.err != nil {
+			continue
+		}
+		r.hdr = headerSize(len(r.key))
+		rec := r.hdr + alignUp(r.length)
+		if d == nil {
+			var err error
+			if d, r.size, err = s.pickDevice(rec); err != nil {
+				r.err = fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", r.key, r.putID, rec, err)
+				d = nil
+				continue
+			}
+		} else if r.size = d.span(rec); r.size > d.shardSize {
+			r.err = fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", r.key, r.putID, rec, ErrTooLarge)
+			continue
+		}
+		r.at = total
+		total += r.size
+	}
+	if d == nil {
+		return // every record failed
+	}
+	w, err := s.acquireBuffer(int(total))
+	if err != nil {
+		fail(recs, err)
+		return
+	}
+	defer s.bufBudget.Release(w)
+	buf := getBuf(int(total))
+	defer putBuf(buf) // every write below completed (or never started) by then
+	for _, r := range recs {
+		if r.err != nil {
+			continue
+		}
+		value := buf[r.at+r.hdr : r.at+r.hdr+r.length]
+		if err := r.fill(value); err != nil {
+			r.err = fmt.Errorf("ssd persist %q put %d: %w", r.key, r.putID, err)
+			continue
+		}
+		clear(buf[r.at+r.hdr+r.length : r.at+r.size]) // the value's padding and the gap to the next block: zero, they stay in the owner
+		r.crc = crc32.Checksum(value, castagnoli)
+		r.err = s.checkNewer(r.key, r.putID)
+	}
+	select { // the device's writer queue
+	case d.writeSlots <- struct{}{}:
+	case <-s.closing:
+		fail(recs, ErrClosed)
+		return
+	}
+	defer func() { <-d.writeSlots }()
+	for rest := recs; len(rest) > 0; {
+		if rest[0].err != nil {
+			rest = rest[1:]
+			continue
+		}
+		n := s.reserveRun(d, rest)
+		if n == 0 {
+			rest = rest[1:] // reserveRun set its err
+			continue
+		}
+		s.writeRun(buf, rest[:n])
+		rest = rest[n:]
+	}
+}
+
+// reserveRun reserves ring entries for a prefix of recs (the first one waiting for space
+// as reserve does; the others only while they fit right behind it on the same shard) and
+// returns its length; 0 with recs[0].err set when the first could not be reserved.
+func (s *Storage) reserveRun(d *device, recs []*record) int {
+	first := recs[0]
+	e, err := s.reserve(d, first.key, first.putID, first.length, first.size)
+	if err != nil {
+		first.err = err
+		return 0
+	}
+	first.e = e
+	n := 1
+	var evs []Eviction
+	s.mu.Lock()
+	ring := e.shard.ring
+	for prev := e; n < len(recs); n++ {
+		r := recs[n]
+		if r.err != nil || ring.head != prev.begin+prev.size || !ring.fitsBeforeEnd(r.size) || s.checkNewerLocked(r.key, r.putID) != nil {
+			break
+		}
+		next, evicted, err := ring.alloc(r.key, r.putID, r.length, r.size)
+		if err != nil {
+			break // blocked by busy entries: it starts the next run, which waits
+		}
+		next.shard = e.shard
+		evs = append(evs, s.evictedLocked(evicted)...) // may include the key's previous version
+		if old := s.index[r.key]; old != nil {
+			s.dropLocked(old)
+		}
+		s.index[r.key] = next
+		r.e, prev = next, next
+	}
+	s.mu.Unlock()
+	s.report(evs)
+	return n
+}
+
+// writeRun writes the reserved, contiguous records recs (consecutive in buf too) with
+// one write and commits each entry that is still the key's, pinned for its commit to
+// the master; the others get an error.
+func (s *Storage) writeRun(buf []byte, recs []*record) {
+	first, last := recs[0], recs[len(recs)-1]
+	for _, r := range recs {
+		// The header names the ring position, known only now.
+		encodeHeader(buf[r.at:], recordHeader{pos: r.e.begin, putID: r.putID, length: r.length, valueCRC: r.crc, key: r.key})
+	}
+	sh := first.e.shard
+	werr := sh.write(buf[first.at:last.at+last.size], sh.fileOffset(first.e))
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range recs {
+		e := r.e
+		if werr != nil || e.removed {
+			sh.ring.abort(e)
+			if s.index[r.key] == e {
+				delete(s.index, r.key)
+			}
+			s.signalLocked()
+			if werr != nil {
+				r.err = fmt.Errorf("ssd persist %q put %d: %w", r.key, r.putID, werr)
+			} else {
+				r.err = fmt.Errorf("ssd persist %q put %d: removed or superseded while writing: %w", r.key, r.putID, ErrStale)
+			}
+			continue
+		}
+		sh.ring.commit(e)
+		sh.dev.used += e.size // committed and indexed
+		sh.ring.pinCommit(e)
+		r.pin = CommitPin{&commitPin{s: s, e: e}}
+	}
+}

@@ -1,0 +1,207 @@
+package ssd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// writeCounter counts the writes submitted to the shard files it opens (through Faults,
+// so faults can be injected too).
+type writeCounter struct {
+	faults Faults
+	writes atomic.Int64
+	bytes  atomic.Int64
+}
+
+func (w *writeCounter) OpenFile(path string, flag int, perm os.FileMode) (File, error) {
+	f, err := w.faults.OpenFile(path, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return countedFile{File: f, w: w}, nil
+}
+
+type countedFile struct {
+	File
+	w *writeCounter
+}
+
+func (f countedFile) Shape(op Op, buf []byte, off int64) ([]byte, error) {
+	if op == OpWrite {
+		f.w.writes.Add(1)
+		f.w.bytes.Add(int64(len(buf)))
+	}
+	return f.File.Shape(op, buf, off)
+}
+
+func manyItems(prefix string, n int, size int64, putID int64) []PersistItem {
+	items := make([]PersistItem, n)
+	for i := range items {
+		key := fmt.Sprintf("%s-%d", prefix, i)
+		items[i] = PersistItem{Key: key, PutID: putID, Src: pattern(key, size)}
+	}
+	return items
+}
+
+// checkPersisted releases the pins and checks each item's outcome: readable byte for
+// byte where errs[i] is nil, absent where it is not.
+func checkPersisted(t *testing.T, s *Storage, items []PersistItem, pins []CommitPin, errs []error) {
+	t.Helper()
+	for i, it := range items {
+		pins[i].Release()
+		got := make([]byte, len(it.Src))
+		err := s.LoadInto(it.Key, it.PutID, got, int64(len(got)))
+		if errs[i] != nil {
+			if s.Contains(it.Key, it.PutID) || err == nil {
+				t.Errorf("%s failed (%v) yet its entry is there (load: %v)", it.Key, errs[i], err)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(got, it.Src) {
+			t.Errorf("%s: load %v, bytes equal %v", it.Key, err, bytes.Equal(got, it.Src))
+		}
+	}
+}
+
+// KV pages persisted together go to disk as one write per run of at most
+// PersistRunBytes, each record readable on its own, and count as used as single
+// persists do.
+func TestPersistManyWritesRuns(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		var wc writeCounter
+		s := openTest(t, kind, 16<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 1 })
+		const page = 60000
+		span := recordSpan(s, "page-00", page)
+		perRun := int(PersistRunBytes / span)
+		items := manyItems("page", 2*perRun+3, page, 1) // two full runs and a short one
+		pins, errs := s.PersistMany(items)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("item %d: %v", i, err)
+			}
+		}
+		if w := wc.writes.Load(); w != 3 {
+			t.Errorf("%d values (%d bytes on disk each) went in %d writes; want 3 runs of at most %d", len(items), span, w, perRun)
+		}
+		if got, want := s.Stats().UsedBytes, int64(len(items))*span; got != want {
+			t.Errorf("used %d bytes, want %d", got, want)
+		}
+		checkPersisted(t, s, items, pins, errs)
+	})
+}
+
+// A run is cut where the ring wraps to the start of its file, where a newer version
+// of a key is already stored (that item fails alone, ErrStale) and where a write fails
+// (every item of that write fails; the others of the batch do not).
+func TestPersistManyCutsRuns(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		var wc writeCounter
+		s := openTest(t, kind, 4<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 1 })
+		const page = 60000
+		span := recordSpan(s, "fill-00", page)
+		ringSize := s.devices[0].shardSize
+
+		// Wrap: single persists leave room for two records before the end of the file.
+		fill := int((ringSize - 2*span) / span)
+		for i := range fill {
+			persist(t, s, fmt.Sprintf("fill-%02d", i), 1, pattern("fill", page))
+		}
+		wc.writes.Store(0)
+		items := manyItems("wrap", 6, page, 1)
+		pins, errs := s.PersistMany(items)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("wrap item %d: %v", i, err)
+			}
+		}
+		if w := wc.writes.Load(); w != 2 {
+			t.Errorf("6 values across the end of the ring went in %d writes; want 2 (2 before the end, 4 after)", w)
+		}
+		checkPersisted(t, s, items, pins, errs)
+
+		// Stale: a newer version of stale-2 is stored; it fails, the others persist.
+		persist(t, s, "stale-2", 9, pattern("stale-2", page))
+		wc.writes.Store(0)
+		items = manyItems("stale", 5, page, 3)
+		pins, errs = s.PersistMany(items)
+		for i, err := range errs {
+			if (i == 2) != errors.Is(err, ErrStale) || (i != 2 && err != nil) {
+				t.Errorf("stale item %d: %v", i, err)
+			}
+		}
+		if w := wc.writes.Load(); w != 2 {
+			t.Errorf("5 values around a stale one went in %d writes; want 2", w)
+		}
+		items[2].PutID = 9 // the stored version stays readable
+		errs[2] = nil
+		checkPersisted(t, s, items, pins, errs)
+
+		// A failed write fails its run's items only.
+		span = recordSpan(s, "fault-00", page)
+		perRun := int(PersistRunBytes / span)
+		wc.faults.Fail(OpWrite, unix.EIO, 1)
+		items = manyItems("fault", perRun+2, page, 1)
+		pins, errs = s.PersistMany(items)
+		for i, err := range errs {
+			if (i < perRun) != errors.Is(err, unix.EIO) || (i >= perRun && err != nil) {
+				t.Errorf("fault item %d: %v", i, err)
+			}
+		}
+		checkPersisted(t, s, items, pins, errs)
+	})
+}
+
+// PersistMany batches racing single persists and Forgets of the same keys: every
+// entry left readable holds the bytes of its version.
+func TestPersistManyConcurrent(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 8<<20, nil)
+		const keys, page = 24, 20000
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for round := range 6 {
+					putID := int64(round*4 + g + 1)
+					if g == 3 {
+						for k := range keys {
+							key := fmt.Sprintf("c-%d", k)
+							if pin, err := s.Persist(key, putID, pattern(fmt.Sprint(key, putID), page)); err == nil {
+								pin.Release()
+							}
+							s.Forget(key, putID-2)
+						}
+						continue
+					}
+					items := make([]PersistItem, keys)
+					for k := range items {
+						key := fmt.Sprintf("c-%d", k)
+						items[k] = PersistItem{Key: key, PutID: putID, Src: pattern(fmt.Sprint(key, putID), page)}
+					}
+					pins, _ := s.PersistMany(items)
+					for _, p := range pins {
+						p.Release()
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for _, e := range s.Committed() {
+			got := make([]byte, page)
+			if err := s.LoadInto(e.Key, e.PutID, got, page); err != nil {
+				t.Errorf("%s@%d listed committed: %v", e.Key, e.PutID, err)
+			} else if !bytes.Equal(got, pattern(fmt.Sprint(e.Key, e.PutID), page)) {
+				t.Errorf("%s@%d: wrong bytes", e.Key, e.PutID)
+			}
+		}
+	})
+}
