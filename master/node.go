@@ -65,6 +65,10 @@ type node struct {
 	// ssdPending is the bytes of SSD persists assigned to this owner and not ended:
 	// the SSD pool counts them as used until its next heartbeat catches up.
 	ssdPending int64
+	// ssdAssigned is the bytes of SSD persists assigned to this owner incarnation (from
+	// a level start: Register), over its ring's capacity its laps: the SSD pool keeps
+	// the rings of a cluster wrapping at one pace (persistNodeLocked).
+	ssdAssigned int64
 	// evicted holds the eviction notices the owner has not acked (evictnotice.go).
 	evicted evictOutbox
 	// release holds the KV pages the eviction order reached while a holder kept them
@@ -130,6 +134,13 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		alloc:   NewAllocator(end - reserve),
 		policy:  newEvictOrder(&s.clock, s.ghosts),
 		holders: make(map[int64]*Allocation),
+	}
+	if ssd.Enabled && ssd.CapacityBytes > 0 {
+		// A new ring starts level with the ring furthest behind: it takes its share of
+		// the persists from now on, not every persist until it has caught up.
+		if behind := s.ssdBehindLocked(0, ref.ID); behind != nil {
+			n.ssdAssigned = int64(ringLaps(behind) * float64(ssd.CapacityBytes))
+		}
 	}
 	if landing > 0 {
 		n.landingBase, n.landing = end, NewAllocator(landing)

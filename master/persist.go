@@ -79,14 +79,45 @@ func (s *State) persistCount(id string) *persistCounts {
 	return c
 }
 
+// ssdBalanceSlack: an owner with SSD persists the values of its own memory while its
+// ring is less than 1/ssdBalanceSlack of a lap ahead of the ring furthest behind.
+const ssdBalanceSlack = 4
+
+// ringLaps is how many times n's SSD ring was filled by the persists assigned to it.
+func ringLaps(n *node) float64 { return float64(n.ssdAssigned) / float64(n.ssd.CapacityBytes) }
+
+// ssdBehindLocked is the live SSD-capable owner (other than except) whose ring holds
+// length bytes and has made the fewest laps, ties by node id; nil when there is none.
+func (s *State) ssdBehindLocked(length int64, except string) *node {
+	var best *node
+	for _, n := range s.nodes {
+		if n.tombed || !n.ssd.Enabled || n.ssd.CapacityBytes <= 0 || n.ssd.CapacityBytes < length || n.id == except {
+			continue
+		}
+		if best == nil || ringLaps(n) < ringLaps(best) || (ringLaps(n) == ringLaps(best) && n.id < best.id) {
+			best = n
+		}
+	}
+	return best
+}
+
 // persistNodeLocked chooses the owner that writes the SSD replica of a value whose
-// memory replica is on t (docs/architecture.md §10 "SSD pool"): t itself when it has SSD, else the
-// live SSD-capable owner with the most free ring space (as its heartbeat reported it,
-// less the persists assigned to it since), ties by node id; nil when no owner has SSD
-// room for length bytes.
+// memory replica is on t (docs/architecture.md §10 "SSD pool"). An owner with SSD
+// writes its own values while its ring is at most 1/ssdBalanceSlack of a lap ahead of
+// the ring furthest behind, else that ring's owner does (pulling the bytes): where puts
+// land unevenly (clients on some owners only), the rings still wrap at one pace and
+// together hold the newest values, as one ring of their summed size would, instead of
+// the busy owners' rings dropping values early while another's stays idle. An owner
+// without SSD has the live SSD-capable owner with the most free ring space write them
+// (as its heartbeat reported it, less the persists assigned to it since), ties by node
+// id. nil when no owner has SSD room for length bytes.
 func (s *State) persistNodeLocked(t *node, length int64) *node {
 	if t.ssd.Enabled {
-		return t
+		behind := s.ssdBehindLocked(length, "")
+		if behind == nil || behind == t || t.ssd.CapacityBytes <= 0 || ringLaps(t)-ringLaps(behind) <= 1.0/ssdBalanceSlack {
+			return t
+		}
+		return behind
 	}
 	var best *node
 	var bestFree int64
@@ -111,6 +142,7 @@ func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocatio
 	}
 	s.persists[putID] = &pendingPersist{key: key, node: t, alloc: a.Retain(), ssdNode: sn}
 	sn.ssdPending += a.Len()
+	sn.ssdAssigned += a.Len()
 	s.persistCount(sn.id).asked++
 	task := &PersistTask{NodeID: sn.id, PeerAddr: sn.peerAddr, Generation: sn.generation, Key: key, PutID: putID,
 		Offset: a.Offset(), Len: a.Len()}
