@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -15,12 +16,15 @@ import (
 type acker struct {
 	o       *Owner
 	flushMu sync.Mutex // one flush at a time: sync returns only after any flush in flight
-	mu      sync.Mutex // protects pending, touched
+	mu      sync.Mutex // protects pending, touched, flight
 	pending []int64
 	touched map[string]struct{}
-	kick    chan struct{}
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// flight, while a flush's BatchDeleteAck with holder ids is in flight, is closed when
+	// it returned (its ids acked, or given back to pending).
+	flight chan struct{}
+	kick   chan struct{}
+	done   chan struct{}
+	wg     sync.WaitGroup
 }
 
 // touchDelay is how long hot-set hits may wait for a holder ack to ride with;
@@ -112,6 +116,11 @@ func (a *acker) flush() {
 		batch := append([]int64(nil), a.pending[:n]...)
 		a.pending = a.pending[n:]
 		touched := a.takeTouchedLocked()
+		var flight chan struct{}
+		if n > 0 {
+			flight = make(chan struct{})
+			a.flight = flight
+		}
 		a.mu.Unlock()
 		if n == 0 && len(touched) == 0 {
 			return
@@ -119,12 +128,21 @@ func (a *acker) flush() {
 		ctx, cancel := a.o.master.ctx()
 		resp, err := a.o.master.cl().BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
 		cancel()
+		if err != nil {
+			a.giveBack(batch) // before the flight ends: a call waiting for it carries them
+		}
+		if flight != nil {
+			a.mu.Lock()
+			a.flight = nil
+			a.mu.Unlock()
+			close(flight)
+		}
 		switch {
 		case err != nil:
 			// The master is unreachable; if it restarted, re-registration pins only what
-			// is still in use, so these ranges are free there anyway. Keep them for a retry.
+			// is still in use, so these ranges are free there anyway. Kept for a retry;
+			// the hits go unreported.
 			a.o.log.Warn().Err(err).Int("holders", n).Msg("holder ack failed; will retry")
-			a.giveBack(batch) // the hits go unreported
 			select {
 			case <-a.done:
 				return
@@ -145,6 +163,24 @@ func (a *acker) close() {
 		close(a.done)
 	}
 	a.wg.Wait()
+}
+
+// takeForCall is take for a master call that may allocate (PutStart, GetStart): it first
+// waits (at most until ctx ends) for a flush whose acks are in flight, so the master has
+// freed their ranges before it plans this call's room. Without the wait a get through a
+// full owner could find the previous get's range still held, its ack overtaken, and
+// evict a value for room that was about to be free.
+func (a *acker) takeForCall(ctx context.Context) []int64 {
+	a.mu.Lock()
+	f := a.flight
+	a.mu.Unlock()
+	if f != nil {
+		select {
+		case <-f:
+		case <-ctx.Done():
+		}
+	}
+	return a.take()
 }
 
 // take removes and returns every queued ack, for a master call that carries them.

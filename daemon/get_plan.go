@@ -222,7 +222,7 @@ func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, co
 	st := o.lock()
 	s := startedGet{mark: st.replicas.mark(), epoch: st.reg.epoch, at: time.Now()}
 	o.unlock()
-	acks := o.acks.take()
+	acks := o.acks.takeForCall(ctx)
 	err := call(ctx, acks)
 	if err != nil {
 		o.acks.giveBack(acks)

@@ -70,7 +70,7 @@ func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartRespo
 		return nil, 0, err
 	}
 	epoch = o.regEpoch()
-	acks := o.acks.take()
+	acks := o.acks.takeForCall(ctx)
 	code, msg := common.ErrorCode_OK, ""
 	if len(items) == 1 {
 		it := items[0]

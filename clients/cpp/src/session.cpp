@@ -89,7 +89,8 @@ std::string Session::unusable_reason() const {
 }
 
 void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases) {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
+  if (releases != nullptr && flushes_ > 0) flushed_.wait_for(lk, cfg_.timeout, [&] { return flushes_ == 0; });
   if (!live()) {
     if (state() == SessionState::replaced) throw Stale("the session was replaced by another thread");
     throw Error(ErrorCode::UNAVAILABLE, "session unusable: " + unusable_reason());
@@ -152,15 +153,26 @@ void Session::flush_releases() {
       ids.assign(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
       pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
       ++in_flight_;
+      ++flushes_;
     }
+    auto flushed = [&] {
+      bool notify = false;
+      {
+        std::lock_guard lk(mu_);
+        notify = --flushes_ == 0;
+      }
+      if (notify) flushed_.notify_all();
+    };
     ReleaseResponse r;
     try {
       call("Release", [&](Writer& w, const SessionRef& s) { write_release(w, s, ids); }, r, false);
     } catch (...) {
       done(nullptr, ids, true);  // never retried: the ids stay queued for a later call
+      flushed();
       throw;
     }
     done(nullptr, ids, false);
+    flushed();
     if (r.results.size() != ids.size()) {
       if (r.code != static_cast<std::int32_t>(wire::Code::OK)) release_errors_.fetch_add(static_cast<std::int64_t>(ids.size()));
       continue;

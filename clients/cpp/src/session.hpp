@@ -160,11 +160,17 @@ class Session {
   std::atomic<std::uint64_t> rpc_count_{0};
   std::atomic<std::int64_t> release_errors_{0};
 
-  std::mutex mu_;  // protects idle_, pending_, in_flight_, attach_fd_
+  std::mutex mu_;  // protects idle_, pending_, in_flight_, flushes_, attach_fd_
   std::condition_variable released_;  // in_flight_ reached 0
+  std::condition_variable flushed_;   // flushes_ reached 0
   std::vector<std::unique_ptr<RpcConn>> idle_;
   std::deque<std::int64_t> pending_;
   int in_flight_ = 0;  // calls carrying releases, not yet answered
+  // Release calls of flush_releases not yet answered: every piggybacking call waits for
+  // them first (take). On another connection it could reach the owner before the releases
+  // it follows and plan room (a get's target, a put) they were about to free: a full owner
+  // would evict a value for it.
+  int flushes_ = 0;
   UniqueFd attach_fd_;
 };
 

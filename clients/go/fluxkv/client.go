@@ -105,14 +105,20 @@ type Client struct {
 	hooks hooks // test instrumentation; zero in production
 	stats stats
 
-	mu       sync.Mutex // protects cur, old, releases, timerSet, relTimer, closed
+	mu       sync.Mutex // protects cur, old, releases, timerSet, relTimer, relFlights, relIdle, closed
 	cur      *attachment
 	old      []*attachment // previous incarnations, unmapped at Close
 	releases []int64       // holder ids of cur waiting to ride on a call
 	timerSet bool          // relTimer is armed
 	relTimer *time.Timer   // sends releases no call carried within ReleaseDelay; reused
-	closed   bool
-	closing  atomic.Bool // set with closed: the check a call makes before it dials, lock-free
+	// relFlights counts Flush's Release calls in flight; relIdle is closed when it falls
+	// to 0. Every other call waits for them first (afterReleases): on another connection
+	// such a call could reach the owner before the releases it follows, and plan room
+	// (a put, a get's target) that those releases were about to free.
+	relFlights int
+	relIdle    chan struct{}
+	closed     bool
+	closing    atomic.Bool // set with closed: the check a call makes before it dials, lock-free
 }
 
 // Connect attaches to the owner at opts.Socket.
@@ -494,6 +500,9 @@ func invokeOn[R coded](c *Client, a *attachment, k call, res resultOf[R]) (R, er
 	rc, err := c.conn(a)
 	if err != nil {
 		return zero, err
+	}
+	if k.method != releaseMethod {
+		c.afterReleases()
 	}
 	s, err := c.session(a, rc)
 	if err != nil {

@@ -377,11 +377,41 @@ func (c *Client) Flush() error {
 		if !pending {
 			return nil
 		}
-		_, _, err := invoke(c, call{method: "Release", retry: retryNever, args: func(s *external.Session) thrift.FastCodec {
+		c.releaseFlight(+1)
+		_, _, err := invoke(c, call{method: releaseMethod, retry: retryNever, args: func(s *external.Session) thrift.FastCodec {
 			return &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s}}
 		}}, &external.ExternalServiceReleaseResult{})
+		c.releaseFlight(-1)
 		if err != nil {
 			return err
 		}
+	}
+}
+
+// releaseMethod is Flush's call: the others wait for it (afterReleases).
+const releaseMethod = "Release"
+
+// releaseFlight counts a Flush call in (+1) or out (-1).
+func (c *Client) releaseFlight(delta int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.relFlights == 0 {
+		c.relIdle = make(chan struct{})
+	}
+	c.relFlights += delta
+	if c.relFlights == 0 {
+		close(c.relIdle)
+		c.relIdle = nil
+	}
+}
+
+// afterReleases waits until no Flush call is in flight (each is bounded by the call
+// timeout), so the releases it carries reach the owner before the caller's call.
+func (c *Client) afterReleases() {
+	c.mu.Lock()
+	idle := c.relIdle
+	c.mu.Unlock()
+	if idle != nil {
+		<-idle
 	}
 }

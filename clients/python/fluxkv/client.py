@@ -152,6 +152,11 @@ class _Session:
         # the lock off the call path; releases_cond is taken only while a flush waits.
         self.releases_cond = threading.Condition()
         self.releases_in_flight: set[int] = set()
+        # The Release calls of flush_releases in flight (tokens): every other call waits for
+        # them first (_await_flushes). On another connection it could reach the owner before
+        # the releases it follows and plan room (a get's target, a put) they were about to
+        # free: a full owner would evict a value for it.
+        self.flushes_in_flight: set[int] = set()
         self.flush_waiters = 0
         self.idle: collections.deque[RPCConnection] = collections.deque()
         self.pending: collections.deque[int] = collections.deque()  # holder ids to release
@@ -227,6 +232,8 @@ class _Session:
                 conn = RPCConnection(self.rpc_path, self.timeout)
             except OSError as e:
                 raise _Broken(e, _is_timeout(e), sent=False) from None
+        if piggyback and self.flushes_in_flight:
+            self._await_flushes()
         releases = self.drain() if piggyback and self.pending else None
         if releases:
             token = next(_tokens)
@@ -266,9 +273,19 @@ class _Session:
 
     def _answered(self, token: int) -> None:
         self.releases_in_flight.discard(token)
+        self.flushes_in_flight.discard(token)
         if self.flush_waiters:
             with self.releases_cond:
                 self.releases_cond.notify_all()
+
+    def _await_flushes(self) -> None:
+        """Wait (up to the call timeout) until no Release call of flush_releases is in flight."""
+        with self.releases_cond:
+            self.flush_waiters += 1
+            try:
+                self.releases_cond.wait_for(lambda: not self.flushes_in_flight, timeout=self.timeout)
+            finally:
+                self.flush_waiters -= 1
 
     def flush_releases(self) -> None:
         """Send every queued release with the plain Release call, then wait (up to the call
@@ -279,6 +296,7 @@ class _Session:
                 break
             token = next(_tokens)
             self.releases_in_flight.add(token)
+            self.flushes_in_flight.add(token)
             try:
                 resp = self.call("Release", encode_fields(ReleaseRequest(None, ids)), piggyback=False)
             finally:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -218,3 +219,41 @@ def test_unavailable_during_restart_then_recovers(cluster):
             assert h.bytes() == b"back"
     finally:
         c.close()
+
+
+def test_calls_wait_for_a_release_flush_in_flight(client):
+    # A call made while a flush's Release is in flight waits for it: on another connection
+    # it could reach the owner first and plan room (a get's target, a put) that those
+    # releases were about to free, and a full owner would evict a value for it.
+    client.put("k", b"value")
+    client.get("k").release()  # queued
+    s = client._s
+    entered, gate = threading.Event(), threading.Event()
+    plain = s.call
+
+    def call(method, *args, **kwargs):
+        if method == "Release" and not entered.is_set():
+            entered.set()
+            gate.wait(10)  # the flush's Release stays unsent until the gate opens
+        return plain(method, *args, **kwargs)
+
+    s.call = call  # this session only
+    flusher = threading.Thread(target=client.flush)
+    flusher.start()
+    try:
+        assert entered.wait(10)
+        got = []
+        def read():
+            with client.get("k") as h:
+                got.append(h.bytes())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and not got, "a get went out while a Release was in flight"
+    finally:
+        gate.set()
+    flusher.join(10)
+    reader.join(10)
+    assert got == [b"value"]
+    assert client.release_errors == 0
