@@ -4,42 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
 )
-
-// writeCounter counts the writes submitted to the shard files it opens (through Faults,
-// so faults can be injected too).
-type writeCounter struct {
-	faults Faults
-	writes atomic.Int64
-	bytes  atomic.Int64
-}
-
-func (w *writeCounter) OpenFile(path string, flag int, perm os.FileMode) (File, error) {
-	f, err := w.faults.OpenFile(path, flag, perm)
-	if err != nil {
-		return nil, err
-	}
-	return countedFile{File: f, w: w}, nil
-}
-
-type countedFile struct {
-	File
-	w *writeCounter
-}
-
-func (f countedFile) Shape(op Op, buf []byte, off int64) ([]byte, error) {
-	if op == OpWrite {
-		f.w.writes.Add(1)
-		f.w.bytes.Add(int64(len(buf)))
-	}
-	return f.File.Shape(op, buf, off)
-}
 
 func manyItems(prefix string, n int, size int64, putID int64) []PersistItem {
 	items := make([]PersistItem, n)
@@ -76,7 +45,7 @@ func checkPersisted(t *testing.T, s *Storage, items []PersistItem, pins []Commit
 func TestPersistManyWritesRuns(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind string) {
 		checkLeaks(t)
-		var wc writeCounter
+		var wc ioLog
 		s := openTest(t, kind, 16<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 1 })
 		const page = 60000
 		span := recordSpan(s, "page-00", page)
@@ -88,7 +57,7 @@ func TestPersistManyWritesRuns(t *testing.T) {
 				t.Fatalf("item %d: %v", i, err)
 			}
 		}
-		if w := wc.writes.Load(); w != 3 {
+		if w := wc.count(); w != 3 {
 			t.Errorf("%d values (%d bytes on disk each) went in %d writes; want 3 runs of at most %d", len(items), span, w, perRun)
 		}
 		if got, want := s.Stats().UsedBytes, int64(len(items))*span; got != want {
@@ -104,7 +73,8 @@ func TestPersistManyWritesRuns(t *testing.T) {
 func TestPersistManyCutsRuns(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind string) {
 		checkLeaks(t)
-		var wc writeCounter
+		var faults Faults
+		wc := ioLog{open: faults.OpenFile}
 		s := openTest(t, kind, 4<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 1 })
 		const page = 60000
 		span := recordSpan(s, "fill-00", page)
@@ -115,7 +85,7 @@ func TestPersistManyCutsRuns(t *testing.T) {
 		for i := range fill {
 			persist(t, s, fmt.Sprintf("fill-%02d", i), 1, pattern("fill", page))
 		}
-		wc.writes.Store(0)
+		wc.reset()
 		items := manyItems("wrap", 6, page, 1)
 		pins, errs := s.PersistMany(items)
 		for i, err := range errs {
@@ -123,14 +93,14 @@ func TestPersistManyCutsRuns(t *testing.T) {
 				t.Fatalf("wrap item %d: %v", i, err)
 			}
 		}
-		if w := wc.writes.Load(); w != 2 {
+		if w := wc.count(); w != 2 {
 			t.Errorf("6 values across the end of the ring went in %d writes; want 2 (2 before the end, 4 after)", w)
 		}
 		checkPersisted(t, s, items, pins, errs)
 
 		// Stale: a newer version of stale-2 is stored; it fails, the others persist.
 		persist(t, s, "stale-2", 9, pattern("stale-2", page))
-		wc.writes.Store(0)
+		wc.reset()
 		items = manyItems("stale", 5, page, 3)
 		pins, errs = s.PersistMany(items)
 		for i, err := range errs {
@@ -138,7 +108,7 @@ func TestPersistManyCutsRuns(t *testing.T) {
 				t.Errorf("stale item %d: %v", i, err)
 			}
 		}
-		if w := wc.writes.Load(); w != 2 {
+		if w := wc.count(); w != 2 {
 			t.Errorf("5 values around a stale one went in %d writes; want 2", w)
 		}
 		items[2].PutID = 9 // the stored version stays readable
@@ -148,7 +118,7 @@ func TestPersistManyCutsRuns(t *testing.T) {
 		// A failed write fails its run's items only.
 		span = recordSpan(s, "fault-00", page)
 		perRun := int(PersistRunBytes / span)
-		wc.faults.Fail(OpWrite, unix.EIO, 1)
+		faults.Fail(OpWrite, unix.EIO, 1)
 		items = manyItems("fault", perRun+2, page, 1)
 		pins, errs = s.PersistMany(items)
 		for i, err := range errs {

@@ -33,10 +33,25 @@ func TestPlacementAlignOf(t *testing.T) {
 	}
 }
 
-// ioLog is a shard file opener that records every write an engine submits.
+// ioLog is a shard file opener that records every write an engine submits; the files
+// are opened with open (nil: OpenOSFile), e.g. a Faults' OpenFile.
 type ioLog struct {
+	open   func(path string, flag int, perm os.FileMode) (File, error)
 	mu     sync.Mutex // protects writes
 	writes []loggedIO
+}
+
+// count is how many writes were submitted so far; reset forgets them.
+func (l *ioLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.writes)
+}
+
+func (l *ioLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.writes = nil
 }
 
 type loggedIO struct {
@@ -45,7 +60,11 @@ type loggedIO struct {
 }
 
 func (l *ioLog) OpenFile(path string, flag int, perm os.FileMode) (File, error) {
-	f, err := OpenOSFile(path, flag, perm)
+	open := l.open
+	if open == nil {
+		open = OpenOSFile
+	}
+	f, err := open(path, flag, perm)
 	if err != nil {
 		return nil, err
 	}

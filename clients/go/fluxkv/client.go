@@ -54,7 +54,8 @@ type Options struct {
 	// Timeout bounds one call. Default 30s.
 	Timeout time.Duration
 	// ReleaseDelay is how long a released holder may wait to ride on the next call
-	// before it is sent on its own. Default 2ms.
+	// before it is sent on its own (a call made while that send is in flight waits for
+	// it). Default 2ms.
 	ReleaseDelay time.Duration
 }
 

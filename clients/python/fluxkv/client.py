@@ -280,10 +280,15 @@ class _Session:
 
     def _await_flushes(self) -> None:
         """Wait (up to the call timeout) until no Release call of flush_releases is in flight."""
+        self._wait_answered(lambda: not self.flushes_in_flight)
+
+    def _wait_answered(self, done) -> None:
+        """Wait (up to the call timeout) until done() holds, woken as calls carrying
+        releases are answered."""
         with self.releases_cond:
             self.flush_waiters += 1
             try:
-                self.releases_cond.wait_for(lambda: not self.flushes_in_flight, timeout=self.timeout)
+                self.releases_cond.wait_for(done, timeout=self.timeout)
             finally:
                 self.flush_waiters -= 1
 
@@ -308,12 +313,7 @@ class _Session:
             # results[i] is INVALID_ARGUMENT for an unknown or double release: a client bug
             # (or a daemon one), counted so tests can assert there is none.
             self.release_errors += sum(1 for code in resp.results if code != _OK)
-        with self.releases_cond:
-            self.flush_waiters += 1
-            try:
-                self.releases_cond.wait_for(lambda: not self.releases_in_flight, timeout=self.timeout)
-            finally:
-                self.flush_waiters -= 1
+        self._wait_answered(lambda: not self.releases_in_flight)
 
     def attach_alive(self) -> bool:
         """False once the owner closed the attach connection (it exited or restarted)."""
