@@ -175,3 +175,29 @@ func TestPersistManyConcurrent(t *testing.T) {
 		}
 	})
 }
+
+// A run whose records reach the end of the file exactly is cut there: the records
+// after it go to offset 0 with a write of their own, not past the file's end.
+func TestPersistManyRunEndsAtFileEnd(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 64<<10, func(o *Options) { o.ShardsPerDevice = 1 })
+		const size = 3000
+		span := recordSpan(s, "a0", size)
+		ringSize := s.devices[0].shardSize
+		if ringSize%span != 0 {
+			t.Skipf("ring of %d bytes is not a whole number of %d-byte records here", ringSize, span)
+		}
+		for i := range int(ringSize/span) - 4 {
+			persist(t, s, fmt.Sprintf("f%d", i), 1, pattern("f", size))
+		}
+		items := manyItems("a", 8, size, 1)
+		pins, errs := s.PersistMany(items)
+		checkPersisted(t, s, items, pins, errs)
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("item %d: %v", i, err)
+			}
+		}
+	})
+}

@@ -148,9 +148,13 @@ func (r *ring) alloc(key string, putID, length, size int64) (e *entry, evicted [
 	return e, evicted, nil
 }
 
-// fitsBeforeEnd reports whether size bytes allocated now would start at head, without
-// wrapping to the start of the file.
-func (r *ring) fitsBeforeEnd(size int64) bool { return r.head%r.size+size <= r.size }
+// fitsBeforeEnd reports whether size bytes allocated now would start at head, right
+// after the entry before it in the file: not wrapped to the start of the file, nor at
+// offset 0 because the entry before it ended exactly at the file's end.
+func (r *ring) fitsBeforeEnd(size int64) bool {
+	phys := r.head % r.size
+	return phys != 0 && phys+size <= r.size
+}
 
 // commit turns a Writing entry Committed: all of its aligned bytes are on disk.
 func (r *ring) commit(e *entry) {
