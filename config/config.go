@@ -134,6 +134,7 @@ type Master struct {
 	NoPromotion       bool          // no_promotion: SSD refills never become memory replicas
 	PersistWorkers    int           // persist_workers: concurrent SSD persist calls (0: the default)
 	Placement         string        // placement: pool or local (where puts' memory replicas go)
+	SSDAdmit          string        // ssd_admit: evict or put (when KV pages reach SSD)
 	MetricsAddr       string        // metrics_addr: host:port of /metrics
 	LogLevel          string        // log_level: debug, info, warn, error
 	LogFormat         string        // log_format: json or text

@@ -18,6 +18,15 @@ func CheckPlacement(s string) error {
 	return nil
 }
 
+// CheckSSDAdmit accepts the master's SSD admission modes: evict (a KV page is written to
+// SSD as it nears eviction from memory) and put (every value at its put).
+func CheckSSDAdmit(s string) error {
+	if s != "evict" && s != "put" {
+		return fmt.Errorf("invalid SSD admission %q (want evict or put)", s)
+	}
+	return nil
+}
+
 // haMasterKeys are the master section's keys for high availability on etcd: only
 // `fluxkv master` reads them (`fluxkv up` is one node with its own master).
 var haMasterKeys = []string{"etcd_endpoints", "advertise_addr", "etcd_prefix", "cluster_name",
@@ -92,6 +101,7 @@ func parseMaster(n *yaml.Node, role Role) (*Master, error) {
 		"no_promotion":         boolField(k("no_promotion"), &m.NoPromotion),
 		"persist_workers":      countField(k("persist_workers"), "0 = the default", &m.PersistWorkers),
 		"placement":            stringField(k("placement"), &m.Placement, CheckPlacement),
+		"ssd_admit":            stringField(k("ssd_admit"), &m.SSDAdmit, CheckSSDAdmit),
 		"metrics_addr":         stringField(k("metrics_addr"), &m.MetricsAddr, CheckAddr),
 		"log_level":            stringField(k("log_level"), &m.LogLevel, CheckLogLevel),
 		"log_format":           stringField(k("log_format"), &m.LogFormat, CheckLogFormat),

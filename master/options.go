@@ -48,6 +48,18 @@ type Options struct {
 	// 1 (with one worker a dead owner still delays the others, by PeerConnectTimeout per
 	// persist).
 	PersistWorkersPerNode int
+	// SSDAdmit is when a value's SSD replica is written (docs/ssd.md "What reaches SSD"):
+	// SSDAdmitEvict (the default) writes a KV page (a key put with a parent) as it nears
+	// eviction from memory, so flash holds what memory evicted rather than a second copy
+	// of what memory holds; plain keys are persisted at their put. SSDAdmitPut persists
+	// every value at its put, as soon as it can (a page then survives its owner's restart
+	// on SSD even while memory still holds it).
+	SSDAdmit string
+	// WriteBackAhead is the part of each owner's memory pool that the SSD write-back keeps
+	// written (or being written) ahead of its evictions, in the eviction order's oldest
+	// pages (SSDAdmitEvict only): it must cover what the pool evicts while a write-back
+	// is on its way, or pages leave memory before they reach SSD. Default 1/8.
+	WriteBackAhead float64
 	// PeerConnectTimeout bounds connecting to an owner's peer service. With cluster
 	// authentication the owner's hello must also come within max(PeerConnectTimeout,
 	// 500ms), so a call to a dead owner fails within about twice that. Default 500ms
@@ -115,6 +127,12 @@ type Options struct {
 	Metrics *metrics.Metrics
 }
 
+// SSDAdmit values.
+const (
+	SSDAdmitEvict = "evict"
+	SSDAdmitPut   = "put"
+)
+
 // Placement values.
 const (
 	PlacementPool  = "pool"
@@ -180,6 +198,12 @@ func (o *Options) setDefaults() {
 	if o.Placement == "" {
 		o.Placement = PlacementPool
 	}
+	if o.SSDAdmit == "" {
+		o.SSDAdmit = SSDAdmitEvict
+	}
+	if o.WriteBackAhead == 0 {
+		o.WriteBackAhead = 1.0 / 8
+	}
 	if o.PullTimeout == 0 {
 		o.PullTimeout = 35 * time.Second
 	}
@@ -216,6 +240,12 @@ func (o *Options) Validate() error {
 	}
 	if o.Placement != "" && o.Placement != PlacementPool && o.Placement != PlacementLocal {
 		return fmt.Errorf("master options: placement %q: want %q or %q", o.Placement, PlacementPool, PlacementLocal)
+	}
+	if o.SSDAdmit != "" && o.SSDAdmit != SSDAdmitEvict && o.SSDAdmit != SSDAdmitPut {
+		return fmt.Errorf("master options: SSD admission %q: want %q or %q", o.SSDAdmit, SSDAdmitEvict, SSDAdmitPut)
+	}
+	if o.WriteBackAhead < 0 || o.WriteBackAhead > 1 {
+		return fmt.Errorf("master options: write-back ahead %v: want a part of the pool, 0 to 1", o.WriteBackAhead)
 	}
 	if o.MaxPromotions < 0 {
 		return fmt.Errorf("master options: max promotions must not be negative")

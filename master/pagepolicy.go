@@ -43,6 +43,11 @@ type pagePolicy struct {
 	ghosts  *pageGhosts
 	seq     uint64
 	pass    uint64 // numbers the walks of update (a cycle of parents ends them)
+	// dirty orders the pages whose version has no SSD copy yet (markDirty), as heap
+	// does, for the write-back ahead of eviction (writeback.go); ahead is the weight of
+	// the pages taken from it (takeDirty) that are still here and not used since.
+	dirty dirtyHeap
+	ahead int64
 }
 
 const (
@@ -70,7 +75,9 @@ type pageEntry struct {
 	depth     int32 // on this node: 1 + the parent's when the parent is a page here
 	seq       uint64
 	pass      uint64
-	index     int // in the heap; -1 while out of it
+	index     int  // in the heap; -1 while out of it
+	dindex    int  // in the dirty heap; -1 while out of it
+	isAhead   bool // taken by takeDirty, not used or dropped since (counted in ahead)
 	// prevKid, nextKid link the live pages of the same parent key.
 	prevKid, nextKid *pageEntry
 	// up is the live page of key parent (nil while there is none): what parentOf returns,
@@ -108,7 +115,7 @@ func (p *pagePolicy) insert(k string, weight int64, parent string, hasParent, or
 	moved := true
 	if e == nil {
 		p.seq++
-		e = &pageEntry{key: k, freq: 1, seq: p.seq, index: -1}
+		e = &pageEntry{key: k, freq: 1, seq: p.seq, index: -1, dindex: -1}
 		if freq, ok := p.ghosts.take(k); ok {
 			e.freq = min(freq+1, maxPageFreq)
 		}
@@ -118,6 +125,7 @@ func (p *pagePolicy) insert(k string, weight int64, parent string, hasParent, or
 			c.up = e // pages put under k while it was not live
 		}
 	} else {
+		p.notAhead(e)
 		p.weight -= e.weight
 		e.freq = min(e.freq+1, maxPageFreq)
 		if moved = e.parent != parent || e.hasParent != hasParent; moved {
@@ -175,6 +183,7 @@ func (p *pagePolicy) refresh(e *pageEntry, now int64) {
 // moveOn raises e's own priority to what a use at now gives it, hits unchanged.
 func (p *pagePolicy) moveOn(e *pageEntry, now int64) {
 	if own := p.own(e, now); own > e.own {
+		p.notAhead(e)
 		e.own = own
 		p.update(e)
 	}
@@ -183,6 +192,7 @@ func (p *pagePolicy) moveOn(e *pageEntry, now int64) {
 // touch records a hit on a live page.
 func (p *pagePolicy) touch(k string, now int64) {
 	if e := p.entries[k]; e != nil {
+		p.notAhead(e)
 		e.freq = min(e.freq+1, maxPageFreq)
 		e.own = p.own(e, now)
 		p.update(e)
@@ -267,6 +277,9 @@ func (p *pagePolicy) rerank(e *pageEntry) bool {
 	} else {
 		heap.Fix(&p.heap, e.index)
 	}
+	if e.dindex >= 0 {
+		heap.Fix(&p.dirty, e.dindex)
+	}
 	return carry
 }
 
@@ -324,6 +337,10 @@ func (p *pagePolicy) evict(k string) bool {
 // drop forgets e (out of the heap); the pages under it lose its cap and depth.
 func (p *pagePolicy) drop(e *pageEntry) {
 	p.unlink(e)
+	if e.dindex >= 0 {
+		heap.Remove(&p.dirty, e.dindex)
+	}
+	p.notAhead(e)
 	delete(p.entries, e.key)
 	p.ghosts.live--
 	p.weight -= e.weight
@@ -373,12 +390,26 @@ func (p *pagePolicy) minPriority() (int64, bool) {
 	return p.heap[0].prio, true
 }
 
-// pageHeap is a min-heap of pages by priority, deeper first, then older first.
-type pageHeap []*pageEntry
+// pageHeap is a min-heap of pages by priority, deeper first, then older first;
+// dirtyHeap the dirty pages (pagedirty.go) in the same order. Each keeps its entries'
+// places in a field of their own (the index I picks).
+type (
+	pageHeap  = orderHeap[heapIndex]
+	dirtyHeap = orderHeap[dirtyIndex]
+)
 
-func (h pageHeap) Len() int { return len(h) }
-func (h pageHeap) Less(i, j int) bool {
-	a, b := h[i], h[j]
+type orderHeap[I interface{ at(*pageEntry) *int }] []*pageEntry
+
+type (
+	heapIndex  struct{}
+	dirtyIndex struct{}
+)
+
+func (heapIndex) at(e *pageEntry) *int  { return &e.index }
+func (dirtyIndex) at(e *pageEntry) *int { return &e.dindex }
+
+// evictedBefore is the heaps' order: a goes before b.
+func evictedBefore(a, b *pageEntry) bool {
 	if a.prio != b.prio {
 		return a.prio < b.prio
 	}
@@ -387,20 +418,26 @@ func (h pageHeap) Less(i, j int) bool {
 	}
 	return a.seq < b.seq
 }
-func (h pageHeap) Swap(i, j int) {
+
+func (h orderHeap[I]) Len() int           { return len(h) }
+func (h orderHeap[I]) Less(i, j int) bool { return evictedBefore(h[i], h[j]) }
+func (h orderHeap[I]) Swap(i, j int) {
+	var ix I
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	*ix.at(h[i]), *ix.at(h[j]) = i, j
 }
-func (h *pageHeap) Push(x any) {
+func (h *orderHeap[I]) Push(x any) {
+	var ix I
 	e := x.(*pageEntry)
-	e.index = len(*h)
+	*ix.at(e) = len(*h)
 	*h = append(*h, e)
 }
-func (h *pageHeap) Pop() any {
+func (h *orderHeap[I]) Pop() any {
+	var ix I
 	old := *h
 	e := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
-	e.index = -1
+	*ix.at(e) = -1
 	return e
 }

@@ -23,6 +23,9 @@ type pendingPersist struct {
 	node    *node
 	alloc   *Allocation
 	ssdNode *node
+	// writeBack: the write-back of a page in the eviction order (writeback.go), not a
+	// persist at its put.
+	writeBack bool
 }
 
 // PersistTask is a persist for the server to make after PutDone (an item of a
@@ -55,6 +58,10 @@ func (s *State) PersistDone(putID int64, ok bool) {
 		return
 	}
 	s.endPersistLocked(putID, pp, ok)
+	if pp.writeBack {
+		s.writeBackDoneLocked(putID, pp, ok)
+		return
+	}
 	if r := s.routes[pp.key]; r != nil && r.putID == putID && r.memoryReplica(pp.node) == pp.alloc && !pp.node.tombed {
 		s.enterPolicyLocked(pp.key, r, pp.node, pp.alloc.Size())
 	}

@@ -368,8 +368,16 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	r := &route{putID: putID, len: p.target.Len(), replicas: make(map[*node]*replica), page: p.page, parent: p.parent}
 	s.setRouteLocked(key, r)
 	var res PutResult
-	res.Persist = s.persistTaskLocked(key, putID, t, p.target)
-	s.setMemoryLocked(key, r, t, p.target, res.Persist == nil)
+	if s.writeBackLocked(r) {
+		s.setMemoryLocked(key, r, t, p.target, true)
+		if s.persistNodeLocked(t, r.len) != nil {
+			s.markDirtyLocked(key, r, t)
+			s.writeAheadLocked(t)
+		}
+	} else {
+		res.Persist = s.persistTaskLocked(key, putID, t, p.target)
+		s.setMemoryLocked(key, r, t, p.target, res.Persist == nil)
+	}
 	// Versions older than putID are dead everywhere; putID itself may already be
 	// cached (or persisted) by another owner that read it: keep that. The requester
 	// drops its own cached info; a remote target is invalidated like any other owner.

@@ -7,6 +7,8 @@ type replica struct {
 	memory *Allocation
 	ssd    bool
 	ssdLen int64
+	// dirty: the memory replica waits for the SSD write-back (writeback.go).
+	dirty bool
 }
 
 // route is the current version of one key.

@@ -179,12 +179,13 @@ func (s *Server) locked(f func(st *State) error) error {
 }
 
 // withState runs f under the lock, unless the gate is shut (calls from owners). The
-// hot-set releases f's evictions asked for are sent after it (hotset.go).
+// hot-set releases f's evictions asked for are sent after it (hotset.go), and the
+// write-backs they started are submitted once the lock is released (writeback.go).
 func (s *Server) withState(f func(st *State) error) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.gate != nil {
 		if err := s.gate(); err != nil {
+			s.mu.Unlock()
 			return err
 		}
 	}
@@ -192,6 +193,11 @@ func (s *Server) withState(f func(st *State) error) error {
 	if s.st.releasesDue {
 		s.st.releasesDue = false
 		s.sendReleases(s.st.takeReleasesLocked())
+	}
+	writeBacks := s.st.takeWriteBacksLocked()
+	s.mu.Unlock()
+	for _, t := range writeBacks {
+		s.persist.submit(t) // (a full queue ends a task under the lock: not held here)
 	}
 	return err
 }

@@ -22,6 +22,9 @@ type State struct {
 	puts     map[int64]*inflightPut
 	gets     map[int64]*inflightGet
 	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	// writeBacks are the write-back persists started under the lock, for the server to
+	// submit after it (writeback.go).
+	writeBacks []*PersistTask
 	// namespaces indexes the routed keys by namespace (namespace.go); only
 	// setRouteLocked and unsetRouteLocked change routes, and they keep it in step.
 	namespaces map[string]*namespace
@@ -136,6 +139,9 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		// held after the owner answered.
 		var held []string
 		free := func(k string) bool {
+			if s.writingBackLocked(k, n) {
+				return false // skipped, not passed: its range is free once written
+			}
 			if s.heldLocked(k, n) {
 				held = append(held, k)
 				return false
@@ -206,11 +212,17 @@ func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
 		panic("BUG: eviction policy names a key without a memory replica on its node")
 	}
 	rep := r.replicas[n]
+	if rep.dirty && !s.duplicateLocked(key, n) {
+		c := s.persistCount(n.id) // the write-back did not reach it in time
+		c.asked++
+		c.dropped++
+	}
 	s.copyChangedLocked(key, r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.evicted.push(key, r.putID, false)
 	s.pruneLocked(key, r, n)
+	s.writeAheadLocked(n)
 	s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", duplicate).Msg("evicted memory replica")
 }
 
@@ -229,7 +241,14 @@ const dupRescan = 32
 // heldLocked reports whether n's memory replica of key is kept by a holder too.
 func (s *State) heldLocked(key string, n *node) bool {
 	r := s.routes[key]
-	return r != nil && r.memoryReplica(n) != nil && r.memoryReplica(n).refs > 1
+	if r == nil || r.memoryReplica(n) == nil {
+		return false
+	}
+	refs := r.memoryReplica(n).refs
+	if s.writingBackLocked(key, n) {
+		refs-- // the write-back's own
+	}
+	return refs > 1
 }
 
 // noSpaceLocked is the error for a full segment; Server retries it for a bounded time.
@@ -395,6 +414,7 @@ func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion) 
 		}
 		if r := s.routes[e.Key]; r != nil && r.putID == e.PutId {
 			s.clearSSDLocked(e.Key, r, n)
+			s.redirtyLocked(e.Key, r)
 		}
 	}
 	return nil

@@ -301,6 +301,29 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		n := st.nodes[arg(d, "node")]
 		n.release.answered(strings.Split(key+arg(d, "keys"), ","), func(k string) bool { return st.heldLocked(k, n) })
 		return fmt.Sprintf("asked=%d\n", len(n.release.asked)), nil
+	case "write-backs":
+		// write-backs: the write-back persists started since the last (Server.withState submits them).
+		var b strings.Builder
+		for _, t := range st.takeWriteBacksLocked() {
+			from := ""
+			if t.SourceNodeID != "" {
+				from = " from=" + t.SourceNodeID
+			}
+			fmt.Fprintf(&b, "persist key=%s put=%d %s:%d+%d%s\n", t.Key, t.PutID, t.NodeID, t.Offset, t.Len, from)
+		}
+		if b.Len() == 0 {
+			b.WriteString("none\n")
+		}
+		return b.String(), nil
+	case "ssd-admit":
+		// ssd-admit set=evict|put [ahead=F]: Options.SSDAdmit and WriteBackAhead.
+		st.opts.SSDAdmit = arg(d, "set")
+		if a := arg(d, "ahead"); a != "" {
+			f, err := strconv.ParseFloat(a, 64)
+			st.opts.WriteBackAhead = f
+			return "ok\n", err
+		}
+		return "ok\n", nil
 	case "persist-done":
 		// persist-done put=N [failed]
 		st.PersistDone(argInt(d, "put"), arg(d, "failed") == "")
@@ -466,6 +489,9 @@ func dumpState(st *State) string {
 			}
 			if rep.ssd {
 				s += "+ssd"
+			}
+			if rep.dirty {
+				s += "~dirty"
 			}
 			reps = append(reps, s)
 		}

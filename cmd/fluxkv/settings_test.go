@@ -139,28 +139,28 @@ master:
 		{name: "owner: unknown key", command: "owner", yaml: "fluxkv_spec:\n  drm: 1GiB\n", wantErr: "fluxkv_spec.drm: unknown key"},
 		{
 			name: "master: file only", command: "master", yaml: masterYAML,
-			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:7700", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
+			wantMaster: &config.Master{Placement: "pool", SSDAdmit: "evict", Listen: "127.0.0.1:7700", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
 		},
 		{
 			name: "master: flags win", command: "master", yaml: masterYAML,
 			args:       []string{"--listen", ":7800", "--node-ttl", "3s", "--heartbeat-interval", "500ms", "--metrics-addr", ":9800"},
-			wantMaster: &config.Master{Placement: "pool", Listen: ":7800", NodeTTL: 3 * time.Second, HeartbeatInterval: 500 * time.Millisecond, InflightTTL: 2 * time.Minute, MetricsAddr: ":9800"},
+			wantMaster: &config.Master{Placement: "pool", SSDAdmit: "evict", Listen: ":7800", NodeTTL: 3 * time.Second, HeartbeatInterval: 500 * time.Millisecond, InflightTTL: 2 * time.Minute, MetricsAddr: ":9800"},
 		},
 		{
 			name: "master: alias flag wins too", command: "master", yaml: masterYAML, args: []string{"--master-listen", ":7900"},
-			wantMaster: &config.Master{Placement: "pool", Listen: ":7900", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
+			wantMaster: &config.Master{Placement: "pool", SSDAdmit: "evict", Listen: ":7900", NodeTTL: 9 * time.Second, InflightTTL: 2 * time.Minute, MetricsAddr: "127.0.0.1:9700"},
 		},
 		{
 			name: "master: defaults", command: "master",
-			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
+			wantMaster: &config.Master{Placement: "pool", SSDAdmit: "evict", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
 		},
 		{
 			name: "master: placement from the file, the flag wins", command: "master", yaml: "master:\n  placement: local\n",
-			wantMaster: &config.Master{Placement: "local", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
+			wantMaster: &config.Master{Placement: "local", SSDAdmit: "evict", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
 		},
 		{
 			name: "master: placement flag", command: "master", yaml: "master:\n  placement: local\n", args: []string{"--placement", "pool"},
-			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
+			wantMaster: &config.Master{Placement: "pool", SSDAdmit: "evict", Listen: "127.0.0.1:7700", NodeTTL: 5 * time.Second},
 		},
 		{name: "master: bad placement flag", command: "master", args: []string{"--placement", "spread"},
 			wantErr: `--placement: invalid placement "spread" (want pool or local)`},
@@ -171,7 +171,7 @@ master:
 			args: []string{"--listen", "127.0.0.1:0"},
 			wantOwner: &config.Owner{DRAM: 64 << 20, SocketDir: "/tmp/up", PeerListen: "127.0.0.1:0", ClusterName: "fluxkv",
 				InstanceKey: host},
-			wantMaster: &config.Master{Placement: "pool", Listen: "127.0.0.1:0", NodeTTL: 7 * time.Second},
+			wantMaster: &config.Master{Placement: "pool", SSDAdmit: "evict", Listen: "127.0.0.1:0", NodeTTL: 7 * time.Second},
 		},
 	}
 	for _, tt := range tests {
@@ -512,7 +512,7 @@ master:
   cluster_name: prod
   leader_ttl: 4s
 `
-	base := config.Master{Placement: "pool", NodeTTL: 5 * time.Second}
+	base := config.Master{Placement: "pool", SSDAdmit: "evict", NodeTTL: 5 * time.Second}
 	with := func(f func(m *config.Master)) *config.Master {
 		m := base
 		f(&m)
@@ -790,7 +790,7 @@ func TestSettingTables(t *testing.T) {
 	}
 	master := map[string]string{
 		"listen": "127.0.0.1:1", "node_ttl": "9s", "heartbeat_interval": "2s", "inflight_ttl": "1m", "no_promotion": "true", "persist_workers": "8", "alloc_wait": "1s",
-		"placement": "local", "metrics_addr": "127.0.0.1:2", "etcd_endpoints": "[e:2379]", "advertise_addr": "10.0.0.1:1", "etcd_prefix": "/p/",
+		"placement": "local", "ssd_admit": "put", "metrics_addr": "127.0.0.1:2", "etcd_endpoints": "[e:2379]", "advertise_addr": "10.0.0.1:1", "etcd_prefix": "/p/",
 		"cluster_name": "c", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k", "leader_ttl": "3s",
 	}
 	ownerHas := checkTable(t, ownerTable(), config.RoleOwner, owner)

@@ -166,6 +166,10 @@ func masterTable() *table[config.Master, master.Options] {
 			Usage: "where puts go: pool = the requester while it has room, else the owner with the most free bytes, else evict across the pool (duplicate copies first) and place where room was made; the target owner pulls the value from the requester's transfer area (--transfer-reserve); local = always the requester"},
 			key: "placement", kind: text(func(s *config.Master) *string { return &s.Placement }, config.CheckPlacement),
 			set: func(o *master.Options, s *config.Master) { o.Placement = s.Placement }},
+		{flag: &cli.StringFlag{Name: "ssd-admit", Value: "evict",
+			Usage: "when values reach the owners' SSD: evict = a KV page (put with a parent) as it nears eviction from memory, so SSD holds what memory evicted, not a second copy (plain keys at their put); put = every value at its put"},
+			key: "ssd_admit", kind: text(func(s *config.Master) *string { return &s.SSDAdmit }, config.CheckSSDAdmit),
+			set: func(o *master.Options, s *config.Master) { o.SSDAdmit = s.SSDAdmit }},
 		// The /metrics server's (stack.metrics).
 		{flag: metricsAddrFlag(), common: true,
 			key: "metrics_addr", kind: text(func(s *config.Master) *string { return &s.MetricsAddr }, ifGiven(config.CheckAddr))},
