@@ -113,4 +113,3 @@ func (r *route) hasSSD() bool {
 	}
 	return false
 }
-
