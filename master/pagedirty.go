@@ -27,10 +27,21 @@ func (p *pagePolicy) takeDirty() (k string, weight int64, ok bool) {
 	if len(p.dirty) == 0 {
 		return "", 0, false
 	}
-	e := heap.Pop(&p.dirty).(*pageEntry)
+	k = p.dirty[0].key
+	p.takeDirtyKey(k)
+	return k, p.entries[k].weight, true
+}
+
+// takeDirtyKey is takeDirty of dirty page k; false when k is not dirty.
+func (p *pagePolicy) takeDirtyKey(k string) bool {
+	e := p.entries[k]
+	if e == nil || e.dindex < 0 {
+		return false
+	}
+	heap.Remove(&p.dirty, e.dindex)
 	e.isAhead = true
 	p.ahead += e.weight
-	return e.key, e.weight, true
+	return true
 }
 
 // unahead stops counting page k ahead (its write-back failed).

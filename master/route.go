@@ -68,11 +68,16 @@ func (s *State) clearMemoryLocked(key string, r *route, n *node) {
 	if rep == nil || rep.memory == nil {
 		return
 	}
+	dirty := rep.dirty
+	rep.dirty = false
 	s.copyChangedLocked(key, r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.policy.Remove(key)
 	s.pruneLocked(key, r, n)
+	if dirty {
+		s.unwrittenLocked(key, r, n)
+	}
 }
 
 // clearSSDLocked drops the SSD replica of key on n (ring eviction, read failure).

@@ -142,6 +142,10 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 			if s.writingBackLocked(k, n) {
 				return false // skipped, not passed: its range is free once written
 			}
+			if rep := s.routes[k].replicas[n]; rep.dirty {
+				s.writeBackNowLocked(k, n) // the same, once its write-back starts
+				return false
+			}
 			if s.heldLocked(k, n) {
 				held = append(held, k)
 				return false
@@ -212,16 +216,16 @@ func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
 		panic("BUG: eviction policy names a key without a memory replica on its node")
 	}
 	rep := r.replicas[n]
-	if rep.dirty && !s.duplicateLocked(key, n) {
-		c := s.persistCount(n.id) // the write-back did not reach it in time
-		c.asked++
-		c.dropped++
-	}
+	dirty := rep.dirty
+	rep.dirty = false
 	s.copyChangedLocked(key, r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
 	n.evicted.push(key, r.putID, false)
 	s.pruneLocked(key, r, n)
+	if dirty {
+		s.unwrittenLocked(key, r, n)
+	}
 	s.writeAheadLocked(n)
 	s.log.Debug().Str("node", n.id).Str("key", key).Bool("duplicate", duplicate).Msg("evicted memory replica")
 }

@@ -8,10 +8,15 @@ package master
 // it would evict next, WriteBackAhead of its segment, written back or being written
 // (writeAheadLocked, after every publish and eviction), by the persists of the put path
 // (the SSD pool's choice of owner, batched calls). A page being written back keeps its
-// range (the persist holds a reference) and is skipped, not passed, by eviction; one the
-// write-back did not reach in time is evicted without an SSD copy, like a value whose
-// persist was dropped, and counted (SsdPersistsDropped). Plain keys, and every key
-// with SSDAdmitPut, are persisted at their put as before.
+// range (the persist holds a reference) and is skipped, not passed, by eviction; a dirty
+// page eviction reaches first has its write-back started then and is skipped too, so a
+// page never leaves memory dirty: when puts outrun the SSD, allocations wait for
+// write-backs to end (the server retries NO_SPACE up to AllocWait), as puts wait for
+// their persists with SSDAdmitPut. (Letting eviction take the dirty pages instead lost
+// a sixth of the pages of a 3-owner trace replay, whose write-backs pull the bytes to
+// other owners' rings.) A page no owner has SSD room for, or whose write-back failed,
+// stays memory-only. Plain keys, and every key with SSDAdmitPut, are persisted at their
+// put as before.
 
 // writeBackLocked reports whether a page published now waits for the write-back
 // rather than a persist at its put.
@@ -34,24 +39,38 @@ func (s *State) writeAheadLocked(n *node) {
 		if !ok {
 			return
 		}
-		r := s.routes[key]
-		if r == nil || r.memoryReplica(n) == nil {
-			panic("BUG: a dirty page without a memory replica on its node")
-		}
-		r.replicas[n].dirty = false
-		a := r.memoryReplica(n)
-		if r.hasSSD() || s.persists[r.putID] != nil {
-			continue // written back already (another replica's), or being written
-		}
-		t := s.persistTaskLocked(key, r.putID, n, a)
-		if t == nil {
-			pages.unahead(key) // no owner has SSD room for it now
-			s.markDirtyLocked(key, r, n)
-			return
-		}
-		s.persists[r.putID].writeBack = true
-		s.writeBacks = append(s.writeBacks, t)
+		s.startWriteBackLocked(key, n)
 	}
+}
+
+// writeBackNowLocked starts the write-back of n's dirty replica of key out of turn:
+// eviction reached it before writeAheadLocked did (a page put under an old parent ranks
+// with it, below the pages already ahead), and skips it until it is written.
+func (s *State) writeBackNowLocked(key string, n *node) {
+	if n.policy.pages.takeDirtyKey(key) {
+		s.startWriteBackLocked(key, n)
+	}
+}
+
+// startWriteBackLocked persists n's replica of page key, just taken from the dirty
+// pages: unless another replica of the version is on SSD or being written. A page that
+// no owner has SSD room for stays memory-only.
+func (s *State) startWriteBackLocked(key string, n *node) {
+	r := s.routes[key]
+	if r == nil || r.memoryReplica(n) == nil {
+		panic("BUG: a dirty page without a memory replica on its node")
+	}
+	r.replicas[n].dirty = false
+	if r.hasSSD() || s.persists[r.putID] != nil {
+		return // written back already (another replica's), or being written
+	}
+	t := s.persistTaskLocked(key, r.putID, n, r.memoryReplica(n))
+	if t == nil {
+		n.policy.pages.unahead(key)
+		return
+	}
+	s.persists[r.putID].writeBack = true
+	s.writeBacks = append(s.writeBacks, t)
 }
 
 // writeBackDoneLocked ends the write-back of pp: a failed one leaves the page memory-only
@@ -87,6 +106,22 @@ func (s *State) redirtyLocked(key string, r *route) {
 			return // one copy reaching SSD is enough
 		}
 	}
+}
+
+// unwrittenLocked follows the eviction of n's dirty replica of page key (route r) out
+// of turn (a take-back of transfer area room): another memory replica takes over its
+// write-back, and without one the version leaves memory without reaching SSD (counted
+// as a dropped persist).
+func (s *State) unwrittenLocked(key string, r *route, n *node) {
+	for m, rep := range r.replicas {
+		if rep.memory != nil && !m.tombed {
+			s.markDirtyLocked(key, r, m)
+			return
+		}
+	}
+	c := s.persistCount(n.id)
+	c.asked++
+	c.dropped++
 }
 
 // markDirtyLocked makes n's memory replica of page key (route r) dirty.
