@@ -370,10 +370,7 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 	var res PutResult
 	if s.writeBackLocked(r) {
 		s.setMemoryLocked(key, r, t, p.target, true)
-		if s.persistNodeLocked(t, r.len) != nil {
-			s.markDirtyLocked(key, r, t)
-			s.writeAheadLocked(t)
-		}
+		s.unwrittenPageLocked(key, r, t)
 	} else {
 		res.Persist = s.persistTaskLocked(key, putID, t, p.target)
 		s.setMemoryLocked(key, r, t, p.target, res.Persist == nil)

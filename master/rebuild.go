@@ -141,6 +141,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	}
 	if a != nil {
 		s.setMemoryLocked(rec.Key, r, n, a, true)
+		s.unwrittenPageLocked(rec.Key, r, n)
 		if len(r.replicas) > 1 {
 			// A duplicate learned from a report may be old in its other owner's order:
 			// the owners holding it search for duplicates again at once (the copies a

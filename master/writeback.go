@@ -24,6 +24,16 @@ func (s *State) writeBackLocked(r *route) bool {
 	return s.opts.SSDAdmit == SSDAdmitEvict && r.page
 }
 
+// unwrittenPageLocked makes n's new memory replica of key (route r: published, or
+// reported to a new master) dirty when r is a page that waits for the write-back, no
+// replica of it is on SSD and an owner has SSD room for it.
+func (s *State) unwrittenPageLocked(key string, r *route, n *node) {
+	if s.writeBackLocked(r) && !r.hasSSD() && s.persistNodeLocked(n, r.len) != nil {
+		s.markDirtyLocked(key, r, n)
+		s.writeAheadLocked(n)
+	}
+}
+
 // writeAheadLocked starts the write-back of n's dirty pages, the next victims first,
 // until those written back or being written ahead of its evictions weigh WriteBackAhead
 // of its segment, or no owner can persist one. The persists go out with the call that
