@@ -30,7 +30,9 @@ type Owner struct {
 	generation int64 // this incarnation; externals must name it in every call
 	seg        *shm.Segment
 	store      *ssd.Storage // nil: no SSD tier
-	stager     *stager      // other owners' refills from store; nil without it
+	// persistPins bounds the SSD entries written and not committed (persistpins.go).
+	persistPins *pinBudget
+	stager      *stager // other owners' refills from store; nil without it
 
 	master *masterLink
 	peer   *peerServer
@@ -185,6 +187,7 @@ func (o *Owner) Start(ctx context.Context) error {
 			return fmt.Errorf("open SSD tier: %w", err)
 		}
 		o.stager = newStager(o, stageSessionSlots)
+		o.persistPins = newPinBudget(o.store.RingBytes())
 		st := o.store.Stats()
 		o.log.Info().Int64("capacity", st.CapacityBytes).Int("devices", len(st.Devices)).Str("engine", st.Engine).
 			Dur("took", time.Since(t1)).Msg("SSD tier opened")

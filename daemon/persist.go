@@ -42,6 +42,28 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
 	}
 	defer o.doneSegment()
+	errs := make([]error, len(items))
+	for lo := 0; lo < len(items); {
+		hi, bytes := lo+1, persistPinWeight(items[lo])
+		for hi < len(items) && bytes+persistPinWeight(items[hi]) <= o.persistPins.size {
+			bytes += persistPinWeight(items[hi])
+			hi++
+		}
+		// A group waits until the entries of other calls not yet committed leave it room
+		// (they are committed without waiting for anything but their writes).
+		w := min(bytes, o.persistPins.size)
+		if err := o.persistPins.Acquire(context.Background(), w); err != nil {
+			return nil, err
+		}
+		copy(errs[lo:hi], o.persistGroup(items[lo:hi]))
+		o.persistPins.Release(w)
+		lo = hi
+	}
+	return errs, nil
+}
+
+// persistGroup writes and commits items (persistMany), one answer per item.
+func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest) []error {
 	epoch := o.regEpoch()
 	errs := make([]error, len(items))
 	pins := make([]ssd.CommitPin, len(items))
@@ -84,14 +106,14 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 		}
 	}
 	if len(commit) == 0 {
-		return errs, nil
+		return errs
 	}
-	forget := func(err error) ([]error, error) {
+	forget := func(err error) []error {
 		for _, i := range at {
 			o.store.Forget(items[i].Key, items[i].PutId)
 			errs[i] = err
 		}
-		return errs, nil
+		return errs
 	}
 	if o.regEpoch() != epoch {
 		// The owner registered with another master while the replicas were read: that
@@ -118,7 +140,7 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 			o.store.Forget(items[i].Key, items[i].PutId)
 		}
 	}
-	return errs, nil
+	return errs
 }
 
 // persistJobs checks each item (errs[i] set for those refused) and groups the others:

@@ -125,6 +125,18 @@ func Open(opts Options) (_ *Storage, err error) {
 // io_uring setup failed under EngineAuto says so in Stats.
 func (s *Storage) Engine() string { return s.kind }
 
+// RingBytes is the size of the smallest ring (shard file): entries pinned for their
+// commit (CommitPin) beyond it would block the persists that must overwrite them.
+func (s *Storage) RingBytes() int64 {
+	var least int64
+	for _, d := range s.devices {
+		if least == 0 || d.shardSize < least {
+			least = d.shardSize
+		}
+	}
+	return least
+}
+
 // enter registers an operation; it reports false once Close began.
 func (s *Storage) enter() bool {
 	s.mu.Lock()
