@@ -52,8 +52,10 @@ type Options struct {
 	// SSDAdmitEvict (the default) writes a KV page (a key put with a parent) as it nears
 	// eviction from memory, so flash holds what memory evicted rather than a second copy
 	// of what memory holds; plain keys are persisted at their put. SSDAdmitPut persists
-	// every value at its put, as soon as it can (a page then survives its owner's restart
-	// on SSD even while memory still holds it).
+	// every value at its put, as soon as it can, and keeps its memory replica out of the
+	// eviction order until then (DESIGN.md's put path). Neither mode loses anything to a
+	// restart the other keeps: an owner's SSD tier starts empty, and a restarted master
+	// learns both tiers from the owners' reports (a reported page not on SSD is dirty).
 	SSDAdmit string
 	// WriteBackAhead is the part of each owner's memory pool that the SSD write-back keeps
 	// written (or being written) ahead of its evictions, in the eviction order's oldest
