@@ -139,14 +139,14 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		// held after the owner answered.
 		var held []string
 		free := func(k string) bool {
-			if s.writingBackLocked(k, n) {
-				return false // skipped, not passed: its range is free once written
-			}
-			if rep := s.routes[k].replicas[n]; rep.dirty {
-				s.writeBackNowLocked(k, n) // the same, once its write-back starts
+			r := s.routes[k]
+			switch {
+			case r.replicas[n].dirty:
+				s.writeBackNowLocked(k, n) // skipped, not passed, once its write-back starts
 				return false
-			}
-			if s.heldLocked(k, n) {
+			case s.writingBackLocked(r, n):
+				return false // skipped, not passed: its range is free once written
+			case s.heldReplicaLocked(r, n):
 				held = append(held, k)
 				return false
 			}
@@ -245,11 +245,17 @@ const dupRescan = 32
 // heldLocked reports whether n's memory replica of key is kept by a holder too.
 func (s *State) heldLocked(key string, n *node) bool {
 	r := s.routes[key]
-	if r == nil || r.memoryReplica(n) == nil {
+	return r != nil && s.heldReplicaLocked(r, n)
+}
+
+// heldReplicaLocked is heldLocked of route r.
+func (s *State) heldReplicaLocked(r *route, n *node) bool {
+	a := r.memoryReplica(n)
+	if a == nil {
 		return false
 	}
-	refs := r.memoryReplica(n).refs
-	if s.writingBackLocked(key, n) {
+	refs := a.refs
+	if s.writingBackLocked(r, n) {
 		refs-- // the write-back's own
 	}
 	return refs > 1

@@ -92,11 +92,10 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	pp.alloc.Release()
 }
 
-// writingBackLocked reports whether n's memory replica of key is being written back:
+// writingBackLocked reports whether n's memory replica of route r is being written back:
 // eviction skips it (its range is not freed before the persist ends).
-func (s *State) writingBackLocked(key string, n *node) bool {
-	r := s.routes[key]
-	if r == nil {
+func (s *State) writingBackLocked(r *route, n *node) bool {
+	if len(s.persists) == 0 {
 		return false
 	}
 	pp := s.persists[r.putID]
