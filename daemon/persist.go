@@ -43,10 +43,16 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 	}
 	defer o.doneSegment()
 	errs := make([]error, len(items))
+	weight := func(req *peer.SsdReplicaPersistRequest) int64 {
+		if req == nil {
+			return 0
+		}
+		return o.persistPinWeight(req)
+	}
 	for lo := 0; lo < len(items); {
-		hi, bytes := lo+1, persistPinWeight(items[lo])
-		for hi < len(items) && bytes+persistPinWeight(items[hi]) <= o.persistPins.size {
-			bytes += persistPinWeight(items[hi])
+		hi, bytes := lo+1, weight(items[lo])
+		for hi < len(items) && bytes+weight(items[hi]) <= o.persistPins.size {
+			bytes += weight(items[hi])
 			hi++
 		}
 		// A group waits until the entries of other calls not yet committed leave it room
@@ -55,8 +61,10 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 		if err := o.persistPins.Acquire(context.Background(), w); err != nil {
 			return nil, err
 		}
-		copy(errs[lo:hi], o.persistGroup(items[lo:hi]))
-		o.persistPins.Release(w)
+		func() {
+			defer o.persistPins.Release(w)
+			copy(errs[lo:hi], o.persistGroup(items[lo:hi]))
+		}()
 		lo = hi
 	}
 	return errs, nil

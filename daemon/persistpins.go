@@ -4,7 +4,6 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
-	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // pinBudget bounds the bytes of SSD entries this owner's persists have written and not
@@ -27,8 +26,7 @@ func newPinBudget(ringBytes int64) *pinBudget {
 	return &pinBudget{Weighted: semaphore.NewWeighted(size), size: size}
 }
 
-// persistPinWeight bounds the ring bytes of one persist's entry: its value, a header of
-// up to 4.5 KiB and the padding to the next file system block.
-func persistPinWeight(req *peer.SsdReplicaPersistRequest) int64 {
-	return ssd.AlignedLen(req.Len) + 9<<10
+// persistPinWeight bounds the ring bytes of one persist's entry.
+func (o *Owner) persistPinWeight(req *peer.SsdReplicaPersistRequest) int64 {
+	return o.store.RecordSpan(req.Key, max(req.Len, 0))
 }

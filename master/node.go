@@ -274,6 +274,9 @@ func (s *State) tombLocked(n *node) {
 				s.unsetRouteLocked(key)
 				s.tombstoneLocked(key, r.putID)
 			}
+			if rep.dirty {
+				s.unwrittenLocked(key, r, n)
+			}
 		}
 	}
 	for id, a := range n.holders {

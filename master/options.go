@@ -60,7 +60,7 @@ type Options struct {
 	// WriteBackAhead is the part of each owner's memory pool that the SSD write-back keeps
 	// written (or being written) ahead of its evictions, in the eviction order's oldest
 	// pages (SSDAdmitEvict only): it must cover what the pool evicts while a write-back
-	// is on its way, or pages leave memory before they reach SSD. Default 1/8.
+	// is on its way, or allocations wait for write-backs. 0 means the default, 1/8.
 	WriteBackAhead float64
 	// PeerConnectTimeout bounds connecting to an owner's peer service. With cluster
 	// authentication the owner's hello must also come within max(PeerConnectTimeout,

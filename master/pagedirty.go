@@ -44,6 +44,13 @@ func (p *pagePolicy) takeDirtyKey(k string) bool {
 	return true
 }
 
+// cleanDirty makes page k not dirty (a copy of it reached SSD another way).
+func (p *pagePolicy) cleanDirty(k string) {
+	if e := p.entries[k]; e != nil && e.dindex >= 0 {
+		heap.Remove(&p.dirty, e.dindex)
+	}
+}
+
 // unahead stops counting page k ahead (its write-back failed).
 func (p *pagePolicy) unahead(k string) {
 	if e := p.entries[k]; e != nil {

@@ -158,6 +158,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 		r.replicas[n] = rep
 	}
 	rep.ssd, rep.ssdLen = true, rec.Len
+	s.cleanLocked(rec.Key, r)
 	return true, displaced
 }
 

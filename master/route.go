@@ -7,8 +7,10 @@ type replica struct {
 	memory *Allocation
 	ssd    bool
 	ssdLen int64
-	// dirty: the memory replica waits for the SSD write-back (writeback.go).
-	dirty bool
+	// dirty: the memory replica waits for the SSD write-back (writeback.go);
+	// writeBacks counts its failed write-backs.
+	dirty      bool
+	writeBacks int8
 }
 
 // route is the current version of one key.

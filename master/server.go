@@ -182,20 +182,23 @@ func (s *Server) locked(f func(st *State) error) error {
 // hot-set releases f's evictions asked for are sent after it (hotset.go), and the
 // write-backs they started are submitted once the lock is released (writeback.go).
 func (s *Server) withState(f func(st *State) error) error {
-	s.mu.Lock()
-	if s.gate != nil {
-		if err := s.gate(); err != nil {
-			s.mu.Unlock()
-			return err
+	var writeBacks []*PersistTask
+	err := func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.gate != nil {
+			if err := s.gate(); err != nil {
+				return err
+			}
 		}
-	}
-	err := f(s.st)
-	if s.st.releasesDue {
-		s.st.releasesDue = false
-		s.sendReleases(s.st.takeReleasesLocked())
-	}
-	writeBacks := s.st.takeWriteBacksLocked()
-	s.mu.Unlock()
+		defer func() { writeBacks = s.st.takeWriteBacksLocked() }()
+		err := f(s.st)
+		if s.st.releasesDue {
+			s.st.releasesDue = false
+			s.sendReleases(s.st.takeReleasesLocked())
+		}
+		return err
+	}()
 	for _, t := range writeBacks {
 		s.persist.submit(t) // (a full queue ends a task under the lock: not held here)
 	}

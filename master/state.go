@@ -138,27 +138,31 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		// hot set does not overrule the page order; it is passed only when it is still
 		// held after the owner answered.
 		var held []string
-		free := func(k string) bool {
+		// A dirty page (writeback.go) is skipped, not passed, once its write-back started
+		// (evicted only when no owner can persist it), and so is one being written back
+		// (its range is free once written); a dirty duplicate goes, and the other copy
+		// takes its write-back over.
+		check := func(k string, dup bool) bool {
 			r := s.routes[k]
 			switch {
-			case r.replicas[n].dirty:
-				s.writeBackNowLocked(k, n) // skipped, not passed, once its write-back starts
+			case r.replicas[n].dirty && !dup && s.writeBackNowLocked(k, n):
 				return false
 			case s.writingBackLocked(r, n):
-				return false // skipped, not passed: its range is free once written
+				return false
 			case s.heldReplicaLocked(r, n):
 				held = append(held, k)
 				return false
 			}
 			return true
 		}
+		free := func(k string) bool { return check(k, false) }
 		if dups {
 			heldDup := false
 			key, ok = n.policy.VictimWhere(func(k string) bool {
 				if !s.duplicateLocked(k, n) {
 					return false
 				}
-				if !free(k) {
+				if !check(k, true) {
 					heldDup = true
 					return false
 				}
@@ -409,6 +413,7 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (
 	}
 	rep.ssd = true
 	rep.ssdLen = length
+	s.cleanLocked(key, r)
 	return true, nil
 }
 

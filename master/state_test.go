@@ -315,6 +315,10 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			b.WriteString("none\n")
 		}
 		return b.String(), nil
+	case "write-ahead":
+		// write-ahead node=N: the write-back's top-up of node N (after each publish and eviction).
+		st.writeAheadLocked(st.nodes[arg(d, "node")])
+		return "ok\n", nil
 	case "ssd-admit":
 		// ssd-admit set=evict|put [ahead=F]: Options.SSDAdmit and WriteBackAhead.
 		st.opts.SSDAdmit = arg(d, "set")
@@ -468,7 +472,7 @@ func dumpState(st *State) string {
 		if n.xfer != nil {
 			fmt.Fprintf(&b, " xfer=%d/%d", n.xfer.Used(), n.xfer.Capacity())
 		}
-		if n.ssd.Enabled {
+		if c := st.persistStats[id]; n.ssd.Enabled || c != nil {
 			c := st.persistCount(id)
 			fmt.Fprintf(&b, " ssd_pending=%d persists=%d dropped=%d", n.ssdPending, c.asked, c.dropped)
 		}

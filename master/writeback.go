@@ -8,15 +8,17 @@ package master
 // it would evict next, WriteBackAhead of its segment, written back or being written
 // (writeAheadLocked, after every publish and eviction), by the persists of the put path
 // (the SSD pool's choice of owner, batched calls). A page being written back keeps its
-// range (the persist holds a reference) and is skipped, not passed, by eviction; a dirty
-// page eviction reaches first has its write-back started then and is skipped too, so a
-// page never leaves memory dirty: when puts outrun the SSD, allocations wait for
-// write-backs to end (the server retries NO_SPACE up to AllocWait), as puts wait for
-// their persists with SSDAdmitPut. (Letting eviction take the dirty pages instead lost
-// a sixth of the pages of a 3-owner trace replay, whose write-backs pull the bytes to
-// other owners' rings.) A page no owner has SSD room for, or whose write-back failed,
-// stays memory-only. Plain keys, and every key with SSDAdmitPut, are persisted at their
-// put as before.
+// range (the persist holds a reference) and is skipped, not passed, by eviction and
+// take-back; a dirty page eviction reaches first has its write-back started then and is
+// skipped too: when puts outrun the SSD, allocations wait for write-backs to end (the
+// server retries NO_SPACE up to AllocWait), as puts wait for their persists with
+// SSDAdmitPut. (Letting eviction take the dirty pages instead lost a sixth of the pages
+// of a 3-owner trace replay, whose write-backs pull the bytes to other owners' rings.)
+// A dirty page leaves memory only where it must (no owner can persist it, a duplicate,
+// a take-back with no clean page borrowed, its owner's death), and another memory copy
+// takes its write-back over or it counts as a dropped persist (unwrittenLocked). A
+// failed write-back is tried maxWriteBackTries times in all. Plain keys, and every key
+// with SSDAdmitPut, are persisted at their put as before.
 
 // writeBackLocked reports whether a page published now waits for the write-back
 // rather than a persist at its put.
@@ -36,8 +38,8 @@ func (s *State) unwrittenPageLocked(key string, r *route, n *node) {
 
 // writeAheadLocked starts the write-back of n's dirty pages, the next victims first,
 // until those written back or being written ahead of its evictions weigh WriteBackAhead
-// of its segment, or no owner can persist one. The persists go out with the call that
-// made them (takeWriteBacksLocked).
+// of its segment, or no owner can persist one now (the page stays dirty, for the next
+// call). The persists go out with the call that made them (takeWriteBacksLocked).
 func (s *State) writeAheadLocked(n *node) {
 	pages := n.policy.pages
 	if len(pages.dirty) == 0 || n.tombed {
@@ -46,50 +48,67 @@ func (s *State) writeAheadLocked(n *node) {
 	want := int64(float64(n.alloc.Capacity()) * s.opts.WriteBackAhead)
 	for pages.ahead < want {
 		key, _, ok := pages.takeDirty()
-		if !ok {
+		if !ok || !s.startWriteBackLocked(key, n) {
 			return
 		}
-		s.startWriteBackLocked(key, n)
 	}
 }
 
 // writeBackNowLocked starts the write-back of n's dirty replica of key out of turn:
 // eviction reached it before writeAheadLocked did (a page put under an old parent ranks
-// with it, below the pages already ahead), and skips it until it is written.
-func (s *State) writeBackNowLocked(key string, n *node) {
-	if n.policy.pages.takeDirtyKey(key) {
-		s.startWriteBackLocked(key, n)
-	}
+// with it, below the pages already ahead; or puts outran the SSD). It reports whether
+// eviction must skip the page: false when no owner can persist it (the page is evicted
+// dirty, counted as a dropped persist, rather than held in memory for ever).
+func (s *State) writeBackNowLocked(key string, n *node) (skip bool) {
+	return !n.policy.pages.takeDirtyKey(key) || s.startWriteBackLocked(key, n)
 }
 
 // startWriteBackLocked persists n's replica of page key, just taken from the dirty
-// pages: unless another replica of the version is on SSD or being written. A page that
-// no owner has SSD room for stays memory-only.
-func (s *State) startWriteBackLocked(key string, n *node) {
+// pages, unless another replica of the version is on SSD or being written. When no
+// owner has SSD room for it, the page is dirty again and it returns false.
+func (s *State) startWriteBackLocked(key string, n *node) bool {
 	r := s.routes[key]
 	if r == nil || r.memoryReplica(n) == nil {
 		panic("BUG: a dirty page without a memory replica on its node")
 	}
 	r.replicas[n].dirty = false
 	if r.hasSSD() || s.persists[r.putID] != nil {
-		return // written back already (another replica's), or being written
+		return true // written back already (another replica's), or being written
 	}
 	t := s.persistTaskLocked(key, r.putID, n, r.memoryReplica(n))
 	if t == nil {
-		n.policy.pages.unahead(key)
-		return
+		s.markDirtyLocked(key, r, n)
+		return false
 	}
 	s.persists[r.putID].writeBack = true
 	s.writeBacks = append(s.writeBacks, t)
+	return true
 }
 
-// writeBackDoneLocked ends the write-back of pp: a failed one leaves the page memory-only
-// (it is not tried again: a failing SSD would be asked forever).
+// maxWriteBackTries bounds the write-backs of one memory replica: a page whose
+// write-backs failed that often stays memory-only (an SSD that fails every write is not
+// asked for ever, and the page is not held in memory for ever).
+const maxWriteBackTries = 2
+
+// writeBackDoneLocked ends the write-back of pp. A failed one (an SSD error, the SSD
+// owner gone, the persist queue full) leaves the page dirty again for another try,
+// maxWriteBackTries in all; if pp's node lost its replica meanwhile (tombed), another
+// memory replica takes the write-back over.
 func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
-	if r := s.routes[pp.key]; !ok && r != nil && r.putID == putID {
-		pp.node.policy.pages.unahead(pp.key)
-	}
 	pp.alloc.Release()
+	r := s.routes[pp.key]
+	if ok || r == nil || r.putID != putID || r.hasSSD() {
+		return
+	}
+	rep := r.replicas[pp.node]
+	if rep == nil || rep.memory != pp.alloc || pp.node.tombed {
+		s.redirtyLocked(pp.key, r)
+		return
+	}
+	pp.node.policy.pages.unahead(pp.key)
+	if rep.writeBacks++; rep.writeBacks < maxWriteBackTries {
+		s.markDirtyLocked(pp.key, r, pp.node)
+	}
 }
 
 // writingBackLocked reports whether n's memory replica of route r is being written back:
@@ -117,13 +136,16 @@ func (s *State) redirtyLocked(key string, r *route) {
 	}
 }
 
-// unwrittenLocked follows the eviction of n's dirty replica of page key (route r) out
-// of turn (a take-back of transfer area room): another memory replica takes over its
-// write-back, and without one the version leaves memory without reaching SSD (counted
-// as a dropped persist).
+// unwrittenLocked follows the loss of n's dirty replica of page key (route r): evicted
+// as a duplicate, evicted because no owner could persist it, or its owner tombed.
+// Another memory replica takes its write-back over; without one the version leaves
+// memory without reaching SSD (counted as a dropped persist).
 func (s *State) unwrittenLocked(key string, r *route, n *node) {
+	if r.hasSSD() || s.persists[r.putID] != nil {
+		return
+	}
 	for m, rep := range r.replicas {
-		if rep.memory != nil && !m.tombed {
+		if rep.memory != nil && !m.tombed && m != n {
 			s.markDirtyLocked(key, r, m)
 			return
 		}
@@ -131,6 +153,17 @@ func (s *State) unwrittenLocked(key string, r *route, n *node) {
 	c := s.persistCount(n.id)
 	c.asked++
 	c.dropped++
+}
+
+// cleanLocked ends the dirtiness of route r's memory replicas: a copy of the version
+// was published on SSD (a commit, or a replica report).
+func (s *State) cleanLocked(key string, r *route) {
+	for n, rep := range r.replicas {
+		if rep.dirty {
+			rep.dirty = false
+			n.policy.pages.cleanDirty(key)
+		}
+	}
 }
 
 // markDirtyLocked makes n's memory replica of page key (route r) dirty.

@@ -96,22 +96,26 @@ func (n *node) areaCapacity() int64 {
 
 // takeBackVictimLocked picks the borrowed replica a take-back evicts: of those no
 // holder keeps, the one the eviction order would evict first (Rank; the oldest borrowed
-// on a tie), a duplicate before a sole copy; whether it was a duplicate comes back too.
-// One that is not in the order yet (its SSD persist still reads it) is not taken. The
+// on a tie), a duplicate before a sole copy, a clean page before a dirty one (SSD
+// write-back: writeback.go); whether it was a duplicate comes back too. One that an SSD
+// persist still reads (not in the order yet, or being written back) is not taken. The
 // node keeps its borrowed keys (node.borrowed), so the search costs the area's
 // replicas, not the node's: drawing them from the eviction order instead cost the trace
 // replay's master a third of its time (a put of a full pool whose transfers are in
 // flight searched the order to its end, to find nothing free).
 func (s *State) takeBackVictimLocked(n *node) (key string, dup, ok bool) {
 	var best int64
+	var bestClean bool
 	n.borrowed.each(func(k string) bool {
 		rank, in := n.policy.Rank(k)
-		if !in || s.heldLocked(k, n) {
+		r := s.routes[k]
+		if !in || s.heldReplicaLocked(r, n) || s.writingBackLocked(r, n) {
 			return true
 		}
 		d := n.dups > 0 && s.duplicateLocked(k, n)
-		if !ok || (d && !dup) || (d == dup && rank < best) {
-			key, dup, ok, best = k, d, true, rank
+		clean := !r.replicas[n].dirty || d
+		if !ok || (d && !dup) || (d == dup && clean && !bestClean) || (d == dup && clean == bestClean && rank < best) {
+			key, dup, ok, best, bestClean = k, d, true, rank, clean
 		}
 		return true
 	})

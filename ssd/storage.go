@@ -125,6 +125,16 @@ func Open(opts Options) (_ *Storage, err error) {
 // io_uring setup failed under EngineAuto says so in Stats.
 func (s *Storage) Engine() string { return s.kind }
 
+// RecordSpan bounds the ring bytes of the record of a value of n bytes under key: its
+// header, its value and the padding to the next block, on the device that pads most.
+func (s *Storage) RecordSpan(key string, n int64) int64 {
+	var most int64
+	for _, d := range s.devices {
+		most = max(most, d.span(headerSize(len(key))+AlignedLen(n)))
+	}
+	return most
+}
+
 // RingBytes is the size of the smallest ring (shard file): entries pinned for their
 // commit (CommitPin) beyond it would block the persists that must overwrite them.
 func (s *Storage) RingBytes() int64 {
