@@ -89,6 +89,7 @@ class Session {
   // call); any other code is left in resp for the caller.
   template <class W, class Resp>
   void call(std::string_view method, W&& write_req, Resp& resp, bool piggyback = true) {
+    if (auto hook = call_hook_for_tests.load(std::memory_order_acquire)) hook(method);
     std::unique_ptr<RpcConn> conn;
     std::vector<std::int64_t> rel;
     take(conn, piggyback ? &rel : nullptr);
@@ -108,6 +109,10 @@ class Session {
     if (resp.code == static_cast<std::int32_t>(wire::Code::STALE_GENERATION))
       throw Stale(resp.message.empty() ? "stale generation" : resp.message);
   }
+
+  // Called with the method before every call of every session, when set: tests hold a call
+  // back with it (a fault a real owner cannot produce on demand). Never set outside tests.
+  static inline std::atomic<void (*)(std::string_view)> call_hook_for_tests{nullptr};
 
   bool live() const noexcept { return state_.load(std::memory_order_acquire) == SessionState::live; }
   SessionState state() const noexcept { return state_.load(std::memory_order_acquire); }

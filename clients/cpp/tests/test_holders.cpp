@@ -7,9 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
+#include "session.hpp"
 #include "shared_owner.hpp"
 #include "testing.hpp"
 
@@ -42,6 +47,39 @@ struct KillOnExit {
   ~KillOnExit() { kill_and_wait(); }
 };
 std::int64_t used_of(fluxkv::Client& c) { return json_number(c.stat_json(), "used_bytes"); }
+
+// Holds the first Release call made while it is set until the gate opens (Session's test
+// hook): a flush in flight, as a slow owner or a busy scheduler would keep it.
+struct ReleaseGate {
+  static inline std::mutex mu;
+  static inline std::condition_variable cv;
+  static inline bool entered = false, open = false;
+  static void hook(std::string_view method) {
+    std::unique_lock lk(mu);
+    if (method != "Release" || entered) return;
+    entered = true;
+    cv.notify_all();
+    cv.wait_for(lk, std::chrono::seconds(10), [] { return open; });
+  }
+  ReleaseGate() {
+    std::lock_guard lk(mu);
+    entered = open = false;
+    fluxkv::detail::Session::call_hook_for_tests.store(&hook);
+  }
+  bool wait_entered() {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(10), [] { return entered; });
+  }
+  void release() {
+    std::lock_guard lk(mu);
+    open = true;
+    cv.notify_all();
+  }
+  ~ReleaseGate() {
+    release();
+    fluxkv::detail::Session::call_hook_for_tests.store(nullptr);
+  }
+};
 }  // namespace
 
 TEST(holder_outlives_overwrite_and_delete) {
@@ -165,4 +203,33 @@ TEST(owner_restart_reattaches_and_old_holders_stay_readable) {
   h.release();  // its session ended with the old owner: nothing to send
   CHECK_EQ(json_number(c.stat_json(), "client_holders"), 0);
   CHECK_EQ(c.release_errors(), 0);
+}
+
+// A call made while a flush's Release is in flight waits for it: on another connection it
+// could reach the owner first and plan room (a get's target, a put) that those releases
+// were about to free, and a full owner would evict a value for it.
+TEST(calls_wait_for_a_release_flush_in_flight) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  auto v = pattern(5, 4096);
+  c.put("hold/ordered", v);
+  c.get("hold/ordered").release();  // queued
+  std::atomic<bool> got{false};
+  {
+    ReleaseGate gate;
+    std::thread flusher([&] { c.flush(); });
+    CHECK(gate.wait_entered());
+    std::thread reader([&] {
+      fluxkv::MemHolder h = c.get("hold/ordered");
+      got = same(h, v);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    bool early = got.load();
+    gate.release();
+    flusher.join();
+    reader.join();
+    CHECK(!early);  // the get went out while the Release was in flight
+  }
+  CHECK(got.load());
+  CHECK_EQ(c.release_errors(), 0);
+  c.remove("hold/ordered");
 }
