@@ -38,11 +38,39 @@ func checkPagePolicy(t testing.TB, p *pagePolicy, ownGhost bool) {
 	if w != p.weight {
 		t.Fatalf("pages weigh %d, counted %d", w, p.weight)
 	}
+	checkDirty(t, p)
 	if p.newest != nil && p.entries[p.newest.key] != p.newest {
 		t.Fatalf("newest page %q is not live", p.newest.key)
 	}
 	if g := p.ghosts; g.Len() > g.bound() || (ownGhost && g.live != p.Len()) {
 		t.Fatalf("ghost holds %d pages for %d live (counted %d)", g.Len(), p.Len(), g.live)
+	}
+}
+
+// checkDirty verifies the write-back's structures (pagedirty.go): the dirty heap holds
+// live pages once each at their dindex and in heap order, no other page has a dindex,
+// and ahead is the weight of the pages marked ahead.
+func checkDirty(t testing.TB, p *pagePolicy) {
+	t.Helper()
+	for i, e := range p.dirty {
+		if e.dindex != i || p.entries[e.key] != e {
+			t.Fatalf("dirty[%d] = %q (dindex %d) is not the map's entry", i, e.key, e.dindex)
+		}
+		if i > 0 && p.dirty.Less(i, (i-1)/2) {
+			t.Fatalf("dirty[%d] = %q ranks before its heap parent", i, e.key)
+		}
+	}
+	dirty, ahead := 0, int64(0)
+	for _, e := range p.entries {
+		if e.dindex >= 0 {
+			dirty++
+		}
+		if e.isAhead {
+			ahead += e.weight
+		}
+	}
+	if dirty != len(p.dirty) || ahead != p.ahead {
+		t.Fatalf("%d pages with a dirty index, %d in the dirty heap; ahead pages weigh %d, counted %d", dirty, len(p.dirty), ahead, p.ahead)
 	}
 }
 
@@ -257,7 +285,9 @@ func (m *orderModel) check(what string) {
 // hits, deletes, replicas dropped while their route lives on (an SSD copy), route
 // losses, and victims with some keys refused. After every step the structure and the
 // model agree (no key lost or duplicated, weights add up, each page ranks no later
-// than its parent on the node); every victim is live and accepted, never the newest
+// than its parent on the node, the write-back's dirty heap and ahead weight are
+// consistent: the high nibble of a step's weight byte marks, takes, cleans or unaheads
+// dirty pages); every victim is live and accepted, never the newest
 // while another key is a candidate, leaves no child page behind (unless puts made their parents a cycle), and is an orphan (or under one)
 // whenever one is a candidate. A final drain returns every live key once.
 func FuzzPagePolicy(f *testing.F) {
@@ -277,7 +307,7 @@ func runPageOps(t *testing.T, ops []byte) {
 	const keys = 24
 	name := func(b byte) string { return fmt.Sprintf("k%d", b%keys) }
 	for len(ops) >= 4 {
-		op, k, w, arg := ops[0]%8, name(ops[1]), int64(ops[2]%16)+1, ops[3]
+		op, k, w, arg, dirty := ops[0]%8, name(ops[1]), int64(ops[2]%16)+1, ops[3], ops[2]>>4
 		ops = ops[4:]
 		switch op {
 		case 0, 1: // put a page: arg names its parent, or (>= keys) a chain's first page
@@ -309,7 +339,19 @@ func runPageOps(t *testing.T, ops []byte) {
 				m.unroute(k)
 			}
 		}
-		m.check(fmt.Sprintf("op %d on %s", op, k))
+		switch pages := m.o.pages; dirty { // the write-back's moves (writeback.go)
+		case 1:
+			pages.markDirty(k)
+		case 2:
+			pages.takeDirty()
+		case 3:
+			pages.takeDirtyKey(k)
+		case 4:
+			pages.cleanDirty(k)
+		case 5:
+			pages.unahead(k)
+		}
+		m.check(fmt.Sprintf("op %d on %s (dirty move %d)", op, k, dirty))
 	}
 	for m.o.Len() > 0 {
 		if !m.victim(func(string) bool { return false }) {
