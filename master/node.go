@@ -66,8 +66,8 @@ type node struct {
 	// the SSD pool counts them as used until its next heartbeat catches up.
 	ssdPending int64
 	// ssdAssigned is the bytes of SSD persists assigned to this owner incarnation (from
-	// a level start: Register) that did not fail, over its ring's capacity its laps: the
-	// SSD pool keeps the rings of a cluster wrapping at one pace (persistNodeLocked).
+	// a level start: Register), over its ring's capacity its laps: the SSD pool keeps
+	// the rings of a cluster wrapping at one pace (persistNodeLocked).
 	ssdAssigned int64
 	// evicted holds the eviction notices the owner has not acked (evictnotice.go).
 	evicted evictOutbox

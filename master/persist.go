@@ -74,7 +74,6 @@ func (s *State) endPersistLocked(putID int64, pp *pendingPersist, ok bool) {
 	pp.ssdNode.ssdPending -= pp.alloc.Len()
 	if !ok {
 		s.persistCount(pp.ssdNode.id).dropped++
-		pp.ssdNode.ssdAssigned -= pp.alloc.Len() // (a record written but not committed did take ring room: rare)
 	}
 }
 
