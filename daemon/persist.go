@@ -44,8 +44,11 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 	defer o.doneSegment()
 	errs := make([]error, len(items))
 	weight := func(req *peer.SsdReplicaPersistRequest) int64 {
-		if req == nil {
+		switch {
+		case req == nil:
 			return 0
+		case req.Len <= 0 || req.Len > o.persistPins.size:
+			return o.persistPins.size // refused by checkPersist, or a group of its own
 		}
 		return o.persistPinWeight(req)
 	}

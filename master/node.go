@@ -67,7 +67,9 @@ type node struct {
 	ssdPending int64
 	// ssdAssigned is the bytes of SSD persists assigned to this owner incarnation (from
 	// a level start: Register), over its ring's capacity its laps: the SSD pool keeps
-	// the rings of a cluster wrapping at one pace (persistNodeLocked).
+	// the rings of a cluster wrapping at one pace (persistNodeLocked). Failed persists
+	// count too: a ring that fails every write would otherwise stay behind and draw
+	// every persist of the pool.
 	ssdAssigned int64
 	// evicted holds the eviction notices the owner has not acked (evictnotice.go).
 	evicted evictOutbox
@@ -308,9 +310,14 @@ func (s *State) tombLocked(n *node) {
 	for id, pp := range s.persists {
 		if pp.node == n {
 			// The memory replica is gone: the persist (here or on the SSD pool's
-			// owner, whose pull now fails) cannot complete.
+			// owner, whose pull now fails) cannot complete. A write-back passes to
+			// another memory copy of the page, if there is one.
 			s.endPersistLocked(id, pp, false)
-			pp.alloc.Release()
+			if pp.writeBack {
+				s.writeBackDoneLocked(id, pp, false)
+			} else {
+				pp.alloc.Release()
+			}
 		}
 	}
 }

@@ -162,9 +162,9 @@ func (s *Server) maintainLoop() {
 				s.st.Forgive(now)
 				fallthrough
 			default:
-				s.st.Maintain(now)
+				s.st.Maintain(now) // tombs: write-backs pass to other copies
 			}
-			s.mu.Unlock()
+			s.unlock()
 		}
 	}
 }
@@ -174,33 +174,37 @@ func (s *Server) maintainLoop() {
 // shut gate (etcd slow for a moment) for a dead owner.
 func (s *Server) locked(f func(st *State) error) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	return f(s.st)
+}
+
+// unlock releases the lock taken to change the state, then submits the SSD write-backs
+// started under it (writeback.go: the persister's full queue ends a task under the
+// lock, so submit must not run with it held). Deferred, it runs on a panic too, so no
+// task is lost with the call.
+func (s *Server) unlock() {
+	writeBacks := s.st.takeWriteBacksLocked()
+	s.mu.Unlock()
+	for _, t := range writeBacks {
+		s.persist.submit(t)
+	}
 }
 
 // withState runs f under the lock, unless the gate is shut (calls from owners). The
 // hot-set releases f's evictions asked for are sent after it (hotset.go), and the
 // write-backs they started are submitted once the lock is released (writeback.go).
 func (s *Server) withState(f func(st *State) error) error {
-	var writeBacks []*PersistTask
-	err := func() error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.gate != nil {
-			if err := s.gate(); err != nil {
-				return err
-			}
+	s.mu.Lock()
+	defer s.unlock()
+	if s.gate != nil {
+		if err := s.gate(); err != nil {
+			return err
 		}
-		defer func() { writeBacks = s.st.takeWriteBacksLocked() }()
-		err := f(s.st)
-		if s.st.releasesDue {
-			s.st.releasesDue = false
-			s.sendReleases(s.st.takeReleasesLocked())
-		}
-		return err
-	}()
-	for _, t := range writeBacks {
-		s.persist.submit(t) // (a full queue ends a task under the lock: not held here)
+	}
+	err := f(s.st)
+	if s.st.releasesDue {
+		s.st.releasesDue = false
+		s.sendReleases(s.st.takeReleasesLocked())
 	}
 	return err
 }

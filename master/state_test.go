@@ -187,7 +187,12 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		return "ok\n", nil
 	case "heartbeat":
 		// heartbeat node=N [ack=SEQ]: prints the unacked eviction notices it carries.
-		ns, err := st.Heartbeat(*now, nref(st, d), SSDInfo{}, argInt(d, "ack"))
+		// heartbeat node=N [ack=SEQ] [ssd=BYTES]: without ssd= the owner reports no SSD tier.
+		var info SSDInfo
+		if c := argInt(d, "ssd"); c > 0 {
+			info = SSDInfo{Enabled: true, CapacityBytes: c}
+		}
+		ns, err := st.Heartbeat(*now, nref(st, d), info, argInt(d, "ack"))
 		if err != nil || len(ns.Evicted)+len(ns.SSDDropped) == 0 {
 			return "ok\n", err
 		}

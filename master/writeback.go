@@ -97,10 +97,16 @@ const maxWriteBackTries = 2
 func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	pp.alloc.Release()
 	r := s.routes[pp.key]
-	if ok || r == nil || r.putID != putID || r.hasSSD() {
+	if r == nil || r.putID != putID {
 		return
 	}
 	rep := r.replicas[pp.node]
+	if ok || r.hasSSD() {
+		if rep != nil && rep.memory == pp.alloc {
+			rep.writeBacks = 0 // its tries start again should the ring overwrite the record
+		}
+		return
+	}
 	if rep == nil || rep.memory != pp.alloc || pp.node.tombed {
 		s.redirtyLocked(pp.key, r)
 		return
