@@ -25,6 +25,8 @@ type State struct {
 	// writeBacks are the write-back persists started under the lock, for the server to
 	// submit after it (writeback.go).
 	writeBacks []*PersistTask
+	// writingBack counts the write-backs started and not ended (writeback.go).
+	writingBack int
 	// namespaces indexes the routed keys by namespace (namespace.go); only
 	// setRouteLocked and unsetRouteLocked change routes, and they keep it in step.
 	namespaces map[string]*namespace

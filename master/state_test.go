@@ -325,8 +325,12 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		st.writeAheadLocked(st.nodes[arg(d, "node")])
 		return "ok\n", nil
 	case "ssd-admit":
-		// ssd-admit set=evict|put [ahead=F]: Options.SSDAdmit and WriteBackAhead.
+		// ssd-admit set=evict|put [ahead=F] [queue=N]: Options.SSDAdmit, WriteBackAhead
+		// and PersistQueue.
 		st.opts.SSDAdmit = arg(d, "set")
+		if q := argInt(d, "queue"); q > 0 {
+			st.opts.PersistQueue = int(q)
+		}
 		if a := arg(d, "ahead"); a != "" {
 			f, err := strconv.ParseFloat(a, 64)
 			st.opts.WriteBackAhead = f

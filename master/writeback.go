@@ -46,7 +46,7 @@ func (s *State) writeAheadLocked(n *node) {
 		return
 	}
 	want := int64(float64(n.alloc.Capacity()) * s.opts.WriteBackAhead)
-	for pages.ahead < want {
+	for pages.ahead < want && s.writeBackRoomLocked() {
 		key, _, ok := pages.takeDirty()
 		if !ok || !s.startWriteBackLocked(key, n) {
 			return
@@ -60,7 +60,19 @@ func (s *State) writeAheadLocked(n *node) {
 // eviction must skip the page: false when no owner can persist it (the page is evicted
 // dirty, counted as a dropped persist, rather than held in memory for ever).
 func (s *State) writeBackNowLocked(key string, n *node) (skip bool) {
+	if !s.writeBackRoomLocked() {
+		return true // it waits for the write-backs in flight, dirty
+	}
 	return !n.policy.pages.takeDirtyKey(key) || s.startWriteBackLocked(key, n)
+}
+
+// writeBackRoomLocked reports whether another write-back may start: those in flight stay
+// within half the persist queue (Options.PersistQueue), so that they never fill it. A
+// write-back that found the queue full would fail, and its page be taken to the next
+// one at once: a node whose write-ahead spans more pages than the queue holds (an eighth
+// of a 32 GiB pool is 65,536 KV pages of 64 KiB) would make most of them memory-only.
+func (s *State) writeBackRoomLocked() bool {
+	return s.writingBack < max(s.opts.PersistQueue/2, 1)
 }
 
 // startWriteBackLocked persists n's replica of page key, just taken from the dirty
@@ -82,6 +94,7 @@ func (s *State) startWriteBackLocked(key string, n *node) bool {
 	}
 	s.persists[r.putID].writeBack = true
 	s.writeBacks = append(s.writeBacks, t)
+	s.writingBack++
 	return true
 }
 
@@ -95,6 +108,7 @@ const maxWriteBackTries = 2
 // maxWriteBackTries in all; if pp's node lost its replica meanwhile (tombed), another
 // memory replica takes the write-back over.
 func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
+	s.writingBack--
 	pp.alloc.Release()
 	r := s.routes[pp.key]
 	if r == nil || r.putID != putID {
