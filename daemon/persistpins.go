@@ -12,7 +12,7 @@ import (
 // overwritten, so a persist that needs its ring space waits for the commit (up to
 // ssd.Options.BusyWait, then fails): pins of more than a ring would make a batch, or
 // concurrent batches, wait for their own commits, which come only after their last
-// write (measured before: a batch of 1.5 MiB into a 1 MiB ring failed 7 of 24 values
+// write (measured before: a batch of 1.4 MiB into a 1 MiB ring failed 14 of 24 values
 // after BusyWait each). persistMany writes and commits its items in groups within the
 // budget, so rings of any size serve batches of any size; on rings much larger than a
 // batch the budget never waits.

@@ -21,15 +21,14 @@ func (p *pagePolicy) markDirty(k string) bool {
 }
 
 // takeDirty takes the dirty page that is evicted first: it is no longer dirty, and
-// counts ahead (aheadWeight) until it is used, dropped or unahead. ok is false when no
-// page is dirty.
-func (p *pagePolicy) takeDirty() (k string, weight int64, ok bool) {
+// counts ahead (p.ahead) until it is used, dropped or unahead. ok is false when no page
+// is dirty.
+func (p *pagePolicy) takeDirty() (k string, ok bool) {
 	if len(p.dirty) == 0 {
-		return "", 0, false
+		return "", false
 	}
 	k = p.dirty[0].key
-	p.takeDirtyKey(k)
-	return k, p.entries[k].weight, true
+	return k, p.takeDirtyKey(k)
 }
 
 // takeDirtyKey is takeDirty of dirty page k; false when k is not dirty.
@@ -65,10 +64,4 @@ func (p *pagePolicy) notAhead(e *pageEntry) {
 		e.isAhead = false
 		p.ahead -= e.weight
 	}
-}
-
-// isDirty reports whether k is a dirty live page.
-func (p *pagePolicy) isDirty(k string) bool {
-	e := p.entries[k]
-	return e != nil && e.dindex >= 0
 }

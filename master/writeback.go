@@ -2,8 +2,9 @@ package master
 
 // SSD write-back (Options.SSDAdmit = SSDAdmitEvict; docs/ssd.md "What reaches SSD"): a
 // KV page reaches SSD as it nears the end of its node's eviction order, not at its put,
-// so that flash holds what DRAM evicts rather than a second copy of what DRAM holds: the
-// two tiers together keep about a DRAM's worth more distinct pages. A page is published
+// so that flash holds what DRAM evicts rather than a second copy of what DRAM holds
+// (pages refilled from SSD are in both tiers either way: measured on the conversation
+// trace, the gain in distinct pages is small; docs/benchmarks.md). A page is published
 // dirty (pagedirty.go) and enters the eviction order at once; each node keeps the pages
 // it would evict next, WriteBackAhead of its segment, written back or being written
 // (writeAheadLocked, after every publish and eviction), by the persists of the put path
@@ -47,7 +48,7 @@ func (s *State) writeAheadLocked(n *node) {
 	}
 	want := int64(float64(n.alloc.Capacity()) * s.opts.WriteBackAhead)
 	for pages.ahead < want && s.writeBackRoomLocked() {
-		key, _, ok := pages.takeDirty()
+		key, ok := pages.takeDirty()
 		if !ok || !s.startWriteBackLocked(key, n) {
 			return
 		}
