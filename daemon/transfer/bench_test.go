@@ -156,3 +156,67 @@ func plainTCPPair(b *testing.B, seg []byte, conc int) func(g int) error {
 		return err
 	}
 }
+
+// BenchmarkPullMany measures one PullMany of 32 values of 64 KiB (a get batch's
+// pages from one source) over loopback, beside the plain TCP pair moving the same
+// bytes as 32 requests of 64 KiB one after the other ("tcp-each") and as one request
+// of 2 MiB ("tcp-one").
+//
+//	go test ./daemon/transfer/ -run '^$' -bench PullMany -benchtime 2s
+func BenchmarkPullMany(b *testing.B) {
+	const n, size = 32, 64 << 10
+	for _, kind := range []string{"tcp-each", "tcp-one", "fluxkv"} {
+		b.Run(kind, func(b *testing.B) {
+			seg := segment(b, n*size, true)
+			dst := segment(b, n*size, false)
+			var pull func() error
+			switch kind {
+			case "tcp-each", "tcp-one":
+				one := plainTCPPair(b, seg[:size], 1)
+				if kind == "tcp-one" {
+					one = plainTCPPair(b, seg, 1)
+				}
+				pull = func() error {
+					if kind == "tcp-one" {
+						return one(0)
+					}
+					for range n {
+						if err := one(0); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+			default:
+				sec := secrets(b)
+				src := newTestSource(seg)
+				f := src.retain(1, 0, int64(n*size))
+				srv := startServer(b, src, ServerOptions{Secrets: sec})
+				cl := newClient(b, ClientOptions{Secrets: sec})
+				addr := srv.Addr().String()
+				items := make([]PullItem, n)
+				for i := range items {
+					items[i] = PullItem{Fence: f, Offset: int64(i * size), Dst: dst[i*size : (i+1)*size]}
+				}
+				pull = func() error {
+					for _, err := range cl.PullMany(context.Background(), addr, items) {
+						if err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+			}
+			if err := pull(); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(n * size)
+			b.ResetTimer()
+			for b.Loop() {
+				if err := pull(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -450,3 +450,15 @@ func Handshake(c net.Conn) error {
 	}
 	return nil
 }
+
+// Writer returns what a server writes c's replies to once Handshake(c) succeeded: the
+// connection under c (a *net.TCPConn from a TCP listener), so that net.Buffers can
+// write a header and its data in one writev; c itself for other connections and before
+// a successful handshake. Reads stay on c (it turns a draining connection's deadline
+// into io.EOF).
+func Writer(c net.Conn) net.Conn {
+	if sc, ok := c.(*serverConn); ok && sc.handshake() == nil {
+		return sc.Conn
+	}
+	return c
+}
