@@ -38,8 +38,10 @@
 // 250 ms, the final status follows), so a puller tells a slow disk from a dead source
 // within its progress deadline. The server allocates
 // nothing from a length field: a request header is at most 296 bytes, and the bytes a
-// pull sends are the slice the Source returned, written with net.Conn.Write (no
-// intermediate buffer).
+// pull sends are the slice the Source returned, written from there (no intermediate
+// buffer): an OK header and the first MiB of its data in one writev on the TCP
+// connection, so the puller finds the data behind the header instead of parking
+// between them.
 //
 // Deadlines. The puller fails a pull when no byte arrives for ProgressTimeout, sets
 // TCP_USER_TIMEOUT on each connection, and closes the connection when its context
