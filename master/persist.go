@@ -46,8 +46,9 @@ type PersistTask struct {
 }
 
 // persistCounts are the SSD persists the master asked one owner for (by node id, over
-// its incarnations) and those that ended without an SSD replica.
-type persistCounts struct{ asked, dropped int64 }
+// its incarnations) and those that ended without an SSD replica; and the KV pages of
+// its memory the write-back gave up on (unwrittenLocked, writeBackDoneLocked).
+type persistCounts struct{ asked, dropped, unwritten int64 }
 
 // PersistDone ends a persist (whatever its outcome: a failed persist never undoes the
 // put): the replica, if it is still the key's current memory replica on that node,

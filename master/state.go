@@ -500,6 +500,7 @@ func (s *State) Members() []*common.MemberStat {
 			SsdPersists:        s.persistCount(n.id).asked,
 			SsdPersistsDropped: s.persistCount(n.id).dropped,
 			SsdPersistsPending: pending[n],
+			SsdUnwritten:       s.persistCount(n.id).unwritten,
 		})
 		if n.xfer != nil {
 			m := out[len(out)-1]

@@ -484,6 +484,9 @@ func dumpState(st *State) string {
 		if c := st.persistStats[id]; n.ssd.Enabled || c != nil {
 			c := st.persistCount(id)
 			fmt.Fprintf(&b, " ssd_pending=%d persists=%d dropped=%d", n.ssdPending, c.asked, c.dropped)
+			if c.unwritten > 0 {
+				fmt.Fprintf(&b, " unwritten=%d", c.unwritten)
+			}
 		}
 		b.WriteString("\n")
 	}

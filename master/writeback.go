@@ -17,8 +17,9 @@ package master
 // of a 3-owner trace replay, whose write-backs pull the bytes to other owners' rings.)
 // A dirty page leaves memory only where it must (no owner can persist it, a duplicate,
 // a take-back with no clean page borrowed, its owner's death), and another memory copy
-// takes its write-back over or it counts as a dropped persist (unwrittenLocked). A
-// failed write-back is tried maxWriteBackTries times in all. Plain keys, and every key
+// takes its write-back over or it counts as unwritten (unwrittenLocked; the member stat
+// ssd_unwritten). A failed write-back is tried maxWriteBackTries times in all, then the
+// page is memory-only (unwritten too). Plain keys, and every key
 // with SSDAdmitPut, are persisted at their put as before.
 
 // writeBackLocked reports whether a page published now waits for the write-back
@@ -59,7 +60,7 @@ func (s *State) writeAheadLocked(n *node) {
 // eviction reached it before writeAheadLocked did (a page put under an old parent ranks
 // with it, below the pages already ahead; or puts outran the SSD). It reports whether
 // eviction must skip the page: false when no owner can persist it (the page is evicted
-// dirty, counted as a dropped persist, rather than held in memory for ever).
+// dirty, counted as unwritten, rather than held in memory for ever).
 func (s *State) writeBackNowLocked(key string, n *node) (skip bool) {
 	if !s.writeBackRoomLocked() {
 		return true // it waits for the write-backs in flight, dirty
@@ -106,8 +107,9 @@ const maxWriteBackTries = 2
 
 // writeBackDoneLocked ends the write-back of pp. A failed one (an SSD error, the SSD
 // owner gone, the persist queue full) leaves the page dirty again for another try,
-// maxWriteBackTries in all; if pp's node lost its replica meanwhile (tombed), another
-// memory replica takes the write-back over.
+// maxWriteBackTries in all (then the page is memory-only: counted as unwritten); if pp's
+// node lost its replica meanwhile (tombed), another memory replica takes the write-back
+// over.
 func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	s.writingBack--
 	pp.alloc.Release()
@@ -129,6 +131,8 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	pp.node.policy.pages.unahead(pp.key)
 	if rep.writeBacks++; rep.writeBacks < maxWriteBackTries {
 		s.markDirtyLocked(pp.key, r, pp.node)
+	} else {
+		s.persistCount(pp.node.id).unwritten++
 	}
 }
 
@@ -160,7 +164,7 @@ func (s *State) redirtyLocked(key string, r *route) {
 // unwrittenLocked follows the loss of n's dirty replica of page key (route r): evicted
 // as a duplicate, evicted because no owner could persist it, or its owner tombed.
 // Another memory replica takes its write-back over; without one the version leaves
-// memory without reaching SSD (counted as a dropped persist).
+// memory without reaching SSD (counted as unwritten on n).
 func (s *State) unwrittenLocked(key string, r *route, n *node) {
 	if r.hasSSD() || s.persists[r.putID] != nil {
 		return
@@ -171,9 +175,7 @@ func (s *State) unwrittenLocked(key string, r *route, n *node) {
 			return
 		}
 	}
-	c := s.persistCount(n.id)
-	c.asked++
-	c.dropped++
+	s.persistCount(n.id).unwritten++
 }
 
 // cleanLocked ends the dirtiness of route r's memory replicas: a copy of the version

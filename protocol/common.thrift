@@ -66,6 +66,11 @@ struct MemberStat {
   // The landing area (outside memory_segment and the transfer area; unset without one):
   // its size, and the bytes of the gets landed there and not released yet.
   16: CapacityStat landing_area,
+  // KV pages of this owner's memory the SSD write-back gave up on (--ssd-admit evict):
+  // those that left memory dirty with no other copy to take the write-back over, and
+  // those left memory-only after their write-backs failed twice. Each failed write-back
+  // also counts in ssd_persists_dropped of the owner asked to persist it.
+  17: i64 ssd_unwritten,
 }
 
 struct KeyVersion {

@@ -178,6 +178,9 @@ type memberJSON struct {
 	SsdPersists        int64 `json:"ssd_persists"`
 	SsdPersistsDropped int64 `json:"ssd_persists_dropped"`
 	SsdPersistsPending int64 `json:"ssd_persists_pending"`
+	// SsdUnwritten: KV pages of this owner's memory the SSD write-back gave up on
+	// (--ssd-admit evict): left memory dirty, or memory-only after failed write-backs.
+	SsdUnwritten int64 `json:"ssd_unwritten"`
 	// TransferArea: the area outside memory_segment (values on their way to another
 	// owner, gets' ranges, and the TransferAreaReplicas the pool borrowed it for).
 	TransferArea         capacityJSON `json:"transfer_area"`
@@ -231,7 +234,8 @@ func statusOf(st *external.StatResponse) statusJSON {
 	for _, m := range st.Members {
 		mj := memberJSON{NodeID: m.NodeId, Generation: m.Generation, Alive: m.Alive, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
 			MemoryReplicas: m.MemoryReplicas, SsdReplicas: m.SsdReplicas, Holders: m.Holders,
-			SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped, SsdPersistsPending: m.SsdPersistsPending}
+			SsdPersists: m.SsdPersists, SsdPersistsDropped: m.SsdPersistsDropped, SsdPersistsPending: m.SsdPersistsPending,
+			SsdUnwritten: m.SsdUnwritten}
 		if m.MemorySegment != nil {
 			mj.MemorySegment = capacityJSON{m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes}
 		}

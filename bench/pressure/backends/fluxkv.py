@@ -240,12 +240,13 @@ def owner_id(i: int) -> str:
 def persist_counts(status: dict) -> dict:
     """The master's SSD persist counters from ``fluxkv status --json``: per member, the persists it
     was asked for (``ssd_persists``), those that ended without an SSD copy (``ssd_persists_dropped``:
-    failed, queue full, owner gone) and those still running (``ssd_persists_pending``), and their
-    sums (``asked``, ``dropped``, ``pending``)."""
-    out: dict = {"asked": 0, "dropped": 0, "pending": 0, "by_member": {}}
+    failed, queue full, owner gone), those still running (``ssd_persists_pending``) and the KV pages
+    of its memory the SSD write-back gave up on (``ssd_unwritten``), and their sums (``asked``,
+    ``dropped``, ``pending``, ``unwritten``)."""
+    out: dict = {"asked": 0, "dropped": 0, "pending": 0, "unwritten": 0, "by_member": {}}
     for m in status.get("members", []):
         c = {"asked": m.get("ssd_persists") or 0, "dropped": m.get("ssd_persists_dropped") or 0,
-             "pending": m.get("ssd_persists_pending") or 0}
+             "pending": m.get("ssd_persists_pending") or 0, "unwritten": m.get("ssd_unwritten") or 0}
         out["by_member"][m.get("node_id")] = c
         for k, v in c.items():
             out[k] += v

@@ -85,14 +85,14 @@ def test_quick_preset_matrix_and_topologies(tmp_path):
 
 def test_persist_counts_from_status():
     st = {"members": [
-        {"node_id": "o0", "ssd_persists": 30, "ssd_persists_dropped": 1, "ssd_persists_pending": 2},
-        {"node_id": "o1", "ssd_persists": 0, "ssd_persists_dropped": 0},
+        {"node_id": "o0", "ssd_persists": 30, "ssd_persists_dropped": 1, "ssd_persists_pending": 2, "ssd_unwritten": 4},
+        {"node_id": "o1", "ssd_persists": 0, "ssd_persists_dropped": 0, "ssd_unwritten": 1},
         {"node_id": "o2"},
     ]}
     c = fx.persist_counts(st)
-    assert (c["asked"], c["dropped"], c["pending"]) == (30, 1, 2)
-    assert c["by_member"]["o0"] == {"asked": 30, "dropped": 1, "pending": 2}
-    assert c["by_member"]["o2"] == {"asked": 0, "dropped": 0, "pending": 0}
+    assert (c["asked"], c["dropped"], c["pending"], c["unwritten"]) == (30, 1, 2, 5)
+    assert c["by_member"]["o0"] == {"asked": 30, "dropped": 1, "pending": 2, "unwritten": 4}
+    assert c["by_member"]["o2"] == {"asked": 0, "dropped": 0, "pending": 0, "unwritten": 0}
 
 
 def test_pool_counts_from_status():

@@ -1279,6 +1279,7 @@ def _stat_dict(r) -> dict:
                 "ssd_persists": m.ssd_persists or 0,
                 "ssd_persists_dropped": m.ssd_persists_dropped or 0,
                 "ssd_persists_pending": m.ssd_persists_pending or 0,
+                "ssd_unwritten": getattr(m, "ssd_unwritten", None) or 0,
                 "transfer_area": _cap(getattr(m, "transfer_area", None)),
                 "transfer_area_replicas": getattr(m, "transfer_area_replicas", None) or 0,
                 "landing_area": _cap(getattr(m, "landing_area", None)),

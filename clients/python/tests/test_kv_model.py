@@ -168,6 +168,7 @@ def test_pages_refilled_from_ssd_are_bit_identical(cluster):
         member = wait_until(settled, 30.0)
         assert member, f"SSD persists still pending: {local_member(c.stat())}"
         assert member["ssd_replicas"] >= len(model_keys)
+        assert member["ssd_unwritten"] == 0, f"the write-back gave pages up: {member}"
         assert member["memory_replicas"] < len(model_keys) + 64, "nothing left memory"
 
         for dtype, (m, store, hashes, pages) in stored.items():

@@ -239,6 +239,7 @@ type MemberStat struct {
 	TransferArea         *CapacityStat `thrift:"transfer_area,14" frugal:"14,default,CapacityStat" json:"transfer_area"`
 	TransferAreaReplicas int64         `thrift:"transfer_area_replicas,15" frugal:"15,default,i64" json:"transfer_area_replicas"`
 	LandingArea          *CapacityStat `thrift:"landing_area,16" frugal:"16,default,CapacityStat" json:"landing_area"`
+	SsdUnwritten         int64         `thrift:"ssd_unwritten,17" frugal:"17,default,i64" json:"ssd_unwritten"`
 }
 
 func NewMemberStat() *MemberStat {
@@ -331,6 +332,10 @@ func (p *MemberStat) GetLandingArea() (v *CapacityStat) {
 	}
 	return p.LandingArea
 }
+
+func (p *MemberStat) GetSsdUnwritten() (v int64) {
+	return p.SsdUnwritten
+}
 func (p *MemberStat) SetNodeId(val string) {
 	p.NodeId = val
 }
@@ -379,6 +384,9 @@ func (p *MemberStat) SetTransferAreaReplicas(val int64) {
 func (p *MemberStat) SetLandingArea(val *CapacityStat) {
 	p.LandingArea = val
 }
+func (p *MemberStat) SetSsdUnwritten(val int64) {
+	p.SsdUnwritten = val
+}
 
 func (p *MemberStat) IsSetMemorySegment() bool {
 	return p.MemorySegment != nil
@@ -420,6 +428,7 @@ var fieldIDToName_MemberStat = map[int16]string{
 	14: "transfer_area",
 	15: "transfer_area_replicas",
 	16: "landing_area",
+	17: "ssd_unwritten",
 }
 
 type KeyVersion struct {

@@ -591,6 +591,20 @@ func (p *MemberStat) FastRead(buf []byte) (int, error) {
 					goto SkipFieldError
 				}
 			}
+		case 17:
+			if fieldTypeId == thrift.I64 {
+				l, err = p.FastReadField17(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
 		default:
 			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
 			offset += l
@@ -825,6 +839,20 @@ func (p *MemberStat) FastReadField16(buf []byte) (int, error) {
 	return offset, nil
 }
 
+func (p *MemberStat) FastReadField17(buf []byte) (int, error) {
+	offset := 0
+
+	var _field int64
+	if v, l, err := thrift.Binary.ReadI64(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = v
+	}
+	p.SsdUnwritten = _field
+	return offset, nil
+}
+
 func (p *MemberStat) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
@@ -841,6 +869,7 @@ func (p *MemberStat) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 		offset += p.fastWriteField12(buf[offset:], w)
 		offset += p.fastWriteField13(buf[offset:], w)
 		offset += p.fastWriteField15(buf[offset:], w)
+		offset += p.fastWriteField17(buf[offset:], w)
 		offset += p.fastWriteField1(buf[offset:], w)
 		offset += p.fastWriteField3(buf[offset:], w)
 		offset += p.fastWriteField4(buf[offset:], w)
@@ -872,6 +901,7 @@ func (p *MemberStat) BLength() int {
 		l += p.field14Length()
 		l += p.field15Length()
 		l += p.field16Length()
+		l += p.field17Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
@@ -989,6 +1019,13 @@ func (p *MemberStat) fastWriteField16(buf []byte, w thrift.NocopyWriter) int {
 	return offset
 }
 
+func (p *MemberStat) fastWriteField17(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I64, 17)
+	offset += thrift.Binary.WriteI64(buf[offset:], p.SsdUnwritten)
+	return offset
+}
+
 func (p *MemberStat) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
@@ -1098,6 +1135,13 @@ func (p *MemberStat) field16Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += p.LandingArea.BLength()
+	return l
+}
+
+func (p *MemberStat) field17Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.I64Length()
 	return l
 }
 

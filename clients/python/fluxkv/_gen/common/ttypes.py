@@ -239,11 +239,12 @@ class MemberStat(object):
      - transfer_area
      - transfer_area_replicas
      - landing_area
+     - ssd_unwritten
 
     """
 
 
-    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None, transfer_area=None, transfer_area_replicas=None, landing_area=None,):
+    def __init__(self, node_id=None, generation=None, memory_segment=None, kv_ssd=None, alive=None, data_addr=None, peer_addr=None, memory_replicas=None, ssd_replicas=None, holders=None, ssd_persists=None, ssd_persists_dropped=None, ssd_persists_pending=None, transfer_area=None, transfer_area_replicas=None, landing_area=None, ssd_unwritten=None,):
         self.node_id = node_id
         self.generation = generation
         self.memory_segment = memory_segment
@@ -260,6 +261,7 @@ class MemberStat(object):
         self.transfer_area = transfer_area
         self.transfer_area_replicas = transfer_area_replicas
         self.landing_area = landing_area
+        self.ssd_unwritten = ssd_unwritten
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -354,6 +356,11 @@ class MemberStat(object):
                     self.landing_area.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 17:
+                if ftype == TType.I64:
+                    self.ssd_unwritten = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -427,6 +434,10 @@ class MemberStat(object):
         if self.landing_area is not None:
             oprot.writeFieldBegin('landing_area', TType.STRUCT, 16)
             self.landing_area.write(oprot)
+            oprot.writeFieldEnd()
+        if self.ssd_unwritten is not None:
+            oprot.writeFieldBegin('ssd_unwritten', TType.I64, 17)
+            oprot.writeI64(self.ssd_unwritten)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -544,6 +555,7 @@ MemberStat.thrift_spec = (
     (14, TType.STRUCT, 'transfer_area', [CapacityStat, None], None, ),  # 14
     (15, TType.I64, 'transfer_area_replicas', None, None, ),  # 15
     (16, TType.STRUCT, 'landing_area', [CapacityStat, None], None, ),  # 16
+    (17, TType.I64, 'ssd_unwritten', None, None, ),  # 17
 )
 all_structs.append(KeyVersion)
 KeyVersion.thrift_spec = (
