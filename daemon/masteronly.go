@@ -8,7 +8,7 @@ import (
 )
 
 // Master-only peer calls (docs/architecture.md §11). The cluster secret makes a caller a member;
-// PullPut, BatchSsdReplicaPersist, InvalidateCachedInfo and ReleaseHotSet write this
+// PullPut, BatchPullPut, BatchSsdReplicaPersist, InvalidateCachedInfo and ReleaseHotSet write this
 // owner's segment or SSD, or drop what it knows, on the master's word, so they are
 // answered only on a connection whose handshake proved a master key this owner
 // accepts (Options.MasterKeys), for this node id. SsdStageRead stays open to every

@@ -139,6 +139,15 @@ func TestMasterOnlyCallsRefused(t *testing.T) {
 				}
 				return r.Code, r.Message, err
 			},
+			"BatchPullPut": func() (common.ErrorCode, string, error) {
+				r, err := member.BatchPullPut(ctx, &peer.BatchPullPutRequest{Items: []*peer.PullPutRequest{{Key: "victim-0", PutId: 1 << 62,
+					Generation: m.Generation, TargetOffset: 0, Len: pool, SourceNodeId: "n0", SourceGeneration: 1,
+					SourceDataAddr: fake.Addr().String(), MasterEpoch: epoch}}})
+				if r == nil {
+					return 0, "", err
+				}
+				return r.Code, r.Message, err
+			},
 			"BatchSsdReplicaPersist": func() (common.ErrorCode, string, error) {
 				r, err := member.BatchSsdReplicaPersist(ctx, &peer.BatchSsdReplicaPersistRequest{Items: []*peer.SsdReplicaPersistRequest{{
 					Key: "victim-0", PutId: 1 << 62, Offset: 0, Len: 512 << 10, Generation: m.Generation, SourceNodeId: "fake",

@@ -48,7 +48,7 @@ type Options struct {
 	// who reaches the peer port can call it. The master must run insecure too.
 	InsecureCluster bool
 	// MasterKeys are the master public keys this owner accepts (docs/architecture.md §11): with
-	// Secrets, master-only peer calls (PullPut, BatchSsdReplicaPersist, InvalidateCachedInfo,
+	// Secrets, master-only peer calls (PullPut, BatchPullPut, BatchSsdReplicaPersist, InvalidateCachedInfo,
 	// ReleaseHotSet) are answered only on a connection whose handshake proved one of
 	// them, for this node id; other members' calls get PERMISSION_DENIED. nil: no
 	// connection can prove a master, so those calls are refused from everyone

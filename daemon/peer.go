@@ -141,6 +141,33 @@ func (h *peerHandler) PullPut(ctx context.Context, req *peer.PullPutRequest) (*p
 	return resp, nil
 }
 
+// BatchPullPut pulls the puts of one master batch placed here (pullPuts): results[i]
+// answers items[i] as PullPut would.
+func (h *peerHandler) BatchPullPut(ctx context.Context, req *peer.BatchPullPutRequest) (*peer.BatchPullPutResponse, error) {
+	resp := &peer.BatchPullPutResponse{}
+	err := h.masterOnly(ctx, "BatchPullPut")
+	if err == nil && len(req.Items) > int(peer.PULL_PUT_BATCH_ITEMS) {
+		err = errCode(common.ErrorCode_INVALID_ARGUMENT, "%d items in one BatchPullPut; at most %d", len(req.Items), peer.PULL_PUT_BATCH_ITEMS)
+	}
+	if err == nil {
+		for _, it := range req.Items {
+			if it != nil {
+				err = h.o.admit(it.MasterEpoch) // the same in every item
+				break
+			}
+		}
+	}
+	if err == nil {
+		for _, e := range h.o.pullPuts(ctx, req.Items) {
+			r := &peer.PullPutResponse{}
+			r.Code, r.Message = wire.ToResponse(e)
+			resp.Results = append(resp.Results, r)
+		}
+	}
+	resp.Code, resp.Message = wire.ToResponse(err)
+	return resp, nil
+}
+
 // ReleaseHotSet gives the master back idle holdings of the hot set: it needs space
 // and found no replica it may evict, or its eviction order reached keys this owner
 // holds (req.Keys). The acks reach the master before the answer, so

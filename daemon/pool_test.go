@@ -75,6 +75,56 @@ func TestClusterPool(t *testing.T) {
 	leakCheck(t, cl.clients[0], keys...)
 }
 
+// TestClusterPoolBatch: batch puts that outgrow their owner's segment are placed on the
+// other owner, which pulls its items of a batch in one BatchPullPut (one pipelined
+// transfer from the requester's transfer area); with no third owner to place a failed
+// pull on again, every put succeeds only through it. Every value reads back right
+// through the other owner, and nothing leaks.
+func TestClusterPoolBatch(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 2, "64MiB")
+	const n, batch, size = 92, 4, 1<<20 - 128
+	keys := make([]string, n)
+	for lo := 0; lo < n; lo += batch {
+		items := make([]fluxkv.PutItem, batch)
+		for j := range items {
+			keys[lo+j] = fmt.Sprintf("pool-batch-%d", lo+j)
+			items[j] = fluxkv.PutItem{Key: keys[lo+j], Value: clusterValue(lo+j, size)}
+		}
+		errs, err := cl.clients[0].BatchPut(items, fluxkv.PutOptions{})
+		if err != nil {
+			t.Fatalf("batch put at %d: %v", lo, err)
+		}
+		for j, e := range errs {
+			if e != nil {
+				t.Fatalf("batch put of %s: %v", keys[lo+j], e)
+			}
+		}
+	}
+	st, err := cl.clients[0].Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := map[string]int64{}
+	for _, m := range st.Members {
+		placed[m.NodeId] = m.MemoryReplicas
+	}
+	t.Logf("memory replicas after the batch puts: %v", placed)
+	if placed["n1"] < n/4 {
+		t.Errorf("batch puts were not spread over the pool: %v", placed)
+	}
+	for i, k := range keys {
+		got, _, err := getBytes(cl.clients[1], k)
+		if err != nil {
+			t.Fatalf("get %s through n1: %v", k, err)
+		}
+		if !bytes.Equal(got, clusterValue(i, size)) {
+			t.Fatalf("get %s through n1: wrong bytes", k)
+		}
+	}
+	leakCheck(t, cl.clients[0], keys...)
+}
+
 // TestClusterPoolLendsTransferAreas: a full cluster holds as many values as its DRAM.
 // Three owners of 32 MiB (each a 28 MiB pool and a 4 MiB transfer area) take 96 values
 // of 1 MiB − 128 B through every owner in turn: the last ones borrow the idle areas,

@@ -3,48 +3,94 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
 
-// pullPut serves the master's PullPut: a put placed on this owner by another one
-// (pooled placement, docs/architecture.md §10). This owner pulls the value from the requester's
-// transfer area straight into the target range the master allocated in this segment
-// and answers once the bytes are in or the pull failed; only this process writes its
-// segment, and never after answering (the master frees or publishes the range then).
-func (o *Owner) pullPut(ctx context.Context, req *peer.PullPutRequest) error {
-	if req.Generation != o.generation {
-		return errCode(common.ErrorCode_STALE_GENERATION, "PullPut for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
-	}
-	if req.Len <= 0 || req.TargetOffset < 0 || req.TargetOffset > o.seg.Size()-req.Len {
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "PullPut target [%d,+%d) outside the %d-byte segment", req.TargetOffset, req.Len, o.seg.Size())
+// pullPuts serves the master's PullPut and BatchPullPut: puts placed on this owner by
+// other ones (pooled placement, docs/architecture.md §10). This owner pulls each value
+// from its requester's transfer area straight into the target range the master
+// allocated in this segment, the values of one source with one pipelined PullMany
+// (one deadline: TransferTimeout), and answers once every value's bytes are in or its
+// pull failed: errs[i] is reqs[i]'s outcome. Only this process writes its segment, and
+// never after answering (the master frees or publishes the ranges then).
+func (o *Owner) pullPuts(ctx context.Context, reqs []*peer.PullPutRequest) (errs []error) {
+	errs = make([]error, len(reqs))
+	for i, req := range reqs {
+		switch {
+		case req == nil:
+			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "null PullPut item")
+		case req.Generation != o.generation:
+			errs[i] = errCode(common.ErrorCode_STALE_GENERATION, "PullPut for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
+		case req.Len <= 0 || req.TargetOffset < 0 || req.TargetOffset > o.seg.Size()-req.Len:
+			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "PullPut target [%d,+%d) outside the %d-byte segment", req.TargetOffset, req.Len, o.seg.Size())
+		}
 	}
 	if !o.useSegment() {
-		return errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
+		for i, err := range errs {
+			if err == nil {
+				errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
+			}
+		}
+		return errs
 	}
 	defer o.doneSegment()
+	writes := make([]*segmentWrite, len(reqs))
+	bySource := make(map[string][]int)
 	st := o.lock()
-	t, err := st.beginPull(req)
-	o.unlock()
-	if err != nil {
-		return err
+	for i, req := range reqs {
+		if errs[i] == nil {
+			if writes[i], errs[i] = st.beginPull(req); errs[i] == nil {
+				bySource[req.SourceDataAddr] = append(bySource[req.SourceDataAddr], i)
+			}
+		}
 	}
-	dst := o.seg.Bytes()[req.TargetOffset : req.TargetOffset+req.Len]
-	f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
+	o.unlock()
 	pctx, cancel := context.WithTimeout(ctx, o.opts.TransferTimeout)
 	defer cancel()
-	err = o.puller.Pull(pctx, req.SourceDataAddr, f, req.SourceOffset, dst)
+	seg := o.seg.Bytes()
+	var wg sync.WaitGroup
+	for addr, is := range bySource {
+		wg.Go(func() {
+			items := make([]transfer.PullItem, len(is))
+			for k, i := range is {
+				req := reqs[i]
+				items[k] = transfer.PullItem{
+					Fence:  transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId},
+					Offset: req.SourceOffset,
+					Dst:    seg[req.TargetOffset : req.TargetOffset+req.Len],
+				}
+			}
+			for k, err := range o.puller.PullMany(pctx, addr, items) {
+				errs[is[k]] = err
+			}
+		})
+	}
+	wg.Wait()
 	st = o.lock()
-	if perr := st.endPull(t); perr != nil {
-		err = perr
+	for i, t := range writes {
+		if t != nil {
+			if perr := st.endPull(t); perr != nil {
+				errs[i] = perr
+			}
+		}
 	}
 	o.unlock()
-	if err != nil {
-		return errCode(common.ErrorCode_UNAVAILABLE, "%s", fmt.Sprintf("pull of put %d from node %q (%s): %v", req.PutId, req.SourceNodeId, req.SourceDataAddr, err))
+	for i, t := range writes {
+		if t != nil && errs[i] != nil {
+			req := reqs[i]
+			errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "%s", fmt.Sprintf("pull of put %d from node %q (%s): %v", req.PutId, req.SourceNodeId, req.SourceDataAddr, errs[i]))
+		}
 	}
-	return nil
+	return errs
+}
+
+// pullPut serves one PullPut (pullPuts).
+func (o *Owner) pullPut(ctx context.Context, req *peer.PullPutRequest) error {
+	return o.pullPuts(ctx, []*peer.PullPutRequest{req})[0]
 }
 
 // beginPull registers the target of the master's PullPut in segmentWrites (kind

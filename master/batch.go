@@ -151,12 +151,38 @@ func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartReques
 	return resp, nil
 }
 
+// pullTargets groups the items pulls (indexes of results whose Pull is set) by their
+// target owner incarnation, each group in item order, the groups in the order of their
+// first item.
+func pullTargets(results []PutResult, pulls []int) [][]int {
+	type target struct {
+		node string
+		gen  int64
+	}
+	at := make(map[target]int)
+	var groups [][]int
+	for _, i := range pulls {
+		t := target{results[i].Pull.TargetNode, results[i].Pull.TargetGeneration}
+		g, ok := at[t]
+		if !ok {
+			g = len(groups)
+			at[t] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
 // BatchPutDone publishes the items in order under one hold of the lock (State.PutDone,
 // as PutDone does for each), then finishes them as PutDone does: the items done at once
 // (local puts, the common case, and failures) with their invalidations sent together (one
 // message per owner) before their persists are queued; the puts placed on other owners,
-// whose pulls run outside the lock, at most batchPutDoneParallel at once so that they
-// overlap. It waits out the write quiet period once.
+// whose pulls run outside the lock: one call per target owner (BatchPullPut: the target
+// pulls them back to back), at most batchPutDoneParallel targets at once, their
+// PullDones under one hold of the lock, and then each finished as PutDone does (a put
+// placed again after a failed pull runs its next pull alone). It waits out the write
+// quiet period once.
 func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest) (*mp.BatchPutDoneResponse, error) {
 	resp := &mp.BatchPutDoneResponse{}
 	err := h.checkBatch(req.Node, len(req.Items))
@@ -195,9 +221,27 @@ func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest)
 		for _, t := range persists {
 			h.s.persist.submit(t)
 		}
-		workers.ForEach(len(pulls), batchPutDoneParallel, func(j int) {
-			i := pulls[j]
-			resp.Results[i] = h.finishPutDone(results[i], errs[i])
+		targets := pullTargets(results, pulls)
+		workers.ForEach(len(targets), batchPutDoneParallel, func(g int) {
+			is := targets[g]
+			ts := make([]*PullTask, len(is))
+			for k, i := range is {
+				ts[k] = results[i].Pull
+			}
+			pullErrs, answered := h.s.pullMany(ts)
+			gateErr := h.s.withState(func(st *State) error {
+				now := time.Now()
+				for k, i := range is {
+					results[i], errs[i] = st.PullDone(now, ts[k].PutID, pullErrs[k], answered[k])
+				}
+				return nil
+			})
+			for _, i := range is {
+				if gateErr != nil {
+					results[i], errs[i] = PutResult{}, gateErr
+				}
+				resp.Results[i] = h.finishPutDone(results[i], errs[i])
+			}
 		})
 		h.s.writeQuiet(ctx)
 	}

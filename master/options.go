@@ -82,7 +82,7 @@ type Options struct {
 	// writes the value into its transfer area and the target owner pulls it at PutDone.
 	// PlacementLocal keeps every put on its requester.
 	Placement string
-	// PullTimeout bounds one PullPut call (the target owner pulling a pooled put from
+	// PullTimeout bounds one PullPut or BatchPullPut call (the target owner pulling pooled puts from
 	// the requester's transfer area; the owner gives up after its own 30s transfer
 	// deadline). Default 35s; it must exceed the owners' transfer deadline, or the
 	// master could free a range an owner still writes.
@@ -113,7 +113,7 @@ type Options struct {
 	// who reaches the port can call the master. Owners must run insecure too.
 	InsecureCluster bool
 	// MasterKey proves this master to owners on every connection it opens to their peer
-	// ports (docs/architecture.md §11): owners answer master-only calls (PullPut, BatchSsdReplicaPersist,
+	// ports (docs/architecture.md §11): owners answer master-only calls (PullPut, BatchPullPut, BatchSsdReplicaPersist,
 	// InvalidateCachedInfo, ReleaseHotSet) only on such a connection, checked against
 	// their accepted public keys. nil: its connections are a member's, and owners that
 	// check refuse those calls (fluxkv master refuses to start without one).

@@ -29,8 +29,10 @@ type fakePeer struct {
 	block        chan struct{} // when set, BatchSsdReplicaPersist waits until it is closed
 	// pull, when set, answers PullPut; else PullPut answers OK at once. Set it before
 	// the server runs, or later with setPull.
-	pull      func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
-	pullCalls atomic.Int64
+	pull           func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
+	pullCalls      atomic.Int64 // PullPut and BatchPullPut calls
+	batchPullCalls atomic.Int64 // BatchPullPut calls
+	pullItems      atomic.Int64 // puts pulled by either
 	// hotSet, when set, answers ReleaseHotSet (set it before the server runs); else
 	// ReleaseHotSet answers OK at once, releasing nothing.
 	hotSet func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse
@@ -88,6 +90,22 @@ func (f *fakePeer) BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStag
 
 func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	f.pullCalls.Add(1)
+	return f.pullOne(ctx, req), nil
+}
+
+// BatchPullPut answers each item as PullPut would.
+func (f *fakePeer) BatchPullPut(ctx context.Context, req *peer.BatchPullPutRequest) (*peer.BatchPullPutResponse, error) {
+	f.pullCalls.Add(1)
+	f.batchPullCalls.Add(1)
+	resp := &peer.BatchPullPutResponse{}
+	for _, it := range req.Items {
+		resp.Results = append(resp.Results, f.pullOne(ctx, it))
+	}
+	return resp, nil
+}
+
+func (f *fakePeer) pullOne(ctx context.Context, req *peer.PullPutRequest) *peer.PullPutResponse {
+	f.pullItems.Add(1)
 	code := common.ErrorCode_OK
 	f.mu.Lock()
 	pull := f.pull
@@ -95,7 +113,7 @@ func (f *fakePeer) PullPut(ctx context.Context, req *peer.PullPutRequest) (*peer
 	if pull != nil {
 		code = pull(ctx, req)
 	}
-	return &peer.PullPutResponse{Code: code, Message: fmt.Sprintf("fake pull of put %d: %v", req.PutId, code)}, nil
+	return &peer.PullPutResponse{Code: code, Message: fmt.Sprintf("fake pull of put %d: %v", req.PutId, code)}
 }
 
 func (f *fakePeer) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest) (*peer.ReleaseHotSetResponse, error) {

@@ -10,6 +10,7 @@ import (
 	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/cloudwego/kitex/pkg/kerrors"
 
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
@@ -18,17 +19,33 @@ import (
 // re-registered) while it ran.
 var errTargetGone = errors.New("target owner tombed or re-registered during the pull")
 
-// pull runs one PullPut: the target owner pulls a pooled put from the requester's
+// pull runs one PullPut (pullMany of one task).
+func (s *Server) pull(t *PullTask) (err error, answered bool) {
+	errs, ans := s.pullMany([]*PullTask{t})
+	return errs[0], ans[0]
+}
+
+// pullMany runs the PullPuts ts, all placed on one target owner incarnation (ts[0]'s),
+// in one call: PullPut for one, BatchPullPut for more (the target pulls the values of
+// one source back to back). The target owner pulls each pooled put from its requester's
 // transfer area. It waits up to PullTimeout (the owner gives up after its own, shorter,
 // transfer deadline); connecting to a dead owner fails within PeerConnectTimeout, and
-// the call is cancelled when the target is tombed meanwhile. answered reports that the
-// owner answered, or that nothing reached it, or that it was tombed: in each case it
-// will not write the target range any more. A call that failed in transport leaves
-// answered false.
-func (s *Server) pull(t *PullTask) (err error, answered bool) {
+// the call is cancelled when the target is tombed meanwhile. errs[i] is ts[i]'s outcome;
+// answered[i] reports that the owner answered, or that nothing reached it, or that it
+// was tombed: in each case it will not write the target range any more. A call that
+// failed in transport leaves answered false for every task.
+func (s *Server) pullMany(ts []*PullTask) (errs []error, answered []bool) {
+	errs, answered = make([]error, len(ts)), make([]bool, len(ts))
+	fail := func(err error, ans bool) {
+		for i := range ts {
+			errs[i], answered[i] = err, ans
+		}
+	}
+	t := ts[0]
 	c, callOpts, err := s.peers.GetNode(t.TargetNode, t.TargetPeerAddr)
 	if err != nil {
-		return fmt.Errorf("PeerService client for %s: %w", t.TargetPeerAddr, err), true
+		fail(fmt.Errorf("PeerService client for %s: %w", t.TargetPeerAddr, err), true)
+		return errs, answered
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -63,17 +80,52 @@ func (s *Server) pull(t *PullTask) (err error, answered bool) {
 			}
 		}
 	}()
-	resp, err := c.PullPut(ctx, &peer.PullPutRequest{Key: t.Key, PutId: t.PutID, Generation: t.TargetGeneration,
-		TargetOffset: t.TargetOffset, Len: t.Len, SourceNodeId: t.SourceNode, SourceGeneration: t.SourceGeneration,
-		SourceDataAddr: t.SourceDataAddr, SourceOffset: t.SourceOffset, MasterEpoch: s.epoch}, append(callOpts, callopt.WithRPCTimeout(s.opts.PullTimeout))...)
+	opts := append(callOpts, callopt.WithRPCTimeout(s.opts.PullTimeout))
+	reqs := make([]*peer.PullPutRequest, len(ts))
+	for i, t := range ts {
+		reqs[i] = &peer.PullPutRequest{Key: t.Key, PutId: t.PutID, Generation: t.TargetGeneration,
+			TargetOffset: t.TargetOffset, Len: t.Len, SourceNodeId: t.SourceNode, SourceGeneration: t.SourceGeneration,
+			SourceDataAddr: t.SourceDataAddr, SourceOffset: t.SourceOffset, MasterEpoch: s.epoch}
+	}
+	var results []*peer.PullPutResponse
+	if len(ts) == 1 {
+		var resp *peer.PullPutResponse
+		if resp, err = c.PullPut(ctx, reqs[0], opts...); err == nil {
+			results = []*peer.PullPutResponse{resp}
+		}
+	} else {
+		var resp *peer.BatchPullPutResponse
+		if resp, err = c.BatchPullPut(ctx, &peer.BatchPullPutRequest{Items: reqs}, opts...); err == nil {
+			if err = wire.FromResponse(resp.Code, resp.Message); err == nil && len(resp.Results) != len(ts) {
+				err = wire.Errorf(common.ErrorCode_INTERNAL, "BatchPullPut to node %q answered %d of %d items", t.TargetNode, len(resp.Results), len(ts))
+			}
+			if err != nil {
+				fail(err, true) // the owner answered the call: it writes none of the ranges
+				results = nil
+			} else {
+				results = resp.Results
+			}
+			err = nil
+		}
+	}
 	close(done)
 	wg.Wait()
 	if err != nil {
 		if errors.Is(context.Cause(ctx), errTargetGone) {
-			return errTargetGone, true // PullDone sees the tomb too
+			fail(errTargetGone, true) // PullDone sees the tomb too
+			return errs, answered
 		}
 		// A call that never connected never reached the owner.
-		return fmt.Errorf("PullPut to node %q (%s): %w", t.TargetNode, t.TargetPeerAddr, err), errors.Is(err, kerrors.ErrGetConnection)
+		fail(fmt.Errorf("PullPut to node %q (%s): %w", t.TargetNode, t.TargetPeerAddr, err), errors.Is(err, kerrors.ErrGetConnection))
+		return errs, answered
 	}
-	return wire.FromResponse(resp.Code, resp.Message), true
+	for i, r := range results {
+		answered[i] = true
+		if r == nil {
+			errs[i] = wire.Errorf(common.ErrorCode_INTERNAL, "BatchPullPut to node %q answered item %d with nothing", t.TargetNode, i)
+			continue
+		}
+		errs[i] = wire.FromResponse(r.Code, r.Message)
+	}
+	return errs, answered
 }

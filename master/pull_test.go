@@ -201,3 +201,82 @@ func TestShutGateKeepsPull(t *testing.T) {
 		}
 	})
 }
+
+// TestBatchPooledPutPull: the puts of one BatchPutDone placed on one other owner go to it
+// in one BatchPullPut; an item it fails alone is placed again on the next owner and
+// pulled there with its own PullPut, while the others are published where they were
+// pulled. Nothing of the requester's transfer area stays in use.
+func TestBatchPooledPutPull(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	h := &handler{s: srv}
+
+	b := &fakePeer{pull: func(_ context.Context, req *peer.PullPutRequest) common.ErrorCode {
+		if req.Key == "p2" {
+			return common.ErrorCode_UNAVAILABLE
+		}
+		return common.ErrorCode_OK
+	}}
+	c := &fakePeer{}
+	register := func(id, addr string, size, reserve int64) {
+		if err := srv.withState(func(st *State) error {
+			return st.Register(time.Now(), NodeRef{ID: id, Generation: 1}, size, reserve, 0, "data-"+id, addr, SSDInfo{}, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register("a", startFakePeer(t, s, &fakePeer{}), 20<<10, 16<<10) // pool 4 KiB, area 16 KiB
+	register("b", startFakePeer(t, s, b), 64<<10, 0)                // most free: every item placed here
+	register("c", startFakePeer(t, s, c), 32<<10, 0)
+	mref := &mp.NodeRef{NodeId: "a", Generation: 1}
+
+	keys := []string{"local", "p0", "p1", "p2", "p3"}
+	var starts []*mp.PutStartItem
+	for _, k := range keys {
+		starts = append(starts, &mp.PutStartItem{Key: k, Len: 4096})
+	}
+	st, _ := h.BatchPutStart(context.Background(), &mp.BatchPutStartRequest{Node: mref, Items: starts})
+	if st.Code != common.ErrorCode_OK || len(st.Results) != len(keys) {
+		t.Fatalf("BatchPutStart: %v %s, %d results", st.Code, st.Message, len(st.Results))
+	}
+	var dones []*mp.PutDoneItem
+	for i, r := range st.Results {
+		want := "b"
+		if i == 0 {
+			want = "a"
+		}
+		if r.Code != common.ErrorCode_OK || r.TargetNodeId != want {
+			t.Fatalf("PutStart %s: %v %s, target %q, want %q", keys[i], r.Code, r.Message, r.TargetNodeId, want)
+		}
+		dones = append(dones, &mp.PutDoneItem{Key: keys[i], PutId: r.PutId})
+	}
+	done, _ := h.BatchPutDone(context.Background(), &mp.BatchPutDoneRequest{Node: mref, Items: dones})
+	if done.Code != common.ErrorCode_OK || len(done.Results) != len(keys) {
+		t.Fatalf("BatchPutDone: %v %s, %d results", done.Code, done.Message, len(done.Results))
+	}
+	for i, r := range done.Results {
+		if r.Code != common.ErrorCode_OK {
+			t.Errorf("PutDone %s: %v %s", keys[i], r.Code, r.Message)
+		}
+	}
+	if calls, batch, items := b.pullCalls.Load(), b.batchPullCalls.Load(), b.pullItems.Load(); calls != 1 || batch != 1 || items != 4 {
+		t.Errorf("b: %d calls (%d BatchPullPut) for %d items; want 1 BatchPullPut of 4", calls, batch, items)
+	}
+	if calls, batch, items := c.pullCalls.Load(), c.batchPullCalls.Load(), c.pullItems.Load(); calls != 1 || batch != 0 || items != 1 {
+		t.Errorf("c: %d calls (%d BatchPullPut) for %d items; want the failed item's PullPut", calls, batch, items)
+	}
+	srv.Inspect(func(st *State) {
+		for k, on := range map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "c", "p3": "b"} {
+			r := st.routes[k]
+			if r == nil || len(r.replicas) != 1 || r.memoryReplica(st.nodes[on]) == nil {
+				t.Errorf("%s not published on %s alone: %+v", k, on, r)
+			}
+		}
+		if len(st.puts) != 0 || st.nodes["a"].xfer.Used() != 0 {
+			t.Errorf("%d puts in flight, %d bytes of a's area in use", len(st.puts), st.nodes["a"].xfer.Used())
+		}
+		if u := st.nodes["b"].alloc.Used(); u != 3*4096 {
+			t.Errorf("b holds %d bytes, want the 3 puts it pulled", u)
+		}
+	})
+}

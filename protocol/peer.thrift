@@ -144,6 +144,24 @@ struct PullPutResponse {
   2: string message,
 }
 
+// The PullPuts of one master BatchPutDone placed on this owner: the owner pulls the
+// items of each source with one pipelined transfer (the values stream back to back on
+// one data-plane connection instead of one call and one pull each) and answers
+// results[i] for items[i] exactly as PullPut would, once every item's bytes are in or
+// its pull failed. At most PULL_PUT_BATCH_ITEMS items (more: INVALID_ARGUMENT for the
+// call); generation and master_epoch are the same in every item.
+const i32 PULL_PUT_BATCH_ITEMS = 4096
+
+struct BatchPullPutRequest {
+  1: list<PullPutRequest> items,
+}
+
+struct BatchPullPutResponse {
+  1: common.ErrorCode code,
+  2: string message,
+  3: list<PullPutResponse> results,
+}
+
 // The master needs space in this owner's segment and found none it could evict: the
 // owner lets go of idle holdings of its hot set (least recently used first) until at
 // least bytes are released or none is left, acks them to the master (BatchDeleteAck),
@@ -168,7 +186,7 @@ struct ReleaseHotSetResponse {
 }
 
 // master_epoch in the master's calls (BatchSsdReplicaPersist, InvalidateCachedInfo, PullPut,
-// ReleaseHotSet) is the calling master's epoch: an owner registered with a later master
+// BatchPullPut, ReleaseHotSet) is the calling master's epoch: an owner registered with a later master
 // refuses the call (UNAVAILABLE), so a deposed leader cannot change it (docs/architecture.md §12).
 
 service PeerService {
@@ -177,5 +195,6 @@ service PeerService {
   BatchSsdStageReadResponse BatchSsdStageRead(1: BatchSsdStageReadRequest req),
   InvalidateCachedInfoResponse InvalidateCachedInfo(1: InvalidateCachedInfoRequest req),
   PullPutResponse PullPut(1: PullPutRequest req),
+  BatchPullPutResponse BatchPullPut(1: BatchPullPutRequest req),
   ReleaseHotSetResponse ReleaseHotSet(1: ReleaseHotSetRequest req),
 }

@@ -43,6 +43,9 @@ func (*peerStub) ReleaseHotSet(context.Context, *peer.ReleaseHotSetRequest) (*pe
 func (*peerStub) PullPut(context.Context, *peer.PullPutRequest) (*peer.PullPutResponse, error) {
 	return &peer.PullPutResponse{Code: common.ErrorCode_OK}, nil
 }
+func (*peerStub) BatchPullPut(context.Context, *peer.BatchPullPutRequest) (*peer.BatchPullPutResponse, error) {
+	return &peer.BatchPullPutResponse{Code: common.ErrorCode_OK}, nil
+}
 
 type testServer struct {
 	addr  string

@@ -24,6 +24,8 @@ const (
 	STAGE_BATCH_IN_FLIGHT = 16
 
 	STAGE_BATCH_ITEMS = 256
+
+	PULL_PUT_BATCH_ITEMS = 4096
 )
 
 type SsdReplicaPersistRequest struct {
@@ -725,6 +727,82 @@ var fieldIDToName_PullPutResponse = map[int16]string{
 	2: "message",
 }
 
+type BatchPullPutRequest struct {
+	Items []*PullPutRequest `thrift:"items,1" frugal:"1,default,list<PullPutRequest>" json:"items"`
+}
+
+func NewBatchPullPutRequest() *BatchPullPutRequest {
+	return &BatchPullPutRequest{}
+}
+
+func (p *BatchPullPutRequest) InitDefault() {
+}
+
+func (p *BatchPullPutRequest) GetItems() (v []*PullPutRequest) {
+	return p.Items
+}
+func (p *BatchPullPutRequest) SetItems(val []*PullPutRequest) {
+	p.Items = val
+}
+
+func (p *BatchPullPutRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchPullPutRequest(%+v)", *p)
+}
+
+var fieldIDToName_BatchPullPutRequest = map[int16]string{
+	1: "items",
+}
+
+type BatchPullPutResponse struct {
+	Code    common.ErrorCode   `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Results []*PullPutResponse `thrift:"results,3" frugal:"3,default,list<PullPutResponse>" json:"results"`
+}
+
+func NewBatchPullPutResponse() *BatchPullPutResponse {
+	return &BatchPullPutResponse{}
+}
+
+func (p *BatchPullPutResponse) InitDefault() {
+}
+
+func (p *BatchPullPutResponse) GetCode() (v common.ErrorCode) {
+	return p.Code
+}
+
+func (p *BatchPullPutResponse) GetMessage() (v string) {
+	return p.Message
+}
+
+func (p *BatchPullPutResponse) GetResults() (v []*PullPutResponse) {
+	return p.Results
+}
+func (p *BatchPullPutResponse) SetCode(val common.ErrorCode) {
+	p.Code = val
+}
+func (p *BatchPullPutResponse) SetMessage(val string) {
+	p.Message = val
+}
+func (p *BatchPullPutResponse) SetResults(val []*PullPutResponse) {
+	p.Results = val
+}
+
+func (p *BatchPullPutResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("BatchPullPutResponse(%+v)", *p)
+}
+
+var fieldIDToName_BatchPullPutResponse = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "results",
+}
+
 type ReleaseHotSetRequest struct {
 	Generation  int64    `thrift:"generation,1" frugal:"1,default,i64" json:"generation"`
 	Bytes       int64    `thrift:"bytes,2" frugal:"2,default,i64" json:"bytes"`
@@ -847,6 +925,8 @@ type PeerService interface {
 	InvalidateCachedInfo(ctx context.Context, req *InvalidateCachedInfoRequest) (r *InvalidateCachedInfoResponse, err error)
 
 	PullPut(ctx context.Context, req *PullPutRequest) (r *PullPutResponse, err error)
+
+	BatchPullPut(ctx context.Context, req *BatchPullPutRequest) (r *BatchPullPutResponse, err error)
 
 	ReleaseHotSet(ctx context.Context, req *ReleaseHotSetRequest) (r *ReleaseHotSetResponse, err error)
 }
@@ -1228,6 +1308,82 @@ func (p *PeerServicePullPutResult) String() string {
 }
 
 var fieldIDToName_PeerServicePullPutResult = map[int16]string{
+	0: "success",
+}
+
+type PeerServiceBatchPullPutArgs struct {
+	Req *BatchPullPutRequest `thrift:"req,1" frugal:"1,default,BatchPullPutRequest" json:"req"`
+}
+
+func NewPeerServiceBatchPullPutArgs() *PeerServiceBatchPullPutArgs {
+	return &PeerServiceBatchPullPutArgs{}
+}
+
+func (p *PeerServiceBatchPullPutArgs) InitDefault() {
+}
+
+var PeerServiceBatchPullPutArgs_Req_DEFAULT *BatchPullPutRequest
+
+func (p *PeerServiceBatchPullPutArgs) GetReq() (v *BatchPullPutRequest) {
+	if !p.IsSetReq() {
+		return PeerServiceBatchPullPutArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *PeerServiceBatchPullPutArgs) SetReq(val *BatchPullPutRequest) {
+	p.Req = val
+}
+
+func (p *PeerServiceBatchPullPutArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *PeerServiceBatchPullPutArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServiceBatchPullPutArgs(%+v)", *p)
+}
+
+var fieldIDToName_PeerServiceBatchPullPutArgs = map[int16]string{
+	1: "req",
+}
+
+type PeerServiceBatchPullPutResult struct {
+	Success *BatchPullPutResponse `thrift:"success,0,optional" frugal:"0,optional,BatchPullPutResponse" json:"success,omitempty"`
+}
+
+func NewPeerServiceBatchPullPutResult() *PeerServiceBatchPullPutResult {
+	return &PeerServiceBatchPullPutResult{}
+}
+
+func (p *PeerServiceBatchPullPutResult) InitDefault() {
+}
+
+var PeerServiceBatchPullPutResult_Success_DEFAULT *BatchPullPutResponse
+
+func (p *PeerServiceBatchPullPutResult) GetSuccess() (v *BatchPullPutResponse) {
+	if !p.IsSetSuccess() {
+		return PeerServiceBatchPullPutResult_Success_DEFAULT
+	}
+	return p.Success
+}
+func (p *PeerServiceBatchPullPutResult) SetSuccess(x interface{}) {
+	p.Success = x.(*BatchPullPutResponse)
+}
+
+func (p *PeerServiceBatchPullPutResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *PeerServiceBatchPullPutResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PeerServiceBatchPullPutResult(%+v)", *p)
+}
+
+var fieldIDToName_PeerServiceBatchPullPutResult = map[int16]string{
 	0: "success",
 }
 

@@ -16,6 +16,7 @@ type Client interface {
 	BatchSsdStageRead(ctx context.Context, req *peer.BatchSsdStageReadRequest, callOptions ...callopt.Option) (r *peer.BatchSsdStageReadResponse, err error)
 	InvalidateCachedInfo(ctx context.Context, req *peer.InvalidateCachedInfoRequest, callOptions ...callopt.Option) (r *peer.InvalidateCachedInfoResponse, err error)
 	PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error)
+	BatchPullPut(ctx context.Context, req *peer.BatchPullPutRequest, callOptions ...callopt.Option) (r *peer.BatchPullPutResponse, err error)
 	ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest, callOptions ...callopt.Option) (r *peer.ReleaseHotSetResponse, err error)
 }
 
@@ -71,6 +72,11 @@ func (p *kPeerServiceClient) InvalidateCachedInfo(ctx context.Context, req *peer
 func (p *kPeerServiceClient) PullPut(ctx context.Context, req *peer.PullPutRequest, callOptions ...callopt.Option) (r *peer.PullPutResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.PullPut(ctx, req)
+}
+
+func (p *kPeerServiceClient) BatchPullPut(ctx context.Context, req *peer.BatchPullPutRequest, callOptions ...callopt.Option) (r *peer.BatchPullPutResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.BatchPullPut(ctx, req)
 }
 
 func (p *kPeerServiceClient) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSetRequest, callOptions ...callopt.Option) (r *peer.ReleaseHotSetResponse, err error) {

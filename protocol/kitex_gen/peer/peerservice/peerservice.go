@@ -48,6 +48,13 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"BatchPullPut": kitex.NewMethodInfo(
+		batchPullPutHandler,
+		newPeerServiceBatchPullPutArgs,
+		newPeerServiceBatchPullPutResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 	"ReleaseHotSet": kitex.NewMethodInfo(
 		releaseHotSetHandler,
 		newPeerServiceReleaseHotSetArgs,
@@ -211,6 +218,24 @@ func newPeerServicePullPutResult() interface{} {
 	return peer.NewPeerServicePullPutResult()
 }
 
+func batchPullPutHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.PeerServiceBatchPullPutArgs)
+	realResult := result.(*peer.PeerServiceBatchPullPutResult)
+	success, err := handler.(peer.PeerService).BatchPullPut(ctx, realArg.Req)
+	if err != nil {
+		return err
+	}
+	realResult.Success = success
+	return nil
+}
+func newPeerServiceBatchPullPutArgs() interface{} {
+	return peer.NewPeerServiceBatchPullPutArgs()
+}
+
+func newPeerServiceBatchPullPutResult() interface{} {
+	return peer.NewPeerServiceBatchPullPutResult()
+}
+
 func releaseHotSetHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
 	realArg := arg.(*peer.PeerServiceReleaseHotSetArgs)
 	realResult := result.(*peer.PeerServiceReleaseHotSetResult)
@@ -284,6 +309,16 @@ func (p *kClient) PullPut(ctx context.Context, req *peer.PullPutRequest) (r *pee
 	_args.Req = req
 	var _result peer.PeerServicePullPutResult
 	if err = p.c.Call(ctx, "PullPut", &_args, &_result); err != nil {
+		return
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) BatchPullPut(ctx context.Context, req *peer.BatchPullPutRequest) (r *peer.BatchPullPutResponse, err error) {
+	var _args peer.PeerServiceBatchPullPutArgs
+	_args.Req = req
+	var _result peer.PeerServiceBatchPullPutResult
+	if err = p.c.Call(ctx, "BatchPullPut", &_args, &_result); err != nil {
 		return
 	}
 	return _result.GetSuccess(), nil
