@@ -2,6 +2,8 @@ package master
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -361,5 +363,73 @@ func runPageOps(t *testing.T, ops []byte) {
 	}
 	if len(m.live) != 0 || m.weight != 0 {
 		t.Fatalf("drain left %d keys of weight %d in the model", len(m.live), m.weight)
+	}
+}
+
+// TestPageVictimWhereOrder: victimWhere draws pages exactly in the eviction order: the
+// victim is the first accepted page within limit, the newest passed over when
+// protected, accept asked of the pages before it in order, and every other page stays
+// (the heap intact).
+func TestPageVictimWhereOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 1))
+	for round := range 200 {
+		p := newPagePolicy(nil)
+		n := 1 + rng.IntN(300)
+		for i := range n {
+			parent, hasParent := "", false
+			if i > 0 && rng.IntN(3) > 0 {
+				parent, hasParent = fmt.Sprintf("k%d", rng.IntN(i)), true
+			}
+			p.insert(fmt.Sprintf("k%d", i), int64(1+rng.IntN(4)), parent, hasParent, rng.IntN(10) == 0, int64(rng.IntN(1000)))
+		}
+		for range rng.IntN(n) {
+			p.touch(fmt.Sprintf("k%d", rng.IntN(n)), int64(1000+rng.IntN(1000)))
+		}
+		// The order popping gives, on a copy of the heap.
+		order := make([]*pageEntry, len(p.heap))
+		copy(order, p.heap)
+		slices.SortFunc(order, func(a, b *pageEntry) int {
+			if evictedBefore(a, b) {
+				return -1
+			}
+			return 1
+		})
+		refused := make(map[string]bool)
+		for _, e := range order {
+			refused[e.key] = rng.IntN(4) > 0
+		}
+		limit, protect := 1+rng.IntN(n+2), rng.IntN(2) == 0
+		want, drawn := "", 0
+		var wantAsked []string
+		for _, e := range order {
+			if drawn == limit {
+				break
+			}
+			drawn++
+			if protect && e == p.newest {
+				continue
+			}
+			wantAsked = append(wantAsked, e.key)
+			if !refused[e.key] {
+				want = e.key
+				break
+			}
+		}
+		var asked []string
+		got, ok := p.victimWhere(func(k string) bool { asked = append(asked, k); return !refused[k] }, limit, protect)
+		if got != want || ok != (want != "") {
+			t.Fatalf("round %d: victimWhere = %q, %v; want %q", round, got, ok, want)
+		}
+		if !slices.Equal(asked, wantAsked) {
+			t.Fatalf("round %d: asked %v, want %v (the heap's order)", round, asked, wantAsked)
+		}
+		if ok && (p.has(got) || len(p.heap) != n-1) || !ok && len(p.heap) != n {
+			t.Fatalf("round %d: %d pages left of %d after victim %q", round, len(p.heap), n, got)
+		}
+		for i, e := range p.heap {
+			if e.index != i || (i > 0 && evictedBefore(e, p.heap[(i-1)/2])) {
+				t.Fatalf("round %d: heap broken at %d", round, i)
+			}
+		}
 	}
 }
