@@ -3,11 +3,14 @@ package master
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -152,8 +155,8 @@ func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartReques
 }
 
 // pullTargets groups the items pulls (indexes of results whose Pull is set) by their
-// target owner incarnation, each group in item order, the groups in the order of their
-// first item.
+// target owner incarnation, each group in item order and of at most
+// PULL_PUT_BATCH_ITEMS (one BatchPullPut), the groups in the order of their first item.
 func pullTargets(results []PutResult, pulls []int) [][]int {
 	type target struct {
 		node string
@@ -164,7 +167,7 @@ func pullTargets(results []PutResult, pulls []int) [][]int {
 	for _, i := range pulls {
 		t := target{results[i].Pull.TargetNode, results[i].Pull.TargetGeneration}
 		g, ok := at[t]
-		if !ok {
+		if !ok || len(groups[g]) == int(peer.PULL_PUT_BATCH_ITEMS) {
 			g = len(groups)
 			at[t] = g
 			groups = append(groups, nil)
@@ -180,9 +183,10 @@ func pullTargets(results []PutResult, pulls []int) [][]int {
 // message per owner) before their persists are queued; the puts placed on other owners,
 // whose pulls run outside the lock: one call per target owner (BatchPullPut: the target
 // pulls them back to back), at most batchPutDoneParallel targets at once, their
-// PullDones under one hold of the lock, and then each finished as PutDone does (a put
-// placed again after a failed pull runs its next pull alone). It waits out the write
-// quiet period once.
+// PullDones under one hold of the lock (whether or not the gate is open: a pull that
+// ended must end its put, or its ranges stay taken), and then each finished as PutDone
+// does; the puts placed again after a failed pull are pulled in a next round, grouped by
+// their new targets. It waits out the write quiet period once.
 func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest) (*mp.BatchPutDoneResponse, error) {
 	resp := &mp.BatchPutDoneResponse{}
 	err := h.checkBatch(req.Node, len(req.Items))
@@ -221,28 +225,39 @@ func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest)
 		for _, t := range persists {
 			h.s.persist.submit(t)
 		}
-		targets := pullTargets(results, pulls)
-		workers.ForEach(len(targets), batchPutDoneParallel, func(g int) {
-			is := targets[g]
-			ts := make([]*PullTask, len(is))
-			for k, i := range is {
-				ts[k] = results[i].Pull
-			}
-			pullErrs, answered := h.s.pullMany(ts)
-			gateErr := h.s.withState(func(st *State) error {
-				now := time.Now()
+		// Rounds of pulls: a put placed again after a failed pull goes to its new target
+		// with the others placed there in the same round.
+		for len(pulls) > 0 {
+			var mu sync.Mutex
+			var again []int
+			targets := pullTargets(results, pulls)
+			workers.ForEach(len(targets), batchPutDoneParallel, func(g int) {
+				is := targets[g]
+				ts := make([]*PullTask, len(is))
 				for k, i := range is {
-					results[i], errs[i] = st.PullDone(now, ts[k].PutID, pullErrs[k], answered[k])
+					ts[k] = results[i].Pull
 				}
-				return nil
+				pullErrs, answered := h.s.pullMany(ts)
+				h.s.locked(func(st *State) error { // ends of pulls: not the gate's (Server.locked)
+					now := time.Now()
+					for k, i := range is {
+						results[i], errs[i] = st.PullDone(now, ts[k].PutID, pullErrs[k], answered[k])
+					}
+					return nil
+				})
+				for _, i := range is {
+					if errs[i] == nil && results[i].Pull != nil {
+						mu.Lock()
+						again = append(again, i)
+						mu.Unlock()
+						continue
+					}
+					resp.Results[i] = h.finishPutDone(results[i], errs[i])
+				}
 			})
-			for _, i := range is {
-				if gateErr != nil {
-					results[i], errs[i] = PutResult{}, gateErr
-				}
-				resp.Results[i] = h.finishPutDone(results[i], errs[i])
-			}
-		})
+			slices.Sort(again)
+			pulls = again
+		}
 		h.s.writeQuiet(ctx)
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)

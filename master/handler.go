@@ -111,9 +111,11 @@ func (h *handler) finishPutDone(res PutResult, err error) *mp.PutDoneResponse {
 	for err == nil && res.Pull != nil {
 		t := res.Pull
 		pullErr, answered := h.s.pull(t)
-		err = h.s.withState(func(st *State) (err error) {
+		// The pull ended: its put ends too, whether or not the gate is open (a put left
+		// marked as being pulled would hold its ranges for good; Server.locked).
+		h.s.locked(func(st *State) error {
 			res, err = st.PullDone(time.Now(), t.PutID, pullErr, answered)
-			return err
+			return nil
 		})
 	}
 	h.s.invalidate(res.Invalidations)

@@ -267,6 +267,7 @@ func (s *State) tombLocked(n *node) {
 	n.policy.Detach()
 	for key, r := range s.routes {
 		if rep := r.replicas[n]; rep != nil {
+			writingBack := rep.memory != nil && s.writingBackLocked(r, n)
 			if rep.memory != nil {
 				s.copyChangedLocked(key, r, n, -1)
 				rep.memory.Release()
@@ -276,8 +277,13 @@ func (s *State) tombLocked(n *node) {
 				s.unsetRouteLocked(key)
 				s.tombstoneLocked(key, r.putID)
 			}
-			if rep.dirty {
+			switch {
+			case rep.dirty:
 				s.unwrittenLocked(key, r, n)
+			case writingBack && len(r.replicas) == 0:
+				// The write-back in flight reads the copy that just went, and no other is
+				// left to take it over (with one, writeBackDoneLocked hands it on).
+				s.persistCount(n.id).unwritten++
 			}
 		}
 	}

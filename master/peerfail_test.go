@@ -36,6 +36,9 @@ type fakePeer struct {
 	// hotSet, when set, answers ReleaseHotSet (set it before the server runs); else
 	// ReleaseHotSet answers OK at once, releasing nothing.
 	hotSet func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse
+	// without names methods this owner does not serve (an owner of an earlier release):
+	// callers get Kitex's unknown-method error.
+	without []string
 
 	persistCalls   atomic.Int64 // BatchSsdReplicaPersist calls
 	persistItems   atomic.Int64 // values in them
@@ -153,9 +156,20 @@ func startFakePeer(t *testing.T, s *auth.Secrets, f *fakePeer) string {
 		t.Fatal(err)
 	}
 	ln := auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{})
-	svr := peerservice.NewServer(f, append(auth.ServerOptions(ln),
+	opts := append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
-		server.WithExitWaitTime(100*time.Millisecond))...)
+		server.WithExitWaitTime(100*time.Millisecond))
+	svr := peerservice.NewServer(f, opts...)
+	if len(f.without) > 0 {
+		svr = server.NewServer(append(opts, server.WithCompatibleMiddlewareForUnary())...)
+		info := peerservice.NewServiceInfo()
+		for _, m := range f.without {
+			delete(info.Methods, m)
+		}
+		if err := svr.RegisterService(info, f); err != nil {
+			t.Fatal(err)
+		}
+	}
 	go svr.Run()
 	time.Sleep(20 * time.Millisecond)
 	t.Cleanup(func() {

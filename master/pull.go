@@ -9,7 +9,9 @@ import (
 
 	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/cloudwego/kitex/pkg/kerrors"
+	"github.com/cloudwego/kitex/pkg/remote"
 
+	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -27,14 +29,30 @@ func (s *Server) pull(t *PullTask) (err error, answered bool) {
 
 // pullMany runs the PullPuts ts, all placed on one target owner incarnation (ts[0]'s),
 // in one call: PullPut for one, BatchPullPut for more (the target pulls the values of
-// one source back to back). The target owner pulls each pooled put from its requester's
-// transfer area. It waits up to PullTimeout (the owner gives up after its own, shorter,
-// transfer deadline); connecting to a dead owner fails within PeerConnectTimeout, and
-// the call is cancelled when the target is tombed meanwhile. errs[i] is ts[i]'s outcome;
-// answered[i] reports that the owner answered, or that nothing reached it, or that it
-// was tombed: in each case it will not write the target range any more. A call that
-// failed in transport leaves answered false for every task.
+// one source back to back); an owner of an earlier release, which does not know
+// BatchPullPut (masters are upgraded first: docs/upgrades.md), gets one PullPut per
+// put instead. errs[i] is ts[i]'s outcome; answered[i] reports that the owner
+// answered, or that nothing reached it, or that it was tombed: in each case it will not
+// write the target range any more (pullCall).
 func (s *Server) pullMany(ts []*PullTask) (errs []error, answered []bool) {
+	errs, answered, unknown := s.pullCall(ts)
+	if unknown && len(ts) > 1 {
+		workers.ForEach(len(ts), batchPutDoneParallel, func(i int) {
+			e, a, _ := s.pullCall(ts[i : i+1])
+			errs[i], answered[i] = e[0], a[0]
+		})
+	}
+	return errs, answered
+}
+
+// pullCall is one PullPut (one task) or BatchPullPut call: the target owner pulls each
+// pooled put from its requester's transfer area. It waits up to PullTimeout (the owner
+// gives up after its own, shorter, transfer deadline); connecting to a dead owner fails
+// within PeerConnectTimeout, and the call is cancelled when the target is tombed
+// meanwhile. A call that failed in transport leaves answered false for every task.
+// unknown reports that the owner does not know the method (nothing was pulled; the
+// tasks are answered).
+func (s *Server) pullCall(ts []*PullTask) (errs []error, answered []bool, unknown bool) {
 	errs, answered = make([]error, len(ts)), make([]bool, len(ts))
 	fail := func(err error, ans bool) {
 		for i := range ts {
@@ -45,7 +63,7 @@ func (s *Server) pullMany(ts []*PullTask) (errs []error, answered []bool) {
 	c, callOpts, err := s.peers.GetNode(t.TargetNode, t.TargetPeerAddr)
 	if err != nil {
 		fail(fmt.Errorf("PeerService client for %s: %w", t.TargetPeerAddr, err), true)
-		return errs, answered
+		return errs, answered, false
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -111,13 +129,20 @@ func (s *Server) pullMany(ts []*PullTask) (errs []error, answered []bool) {
 	close(done)
 	wg.Wait()
 	if err != nil {
-		if errors.Is(context.Cause(ctx), errTargetGone) {
+		var app interface{ TypeID() int32 }
+		switch {
+		case errors.Is(context.Cause(ctx), errTargetGone):
 			fail(errTargetGone, true) // PullDone sees the tomb too
-			return errs, answered
+		case errors.As(err, &app) && (app.TypeID() == remote.UnknownMethod || app.TypeID() == remote.UnknownService):
+			// (A Kitex server that serves the service without the method says "unknown
+			// service": it looks the service up by the method's name.)
+			unknown = true
+			fail(fmt.Errorf("node %q (%s) does not know the call: %w", t.TargetNode, t.TargetPeerAddr, err), true)
+		default:
+			// A call that never connected never reached the owner.
+			fail(fmt.Errorf("PullPut to node %q (%s): %w", t.TargetNode, t.TargetPeerAddr, err), errors.Is(err, kerrors.ErrGetConnection))
 		}
-		// A call that never connected never reached the owner.
-		fail(fmt.Errorf("PullPut to node %q (%s): %w", t.TargetNode, t.TargetPeerAddr, err), errors.Is(err, kerrors.ErrGetConnection))
-		return errs, answered
+		return errs, answered, unknown
 	}
 	for i, r := range results {
 		answered[i] = true
@@ -127,5 +152,5 @@ func (s *Server) pullMany(ts []*PullTask) (errs []error, answered []bool) {
 		}
 		errs[i] = wire.FromResponse(r.Code, r.Message)
 	}
-	return errs, answered
+	return errs, answered, false
 }

@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -203,21 +204,90 @@ func TestShutGateKeepsPull(t *testing.T) {
 }
 
 // TestBatchPooledPutPull: the puts of one BatchPutDone placed on one other owner go to it
-// in one BatchPullPut; an item it fails alone is placed again on the next owner and
-// pulled there with its own PullPut, while the others are published where they were
+// in one BatchPullPut; the items it fails are placed again on the next owner and pulled
+// there together, in one call too, while the others are published where they were
 // pulled. Nothing of the requester's transfer area stays in use.
 func TestBatchPooledPutPull(t *testing.T) {
-	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s})
-	h := &handler{s: srv}
-
 	b := &fakePeer{pull: func(_ context.Context, req *peer.PullPutRequest) common.ErrorCode {
-		if req.Key == "p2" {
+		if req.Key == "p1" || req.Key == "p2" {
 			return common.ErrorCode_UNAVAILABLE
 		}
 		return common.ErrorCode_OK
 	}}
 	c := &fakePeer{}
+	srv, results := pooledBatch(t, nil, b, c)
+	for k, r := range results {
+		if r.Code != common.ErrorCode_OK {
+			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
+		}
+	}
+	if calls, batch, items := b.pullCalls.Load(), b.batchPullCalls.Load(), b.pullItems.Load(); calls != 1 || batch != 1 || items != 4 {
+		t.Errorf("b: %d calls (%d BatchPullPut) for %d items; want 1 BatchPullPut of 4", calls, batch, items)
+	}
+	if calls, batch, items := c.pullCalls.Load(), c.batchPullCalls.Load(), c.pullItems.Load(); calls != 1 || batch != 1 || items != 2 {
+		t.Errorf("c: %d calls (%d BatchPullPut) for %d items; want the 2 failed items in 1 BatchPullPut", calls, batch, items)
+	}
+	checkPooledBatch(t, srv, map[string]string{"local": "a", "p0": "b", "p1": "c", "p2": "c", "p3": "b"})
+}
+
+// TestBatchPullPutOldOwner: an owner of an earlier release does not know BatchPullPut
+// (masters are upgraded first): the master pulls each put with its own PullPut there,
+// and nothing is placed elsewhere or lost.
+func TestBatchPullPutOldOwner(t *testing.T) {
+	b := &fakePeer{without: []string{"BatchPullPut"}}
+	c := &fakePeer{}
+	srv, results := pooledBatch(t, nil, b, c)
+	for k, r := range results {
+		if r.Code != common.ErrorCode_OK {
+			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
+		}
+	}
+	if calls, batch, items := b.pullCalls.Load(), b.batchPullCalls.Load(), b.pullItems.Load(); calls != 4 || batch != 0 || items != 4 {
+		t.Errorf("b: %d calls (%d BatchPullPut) for %d items; want 4 PullPut", calls, batch, items)
+	}
+	if n := c.pullItems.Load(); n != 0 {
+		t.Errorf("c pulled %d puts; want none placed there", n)
+	}
+	checkPooledBatch(t, srv, map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "b", "p3": "b"})
+}
+
+// TestBatchPullDoneGateShut: the gate shuts (etcd slow for a moment) while the target
+// pulls a batch's puts: the pulls' ends still end the puts (published, their ranges
+// settled), so none stays marked as being pulled, holding its ranges for good.
+func TestBatchPullDoneGateShut(t *testing.T) {
+	var shut atomic.Bool
+	b := &fakePeer{pull: func(context.Context, *peer.PullPutRequest) common.ErrorCode {
+		shut.Store(true)
+		return common.ErrorCode_OK
+	}}
+	srv, results := pooledBatch(t, func() error {
+		if shut.Load() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: test")
+		}
+		return nil
+	}, b, &fakePeer{})
+	shut.Store(false)
+	for k, r := range results {
+		if r.Code != common.ErrorCode_OK {
+			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
+		}
+	}
+	checkPooledBatch(t, srv, map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "b", "p3": "b"})
+}
+
+// pooledBatch runs a master (gate: its gate, or nil; it must be open until the
+// BatchPutDone) with owner a (a 4 KiB pool and a
+// 16 KiB transfer area), b (64 KiB, most free: the batch's other puts are placed there)
+// and c (32 KiB), and puts "local", p0..p3 of 4 KiB through a in one BatchPutStart and
+// one BatchPutDone; it returns each key's PutDone answer.
+func pooledBatch(t *testing.T, gate func() error, b, c *fakePeer) (*Server, map[string]*mp.PutDoneResponse) {
+	t.Helper()
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	srv.mu.Lock()
+	srv.gate = gate
+	srv.mu.Unlock()
+	h := &handler{s: srv}
 	register := func(id, addr string, size, reserve int64) {
 		if err := srv.withState(func(st *State) error {
 			return st.Register(time.Now(), NodeRef{ID: id, Generation: 1}, size, reserve, 0, "data-"+id, addr, SSDInfo{}, nil)
@@ -225,8 +295,8 @@ func TestBatchPooledPutPull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	register("a", startFakePeer(t, s, &fakePeer{}), 20<<10, 16<<10) // pool 4 KiB, area 16 KiB
-	register("b", startFakePeer(t, s, b), 64<<10, 0)                // most free: every item placed here
+	register("a", startFakePeer(t, s, &fakePeer{}), 20<<10, 16<<10)
+	register("b", startFakePeer(t, s, b), 64<<10, 0)
 	register("c", startFakePeer(t, s, c), 32<<10, 0)
 	mref := &mp.NodeRef{NodeId: "a", Generation: 1}
 
@@ -254,29 +324,48 @@ func TestBatchPooledPutPull(t *testing.T) {
 	if done.Code != common.ErrorCode_OK || len(done.Results) != len(keys) {
 		t.Fatalf("BatchPutDone: %v %s, %d results", done.Code, done.Message, len(done.Results))
 	}
+	out := make(map[string]*mp.PutDoneResponse)
 	for i, r := range done.Results {
-		if r.Code != common.ErrorCode_OK {
-			t.Errorf("PutDone %s: %v %s", keys[i], r.Code, r.Message)
-		}
+		out[keys[i]] = r
 	}
-	if calls, batch, items := b.pullCalls.Load(), b.batchPullCalls.Load(), b.pullItems.Load(); calls != 1 || batch != 1 || items != 4 {
-		t.Errorf("b: %d calls (%d BatchPullPut) for %d items; want 1 BatchPullPut of 4", calls, batch, items)
-	}
-	if calls, batch, items := c.pullCalls.Load(), c.batchPullCalls.Load(), c.pullItems.Load(); calls != 1 || batch != 0 || items != 1 {
-		t.Errorf("c: %d calls (%d BatchPullPut) for %d items; want the failed item's PullPut", calls, batch, items)
-	}
+	return srv, out
+}
+
+// checkPooledBatch checks that each key of on is published on that node alone, that no
+// put is in flight and that a's transfer area is free.
+func checkPooledBatch(t *testing.T, srv *Server, on map[string]string) {
+	t.Helper()
 	srv.Inspect(func(st *State) {
-		for k, on := range map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "c", "p3": "b"} {
+		for k, n := range on {
 			r := st.routes[k]
-			if r == nil || len(r.replicas) != 1 || r.memoryReplica(st.nodes[on]) == nil {
-				t.Errorf("%s not published on %s alone: %+v", k, on, r)
+			if r == nil || len(r.replicas) != 1 || r.memoryReplica(st.nodes[n]) == nil {
+				t.Errorf("%s not published on %s alone: %+v", k, n, r)
 			}
 		}
 		if len(st.puts) != 0 || st.nodes["a"].xfer.Used() != 0 {
 			t.Errorf("%d puts in flight, %d bytes of a's area in use", len(st.puts), st.nodes["a"].xfer.Used())
 		}
-		if u := st.nodes["b"].alloc.Used(); u != 3*4096 {
-			t.Errorf("b holds %d bytes, want the 3 puts it pulled", u)
-		}
 	})
+}
+
+// TestPullTargets: pulls are grouped by target incarnation in item order, a group never
+// longer than one BatchPullPut takes.
+func TestPullTargets(t *testing.T) {
+	task := func(node string, gen int64) PutResult {
+		return PutResult{Pull: &PullTask{TargetNode: node, TargetGeneration: gen}}
+	}
+	results := []PutResult{task("b", 1), {}, task("c", 1), task("b", 1), task("b", 2), task("c", 1)}
+	got := pullTargets(results, []int{0, 2, 3, 4, 5})
+	if want := [][]int{{0, 3}, {2, 5}, {4}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pullTargets = %v, want %v", got, want)
+	}
+	n := int(peer.PULL_PUT_BATCH_ITEMS) + 3
+	many := make([]PutResult, n)
+	idx := make([]int, n)
+	for i := range many {
+		many[i], idx[i] = task("b", 1), i
+	}
+	if got := pullTargets(many, idx); len(got) != 2 || len(got[0]) != int(peer.PULL_PUT_BATCH_ITEMS) || len(got[1]) != 3 {
+		t.Fatalf("%d pulls to one target: groups of %d and %d", n, len(got[0]), len(got[len(got)-1]))
+	}
 }

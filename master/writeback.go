@@ -153,7 +153,7 @@ func (s *State) redirtyLocked(key string, r *route) {
 		return
 	}
 	for n, rep := range r.replicas {
-		if rep.memory != nil && !n.tombed {
+		if rep.memory != nil && !n.tombed && rep.writeBacks < maxWriteBackTries {
 			s.markDirtyLocked(key, r, n)
 			s.writeAheadLocked(n)
 			return // one copy reaching SSD is enough
@@ -164,24 +164,33 @@ func (s *State) redirtyLocked(key string, r *route) {
 // unwrittenLocked follows the loss of n's dirty replica of page key (route r): evicted
 // as a duplicate, evicted because no owner could persist it, or its owner tombed.
 // Another memory replica takes its write-back over; without one the version leaves
-// memory without reaching SSD (counted as unwritten on n).
+// memory without reaching SSD (counted as unwritten on n), unless a copy whose
+// write-backs failed for good stays in memory (counted when they did).
 func (s *State) unwrittenLocked(key string, r *route, n *node) {
 	if r.hasSSD() || s.persists[r.putID] != nil {
 		return
 	}
+	gaveUp := false
 	for m, rep := range r.replicas {
 		if rep.memory != nil && !m.tombed && m != n {
-			s.markDirtyLocked(key, r, m)
-			return
+			if rep.writeBacks < maxWriteBackTries {
+				s.markDirtyLocked(key, r, m)
+				return
+			}
+			gaveUp = true
 		}
 	}
-	s.persistCount(n.id).unwritten++
+	if !gaveUp {
+		s.persistCount(n.id).unwritten++
+	}
 }
 
 // cleanLocked ends the dirtiness of route r's memory replicas: a copy of the version
-// was published on SSD (a commit, or a replica report).
+// was published on SSD (a commit, or a replica report). Their write-back tries start
+// again, should the ring overwrite that copy.
 func (s *State) cleanLocked(key string, r *route) {
 	for n, rep := range r.replicas {
+		rep.writeBacks = 0
 		if rep.dirty {
 			rep.dirty = false
 			n.policy.pages.cleanDirty(key)
