@@ -29,14 +29,7 @@ func TestClusterPool(t *testing.T) {
 			t.Fatalf("put %s: %v", keys[i], err)
 		}
 	}
-	st, err := cl.clients[0].Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	placed := map[string]int64{}
-	for _, m := range st.Members {
-		placed[m.NodeId] = m.MemoryReplicas
-	}
+	placed := memoryReplicas(t, cl.clients[0])
 	t.Logf("memory replicas after the puts: %v", placed)
 	if placed["n1"] == 0 || placed["n2"] == 0 {
 		t.Errorf("puts were not spread over the pool: %v", placed)
@@ -59,7 +52,8 @@ func TestClusterPool(t *testing.T) {
 	t.Logf("%d of %d gets pulled from another owner", remote, 2*n)
 	// Reading through n1 copies no value out of the pool: promoted copies take free room
 	// only, and gets that are not promoted leave nothing behind.
-	if st, err = cl.clients[2].Stat(); err != nil {
+	st, err := cl.clients[2].Stat()
+	if err != nil {
 		t.Fatal(err)
 	}
 	var replicas int64
@@ -101,14 +95,7 @@ func TestClusterPoolBatch(t *testing.T) {
 			}
 		}
 	}
-	st, err := cl.clients[0].Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	placed := map[string]int64{}
-	for _, m := range st.Members {
-		placed[m.NodeId] = m.MemoryReplicas
-	}
+	placed := memoryReplicas(t, cl.clients[0])
 	t.Logf("memory replicas after the batch puts: %v", placed)
 	if placed["n1"] < n/4 {
 		t.Errorf("batch puts were not spread over the pool: %v", placed)
@@ -274,4 +261,19 @@ func TestClusterPrefixPinsTakeNoPoolRoom(t *testing.T) {
 	}
 	cl.clients[1].Flush()
 	leakCheck(t, cl.clients[0], keys...)
+}
+
+// memoryReplicas is each member's count of memory replicas, by node id, as c's Stat
+// reports it.
+func memoryReplicas(t *testing.T, c *fluxkv.Client) map[string]int64 {
+	t.Helper()
+	st, err := c.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := map[string]int64{}
+	for _, m := range st.Members {
+		placed[m.NodeId] = m.MemoryReplicas
+	}
+	return placed
 }

@@ -216,18 +216,13 @@ func TestBatchPooledPutPull(t *testing.T) {
 	}}
 	c := &fakePeer{}
 	srv, results := pooledBatch(t, nil, b, c)
-	for k, r := range results {
-		if r.Code != common.ErrorCode_OK {
-			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
-		}
-	}
 	if calls, batch, items := b.pullCalls.Load(), b.batchPullCalls.Load(), b.pullItems.Load(); calls != 1 || batch != 1 || items != 4 {
 		t.Errorf("b: %d calls (%d BatchPullPut) for %d items; want 1 BatchPullPut of 4", calls, batch, items)
 	}
 	if calls, batch, items := c.pullCalls.Load(), c.batchPullCalls.Load(), c.pullItems.Load(); calls != 1 || batch != 1 || items != 2 {
 		t.Errorf("c: %d calls (%d BatchPullPut) for %d items; want the 2 failed items in 1 BatchPullPut", calls, batch, items)
 	}
-	checkPooledBatch(t, srv, map[string]string{"local": "a", "p0": "b", "p1": "c", "p2": "c", "p3": "b"})
+	checkPooledBatch(t, srv, results, map[string]string{"local": "a", "p0": "b", "p1": "c", "p2": "c", "p3": "b"})
 }
 
 // TestBatchPullPutOldOwner: an owner of an earlier release does not know BatchPullPut
@@ -237,18 +232,13 @@ func TestBatchPullPutOldOwner(t *testing.T) {
 	b := &fakePeer{without: []string{"BatchPullPut"}}
 	c := &fakePeer{}
 	srv, results := pooledBatch(t, nil, b, c)
-	for k, r := range results {
-		if r.Code != common.ErrorCode_OK {
-			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
-		}
-	}
 	if calls, batch, items := b.pullCalls.Load(), b.batchPullCalls.Load(), b.pullItems.Load(); calls != 4 || batch != 0 || items != 4 {
 		t.Errorf("b: %d calls (%d BatchPullPut) for %d items; want 4 PullPut", calls, batch, items)
 	}
 	if n := c.pullItems.Load(); n != 0 {
 		t.Errorf("c pulled %d puts; want none placed there", n)
 	}
-	checkPooledBatch(t, srv, map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "b", "p3": "b"})
+	checkPooledBatch(t, srv, results, map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "b", "p3": "b"})
 }
 
 // TestBatchPullDoneGateShut: the gate shuts (etcd slow for a moment) while the target
@@ -267,12 +257,7 @@ func TestBatchPullDoneGateShut(t *testing.T) {
 		return nil
 	}, b, &fakePeer{})
 	shut.Store(false)
-	for k, r := range results {
-		if r.Code != common.ErrorCode_OK {
-			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
-		}
-	}
-	checkPooledBatch(t, srv, map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "b", "p3": "b"})
+	checkPooledBatch(t, srv, results, map[string]string{"local": "a", "p0": "b", "p1": "b", "p2": "b", "p3": "b"})
 }
 
 // pooledBatch runs a master (gate: its gate, or nil; it must be open until the
@@ -331,10 +316,16 @@ func pooledBatch(t *testing.T, gate func() error, b, c *fakePeer) (*Server, map[
 	return srv, out
 }
 
-// checkPooledBatch checks that each key of on is published on that node alone, that no
-// put is in flight and that a's transfer area is free.
-func checkPooledBatch(t *testing.T, srv *Server, on map[string]string) {
+// checkPooledBatch checks that every PutDone of results answered OK, that each key of
+// on is published on that node alone, that no put is in flight and that a's transfer
+// area is free.
+func checkPooledBatch(t *testing.T, srv *Server, results map[string]*mp.PutDoneResponse, on map[string]string) {
 	t.Helper()
+	for k, r := range results {
+		if r.Code != common.ErrorCode_OK {
+			t.Errorf("PutDone %s: %v %s", k, r.Code, r.Message)
+		}
+	}
 	srv.Inspect(func(st *State) {
 		for k, n := range on {
 			r := st.routes[k]
