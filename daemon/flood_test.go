@@ -37,10 +37,11 @@ const (
 	// plus the normal time once more (a race-built process starts several times slower
 	// when the cores are busy).
 	rejoinSlack = 2 * time.Second
-	// stallBudget bounds an overwrite under the flood: well below the 2 s node TTL the
-	// test master runs with would be the goal; this is a deadline against stalls like the
-	// report's 6.4 s on busy cores, not a speed.
-	stallBudget = 3 * time.Second
+	// stallBudget bounds an overwrite under the flood. What the test holds is counted:
+	// the owner is not tombed (it registers no second time); this is only a deadline
+	// against a hang, with room for a race-built master and owner on two busy cores
+	// (3.4 s seen there, 0.3 s alone).
+	stallBudget = 10 * time.Second
 )
 
 // floodEnv, in the environment of this test binary, makes it the flood process instead
@@ -452,6 +453,11 @@ func TestHandshakeFlood(t *testing.T) {
 	}
 	// An overwrite through n2 of n1's key: the master reaches n1 on its flooded peer
 	// port (the report: 6.4 s, and the owner tombed).
+	reregs := func() float64 {
+		v, _ := scrapeIf(t, ownerMetrics, "fluxkv_master_reregistrations_total")
+		return v
+	}
+	reregs0 := reregs()
 	t0 := time.Now()
 	if err := c2.Put("flood-after", []byte("again")); err != nil {
 		t.Fatalf("overwrite under the flood: %v", err)
@@ -461,6 +467,12 @@ func TestHandshakeFlood(t *testing.T) {
 	t.Logf("overwrite of a key of the flooded owner: %v; read back through it: %q %v", overwrite.Round(time.Millisecond), got, err)
 	if err != nil || string(got) != "again" {
 		t.Fatalf("the flooded owner after an overwrite: %q %v, want %q", got, err, "again")
+	}
+	// A tombed owner learns it at its next heartbeat (1 s apart here) and registers again:
+	// give it two.
+	time.Sleep(2 * time.Second)
+	if n := reregs() - reregs0; n != 0 {
+		t.Errorf("the flooded owner registered %.0f more times during the overwrite: the master tombed it", n)
 	}
 	if overwrite > stallBudget {
 		t.Errorf("overwrite under the flood took %v, want under %v", overwrite, stallBudget)

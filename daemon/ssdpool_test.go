@@ -22,6 +22,17 @@ import (
 // scrape reads one sample (a metric without labels) from a node's /metrics.
 func scrape(t *testing.T, addr, name string) float64 {
 	t.Helper()
+	v, ok := scrapeIf(t, addr, name)
+	if !ok {
+		t.Fatalf("metric %s not found at %s", name, addr)
+	}
+	return v
+}
+
+// scrapeIf is scrape for a metric a node registers when it first counts: ok is false
+// while it is not there.
+func scrapeIf(t *testing.T, addr, name string) (float64, bool) {
+	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -34,11 +45,10 @@ func scrape(t *testing.T, addr, name string) float64 {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return f
+			return f, true
 		}
 	}
-	t.Fatalf("metric %s not found at %s", name, addr)
-	return 0
+	return 0, false
 }
 
 // member is one owner's line of a Stat.
