@@ -168,11 +168,12 @@ func (o *Owner) persistJobs(items []*peer.SsdReplicaPersistRequest, errs []error
 			jobs = append(jobs, []int{i})
 			continue
 		}
-		if run < 0 || runBytes+req.Len > ssd.PersistRunBytes {
+		span := o.store.RecordSpan(req.Key, req.Len) // as PersistMany groups: one job, one write
+		if run < 0 || runBytes+span > ssd.PersistRunBytes {
 			jobs, run, runBytes = append(jobs, nil), len(jobs), 0
 		}
 		jobs[run] = append(jobs[run], i)
-		runBytes += req.Len
+		runBytes += span
 	}
 	return jobs
 }

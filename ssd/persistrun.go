@@ -5,9 +5,11 @@ import (
 	"hash/crc32"
 )
 
-// PersistRunBytes bounds the records PersistMany writes with one IO: on a disk that
-// takes 64 KiB writes at a fraction of its bandwidth, sixteen 64 KiB KV pages go as
-// one 1 MiB write. Callers that persist runs concurrently split their items by it.
+// PersistRunBytes bounds the bytes PersistMany writes with one IO: on a disk that
+// takes 64 KiB writes at a fraction of its bandwidth, fifteen 64 KiB KV pages go as
+// one write of 1 MiB or just under (each record is its header and value, padded to
+// the device's block). Callers that persist runs concurrently split their items by
+// it, counting each record's RecordSpan.
 const PersistRunBytes = 1 << 20
 
 // PersistItem is one value of PersistMany: src is copied, not retained.
@@ -18,7 +20,7 @@ type PersistItem struct {
 }
 
 // PersistMany persists each item as Persist does, with fewer and larger writes: items
-// whose records add up to at most PersistRunBytes are filled into one buffer, and
+// whose RecordSpans add up to at most PersistRunBytes are filled into one buffer, and
 // those the ring then places back to back on one shard file go to disk as one write.
 // An item that cannot join a run (the ring wrapped, another writer allocated between,
 // a newer version is stored) starts the next one, so the outcome of each item is its
@@ -30,9 +32,13 @@ func (s *Storage) PersistMany(items []PersistItem) ([]CommitPin, []error) {
 		recs[i] = &record{key: it.Key, putID: it.PutID, length: int64(len(it.Src)), fill: copyFrom(it.Src)}
 	}
 	for lo := 0; lo < len(recs); {
-		hi, bytes := lo+1, runSpan(recs[lo])
-		for hi < len(recs) && bytes+runSpan(recs[hi]) <= PersistRunBytes {
-			bytes += runSpan(recs[hi])
+		hi, bytes := lo+1, s.RecordSpan(recs[lo].key, recs[lo].length)
+		for hi < len(recs) {
+			n := s.RecordSpan(recs[hi].key, recs[hi].length)
+			if bytes+n > PersistRunBytes {
+				break
+			}
+			bytes += n
 			hi++
 		}
 		s.persistRecords(recs[lo:hi])
@@ -71,15 +77,21 @@ type record struct {
 	err error
 }
 
-// runSpan estimates r's bytes on disk for grouping (the device's alignment is not
-// known yet): header and value at Align.
-func runSpan(r *record) int64 { return headerSize(len(r.key)) + alignUp(max(r.length, 0)) }
-
 // persistRecords persists recs (one run: PersistMany's grouping, or one value) with as
-// few writes as the ring allows, setting each record's pin or err. Each record is
-// filled (and checksummed) before any writer's turn is taken, by the caller on its
-// own goroutine: a slow fill (a pull) holds up no other persist.
+// few writes as the ring allows, setting each record's pin or err. The run goes to the
+// device picked for its first record; a record too large for that device's files
+// goes on with the records after it to a device of their own.
 func (s *Storage) persistRecords(recs []*record) {
+	for len(recs) > 0 {
+		recs = s.persistRun(recs)
+	}
+}
+
+// persistRun persists a prefix of recs on one device and returns the records after it
+// (from the first one too large for that device's files), not yet tried. Each record
+// of the prefix is filled (and checksummed) before any writer's turn is taken, by the
+// caller on its own goroutine: a slow fill (a pull) holds up no other persist.
+func (s *Storage) persistRun(recs []*record) (rest []*record) {
 	fail := func(rs []*record, err error) {
 		for _, r := range rs {
 			if r.err == nil {
@@ -94,7 +106,7 @@ func (s *Storage) persistRecords(recs []*record) {
 	}
 	if !s.enter() {
 		fail(recs, ErrClosed)
-		return
+		return nil
 	}
 	defer s.leave()
 	// The records' spans are whole numbers of the device's blocks, so that each write
@@ -102,7 +114,7 @@ func (s *Storage) persistRecords(recs []*record) {
 	// the file system (see placementAlign).
 	var d *device
 	var total int64
-	for _, r := range recs {
+	for i, r := range recs {
 		if r.err != nil {
 			continue
 		}
@@ -116,19 +128,19 @@ func (s *Storage) persistRecords(recs []*record) {
 				continue
 			}
 		} else if r.size = d.span(rec); r.size > d.shardSize {
-			r.err = fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", r.key, r.putID, rec, ErrTooLarge)
-			continue
+			recs, rest = recs[:i], recs[i:]
+			break
 		}
 		r.at = total
 		total += r.size
 	}
 	if d == nil {
-		return // every record failed
+		return rest // every record of the prefix failed
 	}
 	w, err := s.acquireBuffer(int(total))
 	if err != nil {
 		fail(recs, err)
-		return
+		return rest
 	}
 	defer s.bufBudget.Release(w)
 	buf := getBuf(int(total))
@@ -150,22 +162,23 @@ func (s *Storage) persistRecords(recs []*record) {
 	case d.writeSlots <- struct{}{}:
 	case <-s.closing:
 		fail(recs, ErrClosed)
-		return
+		return rest
 	}
 	defer func() { <-d.writeSlots }()
-	for rest := recs; len(rest) > 0; {
-		if rest[0].err != nil {
-			rest = rest[1:]
+	for todo := recs; len(todo) > 0; {
+		if todo[0].err != nil {
+			todo = todo[1:]
 			continue
 		}
-		n := s.reserveRun(d, rest)
+		n := s.reserveRun(d, todo)
 		if n == 0 {
-			rest = rest[1:] // reserveRun set its err
+			todo = todo[1:] // reserveRun set its err
 			continue
 		}
-		s.writeRun(buf, rest[:n])
-		rest = rest[n:]
+		s.writeRun(buf, todo[:n])
+		todo = todo[n:]
 	}
+	return rest
 }
 
 // reserveRun reserves ring entries for a prefix of recs (the first one waiting for space

@@ -201,3 +201,83 @@ func TestPersistManyRunEndsAtFileEnd(t *testing.T) {
 		}
 	})
 }
+
+// A run's write stays within PersistRunBytes whatever the device's block (the review
+// of stop 45: runs were grouped by 512-byte spans): on 8 KiB blocks a 64 KiB KV page's
+// record spans 72 KiB, fourteen to a write.
+func TestPersistManyRunOfPages(t *testing.T) {
+	checkLeaks(t)
+	var wc ioLog
+	s := openTest(t, EngineAuto, 8<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 1; o.blockAlign = 8192 })
+	const page = 64 << 10
+	span := recordSpan(s, "page-00", page)
+	items := manyItems("page", 32, page, 1)
+	pins, errs := s.PersistMany(items)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	wc.mu.Lock()
+	writes := append([]loggedIO(nil), wc.writes...)
+	wc.mu.Unlock()
+	perRun := PersistRunBytes / span // 14
+	if want := (32 + perRun - 1) / perRun; int64(len(writes)) != want {
+		t.Errorf("32 pages of 64 KiB went in %d writes, want %d of at most %d records", len(writes), want, perRun)
+	}
+	for _, w := range writes {
+		if w.len > PersistRunBytes || w.len%span != 0 {
+			t.Errorf("a write of %d bytes, want whole %d-byte records within %d", w.len, span, PersistRunBytes)
+		}
+	}
+	checkPersisted(t, s, items, pins, errs)
+}
+
+// A run goes to the device picked for its first record; a record too large for that
+// device's files goes, with the records after it, to a device that takes it instead
+// of failing.
+func TestPersistManyRecordTooLargeForRunDevice(t *testing.T) {
+	checkLeaks(t)
+	a, buffered := storageDir(t)
+	b := t.TempDir()
+	ids := map[string]uint64{}
+	s, err := Open(Options{Cluster: "c", InstanceKey: "i", Paths: []string{a, b}, Limits: []int64{256 << 10, 4 << 20},
+		ShardsPerDevice: 1, BufferedIO: buffered, devOf: func(root string) (uint64, error) {
+			if _, ok := ids[root]; !ok {
+				ids[root] = uint64(len(ids) + 1)
+			}
+			return ids[root], nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if s.devices[0].shardSize >= 512<<10 || s.devices[1].shardSize < 1<<20 {
+		t.Fatalf("shards of %d and %d bytes", s.devices[0].shardSize, s.devices[1].shardSize)
+	}
+	items := []PersistItem{
+		{Key: "small-0", PutID: 1, Src: pattern("small-0", 4000)}, // the run's first: device 0 (round robin starts there)
+		{Key: "big", PutID: 1, Src: pattern("big", 512<<10)},      // only device 1's files take it
+		{Key: "small-1", PutID: 1, Src: pattern("small-1", 4000)},
+	}
+	pins, errs := s.PersistMany(items)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("item %d (%s): %v", i, items[i].Key, err)
+		}
+	}
+	s.mu.Lock()
+	for _, it := range items {
+		if e := s.index[it.Key]; e != nil {
+			t.Logf("%s on device %d", it.Key, e.shard.dev.id)
+		}
+	}
+	if e := s.index["small-0"]; e == nil || e.shard.dev.id != 0 {
+		t.Errorf("small-0 not on device 0")
+	}
+	if e := s.index["big"]; e == nil || e.shard.dev.id != 1 {
+		t.Errorf("big not on device 1")
+	}
+	s.mu.Unlock()
+	checkPersisted(t, s, items, pins, errs)
+}
