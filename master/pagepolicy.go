@@ -78,6 +78,7 @@ type pageEntry struct {
 	index     int  // in the heap; -1 while out of it
 	dindex    int  // in the dirty heap; -1 while out of it
 	isAhead   bool // taken by takeDirty, not used or dropped since (counted in ahead)
+	away      bool // out of the heap while its write-back runs (stepAway)
 	// prevKid, nextKid link the live pages of the same parent key.
 	prevKid, nextKid *pageEntry
 	// up is the live page of key parent (nil while there is none): what parentOf returns,
@@ -102,7 +103,7 @@ func (p *pagePolicy) detach() {
 	p.ghosts.live = len(p.entries)
 }
 
-func (p *pagePolicy) Len() int      { return len(p.heap) }
+func (p *pagePolicy) Len() int      { return len(p.entries) }
 func (p *pagePolicy) Weight() int64 { return p.weight }
 
 // has reports whether k is a live page.
@@ -269,12 +270,15 @@ func (p *pagePolicy) update(e *pageEntry) {
 // pages under e must be ranked again.
 func (p *pagePolicy) rerank(e *pageEntry) bool {
 	prio, depth := p.rank(e)
-	fresh := e.index < 0
+	fresh := e.index < 0 && !e.away
 	carry := fresh || prio < e.prio || depth != e.depth || (e.prio == 0 && prio != 0)
 	e.prio, e.depth = prio, depth
-	if fresh {
+	switch {
+	case e.away:
+		// Ranked, out of the heap until stepBack.
+	case fresh:
 		heap.Push(&p.heap, e)
-	} else {
+	default:
 		heap.Fix(&p.heap, e.index)
 	}
 	if e.dindex >= 0 {
@@ -318,9 +322,35 @@ func (p *pagePolicy) remove(k string) bool {
 	if e == nil {
 		return false
 	}
-	heap.Remove(&p.heap, e.index)
+	if e.index >= 0 {
+		heap.Remove(&p.heap, e.index)
+	}
 	p.drop(e)
 	return true
+}
+
+// stepAway takes live page k out of the heap while its write-back runs (writeback.go):
+// eviction skips a page being written back, and at its place among the next victims
+// (the write-back takes those) every eviction drew it and put it back. It is ranked as
+// ever meanwhile; stepBack puts it back. Called from an accept of victimWhere, on the
+// page just drawn, it stays out.
+func (p *pagePolicy) stepAway(k string) {
+	e := p.entries[k]
+	if e == nil || e.away {
+		return
+	}
+	e.away = true
+	if e.index >= 0 {
+		heap.Remove(&p.heap, e.index)
+	}
+}
+
+// stepBack ends stepAway: page k is in the heap again, at its rank.
+func (p *pagePolicy) stepBack(k string) {
+	if e := p.entries[k]; e != nil && e.away {
+		e.away = false
+		heap.Push(&p.heap, e)
+	}
 }
 
 // evict evicts page k out of turn, as victimWhere would (remembered in the ghost); it
@@ -372,7 +402,9 @@ func (p *pagePolicy) victimWhere(accept func(string) bool, limit int, protectNew
 		break
 	}
 	for _, e := range back {
-		heap.Push(&p.heap, e)
+		if !e.away {
+			heap.Push(&p.heap, e)
+		}
 	}
 	if victim == nil {
 		return "", false

@@ -433,3 +433,83 @@ func TestPageVictimWhereOrder(t *testing.T) {
 		}
 	}
 }
+
+// A page stepped away (its write-back runs) is never drawn, keeps being ranked (hits,
+// its parent's changes) without re-entering the heap, counts as live, can be removed,
+// and is drawn at its rank again once back; stepped away from an accept of
+// victimWhere, the page just drawn stays out.
+func TestPageStepAway(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 1))
+	for round := range 200 {
+		p := newPagePolicy(nil)
+		n := 2 + rng.IntN(100)
+		for i := range n {
+			parent, hasParent := "", false
+			if i > 0 && rng.IntN(3) > 0 {
+				parent, hasParent = fmt.Sprintf("k%d", rng.IntN(i)), true
+			}
+			p.insert(fmt.Sprintf("k%d", i), 1, parent, hasParent, false, int64(rng.IntN(1000)))
+		}
+		away := map[string]bool{}
+		for range 3 * n {
+			k := fmt.Sprintf("k%d", rng.IntN(n))
+			switch op := rng.IntN(6); {
+			case op == 0:
+				p.stepAway(k)
+				if p.has(k) {
+					away[k] = true
+				}
+			case op == 1:
+				p.stepBack(k)
+				delete(away, k)
+			case op == 2:
+				p.touch(k, int64(1000+rng.IntN(1000)))
+			case op == 3:
+				p.remove(k)
+				delete(away, k)
+			case op == 4:
+				// An accept that steps the drawn page away and refuses it (a dirty page
+				// whose write-back starts out of turn), or takes it.
+				took := rng.IntN(2) == 0
+				got, ok := p.victimWhere(func(c string) bool {
+					if away[c] {
+						t.Fatalf("round %d: drew %q, stepped away", round, c)
+					}
+					if !took {
+						p.stepAway(c)
+						away[c] = true
+					}
+					return took
+				}, 1, false)
+				if ok {
+					delete(away, got)
+				}
+			default:
+				p.insert(k, 1, "", false, false, int64(2000+rng.IntN(1000)))
+			}
+		}
+		if p.Len() != len(p.entries) || len(p.heap)+len(away) != len(p.entries) {
+			t.Fatalf("round %d: %d live, %d in the heap, %d away", round, p.Len(), len(p.heap), len(away))
+		}
+		for i, e := range p.heap {
+			if e.away || e.index != i || (i > 0 && evictedBefore(e, p.heap[(i-1)/2])) {
+				t.Fatalf("round %d: heap broken at %d (away %v)", round, i, e.away)
+			}
+		}
+		for k := range away {
+			if e := p.entries[k]; e == nil || !e.away || e.index != -1 {
+				t.Fatalf("round %d: %q stepped away: entry %+v", round, k, e)
+			}
+			p.stepBack(k)
+		}
+		// All back: the draws give the whole order.
+		for range len(p.entries) {
+			if _, ok := p.victimWhere(func(string) bool { return true }, 1, false); !ok {
+				t.Fatalf("round %d: a live page not drawn", round)
+			}
+		}
+		if len(p.entries) != 0 || len(p.heap) != 0 {
+			t.Fatalf("round %d: %d pages left", round, len(p.entries))
+		}
+	}
+}

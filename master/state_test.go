@@ -320,6 +320,28 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			b.WriteString("none\n")
 		}
 		return b.String(), nil
+	case "order":
+		// order node=N: N's KV pages in the order evictions draw them, then those out of
+		// it while their write-back runs (stepAway).
+		p := st.nodes[arg(d, "node")].policy.pages
+		order := slices.Clone(p.heap)
+		slices.SortFunc(order, func(a, b *pageEntry) int {
+			if evictedBefore(a, b) {
+				return -1
+			}
+			return 1
+		})
+		var keys, away []string
+		for _, e := range order {
+			keys = append(keys, e.key)
+		}
+		for k, e := range p.entries {
+			if e.away {
+				away = append(away, k)
+			}
+		}
+		slices.Sort(away)
+		return fmt.Sprintf("order=%s away=%s\n", strings.Join(keys, ","), strings.Join(away, ",")), nil
 	case "write-ahead":
 		// write-ahead node=N: the write-back's top-up of node N (after each publish and eviction).
 		st.writeAheadLocked(st.nodes[arg(d, "node")])

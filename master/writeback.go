@@ -97,6 +97,7 @@ func (s *State) startWriteBackLocked(key string, n *node) bool {
 	s.persists[r.putID].writeBack = true
 	s.writeBacks = append(s.writeBacks, t)
 	s.writingBack++
+	n.policy.pages.stepAway(key)
 	return true
 }
 
@@ -118,6 +119,9 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 		return
 	}
 	rep := r.replicas[pp.node]
+	if rep != nil && rep.memory == pp.alloc {
+		pp.node.policy.pages.stepBack(pp.key) // evictable again (stepAway)
+	}
 	if ok || r.hasSSD() {
 		if rep != nil && rep.memory == pp.alloc {
 			rep.writeBacks = 0 // its tries start again should the ring overwrite the record
