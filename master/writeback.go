@@ -9,9 +9,10 @@ package master
 // it would evict next, WriteBackAhead of its segment, written back or being written
 // (writeAheadLocked, after every publish and eviction), by the persists of the put path
 // (the SSD pool's choice of owner, batched calls). A page being written back keeps its
-// range (the persist holds a reference) and is skipped, not passed, by eviction and
-// take-back; a dirty page eviction reaches first has its write-back started then and is
-// skipped too: when puts outrun the SSD, allocations wait for write-backs to end (the
+// range (the persist holds a reference): it is out of the eviction order until the
+// write-back ends (pagePolicy.stepAway), and skipped by take-back; a dirty page
+// eviction reaches first has its write-back started then and steps out too: when puts
+// outrun the SSD, allocations wait for write-backs to end (the
 // server retries NO_SPACE up to AllocWait), as puts wait for their persists with
 // SSDAdmitPut. (Letting eviction take the dirty pages instead lost a sixth of the pages
 // of a 3-owner trace replay, whose write-backs pull the bytes to other owners' rings.)
