@@ -497,8 +497,13 @@ func TestPageStepAway(t *testing.T) {
 			}
 		}
 		for k := range away {
-			if e := p.entries[k]; e == nil || !e.away || e.index != -1 {
+			e := p.entries[k]
+			if e == nil || !e.away || e.index != -1 {
 				t.Fatalf("round %d: %q stepped away: entry %+v", round, k, e)
+			}
+			// (A parent's raise is not carried down: a page may rank below its rank.)
+			if prio, depth := p.rank(e); e.prio > prio || e.depth != depth {
+				t.Fatalf("round %d: %q stepped away ranks %d at depth %d, want at most %d at %d", round, k, e.prio, e.depth, prio, depth)
 			}
 			p.stepBack(k)
 		}
@@ -510,6 +515,39 @@ func TestPageStepAway(t *testing.T) {
 		}
 		if len(p.entries) != 0 || len(p.heap) != 0 {
 			t.Fatalf("round %d: %d pages left", round, len(p.entries))
+		}
+	}
+}
+
+// A page stepped away is ranked as ever: its hits raise it, its parent's loss moves it
+// up the chain, and it is drawn at that rank once back.
+func TestPageStepAwayRanked(t *testing.T) {
+	p := newPagePolicy(nil)
+	p.insert("a", 1, "", false, false, 10)
+	p.insert("b", 1, "a", true, false, 20)
+	p.insert("c", 1, "", false, false, 30)
+	p.stepAway("b")
+	check := func(what string, prio int64, depth int32) {
+		t.Helper()
+		e := p.entries["b"]
+		if e.prio != prio || e.depth != depth {
+			t.Fatalf("%s: b ranks %d at depth %d, want %d at %d", what, e.prio, e.depth, prio, depth)
+		}
+	}
+	a := p.entries["a"].prio
+	check("stepped away", a, 1) // capped by its parent
+	p.touch("b", 40)
+	check("touched", a, 1) // still capped
+	p.remove("a")
+	own := p.entries["b"].own
+	if own <= 30 {
+		t.Fatalf("b's own priority %d: the hit at 40 not counted", own)
+	}
+	check("its parent gone", own, 0)
+	p.stepBack("b")
+	for _, want := range []string{"c", "b"} {
+		if got, ok := p.victimWhere(func(string) bool { return true }, 1, false); !ok || got != want {
+			t.Fatalf("drew %q, want %q", got, want)
 		}
 	}
 }

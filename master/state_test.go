@@ -322,8 +322,10 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		return b.String(), nil
 	case "order":
 		// order node=N: N's KV pages in the order evictions draw them, then those out of
-		// it while their write-back runs (stepAway).
-		p := st.nodes[arg(d, "node")].policy.pages
+		// it while their write-back runs (stepAway), and its duplicates and the evictions
+		// before its next search for one (node.dups, dupQuiet).
+		n := st.nodes[arg(d, "node")]
+		p := n.policy.pages
 		order := slices.Clone(p.heap)
 		slices.SortFunc(order, func(a, b *pageEntry) int {
 			if evictedBefore(a, b) {
@@ -341,7 +343,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			}
 		}
 		slices.Sort(away)
-		return fmt.Sprintf("order=%s away=%s\n", strings.Join(keys, ","), strings.Join(away, ",")), nil
+		return fmt.Sprintf("order=%s away=%s dups=%d quiet=%d\n", strings.Join(keys, ","), strings.Join(away, ","), n.dups, n.dupQuiet), nil
 	case "write-ahead":
 		// write-ahead node=N: the write-back's top-up of node N (after each publish and eviction).
 		st.writeAheadLocked(st.nodes[arg(d, "node")])

@@ -122,6 +122,11 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	rep := r.replicas[pp.node]
 	if rep != nil && rep.memory == pp.alloc {
 		pp.node.policy.pages.stepBack(pp.key) // evictable again (stepAway)
+		if pp.node.dups > 0 && s.duplicateLocked(pp.key, pp.node) {
+			// Out of the order, it was not drawn by the duplicate searches meanwhile (one
+			// that finds none rests): back among the next victims, it is the one to take.
+			pp.node.dupQuiet = 0
+		}
 	}
 	if ok || r.hasSSD() {
 		if rep != nil && rep.memory == pp.alloc {

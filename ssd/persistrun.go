@@ -7,8 +7,8 @@ import (
 
 // PersistRunBytes bounds the bytes PersistMany writes with one IO: on a disk that
 // takes 64 KiB writes at a fraction of its bandwidth, fifteen 64 KiB KV pages go as
-// one write of 1 MiB or just under (each record is its header and value, padded to
-// the device's block). Callers that persist runs concurrently split their items by
+// one write of 1 MiB or just under on blocks of up to 4 KiB (each record is its
+// header and value, padded to the device's block: fourteen on 8 KiB blocks). Callers that persist runs concurrently split their items by
 // it, counting each record's RecordSpan.
 const PersistRunBytes = 1 << 20
 

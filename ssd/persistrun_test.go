@@ -278,6 +278,9 @@ func TestPersistManyRecordTooLargeForRunDevice(t *testing.T) {
 	if e := s.index["big"]; e == nil || e.shard.dev.id != 1 {
 		t.Errorf("big not on device 1")
 	}
+	if e := s.index["small-1"]; e == nil || e.shard.dev.id != 1 {
+		t.Errorf("small-1 not on device 1 with big, the record before it")
+	}
 	s.mu.Unlock()
 	checkPersisted(t, s, items, pins, errs)
 }
