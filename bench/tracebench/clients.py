@@ -12,9 +12,10 @@
   until the first miss, and each hit is copied into the engine's buffer.
 
 Hits by source: fluxkv's ``get_pages_into`` hides the holders it reads, so
-:class:`FluxkvPages` taps its client's ``batch_get`` (the call the PageStore loads through)
-and tallies each holder's ``source`` (memory / ssd) and ``remote`` before the PageStore copies
-from it. The tally is exact while the PageStore loads through ``batch_get``; a replay whose
+:class:`FluxkvPages` taps its client's ``batch_get`` (the call the PageStore loads through),
+notes each holder's ``source`` (memory / ssd) and ``remote`` before the PageStore copies from
+it, and tallies those of the loaded prefix (a page found after a miss is no hit). The tally is
+exact while the PageStore loads through ``batch_get``; a replay whose
 tally does not add up to the pages loaded reports its sources unknown. Byte stores tell the
 source per get where they know it (Redis: memory); otherwise (memcached with extstore,
 Mooncake) hits are left unattributed here and the coordinator splits them by the server's SSD
@@ -48,13 +49,14 @@ class FluxkvPages:
         self.store = kv.PageStore(client, namespace, pin_ms=pin_ms, fail_open=True)
         self.chained = "parent" in inspect.signature(kv.PageStore.put_pages).parameters
         self.tally: Counter = Counter()
+        self._places: dict = {}  # key -> place of the holder batch_get returned, for load's prefix
         inner = client.batch_get
 
         def batch_get(keys):
             holders = inner(keys)
-            for h in holders:
+            for k, h in zip(keys, holders):
                 if h is not None:
-                    self.tally[_source_key(h.source, getattr(h, "remote", None))] += 1
+                    self._places[k] = _source_key(h.source, getattr(h, "remote", None))
             return holders
 
         client.batch_get = batch_get  # an instance attribute: this process's client only
@@ -64,10 +66,15 @@ class FluxkvPages:
 
     def load(self, ids, bufs) -> int:
         """Load the pages of ``ids`` into ``bufs``; how many leading ones were found."""
+        self._places.clear()
         found = self.store.get_pages_into(ids, bufs)
         n = 0
         while n < len(found) and found[n]:
             n += 1
+        # Only the loaded prefix counts: a page found after a miss (the page before it was
+        # evicted since the lookup) is a hit of no request.
+        for h in ids[:n]:
+            self.tally[self._places.get(self.store.key(h), "unknown")] += 1
         return n
 
     def store_pages(self, ids, bufs, parent) -> int:

@@ -180,6 +180,37 @@ def test_put_pages_gets_the_parent_only_where_page_store_takes_it(monkeypatch):
         assert seen[-1] == expect
 
 
+def test_hit_sources_count_the_loaded_prefix_only(monkeypatch):
+    """A page found after a miss (its predecessor evicted since the lookup) is no hit: its
+    holder's source is not tallied, so the sources add up to the hits."""
+    from fluxkv import kv
+
+    holder = argparse.Namespace(source="ssd", remote=False)
+
+    class Store:
+        def __init__(self, client, namespace, **kw):
+            self.client = client
+
+        def key(self, h):
+            return f"k{h}"
+
+        def get_pages_into(self, hashes, tensors):
+            holders = self.client.batch_get([self.key(h) for h in hashes])
+            return [h is not None for h in holders]
+
+        def put_pages(self, hashes, tensors, parent=None):
+            return [True] * len(hashes)
+
+        def counters(self):
+            return {"errors": 0, "skipped": 0}
+
+    client = argparse.Namespace(batch_get=lambda keys: [holder, None, holder])
+    monkeypatch.setattr(kv, "PageStore", Store)
+    pages = FluxkvPages(client, NAMESPACE, 0)
+    assert pages.load([1, 2, 3], [None] * 3) == 1
+    assert pages.counters()["sources"] == {"ssd_local": 1}
+
+
 def test_pages_are_a_function_of_the_id_and_wrong_bytes_count():
     p = Pages(3 * 4096)
     a, b = p.buffers(2)
