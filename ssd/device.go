@@ -16,8 +16,9 @@ type device struct {
 	root      string
 	dev       uint64
 	shardSize int64
-	// align is the unit records are placed and written in (placementAlign): every
-	// ring position, entry size and shard size is a multiple of it.
+	// align is the unit writes are placed in (placementAlign): each write run starts
+	// on it and a pad entry takes the run to the next one; the shard size is a
+	// multiple of it.
 	align  int64
 	shards []*shard
 	engine Engine

@@ -9,9 +9,10 @@
 // over a few fixed shard files, opened with O_DIRECT and truncated at start: the SSD
 // is a runtime cache, nothing is recovered after a restart.
 //
-// Space. Each shard is a ring (ring.go): the head hands out contiguous ranges of
-// whole file system blocks (4 KiB on ext4 and xfs; an unaligned direct write is
-// serialized by the file system, see placementAlign) and wraps to offset 0, the
+// Space. Each shard is a ring (ring.go): the head hands out contiguous ranges (a write
+// run's records at 512-byte granules, then a pad entry to the next file system block,
+// 4 KiB on ext4 and xfs: every write starts and ends on one, as an unaligned direct
+// write is serialized by the file system, see placementAlign) and wraps to offset 0, the
 // tail overwrites the oldest entries and reports the committed ones as evictions
 // (batched for the master). Writes stay sequential
 // and no extent allocator or compaction is needed. The ring never overwrites an
@@ -38,7 +39,7 @@
 // favour reads (read_weight = 2: a read goes first while read_inflight <=
 // 2*write_inflight) without ever idling a slot, because refill reads sit on a get's
 // synchronous path while persists are background work. Values are padded to 512
-// bytes for O_DIRECT and records to the file system's block; padding is zero, stays
+// bytes for O_DIRECT and write runs to the file system's block; padding is zero, stays
 // in the owner and never reaches a caller. Loads read straight into the caller's memory when it is aligned (else
 // through a scratch buffer) in 4 MiB chunks, at most 4 in flight, handing each chunk
 // over in order so a remote push can overlap the disk.

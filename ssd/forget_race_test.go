@@ -95,7 +95,7 @@ type forgetRace struct {
 }
 
 func (r *forgetRace) size(put int64) int64 {
-	return recordSpan(r.s, "k", int64(len(r.value[put])))
+	return recordSize("k", int64(len(r.value[put])))
 }
 
 // start begins Persist(k, put) and returns once its write is held.

@@ -166,11 +166,17 @@ func openTest(t *testing.T, kind string, limit int64, tweak func(*Options)) *Sto
 	return s
 }
 
-// recordSpan is the ring space a record of key with an n-byte value takes on s's
-// first device, and its share of Stats.UsedBytes: header and padded value, rounded
-// up to the device's placement unit (the file system's block).
+// recordSpan is the ring space a lone persist of key with an n-byte value takes on s's
+// first device: its record (header and padded value) and the pad behind it to the
+// device's placement unit (the file system's block).
 func recordSpan(s *Storage, key string, n int64) int64 {
-	return s.devices[0].span(headerSize(len(key)) + AlignedLen(n))
+	return s.devices[0].span(recordSize(key, n))
+}
+
+// recordSize is the record of key with an n-byte value, its share of Stats.UsedBytes:
+// header and value padded to Align (the pads behind runs are dead ring space).
+func recordSize(key string, n int64) int64 {
+	return headerSize(len(key)) + AlignedLen(n)
 }
 
 // pattern is a deterministic payload for (key, n) so reads can be checked byte for byte.

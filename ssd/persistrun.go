@@ -127,24 +127,28 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 				d = nil
 				continue
 			}
-		} else if r.size = d.span(rec); r.size > d.shardSize {
+		} else if d.span(rec) > d.shardSize {
 			recs, rest = recs[:i], recs[i:]
 			break
 		}
+		r.size = rec
 		r.at = total
 		total += r.size
 	}
 	if d == nil {
 		return rest // every record of the prefix failed
 	}
-	w, err := s.acquireBuffer(int(total))
+	// Room behind the last record for the zeros that pad its write to the next block.
+	size := total + d.align - Align
+	w, err := s.acquireBuffer(int(size))
 	if err != nil {
 		fail(recs, err)
 		return rest
 	}
 	defer s.bufBudget.Release(w)
-	buf := getBuf(int(total))
+	buf := getBuf(int(size))
 	defer putBuf(buf) // every write below completed (or never started) by then
+	clear(buf[total:size])
 	for _, r := range recs {
 		if r.err != nil {
 			continue
@@ -154,7 +158,7 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 			r.err = fmt.Errorf("ssd persist %q put %d: %w", r.key, r.putID, err)
 			continue
 		}
-		clear(buf[r.at+r.hdr+r.length : r.at+r.size]) // the value's padding and the gap to the next block: zero, they stay in the owner
+		clear(buf[r.at+r.hdr+r.length : r.at+r.size]) // the value's padding: zero, it stays in the owner
 		r.crc = crc32.Checksum(value, castagnoli)
 		r.err = s.checkNewer(r.key, r.putID)
 	}
@@ -170,12 +174,12 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 			todo = todo[1:]
 			continue
 		}
-		n := s.reserveRun(d, todo)
+		n, pad := s.reserveRun(d, todo)
 		if n == 0 {
 			todo = todo[1:] // reserveRun set its err
 			continue
 		}
-		s.writeRun(buf, todo[:n])
+		s.writeRun(buf, todo[:n], pad)
 		todo = todo[n:]
 	}
 	return rest
@@ -183,20 +187,24 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 
 // reserveRun reserves ring entries for a prefix of recs (the first one waiting for space
 // as reserve does; the others only while they fit right behind it on the same shard) and
-// returns its length; 0 with recs[0].err set when the first could not be reserved.
-func (s *Storage) reserveRun(d *device, recs []*record) int {
+// returns its length, and the pad: a keyless entry behind the prefix to the device's
+// next block, so that the write ends on one (nil when it does already, or when no room
+// is left for it right there: that write then ends off a block). n is 0 with
+// recs[0].err set when the first could not be reserved.
+func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 	first := recs[0]
 	e, err := s.reserve(d, first.key, first.putID, first.length, first.size)
 	if err != nil {
 		first.err = err
-		return 0
+		return 0, nil
 	}
 	first.e = e
-	n := 1
+	n = 1
 	var evs []Eviction
 	s.mu.Lock()
 	ring := e.shard.ring
-	for prev := e; n < len(recs); n++ {
+	prev := e
+	for ; n < len(recs); n++ {
 		r := recs[n]
 		if r.err != nil || ring.head != prev.begin+prev.size || !ring.fitsBeforeEnd(r.size) || s.checkNewerLocked(r.key, r.putID) != nil {
 			break
@@ -213,25 +221,46 @@ func (s *Storage) reserveRun(d *device, recs []*record) int {
 		s.index[r.key] = next
 		r.e, prev = next, next
 	}
+	if end := prev.begin + prev.size; ring.head == end && d.span(end) > end && ring.fitsBeforeEnd(d.span(end)-end) {
+		gap := d.span(end) - end
+		if p, evicted, err := ring.alloc("", 0, gap, gap); err == nil {
+			p.shard = e.shard
+			evs = append(evs, s.evictedLocked(evicted)...)
+			pad = p
+		}
+	}
 	s.mu.Unlock()
 	s.report(evs)
-	return n
+	return n, pad
 }
 
-// writeRun writes the reserved, contiguous records recs (consecutive in buf too) with
-// one write and commits each entry that is still the key's, pinned for its commit to
-// the master; the others get an error.
-func (s *Storage) writeRun(buf []byte, recs []*record) {
+// writeRun writes the reserved, contiguous records recs (consecutive in buf too) and
+// zeros for their pad entry (reserveRun; may be nil) with one write and commits each
+// entry that is still the key's, pinned for its commit to the master; the others get an
+// error. The pad's bytes in buf are those of the records after recs (or the zeros
+// behind the last one): they are kept aside meanwhile.
+func (s *Storage) writeRun(buf []byte, recs []*record, pad *entry) {
 	first, last := recs[0], recs[len(recs)-1]
 	for _, r := range recs {
 		// The header names the ring position, known only now.
 		encodeHeader(buf[r.at:], recordHeader{pos: r.e.begin, putID: r.putID, length: r.length, valueCRC: r.crc, key: r.key})
 	}
+	end := last.at + last.size
+	var kept []byte
+	if pad != nil {
+		kept = append(kept, buf[end:end+pad.size]...)
+		clear(buf[end : end+pad.size])
+	}
 	sh := first.e.shard
-	werr := sh.write(buf[first.at:last.at+last.size], sh.fileOffset(first.e))
+	werr := sh.write(buf[first.at:end+int64(len(kept))], sh.fileOffset(first.e))
+	copy(buf[end:], kept)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if pad != nil {
+		sh.ring.abort(pad) // dead at once: the tail passes it without a report
+		s.signalLocked()
+	}
 	for _, r := range recs {
 		e := r.e
 		if werr != nil || e.removed {

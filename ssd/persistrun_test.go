@@ -60,7 +60,7 @@ func TestPersistManyWritesRuns(t *testing.T) {
 		if w := wc.count(); w != 3 {
 			t.Errorf("%d values (%d bytes on disk each) went in %d writes; want 3 runs of at most %d", len(items), span, w, perRun)
 		}
-		if got, want := s.Stats().UsedBytes, int64(len(items))*span; got != want {
+		if got, want := s.Stats().UsedBytes, int64(len(items))*recordSize("page-00", page); got != want {
 			t.Errorf("used %d bytes, want %d", got, want)
 		}
 		checkPersisted(t, s, items, pins, errs)
@@ -226,8 +226,8 @@ func TestPersistManyRunOfPages(t *testing.T) {
 		t.Errorf("32 pages of 64 KiB went in %d writes, want %d of at most %d records", len(writes), want, perRun)
 	}
 	for _, w := range writes {
-		if w.len > PersistRunBytes || w.len%span != 0 {
-			t.Errorf("a write of %d bytes, want whole %d-byte records within %d", w.len, span, PersistRunBytes)
+		if w.len > PersistRunBytes || w.off%8192 != 0 || w.len%8192 != 0 {
+			t.Errorf("a write of %d bytes at %d, want whole 8 KiB blocks within %d", w.len, w.off, PersistRunBytes)
 		}
 	}
 	checkPersisted(t, s, items, pins, errs)
@@ -283,4 +283,65 @@ func TestPersistManyRecordTooLargeForRunDevice(t *testing.T) {
 	}
 	s.mu.Unlock()
 	checkPersisted(t, s, items, pins, errs)
+}
+
+// The records of a write run follow each other at 512-byte granules, and one pad entry
+// takes the run to the device's next block: on 8 KiB blocks a 64 KiB KV page's record
+// is 64.5 KiB, not the 72 KiB it took padded alone. Every write still starts and ends
+// on a block, the pad is zero on disk, nothing of it counts as used, and the ring
+// holds that many more pages once it has wrapped.
+func TestPersistManyPacksRecords(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		var wc ioLog
+		s := openTest(t, kind, 8<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 1; o.blockAlign = 8192 })
+		go func() {
+			for range s.Evictions() {
+			}
+		}()
+		const page = 64 << 10
+		rec := recordSize("page-000", page)
+		items := manyItems("page", 14, page, 1) // one run
+		pins, errs := s.PersistMany(items)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("item %d: %v", i, err)
+			}
+		}
+		var prev *entry
+		for _, it := range items {
+			s.mu.Lock()
+			e := s.index[it.Key]
+			s.mu.Unlock()
+			if e.size != rec || (prev != nil && e.begin != prev.begin+prev.size) {
+				t.Fatalf("%s: %d bytes at %d, want %d right behind the record before", it.Key, e.size, e.begin, rec)
+			}
+			prev = e
+		}
+		end := prev.shard.fileOffset(prev) + prev.size
+		if pad := readAt(t, prev.shard.file.Name(), 8192-end%8192, end); end%8192 == 0 || !bytes.Equal(pad, make([]byte, len(pad))) {
+			t.Fatalf("the run ends at %d; its pad is not zero", end)
+		}
+		if u := s.Stats().UsedBytes; u != 14*rec {
+			t.Errorf("used %d bytes, want 14 records of %d", u, rec)
+		}
+		checkPersisted(t, s, items, pins, errs)
+		// Lap the 8 MiB ring with runs: it ends up holding more pages than records padded
+		// one by one would fit.
+		for round := range 12 {
+			items := manyItems(fmt.Sprintf("lap%d", round), 14, page, 1)
+			pins, errs := s.PersistMany(items)
+			checkPersisted(t, s, items, pins, errs)
+		}
+		if padded := s.devices[0].shardSize / recordSpan(s, "lap0-00", page); int64(s.Stats().Entries) <= padded {
+			t.Errorf("%d pages held, no more than the %d records padded one by one fit", s.Stats().Entries, padded)
+		}
+		wc.mu.Lock()
+		defer wc.mu.Unlock()
+		for _, w := range wc.writes {
+			if w.off%8192 != 0 || w.len%8192 != 0 || w.len > PersistRunBytes {
+				t.Errorf("a write of %d bytes at %d: not whole 8 KiB blocks within %d", w.len, w.off, PersistRunBytes)
+			}
+		}
+	})
 }

@@ -94,9 +94,9 @@ func TestRoundTripSizes(t *testing.T) {
 			t.Fatalf("absent key: %v", err)
 		}
 		st := s.Stats()
-		var records int64 // used bytes count whole records: header, padded value, gap to the next block
+		var records int64 // used bytes count whole records: header and padded value
 		for _, n := range sizes {
-			records += recordSpan(s, fmt.Sprintf("size-%d", n), n)
+			records += recordSize(fmt.Sprintf("size-%d", n), n)
 		}
 		if st.UsedBytes != records || st.UsedBytes > st.CapacityBytes || st.Entries != len(sizes) {
 			t.Fatalf("stats %+v, want used %d", st, records)

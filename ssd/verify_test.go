@@ -319,7 +319,7 @@ func TestVerifiedRoundTrip(t *testing.T) {
 					key := fmt.Sprintf("%0*d", 1+i*200, i) // keys of 1 .. 1001 bytes: 1 or 3 header sectors
 					want := pattern(key, n)
 					persist(t, s, key, int64(i+1), want)
-					used += recordSpan(s, key, n)
+					used += recordSize(key, n)
 					if got := s.Stats().UsedBytes; got != used {
 						t.Fatalf("used %d after %d records, want %d", got, i+1, used)
 					}
@@ -348,7 +348,7 @@ func TestVerifiedRoundTrip(t *testing.T) {
 func TestForgetAndUsedBytes(t *testing.T) {
 	checkLeaks(t)
 	s := openTest(t, EngineAuto, 64<<10, nil)
-	rec := recordSpan(s, "k", 3000)
+	rec := recordSize("k", 3000)
 	persist(t, s, "k", 5, pattern("k", 3000))
 	persist(t, s, "j", 1, pattern("j", 3000))
 	if st := s.Stats(); st.UsedBytes != 2*rec || st.Devices[0].UsedBytes != 2*rec {
@@ -375,7 +375,7 @@ func TestForgetAndUsedBytes(t *testing.T) {
 	for i := range 20 { // 64 KiB ring, records of at most 4 KiB: k is overwritten
 		persist(t, s, fmt.Sprint("fill", i), 1, pattern("f", 3000))
 	}
-	if st := s.Stats(); st.UsedBytes != int64(st.Entries)*recordSpan(s, "fill0", 3000) || s.Contains("k", 7) {
+	if st := s.Stats(); st.UsedBytes != int64(st.Entries)*recordSize("fill0", 3000) || s.Contains("k", 7) {
 		t.Fatalf("after the ring wrapped: %+v", st)
 	}
 }
