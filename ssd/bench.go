@@ -63,8 +63,8 @@ type BenchResult struct {
 	Dir        string `json:"dir"`
 	ValueBytes int64  `json:"value_bytes"`
 	LimitBytes int64  `json:"limit_bytes"`
-	// AlignBytes is the unit records are placed and written in (the file system's
-	// block, see placementAlign).
+	// AlignBytes is the unit write runs start and end on (the file system's block,
+	// see placementAlign).
 	AlignBytes  int64   `json:"align_bytes"`
 	Seconds     float64 `json:"seconds"`
 	Writes      int64   `json:"writes"`

@@ -212,7 +212,7 @@ type Options struct {
 	// unix.Fallocate with mode 0.
 	fallocate func(fd int, size int64) error
 	// blockAlign, when not 0, replaces the file system's block size as the unit
-	// records are placed and written in (placementAlign; a power of two, at least
+	// write runs start and end on (placementAlign; a power of two, at least
 	// Align). Tests and BenchmarkPersist set Align to measure 512-byte placement.
 	blockAlign int64
 	// minShardSize is the smallest shard a limit is split into (default 256 MiB);

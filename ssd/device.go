@@ -42,10 +42,10 @@ func shardCount(limit int64, perDevice int, minSize int64) int {
 
 // maxPlacementAlign bounds the placement unit a file system's block size yields, so
 // that one reporting a huge "block" (NFS reports its wsize, up to 1 MiB) does not pad
-// every record to it.
+// every write run to it.
 const maxPlacementAlign = 64 << 10
 
-// placementAlign is the unit records are placed and written in on root's file
+// placementAlign is the unit write runs start and end on on root's file
 // system: its block size (statfs f_bsize, 4 KiB on ext4 and xfs), bounded to
 // [Align, maxPlacementAlign] and rounded down to a power of two; Align when statfs
 // fails.
@@ -80,9 +80,9 @@ func placementAlignOf(bsize int64) int64 {
 	return a
 }
 
-// span is the ring space, and the length of the write, of a record of rec bytes
-// (header and padded value): rec rounded up to the device's placement unit. The
-// bytes past the record are zero.
+// span is rec (a record's header and padded value) rounded up to the device's
+// placement unit: what a lone record takes of the ring with its pad, and the bound
+// RecordSpan and the shard fit use.
 func (d *device) span(rec int64) int64 { return (rec + d.align - 1) &^ (d.align - 1) }
 
 // openDevice creates (truncating) the shard files of one root and starts its engine.

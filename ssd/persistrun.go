@@ -109,9 +109,10 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 		return nil
 	}
 	defer s.leave()
-	// The records' spans are whole numbers of the device's blocks, so that each write
-	// starts and ends on file system blocks: an unaligned direct write is serialized by
-	// the file system (see placementAlign).
+	// The records follow each other at 512-byte granules and a pad entry takes each
+	// write to the next block of the device (reserveRun), so that it starts and ends
+	// on file system blocks: an unaligned direct write is serialized by the file
+	// system (see placementAlign).
 	var d *device
 	var total int64
 	for i, r := range recs {
@@ -122,7 +123,7 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 		rec := r.hdr + alignUp(r.length)
 		if d == nil {
 			var err error
-			if d, r.size, err = s.pickDevice(rec); err != nil {
+			if d, err = s.pickDevice(rec); err != nil {
 				r.err = fmt.Errorf("ssd persist %q put %d: %d aligned bytes: %w", r.key, r.putID, rec, err)
 				d = nil
 				continue
@@ -138,17 +139,20 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 	if d == nil {
 		return rest // every record of the prefix failed
 	}
-	// Room behind the last record for the zeros that pad its write to the next block.
-	size := total + d.align - Align
+	// Room behind the last record for the pad to the next block (writeRun zeroes it),
+	// from a larger buffer only where the size class of total has none to spare.
+	room, size := total+d.align-Align, total
+	if int64(bufCapacity(int(total))) < room {
+		size = room
+	}
 	w, err := s.acquireBuffer(int(size))
 	if err != nil {
 		fail(recs, err)
 		return rest
 	}
 	defer s.bufBudget.Release(w)
-	buf := getBuf(int(size))
+	buf := getBuf(int(size))[:room]
 	defer putBuf(buf) // every write below completed (or never started) by then
-	clear(buf[total:size])
 	for _, r := range recs {
 		if r.err != nil {
 			continue
@@ -188,20 +192,21 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 // reserveRun reserves ring entries for a prefix of recs (the first one waiting for space
 // as reserve does; the others only while they fit right behind it on the same shard) and
 // returns its length, and the pad: a keyless entry behind the prefix to the device's
-// next block, so that the write ends on one (nil when it does already, or when no room
-// is left for it right there: that write then ends off a block). n is 0 with
-// recs[0].err set when the first could not be reserved.
+// next block, so that the write ends on one (nil when it does already, or when the
+// entry behind is busy, read or committed right now: that write then ends off a block,
+// and the next one on the shard starts off one). All of it under one hold of s.mu from
+// the first record's allocation, so no other writer's entry lands in between. n is 0
+// with recs[0].err set when the first could not be reserved.
 func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 	first := recs[0]
-	e, err := s.reserve(d, first.key, first.putID, first.length, first.size)
+	e, evs, err := s.reserve(d, first.key, first.putID, first.length, first.size)
 	if err != nil {
 		first.err = err
 		return 0, nil
 	}
+	// s.mu held since the first record's allocation: no other writer's lands between.
 	first.e = e
 	n = 1
-	var evs []Eviction
-	s.mu.Lock()
 	ring := e.shard.ring
 	prev := e
 	for ; n < len(recs); n++ {

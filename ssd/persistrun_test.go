@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -344,4 +346,116 @@ func TestPersistManyPacksRecords(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Writers persisting at once on one device still write whole blocks only: a run's
+// records and its pad are allocated under one hold of the lock, so no other writer's
+// entry lands between them.
+func TestConcurrentWritesOnBlocks(t *testing.T) {
+	checkLeaks(t)
+	var wc ioLog
+	s := openTest(t, EngineAuto, 16<<20, func(o *Options) { o.OpenFile = wc.OpenFile; o.ShardsPerDevice = 4; o.blockAlign = 8192 })
+	go func() {
+		for range s.Evictions() {
+		}
+	}()
+	const page = 60000 // records of 60.5 KiB: off a block each
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 40 {
+				if g%2 == 0 {
+					key := fmt.Sprintf("lone-%d-%d", g, i)
+					if pin, err := s.Persist(key, 1, pattern(key, page)); err == nil {
+						pin.Release()
+					}
+					continue
+				}
+				pins, _ := s.PersistMany(manyItems(fmt.Sprintf("run-%d-%d", g, i), 5, page, 1))
+				for _, p := range pins {
+					p.Release()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	off := 0
+	for _, w := range wc.writes {
+		if w.off%8192 != 0 || w.len%8192 != 0 {
+			off++
+		}
+	}
+	if off != 0 {
+		t.Errorf("%d of %d writes off 8 KiB blocks", off, len(wc.writes))
+	}
+}
+
+// A pad is written as zeros whatever the buffer holds behind the records it follows
+// (a cut run: the next record's bytes) and whatever the ring held there before (a
+// second lap), and the committed entries its allocation overwrites are reported
+// evicted like any others.
+func TestPadsAreZeroAndEvict(t *testing.T) {
+	checkLeaks(t)
+	open := func() (*Storage, chan [][]Eviction) {
+		dir, buffered := storageDir(t)
+		s, err := Open(Options{Cluster: "c", InstanceKey: "i", Paths: []string{dir}, Limits: []int64{64 << 10},
+			ShardsPerDevice: 1, BufferedIO: buffered, EvictionDelay: time.Hour, blockAlign: 8192})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, collect(s)
+	}
+	const rec = 3584 // a record: 512-byte header and a 3,072-byte value
+	value := func(key string) int64 { return rec - headerSize(len(key)) }
+
+	// A lap of 8 KiB records, then six more: the head at 48 KiB, the ring's last 16 KiB
+	// still holding the first lap's bytes. A run of six records: four fit before the
+	// file's end (ending at 63,488, off a block), the fifth wraps, so the first write's
+	// pad covers the fifth record's bytes in the buffer.
+	s, _ := open()
+	sh := s.devices[0].shards[0]
+	for i := range 14 {
+		key := fmt.Sprintf("b%02d", i)
+		persist(t, s, key, 1, pattern(key, 8192-headerSize(len(key))))
+	}
+	items := manyItems("r", 6, value("r-0"), 1)
+	pins, errs := s.PersistMany(items)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	checkPersisted(t, s, items, pins, errs)
+	const end = 6*8192 + 4*rec
+	if pad := readAt(t, sh.file.Name(), 8*8192-end, end); !bytes.Equal(pad, make([]byte, len(pad))) {
+		t.Fatalf("the pad at %d..%d is not zero", end, 8*8192)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A packed lap (18 records and a 1 KiB pad fill the 64 KiB ring), then a lone
+	// record at offset 0: it overwrites q00, and its pad to 8 KiB q01 and q02.
+	s, got := open()
+	items = manyItems("q", 18, value("q-00"), 1)
+	pins, errs = s.PersistMany(items)
+	checkPersisted(t, s, items, pins, errs)
+	persist(t, s, "lone", 1, pattern("lone", value("lone")))
+	if st := s.Stats(); st.Entries != 16 || st.UsedBytes != 16*rec {
+		t.Errorf("%d entries, %d bytes used; want 16 and %d", st.Entries, st.UsedBytes, 16*rec)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var evicted []string
+	for _, b := range <-got {
+		for _, ev := range b {
+			evicted = append(evicted, ev.Key)
+		}
+	}
+	if want := []string{"q-0", "q-1", "q-2"}; !slices.Equal(evicted, want) {
+		t.Errorf("evictions reported %v, want %v", evicted, want)
+	}
 }

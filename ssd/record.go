@@ -16,8 +16,9 @@ import (
 // runs to the next block, so that the run's one write starts and ends on blocks: the
 // file systems serialize unaligned direct writes per file, which held persists of
 // 1 MiB values (1 MiB + 512-byte records) to 0.18-0.30× of fio. Padding each record to
-// a block instead cost a 64 KiB KV page 4 KiB of its ring on 4 KiB blocks (6 %). A scan
-// finds the next record right after the value, or, at a run's end, at the next block.
+// a block instead cost a 64 KiB KV page 4 KiB of its ring on 4 KiB blocks (6 %). A
+// record's header names its ring position, so a scan can tell a record from stale
+// bytes wherever it looks.
 //
 // The header (little endian) is
 //

@@ -161,18 +161,17 @@ func (s *Storage) enter() bool {
 func (s *Storage) leave() { s.ops.Done() }
 
 // pickDevice chooses the next device round-robin among those whose shards can hold
-// a record of rec bytes (header and padded value), and returns the record's span
-// there (device.span).
-func (s *Storage) pickDevice(rec int64) (*device, int64, error) {
+// a record of rec bytes (header and padded value) with its pad to a block.
+func (s *Storage) pickDevice(rec int64) (*device, error) {
 	n := uint64(len(s.devices))
 	start := s.rr.Add(1) - 1
 	for i := range n {
 		d := s.devices[(start+i)%n]
-		if size := d.span(rec); d.shardSize >= size {
-			return d, size, nil
+		if d.span(rec) <= d.shardSize {
+			return d, nil
 		}
 	}
-	return nil, 0, ErrTooLarge
+	return nil, ErrTooLarge
 }
 
 // CommitPin keeps a freshly persisted entry from being overwritten until the owner's
@@ -238,8 +237,11 @@ func (s *Storage) checkNewerLocked(key string, putID int64) error {
 }
 
 // reserve allocates a Writing entry on one of d's shards, waiting while every shard
-// is blocked by busy entries, and makes it the key's entry in the index.
-func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*entry, error) {
+// is blocked by busy entries, and makes it the key's entry in the index. It returns
+// with s.mu held, so that the caller allocates what follows the entry before another
+// writer can (reserveRun), and the evictions to report once it released it; on an
+// error, without the lock.
+func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*entry, []Eviction, error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -250,7 +252,7 @@ func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*en
 	for {
 		if err := s.checkNewerLocked(key, putID); err != nil {
 			s.mu.Unlock()
-			return nil, err
+			return nil, nil, err
 		}
 		e, evicted, err := s.allocLocked(d, key, putID, length, size)
 		if err == nil {
@@ -259,13 +261,11 @@ func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*en
 				s.dropLocked(old)
 			}
 			s.index[key] = e
-			s.mu.Unlock()
-			s.report(evs)
-			return e, nil
+			return e, evs, nil
 		}
 		if !errors.Is(err, errBlocked) {
 			s.mu.Unlock()
-			return nil, fmt.Errorf("ssd persist %q put %d: %w", key, putID, err)
+			return nil, nil, fmt.Errorf("ssd persist %q put %d: %w", key, putID, err)
 		}
 		if s.spaceCh == nil {
 			s.spaceCh = make(chan struct{})
@@ -278,9 +278,9 @@ func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*en
 		select {
 		case <-wait:
 		case <-timer.C:
-			return nil, fmt.Errorf("ssd persist %q put %d: no space on %s within %v: %w", key, putID, d.root, s.opts.BusyWait, ErrBusy)
+			return nil, nil, fmt.Errorf("ssd persist %q put %d: no space on %s within %v: %w", key, putID, d.root, s.opts.BusyWait, ErrBusy)
 		case <-s.closing:
-			return nil, ErrClosed
+			return nil, nil, ErrClosed
 		}
 		s.mu.Lock()
 	}
@@ -761,16 +761,16 @@ type DeviceStats struct {
 	Shards        int    `json:"shards"`
 	CapacityBytes int64  `json:"capacity_bytes"`
 	UsedBytes     int64  `json:"used_bytes"`
-	// AlignBytes is the unit records are placed and written in there: the file
-	// system's block size (see placementAlign).
+	// AlignBytes is the unit write runs start and end on there: the file system's
+	// block size (see placementAlign).
 	AlignBytes int64 `json:"align_bytes"`
 }
 
 // Stats is the storage's capacity and use (kv_ssd_capacity_bytes,
-// kv_ssd_used_bytes). Used counts the on-disk bytes (header, padded value and the
-// zero gap to the next block) of the committed entries in the index: not the ones
-// being written, forgotten, superseded, overwritten or found corrupt, nor the
-// ring's skipped gaps.
+// kv_ssd_used_bytes). Used counts the on-disk bytes (header and padded value) of the
+// committed entries in the index: not the ones being written, forgotten, superseded,
+// overwritten or found corrupt, nor the pads behind write runs or the ring's skipped
+// gaps.
 type Stats struct {
 	Engine           string `json:"engine"`
 	CapacityBytes    int64  `json:"capacity_bytes"`
