@@ -366,6 +366,23 @@ func runPageOps(t *testing.T, ops []byte) {
 	}
 }
 
+// insertRandomChains puts pages k0..k(n-1) into p, each under a random earlier page
+// two times in three, used at random times; with vary, of weights 1 to 4 and one in
+// ten an orphan, else of weight 1.
+func insertRandomChains(p *pagePolicy, rng *rand.Rand, n int, vary bool) {
+	for i := range n {
+		parent, hasParent := "", false
+		if i > 0 && rng.IntN(3) > 0 {
+			parent, hasParent = fmt.Sprintf("k%d", rng.IntN(i)), true
+		}
+		weight, orphan := int64(1), false
+		if vary {
+			weight, orphan = int64(1+rng.IntN(4)), rng.IntN(10) == 0
+		}
+		p.insert(fmt.Sprintf("k%d", i), weight, parent, hasParent, orphan, int64(rng.IntN(1000)))
+	}
+}
+
 // TestPageVictimWhereOrder: victimWhere draws pages exactly in the eviction order: the
 // victim is the first accepted page within limit, the newest passed over when
 // protected, accept asked of the pages before it in order, and every other page stays
@@ -375,13 +392,7 @@ func TestPageVictimWhereOrder(t *testing.T) {
 	for round := range 200 {
 		p := newPagePolicy(nil)
 		n := 1 + rng.IntN(300)
-		for i := range n {
-			parent, hasParent := "", false
-			if i > 0 && rng.IntN(3) > 0 {
-				parent, hasParent = fmt.Sprintf("k%d", rng.IntN(i)), true
-			}
-			p.insert(fmt.Sprintf("k%d", i), int64(1+rng.IntN(4)), parent, hasParent, rng.IntN(10) == 0, int64(rng.IntN(1000)))
-		}
+		insertRandomChains(p, rng, n, true)
 		for range rng.IntN(n) {
 			p.touch(fmt.Sprintf("k%d", rng.IntN(n)), int64(1000+rng.IntN(1000)))
 		}
@@ -443,13 +454,7 @@ func TestPageStepAway(t *testing.T) {
 	for round := range 200 {
 		p := newPagePolicy(nil)
 		n := 2 + rng.IntN(100)
-		for i := range n {
-			parent, hasParent := "", false
-			if i > 0 && rng.IntN(3) > 0 {
-				parent, hasParent = fmt.Sprintf("k%d", rng.IntN(i)), true
-			}
-			p.insert(fmt.Sprintf("k%d", i), 1, parent, hasParent, false, int64(rng.IntN(1000)))
-		}
+		insertRandomChains(p, rng, n, false)
 		away := map[string]bool{}
 		for range 3 * n {
 			k := fmt.Sprintf("k%d", rng.IntN(n))

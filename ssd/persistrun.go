@@ -7,9 +7,10 @@ import (
 
 // PersistRunBytes bounds the bytes PersistMany writes with one IO: on a disk that
 // takes 64 KiB writes at a fraction of its bandwidth, fifteen 64 KiB KV pages go as
-// one write of 1 MiB or just under on blocks of up to 4 KiB (each record is its
-// header and value, padded to the device's block: fourteen on 8 KiB blocks). Callers that persist runs concurrently split their items by
-// it, counting each record's RecordSpan.
+// one write just under 1 MiB. Each record counts at its RecordSpan (header and value
+// padded to the device's block: fifteen pages on blocks of up to 4 KiB, fourteen on
+// 8 KiB ones), so a run fits one write however the ring packs it. Callers that
+// persist runs concurrently split their items by it, counting the same way.
 const PersistRunBytes = 1 << 20
 
 // PersistItem is one value of PersistMany: src is copied, not retained.
