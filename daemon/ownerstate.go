@@ -223,13 +223,17 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 
 // cachedGet answers a get of key from the hot set at now, under the lease: an owner
 // cut off from the master may hold a version another owner's delete has since killed.
-// A miss (nil resp) returns the invalidation sequence to install the master's answer
-// with.
+// Only a holding of the key's replica here answers (the master invalidates a replica's
+// owner before an overwrite or delete elsewhere returns), or the holding c's own
+// prefix lookup pinned for it: any other (a pull or refill the master did not promote)
+// is invalidated only in the background, so a get after an overwrite returned could
+// read the old version from it. A miss (nil resp) returns the invalidation sequence to
+// install the master's answer with.
 func (st *ownerState) cachedGet(c *session, key string, now time.Time) (resp *external.GetResponse, seq uint64, err error) {
 	if c.closed { // the session ended while this call waited: nobody would release a holder
 		return nil, 0, errSessionClosed()
 	}
-	if h := st.hot.lookup(key); h != nil && st.leased(now) {
+	if h := st.hot.lookup(key); h != nil && (h.replica || c.pinsHolding(key, h)) && st.leased(now) {
 		id := st.newHolder(c, h)
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)

@@ -109,6 +109,16 @@ func (st *ownerState) takeOverPin(c *session, key string, h *holding, resp *exte
 	st.unpin(p, now)
 }
 
+// pinsHolding reports whether c pins key with a holder of h's version.
+func (c *session) pinsHolding(key string, h *holding) bool {
+	p := c.pins[key]
+	if p == nil {
+		return false
+	}
+	ph := c.holders[p.holder]
+	return ph != nil && ph.putID == h.putID
+}
+
 // expirePins ends the pins whose time is up at now.
 func (st *ownerState) expirePins(now time.Time) {
 	for len(st.pins) > 0 && !now.Before(st.pins[0].until) {
