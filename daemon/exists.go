@@ -10,10 +10,11 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// Exists and prefix lookups. A key whose current version this owner holds — in its
-// hot set or its replica index, under the lease — is answered here without the master
-// (the master reaches both through invalidations before it answers an overwrite or
-// delete; an eviction reaches the replica index with the next heartbeat, so a key
+// Exists and prefix lookups. A key whose current version this owner holds as a replica
+// — in its hot set or its replica index, under the lease — is answered here without
+// the master (the master reaches both through invalidations before it answers an
+// overwrite or delete; a hot-set holding that is not a replica is invalidated in the
+// background, so it does not count; an eviction reaches the replica index with the next heartbeat, so a key
 // evicted within the last heartbeat period may still answer true here, and a get of it
 // then misses, as one racing any eviction would). The rest of a batch goes to the
 // master in one BatchExists per wire.MaxBatch keys.
@@ -25,7 +26,10 @@ func (st *ownerState) knows(key string, now time.Time, settling bool) bool {
 	if !st.leased(now) {
 		return false
 	}
-	return st.hot.lookup(key) != nil || (!settling && st.replicas.byKey[key] != nil)
+	if h := st.hot.lookup(key); h != nil && h.replica {
+		return true
+	}
+	return !settling && st.replicas.byKey[key] != nil
 }
 
 // exists reports whether key has a readable replica.

@@ -40,8 +40,9 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 // grace period (no master trip), else through a flight of the key (flights.go): the
 // keys this call leads are planned with one master call (BatchGetStart; GetStart for
 // one key) and brought in concurrently (lead); a key another get is already bringing in
-// waits for that flight and then takes its holder from the hot set. One key's failure
-// never fails the others.
+// waits for that flight and then takes its holder from the hot set (follow: a replica
+// holding, or the leader's when the call that answered it was sent after this get
+// joined). One key's failure never fails the others.
 func (o *Owner) getMany(c *session, keys []string) []getResult {
 	out := make([]getResult, len(keys))
 	var leads []getLeg
@@ -53,7 +54,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 			out[i].err = err
 			continue
 		}
-		resp, seq, err := st.cachedGet(c, k, now)
+		resp, seq, err := st.cachedGet(c, k, now, nil)
 		if err != nil || resp != nil {
 			out[i] = getResult{resp, err}
 			if resp != nil {
@@ -62,7 +63,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 			continue
 		}
 		f, lead := st.joinFlight(k, seq)
-		leg := getLeg{i: i, key: k, seq: seq, f: f}
+		leg := getLeg{i: i, key: k, seq: seq, f: f, early: !f.sent}
 		if lead {
 			leads = append(leads, leg)
 		} else {
@@ -96,7 +97,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 		st := o.lock()
 		for _, leg := range again {
 			f, lead := st.joinFlight(leg.key, leg.seq)
-			leg.f = f
+			leg.f, leg.early = f, !f.sent
 			if lead {
 				leads = append(leads, leg)
 			} else {
@@ -129,6 +130,8 @@ type getLeg struct {
 	key string
 	seq uint64
 	f   *flight
+	// early: a follower that joined its flight before the leader's master call was sent.
+	early bool
 }
 
 // getParallel bounds the keys of one batch brought in at once (pulls from other owners
@@ -150,9 +153,14 @@ func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
 		return
 	}
 	keys := make([]string, len(legs))
+	o.lock()
 	for j, leg := range legs {
 		keys[j] = leg.key
+		if leg.f != nil {
+			leg.f.sent = true // followers joining from now on share no answer of this call
+		}
 	}
+	o.unlock()
 	starts := o.startGets(keys)
 	var run []int
 	for j, s := range starts {
@@ -191,6 +199,11 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 	switch {
 	case err == nil:
 		resp, err = st.finishGet(c, t, h, leg.seq, time.Now())
+		if err == nil && leg.f != nil {
+			if cur := st.hot.lookup(leg.key); cur != nil && cur.putID == resp.PutId {
+				leg.f.h = cur
+			}
+		}
 	case wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND:
 		st.getNotFound(leg.key)
 	}
@@ -206,13 +219,17 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool) {
 	<-leg.f.done
 	st := o.lock()
-	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
-		// The key was absent during the follower's call, and no put or delete of it has
-		// reached this owner since the leader's miss.
+	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && leg.early && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
+		// The key was absent during the follower's get (the leader's call was sent after
+		// it joined), and no put or delete of it has reached this owner since the miss.
 		o.unlock()
 		return getResult{err: leg.f.err}, 0, true
 	}
-	resp, seq, err := st.cachedGet(c, leg.key, time.Now())
+	var share *holding
+	if leg.early {
+		share = leg.f.h
+	}
+	resp, seq, err := st.cachedGet(c, leg.key, time.Now(), share)
 	o.unlock()
 	if err != nil || resp != nil {
 		if resp != nil && o.cachedGets != nil {

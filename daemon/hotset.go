@@ -10,7 +10,8 @@ import (
 
 // holding is one master holder, shared by every external holder of the same key
 // version on this owner. The holding of a key's current version is in the hot set: a
-// get finds it there and needs no master trip.
+// get finds it there and needs no master trip when it is the key's replica here
+// (ownerState.cachedGet).
 type holding struct {
 	key      string
 	putID    int64
@@ -213,6 +214,14 @@ func (c *hotSet) releaseKeys(keys []string) (acks []int64, released int64) {
 func (c *hotSet) install(h *holding, seq uint64) (use *holding, acks []int64) {
 	cur := c.byKey[h.key]
 	switch {
+	case cur != nil && cur.putID == h.putID && h.replica && !cur.replica:
+		// The replica's holding answers later gets (cachedGet); cur stays for its
+		// holders and goes at its last release, no longer the hot set's.
+		if cur.refs == 0 {
+			acks = append(acks, c.forget(cur))
+		}
+		c.byKey[h.key] = h
+		return h, acks
 	case cur != nil && cur.putID == h.putID:
 		return cur, []int64{h.masterID} // a concurrent get installed the same version: share it
 	case !c.invalidatedSince(h.key, seq) && (cur == nil || cur.putID < h.putID):

@@ -16,7 +16,7 @@ import (
 // background: no other get may be answered from that holding. After the overwrite
 // returned, client B's get and A's next get through n2 read the new version, while A's
 // holder keeps the old bytes. A prefix lookup's pin is still served to its own session
-// from the pinned holding, with no second pull.
+// from the pinned holding, with no second pull, and to no other session.
 func TestHeldPullNotServedAfterOverwrite(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, 64<<20, nil, master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
@@ -69,8 +69,13 @@ func TestHeldPullNotServedAfterOverwrite(t *testing.T) {
 	if !h.Remote() {
 		t.Errorf("the get of a page B's lookup pulled: Remote() = false, want the lookup's pull reported")
 	}
-	h.Release()
 	if got := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled; got != 0 {
 		t.Errorf("the get of a pinned page pulled %v bytes again, want it served from the pin", got)
 	}
+	// Another session is not served from B's pin: its get goes to the master and pulls.
+	get(cA, "A, not the pin's session", "page", page).Release()
+	if got := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled; got != float64(len(page)) {
+		t.Errorf("A's get of the page B pinned pulled %v bytes, want %d", got, len(page))
+	}
+	h.Release()
 }

@@ -192,7 +192,7 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		resp, seq, err := st.cachedGet(c, key, s.now)
+		resp, seq, err := st.cachedGet(c, key, s.now, nil)
 		if err != nil {
 			return "", err
 		}

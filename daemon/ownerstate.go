@@ -227,13 +227,15 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 // owner before an overwrite or delete elsewhere returns), or the holding c's own
 // prefix lookup pinned for it: any other (a pull or refill the master did not promote)
 // is invalidated only in the background, so a get after an overwrite returned could
-// read the old version from it. A miss (nil resp) returns the invalidation sequence to
-// install the master's answer with.
-func (st *ownerState) cachedGet(c *session, key string, now time.Time) (resp *external.GetResponse, seq uint64, err error) {
+// read the old version from it. share, when set, is a holding the get may take even
+// so (its flight's leader's, answered by a master call sent after the get began:
+// flights.go) while it is the hot set's. A miss (nil resp) returns the invalidation
+// sequence to install the master's answer with.
+func (st *ownerState) cachedGet(c *session, key string, now time.Time, share *holding) (resp *external.GetResponse, seq uint64, err error) {
 	if c.closed { // the session ended while this call waited: nobody would release a holder
 		return nil, 0, errSessionClosed()
 	}
-	if h := st.hot.lookup(key); h != nil && (h.replica || c.pinsHolding(key, h)) && st.leased(now) {
+	if h := st.hot.lookup(key); h != nil && (h.replica || h == share || c.pinsHolding(key, h)) && st.leased(now) {
 		id := st.newHolder(c, h)
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)
