@@ -14,10 +14,10 @@ import (
 // — in its hot set or its replica index, under the lease — is answered here without
 // the master (the master reaches both through invalidations before it answers an
 // overwrite or delete; a hot-set holding that is not a replica is invalidated in the
-// background, so it does not count; an eviction reaches the replica index with the next heartbeat, so a key
-// evicted within the last heartbeat period may still answer true here, and a get of it
-// then misses, as one racing any eviction would). The rest of a batch goes to the
-// master in one BatchExists per wire.MaxBatch keys.
+// background, so it does not count; an eviction reaches the replica index with the
+// next heartbeat, so a key evicted within the last heartbeat period may still answer
+// true here, and a get of it then misses, as one racing any eviction would). The rest
+// of a batch goes to the master in one BatchExists per wire.MaxBatch keys.
 
 // knows reports whether this owner holds key's current version at now. While a
 // registration and its replica report are out (settling) the replica index does not
