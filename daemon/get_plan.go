@@ -109,7 +109,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 				return nil, nil, err
 			}
 		case plan.Source == common.Source_SSD && plan.SourceNodeId == o.opts.NodeID:
-			h, err := o.refill(key, plan, mark, own)
+			h, err := o.refill(key, plan, t, mark, own)
 			if err == nil {
 				return done(h)
 			}
@@ -263,18 +263,20 @@ func (o *Owner) acceptPlans(keys []string, plans []*mp.GetStartResponse, s start
 }
 
 // revokeGet tells the master a planned get will not complete, and why (dropSSD: its
-// SSD source failed and must be forgotten); a failure is logged, the master's TTL
-// reclaims it.
-func (o *Owner) revokeGet(key string, getID int64, dropSSD bool, reason string) {
+// SSD source failed and must be forgotten); a failure is logged and returned, the
+// master's TTL reclaims the get.
+func (o *Owner) revokeGet(key string, getID int64, dropSSD bool, reason string) error {
 	if o.getPinned(getID) {
 		// The master that planned it is gone; the new one holds the target as a pin,
 		// acked when the get ends (ownerState.endGet).
-		return
+		return nil
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: getID, DropSsdSource: dropSSD, Reason: reason})
 	if err := o.master.check(respCode(r, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
+		return err
 	}
+	return nil
 }

@@ -17,8 +17,9 @@ import (
 // holder); the bytes in the target never reach anyone.
 //
 // mark and own are the replica index's (see planGet), for a promotion confirmed in the
-// background.
-func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) (*holding, error) {
+// background; t is the plan's target, whose epoch tells whether the owner registered
+// again before the confirmation came back.
+func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark, own uint64) (*holding, error) {
 	h := &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset}
 	var err error
 	switch {
@@ -37,7 +38,12 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) 
 		}
 	}
 	if err != nil {
-		o.revokeGet(key, plan.GetId, true, "SSD read: "+err.Error())
+		if rerr := o.revokeGet(key, plan.GetId, true, "SSD read: "+err.Error()); rerr != nil && plan.HolderId != 0 {
+			// The master may not have seen the revoke, and an expiry of the get keeps
+			// the holder it recorded at GetStart: release it (an ack of a holder the
+			// master already dropped does no harm).
+			o.acks.add(plan.HolderId)
+		}
 		return nil, err
 	}
 	o.targetWritten(plan.GetId)
@@ -57,13 +63,13 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, mark, own uint64) 
 	}
 	h.masterID = plan.HolderId
 	o.wg.Add(1)
-	go o.confirmRefill(key, plan.GetId, h, mark, own)
+	go o.confirmRefill(key, plan.GetId, h, t, mark, own)
 	return h, nil
 }
 
-// confirmRefill sends GetDone for a refill already handed out. A promoted target is
-// the key's memory replica from then on, so its holding may stay cached after release.
-func (o *Owner) confirmRefill(key string, getID int64, h *holding, mark, own uint64) {
+// confirmRefill sends GetDone for a refill already handed out
+// (ownerState.refillConfirmed takes the answer).
+func (o *Owner) confirmRefill(key string, getID int64, h *holding, t *getTarget, mark, own uint64) {
 	defer o.wg.Done()
 	done, err := o.getDone(key, getID)
 	if err != nil {
@@ -72,8 +78,6 @@ func (o *Owner) confirmRefill(key string, getID int64, h *holding, mark, own uin
 		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")
 		return
 	}
-	st := o.lock()
-	h.replica = done.Promoted
-	st.learnReplica(h, mark, own)
+	o.lock().refillConfirmed(h, t, done.Promoted, mark, own)
 	o.unlock()
 }

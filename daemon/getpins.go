@@ -86,6 +86,21 @@ func (st *ownerState) endGet(t *getTarget) (stale bool) {
 // getStale reports whether t's plan predates the owner's last registration.
 func (st *ownerState) getStale(t *getTarget) bool { return t.pinned() || st.reg.epoch != t.epoch }
 
+// refillConfirmed takes the master's answer to the GetDone of a refill already handed
+// out (the holder was recorded at GetStart): a promoted target is the key's memory
+// replica from then on, so its holding may stay cached after release; not if the owner
+// registered again since the plan, as the new master knows the replicas the
+// registration reported, not this answer of the old one. It reports whether h is a
+// replica now.
+func (st *ownerState) refillConfirmed(h *holding, t *getTarget, promoted bool, mark, own uint64) bool {
+	if st.reg.epoch != t.epoch {
+		return false
+	}
+	h.replica = promoted
+	st.learnReplica(h, mark, own)
+	return h.replica
+}
+
 // getPinned reports whether the target of the get getID is being written and was
 // reported as a pin to a new master: its GetDone or GetRevoke would go to a master
 // that never knew it.

@@ -233,6 +233,12 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		}
 		return fmt.Sprintf("holder=%d put=%d\n", resp.HolderId, resp.PutId), nil
 
+	case "refill-confirmed":
+		// The GetDone answer of a refill finish-get handed out (a holder recorded at GetStart).
+		t := s.targets[key]
+		h := &holding{key: key, putID: sInt(d, "put"), offset: t.offset, len: t.len, masterID: sInt(d, "holder")}
+		return fmt.Sprintf("replica=%v\n", st.refillConfirmed(h, t, sArg(d, "promoted") != "", s.mark(d), 0)), nil
+
 	case "end-get":
 		return fmt.Sprintf("stale=%v\n", st.endGet(s.targets[key])), nil
 

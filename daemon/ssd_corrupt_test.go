@@ -2,14 +2,21 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/client/callopt"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 )
 
 // shardFiles lists the SSD tier's files under the storage's paths.
@@ -88,6 +95,65 @@ func TestSSDCorruptRecordNeverServed(t *testing.T) {
 		t.Fatalf("the truncated records were not detected: %d misses, %d corrupt reads", misses, st.CorruptReads)
 	}
 	n.drain(t, keys)
+}
+
+// revokeLost is the owner's master client with every GetRevoke lost on the way (the
+// master never sees it): a fault the real connection gives only at random.
+type revokeLost struct {
+	masterservice.Client
+	lost atomic.Int64
+}
+
+func (r *revokeLost) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest, opts ...callopt.Option) (*mp.GetRevokeResponse, error) {
+	r.lost.Add(1)
+	return nil, errors.New("injected: connection reset before the master read the request")
+}
+
+// TestSSDCorruptReadRevokeLost: a refill from the owner's own SSD whose read fails
+// revokes the get; when that revoke never reaches the master, the get expires with the
+// in-flight TTL, and the holder the master recorded at GetStart (which an expiry keeps:
+// the owner may have handed the bytes out) must still be released by the owner, or the
+// target's memory stays held until the owner registers again.
+func TestSSDCorruptReadRevokeLost(t *testing.T) {
+	t.Parallel()
+	so := ssdOptions(t, 64<<20)
+	n := startNode(t, 4<<20, so, master.Options{InflightTTL: 500 * time.Millisecond})
+	const size = 256 << 10
+	var keys []string
+	for i := 0; i < 24; i++ {
+		k := fmt.Sprintf("r-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	for _, f := range shardFiles(t, n) {
+		if err := os.Truncate(f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur := n.o.master.client.Load()
+	lost := &revokeLost{Client: cur.Client}
+	n.o.master.client.Store(&masterClient{Client: lost, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	for i, k := range keys[:3] { // the oldest: evicted to SSD
+		h, err := n.c.Get(k)
+		switch {
+		case errors.Is(err, fluxkv.ErrKeyNotFound), errors.Is(err, fluxkv.ErrUnavailable):
+			continue
+		case err != nil:
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), value(i, size)) {
+			t.Fatalf("get %s (%s): wrong bytes", k, h.Source())
+		}
+		h.Release()
+	}
+	if lost.lost.Load() == 0 {
+		t.Fatal("no revoke was sent: the test made no failed refill")
+	}
+	t.Logf("%d revokes lost", lost.lost.Load())
+	n.drain(t, keys) // holders 0 and memory empty: the expired gets' holders were released
 }
 
 // TestSSDDeleteForgetsEntries: deleted and overwritten keys leave the ring's index at
