@@ -234,13 +234,35 @@ func TestBatchesOneMasterCall(t *testing.T) {
 }
 
 // TestGetOneFlight: 64 concurrent gets of one cold key held by another owner, from two
-// sessions, make one master plan and one pull, and each gets its own holder of the same
-// bytes. The leader's own session ending mid-flight fails only its get; the followers
-// still get the value (planned on their own) and nothing leaks.
+// sessions, each get their own holder of the same bytes with one master plan and one
+// pull: the 63 that came after the first get's plan was sent queue for one flight
+// behind it, which finds the pulled (promoted) replica in the hot set. Without
+// promotion that flight plans and pulls once more: 2 and 2 (it may not share a pull
+// that is no replica: its gets began after the first plan was sent). The leader's own
+// session ending mid-flight fails only its get; the others still get the value and
+// nothing leaks.
 func TestGetOneFlight(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		noPromotion  bool
+		killLeader   bool
+		plans, pulls float64
+	}{
+		{"together", false, false, 1, 1},
+		{"leader-killed", false, true, 2, 1},
+		{"no-promotion", true, false, 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			oneFlight(t, tc.noPromotion, tc.killLeader, tc.plans, tc.pulls)
+		})
+	}
+}
+
+func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls float64) {
 	mm := metrics.New()
-	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: noPromotion})
 	om := metrics.New()
 	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.Metrics = om })
 	c3, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-b"})
@@ -248,90 +270,84 @@ func TestGetOneFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c3.Close()
-	for _, tc := range []struct {
-		name       string
-		killLeader bool
-	}{{"together", false}, {"leader-killed", true}} {
-		key := "flight-" + tc.name
-		val := value(7, 1<<20+3)
-		if err := n.c.Put(key, val); err != nil {
+	const key = "flight"
+	val := value(7, 1<<20+3)
+	if err := n.c.Put(key, val); err != nil {
+		t.Fatal(err)
+	}
+	leaderC := c2
+	if killLeader {
+		if leaderC, err = fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-leader"}); err != nil {
 			t.Fatal(err)
 		}
-		leaderC := c2
-		if tc.killLeader {
-			var err error
-			if leaderC, err = fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-leader"}); err != nil {
-				t.Fatal(err)
-			}
+	}
+	// The leader's pull waits (hook) until the 63 others have queued behind its flight.
+	const gets = 64
+	release := make(chan struct{})
+	o2.mu.Lock()
+	o2.mu.afterWrite = func(int64) { <-release }
+	o2.mu.Unlock()
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+	pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
+	results := make(chan error, gets)
+	var wg sync.WaitGroup
+	leaderDone := make(chan error, 1)
+	wg.Go(func() {
+		h, err := leaderC.Get(key)
+		if err == nil {
+			h.Release()
 		}
-		// The leader's pull waits (hook) until 63 gets follow its flight.
-		const gets = 64
-		release := make(chan struct{})
-		o2.mu.Lock()
-		o2.mu.afterWrite = func(int64) { <-release }
-		o2.mu.Unlock()
-		before := masterCalls(t, mm, "GetStart", "BatchGetStart")
-		pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
-		results := make(chan error, gets)
-		var wg sync.WaitGroup
-		leaderDone := make(chan error, 1)
+		leaderDone <- err
+	})
+	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key] != nil })
+	for i := range gets - 1 {
+		c := c2
+		if i%2 == 1 {
+			c = c3
+		}
 		wg.Go(func() {
-			h, err := leaderC.Get(key)
+			h, err := c.Get(key)
 			if err == nil {
+				if !bytes.Equal(h.Bytes(), val) {
+					err = fmt.Errorf("wrong bytes")
+				}
 				h.Release()
 			}
-			leaderDone <- err
+			results <- err
 		})
-		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key] != nil })
-		for i := range gets - 1 {
-			c := c2
-			if i%2 == 1 {
-				c = c3
-			}
-			wg.Go(func() {
-				h, err := c.Get(key)
-				if err == nil {
-					if !bytes.Equal(h.Bytes(), val) {
-						err = fmt.Errorf("wrong bytes")
-					}
-					h.Release()
-				}
-				results <- err
-			})
+	}
+	waitUntil(t, func() bool {
+		st := o2.lock()
+		defer o2.unlock()
+		f := st.flights[key]
+		// The leader's call was sent before the others came: they queue for the flight
+		// after it (its leader, and its followers).
+		return f != nil && f.next != nil && f.followers+1+f.next.followers == gets-1
+	})
+	if killLeader {
+		leaderC.Close()
+		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
+	}
+	o2.mu.Lock()
+	o2.mu.afterWrite = nil
+	o2.mu.Unlock()
+	close(release)
+	wg.Wait()
+	close(results)
+	for err := range results {
+		if err != nil {
+			t.Fatalf("a follower's get: %v", err)
 		}
-		waitUntil(t, func() bool {
-			st := o2.lock()
-			defer o2.unlock()
-			f := st.flights[key]
-			return f != nil && f.followers == gets-1
-		})
-		if tc.killLeader {
-			leaderC.Close()
-			waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
-		}
-		o2.mu.Lock()
-		o2.mu.afterWrite = nil
-		o2.mu.Unlock()
-		close(release)
-		wg.Wait()
-		close(results)
-		for err := range results {
-			if err != nil {
-				t.Fatalf("%s: a follower's get: %v", tc.name, err)
-			}
-		}
-		if err := <-leaderDone; tc.killLeader != (err != nil) {
-			t.Fatalf("%s: the leader's get: %v", tc.name, err)
-		}
-		calls := callsSince(t, mm, before)
-		pulls := (counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled) / float64(len(val))
-		t.Logf("%s: %d gets: %v master plans, %.0f pulls", tc.name, gets, calls, pulls)
-		if !tc.killLeader && (calls["GetStart"]+calls["BatchGetStart"] != 1 || pulls != 1) {
-			t.Errorf("%d concurrent gets of one cold key: %v master plans and %.1f pulls, want 1 and 1", gets, calls, pulls)
-		}
-		if tc.killLeader && pulls != 1 {
-			t.Errorf("leader killed: %.1f pulls, want 1 (the followers reuse the pulled replica)", pulls)
-		}
+	}
+	if err := <-leaderDone; killLeader != (err != nil) {
+		t.Fatalf("the leader's get: %v", err)
+	}
+	calls := callsSince(t, mm, before)
+	plans := float64(calls["GetStart"] + calls["BatchGetStart"])
+	pulls := (counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled) / float64(len(val))
+	t.Logf("%d gets: %v master plans, %.0f pulls", gets, calls, pulls)
+	if plans != wantPlans || pulls != wantPulls {
+		t.Errorf("%d concurrent gets of one cold key: %v master plans and %.1f pulls, want %v and %v", gets, plans, pulls, wantPlans, wantPulls)
 	}
 	for _, c := range []*fluxkv.Client{c2, c3} {
 		c.Flush()
@@ -540,31 +556,45 @@ func TestBatchPutEndRepeatedItem(t *testing.T) {
 
 // TestFlightMissNotSharedAfterInvalidation: a follower takes the leader's KEY_NOT_FOUND
 // only while no invalidation of the key (a put through this owner) happened since the
-// leader missed, and only if it joined before the leader's master call was sent (a
-// later one may have begun after a put elsewhere returned); else it plans again.
+// leader missed; else it plans again. A get that comes after the leader's master call
+// was sent follows no answer of that call (it may predate a put elsewhere that returned
+// before the get began): it leads the flight queued behind, which the gets after it follow.
 func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
 	n.c.Flush()
 	notFound := errCode(common.ErrorCode_KEY_NOT_FOUND, "not found")
-	for _, tc := range []struct{ invalidated, late bool }{{false, false}, {true, false}, {false, true}} {
+	for _, invalidated := range []bool{false, true} {
 		st := n.o.lock()
 		c := st.sessions[n.c.ClientID()]
-		f, lead := st.joinFlight("k", st.hot.invalSeq())
-		f.sent = tc.late
-		g, _ := st.joinFlight("k", st.hot.invalSeq())
-		if !lead || g != f {
-			t.Fatal("the second get did not follow the first's flight")
-		}
-		if tc.invalidated {
+		seq := st.hot.invalSeq()
+		f, lead := st.joinFlight("k", seq)
+		g, gLead := st.joinFlight("k", seq)
+		f.sent = true
+		q, qLead := st.joinFlight("k", seq)
+		r, rLead := st.joinFlight("k", seq)
+		if invalidated {
 			st.invalidate("k", math.MaxInt64)
 		}
 		f.shareMiss = true
 		st.endFlight("k", f, notFound)
+		head := st.flights["k"]
 		n.o.unlock()
-		_, _, shared := n.o.follow(c, getLeg{key: "k", f: f, early: !tc.late})
-		if want := !tc.invalidated && !tc.late; shared != want {
-			t.Errorf("%+v: the follower shared the miss: %v, want %v", tc, shared, want)
+		if !lead || gLead || g != f {
+			t.Fatal("the second get did not follow the first's flight")
+		}
+		if !qLead || q == f || q.after != f || rLead || r != q || head != q {
+			t.Fatal("the gets after the first's call was sent did not queue for one flight behind it")
+		}
+		if _, _, shared := n.o.follow(c, getLeg{key: "k", f: f}); shared == invalidated {
+			t.Errorf("invalidated %v: the follower shared the miss: %v", invalidated, shared)
+		}
+		st = n.o.lock()
+		st.endFlight("k", q, notFound)
+		left := len(st.flights)
+		n.o.unlock()
+		if left != 0 {
+			t.Fatalf("%d flights left", left)
 		}
 	}
 }

@@ -4,15 +4,19 @@ package daemon
 // one key on this owner that miss the hot set share one master plan, and so one pull or
 // SSD refill. The first get to miss leads the flight; the others follow: they wait for
 // it to land and then take their own holder of the leader's holding, installed in the
-// hot set under the same hold of Owner.mu that ends the flight. A follower shares what
-// the leader got only if it joined before the leader's master call was sent (sent):
-// the answer then describes the key at a moment inside the follower's get. One that
-// joined later takes only a replica holding (the hot set's own rule: cachedGet), and
-// shares no miss. A follower that still misses (the leader failed, its session ended,
-// an invalidation kept the holding out of the hot set, it joined late) plans again,
-// except after the leader's first plan found the key absent, the follower joined
-// before that call and no invalidation of the key has reached this owner since the
-// leader missed: that KEY_NOT_FOUND it shares.
+// hot set under the same hold of Owner.mu that ends the flight. Only gets that joined
+// before the leader's master call was sent (sent) follow it: the answer then describes
+// the key at a moment inside each follower's get. A get that comes later (an answer
+// of that call may predate an overwrite elsewhere that returned before this get began)
+// queues instead for the flight behind it (next), which starts once that one landed:
+// its first get leads it, looking at the hot set again first (a replica holding may be
+// there by then: the hot set's own rule, cachedGet), and the gets after it follow it
+// until its call is sent. Many gets of one cold key arriving while its first plan is
+// out so make two plans, not one each. A follower that still misses (the leader
+// failed, its session ended, an invalidation kept the holding out of the hot set)
+// plans again, except after the leader's first plan found the key absent and no
+// invalidation of the key has reached this owner since the leader missed: that
+// KEY_NOT_FOUND it shares.
 
 // flight is one get of a key in progress: done closes when it lands, err is its outcome.
 type flight struct {
@@ -25,12 +29,24 @@ type flight struct {
 	// replica holding. h: the leader's holding, installed in the hot set when it landed.
 	sent bool
 	h    *holding
+	// next: the flight queued behind this one by a get that joined after this one's
+	// call was sent. after, of a queued flight: the flight its leader waits for.
+	next, after *flight
 }
 
-// joinFlight returns the flight of key in progress, or starts one that the caller leads
-// (lead) and must end with endFlight; seq is the caller's invalidation sequence.
+// joinFlight returns the flight of key in progress whose call was not sent yet, or
+// starts one that the caller leads (lead) and must end with endFlight: at once, or,
+// when f.after is set, once that flight landed (a flight queued behind one whose call
+// was sent). seq is the caller's invalidation sequence.
 func (st *ownerState) joinFlight(key string, seq uint64) (f *flight, lead bool) {
 	if f = st.flights[key]; f != nil {
+		for f.sent {
+			if f.next == nil {
+				f.next = &flight{done: make(chan struct{}), seq: seq, after: f}
+				return f.next, true
+			}
+			f = f.next
+		}
 		f.followers++
 		return f, false
 	}
@@ -48,7 +64,11 @@ func (st *ownerState) endFlight(key string, f *flight, err error) {
 		return
 	}
 	if st.flights[key] == f {
-		delete(st.flights, key)
+		if f.next != nil {
+			st.flights[key] = f.next // queued behind f: joinable until its call is sent
+		} else {
+			delete(st.flights, key)
+		}
 	}
 	f.err = err
 	close(f.done)

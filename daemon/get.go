@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/fluxkv/fluxkv/internal/workers"
@@ -40,9 +41,9 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 // grace period (no master trip), else through a flight of the key (flights.go): the
 // keys this call leads are planned with one master call (BatchGetStart; GetStart for
 // one key) and brought in concurrently (lead); a key another get is already bringing in
-// waits for that flight and then takes its holder from the hot set (follow: a replica
-// holding, or the leader's when the call that answered it was sent after this get
-// joined). One key's failure never fails the others.
+// waits for that flight (or, when that flight's call was sent already, queues for the
+// one behind it) and then takes its holder from the hot set (follow: the leader's
+// holding, or a replica). One key's failure never fails the others.
 func (o *Owner) getMany(c *session, keys []string) []getResult {
 	out := make([]getResult, len(keys))
 	var leads []getLeg
@@ -63,7 +64,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 			continue
 		}
 		f, lead := st.joinFlight(k, seq)
-		leg := getLeg{i: i, key: k, seq: seq, f: f, early: !f.sent}
+		leg := getLeg{i: i, key: k, seq: seq, f: f}
 		if lead {
 			leads = append(leads, leg)
 		} else {
@@ -97,7 +98,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 		st := o.lock()
 		for _, leg := range again {
 			f, lead := st.joinFlight(leg.key, leg.seq)
-			leg.f, leg.early = f, !f.sent
+			leg.f = f
 			if lead {
 				leads = append(leads, leg)
 			} else {
@@ -130,8 +131,6 @@ type getLeg struct {
 	key string
 	seq uint64
 	f   *flight
-	// early: a follower that joined its flight before the leader's master call was sent.
-	early bool
 }
 
 // getParallel bounds the keys of one batch brought in at once (pulls from other owners
@@ -149,6 +148,53 @@ const planMaxAge = 5 * time.Second
 // concurrently, hands each holder to c and lands each leg's flight. A leg whose plan
 // failed lands at once, before any transfer of the batch runs.
 func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
+	var queued []getLeg
+	legs = slices.DeleteFunc(slices.Clone(legs), func(leg getLeg) bool {
+		if leg.f != nil && leg.f.after != nil {
+			queued = append(queued, leg)
+			return true
+		}
+		return false
+	})
+	o.leadNow(c, legs, out)
+	o.leadQueued(c, queued, out)
+}
+
+// leadQueued leads flights queued behind another flight of their key (flights.go): once
+// that one landed, a leg the hot set answers now lands its flight with that answer
+// (its followers look at the hot set again), the others are planned (leadNow).
+func (o *Owner) leadQueued(c *session, legs []getLeg, out []getResult) {
+	if len(legs) == 0 {
+		return
+	}
+	for _, leg := range legs {
+		<-leg.f.after.done
+	}
+	var run []getLeg
+	st, now, hits := o.lock(), time.Now(), 0
+	for _, leg := range legs {
+		leg.f.after = nil
+		resp, seq, err := st.cachedGet(c, leg.key, now, nil)
+		if err != nil || resp != nil {
+			if resp != nil {
+				hits++
+			}
+			out[leg.i] = getResult{resp, err}
+			st.endFlight(leg.key, leg.f, err)
+			continue
+		}
+		leg.seq, leg.f.seq = seq, seq
+		run = append(run, leg)
+	}
+	o.unlock()
+	if hits > 0 && o.cachedGets != nil {
+		o.cachedGets.Add(float64(hits))
+	}
+	o.leadNow(c, run, out)
+}
+
+// leadNow is lead for legs whose flights may start at once.
+func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 	if len(legs) == 0 {
 		return
 	}
@@ -219,17 +265,13 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool) {
 	<-leg.f.done
 	st := o.lock()
-	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && leg.early && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
+	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
 		// The key was absent during the follower's get (the leader's call was sent after
 		// it joined), and no put or delete of it has reached this owner since the miss.
 		o.unlock()
 		return getResult{err: leg.f.err}, 0, true
 	}
-	var share *holding
-	if leg.early {
-		share = leg.f.h
-	}
-	resp, seq, err := st.cachedGet(c, leg.key, time.Now(), share)
+	resp, seq, err := st.cachedGet(c, leg.key, time.Now(), leg.f.h)
 	o.unlock()
 	if err != nil || resp != nil {
 		if resp != nil && o.cachedGets != nil {
