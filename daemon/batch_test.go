@@ -264,7 +264,7 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 	mm := metrics.New()
 	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: noPromotion})
 	om := metrics.New()
-	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.Metrics = om })
+	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.Metrics = om; o.CacheGrace = -1 })
 	c3, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-b"})
 	if err != nil {
 		t.Fatal(err)
