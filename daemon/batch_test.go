@@ -8,14 +8,19 @@ import (
 	"math"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cloudwego/kitex/client/callopt"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -289,17 +294,20 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 	o2.mu.Unlock()
 	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
 	pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
-	results := make(chan error, gets)
+	// Every holder is kept until all gets answered: an early release would let a get
+	// that came late miss a holding it could have shared.
+	type got struct {
+		h   *fluxkv.MemHolder
+		err error
+	}
+	results := make(chan got, gets)
 	var wg sync.WaitGroup
-	leaderDone := make(chan error, 1)
+	leaderDone := make(chan got, 1)
 	wg.Go(func() {
 		h, err := leaderC.Get(key)
-		if err == nil {
-			h.Release()
-		}
-		leaderDone <- err
+		leaderDone <- got{h, err}
 	})
-	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key] != nil })
+	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); f := st.flights[key]; return f != nil && f.sent })
 	for i := range gets - 1 {
 		c := c2
 		if i%2 == 1 {
@@ -307,13 +315,7 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 		}
 		wg.Go(func() {
 			h, err := c.Get(key)
-			if err == nil {
-				if !bytes.Equal(h.Bytes(), val) {
-					err = fmt.Errorf("wrong bytes")
-				}
-				h.Release()
-			}
-			results <- err
+			results <- got{h, err}
 		})
 	}
 	waitUntil(t, func() bool {
@@ -334,13 +336,19 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 	close(release)
 	wg.Wait()
 	close(results)
-	for err := range results {
-		if err != nil {
-			t.Fatalf("a follower's get: %v", err)
+	for r := range results {
+		if r.err != nil {
+			t.Fatalf("a follower's get: %v", r.err)
 		}
+		if !bytes.Equal(r.h.Bytes(), val) {
+			t.Fatal("a follower's get: wrong bytes")
+		}
+		r.h.Release()
 	}
-	if err := <-leaderDone; killLeader != (err != nil) {
-		t.Fatalf("the leader's get: %v", err)
+	if r := <-leaderDone; killLeader != (r.err != nil) {
+		t.Fatalf("the leader's get: %v", r.err)
+	} else if r.err == nil {
+		r.h.Release()
 	}
 	calls := callsSince(t, mm, before)
 	plans := float64(calls["GetStart"] + calls["BatchGetStart"])
@@ -555,10 +563,12 @@ func TestBatchPutEndRepeatedItem(t *testing.T) {
 }
 
 // TestFlightMissNotSharedAfterInvalidation: a follower takes the leader's KEY_NOT_FOUND
-// only while no invalidation of the key (a put through this owner) happened since the
-// leader missed; else it plans again. A get that comes after the leader's master call
-// was sent follows no answer of that call (it may predate a put elsewhere that returned
-// before the get began): it leads the flight queued behind, which the gets after it follow.
+// (landed as a get lands it, marking the key absent) only while no invalidation of the
+// key (a put through this owner) happened since the leader missed; else it plans again.
+// A get that comes after the leader's master call was sent follows no answer of that
+// call (it may predate a put elsewhere that returned before the get began): it leads
+// the flight queued behind, which the gets after it follow, and a get coming once that
+// one's call was sent queues behind it in turn.
 func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
@@ -574,29 +584,87 @@ func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 		q, qLead := st.joinFlight("k", seq)
 		r, rLead := st.joinFlight("k", seq)
 		if invalidated {
-			st.invalidate("k", math.MaxInt64)
+			st.invalidate("k", math.MaxInt64) // a put while the leader's call was out
 		}
-		f.shareMiss = true
-		st.endFlight("k", f, notFound)
-		head := st.flights["k"]
 		n.o.unlock()
 		if !lead || gLead || g != f {
 			t.Fatal("the second get did not follow the first's flight")
 		}
-		if !qLead || q == f || q.after != f || rLead || r != q || head != q {
+		if !qLead || q == f || q.after != f || rLead || r != q {
 			t.Fatal("the gets after the first's call was sent did not queue for one flight behind it")
 		}
+		n.o.land(c, getLeg{key: "k", seq: seq, f: f}, nil, nil, notFound, true, make([]getResult, 1))
 		if _, _, shared := n.o.follow(c, getLeg{key: "k", f: f}); shared == invalidated {
 			t.Errorf("invalidated %v: the follower shared the miss: %v", invalidated, shared)
 		}
 		st = n.o.lock()
+		head := st.flights["k"]
+		q.sent, q.after = true, nil
+		u, uLead := st.joinFlight("k", seq)
 		st.endFlight("k", q, notFound)
+		head2 := st.flights["k"]
+		st.endFlight("k", u, notFound)
 		left := len(st.flights)
 		n.o.unlock()
-		if left != 0 {
-			t.Fatalf("%d flights left", left)
+		if head != q || !uLead || u.after != q || head2 != u || left != 0 {
+			t.Fatalf("flights after the first landed: head %p (queued %p), next queued %v behind %p, then head %p, %d left",
+				head, q, uLead, u.after, head2, left)
 		}
 	}
+}
+
+// TestGetOneFlightAbsentKey: 64 concurrent gets of a key nobody holds make two master
+// plans: the first get's, whose KEY_NOT_FOUND the gets that joined before it was sent
+// share, and one for the gets that came while it was out (queued behind it).
+func TestGetOneFlightAbsentKey(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 16<<20, nil, master.Options{Metrics: mm, InsecureCluster: true})
+	gate := &heldGetStart{release: make(chan struct{})}
+	cur := n.o.master.client.Load()
+	gate.Client = cur.Client
+	n.o.master.client.Store(&masterClient{Client: gate, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	const gets = 64
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+	errs := make(chan error, gets)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, err := n.c.Get("absent"); errs <- err })
+	waitUntil(t, func() bool { return gate.held.Load() })
+	for range gets - 1 {
+		wg.Go(func() { _, err := n.c.Get("absent"); errs <- err })
+	}
+	waitUntil(t, func() bool {
+		st := n.o.lock()
+		defer n.o.unlock()
+		f := st.flights["absent"]
+		return f != nil && f.next != nil && 1+f.next.followers == gets-1
+	})
+	close(gate.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, fluxkv.ErrKeyNotFound) {
+			t.Fatalf("a get of an absent key: %v", err)
+		}
+	}
+	calls := callsSince(t, mm, before)
+	if plans := calls["GetStart"] + calls["BatchGetStart"]; plans != 2 {
+		t.Errorf("%d concurrent gets of an absent key made %v master plans, want 2", gets, calls)
+	}
+}
+
+// heldGetStart is the owner's master client with its first GetStart held until release.
+type heldGetStart struct {
+	masterservice.Client
+	release chan struct{}
+	held    atomic.Bool
+}
+
+func (g *heldGetStart) GetStart(ctx context.Context, req *mp.GetStartRequest, opts ...callopt.Option) (*mp.GetStartResponse, error) {
+	if g.held.CompareAndSwap(false, true) {
+		<-g.release
+	}
+	return g.Client.GetStart(ctx, req, opts...)
 }
 
 // TestBatchReplansAgedPlans: a batch's plan that waited longer than planMaxAge for a

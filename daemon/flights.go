@@ -22,11 +22,11 @@ package daemon
 type flight struct {
 	done      chan struct{}
 	err       error
-	seq       uint64 // the hot set's invalidation sequence when the leader missed
+	seq       uint64 // the hot set's invalidation sequence when the leader missed (a miss's own: after it)
 	shareMiss bool   // err is the answer to the leader's first plan
 	followers int    // gets waiting for it
-	// sent: the leader's master call was sent; followers joining later share only a
-	// replica holding. h: the leader's holding, installed in the hot set when it landed.
+	// sent: the leader's master call was sent; gets coming later queue behind (next).
+	// h: the leader's holding, installed in the hot set when it landed.
 	sent bool
 	h    *holding
 	// next: the flight queued behind this one by a get that joined after this one's

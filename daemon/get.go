@@ -37,8 +37,8 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 }
 
 // getMany hands the session a holder of each key, answered in key order: from the hot
-// set when a holder of the key's current version lives here or was released within the
-// grace period (no master trip), else through a flight of the key (flights.go): the
+// set when it has the key's current version as a replica here, held or released within
+// the grace period (no master trip; cachedGet), else through a flight of the key (flights.go): the
 // keys this call leads are planned with one master call (BatchGetStart; GetStart for
 // one key) and brought in concurrently (lead); a key another get is already bringing in
 // waits for that flight (or, when that flight's call was sent already, queues for the
@@ -156,20 +156,49 @@ func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
 		}
 		return false
 	})
-	o.leadNow(c, legs, out)
-	o.leadQueued(c, queued, out)
-}
-
-// leadQueued leads flights queued behind another flight of their key (flights.go): once
-// that one landed, a leg the hot set answers now lands its flight with that answer
-// (its followers look at the hot set again), the others are planned (leadNow).
-func (o *Owner) leadQueued(c *session, legs []getLeg, out []getResult) {
-	if len(legs) == 0 {
+	if len(queued) == 0 {
+		o.leadNow(c, legs, out)
 		return
 	}
-	for _, leg := range legs {
-		<-leg.f.after.done
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		o.leadQueued(c, queued, out)
+	}()
+	o.leadNow(c, legs, out)
+	<-done
+}
+
+// leadQueued leads flights queued behind another flight of their key (flights.go), while
+// the caller leads the others: as the flights they wait for land, a leg the hot set
+// answers then lands its flight with that answer (its followers look at the hot set
+// again), and the legs found ready together are planned with one master call (leadNow).
+// A flight waited for never waits itself (it was sent), so neither does this for long.
+func (o *Owner) leadQueued(c *session, legs []getLeg, out []getResult) {
+	landed := make(chan int, len(legs))
+	for j, leg := range legs {
+		go func() {
+			<-leg.f.after.done
+			landed <- j
+		}()
 	}
+	for left := len(legs); left > 0; {
+		ready := []getLeg{legs[<-landed]}
+		for more := true; more; {
+			select {
+			case j := <-landed:
+				ready = append(ready, legs[j])
+			default:
+				more = false
+			}
+		}
+		left -= len(ready)
+		o.leadLanded(c, ready, out)
+	}
+}
+
+// leadLanded is leadQueued for legs whose awaited flights have landed.
+func (o *Owner) leadLanded(c *session, legs []getLeg, out []getResult) {
 	var run []getLeg
 	st, now, hits := o.lock(), time.Now(), 0
 	for _, leg := range legs {
@@ -203,7 +232,7 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 	for j, leg := range legs {
 		keys[j] = leg.key
 		if leg.f != nil {
-			leg.f.sent = true // followers joining from now on share no answer of this call
+			leg.f.sent = true // gets coming from now on queue behind this flight
 		}
 	}
 	o.unlock()
@@ -222,7 +251,7 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 		leg, s, p := legs[j], starts[j], pre[j]
 		if p == nil && !s.plan.Done && time.Since(s.at) > planMaxAge {
 			// Its target may be freed at the master before a transfer could end.
-			o.revokeGet(leg.key, s.plan.GetId, false, "the plan waited too long in its batch")
+			o.revokePlan(leg.key, s.plan, false, "the plan waited too long in its batch")
 			if err := o.endGet(s.t); err != nil {
 				o.land(c, leg, nil, nil, err, false, out)
 				return
@@ -251,7 +280,11 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 			}
 		}
 	case wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND:
+		clean := leg.f != nil && !st.hot.invalidatedSince(leg.key, leg.f.seq)
 		st.getNotFound(leg.key)
+		if clean {
+			leg.f.seq = st.hot.invalSeq() // the miss's own invalidation is no later put
+		}
 	}
 	if leg.f != nil {
 		leg.f.shareMiss = firstPlan

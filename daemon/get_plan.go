@@ -122,7 +122,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 				return nil, nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
 			}
 		default:
-			o.revokeGet(key, plan.GetId, false, "unknown plan")
+			o.revokePlan(key, plan, false, "unknown plan")
 			if err := o.endGet(t); err != nil {
 				return nil, nil, err
 			}
@@ -262,21 +262,24 @@ func (o *Owner) acceptPlans(keys []string, plans []*mp.GetStartResponse, s start
 	return out
 }
 
-// revokeGet tells the master a planned get will not complete, and why (dropSSD: its
-// SSD source failed and must be forgotten); a failure is logged and returned, the
-// master's TTL reclaims the get.
-func (o *Owner) revokeGet(key string, getID int64, dropSSD bool, reason string) error {
-	if o.getPinned(getID) {
+// revokePlan tells the master a planned get will not complete, and why (dropSSD: its
+// SSD source failed and must be forgotten). A failure is logged: the master's in-flight
+// TTL reclaims the get, but not the holder it recorded at GetStart for a refill from
+// this owner's SSD (the owner may have handed that one out before its GetDone), which
+// the owner then releases itself (an ack of a holder the master dropped does no harm).
+func (o *Owner) revokePlan(key string, plan *mp.GetStartResponse, dropSSD bool, reason string) {
+	if o.getPinned(plan.GetId) {
 		// The master that planned it is gone; the new one holds the target as a pin,
 		// acked when the get ends (ownerState.endGet).
-		return nil
+		return
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: getID, DropSsdSource: dropSSD, Reason: reason})
+	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: plan.GetId, DropSsdSource: dropSSD, Reason: reason})
 	if err := o.master.check(respCode(r, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
-		return err
+		if plan.HolderId != 0 {
+			o.acks.add(plan.HolderId)
+		}
 	}
-	return nil
 }

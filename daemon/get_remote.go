@@ -51,7 +51,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 	c, callOpts, err := o.peers.Get(plan.SourcePeerAddr)
 	if err != nil {
 		err = fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, plan.SourceNodeId, plan.SourcePeerAddr, err)
-		o.revokeGet(key, plan.GetId, false, err.Error())
+		o.revokePlan(key, plan, false, err.Error())
 		return nil, err
 	}
 	verdict := make(chan error, 1) // the SSD owner's answer: nil, errRemoteSSD or unreachable
@@ -93,7 +93,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 // SSD source when its read failed (errRemoteSSD).
 func (o *Owner) refilled(key string, plan *mp.GetStartResponse, stageErr error) (*holding, error) {
 	if stageErr != nil {
-		o.revokeGet(key, plan.GetId, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
+		o.revokePlan(key, plan, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
 		return nil, stageErr
 	}
 	return o.completeGet(key, plan)
@@ -151,7 +151,7 @@ func (o *Owner) pullStaged(ctx context.Context, plan *mp.GetStartResponse) error
 func (o *Owner) checkTarget(key string, plan *mp.GetStartResponse) error {
 	if plan.TargetOffset < 0 || plan.Len <= 0 || plan.TargetOffset > o.seg.Size()-plan.Len {
 		err := errCode(common.ErrorCode_INTERNAL, "pull target [%d,+%d) outside the segment", plan.TargetOffset, plan.Len)
-		o.revokeGet(key, plan.GetId, false, err.Error())
+		o.revokePlan(key, plan, false, err.Error())
 		return err
 	}
 	return nil
@@ -173,7 +173,7 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 func (o *Owner) pulled(key string, plan *mp.GetStartResponse, err error) (*holding, error) {
 	if err != nil {
 		err = fmt.Errorf("pull from node %q (%s): %w", plan.SourceNodeId, plan.SourceDataAddr, err)
-		o.revokeGet(key, plan.GetId, false, err.Error())
+		o.revokePlan(key, plan, false, err.Error())
 		return nil, err
 	}
 	return o.completeGet(key, plan)

@@ -38,12 +38,7 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark
 		}
 	}
 	if err != nil {
-		if rerr := o.revokeGet(key, plan.GetId, true, "SSD read: "+err.Error()); rerr != nil && plan.HolderId != 0 {
-			// The master may not have seen the revoke, and an expiry of the get keeps
-			// the holder it recorded at GetStart: release it (an ack of a holder the
-			// master already dropped does no harm).
-			o.acks.add(plan.HolderId)
-		}
+		o.revokePlan(key, plan, true, "SSD read: "+err.Error())
 		return nil, err
 	}
 	o.targetWritten(plan.GetId)

@@ -56,11 +56,10 @@ func (st *ownerState) acceptPlan(plan *mp.GetStartResponse, epoch uint64) (*getT
 // have come from the new master, which then keeps its target or holder. Acks and
 // revokes of ids a master does not know do no harm (ids never repeat across masters).
 func (o *Owner) dropPlan(key string, plan *mp.GetStartResponse) {
-	if plan.HolderId != 0 {
-		o.acks.add(plan.HolderId)
-	}
 	if !plan.Done && plan.GetId != 0 {
-		o.revokeGet(key, plan.GetId, false, "the master changed during GetStart")
+		o.revokePlan(key, plan, false, "the master changed during GetStart") // its holder too
+	} else if plan.HolderId != 0 {
+		o.acks.add(plan.HolderId)
 	}
 }
 
