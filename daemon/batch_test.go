@@ -613,6 +613,88 @@ func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 	}
 }
 
+// TestBatchGetQueuedLeg: a batch get one of whose keys queues behind another session's
+// flight of it (sent, its pull held) brings its other key in meanwhile, then answers the
+// queued key from the replica that flight left: two plans and two pulls in all, every
+// byte right.
+func TestBatchGetQueuedLeg(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	om := metrics.New()
+	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.Metrics = om })
+	c3, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	vals := map[string][]byte{"qa": value(1, 256<<10), "qb": value(2, 256<<10)}
+	for k, v := range vals {
+		if err := n.c.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := make(chan struct{})
+	var first atomic.Bool
+	o2.mu.Lock()
+	o2.mu.afterWrite = func(int64) {
+		if first.CompareAndSwap(false, true) {
+			<-release // the first get's pull of qa, written, not yet landed
+		}
+	}
+	o2.mu.Unlock()
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+	pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
+	leader := make(chan error, 1)
+	go func() {
+		h, err := c2.Get("qa")
+		if err == nil {
+			if !bytes.Equal(h.Bytes(), vals["qa"]) {
+				err = fmt.Errorf("wrong bytes")
+			}
+			h.Release()
+		}
+		leader <- err
+	}()
+	waitUntil(t, func() bool { return first.Load() })
+	batch := make(chan error, 1)
+	go func() {
+		hs, errs, err := c3.BatchGet([]string{"qa", "qb"})
+		if err == nil {
+			for i, k := range []string{"qa", "qb"} {
+				if errs[i] != nil {
+					err = fmt.Errorf("%s: %w", k, errs[i])
+				} else if hs[i] == nil || !bytes.Equal(hs[i].Bytes(), vals[k]) {
+					err = fmt.Errorf("%s: wrong bytes or a miss", k)
+				}
+				if hs[i] != nil {
+					hs[i].Release()
+				}
+			}
+		}
+		batch <- err
+	}()
+	// qb comes in while qa's first flight is still held.
+	waitUntil(t, func() bool {
+		return counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})-pulled >= float64(2*len(vals["qb"]))
+	})
+	o2.mu.Lock()
+	o2.mu.afterWrite = nil
+	o2.mu.Unlock()
+	close(release)
+	if err := <-leader; err != nil {
+		t.Fatalf("the first get of qa: %v", err)
+	}
+	if err := <-batch; err != nil {
+		t.Fatalf("the batch get: %v", err)
+	}
+	calls := callsSince(t, mm, before)
+	pulls := (counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled) / float64(len(vals["qa"]))
+	if plans := calls["GetStart"] + calls["BatchGetStart"]; plans != 2 || pulls != 2 {
+		t.Errorf("master plans %v and %.1f pulls, want 2 and 2", calls, pulls)
+	}
+}
+
 // TestGetOneFlightAbsentKey: 64 concurrent gets of a key nobody holds make two master
 // plans: the first get's, whose KEY_NOT_FOUND the gets that joined before it was sent
 // share, and one for the gets that came while it was out (queued behind it).
@@ -662,7 +744,11 @@ type heldGetStart struct {
 
 func (g *heldGetStart) GetStart(ctx context.Context, req *mp.GetStartRequest, opts ...callopt.Option) (*mp.GetStartResponse, error) {
 	if g.held.CompareAndSwap(false, true) {
-		<-g.release
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	return g.Client.GetStart(ctx, req, opts...)
 }

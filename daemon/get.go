@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/fluxkv/fluxkv/internal/workers"
@@ -145,8 +146,11 @@ const getParallel = 16
 const planMaxAge = 5 * time.Second
 
 // lead plans legs with one master call per wire.MaxBatch keys, brings the values in
-// concurrently, hands each holder to c and lands each leg's flight. A leg whose plan
-// failed lands at once, before any transfer of the batch runs.
+// concurrently (getParallel at once), hands each holder to c and lands each leg's
+// flight. A leg whose plan failed lands at once, before any transfer of the batch runs.
+// Legs whose flights are queued behind another flight of their key are led beside the
+// others, as those flights land (leadQueued): each set found ready together has its own
+// master call and getParallel transfers.
 func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
 	var queued []getLeg
 	legs = slices.DeleteFunc(slices.Clone(legs), func(leg getLeg) bool {
@@ -172,16 +176,20 @@ func (o *Owner) lead(c *session, legs []getLeg, out []getResult) {
 // leadQueued leads flights queued behind another flight of their key (flights.go), while
 // the caller leads the others: as the flights they wait for land, a leg the hot set
 // answers then lands its flight with that answer (its followers look at the hot set
-// again), and the legs found ready together are planned with one master call (leadNow).
-// A flight waited for never waits itself (it was sent), so neither does this for long.
+// again), and the legs found ready together are planned with one master call (leadNow),
+// each set beside the others (a set's transfers hold back no other key's flight). A
+// flight waited for never waits itself (it was sent), so neither does this for long.
 func (o *Owner) leadQueued(c *session, legs []getLeg, out []getResult) {
 	landed := make(chan int, len(legs))
 	for j, leg := range legs {
+		awaited := leg.f.after.done // read before leadLanded clears after
 		go func() {
-			<-leg.f.after.done
+			<-awaited
 			landed <- j
 		}()
 	}
+	var sets sync.WaitGroup
+	defer sets.Wait()
 	for left := len(legs); left > 0; {
 		ready := []getLeg{legs[<-landed]}
 		for more := true; more; {
@@ -193,7 +201,7 @@ func (o *Owner) leadQueued(c *session, legs []getLeg, out []getResult) {
 			}
 		}
 		left -= len(ready)
-		o.leadLanded(c, ready, out)
+		sets.Go(func() { o.leadLanded(c, ready, out) })
 	}
 }
 
