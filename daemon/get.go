@@ -39,12 +39,13 @@ func (o *Owner) get(c *session, key string) (*external.GetResponse, error) {
 
 // getMany hands the session a holder of each key, answered in key order: from the hot
 // set when it has the key's current version as a replica here, held or released within
-// the grace period (no master trip; cachedGet), else through a flight of the key (flights.go): the
-// keys this call leads are planned with one master call (BatchGetStart; GetStart for
-// one key) and brought in concurrently (lead); a key another get is already bringing in
-// waits for that flight (or, when that flight's call was sent already, queues for the
-// one behind it) and then takes its holder from the hot set (follow: the leader's
-// holding, or a replica). One key's failure never fails the others.
+// the grace period (no master trip; cachedGet), else through a flight of the key
+// (flights.go): the keys this call leads are planned with one master call
+// (BatchGetStart; GetStart for one key) and brought in concurrently (lead); a key
+// another get is already bringing in waits for that flight (or, when that flight's call
+// was sent already, queues for the one behind it) and then takes its holder from the
+// hot set (follow: the leader's holding, or a replica). One key's failure never fails
+// the others.
 func (o *Owner) getMany(c *session, keys []string) []getResult {
 	out := make([]getResult, len(keys))
 	var leads []getLeg
