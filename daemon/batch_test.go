@@ -760,6 +760,18 @@ func (g *heldGetStart) GetStart(ctx context.Context, req *mp.GetStartRequest, op
 // batch at once, right after its plan: TestBatchPullsPerSource.)
 func TestBatchReplansAgedPlans(t *testing.T) {
 	t.Parallel()
+	for _, lost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("revoke-lost=%v", lost), func(t *testing.T) {
+			t.Parallel()
+			replansAgedPlan(t, lost)
+		})
+	}
+}
+
+// replansAgedPlan is TestBatchReplansAgedPlans; with lostRevoke the aged plan's GetRevoke
+// never reaches the master, and the holder the master recorded for that refill at its
+// BatchGetStart (kept by an expiry) must be released by the owner all the same.
+func replansAgedPlan(t *testing.T, lostRevoke bool) {
 	mm := metrics.New()
 	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Metrics: mm, InsecureCluster: true, NoPromotion: true},
 		func(o *Options) { o.CacheGrace = -1 })
@@ -777,6 +789,12 @@ func TestBatchReplansAgedPlans(t *testing.T) {
 	}
 	n.waitPersisted(t)
 	o2, c2 := n.o, n.c
+	lost := &revokeLost{}
+	if lostRevoke {
+		cur := n.o.master.client.Load()
+		lost.Client = cur.Client
+		n.o.master.client.Store(&masterClient{Client: lost, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	}
 	var held sync.WaitGroup
 	held.Add(getParallel)
 	var once sync.Map
@@ -821,7 +839,11 @@ func TestBatchReplansAgedPlans(t *testing.T) {
 		h.Release()
 	}
 	calls := callsSince(t, mm, before)
-	if calls["BatchGetStart"] != 1 || calls["GetStart"] != 1 || calls["GetRevoke"] != 1 {
-		t.Fatalf("master calls %v, want 1 BatchGetStart, then 1 GetRevoke and 1 GetStart for the aged plan", calls)
+	if revokes := calls["GetRevoke"] + int(lost.lost.Load()); calls["BatchGetStart"] != 1 || calls["GetStart"] != 1 || revokes != 1 {
+		t.Fatalf("master calls %v (%d revokes lost), want 1 BatchGetStart, then 1 GetRevoke and 1 GetStart for the aged plan",
+			calls, lost.lost.Load())
 	}
+	c2.Flush()
+	n.o.acks.sync()
+	waitUntil(t, func() bool { return nodeHolders(t, n.m) == 0 })
 }
