@@ -249,23 +249,27 @@ func TestBatchesOneMasterCall(t *testing.T) {
 func TestGetOneFlight(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name         string
-		noPromotion  bool
-		killLeader   bool
-		plans, pulls float64
+		name                   string
+		noPromotion            bool
+		killLeader, killQueued bool
+		plans, pulls           float64
 	}{
-		{"together", false, false, 1, 1},
-		{"leader-killed", false, true, 2, 1},
-		{"no-promotion", true, false, 2, 2},
+		{"together", false, false, false, 1, 1},
+		{"leader-killed", false, true, false, 2, 1},
+		{"queued-leader-killed", false, false, true, 1, 1},
+		{"no-promotion", true, false, false, 2, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			oneFlight(t, tc.noPromotion, tc.killLeader, tc.plans, tc.pulls)
+			oneFlight(t, tc.noPromotion, tc.killLeader, tc.killQueued, tc.plans, tc.pulls)
 		})
 	}
 }
 
-func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls float64) {
+// oneFlight is a case of TestGetOneFlight; killQueued ends the session of the get that
+// leads the flight queued behind the first (its followers, of other sessions, then take
+// the replica the first left in the hot set).
+func oneFlight(t *testing.T, noPromotion, killLeader, killQueued bool, wantPlans, wantPulls float64) {
 	mm := metrics.New()
 	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: noPromotion})
 	om := metrics.New()
@@ -308,7 +312,18 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 		leaderDone <- got{h, err}
 	})
 	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); f := st.flights[key]; return f != nil && f.sent })
-	for i := range gets - 1 {
+	others := gets - 1
+	var queuedC *fluxkv.Client
+	queuedDone := make(chan error, 1)
+	if killQueued {
+		if queuedC, err = fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-queued"}); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _, err := queuedC.Get(key); queuedDone <- err }()
+		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key].next != nil })
+		others--
+	}
+	for i := range others {
 		c := c2
 		if i%2 == 1 {
 			c = c3
@@ -330,6 +345,10 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 		leaderC.Close()
 		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
 	}
+	if killQueued {
+		queuedC.Close()
+		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
+	}
 	o2.mu.Lock()
 	o2.mu.afterWrite = nil
 	o2.mu.Unlock()
@@ -344,6 +363,11 @@ func oneFlight(t *testing.T, noPromotion, killLeader bool, wantPlans, wantPulls 
 			t.Fatal("a follower's get: wrong bytes")
 		}
 		r.h.Release()
+	}
+	if killQueued {
+		if err := <-queuedDone; err == nil {
+			t.Fatal("the queued flight's leader got the value after its session ended")
+		}
 	}
 	if r := <-leaderDone; killLeader != (r.err != nil) {
 		t.Fatalf("the leader's get: %v", r.err)
