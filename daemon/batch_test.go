@@ -727,9 +727,7 @@ func TestGetOneFlightAbsentKey(t *testing.T) {
 	mm := metrics.New()
 	n := startNode(t, 16<<20, nil, master.Options{Metrics: mm, InsecureCluster: true})
 	gate := &heldGetStart{release: make(chan struct{})}
-	cur := n.o.master.client.Load()
-	gate.Client = cur.Client
-	n.o.master.client.Store(&masterClient{Client: gate, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { gate.Client = c; return gate })
 	const gets = 64
 	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
 	errs := make(chan error, gets)
@@ -815,9 +813,7 @@ func replansAgedPlan(t *testing.T, lostRevoke bool) {
 	o2, c2 := n.o, n.c
 	lost := &revokeLost{}
 	if lostRevoke {
-		cur := n.o.master.client.Load()
-		lost.Client = cur.Client
-		n.o.master.client.Store(&masterClient{Client: lost, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+		n.wrapMaster(func(c masterservice.Client) masterservice.Client { lost.Client = c; return lost })
 	}
 	var held sync.WaitGroup
 	held.Add(getParallel)

@@ -3,7 +3,6 @@ package daemon
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -203,11 +202,7 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 		}
 	}
 	n.waitPersisted(t)
-	for _, f := range shardFiles(t, n) {
-		if err := os.Truncate(f, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n.truncateShards(t)
 	replicas := func() int64 {
 		st, err := n.c.Stat()
 		if err != nil {

@@ -37,6 +37,38 @@ func shardFiles(t *testing.T, n *node) []string {
 	return files
 }
 
+// truncateShards empties the SSD tier's files under the running owner.
+func (n *node) truncateShards(t *testing.T) {
+	t.Helper()
+	for _, f := range shardFiles(t, n) {
+		if err := os.Truncate(f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// putValues puts count values of size bytes, prefix-i holding value(i, size), and
+// waits for their SSD persists; it returns their keys.
+func (n *node) putValues(t *testing.T, prefix string, count, size int) []string {
+	t.Helper()
+	keys := make([]string, count)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%d", prefix, i)
+		if err := n.c.Put(keys[i], value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	return keys
+}
+
+// wrapMaster makes the owner's master calls go through wrap's client (a fault
+// injector around the real one).
+func (n *node) wrapMaster(wrap func(masterservice.Client) masterservice.Client) {
+	cur := n.o.master.client.Load()
+	n.o.master.client.Store(&masterClient{Client: wrap(cur.Client), addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+}
+
 // TestSSDCorruptRecordNeverServed is the outside test's finding: shard files
 // truncated under a running owner, then more puts. Every get of an evicted key must
 // answer its exact bytes or a clean miss/UNAVAILABLE, never other bytes; each corrupt
@@ -46,20 +78,8 @@ func TestSSDCorruptRecordNeverServed(t *testing.T) {
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{})
 	const size = 1 << 20
-	var keys []string
-	for i := 0; i < 12; i++ {
-		k := fmt.Sprintf("c-%d", i)
-		keys = append(keys, k)
-		if err := n.c.Put(k, value(i, size)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n.waitPersisted(t)
-	for _, f := range shardFiles(t, n) {
-		if err := os.Truncate(f, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	keys := n.putValues(t, "c", 12, size)
+	n.truncateShards(t)
 	// More puts: the ring writes past the truncation, leaving holes (zeros) behind.
 	for i := 12; i < 14; i++ {
 		k := fmt.Sprintf("c-%d", i)
@@ -119,23 +139,10 @@ func TestSSDCorruptReadRevokeLost(t *testing.T) {
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{InflightTTL: 500 * time.Millisecond})
 	const size = 256 << 10
-	var keys []string
-	for i := 0; i < 24; i++ {
-		k := fmt.Sprintf("r-%d", i)
-		keys = append(keys, k)
-		if err := n.c.Put(k, value(i, size)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n.waitPersisted(t)
-	for _, f := range shardFiles(t, n) {
-		if err := os.Truncate(f, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cur := n.o.master.client.Load()
-	lost := &revokeLost{Client: cur.Client}
-	n.o.master.client.Store(&masterClient{Client: lost, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	keys := n.putValues(t, "r", 24, size)
+	n.truncateShards(t)
+	lost := &revokeLost{}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { lost.Client = c; return lost })
 	for i, k := range keys[:3] { // the oldest: evicted to SSD
 		h, err := n.c.Get(k)
 		switch {
