@@ -29,8 +29,9 @@ type PersistItem struct {
 // valid where its error is nil) and error, as Persist.
 func (s *Storage) PersistMany(items []PersistItem) ([]CommitPin, []error) {
 	recs := make([]*record, len(items))
+	call := new(persistCall) // the pins of its records are held until it returns
 	for i, it := range items {
-		recs[i] = &record{key: it.Key, putID: it.PutID, length: int64(len(it.Src)), fill: copyFrom(it.Src)}
+		recs[i] = &record{key: it.Key, putID: it.PutID, length: int64(len(it.Src)), fill: copyFrom(it.Src), call: call}
 	}
 	for lo := 0; lo < len(recs); {
 		hi, bytes := lo+1, s.RecordSpan(recs[lo].key, recs[lo].length)
@@ -67,6 +68,7 @@ type record struct {
 	putID  int64
 	length int64
 	fill   func(dst []byte) error
+	call   *persistCall // PersistMany's call, nil for a single persist
 
 	hdr  int64  // header bytes
 	size int64  // the record's span on its device: header, value, padding
@@ -200,7 +202,7 @@ func (s *Storage) persistRun(recs []*record) (rest []*record) {
 // with recs[0].err set when the first could not be reserved.
 func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 	first := recs[0]
-	e, evs, err := s.reserve(d, first.key, first.putID, first.length, first.size)
+	e, evs, err := s.reserve(d, first.call, first.key, first.putID, first.length, first.size)
 	if err != nil {
 		first.err = err
 		return 0, nil
@@ -219,7 +221,7 @@ func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 		if err != nil {
 			break // blocked by busy entries: it starts the next run, which waits
 		}
-		next.shard = e.shard
+		next.shard, next.call = e.shard, r.call
 		evs = append(evs, s.evictedLocked(evicted)...) // may include the key's previous version
 		if old := s.index[r.key]; old != nil {
 			s.dropLocked(old)

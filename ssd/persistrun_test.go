@@ -459,3 +459,52 @@ func TestPadsAreZeroAndEvict(t *testing.T) {
 		t.Errorf("evictions reported %v, want %v", evicted, want)
 	}
 }
+
+// TestPersistManyOwnPinsFailFast: a PersistMany whose items take more than a ring
+// must overwrite the call's own earlier records, which stay commit-pinned until it
+// returns. Those items fail with ErrBusy at once: they waited the full BusyWait each
+// (30 s by default), one after the other, for room that cannot come back during the
+// call. The same items persisted one by one (Persist, then Release) all succeed.
+func TestPersistManyOwnPinsFailFast(t *testing.T) {
+	checkLeaks(t)
+	const busyWait = 2 * time.Second // the call takes milliseconds; waiting once is the bug
+	s := openTest(t, EnginePsync, 16<<10, func(o *Options) {
+		o.ShardsPerDevice = 1
+		o.blockAlign = Align
+		o.BusyWait = busyWait
+	})
+	go func() {
+		for range s.Evictions() {
+		}
+	}()
+	items := manyItems("p", 10, 3000, 1) // 3.5 KiB records: 4 fit the 16 KiB ring
+	start := time.Now()
+	pins, errs := s.PersistMany(items)
+	took := time.Since(start)
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			failed++
+			if !errors.Is(err, ErrBusy) {
+				t.Errorf("item %d: %v, want ErrBusy", i, err)
+			}
+		}
+		pins[i].Release()
+	}
+	if failed != 6 {
+		t.Errorf("%d of 10 items failed, want 6 (4 fit the ring)", failed)
+	}
+	if took > busyWait {
+		t.Errorf("PersistMany of %d items into a ring of 4: %d failed, took %v (BusyWait %v)", len(items), failed, took, busyWait)
+	}
+	// The same items one by one all succeed at once.
+	start = time.Now()
+	for _, it := range manyItems("q", 10, 3000, 1) {
+		pin, err := s.Persist(it.Key, it.PutID, it.Src)
+		if err != nil {
+			t.Errorf("Persist %s: %v", it.Key, err)
+		}
+		pin.Release()
+	}
+	t.Logf("one by one: %v", time.Since(start))
+}

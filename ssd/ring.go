@@ -49,8 +49,14 @@ type entry struct {
 	evicted    bool // the tail passed it: its range may hold other bytes now
 	removed    bool // dropped from the index while writing; abort on completion
 
-	shard *shard // owner bookkeeping, unused by the ring
+	shard *shard       // owner bookkeeping, unused by the ring
+	call  *persistCall // the PersistMany call that wrote it (nil: a single persist)
 }
+
+// persistCall identifies one PersistMany call: it holds the commit pins of the
+// entries it wrote until it returns, so a record of the same call that would have to
+// overwrite one of them cannot get room before then.
+type persistCall struct{ _ byte }
 
 func (e *entry) busy() bool {
 	return e.state == stateWriting || e.readPins > 0 || e.commitPins > 0
@@ -69,6 +75,7 @@ type ring struct {
 	tail    int64    // logical position of the oldest byte that may be live
 	entries []*entry // allocation order; entries[first:] are live
 	first   int
+	blocker *entry // the busy entry the last errBlocked of alloc stopped at
 }
 
 func newRing(size int64) *ring {
@@ -114,6 +121,7 @@ func (r *ring) alloc(key string, putID, length, size int64) (e *entry, evicted [
 			break
 		}
 		if r.entries[k].busy() {
+			r.blocker = r.entries[k]
 			return nil, nil, errBlocked
 		}
 		k++

@@ -241,7 +241,7 @@ func (s *Storage) checkNewerLocked(key string, putID int64) error {
 // with s.mu held, so that the caller allocates what follows the entry before another
 // writer can (reserveRun), and the evictions to report once it released it; on an
 // error, without the lock.
-func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*entry, []Eviction, error) {
+func (s *Storage) reserve(d *device, call *persistCall, key string, putID, length, size int64) (*entry, []Eviction, error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -255,7 +255,12 @@ func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*en
 			return nil, nil, err
 		}
 		e, evicted, err := s.allocLocked(d, key, putID, length, size)
+		if errors.Is(err, errBlocked) && call != nil && blockedByCall(d, call) {
+			s.mu.Unlock()
+			return nil, nil, fmt.Errorf("ssd persist %q put %d: no space on %s: the room is held by the commit pins of this call's own records: %w", key, putID, d.root, ErrBusy)
+		}
 		if err == nil {
+			e.call = call
 			evs := s.evictedLocked(evicted) // may include the key's previous version
 			if old := s.index[key]; old != nil {
 				s.dropLocked(old)
@@ -284,6 +289,18 @@ func (s *Storage) reserve(d *device, key string, putID, length, size int64) (*en
 		}
 		s.mu.Lock()
 	}
+}
+
+// blockedByCall reports whether every shard of d is blocked by an entry that call
+// wrote and still holds commit-pinned (right after allocLocked failed with errBlocked):
+// no room can come back before the call returns.
+func blockedByCall(d *device, call *persistCall) bool {
+	for _, sh := range d.shards {
+		if b := sh.ring.blocker; b == nil || b.call != call || b.commitPins == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // allocLocked tries d's shards round-robin; errBlocked if every shard is blocked.
