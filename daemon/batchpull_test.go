@@ -127,19 +127,7 @@ func TestBatchRefillsPerSource(t *testing.T) {
 		}
 	}
 	n.waitPersisted(t)
-	ssdReplicas := func() int64 {
-		st, err := n.c.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range st.Members {
-			if m.NodeId == "n1" {
-				return m.SsdReplicas
-			}
-		}
-		return -1
-	}
-	replicas := ssdReplicas()
+	replicas := n.ssdReplicasOf(t, "n1")
 	calls := []string{"BatchGetStart", "GetStart", "BatchGetDone", "GetDone", "GetRevoke"}
 	before := masterCalls(t, mm, calls...)
 	hs, errs, err := c2.BatchGet(keys)
@@ -174,7 +162,7 @@ func TestBatchRefillsPerSource(t *testing.T) {
 	if got := callsSince(t, mm, before); got["GetRevoke"] < len(keys) {
 		t.Errorf("master calls %v: want every get revoked", got)
 	}
-	if got := ssdReplicas(); got != replicas {
+	if got := n.ssdReplicasOf(t, "n1"); got != replicas {
 		t.Errorf("n1 holds %d SSD replicas after failed pulls, %d before: a failed pull dropped its source", got, replicas)
 	}
 }
@@ -203,19 +191,7 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 	}
 	n.waitPersisted(t)
 	n.truncateShards(t)
-	replicas := func() int64 {
-		st, err := n.c.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range st.Members {
-			if m.NodeId == "n1" {
-				return m.SsdReplicas
-			}
-		}
-		return -1
-	}
-	before := replicas()
+	before := n.ssdReplicasOf(t, "n1")
 	start := time.Now()
 	hs, _, err := c2.BatchGet(keys)
 	if err != nil {
@@ -232,7 +208,7 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 	if took > 2*stageSessionWait { // a session wait per page in each pipeline: over 5 s
 		t.Errorf("batch of corrupt pages answered in %v: its pulls waited for sessions that had ended", took)
 	}
-	if after := replicas(); before-after < int64(len(keys)) {
+	if after := n.ssdReplicasOf(t, "n1"); before-after < int64(len(keys)) {
 		t.Errorf("n1's SSD replicas %d -> %d after %d failed reads: want each dropped", before, after, len(keys))
 	}
 	for i, k := range keys { // the replicas were dropped: a miss now, not an SSD read

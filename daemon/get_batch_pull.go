@@ -164,12 +164,13 @@ func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
 
 // refillGroup refills the values js of one source's SSD (one chunk each, at most
 // STAGE_BATCH_ITEMS): one BatchSsdStageRead makes that owner stage them while this one
-// pulls them into their targets with two PullMany of staged pulls (each half of the
-// batch answered in order). Each value's outcome
+// pulls them into their targets with two PullMany of staged pulls (the even and the
+// odd items, each answered in order). Each value's outcome
 // is refillRemote's: the source's answer for it once its pull succeeded (a failed read
 // is errRemoteSSD), else the pull's failure unless the answer says the read failed.
-// After a failed pull the answer is waited for at most stageVerdictWait; then the call
-// is abandoned and the values without an answer fail as unreachable.
+// When no pull succeeded, or the source left one unanswered, the answer is waited for
+// at most stageVerdictWait; then the call is abandoned and the values without an
+// answer fail as unreachable.
 func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []*prePulled) {
 	first := starts[js[0]].plan
 	var total int64
@@ -212,8 +213,10 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 				out[k] = fmt.Errorf("%w: batch stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err)
 			case resp.Results[k] == nil:
 				out[k] = fmt.Errorf("%w: batch stage read on node %q: no answer for %q", transfer.ErrUnreachable, first.SourceNodeId, keys[js[k]])
-			case resp.Results[k].Code != common.ErrorCode_OK:
+			case resp.Results[k].Code == common.ErrorCode_KEY_NOT_FOUND: // the read failed (stageAnswer)
 				out[k] = fmt.Errorf("%w: %s", errRemoteSSD, resp.Results[k].Message)
+			case resp.Results[k].Code != common.ErrorCode_OK:
+				out[k] = fmt.Errorf("%w: batch stage read on node %q: %s: %s", transfer.ErrUnreachable, first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
 			}
 		}
 		verdict <- out
@@ -227,16 +230,33 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 			Dst:   seg[p.TargetOffset : p.TargetOffset+p.Len], // the value's one chunk, at offset 0
 		}
 	}
-	// Two pipelines: while one waits for a value still being read, the other sends.
+	// Two pipelines, of the even and the odd items: while one waits for a value still
+	// being read, the other sends, and both stay near the source's read position (it
+	// reads in list order; halves would start the second pipeline a half batch ahead,
+	// waiting for reads that start only as the first half is pulled).
 	pulls := make([]error, len(items))
-	h := len(items) / 2
 	var wg sync.WaitGroup
-	wg.Go(func() { copy(pulls[h:], o.puller.PullMany(ctx, first.SourceDataAddr, items[h:])) })
-	copy(pulls, o.puller.PullMany(ctx, first.SourceDataAddr, items[:h]))
+	for parity := range 2 {
+		wg.Go(func() {
+			var part []transfer.PullItem
+			for k := parity; k < len(items); k += 2 {
+				part = append(part, items[k])
+			}
+			for i, err := range o.puller.PullMany(ctx, first.SourceDataAddr, part) {
+				pulls[parity+2*i] = err
+			}
+		})
+	}
 	wg.Wait()
-	failed := slices.ContainsFunc(pulls, func(err error) bool { return err != nil })
+	// The source's answer says which landed values are good. It comes once every item's
+	// read ended, the failed ones included: worth waiting for (bounded by ctx) when
+	// values landed and the source answered every pull (a refused one, e.g. a chunk not
+	// read in time, proves it alive); after a pull it did not answer (down, or cut off)
+	// it gets stageVerdictWait.
+	landed := slices.ContainsFunc(pulls, func(err error) bool { return err == nil })
+	silent := slices.ContainsFunc(pulls, func(err error) bool { return err != nil && !errors.Is(err, transfer.ErrFenced) })
 	var answers []error
-	if !failed {
+	if landed && !silent {
 		answers = <-verdict // bounded by ctx
 	} else {
 		select {

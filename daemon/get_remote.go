@@ -62,8 +62,10 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 		switch {
 		case err != nil:
 			err = fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, plan.SourceNodeId, plan.SourcePeerAddr, err)
-		case resp.Code != common.ErrorCode_OK:
+		case resp.Code == common.ErrorCode_KEY_NOT_FOUND: // the read failed (stageAnswer)
 			err = fmt.Errorf("%w: %s", errRemoteSSD, resp.Message)
+		case resp.Code != common.ErrorCode_OK:
+			err = fmt.Errorf("%w: stage read on node %q: %s: %s", transfer.ErrUnreachable, plan.SourceNodeId, resp.Code, resp.Message)
 		}
 		verdict <- err
 	}()

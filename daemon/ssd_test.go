@@ -117,6 +117,22 @@ func (n *node) waitPersisted(t testing.TB) {
 	}
 }
 
+// ssdReplicasOf is the count of SSD replicas the master records on owner id.
+func (n *node) ssdReplicasOf(t testing.TB, id string) int64 {
+	t.Helper()
+	st, err := n.c.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Members {
+		if m.NodeId == id {
+			return m.SsdReplicas
+		}
+	}
+	t.Fatalf("node %q is not a member", id)
+	return 0
+}
+
 func (n *node) usage(t testing.TB) (memUsed, holders, ssdReplicas int64) {
 	t.Helper()
 	n.c.Flush()

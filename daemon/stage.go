@@ -37,8 +37,10 @@ const (
 	// hears WAIT meanwhile, so it knows this owner is alive).
 	stageChunkWait = 4 * time.Second
 	// stageUnpulled fails a refill whose read chunk waited this long for its pull: the
-	// requester is gone or stuck, and the slots go back.
-	stageUnpulled = 3 * time.Second
+	// requester is gone or stuck, and the slots go back. It must exceed stageChunkWait:
+	// a batch's chunk read early waits for its pull while the requester's pipeline still
+	// waits (legitimately, up to stageChunkWait) for an earlier item's chunk.
+	stageUnpulled = stageChunkWait + 2*time.Second
 	// stageBase and stageRate make a refill's deadline proportional to its length.
 	stageBase = 5 * time.Second
 	stageRate = 32 << 20 // bytes per second, a floor far below any disk's
@@ -333,7 +335,12 @@ func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
 			}
 			wait = stageChunkWait - time.Since(start)
 			if wait <= 0 {
-				return nil, nil, fmt.Errorf("%w: chunk %d of get %d not read from SSD within %v", errStageEnded, i, getID, stageChunkWait)
+				// The puller gives up on this chunk: so does the refill (its read stops,
+				// its slots go back and its answer comes now, not stageUnpulled later).
+				// The puller hears a refusal (ErrFenced): this owner is alive.
+				err := fmt.Errorf("%w: %w: chunk %d of get %d not read from SSD within %v", transfer.ErrFenced, errStageEnded, i, getID, stageChunkWait)
+				s.failLocked(err)
+				return nil, nil, err
 			}
 		}
 		st.mu.Unlock()
@@ -445,7 +452,14 @@ func stageAnswer(ctx context.Context, req *peer.SsdStageReadRequest, node string
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 		err = fmt.Errorf("%w (%v)", err, cause)
 	}
-	return errCode(common.ErrorCode_KEY_NOT_FOUND, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, node, err)
+	// KEY_NOT_FOUND says the read failed (the requester drops this SSD replica); a
+	// refill that ended otherwise (unpulled, abandoned, timed out, owner stopping) says
+	// nothing about the record.
+	code := common.ErrorCode_KEY_NOT_FOUND
+	if errors.Is(err, errStageEnded) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ssd.ErrClosed) {
+		code = common.ErrorCode_UNAVAILABLE
+	}
+	return errCode(code, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, node, err)
 }
 
 // watch fails s once a read chunk stays unpulled for stageUnpulled (the requester is
