@@ -284,6 +284,10 @@ func (s *State) tombLocked(n *node) {
 				// The write-back in flight reads the copy that just went, and no other is
 				// left to take it over (with one, writeBackDoneLocked hands it on).
 				s.persistCount(n.id).unwritten++
+			case rep.ssd && len(r.replicas) > 0:
+				// The version's SSD copy went with n while memory elsewhere still holds
+				// it: as when a ring overwrites the record, it is dirty again.
+				s.redirtyLocked(key, r)
 			}
 		}
 	}

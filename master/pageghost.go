@@ -62,6 +62,18 @@ func (g *pageGhosts) remember(k string, freq uint32) {
 		g.queue = append(g.queue[:0:0], g.queue[g.at:]...)
 		g.at = 0
 	}
+	// Pages taken back (put again) leave their refs behind; while the map stays within
+	// its bound nothing above pops them, so drop them once they outnumber the live refs
+	// (amortized O(1) per remember).
+	if len(g.queue)-g.at > 2*max(len(g.ghost), minGhost) {
+		q := g.queue[:0:0]
+		for _, r := range g.queue[g.at:] {
+			if cur, ok := g.ghost[r.key]; ok && cur.seq == r.seq {
+				q = append(q, r)
+			}
+		}
+		g.queue, g.at = q, 0
+	}
 }
 
 // bound is the ghost's length: pageGhostFactor per live page, at least minGhost.

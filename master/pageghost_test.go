@@ -3,6 +3,7 @@ package master
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 // TestPageGhosts: the ghost keeps the newest pageGhostFactor × live pages (at least
@@ -76,5 +77,35 @@ func TestPageGhostShared(t *testing.T) {
 	b.InsertPage("s", 1, "", false)
 	if g.live != 1 {
 		t.Fatalf("a detached node's put counted in the pool's ghost: %d live", g.live)
+	}
+}
+
+// TestPageGhostQueueBounded: a node whose pages are evicted and put again in turn (a
+// working set a page larger than its memory) keeps the ghost's map tiny (each put takes
+// its page back), and its queue must stay as small: every eviction appends a reference,
+// which nothing popped while the map was within its bound (19,992 references for one
+// remembered page after 20,000 puts).
+func TestPageGhostQueueBounded(t *testing.T) {
+	st := NewState(Options{IDBase: 100, SSDAdmit: SSDAdmitPut})
+	now := time.Unix(1000, 0)
+	ref := NodeRef{ID: "n1", Generation: 1}
+	if err := st.Register(now, ref, 8*1024, 0, 0, "", "peer-n1", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	const keys = 9 // 8 fit
+	root := ""
+	for i := range 20000 {
+		k := fmt.Sprintf("p%d", i%keys)
+		p, err := st.PutStart(now, ref, k, 1024, false, &root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.PutDone(now, ref, k, p.PutID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := st.ghosts
+	if refs := len(g.queue) - g.at; refs > 4*max(g.bound(), g.Len()) {
+		t.Fatalf("the ghost's queue holds %d references for %d remembered pages (bound %d)", refs, g.Len(), g.bound())
 	}
 }

@@ -26,6 +26,12 @@ type pendingPersist struct {
 	// writeBack: the write-back of a page in the eviction order (writeback.go), not a
 	// persist at its put.
 	writeBack bool
+	// lost: the version's last SSD copy went while this write-back ran (redirtyLocked):
+	// its success does not leave the page clean.
+	lost bool
+	// task is the call made for it: a write-back passed to another copy (its owner
+	// died) has the put id of the one it replaces, whose task still ends later.
+	task *PersistTask
 }
 
 // PersistTask is a persist for the server to make after PutDone (an item of a
@@ -54,8 +60,19 @@ type persistCounts struct{ asked, dropped, unwritten int64 }
 // put): the replica, if it is still the key's current memory replica on that node,
 // enters the eviction policy. ok reports whether the owner persisted it.
 func (s *State) PersistDone(putID int64, ok bool) {
+	s.persistDoneLocked(putID, nil, ok)
+}
+
+// PersistTaskDone is PersistDone of task t: it ends the pending persist only if t is
+// the task made for it (not an older task of the same put id, whose persist was
+// ended already, at its owner's tomb, and passed to another copy).
+func (s *State) PersistTaskDone(t *PersistTask, ok bool) {
+	s.persistDoneLocked(t.PutID, t, ok)
+}
+
+func (s *State) persistDoneLocked(putID int64, t *PersistTask, ok bool) {
 	pp := s.persists[putID]
-	if pp == nil {
+	if pp == nil || (t != nil && pp.task != t) {
 		return
 	}
 	s.endPersistLocked(putID, pp, ok)
@@ -148,7 +165,8 @@ func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocatio
 	if sn == nil {
 		return nil
 	}
-	s.persists[putID] = &pendingPersist{key: key, node: t, alloc: a.Retain(), ssdNode: sn}
+	pp := &pendingPersist{key: key, node: t, alloc: a.Retain(), ssdNode: sn}
+	s.persists[putID] = pp
 	sn.ssdPending += a.Len()
 	sn.ssdAssigned += a.Len()
 	s.persistCount(sn.id).asked++
@@ -157,6 +175,7 @@ func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocatio
 	if sn != t {
 		task.SourceNodeID, task.SourceGeneration, task.SourceDataAddr = t.id, t.generation, t.dataAddr
 	}
+	pp.task = task
 	return task
 }
 
@@ -399,7 +418,7 @@ func (p *persister) end(tasks []*PersistTask, errs []error) {
 	}
 	p.s.locked(func(st *State) error {
 		for i, t := range tasks {
-			st.PersistDone(t.PutID, errs[i] == nil)
+			st.PersistTaskDone(t, errs[i] == nil)
 		}
 		return nil
 	})

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +37,10 @@ func TestScenarios(t *testing.T) {
 				if drift != nil {
 					t.Fatalf("%s: after %q: %v", d.Pos, d.Cmd, drift)
 				}
+			}
+			// Nor any of the State's structural invariants (state_random_test.go).
+			if err := checkStateInvariants(st); err != nil {
+				t.Fatalf("%s: after %q: %v\n%s", d.Pos, d.Cmd, err, dumpState(st))
 			}
 			if err != nil {
 				return "error: " + err.Error() + "\n"
@@ -143,6 +148,33 @@ func scriptGetID(st *State, d *datadriven.TestData) int64 {
 		}
 	}
 	return id
+}
+
+// scriptTasks keeps the write-back tasks each script's write-backs printed, for task-done.
+var scriptTasks = taskLog{tasks: make(map[*State][]*PersistTask)}
+
+type taskLog struct {
+	mu    sync.Mutex
+	tasks map[*State][]*PersistTask
+}
+
+func (l *taskLog) add(st *State, t *PersistTask) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tasks[st] = append(l.tasks[st], t)
+}
+
+// find is the last task of put putID printed for st whose bytes come from node from.
+func (l *taskLog) find(st *State, putID int64, from string) *PersistTask {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := l.tasks[st]
+	for i := len(ts) - 1; i >= 0; i-- {
+		if t := ts[i]; t.PutID == putID && (t.SourceNodeID == from || t.SourceNodeID == "" && t.NodeID == from) {
+			return t
+		}
+	}
+	return nil
 }
 
 // scriptLine runs one script command (as in testdata/*.txt, its input lines after it)
@@ -307,9 +339,11 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		n.release.answered(strings.Split(key+arg(d, "keys"), ","), func(k string) bool { return st.heldLocked(k, n) })
 		return fmt.Sprintf("asked=%d\n", len(n.release.asked)), nil
 	case "write-backs":
-		// write-backs: the write-back persists started since the last (Server.withState submits them).
+		// write-backs: the write-back persists started since the last (Server.withState
+		// submits them); task-done ends one of them.
 		var b strings.Builder
 		for _, t := range st.takeWriteBacksLocked() {
+			scriptTasks.add(st, t)
 			from := ""
 			if t.SourceNodeID != "" {
 				from = " from=" + t.SourceNodeID
@@ -364,6 +398,16 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	case "persist-done":
 		// persist-done put=N [failed]
 		st.PersistDone(argInt(d, "put"), arg(d, "failed") == "")
+		return "ok\n", nil
+	case "task-done":
+		// task-done put=N from=NODE [failed]: the persister ends the write-back task of put N
+		// reading from NODE that write-backs printed (PersistTaskDone), as it ends every
+		// task, also one whose write-back was passed to another copy since.
+		t := scriptTasks.find(st, argInt(d, "put"), arg(d, "from"))
+		if t == nil {
+			return "", fmt.Errorf("no write-back task of put %d from %s was printed", argInt(d, "put"), arg(d, "from"))
+		}
+		st.PersistTaskDone(t, arg(d, "failed") == "")
 		return "ok\n", nil
 	case "put-revoke":
 		return "ok\n", st.PutRevoke(nref(st, d), key, scriptPutID(st, d))

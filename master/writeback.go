@@ -128,7 +128,7 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 			pp.node.dupQuiet = 0
 		}
 	}
-	if ok || r.hasSSD() {
+	if (ok && !pp.lost) || r.hasSSD() {
 		if rep != nil && rep.memory == pp.alloc {
 			rep.writeBacks = 0 // its tries start again should the ring overwrite the record
 		}
@@ -159,7 +159,13 @@ func (s *State) writingBackLocked(r *route, n *node) bool {
 // redirtyLocked makes the memory replicas of page key dirty again when its version lost
 // its last SSD copy (the ring overwrote it) while memory still holds it.
 func (s *State) redirtyLocked(key string, r *route) {
-	if !s.writeBackLocked(r) || r.hasSSD() || s.persists[r.putID] != nil {
+	if !s.writeBackLocked(r) || r.hasSSD() {
+		return
+	}
+	if pp := s.persists[r.putID]; pp != nil {
+		// The record a write-back in flight committed is gone already (its end comes
+		// after its commit): when it ends, the page is not clean.
+		pp.lost = pp.writeBack
 		return
 	}
 	for n, rep := range r.replicas {
