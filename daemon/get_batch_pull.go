@@ -98,6 +98,15 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 		wg.Go(func() {
 			if src.ssd {
 				for part := range chunkInts(js, int(peer.STAGE_BATCH_ITEMS)) {
+					if slices.ContainsFunc(part, func(j int) bool { return time.Since(starts[j].at) > planMaxAge }) {
+						// The parts before took long: these plans' targets must not be
+						// written this late (the master frees them at its in-flight TTL).
+						// Each is revoked and planned again alone (leadNow).
+						for _, j := range part {
+							pre[j] = nil
+						}
+						continue
+					}
 					o.refillGroup(keys, starts, part, pre)
 				}
 			} else {
