@@ -81,6 +81,12 @@ type Options struct {
 	// TransferTimeout bounds one pull from another owner, well under the master's
 	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
 	TransferTimeout time.Duration
+	// PutCopyDeadline is how long after its PutStart was sent the owner still copies a
+	// put's bytes from the session's put area into its range (PutWrite, PutEnd copies;
+	// client isolation): the master frees an in-flight put's range after its
+	// --inflight-ttl, so a later copy could land in another key's value. Keep it below
+	// the master's in-flight TTL. Default 50s.
+	PutCopyDeadline time.Duration
 	// SocketMode is the permission of both sockets. Default 0660: the socket's group decides who may attach.
 	SocketMode os.FileMode
 	// AllowedUIDs may attach besides root, this process's uid and members of the
@@ -198,6 +204,9 @@ func (o *Options) setDefaults() {
 	o.LandingReserve = (max(o.LandingReserve, 0) + pageSize - 1) / pageSize * pageSize
 	if o.TransferTimeout == 0 {
 		o.TransferTimeout = 30 * time.Second
+	}
+	if o.PutCopyDeadline == 0 {
+		o.PutCopyDeadline = 50 * time.Second
 	}
 	if o.SocketMode == 0 {
 		o.SocketMode = 0o660

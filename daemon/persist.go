@@ -73,64 +73,87 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 	return errs, nil
 }
 
-// persistGroup writes and commits items (persistMany), one answer per item.
+// persistGroup writes and commits items (persistMany), one answer per item. Written
+// records are committed as their jobs finish (one BatchSsdReplicaCommit at a time, for
+// every job written since the last), not after the group's last job: a record's commit
+// pin blocks its ring once the ring's head comes round to it, so it must not wait for
+// a slow job of the same group (a pull from another owner may take TransferTimeout,
+// and the group runs its jobs PERSIST_BATCH_IN_FLIGHT at a time).
 func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest) []error {
 	epoch := o.regEpoch()
 	errs := make([]error, len(items))
 	pins := make([]ssd.CommitPin, len(items))
-	written := make([]bool, len(items))
 	jobs := o.persistJobs(items, errs)
-	workers.ForEach(len(jobs), int(peer.PERSIST_BATCH_IN_FLIGHT), func(j int) {
-		job := jobs[j]
-		if req := items[job[0]]; !o.isLocalSource(req) {
-			pins[job[0]], errs[job[0]] = o.persistPulled(req)
-		} else {
-			batch := make([]ssd.PersistItem, len(job))
-			for k, i := range job {
-				batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len]}
-			}
-			ps, es := o.store.PersistMany(batch)
-			for k, i := range job {
-				pins[i], errs[i] = ps[k], es[k]
-				if errs[i] != nil {
-					errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", errs[i])
+	done := make(chan []int, len(jobs)) // each job's written items, once written
+	go func() {
+		defer close(done)
+		workers.ForEach(len(jobs), int(peer.PERSIST_BATCH_IN_FLIGHT), func(j int) {
+			job := jobs[j]
+			if req := items[job[0]]; !o.isLocalSource(req) {
+				pins[job[0]], errs[job[0]] = o.persistPulled(req)
+			} else {
+				batch := make([]ssd.PersistItem, len(job))
+				for k, i := range job {
+					batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len]}
+				}
+				ps, es := o.store.PersistMany(batch)
+				for k, i := range job {
+					pins[i], errs[i] = ps[k], es[k]
+					if errs[i] != nil {
+						errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", errs[i])
+					}
 				}
 			}
-		}
-		for _, i := range job {
-			written[i] = errs[i] == nil
-		}
-	})
-	defer func() {
-		for i, ok := range written {
-			if ok {
-				pins[i].Release()
+			var written []int
+			for _, i := range job {
+				if errs[i] == nil {
+					written = append(written, i)
+				}
+			}
+			done <- written
+		})
+	}()
+	for at := range done {
+		for more := true; more; {
+			select {
+			case w, ok := <-done:
+				at, more = append(at, w...), ok
+			default:
+				more = false
 			}
 		}
-	}()
-	var commit []*mp.SsdReplicaCommitItem
-	var at []int // commit[j] is items[at[j]]
-	for i, ok := range written {
-		if ok {
-			commit = append(commit, &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len})
-			at = append(at, i)
+		if len(at) > 0 {
+			o.commitPersisted(items, errs, pins, at, epoch)
 		}
 	}
-	if len(commit) == 0 {
-		return errs
+	return errs
+}
+
+// commitPersisted commits the written records of items[i], i in at (each holding
+// pins[i], released here), with one BatchSsdReplicaCommit; a record the master did not
+// publish, or whose commit failed, is forgotten (errs[i] says why it failed).
+func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []error, pins []ssd.CommitPin, at []int, epoch uint64) {
+	defer func() {
+		for _, i := range at {
+			pins[i].Release()
+		}
+	}()
+	commit := make([]*mp.SsdReplicaCommitItem, len(at)) // commit[j] is items[at[j]]
+	for j, i := range at {
+		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len}
 	}
-	forget := func(err error) []error {
+	forget := func(err error) {
 		for _, i := range at {
 			o.store.Forget(items[i].Key, items[i].PutId)
 			errs[i] = err
 		}
-		return errs
 	}
 	if o.regEpoch() != epoch {
 		// The owner registered with another master while the replicas were read: that
 		// master never retained the source ranges for these persists and may have handed
 		// them out meanwhile, so the bytes read may not be the values'.
-		return forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD persist"))
+		forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD persist"))
+		return
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
@@ -139,10 +162,12 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest) []error {
 		// The master may not know these entries: keep none it might not know (a later
 		// delete would not reach it, and a restarted master would adopt them). If the
 		// commit did land, a get finds the entry gone and drops that replica.
-		return forget(err)
+		forget(err)
+		return
 	}
 	if len(resp.Published) != len(commit) {
-		return forget(errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d SSD commits", len(resp.Published), len(commit)))
+		forget(errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d SSD commits", len(resp.Published), len(commit)))
+		return
 	}
 	for j, i := range at {
 		if !resp.Published[j] {
@@ -151,7 +176,6 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest) []error {
 			o.store.Forget(items[i].Key, items[i].PutId)
 		}
 	}
-	return errs
 }
 
 // persistJobs checks each item (errs[i] set for those refused) and groups the others:

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -39,5 +40,86 @@ func TestPersistBatchLargerThanRing(t *testing.T) {
 	}
 	if used := n.o.store.Stats().UsedBytes; used != 0 {
 		t.Errorf("%d bytes of SSD used by entries the master never published", used)
+	}
+}
+
+// TestPersistGroupCommitsAsJobsEnd: a persist group commits (and releases the commit
+// pins of) the records its jobs wrote as they end, not after its last job (here pulls
+// from other owners that answer nothing, each bounded by TransferTimeout, in rounds of
+// PERSIST_BATCH_IN_FLIGHT). The ring is FIFO: once other persists wrote a ring's worth
+// behind a pinned record, every writer waits for it, up to BusyWait, and fails; the pin
+// budget bounds the bytes pinned, not for how long.
+func TestPersistGroupCommitsAsJobsEnd(t *testing.T) {
+	so := ssdOptions(t, 1<<20)
+	so.ShardsPerDevice = 1
+	so.BusyWait = 1500 * time.Millisecond
+	n := startNode(t, 8<<20, so, master.Options{}, func(o *Options) { o.TransferTimeout = time.Second })
+
+	// Owners that accept data-plane connections and never answer.
+	var silent []string
+	for range 24 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+			}
+		}()
+		silent = append(silent, ln.Addr().String())
+	}
+	// Call A: one local record (written at once), then 24 pooled values.
+	a := []*peer.SsdReplicaPersistRequest{{Key: "a-local", PutId: 1, Generation: n.o.generation, Offset: 0, Len: 60000}}
+	for i, addr := range silent {
+		a = append(a, &peer.SsdReplicaPersistRequest{Key: fmt.Sprintf("a-pooled-%d", i), PutId: int64(100 + i), Generation: n.o.generation,
+			Offset: 0, Len: 512, SourceNodeId: fmt.Sprintf("ghost-%d", i), SourceGeneration: 1, SourceDataAddr: addr})
+	}
+	aDone := make(chan []error, 1)
+	t0 := time.Now()
+	go func() {
+		errs, err := n.o.persistMany(a)
+		t.Logf("call A took %v", time.Since(t0))
+		if err != nil {
+			t.Error(err)
+		}
+		aDone <- errs
+	}()
+	time.Sleep(200 * time.Millisecond) // a-local is written and pinned
+	// Calls B: 1.4 MiB of this owner's values, more than the ring, in calls small enough
+	// to fit the pin budget beside A's group: together they lap a-local.
+	start := time.Now()
+	failed, total := 0, 0
+	for call := range 6 {
+		var b []*peer.SsdReplicaPersistRequest
+		for i := range 4 {
+			k := call*4 + i
+			b = append(b, &peer.SsdReplicaPersistRequest{Key: fmt.Sprintf("b-%d", k), PutId: int64(1000 + k), Generation: n.o.generation,
+				Offset: int64(1+k) * 64 << 10, Len: 60000})
+		}
+		errs, err := n.o.persistMany(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("call B%d done after %v", call, time.Since(start))
+		for i, err := range errs {
+			total++
+			if err != nil {
+				failed++
+				if failed <= 2 {
+					t.Logf("call B%d item %d after %v: %v", call, i, time.Since(start), err)
+				}
+			}
+		}
+	}
+	aErrs := <-aDone
+	t.Logf("call A: local %v; call B took %v", aErrs[0], time.Since(start))
+	if failed > 0 {
+		t.Errorf("%d of %d values failed: the ring stayed blocked by another call's record, pinned while that call's pulls ran", failed, total)
 	}
 }

@@ -45,12 +45,13 @@ func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*exte
 			it := items[i]
 			reqs[j] = &mp.PutStartItem{Key: it.Key, Len: it.Len, RejectIfExists: it.Opts != nil && it.Opts.RejectIfExists, Parent: it.Parent}
 		}
+		sent := time.Now()
 		plans, epoch, callErr := o.askPutStart(reqs)
 		for j, i := range part {
 			err := callErr
 			if err == nil {
 				var r *external.PutStartResponse
-				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch); err == nil {
+				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch, sent.Add(o.opts.PutCopyDeadline)); err == nil {
 					out[i] = r
 				}
 			}
@@ -97,15 +98,15 @@ func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartRespo
 }
 
 // acceptStartedPut records the put the master placed for it (resp, answered to a call
-// sent at registration epoch) in session c.
-func (o *Owner) acceptStartedPut(c *session, it *mp.PutStartItem, resp *mp.PutStartResponse, epoch uint64) (*external.PutStartResponse, error) {
+// sent at registration epoch) in session c; no copy into its range starts after copyBy.
+func (o *Owner) acceptStartedPut(c *session, it *mp.PutStartItem, resp *mp.PutStartResponse, epoch uint64, copyBy time.Time) (*external.PutStartResponse, error) {
 	if err := o.master.check(resp.Code, resp.Message, nil); err != nil {
 		return nil, err
 	}
 	// The client writes at the source offset: the target itself, or, for a put the
 	// master placed on another owner, a range of this owner's transfer area that the
 	// target pulls from at PutDone.
-	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, parent: it.Parent, local: resp.TargetNodeId == o.opts.NodeID}
+	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, parent: it.Parent, local: resp.TargetNodeId == o.opts.NodeID, copyBy: copyBy}
 	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-it.Len {
 		o.abandonPut(p)
 		return nil, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, it.Len, o.seg.Size())
@@ -249,6 +250,13 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 		o.unlock()
 		return nil, nil, err
 	}
+	if len(copies) > 0 && time.Now().After(p.copyBy) {
+		err := o.expirePutLocked(st, c, p)
+		c.ended.add(p.putID, p.key, err) // a repeated PutEnd answers the same
+		o.unlock()
+		o.abandonPut(p)
+		return nil, nil, err
+	}
 	p.ending = make(chan struct{}) // no PutWrite starts from now on
 	if len(copies) > 0 {
 		c.copying++ // keeps the area mapped while PutWrites finish and ours runs
@@ -263,6 +271,16 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 	o.waitCopiesLocked(p)
 	o.unlock()
 	return p, nil, nil
+}
+
+// expirePutLocked takes p, whose copy deadline passed, out of session c (as PutAbort
+// does, once no copy into it runs) and returns the error to answer; the caller
+// abandons p once it released Owner.mu.
+func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error {
+	delete(c.puts, p.putID)
+	st.writes.remove(p.write)
+	o.waitCopiesLocked(p)
+	return errCode(common.ErrorCode_UNAVAILABLE, "put %d of %q started more than %v ago: the master may have expired it; put the value again", p.putID, p.key, o.opts.PutCopyDeadline)
 }
 
 // publish runs PutDone for ps (one call: PutDone for one put, else BatchPutDone per
@@ -294,7 +312,10 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		st := o.lock()
 		for _, i := range part {
 			if err != nil {
-				// It may have published: the older version this owner records may be dead.
+				// It may have published: the older version this owner records, or holds
+				// in its hot set as the key's replica, may be dead. (Its SSD entries are
+				// kept: a master that did not publish still routes gets to them.)
+				st.ack(st.hot.invalidate(ps[i].key, ps[i].putID-1))
 				st.replicas.drop(ps[i].key, ps[i].putID-1)
 			}
 		}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"time"
+
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -90,6 +92,12 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 	}
 	if err := st.checkPutCopies(c, p, copies); err != nil {
 		o.unlock()
+		return err
+	}
+	if time.Now().After(p.copyBy) {
+		err := o.expirePutLocked(st, c, p)
+		o.unlock()
+		o.abandonPut(p)
 		return err
 	}
 	p.copying++

@@ -59,6 +59,9 @@ type pendingPut struct {
 	// repeated PutEnd meanwhile waits for it and answers its outcome.
 	ending  chan struct{}
 	outcome error
+	// copyBy: no copy into its range starts after it (Options.PutCopyDeadline after
+	// its PutStart was sent): the master may have expired the put and freed the range.
+	copyBy time.Time
 	// copying counts PutWrite copies into the put's range in progress: its range is
 	// not given back (abort, session end) nor published before they finish.
 	copying int

@@ -1,0 +1,126 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/client/callopt"
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+)
+
+// TestIsolatedCopyAfterPutDeadline: under client isolation the owner copies a put's
+// bytes from the session's put area into the put's range at PutEnd (and PutWrite). A
+// put whose client took longer than the master's --inflight-ttl to fill its value was
+// revoked by the master meanwhile and its range freed; another put may have been
+// placed there and published since. The owner must not copy into that range: the other
+// key's bytes would change under its published version. Past PutCopyDeadline (below the
+// master's TTL) the owner refuses the copy (UNAVAILABLE: put again).
+func TestIsolatedCopyAfterPutDeadline(t *testing.T) {
+	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 300 * time.Millisecond},
+		func(o *Options) {
+			o.ClientIsolation = true
+			o.PutArea = 1 << 20
+			o.PutCopyDeadline = 200 * time.Millisecond
+		})
+	if !n.c.Isolated() {
+		t.Fatal("client not isolated")
+	}
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+
+	const size = 64 << 10
+	good := bytes.Repeat([]byte{0x11}, size)
+	bad := bytes.Repeat([]byte{0xEE}, size)
+	slowDone := make(chan error, 1)
+	go func() {
+		// A slow writer: its fill outlasts the master's in-flight TTL.
+		slowDone <- n.c.PutWith("slow", size, fluxkv.PutOptions{}, func(dst []byte) error {
+			time.Sleep(2 * time.Second)
+			copy(dst, bad)
+			return nil
+		})
+	}()
+	// Meanwhile the master expires the slow put (Maintain runs every 500 ms) and frees
+	// its range; another client's puts take the room.
+	time.Sleep(1200 * time.Millisecond)
+	keys := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
+	for _, k := range keys {
+		if err := c2.Put(k, good); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-slowDone; !errors.Is(err, fluxkv.ErrUnavailable) {
+		t.Errorf("the put past its copy deadline: %v, want UNAVAILABLE", err)
+	}
+	for _, k := range keys {
+		h, err := c2.Get(k)
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), good) {
+			t.Errorf("%s: its published bytes were overwritten by the expired put's PutEnd copy (first byte %#x)", k, h.Bytes()[0])
+		}
+		h.Release()
+	}
+}
+
+// putDoneReplyLost publishes at the master, then loses the reply.
+type putDoneReplyLost struct {
+	masterservice.Client
+	lost atomic.Int64
+}
+
+func (r *putDoneReplyLost) PutDone(ctx context.Context, req *mp.PutDoneRequest, opts ...callopt.Option) (*mp.PutDoneResponse, error) {
+	if _, err := r.Client.PutDone(ctx, req, opts...); err != nil {
+		return nil, err
+	}
+	r.lost.Add(1)
+	return nil, errors.New("injected: connection reset after the master answered")
+}
+
+// TestPutDoneReplyLostHotSet: when a PutDone's reply is lost the master may have
+// published the new version, so the owner drops the older one from its hot set as from
+// its replica index: its gets must not answer the old bytes from the hot set (with no
+// master call, for the whole cache grace) while every other owner reads the new one.
+func TestPutDoneReplyLostHotSet(t *testing.T) {
+	n := startNode(t, 8<<20, nil, master.Options{})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil)
+	v1, v2 := bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)
+	if err := n.c.Put("k", v1); err != nil {
+		t.Fatal(err)
+	}
+	h, err := n.c.Get("k") // the replica's holding joins the hot set
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	lost := &putDoneReplyLost{}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { lost.Client = c; return lost })
+	err = n.c.Put("k", v2)
+	t.Logf("put of v2: %v (replies lost: %d)", err, lost.lost.Load())
+	h2, err := c2.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := h2.Bytes()[0]
+	h2.Release()
+	h1, err := n.c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	here := h1.Bytes()[0]
+	h1.Release()
+	if other == 2 && here != 2 {
+		t.Errorf("owner n2 reads the published v2, the requester's owner still answers v%d from its hot set", here)
+	}
+}
