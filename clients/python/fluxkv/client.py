@@ -304,6 +304,14 @@ class _Session:
             self.flushes_in_flight.add(token)
             try:
                 resp = self.call("Release", encode_fields(ReleaseRequest(None, ids)), piggyback=False)
+            except _Stale:
+                raise  # the session is gone: its end released them
+            except BaseException:
+                # NEVER RETRIED (external.thrift): the ids of a failed Release stay queued
+                # and ride on later calls (a repeat of one the owner did get answers
+                # INVALID_ARGUMENT for it, harmlessly).
+                self.pending.extendleft(reversed(ids))
+                raise
             finally:
                 self._answered(token)
             if resp.results is None or len(resp.results) != len(ids):
@@ -832,6 +840,8 @@ class Client:
     def _put_wave_once(self, prepared: list, parents: list, idx: list, opts: PutOptions, errors: list) -> list:
         """One BatchPutStart, the copies, one BatchPutEnd (resent on the same session after a
         lost reply). Returns the items whose outcome is unknown (errors[i] says why)."""
+        for i in idx:
+            errors[i] = None  # a redo answers afresh: what an earlier try left is stale
         starts = [PutStartItem(prepared[i][0], prepared[i][2], opts, parents[i]) for i in idx]
         nbytes = sum(prepared[i][2] for i in idx)
         self._stats["waves"] += 1
@@ -1316,6 +1326,7 @@ def _flush_loop(client_ref, wake: threading.Event, delay: float) -> None:
         if c is None or c._closed or c._wake is not wake:
             return
         s = c._s
+        failed = False
         while s is not None and s.state is None:
             seen = s.rpc_count
             time.sleep(delay)
@@ -1326,10 +1337,13 @@ def _flush_loop(client_ref, wake: threading.Event, delay: float) -> None:
             try:
                 s.flush_releases()
             except Exception:
-                break  # the owner is gone or the session ended: its end released them
+                # The owner is gone or the session ended (its end released them), or the
+                # Release failed: its ids stay queued for the next call or the next wake-up.
+                failed = True
+                break
         c._flush_armed = False
         wake.clear()
-        if s is not None and s.state is None and s.pending:
+        if not failed and s is not None and s.state is None and s.pending:
             c._kick()  # queued while disarming
         del c, s
 

@@ -220,3 +220,65 @@ def test_releases_are_chunked(client, monkeypatch):
     assert sum(carried) == total
     assert st["client_holders"] == 0
     assert client.release_errors == 0
+
+
+def test_batch_put_redo_that_succeeds_is_not_reported_failed(cluster, monkeypatch):
+    """The owner restarts with the BatchPutEnd reply: the outcome is unknown, and without
+    reject_if_exists the wave is redone on the new session. The redo stores every item, so
+    batch_put must return normally (errors from the first try must not survive)."""
+    node = cluster.up("64MiB", name="bredo")
+    c = fluxkv.connect(node.socket)
+    try:
+        def crash():
+            node.kill()
+            cluster.up("64MiB", name="bredo")
+
+        dropped = drop_reply(monkeypatch, "BatchPutEnd", before=crash)
+        items = [(f"br/{i}", pattern(f"br/{i}", 0, 4096)) for i in range(4)]
+        c.batch_put(items)  # raises the stale _OutcomeUnknown of the first try
+        assert dropped == ["BatchPutEnd"] and c._stats["put_redos"] == 4
+        for k, v in items:
+            with c.get(k) as h:
+                assert h.bytes() == v
+    finally:
+        c.close()
+
+
+def test_batch_put_lost_reply_over_put_end_memory_is_not_reported_failed(client, monkeypatch):
+    """A lost BatchPutEnd reply for more items than the owner remembers (PUT_END_MEMORY): the
+    resend answers INVALID_ARGUMENT for the oldest items, whose outcome is then unknown, and
+    they are redone (no reject_if_exists). Every item ends stored, so batch_put must not
+    raise."""
+    dropped = drop_reply(monkeypatch, "BatchPutEnd")
+    items = [(f"mem/{i}", pattern(f"mem/{i}", 0, 1024)) for i in range(100)]
+    client.batch_put(items)
+    assert dropped == ["BatchPutEnd"] and client._stats["put_redos"] > 0
+    for k, v in items:
+        with client.get(k) as h:
+            assert h.bytes() == v
+
+
+def test_failed_release_call_keeps_its_ids_queued(client, monkeypatch):
+    """external.thrift, NEVER RETRIED (Release): "the ids of a failed Release stay queued and
+    ride on later calls". Here the flush's Release call breaks before it reaches the owner
+    (the connection could not be used): its holder ids must stay queued, so the owner
+    hears of the release later; instead they are dropped and the owner keeps the holder
+    (and its bytes, unevictable) until the session ends."""
+    client.put("rel-fail", b"z" * 4096)
+    h = client.get("rel-fail")
+    h.release()
+    orig = _wire.RPCConnection.call
+    failed: list = []
+
+    def call(self, name, session, rest):
+        if name == "Release" and not failed:
+            failed.append(name)
+            self.close()
+            raise OSError(104, "connection reset (by the test) before the request was sent")
+        return orig(self, name, session, rest)
+
+    monkeypatch.setattr(_wire.RPCConnection, "call", call)
+    client.flush()  # the Release call fails; the owner is alive
+    assert failed == ["Release"]
+    client.exists("rel-fail")  # a later call carries what is still queued
+    assert client.stat()["client_holders"] == 0, "the holder's release was lost with the failed Release call"

@@ -546,3 +546,38 @@ def test_prefill_from_fluxkv_matches_recompute(sg, node, dtype, layout, interfac
     assert m.generate(tokens, 64, prefix) == m.generate(tokens, 64)
     a.backend.close()
     b.backend.close()
+
+
+def test_sglang_get_stats_does_not_wait_for_an_attach(tmp_path):
+    """get_stats() runs on SGLang's scheduler thread and "never waits on fluxkv". But it reads
+    PageStore.counters(), which takes the store's lock, and PageStore._connected() holds
+    that lock while it attaches (up to attach_timeout) to an owner that accepts and does not
+    answer: the scheduler thread waits as long."""
+    import socket
+    import time
+
+    path = str(tmp_path / "fluxkv.sock")
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(path)
+    hung.listen(16)  # accepts (in the backlog), never answers the attach hello
+    try:
+        with engine_standin("sglang"):
+            from sglang.srt.managers.cache_controller import StorageController
+            from sglang.srt.mem_cache import hicache_storage, pool_host
+
+            import fluxkv.integrations.sglang as backend
+
+            sg = SimpleNamespace(storage=hicache_storage, pools=pool_host, Controller=StorageController, backend=backend)
+            pool = make_pool(sg, False, "page_first", torch.float32)
+            b = engine(sg, pool, "hung-owner", path, timeout_s=3).backend
+            t = threading.Thread(target=b.batch_exists, args=(["p0"],), daemon=True)
+            t.start()
+            time.sleep(0.3)  # the prefetch thread is attaching now
+            t0 = time.monotonic()
+            b.get_stats()
+            waited = time.monotonic() - t0
+            t.join(10)
+            b.close()
+        assert waited < 0.5, f"get_stats() waited {waited:.2f} s for another thread's attach"
+    finally:
+        hung.close()

@@ -78,6 +78,9 @@ class PageStore:
         else:
             self._client, self._socket, self._owns = None, client_or_socket, True
         self._lock = threading.Lock()
+        # Serializes attaching (which may take attach_timeout) without holding _lock, which
+        # counters() and the call paths take and must never wait on the network for.
+        self._connect_lock = threading.Lock()
         self._next_try = 0.0
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._logged_at = -_LOG_EVERY_S
@@ -320,15 +323,28 @@ class PageStore:
                 raise Error("the page store is closed")
             if self._client is not None:
                 return self._client
-            now = time.monotonic()
-            if now < self._next_try:
-                raise Unavailable(f"the owner at {self._socket!r} was unreachable; next try in {self._next_try - now:.1f} s")
-            self._next_try = now + self._retry_s
+        with self._connect_lock:
+            with self._lock:
+                if self._closed:
+                    raise Error("the page store is closed")
+                if self._client is not None:
+                    return self._client
+                now = time.monotonic()
+                if now < self._next_try:
+                    raise Unavailable(f"the owner at {self._socket!r} was unreachable; next try in {self._next_try - now:.1f} s")
+                self._next_try = now + self._retry_s
             try:
-                self._client = fluxkv.connect(self._socket, timeout=self._timeout, attach_timeout=min(self._timeout, 10.0))
+                c = fluxkv.connect(self._socket, timeout=self._timeout, attach_timeout=min(self._timeout, 10.0))
             except (Error, OSError) as e:
                 raise Unavailable(f"cannot attach to the owner at {self._socket!r}: {e}") from e
-            return self._client
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._client = c
+            if closed:
+                c.close()
+                raise Error("the page store is closed")
+            return c
 
     def _guard(self, missing, op):
         """op(client); failing open, an outage answers ``missing`` instead of raising."""
