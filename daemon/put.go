@@ -134,9 +134,12 @@ func (st *ownerState) acceptPut(c *session, p *pendingPut, epoch uint64) error {
 	if st.reg.epoch != epoch {
 		return errCode(common.ErrorCode_UNAVAILABLE, "the master changed during PutStart; retry the put")
 	}
-	if p.local {
-		st.replicas.open(p.offset, p.len)
-	}
+	// A put placed elsewhere is written into a source range of this owner's transfer
+	// area (or landing area), which the pool may have borrowed for a replica until the
+	// master took it back for this source: the eviction notice of that replica comes
+	// only with the next heartbeat, so its record goes now, before the client writes
+	// (else a new master would adopt it from this owner's report over the put's bytes).
+	st.replicas.open(p.offset, p.len)
 	c.puts[p.putID] = p
 	p.write = st.writes.add(writePut, p.putID, p.offset, p.len)
 	return nil

@@ -1,0 +1,105 @@
+package daemon
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/client/callopt"
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+)
+
+// heldRegister is a master client whose next Register waits, once armed, until release
+// is closed (a Register call in flight).
+type heldRegister struct {
+	masterservice.Client
+	hold    atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldRegister) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	if h.hold.CompareAndSwap(true, false) {
+		close(h.entered)
+		<-h.release
+	}
+	return h.Client.Register(ctx, req, o...)
+}
+
+// TestPinAckDuringRegister: a holder released while the owner's Register call to a
+// restarted master is in flight. The registration reported the holding as a pin, so the
+// new master holds its range until the owner acks the pin id. The release queues that
+// ack at once: sent before the Register landed, the new master answered it
+// STALE_GENERATION and the acker dropped it, and the new master held the range for good
+// (a replica sharing it never evictable). The acker now waits for the registration.
+func TestPinAckDuringRegister(t *testing.T) {
+	log := zerolog.Nop()
+	mo := master.Options{InsecureCluster: true, Logger: &log}
+	m1, err := master.NewServer(mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m1.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	addr := m1.Addr().String()
+	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: addr, NodeID: "n1", Logger: &log, InsecureCluster: true,
+		LocalMaster: m1.LocalClient()}
+	o, c := startOwnerClient(t, opts, t.Name())
+	if err := c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Get("k") // reported as a pin at the next registration
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The master restarts; the owner's next Register waits in flight.
+	m1.Stop()
+	m2, err := master.NewServer(mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Start(addr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Stop() })
+	held := &heldRegister{Client: m2.LocalClient(), entered: make(chan struct{}), release: make(chan struct{})}
+	held.hold.Store(true)
+	cur := o.master.client.Load()
+	o.master.client.Store(&masterClient{Client: held, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- o.master.register(ctx)
+	}()
+	<-held.entered
+	h.Release() // while the Register call is out
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the acker's flush (AckDelay 1 ms) runs
+	close(held.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		o.acks.sync()
+		n := nodeHolders(t, m2)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new master still holds %d range(s) of n1 for pins the owner no longer uses (their acks were dropped)", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
