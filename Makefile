@@ -78,6 +78,7 @@ fuzz: build
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPolicy$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzPagePolicy$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzRangeSet$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzStateRandom$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ -run '^$$' -fuzz '^FuzzMasterFrames$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./master/ha/ -run '^$$' -fuzz '^FuzzParseURL$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shm/ -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
