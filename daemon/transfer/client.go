@@ -405,6 +405,12 @@ func (c *Client) readReply(tc *net.TCPConn, r pullRef, dst []byte) pullResult {
 		return c.ioFail(r, "reading the reply", 0, true, err)
 	}
 	msg := rh[responseFixedLen : responseFixedLen+msgLen] // %s prints it; an OK's padding is never copied
+	if status != statusOK && length != 0 {
+		// A refusal carries no data: bytes it announced would be read as the next
+		// pull's reply. The stream is out of step.
+		return pullResult{err: fmt.Errorf("%w: %s: a %s status announcing %d bytes: %s", ErrUnreachable, r, statusName(status), length, msg),
+			kind: metrics.TransferErrBadRequest, started: true}
+	}
 	switch status {
 	case statusOK:
 	case statusFenced:

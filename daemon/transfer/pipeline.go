@@ -40,10 +40,10 @@ const pipelineRunBytes = 8 << 20
 // as Pull's do. One refused item fails alone; a connection that breaks fails the
 // items it had not delivered. Each run of items holds one of the peer's
 // MaxPullsPerPeer slots for its duration (a run of staged pulls only does not, as a
-// staged Pull does not), and runs go concurrently.
+// staged Pull does not), and runs go concurrently. Staged items go on one run, in
+// order, whatever their bytes.
 func (c *Client) PullMany(ctx context.Context, addr string, items []PullItem) []error {
 	errs := make([]error, len(items))
-	var total int64
 	for i, it := range items {
 		switch {
 		case len(it.Dst) == 0 || it.Offset < 0:
@@ -53,15 +53,27 @@ func (c *Client) PullMany(ctx context.Context, addr string, items []PullItem) []
 				errs[i] = fmt.Errorf("transfer: pull from %s: %w", addr, err)
 			}
 		}
-		total += int64(len(it.Dst))
 	}
-	var valid []int
+	// Staged pulls stay on one pipeline, in order: the source reads their chunks in
+	// list order and a staged pull waits a bounded time for its chunk, so a run started
+	// further down the list would wait for every chunk before it (refillGroup). Memory
+	// pulls are split into runs across connections.
+	var plain, staged []int
+	var total int64
 	for i, err := range errs {
-		if err == nil {
-			valid = append(valid, i)
+		switch {
+		case err != nil:
+		case items[i].Fence.Staged:
+			staged = append(staged, i)
+		default:
+			plain = append(plain, i)
+			total += int64(len(items[i].Dst))
 		}
 	}
-	runs := splitRuns(items, valid, total, c.opts.MaxPullsPerPeer)
+	runs := splitRuns(items, plain, total, c.opts.MaxPullsPerPeer)
+	if len(staged) > 0 {
+		runs = append(runs, staged)
+	}
 	done := make(chan struct{}, len(runs))
 	for _, run := range runs[1:] {
 		go func() {
