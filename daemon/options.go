@@ -87,6 +87,12 @@ type Options struct {
 	// --inflight-ttl, so a later copy could land in another key's value. Keep it below
 	// the master's in-flight TTL. Default 50s.
 	PutCopyDeadline time.Duration
+	// PersistReadWindow is how long after a BatchSsdReplicaPersist arrived the owner
+	// still reads its values' source ranges (its own segment, or another owner's by a
+	// pull): the master releases the ranges it kept for the persist when the call
+	// times out (its PersistTimeout, 30 s by default), after which they may hold other
+	// values. Keep it below that timeout. Default 20s.
+	PersistReadWindow time.Duration
 	// SocketMode is the permission of both sockets. Default 0660: the socket's group decides who may attach.
 	SocketMode os.FileMode
 	// AllowedUIDs may attach besides root, this process's uid and members of the
@@ -207,6 +213,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PutCopyDeadline == 0 {
 		o.PutCopyDeadline = 50 * time.Second
+	}
+	if o.PersistReadWindow == 0 {
+		o.PersistReadWindow = 20 * time.Second
 	}
 	if o.SocketMode == 0 {
 		o.SocketMode = 0o660

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
@@ -42,6 +43,7 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
 	}
 	defer o.doneSegment()
+	readBy := time.Now().Add(o.opts.PersistReadWindow)
 	errs := make([]error, len(items))
 	weight := func(req *peer.SsdReplicaPersistRequest) int64 {
 		switch {
@@ -66,7 +68,7 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 		}
 		func() {
 			defer o.persistPins.Release(w)
-			copy(errs[lo:hi], o.persistGroup(items[lo:hi]))
+			copy(errs[lo:hi], o.persistGroup(items[lo:hi], readBy))
 		}()
 		lo = hi
 	}
@@ -79,7 +81,7 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 // pin blocks its ring once the ring's head comes round to it, so it must not wait for
 // a slow job of the same group (a pull from another owner may take TransferTimeout,
 // and the group runs its jobs PERSIST_BATCH_IN_FLIGHT at a time).
-func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest) []error {
+func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest, readBy time.Time) []error {
 	epoch := o.regEpoch()
 	errs := make([]error, len(items))
 	pins := make([]ssd.CommitPin, len(items))
@@ -90,11 +92,11 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest) []error {
 		workers.ForEach(len(jobs), int(peer.PERSIST_BATCH_IN_FLIGHT), func(j int) {
 			job := jobs[j]
 			if req := items[job[0]]; !o.isLocalSource(req) {
-				pins[job[0]], errs[job[0]] = o.persistPulled(req)
+				pins[job[0]], errs[job[0]] = o.persistPulled(req, readBy)
 			} else {
 				batch := make([]ssd.PersistItem, len(job))
 				for k, i := range job {
-					batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len]}
+					batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len], ReadBy: readBy}
 				}
 				ps, es := o.store.PersistMany(batch)
 				for k, i := range job {
@@ -231,11 +233,20 @@ func (o *Owner) checkPersist(req *peer.SsdReplicaPersistRequest) error {
 // persistPulled writes the SSD record of a value whose memory replica is on another
 // owner (the SSD pool), pulled over the data plane straight into the record's buffer;
 // the pin is valid when err is nil.
-func (o *Owner) persistPulled(req *peer.SsdReplicaPersistRequest) (ssd.CommitPin, error) {
+func (o *Owner) persistPulled(req *peer.SsdReplicaPersistRequest, readBy time.Time) (ssd.CommitPin, error) {
 	f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
-	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
+	// The pull ends by readBy: the source owner serves it from a range the master keeps
+	// for the persist only until its call times out.
+	deadline := time.Now().Add(o.opts.TransferTimeout)
+	if readBy.Before(deadline) {
+		deadline = readBy
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	pin, err := o.store.PersistFrom(req.Key, req.PutId, req.Len, func(dst []byte) error {
+		if late := time.Since(readBy); late > 0 {
+			return fmt.Errorf("its source was not pulled by its deadline (%v late)", late)
+		}
 		return o.puller.Pull(ctx, req.SourceDataAddr, f, req.Offset, dst)
 	})
 	if err != nil {

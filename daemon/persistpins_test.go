@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +123,40 @@ func TestPersistGroupCommitsAsJobsEnd(t *testing.T) {
 	t.Logf("call A: local %v; call B took %v", aErrs[0], time.Since(start))
 	if failed > 0 {
 		t.Errorf("%d of %d values failed: the ring stayed blocked by another call's record, pinned while that call's pulls ran", failed, total)
+	}
+}
+
+// TestPersistReadWindow: a persist that could not start reading its values' source
+// ranges within PersistReadWindow of its call (here: the pin budget held meanwhile)
+// fails them unread, UNAVAILABLE. The master released the ranges it kept for the
+// persist when its call timed out: read later, they may hold other values, which the
+// SSD record (its checksum computed over them) would serve under this key.
+func TestPersistReadWindow(t *testing.T) {
+	so := ssdOptions(t, 8<<20)
+	n := startNode(t, 8<<20, so, master.Options{}, func(o *Options) { o.PersistReadWindow = 200 * time.Millisecond })
+	if err := n.o.persistPins.Acquire(context.Background(), n.o.persistPins.size); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []*peer.SsdReplicaPersistRequest{{Key: "late", PutId: 1, Generation: n.o.generation, Offset: 0, Len: 60000}}
+	type result struct {
+		errs []error
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		errs, err := n.o.persistMany(reqs)
+		done <- result{errs, err}
+	}()
+	time.Sleep(400 * time.Millisecond) // past the window, the call still waits for the budget
+	n.o.persistPins.Release(n.o.persistPins.size)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.errs[0] == nil || !strings.Contains(r.errs[0].Error(), "deadline") {
+		t.Fatalf("a value read past the window: %v, want an UNAVAILABLE naming the deadline", r.errs[0])
+	}
+	if used := n.o.store.Stats().UsedBytes; used != 0 {
+		t.Errorf("%d bytes on SSD: a record was written from a source read past its window", used)
 	}
 }

@@ -3,6 +3,7 @@ package ssd
 import (
 	"fmt"
 	"hash/crc32"
+	"time"
 )
 
 // PersistRunBytes bounds the bytes PersistMany writes with one IO: on a disk that
@@ -18,6 +19,9 @@ type PersistItem struct {
 	Key   string
 	PutID int64
 	Src   []byte
+	// ReadBy, when set, is the last moment Src may be read: a caller whose source range
+	// may be reused after it gets an error for an item not copied by then, unread.
+	ReadBy time.Time
 }
 
 // PersistMany persists each item as Persist does, with fewer and larger writes: items
@@ -31,7 +35,7 @@ func (s *Storage) PersistMany(items []PersistItem) ([]CommitPin, []error) {
 	recs := make([]*record, len(items))
 	call := new(persistCall) // the pins of its records are held until it returns
 	for i, it := range items {
-		recs[i] = &record{key: it.Key, putID: it.PutID, length: int64(len(it.Src)), fill: copyFrom(it.Src), call: call}
+		recs[i] = &record{key: it.Key, putID: it.PutID, length: int64(len(it.Src)), fill: readBy(it.ReadBy, copyFrom(it.Src)), call: call}
 	}
 	for lo := 0; lo < len(recs); {
 		hi, bytes := lo+1, s.RecordSpan(recs[lo].key, recs[lo].length)
@@ -51,6 +55,19 @@ func (s *Storage) PersistMany(items []PersistItem) ([]CommitPin, []error) {
 		pins[i], errs[i] = r.pin, r.err
 	}
 	return pins, errs
+}
+
+// readBy is fill, failing instead once by (zero: never) has passed.
+func readBy(by time.Time, fill func(dst []byte) error) func(dst []byte) error {
+	if by.IsZero() {
+		return fill
+	}
+	return func(dst []byte) error {
+		if late := time.Since(by); late > 0 {
+			return fmt.Errorf("its source was not read by its deadline (%v late)", late)
+		}
+		return fill(dst)
+	}
 }
 
 // copyFrom is the fill of a value held in memory.
