@@ -164,6 +164,16 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		}
 		ok = append(ok, j)
 	}
+	if len(ok) > 0 && !c.use(a) { // a re-attach retired a meanwhile: its session, and the puts, are gone
+		for _, j := range ok {
+			errs[idx[j]] = fmt.Errorf("%w: the session ended before the value was written", errOutcomeUnknown)
+			unknown = append(unknown, idx[j])
+		}
+		return unknown
+	}
+	if len(ok) > 0 {
+		defer c.unuse(a)
+	}
 	copies := make([][]*external.AreaCopy, len(idx))
 	werrs := make([]error, len(idx))
 	if a.area != nil {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -91,6 +92,15 @@ type attachment struct {
 	// until the PutWrite / PutEnd that copies it is answered.
 	areaMu sync.Mutex
 	idle   chan *rpcConn
+	// closed is set by close: a connection given back afterwards (a call that was in
+	// flight) is closed instead of pooled.
+	closed atomic.Bool
+	// Under Client.mu: users counts what views the mappings besides the client itself
+	// (live holders, puts writing into rw or area); retired: replaced by reattach, its
+	// mappings are unmapped once users falls to 0; unmapped: they were.
+	users    int
+	retired  bool
+	unmapped bool
 }
 
 // Client is an attached external. Safe for concurrent use. It follows the retry rules
@@ -98,8 +108,8 @@ type attachment struct {
 // the attach connection) the client attaches again by itself and retries the call once
 // where that is safe, a lost reply of a retry-safe call is retried on a fresh
 // connection, a lost PutEnd reply is retried on the same session (see PutWithID).
-// Holders of a previous incarnation keep viewing their old mapping until Close, but
-// their Release is a no-op.
+// Holders of a previous incarnation keep viewing their old mapping until released (the
+// last one unmaps it) or Close; their Release sends nothing.
 type Client struct {
 	opts Options
 
@@ -108,7 +118,7 @@ type Client struct {
 
 	mu       sync.Mutex // protects cur, old, releases, timerSet, relTimer, relFlights, relIdle, closed
 	cur      *attachment
-	old      []*attachment // previous incarnations, unmapped at Close
+	old      []*attachment // previous incarnations still in use, unmapped by their last user or at Close
 	releases []int64       // holder ids of cur waiting to ride on a call
 	timerSet bool          // relTimer is armed
 	relTimer *time.Timer   // sends releases no call carried within ReleaseDelay; reused
@@ -118,6 +128,7 @@ type Client struct {
 	// (a put, a get's target) that those releases were about to free.
 	relFlights int
 	relIdle    chan struct{}
+	relBackoff time.Duration // grows while the release timer's Flush fails; 0 after a success
 	closed     bool
 	closing    atomic.Bool // set with closed: the check a call makes before it dials, lock-free
 }
@@ -207,6 +218,16 @@ func mapAttachment(reply *external.AttachReply, fds []int) (*attachment, error) 
 // close drops the session and the pooled connections; unmap only when no holder can
 // view the mapping any more.
 func (a *attachment) close(unmap bool) {
+	a.closed.Store(true)
+	a.drainIdle()
+	a.conn.Close()
+	if unmap {
+		a.unmap()
+	}
+}
+
+// drainIdle closes the pooled connections.
+func (a *attachment) drainIdle() {
 	for {
 		select {
 		case rc := <-a.idle:
@@ -214,15 +235,43 @@ func (a *attachment) close(unmap bool) {
 			continue
 		default:
 		}
-		break
+		return
 	}
-	a.conn.Close()
-	if unmap {
-		for _, m := range []*shm.Mapping{a.rw, a.area, a.ro} {
-			if m != nil {
-				m.Close()
-			}
+}
+
+// unmap unmaps the segment and the put area.
+func (a *attachment) unmap() {
+	for _, m := range []*shm.Mapping{a.rw, a.area, a.ro} {
+		if m != nil {
+			m.Close()
 		}
+	}
+}
+
+// use counts a user of a's mappings (a holder, a put writing into them); false when
+// they are gone (a was retired by reattach and had no user left).
+func (c *Client) use(a *attachment) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a.unmapped {
+		return false
+	}
+	a.users++
+	return true
+}
+
+// unuse ends a use; the last user of a retired attachment unmaps it.
+func (c *Client) unuse(a *attachment) {
+	c.mu.Lock()
+	a.users--
+	drop := a.retired && a.users == 0 && !a.unmapped
+	if drop {
+		a.unmapped = true
+		c.old = slices.DeleteFunc(c.old, func(x *attachment) bool { return x == a })
+	}
+	c.mu.Unlock()
+	if drop {
+		a.unmap()
 	}
 }
 
@@ -268,7 +317,7 @@ func (c *Client) Close() error {
 	if c.relTimer != nil {
 		c.relTimer.Stop()
 	}
-	all := append(c.old, c.cur)
+	all := append(slices.Clone(c.old), c.cur) // a copy: unuse edits c.old
 	c.mu.Unlock()
 	for _, a := range all {
 		a.close(true)
@@ -317,15 +366,25 @@ func (c *Client) reattach(a *attachment) error {
 		return nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.cur != a || c.closed {
+		c.mu.Unlock()
 		n.close(true)
 		return nil
 	}
 	a.close(false) // holders may still view its mapping
-	c.old = append(c.old, a)
+	a.retired = true
+	unmap := a.users == 0
+	if unmap {
+		a.unmapped = true // nothing views it: the dead owner's segment can go now
+	} else {
+		c.old = append(c.old, a) // unmapped by its last user, or at Close
+	}
 	c.cur = n
 	c.releases = nil // the old owner's holders are gone with it
+	c.mu.Unlock()
+	if unmap {
+		a.unmap()
+	}
 	return nil
 }
 
@@ -371,6 +430,7 @@ func (c *Client) requeue(s *external.Session, a *attachment) {
 	if c.cur == a {
 		// A copy: s.Releases is the connection's buffer.
 		c.releases = append(append(make([]int64, 0, len(s.Releases)+len(c.releases)), s.Releases...), c.releases...)
+		c.armReleaseLocked(c.releaseRetryDelayLocked()) // sent again on their own, not only with a later call
 	}
 	c.mu.Unlock()
 }
@@ -431,10 +491,17 @@ func (c *Client) exchange(a *attachment, rc *rpcConn, method string, args, resul
 
 // putIdle gives rc back to the pool, or closes it when the pool is full.
 func (a *attachment) putIdle(rc *rpcConn) {
+	if a.closed.Load() {
+		rc.close()
+		return
+	}
 	select {
 	case a.idle <- rc:
 	default:
 		rc.close()
+	}
+	if a.closed.Load() { // close ran meanwhile and may have drained before our send
+		a.drainIdle()
 	}
 }
 

@@ -21,7 +21,8 @@ type MemHolder struct {
 }
 
 // Bytes is the value, read-only (writing faults): a view of the read-only mapping, not
-// a copy. It must not be used after Release. Nil once released.
+// a copy. It must not be used after Release (the mapping of an owner incarnation that
+// has since restarted is unmapped with its last holder). Nil once released.
 func (h *MemHolder) Bytes() []byte {
 	if h.released.Load() {
 		return nil
@@ -62,5 +63,6 @@ func (h *MemHolder) Release() error {
 		return ErrClosed
 	}
 	h.c.queueRelease(h.a, h.id)
+	h.c.unuse(h.a) // the last holder of a retired attachment unmaps it
 	return nil
 }

@@ -102,6 +102,9 @@ func (c *Client) holder(a *attachment, r *external.GetResponse) (*MemHolder, err
 		c.queueRelease(a, r.HolderId)
 		return nil, fmt.Errorf("%w: owner returned range [%d,+%d) outside the segment", ErrUnavailable, r.Offset, r.Len)
 	}
+	if !c.use(a) {
+		return nil, fmt.Errorf("%w: the session ended (the owner restarted) before the holder arrived", ErrUnavailable)
+	}
 	return &MemHolder{c: c, a: a, id: r.HolderId, off: r.Offset, n: r.Len, source: r.Source, remote: r.Remote, putID: r.PutId}, nil
 }
 
@@ -347,23 +350,45 @@ func (c *Client) queueRelease(a *attachment, id int64) {
 		return
 	}
 	c.releases = append(c.releases, id)
-	if !c.timerSet {
-		c.timerSet = true
-		if c.relTimer == nil {
-			c.relTimer = time.AfterFunc(c.opts.ReleaseDelay, c.releaseDue)
-		} else {
-			c.relTimer.Reset(c.opts.ReleaseDelay)
-		}
-	}
+	c.armReleaseLocked(c.opts.ReleaseDelay)
 	c.mu.Unlock()
 }
 
+// armReleaseLocked arms the release timer to fire after d, unless it is armed already,
+// nothing is queued or the client is closed.
+func (c *Client) armReleaseLocked(d time.Duration) {
+	if c.timerSet || c.closed || len(c.releases) == 0 {
+		return
+	}
+	c.timerSet = true
+	if c.relTimer == nil {
+		c.relTimer = time.AfterFunc(d, c.releaseDue)
+	} else {
+		c.relTimer.Reset(d)
+	}
+}
+
+// releaseRetryDelayLocked is how long queued releases whose call failed wait before the
+// timer sends them again.
+func (c *Client) releaseRetryDelayLocked() time.Duration {
+	return max(c.opts.ReleaseDelay, c.relBackoff)
+}
+
 // releaseDue is the release timer's function: it sends what no call carried meanwhile.
+// A failed send leaves the ids queued and re-arms the timer, backing off up to a second.
 func (c *Client) releaseDue() {
 	c.mu.Lock()
 	c.timerSet = false
 	c.mu.Unlock()
-	c.Flush()
+	err := c.Flush()
+	c.mu.Lock()
+	if err != nil {
+		c.relBackoff = min(max(2*c.relBackoff, c.opts.ReleaseDelay, 10*time.Millisecond), time.Second)
+	} else {
+		c.relBackoff = 0
+	}
+	c.armReleaseLocked(c.releaseRetryDelayLocked())
+	c.mu.Unlock()
 }
 
 // Flush sends queued releases now (they ride on the session of empty Releases).
