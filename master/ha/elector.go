@@ -140,7 +140,17 @@ func (e *Elector) campaignOnce(ctx context.Context) (*Term, error) {
 		case <-cctx.Done():
 		}
 	}()
-	err = t.election.Campaign(cctx, string(waiting))
+	// Election.Campaign, cancelled while waiting, resigns with the client's own context
+	// (unbounded): with etcd unreachable it would not return until etcd answers, and a
+	// master could not stop. Stop waiting for it when cctx ends; the lease is revoked
+	// (bounded) by end, and its key goes with it.
+	errc := make(chan error, 1)
+	go func() { errc <- t.election.Campaign(cctx, string(waiting)) }()
+	select {
+	case err = <-errc:
+	case <-cctx.Done():
+		err = cctx.Err()
+	}
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("campaign: %w", err)
@@ -273,10 +283,11 @@ func (t *Term) end(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, t.ttl)
 	defer cancel()
 	if t.session != nil {
-		t.session.Close() // revokes the lease: its keys go with it
-	} else {
-		t.e.cli.Revoke(ctx, t.lease)
+		// Not Session.Close: it revokes with a 60 s bound of its own (the default session
+		// TTL), so a stop while etcd is unreachable would hang that long.
+		t.session.Orphan()
 	}
+	t.e.cli.Revoke(ctx, t.lease) // its keys go with it
 }
 
 // Resign ends the term and hands leadership to the next candidate at once.

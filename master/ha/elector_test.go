@@ -125,3 +125,80 @@ func TestLeaderFencedWhenEtcdStops(t *testing.T) {
 	}
 	t.Log("the term resumed: its lease survived")
 }
+
+// TestResignWhileEtcdPaused: a leader cut off from etcd (etcd paused) is told to stop:
+// Resign must return within about the lease's TTL (it waited for the session's own
+// 60 s revoke), so a master's Stop (SIGTERM) finishes while etcd is unreachable.
+func TestResignWhileEtcdPaused(t *testing.T) {
+	etcd, cfg, cli, ctx := startEtcd(t)
+	a := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
+	ta := <-campaign(t, ctx, a)
+	if ta == nil {
+		t.Fatal("no term")
+	}
+	etcd.Pause(0)
+	resumed := false
+	defer func() {
+		if !resumed {
+			etcd.Resume(0)
+		}
+	}()
+	done := make(chan struct{})
+	t0 := time.Now()
+	go func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		ta.Resign(rctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Logf("Resign returned after %v with etcd paused", time.Since(t0))
+	case <-time.After(6 * time.Second):
+		etcd.Resume(0)
+		resumed = true
+		<-done
+		t.Fatalf("Resign (ctx 1s, TTL 2s) still blocked 6s after etcd paused; returned only after etcd resumed (%v)", time.Since(t0))
+	}
+}
+
+// TestCampaignCancelWhileEtcdPaused: a candidate waiting behind a leader is stopped (its
+// ctx cancelled) while etcd is unreachable: Campaign must return, or master.HA.Stop
+// (which waits for it before it closes the etcd client) hangs until etcd comes back.
+func TestCampaignCancelWhileEtcdPaused(t *testing.T) {
+	etcd, cfg, cli, ctx := startEtcd(t)
+	a := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
+	b := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "b:1", TTL: 2 * time.Second})
+	ta := <-campaign(t, ctx, a)
+	if ta == nil {
+		t.Fatal("no term")
+	}
+	bctx, bcancel := context.WithCancel(ctx)
+	chB := campaign(t, bctx, b)
+	time.Sleep(500 * time.Millisecond) // b waits behind a
+	etcd.Pause(0)
+	resumed := false
+	defer func() {
+		if !resumed {
+			etcd.Resume(0)
+		}
+		ta.Resign(context.Background())
+	}()
+	t0 := time.Now()
+	bcancel()
+	select {
+	case tb := <-chB:
+		if tb != nil {
+			t.Fatal("b leads")
+		}
+		t.Logf("b's Campaign returned %v after its ctx ended, etcd paused", time.Since(t0))
+	case <-time.After(6 * time.Second):
+		etcd.Resume(0)
+		resumed = true
+		select {
+		case <-chB:
+		case <-time.After(70 * time.Second):
+		}
+		t.Fatalf("b's Campaign still blocked 6s after its ctx was cancelled (etcd paused); returned %v after, once etcd resumed", time.Since(t0))
+	}
+}
