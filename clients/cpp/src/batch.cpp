@@ -221,13 +221,21 @@ std::vector<std::optional<MemHolder>> ClientImpl::batch_get(std::span<const std:
       raise_for(r.code, r.message);
       const auto& res = check_count("BatchGet", r, chunk.size());
       for (std::size_t j = 0; j < chunk.size(); ++j) {
-        if (res[j].code == kOK) {
-          out.emplace_back(make_holder(s, chunk[j], res[j]));
-        } else if (res[j].code == kNotFound) {
-          out.emplace_back(std::nullopt);
-        } else {
-          if (res[j].has_holder && res[j].holder_id != 0) s->queue_release(res[j].holder_id);
-          raise_for(res[j].code, "key " + quote(chunk[j]) + ": " + res[j].message);
+        try {
+          if (res[j].code == kOK) {
+            out.emplace_back(make_holder(s, chunk[j], res[j]));
+          } else if (res[j].code == kNotFound) {
+            out.emplace_back(std::nullopt);
+          } else {
+            if (res[j].has_holder && res[j].holder_id != 0) s->queue_release(res[j].holder_id);
+            raise_for(res[j].code, "key " + quote(chunk[j]) + ": " + res[j].message);
+          }
+        } catch (...) {
+          // The owner answered every key on its own: the holders it handed out for the
+          // keys after this one are given back too (those before it are in out: RAII).
+          for (std::size_t k = j + 1; k < res.size(); ++k)
+            if (res[k].has_holder && res[k].holder_id != 0) s->queue_release(res[k].holder_id);
+          throw;
         }
       }
     }

@@ -227,6 +227,7 @@ class PutTxn {
   std::int64_t offset_ = 0;
   bool turn_ = false;
   bool done_ = false;
+  bool saved_ = false;  // scratch_ holds the value (kept after an unknown outcome)
   std::vector<std::byte> scratch_;
 };
 

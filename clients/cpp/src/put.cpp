@@ -44,6 +44,7 @@ PutTxn::~PutTxn() {
 
 std::span<std::byte> PutTxn::writable() {
   auto n = static_cast<std::size_t>(n_);
+  if (saved_) return {scratch_.data(), n};
   if (!s_->isolated) return {s_->rw.data() + offset_, n};
   if (n <= s_->area.size()) return {s_->area.data(), n};
   if (scratch_.size() != n) scratch_.resize(n);
@@ -89,6 +90,22 @@ void PutTxn::commit(const std::byte* src) {
   try {
     retried = c_.put_end(
         s_, "PutEnd", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key_, put_id_, &copies); }, r);
+  } catch (const OutcomeUnknown&) {
+    // The put may be redone from writable() (fluxkv_put_commit): keep the bytes in this
+    // process before giving the put area back (another put of the session overwrites it
+    // as soon as it has the turn) and before the segment range can be reused.
+    if (src == nullptr && !(s_->isolated && n > s_->area.size())) {
+      try {
+        std::span<std::byte> at = writable();
+        std::vector<std::byte> keep(at.begin(), at.end());
+        scratch_ = std::move(keep);
+        saved_ = true;
+      } catch (...) {
+        // Out of memory: the redo copies from shared memory as before.
+      }
+    }
+    end_turn();
+    throw;
   } catch (...) {
     end_turn();
     throw;
