@@ -233,6 +233,14 @@ func (s *Server) invalidate(invs []Invalidation) {
 		go func() {
 			defer wg.Done()
 			s.invalidateOwner(t.k, t.gen, entries)
+			// Confirmed, or given up on (tombed): later deletes and overwrites of these
+			// keys need not wait for this owner on their account any more.
+			s.locked(func(st *State) error {
+				for _, e := range entries {
+					st.SyncDoneLocked(t.k.nodeID, t.gen, e.Key)
+				}
+				return nil
+			})
 		}()
 	}
 	wg.Wait()
@@ -263,7 +271,15 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 		})
 		switch {
 		case !live:
-			return // tombed meanwhile
+			// Tombed meanwhile (maybe by another invalidation given up on it, which waits
+			// out its lease on its own account, not this one's): it may still answer
+			// gets from its hot set until its lease, at most two intervals after its
+			// last heartbeat, which came before now, runs out.
+			select {
+			case <-s.inval.ctx.Done():
+			case <-time.After(2 * s.opts.HeartbeatInterval):
+			}
+			return
 		case silent || time.Now().After(deadline):
 			s.opts.Logger.Warn().Err(err).Str("node", k.nodeID).Str("peer", k.addr).Int("entries", len(entries)).Int("tries", tries).Bool("silent", silent).
 				Msg("a replica holder did not confirm an invalidation; tombed (it drops its replica index when it registers again)")

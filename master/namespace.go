@@ -105,7 +105,9 @@ func (s *State) NamespaceDelete(ref NodeRef, name string, limit int) (deleted, l
 		}
 		invs = append(invs, kinvs...)
 		if n.peerAddr != "" {
-			invs = append(invs, Invalidation{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: k, PutID: putID, Sync: true})
+			iv := Invalidation{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: k, PutID: putID, Sync: true}
+			s.pendSyncLocked(iv)
+			invs = append(invs, iv)
 		}
 	}
 	if ns := s.namespaces[name]; ns != nil {

@@ -353,8 +353,19 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		// serialize in put_id order, so this one is already overwritten. It is not
 		// published (a key's put_id never moves backwards, docs/architecture.md §5: owners forget
 		// cached and SSD versions "up to" a put_id) and its target goes back.
+		// The requester records a put placed on it in its replica index when PutDone
+		// answers OK: tell it first (Sync) that this version is dead, or it would keep a
+		// record of a range freed here, answer exists of the key from it, and report it
+		// to a new master.
+		t := p.target.node
 		p.target.Release()
-		return PutResult{}, nil
+		var res PutResult
+		if t == p.node && t.peerAddr != "" {
+			iv := Invalidation{NodeID: t.id, PeerAddr: t.peerAddr, Generation: t.generation, Key: key, PutID: putID, Sync: true}
+			s.pendSyncLocked(iv)
+			res.Invalidations = []Invalidation{iv}
+		}
+		return res, nil
 	}
 	var holders map[*node]bool
 	if old != nil {

@@ -15,13 +15,18 @@ import (
 // operations, holders and membership. It is not safe for concurrent use; Server wraps
 // it with one mutex. Time comes in as an argument so scenarios replay exactly.
 type State struct {
-	opts     Options
-	log      zerolog.Logger
-	nodes    map[string]*node
-	routes   map[string]*route
-	puts     map[int64]*inflightPut
-	gets     map[int64]*inflightGet
-	persists map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	// syncPending counts, per owner incarnation and key, the Sync invalidations handed
+	// out and not yet confirmed (SyncDoneLocked): that owner may still serve the dropped
+	// version from its hot set, so a later delete or overwrite of the key must wait for it
+	// too, though the version it holds is no longer the route's.
+	syncPending map[syncTarget]int
+	opts        Options
+	log         zerolog.Logger
+	nodes       map[string]*node
+	routes      map[string]*route
+	puts        map[int64]*inflightPut
+	gets        map[int64]*inflightGet
+	persists    map[int64]*pendingPersist // put id → replica waiting for its SSD persist
 	// writeBacks are the write-back persists started under the lock, for the server to
 	// submit after it (writeback.go).
 	writeBacks []*PersistTask
@@ -343,11 +348,42 @@ func (s *State) invalidationsLocked(requester *node, key string, putID int64, ho
 	var out []Invalidation
 	for _, n := range s.nodes {
 		if n != requester && n.peerAddr != "" {
-			out = append(out, Invalidation{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: key, PutID: putID,
-				Sync: holders[n] || n.evicted.has(key)})
+			iv := Invalidation{NodeID: n.id, PeerAddr: n.peerAddr, Generation: n.generation, Key: key, PutID: putID,
+				Sync: holders[n] || n.evicted.has(key) || s.syncPending[syncTarget{n.id, n.generation, key}] > 0}
+			s.pendSyncLocked(iv)
+			out = append(out, iv)
 		}
 	}
 	return out
+}
+
+// syncTarget names one owner incarnation's pending Sync invalidation of a key.
+type syncTarget struct {
+	nodeID string
+	gen    int64
+	key    string
+}
+
+// pendSyncLocked records a Sync invalidation handed out (no-op for others); the server
+// ends it with SyncDoneLocked once the owner confirmed it or was given up on.
+func (s *State) pendSyncLocked(iv Invalidation) {
+	if !iv.Sync {
+		return
+	}
+	if s.syncPending == nil {
+		s.syncPending = make(map[syncTarget]int)
+	}
+	s.syncPending[syncTarget{iv.NodeID, iv.Generation, iv.Key}]++
+}
+
+// SyncDoneLocked ends a Sync invalidation of key recorded by pendSyncLocked.
+func (s *State) SyncDoneLocked(nodeID string, gen int64, key string) {
+	k := syncTarget{nodeID, gen, key}
+	if s.syncPending[k] <= 1 {
+		delete(s.syncPending, k)
+		return
+	}
+	s.syncPending[k]--
 }
 
 // holdersLocked is the set of owners whose replica index may hold a version of key
