@@ -38,7 +38,7 @@ const i32 MAX_PIN_MS = 5000
 // last NAMESPACE_SEPARATOR: "kv1/m/tp0of1/ab12" is in namespace "kv1/m/tp0of1". A key
 // without one (or whose only one is its first byte) is in no namespace. Namespaces are
 // not nested: "kv1/m/tp0of1/x" is in "kv1/m/tp0of1", not in "kv1/m". A namespace named
-// in a call is 1..MAX_KEY_BYTES bytes and does not end with the separator.
+// in a call is 1..MAX_KEY_BYTES bytes ("a//x" is in namespace "a/").
 const string NAMESPACE_SEPARATOR = "/"
 
 // Retry rules. A call "fails in transport" when no answer came back: the connection

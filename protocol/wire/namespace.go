@@ -20,16 +20,14 @@ func KeyNamespace(key string) (ns string, ok bool) {
 	return key[:i], true
 }
 
-// ValidateNamespace checks a namespace named in a call: 1..MaxKeyBytes bytes, not
-// ending with NamespaceSeparator (no key would be in it).
+// ValidateNamespace checks a namespace named in a call: 1..MaxKeyBytes bytes. It may
+// end with NamespaceSeparator: "a//x" is in namespace "a/".
 func ValidateNamespace(ns string) error {
 	switch {
 	case len(ns) == 0:
 		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "empty namespace")
 	case len(ns) > MaxKeyBytes:
 		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "namespace of %d bytes exceeds the limit of %d", len(ns), MaxKeyBytes)
-	case strings.HasSuffix(ns, NamespaceSeparator):
-		return Errorf(common.ErrorCode_INVALID_ARGUMENT, "namespace %.64q ends with %q", ns, NamespaceSeparator)
 	}
 	return nil
 }
