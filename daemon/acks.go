@@ -136,6 +136,12 @@ func (a *acker) flush() {
 		}
 		resp, err := a.o.master.cl().BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
 		cancel()
+		if err == nil && resp.Code == common.ErrorCode_NOT_LEADER {
+			// A leader whose gate is shut (its etcd lease lapsed for a moment) applied
+			// none of them and may serve on under the same term: keep them for a retry
+			// (a new leader does not know them, which does no harm).
+			err = errCode(common.ErrorCode_UNAVAILABLE, "holder acks answered NOT_LEADER: %s", resp.Message)
+		}
 		if err != nil {
 			a.giveBack(batch) // before the flight ends: a call waiting for it carries them
 		}

@@ -229,6 +229,9 @@ func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, co
 		return startedGet{err: o.master.check(0, "", err)}
 	}
 	c, msg := code()
+	if c == common.ErrorCode_NOT_LEADER {
+		o.acks.giveBack(acks) // a shut gate applied none of them (handler.applyAcks)
+	}
 	if err := o.master.check(c, msg, nil); err != nil {
 		return startedGet{err: err}
 	}

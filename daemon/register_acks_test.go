@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 )
@@ -99,6 +100,130 @@ func TestPinAckDuringRegister(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the new master still holds %d range(s) of n1 for pins the owner no longer uses (their acks were dropped)", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// lapsedAcks is a master client whose next n BatchDeleteAck calls are answered
+// NOT_LEADER without reaching the master: an HA leader whose etcd lease lapsed for a
+// moment (Server.gate) answers exactly that, applying none of the acks, and serves on
+// under the same term once a keepalive lands again.
+type lapsedAcks struct {
+	masterservice.Client
+	n atomic.Int32
+}
+
+func (l *lapsedAcks) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckRequest, o ...callopt.Option) (*mp.BatchDeleteAckResponse, error) {
+	if len(req.HolderIds) > 0 && l.n.Add(-1) >= 0 {
+		return &mp.BatchDeleteAckResponse{Code: common.ErrorCode_NOT_LEADER, Message: "not the leader: the leadership of epoch 1 lapsed"}, nil
+	}
+	return l.Client.BatchDeleteAck(ctx, req, o...)
+}
+
+// TestAckNotLeaderKept: a holder ack answered NOT_LEADER (the leader's gate shut for a
+// moment) was applied by nobody: it is sent again (the acker dropped it like a
+// STALE_GENERATION answer, and the master held the range for good).
+func TestAckNotLeaderKept(t *testing.T) {
+	log := zerolog.Nop()
+	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Stop() })
+	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: m.Addr().String(), NodeID: "n1", Logger: &log, InsecureCluster: true,
+		LocalMaster: m.LocalClient(), CacheGrace: -1}
+	o, c := startOwnerClient(t, opts, t.Name())
+	if err := c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := &lapsedAcks{Client: m.LocalClient()}
+	lapsed.n.Store(1)
+	cur := o.master.client.Load()
+	o.master.client.Store(&masterClient{Client: lapsed, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+
+	h, err := c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		o.acks.sync()
+		n := nodeHolders(t, m)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the master still holds %d range(s) of n1 that no client uses: the ack answered NOT_LEADER was dropped", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// lapsedStart answers the next GetStart that carries holder acks NOT_LEADER without
+// reaching the master (a leader whose gate is shut applies none of them: applyAcks).
+type lapsedStart struct {
+	masterservice.Client
+	n atomic.Int32
+}
+
+func (l *lapsedStart) GetStart(ctx context.Context, req *mp.GetStartRequest, o ...callopt.Option) (*mp.GetStartResponse, error) {
+	if len(req.Acks) > 0 && l.n.Add(-1) >= 0 {
+		return &mp.GetStartResponse{Code: common.ErrorCode_NOT_LEADER, Message: "not the leader: the leadership of epoch 1 lapsed"}, nil
+	}
+	return l.Client.GetStart(ctx, req, o...)
+}
+
+// TestGetStartNotLeaderKeepsAcks: the holder acks a GetStart carried are queued again
+// when the call is answered NOT_LEADER (askMaster gave them back only on a transport
+// error, and they were lost).
+func TestGetStartNotLeaderKeepsAcks(t *testing.T) {
+	log := zerolog.Nop()
+	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Stop() })
+	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: m.Addr().String(), NodeID: "n1", Logger: &log, InsecureCluster: true,
+		LocalMaster: m.LocalClient(), CacheGrace: -1, AckDelay: time.Hour}
+	o, c := startOwnerClient(t, opts, t.Name())
+	if err := c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := &lapsedStart{Client: m.LocalClient()}
+	lapsed.n.Store(1)
+	cur := o.master.client.Load()
+	o.master.client.Store(&masterClient{Client: lapsed, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+
+	h, err := c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release() // its ack waits in the queue (AckDelay)
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if _, err := c.Get("k"); err == nil { // carries the ack; answered NOT_LEADER
+		t.Fatal("the lapsed GetStart succeeded")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		o.acks.sync()
+		if n := nodeHolders(t, m); n == 0 {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the master still holds %d range(s) of n1 that no client uses: the acks of a GetStart answered NOT_LEADER were dropped", n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
