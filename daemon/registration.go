@@ -23,6 +23,7 @@ type registration struct {
 	// registering is set from collecting a registration's pins to its answer.
 	registering bool
 	period      time.Duration // heartbeat period, from Register replies
+	nodeTTL     time.Duration // the master's node TTL, from Register replies (0: unknown)
 	leaseUntil  time.Time
 	// acked is the last eviction notice applied to the replica index and the epoch of
 	// the master that numbered it, acked with the next heartbeat (replaced at each
@@ -72,6 +73,9 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 	if resp.HeartbeatIntervalMs > 0 {
 		st.reg.period = time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond
 	}
+	if resp.NodeTtlMs > 0 {
+		st.reg.nodeTTL = time.Duration(resp.NodeTtlMs) * time.Millisecond
+	}
 	st.reg.acked = evictAck{epoch: resp.MasterEpoch, reg: st.reg.epoch}
 	st.renewLease(sent)
 	switch {
@@ -90,7 +94,14 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 // renewLease extends the lease after a call sent at sent was answered OK.
 func (st *ownerState) renewLease(sent time.Time) {
 	p := st.reg.period
-	if until := sent.Add(2*p - p/4); until.After(st.reg.leaseUntil) {
+	d := 2*p - p/4
+	// The master tombs an owner silent for its node TTL (measured from receiving the
+	// heartbeat, after sent): the lease must end before, or a delete answered after the
+	// tomb could leave this owner serving the dead version.
+	if ttl := st.reg.nodeTTL; ttl > 0 && ttl-p/4 < d {
+		d = ttl - p/4
+	}
+	if until := sent.Add(d); until.After(st.reg.leaseUntil) {
 		st.reg.leaseUntil = until
 	}
 }

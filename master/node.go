@@ -136,6 +136,8 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		alloc:   NewAllocator(end - reserve),
 		policy:  newEvictOrder(&s.clock, s.ghosts),
 		holders: make(map[int64]*Allocation),
+		// Numbered after every earlier incarnation's notices (State.noticeSeq).
+		evicted: evictOutbox{lastSeq: s.noticeSeq},
 	}
 	if ssd.Enabled && ssd.CapacityBytes > 0 {
 		// A new ring starts level with the ring furthest behind: it takes its share of
@@ -263,6 +265,7 @@ func (s *State) reportedNodeLocked(ref NodeRef) (*node, error) {
 // holders and in-flight operations are dropped, and its allocator is discarded.
 func (s *State) tombLocked(n *node) {
 	n.tombed = true
+	s.noticeSeq = max(s.noticeSeq, n.evicted.lastSeq)
 	delete(s.nodes, n.id)
 	n.policy.Detach()
 	for key, r := range s.routes {

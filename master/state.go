@@ -42,6 +42,11 @@ type State struct {
 	// deadline, so they are freed only after the pull timeout, or at its tomb.
 	quarantine []quarantined
 	nextID     int64 // put, get and holder ids share one increasing counter
+	// noticeSeq is the highest eviction-notice sequence number any tombed incarnation
+	// used: a new incarnation numbers its notices after it, so an owner's heartbeat
+	// that acks a previous incarnation's numbering (sent before it registered again
+	// with this master, same epoch) acks none of the new one's (evictnotice.go).
+	noticeSeq int64
 	// tombstones, while the rebuild window is open (until rebuildUntil), map each key
 	// whose versions were dropped or deleted to the highest such version (rebuild.go);
 	// nil once the window closed, or when none was opened.
