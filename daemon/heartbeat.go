@@ -31,7 +31,10 @@ func (m *masterLink) heartbeatLoop() {
 			m.o.log.Warn().Err(err).Msg("heartbeat failed")
 			continue
 		}
-		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore
+		// Only notices of the epoch registered with are applied (and acked): a master of
+		// another epoch resends the same ones with More set until the owner registered
+		// with it, so heartbeating again at once would loop meanwhile.
+		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore && !reregister
 		if reregister {
 			// A master of another epoch knows this owner: a registration whose answer
 			// was lost (it may wait for this owner's report). Register again.
