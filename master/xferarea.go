@@ -35,12 +35,15 @@ func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocatio
 	if n.xfer == nil || roundUp(length, AllocGranule) > n.xfer.Capacity() {
 		return nil
 	}
-	for {
+	for checked := false; ; checked = true {
 		if r, ok := n.xfer.Alloc(length); ok {
 			return newXferAllocation(n, r, length)
 		}
 		if !takeBack || n.lent == 0 {
 			return nil
+		}
+		if !checked && !s.takeBackFitsLocked(n, length) {
+			return nil // evicting every borrowed replica it may take would make no room
 		}
 		key, dup, ok := s.takeBackVictimLocked(n)
 		if !ok {
@@ -51,6 +54,31 @@ func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocatio
 		}
 		s.evictMemoryLocked(n, key, dup)
 	}
+}
+
+// takeBackFitsLocked reports whether evicting every borrowed replica of n's transfer
+// area that a take-back may evict (takeBackVictimLocked's filter) leaves a free range
+// of length bytes: when transfers in flight split the area, they would go for nothing.
+func (s *State) takeBackFitsLocked(n *node, length int64) bool {
+	var freed []Range
+	n.borrowed.each(func(k string) bool {
+		r := s.routes[k]
+		if _, in := n.policy.Rank(k); !in || s.heldReplicaLocked(r, n) || s.writingBackLocked(r, n) {
+			return true
+		}
+		a := r.replicas[n].memory
+		rg := Range{Offset: a.r.Offset - a.base, Size: a.r.Size}
+		n.xfer.Free(rg)
+		freed = append(freed, rg)
+		return true
+	})
+	fits := n.xfer.LargestFree() >= roundUp(length, AllocGranule)
+	for _, rg := range freed {
+		if !n.xfer.Reserve(rg) {
+			panic("BUG: a borrowed range freed for a take-back check cannot be reserved again")
+		}
+	}
+	return fits
 }
 
 // allocSourceLocked takes length bytes of n's segment for the source range of a put
