@@ -143,7 +143,10 @@ func (o *Owner) learnReplica(h *holding, mark, own uint64) {
 // maxPullFailures such sources the get is UNAVAILABLE. Any other failure (the master
 // refused GetDone) is returned as is.
 func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []string, err error) ([]string, error) {
-	if !errors.Is(err, transfer.ErrFenced) && !errors.Is(err, transfer.ErrUnreachable) {
+	// A transfer that ran out of its deadline (TransferTimeout, a refill's
+	// stageDeadline) fails with the context's error: the source is too slow, as
+	// unreachable as one that stalled past the data plane's progress timeout.
+	if !errors.Is(err, transfer.ErrFenced) && !errors.Is(err, transfer.ErrUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
 		return exclude, err
 	}
 	exclude = append(exclude, plan.SourceNodeId)

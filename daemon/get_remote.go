@@ -202,6 +202,11 @@ func (o *Owner) gotDone(key string, plan *mp.GetStartResponse, done *mp.GetDoneR
 		// unfinished get expires with the master's in-flight TTL).
 		o.acks.add(plan.GetId)
 	}
+	if wire.CodeOf(err) == common.ErrorCode_INVALID_ARGUMENT {
+		// The master no longer knows the get: it expired (the transfer ended past the
+		// in-flight TTL) or was dropped. Nothing was published; the client may retry.
+		return nil, errCode(common.ErrorCode_UNAVAILABLE, "get of %q ended after the master dropped it; retry: %v", key, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -46,9 +46,14 @@ const (
 	stageRate = 32 << 20 // bytes per second, a floor far below any disk's
 )
 
+// stageMaxDeadline caps stageDeadline: the requester writes the get's target until
+// then, and the master frees a get's target at its in-flight TTL (60 s by default), so
+// planMaxAge + stageMaxDeadline stays below it (as planMaxAge + TransferTimeout does).
+const stageMaxDeadline = 45 * time.Second
+
 // stageDeadline is how long a remote SSD refill of n bytes may take, end to end.
 func stageDeadline(n int64) time.Duration {
-	return stageBase + time.Duration(n)*time.Second/stageRate
+	return min(stageBase+time.Duration(n)*time.Second/stageRate, stageMaxDeadline)
 }
 
 // errStageEnded answers the staged pulls of a refill that ended (failed, timed out,

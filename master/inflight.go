@@ -166,6 +166,12 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 		}
 	}
 	if src == nil {
+		for m, rep := range r.replicas {
+			if !m.tombed && (rep.memory != nil || rep.ssd) && slices.Contains(exclude, m.id) {
+				// The key exists, only on nodes a pull from just failed: not a miss.
+				return GetPlan{}, wire.Errorf(common.ErrorCode_UNAVAILABLE, "every replica of the key is on an excluded node")
+			}
+		}
 		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
 	}
 	target, promotable := s.getTargetLocked(n, r, kind)
