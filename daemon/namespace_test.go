@@ -215,7 +215,7 @@ func TestDeleteNamespace(t *testing.T) {
 
 	// The owner checks the namespace itself (raw calls skip the client's checks).
 	sess := &external.Session{ClientId: c1.ClientID(), SessionToken: c1.SessionToken(), OwnerGeneration: c1.Generation()}
-	for _, bad := range []string{"", "kv1/", strings.Repeat("n", wire.MaxKeyBytes+1)} {
+	for _, bad := range []string{"", strings.Repeat("n", wire.MaxKeyBytes+1)} {
 		req := &external.NamespaceRequest{Session: sess, Name: bad}
 		del, st := &external.ExternalServiceDeleteNamespaceResult{}, &external.ExternalServiceNamespaceStatResult{}
 		if err := c1.Call("DeleteNamespace", &external.ExternalServiceDeleteNamespaceArgs{Req: req}, del); err != nil || del.Success.Code != common.ErrorCode_INVALID_ARGUMENT {

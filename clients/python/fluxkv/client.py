@@ -975,7 +975,7 @@ class Client:
     def delete_namespace(self, namespace) -> int:
         """Delete every key of ``namespace`` cluster-wide and return how many existed. A key's
         namespace is the text before its last '/' (namespaces do not nest: "a/b/k" is in "a/b",
-        not in "a"); ``namespace`` must be non-empty and not end with '/'. Holders of the
+        not in "a"); ``namespace`` must be non-empty ("a/" holds keys such as "a//x"). Holders of the
         deleted keys keep their bytes; afterwards no owner answers a get of them. It costs one
         master call per MAX_BATCH keys of the namespace, whatever the size of the cache.
         Retried like :meth:`delete`: a retry may count fewer keys."""
