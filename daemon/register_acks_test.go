@@ -9,6 +9,7 @@ import (
 	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -39,41 +40,20 @@ func (h *heldRegister) Register(ctx context.Context, req *mp.RegisterRequest, o 
 // STALE_GENERATION and the acker dropped it, and the new master held the range for good
 // (a replica sharing it never evictable). The acker now waits for the registration.
 func TestPinAckDuringRegister(t *testing.T) {
-	log := zerolog.Nop()
-	mo := master.Options{InsecureCluster: true, Logger: &log}
-	m1, err := master.NewServer(mo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m1.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	addr := m1.Addr().String()
-	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: addr, NodeID: "n1", Logger: &log, InsecureCluster: true,
-		LocalMaster: m1.LocalClient()}
-	o, c := startOwnerClient(t, opts, t.Name())
-	if err := c.Put("k", value(1, 4096)); err != nil {
-		t.Fatal(err)
-	}
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, nil)
 	h, err := c.Get("k") // reported as a pin at the next registration
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// The master restarts; the owner's next Register waits in flight.
+	addr := m1.Addr().String()
 	m1.Stop()
-	m2, err := master.NewServer(mo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m2.Start(addr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m2.Stop() })
+	m2 := ackMaster(t, addr)
 	held := &heldRegister{Client: m2.LocalClient(), entered: make(chan struct{}), release: make(chan struct{})}
 	held.hold.Store(true)
-	cur := o.master.client.Load()
-	o.master.client.Store(&masterClient{Client: held, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	useMasterClient(o, held)
 
 	done := make(chan error, 1)
 	go func() {
@@ -91,18 +71,7 @@ func TestPinAckDuringRegister(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		o.acks.sync()
-		n := nodeHolders(t, m2)
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the new master still holds %d range(s) of n1 for pins the owner no longer uses (their acks were dropped)", n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitNoHolders(t, o, m2, "the acks of pins released during the registration were dropped")
 }
 
 // lapsedAcks is a master client whose next n BatchDeleteAck calls are answered
@@ -125,25 +94,11 @@ func (l *lapsedAcks) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckR
 // moment) was applied by nobody: it is sent again (the acker dropped it like a
 // STALE_GENERATION answer, and the master held the range for good).
 func TestAckNotLeaderKept(t *testing.T) {
-	log := zerolog.Nop()
-	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Stop() })
-	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: m.Addr().String(), NodeID: "n1", Logger: &log, InsecureCluster: true,
-		LocalMaster: m.LocalClient(), CacheGrace: -1}
-	o, c := startOwnerClient(t, opts, t.Name())
-	if err := c.Put("k", value(1, 4096)); err != nil {
-		t.Fatal(err)
-	}
+	m := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace = -1 })
 	lapsed := &lapsedAcks{Client: m.LocalClient()}
 	lapsed.n.Store(1)
-	cur := o.master.client.Load()
-	o.master.client.Store(&masterClient{Client: lapsed, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	useMasterClient(o, lapsed)
 
 	h, err := c.Get("k")
 	if err != nil {
@@ -153,18 +108,7 @@ func TestAckNotLeaderKept(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		o.acks.sync()
-		n := nodeHolders(t, m)
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the master still holds %d range(s) of n1 that no client uses: the ack answered NOT_LEADER was dropped", n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitNoHolders(t, o, m, "the ack answered NOT_LEADER was dropped")
 }
 
 // lapsedStart answers the next GetStart that carries holder acks NOT_LEADER without
@@ -185,25 +129,11 @@ func (l *lapsedStart) GetStart(ctx context.Context, req *mp.GetStartRequest, o .
 // when the call is answered NOT_LEADER (askMaster gave them back only on a transport
 // error, and they were lost).
 func TestGetStartNotLeaderKeepsAcks(t *testing.T) {
-	log := zerolog.Nop()
-	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Stop() })
-	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: m.Addr().String(), NodeID: "n1", Logger: &log, InsecureCluster: true,
-		LocalMaster: m.LocalClient(), CacheGrace: -1, AckDelay: time.Hour}
-	o, c := startOwnerClient(t, opts, t.Name())
-	if err := c.Put("k", value(1, 4096)); err != nil {
-		t.Fatal(err)
-	}
+	m := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
 	lapsed := &lapsedStart{Client: m.LocalClient()}
 	lapsed.n.Store(1)
-	cur := o.master.client.Load()
-	o.master.client.Store(&masterClient{Client: lapsed, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+	useMasterClient(o, lapsed)
 
 	h, err := c.Get("k")
 	if err != nil {
@@ -217,13 +147,61 @@ func TestGetStartNotLeaderKeepsAcks(t *testing.T) {
 	if _, err := c.Get("k"); err == nil { // carries the ack; answered NOT_LEADER
 		t.Fatal("the lapsed GetStart succeeded")
 	}
-	deadline := time.Now().Add(3 * time.Second)
+	waitNoHolders(t, o, m, "the acks of a GetStart answered NOT_LEADER were dropped")
+}
+
+// ackMaster starts an in-process master on addr ("127.0.0.1:0": any port); the test
+// stops it at its end unless it stops it first.
+func ackMaster(t *testing.T, addr string) *master.Server {
+	t.Helper()
+	log := zerolog.Nop()
+	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(addr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Stop() })
+	return m
+}
+
+// ackOwner starts owner n1 of m (its master calls in process, tweak applied to its
+// options) with key k put through its client.
+func ackOwner(t *testing.T, m *master.Server, tweak func(*Options)) (*Owner, *fluxkv.Client) {
+	t.Helper()
+	log := zerolog.Nop()
+	opts := Options{Dir: t.TempDir(), DRAM: 4 << 20, MasterAddr: m.Addr().String(), NodeID: "n1", Logger: &log, InsecureCluster: true,
+		LocalMaster: m.LocalClient()}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	o, c := startOwnerClient(t, opts, t.Name())
+	if err := c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	return o, c
+}
+
+// useMasterClient makes o's master calls go through mc.
+func useMasterClient(o *Owner, mc masterservice.Client) {
+	cur := o.master.client.Load()
+	o.master.client.Store(&masterClient{Client: mc, addr: cur.addr, ctx: cur.ctx, cancel: cur.cancel})
+}
+
+// waitNoHolders waits up to 5 s for m to hold no range of o's node (o's acks flushed
+// meanwhile), else fails with why.
+func waitNoHolders(t *testing.T, o *Owner, m *master.Server, why string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		o.acks.sync()
-		if n := nodeHolders(t, m); n == 0 {
+		n := nodeHolders(t, m)
+		if n == 0 {
 			return
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the master still holds %d range(s) of n1 that no client uses: the acks of a GetStart answered NOT_LEADER were dropped", n)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the master still holds %d range(s) of n1 that no client uses: %s", n, why)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -17,6 +17,74 @@ import (
 	"github.com/fluxkv/fluxkv/master"
 )
 
+// rwOwner is one owner of a read-your-writes stress test and its clients.
+type rwOwner struct {
+	id      string
+	clients []*fluxkv.Client
+}
+
+// rwSetup is a stress test's length and seed (RW_STRESS_SECONDS, default 3; RW_STRESS_SEED,
+// default the clock) and 3 owners of one master (RW_STRESS_LOCAL: local placement) with
+// 3 clients each.
+func rwSetup(t *testing.T) (time.Duration, uint64, []rwOwner) {
+	dur := 3 * time.Second
+	if s := os.Getenv("RW_STRESS_SECONDS"); s != "" {
+		n, _ := strconv.Atoi(s)
+		dur = time.Duration(n) * time.Second
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("RW_STRESS_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d", seed)
+	mo := master.Options{InsecureCluster: true}
+	if os.Getenv("RW_STRESS_LOCAL") != "" {
+		mo.Placement = master.PlacementLocal
+	}
+	n := startNode(t, 64<<20, nil, mo)
+	owners := []rwOwner{{id: "n1", clients: []*fluxkv.Client{n.c}}}
+	for _, id := range []string{"n2", "n3"} {
+		_, c := n.addOwner(t, id, 64<<20, nil, func(o *Options) { o.LandingReserve = 4 << 20 })
+		owners = append(owners, rwOwner{id: id, clients: []*fluxkv.Client{c}})
+	}
+	for i := range owners {
+		sock := owners[i].clients[0].Options().Socket
+		for j := range 2 {
+			c2, err := fluxkv.Connect(fluxkv.Options{Socket: sock, Name: fmt.Sprintf("%s-%s-%d", t.Name(), owners[i].id, j)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c2.Close() })
+			owners[i].clients = append(owners[i].clients, c2)
+		}
+	}
+	return dur, seed, owners
+}
+
+// rwWait lets the workers of wg run for dur (or until one sets stop), then stops them and
+// waits for them.
+func rwWait(dur time.Duration, stop *atomic.Bool, wg *sync.WaitGroup) {
+	deadline := time.After(dur)
+	for !stop.Load() {
+		select {
+		case <-deadline:
+			stop.Store(true)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	wg.Wait()
+}
+
+// rwReleaseSome releases one of held, a time in three.
+func rwReleaseSome(rng *rand.Rand, held []*fluxkv.MemHolder) []*fluxkv.MemHolder {
+	if len(held) > 0 && rng.IntN(3) == 0 {
+		j := rng.IntN(len(held))
+		held[j].Release()
+		held = append(held[:j], held[j+1:]...)
+	}
+	return held
+}
+
 // rwKey is one key's history: writes are serialized per key (one writer), numbered
 // from 1; write 0 is the initial absent state.
 type rwKey struct {
@@ -83,47 +151,7 @@ func rwDecode(key int, b []byte) (int64, error) {
 // version, never a stale miss or a stale exists.
 func TestReadYourWritesRandom(t *testing.T) {
 	t.Parallel()
-	dur := 3 * time.Second
-	if s := os.Getenv("RW_STRESS_SECONDS"); s != "" {
-		n, _ := strconv.Atoi(s)
-		dur = time.Duration(n) * time.Second
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("RW_STRESS_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d", seed)
-	mo := master.Options{InsecureCluster: true}
-	if os.Getenv("RW_STRESS_LOCAL") != "" {
-		mo.Placement = master.PlacementLocal
-	}
-	n := startNode(t, 64<<20, nil, mo)
-	type ownerClients struct {
-		id      string
-		clients []*fluxkv.Client
-	}
-	owners := []ownerClients{{id: "n1", clients: []*fluxkv.Client{n.c}}}
-	for _, id := range []string{"n2", "n3"} {
-		o, c := n.addOwner(t, id, 64<<20, nil, func(o *Options) { o.LandingReserve = 4 << 20 })
-		oc := ownerClients{id: id, clients: []*fluxkv.Client{c}}
-		for i := range 2 {
-			c2, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: fmt.Sprintf("%s-%s-%d", t.Name(), id, i)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c2.Close() })
-			oc.clients = append(oc.clients, c2)
-		}
-		owners = append(owners, oc)
-	}
-	for i := range 2 {
-		c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: fmt.Sprintf("%s-n1-%d", t.Name(), i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c2.Close() })
-		owners[0].clients = append(owners[0].clients, c2)
-	}
+	dur, seed, owners := rwSetup(t)
 
 	const nkeys = 6
 	keys := make([]*rwKey, nkeys)
@@ -303,24 +331,12 @@ func TestReadYourWritesRandom(t *testing.T) {
 							return
 						}
 					}
-					if len(held) > 0 && rng.IntN(3) == 0 {
-						j := rng.IntN(len(held))
-						held[j].Release()
-						held = append(held[:j], held[j+1:]...)
-					}
+					held = rwReleaseSome(rng, held)
 				}
 			})
 		}
 	}
-	deadline := time.After(dur)
-	for !stop.Load() {
-		select {
-		case <-deadline:
-			stop.Store(true)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	wg.Wait()
+	rwWait(dur, &stop, &wg)
 	t.Logf("puts %d deletes %d gets %d (misses %d) batch gets %d exists %d prefix lookups %d",
 		stats.puts.Load(), stats.dels.Load(), stats.gets.Load(), stats.misses.Load(), stats.batch.Load(), stats.exists.Load(), stats.prefix.Load())
 	for _, f := range failures {
@@ -403,41 +419,7 @@ func (h *rwHist) staleState(present bool, start, end int64) (int64, bool) {
 // order of the writes, on a logical clock.
 func TestReadYourWritesConcurrentWriters(t *testing.T) {
 	t.Parallel()
-	dur := 3 * time.Second
-	if s := os.Getenv("RW_STRESS_SECONDS"); s != "" {
-		n, _ := strconv.Atoi(s)
-		dur = time.Duration(n) * time.Second
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("RW_STRESS_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d", seed)
-	mo := master.Options{InsecureCluster: true}
-	if os.Getenv("RW_STRESS_LOCAL") != "" {
-		mo.Placement = master.PlacementLocal
-	}
-	n := startNode(t, 64<<20, nil, mo)
-	type ownerClients struct {
-		id      string
-		clients []*fluxkv.Client
-	}
-	owners := []ownerClients{{id: "n1", clients: []*fluxkv.Client{n.c}}}
-	for _, id := range []string{"n2", "n3"} {
-		_, c := n.addOwner(t, id, 64<<20, nil, func(o *Options) { o.LandingReserve = 4 << 20 })
-		owners = append(owners, ownerClients{id: id, clients: []*fluxkv.Client{c}})
-	}
-	for i := range owners {
-		sock := owners[i].clients[0].Options().Socket
-		for j := range 2 {
-			c2, err := fluxkv.Connect(fluxkv.Options{Socket: sock, Name: fmt.Sprintf("%s-%s-%d", t.Name(), owners[i].id, j)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c2.Close() })
-			owners[i].clients = append(owners[i].clients, c2)
-		}
-	}
+	dur, seed, owners := rwSetup(t)
 	const nkeys = 4
 	names := make([]string, nkeys)
 	hists := make([]*rwHist, nkeys)
@@ -599,24 +581,12 @@ func TestReadYourWritesConcurrentWriters(t *testing.T) {
 							return
 						}
 					}
-					if len(held) > 0 && rng.IntN(3) == 0 {
-						j := rng.IntN(len(held))
-						held[j].Release()
-						held = append(held[:j], held[j+1:]...)
-					}
+					held = rwReleaseSome(rng, held)
 				}
 			})
 		}
 	}
-	deadline := time.After(dur)
-	for !stop.Load() {
-		select {
-		case <-deadline:
-			stop.Store(true)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	wg.Wait()
+	rwWait(dur, &stop, &wg)
 	bad := 0
 	for _, o := range all {
 		h := hists[o.key]

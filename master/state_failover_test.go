@@ -159,17 +159,7 @@ func rebuildInvariants(st *State) error {
 }
 
 func runFailoverRandom(t *testing.T, seed uint64, steps int, admit, placement string) {
-	st := NewState(Options{IDBase: 100, NodeTTL: 1000 * time.Hour, HeartbeatInterval: 1000 * time.Hour, InflightTTL: 60 * time.Second,
-		SSDAdmit: admit, Placement: placement, WriteBackAhead: 0.25, PersistQueue: 8})
-	d := &randomDriver{t: t, st: st, now: time.Unix(1000, 0), holders: map[string][]int64{}}
-	d.nodes = []*randomNode{
-		{id: "n1", gen: 1, ssd: SSDInfo{Enabled: true, CapacityBytes: 1 << 20}},
-		{id: "n2", gen: 1},
-		{id: "n3", gen: 1, ssd: SSDInfo{Enabled: true, CapacityBytes: 1 << 20}},
-	}
-	for i := range d.nodes {
-		d.register(i)
-	}
+	d := newRandomDriver(t, admit, placement)
 	rng := rand.New(rand.NewPCG(seed, seed*13+5))
 	var reports []*failoverReport
 	var pins map[string]map[int64]bool

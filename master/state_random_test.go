@@ -590,10 +590,12 @@ func writeBackCovered(st *State, gaveUp map[string]bool) error {
 	return nil
 }
 
-func runRandomState(t testing.TB, seed uint64, steps int, data []byte, admit string, placement string, checkCovered bool) {
+// newRandomDriver is a walk's State (owners never silent by the clock, SSD admitted as
+// admit, puts placed as placement) with owners n1 and n3 (SSD) and n2 registered.
+func newRandomDriver(t testing.TB, admit, placement string) *randomDriver {
 	st := NewState(Options{IDBase: 100, NodeTTL: 1000 * time.Hour, HeartbeatInterval: 1000 * time.Hour, InflightTTL: 60 * time.Second,
 		SSDAdmit: admit, Placement: placement, WriteBackAhead: 0.25, PersistQueue: 8})
-	d := &randomDriver{t: t, st: st, now: time.Unix(1000, 0), holders: map[string][]int64{}, ssdLive: checkCovered}
+	d := &randomDriver{t: t, st: st, now: time.Unix(1000, 0), holders: map[string][]int64{}}
 	d.nodes = []*randomNode{
 		{id: "n1", gen: 1, ssd: SSDInfo{Enabled: true, CapacityBytes: 1 << 20}},
 		{id: "n2", gen: 1},
@@ -602,6 +604,13 @@ func runRandomState(t testing.TB, seed uint64, steps int, data []byte, admit str
 	for i := range d.nodes {
 		d.register(i)
 	}
+	return d
+}
+
+func runRandomState(t testing.TB, seed uint64, steps int, data []byte, admit string, placement string, checkCovered bool) {
+	d := newRandomDriver(t, admit, placement)
+	d.ssdLive = checkCovered
+	st := d.st
 	gaveUp := map[string]bool{}
 	var rng *rand.Rand
 	if data == nil {
