@@ -58,7 +58,9 @@ type persistCounts struct{ asked, dropped, unwritten int64 }
 
 // PersistDone ends a persist (whatever its outcome: a failed persist never undoes the
 // put): the replica, if it is still the key's current memory replica on that node,
-// enters the eviction policy. ok reports whether the owner persisted it.
+// enters the eviction policy. ok reports whether the owner persisted it. It names the
+// persist by put id alone, as the scenario scripts do; the persister ends its tasks
+// with PersistTaskDone, which ignores a task a newer one of the same put id replaced.
 func (s *State) PersistDone(putID int64, ok bool) {
 	s.persistDoneLocked(putID, nil, ok)
 }
