@@ -143,7 +143,7 @@ const getParallel = 16
 // revoked and planned again (GetStart). The master frees the target of a get that has
 // not completed within its in-flight TTL (60 s by default), so a transfer must start
 // early enough to end inside it: planMaxAge + TransferTimeout must stay below the
-// master's InflightTTL.
+// master's InflightTTL. A master with a shorter TTL lowers both (bounds.go).
 const planMaxAge = 5 * time.Second
 
 // lead plans legs with one master call per wire.MaxBatch keys, brings the values in
@@ -245,6 +245,7 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 		}
 	}
 	o.unlock()
+	planAge := o.bounds().planAge
 	starts := o.startGets(keys)
 	var run []int
 	for j, s := range starts {
@@ -258,7 +259,7 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 	workers.ForEach(len(run), getParallel, func(r int) {
 		j := run[r]
 		leg, s, p := legs[j], starts[j], pre[j]
-		if p == nil && !s.plan.Done && time.Since(s.at) > planMaxAge {
+		if p == nil && !s.plan.Done && time.Since(s.at) > planAge {
 			// Its target may be freed at the master before a transfer could end.
 			o.revokePlan(leg.key, s.plan, false, "the plan waited too long in its batch")
 			if err := o.endGet(s.t); err != nil {

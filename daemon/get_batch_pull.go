@@ -58,16 +58,17 @@ type batchSource struct {
 // pullBatch brings in, per source owner and tier (sources concurrently), the values of
 // the plans run names (of keys) that come from another owner's memory or SSD, when a
 // source has at least two of them; pre[j] is set for each key it brought in. A target
-// outside the segment, a plan too old (planMaxAge), an SSD value of more than one
+// outside the segment, a plan too old (bounds.planAge), an SSD value of more than one
 // staging chunk and a source's lone value are left to planGet. A source's pulls share
-// one deadline: TransferTimeout from memory, the refills' stageDeadline from SSD.
+// one deadline: bounds.transfer from memory, the refills' stageDeadline from SSD.
 func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []*prePulled) {
 	pre = make([]*prePulled, len(starts))
 	groups := make(map[batchSource][]int)
+	planAge := o.bounds().planAge
 	for _, j := range run {
 		p := starts[j].plan
 		if p.Done || p.SourceNodeId == o.opts.NodeID || p.TargetOffset < 0 || p.Len <= 0 ||
-			p.TargetOffset > o.seg.Size()-p.Len || time.Since(starts[j].at) > planMaxAge {
+			p.TargetOffset > o.seg.Size()-p.Len || time.Since(starts[j].at) > planAge {
 			continue
 		}
 		switch {
@@ -98,7 +99,7 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 		wg.Go(func() {
 			if src.ssd {
 				for part := range chunkInts(js, int(peer.STAGE_BATCH_ITEMS)) {
-					if slices.ContainsFunc(part, func(j int) bool { return time.Since(starts[j].at) > planMaxAge }) {
+					if slices.ContainsFunc(part, func(j int) bool { return time.Since(starts[j].at) > planAge }) {
 						// The parts before took long: these plans' targets must not be
 						// written this late (the master frees them at its in-flight TTL).
 						// Each is revoked and planned again alone (leadNow).
@@ -154,7 +155,7 @@ func chunkInts(s []int, n int) func(yield func([]int) bool) {
 
 // pullGroup pulls the values js of one source's memory with one PullMany.
 func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
-	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), o.bounds().transfer)
 	defer cancel()
 	seg := o.seg.Bytes()
 	items := make([]transfer.PullItem, len(js))
@@ -186,7 +187,7 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 	for _, j := range js {
 		total += starts[j].plan.Len
 	}
-	deadline := stageDeadline(total)
+	deadline := o.bounds().stageDeadline(total)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	fail := func(err error) {

@@ -120,17 +120,3 @@ func TestExpiredGetNotInvalidArgument(t *testing.T) {
 	t.Logf("get: %v", err)
 }
 
-// TestStageDeadlineInsideTTL: a remote SSD refill writes its target (pulls of
-// staged chunks) until stageDeadline(len) after GetStart; the master frees the target of
-// a get that has not completed within its in-flight TTL (60 s by default, and it holds
-// no holder for a remote refill). Like planMaxAge + TransferTimeout for pulls from
-// memory, the refill's deadline must stay below that TTL for any value length the
-// master accepts (wire.ValidateLen: up to the pool's capacity).
-func TestStageDeadlineInsideTTL(t *testing.T) {
-	const defaultTTL = 60 * time.Second
-	for _, n := range []int64{1 << 20, 1 << 30, 2 << 30, 8 << 30} {
-		if d := stageDeadline(n); planMaxAge+d >= defaultTTL {
-			t.Errorf("a remote SSD refill of %d bytes may write its target for %v after its plan: past the master's in-flight TTL %v", n, planMaxAge+d, defaultTTL)
-		}
-	}
-}

@@ -45,7 +45,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 	if err := o.checkTarget(key, plan); err != nil {
 		return nil, err
 	}
-	deadline := stageDeadline(plan.Len)
+	deadline := o.bounds().stageDeadline(plan.Len)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	c, callOpts, err := o.peers.Get(plan.SourcePeerAddr)
@@ -164,7 +164,7 @@ func (o *Owner) checkTarget(key string, plan *mp.GetStartResponse) error {
 func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64) (*holding, error) {
 	dst := o.seg.Bytes()[plan.TargetOffset : plan.TargetOffset+plan.Len]
 	f := transfer.Fence{SourceNode: plan.SourceNodeId, SourceGeneration: plan.SourceGeneration, TransferID: plan.GetId}
-	ctx, cancel := context.WithTimeout(context.Background(), o.opts.TransferTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), o.bounds().transfer)
 	err := o.puller.Pull(ctx, plan.SourceDataAddr, f, srcOffset, dst)
 	cancel()
 	return o.pulled(key, plan, err)

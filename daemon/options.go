@@ -80,18 +80,23 @@ type Options struct {
 	LandingReserve int64
 	// TransferTimeout bounds one pull from another owner, well under the master's
 	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
+	// The master sends its in-flight TTL and pull timeout at registration; the owner
+	// lowers this bound to half the TTL for gets and 6/7 of the pull timeout for pooled
+	// puts when they are shorter (daemon/bounds.go), and logs so.
 	TransferTimeout time.Duration
 	// PutCopyDeadline is how long after its PutStart was sent the owner still copies a
 	// put's bytes from the session's put area into its range (PutWrite, PutEnd copies;
 	// client isolation): the master frees an in-flight put's range after its
-	// --inflight-ttl, so a later copy could land in another key's value. Keep it below
-	// the master's in-flight TTL. Default 50s.
+	// --inflight-ttl, so a later copy could land in another key's value. Default 50s;
+	// a master whose TTL (sent at registration) is shorter than 6/5 of it lowers it to
+	// 5/6 of that TTL.
 	PutCopyDeadline time.Duration
 	// PersistReadWindow is how long after a BatchSsdReplicaPersist arrived the owner
 	// still reads its values' source ranges (its own segment, or another owner's by a
 	// pull): the master releases the ranges it kept for the persist when the call
 	// times out (its PersistTimeout, 30 s by default), after which they may hold other
-	// values. Keep it below that timeout. Default 20s.
+	// values. Default 20s; a master whose persist timeout (sent at registration) is
+	// shorter than 3/2 of it lowers it to 2/3 of that timeout.
 	PersistReadWindow time.Duration
 	// SocketMode is the permission of both sockets. Default 0660: the socket's group decides who may attach.
 	SocketMode os.FileMode

@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -64,6 +65,10 @@ type Owner struct {
 	idleStop   chan struct{}
 	idleOnce   sync.Once
 
+	// inForce holds the time bounds in force (bounds.go), set from the options and the
+	// master's times at each registration.
+	inForce atomic.Pointer[bounds]
+
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 }
@@ -84,6 +89,7 @@ func New(opts Options) (*Owner, error) {
 		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(), pinBudget: opts.pinBudget(),
 		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal})
 	o.copied = sync.NewCond(&o.mu.Mutex)
+	o.inForce.Store(opts.boundsFor(defaultMasterTimes))
 	o.cachedGets = opts.Metrics.Replicas(func() metrics.ReplicaState {
 		o.mu.Lock() // reads only: no effects to apply
 		defer o.mu.Unlock()

@@ -43,7 +43,7 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "owner %q is shutting down", o.opts.NodeID)
 	}
 	defer o.doneSegment()
-	readBy := time.Now().Add(o.opts.PersistReadWindow)
+	readBy := time.Now().Add(o.bounds().persistRead)
 	errs := make([]error, len(items))
 	weight := func(req *peer.SsdReplicaPersistRequest) int64 {
 		switch {

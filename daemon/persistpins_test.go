@@ -130,10 +130,25 @@ func TestPersistGroupCommitsAsJobsEnd(t *testing.T) {
 // ranges within PersistReadWindow of its call (here: the pin budget held meanwhile)
 // fails them unread, UNAVAILABLE. The master released the ranges it kept for the
 // persist when its call timed out: read later, they may hold other values, which the
-// SSD record (its checksum computed over them) would serve under this key.
+// SSD record (its checksum computed over them) would serve under this key. An owner
+// left at the default window (20 s) lowers it to fit a master whose persist timeout,
+// sent at registration, is shorter than its default.
 func TestPersistReadWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		mo     master.Options
+	}{
+		{"option", 200 * time.Millisecond, master.Options{}},
+		{"master's timeout", 0, master.Options{PersistTimeout: 300 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testPersistReadWindow(t, tc.window, tc.mo) })
+	}
+}
+
+func testPersistReadWindow(t *testing.T, window time.Duration, mo master.Options) {
 	so := ssdOptions(t, 8<<20)
-	n := startNode(t, 8<<20, so, master.Options{}, func(o *Options) { o.PersistReadWindow = 200 * time.Millisecond })
+	n := startNode(t, 8<<20, so, mo, func(o *Options) { o.PersistReadWindow = window })
 	if err := n.o.persistPins.Acquire(context.Background(), n.o.persistPins.size); err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*exte
 			err := callErr
 			if err == nil {
 				var r *external.PutStartResponse
-				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch, sent.Add(o.opts.PutCopyDeadline)); err == nil {
+				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch, sent.Add(o.bounds().putCopy)); err == nil {
 					out[i] = r
 				}
 			}
@@ -283,7 +283,7 @@ func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error
 	delete(c.puts, p.putID)
 	st.writes.remove(p.write)
 	o.waitCopiesLocked(p)
-	return errCode(common.ErrorCode_UNAVAILABLE, "put %d of %q started more than %v ago: the master may have expired it; put the value again", p.putID, p.key, o.opts.PutCopyDeadline)
+	return errCode(common.ErrorCode_UNAVAILABLE, "put %d of %q started more than %v ago: the master may have expired it; put the value again", p.putID, p.key, o.bounds().putCopy)
 }
 
 // publish runs PutDone for ps (one call: PutDone for one put, else BatchPutDone per

@@ -21,13 +21,24 @@ import (
 // revoked by the master meanwhile and its range freed; another put may have been
 // placed there and published since. The owner must not copy into that range: the other
 // key's bytes would change under its published version. Past PutCopyDeadline (below the
-// master's TTL) the owner refuses the copy (UNAVAILABLE: put again).
+// master's TTL) the owner refuses the copy (UNAVAILABLE: put again). The master sends
+// its TTL at registration: an owner left at the default deadline (50 s, below the
+// master's default TTL) lowers it to fit a master with a shorter one.
 func TestIsolatedCopyAfterPutDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration
+	}{{"option", 200 * time.Millisecond}, {"master's TTL", 0}} {
+		t.Run(tc.name, func(t *testing.T) { testIsolatedCopyAfterPutDeadline(t, tc.deadline) })
+	}
+}
+
+func testIsolatedCopyAfterPutDeadline(t *testing.T, deadline time.Duration) {
 	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 300 * time.Millisecond},
 		func(o *Options) {
 			o.ClientIsolation = true
 			o.PutArea = 1 << 20
-			o.PutCopyDeadline = 200 * time.Millisecond
+			o.PutCopyDeadline = deadline
 		})
 	if !n.c.Isolated() {
 		t.Fatal("client not isolated")

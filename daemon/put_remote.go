@@ -49,7 +49,7 @@ func (o *Owner) pullPuts(ctx context.Context, reqs []*peer.PullPutRequest) (errs
 		}
 	}
 	o.unlock()
-	pctx, cancel := context.WithTimeout(ctx, o.opts.TransferTimeout)
+	pctx, cancel := context.WithTimeout(ctx, o.bounds().pullPut)
 	defer cancel()
 	seg := o.seg.Bytes()
 	var wg sync.WaitGroup

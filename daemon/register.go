@@ -79,6 +79,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	if !ok {
 		return wire.FromResponse(resp.Code, resp.Message)
 	}
+	o.adoptMasterTimes(masterTimesOf(resp))
 	link := "tcp"
 	if o.opts.LocalMaster != nil {
 		link = "in-process"

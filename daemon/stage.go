@@ -46,15 +46,11 @@ const (
 	stageRate = 32 << 20 // bytes per second, a floor far below any disk's
 )
 
-// stageMaxDeadline caps stageDeadline: the requester writes the get's target until
-// then, and the master frees a get's target at its in-flight TTL (60 s by default), so
-// planMaxAge + stageMaxDeadline stays below it (as planMaxAge + TransferTimeout does).
+// stageMaxDeadline caps a refill's deadline (bounds.stageDeadline): the requester
+// writes the get's target until then, and the master frees a get's target at its
+// in-flight TTL (60 s by default), so planMaxAge + stageMaxDeadline stays below it (as
+// planMaxAge + TransferTimeout does). A master with a shorter TTL lowers it (bounds.go).
 const stageMaxDeadline = 45 * time.Second
-
-// stageDeadline is how long a remote SSD refill of n bytes may take, end to end.
-func stageDeadline(n int64) time.Duration {
-	return min(stageBase+time.Duration(n)*time.Second/stageRate, stageMaxDeadline)
-}
 
 // errStageEnded answers the staged pulls of a refill that ended (failed, timed out,
 // or the owner is stopping).
@@ -424,7 +420,7 @@ func (o *Owner) beginStage(req *peer.SsdStageReadRequest) (*stageRun, error) {
 func (r *stageRun) run(by time.Time) error {
 	o, req, s := r.o, r.req, r.s
 	defer r.cancel(nil)
-	limit := stageDeadline(req.Len)
+	limit := o.bounds().stageDeadline(req.Len)
 	if d := time.Duration(req.DeadlineMs) * time.Millisecond; d > 0 && d < limit {
 		limit = d
 	}

@@ -44,8 +44,10 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		}
 		return err
 	})
+	o := &h.s.opts
 	resp := &mp.RegisterResponse{MasterEpoch: h.s.epoch,
-		HeartbeatIntervalMs: h.s.opts.HeartbeatInterval.Milliseconds(), NodeTtlMs: h.s.opts.NodeTTL.Milliseconds()}
+		HeartbeatIntervalMs: o.HeartbeatInterval.Milliseconds(), NodeTtlMs: o.NodeTTL.Milliseconds(),
+		InflightTtlMs: o.InflightTTL.Milliseconds(), PersistTimeoutMs: o.PersistTimeout.Milliseconds(), PullTimeoutMs: o.PullTimeout.Milliseconds()}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

@@ -56,6 +56,14 @@ struct RegisterResponse {
   3: i64 master_epoch,
   4: i64 heartbeat_interval_ms,
   5: i64 node_ttl_ms,
+  // The master's bounds the owner keeps its own inside (0: an older master, whose
+  // defaults the owner assumes): an in-flight put or get is revoked and its range freed
+  // inflight_ttl_ms after it started, the ranges kept for a BatchSsdReplicaPersist are
+  // released when the call times out (persist_timeout_ms), and a PullPut or
+  // BatchPullPut's pooled puts fail when the call times out (pull_timeout_ms).
+  6: i64 inflight_ttl_ms,
+  7: i64 persist_timeout_ms,
+  8: i64 pull_timeout_ms,
 }
 
 // evictions_ack: the sequence number of the last eviction notice the owner applied

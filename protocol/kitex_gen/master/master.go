@@ -273,6 +273,9 @@ type RegisterResponse struct {
 	MasterEpoch         int64            `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
 	HeartbeatIntervalMs int64            `thrift:"heartbeat_interval_ms,4" frugal:"4,default,i64" json:"heartbeat_interval_ms"`
 	NodeTtlMs           int64            `thrift:"node_ttl_ms,5" frugal:"5,default,i64" json:"node_ttl_ms"`
+	InflightTtlMs       int64            `thrift:"inflight_ttl_ms,6" frugal:"6,default,i64" json:"inflight_ttl_ms"`
+	PersistTimeoutMs    int64            `thrift:"persist_timeout_ms,7" frugal:"7,default,i64" json:"persist_timeout_ms"`
+	PullTimeoutMs       int64            `thrift:"pull_timeout_ms,8" frugal:"8,default,i64" json:"pull_timeout_ms"`
 }
 
 func NewRegisterResponse() *RegisterResponse {
@@ -301,6 +304,18 @@ func (p *RegisterResponse) GetHeartbeatIntervalMs() (v int64) {
 func (p *RegisterResponse) GetNodeTtlMs() (v int64) {
 	return p.NodeTtlMs
 }
+
+func (p *RegisterResponse) GetInflightTtlMs() (v int64) {
+	return p.InflightTtlMs
+}
+
+func (p *RegisterResponse) GetPersistTimeoutMs() (v int64) {
+	return p.PersistTimeoutMs
+}
+
+func (p *RegisterResponse) GetPullTimeoutMs() (v int64) {
+	return p.PullTimeoutMs
+}
 func (p *RegisterResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -316,6 +331,15 @@ func (p *RegisterResponse) SetHeartbeatIntervalMs(val int64) {
 func (p *RegisterResponse) SetNodeTtlMs(val int64) {
 	p.NodeTtlMs = val
 }
+func (p *RegisterResponse) SetInflightTtlMs(val int64) {
+	p.InflightTtlMs = val
+}
+func (p *RegisterResponse) SetPersistTimeoutMs(val int64) {
+	p.PersistTimeoutMs = val
+}
+func (p *RegisterResponse) SetPullTimeoutMs(val int64) {
+	p.PullTimeoutMs = val
+}
 
 func (p *RegisterResponse) String() string {
 	if p == nil {
@@ -330,6 +354,9 @@ var fieldIDToName_RegisterResponse = map[int16]string{
 	3: "master_epoch",
 	4: "heartbeat_interval_ms",
 	5: "node_ttl_ms",
+	6: "inflight_ttl_ms",
+	7: "persist_timeout_ms",
+	8: "pull_timeout_ms",
 }
 
 type HeartbeatRequest struct {
