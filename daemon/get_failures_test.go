@@ -119,4 +119,3 @@ func TestExpiredGetNotInvalidArgument(t *testing.T) {
 	}
 	t.Logf("get: %v", err)
 }
-
