@@ -290,5 +290,19 @@ func (t *Term) end(ctx context.Context) {
 	t.e.cli.Revoke(ctx, t.lease) // its keys go with it
 }
 
-// Resign ends the term and hands leadership to the next candidate at once.
-func (t *Term) Resign(ctx context.Context) { t.end(ctx) }
+// Resign ends the term: it stops serving at once and hands leadership to the next
+// candidate Margin later (or when ctx ends). A term that loses its lease at etcd stops
+// serving at least Margin before another can win (Leading); a resigning one keeps that
+// promise by revoking its lease only then, so the next leader's quiet period
+// (master.Options.WriteQuiet, which counts on it) covers the owners' leases.
+func (t *Term) Resign(ctx context.Context) {
+	stopped := min(time.Since(t.base), time.Duration(t.validUntil.Load()))
+	t.close()
+	if wait := stopped + Margin(t.ttl) - time.Since(t.base); wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+	}
+	t.end(ctx)
+}

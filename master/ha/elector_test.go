@@ -68,6 +68,7 @@ func TestElectionHandover(t *testing.T) {
 	if err != nil || len(cs) != 2 || !cs[0].Leader || cs[0].Addr != "a:1" || cs[1].Leader || cs[1].Addr != "b:1" {
 		t.Fatalf("candidates %+v, %v", cs, err)
 	}
+	resigned := time.Now()
 	ta.Resign(ctx)
 	if ta.Leading() {
 		t.Fatal("a leads after resigning")
@@ -75,6 +76,11 @@ func TestElectionHandover(t *testing.T) {
 	tb := <-chB
 	if tb == nil || tb.Epoch != ta.Epoch+1 {
 		t.Fatalf("b's term %+v after a's epoch %d", tb, ta.Epoch)
+	}
+	// a stopped serving no earlier than resigned: b's term must start Margin later, as
+	// after a lease lost at etcd (b's quiet period counts on it).
+	if d := time.Since(resigned); d < ha.Margin(2*time.Second) {
+		t.Errorf("b leads %v after a resigned, under the margin %v", d, ha.Margin(2*time.Second))
 	}
 	if err := tb.Publish(ctx); err != nil {
 		t.Fatal(err)
