@@ -116,6 +116,9 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			if err := o.endGet(t); err != nil {
 				return nil, nil, err
 			}
+			if errors.Is(err, errStoreClosed) {
+				return nil, nil, err // the owner is stopping: a re-plan would read here again
+			}
 			failures++
 			o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("SSD refill failed; re-planning")
 			if failures >= maxSSDFailures {

@@ -196,3 +196,36 @@ func TestSSDDeleteForgetsEntries(t *testing.T) {
 	}
 	n.drain(t, nil)
 }
+
+// TestRefillStoreClosedKeepsSSDReplica: a local SSD refill the storage refuses because
+// it is closing (the owner stopping) says nothing about the record: the get is
+// UNAVAILABLE, tried once, and the master keeps the SSD replica (it dropped it, as for
+// a failed read, and the value was lost from the cluster's SSD tier at every shutdown).
+func TestRefillStoreClosedKeepsSSDReplica(t *testing.T) {
+	t.Parallel()
+	so := ssdOptions(t, 64<<20)
+	n := startNode(t, 4<<20, so, master.Options{})
+	keys := n.putValues(t, "c", 12, 1<<20)
+	before := n.ssdReplicasOf(t, "n1")
+	if err := n.o.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for _, k := range keys {
+		h, err := n.c.Get(k)
+		switch {
+		case err == nil:
+			h.Release() // still in memory
+		case errors.Is(err, fluxkv.ErrUnavailable):
+			refused++
+		default:
+			t.Fatalf("get %s with the SSD tier closed: %v, want UNAVAILABLE", k, err)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no get needed an SSD refill: the test does not test")
+	}
+	if after := n.ssdReplicasOf(t, "n1"); after != before {
+		t.Errorf("SSD replicas at the master: %d before, %d after %d refills refused by a closing storage", before, after, refused)
+	}
+}
