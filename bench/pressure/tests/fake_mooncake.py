@@ -6,7 +6,9 @@ against it says anything about Mooncake.
 test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put on
 ``--mooncake-pythonpath``) and starts it as ``TMP/bin/mooncake_master`` (the master).
 
-* The fake master takes the real master's flags, listens on the HTTP metadata, RPC and metrics
+* The fake master takes the real master's flags (and, like gflags, exits 1 on one it does not
+  define unless ``--undefok`` lists it: the flag set of v0.3.12.post1, the latest release tag, or
+  of main with ``FAKE_MOONCAKE_MASTER_VERSION=main``), listens on the HTTP metadata, RPC and metrics
   ports, and keeps every value itself: memory capacity = the sum of the clients'
   ``global_segment_size``; with ``--enable_offload=true``, values evicted from memory move to a
   "disk" of the clients' ``MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE`` (only of clients that set up
@@ -362,12 +364,31 @@ class _Rpc(socketserver.StreamRequestHandler):
             self.wfile.flush()
 
 
+# The real master's flags the adapter may pass (mooncake-store/src/master.cpp). Like gflags there,
+# the fake exits 1 on a flag it does not define unless ``--undefok`` names it. ``metrics_host`` is
+# defined on main (3b5a594) but not in the latest release tag, v0.3.12.post1, which the fake
+# follows unless FAKE_MOONCAKE_MASTER_VERSION=main.
+MASTER_FLAGS_RELEASE = frozenset({
+    "enable_http_metadata_server", "http_metadata_server_host", "http_metadata_server_port", "rpc_port", "rpc_address",
+    "port", "metrics_port", "eviction_high_watermark_ratio", "eviction_ratio", "default_kv_lease_ttl", "enable_offload",
+    "offload_on_evict", "rpc_thread_num", "enable_metric_reporting", "config_path", "undefok",
+})
+MASTER_FLAGS_MAIN = MASTER_FLAGS_RELEASE | {"metrics_host"}
+
+
 def master_main(argv: list[str]) -> int:
     flags = {}
     for a in argv:
         if a.startswith("--") and "=" in a:
             k, v = a[2:].split("=", 1)
             flags[k] = v
+    known = MASTER_FLAGS_MAIN if os.environ.get("FAKE_MOONCAKE_MASTER_VERSION") == "main" else MASTER_FLAGS_RELEASE
+    undefok = set(filter(None, flags.get("undefok", "").split(",")))
+    for a in argv:
+        name = a[2:].split("=", 1)[0] if a.startswith("--") else None
+        if name is not None and name not in known and name not in undefok:
+            print(f"ERROR: unknown command line flag '{name}'", file=sys.stderr, flush=True)
+            return 1
     cluster = _Cluster(flags.get("enable_offload") == "true", int(os.environ.get("FAKE_MOONCAKE_REFUSE_PUTS") or 0))
 
     class Http(BaseHTTPRequestHandler):
@@ -382,7 +403,8 @@ def master_main(argv: list[str]) -> int:
             pass
 
     for host_flag, port_flag in (("http_metadata_server_host", "http_metadata_server_port"), ("metrics_host", "metrics_port")):
-        h = ThreadingHTTPServer((flags.get(host_flag, "127.0.0.1"), int(flags[port_flag])), Http)
+        host = flags.get(host_flag, "0.0.0.0") if host_flag in known else "0.0.0.0"  # an undefok'd flag is ignored
+        h = ThreadingHTTPServer((host, int(flags[port_flag])), Http)
         threading.Thread(target=h.serve_forever, daemon=True).start()
 
     class Rpc(socketserver.ThreadingTCPServer):

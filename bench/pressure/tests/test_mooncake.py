@@ -55,11 +55,37 @@ def test_master_command_line_ssd_off_and_on():
         "--metrics_host=127.0.0.1",
         "--eviction_high_watermark_ratio=0.95",
         "--default_kv_lease_ttl=500",
+        "--undefok=metrics_host",
     ]
     assert mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=False) == want
     assert mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=True) == want + ["--enable_offload=true"]
     assert mc.metadata_url(PORTS) == "http://127.0.0.1:18080/metadata"
     assert mc.master_address(PORTS) == "127.0.0.1:15051"
+
+
+@pytest.mark.parametrize("version", ["v0.3.12.post1", "main"])
+def test_master_flags_start_the_latest_release_and_main(tmp_path, monkeypatch, version):
+    """gflags in mooncake_master exits on a flag it does not define: --metrics_host exists on main
+    (3b5a594) but not in v0.3.12.post1, so the adapter lists it in --undefok. The TEST FAKE master
+    refuses unknown flags as gflags does, with either version's flag set."""
+    from pressure.procs import free_port, tcp_open
+
+    monkeypatch.setenv("FAKE_MOONCAKE_MASTER_VERSION", version)
+    ports = mc.pick_ports(free_port)
+    args = mc.master_args(sys.executable, ports, ssd=True)
+    bad = [a for a in args if not a.startswith("--undefok=")]
+    if version != "main":
+        out = subprocess.run([sys.executable, str(FAKE)] + bad[1:], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 1 and "unknown command line flag 'metrics_host'" in out.stderr
+    p = subprocess.Popen([sys.executable, str(FAKE)] + args[1:], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not tcp_open(mc.HOST, ports.rpc) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.poll() is None and tcp_open(mc.HOST, ports.rpc), p.stderr.read() if p.poll() is not None else "not up"
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_ports_are_distinct():
