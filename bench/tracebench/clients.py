@@ -93,8 +93,14 @@ class FluxkvPages:
 class MooncakePages:
     """Pages of one prefix in Mooncake Store, through ``store`` (the process's
     ``MooncakeDistributedStore``) and its batch zero-copy calls on registered buffers. With SSD
-    off every hit is a memory hit; with SSD on hits are left unattributed here and split by the
-    clients' offload-read counters (the coordinator). A lookup or load error (a negative code other
+    off every hit is a memory hit. With SSD on, the client's ``get_offload_rpc_read_count()`` is
+    read around each ``batch_get_into``: it counts offload RPCs, one per call and storage endpoint
+    holding some of the keys on flash, not pages (mooncake-store/src/real_client.cpp,
+    ``batch_get_into_internal`` groups the LOCAL_DISK keys by endpoint and
+    ``batch_get_into_offload_object_internal`` adds 1 per group). So the pages of a call that did
+    not move it are memory hits, and those of a call that did are ``unknown`` (how many came from
+    flash it cannot say): such a row's sources are incomplete (report.sources), never a count of
+    calls passed off as one of pages. A lookup or load error (a negative code other
     than OBJECT_NOT_FOUND) ends the prefix there, as a miss would, and is counted."""
 
     def __init__(self, store, prefix: str, block_bytes: int, ssd: bool, put_retries: int, sleep=None):
@@ -106,7 +112,8 @@ class MooncakePages:
         self.store = store
         self.prefix = prefix
         self.block_bytes = block_bytes
-        self.source = None if ssd else "memory"
+        self.ssd = ssd
+        self.source = "memory"  # SSD on: only for the pages of a load the offload counter did not see
         self.put_retries = put_retries
         self.sleep = sleep or time.sleep
         self.tally: Counter = Counter()
@@ -150,12 +157,18 @@ class MooncakePages:
 
     def load(self, ids, bufs) -> int:
         ptrs, sizes = self._addrs(bufs)
+        c0 = self.mc.read_counter(self.store) if self.ssd else None
         got = self.store.batch_get_into([self.key(b) for b in ids], ptrs, sizes)
+        place = _source_key(self.source, True)
+        if self.ssd:
+            c1 = self.mc.read_counter(self.store)
+            if c0 is None or c1 is None or c1 != c0:
+                place = "unknown"  # some of this call's pages came from flash: how many, the counter cannot say
         n = 0
         while n < len(got) and got[n] > 0:
             if got[n] != self.block_bytes:
                 self.wrong_bytes += self.block_bytes
-            self.tally[_source_key(self.source, True)] += 1
+            self.tally[place] += 1
             n += 1
         if n < len(got) and got[n] != self.mc.OBJECT_NOT_FOUND:
             self._error(got[n])

@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from pressure.stats import PLACES, attribute_counter, attribute_dram_only, split_by_place
+from pressure.stats import PLACES, Attribution, attribute_counter, attribute_dram_only, split_by_place
 
 from .backends import Running
 from .replay import ReplayResult
@@ -89,8 +89,17 @@ def sources(run: Running, res: ReplayResult, counter_samples: list) -> dict:
         if k in PLACES:
             counts[f"{k.split('_')[0]}_{where}"] += v
     loose = by.get("unattributed", 0) + by.get("unknown", 0)
-    method, complete, note = "per-get", True, ""
-    if loose:
+    # Mooncake SSD on: MooncakePages read the counter around each batch_get_into call.
+    method, complete, note = ("counter-per-batch" if remote and run.target.ssd else "per-get"), True, ""
+    if loose and remote and run.target.ssd:
+        # MooncakePages attributed each load itself; what is left are the pages of loads that read
+        # from flash, which Mooncake's per-RPC counter cannot split: no guessing.
+        a = Attribution(0, 0, loose, False, "counter",
+                        f"{loose} hits came in batch_get_into calls that read from flash; Mooncake's offload counter "
+                        "counts RPCs (one per call and storage endpoint), not pages")
+        counts = {p: None for p in PLACES}
+        method, complete, note = a.method, a.complete, a.note
+    elif loose:
         a = attribute_counter(loose, counter_samples) if run.target.ssd else attribute_dram_only(loose)
         counts[f"memory_{where}"] += a.memory
         counts[f"ssd_{where}"] += a.ssd

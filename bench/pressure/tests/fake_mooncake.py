@@ -31,7 +31,9 @@ test_mooncake.py copies this file to ``TMP/mooncake/store.py`` (the binding, put
   ``register_buffer``, ``is_exist`` / ``batch_is_exist`` (1 / 0), ``batch_get_into`` (bytes read,
   OBJECT_NOT_FOUND, or INVALID_PARAMS for memory outside every registered buffer),
   ``batch_put_from``, ``get_offload_rpc_read_count``, ``close``); like upstream's counter, the one of the client that
-  *requested* a read from disk goes up.
+  *requested* a read from disk goes up, by one per call: a ``batch_get_into`` whose keys come
+  from disk adds 1 however many they are (upstream: one offload RPC per call and storage endpoint;
+  the fake has one disk).
 
 Test knobs (environment): ``FAKE_MOONCAKE_LOG`` (append every setup call, with the client's
 ``MOONCAKE_*`` / ``MC_*`` environment at that moment, and the master's start, with its environment,
@@ -150,13 +152,16 @@ class MooncakeDistributedStore:
         rep, _ = self._call({"op": "put", "key": key, "size": len(data)}, data)
         return rep["rc"]
 
-    def _get(self, key):
+    def _get(self, key, disk_reads=None):
         rep, data = self._call({"op": "get", "key": key})
         if rep["rc"] != 0:
             return None
         if rep["tier"] == "disk":
-            with self._mu:
-                self._reads += 1  # the requester's offload-RPC read, as upstream counts it
+            if disk_reads is not None:
+                disk_reads.append(key)  # a batch call: one offload RPC for all its disk keys
+            else:
+                with self._mu:
+                    self._reads += 1  # the requester's offload-RPC read, as upstream counts it
         return data
 
     def get(self, key) -> bytes:
@@ -194,11 +199,12 @@ class MooncakeDistributedStore:
         if not (len(keys) == len(buffer_ptrs) == len(sizes)):
             return [INVALID_PARAMS] * len(keys)
         out = []
+        disk: list = []
         for k, ptr, size in zip(keys, buffer_ptrs, sizes):
             if not self._inside(ptr, size):
                 out.append(INVALID_PARAMS)
                 continue
-            v = self._get(k)
+            v = self._get(k, disk)
             if v is None:
                 out.append(OBJECT_NOT_FOUND)
             elif len(v) > size:
@@ -206,6 +212,9 @@ class MooncakeDistributedStore:
             else:
                 ctypes.memmove(ptr, v, len(v))
                 out.append(len(v))
+        if disk:
+            with self._mu:
+                self._reads += 1  # upstream: one offload RPC per call and storage endpoint, whatever the keys
         return out
 
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None) -> list:

@@ -9,6 +9,7 @@ import argparse
 import json
 import multiprocessing as mp
 import pstats
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -324,6 +325,64 @@ def test_mooncake_pages_count_errors_and_retry_refusals():
     with pytest.raises(RuntimeError, match="not registered"):
         pc.load([1], Pages(BLOCK).buffers(1))
     assert pc.counters()["sources"] == {"memory_remote": 1}
+
+
+def test_mooncake_pages_ssd_on_count_batches_not_pages():
+    """Mooncake's get_offload_rpc_read_count() rises once per batch_get_into call that reads from
+    flash (one offload RPC per call and storage endpoint: real_client.cpp at 3b5a594), however many
+    of its pages were there. The pages of a call that did not move it are memory hits; those of a
+    call that did are unknown, and the row's sources are incomplete, not the number of calls."""
+    from tracebench.clients import MooncakePages
+
+    class Store:
+        reads = 0
+
+        def register_buffer(self, ptr, size):
+            return 0
+
+        def batch_get_into(self, keys, ptrs, sizes):
+            if keys[0].endswith("/9"):
+                self.reads += 1  # three pages from flash, one offload RPC
+            return [BLOCK] * len(keys)
+
+        def get_offload_rpc_read_count(self):
+            return self.reads
+
+    pc = MooncakePages(Store(), "ns", BLOCK, True, 2)
+    bufs = Pages(BLOCK).buffers(3)
+    pc.register(bufs)
+    assert pc.load([1, 2], bufs[:2]) == 2 and pc.load([9, 10, 11], bufs) == 3
+    assert pc.counters()["sources"] == {"memory_remote": 2, "unknown": 3}
+    run = SimpleNamespace(target=SimpleNamespace(backend="mooncake", ssd=True))
+    res = SimpleNamespace(loaded=5, sources=pc.counters()["sources"])
+    out = report.sources(run, res, [(0, 1)])
+    assert out["sources_complete"] is False and out["hits_by_source"]["ssd_remote"] is None and "RPCs" in out["sources_note"]
+    res = SimpleNamespace(loaded=2, sources={"memory_remote": 2})
+    out = report.sources(run, res, [(0, 0)])
+    assert out["sources_complete"] is True and out["hits_by_source"]["memory_remote"] == 2 and out["hits_by_source"]["ssd_remote"] == 0
+
+
+def test_replay_through_mooncake_ssd_on_the_fake(tmp_path, monkeypatch):
+    """SSD on, with room in DRAM for a fraction of the blocks: the TEST FAKE Mooncake moves evicted
+    pages to its disk and, as upstream, counts one offload read per batch_get_into call, so the
+    row's SSD hits are not made up from that count. Nothing here measures Mooncake."""
+    from pressure.backends import mooncake as mc
+    from pressure.tests.fake_mooncake import install
+
+    py, master = install(tmp_path)
+    monkeypatch.setattr(mc, "SEGMENT_MIN", 4096)
+    monkeypatch.setenv("FAKE_MOONCAKE_SEGMENT_MIN", "4096")
+    monkeypatch.setattr(mc, "_probes", {})
+    f = write_trace(tmp_path)
+    out = tmp_path / "out"
+    rc = cli.main(["--trace", f, "--backends", "mooncake", "--ssd", "on", "--capacity", "6b", "--procs", "1", "--window", "1",
+                   "--block-bytes", "4KiB", "--verify-every", "1", "--sims", "ideal", "--out", str(out), "--work-dir", str(tmp_path),
+                   "--mooncake-master", str(master), "--mooncake-pythonpath", str(py)])
+    rows = {r["backend"]: r for r in map(json.loads, (out / "summary.jsonl").read_text().splitlines())}
+    mk = rows["mooncake"]
+    assert rc == 0 and mk["status"] in ("ok", "incomplete"), mk
+    assert mk["hits"] > 0 and mk["wrong_bytes"] == 0
+    assert mk["sources_complete"] is False and mk["hits_by_source"]["ssd_remote"] is None, mk
 
 
 def test_three_owners_get_the_capacity_and_no_more(tmp_path):
