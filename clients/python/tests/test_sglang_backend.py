@@ -332,6 +332,46 @@ def test_a_host_pool_dtype_fluxkv_cannot_store_is_refused(sg, node):
         engine(sg, pool, "complex-model", node.socket)
 
 
+class _Float8:
+    """A torch float8 dtype where torch has none (torch 1.13): what ``str()`` of it reads."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+def fp8_pool(sg, mla: bool, kv_dtype: str, fill_seed: int):
+    """A host pool of an fp8 KV cache as SGLang builds it (memory_pool.py KVCache.__init__:
+    float8_e4m3fn and float8_e5m2 are stored as torch.uint8, ``store_dtype``;
+    pool_host/base.py HostKVCache.__init__, sglang 0047d999: ``self.device_pool = device_pool``,
+    ``self.dtype = device_pool.store_dtype``): uint8 buffers, the KV dtype on the device pool."""
+    pool = make_pool(sg, mla, "page_first", torch.uint8)
+    g = torch.Generator().manual_seed(fill_seed)
+    pool.kv_buffer.copy_(torch.randint(0, 256, pool.kv_buffer.shape, generator=g, dtype=torch.uint8))
+    pool.device_pool = SimpleNamespace(dtype=getattr(torch, kv_dtype, None) or _Float8(kv_dtype), store_dtype=torch.uint8)
+    return pool
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_fp8_formats_never_read_each_others_pages(sg, node, mla):
+    """--kv-cache-dtype fp8_e4m3 and fp8_e5m2 both give a uint8 host pool; their bytes mean
+    different numbers, so one must never load the other's pages as its own."""
+    e4m3, e5m2 = fp8_pool(sg, mla, "float8_e4m3fn", 11), fp8_pool(sg, mla, "float8_e5m2", 12)
+    a = engine(sg, e4m3, "fp8-model", node.socket, mla=mla).backend
+    b = engine(sg, e5m2, "fp8-model", node.socket, mla=mla).backend
+    assert a.batch_set_v1(["f0", "f1"], slots(0, 16)) == [True, True]
+    assert b.batch_exists(["f0", "f1"]) == 0
+    assert b.batch_get_v1(["f0", "f1"], slots(32, 48)) == [False, False]
+    assert b.batch_set_v1(["f0", "f1"], slots(0, 16)) == [True, True]
+    assert b.batch_get_v1(["f0", "f1"], slots(32, 48)) == [True, True]
+    assert torch.equal(flat(e5m2, 32), flat(e5m2, 0)) and torch.equal(flat(e5m2, 48), flat(e5m2, 16))
+    assert a.batch_get_v1(["f0"], slots(32)) == [True] and torch.equal(flat(e4m3, 32), flat(e4m3, 0))
+    a.close()
+    b.close()
+
+
 def test_timeout_s_reaches_the_store(sg, node, monkeypatch):
     options: list = []
     orig = kv.PageStore.__init__

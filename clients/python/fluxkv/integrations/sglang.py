@@ -74,7 +74,9 @@ What SGLang expects, as read from sgl-project/sglang main at commit 001067ff
 
 What this backend does: one :class:`fluxkv.kv.PageStore` (``fail_open=True``) in the
 namespace ``kv.namespace(model, tp, pp, dtype, layout)`` (the host pool's dtype must be one
-of ``kv.DTYPES``: refused at registration otherwise) -- ``tp*`` for MLA, ``cp<r>of<n>``
+of ``kv.DTYPES``: refused at registration otherwise; the namespace names the KV cache's
+dtype, the device pool's, since an fp8 cache of either format is held in uint8) -- ``tp*``
+for MLA, ``cp<r>of<n>``
 appended under attention context parallelism -- with a page's K and V under
 ``<hash>.k``/``<hash>.v`` (MLA: ``<hash>``), each stored in the host pool's own page order.
 Both call paths read and write the same pages. A store's pages go as one chain
@@ -188,6 +190,7 @@ class _HostPages:
         dtype = str(self.dtype).removeprefix("torch.")
         if dtype not in kv.DTYPES:
             raise ValueError(f"host pool dtype {dtype}: fluxkv pages hold {', '.join(kv.DTYPES)}")
+        self.kv_dtype = self._kv_dtype(pool, dtype)
         self.layout = pool.layout
         self.tag = _LAYOUT_TAGS.get(pool.layout, pool.layout)
         self.page_size = int(pool.page_size)
@@ -204,6 +207,15 @@ class _HostPages:
         self.page_numels = [v.numel() for v in views]
         self.page_bytes = sum(v.numel() * v.element_size() for v in views)
         self._check_meta(pool, views)
+
+    @staticmethod
+    def _kv_dtype(pool, store_dtype: str) -> str:
+        """The KV cache's dtype, for the namespace: SGLang keeps an fp8 KV cache (float8_e4m3fn
+        or float8_e5m2) in uint8 buffers (the device pool's ``store_dtype``, which the host pool
+        takes as its ``dtype``), so the host pool alone does not tell the two formats apart;
+        the device pool's ``dtype`` does. The pages themselves stay of the host pool's dtype."""
+        logical = getattr(getattr(pool, "device_pool", None), "dtype", None)
+        return store_dtype if logical is None else str(logical).removeprefix("torch.")
 
     def _refuse_scaled(self, pool) -> None:
         """Refuse a quantized pool whose scales live beside kv_buffer (MXFP8, FP4): storing its
@@ -479,7 +491,7 @@ class FluxkvHiCacheStorage(HiCacheStorage):
             tp_size=cfg.tp_size,
             pp_rank=cfg.pp_rank,
             pp_size=cfg.pp_size,
-            dtype=str(pages.dtype).removeprefix("torch."),
+            dtype=pages.kv_dtype,
             layout=tag,
             extra=f"cp{cfg.attn_cp_rank}of{cp_size}" if cp_size > 1 else "",
         )
