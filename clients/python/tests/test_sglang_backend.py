@@ -111,7 +111,7 @@ def test_loads_through_the_factory(sg, node):
     assert type(c.backend) is sg.backend.FluxkvHiCacheStorage
     assert isinstance(c.backend, sg.storage.HiCacheStorage)
     assert c.backend.mem_pool_host is pool
-    assert c.backend.namespace == "kv1/org/model-a/tp1of2/pp0of1/bfloat16/mha-page_first"
+    assert c.backend.namespace == "kv1/org/model-a/tp1of2/pp0of1/bfloat16/mha-page_first/16x3x2x8"
     assert not c.zero_copy  # the issue's JSON alone: the generic path; interface_v1 selects v1
     c.backend.close()
 
@@ -119,8 +119,8 @@ def test_loads_through_the_factory(sg, node):
 @pytest.mark.parametrize(
     "ranks, mla, want",
     [
-        (dict(tp_rank=1, tp_size=2, pp_rank=1, pp_size=2, attn_cp_rank=0, attn_cp_size=1), False, "kv1/m/tp1of2/pp1of2/float32/mha-page_first"),
-        (dict(tp_rank=1, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=1, attn_cp_size=2), True, "kv1/m/tp*/pp0of1/float32/mla-page_first/cp1of2"),
+        (dict(tp_rank=1, tp_size=2, pp_rank=1, pp_size=2, attn_cp_rank=0, attn_cp_size=1), False, "kv1/m/tp1of2/pp1of2/float32/mha-page_first/16x3x2x8"),
+        (dict(tp_rank=1, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=1, attn_cp_size=2), True, "kv1/m/tp*/pp0of1/float32/mla-page_first/16x3x1x24/cp1of2"),
     ],
     ids=["mha-pp", "mla-cp"],
 )
@@ -332,6 +332,35 @@ def test_a_host_pool_dtype_fluxkv_cannot_store_is_refused(sg, node):
         engine(sg, pool, "complex-model", node.socket)
 
 
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_pools_of_other_page_shapes_keep_their_own_pages(sg, node, mla):
+    """One model served with and without MTP speculative decoding: the host pool of the MTP
+    engine holds the draft layers too (pool_host/mha.py at sglang 0047d999,
+    get_size_per_token: ``layer_num = target_layer_num + len(mtp_draft_device_pools)``), so
+    its pages are larger. Each engine must load the pages it backed up."""
+
+    def pool(layers: int, seed: int):
+        if mla:
+            p = sg.pools.MLATokenToKVPoolHost(8 * PAGE, PAGE, layer_num=layers, kv_cache_dim=24, dtype=torch.float32, layout="page_first")
+        else:
+            p = sg.pools.MHATokenToKVPoolHost(8 * PAGE, PAGE, layer_num=layers, head_num=2, head_dim=8, dtype=torch.float32, layout="page_first")
+        p.kv_buffer.copy_(torch.randn(p.kv_buffer.shape, generator=torch.Generator().manual_seed(seed)))
+        return p
+
+    plain, mtp = pool(3, 13), pool(4, 14)
+    a = engine(sg, plain, "mtp-model", node.socket, mla=mla).backend
+    b = engine(sg, mtp, "mtp-model", node.socket, mla=mla).backend
+    assert a.batch_set_v1(["m0", "m1"], slots(0, 16)) == [True, True]
+    assert b.batch_set_v1(["m0", "m1"], slots(0, 16)) == [True, True]
+    assert b.batch_exists(["m0", "m1"]) == 2
+    assert b.batch_get_v1(["m0", "m1"], slots(32, 48)) == [True, True]
+    assert torch.equal(flat(mtp, 32), flat(mtp, 0)) and torch.equal(flat(mtp, 48), flat(mtp, 16))
+    assert a.batch_get_v1(["m0", "m1"], slots(32, 48)) == [True, True]
+    assert torch.equal(flat(plain, 32), flat(plain, 0)) and torch.equal(flat(plain, 48), flat(plain, 16))
+    a.close()
+    b.close()
+
+
 class _Float8:
     """A torch float8 dtype where torch has none (torch 1.13): what ``str()`` of it reads."""
 
@@ -426,9 +455,9 @@ def test_misuse_raises(sg, node):
 
 
 def test_page_axis_layouts_name_their_namespace(sg, node):
-    for mla, layout in [(False, "page_first_direct"), (False, "page_head"), (True, "page_first_direct")]:
+    for mla, layout, shape in [(False, "page_first_direct", "3x16x2x8"), (False, "page_head", "2x16x3x8"), (True, "page_first_direct", "3x16x1x24")]:
         b = engine(sg, make_pool(sg, mla, layout, torch.float32), "axis", node.socket, mla=mla).backend
-        assert b.namespace == f"kv1/axis/{'tp*' if mla else 'tp0of1'}/pp0of1/float32/{'mla' if mla else 'mha'}-{tag_of(layout)}"
+        assert b.namespace == f"kv1/axis/{'tp*' if mla else 'tp0of1'}/pp0of1/float32/{'mla' if mla else 'mha'}-{tag_of(layout)}/{shape}"
         b.close()
 
 
@@ -462,7 +491,8 @@ def test_asymmetric_kv_pools_round_trip_zero_copy(sg, node, layout, monkeypatch)
     src, dst = asymmetric_pool(sg, layout, fill_seed=12), asymmetric_pool(sg, layout)
     a = engine(sg, src, f"asym-{layout}", node.socket).backend
     b = engine(sg, dst, f"asym-{layout}", node.socket).backend
-    assert a.namespace == b.namespace and a.namespace.endswith(f"/bfloat16/mha-{tag_of(layout)}")
+    shapes = "16x3x2x12+16x3x2x8" if layout == "page_first" else "3x16x2x12+3x16x2x8"
+    assert a.namespace == b.namespace and a.namespace.endswith(f"/bfloat16/mha-{tag_of(layout)}/{shapes}")
     targets: list = []
     orig = kv.PageStore.get_pages_into
 

@@ -75,9 +75,10 @@ What SGLang expects, as read from sgl-project/sglang main at commit 001067ff
 What this backend does: one :class:`fluxkv.kv.PageStore` (``fail_open=True``) in the
 namespace ``kv.namespace(model, tp, pp, dtype, layout)`` (the host pool's dtype must be one
 of ``kv.DTYPES``: refused at registration otherwise; the namespace names the KV cache's
-dtype, the device pool's, since an fp8 cache of either format is held in uint8) -- ``tp*``
-for MLA, ``cp<r>of<n>``
-appended under attention context parallelism -- with a page's K and V under
+dtype, the device pool's, since an fp8 cache of either format is held in uint8), then the
+page's shape (``16x3x2x8``; K's and V's ``+``-joined where they differ: one model's host
+pools can hold pages of other shapes, e.g. with MTP draft layers) -- ``tp*`` for MLA,
+``cp<r>of<n>`` appended under attention context parallelism -- with a page's K and V under
 ``<hash>.k``/``<hash>.v`` (MLA: ``<hash>``), each stored in the host pool's own page order.
 Both call paths read and write the same pages. A store's pages go as one chain
 (``PageStore.put_pages`` with ``chain``): K before V, each page after the one before it, so
@@ -206,6 +207,9 @@ class _HostPages:
         self.page_shapes = [tuple(v.shape) for v in views]
         self.page_numels = [v.numel() for v in views]
         self.page_bytes = sum(v.numel() * v.element_size() for v in views)
+        # The page's shape (each component's, where K's and V's differ), part of the namespace:
+        # one model's pools can hold pages of other shapes (SGLang's MTP draft layers).
+        self.geometry = "+".join(dict.fromkeys("x".join(map(str, shape)) for shape in self.page_shapes))
         self._check_meta(pool, views)
 
     @staticmethod
@@ -493,7 +497,7 @@ class FluxkvHiCacheStorage(HiCacheStorage):
             pp_size=cfg.pp_size,
             dtype=pages.kv_dtype,
             layout=tag,
-            extra=f"cp{cfg.attn_cp_rank}of{cp_size}" if cp_size > 1 else "",
+            extra=pages.geometry + (f"/cp{cfg.attn_cp_rank}of{cp_size}" if cp_size > 1 else ""),
         )
         store = kv.PageStore(self.socket, ns, layout=tag, fail_open=True, **self._store_options)
         self.close()  # what an earlier registration opened
