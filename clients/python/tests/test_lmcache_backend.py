@@ -321,6 +321,31 @@ def test_a_chunk_of_another_format_is_not_stored(lmc, conn, client, caplog):
     release(odd, ok)
 
 
+@pytest.mark.parametrize("blending", [False, True], ids=["layerwise", "layerwise-blending"])
+def test_layerwise_chunks_round_trip(lmc, daemon, tmp_path, blending):
+    """With use_layerwise LMCache's engine keeps KV in KV_T2D (KV_2TD with enable_blending):
+    LMCacheEngine.__init__ sets ``self.fmt`` so for a non-MLA model, and store_layer
+    (lmcache/v1/cache_engine.py, LMCache 000620e3) puts one object per layer of that format,
+    ``gpu_connector.get_shape(tokens)`` ([tokens, 2, hidden] / [2, tokens, hidden]), under
+    LayerCacheEngineKeys. Those chunks are this connector's to store and load."""
+    fmt = lmc.mm.MemoryFormat.KV_2TD if blending else lmc.mm.MemoryFormat.KV_T2D
+    config = ISSUE_CONFIG + f"use_layerwise: true\nenable_blending: {str(blending).lower()}\n"
+    c, cpu = open_connector(lmc, daemon.socket, tmp_path, config_text=config)
+    shape = (2, CHUNK_TOKENS, HIDDEN) if blending else (CHUNK_TOKENS, 2, HIDDEN)
+    keys = [lmc.utils.LayerCacheEngineKey("tiny", 1, 0, 0x1A7, torch.float32, None, layer_id=i) for i in range(LAYERS)]
+    objs = [chunk(lmc, cpu, 30 + i, fmt=fmt, shape=shape) for i in range(LAYERS)]
+    run(c.batched_put(keys, objs))
+    assert c.stats()["wrong_format"] == 0
+    assert c.batched_contains(keys) == LAYERS
+    got = run(c.batched_get(keys))
+    assert all(g is not None for g in got)
+    for g, o in zip(got, objs):
+        assert g.get_memory_format() == fmt and torch.equal(g.tensor, o.tensor)
+    release(*objs, *got)
+    run(c.close())
+    assert cpu.live == 0
+
+
 def test_a_page_of_another_layout_is_a_miss(lmc, conn, daemon, caplog):
     c, cpu = conn
     k_odd, k_ok = key(lmc, 0xB10), key(lmc, 0xB11)

@@ -80,7 +80,8 @@ Here a chunk is one :class:`fluxkv.kv.PageStore` page: its tensor (of a chunk wh
 many bytes), or, for a model of several KV groups, one page per group (``<hash>``,
 ``<hash>#1``, ...: a chunk is present only with all of them), or, with an encoding serde,
 its bytes as one uint8 page. The page header already records each page's dtype and shape;
-the format (``meta_fmt``, or BINARY_BUFFER under an encoding serde, on every path) is part of
+the format (the engine's: ``meta_fmt``, KV_T2D or KV_2TD under ``use_layerwise``, or
+BINARY_BUFFER under an encoding serde, on every path) is part of
 the namespace and the layout tag. A chunk handed to ``put`` in another format is not stored
 (nothing would read it): it is counted (``wrong_format``) and logged; so is one whose data
 cannot be read (``unstorable``, logged as an error). Keys:
@@ -295,8 +296,8 @@ class FluxKVConnector(RemoteConnector):
             self.meta_fmt = MemoryFormat.KV_MLA_FMT if metadata.use_mla else MemoryFormat.KV_2LTD
         serde = getattr(config, "remote_serde", None) if config is not None else None
         self._serialized = serde not in _KV_SERDES
-        # The format of the chunks this connector stores and loads.
-        self._fmt = MemoryFormat.BINARY_BUFFER if self._serialized else self.meta_fmt
+        # The format of the chunks this connector stores and loads: the engine's.
+        self._fmt = MemoryFormat.BINARY_BUFFER if self._serialized else _engine_fmt(config, self.meta_fmt)
         get_groups = getattr(metadata, "get_num_groups", None)
         self._groups = 1 if self._serialized or get_groups is None else int(get_groups())
         if self._groups < 1:
@@ -608,6 +609,15 @@ class FluxKVConnector(RemoteConnector):
             for k in total:
                 total[k] += st[k]
         return {**total, **own}
+
+
+def _engine_fmt(config, meta_fmt):
+    """The format LMCache's engine keeps KV chunks in (``LMCacheEngine.__init__``): with
+    ``use_layerwise`` a non-MLA model's chunks are per-layer KV_T2D objects (KV_2TD with
+    ``enable_blending``), whatever ``meta_fmt`` says; otherwise ``meta_fmt``."""
+    if config is None or not getattr(config, "use_layerwise", False) or meta_fmt == MemoryFormat.KV_MLA_FMT:
+        return meta_fmt
+    return MemoryFormat.KV_2TD if getattr(config, "enable_blending", False) else MemoryFormat.KV_T2D
 
 
 def _size(dims):

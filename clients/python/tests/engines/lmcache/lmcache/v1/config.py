@@ -18,6 +18,7 @@ class LMCacheEngineConfig:
     remote_serde: Optional[str] = "naive"
     remote_storage_plugins: Optional[list] = None
     use_layerwise: bool = False
+    enable_blending: bool = False
     extra_config: Optional[dict] = field(default=None)
 
     @staticmethod
