@@ -110,7 +110,7 @@ func (p *MasterPubKeys) verify(msg, sig []byte) bool {
 }
 
 // LoadMasterKey reads a master's private key. The file is refused when it is missing,
-// not a regular file, readable by others or by a group this process is not in, or not
+// not a regular file, readable or writable by others, readable by a group this process is not in, or not
 // one PEM "PRIVATE KEY" block holding an Ed25519 key.
 func LoadMasterKey(path string) (*MasterKey, error) {
 	data, err := readKeyFile("master key file", path, true)
@@ -132,7 +132,8 @@ func LoadMasterKey(path string) (*MasterKey, error) {
 	return &MasterKey{priv: priv, path: path}, nil
 }
 
-// LoadMasterPubKeys reads one public key from each file (PEM "PUBLIC KEY", PKIX Ed25519).
+// LoadMasterPubKeys reads one public key from each file (PEM "PUBLIC KEY", PKIX Ed25519);
+// a file others may write is refused.
 func LoadMasterPubKeys(paths []string) (*MasterPubKeys, error) {
 	if len(paths) == 0 {
 		return nil, errors.New("master public keys: no file given")
@@ -169,7 +170,8 @@ func loadMasterPubKey(path string) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
-// readKeyFile reads a small regular file; private ones must pass checkMode.
+// readKeyFile reads a small regular file that others may not write; private ones must
+// pass checkFileMode.
 func readKeyFile(what, path string, private bool) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -186,10 +188,12 @@ func readKeyFile(what, path string, private bool) ([]byte, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s %s is not a regular file", what, path)
 	}
+	check := checkWritable // a public key is the anchor of the master proof: no one else may write it
 	if private {
-		if err := checkFileMode(what, path, fi); err != nil {
-			return nil, err
-		}
+		check = checkFileMode
+	}
+	if err := check(what, path, fi); err != nil {
+		return nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
 	if err != nil {

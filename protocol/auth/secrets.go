@@ -51,7 +51,7 @@ func (s *Secrets) Paths() []string { return s.paths }
 
 // LoadSecrets reads one secret from each file, the first signing. A file is refused
 // when it is missing, not a regular file, empty or shorter than MinSecretLen bytes
-// after trimming whitespace, readable by others, or readable by a group this process
+// after trimming whitespace, readable or writable by others, or readable by a group this process
 // is not in (its effective gid or a supplementary group: the service may share a
 // secret with the group it runs as, never with one it does not belong to).
 func LoadSecrets(paths []string) (*Secrets, error) {
@@ -111,8 +111,21 @@ func checkMode(path string, fi os.FileInfo) error {
 	return checkFileMode("cluster secret file", path, fi)
 }
 
-// checkFileMode refuses a private file (what names it in errors) others may read.
+// checkWritable refuses a file (what names it in errors) anyone may write: whoever
+// rewrites a secret or a key chooses whom this node trusts from its next start.
+func checkWritable(what, path string, fi os.FileInfo) error {
+	if perm := fi.Mode().Perm(); perm&0o002 != 0 {
+		return fmt.Errorf("%s %s is writable by others (mode %04o): chmod o-w %s", what, path, perm, path)
+	}
+	return nil
+}
+
+// checkFileMode refuses a private file (what names it in errors) others may read or
+// write.
 func checkFileMode(what, path string, fi os.FileInfo) error {
+	if err := checkWritable(what, path, fi); err != nil {
+		return err
+	}
 	perm := fi.Mode().Perm()
 	if perm&0o004 != 0 {
 		return fmt.Errorf("%s %s is readable by others (mode %04o): chmod 600 %s", what, path, perm, path)

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,5 +96,37 @@ func TestGenerateSecretFile(t *testing.T) {
 	}
 	if err := GenerateSecretFile(p); err == nil {
 		t.Fatal("overwrote an existing secret")
+	}
+}
+
+// TestTrustFilesWritableByOthers: a file anyone may write is refused, whatever it
+// holds: whoever rewrites a cluster secret, a master key or an accepted master public
+// key chooses who this node trusts from its next start (a public key file is public,
+// but it is the anchor of the master proof).
+func TestTrustFilesWritableByOthers(t *testing.T) {
+	d := t.TempDir()
+	key, pub := filepath.Join(d, "master.key"), filepath.Join(d, "master.pub")
+	if err := GenerateMasterKeyFiles(key, pub); err != nil {
+		t.Fatal(err)
+	}
+	secret := writeFile(t, "secret", strings.Repeat("s", 40), 0o600)
+	for _, tc := range []struct {
+		name, path string
+		mode       os.FileMode
+		load       func(string) error
+	}{
+		{"cluster secret", secret, 0o602, func(p string) error { _, err := LoadSecrets([]string{p}); return err }},
+		{"master key", key, 0o602, func(p string) error { _, err := LoadMasterKey(p); return err }},
+		{"master public key", pub, 0o646, func(p string) error { _, err := LoadMasterPubKeys([]string{p}); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.Chmod(tc.path, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf("is writable by others (mode %04o)", tc.mode)
+			if err := tc.load(tc.path); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("mode %04o: got %v, want %q", tc.mode, err, want)
+			}
+		})
 	}
 }
