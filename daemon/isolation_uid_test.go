@@ -270,3 +270,45 @@ func lineOf(out, prefix string) string {
 	}
 	return ""
 }
+
+// TestAllowUIDAttaches: a uid listed with --allow-uid attaches and puts although it is
+// in no group of the sockets (the owner grants it the sockets by an ACL; the sockets'
+// 0660 mode refused its connect with EACCES, so --allow-uid admitted nobody), and a uid
+// neither listed nor in the group is still refused.
+func TestAllowUIDAttaches(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: needs root to run clients as other uids with setpriv")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("skipped: setpriv not found (util-linux)")
+	}
+	p := startUp(t, "16MiB", "--allow-uid", "65534")
+	reachable(t, p.socket)
+	exe := proctest.SelfCopy(t)
+	run := func(uid int) string {
+		t.Helper()
+		cmd := exec.Command("setpriv", fmt.Sprintf("--reuid=%d", uid), fmt.Sprintf("--regid=%d", uid), "--clear-groups", exe)
+		cmd.Env = append(os.Environ(), isoHelperEnv+"=put", "FLUXKV_TEST_SOCKET="+p.socket,
+			"FLUXKV_TEST_KEY="+fmt.Sprintf("allowed-%d", uid), "FLUXKV_TEST_LEN=5000")
+		cmd.Dir = "/"
+		out, _ := cmd.CombinedOutput()
+		t.Logf("uid %d: %s", uid, bytes.TrimSpace(out))
+		return string(out)
+	}
+	if out := run(65534); !strings.Contains(out, "put: ok") {
+		t.Fatalf("uid 65534, listed with --allow-uid, could not put:\n%s", out)
+	}
+	if out := run(65533); !strings.Contains(out, "connect:") || strings.Contains(out, "put: ok") {
+		t.Fatalf("uid 65533, neither listed nor in the group, was not refused:\n%s", out)
+	}
+	c := connect(t, p.socket)
+	h, err := c.Get("allowed-65534")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if !bytes.Equal(h.Bytes(), bytes.Repeat([]byte{0xBB}, 5000)) {
+		t.Fatal("the allowed uid's value differs")
+	}
+}

@@ -236,8 +236,20 @@ func (o *Owner) Start(ctx context.Context) error {
 		o.failStart()
 		return err
 	}
+	// The uids admitted by uid alone (--allow-uid) are in no group of the sockets: an
+	// ACL lets them connect (permitAttach still decides who attaches).
+	if err := shm.GrantUsers(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.AllowedUIDs); err != nil {
+		o.rpc.close()
+		o.failStart()
+		return err
+	}
 	// The attach socket comes last: its appearance means "ready".
 	o.attachLn, err = shm.ListenUnix(o.opts.SocketPath(), o.opts.SocketMode)
+	if err == nil {
+		if err = shm.GrantUsers(o.opts.SocketPath(), o.opts.AllowedUIDs); err != nil {
+			o.attachLn.Close()
+		}
+	}
 	if err != nil {
 		o.rpc.close()
 		o.failStart()
