@@ -136,6 +136,16 @@ func putEndRaw(t *testing.T, c *fluxkv.Client, key string, putID int64, copies .
 	return res.Success
 }
 
+func putAbortRaw(t *testing.T, c *fluxkv.Client, key string, putID int64) *external.PutAbortResponse {
+	t.Helper()
+	res := &external.ExternalServicePutAbortResult{}
+	if err := c.Call("PutAbort", &external.ExternalServicePutAbortArgs{Req: &external.PutAbortRequest{
+		Session: rawSession(c), Key: key, PutId: putID}}, res); err != nil {
+		t.Fatalf("PutAbort: %v", err)
+	}
+	return res.Success
+}
+
 func batchPutEndRaw(t *testing.T, c *fluxkv.Client, items ...*external.PutEndItem) *external.BatchPutEndResponse {
 	t.Helper()
 	res := &external.ExternalServiceBatchPutEndResult{}
@@ -151,7 +161,7 @@ func area(valueOff, areaOff, n int64) *external.AreaCopy {
 }
 
 // TestIsolatedBadCopies: every malformed copy (empty, outside the value or the area,
-// overflowing, too many, for an unknown or ending put) is INVALID_ARGUMENT and leaves a
+// overflowing, too many, more bytes in all than the value, for an unknown or ending put) is INVALID_ARGUMENT and leaves a
 // pending put pending; a repeated PutEnd answers its first outcome without copying again.
 func TestIsolatedBadCopies(t *testing.T) {
 	t.Parallel()
@@ -159,6 +169,7 @@ func TestIsolatedBadCopies(t *testing.T) {
 	c := connect(t, p.socket)
 	const n = 1000
 	id := putStartRaw(t, c, "bad", n)
+	bigID := putStartRaw(t, c, "big", 2*testArea)
 	tooMany := make([]*external.AreaCopy, wire.MaxBatch+1)
 	for i := range tooMany {
 		tooMany[i] = area(0, 0, 1)
@@ -180,6 +191,12 @@ func TestIsolatedBadCopies(t *testing.T) {
 		{"area offset overflow", "bad", id, []*external.AreaCopy{area(0, math.MaxInt64-1, 10)}, "outside the 65536-byte put area"},
 		{"length overflow", "bad", id, []*external.AreaCopy{area(10, 10, math.MaxInt64)}, "outside the 1000-byte value"},
 		{"too many copies", "bad", id, tooMany, "exceed the limit"},
+		// Copies of one call that together exceed the value or the area (overlapping: one
+		// copy of the whole area sent 4,096 times would have the owner copy 4,096 area-fulls
+		// for one small call).
+		{"copies past the value in all", "bad", id, []*external.AreaCopy{area(0, 0, n), area(0, 0, n)}, "add up to more than 1000 bytes"},
+		{"copies overflowing in all", "bad", id, []*external.AreaCopy{area(0, 0, n/2), area(0, 0, n/2), area(0, 0, 1)}, "add up to more than 1000 bytes"},
+		{"copies past the area in all", "big", bigID, []*external.AreaCopy{area(0, 0, testArea), area(testArea, 0, testArea)}, "add up to more than 65536 bytes"},
 		{"unknown put", "bad", id + 1000, []*external.AreaCopy{area(0, 0, 10)}, "unknown put"},
 		{"other key", "other", id, []*external.AreaCopy{area(0, 0, 10)}, "unknown put"},
 	} {
@@ -232,6 +249,9 @@ func TestIsolatedBadCopies(t *testing.T) {
 		t.Fatal("the value is not the bytes copied by the first PutWrite + PutEnd (copied again?)")
 	}
 	h.Release()
+	if a := putAbortRaw(t, c, "big", bigID); a.Code != common.ErrorCode_OK {
+		t.Fatalf("abort the big put: %v %q", a.Code, a.Message)
+	}
 	leakCheck(t, c, "bad", "stager")
 }
 

@@ -22,9 +22,14 @@ func checkCopyCount(n int) error {
 }
 
 // checkCopies validates the copies into one put: each non-empty, inside the value
-// (valueLen bytes) and inside the put area (areaLen bytes). Every comparison is
-// overflow-safe (no sum of client numbers is ever formed).
+// (valueLen bytes) and inside the put area (areaLen bytes), and all of them together no
+// more bytes than the smaller of the two: a call conveys at most an area of bytes, and
+// overlapping copies would have the owner copy up to wire.MaxBatch area-fulls for one
+// small request. Every comparison is overflow-safe (no sum of client numbers exceeds
+// that bound).
 func checkCopies(copies []*external.AreaCopy, valueLen, areaLen int64) error {
+	limit := min(valueLen, areaLen)
+	var total int64 // bytes of the copies before i, at most limit
 	for i, cp := range copies {
 		switch {
 		case cp == nil:
@@ -35,7 +40,12 @@ func checkCopies(copies []*external.AreaCopy, valueLen, areaLen int64) error {
 			return errCode(common.ErrorCode_INVALID_ARGUMENT, "area copy %d: value range [%d, +%d) is outside the %d-byte value", i, cp.ValueOffset, cp.Len, valueLen)
 		case cp.AreaOffset < 0 || cp.Len > areaLen || cp.AreaOffset > areaLen-cp.Len:
 			return errCode(common.ErrorCode_INVALID_ARGUMENT, "area copy %d: area range [%d, +%d) is outside the %d-byte put area", i, cp.AreaOffset, cp.Len, areaLen)
+		case cp.Len > limit-total:
+			return errCode(common.ErrorCode_INVALID_ARGUMENT,
+				"area copies 0..%d add up to more than %d bytes, the smaller of the %d-byte value and the %d-byte put area (copies of one call must not overlap)",
+				i, limit, valueLen, areaLen)
 		}
+		total += cp.Len
 	}
 	return nil
 }

@@ -105,8 +105,9 @@ struct AttachReply {
 
 // One copy the owner makes, under isolation, from the session's put area into a started
 // put: len bytes at area_offset of the put area land at value_offset of the value. Both
-// ranges must lie inside the put area and the value. One call carries at most MAX_BATCH
-// copies (over all its items).
+// ranges must lie inside the put area and the value, and the copies of one call into one
+// put add up to at most the smaller of the value and the put area (they do not overlap).
+// One call carries at most MAX_BATCH copies (over all its items).
 struct AreaCopy {
   1: i64 value_offset,
   2: i64 area_offset,
