@@ -264,8 +264,11 @@ func (h *externalHandler) Stat(ctx context.Context, req *external.StatRequest) (
 		resp.ClientHolders = int64(len(c.holders))
 		resp.Clients = int64(len(st.sessions))
 		h.o.unlock()
-		// Released holders must count as released: end their grace and ack them now.
-		h.o.sweepIdle(true)
+		// Released holders must count as released: end their grace and ack them now,
+		// unless the caller keeps the hot set.
+		if !req.KeepHotSet {
+			h.o.sweepIdle(true)
+		}
 		h.o.acks.sync()
 		ctx, cancel := h.o.master.ctx()
 		defer cancel()

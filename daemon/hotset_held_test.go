@@ -79,3 +79,48 @@ func TestHeldPullNotServedAfterOverwrite(t *testing.T) {
 	}
 	h.Release()
 }
+
+// TestStatKeepHotSet: a status poll with keep_hot_set (`fluxkv status`) leaves the
+// owner's hot set alone, so its next gets of cached keys stay local; a plain Stat lets
+// the idle holdings go first, so holder counts are exact. Every Stat emptied the hot
+// set, and a monitor polling status sent every cached key's next get to the master.
+func TestStatKeepHotSet(t *testing.T) {
+	n := startNode(t, 8<<20, nil, master.Options{})
+	for _, k := range []string{"a", "b", "c"} {
+		if err := n.c.Put(k, bytes.Repeat([]byte(k), 4096)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	if err := n.c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	cached := func() int {
+		st := n.o.lock()
+		defer n.o.unlock()
+		return st.hot.len()
+	}
+	if got := cached(); got != 3 {
+		t.Fatalf("%d keys in the hot set after 3 gets, want 3", got)
+	}
+	st, err := n.c.StatWith(fluxkv.StatOptions{KeepHotSet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cached(); got != 3 {
+		t.Errorf("%d keys in the hot set after a status poll with keep_hot_set, want 3", got)
+	}
+	if h := st.Members[0].Holders; h != 3 {
+		t.Errorf("holders %d with the hot set kept, want its 3 holdings", h)
+	}
+	if st, err = n.c.Stat(); err != nil {
+		t.Fatal(err)
+	}
+	if got, h := cached(), st.Members[0].Holders; got != 0 || h != 0 {
+		t.Errorf("after a plain Stat: %d keys in the hot set, %d holders; want 0 and 0", got, h)
+	}
+}

@@ -359,8 +359,14 @@ struct NamespaceStatResponse {
   4: i64 bytes,
 }
 
+// keep_hot_set: the owner keeps its hot set (the released holdings it caches for later
+// gets) as it is; the holders figures then count those holdings. Without it the owner
+// lets them go first, so the figures count only holders in use (exact for leak checks),
+// and its next gets of those keys ask the master again: a status poll (`fluxkv status`)
+// sets it.
 struct StatRequest {
   1: Session session,
+  2: bool keep_hot_set,
 }
 
 struct StatResponse {

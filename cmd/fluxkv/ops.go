@@ -212,7 +212,8 @@ func statusCommand() *cli.Command {
 	return clientCommand("status", "members, memory and SSD capacity/used, masters and the leader, keys", "", 0, 0,
 		[]cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 		func(c *cli.Context, cl *fluxkv.Client, _ []string) error {
-			st, err := cl.Stat()
+			// A status poll leaves the owner's hot set alone (its gets stay local).
+			st, err := cl.StatWith(fluxkv.StatOptions{KeepHotSet: true})
 			if err != nil {
 				return failure(err)
 			}

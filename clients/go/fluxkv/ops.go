@@ -333,10 +333,22 @@ func (c *Client) NamespaceStat(ns string) (keys, bytes int64, err error) {
 // Stat returns the cluster's members and key count as the owner sees them, after
 // applying this client's pending releases, and the masters (Masters: each one's
 // address, whether it is the leader and the epoch of its leadership, as the leader
-// reports them; with masters on etcd, every campaigning master).
-func (c *Client) Stat() (*external.StatResponse, error) {
+// reports them; with masters on etcd, every campaigning master). The owner lets its
+// hot set's idle holdings go first, so holder counts are exact; see StatWith.
+func (c *Client) Stat() (*external.StatResponse, error) { return c.StatWith(StatOptions{}) }
+
+// StatOptions tunes StatWith.
+type StatOptions struct {
+	// KeepHotSet leaves the owner's hot set as it is (its holder figures then count the
+	// idle holdings it caches): for status polls, which would otherwise send the owner's
+	// next gets of every cached key to the master.
+	KeepHotSet bool
+}
+
+// StatWith is Stat with options.
+func (c *Client) StatWith(opts StatOptions) (*external.StatResponse, error) {
 	r, _, err := invoke(c, call{method: "Stat", retry: retryAlways, args: func(s *external.Session) thrift.FastCodec {
-		return &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: s}}
+		return &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: s, KeepHotSet: opts.KeepHotSet}}
 	}}, &external.ExternalServiceStatResult{})
 	return r, err
 }

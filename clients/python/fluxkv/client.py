@@ -990,15 +990,19 @@ class Client:
 
     # -- public: status ------------------------------------------------------------------------------
 
-    def stat(self) -> dict:
+    def stat(self, keep_hot_set: bool = False) -> dict:
         """The owner's status: members with memory and SSD capacity/used, key count, distinct
         values in memory (``memory_values``) and duplicate bytes (``memory_duplicate_bytes``),
         holders and clients, and the masters (``masters``: a list of ``{"addr", "leader", "epoch"}``,
-        the leader's epoch > 0). Queued releases are sent first, so status reflects them."""
+        the leader's epoch > 0). Queued releases are sent first, so status reflects them, and the
+        owner lets its hot set's idle holdings go, so holder counts are exact; ``keep_hot_set``
+        leaves them (they are then counted), for status polls that should not send the owner's
+        next gets of every cached key to the master."""
+        rest = encode_fields(StatRequest(None, True)) if keep_hot_set else _STOP
 
         def op(s):
             s.flush_releases()
-            r = s.call("Stat", piggyback=False)
+            r = s.call("Stat", rest, piggyback=False)
             raise_for(r.code, r.message)
             return _stat_dict(r)
 

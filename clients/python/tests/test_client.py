@@ -412,6 +412,18 @@ def test_stat(client):
     assert client.stat()["keys"] == keys0 + 1
 
 
+def test_stat_keep_hot_set(client):
+    # A status poll with keep_hot_set leaves the owner's cached holding of a released get
+    # (it is counted among the holders); a plain stat lets it go first (exact counts).
+    client.put("hot-stat", b"x" * 4096)
+    with client.get("hot-stat") as h:
+        assert h.bytes() == b"x" * 4096
+    held = local_member(client.stat(keep_hot_set=True))["holders"]
+    assert held >= 1
+    assert local_member(client.stat(keep_hot_set=True))["holders"] == held
+    assert local_member(client.stat())["holders"] <= held - 1
+
+
 def test_default_socket_from_env(daemon, monkeypatch):
     monkeypatch.setenv("FLUXKV_SOCKET", daemon.socket)
     with fluxkv.connect() as c:

@@ -2015,7 +2015,8 @@ var fieldIDToName_NamespaceStatResponse = map[int16]string{
 }
 
 type StatRequest struct {
-	Session *Session `thrift:"session,1" frugal:"1,default,Session" json:"session"`
+	Session    *Session `thrift:"session,1" frugal:"1,default,Session" json:"session"`
+	KeepHotSet bool     `thrift:"keep_hot_set,2" frugal:"2,default,bool" json:"keep_hot_set"`
 }
 
 func NewStatRequest() *StatRequest {
@@ -2033,8 +2034,15 @@ func (p *StatRequest) GetSession() (v *Session) {
 	}
 	return p.Session
 }
+
+func (p *StatRequest) GetKeepHotSet() (v bool) {
+	return p.KeepHotSet
+}
 func (p *StatRequest) SetSession(val *Session) {
 	p.Session = val
+}
+func (p *StatRequest) SetKeepHotSet(val bool) {
+	p.KeepHotSet = val
 }
 
 func (p *StatRequest) IsSetSession() bool {
@@ -2050,6 +2058,7 @@ func (p *StatRequest) String() string {
 
 var fieldIDToName_StatRequest = map[int16]string{
 	1: "session",
+	2: "keep_hot_set",
 }
 
 type StatResponse struct {

@@ -3207,12 +3207,14 @@ class StatRequest(object):
     """
     Attributes:
      - session
+     - keep_hot_set
 
     """
 
 
-    def __init__(self, session=None,):
+    def __init__(self, session=None, keep_hot_set=None,):
         self.session = session
+        self.keep_hot_set = keep_hot_set
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3229,6 +3231,11 @@ class StatRequest(object):
                     self.session.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.BOOL:
+                    self.keep_hot_set = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3242,6 +3249,10 @@ class StatRequest(object):
         if self.session is not None:
             oprot.writeFieldBegin('session', TType.STRUCT, 1)
             self.session.write(oprot)
+            oprot.writeFieldEnd()
+        if self.keep_hot_set is not None:
+            oprot.writeFieldBegin('keep_hot_set', TType.BOOL, 2)
+            oprot.writeBool(self.keep_hot_set)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3705,6 +3716,7 @@ all_structs.append(StatRequest)
 StatRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRUCT, 'session', [Session, None], None, ),  # 1
+    (2, TType.BOOL, 'keep_hot_set', None, None, ),  # 2
 )
 all_structs.append(StatResponse)
 StatResponse.thrift_spec = (
