@@ -184,7 +184,8 @@ func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
 	return hs, errs, nil
 }
 
-// BatchExists checks many keys, wire.MaxBatch per round trip.
+// BatchExists checks many keys, wire.MaxBatch per round trip. A key the owner could not
+// evaluate (an invalid key, a failed master call) fails the call, as Exists fails.
 func (c *Client) BatchExists(keys []string) ([]bool, error) {
 	out := make([]bool, len(keys))
 	err := chunks(keys, func(base int, part []string) error {
@@ -194,17 +195,36 @@ func (c *Client) BatchExists(keys []string) ([]bool, error) {
 		if err != nil {
 			return err
 		}
-		for i, e := range r.Results {
-			if i < len(part) {
-				out[base+i] = e.Exists
-			}
-		}
-		return nil
+		return batchFlags(part, len(r.Results), func(i int) (bool, common.ErrorCode, string) {
+			e := r.Results[i]
+			return e.Exists, e.Code, e.Message
+		}, out[base:])
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// batchFlags fills out[i] for each key of part from a batch answer of n results (get
+// answers result i): a key the owner could not evaluate (its code neither OK nor
+// KEY_NOT_FOUND: say UNAVAILABLE, its master call failed) fails the call, as it fails
+// the per-key call; it is never a plain false.
+func batchFlags(part []string, n int, get func(i int) (bool, common.ErrorCode, string), out []bool) error {
+	if n != len(part) {
+		return fmt.Errorf("%w: %d results for %d keys", ErrUnavailable, n, len(part))
+	}
+	for i := range part {
+		flag, code, msg := get(i)
+		switch code {
+		case common.ErrorCode_OK:
+			out[i] = flag
+		case common.ErrorCode_KEY_NOT_FOUND:
+		default:
+			return fmt.Errorf("key %q: %w", part[i], wire.FromResponse(code, msg))
+		}
+	}
+	return nil
 }
 
 // MaxPin is the longest pin of a prefix lookup (BatchExistsPrefix; the protocol's
@@ -274,7 +294,9 @@ func prefixCount(results []*external.ExistsResponse, found int32, n int) int {
 }
 
 // BatchDelete deletes many keys, wire.MaxBatch per round trip. A retried call (after a
-// lost reply) may report deleted=false for a key it deleted.
+// lost reply) may report deleted=false for a key it deleted. A key the owner could not
+// delete (an invalid key, a failed master call) fails the call, as Delete fails: the
+// keys of its chunk may or may not be deleted.
 func (c *Client) BatchDelete(keys []string) ([]bool, error) {
 	out := make([]bool, len(keys))
 	err := chunks(keys, func(base int, part []string) error {
@@ -284,12 +306,10 @@ func (c *Client) BatchDelete(keys []string) ([]bool, error) {
 		if err != nil {
 			return err
 		}
-		for i, e := range r.Results {
-			if i < len(part) {
-				out[base+i] = e.Deleted
-			}
-		}
-		return nil
+		return batchFlags(part, len(r.Results), func(i int) (bool, common.ErrorCode, string) {
+			e := r.Results[i]
+			return e.Deleted, e.Code, e.Message
+		}, out[base:])
 	})
 	if err != nil {
 		return nil, err
