@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/fluxkv/fluxkv/master"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // batchCallsLost is the owner's master client with every BatchExists and BatchDelete
@@ -61,6 +64,51 @@ func TestClientBatchPerKeyErrors(t *testing.T) {
 		if ok, err := n.c.Exists(k); err != nil || !ok {
 			t.Errorf("exists %s after the failed delete: %v, %v", k, ok, err)
 		}
+	}
+	n.drain(t, keys)
+}
+
+// TestBatchPutLongestKeysAndParents: a BatchPut of wire.MaxBatch pages, each with a key
+// and a parent of the longest length (wire.MaxKeyBytes), is a valid batch: every item
+// is stored and reads back, however many frames its requests take; nothing leaks.
+func TestBatchPutLongestKeysAndParents(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
+	long := func(i int) string {
+		s := fmt.Sprintf("long/%d/", i)
+		return s + strings.Repeat("k", wire.MaxKeyBytes-len(s))
+	}
+	items := make([]fluxkv.PutItem, wire.MaxBatch)
+	keys := make([]string, len(items))
+	for i := range items {
+		keys[i] = long(i)
+		parent := long(i + len(items)) // never put: an orphan page, still a valid one
+		items[i] = fluxkv.PutItem{Key: keys[i], Value: []byte{byte(i)}, Parent: &parent}
+	}
+	errs, err := n.c.BatchPut(items, fluxkv.PutOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i, e := range errs {
+		if e != nil {
+			if failed++; failed <= 3 {
+				t.Errorf("put item %d: %v", i, e)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d items failed", failed, len(items))
+	}
+	hs, gerrs, err := n.c.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hs {
+		if gerrs[i] != nil || h == nil || len(h.Bytes()) != 1 || h.Bytes()[0] != byte(i) {
+			t.Fatalf("get item %d: %v", i, gerrs[i])
+		}
+		h.Release()
 	}
 	n.drain(t, keys)
 }

@@ -56,10 +56,10 @@ func (it *PutItem) whole(putID int64) ([]byte, error) {
 // before anything is started. Then it sends the items in waves (BatchPutStart, copy,
 // BatchPutEnd), each of at most wire.MaxBatch items holding at most
 // wire.PutWaveBytes(segment) bytes started and not yet ended (under client isolation
-// also at most the put area; an item larger than the bound goes alone), so the batch
-// never waits for space only it holds. errs[i] is item i's
-// outcome (a parent the owner refuses fails its item); err is set only when nothing was
-// attempted. The retry rules are Put's. Parents come from the items: opts.Parent set
+// also at most the put area; an item larger than the bound goes alone) and keys and
+// parents of at most half a frame (waveNameBytes), so the batch never waits for space
+// only it holds and each request fits a frame. errs[i] is item i's outcome (a parent the
+// owner refuses fails its item); err is set only when nothing was attempted. The retry rules are Put's. Parents come from the items: opts.Parent set
 // fails the batch with ErrInvalidArgument.
 func (c *Client) BatchPut(items []PutItem, opts PutOptions) (errs []error, err error) {
 	if opts.Parent != nil {
@@ -87,17 +87,32 @@ func (c *Client) BatchPut(items []PutItem, opts PutOptions) (errs []error, err e
 	return errs, nil
 }
 
+// waveNameBytes bounds the keys and parents of one wave, with waveItemBytes more per
+// item for the rest of its request item: its BatchPutStart (and the owner's to the
+// master, which also carries acks) stays well inside wire.MaxFrameBytes. wire.MaxBatch
+// items of the longest key and parent (wire.MaxKeyBytes each) would not fit one frame.
+const (
+	waveNameBytes = int64(wire.MaxFrameBytes / 2)
+	waveItemBytes = 64
+)
+
 // waveLen is how many leading items form the next wave: at least one, at most
-// wire.MaxBatch, their bytes within budget unless the first alone exceeds it.
+// wire.MaxBatch, their bytes within budget unless the first alone exceeds it, their
+// keys and parents within waveNameBytes.
 func waveLen(items []PutItem, budget int64) int {
-	var bytes int64
+	var bytes, names int64
 	n := 0
 	for n < len(items) && n < wire.MaxBatch {
 		b := items[n].size()
-		if n > 0 && bytes+b > budget {
+		m := int64(len(items[n].Key) + waveItemBytes)
+		if items[n].Parent != nil {
+			m += int64(len(*items[n].Parent))
+		}
+		if n > 0 && (bytes+b > budget || names+m > waveNameBytes) {
 			break
 		}
 		bytes += b
+		names += m
 		n++
 	}
 	return n
