@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -111,4 +114,68 @@ func TestBatchPutLongestKeysAndParents(t *testing.T) {
 		h.Release()
 	}
 	n.drain(t, keys)
+}
+
+// TestGetLargerThanRequesterPool: owners of different sizes. A value put through the
+// large owner that is larger than the small owner's whole pool can never be brought into
+// the small one: a get of it there fails at once, INVALID_ARGUMENT as the put of such a
+// value there does, without evicting a thing of the small owner's pool (it evicted
+// every sole copy trying, then answered NO_SPACE, a code that says retry).
+func TestGetLargerThanRequesterPool(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.LandingReserve = 2 << 20 })
+	big := value(1, 12<<20) // larger than n2's segment, smaller than n1's pool
+	if err := n.c.Put("big", big); err != nil {
+		t.Fatal(err)
+	}
+	var small []string
+	for i := range 8 {
+		k := fmt.Sprintf("small/%d", i)
+		if err := c2.Put(k, value(i, 256<<10)); err != nil {
+			t.Fatal(err)
+		}
+		small = append(small, k)
+	}
+	h, err := c2.Get("big")
+	if h != nil {
+		h.Release()
+	}
+	if !errors.Is(err, fluxkv.ErrInvalidArgument) {
+		t.Errorf("get of a value larger than the requester's pool: %v; want ErrInvalidArgument", err)
+	}
+	for i, k := range small {
+		h, err := c2.Get(k)
+		if err != nil {
+			t.Errorf("get %s after the oversized get: %v", k, err)
+			continue
+		}
+		if !bytes.Equal(h.Bytes(), value(i, 256<<10)) {
+			t.Errorf("get %s: wrong bytes", k)
+		}
+		h.Release()
+	}
+	if hs, errs, err := c2.BatchGet([]string{small[0], "big"}); err != nil || errs[0] != nil || !errors.Is(errs[1], fluxkv.ErrInvalidArgument) {
+		t.Errorf("batch get via n2: %v %v", errs, err)
+	} else {
+		hs[0].Release()
+	}
+	// A pinned prefix lookup through n2 cannot bring the page in for its pin: it ends the
+	// count there with NO_SPACE, the code of a page that does not fit.
+	sess := &external.Session{ClientId: c2.ClientID(), SessionToken: c2.SessionToken(), OwnerGeneration: c2.Generation()}
+	res := &external.ExternalServiceBatchExistsResult{}
+	req := &external.BatchExistsRequest{Session: sess, Keys: []string{"big"}, Prefix: true, PinMs: 1000}
+	if err := c2.Call("BatchExists", &external.ExternalServiceBatchExistsArgs{Req: req}, res); err != nil ||
+		res.Success.Found != 0 || len(res.Success.Results) != 1 || res.Success.Results[0].Code != common.ErrorCode_NO_SPACE {
+		t.Errorf("pinned prefix lookup of the page via n2: %v %v", err, res.Success)
+	}
+	if hb, err := n.c.Get("big"); err != nil || !bytes.Equal(hb.Bytes(), big) {
+		t.Errorf("get big through n1: %v", err)
+	} else {
+		hb.Release()
+	}
+	if _, err := c2.BatchDelete(small); err != nil {
+		t.Fatal(err)
+	}
+	n.drain(t, []string{"big"})
 }

@@ -160,11 +160,17 @@ func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results [
 		}
 		if g.err != nil || g.resp == nil || stopped {
 			if !stopped {
-				// A page gone since the lookup (a miss) is absent; any other failure is
-				// the key's error.
+				// A page gone since the lookup (a miss) is absent; one larger than this
+				// owner can ever hold (INVALID_ARGUMENT: the keys are valid) does not fit,
+				// NO_SPACE; any other failure is the key's error.
 				stopped = true
 				results[j].Exists = false
-				if wire.CodeOf(g.err) != common.ErrorCode_KEY_NOT_FOUND {
+				switch wire.CodeOf(g.err) {
+				case common.ErrorCode_KEY_NOT_FOUND:
+				case common.ErrorCode_INVALID_ARGUMENT:
+					_, msg := wire.ToResponse(g.err)
+					results[j].Code, results[j].Message = common.ErrorCode_NO_SPACE, msg
+				default:
 					results[j].Code, results[j].Message = wire.ToResponse(g.err)
 				}
 			}

@@ -129,6 +129,22 @@ type GetPlan struct {
 	HolderID int64
 }
 
+// fitsNodeLocked refuses a get target of length bytes that no range of n could ever
+// hold (its pool, its transfer area, its landing area): allocating it would evict
+// every replica of n to find no room, then wait for space that never comes. As a put of
+// such a value through n, it is INVALID_ARGUMENT: the value is read through a larger
+// owner.
+func fitsNodeLocked(n *node, length int64) error {
+	most := max(n.alloc.Capacity(), n.areaCapacity())
+	if n.landing != nil {
+		most = max(most, n.landing.Capacity())
+	}
+	if roundUp(length, AllocGranule) > most {
+		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "the value's %d bytes exceed the largest range node %q can hold (%d bytes): it can be read only through a larger owner", length, n.id, most)
+	}
+	return nil
+}
+
 // GetStart plans a get: reuse of a local memory replica (done at once), a pull from a
 // remote memory replica, or an SSD refill into a target in the requester's segment.
 // SSD is chosen only when no memory replica of the current version is readable.
@@ -173,6 +189,9 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 			}
 		}
 		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
+	}
+	if err := fitsNodeLocked(n, r.len); err != nil {
+		return GetPlan{}, err
 	}
 	target, promotable := s.getTargetLocked(n, r, kind)
 	if target == nil {
