@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cloudwego/kitex/client/callopt"
 
@@ -178,4 +179,49 @@ func TestGetLargerThanRequesterPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.drain(t, []string{"big"})
+}
+
+// TestReportLongestKeysAndParents: an owner whose replica index holds REPORT_BATCH
+// pages with the longest key and parent (wire.MaxKeyBytes each) reports them all to a
+// restarted master, which routes every one of them; a master restart is no cache flush
+// for them.
+func TestReportLongestKeysAndParents(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
+	long := func(i int) string {
+		s := fmt.Sprintf("long/%d/", i)
+		return s + strings.Repeat("k", wire.MaxKeyBytes-len(s))
+	}
+	const pages = int(mp.REPORT_BATCH)
+	items := make([]fluxkv.PutItem, pages)
+	keys := make([]string, pages)
+	for i := range items {
+		keys[i] = long(i)
+		parent := long(i + pages)
+		items[i] = fluxkv.PutItem{Key: keys[i], Value: []byte{byte(i)}, Parent: &parent}
+	}
+	if errs, err := n.c.BatchPut(items, fluxkv.PutOptions{}); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("batch put: %v %v", err, errors.Join(errs...))
+	}
+	m2 := restartMaster(t, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.o.master.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	routes := 0
+	m2.Inspect(func(st *master.State) { routes = st.Keys() })
+	if routes != pages {
+		t.Fatalf("the restarted master routes %d of the %d pages the owner reported", routes, pages)
+	}
+	hs, errs, err := n.c.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hs {
+		if errs[i] != nil || h == nil || h.Bytes()[0] != byte(i) {
+			t.Fatalf("get page %d after the restart: %v", i, errs[i])
+		}
+		h.Release()
+	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // reportReplicas tells a master that does not know this owner (it restarted) what the
@@ -118,13 +119,34 @@ func newReplicaReport(mem, ssd []replicaRecord, batch int) *replicaReport {
 	return r
 }
 
-// batches are the [start, end) record ranges of the report's calls. The last batch
-// says so (ReportReplicasRequest.last; an empty report sends one empty batch): until
-// then the master places no other owner's put here.
+// reportBatchBytes bounds the keys and parents of one report call, with
+// reportRecordBytes more per record for its other fields, well inside a frame
+// (wire.MaxFrameBytes): REPORT_BATCH records of the longest key and parent
+// (wire.MaxKeyBytes each) would not fit one, and the master would refuse the call.
+const (
+	reportBatchBytes  = wire.MaxFrameBytes / 2
+	reportRecordBytes = 64
+)
+
+// batches are the [start, end) record ranges of the report's calls: at most batch
+// records, their keys and parents within reportBatchBytes. The last batch says so
+// (ReportReplicasRequest.last; an empty report sends one empty batch): until then the
+// master places no other owner's put here.
 func (r *replicaReport) batches() [][2]int {
-	var out [][2]int
-	for start := 0; start == 0 || start < len(r.recs); start += r.batch {
-		out = append(out, [2]int{start, min(start+r.batch, len(r.recs))})
+	out := [][2]int{{0, 0}}
+	bytes := 0
+	for i, rec := range r.recs {
+		n := len(rec.Key) + reportRecordBytes
+		if rec.Parent != nil {
+			n += len(*rec.Parent)
+		}
+		last := &out[len(out)-1]
+		if last[1] > last[0] && (last[1]-last[0] == r.batch || bytes+n > reportBatchBytes) {
+			out = append(out, [2]int{i, i})
+			last, bytes = &out[len(out)-1], 0
+		}
+		last[1]++
+		bytes += n
 	}
 	return out
 }
