@@ -599,6 +599,26 @@ def test_serialized_chunks_are_stored_as_their_bytes(lmc, daemon, client, tmp_pa
     run(c.close())
 
 
+def test_serialized_chunks_are_not_offered_to_the_non_blocking_path(lmc, daemon, tmp_path):
+    """LMCache's RemoteBackend deserializes what batched_get(_blocking) loads, but hands the
+    connector's batched_get_non_blocking results (async loading) to the engine as they are
+    (lmcache/v1/storage_backend/remote_backend.py): under an encoding serde the connector must
+    not offer that path, and must not answer it with byte buffers (the engine would take
+    cachegen bytes for KV); a lookup for it finds nothing."""
+    c, cpu = open_connector(lmc, daemon.socket, tmp_path, config_text=SERDE_CONFIG)
+    k = key(lmc, 0x5F0)
+    o = cpu.allocate(torch.Size([64, 0, 0, 0]), None, lmc.mm.MemoryFormat.BINARY_BUFFER)
+    o.byte_array[:] = bytes(range(64))
+    run(c.batched_put([k], [o]))
+    release(o)
+    assert c.batched_contains([k]) == 1  # the blocking path finds and loads it
+    assert not c.support_batched_get_non_blocking()
+    assert run(c.batched_async_contains("req", [k], pin=True)) == 0
+    assert run(c.batched_get_non_blocking("req", [k])) == []
+    assert cpu.live == 0
+    run(c.close())
+
+
 def test_layer_page_chunks_round_trip(lmc, daemon, tmp_path):
     """A chunk kept as one page per layer (its ``tensor`` raises) is stored from its bytes and
     loaded into a chunk of the same kind, every layer bit-exact."""

@@ -79,7 +79,11 @@ Here a chunk is one :class:`fluxkv.kv.PageStore` page: its tensor (of a chunk wh
 ``tensor`` raises, its ``byte_array`` viewed as its dtype and shape, when it is exactly that
 many bytes), or, for a model of several KV groups, one page per group (``<hash>``,
 ``<hash>#1``, ...: a chunk is present only with all of them), or, with an encoding serde,
-its bytes as one uint8 page. The page header already records each page's dtype and shape;
+its bytes as one uint8 page. Those are loaded on the blocking path only (``batched_get``,
+whose results LMCache deserializes): LMCache's RemoteBackend hands
+``batched_get_non_blocking``'s results (async loading) to the engine as they are, so under
+an encoding serde that path is not offered and finds nothing (``batched_async_contains``
+answers 0, ``batched_get_non_blocking`` an empty list). The page header already records each page's dtype and shape;
 the format (the engine's: ``meta_fmt``, KV_T2D or KV_2TD under ``use_layerwise``, or
 BINARY_BUFFER under an encoding serde, on every path) is part of
 the namespace and the layout tag. A chunk handed to ``put`` in another format is not stored
@@ -399,7 +403,10 @@ class FluxKVConnector(RemoteConnector):
 
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
         """How many leading keys are stored (one call); ``pin`` keeps those in the owner's
-        memory for the load that follows."""
+        memory for the load that follows. 0 under an encoding serde: the load that follows is
+        :meth:`batched_get_non_blocking`, which has nothing to give then."""
+        if self._serialized:
+            return 0
         return await self._off_loop(self._prefix, list(keys), pin)
 
     def _prefix(self, keys: list, pin: bool) -> int:
@@ -425,10 +432,16 @@ class FluxKVConnector(RemoteConnector):
         return await self._off_loop(self._load, list(keys), abandoned=_release)
 
     def support_batched_get_non_blocking(self) -> bool:
-        return True
+        """Not under an encoding serde: LMCache's RemoteBackend hands what this path loads to
+        the engine without deserializing it (it does so only on the blocking path)."""
+        return not self._serialized
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: list) -> list:
-        """The MemoryObjs of the leading keys found; what was loaded after a miss is released."""
+        """The MemoryObjs of the leading keys found; what was loaded after a miss is released.
+        Nothing under an encoding serde (see :meth:`support_batched_get_non_blocking`): its
+        chunks would reach the engine as serialized bytes."""
+        if self._serialized:
+            return []
         objs = await self.batched_get(keys)
         n = _leading([o is not None for o in objs])
         for o in objs[n:]:
