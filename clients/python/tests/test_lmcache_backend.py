@@ -507,6 +507,62 @@ def test_remove_list_close(lmc, conn):
     release(obj)
 
 
+def test_close_leaves_no_session_behind(lmc, daemon, client, tmp_path, monkeypatch):
+    """A put still running when close() is called (LMCache does not wait for its puts:
+    StorageManager.batched_put submits them, RemoteBackend.close closes the connector) ends as
+    a miss, without reopening a page store (a session on the owner) that nothing closes."""
+    c, cpu = open_connector(lmc, daemon.socket, tmp_path)
+    base = client.stat()["clients"]
+    entered, opened, done = threading.Event(), threading.Event(), threading.Event()
+    storable = c._storable
+
+    def held(obj):  # the put's worker, before it looks up its page store
+        entered.set()
+        opened.wait(60)
+        return storable(obj)
+
+    monkeypatch.setattr(c, "_storable", held)
+    obj = chunk(lmc, cpu, 95)
+
+    async def scenario():
+        put = asyncio.ensure_future(c.put(key(lmc, 0xC1), obj))
+        put.add_done_callback(lambda _: done.set())
+        assert await asyncio.to_thread(entered.wait, 60)
+        await c.close()
+        opened.set()
+        await put
+
+    run(scenario())
+    release(obj)
+    assert done.is_set() and cpu.live == 0
+    assert c.stats()["stored"] == 0
+    assert wait_until(lambda: client.stat()["clients"] == base, 10), "a page store opened after close() holds a session"
+
+
+def test_close_does_not_wait_behind_loads(lmc, conn, monkeypatch):
+    """RemoteBackend.close waits for the connector's close with no timeout: close() must not
+    queue behind loads that hold every worker thread (each may take the owner's timeout)."""
+    c, cpu = conn
+    k = key(lmc, 0xC2)
+    obj = chunk(lmc, cpu, 96)
+    run(c.put(k, obj))
+    release(obj)
+    gate = Gate(monkeypatch, "get_pages")
+
+    async def scenario():
+        loads = [asyncio.ensure_future(c.get(k)) for _ in range(c._workers._max_workers)]
+        assert await asyncio.to_thread(gate.entered.wait, 60)
+        closing = asyncio.ensure_future(c.close())
+        closed = await asyncio.to_thread(lambda: wait_until(closing.done, 30))
+        gate.opened.set()
+        await closing
+        return closed, await asyncio.gather(*loads)
+
+    closed, got = run(scenario())
+    assert closed, "close() waited for the loads holding the worker threads"
+    assert got == [None] * len(got)  # their store was closed under them: misses
+
+
 def test_allocation_failure_is_a_miss(lmc, daemon, tmp_path):
     one = 2 * LAYERS * CHUNK_TOKENS * HIDDEN * 4
     c, cpu = open_connector(lmc, daemon.socket, tmp_path, capacity=one)

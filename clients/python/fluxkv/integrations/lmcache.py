@@ -97,6 +97,8 @@ prefix lookup is one call (``contains_prefix``, which pins what it found, when `
 A batched put's chunks go as one chain of pages, so eviction keeps a prompt's chunks from
 the front (see ``FluxKVConnector._store_all``). PageStore calls block, so the async methods
 run them on the connector's worker threads.
+``close()`` does not wait for the workers (LMCache waits for it with no timeout): what they
+still run or have queued ends as a miss on the closed stores, and opens none again.
 A thread cannot be stopped, so cancelling an async method (LMCache's timeout) leaves its
 work running to the end: a cancelled load releases the MemoryObjs it allocated when it
 finishes, and a store holds its own reference to each MemoryObj until it has copied it (the
@@ -312,6 +314,7 @@ class FluxKVConnector(RemoteConnector):
         self._workers = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="fluxkv-lmcache")
         self._lock = threading.Lock()
         self._stores: dict[str, kv.PageStore] = {}  # by namespace; guarded by _lock
+        self._closed = False  # guarded by _lock
         self._counts = dict.fromkeys(_COUNTERS, 0)  # guarded by _lock
         self._log_format = _Throttled(logging.WARNING)
         self._log_mismatch = _Throttled(logging.ERROR)
@@ -335,9 +338,11 @@ class FluxKVConnector(RemoteConnector):
         with self._lock:
             store = self._stores.get(ns)
             if store is None:
-                store = self._stores[ns] = kv.PageStore(
-                    self.socket_path, ns, layout=fmt, fail_open=True, **self._store_options
-                )
+                store = kv.PageStore(self.socket_path, ns, layout=fmt, fail_open=True, **self._store_options)
+                if self._closed:  # work that outlived close(): a closed store, every call a miss
+                    store.close()
+                else:
+                    self._stores[ns] = store
             return store
 
     def _pages_of(self, key) -> list:
@@ -599,12 +604,16 @@ class FluxKVConnector(RemoteConnector):
         raise NotImplementedError("fluxkv cannot list keys; use PageStore.stats() for a namespace's pages and bytes")
 
     async def close(self) -> None:
-        """Close the stores; work still running (of cancelled calls) ends as a miss."""
+        """Close the stores, on a thread of their own: LMCache's RemoteBackend.close waits for
+        this with no timeout, so it does not queue behind the worker threads' calls. Work
+        still running or queued (puts LMCache did not wait for, cancelled calls) ends as a
+        miss, and opens no store again."""
         with self._lock:
+            self._closed = True
             stores, self._stores = list(self._stores.values()), {}
-        for store in stores:
-            await self._off_loop(store.close)
         self._workers.shutdown(wait=False)
+        if stores:
+            await asyncio.to_thread(lambda: [store.close() for store in stores])
 
     def stats(self) -> dict:
         """Counters summed over this connector's namespaces (see PageStore.stats: ``hits``,
