@@ -138,6 +138,21 @@ def test_wrong_layout_is_refused(client, wrong):
             reader.get_pages(["p"])
 
 
+def test_a_mismatch_names_its_page_across_batches(client):
+    """PageLayoutMismatch.index: the position of the first page that did not match among
+    the call's hashes (across the store's batches), so a caller can load those before it."""
+    ns = kv.namespace("m", dtype="float32")
+    src = kv.PageStore(client, ns, layout="LHD", batch=2)
+    ps = pages(4)
+    src.put_pages(["a", "b", "c"], ps[:3])
+    kv.PageStore(client, ns, layout="other").put_pages(["odd"], [ps[3]])
+    for load in (lambda: src.get_pages(["a", "b", "c", "odd", "a"]),
+                 lambda: src.get_pages_into(["a", "b", "c", "odd", "a"], [torch.zeros_like(ps[0]) for _ in range(5)])):
+        with pytest.raises(kv.PageLayoutMismatch) as e:
+            load()
+        assert e.value.index == 3
+
+
 def test_not_a_page_is_refused(store, client):
     client.put(store.key("plain"), b"x" * 100)
     with pytest.raises(kv.PageLayoutMismatch, match="not a fluxkv page"):

@@ -326,6 +326,27 @@ def test_a_page_of_another_shape_is_a_miss(sg, node, layout, caplog):
     b.close()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pages_before_one_of_another_shape_still_load(sg, node, layout, caplog):
+    """SGLang's prefetch (cache_controller._page_get_zero_copy) uses the leading pages a
+    batch_get_v1 found: a page of another layout in a batch is a miss, and so are the pages
+    after it, but the pages before it load."""
+    pool = make_pool(sg, False, layout, torch.float32, pages=16, fill_seed=9)
+    b = engine(sg, pool, f"odd-run-{layout}", node.socket).backend
+    assert b.batch_set_v1(["a", "b", "c"], slots(0, 16, 32)) == [True, True, True]
+    with kv.PageStore(node.socket, b.namespace, layout=f"mha-{tag_of(layout)}") as foreign:
+        assert foreign.put_pages(["odd.k", "odd.v"], [torch.zeros(3, 5), torch.zeros(3, 5)]) == [True, True]
+    want = [flat(pool, s) for s in (0, 16)]
+    with caplog.at_level(logging.ERROR, logger="fluxkv.integrations.sglang"):
+        assert b.batch_get_v1(["a", "b", "odd", "c"], slots(64, 80, 96, 112)) == [True, True, False, False]
+        assert [torch.equal(flat(pool, s), w) for s, w in zip((64, 80), want)] == [True, True]
+        got = b.batch_get(["a", "odd", "c"])
+        assert torch.equal(got[0], want[0]) and got[1:] == [None, None]
+        assert b.batch_get_v1(["odd", "a"], slots(64, 80)) == [False, False]
+    assert any("another layout" in r.getMessage() for r in caplog.records)
+    b.close()
+
+
 def test_a_host_pool_dtype_fluxkv_cannot_store_is_refused(sg, node):
     pool = make_pool(sg, False, "page_first", torch.complex64)
     with pytest.raises(ValueError, match=r"host pool dtype complex64: fluxkv pages hold float32, .*bfloat16"):

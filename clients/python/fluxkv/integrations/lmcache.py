@@ -107,7 +107,9 @@ caller may drop its reference as soon as the call is cancelled).
 fluxkv down is never an error: the stores fail open, so a lookup finds nothing, a get
 misses, a put stores nothing, and LMCache recomputes; failures are logged (at most every
 10 s) and counted (:meth:`FluxKVConnector.stats`). A page of another layout in the
-namespace (a configuration bug) is answered as a miss too, logged as an error and counted.
+namespace (a configuration bug) is answered as a miss too, logged as an error and counted;
+in a batch, so are the chunks after it (LMCache uses the leading chunks found), while the
+chunks before it load.
 """
 
 from __future__ import annotations
@@ -458,19 +460,30 @@ class FluxKVConnector(RemoteConnector):
         out: list = [None] * len(keys)
         try:
             for store, start, hashes in self._runs(keys):
-                try:
-                    views = store.get_pages(hashes)
-                except kv.PageLayoutMismatch as e:
-                    self._count("layout_mismatches")
-                    self._log_mismatch("fluxkv: a page of another layout in %s, answered as a miss: %s", store.namespace, e)
-                    continue
+                views = self._views(store, hashes)
                 g = self._groups
                 chunks = [views[i : i + g] for i in range(0, len(views), g)]
+                views.clear()
                 out[start : start + len(chunks)] = self._copy_all(chunks)
         except BaseException:
             _release(out)
             raise
         return out
+
+    def _views(self, store: kv.PageStore, hashes: list) -> list:
+        """The pages' views (None for a miss). A page of another layout is a miss, and so is
+        every chunk from its own on (LMCache uses the leading chunks found): the chunks
+        before it are loaded again without it."""
+        n = len(hashes)
+        while n:
+            try:
+                return store.get_pages(hashes[:n]) + [None] * (len(hashes) - n)
+            except kv.PageLayoutMismatch as e:
+                self._count("layout_mismatches")
+                self._log_mismatch("fluxkv: a page of another layout in %s, answered as a miss: %s", store.namespace, e)
+                bad = e.index if e.index is not None and e.index < n else 0
+                n = bad - bad % self._groups  # the whole chunks before it
+        return [None] * len(hashes)
 
     def _copy_all(self, chunks: list) -> list:
         """Copies of the chunks, each from the views of its pages (they, and so the pages, go
@@ -621,8 +634,8 @@ class FluxKVConnector(RemoteConnector):
         groups counts one per group) and this connector's own: ``alloc_failures`` (loads
         answered as misses because LMCache's local CPU backend had no room), ``wrong_format``
         (chunks not stored: not in this connector's format), ``unstorable`` (chunks not
-        stored: their data could not be read) and ``layout_mismatches`` (batch loads
-        answered as misses: a page of another layout)."""
+        stored: their data could not be read) and ``layout_mismatches`` (pages of another
+        layout met by loads, each answered as a miss with the chunks after it)."""
         with self._lock:
             stores, own = list(self._stores.values()), dict(self._counts)
         total = dict.fromkeys(("hits", "misses", "stored", "skipped", "errors"), 0)

@@ -38,7 +38,9 @@ What SGLang expects, as read from sgl-project/sglang main at commit 001067ff
 - Failure. These calls run on the controller's prefetch and backup threads, which nothing
   restarts: a None result or an escaping exception ends L3 for the life of the process. So
   every outcome of fluxkv (down, out of space, a page of another layout) is answered as a miss
-  or False; only misuse (no host pool, host_indices of the wrong length) raises.
+  or False; only misuse (no host pool, host_indices of the wrong length) raises. A page of
+  another layout in a load is a miss with the pages after it (``_page_get_zero_copy`` counts
+  the leading True results only); the pages before it load.
 - Host pools (``mem_cache/pool_host/{mha,mla,mha_mxfp8}.py`` at 0047d999, 01c0ede3,
   02d20b8b; ``--hicache-mem-layout`` picks the layout). ``MHATokenToKVPoolHost.kv_buffer`` is
   (2, layers, tokens, heads, head_dim) for ``layer_first``, (2, tokens, layers, heads,
@@ -611,20 +613,25 @@ class FluxkvHiCacheStorage(HiCacheStorage):
     # -- moving pages --------------------------------------------------------------------------
 
     def _load(self, keys: Sequence[str], targets: list) -> list:
-        """Copy each page's components into its tensors; per page, whether all were found."""
+        """Copy each page's components into its tensors; per page, whether all were found.
+
+        A page of another layout is a miss, and so is every page after it (SGLang uses the
+        leading pages found): the pages before it are loaded again without it."""
         pages, store = self._ready()
         started = time.perf_counter()
         names = pages.names(keys)
         flat = [t for page in targets for t in page]
-        try:
-            if all(t.is_contiguous() for t in flat):
-                got = store.get_pages_into(names, flat)
-            else:
-                got = [_copy(t, view) for t, view in zip(flat, store.get_pages(names))]
-        except kv.PageLayoutMismatch as e:
-            self._mismatch(e)
-            got = [False] * len(names)
-        found = pages.per_page(got)
+        n, got = len(names), None
+        while got is None:
+            try:
+                got = _load_components(store, names[:n], flat[:n])
+            except kv.PageLayoutMismatch as e:
+                self._mismatch(e)
+                bad = e.index if e.index is not None and e.index < n else 0
+                n = bad - bad % len(pages.suffixes)  # the whole pages before it
+                if n == 0:
+                    got = []
+        found = pages.per_page(got + [False] * (len(names) - len(got)))
         self._meter.loaded(len(keys), sum(found), pages.page_bytes, time.perf_counter() - started)
         return found
 
@@ -665,11 +672,31 @@ def _page_before(extra_info: Any) -> Optional[str]:
     return last if isinstance(last, str) and last else None
 
 
-def _copy(target: torch.Tensor, page: Optional[torch.Tensor]) -> bool:
+def _load_components(store: kv.PageStore, names: list, targets: list) -> list:
+    """Copy each component into its tensor (one batch call); PageLayoutMismatch (with the
+    ``index`` of the component) for one of another layout."""
+    if all(t.is_contiguous() for t in targets):
+        return store.get_pages_into(names, targets)
+    views = store.get_pages(names)
+    try:
+        return [_copy(i, t, view) for i, (t, view) in enumerate(zip(targets, views))]
+    finally:
+        views.clear()  # no view outlives the call in this frame (a traceback keeps it)
+
+
+def _copy(i: int, target: torch.Tensor, page: Optional[torch.Tensor]) -> bool:
     """Copy a zero-copy page view into a (strided) host pool view; False for a miss."""
     if page is None:
         return False
     if page.dtype != target.dtype or page.shape != target.shape:
-        raise kv.PageLayoutMismatch(f"a page of {page.dtype} {tuple(page.shape)} where {target.dtype} {tuple(target.shape)} belongs")
+        raise _mismatch(i, f"a page of {page.dtype} {tuple(page.shape)} where {target.dtype} {tuple(target.shape)} belongs")
     target.copy_(page)
     return True
+
+
+def _mismatch(i: int, message: str) -> kv.PageLayoutMismatch:
+    """The PageLayoutMismatch of component ``i`` (made here: no frame of its traceback refers
+    to it, so it and the views that frames hold go as soon as it is handled)."""
+    e = kv.PageLayoutMismatch(message)
+    e.index = i
+    return e

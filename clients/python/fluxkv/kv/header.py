@@ -85,7 +85,12 @@ assert ITEMSIZE.keys() == DTYPES.keys()
 
 class PageLayoutMismatch(Error, ValueError):
     """A page is not what the reader expects: another dtype, shape or layout tag, another
-    format version, or not a fluxkv page at all. Nothing was copied."""
+    format version, or not a fluxkv page at all. Nothing was copied. ``index``: raised by a
+    :class:`~fluxkv.kv.PageStore` load, the position of that page among the call's hashes
+    (the first page that did not match; the pages before it can be loaded on their own),
+    else None."""
+
+    index = None
 
     def __init__(self, message: str):
         super().__init__(message, ErrorCode.INVALID_ARGUMENT)

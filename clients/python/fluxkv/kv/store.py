@@ -191,7 +191,8 @@ class PageStore:
 
     def get_pages_into(self, hashes, tensors) -> list:
         """Copy each cached page into its tensor (same dtype, shape and layout as stored, else
-        PageLayoutMismatch before anything of that batch is copied); True where it was copied,
+        PageLayoutMismatch before anything of that batch is copied, its ``index`` the position
+        of the first such page in ``hashes``); True where it was copied,
         False for a miss. A tensor of a miss is left as it was. With ``checksum`` a payload
         that does not match its CRC raises PageCorrupt (failing open: its batch answers False)
         after the copy: the tensors of that batch then hold bytes to ignore."""
@@ -202,19 +203,20 @@ class PageStore:
         out: list = []
         for lo in range(0, len(ks), self.batch):
             chunk = ks[lo : lo + self.batch]
-            out += self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)]))
+            out += _at(lo, lambda: self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)])))
         return out
 
     def _load_into(self, c, ks: list, bufs: list) -> list:
         holders = c.batch_get(ks)
         try:
             headers = []
-            for k, h, b in zip(ks, holders, bufs):
+            for i, (k, h, b) in enumerate(zip(ks, holders, bufs)):
                 if h is None:
                     headers.append(None)
                     continue
-                hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
-                hdr.expect(key=k, dtype=b.dtype, shape=b.shape, layout=self.layout, value_len=len(h))
+                with _page_at(i):
+                    hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
+                    hdr.expect(key=k, dtype=b.dtype, shape=b.shape, layout=self.layout, value_len=len(h))
                 headers.append(hdr)
             found = []
             for k, h, b, hdr in zip(ks, holders, bufs, headers):
@@ -235,12 +237,16 @@ class PageStore:
         """A zero-copy read-only tensor (a numpy array with ``numpy=True``) of each cached page,
         of its stored dtype and shape, or None for a miss. Each keeps its page's bytes in the
         owner's memory for as long as it lives; writing into one faults (the mapping is
-        read-only). Layout: as :meth:`get_pages_into`."""
+        read-only). Layout: as :meth:`get_pages_into` (a PageLayoutMismatch leaves no view)."""
         ks = self.keys(hashes)
         out: list = []
-        for lo in range(0, len(ks), self.batch):
-            chunk = ks[lo : lo + self.batch]
-            out += self._guard([None] * len(chunk), lambda c: self._views(c, chunk, numpy))
+        try:
+            for lo in range(0, len(ks), self.batch):
+                chunk = ks[lo : lo + self.batch]
+                out += _at(lo, lambda: self._guard([None] * len(chunk), lambda c: self._views(c, chunk, numpy)))
+        except BaseException:
+            out.clear()  # no view outlives the call in this frame (a traceback keeps it)
+            raise
         return out
 
     def _views(self, c, ks: list, numpy: bool) -> list:
@@ -248,12 +254,13 @@ class PageStore:
         views: list = []
         v = None
         try:
-            for k, h in zip(ks, holders):
+            for i, (k, h) in enumerate(zip(ks, holders)):
                 if h is None:
                     views.append(None)
                     continue
-                hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
-                hdr.expect(key=k, dtype=None, shape=None, layout=self.layout, value_len=len(h))
+                with _page_at(i):
+                    hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
+                    hdr.expect(key=k, dtype=None, shape=None, layout=self.layout, value_len=len(h))
                 v = tensor_view(h, hdr.dtype, hdr.shape, numpy)
                 if hdr.crc32 is not None and crc32_of(h.address + PAGE_HEADER_BYTES, hdr.nbytes) != hdr.crc32:
                     raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
@@ -378,6 +385,32 @@ class PageStore:
         with self._lock:
             for k, v in n.items():
                 self._counts[k] += v
+
+
+class _page_at:
+    """Gives a PageLayoutMismatch raised inside the block the page's ``index`` in its batch."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, typ, e, tb) -> bool:
+        if isinstance(e, PageLayoutMismatch):
+            e.index = self.i
+        return False
+
+
+def _at(lo: int, load):
+    """load() of the batch starting at ``lo``: a PageLayoutMismatch's index moves from the
+    batch to the whole call."""
+    try:
+        return load()
+    except PageLayoutMismatch as e:
+        if e.index is not None:
+            e.index += lo
+        raise
 
 
 def _same_length(keys: list, items: list, what: str) -> None:
