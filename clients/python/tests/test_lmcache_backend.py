@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from conftest import child_env, engine_standin, wait_until
+import fluxkv
 from fluxkv import kv
 from tinylm import TinyLM, chain_hashes
 
@@ -63,13 +64,13 @@ def standin_modules() -> SimpleNamespace:
 
 
 def open_connector(lmc, socket: str, tmp_path: Path, *, dtype=torch.float32, use_mla=False, capacity=64 << 20,
-                   config_text: str = ISSUE_CONFIG, backend: str = "RemoteBackend-fluxkv", layer_pages=False, **metadata):
+                   config_text: str = ISSUE_CONFIG, backend: str = "RemoteBackend-fluxkv", layer_pages=False,
+                   kv_shape=(LAYERS, 2, CHUNK_TOKENS, 2, 16), **metadata):
     """(connector, local CPU backend) as LMCache builds them from a config file (the issue's
     by default); ``metadata`` adds to the engine metadata (KV groups)."""
     cfg = tmp_path / f"lmcache-{len(list(tmp_path.glob('lmcache-*')))}.yaml"
     cfg.write_text(config_text.format(chunk=CHUNK_TOKENS, socket=socket))
     config = lmc.config.LMCacheEngineConfig.from_file(str(cfg))
-    kv_shape = (LAYERS, 2, CHUNK_TOKENS, 2, 16)
     md = lmc.metadata.LMCacheMetadata("tiny", 1, 0, dtype, kv_shape, use_mla, CHUNK_TOKENS, **metadata)
     cpu = lmc.cpu.LocalCPUBackend(capacity, layer_pages=layer_pages)
     connectors = lmc.storage.CreateRemoteConnectors(config, md, None, cpu)
@@ -564,6 +565,39 @@ def test_close_does_not_wait_behind_loads(lmc, conn, monkeypatch):
     closed, got = run(scenario())
     assert closed, "close() waited for the loads holding the worker threads"
     assert got == [None] * len(got)  # their store was closed under them: misses
+
+
+def test_a_load_larger_than_the_owners_memory(lmc, cluster, tmp_path, monkeypatch):
+    """A batched_get of more bytes than the owner's memory (LMCache asks for every chunk of
+    a long prompt at once) loads every chunk when its pages come back from SSD: the pages
+    are copied out in bounded groups (here of 1 MiB, the owner being a small one), so no
+    owner call has to hold all of them at once."""
+    ssd = cluster.root / "ssd"
+    ssd.mkdir()
+    node = cluster.up("8MiB", "ssd-node", "--ssd-path", str(ssd), "--ssd-limit", "64MiB")
+    monkeypatch.setattr(lmc.backend, "_LOAD_BYTES", 1 << 20, raising=False)
+    c, cpu = open_connector(lmc, node.socket, tmp_path, capacity=64 << 20, kv_shape=(LAYERS, 2, CHUNK_TOKENS, 4, 128))
+    shape = (2, LAYERS, CHUNK_TOKENS, 512)  # 512 KiB a chunk: 32 chunks are twice the DRAM
+    ks = [key(lmc, 0x5000 + i) for i in range(32)]
+    want = []
+    for lo in range(0, len(ks), 4):
+        objs = [chunk(lmc, cpu, 200 + i, shape=shape) for i in range(lo, lo + 4)]
+        run(c.batched_put(ks[lo : lo + 4], objs))
+        want += [o.tensor.clone() for o in objs]
+        release(*objs)
+    with fluxkv.connect(node.socket) as admin:
+        def settled():
+            (member,) = [m for m in admin.stat()["members"] if m["alive"]]
+            return member["ssd_persists_pending"] == 0 and member
+        member = wait_until(settled, 30.0)
+        assert member and member["memory_replicas"] < len(ks), member
+    assert c.batched_contains(ks) == len(ks)
+    got = run(c.batched_get(ks))
+    assert all(g is not None for g in got)
+    assert all(torch.equal(g.tensor, w) for g, w in zip(got, want))
+    release(*got)
+    run(c.close())
+    assert cpu.live == 0
 
 
 def test_allocation_failure_is_a_miss(lmc, daemon, tmp_path):

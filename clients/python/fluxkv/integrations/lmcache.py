@@ -92,8 +92,12 @@ cannot be read (``unstorable``, logged as an error). Keys:
 ``kv1/<model>/tp<worker_id>of<world_size>/pp0of1/<dtype>/<format>/lmcache/<chunk hash hex>``
 (``.<layer>`` after the hash for a layer key, ``~<digest>`` for tagged keys). ``get`` reads a
 zero-copy view of the page (so the shape is known before anything is allocated), allocates
-from LMCache's local CPU backend and copies once. Every batched form is one batch call; a
-prefix lookup is one call (``contains_prefix``, which pins what it found, when ``pin``).
+from LMCache's local CPU backend and copies once. A load holds at most about 256 MiB of
+pages in one owner call (by the chunk size the engine metadata gives, then by the chunks
+it loaded), copied out before the next call: a load of a long prompt never holds all of
+its pages in the owner's memory at once (pages refilled from SSD need room there). Every
+other batched form is one batch call, as is a load of fewer bytes; a prefix lookup is one
+call (``contains_prefix``, which pins what it found, when ``pin``).
 A batched put's chunks go as one chain of pages, so eviction keeps a prompt's chunks from
 the front (see ``FluxKVConnector._store_all``). PageStore calls block, so the async methods
 run them on the connector's worker threads.
@@ -150,6 +154,8 @@ _COUNTERS = ("alloc_failures", "wrong_format", "layout_mismatches", "unstorable"
 _KV_SERDES = (None, "naive", "kivi")
 # The suffix of a KV group's page after the first (multi-group models: one page per group).
 _GROUP_SEP = "#"
+# About the most bytes of pages one owner call of a load holds (see FluxKVConnector._load).
+_LOAD_BYTES = 256 << 20
 
 if importlib.util.find_spec("lmcache") is not None:
     from lmcache.v1.memory_management import MemoryFormat
@@ -306,6 +312,7 @@ class FluxKVConnector(RemoteConnector):
         self._serialized = serde not in _KV_SERDES
         # The format of the chunks this connector stores and loads: the engine's.
         self._fmt = MemoryFormat.BINARY_BUFFER if self._serialized else _engine_fmt(config, self.meta_fmt)
+        self._chunk_bytes = _chunk_bytes(metadata)  # of a full chunk; None: not known
         get_groups = getattr(metadata, "get_num_groups", None)
         self._groups = 1 if self._serialized or get_groups is None else int(get_groups())
         if self._groups < 1:
@@ -457,33 +464,48 @@ class FluxKVConnector(RemoteConnector):
         return objs[:n]
 
     def _load(self, keys: list) -> list:
+        """The chunks of the keys, loaded a group at a time: each owner call holds at most
+        about _LOAD_BYTES of pages (as many chunks as fit, by the size of a full chunk the
+        engine metadata gives, then by the largest chunk loaded so far; one at first when
+        the metadata does not say), copied out before the next call, so a load of more than
+        the owner's memory (its pages refilled from SSD) never needs all of it at once."""
         out: list = [None] * len(keys)
+        g = self._groups
+        first = max(1, _LOAD_BYTES // self._chunk_bytes) if self._chunk_bytes else 1
         try:
             for store, start, hashes in self._runs(keys):
-                views = self._views(store, hashes)
-                g = self._groups
-                chunks = [views[i : i + g] for i in range(0, len(views), g)]
-                views.clear()
-                out[start : start + len(chunks)] = self._copy_all(chunks)
+                n, at, per_call = len(hashes) // g, 0, first
+                while at < n:
+                    take = min(per_call, n - at)
+                    views, whole = self._views(store, hashes[at * g : (at + take) * g])
+                    chunks = [views[i : i + g] for i in range(0, len(views), g)]
+                    views.clear()
+                    largest = max(sum(_nbytes(v) for v in c) for c in chunks)
+                    out[start + at : start + at + take] = self._copy_all(chunks)
+                    chunks.clear()
+                    if not whole:  # a page of another layout: the chunks after it miss
+                        break
+                    at += take
+                    per_call = max(1, _LOAD_BYTES // largest) if largest else per_call
         except BaseException:
             _release(out)
             raise
         return out
 
-    def _views(self, store: kv.PageStore, hashes: list) -> list:
-        """The pages' views (None for a miss). A page of another layout is a miss, and so is
-        every chunk from its own on (LMCache uses the leading chunks found): the chunks
-        before it are loaded again without it."""
+    def _views(self, store: kv.PageStore, hashes: list) -> tuple:
+        """(the pages' views, None for a miss; False when a page of another layout cut them
+        short). Such a page is a miss, and so is every chunk from its own on (LMCache uses
+        the leading chunks found): the chunks before it are loaded again without it."""
         n = len(hashes)
         while n:
             try:
-                return store.get_pages(hashes[:n]) + [None] * (len(hashes) - n)
+                return store.get_pages(hashes[:n]) + [None] * (len(hashes) - n), n == len(hashes)
             except kv.PageLayoutMismatch as e:
                 self._count("layout_mismatches")
                 self._log_mismatch("fluxkv: a page of another layout in %s, answered as a miss: %s", store.namespace, e)
                 bad = e.index if e.index is not None and e.index < n else 0
                 n = bad - bad % self._groups  # the whole chunks before it
-        return [None] * len(hashes)
+        return [None] * len(hashes), False
 
     def _copy_all(self, chunks: list) -> list:
         """Copies of the chunks, each from the views of its pages (they, and so the pages, go
@@ -659,6 +681,21 @@ def _size(dims):
     import torch
 
     return torch.Size(dims)
+
+
+def _chunk_bytes(metadata) -> Optional[int]:
+    """The bytes of a full chunk by the engine metadata (``get_shapes()``, ``get_dtypes()``:
+    every KV group), or None where it does not say."""
+    try:
+        shapes, dtypes = metadata.get_shapes(), metadata.get_dtypes()
+        total = sum(_size(s).numel() * _itemsize(d) for s, d in zip(shapes, dtypes))
+    except Exception:  # older metadata without them, or not what they should be
+        return None
+    return total if total > 0 else None
+
+
+def _nbytes(view) -> int:
+    return 0 if view is None else view.numel() * view.element_size()
 
 
 def _itemsize(dtype) -> int:
