@@ -312,7 +312,7 @@ def test_a_chunk_of_another_format_is_not_stored(lmc, conn, client, caplog):
         run(c.batched_put(ks, [odd, ok]))
         run(c.put(ks[0], odd))
     assert [c.exists_sync(k) for k in ks] == [False, True]
-    assert not client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/KV_MLA_FMT/lmcache/{0xF10:x}")
+    assert not client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/KV_MLA_FMT/lmcache/2x4x32/{0xF10:x}")
     assert run(c.get(ks[0])) is None
     st = c.stats()
     assert (st["wrong_format"], st["stored"]) == (2, 1)
@@ -347,12 +347,34 @@ def test_layerwise_chunks_round_trip(lmc, daemon, tmp_path, blending):
     assert cpu.live == 0
 
 
+def test_chunks_of_another_model_geometry_are_not_found(lmc, daemon, tmp_path):
+    """LMCache's key (model, world size, worker id, hash, dtype) does not tell a chunk's
+    geometry: e.g. worker 0 of 2 under tensor parallelism (every layer, half the heads) and
+    under pipeline parallelism (half the layers, every head) share keys, and their chunks
+    even hold as many elements. One's chunk must not be found, nor loaded, by the other (the
+    engine would take it as its own KV: LMCache checks no shape on the way to the GPU)."""
+    tp, tp_cpu = open_connector(lmc, daemon.socket, tmp_path, kv_shape=(LAYERS, 2, CHUNK_TOKENS, 1, 16))
+    pp, pp_cpu = open_connector(lmc, daemon.socket, tmp_path, kv_shape=(LAYERS // 2, 2, CHUNK_TOKENS, 2, 16))
+    k = key(lmc, 0x6E0, world=2)
+    mine = chunk(lmc, tp_cpu, 97, shape=(2, LAYERS, CHUNK_TOKENS, 16))
+    run(tp.put(k, mine))
+    assert pp.batched_contains([k]) == 0 and not pp.exists_sync(k)
+    assert run(pp.batched_get([k])) == [None]
+    theirs = chunk(lmc, pp_cpu, 98, shape=(2, LAYERS // 2, CHUNK_TOKENS, 32))
+    run(pp.put(k, theirs))  # stored beside the other's
+    got = [run(tp.get(k)), run(pp.get(k))]
+    assert torch.equal(got[0].tensor, mine.tensor) and torch.equal(got[1].tensor, theirs.tensor)
+    release(mine, theirs, *got)
+    run(tp.close())
+    run(pp.close())
+
+
 def test_a_page_of_another_layout_is_a_miss(lmc, conn, daemon, caplog):
     c, cpu = conn
     k_odd, k_ok = key(lmc, 0xB10), key(lmc, 0xB11)
     ok = chunk(lmc, cpu, 92)
     run(c.put(k_ok, ok))
-    ns = "kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache"
+    ns = "kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/2x4x32"
     with kv.PageStore(daemon.socket, ns, layout="not-lmcache") as foreign:
         assert foreign.put_pages([kv.hash_text(0xB10)], [torch.zeros(2, LAYERS, CHUNK_TOKENS, HIDDEN)]) == [True]
     assert c.exists_sync(k_odd)  # there, but not a page this connector can read
@@ -468,7 +490,7 @@ def test_key_layout_and_namespaces(lmc, conn, client, calls):
     base = key(lmc, h)
     obj = chunk(lmc, cpu, 20)
     run(c.put(base, obj))
-    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/{h:x}")
+    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/2x4x32/{h:x}")
     # Whatever else the key says is another page.
     others = [
         key(lmc, h, model="other"),
@@ -484,7 +506,7 @@ def test_key_layout_and_namespaces(lmc, conn, client, calls):
     tagged, layer = others[4], others[5]
     t_obj, l_obj = chunk(lmc, cpu, 21), chunk(lmc, cpu, 22)
     run(c.batched_put([tagged, layer], [t_obj, l_obj]))
-    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/{h:x}.0")
+    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/2x4x32/{h:x}.0")
     got = run(c.batched_get([base, tagged, layer]))
     for g, o in zip(got, [obj, t_obj, l_obj]):
         assert torch.equal(g.tensor, o.tensor)
@@ -652,7 +674,7 @@ def test_chunks_of_several_kv_groups_round_trip(lmc, daemon, client, tmp_path):
     for want, have in zip(objs, got):
         assert have.get_shapes() == want.get_shapes() and have.get_dtypes() == want.get_dtypes()
         assert all(torch.equal(have.get_tensor(i), want.get_tensor(i)) for i in range(2))
-    ns = "kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache"
+    ns = "kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/1x4x8+1x4x24"
     assert client.exists(f"{ns}/{0x6A1:x}") and client.exists(f"{ns}/{0x6A1:x}#1")
     assert client.delete(f"{ns}/{0x6A1:x}#1")  # chunk 1 loses a group: it is gone, the prefix ends there
     assert c.batched_contains(ks) == 1 and not c.exists_sync(ks[1])
@@ -683,7 +705,7 @@ def test_serialized_chunks_are_stored_as_their_bytes(lmc, daemon, client, tmp_pa
     got = run(c.batched_get(ks))
     assert [type(o).__name__ for o in got] == ["BytesBufferMemoryObj"] * 2
     assert [bytes(o.byte_array) for o in got] == blobs
-    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/BINARY_BUFFER/lmcache/{0x5E0:x}")
+    assert client.exists(f"kv1/tiny/tp0of1/pp0of1/float32/BINARY_BUFFER/lmcache/2x4x32/{0x5E0:x}")
     with caplog.at_level(logging.WARNING, logger="fluxkv.integrations.lmcache"):
         tensor_chunk = chunk(lmc, cpu, 43)
         run(c.put(key(lmc, 0x5E2), tensor_chunk))

@@ -89,8 +89,13 @@ BINARY_BUFFER under an encoding serde, on every path) is part of
 the namespace and the layout tag. A chunk handed to ``put`` in another format is not stored
 (nothing would read it): it is counted (``wrong_format``) and logged; so is one whose data
 cannot be read (``unstorable``, logged as an error). Keys:
-``kv1/<model>/tp<worker_id>of<world_size>/pp0of1/<dtype>/<format>/lmcache/<chunk hash hex>``
-(``.<layer>`` after the hash for a layer key, ``~<digest>`` for tagged keys). ``get`` reads a
+``kv1/<model>/tp<worker_id>of<world_size>/pp0of1/<dtype>/<format>/lmcache/<geometry>/<chunk hash hex>``,
+(``.<layer>`` after the hash for a layer key, ``~<digest>`` for tagged keys), where
+``<geometry>`` is the chunk shape of the engine metadata less its token count (``2x32x1024``
+for ``[2, layers, tokens, hidden]``; several KV groups ``+``-joined): LMCache's key does not
+tell it (worker 0 of 2 under tensor and under pipeline parallelism share keys), and a chunk
+of another geometry would be taken for the engine's KV (LMCache checks no shape on its way
+to the GPU). ``get`` reads a
 zero-copy view of the page (so the shape is known before anything is allocated), allocates
 from LMCache's local CPU backend and copies once. A load holds at most about 256 MiB of
 pages in one owner call (by the chunk size the engine metadata gives, then by the chunks
@@ -313,6 +318,7 @@ class FluxKVConnector(RemoteConnector):
         # The format of the chunks this connector stores and loads: the engine's.
         self._fmt = MemoryFormat.BINARY_BUFFER if self._serialized else _engine_fmt(config, self.meta_fmt)
         self._chunk_bytes = _chunk_bytes(metadata)  # of a full chunk; None: not known
+        self._geometry = _geometry(metadata)  # the namespace's last part
         get_groups = getattr(metadata, "get_num_groups", None)
         self._groups = 1 if self._serialized or get_groups is None else int(get_groups())
         if self._groups < 1:
@@ -342,7 +348,7 @@ class FluxKVConnector(RemoteConnector):
             tp_size=key.world_size,
             dtype=str(key.dtype).removeprefix("torch."),
             layout=fmt,
-            extra=_NAMESPACE_TAG,
+            extra=f"{_NAMESPACE_TAG}/{self._geometry}",
         )
         with self._lock:
             store = self._stores.get(ns)
@@ -681,6 +687,22 @@ def _size(dims):
     import torch
 
     return torch.Size(dims)
+
+
+def _geometry(metadata) -> str:
+    """The chunk shape the engine metadata gives, less the token count (a prompt's last
+    chunk may be short): ``2x32x1024`` for KV_2LTD ``[2, layers, tokens, hidden]``, each KV
+    group's ``+``-joined. LMCache's key does not tell it: e.g. worker 0 of 2 under tensor
+    parallelism (all layers, half the heads) and under pipeline parallelism (half the
+    layers, all heads) share keys. From ``get_shapes()``, else from ``kv_shape`` (``(layers,
+    2, chunk_size, heads, head_size)``, releases without it)."""
+    get_shapes = getattr(metadata, "get_shapes", None)
+    if get_shapes is not None:
+        shapes = [tuple(s) for s in get_shapes()]
+    else:
+        layers, kv, _, heads, head_size = metadata.kv_shape
+        shapes = [(kv, layers, 0, heads * head_size)]
+    return "+".join("x".join(str(int(d)) for i, d in enumerate(s) if i != 2) for s in shapes)
 
 
 def _chunk_bytes(metadata) -> Optional[int]:
