@@ -35,7 +35,13 @@ from thrift.transport.TTransport import TTransportException
 from fluxkv import _codec
 from fluxkv._codec import DELETE, EXISTS, GET, NO_RELEASES, decode_batch, decode_one, encode_fields, key_field, releases_field
 from fluxkv._gen.common.ttypes import ErrorCode
-from fluxkv._gen.external.constants import MAX_BATCH, MAX_PIN_MS, MAX_RELEASES_PER_CALL, PUT_WAVE_SEGMENT_DIVISOR
+from fluxkv._gen.external.constants import (
+    MAX_BATCH,
+    MAX_FRAME_BYTES,
+    MAX_PIN_MS,
+    MAX_RELEASES_PER_CALL,
+    PUT_WAVE_SEGMENT_DIVISOR,
+)
 from fluxkv._gen.external.ttypes import (
     AreaCopy,
     BatchExistsRequest,
@@ -69,6 +75,11 @@ __all__ = ["Client", "connect"]
 BATCH_CHUNK = MAX_BATCH
 RELEASE_CHUNK = MAX_RELEASES_PER_CALL
 PUT_END_TRIES = 3  # PutEnd sends of one put on one session
+# A batch put wave's keys and parents, with WAVE_ITEM_BYTES more per item for the rest of
+# its request item, stay within WAVE_NAME_BYTES: MAX_BATCH items of the longest key and
+# parent (MAX_KEY_BYTES each) would not fit one frame (MAX_FRAME_BYTES).
+WAVE_NAME_BYTES = MAX_FRAME_BYTES // 2
+WAVE_ITEM_BYTES = 64
 _OK = ErrorCode.OK
 _INVALID = ErrorCode.INVALID_ARGUMENT
 _KEY_NOT_FOUND = ErrorCode.KEY_NOT_FOUND
@@ -782,8 +793,9 @@ class Client:
         anything is started (a parent the owner refuses, e.g. the item's own key, fails that
         item). The items go in waves (BatchPutStart, copy, BatchPutEnd) of at
         most MAX_BATCH items holding at most segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes
-        started and not ended (a larger item goes alone), so a batch larger than the segment
-        costs what the same puts one by one cost. Every item is attempted; if any failed,
+        started and not ended (a larger item goes alone) and keys and parents of at most
+        WAVE_NAME_BYTES (half a frame), so a batch larger than the segment costs what the
+        same puts one by one cost and each request fits a frame. Every item is attempted; if any failed,
         the first failure is raised with ``errors`` (a list aligned with the items: None or
         the item's exception) attached. The retry rules are :meth:`put`'s, per item."""
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
@@ -809,11 +821,20 @@ class Client:
         area = self._current().area
         if area is not None:
             budget = min(budget, area.size)  # client isolation: a wave's values fit the area together
+        names = [
+            len(k.encode()) + WAVE_ITEM_BYTES + (len(p.encode()) if p is not None else 0)
+            for (k, _, _), p in zip(prepared, pars)
+        ]
         lo = 0
         while lo < len(prepared):
-            hi, nbytes = lo, 0
-            while hi < len(prepared) and hi - lo < MAX_BATCH and (hi == lo or nbytes + prepared[hi][2] <= budget):
+            hi, nbytes, nnames = lo, 0, 0
+            while (
+                hi < len(prepared)
+                and hi - lo < MAX_BATCH
+                and (hi == lo or (nbytes + prepared[hi][2] <= budget and nnames + names[hi] <= WAVE_NAME_BYTES))
+            ):
                 nbytes += prepared[hi][2]
+                nnames += names[hi]
                 hi += 1
             self._put_wave(prepared, pars, list(range(lo, hi)), opts, errors)
             lo = hi

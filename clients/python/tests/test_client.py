@@ -401,6 +401,26 @@ def test_batch_calls(client):
     assert client.stat()["client_holders"] == 0
 
 
+def test_batch_put_longest_keys_and_parents(client):
+    """A batch of MAX_BATCH pages, each with a key and a parent of the longest length
+    (MAX_KEY_BYTES), is a valid batch: every item is stored and reads back, however many
+    requests it takes (all of them at once would exceed MAX_FRAME_BYTES)."""
+    from fluxkv._gen.external.constants import MAX_BATCH, MAX_KEY_BYTES
+
+    def long(i):
+        s = f"long/{i}/"
+        return s + "k" * (MAX_KEY_BYTES - len(s))
+
+    keys = [long(i) for i in range(MAX_BATCH)]
+    parents = [long(i + MAX_BATCH) for i in range(MAX_BATCH)]  # never put: orphan pages, still valid
+    client.batch_put([(k, bytes([i % 256])) for i, k in enumerate(keys)], parents=parents)
+    hs = client.batch_get(keys)
+    assert [h.bytes() for h in hs] == [bytes([i % 256]) for i in range(MAX_BATCH)]
+    for h in hs:
+        h.release()
+    assert all(client.batch_delete(keys))
+
+
 def test_stat(client):
     st = client.stat()
     assert st["node_id"] and st["clients"] >= 1
