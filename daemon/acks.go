@@ -197,12 +197,24 @@ func (a *acker) takeForCall(ctx context.Context) []int64 {
 	return a.take()
 }
 
-// take removes and returns every queued ack, for a master call that carries them.
+// take removes and returns the queued acks, at most masterCallAcks of them (the rest
+// wait for the next call or flush), for a master call that carries them.
 func (a *acker) take() []int64 {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	p := a.pending
-	a.pending = nil
+	n := min(len(a.pending), masterCallAcks)
+	p := a.pending[:n:n]
+	a.pending = a.pending[n:]
+	left := len(a.pending) > 0
+	if !left {
+		a.pending = nil
+	}
+	a.mu.Unlock()
+	if left {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
+	}
 	return p
 }
 

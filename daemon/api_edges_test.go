@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudwego/gopkg/protocol/thrift"
 	"github.com/cloudwego/kitex/client/callopt"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
@@ -224,4 +225,89 @@ func TestReportLongestKeysAndParents(t *testing.T) {
 		}
 		h.Release()
 	}
+}
+
+// TestOwnerForwardsFullFrameBatchPutStart: a BatchPutStart that fills a client frame with
+// items of the longest key and parent (wire.MaxKeyBytes each), sent while the owner holds
+// wire.MaxBatch queued holder acks, starts every item: the owner's calls to the master,
+// which add its node and those acks, each fit a frame.
+func TestOwnerForwardsFullFrameBatchPutStart(t *testing.T) {
+	t.Parallel()
+	// No hot set: every release is a holder ack; AckDelay keeps the acks queued.
+	n := startNode(t, 64<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
+	short := make([]fluxkv.PutItem, wire.MaxBatch)
+	shortKeys := make([]string, len(short))
+	for i := range short {
+		shortKeys[i] = fmt.Sprintf("short/%d", i)
+		short[i] = fluxkv.PutItem{Key: shortKeys[i], Value: []byte{1}}
+	}
+	if errs, err := n.c.BatchPut(short, fluxkv.PutOptions{}); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("batch put: %v %v", err, errors.Join(errs...))
+	}
+	hs, errs, err := n.c.BatchGet(shortKeys)
+	if err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("batch get: %v %v", err, errors.Join(errs...))
+	}
+	for _, h := range hs {
+		h.Release()
+	}
+	if err := n.c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	n.o.acks.mu.Lock()
+	queued := len(n.o.acks.pending)
+	n.o.acks.mu.Unlock()
+	if queued < wire.MaxBatch {
+		t.Fatalf("%d holder acks queued, want %d", queued, wire.MaxBatch)
+	}
+
+	long := func(i int) string {
+		s := fmt.Sprintf("long/%d/", i)
+		return s + strings.Repeat("k", wire.MaxKeyBytes-len(s))
+	}
+	req := &external.BatchPutStartRequest{Session: sessionOf(n.c)}
+	args := &external.ExternalServiceBatchPutStartArgs{Req: req}
+	for {
+		parent := long(wire.MaxBatch + len(req.Items))
+		req.Items = append(req.Items, &external.PutStartItem{Key: long(len(req.Items)), Len: 1, Opts: &external.PutOptions{}, Parent: &parent})
+		if 4+thrift.Binary.MessageBeginLength("BatchPutStart")+args.BLength() > wire.MaxFrameBytes {
+			req.Items = req.Items[:len(req.Items)-1]
+			break
+		}
+	}
+	start := &external.ExternalServiceBatchPutStartResult{}
+	if err := n.c.Call("BatchPutStart", args, start); err != nil || start.Success.Code != common.ErrorCode_OK {
+		t.Fatalf("batch put start of %d items: %v %v", len(req.Items), err, start.Success)
+	}
+	ends := make([]*external.PutEndItem, len(req.Items))
+	keys := make([]string, len(req.Items))
+	for i, r := range start.Success.Results {
+		if r.Code != common.ErrorCode_OK {
+			t.Fatalf("item %d of %d: %v %s", i, len(req.Items), r.Code, r.Message)
+		}
+		n.o.seg.Bytes()[r.Offset] = byte(i)
+		keys[i] = req.Items[i].Key
+		ends[i] = &external.PutEndItem{Key: keys[i], PutId: r.PutId}
+	}
+	end := &external.ExternalServiceBatchPutEndResult{}
+	if err := n.c.Call("BatchPutEnd", &external.ExternalServiceBatchPutEndArgs{Req: &external.BatchPutEndRequest{Session: sessionOf(n.c), Items: ends}}, end); err != nil ||
+		end.Success.Code != common.ErrorCode_OK {
+		t.Fatalf("batch put end: %v %v", err, end.Success)
+	}
+	for i, r := range end.Success.Results {
+		if r.Code != common.ErrorCode_OK {
+			t.Fatalf("put end of item %d: %v %s", i, r.Code, r.Message)
+		}
+	}
+	hs, errs, err = n.c.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hs {
+		if errs[i] != nil || h == nil || len(h.Bytes()) != 1 || h.Bytes()[0] != byte(i) {
+			t.Fatalf("get item %d: %v", i, errs[i])
+		}
+		h.Release()
+	}
+	n.drain(t, append(keys, shortKeys...))
 }

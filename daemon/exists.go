@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"slices"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -17,7 +16,7 @@ import (
 // background, so it does not count; an eviction reaches the replica index with the
 // next heartbeat, so a key evicted within the last heartbeat period may still answer
 // true here, and a get of it then misses, as one racing any eviction would). The rest
-// of a batch goes to the master in one BatchExists per wire.MaxBatch keys.
+// of a batch goes to the master in one BatchExists per masterParts of keys.
 
 // knows reports whether this owner holds key's current version at now. While a
 // registration and its replica report are out (settling) the replica index does not
@@ -107,9 +106,9 @@ func (o *Owner) existsMany(c *session, keys []string, prefix bool, pin time.Dura
 }
 
 // askExists fills results[i] for i in ask from the master, one BatchExists per
-// wire.MaxBatch keys; with prefix it stops at the first chunk not wholly present.
+// masterParts of keys; with prefix it stops at the first chunk not wholly present.
 func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*external.ExistsResponse) {
-	for part := range slices.Chunk(ask, int(mp.BATCH)) {
+	for part := range masterParts(ask, func(i int) int { return len(keys[i]) }) {
 		names := make([]string, len(part))
 		for j, i := range part {
 			names[j] = keys[i]

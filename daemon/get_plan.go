@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/fluxkv/fluxkv/daemon/transfer"
@@ -188,14 +187,14 @@ func (o *Owner) getStart(key string, exclude []string) startedGet {
 	return o.acceptPlans([]string{key}, []*mp.GetStartResponse{plan}, s)[0]
 }
 
-// startGets plans keys: GetStart for one key, else one BatchGetStart per wire.MaxBatch
-// keys. Each answer is accepted as getStart's; a failed call fails its keys.
+// startGets plans keys: GetStart for one key, else one BatchGetStart per masterParts
+// of keys. Each answer is accepted as getStart's; a failed call fails its keys.
 func (o *Owner) startGets(keys []string) []startedGet {
 	if len(keys) == 1 {
 		return []startedGet{o.getStart(keys[0], nil)}
 	}
 	out := make([]startedGet, 0, len(keys))
-	for part := range slices.Chunk(keys, int(mp.BATCH)) {
+	for part := range masterParts(keys, func(k string) int { return len(k) }) {
 		var resp *mp.BatchGetStartResponse
 		s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
 			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks})

@@ -11,7 +11,7 @@ import (
 )
 
 // deleteMany removes keys at the master (Delete for one key, else one BatchDelete per
-// wire.MaxBatch keys); results[i] answers keys[i]. This owner then drops each key from
+// masterParts of keys); results[i] answers keys[i]. This owner then drops each key from
 // its hot set, replica index and SSD entries of the removed version (other owners learn
 // it from the master).
 func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
@@ -30,7 +30,7 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 		valid = append(valid, i)
 	}
 	o.unlock()
-	for part := range slices.Chunk(valid, int(mp.BATCH)) {
+	for part := range masterParts(valid, func(i int) int { return len(keys[i]) }) {
 		names := make([]string, len(part))
 		for j, i := range part {
 			names[j] = keys[i]

@@ -21,7 +21,7 @@ func (o *Owner) putStart(c *session, key string, length int64, opts *external.Pu
 }
 
 // putStartMany starts the puts of items (PutStart for one, else one BatchPutStart per
-// wire.MaxBatch items) and records each in the session; results[i] answers items[i].
+// masterParts) and records each in the session; results[i] answers items[i].
 func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*external.PutStartResponse {
 	out := make([]*external.PutStartResponse, len(items))
 	var valid []int
@@ -39,7 +39,7 @@ func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*exte
 		}
 		valid = append(valid, i)
 	}
-	for part := range slices.Chunk(valid, int(mp.BATCH)) {
+	for part := range masterParts(valid, func(i int) int { return len(items[i].Key) + len(items[i].GetParent()) }) {
 		reqs := make([]*mp.PutStartItem, len(part))
 		for j, i := range part {
 			it := items[i]
@@ -287,7 +287,7 @@ func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error
 }
 
 // publish runs PutDone for ps (one call: PutDone for one put, else BatchPutDone per
-// wire.MaxBatch puts); errs[i] is ps[i]'s outcome. On success the key's older versions
+// masterParts); errs[i] is ps[i]'s outcome. On success the key's older versions
 // are dead here: the hot-set holding and SSD entries of versions before putID go.
 func (o *Owner) publish(ps []*pendingPut) []error {
 	errs := make([]error, len(ps))
@@ -299,7 +299,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		}
 		send = append(send, i)
 	}
-	for part := range slices.Chunk(send, int(mp.BATCH)) {
+	for part := range masterParts(send, func(i int) int { return len(ps[i].key) }) {
 		mark := o.replicaMark()
 		results, err := o.askPutDone(ps, part)
 		if err != nil {
