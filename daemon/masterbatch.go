@@ -21,12 +21,18 @@ const (
 
 // masterParts splits s into the items of successive master calls, in order: at most
 // mp.BATCH each, their names (name(x): the bytes of x's key and parent) within
-// masterCallBytes; an item is never split off alone unless it is first.
+// masterCallBytes.
 func masterParts[T any](s []T, name func(T) int) iter.Seq[[]T] {
+	return partsOf(s, int(mp.BATCH), name)
+}
+
+// partsOf is masterParts with at most most items per call; every part holds at least
+// one item.
+func partsOf[T any](s []T, most int, name func(T) int) iter.Seq[[]T] {
 	return func(yield func([]T) bool) {
 		for len(s) > 0 {
 			n, bytes := 0, 0
-			for n < len(s) && n < int(mp.BATCH) {
+			for n < len(s) && n < most {
 				b := name(s[n]) + masterItemBytes
 				if n > 0 && bytes+b > masterCallBytes {
 					break

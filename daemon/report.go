@@ -5,7 +5,6 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
-	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // reportReplicas tells a master that does not know this owner (it restarted) what the
@@ -119,34 +118,21 @@ func newReplicaReport(mem, ssd []replicaRecord, batch int) *replicaReport {
 	return r
 }
 
-// reportBatchBytes bounds the keys and parents of one report call, with
-// reportRecordBytes more per record for its other fields, well inside a frame
-// (wire.MaxFrameBytes): REPORT_BATCH records of the longest key and parent
-// (wire.MaxKeyBytes each) would not fit one, and the master would refuse the call.
-const (
-	reportBatchBytes  = wire.MaxFrameBytes / 2
-	reportRecordBytes = 64
-)
-
 // batches are the [start, end) record ranges of the report's calls: at most batch
-// records, their keys and parents within reportBatchBytes. The last batch says so
+// records, their keys and parents within a master call's bytes (partsOf): REPORT_BATCH
+// records of the longest key and parent (wire.MaxKeyBytes each) would not fit a frame,
+// and the master would refuse the call. The last batch says so
 // (ReportReplicasRequest.last; an empty report sends one empty batch): until then the
 // master places no other owner's put here.
 func (r *replicaReport) batches() [][2]int {
-	out := [][2]int{{0, 0}}
-	bytes := 0
-	for i, rec := range r.recs {
-		n := len(rec.Key) + reportRecordBytes
-		if rec.Parent != nil {
-			n += len(*rec.Parent)
-		}
-		last := &out[len(out)-1]
-		if last[1] > last[0] && (last[1]-last[0] == r.batch || bytes+n > reportBatchBytes) {
-			out = append(out, [2]int{i, i})
-			last, bytes = &out[len(out)-1], 0
-		}
-		last[1]++
-		bytes += n
+	var out [][2]int
+	start := 0
+	for part := range partsOf(r.recs, r.batch, func(rec *mp.ReplicaRecord) int { return len(rec.Key) + len(rec.GetParent()) }) {
+		out = append(out, [2]int{start, start + len(part)})
+		start += len(part)
+	}
+	if out == nil {
+		out = [][2]int{{0, 0}}
 	}
 	return out
 }
