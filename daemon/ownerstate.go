@@ -240,10 +240,11 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time, share *ho
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)
 		}
-		// This get moved nothing: the bytes are already here (the session's pin of the
-		// key may have brought them in for it).
+		// This get moved nothing: the bytes are already here, in memory (the session's
+		// pin of the key may have brought them in for it: then it reports what the
+		// pin's get did).
 		resp = holderResponse(id, h)
-		resp.Remote = false
+		resp.Source, resp.Remote = common.Source_MEMORY, false
 		st.takeOverPin(c, key, h, resp, true, now)
 		return resp, 0, nil
 	}

@@ -1,0 +1,89 @@
+package daemon
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/metrics"
+)
+
+// gauge is the value of the unlabelled gauge name in m (ok false when m serves none).
+func gauge(t *testing.T, m *metrics.Metrics, name string) (float64, bool) {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// TestHotSetHitOfRefillIsMemoryHit: a value refilled from SSD and promoted to this
+// owner's memory replica is read from memory by the gets the hot set answers: they
+// report source memory (as the same get planned by the master does) and count as memory
+// hits, so fluxkv_get_hits_total{source="ssd"} counts SSD reads, not every later get.
+func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
+	t.Parallel()
+	const dram, size = 16 << 20, 1<<20 - 128
+	om := metrics.New()
+	n := startNode(t, dram, ssdOptions(t, 256<<20), master.Options{InsecureCluster: true},
+		func(o *Options) { o.Metrics = om })
+	var keys []string
+	for i := 0; i < 40; i++ {
+		k := fmt.Sprintf("hs-ssd-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	key := keys[0] // written first: evicted from memory, on SSD only
+	h, err := n.c.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Source() != "ssd" {
+		t.Skipf("%s: source %s, want an SSD refill to start from", key, h.Source())
+	}
+	h.Release()
+	n.c.Flush()
+	ssdHits := func() float64 {
+		return counter(t, om, "fluxkv_get_hits_total", map[string]string{"source": metrics.SourceSSD})
+	}
+	if v := ssdHits(); v != 1 {
+		t.Fatalf("after one refill: %v SSD hits, want 1", v)
+	}
+	// Get the key again until the hot set answers (the refill's promotion is confirmed
+	// in the background).
+	cached := func() float64 { return counter(t, om, "fluxkv_cached_gets_total", nil) }
+	for i := 0; ; i++ {
+		before := cached()
+		h, err := n.c.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := h.Source()
+		h.Release()
+		n.c.Flush()
+		if cached() > before {
+			if src != "memory" {
+				t.Errorf("get answered by the hot set: source %s, want memory", src)
+			}
+			break
+		}
+		if i == 200 {
+			t.Fatal("no get of the promoted refill was answered by the hot set")
+		}
+	}
+	if v := ssdHits(); v != 1 {
+		t.Errorf("fluxkv_get_hits_total{source=\"ssd\"} = %v after one refill and memory reads, want 1", v)
+	}
+	if v := counter(t, om, "fluxkv_ops_total", map[string]string{"op": "Get", "result": metrics.ResultHitSSD}); v != 1 {
+		t.Errorf("fluxkv_ops_total{op=\"Get\",result=\"hit_ssd\"} = %v, want 1", v)
+	}
+}
