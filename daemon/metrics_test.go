@@ -8,21 +8,6 @@ import (
 	"github.com/fluxkv/fluxkv/metrics"
 )
 
-// gauge is the value of the unlabelled gauge name in m (ok false when m serves none).
-func gauge(t *testing.T, m *metrics.Metrics, name string) (float64, bool) {
-	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue(), true
-		}
-	}
-	return 0, false
-}
-
 // TestHotSetHitOfRefillIsMemoryHit: a value refilled from SSD and promoted to this
 // owner's memory replica is read from memory by the gets the hot set answers: they
 // report source memory (as the same get planned by the master does) and count as memory
@@ -85,5 +70,28 @@ func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
 	}
 	if v := counter(t, om, "fluxkv_ops_total", map[string]string{"op": "Get", "result": metrics.ResultHitSSD}); v != 1 {
 		t.Errorf("fluxkv_ops_total{op=\"Get\",result=\"hit_ssd\"} = %v, want 1", v)
+	}
+}
+
+// TestCapacityKeptWhileMasterAway: the segment figures of an owner's capacity gauges
+// (kvcache_segment_capacity_bytes, kvcache_segment_used_bytes) come from the master;
+// while it does not answer they stay at its last answer, rather than falling to 0 used
+// bytes of a pool the size of the whole segment.
+func TestCapacityKeptWhileMasterAway(t *testing.T) {
+	t.Parallel()
+	const dram = 32 << 20
+	n := startNode(t, dram, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.TransferReserve = 8 << 20 })
+	if err := n.c.Put("cap-1", value(1, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	before := n.o.Capacity()
+	if before.SegmentUsed < 3<<20 || before.SegmentCapacity >= dram {
+		t.Fatalf("with the master: %+v, want ≥ 3 MiB used of a pool below the %d-byte segment", before, dram)
+	}
+	if err := n.m.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if after := n.o.Capacity(); after != before {
+		t.Errorf("with the master stopped: %+v, want the last reading %+v", after, before)
 	}
 }

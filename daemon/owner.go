@@ -62,8 +62,11 @@ type Owner struct {
 	copied *sync.Cond // on mu: broadcast when a copy from a put area or a segment user ends
 	// cachedGets counts gets answered from the hot set (nil without metrics).
 	cachedGets prometheus.Counter
-	idleStop   chan struct{}
-	idleOnce   sync.Once
+	// segUse is the master's last answer about this owner's memory pool (Capacity):
+	// what the gauges keep while the master does not answer. Nil before the first.
+	segUse   atomic.Pointer[common.CapacityStat]
+	idleStop chan struct{}
+	idleOnce sync.Once
 
 	// inForce holds the time bounds in force (bounds.go), set from the options and the
 	// master's times at each registration.
@@ -388,6 +391,8 @@ func (o *Owner) closeResources() {
 
 // Capacity reports segment and SSD capacity and use for metrics; the segment's used
 // bytes come from the master (it owns allocation), so this makes one master call.
+// While the master does not answer (or does not list this owner) the segment figures
+// are its last answer; before the first, the whole segment and 0 used.
 func (o *Owner) Capacity() metrics.Capacity {
 	c := metrics.Capacity{SegmentCapacity: o.opts.DRAM}
 	if o.store != nil {
@@ -397,13 +402,16 @@ func (o *Owner) Capacity() metrics.Capacity {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	r, err := o.master.cl().Stat(ctx, &mp.StatRequest{})
-	if err == nil {
+	if err == nil && r.Code == common.ErrorCode_OK {
 		for _, m := range r.Members {
 			if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {
 				// The memory pool: the segment less the transfer and landing areas.
-				c.SegmentCapacity, c.SegmentUsed = m.MemorySegment.CapacityBytes, m.MemorySegment.UsedBytes
+				o.segUse.Store(m.MemorySegment)
 			}
 		}
+	}
+	if seg := o.segUse.Load(); seg != nil {
+		c.SegmentCapacity, c.SegmentUsed = seg.CapacityBytes, seg.UsedBytes
 	}
 	return c
 }
