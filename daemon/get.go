@@ -28,6 +28,9 @@ import (
 type getResult struct {
 	resp *external.GetResponse
 	err  error
+	// cached: a cached holding answered it (the hot set, or its flight's): no master
+	// trip of its own.
+	cached bool
 }
 
 // get hands the session a holder of key (getMany of one key).
@@ -50,7 +53,6 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 	out := make([]getResult, len(keys))
 	var leads []getLeg
 	var follows []getLeg
-	hits := 0
 	st, now := o.lock(), time.Now()
 	for i, k := range keys {
 		if err := wire.ValidateKey(k); err != nil {
@@ -59,10 +61,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 		}
 		resp, seq, err := st.cachedGet(c, k, now, nil)
 		if err != nil || resp != nil {
-			out[i] = getResult{resp, err}
-			if resp != nil {
-				hits++
-			}
+			out[i] = getResult{resp: resp, err: err, cached: resp != nil}
 			continue
 		}
 		f, lead := st.joinFlight(k, seq)
@@ -74,9 +73,6 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 		}
 	}
 	o.unlock()
-	if hits > 0 && o.cachedGets != nil {
-		o.cachedGets.Add(float64(hits))
-	}
 	o.lead(c, leads, out)
 	// A follower whose flight left nothing in the hot set joins (or leads) a new flight
 	// of its key once; after a second such miss it plans alone.
@@ -114,12 +110,16 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 }
 
 // countGets records what a client's Get or BatchGet answered for each key: a hit by
-// source and locality, or a miss (a prefix lookup's pins, also getMany, are not gets).
+// source and locality (and whether a cached holding answered it), or a miss (a prefix
+// lookup's pins, also getMany, are not gets).
 func (o *Owner) countGets(rs []getResult) {
 	for _, r := range rs {
 		switch {
 		case r.err == nil && r.resp != nil:
 			o.opts.Metrics.GetHit(r.resp.Source == common.Source_SSD, r.resp.Remote, r.resp.Len)
+			if r.cached && o.cachedGets != nil {
+				o.cachedGets.Inc()
+			}
 		case errors.Is(r.err, wire.ErrKeyNotFound):
 			o.opts.Metrics.GetMiss()
 		}
@@ -209,15 +209,12 @@ func (o *Owner) leadQueued(c *session, legs []getLeg, out []getResult) {
 // leadLanded is leadQueued for legs whose awaited flights have landed.
 func (o *Owner) leadLanded(c *session, legs []getLeg, out []getResult) {
 	var run []getLeg
-	st, now, hits := o.lock(), time.Now(), 0
+	st, now := o.lock(), time.Now()
 	for _, leg := range legs {
 		leg.f.after = nil
 		resp, seq, err := st.cachedGet(c, leg.key, now, nil)
 		if err != nil || resp != nil {
-			if resp != nil {
-				hits++
-			}
-			out[leg.i] = getResult{resp, err}
+			out[leg.i] = getResult{resp: resp, err: err, cached: resp != nil}
 			st.endFlight(leg.key, leg.f, err)
 			continue
 		}
@@ -225,9 +222,6 @@ func (o *Owner) leadLanded(c *session, legs []getLeg, out []getResult) {
 		run = append(run, leg)
 	}
 	o.unlock()
-	if hits > 0 && o.cachedGets != nil {
-		o.cachedGets.Add(float64(hits))
-	}
 	o.leadNow(c, run, out)
 }
 
@@ -300,7 +294,7 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 		leg.f.shareMiss = firstPlan
 	}
 	st.endFlight(leg.key, leg.f, err)
-	out[leg.i] = getResult{resp, err}
+	out[leg.i] = getResult{resp: resp, err: err}
 }
 
 // follow waits for the flight another get leads and then answers from the hot set; ok
@@ -317,10 +311,7 @@ func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool
 	resp, seq, err := st.cachedGet(c, leg.key, time.Now(), leg.f.h)
 	o.unlock()
 	if err != nil || resp != nil {
-		if resp != nil && o.cachedGets != nil {
-			o.cachedGets.Inc()
-		}
-		return getResult{resp, err}, 0, true
+		return getResult{resp: resp, err: err, cached: resp != nil}, 0, true
 	}
 	return getResult{}, seq, false
 }

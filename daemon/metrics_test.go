@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
@@ -93,5 +94,53 @@ func TestCapacityKeptWhileMasterAway(t *testing.T) {
 	}
 	if after := n.o.Capacity(); after != before {
 		t.Errorf("with the master stopped: %+v, want the last reading %+v", after, before)
+	}
+}
+
+// TestPinnedLoadCountsOneCachedGet: a prefix lookup that pins a page from the hot set
+// and the get that then loads it are one get answered without a master trip:
+// fluxkv_cached_gets_total counts it once, as fluxkv_get_hits_total does (a lookup's
+// pins are not gets).
+func TestPinnedLoadCountsOneCachedGet(t *testing.T) {
+	t.Parallel()
+	om := metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.Metrics = om })
+	const key = "pin-count"
+	if err := n.c.Put(key, value(3, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	cached := func() float64 { return counter(t, om, "fluxkv_cached_gets_total", nil) }
+	hits := func() float64 { return counter(t, om, "fluxkv_get_hits_total", nil) }
+	// Gets until one is answered from the hot set: the key's holding is there now.
+	for i := 0; ; i++ {
+		before := cached()
+		h, err := n.c.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+		n.c.Flush()
+		if cached() > before {
+			break
+		}
+		if i == 200 {
+			t.Fatal("no get was answered by the hot set")
+		}
+	}
+	cached0, hits0 := cached(), hits()
+	found, err := n.c.BatchExistsPrefix([]string{key}, 5*time.Second)
+	if err != nil || found != 1 {
+		t.Fatalf("prefix lookup: %d found, %v", found, err)
+	}
+	h, err := n.c.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	if d := hits() - hits0; d != 1 {
+		t.Fatalf("fluxkv_get_hits_total rose by %v for one get, want 1", d)
+	}
+	if d := cached() - cached0; d != 1 {
+		t.Errorf("fluxkv_cached_gets_total rose by %v for one pinned lookup and its get, want 1", d)
 	}
 }
