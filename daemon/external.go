@@ -126,6 +126,9 @@ func (h *externalHandler) Exists(ctx context.Context, req *external.ExistsReques
 	resp := &external.ExistsResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp.Exists, err = h.o.exists(req.Key)
+		if err == nil && !resp.Exists {
+			setMiss(ctx)
+		}
 		return err
 	})
 	return resp, nil

@@ -144,3 +144,32 @@ func TestPinnedLoadCountsOneCachedGet(t *testing.T) {
 		t.Errorf("fluxkv_cached_gets_total rose by %v for one pinned lookup and its get, want 1", d)
 	}
 }
+
+// TestExistsOfAbsentKeyIsMiss: an Exists of an absent key is a miss in
+// fluxkv_ops_total (result "miss": a get or exists of an absent key), on the owner the
+// client called and on the master it asked; one of a present key is ok.
+func TestExistsOfAbsentKeyIsMiss(t *testing.T) {
+	t.Parallel()
+	mm, om := metrics.New(), metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Metrics: mm}, func(o *Options) { o.Metrics = om })
+	if err := n.c.Put("exists-present", value(4, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := n.c.Exists("exists-absent"); err != nil || ok {
+		t.Fatalf("exists of an absent key: %v, %v", ok, err)
+	}
+	if ok, err := n.c.Exists("exists-present"); err != nil || !ok {
+		t.Fatalf("exists of a present key: %v, %v", ok, err)
+	}
+	for _, m := range []struct {
+		who string
+		m   *metrics.Metrics
+	}{{"owner", om}, {"master", mm}} {
+		if v := counter(t, m.m, "fluxkv_ops_total", map[string]string{"op": "Exists", "result": metrics.ResultMiss}); v != 1 {
+			t.Errorf("%s: fluxkv_ops_total{op=\"Exists\",result=\"miss\"} = %v after one exists of an absent key, want 1", m.who, v)
+		}
+	}
+	if v := counter(t, om, "fluxkv_ops_total", map[string]string{"op": "Exists", "result": metrics.ResultOK}); v != 1 {
+		t.Errorf("owner: fluxkv_ops_total{op=\"Exists\",result=\"ok\"} = %v after one exists of a present key, want 1", v)
+	}
+}

@@ -279,6 +279,13 @@ func setResult(ctx context.Context, err error) {
 	}
 }
 
+// setMiss records an Exists of an absent key: a miss, though the call succeeded.
+func setMiss(ctx context.Context) {
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {
+		c.result = metrics.ResultMiss
+	}
+}
+
 // setHit records a get's hit source.
 func setHit(ctx context.Context, src common.Source) {
 	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {

@@ -316,6 +316,9 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 					switch c.GetCode() {
 					case common.ErrorCode_OK:
 						result = metrics.ResultOK
+						if e, ok := c.(interface{ GetExists() bool }); ok && !e.GetExists() {
+							result = metrics.ResultMiss // an Exists of an absent key
+						}
 					case common.ErrorCode_KEY_NOT_FOUND:
 						result = metrics.ResultMiss
 					}
