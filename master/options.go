@@ -125,8 +125,12 @@ type Options struct {
 	FrameMemory int64
 	// Logger receives structured logs. Default: disabled.
 	Logger *zerolog.Logger
-	// Metrics receives per-call counters and latencies. Default: none.
+	// Metrics receives per-call counters and latencies, the listener's refusals and
+	// timeouts and, under HA, the leadership. Default: none.
 	Metrics *metrics.Metrics
+	// NoCallMetrics keeps the per-call counters and latencies out of Metrics (`fluxkv
+	// up`: its owner's calls are the node's, and the methods share names).
+	NoCallMetrics bool
 }
 
 // SSDAdmit values.

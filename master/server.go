@@ -86,11 +86,13 @@ func (s *Server) serve(raw net.Listener) error {
 	s.peers = peerclient.NewMaster(s.opts.Secrets, s.opts.MasterKey, s.opts.PeerConnectTimeout)
 	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.epoch, s.liveOwner)
 	s.persist = newPersister(s)
-	s.svr = masterservice.NewServer(&handler{s: s}, append(append(auth.ServerOptions(ln),
+	opts := append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-master"}),
-		server.WithExitWaitTime(time.Second),
-		server.WithMiddleware(s.metricsMiddleware),
-	), s.testServerOpts...)...)
+		server.WithExitWaitTime(time.Second))
+	if !s.opts.NoCallMetrics {
+		opts = append(opts, server.WithMiddleware(s.metricsMiddleware))
+	}
+	s.svr = masterservice.NewServer(&handler{s: s}, append(opts, s.testServerOpts...)...)
 	errc := make(chan error, 1)
 	go func() { errc <- s.svr.Run() }()
 	select {

@@ -58,7 +58,7 @@ func masterCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			srv, err := st.master(mc, m, secrets, 0)
+			srv, err := st.master(mc, m, secrets, 0, false)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -178,11 +178,13 @@ func upCommand() *cli.Command {
 			if err != nil {
 				return st.fail(ctx, err)
 			}
-			// The embedded master records no metrics: its methods share names with the
-			// owner's (PutStart, Delete, Exists, Stat), and one /metrics endpoint
-			// would count a client's put twice. The owner's are what clients see.
+			// The embedded master records no per-call metrics: its methods share names
+			// with the owner's (PutStart, Delete, Exists, Stat), and one /metrics
+			// endpoint would count a client's put twice. The owner's are what clients
+			// see. Its listener's refusals and timeouts (other owners reach it over TCP)
+			// are counted as any master's.
 			// Its owner restarts with it (a new, empty incarnation): no write quiet period.
-			srv, err := st.master(mc, nil, secrets, -1)
+			srv, err := st.master(mc, m, secrets, -1, true)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -300,12 +302,13 @@ var (
 	_ masterServer = (*master.HA)(nil)
 )
 
-// master starts a master; writeQuiet is master.Options.WriteQuiet (0: its default).
+// master starts a master; writeQuiet is master.Options.WriteQuiet (0: its default),
+// noCallMetrics master.Options.NoCallMetrics.
 // With etcd endpoints it is one of several campaigning there (HA, docs/architecture.md §12).
-func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets, writeQuiet time.Duration) (masterServer, error) {
+func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secrets, writeQuiet time.Duration, noCallMetrics bool) (masterServer, error) {
 	t0 := time.Now()
 	opts := masterOptions(mc, m, secrets)
-	opts.WriteQuiet = writeQuiet
+	opts.WriteQuiet, opts.NoCallMetrics = writeQuiet, noCallMetrics
 	opts.MasterKey = s.masterKey
 	var (
 		srv masterServer
