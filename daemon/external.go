@@ -141,6 +141,13 @@ func (h *externalHandler) BatchPutStart(ctx context.Context, req *external.Batch
 			return err
 		}
 		resp.Results = h.o.putStartMany(c, req.Items)
+		for _, r := range resp.Results {
+			// A page already cached (reject_if_exists) is skipped, not failed: the KV
+			// stores put every page of a prompt so.
+			if r.Code != common.ErrorCode_OK && r.Code != common.ErrorCode_ALREADY_EXISTS {
+				setItemFailed(ctx)
+			}
+		}
 		return nil
 	})
 	return resp, nil
@@ -162,6 +169,9 @@ func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPu
 			return err
 		}
 		for _, err := range h.o.putEndMany(c, req.Items) {
+			if err != nil {
+				setItemFailed(ctx)
+			}
 			r := &external.PutEndResponse{}
 			r.Code, r.Message = wire.ToResponse(err)
 			resp.Results = append(resp.Results, r)

@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 )
@@ -171,5 +173,42 @@ func TestExistsOfAbsentKeyIsMiss(t *testing.T) {
 	}
 	if v := counter(t, om, "fluxkv_ops_total", map[string]string{"op": "Exists", "result": metrics.ResultOK}); v != 1 {
 		t.Errorf("owner: fluxkv_ops_total{op=\"Exists\",result=\"ok\"} = %v after one exists of a present key, want 1", v)
+	}
+}
+
+// TestBatchPutItemErrorsAreErrors: a BatchPutStart whose items fail (here NO_SPACE: the
+// pool is held by a client) is a failed call in fluxkv_ops_total, as a PutStart that
+// fails is: FluxkvPutErrors reads result="error" of both to catch puts failing under
+// memory pressure, and batch puts (the KV engines' pages) would otherwise never count.
+func TestBatchPutItemErrorsAreErrors(t *testing.T) {
+	t.Parallel()
+	om := metrics.New()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true, AllocWait: 100 * time.Millisecond}, func(o *Options) { o.Metrics = om })
+	const size = 10 << 20 // two do not fit in the pool
+	if err := n.c.Put("held", value(5, size)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := n.c.Get("held") // its holder keeps it: nothing can be evicted for another
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if err := n.c.Put("second", value(6, size)); !errors.Is(err, fluxkv.ErrNoSpace) {
+		t.Fatalf("put with the pool held: %v, want NO_SPACE", err)
+	}
+	errs, err := n.c.BatchPut([]fluxkv.PutItem{{Key: "third", Value: value(7, size)}}, fluxkv.PutOptions{})
+	if err != nil || len(errs) != 1 || !errors.Is(errs[0], fluxkv.ErrNoSpace) {
+		t.Fatalf("batch put with the pool held: %v, %v; want the item to fail NO_SPACE", errs, err)
+	}
+	// A batch whose item finds its key cached (reject_if_exists, as the KV stores put
+	// pages) skipped that item: not a failed call.
+	errs, err = n.c.BatchPut([]fluxkv.PutItem{{Key: "held", Value: value(5, size)}}, fluxkv.PutOptions{RejectIfExists: true})
+	if err != nil || len(errs) != 1 || !errors.Is(errs[0], fluxkv.ErrAlreadyExists) {
+		t.Fatalf("batch put of a cached key with reject_if_exists: %v, %v; want ALREADY_EXISTS", errs, err)
+	}
+	for _, op := range []string{"PutStart", "BatchPutStart"} {
+		if v := counter(t, om, "fluxkv_ops_total", map[string]string{"op": op, "result": metrics.ResultError}); v != 1 {
+			t.Errorf("fluxkv_ops_total{op=%q,result=\"error\"} = %v after one put failed NO_SPACE, want 1", op, v)
+		}
 	}
 }

@@ -286,6 +286,14 @@ func setMiss(ctx context.Context) {
 	}
 }
 
+// setItemFailed records a batch put whose item failed as a failed call (result
+// error), as a PutStart or PutEnd of that item alone would be.
+func setItemFailed(ctx context.Context) {
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {
+		c.result = metrics.ResultError
+	}
+}
+
 // setHit records a get's hit source.
 func setHit(ctx context.Context, src common.Source) {
 	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {
