@@ -212,3 +212,44 @@ func TestBatchPutItemErrorsAreErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestMasterBatchPutItemErrorsAreErrors: the master counts a BatchPutStart with an
+// item that failed (NO_SPACE) as a failed call, as the owner does (FluxkvPutErrors fires
+// per process, a standalone master included), and one whose items found their keys
+// cached under reject_if_exists as ok.
+func TestMasterBatchPutItemErrorsAreErrors(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true, AllocWait: 100 * time.Millisecond, Metrics: mm},
+		func(o *Options) { o.TransferReserve = -1 }) // no transfer area to lend room
+	pool := n.o.Capacity().SegmentCapacity
+	if err := n.c.Put("held", value(5, int(pool-2<<20))); err != nil {
+		t.Fatal(err)
+	}
+	h, err := n.c.Get("held") // its holder keeps it: nothing can be evicted for another
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	// One wave, one BatchPutStart: 3 MiB do not fit in the 2 MiB left.
+	const size = 3 << 19
+	errs, err := n.c.BatchPut([]fluxkv.PutItem{{Key: "b1", Value: value(7, size)}, {Key: "b2", Value: value(8, size)}}, fluxkv.PutOptions{})
+	if err != nil || len(errs) != 2 || !errors.Is(errors.Join(errs...), fluxkv.ErrNoSpace) {
+		t.Fatalf("batch put with the pool held: %v, %v; want an item to fail NO_SPACE", errs, err)
+	}
+	for _, k := range []string{"small-1", "small-2"} {
+		if err := n.c.Put(k, value(6, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs, err = n.c.BatchPut([]fluxkv.PutItem{{Key: "small-1", Value: value(6, 1000)}, {Key: "small-2", Value: value(6, 1000)}}, fluxkv.PutOptions{RejectIfExists: true})
+	if err != nil || len(errs) != 2 || !errors.Is(errs[0], fluxkv.ErrAlreadyExists) || !errors.Is(errs[1], fluxkv.ErrAlreadyExists) {
+		t.Fatalf("batch put of cached keys with reject_if_exists: %v, %v; want ALREADY_EXISTS", errs, err)
+	}
+	if v := counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "BatchPutStart", "result": metrics.ResultError}); v != 1 {
+		t.Errorf("master: fluxkv_ops_total{op=\"BatchPutStart\",result=\"error\"} = %v after one batch with an item failed NO_SPACE, want 1", v)
+	}
+	if v := counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "BatchPutStart", "result": metrics.ResultOK}); v != 1 {
+		t.Errorf("master: fluxkv_ops_total{op=\"BatchPutStart\",result=\"ok\"} = %v after one batch of cached keys, want 1", v)
+	}
+}

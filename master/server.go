@@ -16,6 +16,7 @@ import (
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/fluxkv/fluxkv/protocol/peerclient"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -318,8 +319,15 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 					switch c.GetCode() {
 					case common.ErrorCode_OK:
 						result = metrics.ResultOK
-						if e, ok := c.(interface{ GetExists() bool }); ok && !e.GetExists() {
-							result = metrics.ResultMiss // an Exists of an absent key
+						switch r := c.(type) {
+						case interface{ GetExists() bool }:
+							if !r.GetExists() {
+								result = metrics.ResultMiss // an Exists of an absent key
+							}
+						case *mp.BatchPutStartResponse:
+							if batchPutFailed(r.Results) {
+								result = metrics.ResultError
+							}
 						}
 					case common.ErrorCode_KEY_NOT_FOUND:
 						result = metrics.ResultMiss
@@ -330,6 +338,18 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 		s.opts.Metrics.Observe(method, result, time.Since(start))
 		return err
 	}
+}
+
+// batchPutFailed reports whether a put of a batch failed, as a PutStart of it alone
+// would count: an item refused ALREADY_EXISTS (reject_if_exists: a KV page already
+// cached) is skipped, not failed.
+func batchPutFailed(rs []*mp.PutStartResponse) bool {
+	for _, r := range rs {
+		if c := r.GetCode(); c != common.ErrorCode_OK && c != common.ErrorCode_ALREADY_EXISTS {
+			return true
+		}
+	}
+	return false
 }
 
 // listMasters is the masters for Stat: this one alone, or the HA candidates on etcd.
