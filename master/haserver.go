@@ -107,10 +107,10 @@ func (h *HA) Start(addr string) error {
 		return err
 	}
 	h.wg.Add(3)
+	h.opts.Metrics.Leading(false) // before run: a campaign won at once sets it true
 	go h.accept()
 	go h.watch()
 	go h.run()
-	h.opts.Metrics.Leading(false)
 	h.opts.Logger.Info().Str("addr", raw.Addr().String()).Str("advertise", h.ha.AdvertiseAddr).
 		Strs("etcd", h.ha.Etcd.Endpoints).Str("prefix", h.ha.Etcd.Prefix).Msg("master campaigning on etcd")
 	return nil
