@@ -311,7 +311,9 @@ func checkDRAM(name string, dram, landing int64) error {
 		logger.Warn().Err(err).Msg("cannot check --dram against the machine's memory")
 		return nil
 	}
-	if seg := segmentSize(dram) + segmentSize(landing); seg > total {
+	// Each size alone first: one near the int64 limit would wrap negative when rounded
+	// up to the page or added to the other, and pass.
+	if dram > total || landing > total || segmentSize(dram)+segmentSize(landing) > total {
 		with := ""
 		if landing > 0 {
 			with = " with the landing reserve of " + humanSize(landing)

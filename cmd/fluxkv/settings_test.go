@@ -243,6 +243,14 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--dram " + humanSize(mem+1) + " exceeds this machine's memory (" + approxSize(mem) + ", MemTotal)"},
 		{name: "dram above memory from the file", command: "up", yaml: "fluxkv_spec:\n  dram: 1PiB\n",
 			wantErr: "fluxkv_spec.dram (--dram) 1 PiB exceeds this machine's memory"},
+		// Sizes near the int64 limit: rounding them up to the page must not wrap the
+		// segment negative and past this check (the owner then failed obscurely).
+		{name: "dram at the largest size", command: "up", args: []string{"--dram", "9223372036854775807"},
+			wantErr: "--dram 8 EiB (9223372036854775807 B) exceeds this machine's memory"},
+		{name: "landing reserve at the largest size", command: "up", args: []string{"--landing-reserve", "9223372036854775807"},
+			wantErr: "--dram 1 GiB with the landing reserve of 8 EiB (9223372036854775807 B) exceeds this machine's memory"},
+		{name: "dram and landing reserve whose sum wraps", command: "up", args: []string{"--dram", "4611686018427387904", "--landing-reserve", "4611686018427387904"},
+			wantErr: "--dram 4 EiB with the landing reserve of 4 EiB exceeds this machine's memory"},
 		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
