@@ -224,7 +224,8 @@ func (k durationKind[S]) merge(c *cli.Context, r ref, file, s *S) error {
 func (k durationKind[S]) has(s *S) bool { return *k.field(s) != 0 }
 
 // size is a size setting (ssd.ParseSize: 512MiB, 1.5GiB, bytes) of at least min
-// bytes on the command line (min 1: positive); the file refuses sizes ≤ 0 itself.
+// bytes (min 1: positive), on the command line and in the file (which refuses sizes
+// ≤ 0 itself).
 func size[S any](field func(*S) *int64, min int64) kind[S] {
 	return sizeKind[S]{field, min}
 }
@@ -247,6 +248,8 @@ func (k sizeKind[S]) merge(c *cli.Context, r ref, file, s *S) error {
 			return refuse("--%s %s: must be at least %s", r.flag, t, humanSize(k.min))
 		}
 		v = n
+	} else if v != 0 && v < k.min {
+		return refuse("%s %s: must be at least %s", r.name(c, true), humanSize(v), humanSize(k.min))
 	}
 	*k.field(s) = v
 	return nil

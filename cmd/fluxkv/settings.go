@@ -193,9 +193,6 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	if err := checkMaxConnections(t.name(c, "max-connections", &fo), s.MaxConnections); err != nil {
 		return s, err
 	}
-	if s.FrameMemory != 0 && s.FrameMemory < minFrameMemory { // from the file (the flag's was checked)
-		return s, refuse("%s %s: must be at least %s", t.name(c, "frame-memory", &fo), humanSize(s.FrameMemory), humanSize(minFrameMemory))
-	}
 	if err := checkDRAM(t.name(c, "dram", &fo), s.DRAM, s.LandingReserve); err != nil {
 		return s, err
 	}

@@ -275,6 +275,12 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--frame-memory 32MiB: must be at least 64 MiB"},
 		{name: "frame memory below two frames in the file", command: "up", yaml: "fluxkv_spec:\n  frame_memory: 1MiB\n",
 			wantErr: "fluxkv_spec.frame_memory (--frame-memory) 1 MiB: must be at least 64 MiB"},
+		// The flags' minimums hold for the file's values too (the daemon refused this
+		// put_area_total only after the master had started, and rounded a put_area up).
+		{name: "put area total below 1 MiB in the file", command: "up", yaml: "fluxkv_spec:\n  put_area_total: 100\n",
+			wantErr: "fluxkv_spec.put_area_total (--put-area-total) 100 B: must be at least 1 MiB"},
+		{name: "put area below a page in the file", command: "owner", yaml: "fluxkv_spec:\n  put_area: 100\n", args: owner,
+			wantErr: "fluxkv_spec.put_area (--put-area) 100 B: must be at least 4 KiB"},
 		{name: "negative frame timeout in the file", command: "up", yaml: "fluxkv_spec:\n  frame_timeout: -2s\n",
 			wantErr: `fluxkv_spec.frame_timeout: invalid duration "-2s": must be positive`},
 		{name: "max connections from the file above the limit", command: "up", yaml: "fluxkv_spec:\n  max_connections: 2000000000\n",
