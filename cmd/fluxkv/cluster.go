@@ -33,13 +33,17 @@ func clusterFlags() []cli.Flag {
 }
 
 // clusterSettings merges --cluster-secret-file and --insecure-cluster over the file's
-// values (files: the flag replaces the file's list; insecure: either sets it).
+// values: each flag given on the command line replaces the file's (--insecure-cluster=false
+// turns the file's insecure_cluster off).
 func clusterSettings(c *cli.Context, fileFiles []string, fileInsecure bool) ([]string, bool) {
-	files := fileFiles
+	files, insecure := fileFiles, fileInsecure
 	if c.IsSet("cluster-secret-file") {
 		files = c.StringSlice("cluster-secret-file")
 	}
-	return files, fileInsecure || c.Bool("insecure-cluster")
+	if c.IsSet("insecure-cluster") {
+		insecure = c.Bool("insecure-cluster")
+	}
+	return files, insecure
 }
 
 // YAML keys of the secret files.

@@ -284,13 +284,18 @@ func (k replaceKind[S, T]) has(s *S) bool { return !isZero(*k.field(s)) }
 
 func isZero[T any](v T) bool { return reflect.ValueOf(&v).Elem().IsZero() }
 
-// either is a switch that the flag or the file turns on.
+// either is a switch (off by default) that the flag or the file turns on; a flag
+// given on the command line decides (--no-promotion=false turns the file's off).
 func either[S any](field func(*S) *bool) kind[S] { return eitherKind[S]{field} }
 
 type eitherKind[S any] struct{ field func(*S) *bool }
 
 func (k eitherKind[S]) merge(c *cli.Context, r ref, file, s *S) error {
-	*k.field(s) = *k.field(file) || c.Bool(r.flag)
+	v := *k.field(file)
+	if c.IsSet(r.flag) {
+		v = c.Bool(r.flag)
+	}
+	*k.field(s) = v
 	return nil
 }
 

@@ -218,6 +218,39 @@ func TestLogSettingsPrecedence(t *testing.T) {
 	}
 }
 
+// A switch given on the command line overrides the file both ways: --no-promotion=false
+// and --insecure-cluster=false turn off what the file turned on.
+func TestSettingsSwitchFlagOverridesFile(t *testing.T) {
+	for _, tt := range []struct {
+		name, command, yaml string
+		args                []string
+		want                func(config.Owner, config.Master) bool
+	}{
+		{name: "no promotion off over the file", command: "master", yaml: "master:\n  no_promotion: true\n",
+			args: []string{"--no-promotion=false"}, want: func(_ config.Owner, m config.Master) bool { return !m.NoPromotion }},
+		{name: "no promotion from the file", command: "master", yaml: "master:\n  no_promotion: true\n",
+			want: func(_ config.Owner, m config.Master) bool { return m.NoPromotion }},
+		{name: "no promotion from the flag", command: "up", args: []string{"--no-promotion"},
+			want: func(_ config.Owner, m config.Master) bool { return m.NoPromotion }},
+		{name: "insecure off over the file", command: "master", yaml: "master:\n  insecure_cluster: true\n",
+			args: []string{"--insecure-cluster=false"}, want: func(_ config.Owner, m config.Master) bool { return !m.InsecureCluster }},
+		{name: "owner insecure off over the file", command: "owner", yaml: "fluxkv_spec:\n  insecure_cluster: true\n",
+			args: []string{"--insecure-cluster=false", "--master", "127.0.0.1:1", "--dir", "/tmp/x"},
+			want: func(o config.Owner, _ config.Master) bool { return !o.InsecureCluster }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			oc, mc, err := runSettings(t, tt.command, tt.yaml, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.want(oc, mc) {
+				t.Errorf("flags %v over %q: no_promotion %v, master insecure %v, owner insecure %v",
+					tt.args, tt.yaml, mc.NoPromotion, mc.InsecureCluster, oc.InsecureCluster)
+			}
+		})
+	}
+}
+
 // Values that would silently mean something other than what was written are
 // refused at start, exit status 2, with a message naming the flag (and the YAML key
 // when the file set it).
