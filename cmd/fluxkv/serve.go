@@ -140,6 +140,9 @@ func upCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			if err := upListenClash(c, f, mc, oc); err != nil {
+				return err
+			}
 			if err := checkSSDSpace(oc); err != nil {
 				return err
 			}

@@ -3,9 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -112,6 +114,11 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 		return s, refuse("%s %v must exceed %s %v (an owner misses a few heartbeats before it is tombed)",
 			t.name(c, "node-ttl", &fm), ttl, t.name(c, "heartbeat-interval", &fm), hb)
 	}
+	if !isUp(c) { // up's: upListenClash
+		if err := listenClash(listener{t.name(c, "listen", &fm), s.Listen}, listener{t.name(c, "metrics-addr", &fm), s.MetricsAddr}); err != nil {
+			return s, err
+		}
+	}
 	if hasFlag(c, "etcd-endpoints") {
 		if err := haSettings(c, fm, &s); err != nil {
 			return s, err
@@ -215,6 +222,9 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		if err := check(c, &fo, &s); err != nil {
 			return s, err
 		}
+	}
+	if err := listenClash(ownerListeners(c, &fo, &s, !isUp(c))...); err != nil {
+		return s, err
 	}
 	if s.InstanceKey == "" {
 		// The SSD cache root of an owner is named after the owner unless told otherwise.
@@ -340,4 +350,90 @@ func checkMaxConnections(name string, n int) error {
 			name, n, 2*n, limit)
 	}
 	return nil
+}
+
+// A listener is one TCP listener of a process: the setting's name (settingName) and
+// its merged address.
+type listener struct{ name, addr string }
+
+// listenClash refuses two listeners of one process on the same port of overlapping
+// hosts (the same host, or a wildcard on either side): the second would fail to bind
+// only once the components before it had started, with "address already in use" as
+// if another process held the port. Port 0 (a free one) and unset addresses never
+// clash; hosts are compared as written (localhost and 127.0.0.1 are not resolved).
+func listenClash(ls ...listener) error {
+	type hostPort struct {
+		host string
+		port uint64
+	}
+	parse := func(a string) (hostPort, bool) {
+		h, p, err := net.SplitHostPort(a)
+		if err != nil {
+			return hostPort{}, false
+		}
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return hostPort{}, false
+		}
+		return hostPort{h, n}, true
+	}
+	wildcard := func(h string) bool {
+		ip := net.ParseIP(h)
+		return h == "" || ip != nil && ip.IsUnspecified()
+	}
+	for i := range ls {
+		a, ok := parse(ls[i].addr)
+		if !ok {
+			continue
+		}
+		for j := i + 1; j < len(ls); j++ {
+			b, ok := parse(ls[j].addr)
+			if !ok || a.port != b.port {
+				continue
+			}
+			if a.host == b.host || wildcard(a.host) || wildcard(b.host) {
+				return refuse("%s %q and %s %q are one port of one host: give each listener its own port (or port 0)",
+					ls[i].name, ls[i].addr, ls[j].name, ls[j].addr)
+			}
+		}
+	}
+	return nil
+}
+
+// isUp reports whether the running command is `fluxkv up`, whose master and owner
+// listen in one process (upListenClash checks them together).
+func isUp(c *cli.Context) bool { return c.Command != nil && c.Command.Name == "up" }
+
+// ownerListeners are an owner's TCP listeners; metrics is false for `up`, where the
+// node's one /metrics server may be the master section's (upListenClash).
+func ownerListeners(c *cli.Context, fo, s *config.Owner, metrics bool) []listener {
+	t := ownerTable()
+	ls := []listener{
+		{t.name(c, "peer-listen", fo), s.PeerListen},
+		{t.name(c, "data-listen", fo), s.DataListen},
+	}
+	if metrics {
+		ls = append(ls, listener{t.name(c, "metrics-addr", fo), s.MetricsAddr})
+	}
+	return ls
+}
+
+// upListenClash checks the listeners of `fluxkv up` together: the embedded master's,
+// the owner's, and the one /metrics server (fluxkv_spec's address, else master's).
+func upListenClash(c *cli.Context, f *config.File, mc config.Master, oc config.Owner) error {
+	var fo config.Owner
+	var fm config.Master
+	if f.Owner != nil {
+		fo = *f.Owner
+	}
+	if f.Master != nil {
+		fm = *f.Master
+	}
+	ls := append([]listener{{masterTable().name(c, "listen", &fm), mc.Listen}}, ownerListeners(c, &fo, &oc, false)...)
+	if oc.MetricsAddr != "" {
+		ls = append(ls, listener{ownerTable().name(c, "metrics-addr", &fo), oc.MetricsAddr})
+	} else {
+		ls = append(ls, listener{masterTable().name(c, "metrics-addr", &fm), mc.MetricsAddr})
+	}
+	return listenClash(ls...)
 }

@@ -58,6 +58,9 @@ func runSettings(t *testing.T, command string, yaml string, args ...string) (con
 					return nil
 				}
 			}
+			if role == config.RoleUp {
+				got = upListenClash(c, f, mc, oc)
+			}
 			return nil
 		}
 	}
@@ -341,6 +344,49 @@ func TestSettingsRefusals(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := runSettings(t, tt.command, tt.yaml, tt.args...)
+			wantRefusal(t, err, tt.wantErr)
+		})
+	}
+}
+
+// Two listeners of one process on the same port of overlapping hosts (the same host,
+// or a wildcard) are refused at start: the second bind failed only after the first
+// component had started, "address already in use" as if another process held it.
+func TestSettingsListenClash(t *testing.T) {
+	owner := []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"}
+	for _, tt := range []struct {
+		name, command, yaml string
+		args                []string
+		wantErr             string // "": accepted
+	}{
+		{name: "peer and data", command: "owner", args: append([]string{"--peer-listen", "127.0.0.1:7701", "--data-listen", "127.0.0.1:7701"}, owner...),
+			wantErr: `--peer-listen "127.0.0.1:7701" and --data-listen "127.0.0.1:7701" are one port of one host`},
+		{name: "wildcard peer and metrics", command: "owner", args: append([]string{"--peer-listen", "0.0.0.0:7701", "--metrics-addr", "127.0.0.1:7701"}, owner...),
+			wantErr: `--peer-listen "0.0.0.0:7701" and --metrics-addr "127.0.0.1:7701" are one port of one host`},
+		{name: "peer from the file, data flag", command: "owner", yaml: "fluxkv_spec:\n  peer_listen: \":7701\"\n",
+			args:    append([]string{"--data-listen", "10.0.0.1:7701"}, owner...),
+			wantErr: `fluxkv_spec.peer_listen (--peer-listen) ":7701" and --data-listen "10.0.0.1:7701" are one port of one host`},
+		{name: "master and its metrics", command: "master", args: []string{"--listen", "127.0.0.1:7700", "--metrics-addr", "[::]:7700"},
+			wantErr: `--listen "127.0.0.1:7700" and --metrics-addr "[::]:7700" are one port of one host`},
+		{name: "up: master and peer", command: "up", args: []string{"--listen", "127.0.0.1:7700", "--peer-listen", "127.0.0.1:7700"},
+			wantErr: `--listen "127.0.0.1:7700" and --peer-listen "127.0.0.1:7700" are one port of one host`},
+		{name: "up: master's metrics from the file and data", command: "up", yaml: "master:\n  metrics_addr: 127.0.0.1:9700\n",
+			args:    []string{"--data-listen", "127.0.0.1:9700"},
+			wantErr: `--data-listen "127.0.0.1:9700" and master.metrics_addr (--metrics-addr) "127.0.0.1:9700" are one port of one host`},
+		{name: "same port, other hosts", command: "owner", args: append([]string{"--peer-listen", "127.0.0.1:7701", "--data-listen", "127.0.0.2:7701"}, owner...)},
+		{name: "port 0 twice", command: "up", args: []string{"--listen", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"}},
+		{name: "up: the owner's metrics replace the master's", command: "up",
+			yaml: "fluxkv_spec:\n  metrics_addr: 127.0.0.1:9701\nmaster:\n  metrics_addr: 127.0.0.1:9700\n",
+			args: []string{"--peer-listen", "127.0.0.1:9700"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := runSettings(t, tt.command, tt.yaml, tt.args...)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
 			wantRefusal(t, err, tt.wantErr)
 		})
 	}
