@@ -17,12 +17,20 @@ const DefaultSocketMode os.FileMode = 0o660
 // ErrSocketInUse means another process is accepting connections on the socket path.
 var ErrSocketInUse = errors.New("shm: socket in use")
 
-// maxSocketPath is the longest path sockaddr_un holds (sun_path is 108 bytes,
+// MaxSocketPath is the longest path sockaddr_un holds (sun_path is 108 bytes,
 // NUL-terminated).
-const maxSocketPath = 107
+const MaxSocketPath = 107
 
 // probeTimeout bounds the connect that tells a live socket from a stale one.
 const probeTimeout = time.Second
+
+// CheckSocketPath refuses a socket path longer than sockaddr_un holds.
+func CheckSocketPath(path string) error {
+	if len(path) > MaxSocketPath {
+		return fmt.Errorf("path is %d bytes, a Unix socket path holds at most %d", len(path), MaxSocketPath)
+	}
+	return nil
+}
 
 // ListenUnix listens on a Unix stream socket at path the way a daemon people trust
 // does (tailscale safesocket):
@@ -41,8 +49,8 @@ func ListenUnix(path string, mode os.FileMode) (*net.UnixListener, error) {
 	if path == "" {
 		return nil, errors.New("listen unix: empty socket path")
 	}
-	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("listen unix %q: path is %d bytes, a Unix socket path holds at most %d", path, len(path), maxSocketPath)
+	if err := CheckSocketPath(path); err != nil {
+		return nil, fmt.Errorf("listen unix %q: %w", path, err)
 	}
 	if mode == 0 {
 		mode = DefaultSocketMode

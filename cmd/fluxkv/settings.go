@@ -15,6 +15,7 @@ import (
 	"github.com/fluxkv/fluxkv/config"
 	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/shm"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -215,6 +216,12 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		return s, cli.Exit(fmt.Sprintf("socket directory %q: %v", s.SocketDir, err), 2)
 	}
 	s.SocketDir = dir
+	// The longer of the owner's two sockets must fit sun_path: the owner would find it
+	// only when it listens, after the master has started.
+	if p := wire.RPCSocketPath(filepath.Join(dir, wire.SocketName)); shm.CheckSocketPath(p) != nil {
+		return s, refuse("%s %s: socket path %q is %d bytes, a Unix socket path holds at most %d: choose a shorter directory",
+			t.name(c, "dir", &fo), dir, p, len(p), shm.MaxSocketPath)
+	}
 	if err := ownerEtcdSettings(c, fo, &s); err != nil {
 		return s, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // runSettings runs a cli app with the real command flags and captures the merged
@@ -287,6 +288,12 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--dram 1 GiB with the landing reserve of 8 EiB (9223372036854775807 B) exceeds this machine's memory"},
 		{name: "dram and landing reserve whose sum wraps", command: "up", args: []string{"--dram", "4611686018427387904", "--landing-reserve", "4611686018427387904"},
 			wantErr: "--dram 4 EiB with the landing reserve of 4 EiB exceeds this machine's memory"},
+		// DIR/fluxkv.sock.rpc must fit sun_path (107 bytes): found only when the owner
+		// listened, after the master had started (exit 1, so systemd restarted it).
+		{name: "socket dir too long for the rpc socket", command: "owner", args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/" + strings.Repeat("x", 87)},
+			wantErr: "--dir /tmp/" + strings.Repeat("x", 87) + `: socket path "/tmp/` + strings.Repeat("x", 87) + `/fluxkv.sock.rpc" is 108 bytes, a Unix socket path holds at most 107`},
+		{name: "socket dir too long in the file", command: "up", yaml: "fluxkv_spec:\n  socket_dir: /tmp/" + strings.Repeat("y", 100) + "\n",
+			wantErr: "fluxkv_spec.socket_dir (--dir) /tmp/" + strings.Repeat("y", 100) + ": socket path"},
 		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
@@ -537,6 +544,12 @@ func TestSettingsEdges(t *testing.T) {
 		{"max connections flag wins", "fluxkv_spec:\n  max_connections: 64\n", []string{"--max-connections", "0"}, func(o config.Owner) string {
 			if o.MaxConnections != 0 {
 				return fmt.Sprintf("MaxConnections %d, want 0 (derived)", o.MaxConnections)
+			}
+			return ""
+		}},
+		{"the longest socket dir whose rpc socket fits", "", []string{"--dir", "/tmp/" + strings.Repeat("x", 86)}, func(o config.Owner) string {
+			if p := wire.RPCSocketPath(filepath.Join(o.SocketDir, wire.SocketName)); len(p) != 107 {
+				return fmt.Sprintf("rpc socket %q is %d bytes, want 107", p, len(p))
 			}
 			return ""
 		}},
