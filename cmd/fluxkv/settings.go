@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -309,11 +310,37 @@ func checkSSDSpace(oc config.Owner) error {
 	if !oc.SSDEnabled() {
 		return nil
 	}
+	for i, p := range oc.LargeFilePaths {
+		if err := ssdPathIsDir(p); err != nil {
+			return refuse("ssd: large_file_paths[%d] %s: %v (--ssd-path names SSD cache directories)", i, p, err)
+		}
+	}
 	// The options the owner will open the tier with.
 	if err := ssd.CheckSpace(*ownerOptions(oc, "", nil, nil).SSD); errors.Is(err, ssd.ErrLimit) {
 		return refuse("%v", err)
 	}
 	return nil // any other error is the start's to report
+}
+
+// ssdPathIsDir refuses an SSD path that is not a directory, or whose nearest existing
+// ancestor is not one (the owner creates the rest); what it cannot stat is left to the
+// start to report.
+func ssdPathIsDir(path string) error {
+	p := filepath.Clean(path)
+	for {
+		fi, err := os.Stat(p)
+		switch {
+		case err == nil && fi.IsDir():
+			return nil
+		case err == nil && p == filepath.Clean(path):
+			return errors.New("not a directory")
+		case err == nil:
+			return fmt.Errorf("%s is not a directory", p)
+		case !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR), p == filepath.Dir(p):
+			return nil
+		}
+		p = filepath.Dir(p)
+	}
 }
 
 // checkDRAM refuses a segment larger than the machine's memory: the memfd would be

@@ -987,3 +987,32 @@ func checkFields[S any](t *testing.T, has []func(*S) bool, fileOnly []string) {
 		}
 	}
 }
+
+// An SSD path that is a file, or lies under one, is refused before anything starts
+// (the SSD tier found it only when it opened, after the master had started: exit 1).
+func TestSettingsSSDPathNotADirectory(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "afile")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ path, wantErr string }{
+		{file, "ssd: large_file_paths[1] " + file + ": not a directory"},
+		{filepath.Join(file, "sub", "ssd"), "ssd: large_file_paths[1] " + file + "/sub/ssd: " + file + " is not a directory"},
+		{filepath.Join(dir, "new", "ssd"), ""}, // created at start
+	} {
+		oc, _, err := runSettings(t, "owner", "", "--master", "127.0.0.1:1", "--dir", "/tmp/x",
+			"--ssd-path", dir+","+tt.path, "--ssd-limit", "1MiB,1MiB")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkSSDSpace(oc)
+		if tt.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tt.path, err)
+			}
+			continue
+		}
+		wantRefusal(t, err, tt.wantErr)
+	}
+}
