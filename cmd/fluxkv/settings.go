@@ -217,6 +217,9 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 		return s, cli.Exit(fmt.Sprintf("socket directory %q: %v", s.SocketDir, err), 2)
 	}
 	s.SocketDir = dir
+	if err := dirOrCreatable(dir); err != nil {
+		return s, refuse("%s %s: %v", t.name(c, "dir", &fo), dir, err)
+	}
 	// The longer of the owner's two sockets must fit sun_path: the owner would find it
 	// only when it listens, after the master has started.
 	if p := wire.RPCSocketPath(filepath.Join(dir, wire.SocketName)); shm.CheckSocketPath(p) != nil {
@@ -311,7 +314,7 @@ func checkSSDSpace(oc config.Owner) error {
 		return nil
 	}
 	for i, p := range oc.LargeFilePaths {
-		if err := ssdPathIsDir(p); err != nil {
+		if err := dirOrCreatable(p); err != nil {
 			return refuse("ssd: large_file_paths[%d] %s: %v (--ssd-path names SSD cache directories)", i, p, err)
 		}
 	}
@@ -322,10 +325,10 @@ func checkSSDSpace(oc config.Owner) error {
 	return nil // any other error is the start's to report
 }
 
-// ssdPathIsDir refuses an SSD path that is not a directory, or whose nearest existing
-// ancestor is not one (the owner creates the rest); what it cannot stat is left to the
-// start to report.
-func ssdPathIsDir(path string) error {
+// dirOrCreatable refuses a directory path (sockets, SSD) that is something else, or
+// whose nearest existing ancestor is not a directory (the owner creates the rest);
+// what it cannot stat is left to the start to report.
+func dirOrCreatable(path string) error {
 	p := filepath.Clean(path)
 	for {
 		fi, err := os.Stat(p)

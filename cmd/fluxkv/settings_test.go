@@ -294,6 +294,12 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--dir /tmp/" + strings.Repeat("x", 87) + `: socket path "/tmp/` + strings.Repeat("x", 87) + `/fluxkv.sock.rpc" is 108 bytes, a Unix socket path holds at most 107`},
 		{name: "socket dir too long in the file", command: "up", yaml: "fluxkv_spec:\n  socket_dir: /tmp/" + strings.Repeat("y", 100) + "\n",
 			wantErr: "fluxkv_spec.socket_dir (--dir) /tmp/" + strings.Repeat("y", 100) + ": socket path"},
+		// A socket directory that cannot be one: up told to give --cluster-secret-file,
+		// the owner failed with exit 1 (which the units retry for ever).
+		{name: "socket dir is a file", command: "up", args: []string{"--dir", "/dev/null"},
+			wantErr: "--dir /dev/null: not a directory"},
+		{name: "socket dir under a file", command: "owner", yaml: "fluxkv_spec:\n  socket_dir: /dev/null/fk\n", args: []string{"--master", "127.0.0.1:1"},
+			wantErr: "fluxkv_spec.socket_dir (--dir) /dev/null/fk: /dev/null is not a directory"},
 		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
