@@ -73,13 +73,24 @@ func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 			o.TransferReserve = &n
 			return nil
 		},
-		"etcd_cacert":     stringField(k("etcd_cacert"), &o.EtcdCACert, nil),
-		"etcd_cert":       stringField(k("etcd_cert"), &o.EtcdCert, nil),
-		"etcd_key":        stringField(k("etcd_key"), &o.EtcdKey, nil),
-		"put_area":        sizeField(k("put_area"), &o.PutArea),
-		"landing_reserve": sizeField(k("landing_reserve"), &o.LandingReserve),
-		"put_area_total":  sizeField(k("put_area_total"), &o.PutAreaTotal),
-		"frame_memory":    sizeField(k("frame_memory"), &o.FrameMemory),
+		"etcd_cacert": stringField(k("etcd_cacert"), &o.EtcdCACert, nil),
+		"etcd_cert":   stringField(k("etcd_cert"), &o.EtcdCert, nil),
+		"etcd_key":    stringField(k("etcd_key"), &o.EtcdKey, nil),
+		"put_area":    sizeField(k("put_area"), &o.PutArea),
+		"landing_reserve": func(v *yaml.Node) error {
+			// 0 is none, as --landing-reserve 0 (its default).
+			if isNull(v) {
+				return nil
+			}
+			n, err := sizeValue(v)
+			if err != nil {
+				return keyErr(v, k("landing_reserve"), "%w (0 = none)", err)
+			}
+			o.LandingReserve = n
+			return nil
+		},
+		"put_area_total": sizeField(k("put_area_total"), &o.PutAreaTotal),
+		"frame_memory":   sizeField(k("frame_memory"), &o.FrameMemory),
 		"max_connections": func(v *yaml.Node) error {
 			if isNull(v) {
 				return nil

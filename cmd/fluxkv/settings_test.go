@@ -559,6 +559,13 @@ func TestSettingsEdges(t *testing.T) {
 			}
 			return ""
 		}},
+		// As --landing-reserve 0 (its default): none.
+		{"landing reserve 0 in the file", "fluxkv_spec:\n  landing_reserve: 0\n", nil, func(o config.Owner) string {
+			if o.LandingReserve != 0 {
+				return fmt.Sprintf("LandingReserve %d, want 0 (none)", o.LandingReserve)
+			}
+			return ""
+		}},
 		{"dram not a page multiple is kept as asked", "", []string{"--dram", "4097"}, func(o config.Owner) string {
 			if o.DRAM != 4097 || segmentSize(o.DRAM) != 8192 {
 				return fmt.Sprintf("DRAM %d segment %d, want 4097 and 8192", o.DRAM, segmentSize(o.DRAM))
