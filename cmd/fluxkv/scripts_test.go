@@ -176,3 +176,33 @@ func TestInstallScript(t *testing.T) {
 		t.Errorf("a staged install did not say how to make the cluster secret:\n%s", out)
 	}
 }
+
+// The README's first commands (make run, make test) build with the go tool: before
+// them it names the Go release go.mod requires, which a fresh Debian does not have
+// (its golang-go is older), so they do not end in "go: command not found" unexplained.
+func TestReadmeNamesGoRelease(t *testing.T) {
+	mod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var release string
+	for _, l := range strings.Split(string(mod), "\n") {
+		if v, ok := strings.CutPrefix(l, "go "); ok {
+			parts := strings.SplitN(strings.TrimSpace(v), ".", 3)
+			if len(parts) >= 2 {
+				release = parts[0] + "." + parts[1]
+			}
+		}
+	}
+	if release == "" {
+		t.Fatal("go.mod has no go directive")
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _, _ := strings.Cut(string(readme), "\n## ")
+	if !strings.Contains(head, "Go "+release) {
+		t.Errorf("README.md before its first section does not name Go %s (go.mod: go %s...): make run and make test need it", release, release)
+	}
+}
