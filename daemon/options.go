@@ -261,10 +261,10 @@ func (o *Options) setDefaults() {
 	if o.PutArea == 0 {
 		o.PutArea = defaultPutArea
 	}
+	// At most the segment, before rounding: a size near the int64 limit would wrap.
+	// DRAM is a page multiple, so the rounded area stays within it.
+	o.PutArea = min(o.PutArea, o.DRAM)
 	o.PutArea = (o.PutArea + pageSize - 1) / pageSize * pageSize
-	if o.PutArea > o.DRAM {
-		o.PutArea = o.DRAM
-	}
 	if o.PutAreaTotal == 0 {
 		o.PutAreaTotal = defaultPutAreaTotal
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/fluxkv/fluxkv/config"
+	"github.com/fluxkv/fluxkv/daemon"
 	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
@@ -563,6 +564,14 @@ func TestSettingsEdges(t *testing.T) {
 		{"landing reserve 0 in the file", "fluxkv_spec:\n  landing_reserve: 0\n", nil, func(o config.Owner) string {
 			if o.LandingReserve != 0 {
 				return fmt.Sprintf("LandingReserve %d, want 0 (none)", o.LandingReserve)
+			}
+			return ""
+		}},
+		// "At most the segment": a put area at the int64 limit is the segment, where
+		// rounding it up to the page wrapped it negative and the owner refused to start.
+		{"put area beyond the segment", "", []string{"--client-isolation", "--put-area", "9223372036854775807"}, func(o config.Owner) string {
+			if _, err := daemon.New(ownerOptions(o, "127.0.0.1:1", nil, nil)); err != nil {
+				return err.Error()
 			}
 			return ""
 		}},
