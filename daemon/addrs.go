@@ -51,6 +51,13 @@ func isLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// CheckListenReachable is checkReachable before the listener is bound: flag (named
+// as the refusal should name it) listens on listen, and the owner registers with the
+// master at masterAddr. fluxkv refuses such settings at start.
+func CheckListenReachable(flag, listen, masterAddr string) error {
+	return checkReachable(flag, listen, "", masterAddr)
+}
+
 // checkReachable refuses a listener other hosts could not reach: an owner whose master
 // is not on loopback is part of a cluster, so its peer and data listeners must not be
 // bound to loopback, nor advertised as it.

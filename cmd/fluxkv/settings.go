@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/fluxkv/fluxkv/config"
+	"github.com/fluxkv/fluxkv/daemon"
 	"github.com/fluxkv/fluxkv/master/ha"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/shm"
@@ -237,6 +238,11 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	if err := listenClash(ownerListeners(c, &fo, &s, !isUp(c))...); err != nil {
 		return s, err
 	}
+	if !isUp(c) { // up's master is its own: upListenClash
+		if err := loopbackListeners(c, &fo, &s, s.Master); err != nil {
+			return s, err
+		}
+	}
 	if s.InstanceKey == "" {
 		// The SSD cache root of an owner is named after the owner unless told otherwise.
 		s.InstanceKey = s.NodeID
@@ -455,6 +461,29 @@ func ownerListeners(c *cli.Context, fo, s *config.Owner, metrics bool) []listene
 	return ls
 }
 
+// loopbackListeners refuses a loopback peer or data listener when the owner's master
+// (a host:port; not etcd://...) is not on loopback, as the owner would once it had bound
+// them (daemon.CheckListenReachable): other owners could not reach it.
+func loopbackListeners(c *cli.Context, fo, s *config.Owner, master string) error {
+	if master == "" || ha.IsURL(master) {
+		return nil
+	}
+	peer := s.PeerListen
+	if peer == "" {
+		peer = "127.0.0.1:0" // the daemon's default
+	}
+	t := ownerTable()
+	if err := daemon.CheckListenReachable(t.name(c, "peer-listen", fo), peer, master); err != nil {
+		return refuse("%v", err)
+	}
+	if s.DataListen != "" { // else the peer listener's host
+		if err := daemon.CheckListenReachable(t.name(c, "data-listen", fo), s.DataListen, master); err != nil {
+			return refuse("%v", err)
+		}
+	}
+	return nil
+}
+
 // upListenClash checks the listeners of `fluxkv up` together: the embedded master's,
 // the owner's, and the one /metrics server (fluxkv_spec's address, else master's).
 func upListenClash(c *cli.Context, f *config.File, mc config.Master, oc config.Owner) error {
@@ -472,5 +501,8 @@ func upListenClash(c *cli.Context, f *config.File, mc config.Master, oc config.O
 	} else {
 		ls = append(ls, listener{masterTable().name(c, "metrics-addr", &fm), mc.MetricsAddr})
 	}
-	return listenClash(ls...)
+	if err := listenClash(ls...); err != nil {
+		return err
+	}
+	return loopbackListeners(c, &fo, &oc, mc.Listen)
 }

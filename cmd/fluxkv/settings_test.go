@@ -86,7 +86,7 @@ fluxkv_spec:
   socket_dir: /run/fk-file
   master: 10.0.0.1:7700
   node_id: file-node
-  peer_listen: 127.0.0.1:7701
+  peer_listen: 10.0.0.5:7701
   metrics_addr: 127.0.0.1:9701
   cluster_name: file-cluster
   large_file_paths: [/data/a, /data/b]
@@ -111,7 +111,7 @@ master:
 		{
 			name: "owner: file only", command: "owner", yaml: ownerYAML,
 			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/run/fk-file", Master: "10.0.0.1:7700", NodeID: "file-node",
-				PeerListen: "127.0.0.1:7701", MetricsAddr: "127.0.0.1:9701", ClusterName: "file-cluster", InstanceKey: "file-node",
+				PeerListen: "10.0.0.5:7701", MetricsAddr: "127.0.0.1:9701", ClusterName: "file-cluster", InstanceKey: "file-node",
 				LargeFilePaths: []string{"/data/a", "/data/b"}, LargeLimitSize: []int64{4 << 30, 8 << 30}},
 		},
 		{
@@ -301,6 +301,19 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--dir /dev/null: not a directory"},
 		{name: "socket dir under a file", command: "owner", yaml: "fluxkv_spec:\n  socket_dir: /dev/null/fk\n", args: []string{"--master", "127.0.0.1:1"},
 			wantErr: "fluxkv_spec.socket_dir (--dir) /dev/null/fk: /dev/null is not a directory"},
+		// A loopback peer or data listener with a master other hosts reach: the owner
+		// refused it only once it had bound its listeners, exit 1 (retried for ever by
+		// the units).
+		{name: "loopback peer listener, remote master", command: "owner", args: []string{"--master", "10.0.0.1:7700", "--dir", "/tmp/x"},
+			wantErr: "--peer-listen 127.0.0.1:0 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
+		{name: "loopback data listener, remote master", command: "owner",
+			args:    []string{"--master", "10.0.0.1:7700", "--dir", "/tmp/x", "--peer-listen", "0.0.0.0:7701", "--data-listen", "127.0.0.1:7702"},
+			wantErr: "--data-listen 127.0.0.1:7702 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
+		{name: "loopback peer listener from the file, remote master", command: "owner",
+			yaml:    "fluxkv_spec:\n  master: 10.0.0.1:7700\n  peer_listen: localhost:7701\n",
+			wantErr: "fluxkv_spec.peer_listen (--peer-listen) localhost:7701 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
+		{name: "up: loopback peer listener, wildcard master", command: "up", args: []string{"--listen", "0.0.0.0:7700"},
+			wantErr: "--peer-listen 127.0.0.1:0 is a loopback address but the master 0.0.0.0:7700 is not on loopback"},
 		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
@@ -781,7 +794,8 @@ func TestSettingsUpHasNoHA(t *testing.T) {
 // the leader on etcd: daemon.Options.MasterEtcd, with the prefix defaulting to
 // /fluxkv/<cluster name>/ and TLS from --etcd-cacert/--etcd-cert/--etcd-key.
 func TestSettingsOwnerEtcdMaster(t *testing.T) {
-	base := []string{"--dir", "/tmp/x"}
+	// A listener the remote masters' owners reach (loopback is refused with them).
+	base := []string{"--dir", "/tmp/x", "--peer-listen", "0.0.0.0:0"}
 	for _, tt := range []struct {
 		name, yaml string
 		args       []string
