@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -49,4 +52,50 @@ func openFileLimit() (uint64, error) {
 		return 0, fmt.Errorf("getrlimit RLIMIT_NOFILE: %w", err)
 	}
 	return rl.Cur, nil
+}
+
+// cgroupFiles are where this process's memory cgroup is read: the list of its cgroups
+// and the cgroup file system (a test points them at a fake tree).
+var cgroupFiles = struct{ proc, root string }{"/proc/self/cgroup", "/sys/fs/cgroup"}
+
+// cgroupMemoryLimit is the smallest memory limit of this process's memory cgroup and
+// its ancestors: cgroup v2's memory.max, or v1's memory.limit_in_bytes in the memory
+// hierarchy, with the file that sets it (its path in the hierarchy); 0 when none is set
+// or none can be read (a container sees its own cgroup as the root).
+func cgroupMemoryLimit() (int64, string) {
+	data, err := os.ReadFile(cgroupFiles.proc)
+	if err != nil {
+		return 0, ""
+	}
+	var limit int64
+	var where string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
+			continue
+		}
+		var dir, file string
+		switch {
+		case parts[0] == "0" && parts[1] == "": // v2
+			dir, file = cgroupFiles.root, "memory.max"
+		case slices.Contains(strings.Split(parts[1], ","), "memory"): // v1
+			dir, file = filepath.Join(cgroupFiles.root, "memory"), "memory.limit_in_bytes"
+		default:
+			continue
+		}
+		for p := path.Clean(parts[2]); ; p = path.Dir(p) {
+			b, err := os.ReadFile(filepath.Join(dir, p, file))
+			if err == nil {
+				// "max" (v2) is none; v1's none is a huge number, never below a segment.
+				n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				if err == nil && n > 0 && (limit == 0 || n < limit) {
+					limit, where = n, path.Join(p, file)
+				}
+			}
+			if p == "/" {
+				break
+			}
+		}
+	}
+	return limit, where
 }

@@ -352,23 +352,28 @@ func dirOrCreatable(path string) error {
 	}
 }
 
-// checkDRAM refuses a segment larger than the machine's memory: the memfd would be
-// created, and the node would fail (or swap, or be OOM-killed) only once it fills.
-// name names the setting.
+// checkDRAM refuses a segment larger than the machine's memory or this process's memory
+// cgroup limit: the memfd would be created, and the node would fail (or swap, or be
+// OOM-killed) at its prefault or once it fills. name names the setting.
 func checkDRAM(name string, dram, landing int64) error {
+	with := ""
+	if landing > 0 {
+		with = " with the landing reserve of " + humanSize(landing)
+	}
 	total, err := memTotal()
 	if err != nil {
 		logger.Warn().Err(err).Msg("cannot check --dram against the machine's memory")
-		return nil
-	}
-	// Each size alone first: one near the int64 limit would wrap negative when rounded
-	// up to the page or added to the other, and pass.
-	if dram > total || landing > total || segmentSize(dram)+segmentSize(landing) > total {
-		with := ""
-		if landing > 0 {
-			with = " with the landing reserve of " + humanSize(landing)
-		}
+	} else if dram > total || landing > total || segmentSize(dram)+segmentSize(landing) > total {
+		// Each size alone first: one near the int64 limit would wrap negative when
+		// rounded up to the page or added to the other, and pass.
 		return refuse("%s %s%s exceeds this machine's memory (%s, MemTotal)", name, humanSize(dram), with, approxSize(total))
+	}
+	// A container's or unit's memory limit: the owner faulting the segment in (or its
+	// clients filling it) would be OOM-killed, with no message.
+	if limit, file := cgroupMemoryLimit(); limit > 0 && segmentSize(dram)+segmentSize(landing) > limit {
+		return refuse("%s %s%s exceeds this process's memory cgroup limit (%s, %s): the segment is charged to it; raise the limit "+
+			"(the container's, or MemoryMax= of the unit) above the segment and the owner's own memory, or lower the size",
+			name, humanSize(dram), with, approxSize(limit), file)
 	}
 	return nil
 }

@@ -1052,3 +1052,57 @@ func TestSettingsSSDPathNotADirectory(t *testing.T) {
 		wantRefusal(t, err, tt.wantErr)
 	}
 }
+
+// A segment beyond the memory cgroup's limit (a container's, a unit's MemoryMax=) is
+// refused at start: the owner faulting it in would be OOM-killed with no message
+// (docs/kubernetes.md sizes the limit by hand: it used to be checked against MemTotal only).
+func TestSettingsDRAMAboveCgroupLimit(t *testing.T) {
+	write := func(path, data string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v2, v1, none := t.TempDir(), t.TempDir(), t.TempDir()
+	// v2: the pod's limit, under a container cgroup without one.
+	write(filepath.Join(v2, "proc"), "0::/kubepods/pod1/c1\n")
+	write(filepath.Join(v2, "kubepods", "memory.max"), "max\n")
+	write(filepath.Join(v2, "kubepods", "pod1", "memory.max"), "67108864\n")
+	write(filepath.Join(v2, "kubepods", "pod1", "c1", "memory.max"), "max\n")
+	// v1: the memory hierarchy's file; its "unlimited" is a page below 2^63.
+	write(filepath.Join(v1, "proc"), "4:memory:/system.slice/fluxkv-owner.service\n1:cpu,cpuacct:/\n0::/\n")
+	write(filepath.Join(v1, "memory", "memory.limit_in_bytes"), "9223372036854771712\n")
+	write(filepath.Join(v1, "memory", "system.slice", "fluxkv-owner.service", "memory.limit_in_bytes"), "33554432\n")
+	write(filepath.Join(none, "proc"), "0::/\n")
+	write(filepath.Join(none, "memory.max"), "max\n")
+	saved := cgroupFiles
+	t.Cleanup(func() { cgroupFiles = saved })
+	for _, tt := range []struct {
+		name, root string
+		args       []string
+		wantErr    string
+	}{
+		{"v2 pod limit", v2, []string{"--dram", "128MiB"}, "--dram 128 MiB exceeds this process's memory cgroup limit (64 MiB, /kubepods/pod1/memory.max)"},
+		{"v2 with the landing reserve", v2, []string{"--dram", "32MiB", "--landing-reserve", "48MiB"},
+			"--dram 32 MiB with the landing reserve of 48 MiB exceeds this process's memory cgroup limit (64 MiB"},
+		{"v2 within", v2, []string{"--dram", "32MiB"}, ""},
+		{"v1 unit limit", v1, []string{"--dram", "64MiB"}, "--dram 64 MiB exceeds this process's memory cgroup limit (32 MiB, /system.slice/fluxkv-owner.service/memory.limit_in_bytes)"},
+		{"v1 within", v1, []string{"--dram", "16MiB"}, ""},
+		{"no limit", none, []string{"--dram", "128MiB"}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cgroupFiles.proc, cgroupFiles.root = filepath.Join(tt.root, "proc"), tt.root
+			_, _, err := runSettings(t, "up", "", tt.args...)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantRefusal(t, err, tt.wantErr)
+		})
+	}
+}

@@ -24,7 +24,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			Usage: "directory for the sockets (DIR/fluxkv.sock); its group decides who may attach"},
 			key: "socket_dir", kind: text(func(s *config.Owner) *string { return &s.SocketDir }, nil), // made absolute by ownerSettings
 			set: func(o *daemon.Options, s *config.Owner) { o.Dir = s.SocketDir }},
-		{flag: &cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes; rounded up to the 4 KiB page, at most the machine's memory"},
+		{flag: &cli.StringFlag{Name: "dram", Value: "1GiB", Usage: "DRAM segment size: 512MiB, 1.5GiB, 4GB (binary units) or bytes; rounded up to the 4 KiB page, at most the machine's memory and its memory cgroup's limit"},
 			key: "dram", kind: size(func(s *config.Owner) *int64 { return &s.DRAM }, 1), // checkDRAM: at most the machine's memory
 			set: func(o *daemon.Options, s *config.Owner) { o.DRAM = s.DRAM }},
 		{flag: &cli.StringFlag{Name: "node-id", DefaultText: "host name", Usage: "this owner's id in the cluster"},
