@@ -124,7 +124,7 @@ func upCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "up",
 		Usage: "run a single-node cache: an embedded master and an owner in one process (the owner calls the master in-process)",
-		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag(), masterKeyFlag(), masterPubKeyFlag()}, ownerFlags()...), masterFlags("127.0.0.1:0")...), clusterFlags()...),
+		Flags: append(append(append([]cli.Flag{configFlag(), metricsAddrFlag(), masterKeyFlag(), masterPubKeyFlag()}, upOwnerFlags()...), masterFlags("127.0.0.1:0")...), clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext()
 			defer cancel()

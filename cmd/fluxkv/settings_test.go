@@ -1106,3 +1106,21 @@ func TestSettingsDRAMAboveCgroupLimit(t *testing.T) {
 		})
 	}
 }
+
+// `fluxkv up --help` gives up's own default of --transfer-reserve: none (one owner places
+// every put on itself), not the owner's min(dram/8, 256MiB).
+func TestUpHelpTransferReserveDefault(t *testing.T) {
+	for _, tt := range []struct {
+		cmd  *cli.Command
+		want string
+	}{{upCommand(), "0 (none: one owner holds every put)"}, {ownerCommand(), "min(dram/8, 256MiB)"}} {
+		for _, f := range tt.cmd.Flags {
+			if f.Names()[0] != "transfer-reserve" {
+				continue
+			}
+			if got := f.(*cli.StringFlag).DefaultText; got != tt.want {
+				t.Errorf("fluxkv %s: --transfer-reserve default %q, want %q", tt.cmd.Name, got, tt.want)
+			}
+		}
+	}
+}

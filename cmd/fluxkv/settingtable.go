@@ -214,6 +214,14 @@ func haTable() *table[config.Master, master.HAOptions] {
 
 func ownerFlags() []cli.Flag { return ownerTable().flags() }
 
+// upOwnerFlags are the owner's flags as `fluxkv up` takes them: its one owner has no
+// transfer area unless told (upCommand).
+func upOwnerFlags() []cli.Flag {
+	t := ownerTable()
+	t.row("transfer-reserve").flag.(*cli.StringFlag).DefaultText = "0 (none: one owner holds every put)"
+	return t.flags()
+}
+
 // ownerMasterFlag is `fluxkv owner`'s --master.
 func ownerMasterFlag() cli.Flag { return ownerMasterTable().flags()[0] }
 
