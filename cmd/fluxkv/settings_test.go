@@ -314,6 +314,10 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "fluxkv_spec.peer_listen (--peer-listen) localhost:7701 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
 		{name: "up: loopback peer listener, wildcard master", command: "up", args: []string{"--listen", "0.0.0.0:7700"},
 			wantErr: "--peer-listen 127.0.0.1:0 is a loopback address but the master 0.0.0.0:7700 is not on loopback"},
+		// It names the SSD cache root: with SSD on the owner failed after the master
+		// had started ("ssd options: cluster name is required", exit 1).
+		{name: "empty cluster name", command: "up", args: []string{"--cluster-name", "", "--ssd-path", "/d", "--ssd-limit", "1MiB"},
+			wantErr: "--cluster-name: empty: it names the SSD cache root and the etcd prefix"},
 		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},

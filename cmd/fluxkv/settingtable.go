@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -91,7 +92,12 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			set: func(o *daemon.Options, s *config.Owner) { o.AdvertiseHost = s.AdvertiseHost }},
 		// The SSD tier's options (ownerOptions), and the etcd prefix's default.
 		{flag: &cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the SSD cache root <path>/<cluster>_cluster_kv_ssd_storage"},
-			key: "cluster_name", kind: text(func(s *config.Owner) *string { return &s.ClusterName }, nil)},
+			key: "cluster_name", kind: text(func(s *config.Owner) *string { return &s.ClusterName }, func(v string) error {
+				if v == "" { // --cluster-name "": the file refuses an empty value itself
+					return errors.New("empty: it names the SSD cache root and the etcd prefix")
+				}
+				return nil
+			})},
 		{flag: &cli.StringFlag{Name: "instance-key", DefaultText: "the node id", Usage: "names this owner's SSD cache root under each path"},
 			key: "instance_key", kind: text(func(s *config.Owner) *string { return &s.InstanceKey }, nil)}, // its default: ownerSettings
 		{flag: &cli.StringSliceFlag{Name: "large-file-paths", Aliases: []string{"ssd-path"}, Usage: "SSD cache directories, comma-separated or repeated"},
