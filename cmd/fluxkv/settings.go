@@ -213,6 +213,9 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	if err := ownerSSDFlags(c, &s); err != nil {
 		return s, err
 	}
+	if s.SocketDir == "" { // --dir "" (the file refuses an empty value itself), not the working directory
+		return s, refuse("--dir: empty (leave it out for the default %s)", wire.DefaultDir())
+	}
 	dir, err := filepath.Abs(s.SocketDir)
 	if err != nil {
 		return s, cli.Exit(fmt.Sprintf("socket directory %q: %v", s.SocketDir, err), 2)

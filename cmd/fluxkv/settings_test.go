@@ -318,6 +318,9 @@ func TestSettingsRefusals(t *testing.T) {
 		// had started ("ssd options: cluster name is required", exit 1).
 		{name: "empty cluster name", command: "up", args: []string{"--cluster-name", "", "--ssd-path", "/d", "--ssd-limit", "1MiB"},
 			wantErr: "--cluster-name: empty: it names the SSD cache root and the etcd prefix"},
+		// Not the working directory, which --dir "" silently was (the file refuses it).
+		{name: "empty socket dir", command: "owner", args: []string{"--master", "127.0.0.1:1", "--dir", ""},
+			wantErr: `--dir: empty (leave it out for the default`},
 		{name: "negative cache grace", command: "up", args: []string{"--cache-grace", "-1s"},
 			wantErr: "--cache-grace: -1s must be ≥ 0 (0 or off disables the grace"},
 		{name: "cache grace without unit", command: "up", args: []string{"--cache-grace", "20"},
