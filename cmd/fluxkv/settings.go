@@ -489,6 +489,12 @@ func loopbackListeners(c *cli.Context, fo, s *config.Owner, master string) error
 			return refuse("%v", err)
 		}
 	}
+	// The host both are registered at (the owner said "set --advertise-host" of one
+	// that was set).
+	if h := s.AdvertiseHost; h != "" && daemon.CheckListenReachable("", net.JoinHostPort(h, "0"), master) != nil {
+		return refuse("%s %s is a loopback address but the master %s is not on loopback: other owners could not reach this owner; advertise a host they reach",
+			t.name(c, "advertise-host", fo), h, master)
+	}
 	return nil
 }
 

@@ -312,6 +312,9 @@ func TestSettingsRefusals(t *testing.T) {
 		{name: "loopback peer listener from the file, remote master", command: "owner",
 			yaml:    "fluxkv_spec:\n  master: 10.0.0.1:7700\n  peer_listen: localhost:7701\n",
 			wantErr: "fluxkv_spec.peer_listen (--peer-listen) localhost:7701 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
+		{name: "loopback advertised host, remote master", command: "owner",
+			args:    []string{"--master", "10.0.0.1:7700", "--dir", "/tmp/x", "--peer-listen", "0.0.0.0:7701", "--advertise-host", "127.0.0.1"},
+			wantErr: "--advertise-host 127.0.0.1 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
 		{name: "up: loopback peer listener, wildcard master", command: "up", args: []string{"--listen", "0.0.0.0:7700"},
 			wantErr: "--peer-listen 127.0.0.1:0 is a loopback address but the master 0.0.0.0:7700 is not on loopback"},
 		// It names the SSD cache root: with SSD on the owner failed after the master
