@@ -70,6 +70,7 @@ func putCommand() *cli.Command {
 		[]cli.Flag{&cli.BoolFlag{Name: "nx", Usage: "fail if the key already exists"}},
 		func(c *cli.Context, cl *fluxkv.Client, a []string) error {
 			opts := fluxkv.PutOptions{RejectIfExists: c.Bool("nx")}
+			var in io.Reader = os.Stdin
 			if len(a) == 2 && a[1] != "-" {
 				f, err := os.Open(a[1])
 				if err != nil {
@@ -80,17 +81,22 @@ func putCommand() *cli.Command {
 				if err != nil {
 					return cli.Exit(err.Error(), 2)
 				}
-				// Read the file straight into the shared segment: no intermediate buffer.
-				err = cl.PutWith(a[0], fi.Size(), opts, func(dst []byte) error {
-					_, err := io.ReadFull(f, dst)
-					return err
-				})
-				if err != nil {
-					return failure(err)
+				if fi.Mode().IsRegular() {
+					// Read the file straight into the shared segment: no intermediate buffer.
+					err = cl.PutWith(a[0], fi.Size(), opts, func(dst []byte) error {
+						_, err := io.ReadFull(f, dst)
+						return err
+					})
+					if err != nil {
+						return failure(err)
+					}
+					return nil
 				}
-				return nil
+				// A FIFO, a shell's <(command), a device: its size is no length; read it
+				// to its end as standard input.
+				in = f
 			}
-			data, err := io.ReadAll(os.Stdin)
+			data, err := io.ReadAll(in)
 			if err != nil {
 				return cli.Exit(err.Error(), 2)
 			}

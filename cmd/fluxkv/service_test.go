@@ -696,3 +696,44 @@ func TestClusterSecretStart(t *testing.T) {
 		m.stop("")
 	})
 }
+
+// `fluxkv put KEY FILE` reads a FILE that is not a regular file (a FIFO, a shell's
+// <(command)) to its end, as it reads standard input: its size is no length (it
+// used to put the 0 bytes stat gives a pipe: "value length 0: must be at least 1 byte").
+func TestPutFromPipe(t *testing.T) {
+	dir := t.TempDir()
+	s := startService(t, "up", "--dir", dir, "--dram", "16MiB", "--prefault=false")
+	socket := filepath.Join(dir, "fluxkv.sock")
+	waitSocket(t, s, socket)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const value = "from a pipe\n"
+	wrote := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(fifo, os.O_WRONLY, 0) // until put opens it
+		if err == nil {
+			_, err = f.WriteString(value)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		wrote <- err
+	}()
+	if out, err := exec.Command(fluxkvBin(t), "put", "--socket", socket, "piped", fifo).CombinedOutput(); err != nil {
+		// Open the FIFO so the writer ends whatever put did.
+		if f, ferr := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0); ferr == nil {
+			f.Close()
+		}
+		t.Fatalf("put from a FIFO: %v\n%s", err, out)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(fluxkvBin(t), "get", "--socket", socket, "piped").Output()
+	if err != nil || string(out) != value {
+		t.Errorf("get: %q, %v; want %q", out, err, value)
+	}
+	s.stop(socket)
+}
