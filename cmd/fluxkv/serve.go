@@ -42,6 +42,11 @@ func masterCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			if len(mc.EtcdEndpoints) > 0 {
+				if err := checkEtcdTLS(haOptions(mc).Etcd.TLS); err != nil {
+					return err
+				}
+			}
 			if err := applyLogSettings(c, mc.LogLevel, mc.LogFormat); err != nil {
 				return err
 			}
@@ -91,6 +96,13 @@ func ownerCommand() *cli.Command {
 			}
 			if err := checkSSDSpace(oc); err != nil {
 				return err
+			}
+			if ha.IsURL(oc.Master) {
+				var tls ha.TLS
+				ownerEtcdTable().apply(&oc, &tls)
+				if err := checkEtcdTLS(tls); err != nil {
+					return err
+				}
 			}
 			if oc.Master == "" {
 				return cli.Exit("owner: the master's address is required: --master HOST:PORT (or etcd://HOST:PORT,... for masters on etcd) or fluxkv_spec.master in --config", 2)

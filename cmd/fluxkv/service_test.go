@@ -737,3 +737,28 @@ func TestPutFromPipe(t *testing.T) {
 	}
 	s.stop(socket)
 }
+
+// TLS files towards etcd that cannot be read are refused at start with exit status 2,
+// as a missing cluster secret is: exit 1 made the units restart the process for ever.
+func TestEtcdTLSFilesRefusedExit2(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing-ca.pem")
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"master", []string{"master", "--insecure-cluster", "--listen", freePort(t), "--etcd-endpoints", "127.0.0.1:1", "--etcd-cacert", missing}},
+		{"owner", []string{"owner", "--insecure-cluster", "--dir", filepath.Join(dir, "run"), "--dram", "16MiB",
+			"--master", "etcd://127.0.0.1:1", "--etcd-cacert", missing}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startService(t, tt.args...)
+			if code := s.wait(startBudget); code != 2 {
+				t.Errorf("exit status %d, want 2:\n%s", code, s.log())
+			}
+			if want := "etcd CA certificate: open " + missing; !strings.Contains(s.log(), want) {
+				t.Errorf("stderr lacks %q:\n%s", want, s.log())
+			}
+		})
+	}
+}

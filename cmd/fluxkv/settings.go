@@ -355,6 +355,16 @@ func dirOrCreatable(path string) error {
 	}
 }
 
+// checkEtcdTLS refuses TLS files towards etcd that cannot be read or hold no
+// certificate or key (the connection to etcd would find it only after the start,
+// with exit status 1); tls is what the flags and the file merged into.
+func checkEtcdTLS(tls ha.TLS) error {
+	if err := tls.Check(); err != nil {
+		return refuse("--etcd-cacert/--etcd-cert/--etcd-key: %v", err)
+	}
+	return nil
+}
+
 // checkDRAM refuses a segment larger than the machine's memory or this process's memory
 // cgroup limit: the memfd would be created, and the node would fail (or swap, or be
 // OOM-killed) at its prefault or once it fills. name names the setting.

@@ -117,6 +117,16 @@ func (c *Config) Client() (*clientv3.Client, error) {
 	return cli, nil
 }
 
+// Check reads the TLS files as Client will, so that a missing or bad one is found
+// before anything starts.
+func (c *TLS) Check() error {
+	if c.CACert == "" && c.Cert == "" {
+		return nil
+	}
+	_, err := c.config()
+	return err
+}
+
 func (c *TLS) config() (*tls.Config, error) {
 	t := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.CACert != "" {
