@@ -139,6 +139,9 @@ func haSettings(c *cli.Context, fm config.Master, s *config.Master) error {
 	if err := t.merge(c, &fm, s); err != nil {
 		return err
 	}
+	if err := t.check(c, &fm, s); err != nil {
+		return err
+	}
 	if len(s.EtcdEndpoints) == 0 {
 		for _, r := range t.rows {
 			if r.key != "etcd_endpoints" && r.key != "cluster_name" && r.kind.has(s) {

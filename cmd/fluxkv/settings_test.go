@@ -735,6 +735,8 @@ master:
 			wantErr: `--etcd-endpoints: invalid etcd endpoint "e2": want host:port`},
 		{name: "empty endpoints flag", args: []string{"--etcd-endpoints", ""},
 			wantErr: "--etcd-endpoints: no endpoint given"},
+		{name: "empty cluster name", args: []string{"--etcd-endpoints", "e:2379", "--listen", "10.0.0.1:7700", "--cluster-name", ""},
+			wantErr: "--cluster-name: empty: it names the etcd prefix"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, mc, err := runSettings(t, "master", tt.yaml, tt.args...)

@@ -92,12 +92,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			set: func(o *daemon.Options, s *config.Owner) { o.AdvertiseHost = s.AdvertiseHost }},
 		// The SSD tier's options (ownerOptions), and the etcd prefix's default.
 		{flag: &cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the SSD cache root <path>/<cluster>_cluster_kv_ssd_storage"},
-			key: "cluster_name", kind: text(func(s *config.Owner) *string { return &s.ClusterName }, func(v string) error {
-				if v == "" { // --cluster-name "": the file refuses an empty value itself
-					return errors.New("empty: it names the SSD cache root and the etcd prefix")
-				}
-				return nil
-			})},
+			key: "cluster_name", kind: text(func(s *config.Owner) *string { return &s.ClusterName }, nonEmpty("it names the SSD cache root and the etcd prefix"))},
 		{flag: &cli.StringFlag{Name: "instance-key", DefaultText: "the node id", Usage: "names this owner's SSD cache root under each path"},
 			key: "instance_key", kind: text(func(s *config.Owner) *string { return &s.InstanceKey }, nil)}, // its default: ownerSettings
 		{flag: &cli.StringSliceFlag{Name: "large-file-paths", Aliases: []string{"ssd-path"}, Usage: "SSD cache directories, comma-separated or repeated"},
@@ -201,7 +196,7 @@ func haTable() *table[config.Master, master.HAOptions] {
 			set: func(o *master.HAOptions, s *config.Master) { o.Etcd.Prefix = s.EtcdPrefix }},
 		// The etcd prefix's default (haSettings, haOptions).
 		{flag: &cli.StringFlag{Name: "cluster-name", Value: "fluxkv", Usage: "cluster name; names the default --etcd-prefix"},
-			key: "cluster_name", kind: text(func(s *config.Master) *string { return &s.ClusterName }, nil)},
+			key: "cluster_name", kind: text(func(s *config.Master) *string { return &s.ClusterName }, nonEmpty("it names the etcd prefix"))},
 		{flag: &cli.StringFlag{Name: "etcd-cacert", Usage: "CA certificate (PEM) that verifies etcd's certificate (TLS towards etcd)"},
 			key: "etcd_cacert", kind: text(func(s *config.Master) *string { return &s.EtcdCACert }, nil),
 			set: func(o *master.HAOptions, s *config.Master) { o.Etcd.TLS.CACert = s.EtcdCACert }},
@@ -216,6 +211,17 @@ func haTable() *table[config.Master, master.HAOptions] {
 			key: "leader_ttl", kind: duration(func(s *config.Master) *time.Duration { return &s.LeaderTTL }).withDefault("2s"),
 			set: func(o *master.HAOptions, s *config.Master) { o.LeaderTTL = s.LeaderTTL }},
 	}}
+}
+
+// nonEmpty refuses a flag given as "" (the file refuses an empty value itself); why
+// says what the value is for.
+func nonEmpty(why string) func(string) error {
+	return func(v string) error {
+		if v == "" {
+			return errors.New("empty: " + why)
+		}
+		return nil
+	}
 }
 
 func ownerFlags() []cli.Flag { return ownerTable().flags() }
