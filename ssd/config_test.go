@@ -45,6 +45,22 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+// Both refusals of a bad size ("-1": not a number, "4XB": not a unit) list every
+// unit ParseSize accepts, so neither leaves one out.
+func TestParseSizeErrorsListEveryUnit(t *testing.T) {
+	for _, in := range []string{"-1", "4XB"} {
+		_, err := ParseSize(in)
+		if err == nil {
+			t.Fatalf("ParseSize(%q) accepted", in)
+		}
+		for _, unit := range []string{"B,", "KiB", "MiB", "GiB", "TiB", "PiB", "KB", "MB", "GB", "TB", "PB"} {
+			if !strings.Contains(err.Error(), unit) {
+				t.Errorf("ParseSize(%q): %q does not list %s", in, err, strings.TrimSuffix(unit, ","))
+			}
+		}
+	}
+}
+
 func TestFormatSize(t *testing.T) {
 	for in, want := range map[int64]string{0: "0B", 511: "511B", 1024: "1KiB", 3 << 29: "1.5GiB", 4<<20 - 128: "4MiB", 1<<20 + 1<<18: "1.25MiB"} {
 		if got := FormatSize(in); got != want {

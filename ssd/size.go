@@ -42,6 +42,9 @@ var sizeUnits = map[string]int64{
 	"pib": 1 << 50,
 }
 
+// unitList is the units of sizeUnits, for ParseSize's refusals.
+const unitList = "B, KiB, MiB, GiB, TiB, PiB; KB/MB/GB/TB/PB are binary too"
+
 // ParseSize parses a byte size: plain bytes ("4096"), or a decimal number followed by
 // a binary unit ("512MiB", "1.5GiB", "4GB" = 4·2^30, "512.9B" = 512). Units are
 // case-insensitive and may be separated from the number by spaces; KB/MB/GB/TB/PB
@@ -59,11 +62,11 @@ func ParseSize(s string) (int64, error) {
 	}
 	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
 	if num == "" || num == "." || strings.Count(num, ".") > 1 {
-		return 0, fmt.Errorf("size %q: want a non-negative number with an optional unit (B, KiB, MiB, GiB, TiB; KB=KiB, MB=MiB, GB=GiB)", s)
+		return 0, fmt.Errorf("size %q: want a non-negative number with an optional unit (%s)", s, unitList)
 	}
 	mult, ok := sizeUnits[unit]
 	if !ok {
-		return 0, fmt.Errorf("size %q: unknown unit %q (use B, KiB, MiB, GiB, TiB, PiB; KB/MB/GB/TB/PB are binary too)", s, t[i:])
+		return 0, fmt.Errorf("size %q: unknown unit %q (use %s)", s, t[i:], unitList)
 	}
 	// Exact decimal arithmetic: "1.1GiB" must not depend on float rounding.
 	r, ok := new(big.Rat).SetString(num)
