@@ -216,6 +216,23 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	if err := ownerSSDFlags(c, &s); err != nil {
 		return s, err
 	}
+	// As --dir: a relative path is the working directory's now, not the one a service
+	// manager starts the owner in (/ under systemd). A new slice: the file's is shared.
+	if s.LargeFilePaths != nil {
+		paths := make([]string, len(s.LargeFilePaths))
+		for i, p := range s.LargeFilePaths {
+			paths[i] = p
+			if p == "" {
+				continue // the SSD tier refuses it
+			}
+			a, err := filepath.Abs(p)
+			if err != nil {
+				return s, cli.Exit(fmt.Sprintf("SSD path %q: %v", p, err), 2)
+			}
+			paths[i] = a
+		}
+		s.LargeFilePaths = paths
+	}
 	if s.SocketDir == "" { // --dir "" (the file refuses an empty value itself), not the working directory
 		return s, refuse("--dir: empty (leave it out for the default %s)", wire.DefaultDir())
 	}

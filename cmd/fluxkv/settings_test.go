@@ -135,6 +135,18 @@ master:
 				ClusterName: "fluxkv", InstanceKey: host, LargeFilePaths: []string{"/d1", "/d2"}, LargeLimitSize: []int64{512, 1536}},
 		},
 		{
+			name: "owner: relative SSD paths made absolute, as --dir", command: "owner", yaml: "fluxkv_spec:\n  large_file_paths: [rel/file]\n  large_limit_size: [1GiB]\n",
+			args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"},
+			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/tmp/x", Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
+				ClusterName: "fluxkv", InstanceKey: host, LargeFilePaths: []string{abs("rel/file")}, LargeLimitSize: []int64{1 << 30}},
+		},
+		{
+			name: "owner: relative SSD path flag made absolute", command: "owner",
+			args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x", "--ssd-path", "rel/ssd,/abs/ssd", "--ssd-limit", "1GiB,2GiB"},
+			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/tmp/x", Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
+				ClusterName: "fluxkv", InstanceKey: host, LargeFilePaths: []string{abs("rel/ssd"), "/abs/ssd"}, LargeLimitSize: []int64{1 << 30, 2 << 30}},
+		},
+		{
 			name: "owner: paths flag against the file's limits", command: "owner", yaml: ownerYAML,
 			args:    []string{"--large-file-paths", "/only/one"},
 			wantErr: "large_limit_size has 2 entries but large_file_paths has 1",
