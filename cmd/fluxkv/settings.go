@@ -441,7 +441,9 @@ type listener struct{ name, addr string }
 // hosts (the same host, or a wildcard on either side): the second would fail to bind
 // only once the components before it had started, with "address already in use" as
 // if another process held the port. Port 0 (a free one) and unset addresses never
-// clash; hosts are compared as written (localhost and 127.0.0.1 are not resolved).
+// clash; two hosts written differently are compared by the address each would bind
+// (localhost is 127.0.0.1; a name is resolved only then, and one that does not resolve
+// is left to the bind).
 func listenClash(ls ...listener) error {
 	type hostPort struct {
 		host string
@@ -472,13 +474,24 @@ func listenClash(ls ...listener) error {
 			if !ok || a.port != b.port {
 				continue
 			}
-			if a.host == b.host || wildcard(a.host) || wildcard(b.host) {
+			if a.host == b.host || wildcard(a.host) || wildcard(b.host) || sameBindIP(ls[i].addr, ls[j].addr) {
 				return refuse("%s %q and %s %q are one port of one host: give each listener its own port (or port 0)",
 					ls[i].name, ls[i].addr, ls[j].name, ls[j].addr)
 			}
 		}
 	}
 	return nil
+}
+
+// sameBindIP reports whether two host:port addresses resolve to one IP, the one
+// net.Listen("tcp", ...) binds (the first IPv4 address of a name).
+func sameBindIP(a, b string) bool {
+	ra, err := net.ResolveTCPAddr("tcp", a)
+	if err != nil {
+		return false
+	}
+	rb, err := net.ResolveTCPAddr("tcp", b)
+	return err == nil && ra.IP.Equal(rb.IP)
 }
 
 // isUp reports whether the running command is `fluxkv up`, whose master and owner
