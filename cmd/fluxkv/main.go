@@ -27,13 +27,19 @@ func main() {
 				return err
 			}
 			stop, err := startProfile(c)
+			if err != nil {
+				return err
+			}
 			stopProfile = stop
-			return err
+			return nil
 		},
 		After: func(*cli.Context) error {
 			stopProfile()
 			return nil
 		},
+		// urfave/cli would print an exit-coded error itself and exit at once, in the
+		// subcommand, before After has written the profile: the error comes back here.
+		ExitErrHandler: func(*cli.Context, error) {},
 		Commands: []*cli.Command{
 			masterCommand(),
 			ownerCommand(),

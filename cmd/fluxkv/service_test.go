@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"debug/buildinfo"
 	"encoding/json"
 	"errors"
@@ -436,6 +437,32 @@ func TestConfigErrorsExit2(t *testing.T) {
 				t.Errorf("socket created by a failed start")
 			}
 		})
+	}
+}
+
+// A refused command goes through main's own error handling, not urfave/cli's exit: its
+// message carries the "fluxkv:" prefix, the exit status is the refusal's, and the
+// --cpu-profile the app started is written (a complete, gzipped pprof file).
+func TestRefusalPrefixAndProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "cpu.pprof")
+	cmd := exec.Command(fluxkvBin(t), "--cpu-profile", prof, "up", "--dir", filepath.Join(dir, "run"), "--dram", "12XB")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("exit: %v, want status 2\n%s", err, stderr.String())
+	}
+	if want := `fluxkv: --dram: size "12XB"`; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+	}
+	b, err := os.ReadFile(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte{0x1f, 0x8b}) { // pprof's profiles are gzipped
+		t.Errorf("--cpu-profile %s: %d bytes, not a written profile", prof, len(b))
 	}
 }
 
