@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,6 +175,24 @@ func TestInstallScript(t *testing.T) {
 	}
 	if !strings.Contains(out, "/etc/fluxkv/cluster.secret") {
 		t.Errorf("a staged install did not say how to make the cluster secret:\n%s", out)
+	}
+}
+
+// demo.sh (make run) stops as soon as `up` exits without its socket, with up's exit
+// status and error, instead of waiting out its start budget for a socket that cannot
+// come.
+func TestDemoScriptStopsWhenUpFails(t *testing.T) {
+	cmd := exec.Command("bash", filepath.Join(scriptsDir, "demo.sh"))
+	cmd.Env = append(os.Environ(), "BIN="+fluxkvBin(t), "DIR="+t.TempDir(), "DRAM=12XB")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("demo.sh: %v, want up's exit status 2\n%s", err, out)
+	}
+	for _, want := range []string{`--dram: size "12XB"`, "fluxkv up exited (status 2) before its socket appeared"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo.sh output lacks %q:\n%s", want, out)
+		}
 	}
 }
 
