@@ -40,7 +40,7 @@ func main() {
 		// urfave/cli would print an exit-coded error itself and exit at once, in the
 		// subcommand, before After has written the profile: the error comes back here.
 		ExitErrHandler: func(*cli.Context, error) {},
-		Commands: []*cli.Command{
+		Commands: withLogFlags([]*cli.Command{
 			masterCommand(),
 			ownerCommand(),
 			upCommand(),
@@ -56,7 +56,7 @@ func main() {
 				Usage:       "benchmarks",
 				Subcommands: []*cli.Command{benchSSDCommand()},
 			},
-		},
+		}),
 	}
 	setVersion(app)
 	if err := app.Run(os.Args); err != nil {

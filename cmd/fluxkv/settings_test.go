@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -232,6 +233,53 @@ func TestLogSettingsPrecedence(t *testing.T) {
 		if got := logger.GetLevel(); got != tt.want {
 			t.Errorf("args %v, file level %q: level %v, want %v", tt.args, tt.fileLevel, got, tt.want)
 		}
+	}
+}
+
+// --log-level works after the subcommand as well as before it (the one after wins),
+// over FLUXKV_LOG_LEVEL and the file's log_level alike; the real binary takes it there.
+func TestLogFlagsAfterSubcommand(t *testing.T) {
+	saved := logger
+	t.Cleanup(func() { logger = saved })
+	for _, tt := range []struct {
+		env       string
+		args      []string
+		fileLevel string
+		want      zerolog.Level
+	}{
+		{"", []string{"cmd"}, "", zerolog.InfoLevel},
+		{"", []string{"cmd"}, "warn", zerolog.WarnLevel},
+		{"", []string{"cmd", "--log-level", "debug"}, "warn", zerolog.DebugLevel},
+		{"", []string{"--log-level", "error", "cmd"}, "warn", zerolog.ErrorLevel},
+		{"", []string{"--log-level", "error", "cmd", "--log-level", "debug"}, "", zerolog.DebugLevel},
+		{"error", []string{"cmd"}, "warn", zerolog.ErrorLevel},
+		{"error", []string{"cmd", "--log-level", "debug"}, "warn", zerolog.DebugLevel},
+	} {
+		t.Setenv("FLUXKV_LOG_LEVEL", tt.env)
+		if tt.env == "" {
+			os.Unsetenv("FLUXKV_LOG_LEVEL")
+		}
+		app := &cli.App{Name: "fluxkv", Flags: logFlags(), Before: setupLogging,
+			Commands: withLogFlags([]*cli.Command{{Name: "cmd",
+				Action: func(c *cli.Context) error { return applyLogSettings(c, tt.fileLevel, "") }}})}
+		if err := app.Run(append([]string{"fluxkv"}, tt.args...)); err != nil {
+			t.Fatalf("%v: %v", tt.args, err)
+		}
+		if got := logger.GetLevel(); got != tt.want {
+			t.Errorf("FLUXKV_LOG_LEVEL %q, args %v, file level %q: level %v, want %v", tt.env, tt.args, tt.fileLevel, got, tt.want)
+		}
+	}
+	// The binary: a bad value after the subcommand is the --log-level refusal, not an
+	// unknown flag.
+	out, err := exec.Command(fluxkvBin(t), "version", "--log-level", "loud").CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if code != 2 || !strings.Contains(string(out), `fluxkv: --log-level: invalid log level "loud"`) {
+		t.Errorf("fluxkv version --log-level loud: exit status %d, want 2 and the --log-level refusal:\n%s", code, out)
 	}
 }
 
