@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,5 +252,51 @@ func TestMasterBatchPutItemErrorsAreErrors(t *testing.T) {
 	}
 	if v := counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "BatchPutStart", "result": metrics.ResultOK}); v != 1 {
 		t.Errorf("master: fluxkv_ops_total{op=\"BatchPutStart\",result=\"ok\"} = %v after one batch of cached keys, want 1", v)
+	}
+}
+
+// TestFlightJoinersOfRefillAreSSDHits: gets of an SSD-only key that join one flight
+// (its leader refills the value from SSD) waited for that read: each reports source
+// ssd, as the leader does, not memory (the hot set's answer to a get that began
+// after the bytes were in memory). Promotion off: no get finds the key in memory, so
+// every one of them is an SSD hit, joined or not.
+func TestFlightJoinersOfRefillAreSSDHits(t *testing.T) {
+	t.Parallel()
+	const dram, size = 16 << 20, 1<<20 - 128
+	n := startNode(t, dram, ssdOptions(t, 256<<20), master.Options{InsecureCluster: true, NoPromotion: true})
+	var keys []string
+	for i := 0; i < 40; i++ {
+		k := fmt.Sprintf("fj-ssd-%d", i)
+		keys = append(keys, k)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	const readers = 16
+	for round, key := range keys[:4] { // written first: evicted from memory, on SSD only
+		srcs := make(chan string, readers)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range readers {
+			wg.Go(func() {
+				<-start
+				h, err := n.c.Get(key)
+				if err != nil {
+					srcs <- "error: " + err.Error()
+					return
+				}
+				srcs <- h.Source()
+				h.Release()
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(srcs)
+		for s := range srcs {
+			if s != "ssd" {
+				t.Errorf("round %d: a get of an SSD-only key with promotion off reported %q, want ssd", round, s)
+			}
+		}
 	}
 }

@@ -242,9 +242,14 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time, share *ho
 		}
 		// This get moved nothing: the bytes are already here, in memory (the session's
 		// pin of the key may have brought them in for it: then it reports what the
-		// pin's get did).
+		// pin's get did). A get that waited for its flight's leader (share) reports
+		// the leader's source: its bytes were not in memory when it began (an SSD
+		// refill it waited for is its SSD hit).
 		resp = holderResponse(id, h)
-		resp.Source, resp.Remote = common.Source_MEMORY, false
+		if h != share {
+			resp.Source = common.Source_MEMORY
+		}
+		resp.Remote = false
 		st.takeOverPin(c, key, h, resp, true, now)
 		return resp, 0, nil
 	}
