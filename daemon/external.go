@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -48,6 +49,9 @@ func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRe
 	resp := &external.PutStartResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp.PutId, resp.Offset, err = h.o.putStart(c, req.Key, req.Len, req.Opts, req.Parent)
+		if errors.Is(err, wire.ErrAlreadyExists) {
+			setSkipped(ctx) // a key already cached (reject_if_exists), as in a BatchPutStart
+		}
 		return err
 	})
 	return resp, nil

@@ -300,3 +300,31 @@ func TestFlightJoinersOfRefillAreSSDHits(t *testing.T) {
 		}
 	}
 }
+
+// TestRejectedPutStartIsNotError: a PutStart refused ALREADY_EXISTS under
+// reject_if_exists (the key is cached, which the KV stores skip by design) counts as ok
+// on the owner and the master, as the same put in a BatchPutStart does, and not as a
+// failed call that FluxkvPutErrors would read.
+func TestRejectedPutStartIsNotError(t *testing.T) {
+	t.Parallel()
+	mm, om := metrics.New(), metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Metrics: mm}, func(o *Options) { o.Metrics = om })
+	if err := n.c.Put("cached", value(4, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	err := n.c.PutWith("cached", 1000, fluxkv.PutOptions{RejectIfExists: true}, func(dst []byte) error { return nil })
+	if !errors.Is(err, fluxkv.ErrAlreadyExists) {
+		t.Fatalf("put of a cached key with reject_if_exists: %v, want ALREADY_EXISTS", err)
+	}
+	for _, m := range []struct {
+		who string
+		m   *metrics.Metrics
+	}{{"owner", om}, {"master", mm}} {
+		if v := counter(t, m.m, "fluxkv_ops_total", map[string]string{"op": "PutStart", "result": metrics.ResultError}); v != 0 {
+			t.Errorf("%s: fluxkv_ops_total{op=\"PutStart\",result=\"error\"} = %v after a put refused ALREADY_EXISTS under reject_if_exists, want 0", m.who, v)
+		}
+		if v := counter(t, m.m, "fluxkv_ops_total", map[string]string{"op": "PutStart", "result": metrics.ResultOK}); v != 2 {
+			t.Errorf("%s: fluxkv_ops_total{op=\"PutStart\",result=\"ok\"} = %v after a put and a put refused ALREADY_EXISTS under reject_if_exists, want 2", m.who, v)
+		}
+	}
+}

@@ -294,6 +294,14 @@ func setItemFailed(ctx context.Context) {
 	}
 }
 
+// setSkipped records a put refused ALREADY_EXISTS under reject_if_exists (the key is
+// cached: the KV stores skip such pages by design) as ok, not as a failed call.
+func setSkipped(ctx context.Context) {
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {
+		c.result = metrics.ResultOK
+	}
+}
+
 // setHit records a get's hit source.
 func setHit(ctx context.Context, src common.Source) {
 	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil {

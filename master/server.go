@@ -331,6 +331,10 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 						}
 					case common.ErrorCode_KEY_NOT_FOUND:
 						result = metrics.ResultMiss
+					case common.ErrorCode_ALREADY_EXISTS:
+						if _, ok := c.(*mp.PutStartResponse); ok {
+							result = metrics.ResultOK // reject_if_exists: a key already cached, as in a BatchPutStart
+						}
 					}
 				}
 			}
