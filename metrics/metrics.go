@@ -16,6 +16,7 @@ const (
 	ResultHitMemory = "hit_memory" // a get served from a memory replica
 	ResultHitSSD    = "hit_ssd"    // a get served from an SSD replica
 	ResultMiss      = "miss"       // a get (or exists) of an absent key
+	ResultNotLeader = "not_leader" // a master call answered NOT_LEADER: an HA standby (or a lapsed leader) redirecting, by design
 	ResultError     = "error"      // anything that failed
 )
 
@@ -74,7 +75,7 @@ func New() *Metrics {
 		reg: prometheus.NewRegistry(),
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_ops_total",
-			Help: "Operations served, by operation and result (ok, hit_memory, hit_ssd, miss, error).",
+			Help: "Operations served, by operation and result (ok, hit_memory, hit_ssd, miss, not_leader, error).",
 		}, []string{"op", "result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "fluxkv_op_duration_seconds",
