@@ -68,8 +68,8 @@ func (m *Metrics) LeadershipChange(change string, epoch int64) {
 	l.epoch.Set(float64(epoch))
 }
 
-// Reregistered counts an owner's registration with a new leader (or a restarted
-// master) after its first registration.
+// Reregistered counts an owner's registration after its first: with a new leader or
+// a restarted master, or again with the same master after that master tombed it.
 func (m *Metrics) Reregistered() {
 	if m == nil {
 		return
@@ -78,7 +78,7 @@ func (m *Metrics) Reregistered() {
 	l.regsOnce.Do(func() {
 		l.reregs = prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fluxkv_master_reregistrations_total",
-			Help: "Registrations of this owner with a new master leader or a restarted master, after its first.",
+			Help: "Registrations of this owner after its first: with a new master leader or a restarted master, or again with the same master after it tombed this owner.",
 		})
 		m.reg.MustRegister(l.reregs)
 	})
