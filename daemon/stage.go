@@ -241,7 +241,6 @@ func (s *stageSession) freeSlotLocked(c *stagedChunk) {
 	s.st.giveSlotLocked(c.slot, c.sub)
 	c.slot = -1
 	s.held--
-	s.st.metrics.Slots(-1)
 	for _, o := range s.st.sessions { // any session may be waiting for a slot
 		select {
 		case o.freed <- struct{}{}:
@@ -266,7 +265,6 @@ func (s *stageSession) Take(i int, n int64) []byte {
 	s.chunks[i].slot, s.chunks[i].sub = slot, sub
 	s.held++
 	s.reads++
-	st.metrics.Slots(1)
 	st.metrics.Reads(s.reads)
 	return buf
 }

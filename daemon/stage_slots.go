@@ -19,7 +19,8 @@ const (
 )
 
 // takeSlotLocked takes room for a chunk of n bytes: its slot (a sub-slot index when sub)
-// and buffer; ok false when none is free.
+// and buffer; ok false when none is free. fluxkv_stage_slots_in_use counts the whole
+// slots taken out of free (split ones included), not the chunks in them.
 func (st *stager) takeSlotLocked(n int64) (slot int, sub bool, buf []byte, ok bool) {
 	if ssd.AlignedLen(n) <= stageSubSlot {
 		if len(st.subFree) == 0 {
@@ -28,6 +29,7 @@ func (st *stager) takeSlotLocked(n int64) (slot int, sub bool, buf []byte, ok bo
 			}
 			whole := st.free[len(st.free)-1]
 			st.free = st.free[:len(st.free)-1]
+			st.metrics.Slots(1) // a split slot counts once, whatever its sub-slots hold
 			for k := subSlotsPerSlot - 1; k >= 0; k-- {
 				st.subFree = append(st.subFree, whole*subSlotsPerSlot+k)
 			}
@@ -43,6 +45,7 @@ func (st *stager) takeSlotLocked(n int64) (slot int, sub bool, buf []byte, ok bo
 	}
 	slot = st.free[len(st.free)-1]
 	st.free = st.free[:len(st.free)-1]
+	st.metrics.Slots(1)
 	off := slot * stageChunk
 	return slot, false, st.mem[off : off+stageChunk : off+stageChunk], true
 }
@@ -51,6 +54,7 @@ func (st *stager) takeSlotLocked(n int64) (slot int, sub bool, buf []byte, ok bo
 func (st *stager) giveSlotLocked(slot int, sub bool) {
 	if !sub {
 		st.free = append(st.free, slot)
+		st.metrics.Slots(-1)
 		return
 	}
 	st.subFree = append(st.subFree, slot)
@@ -58,6 +62,7 @@ func (st *stager) giveSlotLocked(slot int, sub bool) {
 	if st.subUsed[whole]--; st.subUsed[whole] == 0 {
 		st.subFree = slices.DeleteFunc(st.subFree, func(s int) bool { return s/subSlotsPerSlot == whole })
 		st.free = append(st.free, whole)
+		st.metrics.Slots(-1)
 	}
 }
 

@@ -30,7 +30,7 @@ func (m *Metrics) Stage() *Stage {
 		s := &Stage{
 			slots: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "fluxkv_stage_slots_in_use",
-				Help: "Staging slots (one 4 MiB chunk each) this SSD owner holds for other owners' refills: chunks being read or waiting to be pulled.",
+				Help: "Staging slots (4 MiB each) this SSD owner holds for other owners' refills: a chunk being read or waiting to be pulled, or up to 16 small ones sharing a slot.",
 			}),
 			readsPeak: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "fluxkv_stage_reads_in_flight_peak",
@@ -47,7 +47,7 @@ func (m *Metrics) Stage() *Stage {
 	return m.stage
 }
 
-// Slots adds d (±) to the staging slots in use.
+// Slots adds d (±) to the staging slots in use (a slot split into sub-slots counts once).
 func (s *Stage) Slots(d int) {
 	if s != nil {
 		s.slots.Add(float64(d))
