@@ -328,3 +328,36 @@ func TestRejectedPutStartIsNotError(t *testing.T) {
 		}
 	}
 }
+
+// TestCapacityUnknownBeforeMasterAnswers: before the master first answered about this
+// owner's pool, the owner's scrape leaves the segment gauges out (kvcache_segment_*
+// are the pool and its use as the master allocates it) rather than reporting the whole
+// segment with 0 bytes used; the SSD gauges, known locally, are there.
+func TestCapacityUnknownBeforeMasterAnswers(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.TransferReserve = 8 << 20 })
+	if err := n.m.Stop(); err != nil { // before any Capacity call asked it
+		t.Fatal(err)
+	}
+	c := n.o.Capacity()
+	m := metrics.New()
+	m.SetCapacityFunc(func() metrics.Capacity { return c })
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]float64{}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			have[mf.GetName()] = s.GetGauge().GetValue()
+		}
+	}
+	for _, name := range []string{"kvcache_segment_capacity_bytes", "kvcache_segment_used_bytes"} {
+		if v, ok := have[name]; ok {
+			t.Errorf("%s = %v before the master answered about the pool, want it left out", name, v)
+		}
+	}
+	if _, ok := have["kv_ssd_capacity_bytes"]; !ok {
+		t.Error("kv_ssd_capacity_bytes left out: the SSD figures do not come from the master")
+	}
+}

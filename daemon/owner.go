@@ -392,9 +392,9 @@ func (o *Owner) closeResources() {
 // Capacity reports segment and SSD capacity and use for metrics; the segment's used
 // bytes come from the master (it owns allocation), so this makes one master call.
 // While the master does not answer (or does not list this owner) the segment figures
-// are its last answer; before the first, the whole segment and 0 used.
+// are its last answer; before the first they are unknown (their gauges left out).
 func (o *Owner) Capacity() metrics.Capacity {
-	c := metrics.Capacity{SegmentCapacity: o.opts.DRAM}
+	c := metrics.Capacity{SegmentUnknown: true}
 	if o.store != nil {
 		st := o.store.Stats()
 		c.SSDCapacity, c.SSDUsed = st.CapacityBytes, st.UsedBytes
@@ -411,7 +411,7 @@ func (o *Owner) Capacity() metrics.Capacity {
 		}
 	}
 	if seg := o.segUse.Load(); seg != nil {
-		c.SegmentCapacity, c.SegmentUsed = seg.CapacityBytes, seg.UsedBytes
+		c.SegmentCapacity, c.SegmentUsed, c.SegmentUnknown = seg.CapacityBytes, seg.UsedBytes, false
 	}
 	return c
 }

@@ -11,6 +11,9 @@ import (
 type Capacity struct {
 	SegmentCapacity, SegmentUsed int64
 	SSDCapacity, SSDUsed         int64
+	// SegmentUnknown leaves the segment gauges out: the figures are not known yet (an
+	// owner before its master first answered about its pool).
+	SegmentUnknown bool
 }
 
 const (
@@ -109,15 +112,18 @@ func (c *capacityCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ssdUsedDesc
 }
 
-// Collect emits the four gauges, or none before a capacity function returned once.
+// Collect emits the four gauges (the segment's left out while unknown), or none before
+// a capacity function returned once.
 
 func (c *capacityCollector) Collect(ch chan<- prometheus.Metric) {
 	v, ok := c.read()
 	if !ok {
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(segmentCapacityDesc, prometheus.GaugeValue, float64(v.SegmentCapacity))
-	ch <- prometheus.MustNewConstMetric(segmentUsedDesc, prometheus.GaugeValue, float64(v.SegmentUsed))
+	if !v.SegmentUnknown {
+		ch <- prometheus.MustNewConstMetric(segmentCapacityDesc, prometheus.GaugeValue, float64(v.SegmentCapacity))
+		ch <- prometheus.MustNewConstMetric(segmentUsedDesc, prometheus.GaugeValue, float64(v.SegmentUsed))
+	}
 	ch <- prometheus.MustNewConstMetric(ssdCapacityDesc, prometheus.GaugeValue, float64(v.SSDCapacity))
 	ch <- prometheus.MustNewConstMetric(ssdUsedDesc, prometheus.GaugeValue, float64(v.SSDUsed))
 }
