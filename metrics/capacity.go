@@ -26,9 +26,9 @@ const (
 
 var (
 	segmentCapacityDesc = prometheus.NewDesc("kvcache_segment_capacity_bytes",
-		"Size of the memory (memfd) segment in bytes.", nil, nil)
+		"The memory pool in bytes: the memory (memfd) segment less its transfer and landing areas.", nil, nil)
 	segmentUsedDesc = prometheus.NewDesc("kvcache_segment_used_bytes",
-		"Bytes of the memory segment allocated to replicas, holders and in-flight work.", nil, nil)
+		"Bytes of the memory pool allocated to replicas, holders and in-flight work.", nil, nil)
 	ssdCapacityDesc = prometheus.NewDesc("kv_ssd_capacity_bytes",
 		"Ring space of the SSD cache in bytes (sum of large_limit_size over distinct devices; 0 when off).", nil, nil)
 	ssdUsedDesc = prometheus.NewDesc("kv_ssd_used_bytes",
