@@ -59,7 +59,13 @@ func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRe
 
 func (h *externalHandler) PutEnd(ctx context.Context, req *external.PutEndRequest) (*external.PutEndResponse, error) {
 	resp := &external.PutEndResponse{}
-	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error { return h.o.putEnd(c, req.Key, req.PutId, req.Copies) })
+	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) error {
+		err := h.o.putEnd(c, req.Key, req.PutId, req.Copies)
+		if errors.Is(err, wire.ErrAlreadyExists) {
+			setSkipped(ctx) // reject_if_exists: another put published the key meanwhile
+		}
+		return err
+	})
 	return resp, nil
 }
 
@@ -173,7 +179,7 @@ func (h *externalHandler) BatchPutEnd(ctx context.Context, req *external.BatchPu
 			return err
 		}
 		for _, err := range h.o.putEndMany(c, req.Items) {
-			if err != nil {
+			if err != nil && !errors.Is(err, wire.ErrAlreadyExists) { // reject_if_exists: skipped
 				setItemFailed(ctx)
 			}
 			r := &external.PutEndResponse{}

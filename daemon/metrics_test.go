@@ -361,3 +361,31 @@ func TestCapacityUnknownBeforeMasterAnswers(t *testing.T) {
 		t.Error("kv_ssd_capacity_bytes left out: the SSD figures do not come from the master")
 	}
 }
+
+// TestRejectedPutEndIsNotError: a put under reject_if_exists whose key another put
+// published while it was written is refused ALREADY_EXISTS at its PutEnd (the master's
+// PutDone): skipped like one refused at PutStart, not a failed call on either process.
+func TestRejectedPutEndIsNotError(t *testing.T) {
+	t.Parallel()
+	mm, om := metrics.New(), metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Metrics: mm}, func(o *Options) { o.Metrics = om })
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	err = n.c.PutWith("raced", 1000, fluxkv.PutOptions{RejectIfExists: true}, func(dst []byte) error {
+		return c2.Put("raced", value(4, 1000)) // published while this put is written
+	})
+	if !errors.Is(err, fluxkv.ErrAlreadyExists) {
+		t.Fatalf("put under reject_if_exists of a key published meanwhile: %v, want ALREADY_EXISTS", err)
+	}
+	for _, m := range []struct {
+		who, op string
+		m       *metrics.Metrics
+	}{{"owner", "PutEnd", om}, {"master", "PutDone", mm}} {
+		if v := counter(t, m.m, "fluxkv_ops_total", map[string]string{"op": m.op, "result": metrics.ResultError}); v != 0 {
+			t.Errorf("%s: fluxkv_ops_total{op=%q,result=\"error\"} = %v after a put refused ALREADY_EXISTS under reject_if_exists, want 0", m.who, m.op, v)
+		}
+	}
+}

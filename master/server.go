@@ -334,7 +334,8 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 					case common.ErrorCode_NOT_LEADER:
 						result = metrics.ResultNotLeader // an HA standby redirecting, by design
 					case common.ErrorCode_ALREADY_EXISTS:
-						if _, ok := c.(*mp.PutStartResponse); ok {
+						switch c.(type) {
+						case *mp.PutStartResponse, *mp.PutDoneResponse:
 							result = metrics.ResultOK // reject_if_exists: a key already cached, as in a BatchPutStart
 						}
 					}
