@@ -10,6 +10,8 @@ import (
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 )
 
 // TestHotSetHitOfRefillIsMemoryHit: a value refilled from SSD and promoted to this
@@ -252,6 +254,16 @@ func TestMasterBatchPutItemErrorsAreErrors(t *testing.T) {
 	}
 	if v := counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "BatchPutStart", "result": metrics.ResultOK}); v != 1 {
 		t.Errorf("master: fluxkv_ops_total{op=\"BatchPutStart\",result=\"ok\"} = %v after one batch of cached keys, want 1", v)
+	}
+	// A BatchPutDone with an item the master does not know (expired or revoked) failed.
+	ctx, cancel := n.o.master.ctx()
+	defer cancel()
+	resp, err := n.o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: n.o.master.ref, Items: []*mp.PutDoneItem{{Key: "gone", PutId: 12345}}})
+	if err != nil || resp.Code != common.ErrorCode_OK || len(resp.Results) != 1 || resp.Results[0].Code == common.ErrorCode_OK {
+		t.Fatalf("BatchPutDone of an unknown put: %+v, %v; want its item refused", resp, err)
+	}
+	if v := counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "BatchPutDone", "result": metrics.ResultError}); v != 1 {
+		t.Errorf("master: fluxkv_ops_total{op=\"BatchPutDone\",result=\"error\"} = %v after one batch with an item refused, want 1", v)
 	}
 }
 

@@ -328,6 +328,10 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 							if batchPutFailed(r.Results) {
 								result = metrics.ResultError
 							}
+						case *mp.BatchPutDoneResponse:
+							if batchPutFailed(r.Results) {
+								result = metrics.ResultError
+							}
 						}
 					case common.ErrorCode_KEY_NOT_FOUND:
 						result = metrics.ResultMiss
@@ -347,10 +351,10 @@ func (s *Server) metricsMiddleware(next endpoint.Endpoint) endpoint.Endpoint {
 	}
 }
 
-// batchPutFailed reports whether a put of a batch failed, as a PutStart of it alone
-// would count: an item refused ALREADY_EXISTS (reject_if_exists: a KV page already
-// cached) is skipped, not failed.
-func batchPutFailed(rs []*mp.PutStartResponse) bool {
+// batchPutFailed reports whether a put of a batch failed, as a PutStart or PutDone of
+// it alone would count: an item refused ALREADY_EXISTS (reject_if_exists: a KV page
+// already cached) is skipped, not failed.
+func batchPutFailed[R interface{ GetCode() common.ErrorCode }](rs []R) bool {
 	for _, r := range rs {
 		if c := r.GetCode(); c != common.ErrorCode_OK && c != common.ErrorCode_ALREADY_EXISTS {
 			return true
