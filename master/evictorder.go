@@ -27,6 +27,20 @@ func newEvictOrder(clock *int64, ghosts *pageGhosts) *evictOrder {
 // Detach leaves the pool's shared page ghost (the node is gone).
 func (o *evictOrder) Detach() { o.pages.detach() }
 
+// each calls fn with every live key, in no order, until fn returns false.
+func (o *evictOrder) each(fn func(string) bool) {
+	for k, e := range o.plain.entries {
+		if e.queue != inGhost && !fn(k) {
+			return
+		}
+	}
+	for k := range o.pages.entries {
+		if !fn(k) {
+			return
+		}
+	}
+}
+
 // Len is the number of live keys; Weight their bytes.
 func (o *evictOrder) Len() int      { return o.plain.Len() + o.pages.Len() }
 func (o *evictOrder) Weight() int64 { return o.plain.Weight() + o.pages.Weight() }

@@ -135,6 +135,7 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 	// one (countCopyLocked, adoptLocked): a search that finds nothing costs victimScanLimit draws from
 	// the order, and a full pool allocates with evictions all the time.
 	dups := n.dups > 0 && n.dupQuiet == 0
+	fitChecked := false
 	for {
 		if r, ok := n.alloc.Alloc(length); ok {
 			return newAllocation(n, r, length)
@@ -194,6 +195,14 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		if !ok && s.spareHeld && len(held) > 0 {
 			soleCopies = false // held duplicates were passed over: wait for them instead
 		}
+		if !ok && soleCopies && !fitChecked && length > n.alloc.Capacity()/largeAlloc {
+			// A large value: evict sole copies only when that can make its room.
+			fitChecked = true
+			if !s.poolFitsLocked(n, length) {
+				s.passHeldLocked(n, held)
+				return nil
+			}
+		}
 		if !ok && soleCopies {
 			key, ok = n.policy.VictimWhere(free, victimScanLimit)
 		}
@@ -206,6 +215,46 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 			n.dupQuiet--
 		}
 	}
+}
+
+// largeAlloc: an allocation of more than 1/largeAlloc of a pool checks that evicting can
+// make its room before it evicts a sole copy (poolFitsLocked, O(replicas of the node)).
+// A smaller one is not checked: the check would cost every put into a full pool.
+const largeAlloc = 8
+
+// poolFitsLocked reports whether evicting every memory replica of n's pool that an
+// eviction could free (referenced by the replica alone: not held, not the source of a
+// transfer; not being written back) would leave a free range of length bytes. Held
+// ranges, in-flight puts and gets and pins can split the pool so that no eviction
+// makes the room: evicting its sole copies would then lose them for nothing.
+func (s *State) poolFitsLocked(n *node, length int64) bool {
+	need := roundUp(length, AllocGranule)
+	if n.alloc.LargestFree() >= need {
+		return true
+	}
+	var freed []Range
+	n.policy.each(func(k string) bool {
+		r := s.routes[k]
+		rep := r.replicas[n]
+		if rep == nil || rep.memory == nil {
+			return true
+		}
+		a := rep.memory
+		if a.area != n.alloc || a.refs != 1 || s.writingBackLocked(r, n) {
+			return true
+		}
+		rg := Range{Offset: a.r.Offset - a.base, Size: a.r.Size}
+		n.alloc.Free(rg)
+		freed = append(freed, rg)
+		return true
+	})
+	fits := n.alloc.LargestFree() >= need
+	for _, rg := range freed {
+		if !n.alloc.Reserve(rg) {
+			panic("BUG: a pool range freed for a fit check cannot be reserved again")
+		}
+	}
+	return fits
 }
 
 // passHeldLocked lets the eviction order move on past the held replicas an eviction
