@@ -16,7 +16,7 @@ RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cm
 # Tests that start fluxkv processes: FLUXKV_BIN is the -race build (functional tests),
 # FLUXKV_BIN_NORACE the plain one (limits, soak, benchmarks). A -race child stops at its
 # first race with exit status 66, which fails the test that started it. The packages
-# tested without -race (bench/soak, config, protocol) get the plain binary as both.
+# tested without -race (bench/soak, config, deploy, internal) get the plain binary as both.
 # atexit_sleep_ms=0: a -race process (test binary or child) exits at once instead of
 # sleeping the race runtime's default second first; halt_on_error already ends one at
 # its first report, and a second per process was minutes of `make test`.
