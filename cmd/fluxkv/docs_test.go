@@ -51,7 +51,7 @@ func TestDocsCiteExistingTests(t *testing.T) {
 			return err
 		}
 		if d.IsDir() {
-			if n := d.Name(); n == ".git" || n == "node_modules" || n == "__pycache__" {
+			if n := d.Name(); p != repoRoot && (strings.HasPrefix(n, ".") || n == "node_modules" || n == "__pycache__") {
 				return filepath.SkipDir
 			}
 			return nil
