@@ -137,8 +137,8 @@ type Options struct {
 	// FrameMemory bounds the bytes of request frames in progress across all the owner's
 	// RPC and peer connections (wire.FrameBudget): a frame over 8 KiB reserves its size
 	// before its body is read, waits up to FrameTimeout for room, and is refused with a
-	// clear error after that. Default 0: wire.DefaultFrameBudget(DRAM) (an eighth of the
-	// segment, at most an eighth of RAM, at least 64 MiB).
+	// clear error after that. Default 0: wire.DefaultFrameBudget(DRAM) (an eighth of
+	// DRAM, at most an eighth of RAM, at least 64 MiB).
 	FrameMemory int64
 	// IdleTimeout closes an RPC connection idle this long unless its last call named a
 	// session that is still attached (those idle forever). Default 10s.

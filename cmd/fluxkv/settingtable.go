@@ -74,7 +74,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 		{flag: &cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment"},
 			key: "put_area", kind: size(func(s *config.Owner) *int64 { return &s.PutArea }, 4096),
 			set: func(o *daemon.Options, s *config.Owner) { o.PutArea = s.PutArea }},
-		{flag: &cli.StringFlag{Name: "frame-memory", DefaultText: "an eighth of the segment (at most of RAM), ≥ 64MiB", Usage: "bound on the bytes of request frames in progress across all RPC and peer connections; a frame that finds no room within --frame-timeout is refused; ≥ 64MiB"},
+		{flag: &cli.StringFlag{Name: "frame-memory", DefaultText: "an eighth of --dram (at most of RAM), ≥ 64MiB", Usage: "bound on the bytes of request frames in progress across all RPC and peer connections; a frame that finds no room within --frame-timeout is refused; ≥ 64MiB"},
 			key: "frame_memory", kind: size(func(s *config.Owner) *int64 { return &s.FrameMemory }, minFrameMemory),
 			set: func(o *daemon.Options, s *config.Owner) { o.FrameMemory = s.FrameMemory }},
 		{flag: &cli.StringFlag{Name: "put-area-total", DefaultText: "1GiB", Usage: "under --client-isolation, the cap on all sessions' put areas together; ≥ 1MiB"},
