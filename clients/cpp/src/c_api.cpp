@@ -111,6 +111,7 @@ int fluxkv_put_flags(fluxkv_client* c, const char* key, size_t key_len, const vo
 int fluxkv_put_begin(fluxkv_client* c, const char* key, size_t key_len, size_t len, unsigned flags, fluxkv_pending_put** put,
                      fluxkv_span* span, fluxkv_error* err) {
   if (put != nullptr) *put = nullptr;
+  if (span != nullptr) *span = fluxkv_span{nullptr, 0};  // what a failure leaves
   return guarded(err, -1, [&] {
     if (put == nullptr || span == nullptr)
       throw fluxkv::InvalidArgument(fluxkv::ErrorCode::INVALID_ARGUMENT, "put and span must not be NULL");

@@ -145,3 +145,27 @@ TEST(c_abi_refuses_unknown_flags_and_huge_lengths) {
   CHECK_EQ(fluxkv_exists(c, "cabi/huge", 9, &err), 0);
   fluxkv_close(c);
 }
+
+// A failed fluxkv_put_begin leaves no stale pointer behind: *put is NULL and *span is
+// {NULL, 0}, so a caller that writes through span without checking the return (or checks
+// span.data) cannot scribble over memory that was never reserved.
+TEST(c_abi_failed_put_begin_clears_the_span) {
+  fluxkv_error err;
+  fluxkv_client* c = fluxkv_connect(plain_owner().socket().c_str(), &err);
+  if (c == nullptr) fail(std::string("fluxkv_connect: ") + err.message, __FILE__, __LINE__);
+  char junk[1];
+  auto check = [&](const char* key, size_t key_len, size_t len, unsigned flags) {
+    fluxkv_pending_put* p = reinterpret_cast<fluxkv_pending_put*>(1);
+    fluxkv_span span{junk, 12345};
+    CHECK_EQ(fluxkv_put_begin(c, key, key_len, len, flags, &p, &span, &err), -1);
+    CHECK_EQ(err.code, FLUXKV_INVALID_ARGUMENT);
+    CHECK(p == nullptr);
+    CHECK(span.data == nullptr);
+    CHECK_EQ(span.len, 0u);
+  };
+  check("cabi/span", 9, 0, 0);          // an empty value
+  check("cabi/span", 9, SIZE_MAX, 0);   // longer than the segment
+  check("", 0, 8, 0);                   // an empty key
+  check("cabi/span", 9, 8, 2u);         // an unknown flag
+  fluxkv_close(c);
+}

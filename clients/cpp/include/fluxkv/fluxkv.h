@@ -86,7 +86,7 @@ int fluxkv_put_flags(fluxkv_client* c, const char* key, size_t key_len, const vo
  * shared segment, or under client isolation in the session's put area or a scratch buffer);
  * commit publishes them, abort gives the reservation back. Both free *put. While a put is
  * open under client isolation other puts of the client wait for it: commit or abort soon,
- * and before fluxkv_close. 0 ok. */
+ * and before fluxkv_close. 0 ok; -1 on error (*put is then NULL and *span {NULL, 0}). */
 int fluxkv_put_begin(fluxkv_client* c, const char* key, size_t key_len, size_t len, unsigned flags, fluxkv_pending_put** put,
                      fluxkv_span* span, fluxkv_error* err);
 int fluxkv_put_commit(fluxkv_pending_put* put, fluxkv_error* err);
