@@ -247,26 +247,33 @@ std::vector<bool> ClientImpl::batch_flags(std::string_view method, std::span<con
   for (std::string_view k : keys) validate_key(k);
   if (keys.empty()) return {};
   std::string m(method);
-  return run([&](std::shared_ptr<Session>& s) {
-    std::vector<bool> out;
-    out.reserve(keys.size());
-    for (std::size_t lo = 0; lo < keys.size(); lo += kChunk) {
-      auto chunk = keys.subspan(lo, std::min(kChunk, keys.size() - lo));
+  std::vector<bool> out;
+  out.reserve(keys.size());
+  // Each chunk under its own retry: a lost reply (or a re-attach) sends again only the
+  // chunk it belonged to, never the chunks already answered (a BatchDelete sent again
+  // would find their keys gone and answer false).
+  for (std::size_t lo = 0; lo < keys.size(); lo += kChunk) {
+    auto chunk = keys.subspan(lo, std::min(kChunk, keys.size() - lo));
+    std::vector<bool> part = run([&](std::shared_ptr<Session>& s) {
       BatchResponse<FlagResponse> r;
       s->call(m, [&](Writer& w, const SessionRef& ref) { write_keys(w, ref, chunk); }, r);
       raise_for(r.code, r.message);
       const auto& res = check_count(m.c_str(), r, chunk.size());
+      std::vector<bool> flags;
+      flags.reserve(chunk.size());
       for (std::size_t j = 0; j < chunk.size(); ++j) {
         if (res[j].code == kNotFound) {
-          out.push_back(false);
+          flags.push_back(false);
           continue;
         }
         if (res[j].code != kOK) raise_for(res[j].code, "key " + quote(chunk[j]) + ": " + res[j].message);
-        out.push_back(res[j].flag);
+        flags.push_back(res[j].flag);
       }
-    }
-    return out;
-  });
+      return flags;
+    });
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
 }
 
 // A prefix-aware owner stops its results after the first absent key (or the first error)

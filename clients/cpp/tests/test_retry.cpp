@@ -120,3 +120,40 @@ TEST(put_with_unknown_outcome_is_redone_or_reported) {
   c.remove("retry/redo");
   c.remove("retry/unknown");
 }
+
+namespace {
+std::atomic<int> g_batch_deletes{0};
+// Drops the reply of the second BatchDelete (the second chunk of a batch_remove).
+bool drop_second_batch_delete(std::string_view method) { return method == "BatchDelete" && ++g_batch_deletes == 2; }
+}  // namespace
+
+// A lost reply retries only the chunk it belonged to: a batch_remove of more than MAX_BATCH
+// keys whose second chunk's reply is lost still reports the first chunk's keys deleted (the
+// owner answered that chunk; sending it again would find them gone and answer false).
+TEST(batch_remove_retries_only_the_chunk_whose_reply_was_lost) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  const std::size_t chunk = static_cast<std::size_t>(fluxkv::wire::MAX_BATCH);
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i < chunk + 3; ++i) keys.push_back("retry/chunks/" + std::to_string(i));
+  std::byte one[1] = {std::byte{1}};
+  std::vector<fluxkv::PutItem> items;
+  for (const auto& k : keys) items.push_back({k, one});
+  c.batch_put(items);
+  std::vector<std::string_view> views(keys.begin(), keys.end());
+  g_batch_deletes = 0;
+  fluxkv::detail::drop_reply_hook = &drop_second_batch_delete;
+  std::vector<bool> deleted;
+  try {
+    deleted = c.batch_remove(views);
+  } catch (...) {
+    fluxkv::detail::drop_reply_hook = nullptr;
+    throw;
+  }
+  fluxkv::detail::drop_reply_hook = nullptr;
+  CHECK_EQ(g_batch_deletes.load(), 3);  // the first chunk once, the second twice
+  CHECK_EQ(deleted.size(), keys.size());
+  std::size_t first_chunk_deleted = 0;
+  for (std::size_t i = 0; i < chunk; ++i) first_chunk_deleted += deleted[i] ? 1 : 0;
+  CHECK_EQ(first_chunk_deleted, chunk);
+  CHECK(!c.exists(keys.back()));
+}
