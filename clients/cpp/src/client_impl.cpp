@@ -2,6 +2,8 @@
 
 #include <errno.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "fork_registry.hpp"
@@ -26,6 +28,23 @@ void keep_forever(std::shared_ptr<void> p) noexcept {
   }
 }
 
+// The longest wait built on a duration option: a larger one (milliseconds::max() meaning
+// "no limit") would overflow std::chrono's nanoseconds in condition_variable::wait_for
+// (undefined behaviour; in practice a wait that returns at once).
+constexpr std::chrono::hours kLongestWait{24 * 365};
+
+template <class D>
+D capped(D d) {
+  return std::min(d, std::chrono::duration_cast<D>(kLongestWait));
+}
+
+Options capped_options(Options o) {
+  o.timeout = capped(o.timeout);
+  o.attach_timeout = capped(o.attach_timeout);
+  o.release_delay = capped(o.release_delay);
+  return o;
+}
+
 SessionConfig config_of(const std::string& path, const Options& o) {
   return SessionConfig{path, o.name.empty() ? default_name() : o.name, o.timeout, o.attach_timeout, o.max_idle_connections};
 }
@@ -33,7 +52,7 @@ SessionConfig config_of(const std::string& path, const Options& o) {
 }  // namespace
 
 ClientImpl::ClientImpl(std::string path, const Options& opts)
-    : path_(std::move(path)), opts_(opts), cfg_(config_of(path_, opts)) {
+    : path_(std::move(path)), opts_(capped_options(opts)), cfg_(config_of(path_, opts_)) {
   if (opts.max_idle_connections < 0 || opts.timeout.count() <= 0 || opts.attach_timeout.count() <= 0 ||
       opts.release_delay.count() <= 0)
     throw InvalidArgument(ErrorCode::INVALID_ARGUMENT,

@@ -134,3 +134,25 @@ TEST(connect_resolves_env_default_and_directory) {
   auto c = fluxkv::Client::connect(plain_owner().dir());  // a directory: DIR/fluxkv.sock
   CHECK_EQ(c.socket_path(), sock);
 }
+
+// The largest durations an engine may pass to mean "no limit" work: every wait built on
+// them (the release flusher's delay, a flush's wait for releases in flight, a call's wait
+// for a flush) stays in range instead of overflowing std::chrono's nanoseconds (undefined
+// behaviour: UBSan halts the ASan build; a wrapped wait returns at once).
+TEST(huge_timeouts_and_release_delay_do_not_overflow) {
+  fluxkv::Options o;
+  o.timeout = std::chrono::milliseconds::max();
+  o.attach_timeout = std::chrono::milliseconds::max();
+  o.release_delay = std::chrono::microseconds::max();
+  auto c = fluxkv::Client::connect(plain_owner().socket(), o);
+  auto v = pattern(11, 4096);
+  c.put("basic/huge-timeouts", v);
+  {
+    fluxkv::MemHolder h = c.get("basic/huge-timeouts");
+    CHECK(same(h, v));
+  }
+  c.flush();  // sends the queued release and waits for releases in flight
+  CHECK(c.stat_json().find("\"client_holders\": 0") != std::string::npos);
+  CHECK(c.remove("basic/huge-timeouts"));
+  CHECK_EQ(c.release_errors(), 0);
+}

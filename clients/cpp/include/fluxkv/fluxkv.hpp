@@ -100,6 +100,7 @@ struct Options {
   // How long a released holder's ack may wait to ride on the next call before a
   // background thread sends it on its own.
   std::chrono::microseconds release_delay{2000};
+  // Each duration above is capped at a year (so milliseconds::max() means "no limit").
 };
 
 // A zero-copy, read-only view of one value in the owner's segment. The owner keeps the
