@@ -61,6 +61,23 @@ func rwSetup(t *testing.T) (time.Duration, uint64, []rwOwner) {
 	return dur, seed, owners
 }
 
+// rwFailures stops a stress test's workers at the first failure and keeps the first 20.
+type rwFailures struct {
+	stop atomic.Bool
+	mu   sync.Mutex
+	list []string
+}
+
+// fail records a failure and stops the workers.
+func (f *rwFailures) fail(format string, args ...any) {
+	f.mu.Lock()
+	if len(f.list) < 20 {
+		f.list = append(f.list, fmt.Sprintf(format, args...))
+	}
+	f.mu.Unlock()
+	f.stop.Store(true)
+}
+
 // rwWait lets the workers of wg run for dur (or until one sets stop), then stops them and
 // waits for them.
 func rwWait(dur time.Duration, stop *atomic.Bool, wg *sync.WaitGroup) {
@@ -161,17 +178,8 @@ func TestReadYourWritesRandom(t *testing.T) {
 		keys[i] = &rwKey{name: names[i], del: map[int64]bool{}}
 	}
 
-	var stop atomic.Bool
-	var failMu sync.Mutex
-	var failures []string
-	fail := func(format string, args ...any) {
-		failMu.Lock()
-		if len(failures) < 20 {
-			failures = append(failures, fmt.Sprintf(format, args...))
-		}
-		failMu.Unlock()
-		stop.Store(true)
-	}
+	var fails rwFailures
+	stop, fail := &fails.stop, fails.fail
 	var stats struct{ puts, dels, gets, misses, exists, prefix, batch atomic.Int64 }
 
 	// checkGot checks a value (ver, ok) or a miss (!ok) of key ki against [lo, hi].
@@ -336,10 +344,10 @@ func TestReadYourWritesRandom(t *testing.T) {
 			})
 		}
 	}
-	rwWait(dur, &stop, &wg)
+	rwWait(dur, stop, &wg)
 	t.Logf("puts %d deletes %d gets %d (misses %d) batch gets %d exists %d prefix lookups %d",
 		stats.puts.Load(), stats.dels.Load(), stats.gets.Load(), stats.misses.Load(), stats.batch.Load(), stats.exists.Load(), stats.prefix.Load())
-	for _, f := range failures {
+	for _, f := range fails.list {
 		t.Error(f)
 	}
 }
@@ -428,17 +436,8 @@ func TestReadYourWritesConcurrentWriters(t *testing.T) {
 		hists[i] = &rwHist{writes: map[int64]*rwWrite{0: {del: true, start: -2, end: -1}}}
 	}
 	var clock atomic.Int64
-	var stop atomic.Bool
-	var failMu sync.Mutex
-	var failures []string
-	fail := func(format string, args ...any) {
-		failMu.Lock()
-		if len(failures) < 20 {
-			failures = append(failures, fmt.Sprintf(format, args...))
-		}
-		failMu.Unlock()
-		stop.Store(true)
-	}
+	var fails rwFailures
+	stop, fail := &fails.stop, fails.fail
 	type obs struct {
 		what       string
 		key        int
@@ -586,7 +585,7 @@ func TestReadYourWritesConcurrentWriters(t *testing.T) {
 			})
 		}
 	}
-	rwWait(dur, &stop, &wg)
+	rwWait(dur, stop, &wg)
 	bad := 0
 	for _, o := range all {
 		h := hists[o.key]
@@ -620,7 +619,7 @@ func TestReadYourWritesConcurrentWriters(t *testing.T) {
 		bad++
 	}
 	t.Logf("%d observations", len(all))
-	for _, f := range failures {
+	for _, f := range fails.list {
 		t.Error(f)
 	}
 }
