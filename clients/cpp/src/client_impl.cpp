@@ -166,10 +166,13 @@ void* ClientImpl::flusher_main(void* self) {
 // Sends queued releases that no call picked up within release_delay. Sleeps until kicked;
 // once kicked it stays armed, checking every release_delay: while calls flow they carry the
 // releases and it does nothing; after a quiet delay it sends what is queued, and disarms
-// once the queue is empty. A busy get/release loop therefore costs no wakeups.
+// once the queue is empty. A busy get/release loop therefore costs no wakeups. A failed
+// send leaves the ids queued (Session::done): while the owner keeps the session it stays
+// armed and sends them again, backing off up to a second, as the Go client's timer does.
 void ClientImpl::flush_loop() {
   ReleaseKicker& k = *kicker_;
   std::unique_lock lk(k.mu);
+  std::chrono::microseconds backoff{0};  // grows while sends fail; 0 after a success
   for (;;) {
     k.cv.wait(lk, [&] { return k.armed || k.stop; });
     if (k.stop) return;
@@ -193,17 +196,30 @@ void ClientImpl::flush_loop() {
       }
       lk.unlock();
       bool failed = false;
+      bool gone = false;
       try {
         s->flush_releases();
       } catch (...) {
-        failed = true;  // the owner is gone or the session ended: its end released them
+        failed = true;
+        // The owner is gone or the session ended: its end released them.
+        gone = !s->live() || !s->attach_alive();
       }
       s.reset();
       lk.lock();
-      if (failed) {
+      if (gone) {
+        backoff = {};
         k.armed = false;
         break;
       }
+      if (!failed) {
+        backoff = {};
+        continue;
+      }
+      // The ids are queued again: send them after a pause (a call may carry them first).
+      backoff = std::min<std::chrono::microseconds>(
+          std::max<std::chrono::microseconds>({2 * backoff, opts_.release_delay, std::chrono::milliseconds(10)}),
+          std::chrono::seconds(1));
+      if (k.cv.wait_for(lk, backoff, [&] { return k.stop; })) return;
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -124,6 +125,44 @@ TEST(released_holders_reach_the_owner_without_another_call) {
   CHECK(eventually([&] { return holders_of(observer) == base; }));
   CHECK_EQ(c.release_errors(), 0);
   for (int i = 0; i < 10; ++i) c.remove("hold/flush/" + std::to_string(i));
+}
+
+namespace {
+// Fails the first Release call made while it is set before any byte leaves (Session's test
+// hook: a broken connection, which a real owner does not produce on demand) and counts the
+// Release calls.
+struct FailFirstRelease {
+  static inline std::atomic<int> calls{0};
+  static void hook(std::string_view method) {
+    if (method == "Release" && calls.fetch_add(1) == 0)
+      throw fluxkv::detail::Broken("Release: connection broken (fault injected by a test)", false, false);
+  }
+  FailFirstRelease() {
+    calls = 0;
+    fluxkv::detail::Session::call_hook_for_tests.store(&hook);
+  }
+  ~FailFirstRelease() { fluxkv::detail::Session::call_hook_for_tests.store(nullptr); }
+};
+}  // namespace
+
+// The flusher's Release fails (the session lives on): the ids stay queued and the flusher
+// sends them again on its own. Before, it stopped watching after the failure: an idle
+// client left the owner holding them (and their bytes) until its next call.
+TEST(failed_release_is_resent_without_another_call) {
+  auto observer = fluxkv::Client::connect(plain_owner().socket());
+  std::int64_t base = settled_holders(observer);
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  c.put("hold/resend", pattern(8, 4096));
+  fluxkv::MemHolder h = c.get("hold/resend");
+  CHECK_EQ(holders_of(observer), base + 1);
+  {
+    FailFirstRelease fault;
+    h.release();  // no call on c after this: only its flusher can send the release
+    CHECK(eventually([&] { return holders_of(observer) == base; }));
+    CHECK(FailFirstRelease::calls.load() >= 2);  // the failed one, then the one that landed
+  }
+  CHECK_EQ(c.release_errors(), 0);
+  c.remove("hold/resend");
 }
 
 TEST(holder_outlives_its_client) {
