@@ -110,10 +110,14 @@ void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* re
 void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed) {
   std::unique_ptr<RpcConn> drop;  // closed outside the lock
   bool notify = false;
+  bool requeued = false;
   {
     std::lock_guard lk(mu_);
     if (!releases.empty()) {
-      if (failed && live()) pending_.insert(pending_.begin(), releases.begin(), releases.end());
+      if (failed && live()) {
+        pending_.insert(pending_.begin(), releases.begin(), releases.end());
+        requeued = true;
+      }
       notify = --in_flight_ == 0;
     }
     if (!failed) rpc_count_.fetch_add(1, std::memory_order_relaxed);
@@ -124,6 +128,9 @@ void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t
     }
   }
   if (notify) released_.notify_all();
+  // Back in the queue: the flusher may have found it empty meanwhile and stopped watching.
+  // Kicked outside mu_ (the flusher takes the kicker's lock before it).
+  if (requeued) kicker_->kick();
 }
 
 void Session::queue_release(std::int64_t holder_id) noexcept {

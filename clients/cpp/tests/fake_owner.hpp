@@ -76,6 +76,13 @@ class FakeOwner {
     std::lock_guard lk(mu_);
     return methods_;
   }
+  // When lose(call) returns true the call is lost before the owner acts on it: its
+  // connection is closed with no reply and nothing (no release) is recorded. lose may block
+  // (a request stuck on its way). Set before the client makes the calls it concerns.
+  void set_lose(std::function<bool(const FakeCall&)> lose) {
+    std::lock_guard lk(mu_);
+    lose_ = std::move(lose);
+  }
 
  private:
   static int listen_on(const std::string& path) {
@@ -219,6 +226,15 @@ class FakeOwner {
           }
         }
       }
+      std::function<bool(const FakeCall&)> lose;
+      {
+        std::lock_guard lk(mu_);
+        lose = lose_;
+      }
+      if (lose && lose(call)) {
+        ::shutdown(c, SHUT_RDWR);  // closed by the destructor
+        return;
+      }
       {
         std::lock_guard lk(mu_);
         methods_.push_back(call.method);
@@ -250,6 +266,7 @@ class FakeOwner {
   std::vector<std::thread> conn_threads_;
   std::vector<std::int64_t> released_;
   std::vector<std::string> methods_;
+  std::function<bool(const FakeCall&)> lose_;
 };
 
 // Writes a GetResponse's fields (a holder of len bytes at offset) into w.

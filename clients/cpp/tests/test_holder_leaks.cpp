@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -98,6 +100,64 @@ TEST(batch_get_bad_holder_releases_the_other_holders) {
   CHECK(has(rel, 200));  // the bad one itself is queued for release
   CHECK(has(rel, 201));
   CHECK(has(rel, 202));
+}
+
+// A call carrying queued releases is lost before the owner acts on it (and so is its
+// retry): the call fails and its ids go back to the queue. The flusher stopped watching
+// while they were out (it found the queue empty), so nothing sends them again unless their
+// return wakes it: an idle client left the owner holding them until its next call.
+TEST(releases_of_a_lost_call_are_sent_without_another_call) {
+  FakeOwner o(with_release([](const FakeCall& c, Writer& w) {
+    if (c.method == "Get") {
+      write_get(w, 0, 300, 0, 10);
+      return;
+    }
+    w.field(T_I32, 1);
+    w.i32(0);
+  }));
+  fluxkv::Options opts;
+  opts.release_delay = std::chrono::milliseconds(100);
+  auto c = fluxkv::Client::connect(o.socket(), opts);
+  fluxkv::MemHolder h = c.get("k");
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, open = false;
+  o.set_lose([&](const FakeCall& call) {
+    if (call.method != "Exists" || call.releases.empty()) return false;
+    std::unique_lock lk(mu);
+    if (!entered) {  // the first one waits: meanwhile the flusher finds the queue empty
+      entered = true;
+      cv.notify_all();
+      cv.wait_for(lk, std::chrono::seconds(10), [&] { return open; });
+    }
+    return true;  // lost, and so is the retry
+  });
+  h.release();  // queued: the Exists below carries it
+  std::atomic<bool> unavailable{false};
+  std::thread t([&] {
+    try {
+      c.exists("k");
+    } catch (const fluxkv::Unavailable&) {
+      unavailable = true;
+    }
+  });
+  {
+    std::unique_lock lk(mu);
+    CHECK(cv.wait_for(lk, std::chrono::seconds(10), [&] { return entered; }));
+  }
+  // Ten release delays with the id out of the queue: the flusher disarms (were it still
+  // watching, it would send the id: the test would pass without catching anything).
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  {
+    std::lock_guard lk(mu);
+    open = true;
+  }
+  cv.notify_all();
+  t.join();
+  CHECK(unavailable.load());
+  // No call on c from here: only its flusher can send the id.
+  CHECK(eventually([&] { return has(o.released(), 300); }));
+  CHECK_EQ(c.release_errors(), 0);
 }
 
 namespace {
