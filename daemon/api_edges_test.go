@@ -182,6 +182,64 @@ func TestGetLargerThanRequesterPool(t *testing.T) {
 	n.drain(t, []string{"big"})
 }
 
+// TestBatchGetSparesItsOwnReplicas: a batch get through an owner whose pool is full
+// asks for a value of another owner (its target needs room: evictions) and for values
+// whose only copies are replicas in that pool, put first (so first in the eviction
+// order). The room for the remote value must not come from the batch's own local
+// values: each is answered with its bytes, and the remote one is served too (other
+// values make its room). It evicted the batch's own values, oldest first, and those
+// items then answered KEY_NOT_FOUND.
+func TestBatchGetSparesItsOwnReplicas(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal})
+	// No transfer area (its idle room is lent to the pool) nor landing area: the remote
+	// value's target is taken from the pool's 8 MiB.
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	remote := value(100, 3<<20)
+	if err := n.c.Put("remote", remote); err != nil {
+		t.Fatal(err)
+	}
+	put := func(prefix string, count int) []string {
+		var keys []string
+		for i := range count {
+			k := fmt.Sprintf("%s/%d", prefix, i)
+			if err := c2.Put(k, value(i, 1<<20)); err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, k)
+		}
+		return keys
+	}
+	mine := put("mine", 4)    // the batch's local values: the oldest of n2's pool
+	others := put("other", 3) // 7 of n2's 8 MiB taken
+	keys := append([]string{"remote"}, mine...)
+	hs, errs, err := c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		want := remote
+		if i > 0 {
+			want = value(i-1, 1<<20)
+		}
+		switch {
+		case errs[i] != nil:
+			t.Errorf("batch get %s: %v", k, errs[i])
+		case hs[i] == nil:
+			t.Errorf("batch get %s: not found (evicted for the room of another item of its batch)", k)
+		case !bytes.Equal(hs[i].Bytes(), want):
+			t.Errorf("batch get %s: wrong bytes", k)
+		}
+		if hs[i] != nil {
+			hs[i].Release()
+		}
+	}
+	if _, err := c2.BatchDelete(append(mine, others...)); err != nil {
+		t.Fatal(err)
+	}
+	n.drain(t, []string{"remote"})
+}
+
 // TestReportLongestKeysAndParents: an owner whose replica index holds REPORT_BATCH
 // pages with the longest key and parent (wire.MaxKeyBytes each) reports them all to a
 // restarted master, which routes every one of them; a master restart is no cache flush

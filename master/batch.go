@@ -51,8 +51,24 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 		defer cancel()
 		h.applyAcks(req.Node, req.Acks)
 		resp.Results = make([]*mp.GetStartResponse, len(req.Keys))
+		// The keys the requester has a memory replica of first, under one hold of the
+		// lock: each is reused at once (its holder recorded; no room taken), and held
+		// that way it is passed over by the evictions that make room for the batch's
+		// other keys. In key order, a target made room for before them could evict those
+		// very replicas (the oldest of a full pool) and fail the keys KEY_NOT_FOUND.
+		h.s.withState(func(st *State) error { // a shut gate answers every key below
+			now := time.Now()
+			for i, k := range req.Keys {
+				if st.localReplicaLocked(ref(req.Node), k) {
+					resp.Results[i] = getStartResponse(st.GetStart(now, ref(req.Node), k, nil))
+				}
+			}
+			return nil
+		})
 		for i, k := range req.Keys {
-			resp.Results[i] = h.getStart(ctx, req.Node, k, nil)
+			if resp.Results[i] == nil {
+				resp.Results[i] = h.getStart(ctx, req.Node, k, nil)
+			}
 		}
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)

@@ -149,6 +149,11 @@ func (h *handler) getStart(ctx context.Context, node *mp.NodeRef, key string, ex
 		p, err = st.GetStart(time.Now(), ref(node), key, exclude)
 		return err
 	})
+	return getStartResponse(p, err)
+}
+
+// getStartResponse is GetStart's answer on the wire.
+func getStartResponse(p GetPlan, err error) *mp.GetStartResponse {
 	resp := &mp.GetStartResponse{GetId: p.GetID, PutId: p.PutID, Len: p.Len, Source: p.Source,
 		SourceNodeId: p.SourceNode, SourceGeneration: p.SourceGeneration, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
 		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, Done: p.Done, HolderId: p.HolderID}

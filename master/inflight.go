@@ -145,6 +145,17 @@ func fitsNodeLocked(n *node, length int64) error {
 	return nil
 }
 
+// localReplicaLocked reports whether the requester ref has a memory replica of key, of
+// which GetStart makes a holder at once: no range is allocated, nothing is evicted.
+func (s *State) localReplicaLocked(ref NodeRef, key string) bool {
+	n, err := s.reportedNodeLocked(ref)
+	if err != nil {
+		return false
+	}
+	r := s.routes[key]
+	return r != nil && r.memoryReplica(n) != nil
+}
+
 // GetStart plans a get: reuse of a local memory replica (done at once), a pull from a
 // remote memory replica, or an SSD refill into a target in the requester's segment.
 // SSD is chosen only when no memory replica of the current version is readable.
