@@ -195,8 +195,9 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		if !ok && s.spareHeld && len(held) > 0 {
 			soleCopies = false // held duplicates were passed over: wait for them instead
 		}
-		if !ok && soleCopies && !fitChecked && length > n.alloc.Capacity()/largeAlloc {
-			// A large value: evict sole copies only when that can make its room.
+		if !ok && soleCopies && !fitChecked && (length > n.alloc.Capacity()/largeAlloc || n.alloc.FreeBytes() >= roundUp(length, AllocGranule)) {
+			// A large value, or one whose bytes are free but in ranges too small (held
+			// ranges between them): evict sole copies only when that can make its room.
 			fitChecked = true
 			if !s.poolFitsLocked(n, length) {
 				s.passHeldLocked(n, held)
@@ -219,7 +220,12 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 
 // largeAlloc: an allocation of more than 1/largeAlloc of a pool checks that evicting can
 // make its room before it evicts a sole copy (poolFitsLocked, O(replicas of the node)).
-// A smaller one is not checked: the check would cost every put into a full pool.
+// A smaller one is checked only once the pool has its bytes free, in ranges too small
+// for it (else held ranges between the ranges evictions free could make it evict every
+// replica for nothing): checking every one would cost every put into a full pool. It
+// may evict about its own bytes for nothing before the check (they come free in
+// ranges too small); a pool of values of one size (KV pages) never checks, since any
+// free range there holds one.
 const largeAlloc = 8
 
 // poolFitsLocked reports whether evicting every memory replica of n's pool that an
