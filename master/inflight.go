@@ -261,6 +261,9 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
 		r.promotions++
 		s.setMemoryLocked(key, r, g.node, g.target.Retain(), true)
+		if g.kind == common.Source_SSD {
+			s.refreshLocked(r, g.node)
+		}
 		promoted = true
 	}
 	g.target.Release() // the in-flight get's own reference

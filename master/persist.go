@@ -27,8 +27,10 @@ type pendingPersist struct {
 	// persist at its put.
 	writeBack bool
 	// lost: the version's last SSD copy went while this write-back ran (redirtyLocked):
-	// its success does not leave the page clean.
-	lost bool
+	// its success does not leave the page clean. refresh: it rewrites a version on SSD
+	// (refreshLocked).
+	lost    bool
+	refresh bool
 	// task is the call made for it: a write-back passed to another copy (its owner
 	// died) has the put id of the one it replaces, whose task still ends later.
 	task *PersistTask

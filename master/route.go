@@ -8,8 +8,11 @@ type replica struct {
 	ssd    bool
 	ssdLen int64
 	// dirty: the memory replica waits for the SSD write-back (writeback.go);
-	// writeBacks counts its failed write-backs.
+	// writeBacks counts its failed write-backs. refresh: it was read back from SSD, and
+	// its write-back rewrites the version's SSD record at a ring's head although the
+	// version is on SSD (refreshLocked).
 	dirty      bool
+	refresh    bool
 	writeBacks int8
 }
 

@@ -153,12 +153,14 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		var held []string
 		// A dirty page (writeback.go) is skipped, not passed, once its write-back started
 		// (evicted only when no owner can persist it), and so is one being written back
-		// (its range is free once written); a dirty duplicate goes, and the other copy
-		// takes its write-back over.
+		// (its range is free once written) and one whose refresh started; a dirty
+		// duplicate goes, and the other copy takes its write-back over.
 		check := func(k string, dup bool) bool {
 			r := s.routes[k]
 			switch {
 			case r.replicas[n].dirty && !dup && s.writeBackNowLocked(k, n):
+				return false
+			case r.replicas[n].refresh && !dup && s.refreshNowLocked(k, r, n):
 				return false
 			case s.writingBackLocked(r, n):
 				return false

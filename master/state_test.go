@@ -579,6 +579,9 @@ func dumpState(st *State) string {
 			if rep.dirty {
 				s += "~dirty"
 			}
+			if rep.refresh {
+				s += "~refresh"
+			}
 			reps = append(reps, s)
 		}
 		sort.Strings(reps)

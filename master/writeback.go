@@ -39,6 +39,36 @@ func (s *State) unwrittenPageLocked(key string, r *route, n *node) {
 	}
 }
 
+// refreshLocked marks n's memory replica of page key (route r), just read back from
+// SSD, for a refresh: when eviction reaches it, its write-back rewrites the version's
+// SSD record at the head of a ring (the SSD pool's choice, as for any write-back; on
+// the owner holding the old record, the rewrite replaces it) instead of the page going
+// at once (refreshNowLocked). A ring is first in, first out by the time of writing:
+// without the refresh, a page read back from SSD and evicted from memory again keeps
+// its old record, the next the ring overwrites however often it is read, so the tiers
+// together keep the pages written last rather than those used last. The refresh is
+// written at the eviction, not ahead of it as dirty pages are: a page used again
+// before its eviction would have its rewrite wasted and aging in memory (measured:
+// written ahead, the refreshes cost more ring than they kept; docs/ssd.md).
+func (s *State) refreshLocked(r *route, n *node) {
+	if s.writeBackLocked(r) && r.hasSSD() {
+		r.replicas[n].refresh = true
+	}
+}
+
+// refreshNowLocked starts the refresh of n's replica of page key (route r), which
+// eviction reached (refreshLocked). It reports whether eviction must skip the page
+// (its write-back started): without room for another write-back, an owner to write
+// it, or with a persist of the version in flight, the page goes at once, its version
+// on SSD where it is.
+func (s *State) refreshNowLocked(key string, r *route, n *node) (skip bool) {
+	r.replicas[n].refresh = false
+	if !r.hasSSD() || s.persists[r.putID] != nil || !s.writeBackRoomLocked() {
+		return false
+	}
+	return s.beginWriteBackLocked(key, r, n, true)
+}
+
 // writeAheadLocked starts the write-back of n's dirty pages, the next victims first,
 // until those written back or being written ahead of its evictions weigh WriteBackAhead
 // of its segment, or no owner can persist one now (the page stays dirty, for the next
@@ -90,12 +120,23 @@ func (s *State) startWriteBackLocked(key string, n *node) bool {
 	if r.hasSSD() || s.persists[r.putID] != nil {
 		return true // written back already (another replica's), or being written
 	}
-	t := s.persistTaskLocked(key, r.putID, n, r.memoryReplica(n))
-	if t == nil {
+	if !s.beginWriteBackLocked(key, r, n, false) {
 		s.markDirtyLocked(key, r, n)
 		return false
 	}
-	s.persists[r.putID].writeBack = true
+	return true
+}
+
+// beginWriteBackLocked persists n's memory replica of page key (route r) as a
+// write-back (a refresh: rewriting a version on SSD); false when no owner can persist
+// it. The page is out of the eviction order until the write-back ends.
+func (s *State) beginWriteBackLocked(key string, r *route, n *node, refresh bool) bool {
+	t := s.persistTaskLocked(key, r.putID, n, r.memoryReplica(n))
+	if t == nil {
+		return false
+	}
+	pp := s.persists[r.putID]
+	pp.writeBack, pp.refresh = true, refresh
 	s.writeBacks = append(s.writeBacks, t)
 	s.writingBack++
 	n.policy.pages.stepAway(key)
@@ -118,6 +159,11 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	r := s.routes[pp.key]
 	if r == nil || r.putID != putID {
 		return
+	}
+	if !ok && pp.refresh {
+		// The owner may have dropped the record it was rewriting (the rewrite replaces
+		// it once reserved; a failed commit forgets it): it is not counted on.
+		s.clearSSDLocked(pp.key, r, pp.ssdNode)
 	}
 	rep := r.replicas[pp.node]
 	if rep != nil && rep.memory == pp.alloc {
@@ -207,6 +253,7 @@ func (s *State) unwrittenLocked(key string, r *route, n *node) {
 func (s *State) cleanLocked(key string, r *route) {
 	for n, rep := range r.replicas {
 		rep.writeBacks = 0
+		rep.refresh = false
 		if rep.dirty {
 			rep.dirty = false
 			n.policy.pages.cleanDirty(key)

@@ -12,8 +12,8 @@ var (
 	ErrClosed = errors.New("ssd: closed")
 	// ErrTooLarge: the aligned value is larger than any shard file.
 	ErrTooLarge = errors.New("ssd: value larger than a shard")
-	// ErrStale: a persist lost to a newer (or equal) put id of the same key, or the
-	// key was removed while its bytes were being written.
+	// ErrStale: a persist lost to a newer put id of the same key (or a persist of the
+	// same one still writing), or the key was removed while its bytes were being written.
 	ErrStale = errors.New("ssd: put id superseded")
 	// ErrBusy: ring space stayed held by writing or pinned entries for BusyWait.
 	ErrBusy = errors.New("ssd: ring space busy")

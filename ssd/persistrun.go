@@ -239,7 +239,7 @@ func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 			break // blocked by busy entries: it starts the next run, which waits
 		}
 		next.shard, next.call = e.shard, r.call
-		evs = append(evs, s.evictedLocked(evicted)...) // may include the key's previous version
+		evs = append(evs, s.evictedLocked(evicted, r.key, r.putID)...) // may include the key's previous version
 		if old := s.index[r.key]; old != nil {
 			s.dropLocked(old)
 		}
@@ -250,7 +250,7 @@ func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 		gap := d.span(end) - end
 		if p, evicted, err := ring.alloc("", 0, gap, gap); err == nil {
 			p.shard = e.shard
-			evs = append(evs, s.evictedLocked(evicted)...)
+			evs = append(evs, s.evictedLocked(evicted, "", 0)...) // a pad: no key
 			pad = p
 		}
 	}

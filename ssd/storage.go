@@ -206,9 +206,13 @@ func (c CommitPin) Release() {
 // written. The returned pin must be released once the commit to the master
 // returned. Overwritten committed entries appear on Evictions. src is not retained.
 //
-// Errors: ErrStale if the key already has this or a newer put id (or lost it while
-// writing), ErrTooLarge, ErrBusy, ErrClosed, or a wrapped IO error; on any error no
-// entry for (key, putID) is readable.
+// A committed entry of the same (key, putID) is rewritten (checkNewerLocked): it stays
+// readable until the new entry is reserved, and is dead from then on.
+//
+// Errors: ErrStale if the key already has a newer put id, or this one being written (or
+// lost it while writing), ErrTooLarge, ErrBusy, ErrClosed, or a wrapped IO error; on
+// an error after the reservation no entry for (key, putID) is readable (before it, a
+// rewritten entry still is).
 func (s *Storage) Persist(key string, putID int64, src []byte) (CommitPin, error) {
 	return s.PersistFrom(key, putID, int64(len(src)), copyFrom(src))
 }
@@ -229,8 +233,13 @@ func (s *Storage) checkNewer(key string, putID int64) error {
 	return s.checkNewerLocked(key, putID)
 }
 
+// checkNewerLocked refuses a persist of (key, putID) when the key has a newer put id, or
+// this one still being written. A committed entry of the same put id is rewritten: the
+// master's refresh of a value read back from SSD (its record moves to the ring's head,
+// so that the ring keeps what is read, not only what was written last); the old record
+// dies once the new one is reserved, unreported.
 func (s *Storage) checkNewerLocked(key string, putID int64) error {
-	if old := s.index[key]; old != nil && old.putID >= putID {
+	if old := s.index[key]; old != nil && (old.putID > putID || (old.putID == putID && old.state != stateCommitted)) {
 		return fmt.Errorf("ssd persist %q put %d: put %d is already stored: %w", key, putID, old.putID, ErrStale)
 	}
 	return nil
@@ -261,7 +270,7 @@ func (s *Storage) reserve(d *device, call *persistCall, key string, putID, lengt
 		}
 		if err == nil {
 			e.call = call
-			evs := s.evictedLocked(evicted) // may include the key's previous version
+			evs := s.evictedLocked(evicted, key, putID) // may include the key's previous version
 			if old := s.index[key]; old != nil {
 				s.dropLocked(old)
 			}
@@ -338,8 +347,10 @@ func (s *Storage) dropLocked(e *entry) {
 	}
 }
 
-// evictedLocked unindexes the committed entries a ring overwrote.
-func (s *Storage) evictedLocked(evicted []*entry) []Eviction {
+// evictedLocked unindexes the committed entries a ring overwrote, reserving room for
+// (key, putID): the key's entry of that put id, overwritten by its own rewrite
+// (checkNewerLocked), is not reported, since the rewrite replaces it.
+func (s *Storage) evictedLocked(evicted []*entry, key string, putID int64) []Eviction {
 	if len(evicted) == 0 {
 		return nil
 	}
@@ -350,7 +361,9 @@ func (s *Storage) evictedLocked(evicted []*entry) []Eviction {
 		}
 		delete(s.index, e.key)
 		e.shard.dev.used -= e.size
-		evs = append(evs, Eviction{Key: e.key, PutID: e.putID})
+		if e.key != key || e.putID != putID {
+			evs = append(evs, Eviction{Key: e.key, PutID: e.putID})
+		}
 	}
 	return evs
 }

@@ -269,9 +269,7 @@ func TestRemoveSupersedeStale(t *testing.T) {
 	s := openTest(t, EngineAuto, 16384, nil)
 	v1, v2 := pattern("v1", 1000), pattern("v2", 3000)
 	persist(t, s, "k", 1, v1)
-	if _, err := s.Persist("k", 1, v1); !errors.Is(err, ErrStale) {
-		t.Fatalf("same put id again: %v", err)
-	}
+	persist(t, s, "k", 1, v1) // a rewrite (TestRewriteSamePut)
 	persist(t, s, "k", 2, v2)
 	if _, err := s.Persist("k", 1, v1); !errors.Is(err, ErrStale) {
 		t.Fatalf("older put id: %v", err)
@@ -312,6 +310,90 @@ func TestRemoveSupersedeStale(t *testing.T) {
 	if _, err := s.Persist("big", 1, make([]byte, 16385)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("too large: %v", err)
 	}
+}
+
+// A persist of a committed (key, put id) rewrites its record at the ring's head (the
+// master's refresh of a value read back from SSD): the new record is read, the old one
+// stops counting as used and is never reported as evicted, neither when the ring comes
+// round to it nor when the rewrite's own room is the old record; the key is reported
+// once, when the ring overwrites the new record.
+func TestRewriteSamePut(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 4<<20, func(o *Options) { o.ShardsPerDevice = 1 })
+		var mu sync.Mutex
+		reports := map[Eviction]int{}
+		go func() {
+			for b := range s.Evictions() {
+				mu.Lock()
+				for _, ev := range b {
+					reports[ev]++
+				}
+				mu.Unlock()
+			}
+		}()
+		reported := func(ev Eviction) int {
+			mu.Lock()
+			defer mu.Unlock()
+			return reports[ev]
+		}
+		waitReported := func(ev Eviction) {
+			t.Helper()
+			for deadline := time.Now().Add(10 * time.Second); reported(ev) == 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%+v never reported evicted", ev)
+				}
+			}
+		}
+
+		const page = 60000
+		v := pattern("k", page)
+		persist(t, s, "k", 7, v)
+		used := s.Stats().UsedBytes
+		persist(t, s, "k", 7, v)
+		if u := s.Stats().UsedBytes; u != used {
+			t.Fatalf("used bytes after the rewrite %d, want %d (one record)", u, used)
+		}
+		dst := make([]byte, page)
+		if err := s.LoadInto("k", 7, dst, page); err != nil || !bytes.Equal(dst, v) {
+			t.Fatalf("rewritten record: %v", err)
+		}
+		if _, err := s.Persist("k", 6, v); !errors.Is(err, ErrStale) {
+			t.Fatalf("an older put id after the rewrite: %v", err)
+		}
+
+		// Fills until one overwrites the rewritten record: the dead one went first,
+		// unreported. The fills it took are the ring's length in records.
+		lap := 0
+		for ; s.Contains("k", 7); lap++ {
+			persist(t, s, fmt.Sprintf("fill-%03d", lap), 1, pattern("f", page))
+		}
+		waitReported(Eviction{Key: "k", PutID: 7})
+		if n := reported(Eviction{Key: "k", PutID: 7}); n != 1 {
+			t.Fatalf("k reported evicted %d times, want once (the rewritten record)", n)
+		}
+
+		// w is the ring's oldest record when it is rewritten: the rewrite's room is the
+		// old record's own.
+		persist(t, s, "w", 3, v)
+		for i := range lap - 1 {
+			persist(t, s, fmt.Sprintf("own-%03d", i), 1, pattern("o", page))
+		}
+		if !s.Contains("w", 3) {
+			t.Fatalf("w was overwritten before its rewrite (a lap of %d records)", lap)
+		}
+		persist(t, s, "w", 3, v)
+		if err := s.LoadInto("w", 3, dst, page); err != nil || !bytes.Equal(dst, v) {
+			t.Fatalf("w rewritten over its own record: %v", err)
+		}
+		// The next record overwrites own-000: once that is reported, so is anything
+		// reported before it.
+		persist(t, s, "marker", 1, pattern("m", page))
+		waitReported(Eviction{Key: "own-000", PutID: 1})
+		if n := reported(Eviction{Key: "w", PutID: 3}); n != 0 || s.Stats().DroppedEvictions != 0 {
+			t.Fatalf("w reported evicted %d times while its rewrite lives (%d reports dropped)", n, s.Stats().DroppedEvictions)
+		}
+	})
 }
 
 func TestPinsBlockTheWriter(t *testing.T) {
