@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -33,6 +34,16 @@ func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
 		}
 	}
 	n.waitPersisted(t)
+	// The master promotes no refill of a version whose eviction notice the owner has yet
+	// to ack: deliver the notices, then ack them.
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _, err := n.o.master.heartbeat(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	key := keys[0] // written first: evicted from memory, on SSD only
 	h, err := n.c.Get(key)
 	if err != nil {

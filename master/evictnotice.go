@@ -75,5 +75,21 @@ func (b *evictOutbox) pending() (memory, ssd []*common.KeyVersion, seq int64, mo
 // has reports whether an unacked notice names key.
 func (b *evictOutbox) has(key string) bool { return b.byKey[key] > 0 }
 
+// names reports whether an unacked notice (of the memory replica, or with ssd of the SSD
+// entry) names key at putID or above. The owner applies a notice to whatever record of
+// key it holds up to that put id, so a replica of the version placed on it again (a
+// promotion, a write-back) before the ack could be the one the notice drops.
+func (b *evictOutbox) names(key string, putID int64, ssd bool) bool {
+	if b.byKey[key] == 0 {
+		return false
+	}
+	for _, e := range b.notices {
+		if e.key == key && e.ssd == ssd && e.putID >= putID {
+			return true
+		}
+	}
+	return false
+}
+
 // len is the number of unacked notices.
 func (b *evictOutbox) len() int { return len(b.notices) }

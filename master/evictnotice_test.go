@@ -36,3 +36,32 @@ func TestEvictOutbox(t *testing.T) {
 		t.Fatalf("empty outbox: seq %d more %v", s, more)
 	}
 }
+
+// TestEvictOutboxNames: names finds an unacked notice of the key's memory replica (or
+// SSD entry) at the put id or above, until it is acked.
+func TestEvictOutboxNames(t *testing.T) {
+	var b evictOutbox
+	b.push("k", 5, false)
+	b.push("k", 7, true)
+	for _, c := range []struct {
+		key   string
+		putID int64
+		ssd   bool
+		want  bool
+	}{
+		{"k", 5, false, true}, {"k", 4, false, true}, {"k", 6, false, false},
+		{"k", 7, true, true}, {"k", 8, true, false}, {"j", 1, false, false},
+	} {
+		if got := b.names(c.key, c.putID, c.ssd); got != c.want {
+			t.Errorf("names(%s, %d, ssd=%v) = %v, want %v", c.key, c.putID, c.ssd, got, c.want)
+		}
+	}
+	b.ack(1)
+	if b.names("k", 5, false) || !b.names("k", 7, true) {
+		t.Fatal("after acking the memory notice")
+	}
+	b.ack(2)
+	if b.names("k", 7, true) {
+		t.Fatal("after acking both")
+	}
+}

@@ -238,8 +238,9 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 
 // GetDone turns the get's target into a holder of the requesting owner (its id is the
 // get id) and, if the key still has that version, the requester has no memory replica,
-// fewer than MaxPromotions promotions happened and GetStart planned the target as a
-// replica (getTargetLocked), also into a new memory replica.
+// fewer than MaxPromotions promotions happened, GetStart planned the target as a
+// replica (getTargetLocked) and no eviction notice of the version waits for the
+// requester's ack, also into a new memory replica.
 func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, promoted bool, err error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
@@ -258,7 +259,12 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, p
 		holderID = getID
 		g.node.holders[holderID] = g.target.Retain()
 	}
-	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
+	// Not while an eviction notice of the version waits for the requester's ack: notices
+	// name key@putID only, so one of the version's earlier replica there, applied after
+	// the owner learned this one, would drop it from the owner's replica index while the
+	// master counts it (a new master would never learn it).
+	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() &&
+		!g.node.evicted.names(key, r.putID, false) {
 		r.promotions++
 		s.setMemoryLocked(key, r, g.node, g.target.Retain(), true)
 		if g.kind == common.Source_SSD {

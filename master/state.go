@@ -629,6 +629,9 @@ func (s *State) ssdReplicasLocked(n *node) int64 {
 // Keys is the number of routes.
 func (s *State) Keys() int { return len(s.routes) }
 
+// GetsInFlight is the number of gets between GetStart and GetDone/GetRevoke.
+func (s *State) GetsInFlight() int { return len(s.gets) }
+
 // MemoryValues counts the keys with at least one live memory replica (the distinct
 // values the pool holds) and the bytes of their other memory replicas (duplicates:
 // promoted copies), by segment bytes.
