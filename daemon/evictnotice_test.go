@@ -3,10 +3,18 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cloudwego/kitex/client/callopt"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 )
 
 // TestLateEvictNoticeKeepsPromotedReplica: an eviction notice names key@putID only. The
@@ -145,5 +153,150 @@ func TestLateEvictNoticeKeepsPromotedReplica(t *testing.T) {
 	})
 	if mem != counted {
 		t.Fatalf("the new master learned %d memory replicas from n1's report; the old one counted %d", mem, counted)
+	}
+}
+
+// excludeOnce is a master client whose next GetStart, once armed, excludes a node (as
+// after a failed pull from it).
+type excludeOnce struct {
+	masterservice.Client
+	node  string
+	armed atomic.Bool
+}
+
+func (e *excludeOnce) GetStart(ctx context.Context, req *mp.GetStartRequest, o ...callopt.Option) (*mp.GetStartResponse, error) {
+	if e.armed.CompareAndSwap(true, false) {
+		req.ExcludeNodes = append(req.ExcludeNodes, e.node)
+	}
+	return e.Client.GetStart(ctx, req, o...)
+}
+
+// TestLateSSDDropNoticeKeepsRewrittenRecord: SSD-drop notices name key@putID only too. A
+// get through s1 reads page a from s1's SSD (n1, which holds a in memory, excluded as
+// after a failed pull) and the record is corrupt (s1 drops it from its ring's index):
+// the master drops s1's SSD replica, queues
+// s1 a notice to forget it, and writes a back again from n1's memory, to s1's ring
+// (the only SSD). The notice, applied after that write-back committed, must not make
+// s1 forget the new record: the master counts it (n1's copy is clean, evictable), and
+// a later read of it would miss.
+//
+// The heartbeat loops are slowed to a minute; the test makes s1's heartbeats itself.
+func TestLateSSDDropNoticeKeepsRewrittenRecord(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 4<<20, nil, master.Options{InsecureCluster: true, HeartbeatInterval: time.Minute, NodeTTL: 5 * time.Minute,
+		WriteQuiet: -1, Placement: master.PlacementLocal})
+	so := ssdOptions(t, 16<<20)
+	so.InstanceKey = "s1"
+	s1, c1 := n.addOwner(t, "s1", 4<<20, so)
+	heartbeat := func() *mp.HeartbeatResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, _, err := s1.master.heartbeat(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	ssdReplicas := func() int64 {
+		t.Helper()
+		var c int64
+		n.m.Inspect(func(st *master.State) {
+			for _, m := range st.Members() {
+				if m.NodeId == "s1" {
+					c = m.SsdReplicas
+				}
+			}
+		})
+		return c
+	}
+
+	want := value(3, 100<<10)
+	first := ""
+	putID, err := n.c.PutWithID("a", int64(len(want)), fluxkv.PutOptions{Parent: &first}, func(_ int64, dst []byte) error {
+		copy(dst, want)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.waitPersisted(t) // written back from n1's memory to s1's ring
+	if ssdReplicas() != 1 || !s1.store.Contains("a", putID) {
+		t.Fatalf("a was not written back to s1's ring (the master counts %d SSD replicas there)", ssdReplicas())
+	}
+	heartbeat()
+	heartbeat()
+
+	ex := &excludeOnce{Client: s1.master.cl(), node: "n1"}
+	ex.armed.Store(true)
+	useMasterClient(s1, ex)
+	// a's record goes bad (zeros): its read fails verification, and s1 drops the entry.
+	garbage := bytes.Repeat([]byte{0xa5}, 4096)
+	overwritten := 0
+	filepath.WalkDir(so.Paths[0], func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt(garbage, 0); err != nil { // a's record is the ring's first
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			overwritten++
+		}
+		return nil
+	})
+	if overwritten == 0 {
+		t.Fatal("no shard files found")
+	}
+	h, err := c1.Get("a") // fails the read, then re-plans: a pull from n1
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(h.Bytes(), want) {
+		t.Fatal("get a: wrong bytes")
+	}
+	h.Release()
+	if got := s1.store.Stats().CorruptReads; got != 1 {
+		t.Fatalf("%d corrupt SSD reads, want 1", got)
+	}
+	pendingPersists := func() int {
+		pending := 0
+		n.m.Inspect(func(st *master.State) { pending = st.PendingPersists() })
+		return pending
+	}
+	waitUntil(t, func() bool { return pendingPersists() == 0 }) // a write-back again, if any
+	counted := ssdReplicas()
+	if has := s1.store.Contains("a", putID); (counted == 1) != has {
+		t.Fatalf("before the notices the master counts %d SSD replicas on s1; s1's ring holds a: %v", counted, has)
+	}
+	// Now the notice of the record whose read failed arrives.
+	resp := heartbeat()
+	t.Logf("s1's notices: SSD dropped %v (the master counted %d SSD replicas on s1)", resp.SsdDropped, counted)
+	heartbeat() // acks it
+	check := func(when string) {
+		t.Helper()
+		if got, has := ssdReplicas(), s1.store.Contains("a", putID); (got == 1) != has {
+			t.Fatalf("%s the master counts %d SSD replicas on s1; s1's ring holds a: %v", when, got, has)
+		}
+	}
+	check("after the notices")
+
+	// Once acked, a is written back there again (with the next page's, a publish tops
+	// n1's write-back up).
+	if _, err := n.c.PutWithID("b", int64(len(want)), fluxkv.PutOptions{Parent: &first}, func(_ int64, dst []byte) error {
+		copy(dst, want)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool { return pendingPersists() == 0 })
+	if got := ssdReplicas(); got != 2 || !s1.store.Contains("a", putID) {
+		t.Fatalf("after the next write-back the master counts %d SSD replicas on s1 (want 2: a and b); s1's ring holds a: %v",
+			got, s1.store.Contains("a", putID))
 	}
 }

@@ -292,11 +292,12 @@ func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bo
 	if dropSSDSource && g.kind == common.Source_SSD && src != nil {
 		if r := s.routes[key]; r != nil && r.putID == g.putID && r.replicas[src] != nil && r.replicas[src].ssd {
 			s.clearSSDLocked(key, r, src)
-			s.redirtyLocked(key, r) // memory may hold the version, now without an SSD copy
 			// The entry may still be on src's ring (a read that failed for another
 			// reason than the record): src must forget it, and counts as its holder
-			// until it has.
+			// until it has. (Queued first: the write-back redirtyLocked may start does
+			// not go to src before src acked it, persistTaskLocked.)
 			src.evicted.push(key, g.putID, true)
+			s.redirtyLocked(key, r) // memory may hold the version, now without an SSD copy
 		}
 	}
 	return nil

@@ -163,10 +163,14 @@ func (s *State) persistNodeLocked(t *node, length int64) *node {
 }
 
 // persistTaskLocked records a persist of key@putID, whose memory replica is a on t,
-// and returns the call for the server to make; nil when no owner can persist it.
+// and returns the call for the server to make; nil when no owner can persist it (or
+// the one chosen has yet to ack a notice to forget that version's SSD entry).
 func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocation) *PersistTask {
 	sn := s.persistNodeLocked(t, a.Len())
-	if sn == nil {
+	if sn == nil || sn.evicted.names(key, putID, true) {
+		// Not while a notice to forget the version's SSD entry waits for sn's ack (a
+		// write-back after a failed read there): applied after this persist, it would
+		// drop the new record while the master counts it.
 		return nil
 	}
 	pp := &pendingPersist{key: key, node: t, alloc: a.Retain(), ssdNode: sn}
