@@ -676,6 +676,98 @@ func runRandomState(t testing.TB, seed uint64, steps int, data []byte, admit str
 			t.Fatalf("seed %d step %d: %v\n%s", seed, i, err, dumpState(st))
 		}
 	}
+	if err := d.drain(); err != nil {
+		dumpLog(t, d)
+		t.Fatalf("seed %d: %v\n%s", seed, err, dumpState(st))
+	}
+}
+
+// drain ends every operation a walk left open, as the server and owners would: each
+// pull ends (unanswered: the owner never replied, so its target is quarantined), each
+// persist and write-back fails, in-flight gets are left unanswered until they expire,
+// and every holder is acked; then the clock passes the in-flight TTL and the pull
+// timeout. Afterwards nothing but the replicas may hold a range: a range some ended
+// operation still kept would be lost to the pool for good.
+func (d *randomDriver) drain() error {
+	st := d.st
+	for round := 0; len(d.pulls)+len(d.tasks) > 0; round++ {
+		if round > 1000 {
+			return fmt.Errorf("drain: pulls and persists keep coming back (%d pulls, %d tasks)", len(d.pulls), len(d.tasks))
+		}
+		for len(d.pulls) > 0 {
+			id := d.pulls[0]
+			d.pulls = d.pulls[1:]
+			res, err := st.PullDone(d.now, id, fmt.Errorf("pull unanswered"), false)
+			d.logf("drain: pull-done %d unanswered -> %v pull=%v", id, err, res.Pull != nil)
+			if res.Pull != nil {
+				d.pulls = append(d.pulls, id)
+			}
+			d.collect(res)
+		}
+		for len(d.tasks) > 0 {
+			t := d.tasks[0]
+			d.tasks = d.tasks[1:]
+			st.PersistTaskDone(t, false)
+			d.logf("drain: persist-done %s@%d ok=false", t.Key, t.PutID)
+		}
+		d.tasks = append(d.tasks, st.takeWriteBacksLocked()...)
+	}
+	for _, n := range d.nodes {
+		if hs := d.holders[n.id]; len(hs) > 0 {
+			_, err := st.BatchDeleteAck(NodeRef{ID: n.id, Generation: n.gen}, hs, nil)
+			d.logf("drain: ack %s %v %v", n.id, hs, err)
+			d.holders[n.id] = nil
+		}
+	}
+	for range 2 {
+		for _, n := range d.nodes {
+			st.Heartbeat(d.now, NodeRef{ID: n.id, Generation: n.gen}, n.ssd, 0)
+		}
+		d.now = d.now.Add(max(st.opts.InflightTTL, st.opts.PullTimeout) + time.Second)
+		st.Maintain(d.now)
+	}
+	d.logf("drain: expired")
+	// Gets expired by Maintain keep the holders their refills recorded at GetStart (the
+	// owner may have handed them out): it acks them too.
+	for _, n := range d.nodes {
+		if nd := st.nodes[n.id]; nd != nil && len(nd.holders) > 0 {
+			var ids []int64
+			for id := range nd.holders {
+				ids = append(ids, id)
+			}
+			_, err := st.BatchDeleteAck(NodeRef{ID: n.id, Generation: n.gen}, ids, nil)
+			d.logf("drain: ack expired refills %s %v %v", n.id, ids, err)
+		}
+	}
+	if err := checkStateInvariants(st); err != nil {
+		return err
+	}
+	if len(st.puts)+len(st.gets)+len(st.persists)+len(st.quarantine) > 0 || st.writingBack != 0 {
+		return fmt.Errorf("drained: %d puts, %d gets, %d persists, %d quarantined, writingBack=%d left",
+			len(st.puts), len(st.gets), len(st.persists), len(st.quarantine), st.writingBack)
+	}
+	for _, n := range st.nodes {
+		if len(n.holders) > 0 {
+			return fmt.Errorf("drained: node %s keeps %d holders", n.id, len(n.holders))
+		}
+		var mem int64
+		for _, r := range st.routes {
+			if rep := r.replicas[n]; rep != nil && rep.memory != nil {
+				mem += rep.memory.Size()
+			}
+		}
+		used := n.alloc.Used()
+		if n.xfer != nil {
+			used += n.xfer.Used()
+		}
+		if n.landing != nil {
+			used += n.landing.Used()
+		}
+		if used != mem {
+			return fmt.Errorf("drained: node %s uses %d bytes, its memory replicas %d", n.id, used, mem)
+		}
+	}
+	return nil
 }
 
 func dumpLog(t testing.TB, d *randomDriver) {
@@ -706,7 +798,9 @@ func totalUnwritten(st *State) int64 {
 // (chained pages and plain keys, revoked or done, pooled ones pulled, failed or
 // unanswered), gets (done, revoked, dropping an SSD source), holder releases, persists
 // committed before they answer (as owners do), ring overwrites, deletes, owner restarts,
-// expiry, spare-held, SSDs going and coming; checkStateInvariants after every step. With
+// expiry, spare-held, SSDs going and coming; checkStateInvariants after every step, and
+// at the end, once every operation left open ended as an unanswering owner's would
+// (drain), no range held but the replicas'. With
 // covered, owner n1 (SSD) never dies, and every page in memory without an SSD copy must
 // be dirty, being written back or given up on, and a page that leaves the cluster with
 // no SSD copy must be counted unwritten.
