@@ -35,16 +35,7 @@ func TestLateEvictNoticeKeepsPromotedReplica(t *testing.T) {
 		func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
 	heartbeat := func() {
 		t.Helper()
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			resp, _, err := n.o.master.heartbeat(ctx)
-			cancel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !resp.EvictionsMore {
-				return
-			}
+		for heartbeatNow(t, n.o).EvictionsMore {
 		}
 	}
 	memReplicas := func() int64 {
@@ -190,13 +181,7 @@ func TestLateSSDDropNoticeKeepsRewrittenRecord(t *testing.T) {
 	s1, c1 := n.addOwner(t, "s1", 4<<20, so)
 	heartbeat := func() *mp.HeartbeatResponse {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		resp, _, err := s1.master.heartbeat(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
+		return heartbeatNow(t, s1)
 	}
 	ssdReplicas := func() int64 {
 		t.Helper()
@@ -299,4 +284,17 @@ func TestLateSSDDropNoticeKeepsRewrittenRecord(t *testing.T) {
 		t.Fatalf("after the next write-back the master counts %d SSD replicas on s1 (want 2: a and b); s1's ring holds a: %v",
 			got, s1.store.Contains("a", putID))
 	}
+}
+
+// heartbeatNow sends one heartbeat of owner o, which applies the eviction notices its
+// answer carries (the next heartbeat acks them).
+func heartbeatNow(t testing.TB, o *Owner) *mp.HeartbeatResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, _, err := o.master.heartbeat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }

@@ -543,7 +543,9 @@ func TestSSDRefillKeepsMemoryReplicas(t *testing.T) {
 func TestSSDRefreshKeepsReadPages(t *testing.T) {
 	t.Parallel()
 	const page = 1 << 20
-	n := startNode(t, 4*page, ssdOptions(t, 16*page), master.Options{})
+	// The heartbeats are the test's: a refill is promoted (and so refreshed) only once the
+	// owner acked the notice of its eviction (master/testdata/evict_notice.txt).
+	n := startNode(t, 4*page, ssdOptions(t, 16*page), master.Options{HeartbeatInterval: time.Minute, NodeTTL: 5 * time.Minute, WriteQuiet: -1})
 	root := ""
 	put := func(k string, seed int) {
 		t.Helper()
@@ -567,6 +569,9 @@ func TestSSDRefreshKeepsReadPages(t *testing.T) {
 			put(f, 1000+fills*r+j)
 			keys = append(keys, f)
 		}
+		for heartbeatNow(t, n.o).EvictionsMore {
+		}
+		heartbeatNow(t, n.o) // acks them
 		for i := range hot {
 			h, err := n.c.Get(keys[i])
 			if errors.Is(err, fluxkv.ErrKeyNotFound) {
