@@ -13,11 +13,19 @@ import (
 func (m *masterLink) heartbeatLoop() {
 	defer m.o.wg.Done()
 	more := false // eviction notices wait at the master: heartbeat again at once
+	// ack: the last periodic heartbeat's answer carried notices, which the owner applied:
+	// the next heartbeat acks them at once rather than a period later. Until the ack the
+	// master promotes no get of an evicted version on this owner (its notice could drop
+	// the new replica's record: master GetDone), and counts this owner among the holders
+	// of the keys named. One ack per period, so continuous evictions cost two heartbeats
+	// a period, not a loop.
+	ack := false
 	for {
 		wait := m.o.heartbeatPeriod()
-		if more {
+		if more || ack {
 			wait = 0
 		}
+		acking := ack && !more
 		select {
 		case <-m.stop:
 			return
@@ -26,7 +34,7 @@ func (m *masterLink) heartbeatLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		resp, reregister, err := m.heartbeat(ctx)
 		cancel()
-		more = false
+		more, ack = false, false
 		if err != nil {
 			m.o.log.Warn().Err(err).Msg("heartbeat failed")
 			continue
@@ -35,6 +43,7 @@ func (m *masterLink) heartbeatLoop() {
 		// another epoch resends the same ones with More set until the owner registered
 		// with it, so heartbeating again at once would loop meanwhile.
 		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore && !reregister
+		ack = resp.Code == common.ErrorCode_OK && !reregister && !acking && len(resp.Evicted)+len(resp.SsdDropped) > 0
 		if reregister {
 			// A master of another epoch knows this owner: a registration whose answer
 			// was lost (it may wait for this owner's report). Register again.
