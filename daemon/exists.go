@@ -22,8 +22,8 @@ import (
 // registration and its replica report are out (settling) the replica index does not
 // count: the new master may still refuse any of its records.
 func (st *ownerState) knows(key string, now time.Time, settling bool) bool {
-	if !st.leased(now) {
-		return false
+	if !st.leased(now) || st.writing[key] > 0 {
+		return false // a write of key through this owner is out at the master: ownerState.writing
 	}
 	if h := st.hot.lookup(key); h != nil && h.replica {
 		return true

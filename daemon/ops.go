@@ -27,6 +27,7 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 			continue
 		}
 		st.replicas.drop(k, math.MaxInt64)
+		st.beginWrite(k) // no cached answer of the key until it is dropped below
 		valid = append(valid, i)
 	}
 	o.unlock()
@@ -52,6 +53,7 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 				}
 				st.invalidate(keys[i], upTo)
 			}
+			st.endWrite(keys[i])
 			out[i].Code, out[i].Message = wire.ToResponse(errs[j])
 		}
 		o.unlock()

@@ -43,6 +43,14 @@ type ownerState struct {
 	reg      registration
 	flights  map[string]*flight // gets in progress, one per key (flights.go)
 	pins     pinQueue           // prefix-lookup pins by deadline (pins.go)
+	// writing counts, per key, this owner's puts and deletes out at the master (PutDone,
+	// Delete: beginWrite .. endWrite). The master does not invalidate a write's requester
+	// (it drops its own records once answered), so from the master's publish or delete to
+	// that answer the hot set and replica index may hold a version the master declared
+	// dead, while a concurrent write of the key through another owner, ordered after this
+	// one, returns (a delete finding no route, a put found already overwritten). Such a
+	// key is answered by the master, not from them (cachedGet, knows).
+	writing map[string]int
 
 	fx effects
 }
@@ -172,6 +180,24 @@ func (st *ownerState) invalidate(key string, upTo int64) {
 	}
 }
 
+// beginWrite marks key as written through this owner until endWrite (writing).
+func (st *ownerState) beginWrite(key string) {
+	if st.writing == nil {
+		st.writing = make(map[string]int)
+	}
+	st.writing[key]++
+}
+
+// endWrite ends a beginWrite of key, once the master answered and this owner dropped
+// what the write declared dead.
+func (st *ownerState) endWrite(key string) {
+	if st.writing[key] <= 1 {
+		delete(st.writing, key)
+		return
+	}
+	st.writing[key]--
+}
+
 // sweepIdle acks idle hot-set holdings whose grace ran out by now (all with force).
 func (st *ownerState) sweepIdle(now time.Time, force bool) {
 	st.expirePins(now)
@@ -227,7 +253,8 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 // owner before an overwrite or delete elsewhere returns), or the holding c's own
 // prefix lookup pinned for it: any other (a pull or refill the master did not promote)
 // is invalidated only in the background, so a get after an overwrite returned could
-// read the old version from it. share, when set, is a holding the get may take even
+// read the old version from it. None answers while a write of key through this owner
+// is out at the master (writing). share, when set, is a holding the get may take even
 // so (its flight's leader's, answered by a master call sent after the get began:
 // flights.go) while it is the hot set's. A miss (nil resp) returns the invalidation
 // sequence to install the master's answer with.
@@ -235,7 +262,7 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time, share *ho
 	if c.closed { // the session ended while this call waited: nobody would release a holder
 		return nil, 0, errSessionClosed()
 	}
-	if h := st.hot.lookup(key); h != nil && (h.replica || h == share || c.pinsHolding(key, h)) && st.leased(now) {
+	if h := st.hot.lookup(key); h != nil && (h.replica || h == share || c.pinsHolding(key, h)) && st.writing[key] == 0 && st.leased(now) {
 		id := st.newHolder(c, h)
 		if h.replica {
 			st.fx.touched = append(st.fx.touched, key)

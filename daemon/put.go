@@ -300,6 +300,11 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		send = append(send, i)
 	}
 	for part := range masterParts(send, func(i int) int { return len(ps[i].key) }) {
+		st := o.lock()
+		for _, i := range part {
+			st.beginWrite(ps[i].key) // no cached answer of the key until it is dropped below
+		}
+		o.unlock()
 		mark := o.replicaMark()
 		results, err := o.askPutDone(ps, part)
 		if err != nil {
@@ -312,7 +317,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 				errs[i] = o.master.check(results[j].Code, results[j].Message, nil)
 			}
 		}
-		st := o.lock()
+		st = o.lock()
 		for _, i := range part {
 			if err != nil {
 				// It may have published: the older version this owner records, or holds
@@ -329,6 +334,9 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 			}
 		}
 		st.putsPublished(published, mark)
+		for _, i := range part {
+			st.endWrite(ps[i].key)
+		}
 		o.unlock()
 	}
 	return errs

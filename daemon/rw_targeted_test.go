@@ -3,16 +3,20 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/cloudwego/kitex/pkg/endpoint"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 )
 
 // TestUnpublishedPutNotInReplicaIndex: a put through n2 whose PutDone comes after a
@@ -145,6 +149,120 @@ func TestOverwriteWaitsForPendingInvalidation(t *testing.T) {
 				check()
 			}
 			if err := <-v2; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// heldAnswers is a master client whose PutDone and Delete answers wait, once the master
+// has answered, while hold is set (answered counts those waiting).
+type heldAnswers struct {
+	masterservice.Client
+	hold     atomic.Bool
+	answered atomic.Int64
+}
+
+func (c *heldAnswers) wait() {
+	if c.hold.Load() {
+		c.answered.Add(1)
+		for c.hold.Load() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+func (c *heldAnswers) PutDone(ctx context.Context, req *mp.PutDoneRequest, opts ...callopt.Option) (*mp.PutDoneResponse, error) {
+	resp, err := c.Client.PutDone(ctx, req, opts...)
+	c.wait()
+	return resp, err
+}
+
+func (c *heldAnswers) Delete(ctx context.Context, req *mp.DeleteRequest, opts ...callopt.Option) (*mp.DeleteResponse, error) {
+	resp, err := c.Client.Delete(ctx, req, opts...)
+	c.wait()
+	return resp, err
+}
+
+// TestRequesterServesNoDeadVersionWhileItsWriteIsOut: n2 holds v1 of a key as a
+// promoted replica in its hot set and writes the key (a put v2, or a delete). The
+// master does not invalidate a write's requester, which drops its own records once
+// answered; but before n2 has its answer, a concurrent write of the key through n1,
+// ordered after n2's, returns: a put n1 began before n2's (its PutDone finds n2's
+// published: it is answered as overwritten), or a delete (it finds no route). A get
+// through n2 that begins after it returned must not read v1 from n2's hot set
+// (rw_stress_test.go, TestReadYourWritesConcurrentWriters).
+func TestRequesterServesNoDeadVersionWhileItsWriteIsOut(t *testing.T) {
+	t.Parallel()
+	for _, del := range []bool{false, true} {
+		t.Run(map[bool]string{false: "put", true: "delete"}[del], func(t *testing.T) {
+			n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal})
+			mc := &heldAnswers{Client: n.m.LocalClient()}
+			o2, c2 := n.addOwner(t, "n2", 32<<20, nil, func(o *Options) { o.LocalMaster = mc })
+			r2, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-reader"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r2.Close() })
+			const key = "k"
+			if err := n.c.Put(key, value(1, 8192)); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				h, err := r2.Get(key)
+				if err != nil || !bytes.Equal(h.Bytes(), value(1, 8192)) || h.Remote() != (i == 0) {
+					t.Fatalf("n2's get %d: %v (want v1, the second from its hot set)", i, err)
+				}
+				h.Release() // idle in n2's hot set: a promoted replica
+			}
+
+			// n2's write: the master answers it, the answer waits.
+			mc.hold.Store(true)
+			write2 := make(chan error, 1)
+			n2write := func() {
+				if del {
+					_, err := c2.Delete(key)
+					write2 <- err
+				} else {
+					write2 <- c2.Put(key, value(2, 8192))
+				}
+			}
+			answered := func() bool { return mc.answered.Load() > 0 }
+			// n1's write, ordered after n2's, returns.
+			var err1 error
+			if del {
+				go n2write()
+				waitUntil(t, answered)
+				_, err1 = n.c.Delete(key)
+			} else {
+				err1 = n.c.PutWith(key, 8192, fluxkv.PutOptions{}, func(dst []byte) error {
+					copy(dst, value(3, 8192)) // its put id is below n2's put's
+					go n2write()
+					waitUntil(t, answered)
+					return nil
+				})
+			}
+			if err1 != nil {
+				t.Fatal(err1)
+			}
+			h, err := r2.Get(key)
+			switch {
+			case err == nil && bytes.Equal(h.Bytes(), value(1, 8192)):
+				t.Errorf("a get through n2 after n1's write returned read v1 (put %d) from n2's hot set", h.PutID())
+			case err == nil && del:
+				t.Errorf("a get through n2 after the delete returned read put %d", h.PutID())
+			case err != nil && !(del && errors.Is(err, fluxkv.ErrKeyNotFound)):
+				t.Errorf("a get through n2 after n1's write returned: %v", err)
+			}
+			if err == nil {
+				h.Release()
+			}
+			ok, err := r2.Exists(key)
+			if err != nil || ok == del {
+				t.Errorf("exists through n2 after n1's write returned: %v %v", ok, err)
+			}
+			mc.hold.Store(false)
+			if err := <-write2; err != nil {
 				t.Fatal(err)
 			}
 		})
