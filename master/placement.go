@@ -359,11 +359,21 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		// to a new master.
 		t := p.target.node
 		p.target.Release()
+		// Answered now, this put is ordered right before old: an owner that may still
+		// serve a version older than old (a Sync invalidation of the key it has not
+		// confirmed yet: old's own, or a delete's before it) must have dropped it
+		// before this put returns, as before old's; the requester too, which drops
+		// only the versions up to this put's own once answered.
 		var res PutResult
-		if t == p.node && t.peerAddr != "" {
+		for _, iv := range s.invalidationsLocked(nil, key, old.putID-1, nil) {
+			if iv.Sync {
+				res.Invalidations = append(res.Invalidations, iv)
+			}
+		}
+		if t == p.node && t.peerAddr != "" && !slices.ContainsFunc(res.Invalidations, func(iv Invalidation) bool { return iv.NodeID == t.id }) {
 			iv := Invalidation{NodeID: t.id, PeerAddr: t.peerAddr, Generation: t.generation, Key: key, PutID: putID, Sync: true}
 			s.pendSyncLocked(iv)
-			res.Invalidations = []Invalidation{iv}
+			res.Invalidations = append(res.Invalidations, iv)
 		}
 		return res, nil
 	}

@@ -404,7 +404,8 @@ type Invalidation struct {
 }
 
 // invalidationsLocked lists the live owners other than the requester (it drops its own
-// records before it replies); holders (holdersLocked of the dropped route) and owners
+// records before it replies, and answers the key from none of them while its write is
+// out: daemon ownerState.writing); holders (holdersLocked of the dropped route) and owners
 // with an unacked eviction notice of key are Sync.
 func (s *State) invalidationsLocked(requester *node, key string, putID int64, holders map[*node]bool) []Invalidation {
 	var out []Invalidation
