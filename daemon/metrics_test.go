@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -36,14 +35,8 @@ func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
 	n.waitPersisted(t)
 	// The master promotes no refill of a version whose eviction notice the owner has yet
 	// to ack: deliver the notices, then ack them.
-	for range 2 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, _, err := n.o.master.heartbeat(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	heartbeatNow(t, n.o)
+	heartbeatNow(t, n.o)
 	key := keys[0] // written first: evicted from memory, on SSD only
 	h, err := n.c.Get(key)
 	if err != nil {
