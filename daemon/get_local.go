@@ -7,5 +7,5 @@ import mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 // holding may stay cached after release at no memory cost.
 func localHit(key string, plan *mp.GetStartResponse) *holding {
 	return &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source,
-		offset: plan.TargetOffset, masterID: plan.HolderId, replica: true}
+		offset: plan.TargetOffset, masterID: plan.HolderId, replica: true, noticesSeq: plan.NoticesSeq}
 }

@@ -211,5 +211,5 @@ func (o *Owner) gotDone(key string, plan *mp.GetStartResponse, done *mp.GetDoneR
 		return nil, err
 	}
 	return &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,
-		masterID: done.HolderId, replica: done.Promoted, remote: true}, nil
+		masterID: done.HolderId, replica: done.Promoted, noticesSeq: done.NoticesSeq, remote: true}, nil
 }

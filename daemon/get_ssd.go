@@ -63,7 +63,7 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark
 		if err != nil {
 			return nil, err
 		}
-		h.masterID, h.replica = done.HolderId, done.Promoted
+		h.masterID, h.replica, h.noticesSeq = done.HolderId, done.Promoted, done.NoticesSeq
 		return h, nil
 	}
 	h.masterID = plan.HolderId
@@ -83,6 +83,6 @@ func (o *Owner) confirmRefill(key string, getID int64, h *holding, t *getTarget,
 		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")
 		return
 	}
-	o.lock().refillConfirmed(h, t, done.Promoted, mark, own)
+	o.lock().refillConfirmed(h, t, done, mark, own)
 	o.unlock()
 }

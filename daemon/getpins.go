@@ -91,11 +91,11 @@ func (st *ownerState) getStale(t *getTarget) bool { return t.pinned() || st.reg.
 // registered again since the plan, as the new master knows the replicas the
 // registration reported, not this answer of the old one. It reports whether h is a
 // replica now.
-func (st *ownerState) refillConfirmed(h *holding, t *getTarget, promoted bool, mark, own uint64) bool {
+func (st *ownerState) refillConfirmed(h *holding, t *getTarget, done *mp.GetDoneResponse, mark, own uint64) bool {
 	if st.reg.epoch != t.epoch {
 		return false
 	}
-	h.replica = promoted
+	h.replica, h.noticesSeq = done.Promoted, done.NoticesSeq
 	st.learnReplica(h, mark, own)
 	return h.replica
 }

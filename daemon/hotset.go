@@ -29,6 +29,9 @@ type holding struct {
 	replica bool
 	// remote: the bytes were pulled from another owner's replica.
 	remote bool
+	// noticesSeq: for a replica, the last eviction notice the master had numbered for
+	// this owner when it answered (notices up to it are older than the replica).
+	noticesSeq int64
 	// write is its entry in segmentWrites while externals reference it (refs > 0).
 	write *segmentWrite
 }

@@ -177,6 +177,13 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 	case "heartbeat-answer":
 		resp := &mp.HeartbeatResponse{Code: common.ErrorCode_OK, MasterEpoch: sInt(d, "epoch"), EvictionsSeq: sInt(d, "seq"),
 			Evicted: keyVersions(sArg(d, "evicted")), SsdDropped: keyVersions(sArg(d, "ssd"))}
+		// seqs=1,2: each evicted notice's number (none: an older master's reply).
+		for _, f := range strings.Split(sArg(d, "seqs"), ",") {
+			if f != "" {
+				n, _ := strconv.ParseInt(f, 10, 64)
+				resp.EvictedSeqs = append(resp.EvictedSeqs, n)
+			}
+		}
 		rereg := st.heartbeatAnswered(s.hbAck, s.hbSent, resp)
 		return fmt.Sprintf("reregister=%v acked=%d@%d\n", rereg, st.reg.acked.seq, st.reg.acked.epoch), nil
 
@@ -237,7 +244,8 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		// The GetDone answer of a refill finish-get handed out (a holder recorded at GetStart).
 		t := s.targets[key]
 		h := &holding{key: key, putID: sInt(d, "put"), offset: t.offset, len: t.len, masterID: sInt(d, "holder")}
-		return fmt.Sprintf("replica=%v\n", st.refillConfirmed(h, t, sArg(d, "promoted") != "", s.mark(d), 0)), nil
+		done := &mp.GetDoneResponse{Promoted: sArg(d, "promoted") != "", NoticesSeq: sInt(d, "notices")}
+		return fmt.Sprintf("replica=%v\n", st.refillConfirmed(h, t, done, s.mark(d), 0)), nil
 
 	case "end-get":
 		return fmt.Sprintf("stale=%v\n", st.endGet(s.targets[key])), nil
@@ -343,8 +351,13 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		return "ok\n", nil
 
 	// --- replica index
+	case "mark":
+		// The replica index's position now, for a later learn's mark= (a call starting now).
+		return fmt.Sprintf("mark=%d\n", st.replicas.mark()), nil
+
 	case "learn":
-		h := &holding{key: key, putID: sInt(d, "put"), offset: sInt(d, "off"), len: sInt(d, "len"), replica: true}
+		h := &holding{key: key, putID: sInt(d, "put"), offset: sInt(d, "off"), len: sInt(d, "len"), replica: true,
+			noticesSeq: sInt(d, "notices")}
 		st.learnReplica(h, s.mark(d), 0)
 		return "", nil
 
@@ -447,6 +460,9 @@ func (s *ownerScript) dump() string {
 		fmt.Fprintf(&b, "replica %s@%d [%d+%d)", r.key, r.putID, r.offset, r.len)
 		if r.page {
 			fmt.Fprintf(&b, " parent=%q", r.parent)
+		}
+		if r.notices.seq > 0 {
+			fmt.Fprintf(&b, " notices<=%d@%d", r.notices.seq, r.notices.reg)
 		}
 		b.WriteString("\n")
 	}

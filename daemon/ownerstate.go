@@ -315,7 +315,8 @@ func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64
 // replicaIndex.learn.
 func (st *ownerState) learnReplica(h *holding, mark, own uint64) {
 	if h.replica {
-		st.replicas.learn(replicaRecord{key: h.key, putID: h.putID, offset: h.offset, len: h.len}, mark, own)
+		st.replicas.learn(replicaRecord{key: h.key, putID: h.putID, offset: h.offset, len: h.len,
+			notices: noticeBound{reg: st.reg.epoch, seq: h.noticesSeq}}, mark, own)
 	}
 }
 

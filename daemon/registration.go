@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -119,7 +120,7 @@ func (st *ownerState) leased(now time.Time) bool { return now.Before(st.reg.leas
 func (st *ownerState) heartbeatAnswered(a evictAck, sent time.Time, resp *mp.HeartbeatResponse) (reregister bool) {
 	st.renewLease(sent)
 	if resp.MasterEpoch == a.epoch && resp.EvictionsSeq > a.seq {
-		st.applyEvictions(resp.Evicted)
+		st.applyEvictions(resp.Evicted, resp.EvictedSeqs, a.reg)
 		for _, e := range resp.SsdDropped {
 			if e != nil {
 				st.fx.ssdForget = append(st.fx.ssdForget, e)
@@ -132,12 +133,19 @@ func (st *ownerState) heartbeatAnswered(a evictAck, sent time.Time, resp *mp.Hea
 	return resp.MasterEpoch != st.reg.masterEpoch
 }
 
-// applyEvictions drops the records of memory replicas the master evicted.
-func (st *ownerState) applyEvictions(evicted []*common.KeyVersion) {
-	for _, e := range evicted {
-		if e != nil {
-			st.replicas.drop(e.Key, e.PutId)
+// applyEvictions drops the records of memory replicas the master evicted: notices
+// numbered seqs (none from an older master: each applies) by the master this owner
+// registered with at registration reg.
+func (st *ownerState) applyEvictions(evicted []*common.KeyVersion, seqs []int64, reg uint64) {
+	for i, e := range evicted {
+		if e == nil {
+			continue
 		}
+		n := noticeBound{reg: reg, seq: math.MaxInt64}
+		if len(seqs) == len(evicted) {
+			n.seq = seqs[i]
+		}
+		st.replicas.evicted(e.Key, e.PutId, n)
 	}
 }
 

@@ -18,16 +18,36 @@ type replicaRecord struct {
 	// reported so a new master ranks it as a page again.
 	page   bool
 	parent string
+	// notices: eviction notices up to this bound are older than the replica (learned
+	// from a local hit or a promotion; zero: every notice of its version applies).
+	notices noticeBound
 }
 
 func (r *replicaRecord) end() int64 { return r.offset + ssd.AlignedLen(r.len) }
 
+// noticeBound is an eviction notice's number (HeartbeatResponse.evicted_seqs), or the
+// last one the master had numbered when it answered that this owner holds a replica
+// (GetStartResponse and GetDoneResponse notices_seq), counted from this owner's
+// registration reg (registration.epoch: each registration's master numbers its own).
+type noticeBound struct {
+	reg uint64
+	seq int64
+}
+
+// older reports whether notice n is older than a replica learned with bound b, so it
+// does not apply to it: a notice of the version's earlier replica here, evicted before
+// this one was placed, and applied only after the owner learned this one.
+func (b noticeBound) older(n noticeBound) bool {
+	return b.seq > 0 && b.reg == n.reg && n.seq <= b.seq
+}
+
 // indexNote is one recent change of the replica index: a drop (key set: versions of
-// key up to upTo are dead) or an open (key empty: [offset, end) was handed out for a
-// new value).
+// key up to upTo are dead; notice: the eviction notice that dropped them, zero for an
+// invalidation) or an open (key empty: [offset, end) was handed out for a new value).
 type indexNote struct {
 	key         string
 	upTo        int64
+	notice      noticeBound
 	offset, end int64
 }
 
@@ -47,7 +67,10 @@ const indexNotes = 2 * external.MAX_BATCH
 //
 // A record learned from an answer is kept only if no drop of its key (at or above its
 // version) and no open overlapping its range happened since the call started (learn's
-// since, from mark): the answer may predate them. It is a plain type under Owner.mu.
+// since, from mark): the answer may predate them. Eviction notices name key@putID only,
+// so one of the version's earlier replica here could drop the one learned since: a
+// notice older than the record's bound neither drops it nor stops its learn. It is a
+// plain type under Owner.mu.
 type replicaIndex struct {
 	byKey map[string]*replicaRecord
 	byOff *btree.BTreeG[*replicaRecord]
@@ -85,12 +108,15 @@ func (x *replicaIndex) learn(r replicaRecord, since, own uint64) bool {
 		if n.key == "" && n.offset < r.end() && r.offset < n.end {
 			return false
 		}
-		if n.key == r.key && n.upTo >= r.putID {
+		if n.key == r.key && n.upTo >= r.putID && !r.notices.older(n.notice) {
 			return false
 		}
 	}
 	if cur := x.byKey[r.key]; cur != nil {
 		if cur.putID > r.putID || (cur.putID == r.putID && cur.offset == r.offset) {
+			if cur.putID == r.putID && (cur.notices.reg != r.notices.reg || cur.notices.seq < r.notices.seq) {
+				cur.notices = r.notices // the same replica: any answer's bound holds for it
+			}
 			return cur.putID == r.putID
 		}
 		x.remove(cur)
@@ -106,6 +132,15 @@ func (x *replicaIndex) learn(r replicaRecord, since, own uint64) bool {
 func (x *replicaIndex) drop(key string, upTo int64) {
 	x.note(indexNote{key: key, upTo: upTo})
 	if cur := x.byKey[key]; cur != nil && cur.putID <= upTo {
+		x.remove(cur)
+	}
+}
+
+// evicted applies eviction notice n of key@putID: it forgets the record of key if its
+// version is at most putID, unless the notice is older than the record.
+func (x *replicaIndex) evicted(key string, putID int64, n noticeBound) {
+	x.note(indexNote{key: key, upTo: putID, notice: n})
+	if cur := x.byKey[key]; cur != nil && cur.putID <= putID && !cur.notices.older(n) {
 		x.remove(cur)
 	}
 }

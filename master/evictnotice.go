@@ -56,20 +56,23 @@ func (b *evictOutbox) ack(seq int64) {
 
 // pending returns up to evictNoticeBatch unacked notices (memory and SSD), the seq of
 // the last one, and whether more wait after them.
-func (b *evictOutbox) pending() (memory, ssd []*common.KeyVersion, seq int64, more bool) {
+func (b *evictOutbox) pending() Notices {
 	n := min(len(b.notices), evictNoticeBatch)
 	if n == 0 {
-		return nil, nil, b.lastSeq, false
+		return Notices{Seq: b.lastSeq}
 	}
+	var ns Notices
 	for _, e := range b.notices[:n] {
 		kv := &common.KeyVersion{Key: e.key, PutId: e.putID}
 		if e.ssd {
-			ssd = append(ssd, kv)
+			ns.SSDDropped = append(ns.SSDDropped, kv)
 		} else {
-			memory = append(memory, kv)
+			ns.Evicted = append(ns.Evicted, kv)
+			ns.EvictedSeqs = append(ns.EvictedSeqs, e.seq)
 		}
 	}
-	return memory, ssd, b.notices[n-1].seq, n < len(b.notices)
+	ns.Seq, ns.More = b.notices[n-1].seq, n < len(b.notices)
+	return ns
 }
 
 // has reports whether an unacked notice names key.

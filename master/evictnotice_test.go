@@ -12,28 +12,40 @@ func TestEvictOutbox(t *testing.T) {
 		b.push("k", int64(i+1), i%2 == 1)
 	}
 	b.push("last", 9, false)
-	mem, ssd, seq, more := b.pending()
-	if len(mem)+len(ssd) != evictNoticeBatch || seq != evictNoticeBatch || !more || len(ssd) != evictNoticeBatch/2 {
-		t.Fatalf("first batch: %d memory + %d ssd, seq %d, more %v", len(mem), len(ssd), seq, more)
+	ns := b.pending()
+	if len(ns.Evicted)+len(ns.SSDDropped) != evictNoticeBatch || ns.Seq != evictNoticeBatch || !ns.More || len(ns.SSDDropped) != evictNoticeBatch/2 {
+		t.Fatalf("first batch: %d memory + %d ssd, seq %d, more %v", len(ns.Evicted), len(ns.SSDDropped), ns.Seq, ns.More)
 	}
-	b.ack(seq)
+	// Each memory notice comes with its own sequence number (the i-th push has i+1).
+	if len(ns.EvictedSeqs) != len(ns.Evicted) {
+		t.Fatalf("%d sequence numbers for %d memory notices", len(ns.EvictedSeqs), len(ns.Evicted))
+	}
+	for i, e := range ns.Evicted {
+		if ns.EvictedSeqs[i] != e.PutId {
+			t.Fatalf("notice of k@%d numbered %d, want %d", e.PutId, ns.EvictedSeqs[i], e.PutId)
+		}
+	}
+	b.ack(ns.Seq)
 	if !b.has("k") || !b.has("last") {
 		t.Fatal("keys with unacked notices not held")
 	}
-	mem, ssd, seq, more = b.pending()
-	if len(mem)+len(ssd) != n-evictNoticeBatch+1 || seq != n+1 || more {
-		t.Fatalf("second batch: %d memory + %d ssd, seq %d, more %v", len(mem), len(ssd), seq, more)
+	ns = b.pending()
+	if len(ns.Evicted)+len(ns.SSDDropped) != n-evictNoticeBatch+1 || ns.Seq != n+1 || ns.More {
+		t.Fatalf("second batch: %d memory + %d ssd, seq %d, more %v", len(ns.Evicted), len(ns.SSDDropped), ns.Seq, ns.More)
 	}
-	b.ack(seq - 1)
+	if last := len(ns.EvictedSeqs) - 1; ns.Evicted[last].Key != "last" || ns.EvictedSeqs[last] != n+1 {
+		t.Fatalf("the last memory notice is %s numbered %d, want last numbered %d", ns.Evicted[last].Key, ns.EvictedSeqs[last], n+1)
+	}
+	b.ack(ns.Seq - 1)
 	if b.has("k") || !b.has("last") || b.len() != 1 {
 		t.Fatalf("after acking all but the last: has(k)=%v has(last)=%v len=%d", b.has("k"), b.has("last"), b.len())
 	}
-	b.ack(seq)
+	b.ack(ns.Seq)
 	if b.has("last") || b.len() != 0 {
 		t.Fatal("notices left after the last ack")
 	}
-	if _, _, s, more := b.pending(); s != n+1 || more {
-		t.Fatalf("empty outbox: seq %d more %v", s, more)
+	if ns := b.pending(); ns.Seq != n+1 || ns.More {
+		t.Fatalf("empty outbox: seq %d more %v", ns.Seq, ns.More)
 	}
 }
 

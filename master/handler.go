@@ -60,7 +60,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 	}
 	err := h.s.withState(func(st *State) error {
 		ns, err := st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage), ack)
-		resp.Evicted, resp.SsdDropped, resp.EvictionsSeq, resp.EvictionsMore = ns.Evicted, ns.SSDDropped, ns.Seq, ns.More
+		resp.Evicted, resp.EvictedSeqs, resp.SsdDropped, resp.EvictionsSeq, resp.EvictionsMore = ns.Evicted, ns.EvictedSeqs, ns.SSDDropped, ns.Seq, ns.More
 		return err
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)
@@ -156,7 +156,7 @@ func (h *handler) getStart(ctx context.Context, node *mp.NodeRef, key string, ex
 func getStartResponse(p GetPlan, err error) *mp.GetStartResponse {
 	resp := &mp.GetStartResponse{GetId: p.GetID, PutId: p.PutID, Len: p.Len, Source: p.Source,
 		SourceNodeId: p.SourceNode, SourceGeneration: p.SourceGeneration, SourceDataAddr: p.SourceDataAddr, SourcePeerAddr: p.SourcePeerAddr,
-		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, Done: p.Done, HolderId: p.HolderID}
+		SourceOffset: p.SourceOffset, TargetOffset: p.TargetOffset, Done: p.Done, HolderId: p.HolderID, NoticesSeq: p.NoticesSeq}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp
 }
@@ -168,7 +168,8 @@ func (h *handler) GetDone(ctx context.Context, req *mp.GetDoneRequest) (*mp.GetD
 func (h *handler) getDone(node *mp.NodeRef, key string, getID int64) *mp.GetDoneResponse {
 	resp := &mp.GetDoneResponse{}
 	err := h.s.withState(func(st *State) (err error) {
-		resp.HolderId, resp.Promoted, err = st.GetDone(ref(node), key, getID)
+		res, err := st.GetDone(ref(node), key, getID)
+		resp.HolderId, resp.Promoted, resp.NoticesSeq = res.HolderID, res.Promoted, res.NoticesSeq
 		return err
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)

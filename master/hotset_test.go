@@ -75,11 +75,11 @@ func (f *fullOwner) must(t *testing.T, err error) {
 func (f *fullOwner) done(t *testing.T, key string, plan GetPlan, sole bool) {
 	t.Helper()
 	f.must(t, f.srv.withState(func(st *State) error {
-		id, promoted, err := st.GetDone(f.b, key, plan.GetID)
-		if promoted && sole {
+		res, err := st.GetDone(f.b, key, plan.GetID)
+		if res.Promoted && sole {
 			t.Errorf("get of %s promoted: the test needs its range to be a sole holding", key)
 		}
-		f.held.Store(id)
+		f.held.Store(res.HolderID)
 		return err
 	}))
 }

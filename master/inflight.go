@@ -127,6 +127,18 @@ type GetPlan struct {
 	// false): the holder is usable once the read completes; GetDone only confirms.
 	Done     bool
 	HolderID int64
+	// NoticesSeq (Done): the requester's last eviction notice numbered so far; notices up
+	// to it are older than the replica reused (evictnotice.go).
+	NoticesSeq int64
+}
+
+// GetDoneResult is the master's answer to GetDone.
+type GetDoneResult struct {
+	HolderID int64
+	// Promoted: the target became the requester's memory replica of the version;
+	// NoticesSeq as GetPlan.NoticesSeq for it.
+	Promoted   bool
+	NoticesSeq int64
 }
 
 // fitsNodeLocked refuses a get target of length bytes that no range of n could ever
@@ -179,7 +191,7 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 		n.holders[id] = a.Retain()
 		n.policy.Touch(key)
 		return GetPlan{PutID: r.putID, Len: r.len, Source: common.Source_MEMORY, SourceNode: n.id,
-			SourceOffset: a.Offset(), TargetOffset: a.Offset(), Done: true, HolderID: id}, nil
+			SourceOffset: a.Offset(), TargetOffset: a.Offset(), Done: true, HolderID: id, NoticesSeq: n.evicted.lastSeq}, nil
 	}
 	kind := common.Source_MEMORY
 	src := pickSourceLocked(r, exclude, func(rep *replica) bool { return rep.memory != nil })
@@ -238,42 +250,38 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 
 // GetDone turns the get's target into a holder of the requesting owner (its id is the
 // get id) and, if the key still has that version, the requester has no memory replica,
-// fewer than MaxPromotions promotions happened, GetStart planned the target as a
-// replica (getTargetLocked) and no eviction notice of the version waits for the
-// requester's ack, also into a new memory replica.
-func (s *State) GetDone(ref NodeRef, key string, getID int64) (holderID int64, promoted bool, err error) {
+// fewer than MaxPromotions promotions happened and GetStart planned the target as a
+// replica (getTargetLocked), also into a new memory replica. An eviction notice of the
+// version's earlier replica there may still wait for the requester's ack: the answer's
+// NoticesSeq tells the owner that notice is older than this replica.
+func (s *State) GetDone(ref NodeRef, key string, getID int64) (GetDoneResult, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
-		return 0, false, err
+		return GetDoneResult{}, err
 	}
 	g := s.gets[getID]
 	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
-		return 0, false, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key (expired, revoked or never started)", getID)
+		return GetDoneResult{}, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key (expired, revoked or never started)", getID)
 	}
 	delete(s.gets, getID)
 	s.unsourceLocked(g)
-	holderID = g.holderID
-	if holderID == 0 {
+	res := GetDoneResult{HolderID: g.holderID}
+	if res.HolderID == 0 {
 		// holder_id == get_id: a requester that lost this reply still knows the id, and
 		// releases it (BatchDeleteAck) instead of leaking the holder.
-		holderID = getID
-		g.node.holders[holderID] = g.target.Retain()
+		res.HolderID = getID
+		g.node.holders[res.HolderID] = g.target.Retain()
 	}
-	// Not while an eviction notice of the version waits for the requester's ack: notices
-	// name key@putID only, so one of the version's earlier replica there, applied after
-	// the owner learned this one, would drop it from the owner's replica index while the
-	// master counts it (a new master would never learn it).
-	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() &&
-		!g.node.evicted.names(key, r.putID, false) {
+	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
 		r.promotions++
 		s.setMemoryLocked(key, r, g.node, g.target.Retain(), true)
 		if g.kind == common.Source_SSD {
 			s.refreshLocked(r, g.node)
 		}
-		promoted = true
+		res.Promoted, res.NoticesSeq = true, g.node.evicted.lastSeq
 	}
 	g.target.Release() // the in-flight get's own reference
-	return holderID, promoted, nil
+	return res, nil
 }
 
 // GetRevoke abandons an in-flight get. With dropSSDSource the SSD replica it tried to

@@ -218,10 +218,11 @@ func (s *State) checkAddrTakenLocked(now time.Time, id, dataAddr, peerAddr strin
 
 // Notices are the eviction notices a heartbeat reply carries (evictnotice.go).
 type Notices struct {
-	Evicted    []*common.KeyVersion // memory replicas evicted
-	SSDDropped []*common.KeyVersion // SSD entries no longer routed to
-	Seq        int64                // the last notice's sequence number
-	More       bool                 // more wait: the owner heartbeats again at once
+	Evicted     []*common.KeyVersion // memory replicas evicted
+	EvictedSeqs []int64              // the sequence number of each of Evicted
+	SSDDropped  []*common.KeyVersion // SSD entries no longer routed to
+	Seq         int64                // the last notice's sequence number
+	More        bool                 // more wait: the owner heartbeats again at once
 }
 
 // Heartbeat refreshes an owner's liveness and SSD figures, takes its ack of the
@@ -235,9 +236,7 @@ func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo, evictAck int6
 	n.lastSeen = now
 	n.ssd = ssd
 	n.evicted.ack(evictAck)
-	var ns Notices
-	ns.Evicted, ns.SSDDropped, ns.Seq, ns.More = n.evicted.pending()
-	return ns, nil
+	return n.evicted.pending(), nil
 }
 
 // nodeLocked finds the live incarnation ref names, or STALE_GENERATION.

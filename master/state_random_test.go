@@ -434,10 +434,10 @@ func (d *randomDriver) step(op byte, arg uint64) {
 			d.logf("get-revoke %d %v", id, err)
 			return
 		}
-		h, promoted, err := st.GetDone(ref, g.key, id)
-		d.logf("get-done %d %s -> holder=%d promoted=%v %v", id, g.key, h, promoted, err)
+		res, err := st.GetDone(ref, g.key, id)
+		d.logf("get-done %d %s -> holder=%d promoted=%v %v", id, g.key, res.HolderID, res.Promoted, err)
 		if err == nil {
-			d.holders[ref.ID] = append(d.holders[ref.ID], h)
+			d.holders[ref.ID] = append(d.holders[ref.ID], res.HolderID)
 		}
 	case 9: // release holders
 		ni := pick(len(d.nodes))

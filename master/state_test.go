@@ -230,19 +230,23 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if err != nil || len(ns.Evicted)+len(ns.SSDDropped) == 0 {
 			return "ok\n", err
 		}
-		list := func(kvs []*common.KeyVersion) string {
+		list := func(kvs []*common.KeyVersion, seqs []int64) string {
 			var out []string
-			for _, e := range kvs {
-				out = append(out, fmt.Sprintf("%s@%d", e.Key, e.PutId))
+			for i, e := range kvs {
+				s := fmt.Sprintf("%s@%d", e.Key, e.PutId)
+				if seqs != nil {
+					s += fmt.Sprintf("#%d", seqs[i])
+				}
+				out = append(out, s)
 			}
 			return strings.Join(out, ",")
 		}
 		out := "ok"
 		if len(ns.Evicted) > 0 {
-			out += " evicted=" + list(ns.Evicted)
+			out += " evicted=" + list(ns.Evicted, ns.EvictedSeqs)
 		}
 		if len(ns.SSDDropped) > 0 {
-			out += " ssd_dropped=" + list(ns.SSDDropped)
+			out += " ssd_dropped=" + list(ns.SSDDropped, nil)
 		}
 		return fmt.Sprintf("%s seq=%d more=%v\n", out, ns.Seq, ns.More), nil
 	case "rebuild":
@@ -423,7 +427,11 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			return "", err
 		}
 		if p.Done {
-			return fmt.Sprintf("holder=%d offset=%d len=%d put_id=%d source=%s\n", p.HolderID, p.TargetOffset, p.Len, p.PutID, p.Source), nil
+			out := fmt.Sprintf("holder=%d offset=%d len=%d put_id=%d source=%s", p.HolderID, p.TargetOffset, p.Len, p.PutID, p.Source)
+			if p.NoticesSeq > 0 {
+				out += fmt.Sprintf(" notices=%d", p.NoticesSeq)
+			}
+			return out + "\n", nil
 		}
 		out := fmt.Sprintf("get_id=%d source=%s from=%s target=%d len=%d", p.GetID, p.Source, p.SourceNode, p.TargetOffset, p.Len)
 		if p.HolderID != 0 {
@@ -431,11 +439,14 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		}
 		return out + "\n", nil
 	case "get-done":
-		h, promoted, err := st.GetDone(nref(st, d), key, scriptGetID(st, d))
+		res, err := st.GetDone(nref(st, d), key, scriptGetID(st, d))
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("holder=%d promoted=%v\n", h, promoted), nil
+		if res.Promoted && res.NoticesSeq > 0 {
+			return fmt.Sprintf("holder=%d promoted=true notices=%d\n", res.HolderID, res.NoticesSeq), nil
+		}
+		return fmt.Sprintf("holder=%d promoted=%v\n", res.HolderID, res.Promoted), nil
 	case "get-revoke":
 		return "ok\n", st.GetRevoke(nref(st, d), key, argInt(d, "id"), arg(d, "drop-ssd") != "")
 	case "ack":

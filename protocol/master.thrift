@@ -82,6 +82,10 @@ struct HeartbeatRequest {
 // ring) and acks with the next heartbeat; until then the master counts the owner among
 // the holders of those versions (a delete or overwrite waits for it to drop them).
 // evictions_more: more notices wait: the owner heartbeats again at once.
+// evicted_seqs: the sequence number of each notice of evicted (same length; an older
+// master sends none). A notice does not apply to a record the owner learned from an
+// answer whose notices_seq is at least the notice's (GetStartResponse, GetDoneResponse):
+// the replica it names was evicted before the one recorded.
 struct HeartbeatResponse {
   1: common.ErrorCode code,
   2: string message,
@@ -90,6 +94,7 @@ struct HeartbeatResponse {
   5: i64 evictions_seq,
   6: list<common.KeyVersion> ssd_dropped,
   7: bool evictions_more,
+  8: list<i64> evicted_seqs,
 }
 
 // acks (in PutStart and GetStart) carries holder releases not yet sent with
@@ -178,6 +183,10 @@ struct GetStartResponse {
   // The source incarnation a pull must name in its fence (with source_node_id and
   // get_id as the transfer id): a source that restarted refuses it.
   16: i64 source_generation,
+  // For a local hit (done): the last eviction notice the master numbered for the
+  // requester (HeartbeatResponse.evicted_seqs); notices up to it do not apply to this
+  // replica (they are older than it).
+  17: i64 notices_seq,
 }
 
 struct GetDoneRequest {
@@ -186,11 +195,13 @@ struct GetDoneRequest {
   3: i64 get_id,
 }
 
+// notices_seq: with promoted, as GetStartResponse.notices_seq for the new replica.
 struct GetDoneResponse {
   1: common.ErrorCode code,
   2: string message,
   3: i64 holder_id,
   4: bool promoted,
+  5: i64 notices_seq,
 }
 
 struct GetRevokeRequest {

@@ -441,6 +441,7 @@ type HeartbeatResponse struct {
 	EvictionsSeq  int64                `thrift:"evictions_seq,5" frugal:"5,default,i64" json:"evictions_seq"`
 	SsdDropped    []*common.KeyVersion `thrift:"ssd_dropped,6" frugal:"6,default,list<common.KeyVersion>" json:"ssd_dropped"`
 	EvictionsMore bool                 `thrift:"evictions_more,7" frugal:"7,default,bool" json:"evictions_more"`
+	EvictedSeqs   []int64              `thrift:"evicted_seqs,8" frugal:"8,default,list<i64>" json:"evicted_seqs"`
 }
 
 func NewHeartbeatResponse() *HeartbeatResponse {
@@ -477,6 +478,10 @@ func (p *HeartbeatResponse) GetSsdDropped() (v []*common.KeyVersion) {
 func (p *HeartbeatResponse) GetEvictionsMore() (v bool) {
 	return p.EvictionsMore
 }
+
+func (p *HeartbeatResponse) GetEvictedSeqs() (v []int64) {
+	return p.EvictedSeqs
+}
 func (p *HeartbeatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -498,6 +503,9 @@ func (p *HeartbeatResponse) SetSsdDropped(val []*common.KeyVersion) {
 func (p *HeartbeatResponse) SetEvictionsMore(val bool) {
 	p.EvictionsMore = val
 }
+func (p *HeartbeatResponse) SetEvictedSeqs(val []int64) {
+	p.EvictedSeqs = val
+}
 
 func (p *HeartbeatResponse) String() string {
 	if p == nil {
@@ -514,6 +522,7 @@ var fieldIDToName_HeartbeatResponse = map[int16]string{
 	5: "evictions_seq",
 	6: "ssd_dropped",
 	7: "evictions_more",
+	8: "evicted_seqs",
 }
 
 type PutStartRequest struct {
@@ -970,6 +979,7 @@ type GetStartResponse struct {
 	Done             bool             `thrift:"done,14" frugal:"14,default,bool" json:"done"`
 	HolderId         int64            `thrift:"holder_id,15" frugal:"15,default,i64" json:"holder_id"`
 	SourceGeneration int64            `thrift:"source_generation,16" frugal:"16,default,i64" json:"source_generation"`
+	NoticesSeq       int64            `thrift:"notices_seq,17" frugal:"17,default,i64" json:"notices_seq"`
 }
 
 func NewGetStartResponse() *GetStartResponse {
@@ -1042,6 +1052,10 @@ func (p *GetStartResponse) GetHolderId() (v int64) {
 func (p *GetStartResponse) GetSourceGeneration() (v int64) {
 	return p.SourceGeneration
 }
+
+func (p *GetStartResponse) GetNoticesSeq() (v int64) {
+	return p.NoticesSeq
+}
 func (p *GetStartResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -1090,6 +1104,9 @@ func (p *GetStartResponse) SetHolderId(val int64) {
 func (p *GetStartResponse) SetSourceGeneration(val int64) {
 	p.SourceGeneration = val
 }
+func (p *GetStartResponse) SetNoticesSeq(val int64) {
+	p.NoticesSeq = val
+}
 
 func (p *GetStartResponse) String() string {
 	if p == nil {
@@ -1115,6 +1132,7 @@ var fieldIDToName_GetStartResponse = map[int16]string{
 	14: "done",
 	15: "holder_id",
 	16: "source_generation",
+	17: "notices_seq",
 }
 
 type GetDoneRequest struct {
@@ -1174,10 +1192,11 @@ var fieldIDToName_GetDoneRequest = map[int16]string{
 }
 
 type GetDoneResponse struct {
-	Code     common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message  string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	HolderId int64            `thrift:"holder_id,3" frugal:"3,default,i64" json:"holder_id"`
-	Promoted bool             `thrift:"promoted,4" frugal:"4,default,bool" json:"promoted"`
+	Code       common.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message    string           `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	HolderId   int64            `thrift:"holder_id,3" frugal:"3,default,i64" json:"holder_id"`
+	Promoted   bool             `thrift:"promoted,4" frugal:"4,default,bool" json:"promoted"`
+	NoticesSeq int64            `thrift:"notices_seq,5" frugal:"5,default,i64" json:"notices_seq"`
 }
 
 func NewGetDoneResponse() *GetDoneResponse {
@@ -1202,6 +1221,10 @@ func (p *GetDoneResponse) GetHolderId() (v int64) {
 func (p *GetDoneResponse) GetPromoted() (v bool) {
 	return p.Promoted
 }
+
+func (p *GetDoneResponse) GetNoticesSeq() (v int64) {
+	return p.NoticesSeq
+}
 func (p *GetDoneResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -1213,6 +1236,9 @@ func (p *GetDoneResponse) SetHolderId(val int64) {
 }
 func (p *GetDoneResponse) SetPromoted(val bool) {
 	p.Promoted = val
+}
+func (p *GetDoneResponse) SetNoticesSeq(val int64) {
+	p.NoticesSeq = val
 }
 
 func (p *GetDoneResponse) String() string {
@@ -1227,6 +1253,7 @@ var fieldIDToName_GetDoneResponse = map[int16]string{
 	2: "message",
 	3: "holder_id",
 	4: "promoted",
+	5: "notices_seq",
 }
 
 type GetRevokeRequest struct {
