@@ -49,6 +49,9 @@ func (h *externalHandler) PutStart(ctx context.Context, req *external.PutStartRe
 	resp := &external.PutStartResponse{}
 	resp.Code, resp.Message = h.o.serve(ctx, req.Session, func(c *session) (err error) {
 		resp.PutId, resp.Offset, err = h.o.putStart(c, req.Key, req.Len, req.Opts, req.Parent)
+		if err == nil {
+			grantPut(ctx, c.id, req.Key, resp.PutId)
+		}
 		if errors.Is(err, wire.ErrAlreadyExists) {
 			setSkipped(ctx) // a key already cached (reject_if_exists), as in a BatchPutStart
 		}
@@ -87,6 +90,7 @@ func (h *externalHandler) Get(ctx context.Context, req *external.GetRequest) (*e
 		resp, err = h.o.get(c, req.Key)
 		if err == nil {
 			setHit(ctx, resp.Source)
+			grantHolder(ctx, c.id, resp.HolderId)
 		}
 		return err
 	})
@@ -151,11 +155,14 @@ func (h *externalHandler) BatchPutStart(ctx context.Context, req *external.Batch
 			return err
 		}
 		resp.Results = h.o.putStartMany(c, req.Items)
-		for _, r := range resp.Results {
+		for i, r := range resp.Results {
 			// A page already cached (reject_if_exists) is skipped, not failed: the KV
 			// stores put every page of a prompt so.
 			if r.Code != common.ErrorCode_OK && r.Code != common.ErrorCode_ALREADY_EXISTS {
 				setItemFailed(ctx)
+			}
+			if r.Code == common.ErrorCode_OK {
+				grantPut(ctx, c.id, req.Items[i].Key, r.PutId)
 			}
 		}
 		return nil
@@ -228,6 +235,9 @@ func (h *externalHandler) BatchGet(ctx context.Context, req *external.BatchKeysR
 				r = &external.GetResponse{}
 			}
 			r.Code, r.Message = wire.ToResponse(g.err)
+			if g.err == nil {
+				grantHolder(ctx, c.id, r.HolderId)
+			}
 			resp.Results = append(resp.Results, r)
 		}
 		return nil

@@ -234,7 +234,7 @@ func (o *Owner) Start(ctx context.Context) error {
 
 	svc := externalservice.NewServiceInfo()
 	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics,
-		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive, Budget: o.frames})
+		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive, Budget: o.frames, Lost: o.lostReply})
 	if err != nil {
 		o.failStart()
 		return err

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
@@ -63,13 +64,19 @@ type connLimits struct {
 	// Budget bounds the memory of frames in progress, shared with the peer port; nil:
 	// each frame is bounded by wire.MaxFrameBytes alone.
 	Budget *wire.FrameBudget
+	// Lost takes back what a reply the client never read handed out (lostreply.go); nil:
+	// nothing is taken back.
+	Lost func(g grant)
 }
 
 // connState is what the server knows about one connection across calls: the client id
-// its last successful session check named (0: none). The handler fills it through the
-// call's context (setConnClient); only the connection's goroutine touches it.
+// its last successful session check named (0: none), and what its last reply granted
+// until the client shows it read that reply (its next request). The handler fills
+// them through the call's context (setConnClient, grantHolder, grantPut); only the
+// connection's goroutine touches it.
 type connState struct {
 	client int64
+	sent   grant
 }
 
 func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, handler any, log zerolog.Logger, m *metrics.Metrics, lim connLimits) (*framedServer, error) {
@@ -103,8 +110,13 @@ func (s *framedServer) serveConn(conn *net.UnixConn) error {
 	var buf, out []byte
 	for {
 		if err := s.awaitFrame(conn, r, st); err != nil {
+			if errors.Is(err, syscall.ECONNRESET) {
+				// The client closed the connection with unread bytes: the last reply.
+				s.replyLost(st)
+			}
 			return err
 		}
+		st.sent.reset() // a client sends its next request once it read the last reply
 		// The frame has begun: the rest must follow within FrameTimeout, unless it is
 		// already buffered (then no deadline is needed: the common small request).
 		if !frameBuffered(r) {
@@ -148,6 +160,7 @@ func (s *framedServer) serveConn(conn *net.UnixConn) error {
 			if isTimeout(err) {
 				s.acc.timedOut(metrics.TimeoutFrame)
 			}
+			s.replyLost(st)
 			return err
 		}
 		if fatal != nil {
@@ -310,6 +323,30 @@ func setHit(ctx context.Context, src common.Source) {
 			c.result = metrics.ResultHitSSD
 		}
 	}
+}
+
+// grantHolder records that the call's reply hands session client holder id.
+func grantHolder(ctx context.Context, client, id int64) {
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil && c.conn != nil && id != 0 {
+		c.conn.sent.client = client
+		c.conn.sent.holders = append(c.conn.sent.holders, id)
+	}
+}
+
+// grantPut records that the call's reply hands session client the started put putID.
+func grantPut(ctx context.Context, client int64, key string, putID int64) {
+	if c, _ := ctx.Value(callKey{}).(*callInfo); c != nil && c.conn != nil && putID != 0 {
+		c.conn.sent.client = client
+		c.conn.sent.puts = append(c.conn.sent.puts, grantedPut{key: key, putID: putID})
+	}
+}
+
+// replyLost hands what the last reply granted to limits.Lost: its client never read it.
+func (s *framedServer) replyLost(st *connState) {
+	if g := st.sent; g.client != 0 && s.limits.Lost != nil {
+		s.limits.Lost(g)
+	}
+	st.sent.reset()
 }
 
 // setConnClient records on the call's connection that it serves client id (a session

@@ -630,6 +630,9 @@ func (s *State) ssdReplicasLocked(n *node) int64 {
 // Keys is the number of routes.
 func (s *State) Keys() int { return len(s.routes) }
 
+// PutsInFlight is the number of puts between PutStart and PutDone/PutRevoke.
+func (s *State) PutsInFlight() int { return len(s.puts) }
+
 // GetsInFlight is the number of gets between GetStart and GetDone/GetRevoke.
 func (s *State) GetsInFlight() int { return len(s.gets) }
 

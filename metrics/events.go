@@ -44,12 +44,13 @@ const (
 	TimeoutAuth  = "auth"  // a cluster connection that did not finish authenticating
 )
 
-// events are counters of rare events: refused connections, connection timeouts and
-// corrupt SSD reads.
+// events are counters of rare events: refused connections, connection timeouts,
+// corrupt SSD reads and replies the client never read.
 type events struct {
 	refused    *prometheus.CounterVec
 	timeouts   *prometheus.CounterVec
 	ssdCorrupt prometheus.Counter
+	lostReply  prometheus.Counter
 }
 
 // newEvents returns the counters with every socket × reason (and socket × kind) at 0,
@@ -68,6 +69,10 @@ func newEvents() *events {
 			Name: "fluxkv_ssd_corrupt_total",
 			Help: "SSD reads whose record failed verification (checksum, key, version or length mismatch); each dropped that SSD replica.",
 		}),
+		lostReply: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fluxkv_lost_replies_total",
+			Help: "Replies handing out holders or started puts that the client closed its connection without reading (a timeout); each one's holders were released and puts aborted.",
+		}),
 	}
 	for _, s := range sockets {
 		for _, r := range refuseReasons {
@@ -81,7 +86,7 @@ func newEvents() *events {
 }
 
 func (e *events) collectors() []prometheus.Collector {
-	return []prometheus.Collector{e.refused, e.timeouts, e.ssdCorrupt}
+	return []prometheus.Collector{e.refused, e.timeouts, e.ssdCorrupt, e.lostReply}
 }
 
 // ConnRefused counts a connection refused or closed early on socket for reason.
@@ -106,4 +111,12 @@ func (m *Metrics) SSDCorrupt() {
 		return
 	}
 	m.events.ssdCorrupt.Inc()
+}
+
+// LostReply counts one reply whose grants were taken back: its client never read it.
+func (m *Metrics) LostReply() {
+	if m == nil {
+		return
+	}
+	m.events.lostReply.Inc()
 }

@@ -60,8 +60,15 @@ const string NAMESPACE_SEPARATOR = "/"
 //   UNAVAILABLE saying the outcome is unknown, never ALREADY_EXISTS for its own put.
 // - RETRY WHEN UNSENT (PutStart, BatchPutStart): sent again only when the request never
 //   left (the connection could not be opened) or the session is gone (its end revoked
-//   any put the lost request started). A lost reply on a live session leaves a pending
-//   put that the owner revokes when the session ends: the client reports UNAVAILABLE.
+//   any put the lost request started). A lost reply on a live session: the client
+//   reports UNAVAILABLE.
+//
+// A reply the client never read (it closed the connection first: a call timed out)
+// hands out nothing: the owner releases the holders of a lost Get or BatchGet reply and
+// aborts the puts a lost PutStart or BatchPutStart reply started, once it sees the loss
+// (its write of the reply failed, or the connection was closed with the reply unread).
+// A client sends one call at a time on a connection and closes a connection whose call
+// failed; a reply counts as read once its connection carries the next request.
 // - NEVER RETRIED (Release): the ids of a failed Release stay queued and ride on later
 //   calls, at most MAX_RELEASES_PER_CALL per call. Releasing twice answers
 //   INVALID_ARGUMENT for that id and does no harm.
@@ -397,7 +404,7 @@ service ExternalService {
   // Gives a started put back. Rule: RETRY SAFE; an unknown put (already ended, aborted
   // or revoked) answers INVALID_ARGUMENT: treat as done.
   PutAbortResponse PutAbort(1: PutAbortRequest req),
-  // Rule: RETRY SAFE (a lost reply's holder is released when the session ends).
+  // Rule: RETRY SAFE (a lost reply's holder is released: see the retry rules).
   GetResponse Get(1: GetRequest req),
   // Rule: NEVER RETRIED; at most MAX_BATCH holder_ids.
   ReleaseResponse Release(1: ReleaseRequest req),

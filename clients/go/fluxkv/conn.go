@@ -178,8 +178,8 @@ var errEOF = errors.New("EOF")
 // call sends one CALL message and decodes the REPLY into result. A transport or
 // framing error leaves the connection unusable (the caller closes it); an error that
 // wraps errNotSent means no byte of the request left. drop, when set (tests), may
-// discard a reply once it was read: the owner acted on the call, its answer is lost
-// as if the connection broke before it arrived.
+// lose a reply as a call that timed out loses it: once the reply has arrived, the call
+// fails without reading it (the caller closes the connection with the reply unread).
 func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout time.Duration, drop func(method string) bool) error {
 	rc.seq++
 	n := thrift.Binary.MessageBeginLength(method) + args.BLength()
@@ -212,12 +212,18 @@ func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout ti
 		}
 		return err
 	}
+	if drop != nil && drop(method) {
+		fds := []unix.PollFd{{Fd: int32(rc.fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, 10_000); err != unix.EINTR {
+				break
+			}
+		}
+		return fmt.Errorf("reply of %s dropped (fault injected by a test)", method)
+	}
 	in, err := rc.readReply(deadline)
 	if err != nil {
 		return err
-	}
-	if drop != nil && drop(method) {
-		return fmt.Errorf("reply of %s dropped (fault injected by a test)", method)
 	}
 	return decodeReply(in, method, rc.seq, result)
 }

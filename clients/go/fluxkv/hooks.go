@@ -10,8 +10,9 @@ import (
 type hooks struct {
 	// onSend sees every request just before it is sent.
 	onSend func(method string, args thrift.FastCodec)
-	// dropReply, when it returns true for a call whose reply was read, discards the reply
-	// and the connection: the owner acted on the request, its answer is lost.
+	// dropReply, when it returns true for a call, loses its reply as a timed-out call
+	// does: the owner acted on the request, the connection is closed with the answer
+	// unread.
 	dropReply func(method string) bool
 }
 

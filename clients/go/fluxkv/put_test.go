@@ -164,7 +164,8 @@ func TestPutEndSessionGone(t *testing.T) {
 }
 
 // A lost reply of a retry-safe call (Get) is sent again on a fresh connection; a lost
-// PutStart reply on a live session is not (its pending put ends with the session).
+// PutStart reply on a live session is not. The owner takes back what the lost replies
+// handed out (the first Get's holder, the put's range) at once, not at the session's end.
 func TestLostReplyRetryRules(t *testing.T) {
 	n := startNode(t, "64MiB")
 	c := n.connect(t)
@@ -176,10 +177,21 @@ func TestLostReplyRetryRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("get after a lost reply: %v", err)
 	}
-	h.Release()
 	if got := c.stats.retries.Load(); got != 1 {
 		t.Fatalf("%d retries, want 1", got)
 	}
+	holders := func() int64 {
+		t.Helper()
+		st, err := c.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ClientHolders
+	}
+	waitFor(t, func() bool { return holders() == 1 }) // the retry's, not the lost reply's
+	h.Release()
+	c.Flush()
+	waitFor(t, func() bool { return holders() == 0 })
 	dropOnce(c, "PutStart")
 	if err := c.Put("b", []byte("value")); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("put after a lost PutStart reply: %v, want ErrUnavailable", err)
