@@ -1,5 +1,6 @@
 #include "rpc_conn.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -33,6 +34,12 @@ RpcConn::RpcConn(const std::string& path, std::chrono::milliseconds timeout) {
     throw Broken(e.message(), false, false, e.sys_errno());
   }
   in_.resize(kRecvSize);
+}
+
+void RpcConn::await_reply() {
+  pollfd p{fd_.get(), POLLIN, 0};
+  while (::poll(&p, 1, 10'000) < 0 && errno == EINTR) {
+  }
 }
 
 Writer RpcConn::begin(std::string_view method) {

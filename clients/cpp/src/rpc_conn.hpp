@@ -35,8 +35,9 @@ class AppException : public std::runtime_error {
 };
 
 // Fault injection for tests (as the Go client's hooks): when set and it returns true for a
-// call's method, the reply, already read (the owner acted on the call), is dropped as if the
-// connection broke before it arrived. Null in production.
+// call's method, the reply is lost as a timed-out call loses it: once it has arrived (the
+// owner acted on the call) the call fails without reading it, and the connection is closed
+// with the reply unread. Null in production.
 using DropReplyHook = bool (*)(std::string_view method);
 extern std::atomic<DropReplyHook> drop_reply_hook;
 
@@ -52,6 +53,11 @@ class RpcConn {
     Writer w = begin(method);
     write_req(w);
     send();
+    if (DropReplyHook drop = drop_reply_hook.load(std::memory_order_relaxed); drop != nullptr && drop(method)) {
+      await_reply();
+      broken_ = true;
+      throw Broken(std::string(method) + ": reply dropped (fault injected by a test)", true, false);
+    }
     Reader r = receive(method);
     bool got = false;
     TType t;
@@ -73,10 +79,6 @@ class RpcConn {
       broken_ = true;
       throw Broken(std::string(method) + ": reply without a result", true, false);
     }
-    if (DropReplyHook drop = drop_reply_hook.load(std::memory_order_relaxed); drop != nullptr && drop(method)) {
-      broken_ = true;
-      throw Broken(std::string(method) + ": reply dropped (fault injected by a test)", true, false);
-    }
   }
 
   // False after any failure: the connection must be closed, not reused.
@@ -86,6 +88,7 @@ class RpcConn {
   Writer begin(std::string_view method);
   void send();
   Reader receive(std::string_view method);
+  void await_reply();  // the drop hook's: waits (up to 10 s) until reply bytes can be read
 
   UniqueFd fd_;
   std::vector<std::uint8_t> out_;
