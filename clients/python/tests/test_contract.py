@@ -7,6 +7,7 @@ owner acted on the request and the client never learns its answer."""
 from __future__ import annotations
 
 import hashlib
+import select
 import time
 
 import pytest
@@ -41,15 +42,26 @@ def check_value(c: fluxkv.Client, key: str, n: int) -> int:
 
 
 def drop_reply(monkeypatch, method: str, times: int = 1, before=None) -> list:
-    """Lose the reply of the next ``times`` calls to ``method``; returns the list of drops."""
+    """Lose the reply of the next ``times`` calls to ``method`` as a timed-out call loses it (the
+    owner acted on the call, the connection is closed with its answer unread); returns the list
+    of drops."""
     orig = _wire.RPCConnection.call
+    orig_read = _wire.RPCConnection._read_frame
     dropped: list = []
+
+    def unread(self, sock):
+        select.select([sock], [], [], 10)  # the answer arrived...
+        return b""
 
     def call(self, name, session, rest):
         if name == method and len(dropped) < times:
             dropped.append(method)
-            orig(self, name, session, rest)  # the owner acted on the call: its answer is read and lost
-            self.close()
+            monkeypatch.setattr(_wire.RPCConnection, "_read_frame", unread)
+            try:
+                orig(self, name, session, rest)
+            finally:
+                monkeypatch.setattr(_wire.RPCConnection, "_read_frame", orig_read)
+            self.close()  # ...and is never read
             if before is not None:
                 before()
             raise TTransportException(TTransportException.END_OF_FILE, "reply dropped by the test")
@@ -57,6 +69,16 @@ def drop_reply(monkeypatch, method: str, times: int = 1, before=None) -> list:
 
     monkeypatch.setattr(_wire.RPCConnection, "call", call)
     return dropped
+
+
+def eventually(cond, limit: float = 10.0) -> bool:
+    """Whether cond() holds within limit seconds (polled)."""
+    deadline = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def test_limits_come_from_the_idl():
@@ -155,6 +177,8 @@ def test_lost_get_reply_is_retried(client, monkeypatch):
     drop_reply(monkeypatch, "Get")
     with client.get("g") as h:
         assert h.bytes() == b"value"
+        # The retry's holder only: the owner released the one the lost reply named.
+        assert eventually(lambda: client.stat()["client_holders"] == 1)
     assert client._stats["retries"] == 1
 
 
