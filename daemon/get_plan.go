@@ -45,7 +45,15 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 		plan, t, mark := s.plan, s.t, s.mark
 		if plan.Done {
 			h := localHit(key, plan)
-			o.learnReplica(h, mark, 0)
+			st := o.lock()
+			// Not once the owner registered again since the plan (a BatchGet's pulls run
+			// between its plans and this): the answer's notices_seq numbers the old
+			// master's notices, not the new registration's, and a stale get fails in the
+			// caller anyway (the new master knows the replicas the registration reported).
+			if !st.getStale(t) {
+				st.learnReplica(h, mark, 0)
+			}
+			o.unlock()
 			return h, t, nil
 		}
 		var own uint64
@@ -131,13 +139,6 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			return nil, nil, errCode(common.ErrorCode_INTERNAL, "the master planned a get from node %q (%s) this owner cannot serve", plan.SourceNodeId, plan.Source)
 		}
 	}
-}
-
-// learnReplica is ownerState.learnReplica taking Owner.mu.
-func (o *Owner) learnReplica(h *holding, mark, own uint64) {
-	st := o.lock()
-	defer o.unlock()
-	st.learnReplica(h, mark, own)
 }
 
 // excludeSource handles a transfer from another owner that failed: the source was
