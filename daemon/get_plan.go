@@ -44,16 +44,10 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 		}
 		plan, t, mark := s.plan, s.t, s.mark
 		if plan.Done {
+			// (A BatchGet's pulls run between its plans and this: the owner may have
+			// registered again meanwhile.)
 			h := localHit(key, plan)
-			st := o.lock()
-			// Not once the owner registered again since the plan (a BatchGet's pulls run
-			// between its plans and this): the answer's notices_seq numbers the old
-			// master's notices, not the new registration's, and a stale get fails in the
-			// caller anyway (the new master knows the replicas the registration reported).
-			if !st.getStale(t) {
-				st.learnReplica(h, mark, 0)
-			}
-			o.unlock()
+			o.learnFresh(t, h, mark, 0)
 			return h, t, nil
 		}
 		var own uint64
@@ -65,11 +59,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			o.unlock()
 		}
 		done := func(h *holding) (*holding, *getTarget, error) {
-			st := o.lock()
-			if !st.getStale(t) { // a stale get fails in the caller: it teaches nothing
-				st.learnReplica(h, mark, own)
-			}
-			o.unlock()
+			o.learnFresh(t, h, mark, own)
 			return h, t, nil
 		}
 		switch {
@@ -138,6 +128,18 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			}
 			return nil, nil, errCode(common.ErrorCode_INTERNAL, "the master planned a get from node %q (%s) this owner cannot serve", plan.SourceNodeId, plan.Source)
 		}
+	}
+}
+
+// learnFresh records h in the replica index (ownerState.learnReplica) unless its get t
+// is stale: the owner registered again since the plan, whose answer's notices_seq
+// numbers the old master's notices, not the new registration's. A stale get fails in
+// the caller; the new master knows the replicas the registration reported.
+func (o *Owner) learnFresh(t *getTarget, h *holding, mark, own uint64) {
+	st := o.lock()
+	defer o.unlock()
+	if !st.getStale(t) {
+		st.learnReplica(h, mark, own)
 	}
 }
 

@@ -315,8 +315,10 @@ func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64
 // replicaIndex.learn.
 func (st *ownerState) learnReplica(h *holding, mark, own uint64) {
 	if h.replica {
+		// Numbered as the heartbeats' notices are applied: by the registration whose
+		// master numbers them (a registration whose answer was lost moved reg.epoch only).
 		st.replicas.learn(replicaRecord{key: h.key, putID: h.putID, offset: h.offset, len: h.len,
-			notices: noticeBound{reg: st.reg.epoch, seq: h.noticesSeq}}, mark, own)
+			notices: noticeBound{reg: st.reg.acked.reg, seq: h.noticesSeq}}, mark, own)
 	}
 }
 
