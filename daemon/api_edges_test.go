@@ -378,3 +378,48 @@ func TestOwnerForwardsFullFrameBatchPutStart(t *testing.T) {
 	}
 	n.drain(t, append(keys, shortKeys...))
 }
+
+// TestBatchGetOutgrowingItsPoolFailsAtOnce: a batch get whose values each fit the
+// requester's pool but not together (three 3 MiB values of another owner through an
+// owner of 8 MiB) is served as far as they fit; the item that can fit only once the
+// batch's own earlier items are released fails NO_SPACE at once instead of waiting the
+// master's whole AllocWait for room only its own batch holds.
+func TestBatchGetOutgrowingItsPoolFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	const allocWait = 20 * time.Second
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	keys := []string{"big/0", "big/1", "big/2"}
+	for i, k := range keys {
+		if err := n.c.Put(k, value(i, 3<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	hs, errs, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	for i, k := range keys {
+		switch {
+		case errs[i] == nil && hs[i] != nil:
+			if !bytes.Equal(hs[i].Bytes(), value(i, 3<<20)) {
+				t.Errorf("batch get %s: wrong bytes", k)
+			}
+			hs[i].Release()
+			served++
+		case errs[i] != nil && !errors.Is(errs[i], fluxkv.ErrNoSpace):
+			t.Errorf("batch get %s: %v, want NO_SPACE", k, errs[i])
+		case errs[i] == nil:
+			t.Errorf("batch get %s: not found", k)
+		}
+	}
+	if served != 2 {
+		t.Errorf("%d of 3 items served, want 2 (two fit the 8 MiB pool)", served)
+	}
+	if took >= allocWait/2 {
+		t.Errorf("the batch took %v: its last item waited for room only the batch held (AllocWait %v)", took, allocWait)
+	}
+}

@@ -65,9 +65,22 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 			}
 			return nil
 		})
+		// A key whose target cannot fit beside the targets this call already planned in the
+		// requester's pool, were every other range there free, does not wait for room: only
+		// its own batch holds it (until the client releases the batch's holders). It
+		// makes its attempts at once and fails NO_SPACE if they find none.
+		var planned int64
 		for i, k := range req.Keys {
 			if resp.Results[i] == nil {
-				resp.Results[i] = h.getStart(ctx, req.Node, k, nil)
+				kctx := ctx
+				if h.outgrowsPool(req.Node, k, planned) {
+					kctx = doneContext
+				}
+				r := h.getStart(kctx, req.Node, k, nil)
+				if r.Code == common.ErrorCode_OK && !r.Done {
+					planned += roundUp(r.Len, AllocGranule)
+				}
+				resp.Results[i] = r
 			}
 		}
 	}
@@ -279,3 +292,25 @@ func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest)
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }
+
+// outgrowsPool reports whether a target for key, with planned bytes of targets already
+// taken in the requester's pool, would exceed the whole pool.
+func (h *handler) outgrowsPool(node *mp.NodeRef, key string, planned int64) bool {
+	out := false
+	h.s.withState(func(st *State) error {
+		n, err := st.reportedNodeLocked(ref(node))
+		if r := st.routes[key]; err == nil && r != nil && r.memoryReplica(n) == nil {
+			out = planned+roundUp(r.len, AllocGranule) > n.alloc.Capacity()
+		}
+		return nil
+	})
+	return out
+}
+
+// doneContext is a context already done: a wait for space under it makes its attempts
+// at once.
+var doneContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
