@@ -121,9 +121,10 @@ func waitClosed(t *testing.T, conn net.Conn, limit time.Duration) []byte {
 	return b
 }
 
-func dialRPC(t *testing.T, n *limitNode) net.Conn {
+// dialRPC opens a raw connection to o's RPC socket, closed when the test ends.
+func dialRPC(t *testing.T, o *Owner) net.Conn {
 	t.Helper()
-	c, err := net.Dial("unix", wire.RPCSocketPath(n.o.SocketPath()))
+	c, err := net.Dial("unix", wire.RPCSocketPath(o.SocketPath()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func TestRPCDeadlines(t *testing.T) {
 	n := startLimitNode(t, Options{FrameTimeout: timeout, IdleTimeout: timeout})
 	// A partial frame: half a header, and a header with part of its body.
 	for _, partial := range [][]byte{{0, 0}, {0, 0, 1, 0, 0x80, 1}} {
-		conn := dialRPC(t, n)
+		conn := dialRPC(t, n.o)
 		conn.Write(partial)
 		waitClosed(t, conn, 30*time.Second)
 	}
@@ -182,11 +183,11 @@ func TestRPCDeadlines(t *testing.T) {
 		t.Fatalf("frame timeouts: %v, want 2", got)
 	}
 	// Silent from the start.
-	idle := dialRPC(t, n)
+	idle := dialRPC(t, n.o)
 	waitClosed(t, idle, 30*time.Second)
 	// A call with a session that does not exist does not make a connection live.
 	c := n.connect(t, "live")
-	bogus := dialRPC(t, n)
+	bogus := dialRPC(t, n.o)
 	bogus.Write(frame(t, "Stat", thrift.CALL, &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: &external.Session{ClientId: 999, OwnerGeneration: n.o.Generation()}}}))
 	readReply(t, bogus)
 	waitClosed(t, bogus, 30*time.Second)
@@ -194,7 +195,7 @@ func TestRPCDeadlines(t *testing.T) {
 		t.Fatalf("idle timeouts: %v, want >= 2", got)
 	}
 	// A live session's connection stays through 4 idle periods.
-	live := dialRPC(t, n)
+	live := dialRPC(t, n.o)
 	exists := func() {
 		t.Helper()
 		live.Write(frame(t, "Exists", thrift.CALL, &external.ExternalServiceExistsArgs{Req: &external.ExistsRequest{Session: sessionOf(c), Key: "k"}}))
@@ -277,7 +278,7 @@ func TestConnectionCap(t *testing.T) {
 		}
 	}
 	// A raw RPC connection over the cap is closed without a reply.
-	over := dialRPC(t, n)
+	over := dialRPC(t, n.o)
 	over.Write(frame(t, "Stat", thrift.CALL, &external.ExternalServiceStatArgs{Req: &external.StatRequest{Session: sessionOf(c)}}))
 	if b := waitClosed(t, over, 30*time.Second); len(b) != 0 {
 		t.Fatalf("refused RPC connection got %d bytes", len(b))
@@ -333,7 +334,7 @@ func TestAnnouncedFrameNotAllocated(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	var cs []net.Conn
 	for i := 0; i < conns; i++ {
-		conn := dialRPC(t, n)
+		conn := dialRPC(t, n.o)
 		conn.Write(binary.BigEndian.AppendUint32(nil, uint32(wire.MaxFrameBytes-4)))
 		conn.Write(make([]byte, 1000))
 		cs = append(cs, conn)
@@ -356,7 +357,7 @@ func TestAnnouncedFrameNotAllocated(t *testing.T) {
 		t.Fatalf("allocated %d MiB while %d connections announced 32 MiB frames", got>>20, conns)
 	}
 	// Over the limit: closed at once, counted as a refused frame.
-	big := dialRPC(t, n)
+	big := dialRPC(t, n.o)
 	big.Write(binary.BigEndian.AppendUint32(nil, uint32(wire.MaxFrameBytes-3)))
 	waitClosed(t, big, 30*time.Second)
 	if got := n.counter(t, "fluxkv_conn_refused_total", "socket", "rpc", "reason", "frame"); got != 1 {
@@ -376,7 +377,7 @@ func TestHostileCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, typ := range []thrift.TMessageType{thrift.ONEWAY, thrift.REPLY} {
-		conn := dialRPC(t, n)
+		conn := dialRPC(t, n.o)
 		conn.Write(frame(t, "Exists", typ, &external.ExternalServiceExistsArgs{Req: &external.ExistsRequest{Session: sessionOf(c), Key: "k"}}))
 		got, body := readReply(t, conn)
 		if got != thrift.EXCEPTION {
@@ -431,7 +432,7 @@ func TestHostileCalls(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	msg := thrift.Binary.AppendMessageBegin(nil, "Release", thrift.CALL, 1)
 	msg = append(msg, byte(thrift.STRUCT), 0, 1, byte(thrift.LIST), 0, 2, byte(thrift.I64), 0x7f, 0xff, 0xff, 0xff, 0, 0)
-	conn := dialRPC(t, n)
+	conn := dialRPC(t, n.o)
 	conn.Write(appendFrame(nil, msg))
 	if typ, _ := readReply(t, conn); typ != thrift.EXCEPTION {
 		t.Fatalf("hostile list size answered with %d", typ)

@@ -11,7 +11,6 @@ import (
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
-	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // TestLostReplyTakesBackGrants: a client whose call timed out closes its connection
@@ -42,15 +41,7 @@ func TestLostReplyTakesBackGrants(t *testing.T) {
 	lost := func() float64 { return counter(t, om, "fluxkv_lost_replies_total", nil) }
 	rpcConns := func() int { return n.o.rpc.acc.open() }
 	base := rpcConns()
-	dial := func() net.Conn {
-		t.Helper()
-		c, err := net.Dial("unix", wire.RPCSocketPath(n.o.SocketPath()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	dial := func() net.Conn { return dialRPC(t, n.o) }
 	// closeUnread waits until the reply of the call sent on c is in c's receive queue
 	// and the owner waits for c's next request, then closes c without reading.
 	closeUnread := func(c net.Conn) {
@@ -105,32 +96,29 @@ func TestLostReplyTakesBackGrants(t *testing.T) {
 		t.Fatalf("a read reply, its connection closed: the session holds %d holders (want 1), %v replies lost (want 1)", h, lost())
 	}
 
+	// loseReply sends request f on a new connection and closes it with the reply unread,
+	// the owner's lostCount-th lost reply; it returns what the session holds then.
+	loseReply := func(f []byte, lostCount float64) (holders, puts int) {
+		t.Helper()
+		c := dial()
+		c.Write(f)
+		closeUnread(c)
+		waitUntil(t, func() bool { return lost() == lostCount })
+		return grants()
+	}
+
 	// A reply left unread: the holder it named goes.
-	c = dial()
-	c.Write(getFrame)
-	closeUnread(c)
-	waitUntil(t, func() bool { return lost() == 2 })
-	if h, _ := grants(); h != 1 {
+	if h, _ := loseReply(getFrame, 2); h != 1 {
 		t.Fatalf("after an unread Get reply the session holds %d holders, want 1", h)
 	}
-
 	// BatchGet: every holder of the reply.
-	c = dial()
-	c.Write(frame(t, "BatchGet", thrift.CALL, &external.ExternalServiceBatchGetArgs{
-		Req: &external.BatchKeysRequest{Session: sess, Keys: []string{"k", "absent", "o4"}}}))
-	closeUnread(c)
-	waitUntil(t, func() bool { return lost() == 3 })
-	if h, _ := grants(); h != 1 {
+	if h, _ := loseReply(frame(t, "BatchGet", thrift.CALL, &external.ExternalServiceBatchGetArgs{
+		Req: &external.BatchKeysRequest{Session: sess, Keys: []string{"k", "absent", "o4"}}}), 3); h != 1 {
 		t.Fatalf("after an unread BatchGet reply the session holds %d holders, want 1", h)
 	}
-
 	// PutStart: the put it started is aborted (its range freed at the master).
-	c = dial()
-	c.Write(frame(t, "PutStart", thrift.CALL, &external.ExternalServicePutStartArgs{
-		Req: &external.PutStartRequest{Session: sess, Key: "p", Len: size}}))
-	closeUnread(c)
-	waitUntil(t, func() bool { return lost() == 4 })
-	if _, p := grants(); p != 0 {
+	if _, p := loseReply(frame(t, "PutStart", thrift.CALL, &external.ExternalServicePutStartArgs{
+		Req: &external.PutStartRequest{Session: sess, Key: "p", Len: size}}), 4); p != 0 {
 		t.Fatalf("after an unread PutStart reply the session has %d puts pending, want 0", p)
 	}
 	waitUntil(t, func() bool {

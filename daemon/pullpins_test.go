@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
@@ -71,14 +72,8 @@ func TestPullPutAcrossRegister(t *testing.T) {
 	}
 }
 
-// waitUntil polls cond for up to 10s.
+// waitUntil polls cond for up to 10s (proctest.WaitUntil).
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	proctest.WaitUntil(t, cond)
 }

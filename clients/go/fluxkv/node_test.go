@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/fluxkv/fluxkv/internal/proctest"
 )
@@ -98,16 +97,4 @@ func (n *node) connect(t testing.TB) *Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// waitFor polls cond until it holds, failing after 10 s.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"sync/atomic"
 	"testing"
+
+	"github.com/fluxkv/fluxkv/internal/proctest"
 )
 
 // pattern writes the bytes of version putID of key: every value is checkable.
@@ -188,10 +190,10 @@ func TestLostReplyRetryRules(t *testing.T) {
 		}
 		return st.ClientHolders
 	}
-	waitFor(t, func() bool { return holders() == 1 }) // the retry's, not the lost reply's
+	proctest.WaitUntil(t, func() bool { return holders() == 1 }) // the retry's, not the lost reply's
 	h.Release()
 	c.Flush()
-	waitFor(t, func() bool { return holders() == 0 })
+	proctest.WaitUntil(t, func() bool { return holders() == 0 })
 	dropOnce(c, "PutStart")
 	if err := c.Put("b", []byte("value")); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("put after a lost PutStart reply: %v, want ErrUnavailable", err)
