@@ -180,11 +180,14 @@ type startedGet struct {
 // the new master, which may hand it to someone else).
 func (o *Owner) getStart(key string, exclude []string) startedGet {
 	var plan *mp.GetStartResponse
+	ids := o.newHolderIDs(1)
 	s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
-		plan, err = o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude})
+		plan, err = o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude,
+			HolderId: ids[0]})
 		return err
 	}, func() (common.ErrorCode, string) { return plan.Code, plan.Message })
 	if s.err != nil {
+		o.ackUnanswered(ids)
 		return s
 	}
 	return o.acceptPlans([]string{key}, []*mp.GetStartResponse{plan}, s)[0]
@@ -199,14 +202,16 @@ func (o *Owner) startGets(keys []string) []startedGet {
 	out := make([]startedGet, 0, len(keys))
 	for part := range masterParts(keys, func(k string) int { return len(k) }) {
 		var resp *mp.BatchGetStartResponse
+		ids := o.newHolderIDs(len(part))
 		s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
-			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks})
+			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks, HolderIds: ids})
 			return err
 		}, func() (common.ErrorCode, string) { return resp.Code, resp.Message })
 		if s.err == nil && len(resp.Results) != len(part) {
 			s.err = errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d keys of a BatchGetStart", len(resp.Results), len(part))
 		}
 		if s.err != nil {
+			o.ackUnanswered(ids)
 			for range part {
 				out = append(out, s)
 			}
@@ -215,6 +220,26 @@ func (o *Owner) startGets(keys []string) []startedGet {
 		out = append(out, o.acceptPlans(part, resp.Results, s)...)
 	}
 	return out
+}
+
+// newHolderIDs returns n holder ids for the local hits of a planning call
+// (GetStartRequest.holder_id): negative, never used twice by this owner incarnation.
+func (o *Owner) newHolderIDs(n int) []int64 {
+	last := o.holderIDs.Add(-int64(n))
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = last + int64(n-1-i)
+	}
+	return ids
+}
+
+// ackUnanswered releases the holders a planning call without a usable answer may have
+// made: the master may have recorded a local hit's holder under its id before the reply
+// was lost. An ack of a holder that does not exist does no harm.
+func (o *Owner) ackUnanswered(ids []int64) {
+	for _, id := range ids {
+		o.acks.add(id)
+	}
 }
 
 // askMaster makes one planning call (call, carrying the queued holder acks, which go

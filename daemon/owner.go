@@ -38,6 +38,9 @@ type Owner struct {
 	master *masterLink
 	peer   *peerServer
 	acks   *acker
+	// holderIDs is the last holder id this owner chose for a planning call's local hits
+	// (newHolderIDs: counting down from -1).
+	holderIDs atomic.Int64
 	// getDones coalesces the GetDones of concurrent gets (getdone.go).
 	getDones getDoneQueue
 	data     *transfer.Server    // serves other owners' pulls from the segment

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -205,4 +206,69 @@ func waitNoHolders(t *testing.T, o *Owner, m *master.Server, why string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// lostStart loses the replies of the next n GetStart and BatchGetStart calls after the
+// master answered them (a reply lost in transport, or a call that timed out after the
+// master acted).
+type lostStart struct {
+	masterservice.Client
+	n atomic.Int32
+}
+
+var errReplyLost = errors.New("connection reset: reply lost (fault injected by the test)")
+
+func (l *lostStart) GetStart(ctx context.Context, req *mp.GetStartRequest, o ...callopt.Option) (*mp.GetStartResponse, error) {
+	resp, err := l.Client.GetStart(ctx, req, o...)
+	if err == nil && l.n.Add(-1) >= 0 {
+		return nil, errReplyLost
+	}
+	return resp, err
+}
+
+func (l *lostStart) BatchGetStart(ctx context.Context, req *mp.BatchGetStartRequest, o ...callopt.Option) (*mp.BatchGetStartResponse, error) {
+	resp, err := l.Client.BatchGetStart(ctx, req, o...)
+	if err == nil && l.n.Add(-1) >= 0 {
+		return nil, errReplyLost
+	}
+	return resp, err
+}
+
+// TestLostGetStartReplyReleasesItsHolder: the master records a local hit's holder when
+// it answers GetStart; a reply lost on the way left that holder unknown to the owner,
+// and the replica held (never evictable) until the owner registered again. The owner
+// now names the holder id in its request and acks it when the call fails, for one key
+// and for a batch.
+func TestLostGetStartReplyReleasesItsHolder(t *testing.T) {
+	m := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace = -1 })
+	if err := c.Put("k2", value(2, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	lost := &lostStart{Client: m.LocalClient()}
+	useMasterClient(o, lost)
+
+	lost.n.Store(1)
+	if _, err := c.Get("k"); err == nil {
+		t.Fatal("a get whose GetStart reply was lost succeeded")
+	}
+	waitNoHolders(t, o, m, "the holder of a lost GetStart reply")
+
+	lost.n.Store(1)
+	_, errs, err := c.BatchGet([]string{"k", "k2"})
+	if err == nil && errs[0] == nil && errs[1] == nil {
+		t.Fatal("a batch get whose BatchGetStart reply was lost succeeded")
+	}
+	waitNoHolders(t, o, m, "the holders of a lost BatchGetStart reply")
+
+	// Without a fault the gets are served and their holders released as usual.
+	hs, errs, err := c.BatchGet([]string{"k", "k2"})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatal(err, errs)
+	}
+	for _, h := range hs {
+		h.Release()
+	}
+	c.Flush()
+	waitNoHolders(t, o, m, "the holders of a batch get released")
 }

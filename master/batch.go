@@ -60,7 +60,7 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 			now := time.Now()
 			for i, k := range req.Keys {
 				if st.localReplicaLocked(ref(req.Node), k) {
-					resp.Results[i] = getStartResponse(st.GetStart(now, ref(req.Node), k, nil))
+					resp.Results[i] = getStartResponse(st.GetStartAs(now, ref(req.Node), k, nil, holderIDOf(req, i)))
 				}
 			}
 			return nil
@@ -76,7 +76,7 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 				if h.outgrowsPool(req.Node, k, planned) {
 					kctx = doneContext
 				}
-				r := h.getStart(kctx, req.Node, k, nil)
+				r := h.getStart(kctx, req.Node, k, nil, holderIDOf(req, i))
 				if r.Code == common.ErrorCode_OK && !r.Done {
 					planned += roundUp(r.Len, AllocGranule)
 				}
@@ -314,3 +314,11 @@ var doneContext = func() context.Context {
 	cancel()
 	return ctx
 }()
+
+// holderIDOf is the holder id the requester chose for its i-th key (0: none).
+func holderIDOf(req *mp.BatchGetStartRequest, i int) int64 {
+	if i < len(req.HolderIds) {
+		return req.HolderIds[i]
+	}
+	return 0
+}

@@ -140,13 +140,13 @@ func (h *handler) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest) (*mp.
 
 func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.GetStartResponse, error) {
 	h.applyAcks(req.Node, req.Acks)
-	return h.getStart(ctx, req.Node, req.Key, req.ExcludeNodes), nil
+	return h.getStart(ctx, req.Node, req.Key, req.ExcludeNodes, req.HolderId), nil
 }
 
-func (h *handler) getStart(ctx context.Context, node *mp.NodeRef, key string, exclude []string) *mp.GetStartResponse {
+func (h *handler) getStart(ctx context.Context, node *mp.NodeRef, key string, exclude []string, holderID int64) *mp.GetStartResponse {
 	var p GetPlan
 	err := h.s.withSpace(ctx, func(st *State) (err error) {
-		p, err = st.GetStart(time.Now(), ref(node), key, exclude)
+		p, err = st.GetStartAs(time.Now(), ref(node), key, exclude, holderID)
 		return err
 	})
 	return getStartResponse(p, err)

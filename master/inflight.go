@@ -175,6 +175,12 @@ func (s *State) localReplicaLocked(ref NodeRef, key string) bool {
 // several remote replicas the one whose owner sources the fewest transfers is chosen,
 // ties by node id.
 func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []string) (GetPlan, error) {
+	return s.GetStartAs(now, ref, key, exclude, 0)
+}
+
+// GetStartAs is GetStart recording a local hit's holder under holderID, the requester's
+// choice (GetStartRequest.holder_id; 0 or one it holds already: the master picks).
+func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []string, holderID int64) (GetPlan, error) {
 	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
 		return GetPlan{}, err
@@ -187,7 +193,10 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
 	}
 	if a := r.memoryReplica(n); a != nil {
-		id := s.newID()
+		id := holderID
+		if id >= 0 || n.holders[id] != nil {
+			id = s.newID()
+		}
 		n.holders[id] = a.Retain()
 		n.policy.Touch(key)
 		return GetPlan{PutID: r.putID, Len: r.len, Source: common.Source_MEMORY, SourceNode: n.id,

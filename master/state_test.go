@@ -422,7 +422,8 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if e := arg(d, "exclude"); e != "" {
 			exclude = strings.Split(e, ",")
 		}
-		p, err := st.GetStart(*now, nref(st, d), key, exclude)
+		// holder=ID: the requester's choice of a local hit's holder id.
+		p, err := st.GetStartAs(*now, nref(st, d), key, exclude, argInt(d, "holder"))
 		if err != nil {
 			return "", err
 		}

@@ -152,11 +152,17 @@ struct PutRevokeResponse {
 
 // exclude_nodes: nodes whose replicas this plan must not use (a pull from them just
 // failed: unreachable, fenced or dead); the re-plan finds another replica or misses.
+// holder_id: the id the master records a local hit's holder under (done), chosen by
+// the requester: negative, never used twice by one owner incarnation. A requester whose
+// call failed in transport still knows it and acks it (the master may have recorded the
+// holder before the reply was lost); 0, or an id the requester already holds: the
+// master picks one.
 struct GetStartRequest {
   1: NodeRef node,
   2: string key,
   3: list<i64> acks,
   4: list<string> exclude_nodes,
+  5: i64 holder_id,
 }
 
 // When done is true the get needed no transfer (a local memory replica was reused) and
@@ -335,10 +341,13 @@ const i32 REPORT_BATCH = 4096
 // BATCH items).
 const i32 BATCH = 4096
 
+// holder_ids[i]: GetStartRequest.holder_id for keys[i] (absent or shorter: the master
+// picks).
 struct BatchGetStartRequest {
   1: NodeRef node,
   2: list<string> keys,
   3: list<i64> acks,
+  4: list<i64> holder_ids,
 }
 
 struct BatchGetStartResponse {

@@ -902,6 +902,7 @@ type GetStartRequest struct {
 	Key          string   `thrift:"key,2" frugal:"2,default,string" json:"key"`
 	Acks         []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
 	ExcludeNodes []string `thrift:"exclude_nodes,4" frugal:"4,default,list<string>" json:"exclude_nodes"`
+	HolderId     int64    `thrift:"holder_id,5" frugal:"5,default,i64" json:"holder_id"`
 }
 
 func NewGetStartRequest() *GetStartRequest {
@@ -931,6 +932,10 @@ func (p *GetStartRequest) GetAcks() (v []int64) {
 func (p *GetStartRequest) GetExcludeNodes() (v []string) {
 	return p.ExcludeNodes
 }
+
+func (p *GetStartRequest) GetHolderId() (v int64) {
+	return p.HolderId
+}
 func (p *GetStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -942,6 +947,9 @@ func (p *GetStartRequest) SetAcks(val []int64) {
 }
 func (p *GetStartRequest) SetExcludeNodes(val []string) {
 	p.ExcludeNodes = val
+}
+func (p *GetStartRequest) SetHolderId(val int64) {
+	p.HolderId = val
 }
 
 func (p *GetStartRequest) IsSetNode() bool {
@@ -960,6 +968,7 @@ var fieldIDToName_GetStartRequest = map[int16]string{
 	2: "key",
 	3: "acks",
 	4: "exclude_nodes",
+	5: "holder_id",
 }
 
 type GetStartResponse struct {
@@ -2090,9 +2099,10 @@ var fieldIDToName_ReportReplicasResponse = map[int16]string{
 }
 
 type BatchGetStartRequest struct {
-	Node *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	Keys []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
-	Acks []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
+	Node      *NodeRef `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Keys      []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
+	Acks      []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
+	HolderIds []int64  `thrift:"holder_ids,4" frugal:"4,default,list<i64>" json:"holder_ids"`
 }
 
 func NewBatchGetStartRequest() *BatchGetStartRequest {
@@ -2118,6 +2128,10 @@ func (p *BatchGetStartRequest) GetKeys() (v []string) {
 func (p *BatchGetStartRequest) GetAcks() (v []int64) {
 	return p.Acks
 }
+
+func (p *BatchGetStartRequest) GetHolderIds() (v []int64) {
+	return p.HolderIds
+}
 func (p *BatchGetStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -2126,6 +2140,9 @@ func (p *BatchGetStartRequest) SetKeys(val []string) {
 }
 func (p *BatchGetStartRequest) SetAcks(val []int64) {
 	p.Acks = val
+}
+func (p *BatchGetStartRequest) SetHolderIds(val []int64) {
+	p.HolderIds = val
 }
 
 func (p *BatchGetStartRequest) IsSetNode() bool {
@@ -2143,6 +2160,7 @@ var fieldIDToName_BatchGetStartRequest = map[int16]string{
 	1: "node",
 	2: "keys",
 	3: "acks",
+	4: "holder_ids",
 }
 
 type BatchGetStartResponse struct {
