@@ -162,8 +162,15 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	}
 	if !ok && pp.refresh {
 		// The owner may have dropped the record it was rewriting (the rewrite replaces
-		// it once reserved; a failed commit forgets it): it is not counted on.
-		s.clearSSDLocked(pp.key, r, pp.ssdNode)
+		// it once reserved; a failed commit forgets it): it is not counted on. It may as
+		// well still hold it (the persist never reached it, its ring was blocked before
+		// the reservation, the reply of a commit was lost): it must forget it, as after
+		// a failed read (GetRevoke), and counts as its holder until it acked that, so
+		// that a delete waits for it and no write-back goes there before.
+		if rep := r.replicas[pp.ssdNode]; rep != nil && rep.ssd && !pp.ssdNode.tombed {
+			s.clearSSDLocked(pp.key, r, pp.ssdNode)
+			pp.ssdNode.evicted.push(pp.key, putID, true)
+		}
 	}
 	rep := r.replicas[pp.node]
 	if rep != nil && rep.memory == pp.alloc {
