@@ -492,7 +492,8 @@ func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64, touched []string)
 // SsdReplicaCommit publishes an SSD replica only if the key still has that put_id and
 // the node is live and either still holds the memory replica or is the owner the SSD
 // pool chose for this put's persist (which is pending); a late or stale commit is
-// ignored. It reports whether the commit was published.
+// ignored, and so is one of a version n was told to forget (an unacked SSD-drop
+// notice). It reports whether the commit was published.
 func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (bool, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
@@ -506,6 +507,12 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (
 		if pp := s.persists[putID]; pp == nil || pp.ssdNode != n || pp.key != key {
 			return false, nil
 		}
+	}
+	if n.evicted.names(key, putID, true) {
+		// n is told to forget its entry of this version (a failed read dropped it while
+		// a refresh rewrote it there): applied after this commit, the notice drops the
+		// new record too. Unpublished, n forgets it now.
+		return false, nil
 	}
 	rep := r.replicas[n]
 	if rep == nil {
