@@ -154,10 +154,10 @@ func (x *replicaIndex) open(offset, length int64) uint64 {
 	return x.seq
 }
 
-// forget removes exactly r (the master refused it), if it is still recorded.
+// forget removes r (the master refused it), if that replica is still recorded.
 func (x *replicaIndex) forget(r replicaRecord) {
-	if cur := x.byKey[r.key]; cur != nil && *cur == r {
-		x.remove(cur)
+	if cur := x.byKey[r.key]; cur != nil && cur.putID == r.putID && cur.offset == r.offset && cur.len == r.len {
+		x.remove(cur) // the same replica, whatever bound an answer since gave it
 	}
 }
 
