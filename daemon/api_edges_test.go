@@ -423,3 +423,224 @@ func TestBatchGetOutgrowingItsPoolFailsAtOnce(t *testing.T) {
 		t.Errorf("the batch took %v: its last item waited for room only the batch held (AllocWait %v)", took, allocWait)
 	}
 }
+
+// TestBatchGetLandingTargetsDoNotOutgrowPool: a batch's targets in the requester's
+// landing area (outside its pool) take none of the pool's room, so a later key of the
+// batch whose target would fit the pool does not fail NO_SPACE at once while the pool is
+// held by the client's other handles for a moment; it waits for that room as a per-key
+// get would.
+func TestBatchGetLandingTargetsDoNotOutgrowPool(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: 20 * time.Second})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) {
+		o.TransferReserve = -1
+		o.CacheGrace = -1
+		o.LandingReserve = 6 << 20
+	})
+	// n2's pool: 6 of its 8 MiB held by the client's handles of its own values.
+	var held []*fluxkv.MemHolder
+	for i := range 2 {
+		k := fmt.Sprintf("mine/%d", i)
+		if err := c2.Put(k, value(50+i, 3<<20)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := c2.Get(k)
+		if err != nil || h == nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		held = append(held, h)
+	}
+	keys := []string{"r/0", "r/1", "r/2"}
+	for i, k := range keys {
+		if err := n.c.Put(k, value(i, 3<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		for _, h := range held {
+			h.Release()
+		}
+	}()
+	// r/0 and r/1 land in the 6 MiB landing area; r/2 needs 3 MiB of the pool, free
+	// once the handles are released.
+	hs, errs, err := c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("batch get %s: %v (its batch's landing targets were counted against the pool)", k, errs[i])
+		case hs[i] == nil:
+			t.Errorf("batch get %s: not found", k)
+		case !bytes.Equal(hs[i].Bytes(), value(i, 3<<20)):
+			t.Errorf("batch get %s: wrong bytes", k)
+		}
+		if hs[i] != nil {
+			hs[i].Release()
+		}
+	}
+}
+
+// TestBatchGetOwnReplicasCountAgainstPool: the requester's memory replicas a batch
+// reuses are held by the batch from its first phase on, in the pool: a later key whose
+// target fits beside the batch's targets but not beside those replicas too needs room
+// only its own batch holds, and fails NO_SPACE at once instead of waiting the master's
+// AllocWait (past the owner's call timeout the whole batch failed UNAVAILABLE).
+func TestBatchGetOwnReplicasCountAgainstPool(t *testing.T) {
+	t.Parallel()
+	const allocWait = 20 * time.Second
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	mine := value(100, 3<<20)
+	if err := c2.Put("mine", mine); err != nil { // n2's memory replica, reused by the batch
+		t.Fatal(err)
+	}
+	keys := []string{"mine", "big/0", "big/1"}
+	want := [][]byte{mine, value(0, 3<<20), value(1, 3<<20)}
+	for i, k := range keys[1:] {
+		if err := n.c.Put(k, want[i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	hs, errs, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	for i, k := range keys {
+		switch {
+		case errs[i] == nil && hs[i] != nil:
+			if !bytes.Equal(hs[i].Bytes(), want[i]) {
+				t.Errorf("batch get %s: wrong bytes", k)
+			}
+			hs[i].Release()
+			served++
+		case errs[i] != nil && !errors.Is(errs[i], fluxkv.ErrNoSpace):
+			t.Errorf("batch get %s: %v, want NO_SPACE", k, errs[i])
+		case errs[i] == nil:
+			t.Errorf("batch get %s: not found", k)
+		}
+	}
+	if served != 2 {
+		t.Errorf("%d of 3 items served, want 2 (two fit the 8 MiB pool)", served)
+	}
+	if took >= allocWait/2 {
+		t.Errorf("the batch took %v: its last item waited for room only the batch held (AllocWait %v)", took, allocWait)
+	}
+}
+
+// TestBatchGetLostReplyLeaksNoReusedHolder: a BatchGetStart whose reply the owner never
+// reads (its call timed out while another key waited for space) leaves no holder at the
+// master: the holder it recorded for a reused local replica has no id the owner could
+// release, and kept the replica's range (and the value) held until the owner left.
+func TestBatchGetLostReplyLeaksNoReusedHolder(t *testing.T) {
+	t.Parallel()
+	const allocWait = 5 * time.Second
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) {
+		o.TransferReserve = -1
+		o.CacheGrace = -1
+		o.MasterTimeout = 3 * time.Second
+	})
+	for _, k := range []string{"mine", "other"} {
+		if err := c2.Put(k, value(7, 3<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other, err := c2.Get("other") // held: the batch's remote key finds no room
+	if err != nil || other == nil {
+		t.Fatalf("get other: %v", err)
+	}
+	if err := n.c.Put("big", value(8, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	hs, errs, err := c2.BatchGet([]string{"mine", "big"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hs {
+		if h != nil {
+			h.Release()
+		}
+		t.Logf("item %d: %v", i, errs[i])
+	}
+	other.Release()
+	time.Sleep(time.Until(start.Add(allocWait + time.Second))) // the master's call ended
+	holders := func() int64 {
+		st, err := c2.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range st.Members {
+			if m.NodeId == "n2" {
+				return m.Holders
+			}
+		}
+		t.Fatal("n2 not a member")
+		return 0
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for h := holders(); h != 0; h = holders() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the master keeps %d holder(s) of n2, whose client holds none (a lost BatchGetStart reply's reused replica)", h)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBatchGetLandingValueWaitsForLanding: a value larger than the requester's pool but
+// within its landing area (where such a get always lands) needs room another get
+// holds for a moment, not its batch: it waits for it as its per-key get would, instead
+// of failing NO_SPACE at once as if it could never fit.
+func TestBatchGetLandingValueWaitsForLanding(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: 10 * time.Second})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) {
+		o.TransferReserve = -1
+		o.CacheGrace = -1
+		o.LandingReserve = 10 << 20
+	})
+	for i, k := range []string{"other", "big"} {
+		if err := n.c.Put(k, value(i, 9<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.c.Put("small", value(2, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	held, err := c2.Get("other") // lands in n2's landing area, held for a moment
+	if err != nil || held == nil {
+		t.Fatalf("get other: %v", err)
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		held.Release()
+	}()
+	keys := []string{"big", "small"}
+	hs, errs, err := c2.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		want := value(i+1, 9<<20)
+		if i == 1 {
+			want = value(2, 1<<20)
+		}
+		switch {
+		case errs[i] != nil:
+			t.Errorf("batch get %s: %v (a per-key get waits for the landing area)", k, errs[i])
+		case hs[i] == nil:
+			t.Errorf("batch get %s: not found", k)
+		case !bytes.Equal(hs[i].Bytes(), want):
+			t.Errorf("batch get %s: wrong bytes", k)
+		}
+		if hs[i] != nil {
+			hs[i].Release()
+		}
+	}
+}

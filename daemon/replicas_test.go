@@ -84,15 +84,20 @@ func FuzzReplicaIndex(f *testing.F) {
 		model := map[string]replicaRecord{}
 		overlaps := func(a, b replicaRecord) bool { return a.offset < b.end() && b.offset < a.end() }
 		for len(ops) >= 4 {
-			op, k, a, b := ops[0]%3, string(rune('a'+ops[1]%8)), int64(ops[2]), int64(ops[3])
+			op, k, a, b := ops[0]%4, string(rune('a'+ops[1]%8)), int64(ops[2]), int64(ops[3])
 			ops = ops[4:]
 			switch op {
-			case 0: // learn key k, version a, at granule b%32, b%5 granules + 1 long
-				r := replicaRecord{key: k, putID: a, offset: (b % 32) * 512, len: (b%5)*512 + 1}
+			case 0: // learn key k, version a, at granule b%32, b%5 granules + 1 long, notice bound b%3
+				r := replicaRecord{key: k, putID: a, offset: (b % 32) * 512, len: (b%5)*512 + 1,
+					notices: noticeBound{reg: 1, seq: b % 3}}
 				// A version's length never changes: the same version at the same offset is
-				// the same record, already known.
+				// the same record, already known; its bound rises to the answer's.
 				if cur, ok := model[k]; ok && (cur.putID > r.putID || (cur.putID == r.putID && cur.offset == r.offset)) {
 					x.learn(r, x.mark(), 0)
+					if cur.putID == r.putID && r.notices.seq > cur.notices.seq {
+						cur.notices = r.notices
+						model[k] = cur
+					}
 					continue
 				}
 				x.learn(r, x.mark(), 0)
@@ -106,6 +111,12 @@ func FuzzReplicaIndex(f *testing.F) {
 			case 1: // drop k up to a
 				x.drop(k, a)
 				if m, ok := model[k]; ok && m.putID <= a {
+					delete(model, k)
+				}
+			case 3: // eviction notice number b%4+1 of k@a: not applied to a record whose bound is at least it
+				n := noticeBound{reg: 1, seq: b%4 + 1}
+				x.evicted(k, a, n)
+				if m, ok := model[k]; ok && m.putID <= a && !(m.notices.seq > 0 && n.seq <= m.notices.seq) {
 					delete(model, k)
 				}
 			case 2: // open granule a%32, b%7 granules + 1

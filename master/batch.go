@@ -65,20 +65,31 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 			}
 			return nil
 		})
-		// A key whose target cannot fit beside the targets this call already planned in the
-		// requester's pool, were every other range there free, does not wait for room: only
-		// its own batch holds it (until the client releases the batch's holders). It
-		// makes its attempts at once and fails NO_SPACE if they find none.
-		var planned int64
+		// A key whose target cannot fit in the requester's segment (pool, landing and
+		// transfer areas) beside the ranges this call already holds there (the replicas
+		// reused above, the targets planned), were every other range free, does not wait
+		// for room: only its own batch holds it, until the client releases the batch's
+		// holders. It makes its attempts at once and fails NO_SPACE if they find none.
+		// (Ranges the batch holds unseen here, its hot-set answers and its other calls,
+		// leave such a key waiting, as any key would.)
+		var own int64
+		reused := make(map[int64]bool)
+		for _, r := range resp.Results {
+			if r != nil && r.Code == common.ErrorCode_OK && !reused[r.TargetOffset] {
+				reused[r.TargetOffset] = true
+				own += roundUp(r.Len, AllocGranule)
+			}
+		}
 		for i, k := range req.Keys {
 			if resp.Results[i] == nil {
 				kctx := ctx
-				if h.outgrowsPool(req.Node, k, planned) {
+				if h.outgrowsSegment(req.Node, k, own) {
 					kctx = doneContext
 				}
 				r := h.getStart(kctx, req.Node, k, nil, holderIDOf(req, i))
-				if r.Code == common.ErrorCode_OK && !r.Done {
-					planned += roundUp(r.Len, AllocGranule)
+				if r.Code == common.ErrorCode_OK && !reused[r.TargetOffset] {
+					reused[r.TargetOffset] = true
+					own += roundUp(r.Len, AllocGranule)
 				}
 				resp.Results[i] = r
 			}
@@ -293,14 +304,21 @@ func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest)
 	return resp, nil
 }
 
-// outgrowsPool reports whether a target for key, with planned bytes of targets already
-// taken in the requester's pool, would exceed the whole pool.
-func (h *handler) outgrowsPool(node *mp.NodeRef, key string, planned int64) bool {
+// outgrowsSegment reports whether a target for key, beside own bytes the batch holds in
+// the requester's segment, would exceed every area a get's target may take (its pool,
+// landing and transfer areas) together.
+func (h *handler) outgrowsSegment(node *mp.NodeRef, key string, own int64) bool {
 	out := false
 	h.s.withState(func(st *State) error {
 		n, err := st.reportedNodeLocked(ref(node))
 		if r := st.routes[key]; err == nil && r != nil && r.memoryReplica(n) == nil {
-			out = planned+roundUp(r.len, AllocGranule) > n.alloc.Capacity()
+			room := n.alloc.Capacity()
+			for _, a := range []*Allocator{n.landing, n.xfer} {
+				if a != nil {
+					room += a.Capacity()
+				}
+			}
+			out = own+roundUp(r.len, AllocGranule) > room
 		}
 		return nil
 	})
