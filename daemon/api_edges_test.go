@@ -644,3 +644,59 @@ func TestBatchGetLandingValueWaitsForLanding(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchGetHotSetHitsCountAgainstPool: a key of the batch that the owner's hot set
+// answers (no master trip) is held by the batch's client in the pool as much as a
+// replica the master reuses: a later key whose target fits beside the batch's targets
+// but not beside that holding too needs room only its own batch holds, and fails
+// NO_SPACE at once instead of waiting the master's AllocWait (past the owner's call
+// timeout the batch's other keys all failed UNAVAILABLE).
+func TestBatchGetHotSetHitsCountAgainstPool(t *testing.T) {
+	t.Parallel()
+	const allocWait = 20 * time.Second
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1 })
+	mine := value(100, 3<<20)
+	if err := c2.Put("mine", mine); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c2.Get("mine") // its released holding stays in n2's hot set
+	if err != nil || h == nil {
+		t.Fatalf("get mine: %v", err)
+	}
+	h.Release()
+	keys := []string{"mine", "big/0", "big/1"}
+	want := [][]byte{mine, value(0, 3<<20), value(1, 3<<20)}
+	for i, k := range keys[1:] {
+		if err := n.c.Put(k, want[i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	hs, errs, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	for i, k := range keys {
+		switch {
+		case errs[i] == nil && hs[i] != nil:
+			if !bytes.Equal(hs[i].Bytes(), want[i]) {
+				t.Errorf("batch get %s: wrong bytes", k)
+			}
+			hs[i].Release()
+			served++
+		case errs[i] != nil && !errors.Is(errs[i], fluxkv.ErrNoSpace):
+			t.Errorf("batch get %s: %v, want NO_SPACE", k, errs[i])
+		case errs[i] == nil:
+			t.Errorf("batch get %s: not found", k)
+		}
+	}
+	if served != 2 {
+		t.Errorf("%d of 3 items served, want 2 (two fit the 8 MiB pool)", served)
+	}
+	if took >= allocWait/2 {
+		t.Errorf("the batch took %v: a key waited for room only its own batch held (AllocWait %v)", took, allocWait)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"github.com/fluxkv/fluxkv/protocol/wire"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // The owner's get path, one file per step:
@@ -231,6 +232,7 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 		return
 	}
 	keys := make([]string, len(legs))
+	var held int64 // what the client's batch holds already (the master counts it as the batch's)
 	o.lock()
 	for j, leg := range legs {
 		keys[j] = leg.key
@@ -238,9 +240,14 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 			leg.f.sent = true // gets coming from now on queue behind this flight
 		}
 	}
+	for _, r := range out {
+		if r.resp != nil {
+			held += ssd.AlignedLen(r.resp.Len)
+		}
+	}
 	o.unlock()
 	planAge := o.bounds().planAge
-	starts := o.startGets(keys)
+	starts := o.startGets(keys, held)
 	var run []int
 	for j, s := range starts {
 		if s.err != nil {

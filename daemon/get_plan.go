@@ -194,9 +194,11 @@ func (o *Owner) getStart(key string, exclude []string) startedGet {
 }
 
 // startGets plans keys: GetStart for one key, else one BatchGetStart per masterParts
-// of keys. Each answer is accepted as getStart's; a failed call fails its keys.
-func (o *Owner) startGets(keys []string) []startedGet {
-	if len(keys) == 1 {
+// of keys. Each answer is accepted as getStart's; a failed call fails its keys. held is
+// the bytes of the segment the client's batch holds already (BatchGetStartRequest.held_bytes;
+// a lone key with some goes in a BatchGetStart too).
+func (o *Owner) startGets(keys []string, held int64) []startedGet {
+	if len(keys) == 1 && held == 0 {
 		return []startedGet{o.getStart(keys[0], nil)}
 	}
 	out := make([]startedGet, 0, len(keys))
@@ -204,7 +206,8 @@ func (o *Owner) startGets(keys []string) []startedGet {
 		var resp *mp.BatchGetStartResponse
 		ids := o.newHolderIDs(len(part))
 		s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
-			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks, HolderIds: ids})
+			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks, HolderIds: ids,
+				HeldBytes: held})
 			return err
 		}, func() (common.ErrorCode, string) { return resp.Code, resp.Message })
 		if s.err == nil && len(resp.Results) != len(part) {

@@ -70,9 +70,9 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 		// reused above, the targets planned), were every other range free, does not wait
 		// for room: only its own batch holds it, until the client releases the batch's
 		// holders. It makes its attempts at once and fails NO_SPACE if they find none.
-		// (Ranges the batch holds unseen here, its hot-set answers and its other calls,
-		// leave such a key waiting, as any key would.)
-		var own int64
+		// The ranges the batch holds already that the owner answered without this call
+		// count too (held_bytes).
+		own := max(req.HeldBytes, 0)
 		reused := make(map[int64]bool)
 		for _, r := range resp.Results {
 			if r != nil && r.Code == common.ErrorCode_OK && !reused[r.TargetOffset] {

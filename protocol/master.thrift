@@ -342,12 +342,16 @@ const i32 REPORT_BATCH = 4096
 const i32 BATCH = 4096
 
 // holder_ids[i]: GetStartRequest.holder_id for keys[i] (absent or shorter: the master
-// picks).
+// picks). held_bytes: the bytes of the requester's segment the client's batch holds
+// already, answered without this call (hot-set hits, earlier calls of the batch): with
+// the call's own ranges, a key that cannot fit the segment beside them fails NO_SPACE
+// at once instead of waiting for room.
 struct BatchGetStartRequest {
   1: NodeRef node,
   2: list<string> keys,
   3: list<i64> acks,
   4: list<i64> holder_ids,
+  5: i64 held_bytes,
 }
 
 struct BatchGetStartResponse {

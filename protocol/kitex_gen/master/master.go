@@ -2103,6 +2103,7 @@ type BatchGetStartRequest struct {
 	Keys      []string `thrift:"keys,2" frugal:"2,default,list<string>" json:"keys"`
 	Acks      []int64  `thrift:"acks,3" frugal:"3,default,list<i64>" json:"acks"`
 	HolderIds []int64  `thrift:"holder_ids,4" frugal:"4,default,list<i64>" json:"holder_ids"`
+	HeldBytes int64    `thrift:"held_bytes,5" frugal:"5,default,i64" json:"held_bytes"`
 }
 
 func NewBatchGetStartRequest() *BatchGetStartRequest {
@@ -2132,6 +2133,10 @@ func (p *BatchGetStartRequest) GetAcks() (v []int64) {
 func (p *BatchGetStartRequest) GetHolderIds() (v []int64) {
 	return p.HolderIds
 }
+
+func (p *BatchGetStartRequest) GetHeldBytes() (v int64) {
+	return p.HeldBytes
+}
 func (p *BatchGetStartRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -2143,6 +2148,9 @@ func (p *BatchGetStartRequest) SetAcks(val []int64) {
 }
 func (p *BatchGetStartRequest) SetHolderIds(val []int64) {
 	p.HolderIds = val
+}
+func (p *BatchGetStartRequest) SetHeldBytes(val int64) {
+	p.HeldBytes = val
 }
 
 func (p *BatchGetStartRequest) IsSetNode() bool {
@@ -2161,6 +2169,7 @@ var fieldIDToName_BatchGetStartRequest = map[int16]string{
 	2: "keys",
 	3: "acks",
 	4: "holder_ids",
+	5: "held_bytes",
 }
 
 type BatchGetStartResponse struct {
