@@ -187,7 +187,9 @@ func (o *Owner) getStart(key string, exclude []string) startedGet {
 		return err
 	}, func() (common.ErrorCode, string) { return plan.Code, plan.Message })
 	if s.err != nil {
-		o.ackUnanswered(ids)
+		if plan == nil {
+			o.ackUnanswered(ids)
+		}
 		return s
 	}
 	return o.acceptPlans([]string{key}, []*mp.GetStartResponse{plan}, s)[0]
@@ -214,7 +216,9 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 			s.err = errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d keys of a BatchGetStart", len(resp.Results), len(part))
 		}
 		if s.err != nil {
-			o.ackUnanswered(ids)
+			if resp == nil {
+				o.ackUnanswered(ids)
+			}
 			for range part {
 				out = append(out, s)
 			}
@@ -236,9 +240,10 @@ func (o *Owner) newHolderIDs(n int) []int64 {
 	return ids
 }
 
-// ackUnanswered releases the holders a planning call without a usable answer may have
-// made: the master may have recorded a local hit's holder under its id before the reply
-// was lost. An ack of a holder that does not exist does no harm.
+// ackUnanswered releases the holders a planning call that got no answer may have made:
+// the master may have recorded a local hit's holder under its id before the reply was
+// lost. An ack of a holder that does not exist does no harm (the master counts it
+// unknown). A call answered, whatever its code, made only the holders it names.
 func (o *Owner) ackUnanswered(ids []int64) {
 	for _, id := range ids {
 		o.acks.add(id)
