@@ -178,8 +178,9 @@ func (s *State) GetStart(now time.Time, ref NodeRef, key string, exclude []strin
 	return s.GetStartAs(now, ref, key, exclude, 0)
 }
 
-// GetStartAs is GetStart recording a local hit's holder under holderID, the requester's
-// choice (GetStartRequest.holder_id; 0 or one it holds already: the master picks).
+// GetStartAs is GetStart recording a local hit's holder, or a refill from the
+// requester's own SSD's, under holderID, the requester's choice
+// (GetStartRequest.holder_id; 0 or one it holds already: the master picks).
 func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []string, holderID int64) (GetPlan, error) {
 	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
@@ -193,10 +194,7 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 		return GetPlan{}, wire.Errorf(common.ErrorCode_KEY_NOT_FOUND, "not found")
 	}
 	if a := r.memoryReplica(n); a != nil {
-		id := holderID
-		if id >= 0 || n.holders[id] != nil {
-			id = s.newID()
-		}
+		id := s.requestedHolderIDLocked(n, holderID)
 		n.holders[id] = a.Retain()
 		n.policy.Touch(key)
 		return GetPlan{PutID: r.putID, Len: r.len, Source: common.Source_MEMORY, SourceNode: n.id,
@@ -241,7 +239,9 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 		src.policy.Touch(key)
 		plan.SourceOffset = g.source.Offset()
 	case src == n:
-		g.holderID = s.newID()
+		// Under the requester's id, as a local hit's: a requester that lost this reply
+		// acks it (an expired get keeps its holder, dropGetLocked).
+		g.holderID = s.requestedHolderIDLocked(n, holderID)
 		n.holders[g.holderID] = target.Retain()
 		plan.HolderID = g.holderID
 	default:
@@ -255,6 +255,16 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 	plan.GetID = s.newID()
 	s.gets[plan.GetID] = g
 	return plan, nil
+}
+
+// requestedHolderIDLocked is the id a holder GetStart records for requester n goes
+// under: holderID, the requester's choice (negative, one it does not hold), else a new
+// one.
+func (s *State) requestedHolderIDLocked(n *node, holderID int64) int64 {
+	if holderID >= 0 || n.holders[holderID] != nil {
+		return s.newID()
+	}
+	return holderID
 }
 
 // GetDone turns the get's target into a holder of the requesting owner (its id is the

@@ -152,7 +152,8 @@ struct PutRevokeResponse {
 
 // exclude_nodes: nodes whose replicas this plan must not use (a pull from them just
 // failed: unreachable, fenced or dead); the re-plan finds another replica or misses.
-// holder_id: the id the master records a local hit's holder under (done), chosen by
+// holder_id: the id the master records a local hit's holder under (done), or the
+// holder of a refill from the requester's own SSD (recorded at GetStart too), chosen by
 // the requester: negative, never used twice by one owner incarnation. A requester whose
 // call failed in transport still knows it and acks it (the master may have recorded the
 // holder before the reply was lost); 0, or an id the requester already holds: the
