@@ -84,6 +84,9 @@ func (s *State) persistDoneLocked(putID int64, t *PersistTask, ok bool) {
 		s.writeBackDoneLocked(putID, pp, ok)
 		return
 	}
+	if r := s.routes[pp.key]; r != nil && r.putID == putID && !ok {
+		s.unpersistLocked(putID, pp, r)
+	}
 	if r := s.routes[pp.key]; r != nil && r.putID == putID && r.memoryReplica(pp.node) == pp.alloc && !pp.node.tombed {
 		s.enterPolicyLocked(pp.key, r, pp.node, pp.alloc.Size())
 	}

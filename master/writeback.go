@@ -143,6 +143,22 @@ func (s *State) beginWriteBackLocked(key string, r *route, n *node, refresh bool
 	return true
 }
 
+// unpersistLocked follows a failed persist pp of route r's version putID: the record
+// on its SSD owner is not counted on. That owner may have dropped it (a refresh's
+// rewrite replaces the old record once reserved; a commit that failed, in transport
+// too, is forgotten: the reply of a commit that landed may have been lost, and the
+// commit then counted a record the owner no longer has). It may as well still hold it
+// (the persist never reached it, its ring was blocked before the reservation, the
+// persist call's own answer was lost): it must forget it, as after a failed read
+// (GetRevoke), and counts as its holder until it acked that, so that a delete waits
+// for it and no write-back goes there before.
+func (s *State) unpersistLocked(putID int64, pp *pendingPersist, r *route) {
+	if rep := r.replicas[pp.ssdNode]; rep != nil && rep.ssd && !pp.ssdNode.tombed {
+		s.clearSSDLocked(pp.key, r, pp.ssdNode)
+		pp.ssdNode.evicted.push(pp.key, putID, true)
+	}
+}
+
 // maxWriteBackTries bounds the write-backs of one memory replica: a page whose
 // write-backs failed that often stays memory-only (an SSD that fails every write is not
 // asked for ever, and the page is not held in memory for ever).
@@ -160,17 +176,8 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 	if r == nil || r.putID != putID {
 		return
 	}
-	if !ok && pp.refresh {
-		// The owner may have dropped the record it was rewriting (the rewrite replaces
-		// it once reserved; a failed commit forgets it): it is not counted on. It may as
-		// well still hold it (the persist never reached it, its ring was blocked before
-		// the reservation, the reply of a commit was lost): it must forget it, as after
-		// a failed read (GetRevoke), and counts as its holder until it acked that, so
-		// that a delete waits for it and no write-back goes there before.
-		if rep := r.replicas[pp.ssdNode]; rep != nil && rep.ssd && !pp.ssdNode.tombed {
-			s.clearSSDLocked(pp.key, r, pp.ssdNode)
-			pp.ssdNode.evicted.push(pp.key, putID, true)
-		}
+	if !ok {
+		s.unpersistLocked(putID, pp, r)
 	}
 	rep := r.replicas[pp.node]
 	if rep != nil && rep.memory == pp.alloc {
