@@ -39,6 +39,7 @@ func (o *Owner) reportReplicas() {
 		if err == nil && resp.Code != common.ErrorCode_OK {
 			err = errCode(resp.Code, "%s", resp.Message)
 		}
+		lost := err != nil && resp == nil // failed in transport: the master may have adopted the batch
 		st := o.lock()
 		if err != nil {
 			for i := start; i < total; i++ {
@@ -47,6 +48,9 @@ func (o *Owner) reportReplicas() {
 			o.unlock()
 			o.log.Warn().Err(err).Int("reported", start).Int("records", total).Int("adopted", adopted).
 				Msg("replica report failed; the unreported records are forgotten")
+			if lost {
+				o.unreportSSD(rep.ssdIn(start, end))
+			}
 			o.endReport()
 			return
 		}
@@ -78,6 +82,23 @@ func (o *Owner) endReport() {
 	}
 	if err != nil {
 		o.log.Warn().Err(err).Msg("could not end the failed replica report; the master allocates here again when its rebuild window ends")
+	}
+}
+
+// unreportSSD tells the master the SSD entries of a report batch whose call failed in
+// transport are gone (they were forgotten here): the batch may have landed and only its
+// answer been lost, and the master would then route gets to (and count) records this
+// owner no longer has. Best effort, as a ring eviction's report: an entry the master
+// did not adopt is ignored.
+func (o *Owner) unreportSSD(entries []*common.KeyVersion) {
+	if len(entries) == 0 {
+		return
+	}
+	ctx, cancel := o.master.ctx()
+	defer cancel()
+	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
+	if err := o.master.check(respCode(resp, err)); err != nil {
+		o.log.Warn().Err(err).Int("entries", len(entries)).Msg("could not tell the master the SSD entries of a lost report are forgotten")
 	}
 }
 
@@ -133,6 +154,16 @@ func (r *replicaReport) batches() [][2]int {
 	}
 	if out == nil {
 		out = [][2]int{{0, 0}}
+	}
+	return out
+}
+
+// ssdIn is the SSD entries among records [start, end).
+func (r *replicaReport) ssdIn(start, end int) []*common.KeyVersion {
+	var out []*common.KeyVersion
+	for i := max(start, len(r.mem)); i < end; i++ {
+		x := r.ssd[i-len(r.mem)]
+		out = append(out, &common.KeyVersion{Key: x.key, PutId: x.putID})
 	}
 	return out
 }
