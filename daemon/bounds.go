@@ -58,6 +58,10 @@ type bounds struct {
 	// pullPut bounds the pull of pooled puts this owner was told to pull (PullPut,
 	// BatchPullPut; Options.TransferTimeout; 6/7 of the master's pull timeout).
 	pullPut time.Duration
+	// reack: the holder ids of a planning call that failed are acked at once and again
+	// this long after (ackUnanswered; the TTL): a call the owner gave up on may reach
+	// the master's state after the first ack, and record its holder then.
+	reack time.Duration
 }
 
 // boundsFor returns the bounds in force under a master's times m.
@@ -70,6 +74,7 @@ func (o *Options) boundsFor(m masterTimes) *bounds {
 		transfer:    min(o.TransferTimeout, ttl/2),
 		stageMax:    min(stageMaxDeadline, ttl*3/4),
 		pullPut:     min(o.TransferTimeout, m.pullTimeout*6/7),
+		reack:       ttl,
 	}
 }
 

@@ -241,13 +241,21 @@ func (o *Owner) newHolderIDs(n int) []int64 {
 }
 
 // ackUnanswered releases the holders a planning call that got no answer may have made:
-// the master may have recorded a local hit's holder under its id before the reply was
-// lost. An ack of a holder that does not exist does no harm (the master counts it
-// unknown). A call answered, whatever its code, made only the holders it names.
+// the master may have recorded a local hit's holder (or a local SSD refill's) under its
+// id before the reply was lost. A call the owner gave up on (timed out) may as well
+// reach the master's state only after that ack (it waited for the lock, or for room):
+// the ids are acked again once the master's in-flight TTL has passed. An ack of a holder
+// that does not exist does no harm (the master counts it unknown). A call answered,
+// whatever its code, made only the holders it names.
 func (o *Owner) ackUnanswered(ids []int64) {
 	for _, id := range ids {
 		o.acks.add(id)
 	}
+	time.AfterFunc(o.bounds().reack, func() {
+		for _, id := range ids {
+			o.acks.add(id)
+		}
+	})
 }
 
 // askMaster makes one planning call (call, carrying the queued holder acks, which go

@@ -175,3 +175,55 @@ func TestLostReportReplyLeavesNoPhantomRecord(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// lateStart makes the next n GetStart calls fail at once on the owner's side (a call
+// that timed out) while the master gets to them only after the owner acked the holder
+// id they name: a stalled master serving a queued call late.
+type lateStart struct {
+	masterservice.Client
+	o    *Owner
+	n    atomic.Int32
+	done chan struct{}
+}
+
+func (l *lateStart) GetStart(ctx context.Context, req *mp.GetStartRequest, o ...callopt.Option) (*mp.GetStartResponse, error) {
+	if l.n.Add(-1) < 0 {
+		return l.Client.GetStart(ctx, req, o...)
+	}
+	go func() {
+		defer close(l.done)
+		time.Sleep(100 * time.Millisecond) // the owner gave up and queued its ack
+		l.o.acks.sync()
+		l.Client.GetStart(context.Background(), req)
+	}()
+	return nil, errReplyLost
+}
+
+// TestLateGetStartAfterItsAck: a GetStart the owner gave up on (it timed out) may
+// reach the master's state only after the owner's ack of the holder id it named (the
+// call waited for the lock, or for room: withSpace retries up to AllocWait). The
+// master then recorded a holder under an id already acked, which nothing acks again:
+// the local replica stayed held for good.
+func TestLateGetStartAfterItsAck(t *testing.T) {
+	log := zerolog.Nop()
+	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log, InflightTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Stop() })
+	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace = -1 })
+	late := &lateStart{Client: m.LocalClient(), o: o, done: make(chan struct{})}
+	useMasterClient(o, late)
+	late.n.Store(1)
+	if _, err := c.Get("k"); err == nil {
+		t.Fatal("a get whose GetStart failed succeeded")
+	}
+	<-late.done
+	if nodeHolders(t, m) == 0 {
+		t.Fatal("the late GetStart recorded no holder")
+	}
+	waitNoHolders(t, o, m, "the holder a GetStart recorded after the owner had acked its id")
+}
