@@ -227,3 +227,63 @@ func TestLateGetStartAfterItsAck(t *testing.T) {
 	}
 	waitNoHolders(t, o, m, "the holder a GetStart recorded after the owner had acked its id")
 }
+
+// lostDelete loses the replies of the next n Delete and BatchDelete calls after the
+// master answered them.
+type lostDelete struct {
+	masterservice.Client
+	n atomic.Int32
+}
+
+func (l *lostDelete) Delete(ctx context.Context, req *mp.DeleteRequest, o ...callopt.Option) (*mp.DeleteResponse, error) {
+	resp, err := l.Client.Delete(ctx, req, o...)
+	if err == nil && l.n.Add(-1) >= 0 {
+		return nil, errReplyLost
+	}
+	return resp, err
+}
+
+func (l *lostDelete) BatchDelete(ctx context.Context, req *mp.BatchDeleteRequest, o ...callopt.Option) (*mp.BatchDeleteResponse, error) {
+	resp, err := l.Client.BatchDelete(ctx, req, o...)
+	if err == nil && l.n.Add(-1) >= 0 {
+		return nil, errReplyLost
+	}
+	return resp, err
+}
+
+// TestLostDeleteReplyDropsTheHotSet: the master does not invalidate the requester of a
+// delete (it drops its own records once answered). A delete that happened and whose
+// reply was lost left the requester's hot-set holding of the key: gets through that
+// owner went on serving the deleted value without the master (and Exists said true).
+func TestLostDeleteReplyDropsTheHotSet(t *testing.T) {
+	m := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m, nil)
+	if err := c.Put("k2", value(2, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"k", "k2"} { // into the hot set
+		h, err := c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	c.Flush()
+	lost := &lostDelete{Client: m.LocalClient()}
+	useMasterClient(o, lost)
+
+	lost.n.Store(1)
+	if _, err := c.Delete("k"); err == nil {
+		t.Fatal("a delete whose reply was lost succeeded")
+	}
+	lost.n.Store(1)
+	if _, err := c.BatchDelete([]string{"k2", "k3"}); err == nil {
+		t.Fatal("a batch delete whose reply was lost succeeded")
+	}
+	for _, k := range []string{"k", "k2"} {
+		if h, err := c.Get(k); err == nil {
+			h.Release()
+			t.Fatalf("%s: a key deleted at the master (the reply lost) is still served by the owner that deleted it", k)
+		}
+	}
+}

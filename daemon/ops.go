@@ -52,6 +52,14 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 					upTo = math.MaxInt64
 				}
 				st.invalidate(keys[i], upTo)
+			} else if callErr != nil {
+				// The call failed: the delete may have happened and only its reply been
+				// lost, and the master invalidates every owner but the requester. What
+				// this owner keeps of the key goes (its hot set would go on serving it
+				// without the master; its SSD entries, unknown to the master, would come
+				// back in a report to a restarted one); a master that did not delete it
+				// finds this owner's SSD entry gone at the next read and drops it.
+				st.invalidate(keys[i], math.MaxInt64)
 			}
 			st.endWrite(keys[i])
 			out[i].Code, out[i].Message = wire.ToResponse(errs[j])
