@@ -390,38 +390,14 @@ func TestBatchGetOutgrowingItsPoolFailsAtOnce(t *testing.T) {
 	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
 	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
 	keys := []string{"big/0", "big/1", "big/2"}
+	var want [][]byte
 	for i, k := range keys {
-		if err := n.c.Put(k, value(i, 3<<20)); err != nil {
+		want = append(want, value(i, 3<<20))
+		if err := n.c.Put(k, want[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	start := time.Now()
-	hs, errs, err := c2.BatchGet(keys)
-	took := time.Since(start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := 0
-	for i, k := range keys {
-		switch {
-		case errs[i] == nil && hs[i] != nil:
-			if !bytes.Equal(hs[i].Bytes(), value(i, 3<<20)) {
-				t.Errorf("batch get %s: wrong bytes", k)
-			}
-			hs[i].Release()
-			served++
-		case errs[i] != nil && !errors.Is(errs[i], fluxkv.ErrNoSpace):
-			t.Errorf("batch get %s: %v, want NO_SPACE", k, errs[i])
-		case errs[i] == nil:
-			t.Errorf("batch get %s: not found", k)
-		}
-	}
-	if served != 2 {
-		t.Errorf("%d of 3 items served, want 2 (two fit the 8 MiB pool)", served)
-	}
-	if took >= allocWait/2 {
-		t.Errorf("the batch took %v: its last item waited for room only the batch held (AllocWait %v)", took, allocWait)
-	}
+	checkBatchServesTwo(t, c2, keys, want, allocWait)
 }
 
 // TestBatchGetLandingTargetsDoNotOutgrowPool: a batch's targets in the requester's
@@ -504,33 +480,7 @@ func TestBatchGetOwnReplicasCountAgainstPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := time.Now()
-	hs, errs, err := c2.BatchGet(keys)
-	took := time.Since(start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := 0
-	for i, k := range keys {
-		switch {
-		case errs[i] == nil && hs[i] != nil:
-			if !bytes.Equal(hs[i].Bytes(), want[i]) {
-				t.Errorf("batch get %s: wrong bytes", k)
-			}
-			hs[i].Release()
-			served++
-		case errs[i] != nil && !errors.Is(errs[i], fluxkv.ErrNoSpace):
-			t.Errorf("batch get %s: %v, want NO_SPACE", k, errs[i])
-		case errs[i] == nil:
-			t.Errorf("batch get %s: not found", k)
-		}
-	}
-	if served != 2 {
-		t.Errorf("%d of 3 items served, want 2 (two fit the 8 MiB pool)", served)
-	}
-	if took >= allocWait/2 {
-		t.Errorf("the batch took %v: its last item waited for room only the batch held (AllocWait %v)", took, allocWait)
-	}
+	checkBatchServesTwo(t, c2, keys, want, allocWait)
 }
 
 // TestBatchGetLostReplyLeaksNoReusedHolder: a BatchGetStart whose reply the owner never
@@ -672,8 +622,17 @@ func TestBatchGetHotSetHitsCountAgainstPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	checkBatchServesTwo(t, c2, keys, want, allocWait)
+}
+
+// checkBatchServesTwo runs c.BatchGet(keys) of three values of which two fit the
+// requester's 8 MiB pool together: those two are served with the bytes want names, the
+// third fails NO_SPACE, and the batch ends well within allocWait (no key waited for
+// room only its own batch held).
+func checkBatchServesTwo(t *testing.T, c *fluxkv.Client, keys []string, want [][]byte, allocWait time.Duration) {
+	t.Helper()
 	start := time.Now()
-	hs, errs, err := c2.BatchGet(keys)
+	hs, errs, err := c.BatchGet(keys)
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
