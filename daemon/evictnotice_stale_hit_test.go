@@ -63,17 +63,8 @@ func TestLocalHitOfPreviousMasterBoundsNoNoticeOfTheNext(t *testing.T) {
 
 	// The master restarts; n1 registers with the new one (and reports b, k and d)
 	// before its planGet learns the hit.
-	addr := n.m.Addr().String()
-	n.m.Stop()
-	m2, err := master.NewServer(master.Options{InsecureCluster: true, HeartbeatInterval: time.Minute, NodeTTL: 5 * time.Minute,
+	restartMasterWith(t, n, master.Options{InsecureCluster: true, HeartbeatInterval: time.Minute, NodeTTL: 5 * time.Minute,
 		WriteQuiet: -1, AllocWait: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m2.Start(addr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m2.Stop() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := n.o.master.register(ctx); err != nil {

@@ -144,17 +144,8 @@ func TestLostReportReplyLeavesNoPhantomRecord(t *testing.T) {
 	useMasterClient(n.o, lost)
 	lost.n.Store(1)
 
-	addr := n.m.Addr().String()
-	n.m.Stop()
 	log := zerolog.Nop()
-	m2, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m2.Start(addr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m2.Stop() })
+	m2 := restartMasterWith(t, n, master.Options{InsecureCluster: true, Logger: &log})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := n.o.master.register(ctx); err != nil {

@@ -93,9 +93,15 @@ func TestLeaseEndsCachedGets(t *testing.T) {
 // address, stopped when the test ends.
 func restartMaster(t *testing.T, n *node) *master.Server {
 	t.Helper()
+	return restartMasterWith(t, n, master.Options{InsecureCluster: true})
+}
+
+// restartMasterWith is restartMaster with the new master's options.
+func restartMasterWith(t *testing.T, n *node, opts master.Options) *master.Server {
+	t.Helper()
 	addr := n.m.Addr().String()
 	n.m.Stop()
-	m, err := master.NewServer(master.Options{InsecureCluster: true})
+	m, err := master.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

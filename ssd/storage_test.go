@@ -321,30 +321,7 @@ func TestRewriteSamePut(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind string) {
 		checkLeaks(t)
 		s := openTest(t, kind, 4<<20, func(o *Options) { o.ShardsPerDevice = 1 })
-		var mu sync.Mutex
-		reports := map[Eviction]int{}
-		go func() {
-			for b := range s.Evictions() {
-				mu.Lock()
-				for _, ev := range b {
-					reports[ev]++
-				}
-				mu.Unlock()
-			}
-		}()
-		reported := func(ev Eviction) int {
-			mu.Lock()
-			defer mu.Unlock()
-			return reports[ev]
-		}
-		waitReported := func(ev Eviction) {
-			t.Helper()
-			for deadline := time.Now().Add(10 * time.Second); reported(ev) == 0; time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("%+v never reported evicted", ev)
-				}
-			}
-		}
+		reported, waitReported := countEvictions(t, s)
 
 		const page = 60000
 		v := pattern("k", page)
@@ -918,30 +895,7 @@ func TestRewriteOfOverwrittenRecordNotReported(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind string) {
 		checkLeaks(t)
 		s := openTest(t, kind, 4<<20, func(o *Options) { o.ShardsPerDevice = 1 })
-		var mu sync.Mutex
-		reports := map[Eviction]int{}
-		go func() {
-			for b := range s.Evictions() {
-				mu.Lock()
-				for _, ev := range b {
-					reports[ev]++
-				}
-				mu.Unlock()
-			}
-		}()
-		reported := func(ev Eviction) int {
-			mu.Lock()
-			defer mu.Unlock()
-			return reports[ev]
-		}
-		waitReported := func(ev Eviction) {
-			t.Helper()
-			for deadline := time.Now().Add(10 * time.Second); reported(ev) == 0; time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("%+v never reported evicted", ev)
-				}
-			}
-		}
+		reported, waitReported := countEvictions(t, s)
 		const page = 60000
 		v := pattern("w", page)
 		// The ring's length in records.
@@ -979,4 +933,34 @@ func TestRewriteOfOverwrittenRecordNotReported(t *testing.T) {
 			t.Fatalf("w reported evicted %d times while its rewrite lives (%d reports dropped)", n, s.Stats().DroppedEvictions)
 		}
 	})
+}
+
+// countEvictions reads s's eviction reports for the test: reported(ev) is how many times
+// ev was reported so far, waitReported(ev) waits (up to 10 s) until it was.
+func countEvictions(t *testing.T, s *Storage) (reported func(Eviction) int, waitReported func(Eviction)) {
+	var mu sync.Mutex
+	reports := map[Eviction]int{}
+	go func() {
+		for b := range s.Evictions() {
+			mu.Lock()
+			for _, ev := range b {
+				reports[ev]++
+			}
+			mu.Unlock()
+		}
+	}()
+	reported = func(ev Eviction) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return reports[ev]
+	}
+	waitReported = func(ev Eviction) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); reported(ev) == 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%+v never reported evicted", ev)
+			}
+		}
+	}
+	return reported, waitReported
 }
