@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cloudwego/kitex/client/callopt"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/master"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
@@ -277,4 +278,39 @@ func TestLostDeleteReplyDropsTheHotSet(t *testing.T) {
 			t.Fatalf("%s: a key deleted at the master (the reply lost) is still served by the owner that deleted it", k)
 		}
 	}
+}
+
+// lostEvict loses the next n BatchSsdReplicaEvict requests before they reach the
+// master (a broken connection).
+type lostEvict struct {
+	masterservice.Client
+	n atomic.Int32
+}
+
+func (l *lostEvict) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdReplicaEvictRequest, o ...callopt.Option) (*mp.BatchSsdReplicaEvictResponse, error) {
+	if l.n.Add(-1) >= 0 {
+		return nil, errReplyLost
+	}
+	return l.Client.BatchSsdReplicaEvict(ctx, req, o...)
+}
+
+// TestLostEvictionReportIsSentAgain: a report of SSD ring evictions that never reached
+// the master left it counting (and routing gets to) records the ring had overwritten,
+// and taking their versions for written back, until a read of each failed. A batch
+// whose call failed in transport is sent again.
+func TestLostEvictionReportIsSentAgain(t *testing.T) {
+	n := startNode(t, 4<<20, ssdOptions(t, 16<<20), master.Options{InsecureCluster: true})
+	lost := &lostEvict{Client: n.o.master.cl()}
+	useMasterClient(n.o, lost)
+	lost.n.Store(1)
+	for i := range 40 { // the 16 MiB ring wraps twice
+		if err := n.c.Put(fmt.Sprintf("ev-%d", i), value(i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		n.waitPersisted(t)
+	}
+	if lost.n.Load() >= 0 {
+		t.Fatal("no eviction report was sent")
+	}
+	proctest.WaitUntil(t, func() bool { return ssdReplicasAt(n.m) == int64(len(n.o.store.Committed())) })
 }

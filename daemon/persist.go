@@ -255,21 +255,53 @@ func (o *Owner) persistPulled(req *peer.SsdReplicaPersistRequest, readBy time.Ti
 	return pin, nil
 }
 
+// evictReportTries bounds the sends of one batch of SSD eviction reports: one that
+// failed in transport (it may never have reached the master) is sent again after
+// evictReportRetry, twice the wait each time.
+const (
+	evictReportTries = 3
+	evictReportRetry = 200 * time.Millisecond
+)
+
 // forwardEvictions reports SSD ring evictions to the master in the storage's batches.
+// A report the master never got leaves it routing gets to a gone record, and counting
+// the version as on SSD (its memory copy then goes without a write-back) until a read
+// fails: a batch whose call failed in transport is sent again, less the keys the ring
+// holds under that put id again meanwhile (a refresh's rewrite: ssd.Storage.Unrewritten).
 func (o *Owner) forwardEvictions() {
 	defer o.wg.Done()
 	for batch := range o.store.Evictions() {
-		entries := make([]*common.KeyVersion, len(batch))
-		for i, e := range batch {
-			entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
-		cancel()
-		if err := o.master.check(respCode(resp, err)); err != nil {
-			// A master that lost us forgot these routes anyway; an unreachable one will
-			// find a failed read (ErrNotFound) and drop the replica then.
-			o.log.Warn().Err(err).Int("entries", len(entries)).Msg("SSD eviction report failed")
+		wait := evictReportRetry
+		for try := 1; len(batch) > 0; try++ {
+			lost, err := o.reportEvictions(batch)
+			if err == nil {
+				break
+			}
+			if !lost || try == evictReportTries {
+				// An unreachable master finds a failed read (ErrNotFound) and drops the
+				// replica then; one that lost us forgot these routes anyway.
+				o.log.Warn().Err(err).Int("entries", len(batch)).Msg("SSD eviction report failed")
+				break
+			}
+			time.Sleep(wait)
+			wait *= 2
+			batch = o.store.Unrewritten(batch)
 		}
 	}
+}
+
+// reportEvictions sends one BatchSsdReplicaEvict; lost: it failed in transport (the
+// master may not have got it), else err is the answer's.
+func (o *Owner) reportEvictions(batch []ssd.Eviction) (lost bool, err error) {
+	entries := make([]*common.KeyVersion, len(batch))
+	for i, e := range batch {
+		entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
+	if err != nil {
+		return true, o.master.check(0, "", err)
+	}
+	return false, o.master.check(resp.Code, resp.Message, nil)
 }

@@ -38,7 +38,7 @@ func (s *Storage) batchEvictions() {
 	timer.Stop()
 	defer timer.Stop()
 	flush := func() {
-		batch = s.unrewritten(batch)
+		batch = s.Unrewritten(batch)
 		if len(batch) == 0 {
 			timer.Stop()
 			return
@@ -87,14 +87,14 @@ func (s *Storage) batchEvictions() {
 	}
 }
 
-// unrewritten drops from evs (taking s.mu) the evictions of records whose key and
+// Unrewritten drops from evs (taking s.mu) the evictions of records whose key and
 // put id were written again since (the master's refresh, checkNewerLocked): the record
 // overwritten was the old one, and the master, which knows a record by its key and put
 // id only, would drop the new one, which lives on, if the report reached it after the
 // rewrite's commit (it waits up to EvictionDelay here; in one write run, the record
 // before the rewrite's may overwrite the old one). A rewrite that fails leaves the
 // master counting the old record no longer: it drops its count of a failed refresh.
-func (s *Storage) unrewritten(evs []Eviction) []Eviction {
+func (s *Storage) Unrewritten(evs []Eviction) []Eviction {
 	if len(evs) == 0 {
 		return evs
 	}
