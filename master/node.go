@@ -92,6 +92,17 @@ type NodeRef struct {
 	Generation int64
 }
 
+// samePin returns the holder of n (a pin registered just before) whose range in area
+// is exactly r, or nil.
+func samePin(n *node, area *Allocator, r Range) *Allocation {
+	for _, h := range n.holders {
+		if h.area == area && h.r == r {
+			return h
+		}
+	}
+	return nil
+}
+
 // Register admits an owner incarnation. A previous incarnation under the same id is
 // tombed first (its replicas vanish). Pinned ranges are re-reserved as holders.
 //
@@ -165,8 +176,15 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		// in the pool.
 		area, base := n.regionOf(p.Offset)
 		switch rr := (Range{Offset: r.Offset - base, Size: r.Size}); {
-		case !dup && area.Reserve(rr):
+		case dup:
+			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pin id reported twice; ignored")
+		case area.Reserve(rr):
 			n.holders[p.PinID] = newAreaAllocation(n, area, base, rr, p.Len)
+		case samePin(n, area, r) != nil:
+			// Exactly another pin's range: two holdings of one range (a holding kept
+			// across an earlier registration, and a local hit of the same replica made
+			// after it). Each id holds the range until it is acked.
+			n.holders[p.PinID] = samePin(n, area, r).Retain()
 		default:
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pinned range overlaps another; ignored")
 		}
