@@ -440,23 +440,8 @@ func TestBatchGetLandingTargetsDoNotOutgrowPool(t *testing.T) {
 	}()
 	// r/0 and r/1 land in the 6 MiB landing area; r/2 needs 3 MiB of the pool, free
 	// once the handles are released.
-	hs, errs, err := c2.BatchGet(keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range keys {
-		switch {
-		case errs[i] != nil:
-			t.Errorf("batch get %s: %v (its batch's landing targets were counted against the pool)", k, errs[i])
-		case hs[i] == nil:
-			t.Errorf("batch get %s: not found", k)
-		case !bytes.Equal(hs[i].Bytes(), value(i, 3<<20)):
-			t.Errorf("batch get %s: wrong bytes", k)
-		}
-		if hs[i] != nil {
-			hs[i].Release()
-		}
-	}
+	checkBatchServesAll(t, c2, keys, [][]byte{value(0, 3<<20), value(1, 3<<20), value(2, 3<<20)},
+		"its batch's landing targets were counted against the pool")
 }
 
 // TestBatchGetOwnReplicasCountAgainstPool: the requester's memory replicas a batch
@@ -572,27 +557,7 @@ func TestBatchGetLandingValueWaitsForLanding(t *testing.T) {
 		held.Release()
 	}()
 	keys := []string{"big", "small"}
-	hs, errs, err := c2.BatchGet(keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range keys {
-		want := value(i+1, 9<<20)
-		if i == 1 {
-			want = value(2, 1<<20)
-		}
-		switch {
-		case errs[i] != nil:
-			t.Errorf("batch get %s: %v (a per-key get waits for the landing area)", k, errs[i])
-		case hs[i] == nil:
-			t.Errorf("batch get %s: not found", k)
-		case !bytes.Equal(hs[i].Bytes(), want):
-			t.Errorf("batch get %s: wrong bytes", k)
-		}
-		if hs[i] != nil {
-			hs[i].Release()
-		}
-	}
+	checkBatchServesAll(t, c2, keys, [][]byte{value(1, 9<<20), value(2, 1<<20)}, "a per-key get waits for the landing area")
 }
 
 // TestBatchGetHotSetHitsCountAgainstPool: a key of the batch that the owner's hot set
@@ -657,5 +622,28 @@ func checkBatchServesTwo(t *testing.T, c *fluxkv.Client, keys []string, want [][
 	}
 	if took >= allocWait/2 {
 		t.Errorf("the batch took %v: a key waited for room only its own batch held (AllocWait %v)", took, allocWait)
+	}
+}
+
+// checkBatchServesAll runs c.BatchGet(keys): every key is served with the bytes want
+// names; why says what an error would mean.
+func checkBatchServesAll(t *testing.T, c *fluxkv.Client, keys []string, want [][]byte, why string) {
+	t.Helper()
+	hs, errs, err := c.BatchGet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("batch get %s: %v (%s)", k, errs[i], why)
+		case hs[i] == nil:
+			t.Errorf("batch get %s: not found", k)
+		case !bytes.Equal(hs[i].Bytes(), want[i]):
+			t.Errorf("batch get %s: wrong bytes", k)
+		}
+		if hs[i] != nil {
+			hs[i].Release()
+		}
 	}
 }
