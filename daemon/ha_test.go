@@ -411,8 +411,8 @@ func TestMasterEtcdOutage(t *testing.T) {
 // keepalives), the other master takes over and the owners serve through it; when the
 // link comes back the old leader finds its lease gone and follows.
 //
-// Not parallel: the fence is bounded by the 2 s TTL and takes about 1.6 s with the
-// cores to itself, and newNetns names its namespaces after the pid (as TestNetnsCluster's).
+// Not parallel: the fence falls 1.5 s after the last acknowledged keepalive (the 2 s
+// TTL less its margin) and is checked with 1.5 s of slack, and newNetns names its namespaces after the pid (as TestNetnsCluster's).
 func TestMasterCutOffFromEtcd(t *testing.T) {
 	ns := newNetns(t, 2)
 	host := ns.prefix + "1"
@@ -440,7 +440,7 @@ func TestMasterCutOffFromEtcd(t *testing.T) {
 
 	cut := time.Now()
 	ns.ip("link", "set", ns.veths[lead], "down")
-	waitFor(t, leaderTTL+time.Second, "the cut-off leader to fence itself", func() bool {
+	waitFor(t, 3*leaderTTL, "the cut-off leader to fence itself", func() bool {
 		return strings.Contains(c.masters[lead].stderr.String(), "fenced (not serving)")
 	})
 	fenced := time.Since(cut)
@@ -455,8 +455,13 @@ func TestMasterCutOffFromEtcd(t *testing.T) {
 	n := readable(t, c, base)
 	t.Logf("leader %d cut off: fenced after %v, master %d leads (epoch %d → %d) after %v, first put after %v; %d/%d keys readable",
 		lead, fenced.Round(time.Millisecond), next, epoch, nextEpoch, elected.Round(time.Millisecond), firstPut.Round(time.Millisecond), n, len(base))
-	if fenced > leaderTTL {
-		t.Fatalf("the cut-off leader fenced itself %v after the cut, past the %v TTL", fenced, leaderTTL)
+	// The fence falls at most TTL − TTL/4 after etcd's last acknowledgement (before the
+	// cut), and the master logs it then; what the bound adds is slack for a busy
+	// machine (the log line, this test's poll). That the fence precedes the lease's
+	// expiry at etcd is master/ha's TestLeaderFencedWhenEtcdStops.
+	if fenced > leaderTTL+time.Second {
+		t.Fatalf("the cut-off leader fenced itself %v after the cut; want ≤ %v (its fence is %v after the last acknowledged keepalive)",
+			fenced, leaderTTL+time.Second, leaderTTL-ha.Margin(leaderTTL))
 	}
 	if next == lead || nextEpoch <= epoch {
 		t.Fatalf("master %d leads with epoch %d after the cut (was %d, epoch %d)", next, nextEpoch, lead, epoch)

@@ -116,8 +116,9 @@ func (e *Elector) campaignOnce(ctx context.Context) (*Term, error) {
 	t := &Term{e: e, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, base: base,
 		done: make(chan struct{}), stop: make(chan struct{})}
 	t.extend(0)
-	t.wg.Add(1)
+	t.wg.Add(2)
 	go t.keepAlive()
+	go t.watchFence()
 	ok := false
 	defer func() {
 		if !ok {
@@ -247,6 +248,7 @@ func (t *Term) extend(sent time.Duration) {
 func (t *Term) keepAlive() {
 	defer t.wg.Done()
 	every := t.ttl / 4
+	failing := false
 	for {
 		select {
 		case <-t.stop:
@@ -260,14 +262,45 @@ func (t *Term) keepAlive() {
 		switch {
 		case err == nil:
 			t.extend(sent)
+			failing = false
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			t.e.log.Warn().Int64("lease", int64(t.lease)).Msg("leadership lease expired at etcd; the term is over")
 			t.close()
 			return
-		default:
-			if !t.Leading() {
-				t.e.log.Warn().Err(err).Int64("lease", int64(t.lease)).Msg("etcd keepalive failing; fenced (not serving) until etcd answers")
-			}
+		case !failing:
+			failing = true
+			t.e.log.Warn().Err(err).Int64("lease", int64(t.lease)).Msg("etcd keepalive failed; retrying")
+		}
+	}
+}
+
+// watchFence logs the moment the term stops serving for want of an acknowledged
+// keepalive (its fence: Leading turns false by itself then), and the moment a late
+// acknowledgement lifts it. It logs only: Leading is what fences.
+func (t *Term) watchFence() {
+	defer t.wg.Done()
+	fenced := false
+	for {
+		left := time.Duration(t.validUntil.Load()) - time.Since(t.base)
+		switch {
+		case left <= 0 && !fenced:
+			fenced = true
+			t.e.log.Warn().Int64("lease", int64(t.lease)).Dur("unacked", t.ttl-Margin(t.ttl)-left).
+				Msg("no keepalive acknowledged within the fence; fenced (not serving) until etcd answers")
+		case left > 0 && fenced:
+			fenced = false
+			t.e.log.Info().Int64("lease", int64(t.lease)).Msg("etcd acknowledged a keepalive again; serving")
+		}
+		wait := left
+		if left <= 0 {
+			wait = t.ttl / 8 // fenced: look for an acknowledgement that lifts it
+		}
+		select {
+		case <-t.stop:
+			return
+		case <-t.done:
+			return
+		case <-time.After(wait):
 		}
 	}
 }
