@@ -10,6 +10,7 @@ import (
 	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 	"github.com/rs/zerolog"
@@ -284,11 +285,15 @@ func TestLostDeleteReplyDropsTheHotSet(t *testing.T) {
 // master (a broken connection).
 type lostEvict struct {
 	masterservice.Client
-	n atomic.Int32
+	n               atomic.Int32
+	lastUnavailable bool // the last of the n refused calls is answered UNAVAILABLE
 }
 
 func (l *lostEvict) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdReplicaEvictRequest, o ...callopt.Option) (*mp.BatchSsdReplicaEvictResponse, error) {
-	if l.n.Add(-1) >= 0 {
+	switch v := l.n.Add(-1); {
+	case v == 0 && l.lastUnavailable: // a master that does not take it for now
+		return &mp.BatchSsdReplicaEvictResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "rebuilding"}, nil
+	case v >= 0:
 		return nil, errReplyLost
 	}
 	return l.Client.BatchSsdReplicaEvict(ctx, req, o...)
@@ -297,20 +302,22 @@ func (l *lostEvict) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdRe
 // TestLostEvictionReportIsSentAgain: a report of SSD ring evictions that never reached
 // the master left it counting (and routing gets to) records the ring had overwritten,
 // and taking their versions for written back, until a read of each failed. A batch
-// whose call failed in transport is sent again.
+// whose call failed in transport is sent again, with what the ring evicted meanwhile,
+// until the master takes it (two sends lost and one answered UNAVAILABLE here: the
+// first form gave up after three sends, and at once on an answer).
 func TestLostEvictionReportIsSentAgain(t *testing.T) {
 	n := startNode(t, 4<<20, ssdOptions(t, 16<<20), master.Options{InsecureCluster: true})
-	lost := &lostEvict{Client: n.o.master.cl()}
+	lost := &lostEvict{Client: n.o.master.cl(), lastUnavailable: true}
 	useMasterClient(n.o, lost)
-	lost.n.Store(1)
+	lost.n.Store(3)
 	for i := range 40 { // the 16 MiB ring wraps twice
 		if err := n.c.Put(fmt.Sprintf("ev-%d", i), value(i, 1<<20)); err != nil {
 			t.Fatal(err)
 		}
 		n.waitPersisted(t)
 	}
-	if lost.n.Load() >= 0 {
+	if lost.n.Load() == 3 {
 		t.Fatal("no eviction report was sent")
 	}
-	proctest.WaitUntil(t, func() bool { return ssdReplicasAt(n.m) == int64(len(n.o.store.Committed())) })
+	proctest.WaitUntil(t, func() bool { return lost.n.Load() < 0 && ssdReplicasAt(n.m) == int64(len(n.o.store.Committed())) })
 }

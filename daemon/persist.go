@@ -255,44 +255,78 @@ func (o *Owner) persistPulled(req *peer.SsdReplicaPersistRequest, readBy time.Ti
 	return pin, nil
 }
 
-// evictReportTries bounds the sends of one batch of SSD eviction reports: one that
-// failed in transport (it may never have reached the master) is sent again after
-// evictReportRetry, twice the wait each time.
+// A batch of SSD eviction reports that did not reach the master is sent again after
+// evictReportRetry, twice the wait each time up to evictReportMaxWait; at most
+// evictReportMaxPending entries wait (the oldest go first past it).
 const (
-	evictReportTries = 3
-	evictReportRetry = 200 * time.Millisecond
+	evictReportRetry      = 200 * time.Millisecond
+	evictReportMaxWait    = 2 * time.Second
+	evictReportMaxPending = 1 << 16
 )
 
 // forwardEvictions reports SSD ring evictions to the master in the storage's batches.
 // A report the master never got leaves it routing gets to a gone record, and counting
 // the version as on SSD (its memory copy then goes without a write-back) until a read
-// fails: a batch whose call failed in transport is sent again, less the keys the ring
-// holds under that put id again meanwhile (a refresh's rewrite: ssd.Storage.Unrewritten).
+// fails: reports whose call failed in transport, or that a master did not take for
+// now (UNAVAILABLE, NOT_LEADER: a rebuild, a failover), wait and are sent again with
+// what the ring evicts meanwhile until a master takes them, less the keys the ring
+// holds under that put id again meanwhile (a refresh's rewrite: ssd.Storage.
+// Unrewritten). A master that does not know this incarnation (STALE_GENERATION) has
+// none of its routes; the registration that follows reports what the ring holds.
 func (o *Owner) forwardEvictions() {
 	defer o.wg.Done()
-	for batch := range o.store.Evictions() {
-		wait := evictReportRetry
-		for try := 1; len(batch) > 0; try++ {
-			lost, err := o.reportEvictions(batch)
-			if err == nil {
-				break
+	evs := o.store.Evictions()
+	var pending []ssd.Eviction
+	wait, failing := evictReportRetry, false
+	for {
+		if len(pending) == 0 {
+			batch, ok := <-evs
+			if !ok {
+				return
 			}
-			if !lost || try == evictReportTries {
-				// An unreachable master finds a failed read (ErrNotFound) and drops the
-				// replica then; one that lost us forgot these routes anyway.
-				o.log.Warn().Err(err).Int("entries", len(batch)).Msg("SSD eviction report failed")
-				break
-			}
-			time.Sleep(wait)
-			wait *= 2
-			batch = o.store.Unrewritten(batch)
+			pending = batch
 		}
+		n := min(len(pending), wire.MaxBatch)
+		retry, err := o.reportEvictions(pending[:n])
+		if err == nil || !retry {
+			if err != nil {
+				o.log.Warn().Err(err).Int("entries", n).Msg("SSD eviction report refused")
+			} else if failing {
+				o.log.Info().Int("entries", len(pending)).Msg("SSD eviction reports reach the master again")
+			}
+			pending, wait, failing = pending[n:], evictReportRetry, false
+			continue
+		}
+		if !failing {
+			failing = true
+			o.log.Warn().Err(err).Int("entries", len(pending)).Msg("SSD eviction report failed; sending it again")
+		}
+		timer := time.NewTimer(wait)
+	collect: // what the ring evicts meanwhile goes with the next try
+		for {
+			select {
+			case batch, ok := <-evs:
+				if !ok {
+					timer.Stop()
+					return
+				}
+				pending = append(pending, batch...)
+			case <-timer.C:
+				break collect
+			}
+		}
+		wait = min(2*wait, evictReportMaxWait)
+		if over := len(pending) - evictReportMaxPending; over > 0 {
+			o.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master is unreachable; dropping the oldest")
+			pending = pending[over:]
+		}
+		pending = o.store.Unrewritten(pending)
 	}
 }
 
-// reportEvictions sends one BatchSsdReplicaEvict; lost: it failed in transport (the
-// master may not have got it), else err is the answer's.
-func (o *Owner) reportEvictions(batch []ssd.Eviction) (lost bool, err error) {
+// reportEvictions sends one BatchSsdReplicaEvict; retry: the master did not take it
+// (the call failed in transport, or was answered UNAVAILABLE or NOT_LEADER).
+func (o *Owner) reportEvictions(batch []ssd.Eviction) (retry bool, err error) {
 	entries := make([]*common.KeyVersion, len(batch))
 	for i, e := range batch {
 		entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
@@ -303,5 +337,6 @@ func (o *Owner) reportEvictions(batch []ssd.Eviction) (lost bool, err error) {
 	if err != nil {
 		return true, o.master.check(0, "", err)
 	}
-	return false, o.master.check(resp.Code, resp.Message, nil)
+	retry = resp.Code == common.ErrorCode_UNAVAILABLE || resp.Code == common.ErrorCode_NOT_LEADER
+	return retry, o.master.check(resp.Code, resp.Message, nil)
 }
