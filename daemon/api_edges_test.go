@@ -400,6 +400,56 @@ func TestBatchGetOutgrowingItsPoolFailsAtOnce(t *testing.T) {
 	checkBatchServesTwo(t, c2, keys, want, allocWait)
 }
 
+// TestBatchGetOutgrowingAcrossMasterCalls: a batch of long keys goes to the master in
+// two BatchGetStart calls (their keys pass masterCallBytes); the second call counts
+// the targets the first planned, so its last key, which fits the pool alone but not
+// beside the batch's other targets, fails NO_SPACE at once instead of waiting the
+// master's AllocWait for room only its own batch holds (the owner's call timed out
+// first: UNAVAILABLE after 15 s).
+func TestBatchGetOutgrowingAcrossMasterCalls(t *testing.T) {
+	t.Parallel()
+	const allocWait = 20 * time.Second
+	n := startNode(t, 64<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
+	_, c2 := n.addOwner(t, "n2", 20<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	keys := make([]string, wire.MaxBatch)
+	want := make([][]byte, len(keys))
+	items := make([]fluxkv.PutItem, len(keys))
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%04d/%s", i, strings.Repeat("k", wire.MaxKeyBytes-5))
+		want[i] = value(i, 4<<10)
+		if i == len(keys)-1 {
+			want[i] = value(i, 6<<20) // fits the 20 MiB pool alone, not beside 16 MiB of targets
+		}
+		items[i] = fluxkv.PutItem{Key: keys[i], Value: want[i]}
+	}
+	if errs, err := n.c.BatchPut(items, fluxkv.PutOptions{}); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("batch put: %v %v", err, errors.Join(errs...))
+	}
+	start := time.Now()
+	hs, errs, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := len(keys) - 1
+	for i, h := range hs {
+		if h != nil {
+			if !bytes.Equal(h.Bytes(), want[i]) {
+				t.Errorf("batch get %d: wrong bytes", i)
+			}
+			h.Release()
+		} else if i < last {
+			t.Errorf("batch get %d: %v", i, errs[i])
+		}
+	}
+	if !errors.Is(errs[last], fluxkv.ErrNoSpace) {
+		t.Errorf("the last key: %v, want NO_SPACE", errs[last])
+	}
+	if took >= allocWait/2 {
+		t.Errorf("the batch took %v: its last key waited for room only its own batch held (AllocWait %v)", took, allocWait)
+	}
+}
+
 // TestBatchGetLandingTargetsDoNotOutgrowPool: a batch's targets in the requester's
 // landing area (outside its pool) take none of the pool's room, so a later key of the
 // batch whose target would fit the pool does not fail NO_SPACE at once while the pool is

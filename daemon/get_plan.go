@@ -8,6 +8,7 @@ import (
 	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // maxSSDFailures: the third consecutive SSD failure of one get is an error, not a miss.
@@ -198,12 +199,14 @@ func (o *Owner) getStart(key string, exclude []string) startedGet {
 // startGets plans keys: GetStart for one key, else one BatchGetStart per masterParts
 // of keys. Each answer is accepted as getStart's; a failed call fails its keys. held is
 // the bytes of the segment the client's batch holds already (BatchGetStartRequest.held_bytes;
-// a lone key with some goes in a BatchGetStart too).
+// a lone key with some goes in a BatchGetStart too); a later call of the batch adds
+// what the earlier ones planned (their local hits and targets).
 func (o *Owner) startGets(keys []string, held int64) []startedGet {
 	if len(keys) == 1 && held == 0 {
 		return []startedGet{o.getStart(keys[0], nil)}
 	}
 	out := make([]startedGet, 0, len(keys))
+	counted := make(map[int64]bool) // target offsets in held
 	for part := range masterParts(keys, func(k string) int { return len(k) }) {
 		var resp *mp.BatchGetStartResponse
 		ids := o.newHolderIDs(len(part))
@@ -224,7 +227,14 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 			}
 			continue
 		}
-		out = append(out, o.acceptPlans(part, resp.Results, s)...)
+		started := o.acceptPlans(part, resp.Results, s)
+		for _, g := range started {
+			if g.err == nil && !counted[g.plan.TargetOffset] {
+				counted[g.plan.TargetOffset] = true
+				held += ssd.AlignedLen(g.plan.Len)
+			}
+		}
+		out = append(out, started...)
 	}
 	return out
 }
