@@ -697,3 +697,39 @@ func checkBatchServesAll(t *testing.T, c *fluxkv.Client, keys []string, want [][
 		}
 	}
 }
+
+// TestBatchGetRepeatedHotSetHitCountsOnce: a key named twice in a batch that the hot set
+// answers holds one range of the pool, not two: a later key that fits beside it waits
+// for room the client's other handle frees a moment later, as a per-key get would,
+// instead of failing NO_SPACE at once (the hit was counted once per name in held_bytes).
+func TestBatchGetRepeatedHotSetHitCountsOnce(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: 20 * time.Second})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1 })
+	mine := value(100, 3<<20)
+	if err := c2.Put("mine", mine); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c2.Get("mine") // its released holding stays in n2's hot set
+	if err != nil || h == nil {
+		t.Fatalf("get mine: %v", err)
+	}
+	h.Release()
+	if err := c2.Put("other", value(101, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	other, err := c2.Get("other") // held by the client for a moment
+	if err != nil || other == nil {
+		t.Fatalf("get other: %v", err)
+	}
+	if err := n.c.Put("big", value(0, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		other.Release()
+	}()
+	// mine (3 MiB, once) + big (3 MiB) fit the 8 MiB pool; big waits for other's room.
+	checkBatchServesAll(t, c2, []string{"mine", "mine", "big"}, [][]byte{mine, mine, value(0, 3<<20)},
+		"a repeated hot-set hit was counted twice against the pool")
+}

@@ -240,8 +240,10 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 			leg.f.sent = true // gets coming from now on queue behind this flight
 		}
 	}
+	counted := make(map[int64]bool) // a key named twice holds one range
 	for _, r := range out {
-		if r.resp != nil {
+		if r.resp != nil && !counted[r.resp.Offset] {
+			counted[r.resp.Offset] = true
 			held += ssd.AlignedLen(r.resp.Len)
 		}
 	}
