@@ -262,6 +262,7 @@ const (
 	evictReportRetry      = 200 * time.Millisecond
 	evictReportMaxWait    = 2 * time.Second
 	evictReportMaxPending = 1 << 16
+	evictReportTimeout    = 5 * time.Second // one send (shorter than MasterTimeout: a shutdown waits for it)
 )
 
 // forwardEvictions reports SSD ring evictions to the master in the storage's batches.
@@ -277,7 +278,7 @@ func (o *Owner) forwardEvictions() {
 	defer o.wg.Done()
 	evs := o.store.Evictions()
 	var pending []ssd.Eviction
-	wait, failing := evictReportRetry, false
+	wait, failing, dropping := evictReportRetry, false, false // dropping: the oldest were dropped (logged once)
 	for {
 		if len(pending) == 0 {
 			batch, ok := <-evs
@@ -294,7 +295,7 @@ func (o *Owner) forwardEvictions() {
 			} else if failing {
 				o.log.Info().Int("entries", len(pending)).Msg("SSD eviction reports reach the master again")
 			}
-			pending, wait, failing = pending[n:], evictReportRetry, false
+			pending, wait, failing, dropping = pending[n:], evictReportRetry, false, false
 			continue
 		}
 		if !failing {
@@ -317,7 +318,10 @@ func (o *Owner) forwardEvictions() {
 		}
 		wait = min(2*wait, evictReportMaxWait)
 		if over := len(pending) - evictReportMaxPending; over > 0 {
-			o.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master is unreachable; dropping the oldest")
+			if !dropping {
+				dropping = true
+				o.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master is unreachable; dropping the oldest")
+			}
 			pending = pending[over:]
 		}
 		pending = o.store.Unrewritten(pending)
@@ -331,7 +335,9 @@ func (o *Owner) reportEvictions(batch []ssd.Eviction) (retry bool, err error) {
 	for i, e := range batch {
 		entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	base, cancelBase := o.master.ctx() // ends when the owner follows another master
+	defer cancelBase()
+	ctx, cancel := context.WithTimeout(base, evictReportTimeout)
 	defer cancel()
 	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
 	if err != nil {

@@ -116,9 +116,8 @@ func (e *Elector) campaignOnce(ctx context.Context) (*Term, error) {
 	t := &Term{e: e, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, base: base,
 		done: make(chan struct{}), stop: make(chan struct{})}
 	t.extend(0)
-	t.wg.Add(2)
+	t.wg.Add(1)
 	go t.keepAlive()
-	go t.watchFence()
 	ok := false
 	defer func() {
 		if !ok {
@@ -164,6 +163,8 @@ func (e *Elector) campaignOnce(ctx context.Context) (*Term, error) {
 	}
 	ok = true
 	e.log.Info().Int64("epoch", t.Epoch).Str("addr", e.opts.Addr).Dur("lease_ttl", t.ttl).Msg("leading")
+	t.wg.Add(1)
+	go t.watchFence() // from now on a fence stops a leader (a candidate serves nothing)
 	return t, nil
 }
 
