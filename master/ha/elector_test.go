@@ -104,17 +104,21 @@ func TestLeaderFencedWhenEtcdStops(t *testing.T) {
 	defer ta.Resign(context.Background())
 	etcd.Pause(0)
 	paused := time.Now()
-	for ta.Leading() {
-		if time.Since(paused) > 10*time.Second {
-			t.Fatal("still leading 10s after etcd stopped")
+	// A check begun past the lease that still finds the term leading is the failure; a
+	// check this goroutine made late (a busy machine) that finds it fenced is not.
+	var fenced time.Duration
+	for {
+		at := time.Since(paused)
+		if !ta.Leading() {
+			fenced = at
+			break
+		}
+		if at > 2*time.Second {
+			t.Fatalf("still leading %v after etcd stopped: past the 2s lease", at)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	fenced := time.Since(paused)
-	t.Logf("fenced %v after etcd stopped", fenced)
-	if fenced > 2*time.Second {
-		t.Fatalf("fenced after %v: past the 2s lease", fenced)
-	}
+	t.Logf("fenced by %v after etcd stopped", fenced)
 	etcd.Resume(0)
 	deadline := time.Now().Add(10 * time.Second)
 	for !ta.Leading() {
