@@ -24,7 +24,7 @@ from pressure.procs import Interrupted, install_signal_handlers, progress, run_g
 from pressure.sizes import approx_size, parse_size
 
 from . import backends as tb
-from . import chart, report, sim
+from . import chart, goals, report, sim
 from .presets import MODELS, PRESETS, describe_block
 from .replay import ReplayConfig, replay
 from .trace import DEFAULT_TRACE, load
@@ -194,6 +194,8 @@ def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
         interrupted = True
         progress("interrupted: writing what ran")
     print(report.table(rows))
+    for line in goals.lines(rows):
+        print(line)
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,50 @@
+"""The goal lines under the replay's table: ratios of rows of one run, worked out by hand."""
+
+from __future__ import annotations
+
+from tracebench import goals
+
+
+def row(backend, owners, ssd, hit, gib=None, status="ok", cap=100):
+    return {"backend": backend, "owners": owners, "ssd": ssd, "hit_rate": hit, "gib_per_s": gib, "status": status,
+            "capacity_blocks": cap}
+
+
+def test_ratios_and_marks():
+    rows = [
+        row("fluxkv", 1, False, 0.155, 0.90),
+        row("fluxkv", 1, True, 0.2985, 0.50),
+        row("fluxkv", 3, False, 0.156, 0.30),
+        row("fluxkv", 3, True, 0.296, 0.25),
+        row("memcached", 1, False, 0.113, 0.30),
+        row("memcached", 1, True, 0.199, 0.60),
+        row("redis", 1, False, 0.05, 0.30),
+        row("redis", 1, True, None, status="unavailable"),
+        row("ideal", None, None, 0.314),
+    ]
+    got = goals.lines(rows)
+    assert got[0] == "issue 41 goals at 100 blocks (this run's rows):"
+    text = "\n".join(got)
+    assert "fluxkv 0.90 GiB/s = 3.00x memcached's 0.30 (goal >= 3x: met)" in text
+    assert "fluxkv 0.90 GiB/s = 3.00x redis's 0.30 (goal >= 4x: not met)" in text
+    assert "goal 1  one node, SSD off: fluxkv hit 15.5 % against memcached's 11.3 % (goal >=: met)" in text
+    assert "goal 2  3 owners, SSD off: fluxkv hit 15.6 % against one node's 15.5 % (goal >=: met)" in text
+    assert "goal 2  3 owners, SSD on: fluxkv hit 29.6 % against one node's 29.8 % (goal >=: not met)" in text
+    assert "goal 2  3 owners, SSD off: fluxkv 0.30 GiB/s = 0.33x one node's 0.90 (goal >= 2x: not met)" in text
+    assert "goal 3  3 owner(s), SSD on: fluxkv hit 29.6 % against memcached extstore's 19.9 % (goal >=: met)" in text
+    # 0.2985 / 0.314 = 0.9506: met, and shown with the digits that decide it.
+    assert "= 0.9506 of the infinite cache's 31.4 % (goal >= 0.95: met)" in text
+    assert "mooncake" not in text  # its rows did not run
+
+
+def test_rows_that_did_not_run_are_left_out():
+    rows = [row("fluxkv", 1, False, 0.15, 0.9), row("memcached", 1, False, None, status="failed"),
+            row("fluxkv", 1, False, 0.15, 0.9, cap=200)]
+    assert goals.lines(rows) == []
+
+
+def test_mooncake_rows():
+    rows = [row("fluxkv", 3, True, 0.29, 0.30), row("mooncake", 3, True, 0.25, 0.10)]
+    text = "\n".join(goals.lines(rows))
+    assert "goal 5  3 owner(s), SSD on: fluxkv 0.30 GiB/s = 3.00x mooncake's 0.10 (goal >= 2x: met)" in text
+    assert "goal 5  3 owner(s), SSD on: fluxkv hit 29.0 % against mooncake's 25.0 % (goal >=: met)" in text
