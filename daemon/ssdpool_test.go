@@ -260,7 +260,12 @@ func TestClusterSSDPool(t *testing.T) {
 			t.Log("the get completed before the link was cut")
 		case errors.Is(err, fluxkv.ErrKeyNotFound), errors.Is(err, fluxkv.ErrUnavailable):
 			t.Logf("answered %v after the SSD owner became unreachable: %v", took, err)
-			if took > 3*time.Second { // 1.5 s by design; slack for 2 busy cores
+			// 1.5 s by design (1 s progress deadline + 0.5 s verdict; 1.4 s seen with
+			// -race); the bound is slack for 2 busy cores, not the property: the 1 s
+			// progress timer and 0.5 s verdict only fire late on a loaded machine,
+			// while a get without them waits for the frozen link (unfrozen only after
+			// it answers) until some much longer call timeout.
+			if took > 4500*time.Millisecond {
 				t.Fatalf("the get answered %v after the SSD owner became unreachable: %v", took, err)
 			}
 		default:
