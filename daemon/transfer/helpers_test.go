@@ -141,3 +141,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// waitIdleClosed waits until srv has closed every connection (its IdleTimeout), instead
+// of sleeping a multiple of it: a busy machine may run the server's close late, and a
+// pull on a connection the server has not closed yet reuses it (one dial fewer).
+func waitIdleClosed(t *testing.T, srv *Server) {
+	t.Helper()
+	waitFor(t, "the server to close its idle connections", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.conns) == 0
+	})
+}

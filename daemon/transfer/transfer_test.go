@@ -418,7 +418,7 @@ func TestIdleClosedByServer(t *testing.T) {
 		if err := cl.Pull(context.Background(), srv.Addr().String(), f, 0, dst); err != nil {
 			t.Fatalf("pull %d: %v", i, err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		waitIdleClosed(t, srv)
 	}
 	if d := cl.dials.Load(); d != 3 {
 		t.Errorf("%d dials, want 3 (each idle connection closed by the server)", d)
