@@ -163,7 +163,7 @@ func TestPullManyIdleClosed(t *testing.T) {
 				t.Fatalf("batch %d item %d: %v", i, j, err)
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		waitIdleClosed(t, srv)
 	}
 	if d := cl.dials.Load(); d != 2 {
 		t.Errorf("%d dials, want 2 (the idle connection closed by the server)", d)
