@@ -449,7 +449,13 @@ func TestConnCap(t *testing.T) {
 		t.Fatalf("%d pulls failed with MaxConns 2 and 3 connections, want 1", failed)
 	}
 	clients[0].Close() // frees a slot
-	time.Sleep(50 * time.Millisecond)
+	// Once the server has seen that close (not a fixed 50 ms, which a busy machine may
+	// not give its connection goroutine).
+	waitFor(t, "the server to free the closed connection's slot", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.authed < 2
+	})
 	if err := clients[2].Pull(context.Background(), srv.Addr().String(), f, 0, make([]byte, 10)); err != nil {
 		t.Fatalf("after a slot was freed: %v", err)
 	}
