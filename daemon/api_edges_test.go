@@ -445,7 +445,11 @@ func TestBatchGetOutgrowingAcrossMasterCalls(t *testing.T) {
 	if !errors.Is(errs[last], fluxkv.ErrNoSpace) {
 		t.Errorf("the last key: %v, want NO_SPACE", errs[last])
 	}
-	if took >= allocWait/2 {
+	// A key that waits for room only its own batch holds takes the AllocWait (20 s) or
+	// the owner's 15 s call timeout (UNAVAILABLE); the batch itself takes 2.8 s with
+	// -race alone (MaxBatch long keys), so half the AllocWait left it only 3.5x on two
+	// busy cores: three quarters still stops short of either wait.
+	if took >= allocWait*3/4 {
 		t.Errorf("the batch took %v: its last key waited for room only its own batch held (AllocWait %v)", took, allocWait)
 	}
 }
