@@ -387,8 +387,7 @@ func TestOwnerForwardsFullFrameBatchPutStart(t *testing.T) {
 func TestBatchGetOutgrowingItsPoolFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	const allocWait = 20 * time.Second
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	n, c2 := batchPair(t, 32<<20, allocWait, 8<<20, noCacheGrace)
 	keys := []string{"big/0", "big/1", "big/2"}
 	var want [][]byte
 	for i, k := range keys {
@@ -409,8 +408,7 @@ func TestBatchGetOutgrowingItsPoolFailsAtOnce(t *testing.T) {
 func TestBatchGetOutgrowingAcrossMasterCalls(t *testing.T) {
 	t.Parallel()
 	const allocWait = 20 * time.Second
-	n := startNode(t, 64<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
-	_, c2 := n.addOwner(t, "n2", 20<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	n, c2 := batchPair(t, 64<<20, allocWait, 20<<20, noCacheGrace)
 	keys := make([]string, wire.MaxBatch)
 	want := make([][]byte, len(keys))
 	items := make([]fluxkv.PutItem, len(keys))
@@ -461,12 +459,7 @@ func TestBatchGetOutgrowingAcrossMasterCalls(t *testing.T) {
 // get would.
 func TestBatchGetLandingTargetsDoNotOutgrowPool(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: 20 * time.Second})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) {
-		o.TransferReserve = -1
-		o.CacheGrace = -1
-		o.LandingReserve = 6 << 20
-	})
+	n, c2 := batchPair(t, 32<<20, 20*time.Second, 8<<20, noCacheGrace, func(o *Options) { o.LandingReserve = 6 << 20 })
 	// n2's pool: 6 of its 8 MiB held by the client's handles of its own values.
 	var held []*fluxkv.MemHolder
 	for i := range 2 {
@@ -506,8 +499,7 @@ func TestBatchGetLandingTargetsDoNotOutgrowPool(t *testing.T) {
 func TestBatchGetOwnReplicasCountAgainstPool(t *testing.T) {
 	t.Parallel()
 	const allocWait = 20 * time.Second
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	n, c2 := batchPair(t, 32<<20, allocWait, 8<<20, noCacheGrace)
 	mine := value(100, 3<<20)
 	if err := c2.Put("mine", mine); err != nil { // n2's memory replica, reused by the batch
 		t.Fatal(err)
@@ -529,12 +521,7 @@ func TestBatchGetOwnReplicasCountAgainstPool(t *testing.T) {
 func TestBatchGetLostReplyLeaksNoReusedHolder(t *testing.T) {
 	t.Parallel()
 	const allocWait = 5 * time.Second
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) {
-		o.TransferReserve = -1
-		o.CacheGrace = -1
-		o.MasterTimeout = 3 * time.Second
-	})
+	n, c2 := batchPair(t, 32<<20, allocWait, 8<<20, noCacheGrace, func(o *Options) { o.MasterTimeout = 3 * time.Second })
 	for _, k := range []string{"mine", "other"} {
 		if err := c2.Put(k, value(7, 3<<20)); err != nil {
 			t.Fatal(err)
@@ -588,12 +575,7 @@ func TestBatchGetLostReplyLeaksNoReusedHolder(t *testing.T) {
 // of failing NO_SPACE at once as if it could never fit.
 func TestBatchGetLandingValueWaitsForLanding(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: 10 * time.Second})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) {
-		o.TransferReserve = -1
-		o.CacheGrace = -1
-		o.LandingReserve = 10 << 20
-	})
+	n, c2 := batchPair(t, 32<<20, 10*time.Second, 8<<20, noCacheGrace, func(o *Options) { o.LandingReserve = 10 << 20 })
 	for i, k := range []string{"other", "big"} {
 		if err := n.c.Put(k, value(i, 9<<20)); err != nil {
 			t.Fatal(err)
@@ -623,8 +605,7 @@ func TestBatchGetLandingValueWaitsForLanding(t *testing.T) {
 func TestBatchGetHotSetHitsCountAgainstPool(t *testing.T) {
 	t.Parallel()
 	const allocWait = 20 * time.Second
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1 })
+	n, c2 := batchPair(t, 32<<20, allocWait, 8<<20)
 	mine := value(100, 3<<20)
 	if err := c2.Put("mine", mine); err != nil {
 		t.Fatal(err)
@@ -648,6 +629,19 @@ func TestBatchGetHotSetHitsCountAgainstPool(t *testing.T) {
 // requester's 8 MiB pool together: those two are served with the bytes want names, the
 // third fails NO_SPACE, and the batch ends well within allocWait (no key waited for
 // room only its own batch held).
+// batchPair starts node n1 of n1Dram (its master places every put on its requester and
+// waits allocWait for space) and owner n2 of n2Dram without a transfer area, the
+// requester of the batch tests; tweaks adjust n2's options further.
+func batchPair(t *testing.T, n1Dram int64, allocWait time.Duration, n2Dram int64, tweaks ...func(*Options)) (*node, *fluxkv.Client) {
+	t.Helper()
+	n := startNode(t, n1Dram, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: allocWait})
+	_, c2 := n.addOwner(t, "n2", n2Dram, nil, append([]func(*Options){func(o *Options) { o.TransferReserve = -1 }}, tweaks...)...)
+	return n, c2
+}
+
+// noCacheGrace turns an owner's cache grace off (batchPair).
+func noCacheGrace(o *Options) { o.CacheGrace = -1 }
+
 func checkBatchServesTwo(t *testing.T, c *fluxkv.Client, keys []string, want [][]byte, allocWait time.Duration) {
 	t.Helper()
 	start := time.Now()
@@ -708,8 +702,7 @@ func checkBatchServesAll(t *testing.T, c *fluxkv.Client, keys []string, want [][
 // instead of failing NO_SPACE at once (the hit was counted once per name in held_bytes).
 func TestBatchGetRepeatedHotSetHitCountsOnce(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal, AllocWait: 20 * time.Second})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1 })
+	n, c2 := batchPair(t, 32<<20, 20*time.Second, 8<<20)
 	mine := value(100, 3<<20)
 	if err := c2.Put("mine", mine); err != nil {
 		t.Fatal(err)
