@@ -206,7 +206,7 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 		return []startedGet{o.getStart(keys[0], nil)}
 	}
 	out := make([]startedGet, 0, len(keys))
-	counted := make(map[int64]bool) // target offsets in held
+	var counted map[int64]bool // target offsets in held (a batch of more than one call)
 	for part := range masterParts(keys, func(k string) int { return len(k) }) {
 		var resp *mp.BatchGetStartResponse
 		ids := o.newHolderIDs(len(part))
@@ -228,6 +228,13 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 			continue
 		}
 		started := o.acceptPlans(part, resp.Results, s)
+		if len(out)+len(started) == len(keys) {
+			out = append(out, started...) // the last call: nothing left to count for
+			break
+		}
+		if counted == nil {
+			counted = make(map[int64]bool)
+		}
 		for _, g := range started {
 			if g.err == nil && !counted[g.plan.TargetOffset] {
 				counted[g.plan.TargetOffset] = true
