@@ -125,16 +125,16 @@ func (a *acker) flush() {
 		if n == 0 && len(touched) == 0 {
 			return
 		}
-		ctx, cancel := a.o.master.ctx()
+		wait, cancel := a.o.master.waitCtx()
 		if n > 0 {
 			// A registration in progress reported the ranges still in use as pins, and
 			// these ids may be some of them (released since): sent before the new master
 			// has the registration, they would be answered STALE_GENERATION and dropped,
 			// and the master would hold those pins for good. Wait for it (ids taken
 			// before it began are no pins of it: dropping them is harmless).
-			_ = a.o.master.settled(ctx)
+			_ = a.o.master.settled(wait)
 		}
-		resp, err := a.o.master.cl().BatchDeleteAck(ctx, &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
+		resp, err := a.o.master.cl().BatchDeleteAck(a.o.master.callCtx(wait), &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
 		cancel()
 		if err == nil && resp.Code == common.ErrorCode_NOT_LEADER {
 			// A leader whose gate is shut (its etcd lease lapsed for a moment) applied

@@ -280,15 +280,16 @@ func (o *Owner) ackUnanswered(ids []int64) {
 // progress, and returns the call's mark and registration epoch or its error;
 // code reads the answer's code.
 func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, code func() (common.ErrorCode, string)) startedGet {
-	ctx, cancel := o.master.ctx()
+	wait, cancel := o.master.waitCtx()
 	defer cancel()
-	if err := o.master.settled(ctx); err != nil {
+	if err := o.master.settled(wait); err != nil {
 		return startedGet{err: err}
 	}
 	st := o.lock()
 	s := startedGet{mark: st.replicas.mark(), epoch: st.reg.epoch, at: time.Now()}
 	o.unlock()
-	acks := o.acks.takeForCall(ctx)
+	acks := o.acks.takeForCall(wait)
+	ctx := o.master.callCtx(wait)
 	err := call(ctx, acks)
 	if err != nil {
 		o.acks.giveBack(acks)

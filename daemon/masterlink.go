@@ -50,14 +50,26 @@ type masterLink struct {
 	rereg  bool       // a background re-registration is running
 }
 
-// masterClient is a Kitex client of one master address. ctx is cancelled when another
-// master becomes the current one: calls still waiting on this one (a leader cut off
-// the network answers nothing) fail at once instead of at their timeout.
+// masterClient is a Kitex client of one master address. When another master becomes
+// the current one it is cut (stop): calls still waiting on this one (a leader cut off
+// the network answers nothing) fail at once instead of at their timeout, and so do
+// later ones. Its calls are bounded by its connections (dialer, auth.Dialer.BoundCalls),
+// not by Kitex's RPC timeout: see masterLink.ctx.
 type masterClient struct {
 	masterservice.Client
 	addr   string
+	dialer *auth.Dialer // nil: the in-process master (Options.LocalMaster)
+	// ctx bounds the waits before calls (masterLink.waitCtx); cancelled by stop.
 	ctx    context.Context
 	cancel context.CancelFunc
+}
+
+// stop ends the calls and waits on c, and fails later ones at once.
+func (c *masterClient) stop() {
+	c.cancel()
+	if c.dialer != nil {
+		c.dialer.Cut()
+	}
 }
 
 func newMasterLink(o *Owner) (*masterLink, error) {
@@ -84,27 +96,28 @@ func newMasterLink(o *Owner) (*masterLink, error) {
 // master's (Options.LocalMaster) when there is one, else a Kitex client of addr.
 func (m *masterLink) dial(addr string) error {
 	if c := m.o.opts.LocalMaster; c != nil {
-		m.use(c, addr)
+		m.use(c, addr, nil)
 		return nil
 	}
-	c, err := masterservice.NewClient("fluxkv-master", append(auth.ClientOptions(m.o.opts.Secrets, auth.PurposeMaster),
+	d := auth.NewDialer(m.o.opts.Secrets, auth.PurposeMaster).BoundCalls(m.o.opts.MasterTimeout)
+	c, err := masterservice.NewClient("fluxkv-master", append(auth.DialerOptions(d),
 		client.WithHostPorts(addr),
-		client.WithRPCTimeout(m.o.opts.MasterTimeout),
 		client.WithConnectTimeout(time.Second),
 		client.WithTransportProtocol(transport.Framed),
 	)...)
 	if err != nil {
 		return fmt.Errorf("master client: %w", err)
 	}
-	m.use(c, addr)
+	m.use(c, addr, d)
 	return nil
 }
 
-// use makes c, the client of the master at addr, the current one.
-func (m *masterLink) use(c masterservice.Client, addr string) {
+// use makes c, the client of the master at addr (its connections from d; nil: the
+// in-process master), the current one.
+func (m *masterLink) use(c masterservice.Client, addr string, d *auth.Dialer) {
 	ctx, cancel := context.WithCancel(context.Background())
-	if old := m.client.Swap(&masterClient{Client: c, addr: addr, ctx: ctx, cancel: cancel}); old != nil {
-		old.cancel()
+	if old := m.client.Swap(&masterClient{Client: c, addr: addr, dialer: d, ctx: ctx, cancel: cancel}); old != nil {
+		old.stop()
 	}
 }
 
@@ -139,7 +152,7 @@ func (m *masterLink) close() {
 // on it, fail at once (a shutdown past its timeout).
 func (m *masterLink) cutShort() {
 	if c := m.client.Load(); c != nil {
-		c.cancel()
+		c.stop()
 	}
 }
 
@@ -152,8 +165,35 @@ func (m *masterLink) release() {
 	}
 }
 
-// ctx bounds one master call; it ends early when another master becomes the current one.
+// ctx returns the context of one master call, made with a Kitex client: it has no
+// deadline and is never cancelled, so Kitex makes the call on the caller's goroutine
+// instead of handing it to a goroutine of its timeout pool and waiting (a hand-over and
+// a wake-up each way: on two busy cores about as long as the round trip itself). The
+// client's connections bound the call: each write, and the read of the reply, within
+// MasterTimeout (auth/bound.go), and they are closed when another master becomes the
+// current one or a shutdown cuts the calls short (masterClient.stop). With the
+// in-process master (Options.LocalMaster) it is waitCtx: the handlers' waits end with
+// it. A call that must end sooner derives a context of its own (run on Kitex's pool).
 func (m *masterLink) ctx() (context.Context, context.CancelFunc) {
+	if c := m.client.Load(); c != nil && c.dialer != nil {
+		return context.Background(), func() {}
+	}
+	return m.waitCtx()
+}
+
+// callCtx is ctx for a call that waited with wait (from waitCtx) before it is sent:
+// the call's own context, or wait itself with the in-process master.
+func (m *masterLink) callCtx(wait context.Context) context.Context {
+	if c := m.client.Load(); c != nil && c.dialer != nil {
+		return context.Background()
+	}
+	return wait
+}
+
+// waitCtx bounds what a master call waits for before it is sent (a registration in
+// progress, holder acks in flight) by MasterTimeout; it ends early when another master
+// becomes the current one.
+func (m *masterLink) waitCtx() (context.Context, context.CancelFunc) {
 	base := context.Background()
 	if c := m.client.Load(); c != nil {
 		base = c.ctx

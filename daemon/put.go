@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"slices"
 	"time"
 
@@ -65,13 +64,14 @@ func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*exte
 // holder acks, once no registration is in progress; epoch is the registration's when it
 // was sent.
 func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartResponse, epoch uint64, err error) {
-	ctx, cancel := o.master.ctx()
+	wait, cancel := o.master.waitCtx()
 	defer cancel()
-	if err := o.master.settled(ctx); err != nil {
+	if err := o.master.settled(wait); err != nil {
 		return nil, 0, err
 	}
 	epoch = o.regEpoch()
-	acks := o.acks.takeForCall(ctx)
+	acks := o.acks.takeForCall(wait)
+	ctx := o.master.callCtx(wait)
 	code, msg := common.ErrorCode_OK, ""
 	if len(items) == 1 {
 		it := items[0]
@@ -349,14 +349,19 @@ const putDoneParallel = int(mp.BATCH_PUT_DONE_PARALLEL)
 func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse, error) {
 	// A put placed on another owner is pulled by it during PutDone: allow for the
 	// transfer (its owner gives up after TransferTimeout) on top of the usual bound, once
-	// for each round of a batch's pulls (the master runs putDoneParallel at a time).
-	rounds := (len(part) + putDoneParallel - 1) / putDoneParallel
-	wait := o.opts.MasterTimeout + time.Duration(rounds)*o.opts.TransferTimeout
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	// for each round of a batch's pulls (the master runs putDoneParallel at a time). A
+	// call of puts placed here only has the usual bound, and makes the call on this
+	// goroutine (masterLink.ctx).
+	var opts []callopt.Option
+	if slices.ContainsFunc(part, func(i int) bool { return !ps[i].local }) {
+		rounds := (len(part) + putDoneParallel - 1) / putDoneParallel
+		opts = append(opts, callopt.WithRPCTimeout(o.opts.MasterTimeout+time.Duration(rounds)*o.opts.TransferTimeout))
+	}
+	ctx, cancel := o.master.ctx()
 	defer cancel()
 	if len(part) == 1 {
 		p := ps[part[0]]
-		resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, callopt.WithRPCTimeout(wait))
+		resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, opts...)
 		if err != nil {
 			return nil, o.master.check(0, "", err)
 		}
@@ -366,7 +371,7 @@ func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse,
 	for j, i := range part {
 		items[j] = &mp.PutDoneItem{Key: ps[i].key, PutId: ps[i].putID}
 	}
-	resp, err := o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: o.master.ref, Items: items}, callopt.WithRPCTimeout(wait))
+	resp, err := o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: o.master.ref, Items: items}, opts...)
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ type Dialer struct {
 	secrets *Secrets // nil: insecure
 	purpose string
 	master  *masterProof // nil: a member's connections (NewMasterDialer sets it)
+	bound   *callBound   // nil: Kitex bounds the calls (BoundCalls sets it, bound.go)
 }
 
 var _ remote.Dialer = (*Dialer)(nil)
@@ -46,14 +47,20 @@ func (d *Dialer) DialTimeout(network, address string, timeout time.Duration) (ne
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	var rd interface{ Read([]byte) (int, error) } = raw
 	if d.secrets == nil {
-		return newClientConn(raw, &insecureReader{conn: raw, addr: address}), nil
-	}
-	if err := clientHandshakeConn(raw, d.secrets, d.purpose, address, timeout, d.master); err != nil {
+		rd = &insecureReader{conn: raw, addr: address}
+	} else if err := clientHandshakeConn(raw, d.secrets, d.purpose, address, timeout, d.master); err != nil {
 		raw.Close()
 		return nil, err
 	}
-	return newClientConn(raw, raw), nil
+	c := newClientConn(raw, rd, d.bound)
+	if d.bound != nil {
+		if err := d.bound.add(c); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // ClientHandshake authenticates an established connection to address as a client for
@@ -114,6 +121,7 @@ type clientConn struct {
 	net.Conn
 	r      *bufiox.DefaultReader
 	w      *bufiox.DefaultWriter
+	bound  *callBound // nil: Kitex bounds the calls
 	closed atomic.Bool
 }
 
@@ -123,9 +131,25 @@ var (
 	errConnClosed = errors.New("connection has been closed")
 )
 
-func newClientConn(conn net.Conn, rd interface{ Read([]byte) (int, error) }) *clientConn {
+func newClientConn(conn net.Conn, rd interface{ Read([]byte) (int, error) }, bound *callBound) *clientConn {
 	// Replies are checked before Kitex decodes them, like the calls servers read.
-	return &clientConn{Conn: conn, r: bufiox.NewDefaultReader(wire.GuardReader(rd, 0)), w: bufiox.NewDefaultWriter(conn)}
+	c := &clientConn{Conn: conn, r: bufiox.NewDefaultReader(wire.GuardReader(rd, 0)), bound: bound}
+	if bound != nil {
+		c.w = bufiox.NewDefaultWriter(boundWriter{conn: conn, timeout: bound.timeout})
+	} else {
+		c.w = bufiox.NewDefaultWriter(conn)
+	}
+	return c
+}
+
+// SetReadDeadline is how Kitex bounds the read of a reply, before it starts: with the
+// call's RPC timeout, or none (the zero time). A bound connection reads a reply with no
+// timeout of Kitex's within its own bound.
+func (c *clientConn) SetReadDeadline(t time.Time) error {
+	if t.IsZero() && c.bound != nil {
+		t = time.Now().Add(c.bound.timeout)
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 // Reader and Writer are the buffered sides Kitex's gonet transport reads and writes through.
@@ -136,6 +160,9 @@ func (c *clientConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 func (c *clientConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
+		if c.bound != nil {
+			c.bound.remove(c)
+		}
 		c.r.Release(nil)
 		return c.Conn.Close()
 	}

@@ -26,9 +26,14 @@ func ServerOptions(ln net.Listener) []server.Option {
 // and speak framed binary thrift, the only transport cluster servers accept (their
 // frames are checked before decoding: wire.GuardListener).
 func ClientOptions(s *Secrets, purpose string) []client.Option {
+	return DialerOptions(NewDialer(s, purpose))
+}
+
+// DialerOptions are ClientOptions with the connections of d (NewDialer, BoundCalls).
+func DialerOptions(d *Dialer) []client.Option {
 	return []client.Option{
 		client.WithTransportProtocol(transport.Framed),
 		client.WithTransHandlerFactory(gonet.NewCliTransHandlerFactory()),
-		client.WithDialer(NewDialer(s, purpose)),
+		client.WithDialer(d),
 	}
 }
