@@ -259,8 +259,21 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 		}
 	}
 	pre := o.pullBatch(keys, starts, run)
-	workers.ForEach(len(run), getParallel, func(r int) {
-		j := run[r]
+	// A local hit and a value pullBatch brought in and completed only become holders:
+	// done here, in order, rather than handed one by one to the workers (a wake-up each).
+	// The rest (transfers, re-plans) run getParallel at a time.
+	var slow []int
+	for _, j := range run {
+		p := pre[j]
+		if starts[j].plan.Done || (p != nil && p.err == nil && p.doneErr == nil) {
+			h, t, err := o.planGet(legs[j].key, starts[j], p)
+			o.land(c, legs[j], h, t, err, false, out)
+		} else {
+			slow = append(slow, j)
+		}
+	}
+	workers.ForEach(len(slow), getParallel, func(r int) {
+		j := slow[r]
 		leg, s, p := legs[j], starts[j], pre[j]
 		if p == nil && !s.plan.Done && time.Since(s.at) > planAge {
 			// Its target may be freed at the master before a transfer could end.
