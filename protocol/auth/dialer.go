@@ -184,9 +184,16 @@ func (c *clientConn) IsActive() bool {
 	if err != nil {
 		return false
 	}
+	// The read deadline of the connection's last call (Kitex's RPC timeout, or the
+	// bound) may have passed while it idled: the poller would refuse the peek without
+	// running it. Nothing reads an idle connection, and Kitex sets the deadline again
+	// before it reads the next reply.
+	if err := c.Conn.SetReadDeadline(time.Time{}); err != nil {
+		return false
+	}
 	active := true
 	var buf [1]byte
-	rc.Read(func(fd uintptr) bool {
+	err = rc.Read(func(fd uintptr) bool {
 		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		switch {
 		case n == 0 && err == nil: // orderly shutdown by the server
@@ -199,5 +206,5 @@ func (c *clientConn) IsActive() bool {
 		}
 		return true
 	})
-	return active
+	return active && err == nil // err: closed here (a cut dialer) or the peek refused
 }
