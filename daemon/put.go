@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"slices"
 	"time"
 
@@ -353,11 +354,18 @@ func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse,
 	// call of puts placed here only has the usual bound, and makes the call on this
 	// goroutine (masterLink.ctx).
 	var opts []callopt.Option
+	rounds := (len(part) + putDoneParallel - 1) / putDoneParallel
+	wait := o.opts.MasterTimeout + time.Duration(rounds)*o.opts.TransferTimeout
 	if slices.ContainsFunc(part, func(i int) bool { return !ps[i].local }) {
-		rounds := (len(part) + putDoneParallel - 1) / putDoneParallel
-		opts = append(opts, callopt.WithRPCTimeout(o.opts.MasterTimeout+time.Duration(rounds)*o.opts.TransferTimeout))
+		opts = append(opts, callopt.WithRPCTimeout(wait))
 	}
 	ctx, cancel := o.master.ctx()
+	if c := o.master.client.Load(); c != nil && c.dialer == nil {
+		// The in-process master ignores call options: its waits end with the context,
+		// which allows for the pulls as before.
+		cancel()
+		ctx, cancel = context.WithTimeout(context.Background(), wait)
+	}
 	defer cancel()
 	if len(part) == 1 {
 		p := ps[part[0]]
