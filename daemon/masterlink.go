@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cloudwego/kitex/client"
+	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/cloudwego/kitex/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -179,6 +180,21 @@ func (m *masterLink) ctx() (context.Context, context.CancelFunc) {
 		return context.Background(), func() {}
 	}
 	return m.waitCtx()
+}
+
+// ctxWithin is the context and call options of a master call that may take up to wait
+// (more than MasterTimeout) when long: with a Kitex client it carries wait as its RPC
+// timeout (and runs on Kitex's pool), or is an ordinary call (ctx) when not long; with
+// the in-process master, which ignores call options, its context ends at wait.
+func (m *masterLink) ctxWithin(wait time.Duration, long bool) (context.Context, context.CancelFunc, []callopt.Option) {
+	if c := m.client.Load(); c != nil && c.dialer != nil {
+		if !long {
+			return context.Background(), func() {}, nil
+		}
+		return context.Background(), func() {}, []callopt.Option{callopt.WithRPCTimeout(wait)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	return ctx, cancel, nil
 }
 
 // callCtx is ctx for a call that waited with wait (from waitCtx) before it is sent:

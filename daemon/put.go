@@ -1,11 +1,8 @@
 package daemon
 
 import (
-	"context"
 	"slices"
 	"time"
-
-	"github.com/cloudwego/kitex/client/callopt"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
@@ -351,21 +348,10 @@ func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse,
 	// A put placed on another owner is pulled by it during PutDone: allow for the
 	// transfer (its owner gives up after TransferTimeout) on top of the usual bound, once
 	// for each round of a batch's pulls (the master runs putDoneParallel at a time). A
-	// call of puts placed here only has the usual bound, and makes the call on this
-	// goroutine (masterLink.ctx).
-	var opts []callopt.Option
+	// call of puts placed here only is an ordinary call (masterLink.ctxWithin).
 	rounds := (len(part) + putDoneParallel - 1) / putDoneParallel
 	wait := o.opts.MasterTimeout + time.Duration(rounds)*o.opts.TransferTimeout
-	if slices.ContainsFunc(part, func(i int) bool { return !ps[i].local }) {
-		opts = append(opts, callopt.WithRPCTimeout(wait))
-	}
-	ctx, cancel := o.master.ctx()
-	if c := o.master.client.Load(); c != nil && c.dialer == nil {
-		// The in-process master ignores call options: its waits end with the context,
-		// which allows for the pulls as before.
-		cancel()
-		ctx, cancel = context.WithTimeout(context.Background(), wait)
-	}
+	ctx, cancel, opts := o.master.ctxWithin(wait, slices.ContainsFunc(part, func(i int) bool { return !ps[i].local }))
 	defer cancel()
 	if len(part) == 1 {
 		p := ps[part[0]]
