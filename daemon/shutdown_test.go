@@ -2,11 +2,11 @@ package daemon
 
 import (
 	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 )
 
 // TestStopBoundedByShutdownTimeout (docs/architecture.md §9, the owner stops while its master hangs):
@@ -38,27 +38,7 @@ func TestStopBoundedByShutdownTimeout(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot take over the master's address %s: %v", addr, err)
 	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := hole.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		hole.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	authtest.Silent(t, hole)
 
 	t0 := time.Now()
 	stopped := make(chan struct{})

@@ -141,27 +141,7 @@ func TestBoundCallsWriteStalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := raw.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		raw.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	authtest.Silent(t, raw)
 	const bound = 300 * time.Millisecond
 	d := auth.NewDialer(nil, auth.PurposePeer).BoundCalls(bound)
 	c, err := peerservice.NewClient("peer", append(auth.DialerOptions(d), client.WithHostPorts(raw.Addr().String()))...)
