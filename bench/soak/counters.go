@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Counters is what one worker incarnation did so far. Workers write it as one JSON line
@@ -31,6 +32,8 @@ type Counters struct {
 	WrongBytes    int64             `json:"wrong_bytes"`
 	BadHolders    int64             `json:"bad_holders"`
 	NeverReleased int64             `json:"never_released"`
+	SlowestOp     string            `json:"slowest_op"` // the operation that took longest, and how long
+	SlowestMs     float64           `json:"slowest_ms"`
 	Errors        map[string]int64  `json:"errors"`
 	ErrorSamples  map[string]string `json:"error_samples"` // the first message of each code
 	Failures      []string          `json:"failures"`
@@ -59,6 +62,9 @@ func (c *Counters) add(o *Counters) {
 	c.WrongBytes += o.WrongBytes
 	c.BadHolders += o.BadHolders
 	c.NeverReleased += o.NeverReleased
+	if o.SlowestMs > c.SlowestMs {
+		c.SlowestOp, c.SlowestMs = o.Worker+" "+o.SlowestOp, o.SlowestMs
+	}
 	for k, v := range o.Errors {
 		if c.Errors == nil {
 			c.Errors = map[string]int64{}
@@ -103,6 +109,16 @@ type reporter struct {
 func (r *reporter) update(f func(c *Counters)) {
 	r.mu.Lock()
 	f(&r.c)
+	r.mu.Unlock()
+}
+
+// slowest records an operation's duration when it is the longest so far.
+func (r *reporter) slowest(op string, d time.Duration) {
+	ms := float64(d.Microseconds()) / 1000
+	r.mu.Lock()
+	if ms > r.c.SlowestMs {
+		r.c.SlowestOp, r.c.SlowestMs = op, ms
+	}
 	r.mu.Unlock()
 }
 

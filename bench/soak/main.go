@@ -289,7 +289,9 @@ func run(cfg config) int {
 	ran := time.Since(start)
 
 	// The end: stop the workers, delete the key space, check the node from the outside.
-	pool.stopAll(10 * time.Second)
+	// A worker stops after the operation in progress, which may wait up to the master's
+	// AllocWait (5 s) for space (the summary names the slowest operation): 20 s of grace.
+	pool.stopAll(20 * time.Second)
 	if bad := cl.crashed(); len(bad) > 0 {
 		for _, b := range bad {
 			fail("daemon exited without being killed: %s", b)
@@ -356,8 +358,8 @@ func run(cfg config) int {
 		fail("the workload did nothing: ops=%d bytes_verified=%d", t.Ops(), t.BytesVerified)
 	}
 
-	fmt.Printf("%s: hits=%d ssd_hits=%d misses=%d batch_items=%d never_released=%d errors: %s\n", mode,
-		t.Hits, t.SSDHits, t.Misses, t.BatchItems, t.NeverReleased, t.errorsString())
+	fmt.Printf("%s: hits=%d ssd_hits=%d misses=%d batch_items=%d never_released=%d slowest=%s %.0fms errors: %s\n", mode,
+		t.Hits, t.SSDHits, t.Misses, t.BatchItems, t.NeverReleased, t.SlowestOp, t.SlowestMs, t.errorsString())
 	verdict := "PASS"
 	if len(failures) > 0 {
 		verdict = "FAIL"

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fluxkv/fluxkv/internal/proctest"
@@ -55,10 +56,28 @@ func (p *proc) stop(grace time.Duration) bool {
 	return p.pt.Stop(grace) == nil
 }
 
+// stopOrDump is stop for a process that can write its stacks to its log on signal dump:
+// when it has not exited within grace of SIGTERM, it gets dump and a moment to write them
+// before the kill, so the log says where it was stuck.
+func (p *proc) stopOrDump(grace time.Duration, dump syscall.Signal) bool {
+	p.killed.Store(true)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.cmd.Process.Signal(dump)
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return p.pt.Stop(0) == nil
+}
+
 // describe says how the process ended and shows the end of its log.
 func (p *proc) describe() string {
 	var s strings.Builder
-	for _, l := range proctest.TailLines(p.pt.Log(), 15) {
+	for _, l := range proctest.TailLines(p.pt.Log(), 40) {
 		s.WriteString("    " + l + "\n")
 	}
 	return fmt.Sprintf("%s (pid %d) %s; last lines of %s:\n%s", p.name, p.cmd.Process.Pid, p.pt.Status(), p.logPath, s.String())

@@ -138,24 +138,29 @@ type goWorker struct {
 
 func (g *goWorker) loop(ctx context.Context) {
 	type op struct {
+		name   string
 		weight float64
 		run    func() error
 	}
-	ops := []op{{0.22, g.put}, {0.30, g.get}, {0.10, g.del}, {0.12, g.batchPut}, {0.18, g.batchGet}, {0.08, g.batchDelete}}
+	ops := []op{{"put", 0.22, g.put}, {"get", 0.30, g.get}, {"delete", 0.10, g.del}, {"batch_put", 0.12, g.batchPut},
+		{"batch_get", 0.18, g.batchGet}, {"batch_delete", 0.08, g.batchDelete}}
 	var total float64
 	for _, o := range ops {
 		total += o.weight
 	}
 	for ctx.Err() == nil {
 		r := g.rng.Float64() * total
-		var run func() error
+		var pick op
 		for _, o := range ops {
-			run = o.run
+			pick = o
 			if r -= o.weight; r <= 0 {
 				break
 			}
 		}
-		if err := run(); err != nil {
+		began := time.Now()
+		err := pick.run()
+		g.rep.slowest(pick.name, time.Since(began))
+		if err != nil {
 			g.countErr(err)
 			if errors.Is(err, fluxkv.ErrUnavailable) || errors.Is(err, fluxkv.ErrStaleGeneration) {
 				time.Sleep(50 * time.Millisecond) // the owner is restarting: do not spin

@@ -16,20 +16,34 @@ client and writes a final line.
 
 from __future__ import annotations
 
+import faulthandler
 import signal
+import sys
+import time
 
-# SIGTERM asks for a clean stop: catch it before the slow imports below.
+# SIGTERM asks for a clean stop: catch it before the slow imports below. The loop stops
+# after the operation in progress (_OP: its name and start), which the log then names;
+# SIGUSR1 writes every thread's stack to the log (the driver sends it before a kill).
 _STOP = [False]
-signal.signal(signal.SIGTERM, lambda *_: _STOP.__setitem__(0, True))
-signal.signal(signal.SIGINT, lambda *_: _STOP.__setitem__(0, True))
+_OP: list = [None, 0.0]
+
+
+def _on_stop(*_) -> None:
+    _STOP[0] = True
+    if _OP[0] is not None:
+        sys.stderr.write(f"stop asked during {_OP[0]}, {time.monotonic() - _OP[1]:.1f} s into it\n")
+        sys.stderr.flush()
+
+
+signal.signal(signal.SIGTERM, _on_stop)
+signal.signal(signal.SIGINT, _on_stop)
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 import argparse
 import inspect
 import json
 import math
 import random
-import sys
-import time
 
 import numpy as np
 
@@ -105,6 +119,7 @@ class Counters:
         self.errors: dict[str, int] = {}
         self.samples: dict[str, str] = {}  # the first message of each code
         self.failures: list[str] = []
+        self.slowest_op, self.slowest_ms = "", 0.0
 
     def add(self, k: str, n: int = 1) -> None:
         self.c[k] += n
@@ -120,12 +135,17 @@ class Counters:
         self.errors[name] = self.errors.get(name, 0) + 1
         self.samples.setdefault(name, f"{type(e).__name__}: {e}"[:400])
 
+    def slowest(self, op: str, seconds: float) -> None:
+        ms = seconds * 1000
+        if ms > self.slowest_ms:
+            self.slowest_op, self.slowest_ms = op, ms
+
     def fail(self, msg: str) -> None:
         if len(self.failures) < 8:
             self.failures.append(msg[:400])
 
     def emit(self, final: bool = False) -> None:
-        line = dict(self.c, worker=self.name, lang="python", errors=self.errors, error_samples=self.samples, failures=self.failures, final=final)
+        line = dict(self.c, worker=self.name, lang="python", errors=self.errors, error_samples=self.samples, failures=self.failures, slowest_op=self.slowest_op, slowest_ms=round(self.slowest_ms, 3), final=final)
         self.out.write(json.dumps(line) + "\n")
         self.out.flush()
 
@@ -294,9 +314,11 @@ class Worker:
         return False
 
     def run(self) -> int:
+        _OP[0], _OP[1] = "attach", time.monotonic()
         if not self.connect():
             self.n.emit(final=True)
             return 0 if self.stop else 1
+        _OP[0] = None
         self.n.emit()  # running: the driver waits for this line before a SIGTERM
         ops = [
             (0.22, self.op_put), (0.30, self.op_get), (0.10, self.op_delete), (0.12, self.op_batch_put),
@@ -310,17 +332,21 @@ class Worker:
                 r -= w
                 if r <= 0:
                     break
+            _OP[0], _OP[1] = fn.__name__[3:], time.monotonic()
             try:
                 fn()
             except Error as e:
                 self.n.error(e)
                 if error_name(e) in ("UNAVAILABLE", "STALE_GENERATION", "CLIENT"):
                     time.sleep(0.05)  # the owner is restarting: do not spin
-            self.expire()
             now = time.monotonic()
+            self.n.slowest(_OP[0], now - _OP[1])
+            _OP[0] = None
+            self.expire()
             if now - last >= self.a.report_every:
                 last = now
                 self.n.emit()
+        _OP[0], _OP[1] = "close", time.monotonic()
         for _, _, h in self.held:
             h.release()
         self.held.clear()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -96,7 +97,13 @@ func (w *workerPool) stopAll(grace time.Duration) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !s.p.exited() && !s.p.stop(grace) {
+			// A worker stuck past grace writes its stacks before the kill: Python's
+			// faulthandler on SIGUSR1 (worker.py), Go's runtime on SIGQUIT.
+			dump := syscall.SIGQUIT
+			if s.lang == "python" {
+				dump = syscall.SIGUSR1
+			}
+			if !s.p.exited() && !s.p.stopOrDump(grace, dump) {
 				w.mu.Lock()
 				w.failures = append(w.failures, "worker did not stop cleanly on SIGTERM: "+s.p.describe())
 				w.mu.Unlock()
