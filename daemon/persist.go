@@ -91,20 +91,10 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest, readBy time
 		defer close(done)
 		workers.ForEach(len(jobs), int(peer.PERSIST_BATCH_IN_FLIGHT), func(j int) {
 			job := jobs[j]
-			if req := items[job[0]]; !o.isLocalSource(req) {
-				pins[job[0]], errs[job[0]] = o.persistPulled(req, readBy)
+			if o.isLocalSource(items[job[0]]) {
+				o.persistRun(items, job, func(i int) []byte { return o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len] }, readBy, pins, errs)
 			} else {
-				batch := make([]ssd.PersistItem, len(job))
-				for k, i := range job {
-					batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: o.seg.Bytes()[items[i].Offset : items[i].Offset+items[i].Len], ReadBy: readBy}
-				}
-				ps, es := o.store.PersistMany(batch)
-				for k, i := range job {
-					pins[i], errs[i] = ps[k], es[k]
-					if errs[i] != nil {
-						errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", errs[i])
-					}
-				}
+				o.persistPulled(items, job, readBy, pins, errs)
 			}
 			var written []int
 			for _, i := range job {
@@ -180,26 +170,33 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}
 }
 
-// persistJobs checks each item (errs[i] set for those refused) and groups the others:
-// a job is the items of one local write run (consecutive items of this owner's
-// segment, up to ssd.PersistRunBytes) or one item on another owner, pulled alone.
+// persistJobs checks each item (errs[i] set for those refused) and groups the others
+// into jobs, each one write run: items of one source (this owner's segment, or one
+// incarnation of another owner) in call order, up to ssd.PersistRunBytes of records.
 func (o *Owner) persistJobs(items []*peer.SsdReplicaPersistRequest, errs []error) [][]int {
 	var jobs [][]int
-	run, runBytes := -1, int64(0) // the open local run's job, its bytes
+	type openRun struct {
+		job   int
+		bytes int64
+	}
+	runs := map[string]*openRun{} // by source: "" for this owner's segment
 	for i, req := range items {
 		if errs[i] = o.checkPersist(req); errs[i] != nil {
 			continue
 		}
+		src := ""
 		if !o.isLocalSource(req) {
-			jobs = append(jobs, []int{i})
-			continue
+			src = fmt.Sprintf("%s/%d/%s", req.SourceNodeId, req.SourceGeneration, req.SourceDataAddr)
 		}
 		span := o.store.RecordSpan(req.Key, req.Len) // as PersistMany groups: one job, one write
-		if run < 0 || runBytes+span > ssd.PersistRunBytes {
-			jobs, run, runBytes = append(jobs, nil), len(jobs), 0
+		r := runs[src]
+		if r == nil || r.bytes+span > ssd.PersistRunBytes {
+			r = &openRun{job: len(jobs)}
+			runs[src] = r
+			jobs = append(jobs, nil)
 		}
-		jobs[run] = append(jobs[run], i)
-		runBytes += span
+		jobs[r.job] = append(jobs[r.job], i)
+		r.bytes += span
 	}
 	return jobs
 }
@@ -230,29 +227,62 @@ func (o *Owner) checkPersist(req *peer.SsdReplicaPersistRequest) error {
 	return nil
 }
 
-// persistPulled writes the SSD record of a value whose memory replica is on another
-// owner (the SSD pool), pulled over the data plane straight into the record's buffer;
-// the pin is valid when err is nil.
-func (o *Owner) persistPulled(req *peer.SsdReplicaPersistRequest, readBy time.Time) (ssd.CommitPin, error) {
-	f := transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
-	// The pull ends by readBy: the source owner serves it from a range the master keeps
-	// for the persist only until its call times out.
+// persistRun persists the items of job (one write run) from src(i), their bytes, and
+// sets their pins and errors.
+func (o *Owner) persistRun(items []*peer.SsdReplicaPersistRequest, job []int, src func(i int) []byte, readBy time.Time, pins []ssd.CommitPin, errs []error) {
+	batch := make([]ssd.PersistItem, len(job))
+	for k, i := range job {
+		batch[k] = ssd.PersistItem{Key: items[i].Key, PutID: items[i].PutId, Src: src(i), ReadBy: readBy}
+	}
+	ps, es := o.store.PersistMany(batch)
+	for k, i := range job {
+		pins[i], errs[i] = ps[k], es[k]
+		if errs[i] != nil {
+			errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", errs[i])
+		}
+	}
+}
+
+// persistPulled persists the items of job, values of one other owner's segment (the
+// SSD pool): one pipelined PullMany brings them into a buffer, which then goes to disk
+// as one write run like the values of this segment. A value a pull at a time, each its
+// own write, left every record of a 64 KiB page a pad to the next file-system block
+// (a twentieth of the ring: measured with 3 owners on the conversation trace,
+// docs/benchmarks.md). The pulls end by readBy: the source serves them from ranges
+// the master keeps for the persist only until its call times out.
+func (o *Owner) persistPulled(items []*peer.SsdReplicaPersistRequest, job []int, readBy time.Time, pins []ssd.CommitPin, errs []error) {
 	deadline := time.Now().Add(o.opts.TransferTimeout)
 	if readBy.Before(deadline) {
 		deadline = readBy
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	pin, err := o.store.PersistFrom(req.Key, req.PutId, req.Len, func(dst []byte) error {
-		if late := time.Since(readBy); late > 0 {
-			return fmt.Errorf("its source was not pulled by its deadline (%v late)", late)
-		}
-		return o.puller.Pull(ctx, req.SourceDataAddr, f, req.Offset, dst)
-	})
-	if err != nil {
-		return ssd.CommitPin{}, errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", err)
+	var total int64
+	for _, i := range job {
+		total += items[i].Len
 	}
-	return pin, nil
+	buf := make([]byte, total)
+	pulls := make([]transfer.PullItem, len(job))
+	at := make(map[int]int64, len(job)) // item → its bytes' offset in buf
+	var off int64
+	for k, i := range job {
+		req := items[i]
+		pulls[k] = transfer.PullItem{Fence: transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId},
+			Offset: req.Offset, Dst: buf[off : off+req.Len : off+req.Len]}
+		at[i] = off
+		off += req.Len
+	}
+	var pulled []int
+	for k, err := range o.puller.PullMany(ctx, items[job[0]].SourceDataAddr, pulls) {
+		if i := job[k]; err != nil {
+			errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: pull from %s: %v", items[i].SourceNodeId, err)
+		} else {
+			pulled = append(pulled, i)
+		}
+	}
+	if len(pulled) > 0 {
+		o.persistRun(items, pulled, func(i int) []byte { return buf[at[i] : at[i]+items[i].Len] }, time.Time{}, pins, errs)
+	}
 }
 
 // A batch of SSD eviction reports that did not reach the master is sent again after

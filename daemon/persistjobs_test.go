@@ -13,8 +13,9 @@ import (
 // An owner groups the persists of its own segment as its SSD tier's PersistMany does,
 // by their records' spans on disk (ssd.Storage.RecordSpan), so each job is one write:
 // sixteen 64 KiB KV pages are two jobs (fifteen pages, 1 MiB of records at most, and
-// one), not one job PersistMany would split. A value of another owner's segment is a
-// job of its own, and a refused item is in none.
+// one), not one job PersistMany would split. Values of another owner's segment (the SSD
+// pool pulls them) are grouped the same way by their source, one pipelined pull and one
+// write per job; a refused item is in none.
 func TestPersistJobsAreWriteRuns(t *testing.T) {
 	const page = 64 << 10
 	seg, err := shm.CreateSegment("persistjobs", 32*page, shm.SegmentOptions{})
@@ -35,10 +36,16 @@ func TestPersistJobsAreWriteRuns(t *testing.T) {
 		items = append(items, &peer.SsdReplicaPersistRequest{Key: fmt.Sprintf("page-%02d", i), PutId: int64(i + 1),
 			Offset: int64(i) * page, Len: page, Generation: 1})
 	}
-	// A value pulled from another owner, and one for another incarnation (refused).
-	items = append(items,
-		&peer.SsdReplicaPersistRequest{Key: "pooled", PutId: 20, Offset: 0, Len: page, Generation: 1, SourceNodeId: "n2"},
-		&peer.SsdReplicaPersistRequest{Key: "stale", PutId: 21, Offset: 0, Len: page, Generation: 7})
+	// Values pulled from two other owners, interleaved, and one for another incarnation
+	// of this owner (refused).
+	pooled := func(key string, src string) *peer.SsdReplicaPersistRequest {
+		return &peer.SsdReplicaPersistRequest{Key: key, PutId: 20 + int64(len(items)), Offset: 0, Len: page, Generation: 1,
+			SourceNodeId: src, SourceGeneration: 3, SourceDataAddr: src + ":1"}
+	}
+	items = append(items, pooled("pooled-a", "n2"))
+	items = append(items, pooled("pooled-b", "n3"))
+	items = append(items, pooled("pooled-c", "n2"))
+	items = append(items, &peer.SsdReplicaPersistRequest{Key: "stale", PutId: 30, Offset: 0, Len: page, Generation: 7})
 	errs := make([]error, len(items))
 	jobs := o.persistJobs(items, errs)
 
@@ -51,12 +58,12 @@ func TestPersistJobsAreWriteRuns(t *testing.T) {
 		}
 		want = append(want, job)
 	}
-	want = append(want, []int{16})
+	want = append(want, []int{16, 18}, []int{17})
 	if !slices.EqualFunc(jobs, want, slices.Equal[[]int]) {
 		t.Errorf("jobs %v, want %v (runs of %d records of %d bytes)", jobs, want, perRun, store.RecordSpan("page-00", page))
 	}
 	for i, err := range errs {
-		if (i == 17) != (err != nil) {
+		if (i == 19) != (err != nil) {
 			t.Errorf("item %d (%s): %v", i, items[i].Key, err)
 		}
 	}
