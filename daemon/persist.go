@@ -245,11 +245,11 @@ func (o *Owner) persistRun(items []*peer.SsdReplicaPersistRequest, job []int, sr
 
 // persistPulled persists the items of job, values of one other owner's segment (the
 // SSD pool): one pipelined PullMany brings them into a buffer, which then goes to disk
-// as one write run like the values of this segment. A value a pull at a time, each its
-// own write, left every record of a 64 KiB page a pad to the next file-system block
-// (a twentieth of the ring: measured with 3 owners on the conversation trace,
-// docs/benchmarks.md). The pulls end by readBy: the source serves them from ranges
-// the master keeps for the persist only until its call times out.
+// as one write run like the values of this segment: a pull per value, each its own
+// write, left every record of a 64 KiB page a pad to the next file-system block (about
+// 1 % of the rings with 3 owners on the conversation trace, docs/benchmarks.md) and cost
+// a round trip each. The pulls end by readBy: the source serves them from ranges the
+// master keeps for the persist only until its call times out.
 func (o *Owner) persistPulled(items []*peer.SsdReplicaPersistRequest, job []int, readBy time.Time, pins []ssd.CommitPin, errs []error) {
 	deadline := time.Now().Add(o.opts.TransferTimeout)
 	if readBy.Before(deadline) {

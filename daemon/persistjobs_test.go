@@ -3,8 +3,12 @@ package daemon
 import (
 	"fmt"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/fluxkv/fluxkv/daemon/transfer"
+	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/shm"
 	"github.com/fluxkv/fluxkv/ssd"
@@ -66,5 +70,67 @@ func TestPersistJobsAreWriteRuns(t *testing.T) {
 		if (i == 19) != (err != nil) {
 			t.Errorf("item %d (%s): %v", i, items[i].Key, err)
 		}
+	}
+}
+
+// fenceSource is a data-plane Source over one buffer that serves only the transfers
+// it was told to retain, and counts the pulls it served.
+type fenceSource struct {
+	data   []byte
+	retain map[int64]bool
+	served atomic.Int32
+}
+
+func (s *fenceSource) Open(f transfer.Fence, offset, length int64) ([]byte, func(), error) {
+	if !s.retain[f.TransferID] || offset < 0 || offset+length > int64(len(s.data)) {
+		return nil, nil, fmt.Errorf("transfer %d at %d: %w", f.TransferID, offset, transfer.ErrFenced)
+	}
+	s.served.Add(1)
+	return s.data[offset : offset+length], func() {}, nil
+}
+
+// TestPersistPulledRun: values another owner's segment holds are pulled together, one
+// pipelined PullMany per source, and written as one run; a value the source no longer
+// retains fails alone, with the pull's error, and the others are written. (The keys
+// are unknown to the master, which publishes none: the owner forgets the entries after
+// the commit, so what is checked is each item's outcome; TestClusterSSDPool refills
+// pooled values byte-exact.)
+func TestPersistPulledRun(t *testing.T) {
+	n := startNode(t, 8<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
+	const page = 60000
+	src := &fenceSource{data: make([]byte, 4*page), retain: map[int64]bool{1: true, 2: true, 4: true}}
+	for i := range src.data {
+		src.data[i] = byte(i * 7)
+	}
+	srv, err := transfer.Listen("127.0.0.1:0", src, transfer.ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	var items []*peer.SsdReplicaPersistRequest
+	for i := range 4 {
+		items = append(items, &peer.SsdReplicaPersistRequest{Key: fmt.Sprintf("pooled-%d", i), PutId: int64(i + 1), Generation: n.o.generation,
+			Offset: int64(i) * page, Len: page, SourceNodeId: "n2", SourceGeneration: 5, SourceDataAddr: srv.Addr().String()})
+	}
+	if jobs := n.o.persistJobs(items, make([]error, len(items))); len(jobs) != 1 {
+		t.Fatalf("jobs %v, want the four values in one", jobs)
+	}
+	errs, err := n.o.persistMany(items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		switch {
+		case i == 2 && (err == nil || !strings.Contains(err.Error(), "fenced")):
+			t.Errorf("item 2, not retained by its source: %v, want the pull's refusal", err)
+		case i != 2 && err != nil:
+			t.Errorf("item %d: %v", i, err)
+		}
+	}
+	if got := src.served.Load(); got != 3 {
+		t.Errorf("the source served %d pulls, want 3", got)
+	}
+	if used := n.o.store.Stats().UsedBytes; used != 0 {
+		t.Errorf("%d bytes of SSD used by entries the master never published", used)
 	}
 }
