@@ -29,8 +29,9 @@ struct SsdReplicaPersistResponse {
 }
 
 // The master's SSD persists for one owner in one call (docs/architecture.md §4 put step 3): the
-// owner writes the records (values of its own segment in runs of up to 1 MiB, one write
-// each; PERSIST_BATCH_IN_FLIGHT runs or values pulled from other owners at a time), commits
+// owner writes the records (in runs of up to 1 MiB of one source, one write each: values
+// of its own segment, or of another owner's, pulled in one pipelined pull per run;
+// PERSIST_BATCH_IN_FLIGHT runs at a time), commits
 // the written ones with one master BatchSsdReplicaCommit and answers every item in results
 // (same order). A call of more than PERSIST_BATCH_ITEMS items is refused.
 struct BatchSsdReplicaPersistRequest {
