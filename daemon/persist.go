@@ -263,13 +263,13 @@ func (o *Owner) persistPulled(items []*peer.SsdReplicaPersistRequest, job []int,
 	}
 	buf := make([]byte, total)
 	pulls := make([]transfer.PullItem, len(job))
-	at := make(map[int]int64, len(job)) // item → its bytes' offset in buf
+	dst := make(map[int][]byte, len(job)) // item → its bytes in buf
 	var off int64
 	for k, i := range job {
 		req := items[i]
+		dst[i] = buf[off : off+req.Len : off+req.Len]
 		pulls[k] = transfer.PullItem{Fence: transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId},
-			Offset: req.Offset, Dst: buf[off : off+req.Len : off+req.Len]}
-		at[i] = off
+			Offset: req.Offset, Dst: dst[i]}
 		off += req.Len
 	}
 	var pulled []int
@@ -281,7 +281,7 @@ func (o *Owner) persistPulled(items []*peer.SsdReplicaPersistRequest, job []int,
 		}
 	}
 	if len(pulled) > 0 {
-		o.persistRun(items, pulled, func(i int) []byte { return buf[at[i] : at[i]+items[i].Len] }, time.Time{}, pins, errs)
+		o.persistRun(items, pulled, func(i int) []byte { return dst[i] }, time.Time{}, pins, errs)
 	}
 }
 
