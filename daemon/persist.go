@@ -245,7 +245,8 @@ func (o *Owner) persistRun(items []*peer.SsdReplicaPersistRequest, job []int, sr
 
 // persistPulled persists the items of job, values of one other owner's segment (the
 // SSD pool): one pipelined PullMany brings them into a buffer, which then goes to disk
-// as one write run like the values of this segment: a pull per value, each its own
+// as one write run like the values of this segment (a job of one value is pulled into
+// its record's buffer): a pull per value, each its own
 // write, left every record of a 64 KiB page a pad to the next file-system block (about
 // 1 % of the rings with 3 owners on the conversation trace, docs/benchmarks.md) and cost
 // a round trip each. The pulls end by readBy: the source serves them from ranges the
@@ -257,6 +258,22 @@ func (o *Owner) persistPulled(items []*peer.SsdReplicaPersistRequest, job []int,
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	fence := func(req *peer.SsdReplicaPersistRequest) transfer.Fence {
+		return transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId}
+	}
+	if len(job) == 1 {
+		// A run of one (a value of a run's size or more): pulled straight into its
+		// record's buffer, without a buffer of its own.
+		i := job[0]
+		req := items[i]
+		pins[i], errs[i] = o.store.PersistFrom(req.Key, req.PutId, req.Len, func(dst []byte) error {
+			return o.puller.Pull(ctx, req.SourceDataAddr, fence(req), req.Offset, dst)
+		})
+		if errs[i] != nil {
+			errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "SSD persist: %v", errs[i])
+		}
+		return
+	}
 	var total int64
 	for _, i := range job {
 		total += items[i].Len
@@ -268,8 +285,7 @@ func (o *Owner) persistPulled(items []*peer.SsdReplicaPersistRequest, job []int,
 	for k, i := range job {
 		req := items[i]
 		dst[i] = buf[off : off+req.Len : off+req.Len]
-		pulls[k] = transfer.PullItem{Fence: transfer.Fence{SourceNode: req.SourceNodeId, SourceGeneration: req.SourceGeneration, TransferID: req.PutId},
-			Offset: req.Offset, Dst: dst[i]}
+		pulls[k] = transfer.PullItem{Fence: fence(req), Offset: req.Offset, Dst: dst[i]}
 		off += req.Len
 	}
 	var pulled []int
