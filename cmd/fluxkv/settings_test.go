@@ -25,6 +25,11 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
+// absentDir is the --dir of the settings cases: a path no machine has (the settings
+// refuse a --dir whose nearest existing ancestor is not a directory, so a file at a
+// path such as /tmp/x would fail them).
+const absentDir = "/fluxkv-settings-test/x"
+
 // runSettings runs a cli app with the real command flags and captures the merged
 // settings instead of starting anything.
 func runSettings(t *testing.T, command string, yaml string, args ...string) (config.Owner, config.Master, error) {
@@ -125,26 +130,26 @@ master:
 				LargeFilePaths: []string{"/data/a", "/data/b"}, LargeLimitSize: []int64{1 << 30, 2 << 30}},
 		},
 		{
-			name: "owner: no file, defaults", command: "owner", args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"},
-			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/tmp/x", Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
+			name: "owner: no file, defaults", command: "owner", args: []string{"--master", "127.0.0.1:1", "--dir", absentDir},
+			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: absentDir, Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
 				ClusterName: "fluxkv", InstanceKey: host},
 		},
 		{
 			name: "owner: flags turn the SSD on", command: "owner",
-			args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x", "--large-file-paths", "/d1", "--large-file-paths", "/d2", "--large-limit-size", "512,1.5KiB"},
-			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/tmp/x", Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
+			args: []string{"--master", "127.0.0.1:1", "--dir", absentDir, "--large-file-paths", "/d1", "--large-file-paths", "/d2", "--large-limit-size", "512,1.5KiB"},
+			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: absentDir, Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
 				ClusterName: "fluxkv", InstanceKey: host, LargeFilePaths: []string{"/d1", "/d2"}, LargeLimitSize: []int64{512, 1536}},
 		},
 		{
 			name: "owner: relative SSD paths made absolute, as --dir", command: "owner", yaml: "fluxkv_spec:\n  large_file_paths: [rel/file]\n  large_limit_size: [1GiB]\n",
-			args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"},
-			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/tmp/x", Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
+			args: []string{"--master", "127.0.0.1:1", "--dir", absentDir},
+			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: absentDir, Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
 				ClusterName: "fluxkv", InstanceKey: host, LargeFilePaths: []string{abs("rel/file")}, LargeLimitSize: []int64{1 << 30}},
 		},
 		{
 			name: "owner: relative SSD path flag made absolute", command: "owner",
-			args: []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x", "--ssd-path", "rel/ssd,/abs/ssd", "--ssd-limit", "1GiB,2GiB"},
-			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: "/tmp/x", Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
+			args: []string{"--master", "127.0.0.1:1", "--dir", absentDir, "--ssd-path", "rel/ssd,/abs/ssd", "--ssd-limit", "1GiB,2GiB"},
+			wantOwner: &config.Owner{DRAM: 1 << 30, SocketDir: absentDir, Master: "127.0.0.1:1", PeerListen: "127.0.0.1:0",
 				ClusterName: "fluxkv", InstanceKey: host, LargeFilePaths: []string{abs("rel/ssd"), "/abs/ssd"}, LargeLimitSize: []int64{1 << 30, 2 << 30}},
 		},
 		{
@@ -300,7 +305,7 @@ func TestSettingsSwitchFlagOverridesFile(t *testing.T) {
 		{name: "insecure off over the file", command: "master", yaml: "master:\n  insecure_cluster: true\n",
 			args: []string{"--insecure-cluster=false"}, want: func(_ config.Owner, m config.Master) bool { return !m.InsecureCluster }},
 		{name: "owner insecure off over the file", command: "owner", yaml: "fluxkv_spec:\n  insecure_cluster: true\n",
-			args: []string{"--insecure-cluster=false", "--master", "127.0.0.1:1", "--dir", "/tmp/x"},
+			args: []string{"--insecure-cluster=false", "--master", "127.0.0.1:1", "--dir", absentDir},
 			want: func(o config.Owner, _ config.Master) bool { return !o.InsecureCluster }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -324,7 +329,7 @@ func TestSettingsRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	owner := []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"}
+	owner := []string{"--master", "127.0.0.1:1", "--dir", absentDir}
 	for _, tt := range []struct {
 		name, command, yaml string
 		args                []string
@@ -364,16 +369,16 @@ func TestSettingsRefusals(t *testing.T) {
 		// A loopback peer or data listener with a master other hosts reach: the owner
 		// refused it only once it had bound its listeners, exit 1 (retried for ever by
 		// the units).
-		{name: "loopback peer listener, remote master", command: "owner", args: []string{"--master", "10.0.0.1:7700", "--dir", "/tmp/x"},
+		{name: "loopback peer listener, remote master", command: "owner", args: []string{"--master", "10.0.0.1:7700", "--dir", absentDir},
 			wantErr: "--peer-listen 127.0.0.1:0 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
 		{name: "loopback data listener, remote master", command: "owner",
-			args:    []string{"--master", "10.0.0.1:7700", "--dir", "/tmp/x", "--peer-listen", "0.0.0.0:7701", "--data-listen", "127.0.0.1:7702"},
+			args:    []string{"--master", "10.0.0.1:7700", "--dir", absentDir, "--peer-listen", "0.0.0.0:7701", "--data-listen", "127.0.0.1:7702"},
 			wantErr: "--data-listen 127.0.0.1:7702 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
 		{name: "loopback peer listener from the file, remote master", command: "owner",
 			yaml:    "fluxkv_spec:\n  master: 10.0.0.1:7700\n  peer_listen: localhost:7701\n",
 			wantErr: "fluxkv_spec.peer_listen (--peer-listen) localhost:7701 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
 		{name: "loopback advertised host, remote master", command: "owner",
-			args:    []string{"--master", "10.0.0.1:7700", "--dir", "/tmp/x", "--peer-listen", "0.0.0.0:7701", "--advertise-host", "127.0.0.1"},
+			args:    []string{"--master", "10.0.0.1:7700", "--dir", absentDir, "--peer-listen", "0.0.0.0:7701", "--advertise-host", "127.0.0.1"},
 			wantErr: "--advertise-host 127.0.0.1 is a loopback address but the master 10.0.0.1:7700 is not on loopback"},
 		{name: "up: loopback peer listener, wildcard master", command: "up", args: []string{"--listen", "0.0.0.0:7700"},
 			wantErr: "--peer-listen 127.0.0.1:0 is a loopback address but the master 0.0.0.0:7700 is not on loopback"},
@@ -436,7 +441,7 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: `--peer-listen: invalid address "127.0.0.1:65536": port "65536" is not a number from 0 to 65535`},
 		{name: "bad metrics address in the file", command: "master", yaml: "master:\n  metrics_addr: \"127.0.0.1:http\"\n",
 			wantErr: `master.metrics_addr: invalid address "127.0.0.1:http"`},
-		{name: "bad master address flag", command: "owner", args: []string{"--master", "10.0.0.1", "--dir", "/tmp/x"},
+		{name: "bad master address flag", command: "owner", args: []string{"--master", "10.0.0.1", "--dir", absentDir},
 			wantErr: `--master: invalid address "10.0.0.1": want host:port`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -450,7 +455,7 @@ func TestSettingsRefusals(t *testing.T) {
 // or a wildcard) are refused at start: the second bind failed only after the first
 // component had started, "address already in use" as if another process held it.
 func TestSettingsListenClash(t *testing.T) {
-	owner := []string{"--master", "127.0.0.1:1", "--dir", "/tmp/x"}
+	owner := []string{"--master", "127.0.0.1:1", "--dir", absentDir}
 	for _, tt := range []struct {
 		name, command, yaml string
 		args                []string
@@ -676,7 +681,7 @@ func TestSettingsEdges(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			oc, _, err := runSettings(t, "up", tt.yaml, append([]string{"--dir", "/tmp/x"}, tt.args...)...)
+			oc, _, err := runSettings(t, "up", tt.yaml, append([]string{"--dir", absentDir}, tt.args...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -871,7 +876,7 @@ func TestSettingsUpHasNoHA(t *testing.T) {
 // /fluxkv/<cluster name>/ and TLS from --etcd-cacert/--etcd-cert/--etcd-key.
 func TestSettingsOwnerEtcdMaster(t *testing.T) {
 	// A listener the remote masters' owners reach (loopback is refused with them).
-	base := []string{"--dir", "/tmp/x", "--peer-listen", "0.0.0.0:0"}
+	base := []string{"--dir", absentDir, "--peer-listen", "0.0.0.0:0"}
 	for _, tt := range []struct {
 		name, yaml string
 		args       []string
@@ -1113,7 +1118,7 @@ func TestSettingsSSDPathNotADirectory(t *testing.T) {
 		{filepath.Join(file, "sub", "ssd"), "ssd: large_file_paths[1] " + file + "/sub/ssd: " + file + " is not a directory"},
 		{filepath.Join(dir, "new", "ssd"), ""}, // created at start
 	} {
-		oc, _, err := runSettings(t, "owner", "", "--master", "127.0.0.1:1", "--dir", "/tmp/x",
+		oc, _, err := runSettings(t, "owner", "", "--master", "127.0.0.1:1", "--dir", absentDir,
 			"--ssd-path", dir+","+tt.path, "--ssd-limit", "1MiB,1MiB")
 		if err != nil {
 			t.Fatal(err)
