@@ -18,7 +18,7 @@ import (
 // method's request with every field filled, each with one length announcing 2^31-1
 // (the outside report's ~40-byte BatchDeleteAck and ReportReplicas frames that killed
 // the master), and whatever the fuzzer makes of them. After each the master must still
-// answer a Stat and the heap stay bounded.
+// answer a Stat, the process having allocated under 1 GiB for the frame.
 //
 //	go test ./master/ -run '^$' -fuzz '^FuzzMasterFrames$' -fuzztime 20s
 func FuzzMasterFrames(f *testing.F) {
