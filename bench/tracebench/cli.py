@@ -24,7 +24,7 @@ from pressure.procs import Interrupted, install_signal_handlers, progress, run_g
 from pressure.sizes import approx_size, parse_size
 
 from . import backends as tb
-from . import chart, goals, report, sim
+from . import chart, goals, report, route, sim
 from .presets import MODELS, PRESETS, describe_block
 from .replay import ReplayConfig, replay
 from .trace import DEFAULT_TRACE, load
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ssd-ratio", type=float, default=5.0, help="flash = this x the DRAM of the capacity (default 5)")
     ap.add_argument("--procs", type=int, help="client processes (quick 2, full 8)")
     ap.add_argument("--window", type=int, help="requests in flight, in arrival order (default --procs; 1: one after another; 0: unordered)")
+    ap.add_argument("--route", choices=route.ROUTES, default="rr",
+                    help="which process serves a request: rr (request i by process i mod --procs) or prefix (the process "
+                         "that served the longest prefix of its blocks, as a cache-aware router; default rr)")
     ap.add_argument("--speed", type=float, default=0.0, help="honour timestamps at this speed factor (2 = twice as fast); 0: as fast as possible")
     ap.add_argument("--verify-every", type=int, default=8, help="check every n-th page loaded byte for byte (default 8)")
     ap.add_argument("--pin-ms", type=int, default=1000, help="fluxkv: how long contains_prefix pins what it found (PageStore pin_ms)")
@@ -168,17 +171,18 @@ def inputs(a: argparse.Namespace) -> tuple:
 def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
     install_signal_handlers()
     context = {"preset": a.preset, "trace_file": a.trace, "block_bytes": a.block_bytes, "procs": a.procs,
-               "window": a.procs if a.window is None else a.window, "speed": a.speed}
+               "window": a.procs if a.window is None else a.window, "speed": a.speed,
+               "route": a.route}
     print(f"tracebench: preset {a.preset}; {describe_block(a.block_bytes)}", file=sys.stderr)
     print(f"trace {a.trace}: {len(trace.requests):,} requests over {trace.duration_s:,.0f} s, {trace.accesses:,} block accesses, "
           f"{trace.distinct:,} distinct blocks; capacities {', '.join(f'{c:,}' for c in caps)} blocks; "
-          f"{a.procs} processes, {'as fast as possible' if a.speed <= 0 else f'timestamps at {a.speed:g}x'}", file=sys.stderr)
+          f"{a.procs} processes routed {a.route}, {'as fast as possible' if a.speed <= 0 else f'timestamps at {a.speed:g}x'}", file=sys.stderr)
     rows: list = []
     progress(f"simulations: {', '.join(a.sims) or 'none'}")
     for s in sim.run_sims(trace, caps, a.sims):
         rows.append(report.sim_row(s, trace, s.capacity_blocks, context))
     cfg = ReplayConfig(procs=a.procs, window=a.window, speed=a.speed, verify_every=a.verify_every, pin_ms=a.pin_ms,
-                       buffer_bytes=a.buffer_bytes)
+                       buffer_bytes=a.buffer_bytes, route=a.route)
     interrupted = False
     try:
         for cap in caps:

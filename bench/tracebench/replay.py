@@ -1,5 +1,6 @@
 """One replay: a trace's requests served by ``procs`` client processes (spawned; each with its
-own client of the backend), request i by process i mod procs, in arrival order. With
+own client of the backend), in arrival order; request i by process i mod procs, or with
+``route="prefix"`` by the process that served the longest prefix of its blocks (:mod:`.route`). With
 ``window`` W > 0, request i starts only once every request before i - W + 1 has finished, so
 the requests in flight are always the next W in arrival order (W = procs by default; W = 1
 replays strictly one request after another, the order the simulations assume). With
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from pressure.procs import progress
 
-from . import worker
+from . import route, worker
 from .trace import Trace
 
 __all__ = ["ReplayConfig", "ReplayResult", "replay", "ReplayFailed"]
@@ -41,6 +42,7 @@ class ReplayConfig:
     pin_ms: int = 1000
     buffer_bytes: int = 1 << 30  # page buffers per process
     namespace: str = "kv1/tracebench"
+    route: str = "rr"  # route.ROUTES: which process serves each request
 
     def effective_window(self) -> int:
         return self.procs if self.window is None else self.window
@@ -69,9 +71,10 @@ def plans(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, cf
     t_first = trace.requests[0].timestamp_ms
     longest = max(len(r.hash_ids) for r in trace.requests)
     buffer_pages = max(1, min(longest, cfg.buffer_bytes // block_bytes))
+    who = route.assign([r.hash_ids for r in trace.requests], cfg.procs, cfg.route)
     out = []
     for k in range(cfg.procs):
-        reqs = [(i, r.timestamp_ms - t_first, r.hash_ids) for i, r in enumerate(trace.requests) if i % cfg.procs == k]
+        reqs = [(i, r.timestamp_ms - t_first, r.hash_ids) for i, r in enumerate(trace.requests) if who[i] == k]
         out.append(worker.Plan(k, backend, endpoint, asdict(spec), reqs, block_bytes, buffer_pages, cfg.verify_every, cfg.pin_ms,
                                cfg.speed, cfg.effective_window(), cfg.namespace))
     return out

@@ -82,6 +82,28 @@ def test_three_owners_count_pinned_pulls_as_remote_hits(fluxkv_bin, tmp_path):
     assert res.sources["memory_remote"] > 0, dict(res.sources)
 
 
+def test_three_owners_routed_by_prefix_hit_on_the_owner_they_are_attached_to(fluxkv_bin, tmp_path):
+    """The same cluster with ``route="prefix"`` and conversations that share no block: each
+    conversation's turns go to the process that served its first turn, so every page loaded
+    is on the owner that process is attached to (all hits memory_local, none pulled)."""
+    lines = []
+    for turn in range(5):
+        for c in range(4):
+            ids = [100 * (c + 1) + j for j in range(turn + 1)]
+            lines.append(json.dumps({"timestamp": 10 * len(lines), "input_length": 512 * len(ids), "output_length": 5, "hash_ids": ids}))
+    f = tmp_path / "conversations.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    t = load(str(f))
+    run = tb.prepare(tb.Target("fluxkv", 3, False), options(fluxkv_bin), 4096, BLOCK, 5, 3, t.distinct)
+    with Group() as g:
+        run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
+        res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=3, window=1, verify_every=1, route="prefix"))
+    ideal = sim.simulate(t, sim.Infinite())
+    assert res.hits == ideal.per_request
+    assert res.wrong_bytes == 0 and res.put_failed == 0 and res.errors == 0
+    assert dict(res.sources) == {"memory_local": res.loaded} and res.loaded > 0, dict(res.sources)
+
+
 def test_a_wrong_page_fails_the_case(fluxkv_bin, tmp_path):
     import fluxkv
     from fluxkv import kv
