@@ -4,7 +4,8 @@ in different runs would compare the machine's load, not the backends).
 
 1. one fluxkv node, SSD off: its GiB/s over memcached's (goal 3x) and Redis's (4x), and its
    hit rate against every other backend's;
-2. N fluxkv owners against one node, same DRAM: hit rate (at least one node's) and GiB/s (2x);
+2. N fluxkv owners against one node, same DRAM: hit rate (at least one node's) and GiB/s (2x),
+   with a client on every owner (a run with fewer client processes than owners says so);
 3. SSD on: fluxkv's hit rate against memcached with extstore, and one node's as a part of
    the infinite cache's (0.95);
 5. fluxkv against Mooncake Store where its rows ran: GiB/s (2x) and hit rate.
@@ -62,9 +63,11 @@ def _for_capacity(rows: list) -> list:
             many, one = _ok(rows, "fluxkv", n, ssd), _ok(rows, "fluxkv", 1, ssd)
             if many and one:
                 state = "on" if ssd else "off"
-                out.append(_hits("2", f"{n} owners, SSD {state}", many, one, "one node"))
+                procs = many.get("procs")
+                note = "" if procs is None or procs >= n else f" [clients on {procs} of {n} owners: the goal wants --procs >= {n}]"
+                out.append(_hits("2", f"{n} owners, SSD {state}", many, one, "one node") + note)
                 if line := _speed("2", f"{n} owners, SSD {state}", many, one, "one node", 2.0):
-                    out.append(line)
+                    out.append(line + note)
     extstore = _ok(rows, "memcached", ssd=True)
     for r in sorted((r for r in rows if r["backend"] == "fluxkv" and r["status"] == "ok" and r["ssd"]), key=lambda r: r["owners"] or 0):
         if extstore:

@@ -37,6 +37,19 @@ def test_ratios_and_marks():
     assert "mooncake" not in text  # its rows did not run
 
 
+def test_owners_without_clients_are_named():
+    rows = [row("fluxkv", 1, False, 0.155, 0.90), row("fluxkv", 3, False, 0.156, 0.30)]
+    for r in rows:
+        r["procs"] = 2
+    text = "\n".join(goals.lines(rows))
+    assert ("goal 2  3 owners, SSD off: fluxkv hit 15.6 % against one node's 15.5 % (goal >=: met)"
+            " [clients on 2 of 3 owners: the goal wants --procs >= 3]") in text
+    assert "0.33x one node's 0.90 (goal >= 2x: not met) [clients on 2 of 3 owners" in text
+    for r in rows:
+        r["procs"] = 3
+    assert "clients on" not in "\n".join(goals.lines(rows))
+
+
 def test_rows_that_did_not_run_are_left_out():
     rows = [row("fluxkv", 1, False, 0.15, 0.9), row("memcached", 1, False, None, status="failed"),
             row("fluxkv", 1, False, 0.15, 0.9, cap=200)]
