@@ -5,10 +5,11 @@ on any process, as behind a round-robin load balancer. ``prefix`` routes as a ca
 does (SGLang's router, Mooncake's Conductor): a request goes to the process that last served the
 longest prefix of its blocks, so a multi-owner cache finds the pages on the owner that process is
 attached to; a request whose prefix nobody served, or whose process is overloaded, goes to the
-process given the fewest blocks so far. Overloaded, as in SGLang's router: given more than
-``balance_abs`` blocks beyond the least-loaded process *and* more than ``balance_rel`` times its
-blocks. The routing is computed before the replay from the trace alone, so every backend gets the
-same assignment."""
+process given the fewest blocks so far. Overloaded: given more than ``balance_abs`` blocks beyond
+the least-loaded process *and* more than ``balance_rel`` times its blocks (the shape of SGLang's
+router's balance test, both an absolute and a relative excess, counted here in blocks given so far
+rather than requests in flight: a routing decided ahead has no queues to look at). The routing is
+computed before the replay from the trace alone, so every backend gets the same assignment."""
 
 from __future__ import annotations
 
