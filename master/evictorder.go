@@ -133,6 +133,17 @@ func (o *evictOrder) Evict(k string) bool {
 // class the next draw belongs to (see evictOrder), then from the other; false when none
 // was accepted, and then nothing was evicted.
 func (o *evictOrder) VictimWhere(accept func(string) bool, limit int) (string, bool) {
+	return o.victimWhere(accept, limit, false)
+}
+
+// VictimWhereStill is VictimWhere for an accept that reads only (the search for a
+// duplicate): the pages are walked without being drawn and put back
+// (pagePolicy.victimWhereStill), the same victim at less cost when none is accepted.
+func (o *evictOrder) VictimWhereStill(accept func(string) bool, limit int) (string, bool) {
+	return o.victimWhere(accept, limit, true)
+}
+
+func (o *evictOrder) victimWhere(accept func(string) bool, limit int, still bool) (string, bool) {
 	if o.pages.Len() == 0 {
 		return o.plain.VictimWhere(accept, limit)
 	}
@@ -145,7 +156,11 @@ func (o *evictOrder) VictimWhere(accept func(string) bool, limit int) (string, b
 	pagesFirst := o.pagesFirst()
 	for range 2 {
 		if pagesFirst {
-			if k, ok := o.pages.victimWhere(accept, limit, protect); ok {
+			pages := o.pages.victimWhere
+			if still {
+				pages = o.pages.victimWhereStill
+			}
+			if k, ok := pages(accept, limit, protect); ok {
 				return k, true
 			}
 		} else if k, ok := o.plain.VictimWhere(plainAccept, limit); ok {

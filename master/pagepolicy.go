@@ -48,6 +48,8 @@ type pagePolicy struct {
 	// the pages taken from it (takeDirty) that are still here and not used since.
 	dirty dirtyHeap
 	ahead int64
+	// scan is victimWhereStill's, kept to reuse its buffer.
+	scan heapScan
 }
 
 const (
@@ -412,6 +414,78 @@ func (p *pagePolicy) victimWhere(accept func(string) bool, limit int, protectNew
 	p.drop(victim)
 	p.ghosts.remember(victim.key, victim.freq)
 	return victim.key, true
+}
+
+// victimWhereStill is victimWhere for an accept that reads only (it changes nothing of
+// p, as the search for a duplicate to evict): it walks the heap in its order without
+// taking pages out, the next page always the lowest child of a page walked so far
+// (scan, a small heap of positions in p.heap), so a search that finds nothing moves no
+// page. The order is total (seq breaks ties): it asks accept of the same pages in the
+// same order and evicts the same victim as victimWhere.
+func (p *pagePolicy) victimWhereStill(accept func(string) bool, limit int, protectNewest bool) (string, bool) {
+	if len(p.heap) == 0 || limit <= 0 {
+		return "", false
+	}
+	sc := &p.scan
+	sc.h, sc.at = p.heap, append(sc.at[:0], 0)
+	defer func() { sc.h = nil }()
+	for drawn := 0; drawn < limit && len(sc.at) > 0; drawn++ {
+		i := sc.pop()
+		if e := p.heap[i]; !(protectNewest && e == p.newest) && accept(e.key) {
+			heap.Remove(&p.heap, i)
+			p.drop(e)
+			p.ghosts.remember(e.key, e.freq)
+			return e.key, true
+		}
+		if c := 2*i + 1; c < len(p.heap) {
+			sc.push(c)
+		}
+		if c := 2*i + 2; c < len(p.heap) {
+			sc.push(c)
+		}
+	}
+	return "", false
+}
+
+// heapScan is victimWhereStill's frontier: a binary heap of positions in h, the lowest
+// page first (its own sifts: container/heap would box every position).
+type heapScan struct {
+	h  pageHeap
+	at []int
+}
+
+func (s *heapScan) less(i, j int) bool { return evictedBefore(s.h[s.at[i]], s.h[s.at[j]]) }
+
+func (s *heapScan) push(x int) {
+	s.at = append(s.at, x)
+	for i := len(s.at) - 1; i > 0; {
+		up := (i - 1) / 2
+		if !s.less(i, up) {
+			break
+		}
+		s.at[i], s.at[up] = s.at[up], s.at[i]
+		i = up
+	}
+}
+
+func (s *heapScan) pop() int {
+	top, last := s.at[0], len(s.at)-1
+	s.at[0] = s.at[last]
+	s.at = s.at[:last]
+	for i := 0; ; {
+		l, least := 2*i+1, i
+		if l < last && s.less(l, least) {
+			least = l
+		}
+		if r := l + 1; r < last && s.less(r, least) {
+			least = r
+		}
+		if least == i {
+			return top
+		}
+		s.at[i], s.at[least] = s.at[least], s.at[i]
+		i = least
+	}
 }
 
 // minPriority is the priority of the next victim; ok is false without pages.

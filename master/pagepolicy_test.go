@@ -386,8 +386,21 @@ func insertRandomChains(p *pagePolicy, rng *rand.Rand, n int, vary bool) {
 // TestPageVictimWhereOrder: victimWhere draws pages exactly in the eviction order: the
 // victim is the first accepted page within limit, the newest passed over when
 // protected, accept asked of the pages before it in order, and every other page stays
-// (the heap intact).
+// (the heap intact). victimWhereStill, which walks the heap without drawing, does the
+// same on the same policies.
 func TestPageVictimWhereOrder(t *testing.T) {
+	for _, still := range []bool{false, true} {
+		t.Run(fmt.Sprintf("still=%v", still), func(t *testing.T) { testPageVictimWhereOrder(t, still) })
+	}
+}
+
+func testPageVictimWhereOrder(t *testing.T, still bool) {
+	victimWhere := func(p *pagePolicy, accept func(string) bool, limit int, protect bool) (string, bool) {
+		if still {
+			return p.victimWhereStill(accept, limit, protect)
+		}
+		return p.victimWhere(accept, limit, protect)
+	}
 	rng := rand.New(rand.NewPCG(41, 1))
 	for round := range 200 {
 		p := newPagePolicy(nil)
@@ -427,7 +440,7 @@ func TestPageVictimWhereOrder(t *testing.T) {
 			}
 		}
 		var asked []string
-		got, ok := p.victimWhere(func(k string) bool { asked = append(asked, k); return !refused[k] }, limit, protect)
+		got, ok := victimWhere(p, func(k string) bool { asked = append(asked, k); return !refused[k] }, limit, protect)
 		if got != want || ok != (want != "") {
 			t.Fatalf("round %d: victimWhere = %q, %v; want %q", round, got, ok, want)
 		}

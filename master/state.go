@@ -173,7 +173,7 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		free := func(k string) bool { return check(k, false) }
 		if dups {
 			heldDup := false
-			key, ok = n.policy.VictimWhere(func(k string) bool {
+			key, ok = n.policy.VictimWhereStill(func(k string) bool { // reads only
 				if !s.duplicateLocked(k, n) {
 					return false
 				}
