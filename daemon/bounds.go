@@ -47,7 +47,7 @@ type bounds struct {
 	// (Options.PersistReadWindow; 2/3 of the persist timeout).
 	persistRead time.Duration
 	// planAge: the oldest plan a batch's worker still carries out; a later one is
-	// revoked and planned again (1/12 of the TTL, 5 s by default).
+	// revoked and planned again (1/6 of the TTL, 10 s by default).
 	planAge time.Duration
 	// transfer bounds a get's pull from another owner's memory
 	// (Options.TransferTimeout; half the TTL): planAge + transfer stays inside it.
@@ -70,7 +70,7 @@ func (o *Options) boundsFor(m masterTimes) *bounds {
 	return &bounds{
 		putCopy:     min(o.PutCopyDeadline, ttl*5/6),
 		persistRead: min(o.PersistReadWindow, m.persistTimeout*2/3),
-		planAge:     min(planMaxAge, ttl/12),
+		planAge:     min(planMaxAge, ttl/6),
 		transfer:    min(o.TransferTimeout, ttl/2),
 		stageMax:    min(stageMaxDeadline, ttl*3/4),
 		pullPut:     min(o.TransferTimeout, m.pullTimeout*6/7),

@@ -51,7 +51,7 @@ func TestBoundsInsideMasterTimes(t *testing.T) {
 func TestOwnerAdoptsMasterTimes(t *testing.T) {
 	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 6 * time.Second, PersistTimeout: 3 * time.Second, PullTimeout: 7 * time.Second})
 	b := n.o.bounds()
-	want := bounds{putCopy: 5 * time.Second, persistRead: 2 * time.Second, planAge: 500 * time.Millisecond,
+	want := bounds{putCopy: 5 * time.Second, persistRead: 2 * time.Second, planAge: time.Second,
 		transfer: 3 * time.Second, stageMax: 4500 * time.Millisecond, pullPut: 6 * time.Second, reack: 6 * time.Second}
 	if *b != want {
 		t.Errorf("bounds in force %+v, want %+v", *b, want)

@@ -143,9 +143,13 @@ const getParallel = 16
 // planMaxAge is the oldest plan a batch's worker still carries out: a later one is
 // revoked and planned again (GetStart). The master frees the target of a get that has
 // not completed within its in-flight TTL (60 s by default), so a transfer must start
-// early enough to end inside it: planMaxAge + TransferTimeout must stay below the
-// master's InflightTTL. A master with a shorter TTL lowers both (bounds.go).
-const planMaxAge = 5 * time.Second
+// early enough to end inside it: planMaxAge + TransferTimeout, and planMaxAge + a
+// remote SSD refill's deadline (at most 45 s), must stay below the master's
+// InflightTTL. A master with a shorter TTL lowers them all (bounds.go). It is above the
+// master's AllocWait (5 s by default), the longest a BatchGetStart waits for room for
+// its keys: at 5 s, every plan of a batch that had waited the whole AllocWait was
+// revoked and planned again, one GetStart each, doubling the batch's wait.
+const planMaxAge = 10 * time.Second
 
 // lead plans legs with one master call per wire.MaxBatch keys, brings the values in
 // concurrently (getParallel at once), hands each holder to c and lands each leg's
