@@ -867,3 +867,54 @@ func replansAgedPlan(t *testing.T, lostRevoke bool) {
 	n.o.acks.sync()
 	waitUntil(t, func() bool { return nodeHolders(t, n.m) == 0 })
 }
+
+// TestBatchPlanOutlivesTheWaitForRoom: a batch whose BatchGetStart waited the master's
+// whole AllocWait (its default, 5 s) for room for one key, which another client's holder
+// keeps (the key fails NO_SPACE), carries out the plan that call made for its other key:
+// one pull, no GetStart of its own. With plans carried out up to 5 s old, every plan
+// of such a batch was revoked and planned again, one GetStart each, each free to wait
+// another AllocWait.
+func TestBatchPlanOutlivesTheWaitForRoom(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	if err := c2.Put("other", value(1, 5<<20)); err != nil { // n2's, held below
+		t.Fatal(err)
+	}
+	other, err := c2.Get("other")
+	if err != nil || other == nil {
+		t.Fatalf("get other: %v", err)
+	}
+	defer other.Release()
+	small, big := value(2, 1<<20), value(3, 3<<20)
+	if err := n.c.Put("small", small); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.c.Put("big", big); err != nil {
+		t.Fatal(err)
+	}
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+	start := time.Now()
+	hs, errs, err := c2.BatchGet([]string{"small", "big"})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] != nil || hs[0] == nil || !bytes.Equal(hs[0].Bytes(), small) {
+		t.Errorf("small: %v (held %v), want its bytes", errs[0], hs[0] != nil)
+	}
+	if !errors.Is(errs[1], fluxkv.ErrNoSpace) {
+		t.Errorf("big: %v, want NO_SPACE (other's holder keeps the room)", errs[1])
+	}
+	for _, h := range hs {
+		if h != nil {
+			h.Release()
+		}
+	}
+	calls := callsSince(t, mm, before)
+	t.Logf("batch took %v; master calls %v", took, calls)
+	if calls["BatchGetStart"] != 1 || calls["GetStart"] != 0 {
+		t.Errorf("master calls %v, want one BatchGetStart and no GetStart (small's plan carried out after the %v wait)", calls, took)
+	}
+}
