@@ -21,6 +21,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 	"github.com/fluxkv/fluxkv/ssd"
 )
 
@@ -634,6 +635,109 @@ func TestFlightMissNotSharedAfterInvalidation(t *testing.T) {
 			t.Fatalf("flights after the first landed: head %p (queued %p), next queued %v behind %p, then head %p, %d left",
 				head, q, uLead, u.after, head2, left)
 		}
+	}
+}
+
+// TestFlightNoSpaceSharedAfterAWait: a get that waited roomWaitShared or longer on a
+// flight of its key that found no room (NO_SPACE) takes that answer, following the
+// flight or queued behind it, instead of planning again (another wait for room under the
+// same pressure); one that joined just now plans on its own (here: the key is absent),
+// as that NO_SPACE may have been the flight's batch's own, answered at once.
+func TestFlightNoSpaceSharedAfterAWait(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
+	n.c.Flush()
+	noSpace := errCode(common.ErrorCode_NO_SPACE, "no space")
+	for _, waited := range []bool{false, true} {
+		joined := time.Now()
+		if waited {
+			joined = joined.Add(-roomWaitShared)
+		}
+		st := n.o.lock()
+		c := st.sessions[n.c.ClientID()]
+		seq := st.hot.invalSeq()
+		f, _ := st.joinFlight("k", seq)
+		g, _ := st.joinFlight("k", seq)
+		f.sent = true
+		q, _ := st.joinFlight("k", seq)
+		n.o.unlock()
+		if g != f || q.after != f {
+			t.Fatal("the second get did not follow the first's flight, or the third did not queue behind it")
+		}
+		n.o.land(c, getLeg{key: "k", seq: seq, f: f}, nil, nil, noSpace, true, make([]getResult, 1))
+		r, _, answered := n.o.follow(c, getLeg{key: "k", f: g, joined: joined})
+		if answered != waited || (answered && wire.CodeOf(r.err) != common.ErrorCode_NO_SPACE) {
+			t.Errorf("waited %v: the follower answered %v (%v); want the NO_SPACE only after the wait", waited, answered, r.err)
+		}
+		out := make([]getResult, 1)
+		n.o.leadLanded(c, []getLeg{{key: "k", seq: seq, f: q, joined: joined}}, out)
+		want := common.ErrorCode_KEY_NOT_FOUND // planned
+		if waited {
+			want = common.ErrorCode_NO_SPACE
+		}
+		if got := wire.CodeOf(out[0].err); got != want {
+			t.Errorf("waited %v: the queued get answered %v (%v), want %v", waited, got, out[0].err, want)
+		}
+		st = n.o.lock()
+		left := len(st.flights)
+		n.o.unlock()
+		if left != 0 {
+			t.Fatalf("waited %v: %d flights left", waited, left)
+		}
+	}
+}
+
+// TestQueuedGetTakesTheWaitForRoom: a get queued behind another session's flight of its
+// key, which waited the master's whole AllocWait for room and found none, answers that
+// NO_SPACE when the flight lands, not after a plan and a wait of its own: one GetStart
+// in all (two, and twice the wait, before).
+func TestQueuedGetTakesTheWaitForRoom(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	o2, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	c3, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if err := c2.Put("other", value(1, 6<<20)); err != nil { // n2's, held below
+		t.Fatal(err)
+	}
+	other, err := c2.Get("other")
+	if err != nil || other == nil {
+		t.Fatalf("get other: %v", err)
+	}
+	defer other.Release()
+	if err := n.c.Put("big", value(3, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+	first := make(chan error, 1)
+	go func() {
+		h, err := c2.Get("big")
+		if h != nil {
+			h.Release()
+		}
+		first <- err
+	}()
+	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); f := st.flights["big"]; return f != nil && f.sent })
+	start := time.Now()
+	h, err := c3.Get("big")
+	took := time.Since(start)
+	if h != nil {
+		h.Release()
+	}
+	if !errors.Is(err, fluxkv.ErrNoSpace) {
+		t.Errorf("queued get: %v, want NO_SPACE (other's holder keeps the room)", err)
+	}
+	if err := <-first; !errors.Is(err, fluxkv.ErrNoSpace) {
+		t.Errorf("first get: %v, want NO_SPACE", err)
+	}
+	calls := callsSince(t, mm, before)
+	t.Logf("queued get took %v; master calls %v", took, calls)
+	if calls["GetStart"] != 1 || calls["BatchGetStart"] != 0 {
+		t.Errorf("master calls %v, want the first get's GetStart alone", calls)
 	}
 }
 

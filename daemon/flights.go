@@ -16,7 +16,10 @@ package daemon
 // failed, its session ended, an invalidation kept the holding out of the hot set)
 // plans again, except after the leader's first plan found the key absent and no
 // invalidation of the key has reached this owner since the leader missed: that
-// KEY_NOT_FOUND it shares.
+// KEY_NOT_FOUND it shares. A NO_SPACE (the master found no room for the value) it
+// shares once it waited roomWaitShared on the flight, and so does a queued flight's
+// leader about the flight it queued behind: planning again would wait another
+// AllocWait under the same pressure.
 
 // flight is one get of a key in progress: done closes when it lands, err is its outcome.
 type flight struct {

@@ -66,7 +66,7 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 			continue
 		}
 		f, lead := st.joinFlight(k, seq)
-		leg := getLeg{i: i, key: k, seq: seq, f: f}
+		leg := getLeg{i: i, key: k, seq: seq, f: f, joined: now}
 		if lead {
 			leads = append(leads, leg)
 		} else {
@@ -94,10 +94,10 @@ func (o *Owner) getMany(c *session, keys []string) []getResult {
 		}
 		o.lead(c, alone, out)
 		leads, follows = nil, nil
-		st := o.lock()
+		st, now := o.lock(), time.Now()
 		for _, leg := range again {
 			f, lead := st.joinFlight(leg.key, leg.seq)
-			leg.f = f
+			leg.f, leg.joined = f, now
 			if lead {
 				leads = append(leads, leg)
 			} else {
@@ -128,12 +128,28 @@ func (o *Owner) countGets(rs []getResult) {
 }
 
 // getLeg is one key of a getMany that missed the hot set: out[i] answers it, seq is the
-// hot set's invalidation sequence before its master trip, f its flight (nil: none).
+// hot set's invalidation sequence before its master trip, f its flight (nil: none),
+// joined when it joined f.
 type getLeg struct {
-	i   int
-	key string
-	seq uint64
-	f   *flight
+	i      int
+	key    string
+	seq    uint64
+	f      *flight
+	joined time.Time
+}
+
+// roomWaitShared: a get that waited this long on a flight of its key (following it, or
+// queued behind it) that found no room for the value (NO_SPACE: the master's wait for
+// room, AllocWait, ran out) takes that answer instead of planning again, which would
+// wait another AllocWait under the same pressure. One that waited less plans on its
+// own: the flight's NO_SPACE may have come at once, for room only that flight's batch
+// held (a key outgrowing the segment beside the batch's other ranges).
+const roomWaitShared = time.Second
+
+// sharesNoSpace says whether a leg whose flight (or the flight it queued behind) landed
+// with err takes that NO_SPACE as its own answer (roomWaitShared).
+func (leg getLeg) sharesNoSpace(err error, now time.Time) bool {
+	return wire.CodeOf(err) == common.ErrorCode_NO_SPACE && now.Sub(leg.joined) >= roomWaitShared
 }
 
 // getParallel bounds the keys of one batch brought in at once (pulls from other owners
@@ -216,8 +232,12 @@ func (o *Owner) leadLanded(c *session, legs []getLeg, out []getResult) {
 	var run []getLeg
 	st, now := o.lock(), time.Now()
 	for _, leg := range legs {
+		awaited := leg.f.after
 		leg.f.after = nil
 		resp, seq, err := st.cachedGet(c, leg.key, now, nil)
+		if err == nil && resp == nil && leg.sharesNoSpace(awaited.err, now) {
+			err = awaited.err
+		}
 		if err != nil || resp != nil {
 			out[leg.i] = getResult{resp: resp, err: err, cached: resp != nil}
 			st.endFlight(leg.key, leg.f, err)
@@ -334,10 +354,14 @@ func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool
 		o.unlock()
 		return getResult{err: leg.f.err}, 0, true
 	}
-	resp, seq, err := st.cachedGet(c, leg.key, time.Now(), leg.f.h)
+	now := time.Now()
+	resp, seq, err := st.cachedGet(c, leg.key, now, leg.f.h)
 	o.unlock()
 	if err != nil || resp != nil {
 		return getResult{resp: resp, err: err, cached: resp != nil}, 0, true
+	}
+	if leg.sharesNoSpace(leg.f.err, now) {
+		return getResult{err: leg.f.err}, 0, true
 	}
 	return getResult{}, seq, false
 }
