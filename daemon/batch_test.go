@@ -395,6 +395,126 @@ func oneFlight(t *testing.T, noPromotion, killLeader, killQueued bool, wantPlans
 	}
 }
 
+// TestFlightFollowersTakeADeadLeadersHolding: the followers of a flight whose leader's
+// session ended while its pull ran take their holders of the value it pulled, as they
+// would had the leader lived, instead of planning and pulling again. Without promotion
+// (a pulled value is no replica here): a first get's flight, a flight queued behind it
+// whose leader is killed during its own pull, and gets that joined that flight before
+// its call was sent: two plans and two pulls in all (four of each before: the followers
+// planned again), every
+// follower's bytes right, and no holder left on either side once they are released.
+func TestFlightFollowersTakeADeadLeadersHolding(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	om := metrics.New()
+	o2, c2 := n.addOwner(t, "n2", 64<<20, nil, func(o *Options) { o.Metrics = om })
+	connect := func(name string) *fluxkv.Client {
+		c, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-" + name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c3 := connect("followers")
+	defer c3.Close()
+	queuedC := connect("queued")
+	const key = "orphan"
+	val := value(9, 1<<20+5)
+	if err := n.c.Put(key, val); err != nil {
+		t.Fatal(err)
+	}
+	// Each pull waits (hook) until its turn: the first until the queue behind it has
+	// formed, the queued flight's until its leader's session has ended.
+	turns := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	pulling := make(chan int, 2)
+	var pulls atomic.Int32
+	o2.mu.Lock()
+	o2.mu.afterWrite = func(int64) {
+		i := int(pulls.Add(1)) - 1
+		pulling <- i
+		if i < len(turns) {
+			<-turns[i]
+		}
+	}
+	o2.mu.Unlock()
+	defer func() {
+		o2.mu.Lock()
+		o2.mu.afterWrite = nil
+		o2.mu.Unlock()
+	}()
+	before := masterCalls(t, mm, "GetStart", "BatchGetStart")
+	pulled := counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"})
+	type got struct {
+		h   *fluxkv.MemHolder
+		err error
+	}
+	first := make(chan got, 1)
+	go func() { h, err := c2.Get(key); first <- got{h, err} }()
+	if i := <-pulling; i != 0 {
+		t.Fatalf("pull %d first", i)
+	}
+	queued := make(chan error, 1)
+	go func() { _, err := queuedC.Get(key); queued <- err }()
+	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key].next != nil })
+	const followers = 4
+	results := make(chan got, followers)
+	for range followers {
+		go func() { h, err := c3.Get(key); results <- got{h, err} }()
+	}
+	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key].next.followers == followers })
+	close(turns[0]) // the first flight lands; the queued one plans and pulls
+	if i := <-pulling; i != 1 {
+		t.Fatalf("pull %d second", i)
+	}
+	queuedC.Close()
+	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
+	close(turns[1])
+	if err := <-queued; err == nil {
+		t.Error("the queued flight's leader got the value after its session ended")
+	}
+	r := <-first
+	if r.err != nil {
+		t.Fatalf("first get: %v", r.err)
+	}
+	r.h.Release()
+	for range followers {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("a follower's get: %v", r.err)
+		}
+		if !bytes.Equal(r.h.Bytes(), val) {
+			t.Fatal("a follower's get: wrong bytes")
+		}
+		r.h.Release()
+	}
+	calls := callsSince(t, mm, before)
+	plans := calls["GetStart"] + calls["BatchGetStart"]
+	moved := (counter(t, om, "fluxkv_transfer_bytes_total", map[string]string{"dir": "pull"}) - pulled) / float64(len(val))
+	t.Logf("master calls %v, %.0f pulls", calls, moved)
+	if plans != 2 || moved != 2 {
+		t.Errorf("%v master plans and %.1f pulls, want 2 and 2: the followers planned again", calls, moved)
+	}
+	st := o2.lock()
+	left, kept := len(st.flights), st.writes.count(writeHolder)
+	o2.unlock()
+	if left != 0 || kept != 0 {
+		t.Fatalf("%d flights and %d held ranges left on the owner", left, kept)
+	}
+	waitUntil(t, func() bool {
+		st, err := c3.Stat()
+		if err != nil {
+			return false
+		}
+		for _, m := range st.Members {
+			if m.Holders != 0 {
+				return false
+			}
+		}
+		return st.ClientHolders == 0
+	})
+}
+
 // prefix runs a prefix lookup through the owner's handler on c's session.
 func prefix(t *testing.T, o *Owner, c *fluxkv.Client, keys []string, pinMS int64) (int32, *external.BatchExistsResponse) {
 	t.Helper()

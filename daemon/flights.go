@@ -19,7 +19,11 @@ package daemon
 // KEY_NOT_FOUND it shares. A NO_SPACE (the master found no room for the value) it
 // shares once it waited roomWaitShared on the flight, and so does a queued flight's
 // leader about the flight it queued behind: planning again would wait another
-// AllocWait under the same pressure.
+// AllocWait under the same pressure. A leader whose session ended before its holding
+// could reach it leaves that holding to its followers (keepForFollowers): the flight
+// holds it until each of them has looked.
+
+import "time"
 
 // flight is one get of a key in progress: done closes when it lands, err is its outcome.
 type flight struct {
@@ -32,6 +36,9 @@ type flight struct {
 	// h: the leader's holding, installed in the hot set when it landed.
 	sent bool
 	h    *holding
+	// kept: followers still to look at h, which the flight holds a reference to for
+	// them (keepForFollowers); the last one drops it (followerLooked).
+	kept int
 	// next: the flight queued behind this one by a get that joined after this one's
 	// call was sent. after, of a queued flight: the flight its leader waits for.
 	next, after *flight
@@ -75,4 +82,33 @@ func (st *ownerState) endFlight(key string, f *flight, err error) {
 	}
 	f.err = err
 	close(f.done)
+}
+
+// keepForFollowers lands the holding h (target t) of a flight whose leader's session
+// closed before h could reach it, while f has followers: they joined before the
+// leader's call was sent, so they may take their holders of h (follow) rather than plan
+// again. h goes into the hot set as finishGet would put it, with one reference of the
+// flight's until every follower has looked. The leader's own answer is the closed
+// session.
+func (st *ownerState) keepForFollowers(f *flight, t *getTarget, h *holding, seq uint64) error {
+	if st.endGet(t) {
+		st.ack(h.masterID)
+		return errGetMasterChanged()
+	}
+	h, acks := st.hot.install(h, seq)
+	st.ack(acks...)
+	st.refHolding(h)
+	f.h, f.kept = h, f.followers
+	return errSessionClosed()
+}
+
+// followerLooked: a follower of f has taken its holder of f.h or decided not to; the
+// last one drops the reference keepForFollowers took.
+func (st *ownerState) followerLooked(f *flight, now time.Time) {
+	if f.kept == 0 {
+		return
+	}
+	if f.kept--; f.kept == 0 {
+		st.unrefHolding(f.h, now)
+	}
 }

@@ -322,6 +322,8 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 	defer o.unlock()
 	var resp *external.GetResponse
 	switch {
+	case err == nil && c.closed && leg.f != nil && leg.f.followers > 0:
+		err = st.keepForFollowers(leg.f, t, h, leg.seq)
 	case err == nil:
 		resp, err = st.finishGet(c, t, h, leg.seq, time.Now())
 		if err == nil && leg.f != nil {
@@ -347,16 +349,15 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 // is false when the get must be planned on its own (seq: for its install).
 func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool) {
 	<-leg.f.done
-	st := o.lock()
+	st, now := o.lock(), time.Now()
+	defer o.unlock()
+	defer st.followerLooked(leg.f, now) // after this follower took its own holder
 	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
 		// The key was absent during the follower's get (the leader's call was sent after
 		// it joined), and no put or delete of it has reached this owner since the miss.
-		o.unlock()
 		return getResult{err: leg.f.err}, 0, true
 	}
-	now := time.Now()
 	resp, seq, err := st.cachedGet(c, leg.key, now, leg.f.h)
-	o.unlock()
 	if err != nil || resp != nil {
 		return getResult{resp: resp, err: err, cached: resp != nil}, 0, true
 	}

@@ -143,12 +143,29 @@ func (st *ownerState) reserveSession() (id, areaSize int64, err error) {
 // the hot set).
 func (st *ownerState) newHolder(c *session, h *holding) int64 {
 	st.nextID++
+	st.refHolding(h)
+	c.holders[st.nextID] = h
+	return st.nextID
+}
+
+// refHolding takes a reference to h: its range is read from (segmentWrites: a
+// registration pins it) until the last reference goes (unrefHolding).
+func (st *ownerState) refHolding(h *holding) {
 	if h.refs == 0 {
 		h.write = st.writes.add(writeHolder, h.masterID, h.offset, h.len)
 	}
 	st.hot.ref(h)
-	c.holders[st.nextID] = h
-	return st.nextID
+}
+
+// unrefHolding drops a reference to h at now: the last one leaves a hot-set holding
+// idle there for the grace period; any other is acked to the master.
+func (st *ownerState) unrefHolding(h *holding, now time.Time) {
+	acks := st.hot.unref(h, now)
+	if h.refs == 0 {
+		st.writes.remove(h.write)
+		h.write = nil
+	}
+	st.ack(acks...)
 }
 
 // release drops one external holder of c at now. The last reference to a hot-set
@@ -160,12 +177,7 @@ func (st *ownerState) release(c *session, id int64, now time.Time) bool {
 		return false
 	}
 	delete(c.holders, id)
-	acks := st.hot.unref(h, now)
-	if h.refs == 0 {
-		st.writes.remove(h.write)
-		h.write = nil
-	}
-	st.ack(acks...)
+	st.unrefHolding(h, now)
 	return true
 }
 
