@@ -810,6 +810,25 @@ func TestFlightNoSpaceSharedAfterAWait(t *testing.T) {
 	}
 }
 
+// roomHeld starts a node (n1, its master counting into mm, puts kept on their
+// requester) and a second owner n2 of 8 MiB without transfer area or hot set, where its
+// client c2 puts a value of held bytes and holds it to the end of the test: the room a
+// get through n2 of a value n1 holds needs is short while it is held.
+func roomHeld(t *testing.T, mm *metrics.Metrics, held int) (*node, *Owner, *fluxkv.Client) {
+	t.Helper()
+	n := startNode(t, 32<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
+	o2, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	if err := c2.Put("other", value(1, held)); err != nil {
+		t.Fatal(err)
+	}
+	other, err := c2.Get("other")
+	if err != nil || other == nil {
+		t.Fatalf("get other: %v", err)
+	}
+	t.Cleanup(func() { other.Release() })
+	return n, o2, c2
+}
+
 // TestQueuedGetTakesTheWaitForRoom: a get queued behind another session's flight of its
 // key, which waited the master's whole AllocWait for room and found none, answers that
 // NO_SPACE when the flight lands, not after a plan and a wait of its own: one GetStart
@@ -817,21 +836,12 @@ func TestFlightNoSpaceSharedAfterAWait(t *testing.T) {
 func TestQueuedGetTakesTheWaitForRoom(t *testing.T) {
 	t.Parallel()
 	mm := metrics.New()
-	n := startNode(t, 32<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
-	o2, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
+	n, o2, c2 := roomHeld(t, mm, 6<<20)
 	c3, err := fluxkv.Connect(fluxkv.Options{Socket: o2.SocketPath(), Name: t.Name() + "-b"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c3.Close()
-	if err := c2.Put("other", value(1, 6<<20)); err != nil { // n2's, held below
-		t.Fatal(err)
-	}
-	other, err := c2.Get("other")
-	if err != nil || other == nil {
-		t.Fatalf("get other: %v", err)
-	}
-	defer other.Release()
 	if err := n.c.Put("big", value(3, 3<<20)); err != nil {
 		t.Fatal(err)
 	}
@@ -1104,16 +1114,7 @@ func replansAgedPlan(t *testing.T, lostRevoke bool) {
 func TestBatchPlanOutlivesTheWaitForRoom(t *testing.T) {
 	t.Parallel()
 	mm := metrics.New()
-	n := startNode(t, 32<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true})
-	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferReserve = -1; o.CacheGrace = -1 })
-	if err := c2.Put("other", value(1, 5<<20)); err != nil { // n2's, held below
-		t.Fatal(err)
-	}
-	other, err := c2.Get("other")
-	if err != nil || other == nil {
-		t.Fatalf("get other: %v", err)
-	}
-	defer other.Release()
+	n, _, c2 := roomHeld(t, mm, 5<<20)
 	small, big := value(2, 1<<20), value(3, 3<<20)
 	if err := n.c.Put("small", small); err != nil {
 		t.Fatal(err)
