@@ -437,6 +437,58 @@ func TestInvalidationsCollectWhileOwnerIsSlow(t *testing.T) {
 	}
 }
 
+// While entries keep coming, an owner gets at most one call per invalidateLinger (plus
+// the call's own time), not one right after the other (calls back to back cost the
+// master and the owner more than the entries), and a queue of several full batches goes
+// without a linger between them.
+func TestInvalidationsCollectBetweenCalls(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	fast := &fakePeer{invalDelay: 5 * time.Millisecond} // a busy owner's answer
+	addr := startFakePeer(t, s, fast)
+	registerOwner(t, srv, "fast", addr)
+	arrived := func(prefix string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for i := range n {
+			for {
+				if _, ok := fast.seenAt(fmt.Sprintf("%s%d", prefix, i)); ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s%d never arrived", prefix, i)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+
+	const trickle = 200
+	t0 := time.Now()
+	for i := range trickle {
+		srv.inval.add([]Invalidation{{NodeID: "fast", PeerAddr: addr, Key: fmt.Sprintf("t%d", i), PutID: 1}})
+		time.Sleep(time.Millisecond)
+	}
+	arrived("t", trickle)
+	elapsed := time.Since(t0)
+	// A slower machine stretches elapsed and so the bound; calls back to back made one
+	// per invalDelay here.
+	if n, most := fast.invalCalls.Load(), int64(elapsed/invalidateLinger)+2; n > most {
+		t.Fatalf("%d calls for %d keys added over %v; want at most %d (one per %v)", n, trickle, elapsed.Round(time.Millisecond), most, invalidateLinger)
+	}
+
+	before := fast.invalCalls.Load()
+	batch := make([]Invalidation, 3*invalidateBatch)
+	for i := range batch {
+		batch[i] = Invalidation{NodeID: "fast", PeerAddr: addr, Key: fmt.Sprintf("b%d", i), PutID: 1}
+	}
+	srv.inval.add(batch)
+	arrived("b", len(batch))
+	if n := fast.invalCalls.Load() - before; n != 3 {
+		t.Fatalf("%d calls for %d keys queued at once; want 3 full ones", n, len(batch))
+	}
+}
+
 // The per-owner queue keeps one entry per key (the highest version) and drops the
 // oldest keys past its cap.
 func TestInvalQueueCap(t *testing.T) {
