@@ -59,9 +59,11 @@ type node struct {
 	// dups counts the memory replicas here whose key has a memory replica on another
 	// live node too (duplicates.go): an eviction looks for a duplicate to evict first
 	// only while there is one; dupQuiet counts down the evictions before it looks
-	// again after a search found none (allocateEvictingLocked).
+	// again after a search found none (allocateEvictingLocked), and dupRest is the
+	// length of that rest (restFromDupSearch).
 	dups     int
 	dupQuiet int
+	dupRest  int
 	// ssdPending is the bytes of SSD persists assigned to this owner and not ended:
 	// the SSD pool counts them as used until its next heartbeat catches up.
 	ssdPending int64

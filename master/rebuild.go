@@ -147,7 +147,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 			// the owners holding it search for duplicates again at once (the copies a
 			// get makes are new on both sides, and need not: countCopyLocked).
 			for m := range r.replicas {
-				m.dupQuiet = 0
+				endDupRest(m)
 			}
 		}
 		return true, displaced

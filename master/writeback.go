@@ -185,7 +185,7 @@ func (s *State) writeBackDoneLocked(putID int64, pp *pendingPersist, ok bool) {
 		if pp.node.dups > 0 && s.duplicateLocked(pp.key, pp.node) {
 			// Out of the order, it was not drawn by the duplicate searches meanwhile (one
 			// that finds none rests): back among the next victims, it is the one to take.
-			pp.node.dupQuiet = 0
+			endDupRest(pp.node)
 		}
 	}
 	if (ok && !pp.lost) || r.hasSSD() {
