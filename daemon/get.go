@@ -332,7 +332,7 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 			}
 		}
 	case wire.CodeOf(err) == common.ErrorCode_KEY_NOT_FOUND:
-		clean := leg.f != nil && !st.hot.invalidatedSince(leg.key, leg.f.seq)
+		clean := leg.f != nil && !st.hot.invalidatedSince(leg.key, 0, leg.f.seq)
 		st.getNotFound(leg.key)
 		if clean {
 			leg.f.seq = st.hot.invalSeq() // the miss's own invalidation is no later put
@@ -352,7 +352,7 @@ func (o *Owner) follow(c *session, leg getLeg) (r getResult, seq uint64, ok bool
 	st, now := o.lock(), time.Now()
 	defer o.unlock()
 	defer st.followerLooked(leg.f, now) // after this follower took its own holder
-	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && !st.hot.invalidatedSince(leg.key, leg.f.seq) {
+	if wire.CodeOf(leg.f.err) == common.ErrorCode_KEY_NOT_FOUND && leg.f.shareMiss && !st.hot.invalidatedSince(leg.key, 0, leg.f.seq) {
 		// The key was absent during the follower's get (the leader's call was sent after
 		// it joined), and no put or delete of it has reached this owner since the miss.
 		return getResult{err: leg.f.err}, 0, true

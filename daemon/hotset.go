@@ -52,13 +52,15 @@ type holding struct {
 //
 // The invalidation sequence guards the window of a master trip. A get that missed
 // reads invalSeq() before calling GetStart and hands the result to install with that
-// value; if an invalidation of its key (a put or delete through this owner, the
-// master's InvalidateCachedInfo, a miss at the master) or a reset (a re-registration)
-// happened in between, install does not keep the result: it may be a version the
-// invalidation already declared dead. The get still hands its holder out (the bytes
-// are a consistent version that was current during the call), it just does not keep it
-// for later gets. The hot set remembers the keys of its last invalNotes invalidations;
-// a trip that saw more of them keeps nothing.
+// value; if an invalidation of its key that covers the result's version (a put or
+// delete through this owner, the master's InvalidateCachedInfo, a miss at the master)
+// or a reset (a re-registration) happened in between, install does not keep the result:
+// it may be a version the invalidation already declared dead. The get still hands its
+// holder out (the bytes are a consistent version that was current during the call), it
+// just does not keep it for later gets. An invalidation of older versions only does not
+// stop it (a put's background invalidation may arrive after a get of that put's own
+// version was planned). The hot set remembers the keys and versions of its last
+// invalNotes invalidations; a trip that saw more of them keeps nothing.
 type hotSet struct {
 	grace     time.Duration // ≤ 0: released holdings are never kept idle
 	budget    int64         // most bytes of idle holdings (≤ 0: none are kept)
@@ -70,7 +72,8 @@ type hotSet struct {
 	// is off still pins what a prefix lookup found (pins.go).
 	pinBudget int64
 	seq       uint64 // bumped by every invalidation and reset
-	// notes[s%invalNotes] is what invalidation s invalidated: a key, or all (a reset).
+	// notes[s%invalNotes] is what invalidation s invalidated: a key's versions up to
+	// one, or all (a reset).
 	notes [invalNotes]invalNote
 }
 
@@ -78,8 +81,9 @@ type hotSet struct {
 const invalNotes = 1024
 
 type invalNote struct {
-	key string
-	all bool
+	key  string
+	upTo int64 // the key's versions ≤ upTo were declared dead
+	all  bool
 }
 
 // noteInval records invalidation n as the next in the sequence.
@@ -88,13 +92,17 @@ func (c *hotSet) noteInval(n invalNote) {
 	c.notes[c.seq%invalNotes] = n
 }
 
-// invalidatedSince reports whether key may have been invalidated after seq.
-func (c *hotSet) invalidatedSince(key string, seq uint64) bool {
+// invalidatedSince reports whether an invalidation after seq may have declared version
+// putID of key dead; putID 0 asks about any invalidation of key (a put or delete of it
+// reached this owner). An invalidation of older versions only (a put's background
+// InvalidateCachedInfo that arrives after a get of that put's version was planned) leaves
+// the version alone.
+func (c *hotSet) invalidatedSince(key string, putID int64, seq uint64) bool {
 	if c.seq-seq >= invalNotes {
 		return true
 	}
 	for s := seq + 1; s <= c.seq; s++ {
-		if n := c.notes[s%invalNotes]; n.all || n.key == key {
+		if n := c.notes[s%invalNotes]; n.all || (n.key == key && n.upTo >= putID) {
 			return true
 		}
 	}
@@ -227,7 +235,7 @@ func (c *hotSet) install(h *holding, seq uint64) (use *holding, acks []int64) {
 		return h, acks
 	case cur != nil && cur.putID == h.putID:
 		return cur, []int64{h.masterID} // a concurrent get installed the same version: share it
-	case !c.invalidatedSince(h.key, seq) && (cur == nil || cur.putID < h.putID):
+	case !c.invalidatedSince(h.key, h.putID, seq) && (cur == nil || cur.putID < h.putID):
 		if cur != nil {
 			delete(c.byKey, h.key)
 			if cur.refs == 0 {
@@ -242,7 +250,7 @@ func (c *hotSet) install(h *holding, seq uint64) (use *holding, acks []int64) {
 // invalidate drops key from the hot set if its version is ≤ upTo (math.MaxInt64:
 // any version). Live holders keep their bytes; an idle holding is let go (ack ≠ 0).
 func (c *hotSet) invalidate(key string, upTo int64) (ack int64) {
-	c.noteInval(invalNote{key: key})
+	c.noteInval(invalNote{key: key, upTo: upTo})
 	h := c.byKey[key]
 	if h == nil || h.putID > upTo {
 		return 0
