@@ -92,6 +92,9 @@ type Owner struct {
 	// Prefault (prefault): allocate the whole segment at start (every page faulted in)
 	// rather than as puts first write each page. nil: the default, true.
 	Prefault *bool
+	// HugePages (huge_pages): advise transparent huge pages for the segment. nil: the
+	// default, true.
+	HugePages *bool
 	// TransferReserve (transfer_reserve) is the owner's transfer area for puts placed
 	// on other owners: nil takes the daemon's default, a pointer to 0 means none
 	// ("off" or 0).

@@ -56,6 +56,7 @@ func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 		"idle_timeout":     durationField(k("idle_timeout"), &o.IdleTimeout),
 		"client_isolation": optionalBoolField(k("client_isolation"), &o.ClientIsolation),
 		"prefault":         optionalBoolField(k("prefault"), &o.Prefault),
+		"huge_pages":       optionalBoolField(k("huge_pages"), &o.HugePages),
 		"allowed_uids":     uidListField(k("allowed_uids"), &o.AllowedUIDs),
 		"transfer_reserve": func(v *yaml.Node) error {
 			if isNull(v) {

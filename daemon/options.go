@@ -153,6 +153,13 @@ type Options struct {
 	// false (pages are allocated as they are first written); the command line's default
 	// is true.
 	Prefault bool
+	// HugePages advises transparent huge pages for the segment (shm.SegmentOptions.HugePages):
+	// where the kernel's policy for shared memory allows them
+	// (/sys/kernel/mm/transparent_hugepage/shmem_enabled: advise, within_size or always),
+	// the prefault backs the segment with 2 MiB pages, and every client maps them with a
+	// 512th of the page-table entries (docs/running.md "Huge pages"). False refuses
+	// them. Default false; the command line's default is true.
+	HugePages bool
 	// PutArea is the size of each session's put area under isolation (a value larger
 	// than it is streamed through it in parts), rounded up to the page size. Default
 	// 32 MiB, at most the segment.

@@ -170,7 +170,7 @@ func (o *Owner) Start(ctx context.Context) error {
 	if err := os.MkdirAll(o.opts.Dir, 0o755); err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}
-	segOpts := shm.SegmentOptions{SealWrites: o.opts.ClientIsolation, Populate: o.opts.Prefault}
+	segOpts := shm.SegmentOptions{SealWrites: o.opts.ClientIsolation, Populate: o.opts.Prefault, HugePages: o.opts.HugePages}
 	if o.opts.Prefault {
 		segOpts.Progress = o.prefaultProgress(t0)
 	}
@@ -181,7 +181,12 @@ func (o *Owner) Start(ctx context.Context) error {
 	o.seg = seg
 	o.mu.st.segSize = seg.Size()
 	ev := o.log.Info().Int64("bytes", o.opts.DRAM).Int64("landing_reserve", o.opts.LandingReserve).Bool("client_isolation", o.opts.ClientIsolation).
-		Bool("prefault", o.opts.Prefault)
+		Bool("prefault", o.opts.Prefault).Bool("huge_pages", o.opts.HugePages).Str("shmem_thp", shm.ShmemTHP())
+	if n, err := seg.HugeBytes(); err != nil {
+		ev = ev.AnErr("huge_bytes_error", err)
+	} else {
+		ev = ev.Int64("huge_bytes", n)
+	}
 	if o.opts.ClientIsolation {
 		ev = ev.Int64("put_area", o.opts.PutArea).Int64("put_area_total", o.opts.PutAreaTotal)
 	}

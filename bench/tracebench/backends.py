@@ -139,10 +139,23 @@ class Running:
             out["landing_reserve_bytes_per_owner"] = self.server.topo.landing_bytes
         if self.target.ssd and self.workdir is not None:
             out["ssd_fs"] = fs_type(str(self.workdir))
+        if self.target.backend == "fluxkv":
+            out["shmem_thp"] = shmem_thp()
         cmd = getattr(self.server, "cmdline", None)
         if cmd:
             out["server_cmd"] = " ".join(str(a) for a in cmd)
         return out
+
+
+def shmem_thp(path: str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled") -> str:
+    """The kernel's policy for huge pages of shared memory (the bracketed word of ``path``),
+    which decides whether an owner's segment gets them; "" where the kernel does not say."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return ""
+    return next((w[1:-1] for w in words if len(w) > 2 and w[0] == "[" and w[-1] == "]"), "")
 
 
 def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ratio: float, procs: int, distinct: int) -> Running:

@@ -89,12 +89,22 @@ def _for_capacity(rows: list) -> list:
     return out
 
 
+# The kernel's shared-memory huge page policies that give an owner's segment huge pages.
+HUGE_POLICIES = ("always", "within_size", "advise", "force")
+
+
 def lines(rows: list) -> list:
-    """The goal lines of rows, each capacity under a heading of its own."""
+    """The goal lines of rows, each capacity under a heading of its own, and a note when
+    fluxkv's segments had no huge pages to have (docs/running.md, Huge pages)."""
     out = []
     for cap in sorted({r["capacity_blocks"] for r in rows}):
         got = _for_capacity([r for r in rows if r["capacity_blocks"] == cap])
         if got:
             out.append(f"issue 41 goals at {cap:,} blocks (this run's rows):")
             out += ["  " + g for g in got]
+    small = sorted({r["shmem_thp"] or "unknown" for r in rows
+                    if r["backend"] == "fluxkv" and "shmem_thp" in r and r["shmem_thp"] not in HUGE_POLICIES})
+    if small:
+        out.append(f"note: fluxkv's segments were on 4 KiB pages (shmem_enabled {', '.join(small)}): "
+                   "docs/running.md, Huge pages")
     return out

@@ -634,6 +634,22 @@ func TestSettingsEdges(t *testing.T) {
 			}
 			return ""
 		}},
+		{"huge pages by default, off in the file, the flag over the file", "", nil, func(o config.Owner) string {
+			for _, c := range []struct {
+				file string
+				args []string
+				want bool
+			}{{"", nil, true}, {"fluxkv_spec:\n  huge_pages: false\n", nil, false}, {"fluxkv_spec:\n  huge_pages: false\n", []string{"--huge-pages"}, true}} {
+				oc, _, err := runSettings(t, "owner", c.file, append([]string{"--dram", "64MiB", "--dir", absentDir}, c.args...)...)
+				if err != nil {
+					return fmt.Sprintf("file %q flags %v: %v", c.file, c.args, err)
+				}
+				if got := ownerOptions(oc, "127.0.0.1:1", nil, nil).HugePages; got != c.want {
+					return fmt.Sprintf("file %q flags %v: daemon HugePages %v, want %v", c.file, c.args, got, c.want)
+				}
+			}
+			return ""
+		}},
 		{"allowed uids from the file", "fluxkv_spec:\n  allowed_uids: [1001, 1002]\n", nil, func(o config.Owner) string {
 			if d := ownerOptions(o, "127.0.0.1:1", nil, nil); !slices.Equal(d.AllowedUIDs, []uint32{1001, 1002}) || d.ClientIsolation {
 				return fmt.Sprintf("daemon allowed %v isolation %v, want [1001 1002] false", d.AllowedUIDs, d.ClientIsolation)
@@ -1006,7 +1022,7 @@ func TestSettingTables(t *testing.T) {
 	owner := map[string]string{
 		"socket_dir": "/run/x", "dram": "64MiB", "node_id": "n", "cache_grace": "1s", "hot_set": "0.5", "max_connections": "3",
 		"hello_timeout": "1s", "frame_timeout": "1s", "idle_timeout": "1s", "allowed_uids": "[7]", "transfer_reserve": "1MiB", "landing_reserve": "32MiB",
-		"client_isolation": "true", "prefault": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
+		"client_isolation": "true", "prefault": "true", "huge_pages": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
 		"data_listen": "127.0.0.1:2", "advertise_host": "h", "cluster_name": "c", "instance_key": "i",
 		"large_file_paths": "[/a]\n  large_limit_size: [1GiB]", "large_limit_size": "[1GiB]\n  large_file_paths: [/a]", "metrics_addr": "127.0.0.1:3",
 		"master": "127.0.0.1:4", "etcd_cacert": "/ca", "etcd_cert": "/c", "etcd_key": "/k",

@@ -61,3 +61,21 @@ def test_mooncake_rows():
     text = "\n".join(goals.lines(rows))
     assert "goal 5  3 owner(s), SSD on: fluxkv 0.30 GiB/s = 3.00x mooncake's 0.10 (goal >= 2x: met)" in text
     assert "goal 5  3 owner(s), SSD on: fluxkv hit 29.0 % against mooncake's 25.0 % (goal >=: met)" in text
+
+
+def test_small_pages_are_noted():
+    on = [{**row("fluxkv", 1, False, 0.155, 0.90), "shmem_thp": "advise"}, row("memcached", 1, False, 0.113, 0.30)]
+    assert not any(line.startswith("note:") for line in goals.lines(on))
+    off = [{**row("fluxkv", 1, False, 0.155, 0.90), "shmem_thp": "never"}, {**row("fluxkv", 3, False, 0.15, 0.5), "shmem_thp": ""}]
+    assert goals.lines(off)[-1] == "note: fluxkv's segments were on 4 KiB pages (shmem_enabled never, unknown): docs/running.md, Huge pages"
+
+
+def test_shmem_policy_read(tmp_path):
+    from tracebench.backends import shmem_thp
+
+    p = tmp_path / "shmem_enabled"
+    p.write_text("always within_size [advise] never deny force\n")
+    assert shmem_thp(str(p)) == "advise"
+    p.write_text("always never\n")
+    assert shmem_thp(str(p)) == ""
+    assert shmem_thp(str(tmp_path / "absent")) == ""
