@@ -142,7 +142,7 @@ master:
 			want: &File{Owner: &Owner{Master: "etcd://h1:2379"}}},
 
 		// Errors name the key.
-		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: advertise_host, allowed_uids, cache_grace, client_isolation, cluster_name, cluster_secret_files, data_listen, dram, etcd_cacert, etcd_cert, etcd_key, frame_memory, frame_timeout, hello_timeout, hot_set, idle_timeout,"},
+		{name: "unknown owner key", role: RoleOwner, yaml: "fluxkv_spec:\n  dramm: 1GiB\n", wantErr: "line 2: fluxkv_spec.dramm: unknown key (known: advertise_host, allowed_uids, cache_grace, client_isolation, cluster_name, cluster_secret_files, data_listen, dram, etcd_cacert, etcd_cert, etcd_key, frame_memory, frame_timeout, hello_timeout, hot_set, huge_pages, idle_timeout,"},
 		{name: "secret files not a list", role: RoleOwner, yaml: "fluxkv_spec: {cluster_secret_files: /etc/s}",
 			wantErr: `fluxkv_spec.cluster_secret_files: want a list of file paths, got str "/etc/s"`},
 		{name: "secret file empty", role: RoleMaster, yaml: "master: {cluster_secret_files: [/a, \"\"]}",
