@@ -12,6 +12,9 @@
 // owner also seals it with F_SEAL_FUTURE_WRITE once its own read-write mapping exists
 // (SegmentOptions.SealWrites): clients then map it read-only only, and write their values
 // into a per-session put area (CreatePutArea) the owner copies from.
+// The segment is advised for transparent huge pages (SegmentOptions.HugePages) where the
+// kernel gives them to shared memory (ShmemTHP), so every mapping of it needs a 512th of
+// the page-table entries; HugeBytes says how much of it got them.
 //
 // ListenUnix behaves like a daemon people trust (tailscale's safesocket): it refuses to
 // steal a socket another daemon is serving, removes only a stale socket, never removes

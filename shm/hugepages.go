@@ -3,6 +3,7 @@ package shm
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -58,7 +59,7 @@ func adviseHugePages(data []byte, on bool) error {
 	if on {
 		advice = unix.MADV_HUGEPAGE
 	}
-	if err := unix.Madvise(data, advice); err != nil && err != unix.EINVAL {
+	if err := unix.Madvise(data, advice); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("madvise huge pages %v: %w", on, err)
 	}
 	return nil
