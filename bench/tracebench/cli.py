@@ -24,7 +24,7 @@ from pressure.procs import Interrupted, install_signal_handlers, progress, run_g
 from pressure.sizes import approx_size, parse_size
 
 from . import backends as tb
-from . import chart, goals, report, route, sim
+from . import chart, cpu, goals, report, route, sim
 from .presets import MODELS, PRESETS, describe_block
 from .replay import ReplayConfig, replay
 from .trace import DEFAULT_TRACE, load
@@ -139,7 +139,8 @@ def run_case(run: tb.Running, trace, cap: int, a, cfg: ReplayConfig, context: di
         try:
             run.start(wd, g)
             c0 = run.ssd_counter()
-            res = replay(trace, run.target.backend, run.endpoint, run.spec, a.block_bytes, cfg, label=label)
+            res = replay(trace, run.target.backend, run.endpoint, run.spec, a.block_bytes, cfg, label=label,
+                         server_cpu=lambda: cpu.tree_cpu_s([p.pid for p in g.procs]))
             c1 = run.ssd_counter()
             run.settle()
             samples = [(c0, c1)] if c0 is not None else []  # the server's SSD-read counter (memcached, a Mooncake owner)

@@ -41,6 +41,16 @@ def _speed(goal: str, what: str, mine: dict, other: dict, name: str, want: float
             f" (goal >= {want:g}x: {_mark(ratio >= want)})")
 
 
+def _cpu(goal: str, what: str, mine: dict, other: dict, name: str) -> str | None:
+    """CPU per GiB moved, clients and servers together (no goal of its own: where the cores
+    do not bind, GiB/s follows its inverse)."""
+    a, b = mine.get("cpu_s_per_gib"), other.get("cpu_s_per_gib")
+    if not a or not b:
+        return None
+    return (f"goal {goal}  {what}: fluxkv {a:.2f} CPU-s per GiB (clients {mine['client_cpu_s']:.1f} s, servers "
+            f"{mine['server_cpu_s']:.1f} s), {name} {b:.2f}: {b / a:.2f}x fluxkv's (information)")
+
+
 def _hits(goal: str, what: str, mine: dict, other: dict, name: str) -> str:
     a, b = mine["hit_rate"], other["hit_rate"]
     return f"goal {goal}  {what}: fluxkv hit {100 * a:.1f} % against {name}'s {100 * b:.1f} % (goal >=: {_mark(a >= b)})"
@@ -57,6 +67,10 @@ def _for_capacity(rows: list) -> list:
         for name in ("memcached", "redis", "mooncake"):
             if other := _ok(rows, name, ssd=False):
                 out.append(_hits("1", "one node, SSD off", one_off, other, name))
+        for name in ("memcached", "redis"):
+            other = _ok(rows, name, ssd=False)
+            if other and (line := _cpu("1", "one node, SSD off", one_off, other, name)):
+                out.append(line)
     owners = sorted({r["owners"] for r in rows if r["backend"] == "fluxkv" and r["status"] == "ok" and (r["owners"] or 0) > 1})
     for n in owners:
         for ssd in (False, True):

@@ -65,6 +65,8 @@ class ReplayResult:
     ssd_counter_delta: float | None = None  # summed over processes that have a counter
     chained: bool | None = None  # fluxkv: put_pages was given the chain's parent
     buffer_pages: int = 0
+    client_cpu_s: float = 0.0  # the replay processes' CPU while serving, summed
+    server_cpu_s: float | None = None  # the servers' CPU from the start to the last process's end
 
 
 def plans(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, cfg: ReplayConfig) -> list:
@@ -91,8 +93,11 @@ def _receive(out, procs: list, timeout: float):
         return None
 
 
-def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, cfg: ReplayConfig, label: str = "") -> ReplayResult:
-    """Replay ``trace`` against a started backend (``endpoint`` and pressure ``spec``)."""
+def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, cfg: ReplayConfig, label: str = "",
+           server_cpu=None) -> ReplayResult:
+    """Replay ``trace`` against a started backend (``endpoint`` and pressure ``spec``).
+    ``server_cpu``, when given, returns the servers' CPU seconds so far (or None): read at the
+    start and once every process is done, its difference is the result's ``server_cpu_s``."""
     if cfg.procs < 1 or cfg.verify_every < 1:
         raise ValueError("procs and verify_every must be at least 1")
     ctx = mp.get_context("spawn")
@@ -116,6 +121,7 @@ def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, c
             if kind == "error":
                 raise ReplayFailed(f"replay process {i}: {body}")
             ready += 1
+        cpu0 = server_cpu() if server_cpu else None
         sync.start_at.value = time.monotonic() + _START_MARGIN_S
         sync.go.set()
         t0 = time.perf_counter()
@@ -133,6 +139,9 @@ def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, c
             _merge(res, body)
             done += 1
         res.wall_s = time.perf_counter() - t0
+        cpu1 = server_cpu() if cpu0 is not None else None
+        if cpu1 is not None:
+            res.server_cpu_s = cpu1 - cpu0
         for p in procs:
             p.join(30)
     finally:
@@ -149,6 +158,7 @@ def _merge(res: ReplayResult, body: dict) -> None:
     for k in ("loaded", "store_attempts", "put_failed", "verified", "wrong_bytes", "errors"):
         setattr(res, k, getattr(res, k) + body.get(k, 0))
     res.skipped += body.get("skipped", 0)
+    res.client_cpu_s += body.get("cpu_s", 0.0)
     res.sources.update(body.get("sources", {}))
     if body.get("ssd_counter_delta") is not None:
         res.ssd_counter_delta = (res.ssd_counter_delta or 0) + body["ssd_counter_delta"]

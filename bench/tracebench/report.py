@@ -153,11 +153,25 @@ def replay_row(run: Running, trace: Trace, capacity_blocks: int, res: ReplayResu
         "chained_puts": res.chained,
         "buffer_pages": res.buffer_pages,
         "wall_s": round(res.wall_s, 3),
+        **cpu_fields(res, loaded_bytes + stored_bytes),
         "status": "failed" if problems else "ok",
     }
     if problems:
         row["reason"] = "; ".join(problems)
     return row
+
+
+def cpu_fields(res, moved_bytes: int) -> dict:
+    """The CPU the replay took: its client processes' and the servers' (None where not read),
+    and both together per GiB moved (None without both or without bytes). On a machine whose
+    cores the processes share, this is steadier than GiB/s, and where cores are plenty GiB/s
+    follows its inverse."""
+    out = {"client_cpu_s": round(res.client_cpu_s, 3), "server_cpu_s": None, "cpu_s_per_gib": None}
+    if res.server_cpu_s is not None:
+        out["server_cpu_s"] = round(res.server_cpu_s, 3)
+        if moved_bytes:
+            out["cpu_s_per_gib"] = (res.client_cpu_s + res.server_cpu_s) / (moved_bytes / GiB)
+    return out
 
 
 def write_jsonl(rows: list, path: Path) -> None:

@@ -156,7 +156,9 @@ def main(plan: Plan, sync: Sync, out) -> None:
         ssd0 = ws.ssd_counter()
         out.put(("ready", plan.index, None))
         sync.go.wait()
+        cpu0 = time.process_time()
         res = _profiled(plan, sync, pc)
+        res["cpu_s"] = time.process_time() - cpu0
         ssd1 = ws.ssd_counter()
         res.update(pc.counters())
         res["wrong_bytes"] += res.pop("wrong_bytes_values", 0)

@@ -79,3 +79,12 @@ def test_shmem_policy_read(tmp_path):
     p.write_text("always never\n")
     assert shmem_thp(str(p)) == ""
     assert shmem_thp(str(tmp_path / "absent")) == ""
+
+
+def test_cpu_per_gib_line():
+    mine = {**row("fluxkv", 1, False, 0.155, 0.90), "cpu_s_per_gib": 4.0, "client_cpu_s": 6.0, "server_cpu_s": 2.0}
+    other = {**row("memcached", 1, False, 0.113, 0.30), "cpu_s_per_gib": 6.0}
+    text = "\n".join(goals.lines([mine, other]))
+    assert ("goal 1  one node, SSD off: fluxkv 4.00 CPU-s per GiB (clients 6.0 s, servers 2.0 s), memcached 6.00: "
+            "1.50x fluxkv's (information)") in text
+    assert "CPU-s" not in "\n".join(goals.lines([row("fluxkv", 1, False, 0.155, 0.90), other]))
