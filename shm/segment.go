@@ -63,8 +63,9 @@ type SegmentOptions struct {
 
 // CreateSegment creates a memfd named name (visible in /proc/PID/fd as "memfd:name") of
 // size bytes and seals it in this order: F_SEAL_SHRINK|F_SEAL_GROW, a MAP_SHARED
-// read-write mapping (advised for huge pages or against them, opts.HugePages), F_SEAL_FUTURE_WRITE when opts.SealWrites, then F_SEAL_SEAL (so no
-// holder of the fd can add or drop seals later). size must be positive and a multiple of
+// read-write mapping (advised for huge pages or against them, opts.HugePages),
+// F_SEAL_FUTURE_WRITE when opts.SealWrites, then F_SEAL_SEAL (so no holder of the fd can
+// add or drop seals later). size must be positive and a multiple of
 // the page size. The fd is close-on-exec.
 func CreateSegment(name string, size int64, opts SegmentOptions) (*Segment, error) {
 	if err := checkSize(size, true); err != nil {
