@@ -46,21 +46,19 @@ func deref(s *string) string {
 func (s *State) linkChainLocked(key string, r *route) {
 	if r.parent != "" {
 		c := s.children[r.parent]
-		if c == nil {
-			c = make(map[string]struct{})
-			s.children[r.parent] = c
-		}
-		c[key] = struct{}{}
+		c.add(key)
+		s.children[r.parent] = c
 	}
 	s.eachChildReplicaLocked(key, func(child string, n *node) { n.policy.Adopt(child) })
 }
 
 // unlinkChainLocked forgets a removed route under its parent and orphans its children.
 func (s *State) unlinkChainLocked(key string, r *route) {
-	if c := s.children[r.parent]; r.parent != "" && c != nil {
-		delete(c, key)
-		if len(c) == 0 {
+	if c, ok := s.children[r.parent]; r.parent != "" && ok {
+		if c.remove(key) {
 			delete(s.children, r.parent)
+		} else {
+			s.children[r.parent] = c
 		}
 	}
 	s.eachChildReplicaLocked(key, func(child string, n *node) { n.policy.Orphan(child) })
@@ -68,17 +66,61 @@ func (s *State) unlinkChainLocked(key string, r *route) {
 
 // eachChildReplicaLocked calls f for every memory replica of key's routed children.
 func (s *State) eachChildReplicaLocked(key string, f func(child string, n *node)) {
-	for child := range s.children[key] {
-		cr := s.routes[child]
-		if cr == nil {
-			continue
-		}
-		for n, rep := range cr.replicas {
-			if rep.memory != nil {
-				f(child, n)
-			}
+	c := s.children[key]
+	if c.one != "" {
+		s.eachReplicaLocked(c.one, f)
+	}
+	for child := range c.more {
+		s.eachReplicaLocked(child, f)
+	}
+}
+
+// eachReplicaLocked calls f for every memory replica of key (none without a route).
+func (s *State) eachReplicaLocked(key string, f func(key string, n *node)) {
+	r := s.routes[key]
+	if r == nil {
+		return
+	}
+	for n, rep := range r.replicas {
+		if rep.memory != nil {
+			f(key, n)
 		}
 	}
+}
+
+// childKeys is the set of routed keys put under one parent. A prompt's pages form a
+// chain, so most parents have one child: it is kept inline, and a map only from the
+// second on (a map per parent was a tenth of the bytes a stored page allocated here).
+type childKeys struct {
+	one  string              // a member, or "" (keys are never empty)
+	more map[string]struct{} // the other members
+}
+
+func (c *childKeys) add(k string) {
+	if c.one == k {
+		return
+	}
+	if _, ok := c.more[k]; ok {
+		return
+	}
+	if c.one == "" {
+		c.one = k
+		return
+	}
+	if c.more == nil {
+		c.more = make(map[string]struct{}, 1)
+	}
+	c.more[k] = struct{}{}
+}
+
+// remove drops k and reports whether the set is now empty.
+func (c *childKeys) remove(k string) bool {
+	if c.one == k {
+		c.one = ""
+	} else {
+		delete(c.more, k)
+	}
+	return c.one == "" && len(c.more) == 0
 }
 
 // refreshChainLocked: a page is being put under parent, so parent's prefix was just

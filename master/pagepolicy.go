@@ -48,8 +48,9 @@ type pagePolicy struct {
 	// the pages taken from it (takeDirty) that are still here and not used since.
 	dirty dirtyHeap
 	ahead int64
-	// scan is victimWhereStill's, kept to reuse its buffer.
+	// scan is victimWhereStill's, kept to reuse its buffer; walk is refresh's.
 	scan heapScan
+	walk []*pageEntry
 }
 
 const (
@@ -173,7 +174,7 @@ func (p *pagePolicy) refreshChain(k string, now int64) {
 // cost half a point of hit rate.)
 func (p *pagePolicy) refresh(e *pageEntry, now int64) {
 	p.pass++
-	var up []*pageEntry
+	up := p.walk[:0]
 	for a := e; a != nil && a.pass != p.pass && len(up) < refreshDepth; a = p.parentOf(a) {
 		a.pass = p.pass
 		up = append(up, a)
@@ -181,6 +182,8 @@ func (p *pagePolicy) refresh(e *pageEntry, now int64) {
 	for i := len(up) - 1; i >= 0; i-- {
 		p.moveOn(up[i], now)
 	}
+	clear(up) // hold no page the walk passed
+	p.walk = up[:0]
 }
 
 // moveOn raises e's own priority to what a use at now gives it, hits unchanged.

@@ -63,7 +63,7 @@ type State struct {
 	releasesDue bool
 	// children maps a KV page's key to the routed keys put with it as their parent
 	// (chain.go); kept in step with routes by setRouteLocked and unsetRouteLocked.
-	children map[string]map[string]struct{}
+	children map[string]childKeys
 	// clock ticks once per insert or hit in any node's eviction order (evictOrder), so
 	// the orders of different nodes rank on one scale.
 	clock int64
@@ -93,7 +93,7 @@ func NewState(opts Options) *State {
 		gets:         make(map[int64]*inflightGet),
 		persists:     make(map[int64]*pendingPersist),
 		persistStats: make(map[string]*persistCounts),
-		children:     make(map[string]map[string]struct{}),
+		children:     make(map[string]childKeys),
 		ghosts:       newPageGhosts(),
 		nextID:       opts.IDBase,
 	}
