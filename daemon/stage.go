@@ -385,6 +385,9 @@ type stageRun struct {
 	cancel context.CancelCauseFunc
 	// unpulled: run failed because a read chunk waited for its pull (errUnpulled).
 	unpulled bool
+	// readers, when set, bounds the reads of a batch's refills: run holds a place in it
+	// while its value is read, not while the chunk waits for its pull.
+	readers chan struct{}
 }
 
 // beginStage checks req and registers its session.
@@ -429,7 +432,7 @@ func (r *stageRun) run(by time.Time) error {
 	ctx, cancelTimeout := context.WithDeadline(r.base, deadline)
 	defer cancelTimeout()
 	stopWatch := o.stager.watch(s)
-	err := o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, stageReadsInFlight, s, s.deliver)
+	err := r.load(ctx)
 	if errors.Is(err, ssd.ErrCorrupt) {
 		o.opts.Metrics.SSDCorrupt()
 		o.log.Error().Err(err).Str("key", req.Key).Int64("put_id", req.PutId).Msg("corrupt SSD record dropped")
@@ -441,6 +444,20 @@ func (r *stageRun) run(by time.Time) error {
 	o.stager.end(s, err)
 	r.unpulled = errors.Is(err, errUnpulled)
 	return stageAnswer(ctx, req, o.opts.NodeID, err)
+}
+
+// load reads the value into the session's slots, holding a place among r.readers.
+func (r *stageRun) load(ctx context.Context) error {
+	req := r.req
+	if r.readers != nil {
+		select {
+		case r.readers <- struct{}{}:
+			defer func() { <-r.readers }()
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for a read of %q: %w", errStageEnded, req.Key, context.Cause(ctx))
+		}
+	}
+	return r.o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, stageReadsInFlight, r.s, r.s.deliver)
 }
 
 // stageAnswer is the answer to a refill that ended with err (nil: served and verified).

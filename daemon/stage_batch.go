@@ -16,8 +16,12 @@ import (
 // pull the requester sends finds its session and waits for its chunk, and reads the
 // items in list order, STAGE_BATCH_IN_FLIGHT at a time when each fits a sub-slot of the
 // staging area (stage_slots.go: KV pages), else stageBatchLarge at a time. Each item
-// holds one slot or sub-slot from its read until its pull (items are one chunk each):
-// a batch of pages holds at most one slot's worth of sub-slots, a batch of larger
+// holds one slot or sub-slot from its read until its pull (items are one chunk each).
+// An item of pages gives its place among the reads back once its chunk is read, not
+// once it is pulled: the next items are read while the requester pulls the first ones
+// (a batch whose reads waited for the pulls read in waves, each wave's pulls idle while
+// the next wave was read). A batch of pages then holds at most stageBatchHeldSlots
+// slots' worth of sub-slots, read or being read and not yet pulled; a batch of larger
 // values 4 of the 12 slots, so batches from several requesters stage at once. The
 // requester pulls in order; an item that finds no room while later ones hold it (many
 // batches of large values at once) waits until its pull gives up (stageChunkWait), and
@@ -25,6 +29,10 @@ import (
 
 // stageBatchLarge is how many items of more than a sub-slot one batch reads at once.
 const stageBatchLarge = 4
+
+// stageBatchHeldSlots is how many slots' worth of sub-slots one batch of pages holds at
+// most: its reads in flight and the read chunks waiting for their pulls.
+const stageBatchHeldSlots = 2
 
 // batchStageRead serves BatchSsdStageRead: one answer per item (nil: served and
 // verified), or err for the whole call. Once an item failed because its read chunk
@@ -65,17 +73,19 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 		mu   sync.Mutex
 		gone error // set once an item's chunk waited unpulled
 	)
-	inflight := int(peer.STAGE_BATCH_IN_FLIGHT)
+	reads, held := int(peer.STAGE_BATCH_IN_FLIGHT), stageBatchHeldSlots*subSlotsPerSlot
 	for _, r := range runs {
 		if r != nil && ssd.AlignedLen(r.req.Len) > stageSubSlot {
-			inflight = stageBatchLarge
+			reads, held = stageBatchLarge, stageBatchLarge
 		}
 	}
-	workers.ForEach(len(runs), inflight, func(i int) {
+	readers := make(chan struct{}, reads)
+	workers.ForEach(len(runs), held, func(i int) {
 		r := runs[i]
 		if r == nil {
 			return
 		}
+		r.readers = readers
 		mu.Lock()
 		abandoned := gone
 		mu.Unlock()
