@@ -24,7 +24,7 @@ from pressure.procs import Interrupted, install_signal_handlers, progress, run_g
 from pressure.sizes import approx_size, parse_size
 
 from . import backends as tb
-from . import chart, cpu, goals, report, route, sim
+from . import chart, cpu, goals, hosts, report, route, sim
 from .presets import MODELS, PRESETS, describe_block
 from .replay import ReplayConfig, replay
 from .trace import DEFAULT_TRACE, load
@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pin-ms", type=int, default=1000, help="fluxkv: how long contains_prefix pins what it found (PageStore pin_ms)")
     ap.add_argument("--buffer-bytes", type=parse_size, default=1 << 30, help="page buffers per process (loads and stores go in chunks that fit)")
     ap.add_argument("--sims", default=",".join(sim.POLICIES), help=f"simulations to run beside (default {','.join(sim.POLICIES)})")
+    ap.add_argument("--host-cpus", type=float, default=0.0,
+                    help="emulate hosts: each fluxkv owner with its client processes, the master, and a one-server backend "
+                         "with its clients get a cgroup of this many CPUs (tracebench/hosts.py; root); 0: share the machine")
     ap.add_argument("--out", help="write summary.jsonl and trace.png here")
     ap.add_argument("--work-dir", help="where each case's temp dir goes (sockets, logs, SSD files); default: the system temp dir")
     tb.add_arguments(ap)
@@ -136,19 +139,27 @@ def run_case(run: tb.Running, trace, cap: int, a, cfg: ReplayConfig, context: di
     def body(g) -> None:
         wd = g.mkdtemp(a.work_dir, "tracebench-")
         progress(f"{label}: starting ({approx_size(run.dram_bytes)} DRAM" + (f", {approx_size(run.ssd_bytes)} SSD)" if run.ssd_bytes else ")"))
+        hs = hosts.Hosts(a.host_cpus) if a.host_cpus else None
         try:
             run.start(wd, g)
+            place = mark = None
+            if hs:
+                hs.place_servers(g.procs, run.target.owners)
+                place, mark = hs.placer(run.endpoint), hs.mark
             c0 = run.ssd_counter()
             res = replay(trace, run.target.backend, run.endpoint, run.spec, a.block_bytes, cfg, label=label,
-                         server_cpu=lambda: cpu.tree_cpu_s([p.pid for p in g.procs]))
+                         server_cpu=lambda: cpu.tree_cpu_s([p.pid for p in g.procs]), place=place, mark=mark)
             c1 = run.ssd_counter()
             run.settle()
             samples = [(c0, c1)] if c0 is not None else []  # the server's SSD-read counter (memcached, a Mooncake owner)
             if res.ssd_counter_delta is not None:  # the replay processes' own (Mooncake clients)
                 samples.append((0, res.ssd_counter_delta))
             row = report.replay_row(run, trace, cap, res, a.block_bytes, run.held(), samples, context)
+            row.update(hs.layout() if hs else {"cpus_per_host": None})
         finally:
             run.stop()
+            if hs:
+                hs.close()
         rows.append(row)
         progress(f"{label}: hit {100 * row['hit_rate']:.1f} % of blocks in {res.wall_s:.1f} s ({row['status']})")
 
@@ -177,7 +188,8 @@ def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
     print(f"tracebench: preset {a.preset}; {describe_block(a.block_bytes)}", file=sys.stderr)
     print(f"trace {a.trace}: {len(trace.requests):,} requests over {trace.duration_s:,.0f} s, {trace.accesses:,} block accesses, "
           f"{trace.distinct:,} distinct blocks; capacities {', '.join(f'{c:,}' for c in caps)} blocks; "
-          f"{a.procs} processes routed {a.route}, {'as fast as possible' if a.speed <= 0 else f'timestamps at {a.speed:g}x'}", file=sys.stderr)
+          f"{a.procs} processes routed {a.route}, {'as fast as possible' if a.speed <= 0 else f'timestamps at {a.speed:g}x'}"
+          + (f"; hosts emulated with {a.host_cpus:g} CPUs each" if a.host_cpus else ""), file=sys.stderr)
     rows: list = []
     progress(f"simulations: {', '.join(a.sims) or 'none'}")
     for s in sim.run_sims(trace, caps, a.sims):
@@ -235,6 +247,10 @@ def main(argv: list | None = None) -> int:
         a = resolve(a)
         if a.window is not None and a.window < 0 or a.verify_every < 1 or a.procs < 1:
             raise ValueError("--window must be >= 0, --verify-every and --procs >= 1")
+        if a.host_cpus < 0:
+            raise ValueError("--host-cpus must be >= 0")
+        if a.host_cpus and (why := hosts.unavailable()):
+            raise ValueError(f"--host-cpus: {why}")
         trace, caps, tgs = inputs(a)
     except (ValueError, OSError) as e:
         ap.error(str(e))

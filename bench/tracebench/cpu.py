@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["tree_cpu_s"]
+__all__ = ["tree_cpu_s", "tree_pids"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -29,24 +29,39 @@ def _stat(pid: int) -> tuple[int, float] | None:
         return None
 
 
-def tree_cpu_s(pids) -> float | None:
-    """User + system CPU seconds of the processes ``pids`` and all their descendants now
-    alive; None where /proc cannot be read."""
-    if not os.path.isdir("/proc/self"):
-        return None
+def _stats() -> dict:
+    """pid -> (parent pid, CPU seconds) of every live process."""
     stats = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (s := _stat(int(name))) is not None:
             stats[int(name)] = s
+    return stats
+
+
+def _tree(pids, stats: dict) -> set:
+    """The processes ``pids`` and all their descendants in ``stats``."""
     kids: dict = {}
     for pid, (ppid, _) in stats.items():
         kids.setdefault(ppid, []).append(pid)
-    seen, todo, total = set(), list(pids), 0.0
+    seen, todo = set(), list(pids)
     while todo:
         pid = todo.pop()
         if pid in seen or pid not in stats:
             continue
         seen.add(pid)
-        total += stats[pid][1]
         todo += kids.get(pid, [])
-    return total
+    return seen
+
+
+def tree_pids(pids) -> set:
+    """The processes ``pids`` and all their descendants now alive (empty without /proc)."""
+    return _tree(pids, _stats()) if os.path.isdir("/proc/self") else set()
+
+
+def tree_cpu_s(pids) -> float | None:
+    """User + system CPU seconds of the processes ``pids`` and all their descendants now
+    alive; None where /proc cannot be read."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    stats = _stats()
+    return sum(stats[p][1] for p in _tree(pids, stats))

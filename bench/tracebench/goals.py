@@ -5,7 +5,8 @@ in different runs would compare the machine's load, not the backends).
 1. one fluxkv node, SSD off: its GiB/s over memcached's (goal 3x) and Redis's (4x), and its
    hit rate against every other backend's;
 2. N fluxkv owners against one node, same DRAM: hit rate (at least one node's) and GiB/s (2x),
-   with a client on every owner (a run with fewer client processes than owners says so);
+   with a client on every owner (a run with fewer client processes than owners says so), and
+   how the processes shared the CPUs (``--host-cpus``: emulated hosts, tracebench/hosts.py);
 3. SSD on: fluxkv's hit rate against memcached with extstore, and one node's as a part of
    the infinite cache's (0.95);
 5. fluxkv against Mooncake Store where its rows ran: GiB/s (2x) and hit rate.
@@ -51,6 +52,16 @@ def _cpu(goal: str, what: str, mine: dict, other: dict, name: str) -> str | None
             f"{mine['server_cpu_s']:.1f} s), {name} {b:.2f}: {b / a:.2f}x fluxkv's (information)")
 
 
+def _hosts(many: dict, one: dict) -> str:
+    """How the rows' processes shared the CPUs (tracebench/hosts.py)."""
+    a, b = many.get("cpus_per_host"), one.get("cpus_per_host")
+    if a and a == b:
+        return f" [hosts emulated: {a:g} CPUs each]"
+    if a or b:
+        return " [rows of different --host-cpus: not comparable]"
+    return " [every process on this machine's cores: --host-cpus emulates hosts]"
+
+
 def _hits(goal: str, what: str, mine: dict, other: dict, name: str) -> str:
     a, b = mine["hit_rate"], other["hit_rate"]
     return f"goal {goal}  {what}: fluxkv hit {100 * a:.1f} % against {name}'s {100 * b:.1f} % (goal >=: {_mark(a >= b)})"
@@ -81,7 +92,7 @@ def _for_capacity(rows: list) -> list:
                 note = "" if procs is None or procs >= n else f" [clients on {procs} of {n} owners: the goal wants --procs >= {n}]"
                 out.append(_hits("2", f"{n} owners, SSD {state}", many, one, "one node") + note)
                 if line := _speed("2", f"{n} owners, SSD {state}", many, one, "one node", 2.0):
-                    out.append(line + note)
+                    out.append(line + note + _hosts(many, one))
     extstore = _ok(rows, "memcached", ssd=True)
     for r in sorted((r for r in rows if r["backend"] == "fluxkv" and r["status"] == "ok" and r["ssd"]), key=lambda r: r["owners"] or 0):
         if extstore:

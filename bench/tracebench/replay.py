@@ -94,10 +94,13 @@ def _receive(out, procs: list, timeout: float):
 
 
 def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, cfg: ReplayConfig, label: str = "",
-           server_cpu=None) -> ReplayResult:
+           server_cpu=None, place=None, mark=None) -> ReplayResult:
     """Replay ``trace`` against a started backend (``endpoint`` and pressure ``spec``).
     ``server_cpu``, when given, returns the servers' CPU seconds so far (or None): read at the
-    start and once every process is done, its difference is the result's ``server_cpu_s``."""
+    start and once every process is done, its difference is the result's ``server_cpu_s``.
+    ``place``, when given, is called with each process's index and pid once it started, before
+    it is ready (tracebench.hosts: its emulated host). ``mark``, when given, is called with
+    "start" as the processes are released and "end" once every one is done."""
     if cfg.procs < 1 or cfg.verify_every < 1:
         raise ValueError("procs and verify_every must be at least 1")
     ctx = mp.get_context("spawn")
@@ -108,8 +111,10 @@ def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, c
     procs = [ctx.Process(target=worker.main, args=(p, sync, out), name=f"replay-{p.index}", daemon=True) for p in ps]
     res = ReplayResult([0] * n, [0.0] * n, [0.0] * n, 0.0, buffer_pages=ps[0].buffer_pages)
     try:
-        for p in procs:
+        for i, p in enumerate(procs):
             p.start()
+            if place:
+                place(i, p.pid)
         ready, deadline = 0, time.monotonic() + _READY_TIMEOUT_S
         while ready < len(procs):
             msg = _receive(out, procs, 1.0)
@@ -122,6 +127,8 @@ def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, c
                 raise ReplayFailed(f"replay process {i}: {body}")
             ready += 1
         cpu0 = server_cpu() if server_cpu else None
+        if mark:
+            mark("start")
         sync.start_at.value = time.monotonic() + _START_MARGIN_S
         sync.go.set()
         t0 = time.perf_counter()
@@ -139,6 +146,8 @@ def replay(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, c
             _merge(res, body)
             done += 1
         res.wall_s = time.perf_counter() - t0
+        if mark:
+            mark("end")
         cpu1 = server_cpu() if cpu0 is not None else None
         if cpu1 is not None:
             res.server_cpu_s = cpu1 - cpu0

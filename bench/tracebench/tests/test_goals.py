@@ -88,3 +88,14 @@ def test_cpu_per_gib_line():
     assert ("goal 1  one node, SSD off: fluxkv 4.00 CPU-s per GiB (clients 6.0 s, servers 2.0 s), memcached 6.00: "
             "1.50x fluxkv's (information)") in text
     assert "CPU-s" not in "\n".join(goals.lines([row("fluxkv", 1, False, 0.155, 0.90), other]))
+
+
+def test_how_the_cpus_were_shared():
+    def two(a, b):
+        return "\n".join(goals.lines([{**row("fluxkv", 1, False, 0.155, 0.30), "cpus_per_host": a},
+                                      {**row("fluxkv", 3, False, 0.156, 0.60), "cpus_per_host": b}]))
+
+    assert "2.00x one node's 0.30 (goal >= 2x: met) [hosts emulated: 0.45 CPUs each]" in two(0.45, 0.45)
+    assert "[rows of different --host-cpus: not comparable]" in two(0.45, 0.5)
+    assert "[rows of different --host-cpus: not comparable]" in two(None, 0.5)
+    assert "[every process on this machine's cores: --host-cpus emulates hosts]" in two(None, None)
