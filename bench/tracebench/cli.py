@@ -140,6 +140,8 @@ def run_case(run: tb.Running, trace, cap: int, a, cfg: ReplayConfig, context: di
         wd = g.mkdtemp(a.work_dir, "tracebench-")
         progress(f"{label}: starting ({approx_size(run.dram_bytes)} DRAM" + (f", {approx_size(run.ssd_bytes)} SSD)" if run.ssd_bytes else ")"))
         hs = hosts.Hosts(a.host_cpus) if a.host_cpus else None
+        if hs and (warn := hosts.oversubscribed(run.target.owners or 1, a.host_cpus)):
+            progress(f"{label}: warning: {warn}")
         try:
             run.start(wd, g)
             place = mark = None

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .cpu import tree_pids
 
-__all__ = ["Hosts", "server_host", "worker_host", "unavailable"]
+__all__ = ["Hosts", "oversubscribed", "server_host", "worker_host", "unavailable"]
 
 _ROOT = Path("/sys/fs/cgroup")
 _PERIOD_US = 100_000
@@ -47,6 +47,16 @@ def worker_host(index: int, endpoint: dict) -> str:
     """The host of replay process ``index``: the one of the owner it attaches to."""
     attach = endpoint.get("attach")
     return f"host{attach[index % len(attach)]}" if attach else "host0"
+
+
+def oversubscribed(owners: int, cpus: float, cores: int | None = None) -> str | None:
+    """A warning when a case's hosts (N owners and a master, or one) at ``cpus`` each need
+    more than this machine's cores, else None."""
+    cores = cores or os.cpu_count() or 1
+    hosts = owners + 1 if owners > 1 else 1
+    if hosts * cpus > cores:
+        return f"{hosts} hosts of {cpus:g} CPUs need {hosts * cpus:g} of this machine's {cores} cores: they wait for each other's CPU"
+    return None
 
 
 def _flavour(root: Path) -> tuple[str, Path] | None:

@@ -26,6 +26,13 @@ def test_which_host():
     assert hosts.worker_host(1, {"socket": "/x"}) == "host0"
 
 
+def test_oversubscribed():
+    assert hosts.oversubscribed(3, 0.45, cores=2) is None  # 4 hosts: 1.8 cores
+    assert "4 hosts of 0.6 CPUs need 2.4 of this machine's 2 cores" in hosts.oversubscribed(3, 0.6, cores=2)
+    assert hosts.oversubscribed(1, 2.0, cores=2) is None
+    assert hosts.oversubscribed(1, 2.5, cores=2) is not None
+
+
 def _v1(tmp_path: Path) -> Path:
     (tmp_path / "cpu").mkdir(parents=True)
     (tmp_path / "cpu" / "cgroup.procs").write_text("")
