@@ -518,16 +518,21 @@ func TestSSDRefillKeepsMemoryReplicas(t *testing.T) {
 			}
 			h.Release()
 			// The release reaches the owner before the next get (the client batches
-			// releases): otherwise, on a busy machine, the next refill can find the last
-			// one's range still held and evict a replica for it.
+			// releases), and the owner's ack of the target's holder reaches the master
+			// (the owner batches acks for up to AckDelay): otherwise, on a busy machine,
+			// the next refill can find the last one's range still held and evict a
+			// replica for it (16 -> 12 in a full `make test`). A target the owner kept
+			// instead of acking would still drain the replicas.
 			n.c.Flush()
+			n.o.acks.sync()
 		}
 	}
 	after := replicas()
 	t.Logf("memory replicas before %d, after 60 SSD-hit gets %d", before, after)
-	// A refill may evict a replica or two for its range (12 of 14 left, measured on an
-	// idle machine, before and after issue 28); one per refill would leave none.
-	if after < before-3 {
+	// A refill may evict a replica or two for its range (14-15 of 16 left on an idle
+	// machine; 12 once in a full `make test` before the acks were synced above); one
+	// per refill would leave none after 60 refills. Half is the bound: far from both.
+	if after < before/2 {
 		t.Fatalf("SSD refills drained memory replicas: %d → %d", before, after)
 	}
 	n.drain(t, keys)
