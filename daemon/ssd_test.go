@@ -529,10 +529,10 @@ func TestSSDRefillKeepsMemoryReplicas(t *testing.T) {
 	}
 	after := replicas()
 	t.Logf("memory replicas before %d, after 60 SSD-hit gets %d", before, after)
-	// A refill may evict a replica or two for its range (14-15 of 16 left on an idle
-	// machine; 12 once in a full `make test` before the acks were synced above); one
-	// per refill would leave none after 60 refills. Half is the bound: far from both.
-	if after < before/2 {
+	// A refill may evict a replica or two for its range (14-15 of 16 left, measured on
+	// an idle machine and beside three CPU hogs with the acks synced above); one per
+	// refill would leave none.
+	if after < before-3 {
 		t.Fatalf("SSD refills drained memory replicas: %d → %d", before, after)
 	}
 	n.drain(t, keys)
