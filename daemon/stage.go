@@ -56,9 +56,9 @@ const stageMaxDeadline = 45 * time.Second
 // or the owner is stopping).
 var errStageEnded = errors.New("staged refill ended")
 
-// errUnpulled marks a refill that failed because a read chunk waited stageUnpulled for
-// its pull.
-var errUnpulled = errors.New("a read chunk waited for its pull")
+// errStageCompleted is why a refill served and verified ended.
+var errStageCompleted = fmt.Errorf("%w: the get completed", errStageEnded)
+
 
 // stager serves other owners' refills from this owner's SSD (docs/architecture.md §10 "SSD pool"):
 // each SsdStageRead is a session that reads the value in 4 MiB chunks into slots of a
@@ -136,6 +136,10 @@ type stageSession struct {
 	err    error // set once the session failed or ended
 	cancel context.CancelCauseFunc
 	freed  chan struct{} // ssd.Slots.Freed: signalled when a slot may be free
+	// place, when set, is the batch's place this session holds among its items read
+	// and not yet pulled (stage_batch.go): given back once, when every chunk was
+	// pulled or the session failed or ended.
+	place chan struct{}
 	// changed is closed and replaced when a chunk of s is read or served or s fails:
 	// the waits on s (its pulls, waitServed) wake for s only, not for every session.
 	changed chan struct{}
@@ -183,9 +187,10 @@ func (st *stager) end(s *stageSession, err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if err == nil {
-		err = fmt.Errorf("%w: get %d completed", errStageEnded, s.getID)
+		err = errStageCompleted
 	}
 	s.failLocked(err)
+	s.givePlaceLocked()
 	for i := range s.chunks {
 		if c := &s.chunks[i]; c.slot >= 0 && !c.serving {
 			s.freeSlotLocked(c)
@@ -227,7 +232,16 @@ func (s *stageSession) failLocked(err error) {
 	if s.err == nil {
 		s.err = err
 		s.cancel(err)
+		s.givePlaceLocked()
 		s.changedLocked()
+	}
+}
+
+// givePlaceLocked gives the batch's place of s back, once.
+func (s *stageSession) givePlaceLocked() {
+	if s.place != nil {
+		<-s.place
+		s.place = nil
 	}
 }
 
@@ -360,6 +374,9 @@ func (st *stager) served(s *stageSession, c *stagedChunk) {
 	c.serving, c.done = false, true
 	s.served++
 	s.freeSlotLocked(c)
+	if s.served == len(s.chunks) {
+		s.givePlaceLocked()
+	}
 	s.changedLocked()
 }
 
@@ -368,11 +385,11 @@ func (st *stager) served(s *stageSession, c *stagedChunk) {
 // every chunk was pulled and the value verified. A failed or corrupt read answers an
 // error code: the requester revokes with drop_ssd_source.
 func (o *Owner) stageRead(req *peer.SsdStageReadRequest) error {
-	r, err := o.beginStage(req)
+	r, err := o.beginStage(context.Background(), req)
 	if err != nil {
 		return err
 	}
-	return r.run(time.Time{})
+	return r.run()
 }
 
 // stageRun is one refill whose session is registered (pulls of it wait for its chunks)
@@ -383,15 +400,10 @@ type stageRun struct {
 	s      *stageSession
 	base   context.Context
 	cancel context.CancelCauseFunc
-	// unpulled: run failed because a read chunk waited for its pull (errUnpulled).
-	unpulled bool
-	// readers, when set, bounds the reads of a batch's refills: run holds a place in it
-	// while its value is read, not while the chunk waits for its pull.
-	readers chan struct{}
 }
 
-// beginStage checks req and registers its session.
-func (o *Owner) beginStage(req *peer.SsdStageReadRequest) (*stageRun, error) {
+// beginStage checks req and registers its session; the refill ends with parent.
+func (o *Owner) beginStage(parent context.Context, req *peer.SsdStageReadRequest) (*stageRun, error) {
 	switch {
 	case o.store == nil || o.stager == nil:
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "node %q has no SSD tier", o.opts.NodeID)
@@ -406,7 +418,7 @@ func (o *Owner) beginStage(req *peer.SsdStageReadRequest) (*stageRun, error) {
 	if c := o.store.Stats().CapacityBytes; req.Len > c {
 		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes from an SSD tier of %d", req.Len, c)
 	}
-	base, cancel := context.WithCancelCause(context.Background())
+	base, cancel := context.WithCancelCause(parent)
 	s, err := o.stager.begin(req, cancel)
 	if err != nil {
 		cancel(nil)
@@ -416,48 +428,46 @@ func (o *Owner) beginStage(req *peer.SsdStageReadRequest) (*stageRun, error) {
 }
 
 // run reads the value into staging while the requester pulls it, ends the session and
-// answers. Its deadline is the refill's (proportional to its length, at most the
-// requester's deadline_ms from now), and no later than by (zero: none).
-func (r *stageRun) run(by time.Time) error {
-	o, req, s := r.o, r.req, r.s
+// answers, within the refill's stageLimit.
+func (r *stageRun) run() error {
 	defer r.cancel(nil)
+	ctx, cancelTimeout := context.WithTimeout(r.base, r.o.stageLimit(r.req))
+	defer cancelTimeout()
+	stopWatch := r.o.stager.watch(r.s)
+	err := r.load(ctx)
+	if err == nil {
+		err = r.o.stager.waitServed(ctx, r.s)
+	}
+	stopWatch()
+	return r.end(ctx, err)
+}
+
+// stageLimit is how long the refill of req may take: proportional to its length, at
+// most the requester's deadline_ms.
+func (o *Owner) stageLimit(req *peer.SsdStageReadRequest) time.Duration {
 	limit := o.bounds().stageDeadline(req.Len)
 	if d := time.Duration(req.DeadlineMs) * time.Millisecond; d > 0 && d < limit {
 		limit = d
 	}
-	deadline := time.Now().Add(limit)
-	if !by.IsZero() && by.Before(deadline) {
-		deadline = by
-	}
-	ctx, cancelTimeout := context.WithDeadline(r.base, deadline)
-	defer cancelTimeout()
-	stopWatch := o.stager.watch(s)
-	err := r.load(ctx)
-	if errors.Is(err, ssd.ErrCorrupt) {
-		o.opts.Metrics.SSDCorrupt()
-		o.log.Error().Err(err).Str("key", req.Key).Int64("put_id", req.PutId).Msg("corrupt SSD record dropped")
-	}
-	if err == nil {
-		err = o.stager.waitServed(ctx, s)
-	}
-	stopWatch()
-	o.stager.end(s, err)
-	r.unpulled = errors.Is(err, errUnpulled)
-	return stageAnswer(ctx, req, o.opts.NodeID, err)
+	return limit
 }
 
-// load reads the value into the session's slots, holding a place among r.readers.
+// load reads the value into the session's slots.
 func (r *stageRun) load(ctx context.Context) error {
 	req := r.req
-	if r.readers != nil {
-		select {
-		case r.readers <- struct{}{}:
-			defer func() { <-r.readers }()
-		case <-ctx.Done():
-			return fmt.Errorf("%w: waiting for a read of %q: %w", errStageEnded, req.Key, context.Cause(ctx))
-		}
+	err := r.o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, stageReadsInFlight, r.s, r.s.deliver)
+	if errors.Is(err, ssd.ErrCorrupt) {
+		r.o.opts.Metrics.SSDCorrupt()
+		r.o.log.Error().Err(err).Str("key", req.Key).Int64("put_id", req.PutId).Msg("corrupt SSD record dropped")
 	}
-	return r.o.store.LoadStaged(ctx, req.Key, req.PutId, req.Len, stageChunk, stageReadsInFlight, r.s, r.s.deliver)
+	return err
+}
+
+// end ends the session once its load returned (err: how the refill ended, nil when
+// every chunk was pulled) and answers.
+func (r *stageRun) end(ctx context.Context, err error) error {
+	r.o.stager.end(r.s, err)
+	return stageAnswer(ctx, r.req, r.o.opts.NodeID, err)
 }
 
 // stageAnswer is the answer to a refill that ended with err (nil: served and verified).
@@ -495,7 +505,7 @@ func (st *stager) watch(s *stageSession) (stop func()) {
 			}
 			st.mu.Lock()
 			if s.stalledLocked(time.Now()) {
-				s.failLocked(fmt.Errorf("%w: %w: %v (is the requester gone?)", errStageEnded, errUnpulled, stageUnpulled))
+				s.failLocked(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
 			}
 			st.mu.Unlock()
 		}

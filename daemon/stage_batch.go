@@ -1,11 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/ssd"
@@ -26,6 +26,13 @@ import (
 // requester pulls in order; an item that finds no room while later ones hold it (many
 // batches of large values at once) waits until its pull gives up (stageChunkWait), and
 // that value is re-planned alone.
+//
+// The readers only read: an item read waits for its pull without a goroutine of its
+// own. One goroutine (the caller's) ends the items in list order, each once it was
+// pulled or failed. Every item shares the call's one deadline, the longest of their
+// stageLimits (the requester's deadline_ms bounds the whole call, as its own call
+// ends then): a requester gone or stuck has every item answered by then, the items it
+// left unpulled and the ones not read yet.
 
 // stageBatchLarge is how many items of more than a sub-slot one batch reads at once.
 const stageBatchLarge = 4
@@ -34,74 +41,125 @@ const stageBatchLarge = 4
 // most: its reads in flight and the read chunks waiting for their pulls.
 const stageBatchHeldSlots = 2
 
+// stageBatch is one BatchSsdStageRead being served.
+type stageBatch struct {
+	o    *Owner
+	runs []*stageRun // nil: refused at its begin
+	read []chan struct{}
+	errs []error // the read's outcome, then the item's answer
+	// places bounds the items read or being read and not yet pulled: an item takes a
+	// place before its read, and its session gives it back (stageSession.place).
+	places chan struct{}
+}
+
 // batchStageRead serves BatchSsdStageRead: one answer per item (nil: served and
-// verified), or err for the whole call. Once an item failed because its read chunk
-// waited unpulled for stageUnpulled, the requester has stopped pulling: the items not
-// read yet fail at once instead of waiting as long each.
+// verified), or err for the whole call.
 func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, error) {
 	if n := len(req.Items); n > int(peer.STAGE_BATCH_ITEMS) {
 		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read of %d items, at most %d", n, peer.STAGE_BATCH_ITEMS)
 	}
-	errs := make([]error, len(req.Items))
-	runs := make([]*stageRun, len(req.Items))
-	var wait time.Duration
+	var limit time.Duration
+	for _, it := range req.Items {
+		if it != nil {
+			limit = max(limit, o.stageLimit(it))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	b := &stageBatch{o: o, runs: make([]*stageRun, len(req.Items)), read: make([]chan struct{}, len(req.Items)),
+		errs: make([]error, len(req.Items))}
 	for i, it := range req.Items {
 		switch {
 		case it == nil:
-			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read: item %d is empty", i)
+			b.errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read: item %d is empty", i)
 		case it.Len > stageChunk:
-			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read of %d bytes: an item is at most one %d-byte chunk", it.Len, stageChunk)
+			b.errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read of %d bytes: an item is at most one %d-byte chunk", it.Len, stageChunk)
 		default:
-			wait = max(wait, time.Duration(it.DeadlineMs)*time.Millisecond)
-			if runs[i], errs[i] = o.beginStage(it); errs[i] != nil && it.GetId != 0 && o.stager != nil {
+			if b.runs[i], b.errs[i] = o.beginStage(ctx, it); b.errs[i] != nil && it.GetId != 0 && o.stager != nil {
 				// Its pull, pipelined behind the others, is answered at once.
 				st := o.stager
 				st.mu.Lock()
 				if st.sessions[it.GetId] == nil {
-					st.ended.add(it.GetId, errs[i], time.Now())
+					st.ended.add(it.GetId, b.errs[i], time.Now())
 					st.broadcastLocked()
 				}
 				st.mu.Unlock()
 			}
 		}
+		b.read[i] = make(chan struct{})
 	}
-	var by time.Time // the requester's deadline bounds the whole call
-	if wait > 0 {
-		by = time.Now().Add(wait)
-	}
-	var (
-		mu   sync.Mutex
-		gone error // set once an item's chunk waited unpulled
-	)
 	reads, held := int(peer.STAGE_BATCH_IN_FLIGHT), stageBatchHeldSlots*subSlotsPerSlot
-	for _, r := range runs {
+	for _, r := range b.runs {
 		if r != nil && ssd.AlignedLen(r.req.Len) > stageSubSlot {
 			reads, held = stageBatchLarge, stageBatchLarge
 		}
 	}
-	readers := make(chan struct{}, reads)
-	workers.ForEach(len(runs), held, func(i int) {
-		r := runs[i]
-		if r == nil {
-			return
-		}
-		r.readers = readers
-		mu.Lock()
-		abandoned := gone
-		mu.Unlock()
-		if abandoned != nil {
-			o.stager.end(r.s, abandoned)
-			r.cancel(nil)
-			errs[i] = stageAnswer(r.base, r.req, o.opts.NodeID, abandoned)
-			return
-		}
-		if errs[i] = r.run(by); r.unpulled {
-			mu.Lock()
-			if gone == nil {
-				gone = fmt.Errorf("%w: the chunk of %q waited %v for its pull: the requester stopped pulling this batch", errStageEnded, r.req.Key, stageUnpulled)
+	b.places = make(chan struct{}, held)
+	readers := make(chan struct{})
+	go func() {
+		defer close(readers)
+		b.readAll(reads)
+	}()
+	for i := range b.runs {
+		b.end(i)
+	}
+	<-readers
+	return b.errs, nil
+}
+
+// readAll reads the items with reads readers, handing each item to them once it has a
+// place, in list order (the requester pulls in that order: a later item taking the
+// place an earlier one waits for would hold it until the earlier one's pull gave up).
+// An item whose session failed before its turn is not read.
+func (b *stageBatch) readAll(reads int) {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(reads, len(b.runs)) {
+		wg.Go(func() {
+			for i := range work {
+				r := b.runs[i]
+				b.errs[i] = r.load(r.base)
+				close(b.read[i])
 			}
-			mu.Unlock()
+		})
+	}
+	st := b.o.stager
+	for i, r := range b.runs {
+		if r == nil {
+			close(b.read[i])
+			continue
 		}
-	})
-	return errs, nil
+		select {
+		case b.places <- struct{}{}:
+		case <-r.base.Done():
+			b.errs[i] = fmt.Errorf("%w: waiting for a read of %q: %w", errStageEnded, r.req.Key, context.Cause(r.base))
+			close(b.read[i])
+			continue
+		}
+		st.mu.Lock()
+		if r.s.err == nil {
+			r.s.place = b.places
+		} else {
+			<-b.places
+		}
+		st.mu.Unlock()
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+}
+
+// end waits for item i's read, then for its pull, ends its session and sets its answer.
+func (b *stageBatch) end(i int) {
+	r := b.runs[i]
+	if r == nil {
+		return
+	}
+	defer r.cancel(nil)
+	<-b.read[i]
+	err := b.errs[i]
+	if err == nil {
+		err = b.o.stager.waitServed(r.base, r.s)
+	}
+	b.errs[i] = r.end(r.base, err)
 }

@@ -7,19 +7,17 @@ import (
 	"time"
 
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
-// TestBatchStageReadsAheadOfPulls: a BatchSsdStageRead of more pages than
-// STAGE_BATCH_IN_FLIGHT reads all of them while none has been pulled yet (an item gives
-// its place among the reads back once its chunk is read, not once it is pulled), up to
-// stageBatchHeldSlots slots' worth; the next ones are read as the first are pulled.
-// Then every pull gets its page byte-exact and every item is answered served.
-func TestBatchStageReadsAheadOfPulls(t *testing.T) {
-	t.Parallel()
+// stagedPages starts a node whose SSD holds pages values of about 64 KiB that are no
+// longer in its memory, and returns one BatchSsdStageRead item per page (get ids from
+// 9000, as a requester n2 would send them) and each page's bytes.
+func stagedPages(t *testing.T, pages int) (*node, []*peer.SsdStageReadRequest, map[string][]byte) {
+	t.Helper()
 	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
-	held := stageBatchHeldSlots * subSlotsPerSlot
-	pages := held + 8 // more than are read ahead: the last ones wait for pulls
 	want := map[string][]byte{}
 	for i := range pages {
 		k := fmt.Sprintf("page-%d", i)
@@ -48,6 +46,18 @@ func TestBatchStageReadsAheadOfPulls(t *testing.T) {
 		items = append(items, &peer.SsdStageReadRequest{Key: k, PutId: putID, GetId: int64(9000 + i), TargetNodeId: "n2",
 			Len: int64(len(want[k])), Generation: n.o.generation, DeadlineMs: 30_000})
 	}
+	return n, items, want
+}
+
+// TestBatchStageReadsAheadOfPulls: a BatchSsdStageRead of more pages than
+// STAGE_BATCH_IN_FLIGHT reads all of them while none has been pulled yet (an item gives
+// its place among the reads back once its chunk is read, not once it is pulled), up to
+// stageBatchHeldSlots slots' worth; the next ones are read as the first are pulled.
+// Then every pull gets its page byte-exact and every item is answered served.
+func TestBatchStageReadsAheadOfPulls(t *testing.T) {
+	t.Parallel()
+	held := stageBatchHeldSlots * subSlotsPerSlot
+	n, items, want := stagedPages(t, held+8) // more than are read ahead: the last ones wait for pulls
 	if int(peer.STAGE_BATCH_IN_FLIGHT) >= held {
 		t.Fatalf("STAGE_BATCH_IN_FLIGHT %d reads at once, the batch holds %d: nothing to read ahead", peer.STAGE_BATCH_IN_FLIGHT, held)
 	}
@@ -99,5 +109,48 @@ func TestBatchStageReadsAheadOfPulls(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the batch stage read did not answer after every pull")
+	}
+}
+
+// TestBatchStageReadAbandoned: a requester that pulls nothing of its BatchSsdStageRead
+// (gone, or stuck). Every item is answered UNAVAILABLE (nothing is wrong with the
+// records: the requester keeps its SSD replicas) at the call's one deadline, the items
+// read and left unpulled and the ones never read alike (each of those waited a deadline
+// of its own after the first ones': twice as long), and every session and staging slot
+// is given back.
+func TestBatchStageReadAbandoned(t *testing.T) {
+	t.Parallel()
+	n, items, _ := stagedPages(t, stageBatchHeldSlots*subSlotsPerSlot+8)
+	limit := n.o.stageLimit(items[0])
+	done := make(chan []error, 1)
+	start := time.Now()
+	go func() {
+		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- errs
+	}()
+	var errs []error
+	select {
+	case errs = <-done:
+	case <-time.After(limit + 60*time.Second):
+		t.Fatal("the abandoned batch stage read did not answer")
+	}
+	// The deadline is a timer: what follows it is the unwinding of 40 sessions. A
+	// deadline per wave of items would answer after two limits.
+	if took := time.Since(start); took > limit*3/2 {
+		t.Errorf("answered after %v: more than the call's deadline of %v", took, limit)
+	}
+	for i, err := range errs {
+		if wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+			t.Errorf("%s: %v, want UNAVAILABLE", items[i].Key, err)
+		}
+	}
+	st := n.o.stager
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
+		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
 	}
 }
