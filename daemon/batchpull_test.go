@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 )
@@ -103,14 +104,15 @@ func TestBatchPullsPerSource(t *testing.T) {
 
 // TestBatchRefillsPerSource: a batch get through n2 of pages on n1's SSD only is one
 // BatchSsdStageRead and two pipelined staged pulls (get_batch_pull.go): every page
-// byte-exact, remote, from SSD, completed with one BatchGetDone. With n1's data plane
-// gone, the pages fail alone (each get revoked) and n1 keeps every SSD replica: a
-// failed pull is not a failed read.
+// byte-exact, remote, from SSD. Their holders were recorded at BatchGetStart: the
+// pages go out while n2's GetDones are held back, and are confirmed afterwards with one
+// BatchGetDone. With n1's data plane gone, the pages fail alone (each get revoked) and
+// n1 keeps every SSD replica: a failed pull is not a failed read.
 func TestBatchRefillsPerSource(t *testing.T) {
 	t.Parallel()
 	mm := metrics.New()
 	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
-	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	o2, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
 	var keys []string
 	want := map[string][]byte{}
 	for i := range 24 {
@@ -130,26 +132,59 @@ func TestBatchRefillsPerSource(t *testing.T) {
 	replicas := n.ssdReplicasOf(t, "n1")
 	calls := []string{"BatchGetStart", "GetStart", "BatchGetDone", "GetDone", "GetRevoke"}
 	before := masterCalls(t, mm, calls...)
-	hs, errs, err := c2.BatchGet(keys)
-	if err != nil {
-		t.Fatal(err)
+	// n2's GetDones wait as behind a call already out, until it is let go.
+	q := &o2.getDones
+	q.mu.Lock()
+	q.sending = true
+	q.mu.Unlock()
+	type answer struct {
+		hs   []*fluxkv.MemHolder
+		errs []error
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		hs, errs, err := c2.BatchGet(keys)
+		got <- answer{hs, errs, err}
+	}()
+	var a answer
+	select {
+	case a = <-got:
+	case <-time.After(30 * time.Second):
+		o2.sendQueued(nil)
+		<-got
+		t.Fatal("the batch get waited for its GetDones")
+	}
+	if a.err != nil {
+		t.Fatal(a.err)
 	}
 	for i, k := range keys {
-		if errs[i] != nil || hs[i] == nil || !bytes.Equal(hs[i].Bytes(), want[k]) {
-			t.Fatalf("%s: %v (holder %v)", k, errs[i], hs[i] != nil)
+		if a.errs[i] != nil || a.hs[i] == nil || !bytes.Equal(a.hs[i].Bytes(), want[k]) {
+			t.Fatalf("%s: %v (holder %v)", k, a.errs[i], a.hs[i] != nil)
 		}
-		if hs[i].Source() != "ssd" || !hs[i].Remote() {
-			t.Errorf("%s: source %s remote %v, want a remote SSD refill", k, hs[i].Source(), hs[i].Remote())
+		if a.hs[i].Source() != "ssd" || !a.hs[i].Remote() {
+			t.Errorf("%s: source %s remote %v, want a remote SSD refill", k, a.hs[i].Source(), a.hs[i].Remote())
 		}
-		hs[i].Release()
+		a.hs[i].Release()
 	}
+	queued := func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.queue)
+	}
+	waitUntil(t, func() bool { return queued() >= len(keys) }) // (sent in the background)
+	if n := queued(); n != len(keys) {
+		t.Errorf("%d GetDones queued after the batch get, want %d", n, len(keys))
+	}
+	o2.sendQueued(nil) // lets them go
+	waitUntil(t, func() bool { return callsSince(t, mm, before)["BatchGetDone"] >= 1 })
 	if got := callsSince(t, mm, before); got["BatchGetStart"] != 1 || got["BatchGetDone"] != 1 || got["GetStart"]+got["GetDone"]+got["GetRevoke"] != 0 {
 		t.Errorf("batch get of 24 pages on n1's SSD: master calls %v, want one BatchGetStart and one BatchGetDone", got)
 	}
 
 	n.o.data.Close()
 	before = masterCalls(t, mm, calls...)
-	hs, _, err = c2.BatchGet(keys)
+	hs, _, err := c2.BatchGet(keys)
 	if err != nil {
 		t.Fatal(err)
 	}

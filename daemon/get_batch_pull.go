@@ -21,8 +21,10 @@ import (
 //   - from its memory with one pipelined PullMany (the source streams them back to back);
 //   - from its SSD (values of one chunk) with one BatchSsdStageRead (stage_batch.go)
 //     while two pipelined PullMany pull them as they are staged, in the batch's order.
-// Then the values that landed complete with one BatchGetDone; each failed one is
-// revoked and re-planned alone by planGet, as a lone get's would be.
+// Then the values that landed from memory complete with one BatchGetDone; the refills'
+// holders, recorded at BatchGetStart, go out at once (refilled: their GetDones follow
+// in the background). Each failed one is revoked and re-planned alone by planGet, as a
+// lone get's would be.
 
 // prePulled is one key of a batch whose value pullBatch brought in: own is the replica
 // index's open of its target (replicas.go), err the transfer's outcome (for a refill:
@@ -34,16 +36,22 @@ type prePulled struct {
 	err     error
 	done    *mp.GetDoneResponse
 	doneErr error
+	// h: a refill whose holder the master recorded at BatchGetStart, handed out at
+	// once (its GetDone follows in the background), unless doneErr says it failed.
+	h *holding
 }
 
-// finishPulled completes a pre-pulled get as pulled, refilled and completeGet would
-// have: a failed transfer revokes it, a completed one becomes its holder.
+// finishPulled completes a pre-pulled get as pulled and refilled would have: a failed
+// transfer revokes it, a completed one becomes its holder.
 func (o *Owner) finishPulled(key string, plan *mp.GetStartResponse, pre *prePulled) (*holding, error) {
+	refill := plan.Source == common.Source_SSD
 	switch {
+	case pre.err == nil && refill && plan.HolderId != 0:
+		return pre.h, pre.doneErr // handed out by pullBatch
 	case pre.err == nil:
 		return o.gotDone(key, plan, pre.done, pre.doneErr)
-	case plan.Source == common.Source_SSD:
-		return o.refilled(key, plan, pre.err)
+	case refill:
+		return nil, o.refillFailed(key, plan, pre.err)
 	default:
 		return o.pulled(key, plan, pre.err)
 	}
@@ -116,21 +124,35 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 		})
 	}
 	wg.Wait()
-	// The values that landed complete together: one BatchGetDone.
+	// The values that landed complete together: one BatchGetDone. A refill whose holder
+	// the master recorded at once goes out now, confirmed in the background together
+	// with the batch's others.
 	var doneKeys []string
 	var ids []int64
 	var js []int
+	var confirms []refillConfirm
 	for j, p := range pre {
 		if p == nil || p.err != nil {
 			continue
 		}
 		plan := starts[j].plan
+		if plan.Source == common.Source_SSD && plan.HolderId != 0 {
+			if p.doneErr = o.refillWritten(plan); p.doneErr == nil {
+				p.h = &holding{key: keys[j], putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,
+					masterID: plan.HolderId, remote: true}
+				confirms = append(confirms, refillConfirm{key: keys[j], getID: plan.GetId, h: p.h, t: starts[j].t, mark: starts[j].mark, own: p.own})
+			}
+			continue
+		}
 		o.targetWritten(plan.GetId)
 		if o.getPinned(plan.GetId) {
 			p.doneErr = errGetMasterChanged()
 			continue
 		}
 		doneKeys, ids, js = append(doneKeys, keys[j]), append(ids, plan.GetId), append(js, j)
+	}
+	if len(confirms) > 0 {
+		o.confirmRefills(confirms)
 	}
 	if len(doneKeys) > 0 {
 		for k, c := range o.getDoneMany(doneKeys, ids) {

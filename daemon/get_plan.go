@@ -87,7 +87,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			if pre != nil {
 				h, err = o.finishPulled(key, plan, pre)
 			} else {
-				h, err = o.refillRemote(key, plan)
+				h, err = o.refillRemote(key, plan, t, mark, own)
 			}
 			if err == nil {
 				return done(h)

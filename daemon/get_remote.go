@@ -38,10 +38,12 @@ const stageVerdictWait = 500 * time.Millisecond
 // one SsdStageRead makes that owner read the value in 4 MiB chunks into staging of
 // its own, while this owner pulls each chunk as it is read into its target (at most
 // STAGE_PULLS_IN_FLIGHT pulls at once); the SSD owner answers once every chunk was
-// pulled and the value's checksum verified, and only then does GetDone publish it. A
-// failed read (a checksum mismatch included) revokes with drop_ssd_source; a failed
-// pull revokes, and the node is excluded from the re-plan.
-func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, error) {
+// pulled and the value's checksum verified, and only then does the value go out (its
+// holder recorded at GetStart, t, mark and own for its confirmation; from a master
+// that recorded none, after GetDone). A failed read (a checksum mismatch included)
+// revokes with drop_ssd_source; a failed pull revokes, and the node is excluded from
+// the re-plan.
+func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget, mark, own uint64) (*holding, error) {
 	if err := o.checkTarget(key, plan); err != nil {
 		return nil, err
 	}
@@ -87,18 +89,24 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse) (*holding, e
 		}
 	}
 	// Every pull has returned: nothing writes the target any more.
-	return o.refilled(key, plan, stageErr)
+	switch {
+	case stageErr != nil:
+		return nil, o.refillFailed(key, plan, stageErr)
+	case plan.HolderId != 0:
+		// The master recorded the holder at GetStart: it goes out now, confirmed in
+		// the background, as a local refill's.
+		h := &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset, remote: true}
+		return o.handOutRefill(key, plan, h, t, mark, own)
+	default:
+		return o.completeGet(key, plan)
+	}
 }
 
-// refilled completes a remote SSD refill that ended with stageErr (nil: the target
-// holds the verified value) with GetDone; a failed one revokes the get, dropping the
-// SSD source when its read failed (errRemoteSSD).
-func (o *Owner) refilled(key string, plan *mp.GetStartResponse, stageErr error) (*holding, error) {
-	if stageErr != nil {
-		o.revokePlan(key, plan, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
-		return nil, stageErr
-	}
-	return o.completeGet(key, plan)
+// refillFailed revokes a remote SSD refill that ended with stageErr, dropping the SSD
+// source when its read failed (errRemoteSSD), and returns stageErr.
+func (o *Owner) refillFailed(key string, plan *mp.GetStartResponse, stageErr error) error {
+	o.revokePlan(key, plan, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
+	return stageErr
 }
 
 // pullStaged pulls the value staged on the source owner for plan's get into its

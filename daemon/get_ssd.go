@@ -51,38 +51,72 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark
 		o.revokePlan(key, plan, drop, "SSD read: "+err.Error())
 		return nil, err
 	}
-	o.targetWritten(plan.GetId)
-	if o.getPinned(plan.GetId) {
-		// The owner registered with a new master since GetStart: the holder the old one
-		// recorded is gone, the new one holds the target as a pin (getpins.go).
-		return nil, errGetMasterChanged()
+	if plan.HolderId != 0 {
+		return o.handOutRefill(key, plan, h, t, mark, own)
 	}
-	if plan.HolderId == 0 {
-		// A master that did not pre-record the holder: confirm before handing out.
-		done, err := o.getDone(key, plan.GetId)
-		if err != nil {
-			return nil, err
-		}
-		h.masterID, h.replica, h.noticesSeq = done.HolderId, done.Promoted, done.NoticesSeq
-		return h, nil
+	if err := o.refillWritten(plan); err != nil {
+		return nil, err
 	}
-	h.masterID = plan.HolderId
-	o.wg.Add(1)
-	go o.confirmRefill(key, plan.GetId, h, t, mark, own)
+	// A master that did not pre-record the holder: confirm before handing out.
+	done, err := o.getDone(key, plan.GetId)
+	if err != nil {
+		return nil, err
+	}
+	h.masterID, h.replica, h.noticesSeq = done.HolderId, done.Promoted, done.NoticesSeq
 	return h, nil
 }
 
-// confirmRefill sends GetDone for a refill already handed out
-// (ownerState.refillConfirmed takes the answer).
-func (o *Owner) confirmRefill(key string, getID int64, h *holding, t *getTarget, mark, own uint64) {
-	defer o.wg.Done()
-	done, err := o.getDone(key, getID)
-	if err != nil {
-		// The holder stays valid (the master keeps it until acked); only the
-		// promotion is lost.
-		o.log.Warn().Err(err).Str("key", key).Msg("refill confirmation failed")
-		return
+// refillWritten runs once a refill's target holds the verified value: it fails the get
+// when the owner registered with a new master since GetStart (the holder the old one
+// recorded is gone, the new one holds the target as a pin: getpins.go).
+func (o *Owner) refillWritten(plan *mp.GetStartResponse) error {
+	o.targetWritten(plan.GetId)
+	if o.getPinned(plan.GetId) {
+		return errGetMasterChanged()
 	}
-	o.lock().refillConfirmed(h, t, done, mark, own)
-	o.unlock()
+	return nil
+}
+
+// handOutRefill hands out h, a refill's holder the master recorded at GetStart
+// (plan.HolderId), once its target holds the verified value, and confirms the refill
+// with GetDone in the background (confirmRefills: its promotion).
+func (o *Owner) handOutRefill(key string, plan *mp.GetStartResponse, h *holding, t *getTarget, mark, own uint64) (*holding, error) {
+	if err := o.refillWritten(plan); err != nil {
+		return nil, err
+	}
+	h.masterID = plan.HolderId
+	o.confirmRefills([]refillConfirm{{key: key, getID: plan.GetId, h: h, t: t, mark: mark, own: own}})
+	return h, nil
+}
+
+// refillConfirm is a refill handed out before its GetDone, and what its confirmation
+// needs: the holder, the plan's target and the replica index's mark and open.
+type refillConfirm struct {
+	key       string
+	getID     int64
+	h         *holding
+	t         *getTarget
+	mark, own uint64
+}
+
+// confirmRefills sends the GetDones of refills already handed out together, in the
+// background (ownerState.refillConfirmed takes each answer).
+func (o *Owner) confirmRefills(rs []refillConfirm) {
+	keys, ids := make([]string, len(rs)), make([]int64, len(rs))
+	for i, r := range rs {
+		keys[i], ids[i] = r.key, r.getID
+	}
+	o.wg.Go(func() {
+		for i, c := range o.getDoneMany(keys, ids) {
+			r := rs[i]
+			if c.err != nil {
+				// The holder stays valid (the master keeps it until acked); only the
+				// promotion is lost.
+				o.log.Warn().Err(c.err).Str("key", r.key).Msg("refill confirmation failed")
+				continue
+			}
+			o.lock().refillConfirmed(r.h, r.t, c.resp, r.mark, r.own)
+			o.unlock()
+		}
+	})
 }

@@ -123,8 +123,9 @@ type GetPlan struct {
 	SourceOffset      int64
 	TargetOffset      int64
 	// Done: a local memory replica was reused; HolderID is recorded, no GetDone follows.
-	// For a refill from the requester's own SSD, HolderID is recorded too (Done stays
-	// false): the holder is usable once the read completes; GetDone only confirms.
+	// For a refill from SSD (the requester's own or another owner's), HolderID is
+	// recorded too (Done stays false): the holder is usable once the value is read and
+	// verified in the target; GetDone only confirms.
 	Done     bool
 	HolderID int64
 	// NoticesSeq (Done): the requester's last eviction notice numbered so far; notices up
@@ -238,16 +239,17 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 		g.source = r.replicas[src].memory.Retain()
 		src.policy.Touch(key)
 		plan.SourceOffset = g.source.Offset()
-	case src == n:
-		// Under the requester's id, as a local hit's: a requester that lost this reply
-		// acks it (an expired get keeps its holder, dropGetLocked).
+	default:
+		// A refill, from the requester's own SSD or from another owner's: that owner
+		// stages the value's chunks in a bounded area of its own memory, outside its
+		// pool (SsdStageRead), so nothing is allocated there and no late staging write
+		// can land in a reused range. The holder is recorded now, under the requester's
+		// id as a local hit's (a requester that lost this reply acks it; an expired get
+		// keeps its holder, dropGetLocked): the requester hands the value out once it
+		// is read and verified, and GetDone only confirms (and may promote it).
 		g.holderID = s.requestedHolderIDLocked(n, holderID)
 		n.holders[g.holderID] = target.Retain()
 		plan.HolderID = g.holderID
-	default:
-		// A remote SSD refill: the source owner stages the value's chunks in a bounded
-		// area of its own memory, outside its pool (SsdStageRead), so nothing is
-		// allocated there and no late staging write can land in a reused range.
 	}
 	if src != n {
 		src.sourcing++
