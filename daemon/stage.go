@@ -59,7 +59,6 @@ var errStageEnded = errors.New("staged refill ended")
 // errStageCompleted is why a refill served and verified ended.
 var errStageCompleted = fmt.Errorf("%w: the get completed", errStageEnded)
 
-
 // stager serves other owners' refills from this owner's SSD (docs/architecture.md §10 "SSD pool"):
 // each SsdStageRead is a session that reads the value in 4 MiB chunks into slots of a
 // fixed staging area of this process's own memory (not the segment: the master never
