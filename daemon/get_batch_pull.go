@@ -102,9 +102,12 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 		}
 	}
 	o.unlock()
+	// The sources concurrently, the last on this goroutine (most batches have one: no
+	// wake-up of another before its first call goes out).
 	var wg sync.WaitGroup
+	left := len(groups)
 	for src, js := range groups {
-		wg.Go(func() {
+		bring := func() {
 			if src.ssd {
 				for part := range chunkInts(js, int(peer.STAGE_BATCH_ITEMS)) {
 					if slices.ContainsFunc(part, func(j int) bool { return time.Since(starts[j].at) > planAge }) {
@@ -121,7 +124,12 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 			} else {
 				o.pullGroup(starts, js, pre)
 			}
-		})
+		}
+		if left--; left > 0 {
+			wg.Go(bring)
+		} else {
+			bring()
+		}
 	}
 	wg.Wait()
 	// The values that landed complete together: one BatchGetDone. A refill whose holder
@@ -197,12 +205,14 @@ func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
 // refillGroup refills the values js of one source's SSD (one chunk each, at most
 // STAGE_BATCH_ITEMS): one BatchSsdStageRead makes that owner stage them while this one
 // pulls them into their targets with two PullMany of staged pulls (the even and the
-// odd items, each answered in order). Each value's outcome
-// is refillRemote's: the source's answer for it once its pull succeeded (a failed read
-// is errRemoteSSD), else the pull's failure unless the answer says the read failed.
-// When no pull succeeded, or the source left one unanswered, the answer is waited for
-// at most stageVerdictWait; then the call is abandoned and the values without an
-// answer fail as unreachable.
+// odd items, each answered in order). The call goes out from this goroutine, at once
+// (the source reads nothing before it arrives; the pulls wait there for their
+// sessions). Each value's outcome is refillRemote's: the source's answer for it once
+// its pull succeeded (a failed read is errRemoteSSD), else the pull's failure unless
+// the answer says the read failed. When no pull succeeded, or the source left one
+// unanswered, the answer is waited for at most stageVerdictWait after the pulls
+// ended; then the call is abandoned and the values without an answer fail as
+// unreachable.
 func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []*prePulled) {
 	first := starts[js[0]].plan
 	var total int64
@@ -212,51 +222,21 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 	deadline := o.bounds().stageDeadline(total)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	fail := func(err error) {
-		for _, j := range js {
-			pre[j].err = err
-		}
-	}
 	c, callOpts, err := o.peers.Get(first.SourcePeerAddr)
 	if err != nil {
-		fail(fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err))
+		for _, j := range js {
+			pre[j].err = fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err)
+		}
 		return
 	}
-	verdict := make(chan []error, 1) // one per value: nil, errRemoteSSD or unreachable
-	go func() {
-		items := make([]*peer.SsdStageReadRequest, len(js))
-		for k, j := range js {
-			p := starts[j].plan
-			items[k] = &peer.SsdStageReadRequest{Key: keys[j], PutId: p.PutId, GetId: p.GetId,
-				TargetNodeId: o.opts.NodeID, TargetDataAddr: o.dataAddr, TargetOffset: p.TargetOffset, Len: p.Len,
-				Generation: p.SourceGeneration, DeadlineMs: deadline.Milliseconds()}
-		}
-		resp, err := c.BatchSsdStageRead(ctx, &peer.BatchSsdStageReadRequest{Items: items}, callOpts...)
-		out := make([]error, len(js))
-		switch {
-		case err == nil && resp.Code == common.ErrorCode_OK && len(resp.Results) != len(js):
-			err = fmt.Errorf("it answered %d of %d values", len(resp.Results), len(js))
-		case err == nil && resp.Code != common.ErrorCode_OK:
-			err = fmt.Errorf("%s: %s", resp.Code, resp.Message)
-		}
-		for k := range out {
-			switch {
-			case err != nil:
-				out[k] = fmt.Errorf("%w: batch stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err)
-			case resp.Results[k] == nil:
-				out[k] = fmt.Errorf("%w: batch stage read on node %q: no answer for %q", transfer.ErrUnreachable, first.SourceNodeId, keys[js[k]])
-			case resp.Results[k].Code == common.ErrorCode_KEY_NOT_FOUND: // the read failed (stageAnswer)
-				out[k] = fmt.Errorf("%w: %s", errRemoteSSD, resp.Results[k].Message)
-			case resp.Results[k].Code != common.ErrorCode_OK:
-				out[k] = fmt.Errorf("%w: batch stage read on node %q: %s: %s", transfer.ErrUnreachable, first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
-			}
-		}
-		verdict <- out
-	}()
+	stage := make([]*peer.SsdStageReadRequest, len(js))
 	seg := o.seg.Bytes()
 	items := make([]transfer.PullItem, len(js))
 	for k, j := range js {
 		p := starts[j].plan
+		stage[k] = &peer.SsdStageReadRequest{Key: keys[j], PutId: p.PutId, GetId: p.GetId,
+			TargetNodeId: o.opts.NodeID, TargetDataAddr: o.dataAddr, TargetOffset: p.TargetOffset, Len: p.Len,
+			Generation: p.SourceGeneration, DeadlineMs: deadline.Milliseconds()}
 		items[k] = transfer.PullItem{
 			Fence: transfer.Fence{SourceNode: p.SourceNodeId, SourceGeneration: p.SourceGeneration, TransferID: p.GetId, Staged: true},
 			Dst:   seg[p.TargetOffset : p.TargetOffset+p.Len], // the value's one chunk, at offset 0
@@ -267,9 +247,9 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 	// reads in list order; halves would start the second pipeline a half batch ahead,
 	// waiting for reads that start only as the first half is pulled).
 	pulls := make([]error, len(items))
-	var wg sync.WaitGroup
+	var pipelines sync.WaitGroup
 	for parity := range 2 {
-		wg.Go(func() {
+		pipelines.Go(func() {
 			var part []transfer.PullItem
 			for k := parity; k < len(items); k += 2 {
 				part = append(part, items[k])
@@ -279,31 +259,52 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 			}
 		})
 	}
-	wg.Wait()
 	// The source's answer says which landed values are good. It comes once every item's
 	// read ended, the failed ones included: worth waiting for (bounded by ctx) when
 	// values landed and the source answered every pull (a refused one, e.g. a chunk not
 	// read in time, proves it alive); after a pull it did not answer (down, or cut off)
-	// it gets stageVerdictWait.
-	landed := slices.ContainsFunc(pulls, func(err error) bool { return err == nil })
-	silent := slices.ContainsFunc(pulls, func(err error) bool { return err != nil && !errors.Is(err, transfer.ErrFenced) })
-	var answers []error
-	if landed && !silent {
-		answers = <-verdict // bounded by ctx
-	} else {
-		select {
-		case answers = <-verdict:
-		case <-time.After(stageVerdictWait):
-			// The source's call ends with ctx; the goroutine making it is joined.
-			cancel()
-			answers = <-verdict
+	// it gets stageVerdictWait, then the call is cancelled.
+	answered := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		pipelines.Wait()
+		landed := slices.ContainsFunc(pulls, func(err error) bool { return err == nil })
+		silent := slices.ContainsFunc(pulls, func(err error) bool { return err != nil && !errors.Is(err, transfer.ErrFenced) })
+		if landed && !silent {
+			return
 		}
+		t := time.NewTimer(stageVerdictWait)
+		defer t.Stop()
+		select {
+		case <-answered:
+		case <-t.C:
+			cancel()
+		}
+	})
+	resp, err := c.BatchSsdStageRead(ctx, &peer.BatchSsdStageReadRequest{Items: stage}, callOpts...)
+	close(answered)
+	watch.Wait() // the pulls ended: nothing writes the targets any more
+	switch {
+	case err == nil && resp.Code == common.ErrorCode_OK && len(resp.Results) != len(js):
+		err = fmt.Errorf("it answered %d of %d values", len(resp.Results), len(js))
+	case err == nil && resp.Code != common.ErrorCode_OK:
+		err = fmt.Errorf("%s: %s", resp.Code, resp.Message)
 	}
 	for k, j := range js {
-		err := answers[k]
-		if pulls[k] != nil && !errors.Is(err, errRemoteSSD) {
-			err = pulls[k]
+		var answer error // nil, errRemoteSSD or unreachable
+		switch {
+		case err != nil:
+			answer = fmt.Errorf("%w: batch stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err)
+		case resp.Results[k] == nil:
+			answer = fmt.Errorf("%w: batch stage read on node %q: no answer for %q", transfer.ErrUnreachable, first.SourceNodeId, keys[j])
+		case resp.Results[k].Code == common.ErrorCode_KEY_NOT_FOUND: // the read failed (stageAnswer)
+			answer = fmt.Errorf("%w: %s", errRemoteSSD, resp.Results[k].Message)
+		case resp.Results[k].Code != common.ErrorCode_OK:
+			answer = fmt.Errorf("%w: batch stage read on node %q: %s: %s", transfer.ErrUnreachable, first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
 		}
-		pre[j].err = err
+		if pulls[k] != nil && !errors.Is(answer, errRemoteSSD) {
+			answer = pulls[k]
+		}
+		pre[j].err = answer
 	}
 }
