@@ -15,7 +15,9 @@ secret; then measures, each beside its baseline in the same run:
               goal: >= 0.7x); the same pair in one process is printed for reference (on a
               few cores its two goroutines share a core's cache: about twice as fast)
   remote-ssd  the same batch of pages that live only on A's SSD, through B (A stages each page
-              in its memory, B pulls it) vs through A (a local refill) (goal: >= 0.7x)
+              in its memory, B pulls it) vs through A (a local refill) (goal: >= 0.7x); with
+              --ssd-rounds N the two alternate N times and the row is the median round's, each
+              with the CPU each process spent per batch (this VM's speed drifts between windows)
   batch-put   batch_put of --put-keys values of 16 bytes in batches of 2,000 through one owner of
               its own standalone master (the issue's set-up; its figure before: 3,711 keys/s;
               goal: >= 10x)
@@ -53,6 +55,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import fluxkv  # noqa: E402
 from pressure.procs import Group, progress, run_group, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
 from pressure.sizes import format_size, parse_size  # noqa: E402
+from tracebench.cpu import tree_cpu_s  # noqa: E402
 
 MiB = 1 << 20
 
@@ -134,12 +137,29 @@ def median_us(fn, rounds: int) -> float:
 
 def timed_gib(fn, nbytes: int, seconds: float) -> float:
     """Repeats fn (moving nbytes each time) for seconds; GiB/s."""
+    return timed_calls(fn, nbytes, seconds)[0]
+
+
+def timed_calls(fn, nbytes: int, seconds: float, pids: dict[str, int] | None = None) -> tuple[float, dict[str, float]]:
+    """Repeats fn (moving nbytes each time) for seconds: GiB/s, and the CPU milliseconds
+    per call of each process of pids (name -> pid) and of this one ("client")."""
     fn()
+    pids = pids or {}
+    before = {name: tree_cpu_s([pid]) for name, pid in pids.items()}
+    t = os.times()
+    own = t.user + t.system
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         fn()
         n += 1
-    return n * nbytes / (time.perf_counter() - t0) / (1 << 30)
+    gib = n * nbytes / (time.perf_counter() - t0) / (1 << 30)
+    t = os.times()
+    cpu = {"client": (t.user + t.system - own) * 1e3 / n}
+    for name, pid in pids.items():
+        after = tree_cpu_s([pid])
+        if after is not None and before[name] is not None:
+            cpu[name] = (after - before[name]) * 1e3 / n
+    return gib, cpu
 
 
 def batch_reader(c, keys: list[str], size: int):
@@ -192,6 +212,7 @@ def main() -> int:
     ap.add_argument("--put-keys", type=int, default=100_000, help="16-byte values for the batch-put row (batches of 2,000)")
     ap.add_argument("--rounds", type=int, default=31, help="calls per exists median")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured window per throughput row")
+    ap.add_argument("--ssd-rounds", type=int, default=1, help="remote-ssd: alternate the remote and local windows this many times (median round)")
     ap.add_argument("--work-dir", default=None, help="where the temp dir (sockets, logs, A's SSD ring) goes")
     ap.add_argument("--json", default=None, help="append one JSON line per row to this file")
     args = ap.parse_args()
@@ -209,21 +230,21 @@ def main() -> int:
         maddr, mmetrics, bmetrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         common = ["--log-format", "text", "--log-level", "warn"]
         progress(f"starting master {maddr} (--no-promotion) and owners A (SSD), B (--cache-grace off), {format_size(args.dram)} DRAM each")
-        g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion", "--metrics-addr", mmetrics,
+        pm = g.start("master", [args.fluxkv_bin, *common, "master", "--listen", maddr, "--no-promotion", "--metrics-addr", mmetrics,
                            "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master.log")
         m2addr, m2metrics, dmetrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         g.start("master2", [args.fluxkv_bin, *common, "master", "--listen", m2addr, "--metrics-addr", m2metrics,
                             "--cluster-secret-file", secret, "--master-key-file", mkey], tmp / "master2.log")
         ssd_dir = tmp / "a-ssd"
         ssd_dir.mkdir()
-        socks = {}
+        socks, pids = {}, {"master": pm.p.pid}
         for name, extra in (("a", ["--ssd-path", str(ssd_dir), "--ssd-limit", format_size(4 * args.dram).replace(" ", "")]),
                             ("b", ["--cache-grace", "off", "--metrics-addr", bmetrics]), ("c", [])):
             d = tmp / name
             d.mkdir()
             p = g.start(name, [args.fluxkv_bin, *common, "owner", "--dir", d, "--dram", str(args.dram), "--master", m2addr if name == "c" else maddr, "--node-id", name,
                                "--cluster-secret-file", secret, "--master-pubkey-file", mpub, *extra], tmp / f"{name}.log")
-            socks[name] = str(d / "fluxkv.sock")
+            socks[name], pids[name] = str(d / "fluxkv.sock"), p.p.pid
             wait_for(lambda s=socks[name]: unix_socket_ready(s), 60, f"owner {name}'s socket", p)
 
         with fluxkv.connect(socks["a"]) as ca, fluxkv.connect(socks["b"]) as cb:
@@ -259,10 +280,16 @@ def main() -> int:
             rm = timed_gib(batch_reader(cb, mem_keys, size), batch_bytes, args.seconds)
             rows.append({"row": "remote-mem", "gib_per_s": rm, "baseline_gib_per_s": tcp, "ratio": rm / tcp, "goal": ">= 0.7x",
                          "baseline": "tcp-pair c1, 2 procs", "one_process_gib_per_s": tcp1})
-            progress("remote-ssd: the same from A's SSD, through B vs through A")
-            rs = timed_gib(batch_reader(cb, ssd_keys, size), batch_bytes, args.seconds)
-            ls = timed_gib(batch_reader(ca, ssd_keys, size), batch_bytes, args.seconds)
-            rows.append({"row": "remote-ssd", "gib_per_s": rs, "baseline_gib_per_s": ls, "ratio": rs / ls, "goal": ">= 0.7x", "baseline": "local SSD (A)"})
+            progress(f"remote-ssd: the same from A's SSD, through B vs through A ({args.ssd_rounds} round(s))")
+            ssd_pids = {k: pids[k] for k in ("master", "a", "b")}
+            rounds = []
+            for _ in range(args.ssd_rounds):
+                rs, rcpu = timed_calls(batch_reader(cb, ssd_keys, size), batch_bytes, args.seconds, ssd_pids)
+                ls, lcpu = timed_calls(batch_reader(ca, ssd_keys, size), batch_bytes, args.seconds, ssd_pids)
+                rounds.append({"gib_per_s": rs, "baseline_gib_per_s": ls, "ratio": rs / ls, "cpu_ms_per_batch": rcpu, "baseline_cpu_ms_per_batch": lcpu})
+            mid = sorted(rounds, key=lambda r: r["ratio"])[len(rounds) // 2]
+            rows.append({"row": "remote-ssd", **mid, "goal": ">= 0.7x", "baseline": "local SSD (A)",
+                         "round_ratios": [r["ratio"] for r in rounds]})
 
             progress(f"batch-put: {args.put_keys} x 16 B in batches of 2,000 through C, alone with master 2")
             with fluxkv.connect(socks["c"]) as cc:
@@ -304,6 +331,12 @@ def main() -> int:
             print(f"  {r['row']:<11} {r['gib_per_s']:6.3f} GiB/s   {r['baseline']}: {r['baseline_gib_per_s']:6.3f} GiB/s   ratio {r['ratio']:5.2f}x   goal {r['goal']}")
             if "one_process_gib_per_s" in r:
                 print(f"  {'':<11} (the pair in one process: {r['one_process_gib_per_s']:6.3f} GiB/s, ratio {r['gib_per_s'] / r['one_process_gib_per_s']:5.2f}x)")
+            if "round_ratios" in r:
+                cpu = ", ".join(f"{k} {r['cpu_ms_per_batch'][k]:.2f}/{r['baseline_cpu_ms_per_batch'][k]:.2f}"
+                                for k in ("master", "a", "b", "client") if k in r["cpu_ms_per_batch"] and k in r["baseline_cpu_ms_per_batch"])
+                if len(r["round_ratios"]) > 1:
+                    print(f"  {'':<11} (median of {len(r['round_ratios'])} rounds: {' '.join(f'{x:.2f}' for x in sorted(r['round_ratios']))})")
+                print(f"  {'':<11} (CPU ms per batch, remote/local: {cpu})")
         elif "keys_per_s" in r:
             print(f"  {r['row']:<11} {r['keys_per_s']:9.0f} keys/s   {r['baseline']}: {r['baseline_keys_per_s']} keys/s   ratio {r['ratio']:5.1f}x   goal {r['goal']}")
         else:
