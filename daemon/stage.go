@@ -74,10 +74,10 @@ type stager struct {
 	// chunks, held, reads, served and err. Nothing blocking runs under it: SSD reads
 	// and pulls run outside, and waiters select on changed.
 	mu       sync.Mutex
-	mem      []byte // mapped on first use: slots × stageChunk
-	free     []int  // free slot indexes
-	subFree  []int  // free sub-slot indexes (stage_slots.go)
-	subUsed  []int  // per slot: its sub-slots in use
+	mem      []byte                 // mapped on first use: slots × stageChunk
+	free     []int                  // free slot indexes
+	subFree  [len(subClasses)][]int // free sub-slot indexes per class (stage_slots.go)
+	subUsed  []int                  // per slot: its sub-slots in use
 	sessions map[int64]*stageSession
 	ended    endedStages   // sessions ended within stageSessionWait
 	changed  chan struct{} // closed and replaced when sessions or free change
@@ -145,8 +145,8 @@ type stageSession struct {
 }
 
 type stagedChunk struct {
-	slot    int  // -1: none
-	sub     bool // slot is a sub-slot (stage_slots.go)
+	slot    int // -1: none
+	class   int // slot is a sub-slot of this class (stage_slots.go; 0: a whole slot)
 	ready   bool
 	serving bool
 	done    bool
@@ -251,7 +251,7 @@ func (s *stageSession) changedLocked() {
 }
 
 func (s *stageSession) freeSlotLocked(c *stagedChunk) {
-	s.st.giveSlotLocked(c.slot, c.sub)
+	s.st.giveSlotLocked(c.slot, c.class)
 	c.slot = -1
 	s.held--
 	for _, o := range s.st.sessions { // any session may be waiting for a slot
@@ -271,11 +271,11 @@ func (s *stageSession) Take(i int, n int64) []byte {
 	if s.err != nil || s.held >= stageSessionSlots || n > stageChunk {
 		return nil
 	}
-	slot, sub, buf, ok := st.takeSlotLocked(n)
+	slot, class, buf, ok := st.takeSlotLocked(n)
 	if !ok {
 		return nil
 	}
-	s.chunks[i].slot, s.chunks[i].sub = slot, sub
+	s.chunks[i].slot, s.chunks[i].class = slot, class
 	s.held++
 	s.reads++
 	st.metrics.Reads(s.reads)

@@ -8,20 +8,20 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
-	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // A get batch's values on another owner's SSD are refilled with one BatchSsdStageRead
 // per source (peer.thrift): that owner registers every item's session at once, so each
 // pull the requester sends finds its session and waits for its chunk, and reads the
-// items in list order, STAGE_BATCH_IN_FLIGHT at a time when each fits a sub-slot of the
-// staging area (stage_slots.go: KV pages), else stageBatchLarge at a time. Each item
-// holds one slot or sub-slot from its read until its pull (items are one chunk each).
-// An item of pages gives its place among the reads back once its chunk is read, not
-// once it is pulled: the next items are read while the requester pulls the first ones
-// (a batch whose reads waited for the pulls read in waves, each wave's pulls idle while
-// the next wave was read). A batch of pages then holds at most stageBatchHeldSlots
-// slots' worth of sub-slots, read or being read and not yet pulled; a batch of larger
+// items in list order, STAGE_BATCH_IN_FLIGHT at a time when each fits a sixteenth
+// sub-slot of the staging area (stage_slots.go: KV pages), else stageBatchLarge at a
+// time. Each item holds one slot or sub-slot from its read until its pull (items are
+// one chunk each). An item gives its place among the reads back once its chunk is
+// read, not once it is pulled: the next items are read while the requester pulls the
+// first ones (a batch whose reads waited for the pulls read in waves, each wave's pulls
+// idle while the next wave was read). A batch of values that fit sub-slots then holds
+// at most stageBatchHeldSlots slots' worth of them (32 pages of up to 256 KiB, or 8
+// values of up to 1 MiB), read or being read and not yet pulled; a batch of larger
 // values 4 of the 12 slots, so batches from several requesters stage at once. The
 // requester pulls in order; an item that finds no room while later ones hold it (many
 // batches of large values at once) waits until its pull gives up (stageChunkWait), and
@@ -34,11 +34,13 @@ import (
 // ends then): a requester gone or stuck has every item answered by then, the items it
 // left unpulled and the ones not read yet.
 
-// stageBatchLarge is how many items of more than a sub-slot one batch reads at once.
+// stageBatchLarge is how many items of more than a sixteenth sub-slot one batch reads
+// at once, and how many of more than a quarter one it holds.
 const stageBatchLarge = 4
 
-// stageBatchHeldSlots is how many slots' worth of sub-slots one batch of pages holds at
-// most: its reads in flight and the read chunks waiting for their pulls.
+// stageBatchHeldSlots is how many slots' worth of sub-slots one batch of values that
+// fit them holds at most: its reads in flight and the read chunks waiting for their
+// pulls.
 const stageBatchHeldSlots = 2
 
 // stageBatch is one BatchSsdStageRead being served.
@@ -88,11 +90,23 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 		}
 		b.read[i] = make(chan struct{})
 	}
-	reads, held := int(peer.STAGE_BATCH_IN_FLIGHT), stageBatchHeldSlots*subSlotsPerSlot
+	// The sub-slots the batch's largest item needs set its reads and places.
+	per := subSlotsPerSlot
 	for _, r := range b.runs {
-		if r != nil && ssd.AlignedLen(r.req.Len) > stageSubSlot {
-			reads, held = stageBatchLarge, stageBatchLarge
+		if r != nil {
+			if c := subClassOf(r.req.Len); c == 0 {
+				per = 1
+			} else {
+				per = min(per, subClasses[c-1].per)
+			}
 		}
+	}
+	reads, held := int(peer.STAGE_BATCH_IN_FLIGHT), stageBatchHeldSlots*per
+	switch {
+	case per == 1:
+		reads, held = stageBatchLarge, stageBatchLarge
+	case per < subSlotsPerSlot:
+		reads = stageBatchLarge
 	}
 	b.places = make(chan struct{}, held)
 	readers := make(chan struct{})

@@ -16,12 +16,17 @@ import (
 // longer in its memory, and returns one BatchSsdStageRead item per page (get ids from
 // 9000, as a requester n2 would send them) and each page's bytes.
 func stagedPages(t *testing.T, pages int) (*node, []*peer.SsdStageReadRequest, map[string][]byte) {
+	return stagedValues(t, pages, func(i int) int { return 64<<10 + i*131 })
+}
+
+// stagedValues is stagedPages with values of size(i) bytes.
+func stagedValues(t *testing.T, pages int, size func(i int) int) (*node, []*peer.SsdStageReadRequest, map[string][]byte) {
 	t.Helper()
 	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
 	want := map[string][]byte{}
 	for i := range pages {
 		k := fmt.Sprintf("page-%d", i)
-		want[k] = value(i, 64<<10+i*131)
+		want[k] = value(i, size(i))
 		if err := n.c.Put(k, want[k]); err != nil {
 			t.Fatal(err)
 		}
@@ -49,17 +54,34 @@ func stagedPages(t *testing.T, pages int) (*node, []*peer.SsdStageReadRequest, m
 	return n, items, want
 }
 
-// TestBatchStageReadsAheadOfPulls: a BatchSsdStageRead of more pages than
-// STAGE_BATCH_IN_FLIGHT reads all of them while none has been pulled yet (an item gives
-// its place among the reads back once its chunk is read, not once it is pulled), up to
-// stageBatchHeldSlots slots' worth; the next ones are read as the first are pulled.
-// Then every pull gets its page byte-exact and every item is answered served.
+// TestBatchStageReadsAheadOfPulls: a BatchSsdStageRead of more values than it reads at
+// once (pages: STAGE_BATCH_IN_FLIGHT; values of up to 1 MiB: stageBatchLarge) reads
+// more of them while none has been pulled yet (an item gives its place among the reads
+// back once its chunk is read, not once it is pulled), up to stageBatchHeldSlots slots'
+// worth of sub-slots: 32 pages, 8 values of 1 MiB; the next ones are read as the first
+// are pulled. Then every pull gets its value byte-exact and every item is answered
+// served.
 func TestBatchStageReadsAheadOfPulls(t *testing.T) {
 	t.Parallel()
-	held := stageBatchHeldSlots * subSlotsPerSlot
-	n, items, want := stagedPages(t, held+8) // more than are read ahead: the last ones wait for pulls
-	if int(peer.STAGE_BATCH_IN_FLIGHT) >= held {
-		t.Fatalf("STAGE_BATCH_IN_FLIGHT %d reads at once, the batch holds %d: nothing to read ahead", peer.STAGE_BATCH_IN_FLIGHT, held)
+	for _, tc := range []struct {
+		name        string
+		reads, held int
+		size        func(i int) int
+	}{
+		{"pages", int(peer.STAGE_BATCH_IN_FLIGHT), stageBatchHeldSlots * subSlotsPerSlot, func(i int) int { return 64<<10 + i*131 }},
+		{"1MiB", stageBatchLarge, stageBatchHeldSlots * 4, func(i int) int { return 1<<20 - i*4096 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			readsAheadOfPulls(t, tc.reads, tc.held, tc.size)
+		})
+	}
+}
+
+func readsAheadOfPulls(t *testing.T, reads, held int, size func(i int) int) {
+	n, items, want := stagedValues(t, held+4, size) // more than are read ahead: the last ones wait for pulls
+	if reads >= held {
+		t.Fatalf("%d reads at once, the batch holds %d: nothing to read ahead", reads, held)
 	}
 	type answer struct {
 		errs []error

@@ -6,51 +6,93 @@ import (
 	"github.com/fluxkv/fluxkv/metrics"
 )
 
-// TestStageSubSlots: small chunks split a slot into sub-slots, a whole slot comes back
-// once all of its sub-slots are free, and nothing is handed out twice or beyond the area.
+// TestStageSubSlots: chunks that fit a sub-slot split a slot into sub-slots of the
+// smallest size that holds them (sixteen of 256 KiB for pages, four of 1 MiB for
+// larger ones), a whole slot comes back once all of its sub-slots are free, and
+// nothing is handed out twice, beyond the area or outside its slot.
 func TestStageSubSlots(t *testing.T) {
+	for _, tc := range []struct {
+		n     int64
+		class int
+		per   int
+		size  int64
+	}{
+		{64 << 10, 1, 16, 256 << 10},
+		{256 << 10, 1, 16, 256 << 10},
+		{256<<10 + 1, 2, 4, 1 << 20},
+		{1 << 20, 2, 4, 1 << 20},
+	} {
+		st := newStager(&Owner{}, 2)
+		st.mem = make([]byte, 2*stageChunk)
+		type taken struct {
+			slot, class int
+		}
+		var subs []taken
+		seen := map[int]bool{}
+		for range 2 * tc.per {
+			slot, class, buf, ok := st.takeSlotLocked(tc.n)
+			if !ok || class != tc.class || int64(len(buf)) != tc.size || seen[slot] {
+				t.Fatalf("%d bytes, sub-slot %d: ok %v class %d len %d (seen %v)", tc.n, len(subs), ok, class, len(buf), seen[slot])
+			}
+			if b := st.slotBytes(&stagedChunk{slot: slot, class: class}, tc.size); &b[0] != &buf[0] {
+				t.Fatalf("%d bytes: slotBytes of sub-slot %d is not its buffer", tc.n, slot)
+			}
+			seen[slot] = true
+			subs = append(subs, taken{slot, class})
+		}
+		if _, _, _, ok := st.takeSlotLocked(tc.n); ok {
+			t.Fatalf("%d bytes: a sub-slot beyond the area", tc.n)
+		}
+		if _, _, _, ok := st.takeSlotLocked(stageChunk); ok {
+			t.Fatalf("%d bytes: a whole slot while both are split", tc.n)
+		}
+		for _, s := range subs[:tc.per-1] { // all but one of the first slot's
+			st.giveSlotLocked(s.slot, s.class)
+		}
+		if _, _, _, ok := st.takeSlotLocked(stageChunk); ok {
+			t.Fatalf("%d bytes: a whole slot while one of its sub-slots is in use", tc.n)
+		}
+		st.giveSlotLocked(subs[tc.per-1].slot, tc.class)
+		slot, class, buf, ok := st.takeSlotLocked(stageChunk)
+		if !ok || class != 0 || len(buf) != stageChunk || slot != subs[0].slot/tc.per {
+			t.Fatalf("%d bytes: whole slot after its sub-slots came back: %d %v %v", tc.n, slot, class, ok)
+		}
+		if n := len(st.subFree[tc.class-1]); n != 0 {
+			t.Fatalf("%d bytes: %d sub-slots of a whole slot in use left free", tc.n, n)
+		}
+		st.giveSlotLocked(slot, 0)
+		for _, s := range subs[tc.per:] {
+			st.giveSlotLocked(s.slot, s.class)
+		}
+		if len(st.free) != 2 || len(st.subFree[0])+len(st.subFree[1]) != 0 {
+			t.Fatalf("%d bytes: after every give back: %d slots free, %v sub-slots", tc.n, len(st.free), st.subFree)
+		}
+	}
+}
+
+// TestStageSubSlotSizesShareTheArea: pages and 1 MiB values staged at once split
+// different slots, each of one size.
+func TestStageSubSlotSizesShareTheArea(t *testing.T) {
 	st := newStager(&Owner{}, 2)
 	st.mem = make([]byte, 2*stageChunk)
-	type taken struct {
-		slot int
-		sub  bool
+	page, pc, _, ok := st.takeSlotLocked(64 << 10)
+	if !ok || pc != 1 {
+		t.Fatal("a page: no sixteenth sub-slot")
 	}
-	var subs []taken
-	seen := map[int]bool{}
-	for range 2 * subSlotsPerSlot {
-		slot, sub, buf, ok := st.takeSlotLocked(64 << 10)
-		if !ok || !sub || len(buf) != stageSubSlot || seen[slot] {
-			t.Fatalf("sub-slot %d: ok %v sub %v len %d (seen %v)", len(subs), ok, sub, len(buf), seen[slot])
-		}
-		seen[slot] = true
-		subs = append(subs, taken{slot, sub})
+	large, lc, _, ok := st.takeSlotLocked(1 << 20)
+	if !ok || lc != 2 {
+		t.Fatal("1 MiB: no quarter sub-slot")
 	}
-	if _, _, _, ok := st.takeSlotLocked(64 << 10); ok {
-		t.Fatal("a sub-slot beyond the area")
+	if page/subClasses[0].per == large/subClasses[1].per {
+		t.Fatalf("a page and a 1 MiB value share slot %d", page/subClasses[0].per)
 	}
 	if _, _, _, ok := st.takeSlotLocked(stageChunk); ok {
 		t.Fatal("a whole slot while both are split")
 	}
-	for _, s := range subs[:subSlotsPerSlot-1] { // all but one of the first slot's
-		st.giveSlotLocked(s.slot, s.sub)
-	}
-	if _, _, _, ok := st.takeSlotLocked(stageChunk); ok {
-		t.Fatal("a whole slot while one of its sub-slots is in use")
-	}
-	st.giveSlotLocked(subs[subSlotsPerSlot-1].slot, true)
-	slot, sub, buf, ok := st.takeSlotLocked(stageChunk)
-	if !ok || sub || len(buf) != stageChunk || slot != subs[0].slot/subSlotsPerSlot {
-		t.Fatalf("whole slot after its sub-slots came back: %d %v %v", slot, sub, ok)
-	}
-	if len(st.subFree) != 0 {
-		t.Fatalf("%d sub-slots of a whole slot in use left free", len(st.subFree))
-	}
-	st.giveSlotLocked(slot, false)
-	for _, s := range subs[subSlotsPerSlot:] {
-		st.giveSlotLocked(s.slot, s.sub)
-	}
-	if len(st.free) != 2 || len(st.subFree) != 0 {
-		t.Fatalf("after every give back: %d slots free, %d sub-slots", len(st.free), len(st.subFree))
+	st.giveSlotLocked(page, pc)
+	st.giveSlotLocked(large, lc)
+	if len(st.free) != 2 {
+		t.Fatalf("%d slots free after both came back", len(st.free))
 	}
 }
 
