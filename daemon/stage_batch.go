@@ -29,7 +29,8 @@ import (
 //
 // The readers only read: an item read waits for its pull without a goroutine of its
 // own. One goroutine (the caller's) ends the items in list order, each once it was
-// pulled or failed. Every item shares the call's one deadline, the longest of their
+// pulled or failed; an item whose read failed its reader ends at once (its pull hears
+// so, its place comes back). Every item shares the call's one deadline, the longest of their
 // stageLimits (the requester's deadline_ms bounds the whole call, as its own call
 // ends then): a requester gone or stuck has every item answered by then, the items it
 // left unpulled and the ones not read yet.
@@ -47,8 +48,11 @@ const stageBatchHeldSlots = 2
 type stageBatch struct {
 	o    *Owner
 	runs []*stageRun // nil: refused at its begin
-	read []chan struct{}
-	errs []error // the read's outcome, then the item's answer
+	read []chan struct{} // closed once the item's read ended (or it was not read)
+	// errs[i] is item i's answer once its read ended in error (its session ended
+	// then: its pull hears so at once, and its place comes back), else the read's nil
+	// until end sets the answer.
+	errs []error
 	// places bounds the items read or being read and not yet pulled: an item takes a
 	// place before its read, and its session gives it back (stageSession.place).
 	places chan struct{}
@@ -132,7 +136,9 @@ func (b *stageBatch) readAll(reads int) {
 		wg.Go(func() {
 			for i := range work {
 				r := b.runs[i]
-				b.errs[i] = r.load(r.base)
+				if err := r.load(r.base); err != nil {
+					b.errs[i] = r.end(r.base, err)
+				}
 				close(b.read[i])
 			}
 		})
@@ -146,7 +152,7 @@ func (b *stageBatch) readAll(reads int) {
 		select {
 		case b.places <- struct{}{}:
 		case <-r.base.Done():
-			b.errs[i] = fmt.Errorf("%w: waiting for a read of %q: %w", errStageEnded, r.req.Key, context.Cause(r.base))
+			b.errs[i] = r.end(r.base, fmt.Errorf("%w: waiting for a read of %q: %w", errStageEnded, r.req.Key, context.Cause(r.base)))
 			close(b.read[i])
 			continue
 		}
@@ -163,7 +169,8 @@ func (b *stageBatch) readAll(reads int) {
 	wg.Wait()
 }
 
-// end waits for item i's read, then for its pull, ends its session and sets its answer.
+// end waits for item i's read, then (read) for its pull, ends its session and sets its
+// answer.
 func (b *stageBatch) end(i int) {
 	r := b.runs[i]
 	if r == nil {
@@ -171,9 +178,8 @@ func (b *stageBatch) end(i int) {
 	}
 	defer r.cancel(nil)
 	<-b.read[i]
-	err := b.errs[i]
-	if err == nil {
-		err = b.o.stager.waitServed(r.base, r.s)
+	if b.errs[i] != nil {
+		return // ended when its read failed
 	}
-	b.errs[i] = r.end(r.base, err)
+	b.errs[i] = r.end(r.base, b.o.stager.waitServed(r.base, r.s))
 }
