@@ -47,7 +47,7 @@ const stageBatchHeldSlots = 2
 // stageBatch is one BatchSsdStageRead being served.
 type stageBatch struct {
 	o    *Owner
-	runs []*stageRun // nil: refused at its begin
+	runs []*stageRun     // nil: refused at its begin
 	read []chan struct{} // closed once the item's read ended (or it was not read)
 	// errs[i] is item i's answer once its read ended in error (its session ended
 	// then: its pull hears so at once, and its place comes back), else the read's nil
