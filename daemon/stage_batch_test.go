@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
@@ -174,5 +176,58 @@ func TestBatchStageReadAbandoned(t *testing.T) {
 	defer st.mu.Unlock()
 	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
 		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
+	}
+}
+
+// TestBatchStageReadFailedItemEndsAtOnce: an item whose read fails (here: a put id the
+// SSD does not hold) ends at once: its pull is refused while an earlier item still
+// waits for its own pull, not when the items before it are done; then every item is
+// answered (the failed read as KEY_NOT_FOUND: the requester drops that SSD replica).
+func TestBatchStageReadFailedItemEndsAtOnce(t *testing.T) {
+	t.Parallel()
+	n, items, want := stagedPages(t, 2)
+	items[1].PutId++ // not on the SSD: its read fails
+	done := make(chan []error, 1)
+	go func() {
+		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- errs
+	}()
+	st := n.o.stager
+	waitUntil(t, func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		s := st.sessions[items[0].GetId]
+		return s != nil && s.chunks[0].ready
+	})
+	refused := make(chan error, 1)
+	go func() {
+		_, release, err := st.open(items[1].GetId, 0, items[1].Len)
+		if err == nil {
+			release()
+		}
+		refused <- err
+	}()
+	select {
+	case err := <-refused:
+		if !errors.Is(err, transfer.ErrFenced) {
+			t.Errorf("the pull of the item whose read failed: %v, want a refusal", err)
+		}
+	case <-time.After(stageChunkWait / 2):
+		t.Fatal("the pull of the item whose read failed waits while the item before it is unpulled")
+	}
+	buf, release, err := st.open(items[0].GetId, 0, items[0].Len)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf[:items[0].Len], want[items[0].Key]) {
+		t.Error("the first item: wrong bytes")
+	}
+	release()
+	errs := <-done
+	if errs[0] != nil || wire.CodeOf(errs[1]) != common.ErrorCode_KEY_NOT_FOUND {
+		t.Errorf("answers %v, want the first served and the second KEY_NOT_FOUND", errs)
 	}
 }
