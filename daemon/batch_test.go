@@ -65,6 +65,23 @@ func counter(t *testing.T, m *metrics.Metrics, name string, want map[string]stri
 	return sum
 }
 
+// batchGetAnswer is what a BatchGet answered.
+type batchGetAnswer struct {
+	hs   []*fluxkv.MemHolder
+	errs []error
+	err  error
+}
+
+// batchGetAsync runs c.BatchGet(keys) in the background; its answer comes on the channel.
+func batchGetAsync(c *fluxkv.Client, keys []string) <-chan batchGetAnswer {
+	done := make(chan batchGetAnswer, 1)
+	go func() {
+		hs, errs, err := c.BatchGet(keys)
+		done <- batchGetAnswer{hs, errs, err}
+	}()
+	return done
+}
+
 // masterCalls counts the master's calls of each method so far.
 func masterCalls(t *testing.T, m *metrics.Metrics, methods ...string) map[string]int {
 	out := map[string]int{}
@@ -1069,16 +1086,7 @@ func replansAgedPlan(t *testing.T, lostRevoke bool) {
 	}
 	o2.mu.Unlock()
 	before := masterCalls(t, mm, "GetStart", "BatchGetStart", "GetRevoke")
-	type answer struct {
-		hs   []*fluxkv.MemHolder
-		errs []error
-		err  error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		hs, errs, err := c2.BatchGet(keys)
-		done <- answer{hs, errs, err}
-	}()
+	done := batchGetAsync(c2, keys)
 	held.Wait() // every worker is inside a transfer; the last key's plan waits
 	time.Sleep(planMaxAge + 500*time.Millisecond)
 	close(release)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 )
@@ -137,17 +136,8 @@ func TestBatchRefillsPerSource(t *testing.T) {
 	q.mu.Lock()
 	q.sending = true
 	q.mu.Unlock()
-	type answer struct {
-		hs   []*fluxkv.MemHolder
-		errs []error
-		err  error
-	}
-	got := make(chan answer, 1)
-	go func() {
-		hs, errs, err := c2.BatchGet(keys)
-		got <- answer{hs, errs, err}
-	}()
-	var a answer
+	got := batchGetAsync(c2, keys)
+	var a batchGetAnswer
 	select {
 	case a = <-got:
 	case <-time.After(30 * time.Second):
