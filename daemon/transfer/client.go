@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -323,11 +322,17 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 		op = opPullStaged
 	}
 	req := appendRequest(hb[:0], request{op: op, fence: f, offset: offset, length: int64(len(dst))})
+	rr, err := c.newReplyReader(tc)
+	if err != nil {
+		return c.ioFail(pullRef{addr, f, offset, len(dst)}, "sending the request", 0, false, err)
+	}
 	tc.SetWriteDeadline(time.Now().Add(c.opts.ProgressTimeout))
 	if _, err := tc.Write(req); err != nil {
 		return c.ioFail(pullRef{addr, f, offset, len(dst)}, "sending the request", 0, false, err)
 	}
-	return c.readReply(tc, pullRef{addr, f, offset, len(dst)}, dst)
+	res = rr.read(pullRef{addr, f, offset, len(dst)}, dst)
+	res.keep = res.keep && rr.inStep()
+	return res
 }
 
 // cancelled ends a pull on a connection whose context deadline stop was armed: when
@@ -371,81 +376,6 @@ func (c *Client) ioFail(r pullRef, stage string, got int, started bool, err erro
 			ErrUnreachable, r, stage, got, r.n, err)
 	}
 	return res
-}
-
-// readReply reads the answer to the request of r (sent on tc) and, for OK, its data
-// straight from the socket into dst.
-func (c *Client) readReply(tc *net.TCPConn, r pullRef, dst []byte) pullResult {
-	var rh [responseFixedLen + maxMessageBytes]byte
-	var status byte
-	var length int64
-	var msgLen int
-	started := false
-	for {
-		// A staged pull's source says statusWait while it reads the chunk: each one
-		// proves it alive, so the deadline starts again.
-		tc.SetReadDeadline(time.Now().Add(c.opts.ProgressTimeout))
-		if n, err := io.ReadFull(tc, rh[:responseFixedLen]); err != nil {
-			return c.ioFail(r, "reading the reply", 0, started || n > 0, err)
-		}
-		started = true
-		var err error
-		status, length, msgLen, err = parseResponseFixed(rh[:responseFixedLen])
-		if err != nil {
-			return pullResult{err: fmt.Errorf("%w: %s: %s", ErrUnreachable, r, err), kind: metrics.TransferErrBadRequest, started: true}
-		}
-		if status != statusWait || !r.f.Staged {
-			break
-		}
-		if msgLen != 0 || length != 0 {
-			return pullResult{err: fmt.Errorf("%w: %s: a WAIT status with %d bytes", ErrUnreachable, r, length+int64(msgLen)), kind: metrics.TransferErrBadRequest, started: true}
-		}
-	}
-	if _, err := io.ReadFull(tc, rh[responseFixedLen:responseFixedLen+msgLen]); err != nil {
-		return c.ioFail(r, "reading the reply", 0, true, err)
-	}
-	msg := rh[responseFixedLen : responseFixedLen+msgLen] // %s prints it; an OK's padding is never copied
-	if status != statusOK && length != 0 {
-		// A refusal carries no data: bytes it announced would be read as the next
-		// pull's reply. The stream is out of step.
-		return pullResult{err: fmt.Errorf("%w: %s: a %s status announcing %d bytes: %s", ErrUnreachable, r, statusName(status), length, msg),
-			kind: metrics.TransferErrBadRequest, started: true}
-	}
-	switch status {
-	case statusOK:
-	case statusFenced:
-		return pullResult{err: fmt.Errorf("%w: %s: %s", ErrFenced, r, msg), kind: metrics.TransferErrFenced, keep: true, started: true}
-	case statusUnavailable:
-		return pullResult{err: fmt.Errorf("%w: %s: the source is unavailable: %s", ErrUnreachable, r, msg), kind: metrics.TransferErrUnavailable, keep: true, started: true}
-	case statusBadRequest:
-		return pullResult{err: fmt.Errorf("transfer: %s: the source refused a bad request: %s", r, msg), kind: metrics.TransferErrBadRequest, started: true}
-	default:
-		return pullResult{err: fmt.Errorf("%w: %s: unknown status %d: %s", ErrUnreachable, r, status, msg), kind: metrics.TransferErrBadRequest, started: true}
-	}
-	if length != int64(len(dst)) {
-		return pullResult{err: fmt.Errorf("%w: %s: the source announced %d bytes", ErrUnreachable, r, length), kind: metrics.TransferErrBadRequest, started: true}
-	}
-
-	// Straight from the socket into dst. The deadline moves with progress: a pull
-	// fails when no byte arrived for between 3/4 and 1 ProgressTimeout.
-	refresh := c.opts.ProgressTimeout / 4
-	last := time.Now()
-	tc.SetReadDeadline(last.Add(c.opts.ProgressTimeout))
-	for got := 0; got < len(dst); {
-		n, err := tc.Read(dst[got:min(got+maxReadChunk, len(dst))])
-		got += n
-		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return c.ioFail(r, "reading the data", got, true, err)
-		}
-		if now := time.Now(); now.Sub(last) > refresh {
-			last = now
-			tc.SetReadDeadline(now.Add(c.opts.ProgressTimeout))
-		}
-	}
-	return pullResult{keep: true, started: true}
 }
 
 // get returns a pooled connection to addr (reused) or dials one.

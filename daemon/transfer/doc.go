@@ -43,6 +43,12 @@
 // connection, so the puller finds the data behind the header instead of parking
 // between them.
 //
+// The puller (reply.go) reads an OK response's padding and data with one readv, into
+// whose last vector goes whatever of the next response's fixed header (16 bytes, never
+// more) arrived behind them: a PullMany whose source streams ahead costs one read per
+// value instead of three. Bytes read ahead once every request was answered came
+// unasked: that connection is not pooled.
+//
 // Deadlines. The puller fails a pull when no byte arrives for ProgressTimeout, sets
 // TCP_USER_TIMEOUT on each connection, and closes the connection when its context
 // ends; a connection that failed mid-pull is never pooled again. Errors wrap ErrFenced

@@ -196,6 +196,11 @@ func (c *Client) pipelineOn(ctx context.Context, tc *net.TCPConn, addr string, i
 	first := items[run[0]].Fence
 	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
 	defer func() { res = cancelled(stop, ctx, addr, first, res) }()
+	rr, err := c.newReplyReader(tc)
+	if err != nil {
+		it := items[run[0]]
+		return c.ioFail(pullRef{addr, it.Fence, it.Offset, len(it.Dst)}, "sending the requests", 0, false, err), 0
+	}
 	buf := make([]byte, 0, (pipelineDepth/2+1)*maxRequestLen)
 	sent := 0
 	send := func(upTo int) pullResult {
@@ -225,7 +230,7 @@ func (c *Client) pipelineOn(ctx context.Context, tc *net.TCPConn, addr string, i
 			}
 		}
 		it := items[run[answered]]
-		r := c.readReply(tc, pullRef{addr, it.Fence, it.Offset, len(it.Dst)}, it.Dst)
+		r := rr.read(pullRef{addr, it.Fence, it.Offset, len(it.Dst)}, it.Dst)
 		if r.err != nil && !r.keep {
 			r.started = r.started || answered > 0
 			return r, answered
@@ -237,5 +242,5 @@ func (c *Client) pipelineOn(ctx context.Context, tc *net.TCPConn, addr string, i
 		}
 		answered++
 	}
-	return pullResult{keep: true, started: true}, answered
+	return pullResult{keep: rr.inStep(), started: true}, answered
 }
