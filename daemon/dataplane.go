@@ -90,7 +90,15 @@ func (o *Owner) closeSegmentUsers() {
 // staged pull (Fence.Staged) is served from the stager instead.
 type segmentSource struct{ o *Owner }
 
+var _ transfer.WaitingSource = segmentSource{}
+
 func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, func(), error) {
+	return s.OpenWaiting(f, offset, length, nil)
+}
+
+// OpenWaiting implements transfer.WaitingSource: a staged pull waits for its chunk on
+// the serving goroutine, calling alive every transfer.WaitInterval (nil: never).
+func (s segmentSource) OpenWaiting(f transfer.Fence, offset, length int64, alive func() error) ([]byte, func(), error) {
 	o := s.o
 	if f.SourceNode != o.opts.NodeID || f.SourceGeneration != o.generation {
 		return nil, nil, fmt.Errorf("%w: pull for node %q generation %d reached node %q generation %d",
@@ -100,7 +108,7 @@ func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, fun
 		if o.stager == nil {
 			return nil, nil, fmt.Errorf("%w: node %q has no SSD tier to stage from", transfer.ErrFenced, o.opts.NodeID)
 		}
-		return o.stager.open(f.TransferID, offset, length)
+		return o.stager.open(f.TransferID, offset, length, alive)
 	}
 	seg := o.seg.Bytes()
 	if offset < 0 || length <= 0 || offset > int64(len(seg))-length {

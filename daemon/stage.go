@@ -308,9 +308,11 @@ func (s *stageSession) stalledLocked(now time.Time) bool {
 
 // open serves a staged pull (transfer.Fence.Staged) of the chunk at offset of the value
 // staged for get id: it waits for the session and the chunk, then lends the chunk's
-// slot until the pull has sent it.
-func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
+// slot until the pull has sent it. While it waits it calls alive (when set) every
+// transfer.WaitInterval, without the lock; an error of alive ends the wait with it.
+func (st *stager) open(getID, offset, length int64, alive func() error) ([]byte, func(), error) {
 	start := time.Now()
+	nextAlive := start.Add(transfer.WaitInterval)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for {
@@ -355,13 +357,25 @@ func (st *stager) open(getID, offset, length int64) ([]byte, func(), error) {
 				return nil, nil, err
 			}
 		}
-		st.mu.Unlock()
-		t := time.NewTimer(wait)
-		select {
-		case <-ch:
-		case <-t.C:
+		if alive != nil {
+			wait = min(wait, time.Until(nextAlive))
 		}
-		t.Stop()
+		st.mu.Unlock()
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ch:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if alive != nil && !time.Now().Before(nextAlive) {
+			nextAlive = time.Now().Add(transfer.WaitInterval)
+			if err := alive(); err != nil {
+				st.mu.Lock()
+				return nil, nil, err
+			}
+		}
 		st.mu.Lock()
 	}
 }
@@ -491,6 +505,13 @@ func stageAnswer(ctx context.Context, req *peer.SsdStageReadRequest, node string
 // gone or stuck): its load stops and its slots go back. The returned func stops it and
 // waits for it to end.
 func (st *stager) watch(s *stageSession) (stop func()) {
+	return st.watchAll([]*stageSession{s}, s.failLocked)
+}
+
+// watchAll calls fail (under st.mu, once) when a read chunk of one of the sessions ss
+// still running stays unpulled for stageUnpulled. The returned func stops it and waits
+// for it to end.
+func (st *stager) watchAll(ss []*stageSession, fail func(error)) (stop func()) {
 	done, ended := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(ended)
@@ -503,8 +524,13 @@ func (st *stager) watch(s *stageSession) (stop func()) {
 			case <-tick.C:
 			}
 			st.mu.Lock()
-			if s.stalledLocked(time.Now()) {
-				s.failLocked(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
+			now := time.Now()
+			for _, s := range ss {
+				if s.err == nil && s.stalledLocked(now) {
+					fail(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
+					st.mu.Unlock()
+					return
+				}
 			}
 			st.mu.Unlock()
 		}

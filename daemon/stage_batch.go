@@ -30,10 +30,11 @@ import (
 // The readers only read: an item read waits for its pull without a goroutine of its
 // own. One goroutine (the caller's) ends the items in list order, each once it was
 // pulled or failed; an item whose read failed its reader ends at once (its pull hears
-// so, its place comes back). Every item shares the call's one deadline, the longest of their
-// stageLimits (the requester's deadline_ms bounds the whole call, as its own call
-// ends then): a requester gone or stuck has every item answered by then, the items it
-// left unpulled and the ones not read yet.
+// so, its place comes back). Every item shares the call's one deadline, the refill
+// deadline of all their bytes (pulled one after another), at most the requester's
+// deadline_ms (its own call ends then): batchStageLimit. A requester gone or stuck has
+// every item answered once a read item waited stageUnpulled for its pull, or at the
+// deadline, the items it left unpulled and the ones not read yet.
 
 // stageBatchLarge is how many items of more than a sixteenth sub-slot one batch reads
 // at once, and how many of more than a quarter one it holds.
@@ -64,13 +65,9 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 	if n := len(req.Items); n > int(peer.STAGE_BATCH_ITEMS) {
 		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "batch stage read of %d items, at most %d", n, peer.STAGE_BATCH_ITEMS)
 	}
-	var limit time.Duration
-	for _, it := range req.Items {
-		if it != nil {
-			limit = max(limit, o.stageLimit(it))
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	stopped, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	ctx, cancel := context.WithTimeout(stopped, o.batchStageLimit(req.Items))
 	defer cancel()
 	b := &stageBatch{o: o, runs: make([]*stageRun, len(req.Items)), read: make([]chan struct{}, len(req.Items)),
 		errs: make([]error, len(req.Items))}
@@ -113,6 +110,15 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 		reads = stageBatchLarge
 	}
 	b.places = make(chan struct{}, held)
+	// A requester gone or stuck leaves a read item unpulled: after stageUnpulled every
+	// item is answered (the ones not read yet, and the read ones left unpulled).
+	var sessions []*stageSession
+	for _, r := range b.runs {
+		if r != nil {
+			sessions = append(sessions, r.s)
+		}
+	}
+	stopWatch := o.stager.watchAll(sessions, stop)
 	readers := make(chan struct{})
 	go func() {
 		defer close(readers)
@@ -122,7 +128,27 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 		b.end(i)
 	}
 	<-readers
+	stopWatch()
 	return b.errs, nil
+}
+
+// batchStageLimit is how long a BatchSsdStageRead of items may take: the refill
+// deadline of their bytes together (each item is pulled after the ones before it), at
+// most the longest deadline_ms the requester gave (its call ends then).
+func (o *Owner) batchStageLimit(items []*peer.SsdStageReadRequest) time.Duration {
+	var total int64
+	var asked time.Duration
+	for _, it := range items {
+		if it != nil && it.Len > 0 && it.Len <= stageChunk {
+			total += it.Len
+			asked = max(asked, time.Duration(it.DeadlineMs)*time.Millisecond)
+		}
+	}
+	limit := o.bounds().stageDeadline(total)
+	if asked > 0 && asked < limit {
+		limit = asked
+	}
+	return limit
 }
 
 // readAll reads the items with reads readers, handing each item to them once it has a

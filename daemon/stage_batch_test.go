@@ -112,7 +112,7 @@ func readsAheadOfPulls(t *testing.T, reads, held int, size func(i int) int) {
 		t.Fatalf("%d chunks read before any pull, want %d (stageBatchHeldSlots)", got, held)
 	}
 	for _, it := range items { // in order, as the requester pulls
-		buf, release, err := n.o.stager.open(it.GetId, 0, it.Len)
+		buf, release, err := n.o.stager.open(it.GetId, 0, it.Len, nil)
 		if err != nil {
 			t.Fatalf("pull of %s: %v", it.Key, err)
 		}
@@ -145,7 +145,7 @@ func readsAheadOfPulls(t *testing.T, reads, held int, size func(i int) int) {
 func TestBatchStageReadAbandoned(t *testing.T) {
 	t.Parallel()
 	n, items, _ := stagedPages(t, stageBatchHeldSlots*subSlotsPerSlot+8)
-	limit := n.o.stageLimit(items[0])
+	limit := n.o.batchStageLimit(items)
 	done := make(chan []error, 1)
 	start := time.Now()
 	go func() {
@@ -204,7 +204,7 @@ func TestBatchStageReadFailedItemEndsAtOnce(t *testing.T) {
 	})
 	refused := make(chan error, 1)
 	go func() {
-		_, release, err := st.open(items[1].GetId, 0, items[1].Len)
+		_, release, err := st.open(items[1].GetId, 0, items[1].Len, nil)
 		if err == nil {
 			release()
 		}
@@ -218,7 +218,7 @@ func TestBatchStageReadFailedItemEndsAtOnce(t *testing.T) {
 	case <-time.After(stageChunkWait / 2):
 		t.Fatal("the pull of the item whose read failed waits while the item before it is unpulled")
 	}
-	buf, release, err := st.open(items[0].GetId, 0, items[0].Len)
+	buf, release, err := st.open(items[0].GetId, 0, items[0].Len, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,5 +229,121 @@ func TestBatchStageReadFailedItemEndsAtOnce(t *testing.T) {
 	errs := <-done
 	if errs[0] != nil || wire.CodeOf(errs[1]) != common.ErrorCode_KEY_NOT_FOUND {
 		t.Errorf("answers %v, want the first served and the second KEY_NOT_FOUND", errs)
+	}
+}
+
+// TestStageOpenAlive: a staged pull waiting at the stager (here for a session that
+// does not come) calls alive every transfer.WaitInterval, without the stager's lock
+// (alive writes to the puller's socket), and stops waiting with alive's error, lending
+// nothing.
+func TestStageOpenAlive(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	st := n.o.stager
+	gone := errors.New("the puller is gone")
+	calls := 0
+	start := time.Now()
+	_, _, err := st.open(12345, 0, 4096, func() error {
+		if !st.mu.TryLock() {
+			t.Error("alive called under the stager's lock")
+		} else {
+			st.mu.Unlock()
+		}
+		if calls++; calls == 2 {
+			return gone
+		}
+		return nil
+	})
+	if !errors.Is(err, gone) || calls != 2 {
+		t.Fatalf("open ended with %v after %d calls of alive, want alive's error after 2", err, calls)
+	}
+	if took := time.Since(start); took < 2*transfer.WaitInterval || took >= stageSessionWait {
+		t.Errorf("alive failed the second time after %v: want it every %v, before the session wait of %v", took, transfer.WaitInterval, stageSessionWait)
+	}
+}
+
+// TestBatchStageLimit: a BatchSsdStageRead's one deadline is the refill deadline of
+// all its items' bytes together (they are pulled one after another), capped by the
+// requester's deadline_ms; the longest single item's deadline (about 5 s whatever the
+// batch) cut a steady requester of a large batch off.
+func TestBatchStageLimit(t *testing.T) {
+	o := &Owner{}
+	items := func(n int, size int64, deadlineMs int64) []*peer.SsdStageReadRequest {
+		var its []*peer.SsdStageReadRequest
+		for range n {
+			its = append(its, &peer.SsdStageReadRequest{Len: size, DeadlineMs: deadlineMs})
+		}
+		return its
+	}
+	for _, tc := range []struct {
+		name     string
+		items    []*peer.SsdStageReadRequest
+		stageMax time.Duration // bounds.stageMax: lower under a master with a short in-flight TTL
+		want     time.Duration
+	}{
+		{"32 pages", items(32, 64<<10, 60_000), stageMaxDeadline, stageBase + 62500*time.Microsecond},
+		{"256 of 4 MiB", items(256, stageChunk, 60_000), stageMaxDeadline, stageBase + 32*time.Second},
+		{"capped by deadline_ms", items(256, stageChunk, 9_000), stageMaxDeadline, 9 * time.Second},
+		{"capped by stageMax", items(256, stageChunk, 0), 20 * time.Second, 20 * time.Second},
+		{"invalid items count nothing", append(items(2, stageChunk+1, 60_000), nil), stageMaxDeadline, stageBase},
+	} {
+		o.inForce.Store(&bounds{stageMax: tc.stageMax})
+		if got := o.batchStageLimit(tc.items); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestBatchStageReadUnpulled: a BatchSsdStageRead whose requester stopped pulling
+// (its read items waited stageUnpulled unpulled: here their ready times are set back)
+// answers every item UNAVAILABLE then, not at its deadline, which for a large batch
+// is far later; every session and slot goes back.
+func TestBatchStageReadUnpulled(t *testing.T) {
+	t.Parallel()
+	n, items, _ := stagedPages(t, stageBatchHeldSlots*subSlotsPerSlot+8)
+	limit := n.o.batchStageLimit(items)
+	st := n.o.stager
+	done := make(chan []error, 1)
+	start := time.Now()
+	go func() {
+		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- errs
+	}()
+	waitUntil(t, func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		s := st.sessions[items[0].GetId]
+		return s != nil && s.chunks[0].ready
+	})
+	st.mu.Lock()
+	for _, s := range st.sessions {
+		for i := range s.chunks {
+			if s.chunks[i].ready {
+				s.chunks[i].readyAt = s.chunks[i].readyAt.Add(-stageUnpulled)
+			}
+		}
+	}
+	st.mu.Unlock()
+	var errs []error
+	select {
+	case errs = <-done:
+	case <-time.After(limit + 60*time.Second):
+		t.Fatal("the unpulled batch stage read did not answer")
+	}
+	if took := time.Since(start); took >= limit {
+		t.Errorf("answered after %v: at the call's deadline (%v), not once a read item waited unpulled", took, limit)
+	}
+	for i, err := range errs {
+		if wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+			t.Errorf("%s: %v, want UNAVAILABLE", items[i].Key, err)
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
+		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
 	}
 }

@@ -91,9 +91,10 @@ struct SsdStageReadResponse {
 // finds it and waits for its chunk (hearing WAIT), reads at most STAGE_BATCH_IN_FLIGHT
 // items at a time in list order (fewer of values larger than a KV page), and answers every item in results (same order) once
 // each was served and verified or failed. Once a read item's chunk waited unpulled too
-// long (the requester stopped pulling), the items not yet read fail at once. deadline_ms
-// of the items bounds the whole call; a call of more than STAGE_BATCH_ITEMS items is
-// refused.
+// long (the requester stopped pulling), every item not served yet is answered
+// UNAVAILABLE at once. The whole call is bounded by the refill deadline of its items'
+// bytes together, at most the longest deadline_ms of its items; a call of more than
+// STAGE_BATCH_ITEMS items is refused.
 struct BatchSsdStageReadRequest {
   1: list<SsdStageReadRequest> items,
 }

@@ -36,7 +36,9 @@
 // connection); 3 UNAVAILABLE (the source cannot serve now); 4 WAIT (length 0, no
 // message; only for PULL_STAGED: the chunk is still being read from SSD, sent every
 // 250 ms, the final status follows), so a puller tells a slow disk from a dead source
-// within its progress deadline. The server allocates
+// within its progress deadline. A WaitingSource (the owner's) waits for the chunk on
+// the serving goroutine and has the WAITs sent from there; another Source is waited for
+// on a goroutine of its own. The server allocates
 // nothing from a length field: a request header is at most 296 bytes, and the bytes a
 // pull sends are the slice the Source returned, written from there (no intermediate
 // buffer): an OK header and the first MiB of its data in one writev on the TCP

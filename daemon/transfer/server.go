@@ -270,6 +270,21 @@ func (s *Server) open(c net.Conn, buf []byte, req request) (data []byte, release
 		data, release, err = s.src.Open(req.fence, req.offset, req.length)
 		return data, release, err, true
 	}
+	if ws, isWaiting := s.src.(WaitingSource); isWaiting {
+		var aliveErr error
+		data, release, err = ws.OpenWaiting(req.fence, req.offset, req.length, func() error {
+			c.SetWriteDeadline(time.Now().Add(s.opts.ProgressTimeout))
+			_, aliveErr = c.Write(appendResponse(buf, statusWait, 0, ""))
+			return aliveErr
+		})
+		if aliveErr != nil {
+			if err == nil {
+				release()
+			}
+			return nil, nil, aliveErr, false
+		}
+		return data, release, err, true
+	}
 	type opened struct {
 		data    []byte
 		release func()

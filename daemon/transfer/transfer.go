@@ -25,6 +25,18 @@ type Source interface {
 	Open(f Fence, offset, length int64) (data []byte, release func(), err error)
 }
 
+// WaitingSource is a Source that can wait for a staged chunk (Fence.Staged) on the
+// serving goroutine itself: while it waits it calls alive every WaitInterval (the
+// server tells the puller so), and once alive fails it stops waiting and returns that
+// error, lending nothing. A Source without it is waited for on a goroutine of its own.
+type WaitingSource interface {
+	Source
+	OpenWaiting(f Fence, offset, length int64, alive func() error) (data []byte, release func(), err error)
+}
+
+// WaitInterval is how often a source waiting for a staged chunk says so to the puller.
+const WaitInterval = waitInterval
+
 // Puller pulls length bytes at offset of the source's segment into dst
 // (len(dst) == length), reading from the socket straight into dst. The interface RDMA
 // can implement later. dst is written only from the first byte of the source's data

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -524,25 +525,94 @@ func (s slowStagedSource) Open(f Fence, off, n int64) ([]byte, func(), error) {
 	return s.testSource.Open(f, off, n)
 }
 
+// waitingStagedSource is slowStagedSource as a WaitingSource: the server waits on its
+// own goroutine, and the source says it is alive every WaitInterval while it waits.
+type waitingStagedSource struct {
+	*testSource
+	delay  time.Duration
+	gaveUp *atomic.Int64 // waits ended by a failed alive
+}
+
+func (s waitingStagedSource) Open(f Fence, off, n int64) ([]byte, func(), error) {
+	return s.OpenWaiting(f, off, n, nil)
+}
+
+func (s waitingStagedSource) OpenWaiting(f Fence, off, n int64, alive func() error) ([]byte, func(), error) {
+	if f.Staged {
+		for end := time.Now().Add(s.delay); time.Now().Before(end); {
+			time.Sleep(min(WaitInterval, time.Until(end)))
+			if alive != nil && time.Now().Before(end) {
+				if err := alive(); err != nil {
+					s.gaveUp.Add(1)
+					return nil, nil, err
+				}
+			}
+		}
+		f.Staged = false
+	}
+	return s.testSource.Open(f, off, n)
+}
+
 // TestStagedWait: a staged pull whose source takes several progress deadlines to have
 // its chunk succeeds, kept alive by WAIT statuses (a silent source fails by the
-// progress deadline: TestStalledSource).
+// progress deadline: TestStalledSource), whether the server waits for the source on a
+// goroutine of its own or the source waits on the server's (WaitingSource).
 func TestStagedWait(t *testing.T) {
+	const progress = 4 * waitInterval
+	for _, tc := range []struct {
+		name string
+		src  func(*testSource) Source
+	}{
+		{"source", func(s *testSource) Source { return slowStagedSource{s, 3 * progress} }},
+		{"waiting-source", func(s *testSource) Source { return waitingStagedSource{s, 3 * progress, new(atomic.Int64)} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkLeaks(t)
+			sec := secrets(t)
+			src := newTestSource(segment(t, 5*mib, true))
+			f := src.retain(1, 0, 4*mib)
+			srv := startServer(t, tc.src(src), ServerOptions{Secrets: sec})
+			cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: progress})
+			dst := make([]byte, 4*mib)
+			staged := f
+			staged.Staged = true
+			if err := cl.Pull(context.Background(), srv.Addr().String(), staged, 0, dst); err != nil {
+				t.Fatalf("staged pull of a slow chunk: %v", err)
+			}
+			if !bytes.Equal(dst, src.seg[:4*mib]) {
+				t.Fatal("staged pull: wrong bytes")
+			}
+			waitFor(t, "release", func() bool { return src.releases.Load() == 1 })
+		})
+	}
+}
+
+// TestStagedWaitPullerGone: the puller of a staged pull gives up while a WaitingSource
+// waits for the chunk. The server's next WAITs find the connection closed: the source
+// stops waiting then (not when its chunk would have been read), lends nothing, and the
+// serving goroutine and connection end.
+func TestStagedWaitPullerGone(t *testing.T) {
 	checkLeaks(t)
 	sec := secrets(t)
-	src := newTestSource(segment(t, 5*mib, true))
-	f := src.retain(1, 0, 4*mib)
-	const progress = 4 * waitInterval
-	srv := startServer(t, slowStagedSource{src, 3 * progress}, ServerOptions{Secrets: sec})
-	cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: progress})
-	dst := make([]byte, 4*mib)
+	src := newTestSource(segment(t, mib, true))
+	f := src.retain(1, 0, mib)
+	gaveUp := new(atomic.Int64)
+	srv := startServer(t, waitingStagedSource{src, time.Minute, gaveUp}, ServerOptions{Secrets: sec})
+	cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
 	staged := f
 	staged.Staged = true
-	if err := cl.Pull(context.Background(), srv.Addr().String(), staged, 0, dst); err != nil {
-		t.Fatalf("staged pull of a slow chunk: %v", err)
+	if err := cl.Pull(ctx, srv.Addr().String(), staged, 0, make([]byte, mib)); err == nil {
+		t.Fatal("a pull cancelled while its chunk waits succeeded")
 	}
-	if !bytes.Equal(dst, src.seg[:4*mib]) {
-		t.Fatal("staged pull: wrong bytes")
+	start := time.Now()
+	waitFor(t, "the source to stop waiting", func() bool { return gaveUp.Load() == 1 })
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("the source stopped waiting %v after the puller left", took)
 	}
-	waitFor(t, "release", func() bool { return src.releases.Load() == 1 })
+	if o := src.opens.Load(); o != 0 {
+		t.Errorf("%d ranges opened for a pull whose puller left", o)
+	}
+	waitIdleClosed(t, srv)
 }
