@@ -18,7 +18,12 @@ secret; then measures, each beside its baseline in the same run:
               in its memory, B pulls it) vs through A (a local refill) (goal: >= 0.7x), with the
               CPU each process spent per batch
 With --alternate N each of the last two rows alternates its window and its baseline's N
-times and is the median round's (a machine whose speed drifts between windows).
+times and is the median round's (a machine whose speed drifts between windows). With
+--host-cpus C (root, a cgroup cpu controller) those two rows run on emulated hosts
+(tracebench.hosts): the master, A and B are each a CPU cgroup of C CPUs, as three machines
+would be; this client goes with the owner it calls (B, or A for the local refill), the TCP
+pair's sender with A and its receiver with B. Without it every process shares this
+machine's cores, and a remote row pays both owners' CPU out of the one budget.
   batch-put   batch_put of --put-keys values of 16 bytes in batches of 2,000 through one owner of
               its own standalone master (the issue's set-up; its figure before: 3,711 keys/s;
               goal: >= 10x)
@@ -56,7 +61,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import fluxkv  # noqa: E402
 from pressure.procs import Group, progress, run_group, cluster_auth, free_port, install_signal_handlers, unix_socket_ready, wait_for  # noqa: E402
 from pressure.sizes import format_size, parse_size  # noqa: E402
-from tracebench.cpu import tree_cpu_s  # noqa: E402
+from tracebench import hosts  # noqa: E402
+from tracebench.cpu import tree_cpu_s, tree_pids  # noqa: E402
 
 MiB = 1 << 20
 
@@ -197,10 +203,24 @@ def verify(c, keys: list[str], size: int) -> None:
                 h.release()
 
 
-def tcp_pair(rg: Path, size: int, seconds: float, child: bool = True) -> float:
-    out = subprocess.run([str(rg), "-tcp-pair", *(["-child-pair"] if child else []), "-size", str(size), "-conc", "1",
-                          "-duration", f"{seconds}s", "-warmup", "0.5s"],
-                         check=True, capture_output=True, text=True).stdout
+def tcp_pair(rg: Path, size: int, seconds: float, child: bool = True, hs: hosts.Hosts | None = None) -> float:
+    """The TCP pair's GiB/s; with hs (and child) its receiver runs on hostB and its sender,
+    the child it starts, on hostA, placed within its 0.5 s warm-up."""
+    p = subprocess.Popen([str(rg), "-tcp-pair", *(["-child-pair"] if child else []), "-size", str(size), "-conc", "1",
+                          "-duration", f"{seconds}s", "-warmup", "0.5s"], stdout=subprocess.PIPE, text=True)
+    if hs is not None and child:
+        hs.place("hostB", "tcp-pair receiver", [p.pid])
+        deadline = time.monotonic() + 0.4
+        while not (kids := tree_pids([p.pid]) - {p.pid}) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.005)
+        if not kids:
+            p.kill()
+            p.wait()
+            raise RuntimeError("the TCP pair's sender did not start within its warm-up: cannot place it on host A")
+        hs.place("hostA", "tcp-pair sender", kids)
+    out, _ = p.communicate()
+    if p.returncode != 0:
+        raise RuntimeError(f"remoteget exited {p.returncode}: {out[-400:]}")
     for line in out.splitlines():
         line = line.strip()
         if line.startswith("{"):
@@ -220,15 +240,36 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=31, help="calls per exists median")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured window per throughput row")
     ap.add_argument("--alternate", type=int, default=1, help="remote-mem and remote-ssd: alternate the window and its baseline's this many times (the median round)")
+    ap.add_argument("--host-cpus", type=float, default=0.0,
+                    help="remote-mem and remote-ssd on emulated hosts of this many CPUs each: master, A, B (root; 0: off)")
     ap.add_argument("--work-dir", default=None, help="where the temp dir (sockets, logs, A's SSD ring) goes")
     ap.add_argument("--json", default=None, help="append one JSON line per row to this file")
     args = ap.parse_args()
     if not os.access(args.fluxkv_bin, os.X_OK):
         ap.error(f"{args.fluxkv_bin} is not executable: run `make build` or pass --fluxkv-bin")
+    if args.host_cpus < 0:
+        ap.error("--host-cpus must be 0 (off) or more")
+    if args.host_cpus and (why := hosts.unavailable()):
+        ap.error(f"--host-cpus: cannot emulate hosts here: {why}")
+    if args.host_cpus and (why := hosts.oversubscribed(2, args.host_cpus)):
+        print(f"warning: {why}", file=sys.stderr)
     install_signal_handlers()
     rows: list[dict] = []
     failures: list[str] = []
     def measure(g: Group) -> None:
+        hs = hosts.Hosts(args.host_cpus) if args.host_cpus else None
+        try:
+            measure_on(g, hs)
+        finally:
+            if hs is not None:
+                hs.close()  # this process, too, goes back to the root group
+
+    def measure_on(g: Group, hs: hosts.Hosts | None) -> None:
+        def on(host: str) -> None:
+            """With emulated hosts, this client runs on host from now on."""
+            if hs is not None:
+                hs.place(host, "client", [os.getpid()])
+
         tmp = g.mkdtemp(args.work_dir, "fkv-batch-")
         rg = tmp / "remoteget"
         progress(f"building bench/remoteget -> {rg}")
@@ -281,23 +322,33 @@ def main() -> int:
             rows.append({"row": "prefix", "one_us": p1, "batch_us": p64, "ratio": p64 / p1, "goal": "<= 3x"})
 
             batch_bytes = n * size
+            if hs is not None:
+                progress(f"emulated hosts of {args.host_cpus:g} CPUs: master, A, B")
+                for name, host in (("master", "master"), ("a", "hostA"), ("b", "hostB")):
+                    hs.place(host, name, tree_pids([pids[name]]))
             progress(f"remote-mem: batch_get of {n} x {format_size(size)} through B vs the TCP pair")
+            on("hostB")
             tcp1 = tcp_pair(rg, size, args.seconds, child=False)
             rounds = []
             for _ in range(args.alternate):
-                tcp = tcp_pair(rg, size, args.seconds)
+                tcp = tcp_pair(rg, size, args.seconds, hs=hs)
                 rm = timed_gib(batch_reader(cb, mem_keys, size), batch_bytes, args.seconds)
                 rounds.append({"gib_per_s": rm, "baseline_gib_per_s": tcp, "ratio": rm / tcp})
             rows.append({"row": "remote-mem", **median_round(rounds), "goal": ">= 0.7x", "baseline": "tcp-pair c1, 2 procs",
-                         "one_process_gib_per_s": tcp1})
+                         "one_process_gib_per_s": tcp1, "host_cpus": args.host_cpus})
             progress(f"remote-ssd: the same from A's SSD, through B vs through A")
             ssd_pids = {k: pids[k] for k in ("master", "a", "b")}
             rounds = []
             for _ in range(args.alternate):
+                on("hostB")
                 rs, rcpu = timed_calls(batch_reader(cb, ssd_keys, size), batch_bytes, args.seconds, ssd_pids)
+                on("hostA")
                 ls, lcpu = timed_calls(batch_reader(ca, ssd_keys, size), batch_bytes, args.seconds, ssd_pids)
                 rounds.append({"gib_per_s": rs, "baseline_gib_per_s": ls, "ratio": rs / ls, "cpu_ms_per_batch": rcpu, "baseline_cpu_ms_per_batch": lcpu})
-            rows.append({"row": "remote-ssd", **median_round(rounds), "goal": ">= 0.7x", "baseline": "local SSD (A)"})
+            rows.append({"row": "remote-ssd", **median_round(rounds), "goal": ">= 0.7x", "baseline": "local SSD (A)", "host_cpus": args.host_cpus})
+            if hs is not None:
+                hs.close()  # the rows below share the machine's cores again
+                hs = None
 
             progress(f"batch-put: {args.put_keys} x 16 B in batches of 2,000 through C, alone with master 2")
             with fluxkv.connect(socks["c"]) as cc:
@@ -331,7 +382,8 @@ def main() -> int:
     if not run_group(measure, failures, "daemons"):
         return 130
 
-    print(f"\nbatches (issue 26): {args.pages} x {format_size(args.page_size)} pages, {format_size(args.dram)} DRAM per owner")
+    print(f"\nbatches (issue 26): {args.pages} x {format_size(args.page_size)} pages, {format_size(args.dram)} DRAM per owner"
+          + (f"; remote-mem and remote-ssd on emulated hosts of {args.host_cpus:g} CPUs each (master, A, B)" if args.host_cpus else ""))
     for r in rows:
         if "one_us" in r:
             print(f"  {r['row']:<11} 64 keys {r['batch_us']:9.0f} us   1 key {r['one_us']:7.0f} us   ratio {r['ratio']:5.2f}x   goal {r['goal']}")
