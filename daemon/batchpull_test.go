@@ -243,3 +243,60 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchRefillStageCallRefused: n1's peer service is down while its data plane
+// serves: the stage calls of a batch get (and then of a lone get) through n2 of pages
+// on n1's SSD fail at once. Their pulls, which would each wait for a session that never comes, are
+// cancelled then, and every page fails at once (re-planned without n1: a miss, or an
+// error), not after a session wait per page; n1 keeps every SSD replica (the call
+// failed, not a read).
+func TestBatchRefillStageCallRefused(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	var keys []string
+	for i := range 8 {
+		k := fmt.Sprintf("page-%d", i)
+		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	for i := range 12 { // 3x n1's DRAM: the pages are on its SSD only
+		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	replicas := n.ssdReplicasOf(t, "n1")
+	n.o.peer.stop()
+	start := time.Now()
+	hs, _, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if hs[i] != nil {
+			hs[i].Release()
+			t.Errorf("%s: a holder from an owner whose stage calls fail", k)
+		}
+	}
+	// A session wait (2 s) per page, or the batch's deadline, is what the pulls took
+	// before; a refused call takes a connect attempt.
+	if took >= stageSessionWait {
+		t.Errorf("the batch get took %v: its pulls waited for sessions of refused stage calls", took)
+	}
+	// A lone get (SsdStageRead) the same.
+	start = time.Now()
+	if h, err := c2.Get(keys[0]); err == nil && h != nil {
+		h.Release()
+		t.Errorf("%s: a holder from an owner whose stage calls fail", keys[0])
+	}
+	if took := time.Since(start); took >= stageSessionWait {
+		t.Errorf("the get took %v: its pull waited for the session of a refused stage call", took)
+	}
+	if got := n.ssdReplicasOf(t, "n1"); got != replicas {
+		t.Errorf("n1 holds %d SSD replicas after refused stage calls, %d before: a refused call dropped its source", got, replicas)
+	}
+}

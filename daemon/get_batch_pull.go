@@ -212,7 +212,8 @@ func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
 // the answer says the read failed. When no pull succeeded, or the source left one
 // unanswered, the answer is waited for at most stageVerdictWait after the pulls
 // ended; then the call is abandoned and the values without an answer fail as
-// unreachable.
+// unreachable. A call that fails as a whole (refused, or never answered) fails every
+// value with it at once: their pulls are cancelled.
 func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []*prePulled) {
 	first := starts[js[0]].plan
 	var total int64
@@ -282,6 +283,11 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 		}
 	})
 	resp, err := c.BatchSsdStageRead(ctx, &peer.BatchSsdStageReadRequest{Items: stage}, callOpts...)
+	if err != nil || resp.Code != common.ErrorCode_OK {
+		// Every value fails with the call (the source refused or never got it): its
+		// pulls would wait there for sessions that never come. They end now.
+		cancel()
+	}
 	close(answered)
 	watch.Wait() // the pulls ended: nothing writes the targets any more
 	switch {
@@ -302,8 +308,8 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 		case resp.Results[k].Code != common.ErrorCode_OK:
 			answer = fmt.Errorf("%w: batch stage read on node %q: %s: %s", transfer.ErrUnreachable, first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
 		}
-		if pulls[k] != nil && !errors.Is(answer, errRemoteSSD) {
-			answer = pulls[k]
+		if pulls[k] != nil && !errors.Is(answer, errRemoteSSD) && !errors.Is(pulls[k], context.Canceled) {
+			answer = pulls[k] // (a pull cancelled above: the call's failure says why)
 		}
 		pre[j].err = answer
 	}

@@ -69,6 +69,11 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 		case resp.Code != common.ErrorCode_OK:
 			err = fmt.Errorf("%w: stage read on node %q: %s: %s", transfer.ErrUnreachable, plan.SourceNodeId, resp.Code, resp.Message)
 		}
+		if err != nil {
+			// The get fails with this answer whatever its pulls do (a refused call's
+			// pulls would wait for a session that never comes): they end now.
+			cancel()
+		}
 		verdict <- err
 	}()
 	pullErr := o.pullStaged(ctx, plan)
@@ -84,8 +89,8 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 			cancel()
 			<-verdict
 		}
-		if !errors.Is(stageErr, errRemoteSSD) {
-			stageErr = pullErr
+		if !errors.Is(stageErr, errRemoteSSD) && !errors.Is(pullErr, context.Canceled) {
+			stageErr = pullErr // (a pull cancelled by the failed answer: that answer says why)
 		}
 	}
 	// Every pull has returned: nothing writes the target any more.
