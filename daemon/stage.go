@@ -36,10 +36,10 @@ const (
 	// stageChunkWait bounds a staged pull's wait for its chunk to be read (the puller
 	// hears WAIT meanwhile, so it knows this owner is alive).
 	stageChunkWait = 4 * time.Second
-	// stageUnpulled fails a refill whose read chunk waited this long for its pull: the
-	// requester is gone or stuck, and the slots go back. It must exceed stageChunkWait:
-	// a batch's chunk read early waits for its pull while the requester's pipeline still
-	// waits (legitimately, up to stageChunkWait) for an earlier item's chunk.
+	// stageUnpulled fails a refill whose read chunk waited this long for its pull while
+	// no pull of it (of its batch: of any item) arrived or ended as long: the requester
+	// is gone or stuck, and the slots go back (watchAll). It must exceed stageChunkWait,
+	// the longest a live requester's pull waits, so shows no sign of it.
 	stageUnpulled = stageChunkWait + 2*time.Second
 	// stageBase and stageRate make a refill's deadline proportional to its length.
 	stageBase = 5 * time.Second
@@ -142,6 +142,9 @@ type stageSession struct {
 	// changed is closed and replaced when a chunk of s is read or served or s fails:
 	// the waits on s (its pulls, waitServed) wake for s only, not for every session.
 	changed chan struct{}
+	// pulledAt is when the requester last showed itself: the session began, a pull of
+	// it arrived, or one ended (served or refused). See watchAll.
+	pulledAt time.Time
 }
 
 type stagedChunk struct {
@@ -155,7 +158,7 @@ type stagedChunk struct {
 
 // begin registers a session for req.
 func (st *stager) begin(req *peer.SsdStageReadRequest, cancel context.CancelCauseFunc) (*stageSession, error) {
-	s := &stageSession{st: st, getID: req.GetId, key: req.Key, n: req.Len, cancel: cancel, freed: make(chan struct{}, 1), changed: make(chan struct{}),
+	s := &stageSession{st: st, getID: req.GetId, key: req.Key, n: req.Len, cancel: cancel, freed: make(chan struct{}, 1), changed: make(chan struct{}), pulledAt: time.Now(),
 		chunks: make([]stagedChunk, (req.Len+stageChunk-1)/stageChunk)}
 	for i := range s.chunks {
 		s.chunks[i].slot = -1
@@ -315,8 +318,12 @@ func (st *stager) open(getID, offset, length int64, alive func() error) ([]byte,
 	nextAlive := start.Add(transfer.WaitInterval)
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	arrived := false
 	for {
 		s := st.sessions[getID]
+		if s != nil && !arrived {
+			arrived, s.pulledAt = true, time.Now()
+		}
 		var wait time.Duration
 		ch := st.changed // a session to appear, or the stager to close
 		if s != nil {
@@ -353,6 +360,7 @@ func (st *stager) open(getID, offset, length int64, alive func() error) ([]byte,
 				// its slots go back and its answer comes now, not stageUnpulled later).
 				// The puller hears a refusal (ErrFenced): this owner is alive.
 				err := fmt.Errorf("%w: %w: chunk %d of get %d not read from SSD within %v", transfer.ErrFenced, errStageEnded, i, getID, stageChunkWait)
+				s.pulledAt = time.Now()
 				s.failLocked(err)
 				return nil, nil, err
 			}
@@ -386,6 +394,7 @@ func (st *stager) served(s *stageSession, c *stagedChunk) {
 	defer st.mu.Unlock()
 	c.serving, c.done = false, true
 	s.served++
+	s.pulledAt = time.Now()
 	s.freeSlotLocked(c)
 	if s.served == len(s.chunks) {
 		s.givePlaceLocked()
@@ -509,8 +518,11 @@ func (st *stager) watch(s *stageSession) (stop func()) {
 }
 
 // watchAll calls fail (under st.mu, once) when a read chunk of one of the sessions ss
-// still running stays unpulled for stageUnpulled. The returned func stops it and waits
-// for it to end.
+// still running stays unpulled for stageUnpulled while no pull of any of them arrived
+// or ended for as long (pulledAt): the requester is gone or stuck. A healthy requester
+// shows itself at least every stageChunkWait (a pull waits no longer for its chunk),
+// however long its pipeline's earlier pulls keep a chunk read early waiting. The
+// returned func stops it and waits for it to end.
 func (st *stager) watchAll(ss []*stageSession, fail func(error)) (stop func()) {
 	done, ended := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -525,8 +537,14 @@ func (st *stager) watchAll(ss []*stageSession, fail func(error)) (stop func()) {
 			}
 			st.mu.Lock()
 			now := time.Now()
+			var last time.Time
 			for _, s := range ss {
-				if s.err == nil && s.stalledLocked(now) {
+				if s.pulledAt.After(last) {
+					last = s.pulledAt
+				}
+			}
+			for _, s := range ss {
+				if now.Sub(last) > stageUnpulled && s.err == nil && s.stalledLocked(now) {
 					fail(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
 					st.mu.Unlock()
 					return

@@ -295,7 +295,8 @@ func TestBatchStageLimit(t *testing.T) {
 }
 
 // TestBatchStageReadUnpulled: a BatchSsdStageRead whose requester stopped pulling
-// (its read items waited stageUnpulled unpulled: here their ready times are set back)
+// (its read items waited stageUnpulled unpulled, and no pull came as long: here those
+// times are set back)
 // answers every item UNAVAILABLE then, not at its deadline, which for a large batch
 // is far later; every session and slot goes back.
 func TestBatchStageReadUnpulled(t *testing.T) {
@@ -320,6 +321,7 @@ func TestBatchStageReadUnpulled(t *testing.T) {
 	})
 	st.mu.Lock()
 	for _, s := range st.sessions {
+		s.pulledAt = s.pulledAt.Add(-stageUnpulled)
 		for i := range s.chunks {
 			if s.chunks[i].ready {
 				s.chunks[i].readyAt = s.chunks[i].readyAt.Add(-stageUnpulled)
@@ -345,5 +347,60 @@ func TestBatchStageReadUnpulled(t *testing.T) {
 	defer st.mu.Unlock()
 	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
 		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
+	}
+}
+
+// TestBatchStageReadSlowPullsNotUnpulled: a requester that keeps pulling keeps its
+// batch, however long its read items wait: a pipeline whose earlier pulls wait for
+// slow reads leaves items read early unpulled past stageUnpulled. Here the read items'
+// ready times are set back past it, and the requester pulls one item every 300 ms: no
+// pull is refused until the call's deadline.
+func TestBatchStageReadSlowPullsNotUnpulled(t *testing.T) {
+	t.Parallel()
+	n, items, want := stagedPages(t, 16)
+	limit := n.o.batchStageLimit(items)
+	st := n.o.stager
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
+	}()
+	defer func() { <-done }()
+	read := func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for _, it := range items {
+			if s := st.sessions[it.GetId]; s == nil || !s.chunks[0].ready {
+				return false
+			}
+		}
+		return true
+	}
+	waitUntil(t, read)
+	st.mu.Lock()
+	for _, it := range items {
+		s := st.sessions[it.GetId]
+		s.chunks[0].readyAt = s.chunks[0].readyAt.Add(-stageUnpulled)
+	}
+	st.mu.Unlock()
+	pulled := 0
+	for _, it := range items {
+		if time.Since(start) > limit-time.Second {
+			break // the call's deadline is near: the pulls after it may be refused
+		}
+		buf, release, err := st.open(it.GetId, 0, it.Len, nil)
+		if err != nil {
+			t.Fatalf("%v after the start, %d pulled: pull of %s refused: %v", time.Since(start).Round(time.Millisecond), pulled, it.Key, err)
+		}
+		if !bytes.Equal(buf[:it.Len], want[it.Key]) {
+			t.Errorf("pull of %s: wrong bytes", it.Key)
+		}
+		release()
+		pulled++
+		time.Sleep(300 * time.Millisecond)
+	}
+	if pulled < 8 {
+		t.Errorf("only %d pulls before the deadline: the test proves nothing", pulled)
 	}
 }

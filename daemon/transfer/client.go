@@ -322,7 +322,7 @@ func (c *Client) pullOn(ctx context.Context, tc *net.TCPConn, addr string, f Fen
 		op = opPullStaged
 	}
 	req := appendRequest(hb[:0], request{op: op, fence: f, offset: offset, length: int64(len(dst))})
-	rr, err := c.newReplyReader(tc)
+	rr, err := c.newReplyReader(ctx, tc)
 	if err != nil {
 		return c.ioFail(pullRef{addr, f, offset, len(dst)}, "sending the request", 0, false, err)
 	}

@@ -51,9 +51,10 @@
 // value instead of three. Bytes read ahead once every request was answered came
 // unasked: that connection is not pooled.
 //
-// Deadlines. The puller fails a pull when no byte arrives for ProgressTimeout, sets
-// TCP_USER_TIMEOUT on each connection, and closes the connection when its context
-// ends; a connection that failed mid-pull is never pooled again. Errors wrap ErrFenced
+// Deadlines. The puller fails a pull when no byte arrives for ProgressTimeout (a wait
+// for a reply's header gets all of it; data streaming in, between 3/4 and all of it,
+// so that not every read moves the deadline), sets TCP_USER_TIMEOUT on each
+// connection, and closes the connection when its context ends; a connection that failed mid-pull is never pooled again. Errors wrap ErrFenced
 // (re-plan) or ErrUnreachable (revoke, and re-plan without that node).
 //
 // RDMA. Puller is the whole contract the owner uses: an RDMA transport implements

@@ -196,7 +196,7 @@ func (c *Client) pipelineOn(ctx context.Context, tc *net.TCPConn, addr string, i
 	first := items[run[0]].Fence
 	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
 	defer func() { res = cancelled(stop, ctx, addr, first, res) }()
-	rr, err := c.newReplyReader(tc)
+	rr, err := c.newReplyReader(ctx, tc)
 	if err != nil {
 		it := items[run[0]]
 		return c.ioFail(pullRef{addr, it.Fence, it.Offset, len(it.Dst)}, "sending the requests", 0, false, err), 0

@@ -181,47 +181,57 @@ func TestPullManyIdleClosed(t *testing.T) {
 // chunk from SSD does.
 type slowStaged struct {
 	*testSource
-	id    int64
-	delay time.Duration
+	delays map[int64]time.Duration // transfer id -> how long its staged chunk takes
 }
 
 func (s slowStaged) Open(f Fence, off, n int64) ([]byte, func(), error) {
-	if f.Staged && f.TransferID == s.id {
-		time.Sleep(s.delay)
+	if f.Staged {
+		time.Sleep(s.delays[f.TransferID])
 	}
 	return s.testSource.Open(f, off, n)
 }
 
 // TestPullManyStaged: staged pulls go pipelined too, answered in order: a chunk the
 // source reads for longer than a WAIT interval delays the items after it but fails
-// none of them (the WAITs keep the progress deadline away), and a run of staged pulls
-// takes none of the peer's MaxPullsPerPeer slots.
+// none of them (the WAITs keep the progress deadline away, also right after an item
+// answered quickly: the wait for a header always gets the whole progress timeout), and
+// a run of staged pulls takes none of the peer's MaxPullsPerPeer slots.
 func TestPullManyStaged(t *testing.T) {
-	checkLeaks(t)
-	sec := secrets(t)
-	src := newTestSource(segment(t, mib, true))
-	srv := startServer(t, slowStaged{src, 2, 3 * waitInterval / 2}, ServerOptions{Secrets: sec})
-	cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: waitInterval * 5 / 4, MaxPullsPerPeer: 1})
-	addr := srv.Addr().String()
-	// A memory pull holds the peer's only slot meanwhile.
-	g, err := cl.enter(context.Background(), addr, Fence{SourceNode: src.node})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.leave(addr, g, "", nil)
-	var items []PullItem
-	for i := range 5 {
-		off := int64(i) * 10_000
-		f := src.retain(int64(i+1), off, 9000)
-		f.Staged = true
-		items = append(items, PullItem{Fence: f, Offset: off, Dst: make([]byte, 9000)})
-	}
-	for i, err := range cl.PullMany(context.Background(), addr, items) {
-		if err != nil {
-			t.Fatalf("item %d: %v", i, err)
-		}
-		if !bytes.Equal(items[i].Dst, src.seg[items[i].Offset:items[i].Offset+9000]) {
-			t.Fatalf("item %d: wrong bytes", i)
-		}
+	for _, tc := range []struct {
+		name   string
+		delays map[int64]time.Duration
+	}{
+		{"slow item", map[int64]time.Duration{2: 3 * waitInterval / 2}},
+		{"slow item after a quick one", map[int64]time.Duration{1: 70 * time.Millisecond, 2: 3 * waitInterval / 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkLeaks(t)
+			sec := secrets(t)
+			src := newTestSource(segment(t, mib, true))
+			srv := startServer(t, slowStaged{src, tc.delays}, ServerOptions{Secrets: sec})
+			cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: waitInterval * 5 / 4, MaxPullsPerPeer: 1})
+			addr := srv.Addr().String()
+			// A memory pull holds the peer's only slot meanwhile.
+			g, err := cl.enter(context.Background(), addr, Fence{SourceNode: src.node})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.leave(addr, g, "", nil)
+			var items []PullItem
+			for i := range 5 {
+				off := int64(i) * 10_000
+				f := src.retain(int64(i+1), off, 9000)
+				f.Staged = true
+				items = append(items, PullItem{Fence: f, Offset: off, Dst: make([]byte, 9000)})
+			}
+			for i, err := range cl.PullMany(context.Background(), addr, items) {
+				if err != nil {
+					t.Fatalf("item %d: %v", i, err)
+				}
+				if !bytes.Equal(items[i].Dst, src.seg[items[i].Offset:items[i].Offset+9000]) {
+					t.Fatalf("item %d: wrong bytes", i)
+				}
+			}
+		})
 	}
 }

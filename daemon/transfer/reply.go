@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -21,9 +22,10 @@ import (
 // read ahead). A pipelined pull whose source streams ahead then costs one read
 // syscall, not three (the header, its padding, the data), and fewer wake-ups.
 type replyReader struct {
-	c  *Client
-	tc *net.TCPConn
-	rc syscall.RawConn
+	c   *Client
+	ctx context.Context // the pull's: once it ended, its forced deadline stays (setDeadline)
+	tc  *net.TCPConn
+	rc  syscall.RawConn
 	// next holds the first have bytes of the next reply, read with the data before it.
 	next [responseFixedLen]byte
 	have int
@@ -33,22 +35,33 @@ type replyReader struct {
 	setAt time.Time
 }
 
-// newReplyReader reads the replies on tc.
-func (c *Client) newReplyReader(tc *net.TCPConn) (*replyReader, error) {
+// newReplyReader reads the replies on tc of pulls of ctx (whose end forces a past
+// deadline on tc: pullOn, pipelineOn).
+func (c *Client) newReplyReader(ctx context.Context, tc *net.TCPConn) (*replyReader, error) {
 	rc, err := tc.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	return &replyReader{c: c, tc: tc, rc: rc}, nil
+	return &replyReader{c: c, ctx: ctx, tc: tc, rc: rc}, nil
 }
 
 // touch moves the read deadline to ProgressTimeout from now when it was set more than
-// a quarter of that ago: a pull fails when no byte arrived for between 3/4 and 1
-// ProgressTimeout, and a reply that streams in costs no deadline update per read.
+// a quarter of that ago: data that streams in fails when no byte arrived for between
+// 3/4 and 1 ProgressTimeout, and costs no deadline update per read.
 func (rr *replyReader) touch(now time.Time) {
-	if t := rr.c.opts.ProgressTimeout; now.Sub(rr.setAt) > t/4 {
-		rr.setAt = now
-		rr.tc.SetReadDeadline(now.Add(t))
+	if now.Sub(rr.setAt) > rr.c.opts.ProgressTimeout/4 {
+		rr.setDeadline(now)
+	}
+}
+
+// setDeadline moves the read deadline to ProgressTimeout from now, unless the pull's
+// context ended: its cancellation forced a past deadline, which must not be moved (the
+// context is checked after the move, as it may end in between).
+func (rr *replyReader) setDeadline(now time.Time) {
+	rr.setAt = now
+	rr.tc.SetReadDeadline(now.Add(rr.c.opts.ProgressTimeout))
+	if rr.ctx.Err() != nil {
+		rr.tc.SetReadDeadline(time.Unix(1, 0))
 	}
 }
 
@@ -66,16 +79,16 @@ func (rr *replyReader) read(r pullRef, dst []byte) pullResult {
 	var msgLen int
 	started := false
 	for {
-		// A staged pull's source says statusWait while it reads the chunk: each one
-		// proves it alive, so the deadline starts again.
-		rr.touch(time.Now())
 		n := copy(rh[:responseFixedLen], rr.next[:rr.have])
 		rr.have = 0
 		if n < responseFixedLen {
+			// A wait for a header gets the whole ProgressTimeout: a staged pull's
+			// source says statusWait every waitInterval while it reads the chunk, and
+			// each one proves it alive, so the deadline starts again.
+			rr.setDeadline(time.Now())
 			if m, err := io.ReadFull(rr.tc, rh[n:responseFixedLen]); err != nil {
 				return c.ioFail(r, "reading the reply", 0, started || n+m > 0, err)
 			}
-			rr.touch(time.Now())
 		}
 		started = true
 		var err error
