@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 )
@@ -199,22 +200,7 @@ func TestBatchRefillsPerSource(t *testing.T) {
 // refills), so the batch is not held a session wait per page.
 func TestBatchRefillCorruptSource(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
-	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
-	var keys []string
-	for i := range 16 {
-		k := fmt.Sprintf("page-%d", i)
-		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	for i := range 12 {
-		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n.waitPersisted(t)
+	n, c2, keys := ssdOnlyPages(t, 16)
 	n.truncateShards(t)
 	before := n.ssdReplicasOf(t, "n1")
 	start := time.Now()
@@ -252,22 +238,7 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 // failed, not a read).
 func TestBatchRefillStageCallRefused(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
-	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
-	var keys []string
-	for i := range 8 {
-		k := fmt.Sprintf("page-%d", i)
-		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	for i := range 12 { // 3x n1's DRAM: the pages are on its SSD only
-		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n.waitPersisted(t)
+	n, c2, keys := ssdOnlyPages(t, 8)
 	replicas := n.ssdReplicasOf(t, "n1")
 	n.o.peer.stop()
 	start := time.Now()
@@ -299,4 +270,29 @@ func TestBatchRefillStageCallRefused(t *testing.T) {
 	if got := n.ssdReplicasOf(t, "n1"); got != replicas {
 		t.Errorf("n1 holds %d SSD replicas after refused stage calls, %d before: a refused call dropped its source", got, replicas)
 	}
+}
+
+// ssdOnlyPages starts n1 (4 MiB of DRAM, an SSD) and n2 (no cache grace: every get of
+// n1's values through it is a pull), and puts pages values of about 64 KiB through n1
+// followed by 3x its DRAM of filler, so that the pages are on n1's SSD only; it
+// returns n1's node, n2's client and the pages' keys.
+func ssdOnlyPages(t *testing.T, pages int) (*node, *fluxkv.Client, []string) {
+	t.Helper()
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	var keys []string
+	for i := range pages {
+		k := fmt.Sprintf("page-%d", i)
+		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	for i := range 12 {
+		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	return n, c2, keys
 }

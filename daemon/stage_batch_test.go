@@ -166,17 +166,7 @@ func TestBatchStageReadAbandoned(t *testing.T) {
 	if took := time.Since(start); took > limit*3/2 {
 		t.Errorf("answered after %v: more than the call's deadline of %v", took, limit)
 	}
-	for i, err := range errs {
-		if wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
-			t.Errorf("%s: %v, want UNAVAILABLE", items[i].Key, err)
-		}
-	}
-	st := n.o.stager
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
-		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
-	}
+	checkAbandoned(t, n, items, errs)
 }
 
 // TestBatchStageReadFailedItemEndsAtOnce: an item whose read fails (here: a put id the
@@ -338,16 +328,7 @@ func TestBatchStageReadUnpulled(t *testing.T) {
 	if took := time.Since(start); took >= limit {
 		t.Errorf("answered after %v: at the call's deadline (%v), not once a read item waited unpulled", took, limit)
 	}
-	for i, err := range errs {
-		if wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
-			t.Errorf("%s: %v, want UNAVAILABLE", items[i].Key, err)
-		}
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
-		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
-	}
+	checkAbandoned(t, n, items, errs)
 }
 
 // TestBatchStageReadSlowPullsNotUnpulled: a requester that keeps pulling keeps its
@@ -402,5 +383,23 @@ func TestBatchStageReadSlowPullsNotUnpulled(t *testing.T) {
 	}
 	if pulled < 8 {
 		t.Errorf("only %d pulls before the deadline: the test proves nothing", pulled)
+	}
+}
+
+// checkAbandoned checks the answers errs of a BatchSsdStageRead of items whose
+// requester pulled nothing: every item UNAVAILABLE (nothing is wrong with the records),
+// and every session and staging slot given back.
+func checkAbandoned(t *testing.T, n *node, items []*peer.SsdStageReadRequest, errs []error) {
+	t.Helper()
+	for i, err := range errs {
+		if wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+			t.Errorf("%s: %v, want UNAVAILABLE", items[i].Key, err)
+		}
+	}
+	st := n.o.stager
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
+		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
 	}
 }
