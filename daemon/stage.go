@@ -510,8 +510,9 @@ func stageAnswer(ctx context.Context, req *peer.SsdStageReadRequest, node string
 	return errCode(code, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, node, err)
 }
 
-// watch fails s once a read chunk stays unpulled for stageUnpulled (the requester is
-// gone or stuck): its load stops and its slots go back. The returned func stops it and
+// watch fails s once a read chunk stays unpulled for stageUnpulled while no pull of s
+// came as long (watchAll: the requester is gone or stuck): its load stops and its
+// slots go back. The returned func stops it and
 // waits for it to end.
 func (st *stager) watch(s *stageSession) (stop func()) {
 	return st.watchAll([]*stageSession{s}, s.failLocked)

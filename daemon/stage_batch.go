@@ -33,8 +33,9 @@ import (
 // so, its place comes back). Every item shares the call's one deadline, the refill
 // deadline of all their bytes (pulled one after another), at most the requester's
 // deadline_ms (its own call ends then): batchStageLimit. A requester gone or stuck has
-// every item answered once a read item waited stageUnpulled for its pull, or at the
-// deadline, the items it left unpulled and the ones not read yet.
+// every item answered once a read item waited stageUnpulled for its pull while no pull
+// of the batch came as long (watchAll), or at the deadline, the items it left unpulled
+// and the ones not read yet.
 
 // stageBatchLarge is how many items of more than a sixteenth sub-slot one batch reads
 // at once, and how many of more than a quarter one it holds.
@@ -110,8 +111,9 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 		reads = stageBatchLarge
 	}
 	b.places = make(chan struct{}, held)
-	// A requester gone or stuck leaves a read item unpulled: after stageUnpulled every
-	// item is answered (the ones not read yet, and the read ones left unpulled).
+	// A requester gone or stuck leaves a read item unpulled and sends no pulls: after
+	// stageUnpulled of that, every item is answered (the ones not read yet, and the
+	// read ones left unpulled).
 	var sessions []*stageSession
 	for _, r := range b.runs {
 		if r != nil {
