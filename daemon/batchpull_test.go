@@ -2,11 +2,15 @@ package daemon
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/daemon/transfer"
 	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/metrics"
 )
@@ -230,19 +234,126 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 	}
 }
 
+// breakSecondRun is a puller whose second PullMany loses its connection after its
+// first two values: the rest of that run fail unpulled, as on a reset. With stall, it
+// pulls none of them and waits for its context to end instead (a connection that
+// hangs). The first one, the other pipeline of the same refill, stays healthy.
+type breakSecondRun struct {
+	pullClient
+	stall bool
+	calls atomic.Int32
+}
+
+func (b *breakSecondRun) PullMany(ctx context.Context, addr string, items []transfer.PullItem) []error {
+	if b.calls.Add(1) != 2 || len(items) <= 2 {
+		return b.pullClient.PullMany(ctx, addr, items)
+	}
+	var errs []error
+	if b.stall {
+		<-ctx.Done()
+	} else {
+		errs = b.pullClient.PullMany(ctx, addr, items[:2])
+	}
+	for range items[len(errs):] {
+		errs = append(errs, fmt.Errorf("%w: the connection broke (test)", transfer.ErrUnreachable))
+	}
+	return errs
+}
+
+// breakingPuller makes ssdOnlyPages' n2 pull with a breakSecondRun.
+func breakingPuller(stall bool) func(*Options) {
+	return func(o *Options) {
+		o.testPuller = func(p pullClient) pullClient { return &breakSecondRun{pullClient: p, stall: stall} }
+	}
+}
+
+// TestBatchRefillPipelineBroken: one of the two pipelines of a batch get's remote SSD
+// refill breaks after two values while the other is healthy. The values it left
+// unpulled hold the source's places, so the healthy pipeline's pulls would each wait
+// there until the batch's deadline (about 5 s for 80 pages): they end at once instead,
+// and the batch answers within a second or so, with no holder of wrong bytes. The
+// source gives its staging back.
+func TestBatchRefillPipelineBroken(t *testing.T) {
+	t.Parallel()
+	n, c2, keys := ssdOnlyPages(t, 80, breakingPuller(false))
+	start := time.Now()
+	hs, _, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for i, h := range hs {
+		if h != nil {
+			got++
+			if !bytes.Equal(h.Bytes(), value(i, 64<<10+i)) {
+				t.Errorf("%s: wrong bytes", keys[i])
+			}
+			h.Release()
+		}
+	}
+	t.Logf("a batch of %d pages with a broken pipeline answered in %v, %d holders", len(keys), took, got)
+	if took >= stageSessionWait+time.Second {
+		t.Errorf("the batch answered after %v: its healthy pipeline waited at the source for places its broken one held", took)
+	}
+	waitUntil(t, func() bool { // by the batch's deadline at the latest
+		idle, _ := stagerIdle(n)
+		return idle
+	})
+}
+
+// TestBatchRefillVerdictAtDeadline: one of the two pipelines of a batch get's remote
+// SSD refill hangs, pulling nothing, while the other pulls until the source's places
+// are full of the hung one's values. At the deadline the source answers for every
+// value, and that answer reaches the requester, whose call waits stageVerdictWait
+// longer than its pulls (the source counts the same deadline from the call's arrival,
+// later): the values that landed are served, byte-exact; before, the call ended first
+// and every value failed.
+func TestBatchRefillVerdictAtDeadline(t *testing.T) {
+	t.Parallel()
+	n, c2, keys := ssdOnlyPages(t, 80, breakingPuller(true))
+	start := time.Now()
+	hs, _, err := c2.BatchGet(keys)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got [2]int // holders of even and odd values: the pipelines'
+	for i, h := range hs {
+		if h != nil {
+			got[i%2]++
+			if !bytes.Equal(h.Bytes(), value(i, 64<<10+i)) {
+				t.Errorf("%s: wrong bytes", keys[i])
+			}
+			h.Release()
+		}
+	}
+	t.Logf("a batch of %d pages with a hung pipeline answered in %v, holders of %d even and %d odd values", len(keys), took, got[0], got[1])
+	switch {
+	case got[0] > 0 && got[1] > 0:
+		t.Error("holders of both pipelines' values: the hung one pulled nothing")
+	case got[0]+got[1] == 0:
+		t.Error("no value served: the source's answer at its deadline did not reach the requester")
+	}
+	waitUntil(t, func() bool {
+		idle, _ := stagerIdle(n)
+		return idle
+	})
+}
+
 // TestBatchRefillStageCallRefused: n1's peer service is down while its data plane
 // serves: the stage calls of a batch get (and then of a lone get) through n2 of pages
 // on n1's SSD fail at once. Their pulls, which would each wait for a session that never comes, are
-// cancelled then, and every page fails at once (re-planned without n1: a miss, or an
-// error), not after a session wait per page; n1 keeps every SSD replica (the call
-// failed, not a read).
+// cancelled then, and every page fails at once, not after a session wait per page:
+// re-planned without n1, UNAVAILABLE (the call's failure decides, not the cancelled
+// pull's); n1 keeps every SSD replica (the call failed, not a read).
 func TestBatchRefillStageCallRefused(t *testing.T) {
 	t.Parallel()
 	n, c2, keys := ssdOnlyPages(t, 8)
 	replicas := n.ssdReplicasOf(t, "n1")
 	n.o.peer.stop()
 	start := time.Now()
-	hs, _, err := c2.BatchGet(keys)
+	hs, errs, err := c2.BatchGet(keys)
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +363,9 @@ func TestBatchRefillStageCallRefused(t *testing.T) {
 			hs[i].Release()
 			t.Errorf("%s: a holder from an owner whose stage calls fail", k)
 		}
+		if !errors.Is(errs[i], fluxkv.ErrUnavailable) {
+			t.Errorf("%s: %v; want UNAVAILABLE (re-planned without n1, whose call failed)", k, errs[i])
+		}
 	}
 	// A session wait (2 s) per page, or the batch's deadline, is what the pulls took
 	// before; a refused call takes a connect attempt.
@@ -260,9 +374,11 @@ func TestBatchRefillStageCallRefused(t *testing.T) {
 	}
 	// A lone get (SsdStageRead) the same.
 	start = time.Now()
-	if h, err := c2.Get(keys[0]); err == nil && h != nil {
+	if h, err := c2.Get(keys[0]); err == nil {
 		h.Release()
 		t.Errorf("%s: a holder from an owner whose stage calls fail", keys[0])
+	} else if !errors.Is(err, fluxkv.ErrUnavailable) {
+		t.Errorf("%s: %v; want UNAVAILABLE (re-planned without n1, whose call failed)", keys[0], err)
 	}
 	if took := time.Since(start); took >= stageSessionWait {
 		t.Errorf("the get took %v: its pull waited for the session of a refused stage call", took)
@@ -275,11 +391,11 @@ func TestBatchRefillStageCallRefused(t *testing.T) {
 // ssdOnlyPages starts n1 (4 MiB of DRAM, an SSD) and n2 (no cache grace: every get of
 // n1's values through it is a pull), and puts pages values of about 64 KiB through n1
 // followed by 3x its DRAM of filler, so that the pages are on n1's SSD only; it
-// returns n1's node, n2's client and the pages' keys.
-func ssdOnlyPages(t *testing.T, pages int) (*node, *fluxkv.Client, []string) {
+// returns n1's node, n2's client and the pages' keys. tweaks apply to n2's options.
+func ssdOnlyPages(t *testing.T, pages int, tweaks ...func(*Options)) (*node, *fluxkv.Client, []string) {
 	t.Helper()
 	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
-	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	_, c2 := n.addOwner(t, "n2", 16<<20, nil, append([]func(*Options){func(o *Options) { o.CacheGrace = -1 }}, tweaks...)...)
 	var keys []string
 	for i := range pages {
 		k := fmt.Sprintf("page-%d", i)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -11,6 +12,14 @@ import (
 // The data plane's serving side: other owners pull from this segment (gets of replicas
 // here, puts staged in the transfer area, SSD refills staged by the stager). The
 // pulling side is get_remote.go and put_remote.go.
+
+// pullClient is what an owner pulls with: a *transfer.Client (Options.testPuller wraps
+// it to break a connection where the real one cannot be broken on demand).
+type pullClient interface {
+	Pull(ctx context.Context, addr string, f transfer.Fence, offset int64, dst []byte) error
+	PullMany(ctx context.Context, addr string, items []transfer.PullItem) []error
+	Close() error
+}
 
 // startDataPlane serves pulls from the segment, makes the puller, and fixes the
 // advertised peer and data addresses (refusing loopback ones in a cluster whose master
@@ -39,6 +48,9 @@ func (o *Owner) startDataPlane() error {
 		return err
 	}
 	o.puller = transfer.NewClient(transfer.ClientOptions{Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
+	if o.opts.testPuller != nil {
+		o.puller = o.opts.testPuller(o.puller)
+	}
 	o.peers = peerclient.New(o.opts.Secrets, time.Second)
 	o.log.Info().Str("peer", o.peerAddr).Str("data", o.dataAddr).Msg("peer service and data plane serving")
 	return nil

@@ -221,8 +221,13 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 		total += starts[j].plan.Len
 	}
 	deadline := o.bounds().stageDeadline(total)
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	// The call gets stageVerdictWait beyond the pulls' deadline: the source counts the
+	// same deadline from the call's arrival, and when it ends there it answers for each
+	// value, the ones that landed included.
+	callCtx, cancel := context.WithTimeout(context.Background(), deadline+stageVerdictWait)
 	defer cancel()
+	ctx, stopPulls := context.WithTimeout(callCtx, deadline)
+	defer stopPulls()
 	c, callOpts, err := o.peers.Get(first.SourcePeerAddr)
 	if err != nil {
 		for _, j := range js {
@@ -255,16 +260,23 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 			for k := parity; k < len(items); k += 2 {
 				part = append(part, items[k])
 			}
-			for i, err := range o.puller.PullMany(ctx, first.SourceDataAddr, part) {
+			errs := o.puller.PullMany(ctx, first.SourceDataAddr, part)
+			for i, err := range errs {
 				pulls[parity+2*i] = err
+			}
+			if n := len(errs); n > 0 && errs[n-1] != nil && !errors.Is(errs[n-1], transfer.ErrFenced) {
+				// This pipeline broke (or its last value was refused): the values it
+				// left unpulled keep the source's places, so the other pipeline's pulls
+				// would wait there until the deadline. They end now.
+				stopPulls()
 			}
 		})
 	}
 	// The source's answer says which landed values are good. It comes once every item's
-	// read ended, the failed ones included: worth waiting for (bounded by ctx) when
-	// values landed and the source answered every pull (a refused one, e.g. a chunk not
-	// read in time, proves it alive); after a pull it did not answer (down, or cut off)
-	// it gets stageVerdictWait, then the call is cancelled.
+	// read ended, the failed ones included: worth waiting for (bounded by the call's
+	// deadline) when values landed and the source answered every pull (a refused one,
+	// e.g. a chunk not read in time, proves it alive); after a pull it did not answer
+	// (down, or cut off) it gets stageVerdictWait, then the call is cancelled.
 	answered := make(chan struct{})
 	var watch sync.WaitGroup
 	watch.Go(func() {
@@ -282,7 +294,7 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 			cancel()
 		}
 	})
-	resp, err := c.BatchSsdStageRead(ctx, &peer.BatchSsdStageReadRequest{Items: stage}, callOpts...)
+	resp, err := c.BatchSsdStageRead(callCtx, &peer.BatchSsdStageReadRequest{Items: stage}, callOpts...)
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		// Every value fails with the call (the source refused or never got it): its
 		// pulls would wait there for sessions that never come. They end now.

@@ -171,7 +171,8 @@ type Options struct {
 	// SSD enables the SSD tier (docs/architecture.md §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
 
-	testPeerServerOpts []server.Option // added to the peer service's Kitex options by tests
+	testPeerServerOpts []server.Option             // added to the peer service's Kitex options by tests
+	testPuller         func(pullClient) pullClient // wraps the puller, for tests that break a pull
 }
 
 const pageSize = 4096

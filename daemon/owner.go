@@ -44,7 +44,7 @@ type Owner struct {
 	// getDones coalesces the GetDones of concurrent gets (getdone.go).
 	getDones getDoneQueue
 	data     *transfer.Server    // serves other owners' pulls from the segment
-	puller   *transfer.Client    // pulls from other owners into the segment
+	puller   pullClient          // pulls from other owners into the segment
 	peers    *peerclient.Clients // other owners' peer services (remote SSD staging)
 	// peerAddr and dataAddr are the advertised addresses registered with the master.
 	peerAddr, dataAddr string

@@ -299,6 +299,16 @@ func (s *stageSession) deliver(i int, _, _ int64, _ []byte) error {
 	return s.err
 }
 
+// sendingLocked reports whether a chunk of s is being sent.
+func (s *stageSession) sendingLocked() bool {
+	for i := range s.chunks {
+		if s.chunks[i].serving {
+			return true
+		}
+	}
+	return false
+}
+
 // stalled reports whether a read chunk has waited longer than stageUnpulled.
 func (s *stageSession) stalledLocked(now time.Time) bool {
 	for i := range s.chunks {
@@ -515,15 +525,15 @@ func stageAnswer(ctx context.Context, req *peer.SsdStageReadRequest, node string
 // slots go back. The returned func stops it and
 // waits for it to end.
 func (st *stager) watch(s *stageSession) (stop func()) {
-	return st.watchAll([]*stageSession{s}, s.failLocked)
+	return st.watchAll([]*stageSession{s}, func(err error) { s.failLocked(fmt.Errorf("%w: %w", errStageEnded, err)) })
 }
 
 // watchAll calls fail (under st.mu, once) when a read chunk of one of the sessions ss
 // still running stays unpulled for stageUnpulled while no pull of any of them arrived
-// or ended for as long (pulledAt): the requester is gone or stuck. A healthy requester
-// shows itself at least every stageChunkWait (a pull waits no longer for its chunk),
-// however long its pipeline's earlier pulls keep a chunk read early waiting. The
-// returned func stops it and waits for it to end.
+// or ended for as long (pulledAt), and none is being sent: the requester is gone or
+// stuck. A healthy requester shows itself at least every stageChunkWait (a pull waits
+// no longer for its chunk), however long its pipeline's earlier pulls keep a chunk
+// read early waiting. The returned func stops it and waits for it to end.
 func (st *stager) watchAll(ss []*stageSession, fail func(error)) (stop func()) {
 	done, ended := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -543,10 +553,13 @@ func (st *stager) watchAll(ss []*stageSession, fail func(error)) (stop func()) {
 				if s.pulledAt.After(last) {
 					last = s.pulledAt
 				}
+				if s.sendingLocked() {
+					last = now // a pull going on (a chunk's send may take 4 ProgressTimeouts)
+				}
 			}
 			for _, s := range ss {
 				if now.Sub(last) > stageUnpulled && s.err == nil && s.stalledLocked(now) {
-					fail(fmt.Errorf("%w: a read chunk waited %v for its pull (is the requester gone?)", errStageEnded, stageUnpulled))
+					fail(fmt.Errorf("a read chunk waited %v for its pull (is the requester gone?)", stageUnpulled))
 					st.mu.Unlock()
 					return
 				}

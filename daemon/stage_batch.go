@@ -120,7 +120,10 @@ func (o *Owner) batchStageRead(req *peer.BatchSsdStageReadRequest) ([]error, err
 			sessions = append(sessions, r.s)
 		}
 	}
-	stopWatch := o.stager.watchAll(sessions, stop)
+	stopWatch := func() {}
+	if len(sessions) > 0 {
+		stopWatch = o.stager.watchAll(sessions, stop)
+	}
 	readers := make(chan struct{})
 	go func() {
 		defer close(readers)
@@ -177,9 +180,16 @@ func (b *stageBatch) readAll(reads int) {
 			close(b.read[i])
 			continue
 		}
+		placed := false
 		select {
 		case b.places <- struct{}{}:
+			placed = true
 		case <-r.base.Done():
+		}
+		if r.base.Err() != nil { // (both may have been ready: an ended batch reads no more)
+			if placed {
+				<-b.places
+			}
 			b.errs[i] = r.end(r.base, fmt.Errorf("%w: waiting for a read of %q: %w", errStageEnded, r.req.Key, context.Cause(r.base)))
 			close(b.read[i])
 			continue

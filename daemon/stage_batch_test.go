@@ -309,16 +309,7 @@ func TestBatchStageReadUnpulled(t *testing.T) {
 		s := st.sessions[items[0].GetId]
 		return s != nil && s.chunks[0].ready
 	})
-	st.mu.Lock()
-	for _, s := range st.sessions {
-		s.pulledAt = s.pulledAt.Add(-stageUnpulled)
-		for i := range s.chunks {
-			if s.chunks[i].ready {
-				s.chunks[i].readyAt = s.chunks[i].readyAt.Add(-stageUnpulled)
-			}
-		}
-	}
-	st.mu.Unlock()
+	setBack(st, stageUnpulled, stageUnpulled)
 	var errs []error
 	select {
 	case errs = <-done:
@@ -334,8 +325,8 @@ func TestBatchStageReadUnpulled(t *testing.T) {
 // TestBatchStageReadSlowPullsNotUnpulled: a requester that keeps pulling keeps its
 // batch, however long its read items wait: a pipeline whose earlier pulls wait for
 // slow reads leaves items read early unpulled past stageUnpulled. Here the read items'
-// ready times are set back past it, and the requester pulls one item every 300 ms: no
-// pull is refused until the call's deadline.
+// ready times are set back past it, and the last pull's to 2 s short of it; the
+// requester pulls one item every 300 ms: no pull is refused until the call's deadline.
 func TestBatchStageReadSlowPullsNotUnpulled(t *testing.T) {
 	t.Parallel()
 	n, items, want := stagedPages(t, 16)
@@ -359,12 +350,9 @@ func TestBatchStageReadSlowPullsNotUnpulled(t *testing.T) {
 		return true
 	}
 	waitUntil(t, read)
-	st.mu.Lock()
-	for _, it := range items {
-		s := st.sessions[it.GetId]
-		s.chunks[0].readyAt = s.chunks[0].readyAt.Add(-stageUnpulled)
-	}
-	st.mu.Unlock()
+	// Every chunk unpulled for longer than stageUnpulled, and the last pull 2 s short
+	// of it: only the pulls below keep the watchdog away.
+	setBack(st, stageUnpulled, stageUnpulled-2*time.Second)
 	pulled := 0
 	for _, it := range items {
 		if time.Since(start) > limit-time.Second {
@@ -386,6 +374,59 @@ func TestBatchStageReadSlowPullsNotUnpulled(t *testing.T) {
 	}
 }
 
+// TestBatchStageReadSendingNotUnpulled: a chunk on its way to the requester counts as
+// a pull going on (a send may take several progress timeouts on a slow link) while the
+// batch's other read items wait unpulled. Here one item is lent to its pull, and every
+// time is set back past stageUnpulled: the watchdog's next look leaves the batch alone.
+func TestBatchStageReadSendingNotUnpulled(t *testing.T) {
+	t.Parallel()
+	n, items, _ := stagedPages(t, 16)
+	st := n.o.stager
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
+	}()
+	defer func() { <-done }()
+	waitUntil(t, func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for _, it := range items {
+			if s := st.sessions[it.GetId]; s == nil || !s.chunks[0].ready {
+				return false
+			}
+		}
+		return true
+	})
+	_, release, err := st.open(items[0].GetId, 0, items[0].Len, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setBack(st, stageUnpulled, stageUnpulled)
+	time.Sleep(stageUnpulled/4 + 500*time.Millisecond) // past the watchdog's next look
+	_, release1, err := st.open(items[1].GetId, 0, items[1].Len, nil)
+	release()
+	if err != nil {
+		t.Fatalf("the next pull, after a chunk was being sent for %v: %v", stageUnpulled/4+500*time.Millisecond, err)
+	}
+	release1()
+}
+
+// setBack sets every session's last pull back by pulled, and every read chunk's ready
+// time back by ready, as if that long had passed.
+func setBack(st *stager, ready, pulled time.Duration) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, s := range st.sessions {
+		s.pulledAt = s.pulledAt.Add(-pulled)
+		for i := range s.chunks {
+			if s.chunks[i].ready {
+				s.chunks[i].readyAt = s.chunks[i].readyAt.Add(-ready)
+			}
+		}
+	}
+}
+
 // checkAbandoned checks the answers errs of a BatchSsdStageRead of items whose
 // requester pulled nothing: every item UNAVAILABLE (nothing is wrong with the records),
 // and every session and staging slot given back.
@@ -396,10 +437,17 @@ func checkAbandoned(t *testing.T, n *node, items []*peer.SsdStageReadRequest, er
 			t.Errorf("%s: %v, want UNAVAILABLE", items[i].Key, err)
 		}
 	}
+	if idle, why := stagerIdle(n); !idle {
+		t.Errorf("after the batch: %s", why)
+	}
+}
+
+// stagerIdle reports whether n's stager holds no session and every staging slot is
+// free (why says what it holds).
+func stagerIdle(n *node) (idle bool, why string) {
 	st := n.o.stager
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if len(st.sessions) != 0 || len(st.free) != cap(st.free) {
-		t.Errorf("after the batch: %d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
-	}
+	return len(st.sessions) == 0 && len(st.free) == cap(st.free),
+		fmt.Sprintf("%d sessions, %d of %d slots free", len(st.sessions), len(st.free), cap(st.free))
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -29,7 +28,7 @@ type replyReader struct {
 	// next holds the first have bytes of the next reply, read with the data before it.
 	next [responseFixedLen]byte
 	have int
-	iov  [3]unix.Iovec
+	bufs [3][]byte                                // a readv's buffers
 	rh   [responseFixedLen + maxMessageBytes]byte // the reply being read: its fixed header, its message
 	// setAt is when the read deadline was last set (touch).
 	setAt time.Time
@@ -89,6 +88,7 @@ func (rr *replyReader) read(r pullRef, dst []byte) pullResult {
 			if m, err := io.ReadFull(rr.tc, rh[n:responseFixedLen]); err != nil {
 				return c.ioFail(r, "reading the reply", 0, started || n+m > 0, err)
 			}
+			rr.touch(time.Now()) // a header that came alone late leaves the rest a whole timeout
 		}
 		started = true
 		var err error
@@ -143,14 +143,14 @@ func (rr *replyReader) readData(pad, dst []byte) (got int, err error) {
 	for padGot < len(pad) || got < len(dst) {
 		k := 0
 		if padGot < len(pad) {
-			setIovec(&rr.iov[k], pad[padGot:])
+			rr.bufs[k] = pad[padGot:]
 			k++
 		}
 		end := min(got+maxReadChunk, len(dst))
-		setIovec(&rr.iov[k], dst[got:end])
+		rr.bufs[k] = dst[got:end]
 		k++
 		if end == len(dst) {
-			setIovec(&rr.iov[k], rr.next[:])
+			rr.bufs[k] = rr.next[:]
 			k++
 		}
 		n, err := rr.readv(k)
@@ -167,14 +167,15 @@ func (rr *replyReader) readData(pad, dst []byte) (got int, err error) {
 	return got, nil
 }
 
-// readv reads into the first k iovecs of rr.iov, waiting (within the read deadline)
-// until some bytes arrived; 0 bytes is the end of the stream.
+// readv reads into the first k of rr.bufs, waiting (within the read deadline) until
+// some bytes arrived; 0 bytes is the end of the stream. unix.Readv tells the race
+// detector which bytes it wrote.
 func (rr *replyReader) readv(k int) (int, error) {
-	var n uintptr
-	var errno syscall.Errno
+	var n int
+	var errno error
 	err := rr.rc.Read(func(fd uintptr) bool {
 		for {
-			n, _, errno = unix.Syscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&rr.iov[0])), uintptr(k))
+			n, errno = unix.Readv(int(fd), rr.bufs[:k])
 			if errno != unix.EINTR {
 				return errno != unix.EAGAIN
 			}
@@ -183,15 +184,10 @@ func (rr *replyReader) readv(k int) (int, error) {
 	switch {
 	case err != nil:
 		return 0, err
-	case errno != 0:
+	case errno != nil:
 		return 0, os.NewSyscallError("readv", errno)
 	case n == 0:
 		return 0, io.ErrUnexpectedEOF
 	}
-	return int(n), nil
-}
-
-func setIovec(v *unix.Iovec, b []byte) {
-	v.Base = unsafe.SliceData(b)
-	v.SetLen(len(b))
+	return n, nil
 }

@@ -110,17 +110,71 @@ func TestReplyUnaskedBytes(t *testing.T) {
 	want := bytes.Repeat([]byte{0xAB}, 200)
 	replies := appendResponse(nil, statusOK, int64(len(want)), okPadding[:okHeaderLen-responseFixedLen])
 	replies = append(replies, want...)
-	stray := appendResponse(nil, statusOK, 0, "")
-	addr, accepted := scriptedReplies(t, 1, append(replies, stray...), 0)
-	cl := newClient(t, ClientOptions{})
-	for round := range 2 {
-		dst := make([]byte, len(want))
-		errs := cl.PullMany(context.Background(), addr, []PullItem{{Fence: Fence{SourceNode: "node-a", SourceGeneration: 1, TransferID: 1}, Dst: dst}})
-		if errs[0] != nil || !bytes.Equal(dst, want) {
-			t.Fatalf("round %d: %v (bytes equal: %v)", round, errs[0], bytes.Equal(dst, want))
-		}
+	script := append(replies, appendResponse(nil, statusOK, 0, "")...) // a stray reply after the one asked for
+	f := Fence{SourceNode: "node-a", SourceGeneration: 1, TransferID: 1}
+	for _, tc := range []struct {
+		name string
+		pull func(cl *Client, addr string, dst []byte) error
+	}{
+		{"PullMany", func(cl *Client, addr string, dst []byte) error {
+			return cl.PullMany(context.Background(), addr, []PullItem{{Fence: f, Dst: dst}})[0]
+		}},
+		{"Pull", func(cl *Client, addr string, dst []byte) error { return cl.Pull(context.Background(), addr, f, 0, dst) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, accepted := scriptedReplies(t, 1, script, 0)
+			cl := newClient(t, ClientOptions{})
+			for round := range 2 {
+				dst := make([]byte, len(want))
+				if err := tc.pull(cl, addr, dst); err != nil || !bytes.Equal(dst, want) {
+					t.Fatalf("round %d: %v (bytes equal: %v)", round, err, bytes.Equal(dst, want))
+				}
+			}
+			if d, a := cl.dials.Load(), accepted(); d != 2 || a != 2 {
+				t.Errorf("%d dials, %d connections accepted; want 2: a connection with unasked bytes must not carry another pull", d, a)
+			}
+		})
 	}
-	if d, a := cl.dials.Load(), accepted(); d != 2 || a != 2 {
-		t.Errorf("%d dials, %d connections accepted; want 2: a connection with unasked bytes must not carry another pull", d, a)
+}
+
+// TestReplyDeadlineKeptAfterCancel: once a pull's context ended, moving the read
+// deadline for the next header puts the forced past deadline back (the cancellation
+// may land between the two), so a reader of a silent source fails at once instead of
+// after the progress timeout.
+func TestReplyDeadlineKeptAfterCancel(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			io.Copy(io.Discard, c) // silent until the client closes
+			c.Close()
+		}
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cl := newClient(t, ClientOptions{ProgressTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rr, err := cl.newReplyReader(ctx, conn.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan pullResult, 1)
+	go func() { done <- rr.read(pullRef{addr: ln.Addr().String(), n: 1}, make([]byte, 1)) }()
+	select {
+	case res := <-done:
+		if res.err == nil {
+			t.Fatal("a read after the pull's context ended succeeded")
+		}
+	case <-time.After(20 * time.Second):
+		conn.Close()
+		<-done
+		t.Fatal("a read after the pull's context ended waited for the progress timeout")
 	}
 }

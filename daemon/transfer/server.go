@@ -273,6 +273,9 @@ func (s *Server) open(c net.Conn, buf []byte, req request) (data []byte, release
 	if ws, isWaiting := s.src.(WaitingSource); isWaiting {
 		var aliveErr error
 		data, release, err = ws.OpenWaiting(req.fence, req.offset, req.length, func() error {
+			if aliveErr != nil {
+				return aliveErr // a WAIT went out in part at most: the stream is broken
+			}
 			c.SetWriteDeadline(time.Now().Add(s.opts.ProgressTimeout))
 			_, aliveErr = c.Write(appendResponse(buf, statusWait, 0, ""))
 			return aliveErr

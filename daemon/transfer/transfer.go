@@ -28,7 +28,9 @@ type Source interface {
 // WaitingSource is a Source that can wait for a staged chunk (Fence.Staged) on the
 // serving goroutine itself: while it waits it calls alive every WaitInterval (the
 // server tells the puller so), and once alive fails it stops waiting and returns that
-// error, lending nothing. A Source without it is waited for on a goroutine of its own.
+// error, lending nothing. alive is called only on the serving goroutine, before
+// OpenWaiting returns; once it failed it keeps failing. A Source without it is waited
+// for on a goroutine of its own.
 type WaitingSource interface {
 	Source
 	OpenWaiting(f Fence, offset, length int64, alive func() error) (data []byte, release func(), err error)
