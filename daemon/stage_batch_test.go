@@ -274,6 +274,7 @@ func TestBatchStageLimit(t *testing.T) {
 		{"32 pages", items(32, 64<<10, 60_000), stageMaxDeadline, stageBase + 62500*time.Microsecond},
 		{"256 of 4 MiB", items(256, stageChunk, 60_000), stageMaxDeadline, stageBase + 32*time.Second},
 		{"capped by deadline_ms", items(256, stageChunk, 9_000), stageMaxDeadline, 9 * time.Second},
+		{"capped by the longest deadline_ms", append(items(255, stageChunk, 7_000), items(1, stageChunk, 9_000)...), stageMaxDeadline, 9 * time.Second},
 		{"capped by stageMax", items(256, stageChunk, 0), 20 * time.Second, 20 * time.Second},
 		{"invalid items count nothing", append(items(2, stageChunk+1, 60_000), nil), stageMaxDeadline, stageBase},
 	} {
