@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "that served the longest prefix of its blocks, as a cache-aware router; default rr)")
     ap.add_argument("--speed", type=float, default=0.0, help="honour timestamps at this speed factor (2 = twice as fast); 0: as fast as possible")
     ap.add_argument("--verify-every", type=int, default=8, help="check every n-th page loaded byte for byte (default 8)")
+    ap.add_argument("--byte-access", choices=("per-key", "batch"), default="per-key",
+                    help="Redis and memcached: one get per page until the first miss and one put per page (default), "
+                         "or one multi-get and one pipelined multi-put per chunk of a request's pages")
     ap.add_argument("--pin-ms", type=int, default=1000, help="fluxkv: how long contains_prefix pins what it found (PageStore pin_ms)")
     ap.add_argument("--buffer-bytes", type=parse_size, default=1 << 30, help="page buffers per process (loads and stores go in chunks that fit)")
     ap.add_argument("--sims", default=",".join(sim.POLICIES), help=f"simulations to run beside (default {','.join(sim.POLICIES)})")
@@ -186,7 +189,7 @@ def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
     install_signal_handlers()
     context = {"preset": a.preset, "trace_file": a.trace, "block_bytes": a.block_bytes, "procs": a.procs,
                "window": a.procs if a.window is None else a.window, "speed": a.speed,
-               "route": a.route}
+               "route": a.route, "byte_access": a.byte_access}
     print(f"tracebench: preset {a.preset}; {describe_block(a.block_bytes)}", file=sys.stderr)
     print(f"trace {a.trace}: {len(trace.requests):,} requests over {trace.duration_s:,.0f} s, {trace.accesses:,} block accesses, "
           f"{trace.distinct:,} distinct blocks; capacities {', '.join(f'{c:,}' for c in caps)} blocks; "
@@ -197,7 +200,7 @@ def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
     for s in sim.run_sims(trace, caps, a.sims):
         rows.append(report.sim_row(s, trace, s.capacity_blocks, context))
     cfg = ReplayConfig(procs=a.procs, window=a.window, speed=a.speed, verify_every=a.verify_every, pin_ms=a.pin_ms,
-                       buffer_bytes=a.buffer_bytes, route=a.route)
+                       buffer_bytes=a.buffer_bytes, route=a.route, byte_access=a.byte_access)
     interrupted = False
     try:
         for cap in caps:

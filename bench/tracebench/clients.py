@@ -205,12 +205,16 @@ class MooncakePages:
 
 
 class BytePages:
-    """Pages as plain values of a byte store, under ``prefix/<id>``."""
+    """Pages as plain values of a byte store, under ``prefix/<id>``: one copying get per page
+    until the first miss and one put per page, or with ``batch`` one multi-get of a chunk's
+    pages (the pages after its first miss come too, and are dropped) and one pipelined
+    multi-put (memcached ``get k1 k2 ...`` and ``set_many``, Redis ``MGET`` and ``MSET``)."""
 
-    def __init__(self, thread_client, prefix: str, block_bytes: int):
+    def __init__(self, thread_client, prefix: str, block_bytes: int, batch: bool = False):
         self.c = thread_client
         self.prefix = prefix
         self.block_bytes = block_bytes
+        self.batch = batch
         self.tally: Counter = Counter()
         self.wrong_bytes = 0  # of hits whose value was not block_bytes long: every byte counts wrong
         self.put_errors: Counter = Counter()
@@ -222,22 +226,39 @@ class BytePages:
         return len(ids)  # no prefix lookup: load() finds the first miss
 
     def load(self, ids, bufs) -> int:
-        for n, (b, buf) in enumerate(zip(ids, bufs)):
-            got = self.c.get(self.key(b))
-            if got is None:
-                return n
-            try:
-                data = got.materialize()
-                self.tally[_source_key(got.source, getattr(got, "remote", None))] += 1
-                if len(data) == self.block_bytes:
-                    np.copyto(buf, np.frombuffer(data, dtype=np.uint8))
-                else:
-                    self.wrong_bytes += self.block_bytes
-            finally:
-                got.release()
-        return len(ids)
+        keys = [self.key(b) for b in ids]
+        gots = self.c.get_many(keys) if self.batch else None
+        try:
+            for n, (k, buf) in enumerate(zip(keys, bufs)):
+                got = gots[n] if gots is not None else self.c.get(k)
+                if got is None:
+                    return n
+                try:
+                    data = got.materialize()
+                    self.tally[_source_key(got.source, getattr(got, "remote", None))] += 1
+                    if len(data) == self.block_bytes:
+                        np.copyto(buf, np.frombuffer(data, dtype=np.uint8))
+                    else:
+                        self.wrong_bytes += self.block_bytes
+                finally:
+                    if gots is None:
+                        got.release()
+            return len(ids)
+        finally:
+            for got in gots or ():
+                if got is not None:
+                    got.release()
 
     def store_pages(self, ids, bufs, parent) -> int:
+        if self.batch:
+            try:
+                refused = self.c.put_many([(self.key(b), memoryview(buf)) for b, buf in zip(ids, bufs)])
+            except Exception as e:  # noqa: BLE001 - a refused call is a miss of each page, as an engine would take it
+                self.put_errors[type(e).__name__] += len(ids)
+                return len(ids)
+            if refused:
+                self.put_errors["refused"] += len(refused)
+            return len(refused)
         failed = 0
         for b, buf in zip(ids, bufs):
             try:

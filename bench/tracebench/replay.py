@@ -43,6 +43,7 @@ class ReplayConfig:
     buffer_bytes: int = 1 << 30  # page buffers per process
     namespace: str = "kv1/tracebench"
     route: str = "rr"  # route.ROUTES: which process serves each request
+    byte_access: str = "per-key"  # Redis, memcached: per-key gets and puts, or batched ones
 
     def effective_window(self) -> int:
         return self.procs if self.window is None else self.window
@@ -78,7 +79,7 @@ def plans(trace: Trace, backend: str, endpoint: dict, spec, block_bytes: int, cf
     for k in range(cfg.procs):
         reqs = [(i, r.timestamp_ms - t_first, r.hash_ids) for i, r in enumerate(trace.requests) if who[i] == k]
         out.append(worker.Plan(k, backend, endpoint, asdict(spec), reqs, block_bytes, buffer_pages, cfg.verify_every, cfg.pin_ms,
-                               cfg.speed, cfg.effective_window(), cfg.namespace))
+                               cfg.speed, cfg.effective_window(), cfg.namespace, cfg.byte_access))
     return out
 
 

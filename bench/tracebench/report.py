@@ -132,8 +132,9 @@ def replay_row(run: Running, trace: Trace, capacity_blocks: int, res: ReplayResu
         # fluxkv: fluxkv.kv's batch calls (one prefix lookup, batched loads into the engine's
         # buffers, batched stores); Mooncake: its batch zero-copy calls on registered buffers
         # (tracebench.clients.MooncakePages); Redis, memcached: one copying get per page until the
-        # first miss, one put per page.
-        "access": "batch" if t.backend in ("fluxkv", "mooncake") else "per-key",
+        # first miss, one put per page, or with --byte-access batch one multi-get and one
+        # pipelined multi-put per chunk (tracebench.clients.BytePages).
+        "access": "batch" if t.backend in ("fluxkv", "mooncake") else context.get("byte_access", "per-key"),
         "hits": hits,
         "hit_rate": hits / trace.accesses,
         "token_hit_rate": token_hits(trace, res.hits) / trace.tokens,

@@ -32,6 +32,7 @@ class Plan:
     speed: float  # > 0: a request starts no earlier than its timestamp / speed; 0: at once
     window: int  # > 0: request i starts once every request before i - window + 1 has finished
     namespace: str
+    byte_access: str = "per-key"  # Redis, memcached: "per-key" or "batch" (tracebench.clients.BytePages)
 
 
 class Sync:
@@ -82,7 +83,7 @@ def open_pages(plan: Plan):
         retries = int(plan.endpoint.get("put_retries", 8))
         return MooncakePages(ws.store, plan.namespace, plan.block_bytes, bool(plan.spec.get("ssd")), retries), ws, None
     tc = ws.thread_client(0)
-    return BytePages(tc, plan.namespace, plan.block_bytes), ws, tc
+    return BytePages(tc, plan.namespace, plan.block_bytes, batch=plan.byte_access == "batch"), ws, tc
 
 
 def serve(plan: Plan, sync: Sync, pc) -> dict:

@@ -105,6 +105,22 @@ class ThreadClient(abc.ABC):
     def put(self, key: str, value: memoryview) -> None:
         """Store ``value``; raise on failure (the worker counts it)."""
 
+    def get_many(self, keys: list) -> list:
+        """Each key's ``Got`` or None, in one call where the store has one (the default
+        gets them one by one)."""
+        return [self.get(k) for k in keys]
+
+    def put_many(self, items: list) -> list:
+        """Store each (key, value); the keys the store refused, in one call where it has
+        one (the default puts them one by one). Raises when the call as a whole failed."""
+        refused = []
+        for k, v in items:
+            try:
+                self.put(k, v)
+            except Exception:  # noqa: BLE001 - a refused put is reported, as the batched calls do
+                refused.append(k)
+        return refused
+
     def close(self) -> None:
         pass
 

@@ -172,6 +172,13 @@ class MemcachedThread(ThreadClient):
         if not self.c.set(key, bytes(value), noreply=False):
             raise RuntimeError(f"memcached set {key} refused (NOT_STORED)")
 
+    def get_many(self, keys: list) -> list:
+        found = self.c.get_many(keys)  # one "get k1 k2 ..." command
+        return [None if (v := found.get(k)) is None else BytesGot(v, self.source) for k in keys]
+
+    def put_many(self, items: list) -> list:
+        return self.c.set_many({k: bytes(v) for k, v in items}, noreply=False)  # pipelined sets, one write
+
     def close(self) -> None:
         self.c.close()
 

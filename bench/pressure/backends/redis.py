@@ -128,6 +128,13 @@ class RedisThread(ThreadClient):
     def put(self, key: str, value) -> None:
         self.r.set(key, bytes(value))
 
+    def get_many(self, keys: list) -> list:
+        return [None if v is None else BytesGot(v, "memory") for v in self.r.mget(keys)]
+
+    def put_many(self, items: list) -> list:
+        self.r.mset({k: bytes(v) for k, v in items})  # MSET cannot refuse a key
+        return []
+
     def close(self) -> None:
         self.r.close()
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pressure.backends.base import module_available, which
 from pressure.procs import Group
 from tracebench import backends as tb
 from tracebench import cli, report, sim, worker
@@ -64,6 +65,29 @@ def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_b
     for i in range(2):
         stats = pstats.Stats(str(prof / f"worker-{i}.prof"))
         assert any(fn == "serve" for (_, _, fn) in stats.stats)
+
+
+@pytest.mark.parametrize("backend", ["memcached", "redis"])
+def test_byte_stores_per_key_and_batched_hit_the_infinite_cache_with_room_for_every_block(backend, fluxkv_bin, tmp_path):
+    """Redis and memcached, one get and put per page or a multi-get and a pipelined
+    multi-put per chunk (``--byte-access batch``, chunks of 2 pages here so a request
+    takes several): with room for every block both find the infinite cache's hits, every
+    page loaded byte for byte, none refused."""
+    binary, module = {"memcached": ("memcached", "pymemcache"), "redis": ("redis-server", "redis")}[backend]
+    if not which(binary) or not module_available(module):
+        pytest.skip(f"{binary} or python module {module} missing")
+    t = load(write_trace(tmp_path))
+    ideal = sim.simulate(t, sim.Infinite())
+    room = (64 << 20) // BLOCK  # the stores' own overhead needs MiBs, not the blocks' 84 KiB
+    for access in ("per-key", "batch"):
+        run = tb.prepare(tb.Target(backend, 1, False), options(fluxkv_bin), room, BLOCK, 5, 2, t.distinct)
+        with Group() as g:
+            run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
+            res = replay(t, backend, run.endpoint, run.spec, BLOCK,
+                         ReplayConfig(procs=2, window=1, verify_every=1, buffer_bytes=2 * BLOCK, byte_access=access))
+        assert res.hits == ideal.per_request, access
+        assert res.loaded == res.verified == sum(ideal.per_request) > 0, access
+        assert res.wrong_bytes == 0 and res.put_failed == 0 and res.errors == 0, access
 
 
 def test_three_owners_count_pinned_pulls_as_remote_hits(fluxkv_bin, tmp_path):
