@@ -20,8 +20,8 @@ import (
 // asks the master, which has the new route once the put or delete returned; only a
 // cached holding can be stale, until the master's InvalidateCachedInfo reaches the
 // owner. The master queues that invalidation before it answers the put or delete and
-// sends it after a linger of 1 ms, behind at most one call to the same owner already
-// in flight, each call bounded by the 500 ms InvalidateTimeout: 1 ms + 2 × 500 ms.
+// sends it behind at most one call to the same owner already in flight and a linger of
+// 20 ms after it, each call bounded by the 500 ms InvalidateTimeout: 2 × 500 ms + 20 ms.
 // The rest is slack for the -race binary on two busy cores. (A call that fails is
 // dropped, not retried: that owner's cached info then stays stale while it is held,
 // beyond any bound; this test runs a healthy cluster, so such a failure fails it.)

@@ -38,6 +38,12 @@ type invalQueue struct {
 	order   []string
 	sending bool
 	dropped int64 // entries dropped by the cap since the last warning
+	// full is signalled when a call's worth is queued: it ends the sender's linger.
+	full chan struct{}
+}
+
+func newInvalQueue() *invalQueue {
+	return &invalQueue{upTo: make(map[string]int64), full: make(chan struct{}, 1)}
 }
 
 // push records key ≤ putID; past max distinct keys the oldest are dropped. It returns
@@ -91,12 +97,13 @@ func (q *invalQueue) take(n int) []*common.KeyVersion {
 // keeps serving a dropped key's old version from its cached info until the externals
 // holding it release it (idle cached infos expire after the owner's cache grace).
 type invalidator struct {
-	log     zerolog.Logger
-	peers   *peerclient.Clients
-	timeout time.Duration
-	max     int                            // distinct keys queued per owner
-	live    func(nodeID, addr string) bool // the owner is registered and not tombed
-	epoch   int64                          // the master's, sent with every call
+	log       zerolog.Logger
+	peers     *peerclient.Clients
+	timeout   time.Duration
+	max       int                            // distinct keys queued per owner
+	live      func(nodeID, addr string) bool // the owner is registered and not tombed
+	epoch     int64                          // the master's, sent with every call
+	lingerFor time.Duration                  // invalidateLinger (tests lengthen it)
 
 	ctx    context.Context // cancelled by close: in-flight calls end at once
 	cancel context.CancelFunc
@@ -111,7 +118,8 @@ type invalidator struct {
 // newInvalidator returns an invalidator whose calls time out after timeout, that
 // queues at most limit keys per owner and sends only to owners live says are live.
 func newInvalidator(log zerolog.Logger, peers *peerclient.Clients, timeout time.Duration, limit int, epoch int64, live func(nodeID, addr string) bool) *invalidator {
-	v := &invalidator{log: log, peers: peers, timeout: timeout, max: limit, epoch: epoch, live: live, queues: make(map[ownerKey]*invalQueue)}
+	v := &invalidator{log: log, peers: peers, timeout: timeout, max: limit, epoch: epoch, lingerFor: invalidateLinger, live: live,
+		queues: make(map[ownerKey]*invalQueue)}
 	v.ctx, v.cancel = context.WithCancel(context.Background())
 	return v
 }
@@ -130,10 +138,16 @@ func (v *invalidator) add(invs []Invalidation) {
 		k := ownerKey{nodeID: iv.NodeID, addr: iv.PeerAddr}
 		q := v.queues[k]
 		if q == nil {
-			q = &invalQueue{upTo: make(map[string]int64)}
+			q = newInvalQueue()
 			v.queues[k] = q
 		}
 		q.push(iv.Key, iv.PutID, v.max)
+		if len(q.order) == invalidateBatch {
+			select {
+			case q.full <- struct{}{}:
+			default:
+			}
+		}
 		if !q.sending {
 			q.sending = true
 			v.wg.Add(1)
@@ -185,18 +199,25 @@ func (v *invalidator) sender(k ownerKey, q *invalQueue) {
 	}
 }
 
-// linger lets entries for q collect for invalidateLinger before its next call, unless
-// a full call's worth is queued already or the invalidator is closing.
+// linger lets entries for q collect for invalidateLinger before its next call, until
+// a full call's worth is queued (before or meanwhile) or the invalidator is closing.
 func (v *invalidator) linger(q *invalQueue) {
+	select {
+	case <-q.full: // a signal for entries taken since
+	default:
+	}
 	v.mu.Lock()
 	full := len(q.order) >= invalidateBatch
 	v.mu.Unlock()
 	if full {
 		return
 	}
+	t := time.NewTimer(v.lingerFor)
+	defer t.Stop()
 	select {
 	case <-v.ctx.Done():
-	case <-time.After(invalidateLinger):
+	case <-q.full:
+	case <-t.C:
 	}
 }
 

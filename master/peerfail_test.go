@@ -439,29 +439,10 @@ func TestInvalidationsCollectWhileOwnerIsSlow(t *testing.T) {
 
 // While entries keep coming, an owner gets at most one call per invalidateLinger (plus
 // the call's own time), not one right after the other (calls back to back cost the
-// master and the owner more than the entries), and a queue of several full batches goes
-// without a linger between them.
+// master and the owner more than the entries).
 func TestInvalidationsCollectBetweenCalls(t *testing.T) {
-	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s})
-	fast := &fakePeer{invalDelay: 5 * time.Millisecond} // a busy owner's answer
-	addr := startFakePeer(t, s, fast)
-	registerOwner(t, srv, "fast", addr)
-	arrived := func(prefix string, n int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for i := range n {
-			for {
-				if _, ok := fast.seenAt(fmt.Sprintf("%s%d", prefix, i)); ok {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s%d never arrived", prefix, i)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-	}
+	srv, fast, addr := startInvalidatedOwner(t)
+	arrived := func(prefix string, n int) { fast.waitSeen(t, prefix, n) }
 
 	const trickle = 200
 	t0 := time.Now()
@@ -477,22 +458,58 @@ func TestInvalidationsCollectBetweenCalls(t *testing.T) {
 		t.Fatalf("%d calls for %d keys added over %v; want at most %d (one per %v)", n, trickle, elapsed.Round(time.Millisecond), most, invalidateLinger)
 	}
 
-	before := fast.invalCalls.Load()
-	batch := make([]Invalidation, 3*invalidateBatch)
+}
+
+// A call's worth of entries ends a linger, whether it was queued before the linger
+// began or while it ran: here the linger is a minute, one entry starts it, and 3 full
+// batches then go in 3 calls at once, the first entry with the first.
+func TestInvalidationsFullBatchEndsTheLinger(t *testing.T) {
+	srv, fast, addr := startInvalidatedOwner(t)
+	srv.inval.lingerFor = time.Minute
+	srv.inval.add([]Invalidation{{NodeID: "fast", PeerAddr: addr, Key: "b0", PutID: 1}})
+	batch := make([]Invalidation, 3*invalidateBatch-1)
 	for i := range batch {
-		batch[i] = Invalidation{NodeID: "fast", PeerAddr: addr, Key: fmt.Sprintf("b%d", i), PutID: 1}
+		batch[i] = Invalidation{NodeID: "fast", PeerAddr: addr, Key: fmt.Sprintf("b%d", i+1), PutID: 1}
 	}
 	srv.inval.add(batch)
-	arrived("b", len(batch))
-	if n := fast.invalCalls.Load() - before; n != 3 {
-		t.Fatalf("%d calls for %d keys queued at once; want 3 full ones", n, len(batch))
+	fast.waitSeen(t, "b", 3*invalidateBatch) // within 10 s, not a minute
+	if n := fast.invalCalls.Load(); n != 3 {
+		t.Fatalf("%d calls for %d keys; want 3 full ones", n, 3*invalidateBatch)
+	}
+}
+
+// startInvalidatedOwner starts a master with one registered owner "fast", a fake peer
+// whose invalidation calls answer in 5 ms (a busy owner), and returns both and its address.
+func startInvalidatedOwner(t *testing.T) (*Server, *fakePeer, string) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	fast := &fakePeer{invalDelay: 5 * time.Millisecond}
+	addr := startFakePeer(t, s, fast)
+	registerOwner(t, srv, "fast", addr)
+	return srv, fast, addr
+}
+
+// waitSeen waits up to 10 s until keys prefix0 … prefix(n-1) were invalidated at p.
+func (p *fakePeer) waitSeen(t *testing.T, prefix string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for i := range n {
+		for {
+			if _, ok := p.seenAt(fmt.Sprintf("%s%d", prefix, i)); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s%d never arrived", prefix, i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }
 
 // The per-owner queue keeps one entry per key (the highest version) and drops the
 // oldest keys past its cap.
 func TestInvalQueueCap(t *testing.T) {
-	q := &invalQueue{upTo: make(map[string]int64)}
+	q := newInvalQueue()
 	q.push("a", 1, 3)
 	q.push("b", 1, 3)
 	q.push("a", 5, 3)
@@ -517,7 +534,7 @@ func TestInvalQueueCap(t *testing.T) {
 			t.Fatalf("entry %d = %s, want %s", i, s, want[i])
 		}
 	}
-	q2 := &invalQueue{upTo: make(map[string]int64)}
+	q2 := newInvalQueue()
 	q2.push("a", 1, 3)
 	q2.push("a", 5, 3)
 	q2.push("a", 2, 3)
