@@ -85,8 +85,8 @@ func (q *invalQueue) take(n int) []*common.KeyVersion {
 // invalidator sends InvalidateCachedInfo broadcasts to owners (docs/architecture.md §10 "Death and
 // fencing"): each owner has its own queue and at most one call in flight, bounded by
 // InvalidateTimeout, so a dead or partitioned owner delays nobody else. Entries for an
-// owner collect while its call runs and for invalidateLinger after it (one per key,
-// the highest version) and go in its next call. Entries for an owner that is tombed or
+// owner collect while its call runs and for invalidateLinger after it, or until a call's
+// worth is queued (one per key, the highest version), and go in its next call. Entries for an owner that is tombed or
 // unknown by send time are dropped.
 //
 // A failed call is logged and not retried, and that owner's next call waits one
