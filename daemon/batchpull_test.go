@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -234,111 +235,125 @@ func TestBatchRefillCorruptSource(t *testing.T) {
 	}
 }
 
-// breakSecondRun is a puller whose second PullMany loses its connection after its
-// first two values: the rest of that run fail unpulled, as on a reset. With stall, it
-// pulls none of them and waits for its context to end instead (a connection that
-// hangs). The first one, the other pipeline of the same refill, stays healthy.
-type breakSecondRun struct {
+// pipelineFault is how faultyRuns breaks one of the two pipelines of a remote SSD
+// refill.
+type pipelineFault int
+
+const (
+	// breaks: the second PullMany loses its connection after its first two values;
+	// the rest of that run fail unpulled, as on a reset.
+	breaks pipelineFault = iota
+	// hangs: the second pulls nothing and waits for its context to end.
+	hangs
+	// servedCancelled: the first takes every value from the source, but not into its
+	// targets, and reports each cancelled once its context ends (the source sent the
+	// bytes, the reader was cut off); the second pulls for real and reports its last
+	// value as a broken connection once the first was served.
+	servedCancelled
+)
+
+// faultyRuns is a puller with one pipeline of each refill broken as fault says; the
+// other stays healthy.
+type faultyRuns struct {
 	pullClient
-	stall bool
-	calls atomic.Int32
+	fault  pipelineFault
+	calls  atomic.Int32
+	served chan struct{}
 }
 
-func (b *breakSecondRun) PullMany(ctx context.Context, addr string, items []transfer.PullItem) []error {
-	if b.calls.Add(1) != 2 || len(items) <= 2 {
-		return b.pullClient.PullMany(ctx, addr, items)
-	}
-	var errs []error
-	if b.stall {
-		<-ctx.Done()
-	} else {
-		errs = b.pullClient.PullMany(ctx, addr, items[:2])
-	}
-	for range items[len(errs):] {
-		errs = append(errs, fmt.Errorf("%w: the connection broke (test)", transfer.ErrUnreachable))
-	}
-	return errs
-}
-
-// breakingPuller makes ssdOnlyPages' n2 pull with a breakSecondRun.
-func breakingPuller(stall bool) func(*Options) {
-	return func(o *Options) {
-		o.testPuller = func(p pullClient) pullClient { return &breakSecondRun{pullClient: p, stall: stall} }
-	}
-}
-
-// TestBatchRefillPipelineBroken: one of the two pipelines of a batch get's remote SSD
-// refill breaks after two values while the other is healthy. The values it left
-// unpulled hold the source's places, so the healthy pipeline's pulls would each wait
-// there until the batch's deadline (about 5 s for 80 pages): they end at once instead,
-// and the batch answers within a second or so, with no holder of wrong bytes. The
-// source gives its staging back.
-func TestBatchRefillPipelineBroken(t *testing.T) {
-	t.Parallel()
-	n, c2, keys := ssdOnlyPages(t, 80, breakingPuller(false))
-	start := time.Now()
-	hs, _, err := c2.BatchGet(keys)
-	took := time.Since(start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for i, h := range hs {
-		if h != nil {
-			got++
-			if !bytes.Equal(h.Bytes(), value(i, 64<<10+i)) {
-				t.Errorf("%s: wrong bytes", keys[i])
-			}
-			h.Release()
-		}
-	}
-	t.Logf("a batch of %d pages with a broken pipeline answered in %v, %d holders", len(keys), took, got)
-	if took >= stageSessionWait+time.Second {
-		t.Errorf("the batch answered after %v: its healthy pipeline waited at the source for places its broken one held", took)
-	}
-	waitUntil(t, func() bool { // by the batch's deadline at the latest
-		idle, _ := stagerIdle(n)
-		return idle
-	})
-}
-
-// TestBatchRefillVerdictAtDeadline: one of the two pipelines of a batch get's remote
-// SSD refill hangs, pulling nothing, while the other pulls until the source's places
-// are full of the hung one's values. At the deadline the source answers for every
-// value, and that answer reaches the requester, whose call waits stageVerdictWait
-// longer than its pulls (the source counts the same deadline from the call's arrival,
-// later): the values that landed are served, byte-exact; before, the call ended first
-// and every value failed.
-func TestBatchRefillVerdictAtDeadline(t *testing.T) {
-	t.Parallel()
-	n, c2, keys := ssdOnlyPages(t, 80, breakingPuller(true))
-	start := time.Now()
-	hs, _, err := c2.BatchGet(keys)
-	took := time.Since(start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got [2]int // holders of even and odd values: the pipelines'
-	for i, h := range hs {
-		if h != nil {
-			got[i%2]++
-			if !bytes.Equal(h.Bytes(), value(i, 64<<10+i)) {
-				t.Errorf("%s: wrong bytes", keys[i])
-			}
-			h.Release()
-		}
-	}
-	t.Logf("a batch of %d pages with a hung pipeline answered in %v, holders of %d even and %d odd values", len(keys), took, got[0], got[1])
+func (f *faultyRuns) PullMany(ctx context.Context, addr string, items []transfer.PullItem) []error {
+	call := f.calls.Add(1)
 	switch {
-	case got[0] > 0 && got[1] > 0:
-		t.Error("holders of both pipelines' values: the hung one pulled nothing")
-	case got[0]+got[1] == 0:
-		t.Error("no value served: the source's answer at its deadline did not reach the requester")
+	case call > 2 || len(items) <= 2:
+	case f.fault == servedCancelled && call == 1:
+		scratch := slices.Clone(items)
+		for i := range scratch {
+			scratch[i].Dst = make([]byte, len(items[i].Dst))
+		}
+		errs := f.pullClient.PullMany(ctx, addr, scratch)
+		close(f.served)
+		<-ctx.Done()
+		for i := range errs {
+			errs[i] = fmt.Errorf("pull (test): %w", ctx.Err())
+		}
+		return errs
+	case f.fault == servedCancelled:
+		errs := f.pullClient.PullMany(ctx, addr, items)
+		<-f.served
+		errs[len(errs)-1] = fmt.Errorf("%w: the connection broke reading the last reply (test)", transfer.ErrUnreachable)
+		return errs
+	case call == 2:
+		var errs []error
+		if f.fault == hangs {
+			<-ctx.Done()
+		} else {
+			errs = f.pullClient.PullMany(ctx, addr, items[:2])
+		}
+		for range items[len(errs):] {
+			errs = append(errs, fmt.Errorf("%w: the connection broke (test)", transfer.ErrUnreachable))
+		}
+		return errs
 	}
-	waitUntil(t, func() bool {
-		idle, _ := stagerIdle(n)
-		return idle
-	})
+	return f.pullClient.PullMany(ctx, addr, items)
+}
+
+// TestBatchRefillPipelineFails: one of the two pipelines of a batch get's remote SSD
+// refill of 80 pages fails while the other is healthy. No holder ever goes out whose
+// bytes did not land in its target, and the source gives its staging back.
+//   - breaks after two values: the values it left unpulled hold the source's places,
+//     so the healthy pipeline's pulls would each wait there until the batch's deadline
+//     (about 5 s): they end at once instead, and the batch answers within a second or
+//     so.
+//   - hangs: at the deadline the source answers for every value, and that answer
+//     reaches the requester, whose call waits stageVerdictWait longer than its pulls
+//     (the source counts the same deadline from the call's arrival, later): the values
+//     that landed are served (before, the call ended first and every value failed).
+//   - its values served by the source but cut off on the way (cancelled when the other
+//     pipeline broke): the source's answer says each was served, and none of them may
+//     go out on that answer alone.
+func TestBatchRefillPipelineFails(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault pipelineFault
+	}{{"breaks", breaks}, {"hangs", hangs}, {"served, cancelled", servedCancelled}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n, c2, keys := ssdOnlyPages(t, 80, func(o *Options) {
+				o.testPuller = func(p pullClient) pullClient {
+					return &faultyRuns{pullClient: p, fault: tc.fault, served: make(chan struct{})}
+				}
+			})
+			start := time.Now()
+			hs, _, err := c2.BatchGet(keys)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got [2]int // holders of even and odd values: the pipelines'
+			for i, h := range hs {
+				if h != nil {
+					got[i%2]++
+					if !bytes.Equal(h.Bytes(), value(i, 64<<10+i)) {
+						t.Errorf("%s: a holder of wrong bytes", keys[i])
+					}
+					h.Release()
+				}
+			}
+			t.Logf("answered in %v; holders of %d even and %d odd values", took, got[0], got[1])
+			switch {
+			case tc.fault == breaks && took >= stageSessionWait+time.Second:
+				t.Errorf("the batch answered after %v: its healthy pipeline waited at the source for places its broken one held", took)
+			case tc.fault == hangs && got[0]+got[1] == 0:
+				t.Error("no value served: the source's answer at its deadline did not reach the requester")
+			case tc.fault == hangs && got[0] > 0 && got[1] > 0:
+				t.Error("holders of both pipelines' values: the hung one pulled nothing")
+			}
+			waitUntil(t, func() bool { // by the batch's deadline at the latest
+				idle, _ := stagerIdle(n)
+				return idle
+			})
+		})
+	}
 }
 
 // TestBatchRefillStageCallRefused: n1's peer service is down while its data plane

@@ -320,9 +320,6 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 		case resp.Results[k].Code != common.ErrorCode_OK:
 			answer = fmt.Errorf("%w: batch stage read on node %q: %s: %s", transfer.ErrUnreachable, first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
 		}
-		if pulls[k] != nil && !errors.Is(answer, errRemoteSSD) && !errors.Is(pulls[k], context.Canceled) {
-			answer = pulls[k] // (a pull cancelled above: the call's failure says why)
-		}
-		pre[j].err = answer
+		pre[j].err = refillOutcome(answer, pulls[k])
 	}
 }

@@ -89,9 +89,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 			cancel()
 			<-verdict
 		}
-		if !errors.Is(stageErr, errRemoteSSD) && !errors.Is(pullErr, context.Canceled) {
-			stageErr = pullErr // (a pull cancelled by the failed answer: that answer says why)
-		}
+		stageErr = refillOutcome(stageErr, pullErr)
 	}
 	// Every pull has returned: nothing writes the target any more.
 	switch {
@@ -104,6 +102,25 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 		return o.handOutRefill(key, plan, h, t, mark, own)
 	default:
 		return o.completeGet(key, plan)
+	}
+}
+
+// refillOutcome is a remote SSD refill's outcome for one value from the source's answer
+// and this owner's pull (nil: the value landed and its bytes were verified). A read
+// that failed at the source decides (the SSD replica is dropped); else a pull that
+// failed does, except one cancelled because the answer failed, which says why. A pull
+// that failed never ends as a success: the source counts a chunk served once its send
+// ended, so it may answer OK for bytes a cancelled pull never took in.
+func refillOutcome(answer, pull error) error {
+	switch {
+	case pull == nil || errors.Is(answer, errRemoteSSD):
+		return answer
+	case !errors.Is(pull, context.Canceled):
+		return pull
+	case answer == nil:
+		return fmt.Errorf("%w: %w", transfer.ErrUnreachable, pull)
+	default:
+		return answer
 	}
 }
 

@@ -69,6 +69,7 @@ func (m *masterLink) register(ctx context.Context) error {
 		TransferReserve: o.opts.TransferReserve,
 		LandingReserve:  o.opts.LandingReserve,
 		KvSsdStorage:    o.ssdInfo(), Pinned: pins, PrevEpoch: prev,
+		RemoteRefillHolders: true, // get_remote.go and get_batch_pull.go ack it on every path
 	})
 	st = o.lock()
 	next, ok := st.endRegister(resp, sent, prev)

@@ -42,6 +42,9 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		if err == nil && req.PrevEpoch != 0 && req.PrevEpoch != h.s.epoch {
 			st.ExpectReport(ref(req.Node))
 		}
+		if err == nil && !req.RemoteRefillHolders {
+			st.RefillHoldersAtDone(ref(req.Node))
+		}
 		return err
 	})
 	o := &h.s.opts

@@ -239,6 +239,9 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 		g.source = r.replicas[src].memory.Retain()
 		src.policy.Touch(key)
 		plan.SourceOffset = g.source.Offset()
+	case src != n && n.refillHoldersAtDone:
+		// A remote SSD refill for an owner of an earlier release: its holder comes at
+		// GetDone, as a pull's.
 	default:
 		// A refill, from the requester's own SSD or from another owner's: that owner
 		// stages the value's chunks in a bounded area of its own memory, outside its
@@ -317,7 +320,9 @@ func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bo
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key", getID)
 	}
 	src := g.sourceNode // nil once the source was tombed
-	s.dropGetLocked(getID, g, true)
+	// The holder recorded at GetStart is the requester's: the requester may have handed
+	// it out, and a source's revoke leaves it to the requester's own revoke or ack.
+	s.dropGetLocked(getID, g, g.node == n)
 	if dropSSDSource && g.kind == common.Source_SSD && src != nil {
 		if r := s.routes[key]; r != nil && r.putID == g.putID && r.replicas[src] != nil && r.replicas[src].ssd {
 			s.clearSSDLocked(key, r, src)

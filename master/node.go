@@ -34,6 +34,10 @@ type node struct {
 	ssd         SSDInfo
 	lastSeen    time.Time
 	tombed      bool
+	// refillHoldersAtDone: an owner of an earlier release (RegisterRequest
+	// remote_refill_holders false) does not ack a holder recorded at GetStart for a
+	// refill from another owner's SSD: its refills get their holder at GetDone.
+	refillHoldersAtDone bool
 
 	alloc *Allocator // the memory pool: [0, xferBase)
 	// xfer is the transfer area, [xferBase, landingBase or segmentSize), outside the

@@ -69,6 +69,15 @@ func (s *State) ExpectReport(ref NodeRef) {
 	}
 }
 
+// RefillHoldersAtDone marks the owner ref, registered just now, as one of an earlier
+// release: its refills from another owner's SSD get their holder at GetDone, as a
+// pull's, not at GetStart (it would not ack one recorded there when the get failed).
+func (s *State) RefillHoldersAtDone(ref NodeRef) {
+	if n, err := s.nodeLocked(ref); err == nil {
+		n.refillHoldersAtDone = true
+	}
+}
+
 // ReportReplicas adopts a batch of an owner's replica records; last ends the owner's
 // report. It returns the indexes
 // of the records it refused (the owner drops them) and the invalidations of older

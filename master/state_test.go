@@ -218,6 +218,9 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		if arg(d, "reports") != "" { // registered from another master: it reports next
 			st.ExpectReport(ref)
 		}
+		if arg(d, "legacy") != "" { // an owner of an earlier release (remote_refill_holders false)
+			st.RefillHoldersAtDone(ref)
+		}
 		return "ok\n", nil
 	case "heartbeat":
 		// heartbeat node=N [ack=SEQ]: prints the unacked eviction notices it carries.

@@ -48,6 +48,10 @@ struct RegisterRequest {
   // master lands there the gets of values held elsewhere that are not promoted, before it
   // would evict a value for their room (0: none).
   9: i64 landing_reserve,
+  // The owner takes the holder of a refill from another owner's SSD recorded at
+  // GetStart (GetStartResponse.holder_id) and acks it on every path. An owner of an
+  // earlier release leaves it false: its remote SSD refills get their holder at GetDone.
+  10: bool remote_refill_holders,
 }
 
 struct RegisterResponse {

@@ -149,15 +149,16 @@ var fieldIDToName_PinnedRange = map[int16]string{
 }
 
 type RegisterRequest struct {
-	Node            *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	SegmentSize     int64             `thrift:"segment_size,2" frugal:"2,default,i64" json:"segment_size"`
-	DataAddr        string            `thrift:"data_addr,3" frugal:"3,default,string" json:"data_addr"`
-	PeerAddr        string            `thrift:"peer_addr,4" frugal:"4,default,string" json:"peer_addr"`
-	KvSsdStorage    *KvSsdStorageInfo `thrift:"kv_ssd_storage,5" frugal:"5,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
-	Pinned          []*PinnedRange    `thrift:"pinned,6" frugal:"6,default,list<PinnedRange>" json:"pinned"`
-	TransferReserve int64             `thrift:"transfer_reserve,7" frugal:"7,default,i64" json:"transfer_reserve"`
-	PrevEpoch       int64             `thrift:"prev_epoch,8" frugal:"8,default,i64" json:"prev_epoch"`
-	LandingReserve  int64             `thrift:"landing_reserve,9" frugal:"9,default,i64" json:"landing_reserve"`
+	Node                *NodeRef          `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	SegmentSize         int64             `thrift:"segment_size,2" frugal:"2,default,i64" json:"segment_size"`
+	DataAddr            string            `thrift:"data_addr,3" frugal:"3,default,string" json:"data_addr"`
+	PeerAddr            string            `thrift:"peer_addr,4" frugal:"4,default,string" json:"peer_addr"`
+	KvSsdStorage        *KvSsdStorageInfo `thrift:"kv_ssd_storage,5" frugal:"5,default,KvSsdStorageInfo" json:"kv_ssd_storage"`
+	Pinned              []*PinnedRange    `thrift:"pinned,6" frugal:"6,default,list<PinnedRange>" json:"pinned"`
+	TransferReserve     int64             `thrift:"transfer_reserve,7" frugal:"7,default,i64" json:"transfer_reserve"`
+	PrevEpoch           int64             `thrift:"prev_epoch,8" frugal:"8,default,i64" json:"prev_epoch"`
+	LandingReserve      int64             `thrift:"landing_reserve,9" frugal:"9,default,i64" json:"landing_reserve"`
+	RemoteRefillHolders bool              `thrift:"remote_refill_holders,10" frugal:"10,default,bool" json:"remote_refill_holders"`
 }
 
 func NewRegisterRequest() *RegisterRequest {
@@ -212,6 +213,10 @@ func (p *RegisterRequest) GetPrevEpoch() (v int64) {
 func (p *RegisterRequest) GetLandingReserve() (v int64) {
 	return p.LandingReserve
 }
+
+func (p *RegisterRequest) GetRemoteRefillHolders() (v bool) {
+	return p.RemoteRefillHolders
+}
 func (p *RegisterRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -239,6 +244,9 @@ func (p *RegisterRequest) SetPrevEpoch(val int64) {
 func (p *RegisterRequest) SetLandingReserve(val int64) {
 	p.LandingReserve = val
 }
+func (p *RegisterRequest) SetRemoteRefillHolders(val bool) {
+	p.RemoteRefillHolders = val
+}
 
 func (p *RegisterRequest) IsSetNode() bool {
 	return p.Node != nil
@@ -256,15 +264,16 @@ func (p *RegisterRequest) String() string {
 }
 
 var fieldIDToName_RegisterRequest = map[int16]string{
-	1: "node",
-	2: "segment_size",
-	3: "data_addr",
-	4: "peer_addr",
-	5: "kv_ssd_storage",
-	6: "pinned",
-	7: "transfer_reserve",
-	8: "prev_epoch",
-	9: "landing_reserve",
+	1:  "node",
+	2:  "segment_size",
+	3:  "data_addr",
+	4:  "peer_addr",
+	5:  "kv_ssd_storage",
+	6:  "pinned",
+	7:  "transfer_reserve",
+	8:  "prev_epoch",
+	9:  "landing_reserve",
+	10: "remote_refill_holders",
 }
 
 type RegisterResponse struct {
