@@ -111,7 +111,7 @@ func TestBatchPullsPerSource(t *testing.T) {
 // BatchSsdStageRead and two pipelined staged pulls (get_batch_pull.go): every page
 // byte-exact, remote, from SSD. Their holders were recorded at BatchGetStart: the
 // pages go out while n2's GetDones are held back, and are confirmed afterwards with one
-// BatchGetDone. With n1's data plane gone, the pages fail alone (each get revoked) and
+// BatchGetDone; a lone get's value too (refillRemote). With n1's data plane gone, the pages fail alone (each get revoked) and
 // n1 keeps every SSD replica: a failed pull is not a failed read.
 func TestBatchRefillsPerSource(t *testing.T) {
 	t.Parallel()
@@ -177,6 +177,34 @@ func TestBatchRefillsPerSource(t *testing.T) {
 	if got := callsSince(t, mm, before); got["BatchGetStart"] != 1 || got["BatchGetDone"] != 1 || got["GetStart"]+got["GetDone"]+got["GetRevoke"] != 0 {
 		t.Errorf("batch get of 24 pages on n1's SSD: master calls %v, want one BatchGetStart and one BatchGetDone", got)
 	}
+
+	// A lone get (refillRemote) goes out before its GetDone too.
+	q.mu.Lock()
+	q.sending = true
+	q.mu.Unlock()
+	lone := make(chan error, 1)
+	go func() {
+		h, err := c2.Get(keys[0])
+		if err == nil {
+			if !bytes.Equal(h.Bytes(), want[keys[0]]) || h.Source() != "ssd" || !h.Remote() {
+				err = fmt.Errorf("wrong bytes or source (%s, remote %v)", h.Source(), h.Remote())
+			}
+			h.Release()
+		}
+		lone <- err
+	}()
+	select {
+	case err := <-lone:
+		if err != nil {
+			t.Fatalf("lone get of %s: %v", keys[0], err)
+		}
+	case <-time.After(30 * time.Second):
+		o2.sendQueued(nil)
+		<-lone
+		t.Fatal("the lone get waited for its GetDone")
+	}
+	waitUntil(t, func() bool { return queued() == 1 })
+	o2.sendQueued(nil)
 
 	n.o.data.Close()
 	before = masterCalls(t, mm, calls...)
