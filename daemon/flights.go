@@ -89,7 +89,8 @@ func (st *ownerState) endFlight(key string, f *flight, err error) {
 // leader's call was sent, so they may take their holders of h (follow) rather than plan
 // again. h goes into the hot set as finishGet would put it, with one reference of the
 // flight's until every follower has looked. The leader's own answer is the closed
-// session.
+// session. (A leader whose session ended before its flight's call was sent brings in
+// nothing: leadLanded ends that flight with errSessionClosed(), and its followers plan.)
 func (st *ownerState) keepForFollowers(f *flight, t *getTarget, h *holding, seq uint64) error {
 	if st.endGet(t) {
 		st.ack(h.masterID)
