@@ -80,7 +80,7 @@ type stager struct {
 	subUsed  []int                  // per slot: its sub-slots in use
 	sessions map[int64]*stageSession
 	ended    endedStages   // sessions ended within stageSessionWait
-	changed  chan struct{} // closed and replaced when sessions or free change
+	changed  chan struct{} // closed and replaced when sessions change (a freed slot wakes each session's freed)
 	closed   bool
 }
 

@@ -58,10 +58,10 @@ func stagedValues(t *testing.T, pages int, size func(i int) int) (*node, []*peer
 
 // TestBatchStageReadsAheadOfPulls: a BatchSsdStageRead of more values than it reads at
 // once (pages: STAGE_BATCH_IN_FLIGHT; values of up to 1 MiB: stageBatchLarge) reads
-// more of them while none has been pulled yet (an item gives its place among the reads
-// back once its chunk is read, not once it is pulled), up to stageBatchHeldSlots slots'
-// worth of sub-slots: 32 pages, 8 values of 1 MiB; the next ones are read as the first
-// are pulled. Then every pull gets its value byte-exact and every item is answered
+// more of them while none has been pulled yet (an item frees its reader once its chunk
+// is read, and its place once it is pulled), up to stageBatchHeldSlots slots' worth of
+// sub-slots, packed in that many slots: 32 pages, 8 values of 1 MiB; the next ones are
+// read as the first are pulled. Then every pull gets its value byte-exact and every item is answered
 // served.
 func TestBatchStageReadsAheadOfPulls(t *testing.T) {
 	t.Parallel()
@@ -110,6 +110,13 @@ func readsAheadOfPulls(t *testing.T, reads, held int, size func(i int) int) {
 	time.Sleep(50 * time.Millisecond) // a read beyond the held ones would show now
 	if got := ready(); got != held {
 		t.Fatalf("%d chunks read before any pull, want %d (stageBatchHeldSlots)", got, held)
+	}
+	st := n.o.stager
+	st.mu.Lock()
+	inUse := cap(st.free) - len(st.free)
+	st.mu.Unlock()
+	if inUse != stageBatchHeldSlots { // the held values packed in sub-slots, not a slot each
+		t.Fatalf("%d staging slots in use for %d held values, want %d", inUse, held, stageBatchHeldSlots)
 	}
 	for _, it := range items { // in order, as the requester pulls
 		buf, release, err := n.o.stager.open(it.GetId, 0, it.Len, nil)

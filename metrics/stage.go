@@ -30,7 +30,7 @@ func (m *Metrics) Stage() *Stage {
 		s := &Stage{
 			slots: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "fluxkv_stage_slots_in_use",
-				Help: "Staging slots (4 MiB each) this SSD owner holds for other owners' refills: a chunk being read or waiting to be pulled, or up to 16 small ones sharing a slot.",
+				Help: "Staging slots (4 MiB each) this SSD owner holds for other owners' refills: a chunk being read or waiting to be pulled, or up to 16 small ones (256 KiB) or 4 of up to 1 MiB sharing a slot.",
 			}),
 			readsPeak: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "fluxkv_stage_reads_in_flight_peak",
