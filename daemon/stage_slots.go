@@ -69,7 +69,17 @@ func (st *stager) takeSlotLocked(n int64) (slot, class int, buf []byte, ok bool)
 			*free = append(*free, whole*c.per+k)
 		}
 	}
-	slot = (*free)[len(*free)-1]
+	// The free sub-slot of the fullest split slot: the emptier ones drain and come back
+	// whole (the last one freed would keep refilling the slot it was freed from, and a
+	// few busy batches would keep every slot split, a whole-slot refill waiting).
+	best := len(*free) - 1
+	for i, sub := range *free {
+		if st.subUsed[sub/c.per] > st.subUsed[(*free)[best]/c.per] {
+			best = i
+		}
+	}
+	slot = (*free)[best]
+	(*free)[best] = (*free)[len(*free)-1]
 	*free = (*free)[:len(*free)-1]
 	st.subUsed[slot/c.per]++
 	off := int64(slot) * c.size

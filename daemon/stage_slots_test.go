@@ -143,3 +143,36 @@ func TestStageSlotsGaugeCountsSlots(t *testing.T) {
 		t.Errorf("fluxkv_stage_slots_in_use = %v after every chunk gave its slot back, want 0", v)
 	}
 }
+
+// TestStageSubSlotsFullestFirst: a chunk takes a free sub-slot of the fullest split
+// slot, so the emptier one drains and comes back whole: slot A holds 15 pages and B one
+// (B's other one freed last), a page goes to A, and once B's last page is freed a whole
+// slot is free. (Taking the sub-slot freed last would refill B, and no whole slot would
+// come back while pages keep coming.)
+func TestStageSubSlotsFullestFirst(t *testing.T) {
+	st := newStager(&Owner{}, 2)
+	st.mem = make([]byte, 2*stageChunk)
+	const page = 64 << 10
+	var a, b []int
+	for range subSlotsPerSlot + 2 {
+		slot, _, _, ok := st.takeSlotLocked(page)
+		if !ok {
+			t.Fatal("no sub-slot for a page in an empty area")
+		}
+		if len(a) < subSlotsPerSlot {
+			a = append(a, slot)
+		} else {
+			b = append(b, slot)
+		}
+	}
+	st.giveSlotLocked(a[0], 1)
+	st.giveSlotLocked(b[0], 1)
+	slot, _, _, ok := st.takeSlotLocked(page)
+	if !ok || slot/subSlotsPerSlot != a[0]/subSlotsPerSlot {
+		t.Fatalf("a page went to sub-slot %d (ok %v): want one of the fullest slot's, %d's", slot, ok, a[0]/subSlotsPerSlot)
+	}
+	st.giveSlotLocked(b[1], 1)
+	if _, class, _, ok := st.takeSlotLocked(stageChunk); !ok || class != 0 {
+		t.Fatal("no whole slot once the emptier split slot's pages were freed")
+	}
+}
