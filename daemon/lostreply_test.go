@@ -16,7 +16,7 @@ import (
 // TestLostReplyTakesBackGrants: a client whose call timed out closes its connection
 // and never learns the holder (or put) the reply handed it. The owner takes it back at
 // once instead of holding it until the session ends: when the client closed the
-// connection with the reply unread (a Get, a PutStart, a BatchGet), and when it closed
+// connection with the reply unread (a Get, a BatchGet, a PutStart, a BatchPutStart), and when it closed
 // the connection before the reply was written (a Get whose SSD refill was slow). A
 // reply the client read keeps its holder after the connection closes.
 func TestLostReplyTakesBackGrants(t *testing.T) {
@@ -120,6 +120,11 @@ func TestLostReplyTakesBackGrants(t *testing.T) {
 	if _, p := loseReply(frame(t, "PutStart", thrift.CALL, &external.ExternalServicePutStartArgs{
 		Req: &external.PutStartRequest{Session: sess, Key: "p", Len: size}}), 4); p != 0 {
 		t.Fatalf("after an unread PutStart reply the session has %d puts pending, want 0", p)
+	}
+	// BatchPutStart: every put it started.
+	if _, p := loseReply(frame(t, "BatchPutStart", thrift.CALL, &external.ExternalServiceBatchPutStartArgs{
+		Req: &external.BatchPutStartRequest{Session: sess, Items: []*external.PutStartItem{{Key: "bp1", Len: 4096}, {Key: "bp2", Len: 4096}}}}), 5); p != 0 {
+		t.Fatalf("after an unread BatchPutStart reply the session has %d puts pending, want 0", p)
 	}
 	waitUntil(t, func() bool {
 		puts := -1

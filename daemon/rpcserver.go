@@ -160,7 +160,11 @@ func (s *framedServer) serveConn(conn *net.UnixConn) error {
 			if isTimeout(err) {
 				s.acc.timedOut(metrics.TimeoutFrame)
 			}
-			s.replyLost(st)
+			if !errors.Is(err, net.ErrClosed) {
+				// (Closed by this server: the owner stops, and its sessions' end takes
+				// back everything, within its shutdown timeout.)
+				s.replyLost(st)
+			}
 			return err
 		}
 		if fatal != nil {
