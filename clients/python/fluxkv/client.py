@@ -5,8 +5,8 @@ connection (kept open for the session's life), both mappings of the segment, a p
 RPC connections and the queue of holder releases waiting to be acknowledged. The session is
 replaced, and the call retried once, when the owner restarted (STALE_GENERATION, or the
 attach connection reached EOF after a broken call). After ``fork()`` the child drops the
-parent's session (its connections are closed in the child only) and attaches on its next
-call. Holders of a replaced session raise on use.
+parent's session (its connections, idle or in a call on another thread, are closed in the
+child only) and attaches on its next call. Holders of a replaced session raise on use.
 
 Thread safety: every call borrows one RPC connection from the session's pool (a new one
 is opened when none is idle), so any number of threads may share a client. Session
@@ -170,6 +170,8 @@ class _Session:
         self.flushes_in_flight: set[int] = set()
         self.flush_waiters = 0
         self.idle: collections.deque[RPCConnection] = collections.deque()
+        # Connections a call is using now: a forked child closes its copies of them too.
+        self.busy: set[RPCConnection] = set()
         self.pending: collections.deque[int] = collections.deque()  # holder ids to release
         self.pins: set[int] = set()  # live exports of every holder of this session
         self.state: str | None = None
@@ -249,6 +251,7 @@ class _Session:
         if releases:
             token = next(_tokens)
             self.releases_in_flight.add(token)
+        self.busy.add(conn)
         try:
             if type(method) is str:
                 data = conn.call(method, self.sess_head + releases_field(releases) if releases else self.sess_bare, rest)
@@ -271,6 +274,7 @@ class _Session:
                 self.pending.extendleft(reversed(releases))
             raise
         finally:
+            self.busy.discard(conn)
             if releases:
                 self._answered(token)
         self.rpc_count += 1
@@ -364,6 +368,14 @@ class _Session:
         self.state = state
         self.pending.clear()
         self.drop_idle()
+        if state == "forked":
+            # The parent's calls in flight at fork() (on its other threads) have connections
+            # too. The child's copies of them go, so that the parent's close of one (a call
+            # that timed out) closes it at the owner, which then takes back what its reply
+            # handed out, while this child lives on.
+            for conn in list(self.busy):
+                conn.close()
+            self.busy.clear()
         if state == "closed" and self.pins:
             self.closing = True
             if self.pins:

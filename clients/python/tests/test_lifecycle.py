@@ -113,6 +113,42 @@ def test_fork_child_reattaches(client):
     assert client.release_errors == 0
 
 
+def test_fork_child_closes_connections_of_calls_in_flight(client):
+    """A connection a call of the parent is using at fork() (on another thread) is closed in
+    the child, as idle ones are: else the child's copy kept the socket open after the parent
+    closed it (a call that timed out), and the owner, never seeing the close, kept what the
+    lost reply handed out while the child lived. The parent's connection stays open."""
+    from fluxkv._gen.external.ttypes import StatRequest
+
+    client.put("fork/busy", b"x")
+    s = client._s
+    seen = []
+
+    def calling(method, session):  # a call in flight while the test forks
+        conn = next(iter(s.busy))
+        seen.append(conn)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                os.write(w, b"ok" if conn.sock is None else b"the busy connection stayed open in the child")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            seen.append(f.read().decode())
+        os.waitpid(pid, 0)
+        seen.append(conn.sock is not None)
+        return method(session)
+
+    s.call(lambda c, sess: calling(lambda x: c.Stat(StatRequest(x, False)), sess), piggyback=False)
+    assert seen[1:] == ["ok", True]
+    assert seen[0] not in s.busy
+
+
 def test_fork_with_multiprocessing(client):
     import multiprocessing as mp
 
