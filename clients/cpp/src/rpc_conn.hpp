@@ -83,6 +83,12 @@ class RpcConn {
 
   // False after any failure: the connection must be closed, not reused.
   bool usable() const noexcept { return !broken_; }
+  // Closes this process's copy of the socket (close(2), never shutdown(2)): a forked
+  // child's, of a connection its parent is using.
+  void close_copy() noexcept {
+    fd_.reset();
+    broken_ = true;
+  }
 
  private:
   Writer begin(std::string_view method);

@@ -204,6 +204,16 @@ void Session::drop_idle() {
   drop.swap(idle_);
 }
 
+void Session::busy(RpcConn* conn, bool on) {
+  if (conn == nullptr) return;
+  std::lock_guard lk(mu_);
+  if (on) {
+    busy_.insert(conn);
+  } else {
+    busy_.erase(conn);
+  }
+}
+
 void Session::retire(SessionState why) noexcept {
   std::vector<std::unique_ptr<RpcConn>> drop;
   std::lock_guard lk(mu_);
@@ -211,6 +221,12 @@ void Session::retire(SessionState why) noexcept {
   if (!state_.compare_exchange_strong(expect, why)) return;
   pending_.clear();
   drop.swap(idle_);
+  if (why == SessionState::forked) {
+    // The parent's calls in flight at fork(), on threads this child does not have: their
+    // connections' copies here go (close(2) only), the objects stay untouched.
+    for (RpcConn* c : busy_) c->close_copy();
+    busy_.clear();
+  }
   if (why != SessionState::closed) attach_fd_.reset();
 }
 

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "fluxkv/fluxkv.hpp"
@@ -96,15 +97,19 @@ class Session {
     SessionRef ref{client_id, session_token, generation, rel};
     try {
       if (!conn) conn = std::make_unique<RpcConn>(rpc_path, cfg_.timeout);  // Broken(sent=false) on failure
+      busy(conn.get(), true);
       conn->call(
           method, [&](Writer& w) { write_req(w, ref); }, [&](Reader& r) { resp.read(r); });
     } catch (const AppException& e) {
+      busy(conn.get(), false);
       done(nullptr, rel, true);
       throw Error(ErrorCode::INTERNAL, std::string("owner failed the call: ") + e.what());
     } catch (...) {
+      busy(conn.get(), false);
       done(nullptr, rel, true);  // the owner may not have seen them: a repeated release is harmless
       throw;
     }
+    busy(conn.get(), false);
     done(std::move(conn), rel, false);
     if (resp.code == static_cast<std::int32_t>(wire::Code::STALE_GENERATION))
       throw Stale(resp.message.empty() ? "stale generation" : resp.message);
@@ -157,6 +162,8 @@ class Session {
 
  private:
   void take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases);
+  // Marks conn as used by a call (on) or no longer (off); nullptr: nothing.
+  void busy(RpcConn* conn, bool on);
   void done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed);
 
   SessionConfig cfg_;
@@ -165,10 +172,14 @@ class Session {
   std::atomic<std::uint64_t> rpc_count_{0};
   std::atomic<std::int64_t> release_errors_{0};
 
-  std::mutex mu_;  // protects idle_, pending_, in_flight_, flushes_, attach_fd_
+  std::mutex mu_;  // protects idle_, busy_, pending_, in_flight_, flushes_, attach_fd_
   std::condition_variable released_;  // in_flight_ reached 0
   std::condition_variable flushed_;   // flushes_ reached 0
   std::vector<std::unique_ptr<RpcConn>> idle_;
+  // The connections calls are using now: a forked child closes its copies of them too
+  // (retire), so that the parent's close of one (a call that timed out) reaches the owner,
+  // which then takes back what the lost reply handed out.
+  std::unordered_set<RpcConn*> busy_;
   std::deque<std::int64_t> pending_;
   int in_flight_ = 0;  // calls carrying releases, not yet answered
   // Release calls of flush_releases not yet answered: every piggybacking call waits for

@@ -1,12 +1,16 @@
 // Several threads on one client at once, and fork(): the child drops the inherited session
 // and attaches again on first use while the parent goes on with its own.
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 
+#include "rpc_conn.hpp"
 #include "shared_owner.hpp"
 #include "testing.hpp"
 
@@ -91,4 +95,53 @@ TEST(fork_child_attaches_again) {
   h.release();
   CHECK(eventually([&] { return json_number(c.stat_json(), "client_holders") == 0; }));
   CHECK_EQ(c.release_errors(), 0);
+}
+
+namespace {
+
+std::string owner_dir_for_fork;    // the owner's directory: its sockets are under it
+std::atomic<int> fork_in_call_result{-1};
+
+// How many of this process's file descriptors are connected to a socket of the owner.
+int owner_sockets() {
+  int n = 0;
+  for (int fd = 3; fd < 4096; ++fd) {
+    sockaddr_un a{};
+    socklen_t len = sizeof a;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.sun_family == AF_UNIX &&
+        std::string(a.sun_path).rfind(owner_dir_for_fork, 0) == 0)
+      ++n;
+  }
+  return n;
+}
+
+// The drop-reply hook: forks while the Stat call's connection is in use (its request
+// sent, its reply not read), then lets the call go on. The child exits 0 when it holds
+// no socket of the owner.
+bool fork_in_call(std::string_view method) {
+  if (method != "Stat") return false;
+  int before = owner_sockets();  // the attach connection and this call's, at least
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(owner_sockets() == 0 ? 0 : 20);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  fork_in_call_result = before >= 2 && WIFEXITED(status) ? WEXITSTATUS(status) : 30;
+  return false;
+}
+
+}  // namespace
+
+// A connection a call of the parent is using at fork() is closed in the child, as idle
+// ones are: else the child's copy kept the socket open after the parent closed it (a call
+// that timed out), and the owner, never seeing the close, kept what the lost reply handed
+// out while the child lived. The parent's call goes on.
+TEST(fork_child_closes_connections_of_calls_in_flight) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  c.put("fork/busy", pattern(3, 100));
+  owner_dir_for_fork = plain_owner().dir();
+  fluxkv::detail::drop_reply_hook = &fork_in_call;
+  std::string st = c.stat_json();
+  fluxkv::detail::drop_reply_hook = nullptr;
+  CHECK_EQ(fork_in_call_result.load(), 0);
+  CHECK(json_number(st, "clients") >= 1);
 }
