@@ -89,6 +89,14 @@ func (s *State) NamespaceDelete(ref NodeRef, name string, limit int) (deleted, l
 	if err := wire.ValidateNamespace(name); err != nil {
 		return 0, 0, nil, err
 	}
+	if s.tombstones != nil {
+		// While the rebuild window is open, owners may still report keys of the namespace
+		// that no route names yet: whatever they report is older than this delete.
+		if s.nsTombstones == nil {
+			s.nsTombstones = make(map[string]bool)
+		}
+		s.nsTombstones[name] = true
+	}
 	ns := s.namespaces[name]
 	if ns == nil {
 		return 0, 0, nil, nil

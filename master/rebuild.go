@@ -48,7 +48,7 @@ func (s *State) closeRebuildLocked(now time.Time) {
 			n.reporting = false
 		}
 		s.log.Info().Int("tombstones", len(s.tombstones)).Int("keys", len(s.routes)).Msg("rebuild window closed; owners that register from now on start with an empty index")
-		s.tombstones = nil
+		s.tombstones, s.nsTombstones = nil, nil
 	}
 }
 
@@ -119,6 +119,11 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	if wire.ValidateKey(rec.Key) != nil || rec.Len <= 0 || rec.PutID <= 0 || rec.Memory == rec.SSD ||
 		rec.PutID <= s.tombstones[rec.Key] || (rec.SSD && !n.ssd.Enabled) || validateParent(rec.Key, rec.Parent) != nil {
 		return false, nil
+	}
+	if len(s.nsTombstones) > 0 {
+		if ns, ok := wire.KeyNamespace(rec.Key); ok && s.nsTombstones[ns] {
+			return false, nil // its namespace was deleted in this window: this is older
+		}
 	}
 	// Ids issued from now on exceed every reported one (they already do when the new
 	// master's id base, its start time in ns, is later than the old master's last id).

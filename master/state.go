@@ -50,7 +50,10 @@ type State struct {
 	// tombstones, while the rebuild window is open (until rebuildUntil), map each key
 	// whose versions were dropped or deleted to the highest such version (rebuild.go);
 	// nil once the window closed, or when none was opened.
-	tombstones   map[string]int64
+	tombstones map[string]int64
+	// nsTombstones: the namespaces deleted while the rebuild window is open; a reported
+	// key of one is refused, as a key's tombstone refuses its versions (rebuild.go).
+	nsTombstones map[string]bool
 	rebuildUntil time.Time
 	// spareHeld, set by the server for an allocation's first attempt, keeps eviction
 	// from taking a sole copy while a held duplicate could go instead once its holder is
@@ -397,7 +400,15 @@ func (s *State) deleteLocked(n *node, key string) (existed bool, putID int64, in
 	existed = r.readable()
 	holders := s.holdersLocked(key, r)
 	s.dropRouteLocked(key, r)
-	return existed, r.putID, s.invalidationsLocked(n, key, r.putID, holders)
+	upTo := r.putID
+	if s.tombstones != nil {
+		// While the rebuild window is open, an owner may still report a version newer
+		// than the route's (one it copied before the old master died): whatever it
+		// reports is older than this delete.
+		s.tombstoneLocked(key, math.MaxInt64)
+		upTo = s.nextID
+	}
+	return existed, r.putID, s.invalidationsLocked(n, key, upTo, holders)
 }
 
 // Exists reports whether a key has a readable replica.
