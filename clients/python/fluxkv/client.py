@@ -1226,17 +1226,21 @@ def _batch_get_once(s: _Session, ks: list) -> list:
             code, message, results, _ = s.call("BatchGet", encode_fields(BatchKeysRequest(None, chunk)), _dec_batch_get)
             raise_for(code, message)
             _check_count("BatchGet", results, len(chunk))
-            for i, res in enumerate(results):
-                c = res[_G_CODE]
-                if c == _OK:
-                    out.append(_holder(s, chunk[i], res))
-                elif c == _KEY_NOT_FOUND:
-                    out.append(None)
-                else:
-                    for later in results[i:]:  # the owner granted them: give them back
-                        if later[_G_HID]:
-                            s.queue_release(later[_G_HID], wake=True)
-                    raise error_for(c, f"key {chunk[i]!r}: {res[_G_MSG] or ''}")
+            i = 0
+            try:
+                for i, res in enumerate(results):
+                    c = res[_G_CODE]
+                    if c == _OK:
+                        out.append(_holder(s, chunk[i], res))  # (a holder it refuses, it releases)
+                    elif c == _KEY_NOT_FOUND:
+                        out.append(None)
+                    else:
+                        raise error_for(c, f"key {chunk[i]!r}: {res[_G_MSG] or ''}")
+            except BaseException:
+                for later in results[i + 1 if results[i][_G_CODE] == _OK else i :]:
+                    if later[_G_HID]:  # the owner granted them: give them back
+                        s.queue_release(later[_G_HID], wake=True)
+                raise
     except BaseException:
         for h in out:
             if h is not None:

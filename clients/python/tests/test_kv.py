@@ -197,6 +197,24 @@ def test_checksum_catches_a_wrong_payload(client):
         store.get_pages_into(["bad"], [torch.empty_like(p)])
     with pytest.raises(kv.PageCorrupt):
         store.get_pages(["bad"])
+    # a page put by a store without checksum carries no CRC: refused, before any copy
+    kv.PageStore(client, "ns/crc").put_pages(["plain"], [p])
+    dst = torch.full_like(p, 7.0)
+    with pytest.raises(kv.PageCorrupt, match="no CRC"):
+        store.get_pages_into(["plain"], [dst])
+    assert bool((dst == 7.0).all())
+    with pytest.raises(kv.PageCorrupt, match="no CRC"):
+        store.get_pages(["plain"])
+
+
+def test_pin_ms_out_of_range_is_refused_at_once(client):
+    # (failing open, a lookup refused for it would answer 0 for the process's life)
+    from fluxkv._gen.external.constants import MAX_PIN_MS
+
+    for pin_ms in (-1, MAX_PIN_MS + 1, 10_000):
+        with pytest.raises(ValueError, match="pin_ms"):
+            kv.PageStore(client, "ns/pins", pin_ms=pin_ms, fail_open=True)
+    assert kv.PageStore(client, "ns/pins", pin_ms=MAX_PIN_MS).contains_prefix([1]) == 0
 
 
 def test_header_layout_on_the_wire(store, client):
@@ -262,6 +280,11 @@ def test_bad_inputs(store):
     ro.flags.writeable = False
     with pytest.raises(fluxkv.InvalidArgument, match="read-only"):
         store.get_pages_into(["a"], [ro])
+    swapped = np.zeros(4, dtype=np.dtype(np.float32).newbyteorder())  # its name is float32 too
+    with pytest.raises(fluxkv.InvalidArgument, match="byte order"):
+        store.put_pages(["a"], [swapped])
+    with pytest.raises(fluxkv.InvalidArgument, match="byte order"):
+        store.get_pages_into(["a"], [swapped])
 
 
 def test_namespaces(client):

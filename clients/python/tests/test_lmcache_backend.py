@@ -789,6 +789,32 @@ def test_a_chunk_whose_data_cannot_be_read_is_refused_aloud(lmc, conn, caplog):
     release(odd, ok)
 
 
+def test_a_chunk_of_a_dtype_without_page_format_is_refused_alone(lmc, conn):
+    """A chunk whose tensor has a dtype pages do not record (complex64 here; ROCm's fp8
+    variants) is counted unstorable and left out; the other chunks of the batch are stored
+    (the error used to escape batched_put and leave the rest of the batch unstored)."""
+    c, cpu = conn
+    odd, ok = chunk(lmc, cpu, 54), chunk(lmc, cpu, 55)
+
+    class Complex:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        @property
+        def tensor(self):
+            return torch.zeros(8, dtype=torch.complex64)
+
+    ks = [key(lmc, 0xE72), key(lmc, 0xE73)]
+    before = c.stats()["unstorable"]
+    run(c.batched_put(ks, [Complex(odd), ok]))
+    assert [c.exists_sync(k) for k in ks] == [False, True]
+    assert c.stats()["unstorable"] == before + 1
+    release(odd, ok)
+
+
 # -- remote_url ------------------------------------------------------------------------------
 
 REMOTE_URL_ONLY = """\

@@ -259,6 +259,10 @@ def test_get_stats_feeds_sglang_metrics(sg, node, monkeypatch):
     assert collector.observed["backup_pgs"] == [3, 1] and collector.observed["prefetch_pgs"] == [3]
     assert len(collector.observed["prefetch_bandwidth"]) == 1 and collector.observed["prefetch_bandwidth"][0] > 0
     assert (stats.hits, stats.misses, stats.stored, stats.errors) == (2, 1, 4, 0)
+    # a page found after a miss is not counted a hit: SGLang uses the leading ones only
+    assert b.batch_get_v1(["zz", "s1"], slots(48, 64)) == [False, True]
+    stats = b.get_stats()
+    assert (stats.hits, stats.misses) == (2, 3)  # (the counters add up across get_stats calls)
     # the namespace's size comes from a refresh in the background
     later = wait_until(lambda: (lambda st: st if st.pages is not None else None)(b.get_stats()), timeout=60)
     page_bytes = 2 * PAGE * 3 * 2 * 8 * 4

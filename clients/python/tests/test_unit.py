@@ -403,6 +403,29 @@ def _holder(sess, hid=1, off=0, n=64):
     return MemHolder(sess, "k", hid, off, n, 1, 10)
 
 
+def test_batch_get_reply_with_a_bad_holder_gives_every_granted_holder_back(segment):
+    """A BatchGet reply naming a holder outside the segment (an owner's protocol error)
+    fails the call; every holder the reply granted goes back to the owner: the ones
+    before it, the bad one and the ones after it."""
+    from fluxkv import client as fc
+    from fluxkv._codec import GET
+
+    def item(hid, off):
+        t = [None] * len(GET.index)
+        t[fc._G_CODE], t[fc._G_HID], t[fc._G_OFF], t[fc._G_LEN] = ErrorCode.OK, hid, off, 64
+        t[fc._G_SRC], t[fc._G_PID], t[fc._G_REMOTE] = 1, 10, False
+        return tuple(t)
+
+    class Replying(StandInSession):
+        def call(self, method, rest, decode):
+            return ErrorCode.OK, "", [item(1, 0), item(2, 1 << 30), item(3, 64)], None
+
+    s = Replying(segment)
+    with pytest.raises(fluxkv.Error, match="outside"):
+        fc._batch_get_once(s, ["a", "b", "c"])
+    assert sorted(s.acks) == [1, 2, 3]
+
+
 def test_holder_release_without_views_acks_once(segment):
     s = StandInSession(segment)
     h = _holder(s)

@@ -136,6 +136,7 @@ import warnings
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from urllib.parse import urlparse
 
+import fluxkv
 from fluxkv import kv
 
 if TYPE_CHECKING:
@@ -629,8 +630,11 @@ class FluxKVConnector(RemoteConnector):
             self._log_format("fluxkv: a %s chunk where this connector stores %s: not stored", fmt.name, self._fmt.name)
             return None
         try:
-            return [t if t.is_contiguous() else t.contiguous() for t in self._targets(obj)]
-        except (ValueError, TypeError, RuntimeError, AttributeError) as e:
+            pages = [t if t.is_contiguous() else t.contiguous() for t in self._targets(obj)]
+            for t in pages:  # a dtype without page format, an empty chunk: this chunk alone is left out
+                kv.tensors.describe(t, writable=False, what="the chunk's tensor")
+            return pages
+        except (ValueError, TypeError, RuntimeError, AttributeError, fluxkv.Error) as e:
             self._count("unstorable")
             self._log_unstorable("fluxkv: a chunk (%s) this connector cannot read, not stored: %s", type(obj).__name__, e)
             return None

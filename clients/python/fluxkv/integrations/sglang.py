@@ -632,7 +632,9 @@ class FluxkvHiCacheStorage(HiCacheStorage):
                 if n == 0:
                     got = []
         found = pages.per_page(got + [False] * (len(names) - len(got)))
-        self._meter.loaded(len(keys), sum(found), pages.page_bytes, time.perf_counter() - started)
+        # Counted: the leading pages found, those SGLang uses (found ones after a miss are not).
+        used = next((i for i, f in enumerate(found) if not f), len(found))
+        self._meter.loaded(len(keys), used, pages.page_bytes, time.perf_counter() - started)
         return found
 
     def _save(self, keys: Sequence[str], sources: list, before: Optional[str] = None) -> list:

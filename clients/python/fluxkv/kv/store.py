@@ -20,6 +20,7 @@ import threading
 import time
 
 import fluxkv
+from fluxkv._gen.external.constants import MAX_PIN_MS
 from fluxkv._segment import buffer_address
 from fluxkv.errors import AlreadyExists, Error, Unavailable
 
@@ -45,7 +46,8 @@ class PageStore:
     20 ASCII bytes) every page records and every read checks. ``checksum``: record a CRC-32
     of each payload and check it on load. ``pin_ms``: how long :meth:`contains_prefix` pins
     the pages it found (0..MAX_PIN_MS) so the load that follows finds them in memory.
-    ``batch``: the most pages one load holds at once. ``timeout``: seconds one call may take
+    ``batch``: the most pages one batch call of a load brings in (``get_pages`` keeps every
+    chunk's views, and so their holders, until it returns). ``timeout``: seconds one call may take
     on a client this store opens (an owner that hangs costs an engine that long, then a miss
     when failing open)."""
 
@@ -67,6 +69,10 @@ class PageStore:
         self.layout = layout
         self.checksum = bool(checksum)
         self.pin_ms = operator.index(pin_ms)
+        if not 0 <= self.pin_ms <= MAX_PIN_MS:
+            # Checked here, not at the first lookup: failing open, every lookup would
+            # answer 0 for the process's life.
+            raise ValueError(f"pin_ms {pin_ms} is out of range: 0 to {MAX_PIN_MS}")
         self.fail_open = bool(fail_open)
         self.batch = operator.index(batch)
         if self.batch < 1:
@@ -206,6 +212,13 @@ class PageStore:
             out += _at(lo, lambda: self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)])))
         return out
 
+    def _require_crc(self, key: str, hdr) -> None:
+        """With ``checksum``, every page loaded must carry a CRC-32 (a page put by a store
+        without it is refused, before anything is copied); a page that carries one is
+        checked either way."""
+        if self.checksum and hdr.crc32 is None:
+            raise PageCorrupt(f"page {key!r} carries no CRC-32, and this store checks every page's")
+
     def _load_into(self, c, ks: list, bufs: list) -> list:
         holders = c.batch_get(ks)
         try:
@@ -217,6 +230,7 @@ class PageStore:
                 with _page_at(i):
                     hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
                     hdr.expect(key=k, dtype=b.dtype, shape=b.shape, layout=self.layout, value_len=len(h))
+                    self._require_crc(k, hdr)
                 headers.append(hdr)
             found = []
             for k, h, b, hdr in zip(ks, holders, bufs, headers):
@@ -261,6 +275,7 @@ class PageStore:
                 with _page_at(i):
                     hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
                     hdr.expect(key=k, dtype=None, shape=None, layout=self.layout, value_len=len(h))
+                    self._require_crc(k, hdr)
                 v = tensor_view(h, hdr.dtype, hdr.shape, numpy)
                 if hdr.crc32 is not None and crc32_of(h.address + PAGE_HEADER_BYTES, hdr.nbytes) != hdr.crc32:
                     raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")

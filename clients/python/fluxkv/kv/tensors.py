@@ -46,7 +46,11 @@ _DTYPE_NAMES: dict = {}
 def _dtype_name(dtype, torch: bool) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.") if torch else dtype.name
+        if torch:
+            name = str(dtype).removeprefix("torch.")
+        else:  # a byte-swapped dtype has its native twin's name: no page format of its own
+            name = dtype.name if dtype.isnative else f"{dtype.name} in non-native byte order"
+        _DTYPE_NAMES[dtype] = name
     return name
 
 
