@@ -261,7 +261,13 @@ func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest)
 			persists = append(persists, results[i].Persist)
 			resp.Results[i] = putDoneResponse(errs[i])
 		}
-		h.s.invalidate(invs)
+		if ierr := h.s.invalidate(invs); ierr != nil {
+			for i, r := range resp.Results { // published, but the term lapsed meanwhile: outcome unknown
+				if r != nil && r.Code == common.ErrorCode_OK {
+					resp.Results[i] = putDoneResponse(ierr)
+				}
+			}
+		}
 		for _, t := range persists {
 			h.s.persist.submit(t)
 		}

@@ -123,7 +123,9 @@ func (h *handler) finishPutDone(res PutResult, err error) *mp.PutDoneResponse {
 			return nil
 		})
 	}
-	h.s.invalidate(res.Invalidations)
+	if ierr := h.s.invalidate(res.Invalidations); err == nil {
+		err = ierr
+	}
 	h.s.persist.submit(res.Persist)
 	return putDoneResponse(err)
 }
@@ -206,7 +208,9 @@ func (h *handler) delete(node *mp.NodeRef, key string) *mp.DeleteResponse {
 		resp.Deleted, resp.PutId, invs, err = st.Delete(ref(node), key)
 		return err
 	})
-	h.s.invalidate(invs)
+	if ierr := h.s.invalidate(invs); err == nil {
+		err = ierr
+	}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp
 }
@@ -222,7 +226,9 @@ func (h *handler) NamespaceDelete(ctx context.Context, req *mp.NamespaceRequest)
 		resp.Deleted, resp.Left, invs = int64(deleted), int64(left), is
 		return err
 	})
-	h.s.invalidate(invs)
+	if ierr := h.s.invalidate(invs); err == nil {
+		err = ierr
+	}
 	h.s.writeQuiet(ctx)
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
@@ -323,7 +329,7 @@ func (h *handler) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequ
 		resp.Rejected, invs, err = st.ReportReplicas(time.Now(), ref(req.Node), recs, req.Last)
 		return err
 	})
-	h.s.invalidate(invs)
+	h.s.invalidate(invs) // (a report adopted what it adopted: a lapsed term's next leader asks again)
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/peerclient"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 const (
@@ -229,7 +230,11 @@ func (v *invalidator) send(ctx context.Context, k ownerKey, entries []*common.Ke
 	}
 	ctx, cancel := context.WithTimeout(ctx, v.timeout)
 	defer cancel()
-	_, err = c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries, MasterEpoch: v.epoch}, callOpts...)
+	resp, err := c.InvalidateCachedInfo(ctx, &peer.InvalidateCachedInfoRequest{Entries: entries, MasterEpoch: v.epoch}, callOpts...)
+	if err == nil && resp.Code != common.ErrorCode_OK {
+		// Refused (an owner that registered with a newer master's epoch): not confirmed.
+		err = wire.FromResponse(resp.Code, resp.Message)
+	}
 	return err
 }
 
@@ -250,7 +255,12 @@ func (v *invalidator) close() {
 // cut off) or has not confirmed within NodeTTL. A tombed owner drops its replica index
 // when it next registers with this master, so the version can never come back; one
 // tombed meanwhile by the node TTL needs nothing more.
-func (s *Server) invalidate(invs []Invalidation) {
+//
+// The Sync ones may take up to NodeTTL: an HA leader's fence may shut meanwhile, and a
+// write it then answered OK may be undone by the next leader (the owners it could not
+// reach report the old version there). So after Sync invalidations it returns the
+// gate's error when the gate is shut: the caller's write answers it (outcome unknown).
+func (s *Server) invalidate(invs []Invalidation) error {
 	type target struct {
 		k   ownerKey
 		gen int64
@@ -283,6 +293,10 @@ func (s *Server) invalidate(invs []Invalidation) {
 		}()
 	}
 	wg.Wait()
+	if len(now) > 0 && s.gate != nil {
+		return s.gate()
+	}
+	return nil
 }
 
 // invalidateOwner sends one Sync owner its entries until it confirms or is given up on

@@ -20,13 +20,15 @@ import (
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // fakePeer is an owner's PeerService that records what the master sends it.
 type fakePeer struct {
-	persistDelay time.Duration // each BatchSsdReplicaPersist call takes this long
-	invalDelay   time.Duration // each InvalidateCachedInfo takes this long
-	block        chan struct{} // when set, BatchSsdReplicaPersist waits until it is closed
+	persistDelay time.Duration    // each BatchSsdReplicaPersist call takes this long
+	invalDelay   time.Duration    // each InvalidateCachedInfo takes this long
+	invalCode    common.ErrorCode // what each InvalidateCachedInfo answers (zero: OK)
+	block        chan struct{}    // when set, BatchSsdReplicaPersist waits until it is closed
 	// pull, when set, answers PullPut; else PullPut answers OK at once. Set it before
 	// the server runs, or later with setPull.
 	pull           func(ctx context.Context, req *peer.PullPutRequest) common.ErrorCode
@@ -137,7 +139,7 @@ func (f *fakePeer) InvalidateCachedInfo(ctx context.Context, req *peer.Invalidat
 		}
 	}
 	f.mu.Unlock()
-	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
+	return &peer.InvalidateCachedInfoResponse{Code: f.invalCode}, nil
 }
 
 func (f *fakePeer) seenAt(key string) (time.Time, bool) {
@@ -503,6 +505,60 @@ func (p *fakePeer) waitSeen(t *testing.T, prefix string, n int) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+}
+
+// A replica holder that refuses a synchronous invalidation (it registered with a newer
+// master's epoch) has not confirmed it: the master goes on asking until the owner is
+// silent, then tombs it, as an owner that does not answer. (The refusal used to count as
+// a confirmation: a delete answered while that owner still held the old version.)
+func TestSyncInvalidationRefusedIsNotConfirmed(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, HeartbeatInterval: 100 * time.Millisecond})
+	refusing := &fakePeer{invalCode: common.ErrorCode_UNAVAILABLE}
+	addr := startFakePeer(t, s, refusing)
+	registerOwner(t, srv, "refusing", addr)
+	if err := srv.invalidate([]Invalidation{{NodeID: "refusing", PeerAddr: addr, Generation: 1, Key: "k", PutID: 1, Sync: true}}); err != nil {
+		t.Fatal(err)
+	}
+	tombed := false
+	srv.Inspect(func(st *State) { n := st.nodes["refusing"]; tombed = n == nil || n.tombed })
+	if calls := refusing.invalCalls.Load(); calls < 2 || !tombed {
+		t.Fatalf("%d calls, owner tombed %v: a refused invalidation was taken for a confirmation", calls, tombed)
+	}
+}
+
+// A write's synchronous invalidations may take long; an HA leader whose term lapsed
+// meanwhile (its fence shut) must not answer the write OK: the next leader may undo it.
+// invalidate then returns the gate's error, which the write answers.
+func TestSyncInvalidationAcrossALapsedTerm(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	slow := &fakePeer{invalDelay: 300 * time.Millisecond}
+	addr := startFakePeer(t, s, slow)
+	registerOwner(t, srv, "slow", addr)
+	var lapsed atomic.Bool
+	srv.mu.Lock()
+	srv.gate = func() error {
+		if lapsed.Load() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: the term lapsed (test)")
+		}
+		return nil
+	}
+	srv.mu.Unlock()
+	inv := []Invalidation{{NodeID: "slow", PeerAddr: addr, Generation: 1, Key: "k", PutID: 1, Sync: true}}
+	if err := srv.invalidate(inv); err != nil {
+		t.Fatalf("while leading: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.invalidate(inv) }()
+	time.Sleep(100 * time.Millisecond) // the owner's answer takes 300 ms
+	lapsed.Store(true)
+	if err := <-done; wire.CodeOf(err) != common.ErrorCode_NOT_LEADER {
+		t.Fatalf("invalidations that ended after the term lapsed: %v, want NOT_LEADER", err)
+	}
+	if err := srv.invalidate([]Invalidation{{NodeID: "slow", PeerAddr: addr, Key: "k2", PutID: 1}}); err != nil {
+		t.Fatalf("background invalidations only: %v, want nil (nothing waited for)", err)
 	}
 }
 
