@@ -26,13 +26,12 @@ import (
 // in the background). Each failed one is revoked and re-planned alone by planGet, as a
 // lone get's would be.
 
-// prePulled is one key of a batch whose value pullBatch brought in: own is the replica
-// index's open of its target (replicas.go), err the transfer's outcome (for a refill:
+// prePulled is one key of a batch whose value pullBatch brought in: err the transfer's
+// outcome (for a refill:
 // errRemoteSSD when the source's read failed); for a transfer that succeeded, done and
 // doneErr are its GetDone's answer (or the pinned target's error, as completeGet has
 // it).
 type prePulled struct {
-	own     uint64
 	err     error
 	done    *mp.GetDoneResponse
 	doneErr error
@@ -94,14 +93,11 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 	if len(groups) == 0 {
 		return pre
 	}
-	st := o.lock()
 	for _, js := range groups {
 		for _, j := range js {
-			p := starts[j].plan
-			pre[j] = &prePulled{own: st.replicas.open(p.TargetOffset, p.Len)}
+			pre[j] = &prePulled{} // (the targets' records went when their plans were accepted)
 		}
 	}
-	o.unlock()
 	// The sources concurrently, the last on this goroutine (most batches have one: no
 	// wake-up of another before its first call goes out).
 	var wg sync.WaitGroup
@@ -148,7 +144,7 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 			if p.doneErr = o.refillWritten(plan); p.doneErr == nil {
 				p.h = &holding{key: keys[j], putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,
 					masterID: plan.HolderId, remote: true}
-				confirms = append(confirms, refillConfirm{key: keys[j], getID: plan.GetId, h: p.h, t: starts[j].t, mark: starts[j].mark, own: p.own})
+				confirms = append(confirms, refillConfirm{key: keys[j], getID: plan.GetId, h: p.h, t: starts[j].t, mark: starts[j].mark, own: starts[j].t.own})
 			}
 			continue
 		}

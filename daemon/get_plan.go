@@ -27,7 +27,8 @@ const (
 //
 // Each answer teaches the replica index (replicas.go): a local hit, and a target that
 // became the key's replica here (promoted), are recorded; a target is opened (records
-// overlapping it forgotten) before anything is written into it.
+// overlapping it forgotten) when its plan is accepted, with its registration as a write
+// (ownerState.acceptPlan), before anything is written into it.
 //
 // The plan's getTarget (getpins.go) comes back with the holder: the caller ends it
 // when the holder reaches its session (or not). A failed attempt ends it here, once
@@ -36,7 +37,7 @@ const (
 //
 // s is the first plan (startGets); the re-plans go one key at a time (GetStart). pre,
 // when set, is the first plan's pull, already made with the rest of its batch
-// (pullBatch): its target opened and its outcome known.
+// (pullBatch): its outcome known.
 func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *getTarget, error) {
 	var exclude []string
 	for failures := 0; ; s, pre = o.getStart(key, exclude), nil {
@@ -51,14 +52,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			o.learnFresh(t, h, mark, 0)
 			return h, t, nil
 		}
-		var own uint64
-		if pre != nil {
-			own = pre.own
-		} else {
-			st := o.lock()
-			own = st.replicas.open(plan.TargetOffset, plan.Len)
-			o.unlock()
-		}
+		own := t.own // (the target's records went when its plan was accepted)
 		done := func(h *holding) (*holding, *getTarget, error) {
 			o.learnFresh(t, h, mark, own)
 			return h, t, nil

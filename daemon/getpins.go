@@ -23,7 +23,10 @@ type getTarget struct {
 	id, offset, len int64
 	epoch           uint64        // registration.epoch when GetStart was sent
 	write           *segmentWrite // its target in segmentWrites (nil: this owner writes nothing)
-	ended           bool
+	// own is the replica index's note of the target's opening (replicaIndex.open, in
+	// the same hold of the lock as write's registration), for learn.
+	own   uint64
+	ended bool
 }
 
 // pinned reports whether a registration reported t's target as a pin.
@@ -48,6 +51,11 @@ func (st *ownerState) acceptPlan(plan *mp.GetStartResponse, epoch uint64) (*getT
 	if !plan.Done && plan.GetId != 0 && plan.Len > 0 && plan.TargetOffset >= 0 && plan.TargetOffset <= st.segSize-plan.Len &&
 		st.writes.lookup(writeGet, t.id) == nil {
 		t.write = st.writes.add(writeGet, t.id, t.offset, t.len)
+		// Records of the range go now, with the write's registration: a registration
+		// must never report one of them beside the write (a replica evicted at the
+		// master, its notice not here yet), or the new master would adopt it onto
+		// bytes this get overwrites.
+		t.own = st.replicas.open(t.offset, t.len)
 	}
 	return t, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 )
 
 // nodeHolders is the number of holders the master records for owner n1 (pins
@@ -136,5 +137,35 @@ func TestGetPinAcrossRegister(t *testing.T) {
 			t.Fatalf("get %s after the registration: wrong bytes", k)
 		}
 		h.Release()
+	}
+}
+
+// TestAcceptPlanOpensItsTarget: the replica records a get's target overlaps (a replica
+// the master evicted, its notice not here yet) go in the same hold of the lock that
+// registers the target as a write. A registration in between would report the record
+// beside the write's pin, and a new master would adopt it onto the bytes the get
+// overwrites. A plan of another registration opens nothing.
+func TestAcceptPlanOpensItsTarget(t *testing.T) {
+	st := newOwnerState(stateOptions{nodeID: "n1", generation: 1, segSize: 1 << 20, grace: time.Second, hotBudget: 1 << 20})
+	for i, k := range []string{"x", "y"} {
+		if !st.replicas.learn(replicaRecord{key: k, putID: 5, offset: int64(i) * 64 << 10, len: 64 << 10}, st.replicas.seq, 0) {
+			t.Fatalf("record %s not learned", k)
+		}
+	}
+	if _, err := st.acceptPlan(&mp.GetStartResponse{GetId: 8, TargetOffset: 4096, Len: 8192}, st.reg.epoch+1); err == nil {
+		t.Fatal("a plan of another registration accepted")
+	}
+	if st.replicas.byKey["x"] == nil {
+		t.Fatal("a refused plan opened its target")
+	}
+	tg, err := st.acceptPlan(&mp.GetStartResponse{GetId: 9, TargetOffset: 4096, Len: 8192}, st.reg.epoch)
+	if err != nil || tg.write == nil {
+		t.Fatalf("plan refused (%v) or its target not registered", err)
+	}
+	if st.replicas.byKey["x"] != nil || st.replicas.byKey["y"] == nil {
+		t.Fatalf("after the plan's acceptance: x recorded %v (want no), y %v (want yes)", st.replicas.byKey["x"] != nil, st.replicas.byKey["y"] != nil)
+	}
+	if tg.own != st.replicas.seq {
+		t.Fatalf("the target's own note %d, want the open's, %d", tg.own, st.replicas.seq)
 	}
 }
