@@ -18,8 +18,8 @@ import (
 // time. Each item holds one slot or sub-slot from its read until its pull (items are
 // one chunk each). An item frees its reader once its chunk is read, and its place
 // among the held items once it is pulled: the next items are read while the requester
-// pulls the first ones (a batch whose reads waited for the pulls read in waves, each wave's pulls
-// idle while the next wave was read). A batch of values that fit sub-slots then holds
+// pulls the first ones (a batch whose reads waited for the pulls read in waves, each
+// wave's pulls idle while the next wave was read). A batch of values that fit sub-slots then holds
 // at most stageBatchHeldSlots slots' worth of them (32 pages of up to 256 KiB, or 8
 // values of up to 1 MiB), read or being read and not yet pulled; a batch of larger
 // values 4 of the 12 slots, so batches from several requesters stage at once. The

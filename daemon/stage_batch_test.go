@@ -153,15 +153,8 @@ func TestBatchStageReadAbandoned(t *testing.T) {
 	t.Parallel()
 	n, items, _ := stagedPages(t, stageBatchHeldSlots*subSlotsPerSlot+8)
 	limit := n.o.batchStageLimit(items)
-	done := make(chan []error, 1)
 	start := time.Now()
-	go func() {
-		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
-		if err != nil {
-			t.Error(err)
-		}
-		done <- errs
-	}()
+	done := batchStageReadAsync(t, n, items)
 	var errs []error
 	select {
 	case errs = <-done:
@@ -184,21 +177,9 @@ func TestBatchStageReadFailedItemEndsAtOnce(t *testing.T) {
 	t.Parallel()
 	n, items, want := stagedPages(t, 2)
 	items[1].PutId++ // not on the SSD: its read fails
-	done := make(chan []error, 1)
-	go func() {
-		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
-		if err != nil {
-			t.Error(err)
-		}
-		done <- errs
-	}()
+	done := batchStageReadAsync(t, n, items)
 	st := n.o.stager
-	waitUntil(t, func() bool {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		s := st.sessions[items[0].GetId]
-		return s != nil && s.chunks[0].ready
-	})
+	waitRead(t, st, items[:1])
 	refused := make(chan error, 1)
 	go func() {
 		_, release, err := st.open(items[1].GetId, 0, items[1].Len, nil)
@@ -302,21 +283,9 @@ func TestBatchStageReadUnpulled(t *testing.T) {
 	n, items, _ := stagedPages(t, stageBatchHeldSlots*subSlotsPerSlot+8)
 	limit := n.o.batchStageLimit(items)
 	st := n.o.stager
-	done := make(chan []error, 1)
 	start := time.Now()
-	go func() {
-		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
-		if err != nil {
-			t.Error(err)
-		}
-		done <- errs
-	}()
-	waitUntil(t, func() bool {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		s := st.sessions[items[0].GetId]
-		return s != nil && s.chunks[0].ready
-	})
+	done := batchStageReadAsync(t, n, items)
+	waitRead(t, st, items[:1])
 	setBack(st, stageUnpulled, stageUnpulled)
 	var errs []error
 	select {
@@ -341,23 +310,9 @@ func TestBatchStageReadSlowPullsNotUnpulled(t *testing.T) {
 	limit := n.o.batchStageLimit(items)
 	st := n.o.stager
 	start := time.Now()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
-	}()
+	done := batchStageReadAsync(t, n, items)
 	defer func() { <-done }()
-	read := func() bool {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		for _, it := range items {
-			if s := st.sessions[it.GetId]; s == nil || !s.chunks[0].ready {
-				return false
-			}
-		}
-		return true
-	}
-	waitUntil(t, read)
+	waitRead(t, st, items)
 	// Every chunk unpulled for longer than stageUnpulled, and the last pull 2 s short
 	// of it: only the pulls below keep the watchdog away.
 	setBack(st, stageUnpulled, stageUnpulled-2*time.Second)
@@ -390,22 +345,9 @@ func TestBatchStageReadSendingNotUnpulled(t *testing.T) {
 	t.Parallel()
 	n, items, _ := stagedPages(t, 16)
 	st := n.o.stager
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
-	}()
+	done := batchStageReadAsync(t, n, items)
 	defer func() { <-done }()
-	waitUntil(t, func() bool {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		for _, it := range items {
-			if s := st.sessions[it.GetId]; s == nil || !s.chunks[0].ready {
-				return false
-			}
-		}
-		return true
-	})
+	waitRead(t, st, items)
 	_, release, err := st.open(items[0].GetId, 0, items[0].Len, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -418,6 +360,35 @@ func TestBatchStageReadSendingNotUnpulled(t *testing.T) {
 		t.Fatalf("the next pull, after a chunk was being sent for %v: %v", stageUnpulled/4+500*time.Millisecond, err)
 	}
 	release1()
+}
+
+// batchStageReadAsync runs n's BatchSsdStageRead of items in the background: its
+// answers come on the channel.
+func batchStageReadAsync(t *testing.T, n *node, items []*peer.SsdStageReadRequest) <-chan []error {
+	done := make(chan []error, 1)
+	go func() {
+		errs, err := n.o.batchStageRead(&peer.BatchSsdStageReadRequest{Items: items})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- errs
+	}()
+	return done
+}
+
+// waitRead waits until the chunk of every item is read.
+func waitRead(t *testing.T, st *stager, items []*peer.SsdStageReadRequest) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for _, it := range items {
+			if s := st.sessions[it.GetId]; s == nil || !s.chunks[0].ready {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // setBack sets every session's last pull back by pulled, and every read chunk's ready

@@ -87,8 +87,8 @@ func (q *invalQueue) take(n int) []*common.KeyVersion {
 // fencing"): each owner has its own queue and at most one call in flight, bounded by
 // InvalidateTimeout, so a dead or partitioned owner delays nobody else. Entries for an
 // owner collect while its call runs and for invalidateLinger after it, or until a call's
-// worth is queued (one per key, the highest version), and go in its next call. Entries for an owner that is tombed or
-// unknown by send time are dropped.
+// worth is queued (one per key, the highest version), and go in its next call. Entries
+// for an owner that is tombed or unknown by send time are dropped.
 //
 // A failed call is logged and not retried, and that owner's next call waits one
 // InvalidateTimeout (no retry storm against a dead owner). What an owner misses is

@@ -410,11 +410,8 @@ func TestInvalidationsToUnknownOwnerDropped(t *testing.T) {
 
 // A slow owner gets one call at a time; what arrives meanwhile goes in its next call.
 func TestInvalidationsCollectWhileOwnerIsSlow(t *testing.T) {
-	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s})
 	slow := &fakePeer{invalDelay: 200 * time.Millisecond}
-	addr := startFakePeer(t, s, slow)
-	registerOwner(t, srv, "slow", addr)
+	srv, addr := startWithOwner(t, Options{}, "slow", slow)
 	const keys = 200
 	for i := range keys {
 		srv.inval.add([]Invalidation{{NodeID: "slow", PeerAddr: addr, Key: fmt.Sprintf("k%d", i), PutID: 1}})
@@ -483,12 +480,19 @@ func TestInvalidationsFullBatchEndsTheLinger(t *testing.T) {
 // startInvalidatedOwner starts a master with one registered owner "fast", a fake peer
 // whose invalidation calls answer in 5 ms (a busy owner), and returns both and its address.
 func startInvalidatedOwner(t *testing.T) (*Server, *fakePeer, string) {
-	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s})
 	fast := &fakePeer{invalDelay: 5 * time.Millisecond}
-	addr := startFakePeer(t, s, fast)
-	registerOwner(t, srv, "fast", addr)
+	srv, addr := startWithOwner(t, Options{}, "fast", fast)
 	return srv, fast, addr
+}
+
+// startWithOwner starts a master of opts (with cluster secrets) and owner id registered
+// with it, served by the fake peer f; it returns the master and f's address.
+func startWithOwner(t *testing.T, opts Options, id string, f *fakePeer) (*Server, string) {
+	opts.Secrets = authtest.Secrets(t)
+	srv := startPeerFailMaster(t, opts)
+	addr := startFakePeer(t, opts.Secrets, f)
+	registerOwner(t, srv, id, addr)
+	return srv, addr
 }
 
 // waitSeen waits up to 10 s until keys prefix0 … prefix(n-1) were invalidated at p.
@@ -513,11 +517,8 @@ func (p *fakePeer) waitSeen(t *testing.T, prefix string, n int) {
 // silent, then tombs it, as an owner that does not answer. (The refusal used to count as
 // a confirmation: a delete answered while that owner still held the old version.)
 func TestSyncInvalidationRefusedIsNotConfirmed(t *testing.T) {
-	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s, HeartbeatInterval: 100 * time.Millisecond})
 	refusing := &fakePeer{invalCode: common.ErrorCode_UNAVAILABLE}
-	addr := startFakePeer(t, s, refusing)
-	registerOwner(t, srv, "refusing", addr)
+	srv, addr := startWithOwner(t, Options{HeartbeatInterval: 100 * time.Millisecond}, "refusing", refusing)
 	if err := srv.invalidate([]Invalidation{{NodeID: "refusing", PeerAddr: addr, Generation: 1, Key: "k", PutID: 1, Sync: true}}); err != nil {
 		t.Fatal(err)
 	}
@@ -532,11 +533,8 @@ func TestSyncInvalidationRefusedIsNotConfirmed(t *testing.T) {
 // meanwhile (its fence shut) must not answer the write OK: the next leader may undo it.
 // invalidate then returns the gate's error, which the write answers.
 func TestSyncInvalidationAcrossALapsedTerm(t *testing.T) {
-	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s})
 	slow := &fakePeer{invalDelay: 300 * time.Millisecond}
-	addr := startFakePeer(t, s, slow)
-	registerOwner(t, srv, "slow", addr)
+	srv, addr := startWithOwner(t, Options{}, "slow", slow)
 	var lapsed atomic.Bool
 	srv.mu.Lock()
 	srv.gate = func() error {

@@ -759,19 +759,23 @@ def chunk_pages(lmc, cpu, seed: int, tokens: int = CHUNK_TOKENS):
     return obj
 
 
+class _Wrapped:
+    """A memory object passing everything to the one it wraps but what a subclass changes."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def test_a_chunk_whose_data_cannot_be_read_is_refused_aloud(lmc, conn, caplog):
     """A chunk whose tensor is not to be had and whose bytes are not its shape is not stored:
     counted and logged as an error, never silently dropped; the rest of the batch is stored."""
     c, cpu = conn
     odd, ok = chunk(lmc, cpu, 52), chunk(lmc, cpu, 53)
 
-    class Opaque:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
+    class Opaque(_Wrapped):
         @property
         def tensor(self):
             raise RuntimeError("Layer page requires layer_tensor(layer_id)")
@@ -796,13 +800,7 @@ def test_a_chunk_of_a_dtype_without_page_format_is_refused_alone(lmc, conn):
     c, cpu = conn
     odd, ok = chunk(lmc, cpu, 54), chunk(lmc, cpu, 55)
 
-    class Complex:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
+    class Complex(_Wrapped):
         @property
         def tensor(self):
             return torch.zeros(8, dtype=torch.complex64)
