@@ -10,7 +10,9 @@ Capacities (``--capacity``, comma-separated): a fraction of the trace's distinct
 a block count (4000b) or a size (2GiB: that many bytes of blocks). Every backend gets the
 cache memory of that many blocks (see tracebench/backends.py for how sizes are given and read
 back). Exit status: 0 when every case that ran was correct, 1 when one failed (wrong bytes,
-a server error), 130 when interrupted.
+a server that stopped), 130 when interrupted. Failed puts and calls that answered errors (fluxkv
+and Mooncake answer them as misses) do not fail a case: the table and the goal lines name them
+next to the row's figures.
 """
 
 from __future__ import annotations

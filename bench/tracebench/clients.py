@@ -201,7 +201,7 @@ class MooncakePages:
 
     def counters(self) -> dict:
         return {"sources": dict(self.tally), "errors": sum(self.errors.values()), "mooncake_errors": dict(self.errors),
-                "wrong_bytes_values": self.wrong_bytes}
+                "wrong_bytes_values": self.wrong_bytes, "skipped": self.existed}
 
 
 class BytePages:

@@ -15,6 +15,8 @@ A goal whose rows did not run (or failed) is left out."""
 
 from __future__ import annotations
 
+from .report import trouble
+
 __all__ = ["lines"]
 
 
@@ -34,12 +36,24 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def _caveats(mine: dict, other: dict, name: str) -> str:
+    """How the two rows' calls differ (a byte store's access mode) and what went wrong in
+    either (report.trouble), as a bracket after the line; "" when nothing is to say."""
+    notes = []
+    if other.get("access") and other["access"] != "batch":
+        notes.append(f"{name} {other['access']}")
+    for who, r in (("fluxkv", mine), (name, other)):
+        if t := trouble(r):
+            notes.append(f"{who}: {t}")
+    return f" [{'; '.join(notes)}]" if notes else ""
+
+
 def _speed(goal: str, what: str, mine: dict, other: dict, name: str, want: float) -> str | None:
     ratio = _ratio(mine["gib_per_s"], other["gib_per_s"])
     if ratio is None:
         return None
     return (f"goal {goal}  {what}: fluxkv {mine['gib_per_s']:.2f} GiB/s = {ratio:.2f}x {name}'s {other['gib_per_s']:.2f}"
-            f" (goal >= {want:g}x: {_mark(ratio >= want)})")
+            f" (goal >= {want:g}x: {_mark(ratio >= want)})" + _caveats(mine, other, name))
 
 
 def _cpu(goal: str, what: str, mine: dict, other: dict, name: str) -> str | None:
@@ -64,7 +78,8 @@ def _hosts(many: dict, one: dict) -> str:
 
 def _hits(goal: str, what: str, mine: dict, other: dict, name: str) -> str:
     a, b = mine["hit_rate"], other["hit_rate"]
-    return f"goal {goal}  {what}: fluxkv hit {100 * a:.1f} % against {name}'s {100 * b:.1f} % (goal >=: {_mark(a >= b)})"
+    return (f"goal {goal}  {what}: fluxkv hit {100 * a:.1f} % against {name}'s {100 * b:.1f} % (goal >=: {_mark(a >= b)})"
+            + _caveats(mine, {k: v for k, v in other.items() if k != "access"}, name))
 
 
 def _for_capacity(rows: list) -> list:

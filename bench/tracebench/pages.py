@@ -10,6 +10,7 @@ __all__ = ["Pages", "STRIDE"]
 
 STRIDE = 4096  # bytes between the copies of the id in a page
 _SALT = 0x9E3779B97F4A7C15  # ids 0 and 1 do not leave the words they replace near zero
+_POISON = _SALT ^ 0xFFFFFFFFFFFFFFFF  # the id words of block 2**64 - 1: of no block of a trace
 
 
 class Pages:
@@ -23,13 +24,38 @@ class Pages:
         self._scratch = np.empty(block_bytes, dtype=np.uint8)
 
     def buffers(self, n: int) -> list:
-        """``n`` page buffers (written, so their memory is really there)."""
-        return [np.zeros(self.block_bytes, dtype=np.uint8) for _ in range(n)]
+        """``n`` page buffers, each written (its memory really there before the replay times
+        anything: ``np.zeros`` alone maps it on first touch)."""
+        out = []
+        for _ in range(n):
+            b = np.empty(self.block_bytes, dtype=np.uint8)
+            b.fill(0)
+            out.append(b)
+        return out
+
+    def store_buffers(self, n: int) -> list:
+        """``n`` page buffers holding the common bytes of every page: :meth:`stamp` makes one
+        a block's page by writing only its id words, 1/512 of the bytes that :meth:`fill`
+        writes (the replay's own work stays out of the caches' figures as far as it can)."""
+        out = self.buffers(n)
+        for b in out:
+            np.copyto(b, self.base)
+        return out
 
     def fill(self, buf: np.ndarray, block: int) -> None:
         """Write block ``block``'s page into ``buf``."""
         np.copyto(buf, self.base)
+        self.stamp(buf, block)
+
+    def stamp(self, buf: np.ndarray, block: int) -> None:
+        """Make ``buf``, which holds the common bytes (:meth:`store_buffers`), block ``block``'s
+        page: its id words alone differ between pages."""
         buf.view(np.uint64)[:: STRIDE // 8] = (block ^ _SALT) & 0xFFFFFFFFFFFFFFFF
+
+    def poison(self, buf: np.ndarray) -> None:
+        """Overwrite ``buf``'s id words with a value no block's page has, so a load that
+        reports a page found but leaves its buffer as it was fails the byte check."""
+        buf.view(np.uint64)[:: STRIDE // 8] = _POISON
 
     def wrong_bytes(self, buf: np.ndarray, block: int) -> int:
         """How many bytes of ``buf`` differ from block ``block``'s page."""

@@ -122,8 +122,6 @@ def replay_row(run: Running, trace: Trace, capacity_blocks: int, res: ReplayResu
     problems = []
     if res.wrong_bytes:
         problems.append(f"{res.wrong_bytes} wrong bytes in {res.verified} pages checked")
-    if hits != res.loaded:
-        problems.append(f"{hits} prefix hits but {res.loaded} pages loaded")
     row = {
         **_base(t.backend, trace, capacity_blocks, t.owners, t.ssd, **context),
         **run.describe(),
@@ -146,6 +144,7 @@ def replay_row(run: Running, trace: Trace, capacity_blocks: int, res: ReplayResu
         "loaded_bytes": loaded_bytes,
         "stored_bytes": stored_bytes,
         **sources(run, res, counter_samples),
+        "store_attempts": res.store_attempts,
         "put_failed": res.put_failed,
         "already_cached_puts": res.skipped,
         "errors": res.errors,
@@ -189,13 +188,31 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def trouble(r: dict) -> str:
+    """What went wrong in a row that still counts ("" when nothing did): puts that failed and
+    calls that raised or answered an error (fluxkv and Mooncake answer those as misses; a byte
+    store's failed put is a page not stored). Such a row's hit rate and GiB/s are those of a
+    cache that lost work, so the table and the goal lines say so next to its figures."""
+    out = []
+    if r.get("put_failed"):
+        attempts = r.get("store_attempts")
+        out.append(f"{r['put_failed']:,}" + (f" of {attempts:,}" if attempts else "") + " puts failed")
+    if r.get("errors"):
+        out.append(f"{r['errors']:,} errors")
+    return ", ".join(out)
+
+
 def _sources_text(r: dict) -> str:
     s = r.get("hits_by_source")
     if not s:
-        return ""
-    if not r.get("sources_complete"):
-        return "unknown"
-    return " ".join(f"{k.replace('memory', 'mem')}={v}" for k, v in s.items() if v)
+        text = ""
+    elif not r.get("sources_complete"):
+        text = "unknown"
+    else:
+        text = " ".join(f"{k.replace('memory', 'mem')}={v}" for k, v in s.items() if v)
+    if t := trouble(r):
+        text = f"{text} [{t}]" if text else f"[{t}]"
+    return text
 
 
 def _table_order(r: dict) -> tuple:

@@ -88,9 +88,13 @@ def open_pages(plan: Plan):
 
 def serve(plan: Plan, sync: Sync, pc) -> dict:
     pages = Pages(plan.block_bytes)
+    # Loads go into bufs, whose id words are poisoned before each load (a page reported found
+    # but not copied fails the check); stores come from sbufs, which hold the bytes common to
+    # every page, each stamped with its block's id words.
     bufs = pages.buffers(plan.buffer_pages)
+    sbufs = pages.store_buffers(plan.buffer_pages)
     if hasattr(pc, "register"):
-        pc.register(bufs)  # zero-copy clients (Mooncake) load into and store from registered memory
+        pc.register(bufs + sbufs)  # zero-copy clients (Mooncake) load into and store from registered memory
     nb = len(bufs)
     t0 = sync.start_at.value
     rows = []
@@ -107,6 +111,8 @@ def serve(plan: Plan, sync: Sync, pc) -> dict:
         h = 0
         while h < n:
             k = min(nb, n - h)
+            for b in bufs[:k]:
+                pages.poison(b)
             got = pc.load(ids[h : h + k], bufs[:k])
             v0 = time.perf_counter()
             for j in range(got):
@@ -123,9 +129,9 @@ def serve(plan: Plan, sync: Sync, pc) -> dict:
         for lo in range(h, len(ids), nb):
             chunk = ids[lo : lo + nb]
             for j, b in enumerate(chunk):
-                pages.fill(bufs[j], b)
+                pages.stamp(sbufs[j], b)
             s0 = time.perf_counter()
-            failed += pc.store_pages(chunk, bufs[: len(chunk)], ids[lo - 1] if lo else None)
+            failed += pc.store_pages(chunk, sbufs[: len(chunk)], ids[lo - 1] if lo else None)
             store_s += time.perf_counter() - s0
         loaded += h
         attempted += len(ids) - h

@@ -99,3 +99,19 @@ def test_how_the_cpus_were_shared():
     assert "[rows of different --host-cpus: not comparable]" in two(0.45, 0.5)
     assert "[rows of different --host-cpus: not comparable]" in two(None, 0.5)
     assert "[every process on this machine's cores: --host-cpus emulates hosts]" in two(None, None)
+
+
+def test_access_mode_and_lost_work_are_named():
+    """A byte store's per-key calls and any row's failed puts or errors are named beside the
+    figures they shaped; a row without either says nothing more."""
+    mine = row("fluxkv", 1, False, 0.155, 0.90)
+    other = {**row("memcached", 1, False, 0.113, 0.30), "access": "per-key", "put_failed": 153, "store_attempts": 70000,
+             "errors": 153}
+    text = "\n".join(goals.lines([mine, other, {**row("redis", 1, False, 0.05, 0.30), "access": "batch"}]))
+    assert ("fluxkv 0.90 GiB/s = 3.00x memcached's 0.30 (goal >= 3x: met) [memcached per-key; memcached: 153 of 70,000 "
+            "puts failed, 153 errors]") in text
+    assert "against memcached's 11.3 % (goal >=: met) [memcached: 153 of 70,000 puts failed, 153 errors]" in text
+    assert "fluxkv 0.90 GiB/s = 3.00x redis's 0.30 (goal >= 4x: not met)\n" in text + "\n"
+    mine["errors"] = 2
+    text = "\n".join(goals.lines([mine, other]))
+    assert "[memcached per-key; fluxkv: 2 errors; memcached: 153 of 70,000 puts failed, 153 errors]" in text

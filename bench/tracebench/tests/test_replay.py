@@ -269,6 +269,60 @@ def test_pages_are_a_function_of_the_id_and_wrong_bytes_count():
     assert p.wrong_bytes(a, 1) == 1
 
 
+class _DictPages:
+    """A page client over a dict: stores copy the pages, loads copy them back."""
+
+    def __init__(self):
+        self.held = {}
+
+    def lookup(self, ids) -> int:
+        n = 0
+        while n < len(ids) and ids[n] in self.held:
+            n += 1
+        return n
+
+    def load(self, ids, bufs) -> int:
+        for b, i in zip(bufs, ids):
+            np.copyto(b, self.held[i])
+        return len(ids)
+
+    def store_pages(self, ids, bufs, parent) -> int:
+        for i, b in zip(ids, bufs):
+            self.held[i] = b.copy()
+        return 0
+
+
+class _LazyPages(_DictPages):
+    """Reports every page it holds found, and copies none."""
+
+    def load(self, ids, bufs) -> int:
+        return len(ids)
+
+
+@pytest.mark.parametrize("client, wrong", [(_DictPages, False), (_LazyPages, True)])
+def test_a_load_that_copies_nothing_fails_the_byte_check(client, wrong):
+    """The same prompt twice in one process: the second request finds its pages, and a client
+    that says so without copying them is caught, though its buffers last held those very pages
+    before the load (the load buffers are poisoned; stores come from buffers of their own)."""
+    plan = worker.Plan(index=0, backend="test", endpoint={}, spec={}, requests=[(0, 0, [3, 4, 5]), (1, 0, [3, 4, 5])],
+                       block_bytes=2 * 4096, buffer_pages=4, verify_every=1, pin_ms=0, speed=0, window=0, namespace="t")
+    out = worker.serve(plan, worker.Sync(mp.get_context("spawn"), 2), client())
+    assert out["loaded"] == 3 and out["verified"] == 3
+    assert (out["wrong_bytes"] > 0) == wrong, out
+
+
+def test_store_buffers_stamped_are_the_pages():
+    p = Pages(3 * 4096)
+    a, = p.store_buffers(1)
+    b, = p.buffers(1)
+    for block in (7, 9):
+        p.stamp(a, block)
+        p.fill(b, block)
+        assert np.array_equal(a, b) and p.wrong_bytes(a, block) == 0
+    p.poison(b)
+    assert p.wrong_bytes(b, 9) == 3 * 8  # the id word of each 4 KiB, all of its bytes
+
+
 def test_capacity_flags():
     assert cli.parse_capacity("0.10", 1000, 4096) == 100
     assert cli.parse_capacity("4000b", 1000, 4096) == 4000
