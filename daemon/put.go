@@ -264,10 +264,17 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 		o.waitCopiesLocked(p)
 		area := c.area
 		o.unlock()
-		o.copyIn(area, p, copies)
-		o.lock()
+		copied := o.copyIn(area, p, copies)
+		st = o.lock()
 		c.copying--
 		o.copied.Broadcast()
+		if !copied { // the deadline passed while PutWrites ran or during the copy
+			err := errPutExpired(p, o.bounds().putCopy)
+			st.endPut(c, p, err)
+			o.unlock()
+			o.abandonPut(p)
+			return nil, nil, err
+		}
 	}
 	o.waitCopiesLocked(p)
 	o.unlock()
@@ -281,7 +288,12 @@ func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error
 	delete(c.puts, p.putID)
 	st.writes.remove(p.write)
 	o.waitCopiesLocked(p)
-	return errCode(common.ErrorCode_UNAVAILABLE, "put %d of %q started more than %v ago: the master may have expired it; put the value again", p.putID, p.key, o.bounds().putCopy)
+	return errPutExpired(p, o.bounds().putCopy)
+}
+
+// errPutExpired is the answer to a copy into p past its deadline (d after its PutStart).
+func errPutExpired(p *pendingPut, d time.Duration) error {
+	return errCode(common.ErrorCode_UNAVAILABLE, "put %d of %q started more than %v ago: the master may have expired it; put the value again", p.putID, p.key, d)
 }
 
 // publish runs PutDone for ps (one call: PutDone for one put, else BatchPutDone per

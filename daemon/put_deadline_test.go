@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -133,5 +134,80 @@ func TestPutDoneReplyLostHotSet(t *testing.T) {
 	h1.Release()
 	if other == 2 && here != 2 {
 		t.Errorf("owner n2 reads the published v2, the requester's owner still answers v%d from its hot set", here)
+	}
+}
+
+// TestIsolatedCopyStopsAtItsDeadline: a PutEnd copy that started before the put's copy
+// deadline but runs past it (starved of CPU, or one of many at once) stops before its
+// next chunk. The master frees an expired put's range; a chunk copied later would land
+// in bytes another key published there since. The value is copied at its PutEnd (it
+// fits the put area) or streamed through PutWrites (twice the area).
+func TestIsolatedCopyStopsAtItsDeadline(t *testing.T) {
+	const value = 4 << 20
+	for _, tc := range []struct {
+		name string
+		area int64
+	}{{"PutEnd", value}, {"PutWrite", value / 2}} {
+		t.Run(tc.name, func(t *testing.T) { testIsolatedCopyStopsAtItsDeadline(t, value, tc.area) })
+	}
+}
+
+func testIsolatedCopyStopsAtItsDeadline(t *testing.T, value int, area int64) {
+	var chunks atomic.Int64
+	stalled := make(chan struct{})
+	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 300 * time.Millisecond},
+		func(o *Options) {
+			o.ClientIsolation = true
+			o.PutArea = area
+			o.PutCopyDeadline = 200 * time.Millisecond
+			o.testCopyChunk = func(key string, chunk int) {
+				if key == "slow" && chunks.Add(1) == 1 {
+					<-stalled // after the first chunk, in time, the copy stalls past the deadline
+				}
+			}
+		})
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	slowDone := make(chan error, 1)
+	go func() { slowDone <- n.c.Put("slow", bytes.Repeat([]byte{0xEE}, value)) }()
+	// The master expires the stalled put (Maintain runs every 500 ms) and frees its
+	// range; another client's puts take the whole segment.
+	time.Sleep(1200 * time.Millisecond)
+	good := bytes.Repeat([]byte{0x11}, 1<<20)
+	var keys []string
+	for i := range 8 {
+		k := fmt.Sprintf("victim-%d", i)
+		if err := c2.Put(k, good); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	close(stalled)
+	if err := <-slowDone; !errors.Is(err, fluxkv.ErrUnavailable) {
+		t.Errorf("the put whose copy ran past its deadline: %v, want UNAVAILABLE", err)
+	}
+	if got := chunks.Load(); got != 1 {
+		t.Errorf("%d chunks of the expired put were copied, want the 1 copied in time", got)
+	}
+	present := 0
+	for _, k := range keys {
+		h, err := c2.Get(k)
+		if errors.Is(err, fluxkv.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		present++
+		if !bytes.Equal(h.Bytes(), good) {
+			t.Errorf("%s: its published bytes were overwritten by the expired put's late copy", k)
+		}
+		h.Release()
+	}
+	if present == 0 {
+		t.Fatal("no victim left to check")
 	}
 }

@@ -69,15 +69,34 @@ func (st *ownerState) checkPutCopies(c *session, p *pendingPut, copies []*extern
 	return nil
 }
 
-// copyIn copies validated ranges of area into p's target range of the segment. The
-// caller holds a copy count (session.copying) so the area stays mapped, and p cannot
-// be freed meanwhile (it is pending with pendingPut.copying held, or ending).
-func (o *Owner) copyIn(area *shm.Segment, p *pendingPut, copies []*external.AreaCopy) {
+// copyChunk is how many bytes copyIn copies between two looks at the put's copy deadline.
+const copyChunk = 1 << 20
+
+// copyIn copies validated ranges of area into p's target range of the segment, a
+// copyChunk at a time, and stops (false) before a chunk that would start past p.copyBy:
+// the master frees the range of a put it expired about 10 s later (a copy that started
+// in time but ran long, starved of CPU, or many at once, must not reach a range handed
+// to another key). The caller holds a copy count (session.copying) so the area stays
+// mapped, and p cannot be freed meanwhile (it is pending with pendingPut.copying held,
+// or ending).
+func (o *Owner) copyIn(area *shm.Segment, p *pendingPut, copies []*external.AreaCopy) bool {
 	seg, src := o.seg.Bytes(), area.Bytes()
+	chunk := 0
 	for _, cp := range copies {
-		dst := p.offset + cp.ValueOffset
-		copy(seg[dst:dst+cp.Len], src[cp.AreaOffset:cp.AreaOffset+cp.Len])
+		for done := int64(0); done < cp.Len; done += copyChunk {
+			if time.Now().After(p.copyBy) {
+				return false
+			}
+			n := min(cp.Len-done, copyChunk)
+			dst, from := p.offset+cp.ValueOffset+done, cp.AreaOffset+done
+			copy(seg[dst:dst+n], src[from:from+n])
+			if o.opts.testCopyChunk != nil {
+				o.opts.testCopyChunk(p.key, chunk)
+			}
+			chunk++
+		}
 	}
+	return true
 }
 
 // putWrite copies parts of a pending put's value from the session's put area (client
@@ -114,13 +133,24 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 	c.copying++
 	area := c.area
 	o.unlock()
-	o.copyIn(area, p, copies)
-	o.lock()
+	copied := o.copyIn(area, p, copies)
+	st = o.lock()
 	p.copying--
 	c.copying--
 	o.copied.Broadcast()
+	if copied {
+		o.unlock()
+		return nil
+	}
+	if c.puts[putID] != p || p.ending != nil {
+		// Expired meanwhile, or its PutEnd (waiting for this copy) finds the deadline passed too.
+		o.unlock()
+		return errPutExpired(p, o.bounds().putCopy)
+	}
+	err := o.expirePutLocked(st, c, p)
 	o.unlock()
-	return nil
+	o.abandonPut(p)
+	return err
 }
 
 // waitCopiesLocked waits (releasing Owner.mu meanwhile) until no copy into p runs.
