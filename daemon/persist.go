@@ -124,10 +124,17 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest, readBy time
 // commitPersisted commits the written records of items[i], i in at (each holding
 // pins[i], released here), with one BatchSsdReplicaCommit; a record the master did not
 // publish, or whose commit failed, is forgotten (errs[i] says why it failed).
+//
+// A registration's report leaves out the records still pinned (Storage.Settled): the
+// pins of committed records are released under Owner.mu with a look at the
+// registration epoch, so a record is either in the new master's report (its commit
+// returned before the registration began) or forgotten here (the owner registered
+// again while it was out: the master that published it may not be the one the owner
+// follows now).
 func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []error, pins []ssd.CommitPin, at []int, epoch uint64) {
 	defer func() {
 		for _, i := range at {
-			pins[i].Release()
+			pins[i].Release() // a no-op for the pins released below
 		}
 	}()
 	commit := make([]*mp.SsdReplicaCommitItem, len(at)) // commit[j] is items[at[j]]
@@ -161,12 +168,21 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 		forget(errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d SSD commits", len(resp.Published), len(commit)))
 		return
 	}
-	for j, i := range at {
-		if !resp.Published[j] {
-			// The version died while it was written (deleted, overwritten, node tombed):
-			// the entry must not hold ring space nor count as used.
-			o.store.Forget(items[i].Key, items[i].PutId)
+	st := o.lock()
+	same := st.reg.epoch == epoch
+	if same {
+		for j, i := range at {
+			if !resp.Published[j] {
+				// The version died while it was written (deleted, overwritten, node
+				// tombed): the entry must not hold ring space nor count as used.
+				o.store.Forget(items[i].Key, items[i].PutId)
+			}
+			pins[i].Release()
 		}
+	}
+	o.unlock()
+	if !same {
+		forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD commit"))
 	}
 }
 

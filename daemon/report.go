@@ -23,7 +23,7 @@ func (o *Owner) reportReplicas() {
 	o.unlock()
 	var onSSD []replicaRecord
 	if o.store != nil {
-		for _, e := range o.store.Committed() {
+		for _, e := range o.store.Settled() { // a record whose commit is still out is the commit's (commitPersisted)
 			onSSD = append(onSSD, replicaRecord{key: e.Key, putID: e.PutID, len: e.Length})
 		}
 	}

@@ -3,12 +3,17 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cloudwego/kitex/client/callopt"
+
 	"github.com/fluxkv/fluxkv/master"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 )
 
 // TestRegisterOnceAfterMasterRestart: after a master restart several callers ask for a
@@ -110,4 +115,64 @@ func restartMasterWith(t *testing.T, n *node, opts master.Options) *master.Serve
 	}
 	t.Cleanup(func() { m.Stop() })
 	return m
+}
+
+// commitHeld holds the first BatchSsdReplicaCommit until release closes, then fails it
+// (its master is gone); later ones pass.
+type commitHeld struct {
+	masterservice.Client
+	entered, release chan struct{}
+	first            sync.Once
+}
+
+func (h *commitHeld) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdReplicaCommitRequest, opts ...callopt.Option) (*mp.BatchSsdReplicaCommitResponse, error) {
+	held := false
+	h.first.Do(func() { held = true })
+	if !held {
+		return h.Client.BatchSsdReplicaCommit(ctx, req, opts...)
+	}
+	close(h.entered)
+	<-h.release
+	return nil, errors.New("injected: the master that assigned the persist is gone")
+}
+
+// TestReportLeavesCommitsInFlight: an SSD record whose commit to the master is still out
+// when the owner registers with a new master is not reported to it. The owner forgets
+// the record once the commit fails or it sees the master changed; a new master that
+// adopted it would route gets to a record the owner no longer has (and, with
+// --ssd-admit evict, drop the page's memory copy as clean). What the new master records
+// on the owner's SSD is what the owner holds.
+func TestReportLeavesCommitsInFlight(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 8<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
+	held := &commitHeld{entered: make(chan struct{}), release: make(chan struct{})}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { held.Client = c; return held })
+	if err := n.c.Put("k", value(1, 100_000)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no SSD commit came")
+	}
+	n.m = restartMaster(t, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.o.master.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(held.release)
+	waitUntil(t, func() bool { return len(n.o.store.Committed()) == 0 }) // the record whose commit failed
+	n.waitPersisted(t)                                                   // whatever the new master persists again
+	if master, owner := n.ssdReplicasOf(t, "n1"), len(n.o.store.Committed()); master != int64(owner) {
+		t.Errorf("the new master records %d SSD replicas on the owner, which holds %d", master, owner)
+	}
+	h, err := n.c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(h.Bytes(), value(1, 100_000)) {
+		t.Error("wrong bytes")
+	}
+	h.Release()
 }

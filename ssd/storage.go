@@ -400,14 +400,22 @@ type Entry struct {
 	Length int64
 }
 
-// Committed lists the entries that are committed and readable right now (the owner
-// reports them to a restarted master), in no particular order.
-func (s *Storage) Committed() []Entry {
+// Committed lists the entries that are committed and readable right now, in no
+// particular order.
+func (s *Storage) Committed() []Entry { return s.committed(true) }
+
+// Settled is Committed less the entries whose CommitPin is still held: those the owner
+// reports to a restarted master. A pinned entry's commit to the master is still out,
+// and its outcome decides whether the owner keeps it (it forgets one whose commit
+// failed, or went to a master it is no longer registered with).
+func (s *Storage) Settled() []Entry { return s.committed(false) }
+
+func (s *Storage) committed(pinned bool) []Entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Entry, 0, len(s.index))
 	for k, e := range s.index {
-		if e.state == stateCommitted && !e.shard.ring.overtaken(e) {
+		if e.state == stateCommitted && (pinned || e.commitPins == 0) && !e.shard.ring.overtaken(e) {
 			out = append(out, Entry{Key: k, PutID: e.putID, Length: e.length})
 		}
 	}

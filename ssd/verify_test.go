@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -491,5 +492,19 @@ func TestCommitted(t *testing.T) {
 	want := map[string]Entry{"k": {Key: "k", PutID: 7, Length: 2000}, "j": {Key: "j", PutID: 1, Length: 100}}
 	if len(got) != len(want) || got["k"] != want["k"] || got["j"] != want["j"] {
 		t.Fatalf("Committed() = %+v, want %+v", got, want)
+	}
+	// An entry whose commit pin is held is committed, but not settled (the owner's
+	// commit to the master is still out) until the pin goes.
+	pin, err := s.Persist("p", 3, pattern("p", 500))
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(es []Entry) bool { return slices.ContainsFunc(es, func(e Entry) bool { return e.Key == "p" }) }
+	if !has(s.Committed()) || has(s.Settled()) || len(s.Settled()) != 2 {
+		t.Fatalf("pinned: Committed() = %+v, Settled() = %+v", s.Committed(), s.Settled())
+	}
+	pin.Release()
+	if !has(s.Settled()) {
+		t.Fatalf("released: Settled() = %+v", s.Settled())
 	}
 }
