@@ -327,66 +327,54 @@ const (
 	evictReportTimeout    = 5 * time.Second // one send (shorter than MasterTimeout: a shutdown waits for it)
 )
 
-// forwardEvictions reports SSD ring evictions to the master in the storage's batches.
-// A report the master never got leaves it routing gets to a gone record, and counting
-// the version as on SSD (its memory copy then goes without a write-back) until a read
-// fails: reports whose call failed in transport, or that a master did not take for
-// now (UNAVAILABLE, NOT_LEADER: a rebuild, a failover), wait and are sent again with
-// what the ring evicts meanwhile until a master takes them, less the keys the ring
-// holds under that put id again meanwhile (a refresh's rewrite: ssd.Storage.
-// Unrewritten). A master that does not know this incarnation (STALE_GENERATION) has
-// none of its routes; the registration that follows reports what the ring holds.
+// forwardEvictions reports SSD ring evictions to the master in batches of up to
+// wire.MaxBatch. A report the master never got leaves it routing gets to a gone record,
+// and counting the version as on SSD (its memory copy then goes without a write-back)
+// until a read fails: the ring's reports are drained at once into an evictQueue while a
+// call is out, and reports whose call failed in transport, or that a master did not
+// take for now (UNAVAILABLE, NOT_LEADER: a rebuild, a failover), are sent again, with
+// what the ring evicted meanwhile, until a master takes them. Right before each call
+// the keys the ring holds under that put id again are left out (a refresh's rewrite:
+// ssd.Storage.Unrewritten), so a late report does not drop the new record. A master
+// that does not know this incarnation (STALE_GENERATION) has none of its routes; the
+// registration that follows reports what the ring holds.
 func (o *Owner) forwardEvictions() {
 	defer o.wg.Done()
-	evs := o.store.Evictions()
-	var pending []ssd.Eviction
-	wait, failing, dropping := evictReportRetry, false, false // dropping: the oldest were dropped (logged once)
+	q := newEvictQueue(&o.log)
+	filled := make(chan struct{})
+	go func() {
+		defer close(filled)
+		q.fill(o.store.Evictions())
+	}()
+	defer func() { <-filled }()
+	wait, failing := evictReportRetry, false
 	for {
-		if len(pending) == 0 {
-			batch, ok := <-evs
-			if !ok {
-				return
-			}
-			pending = batch
+		batch, ok := q.take(wire.MaxBatch)
+		if !ok {
+			return
 		}
-		n := min(len(pending), wire.MaxBatch)
-		retry, err := o.reportEvictions(pending[:n])
+		if batch = o.store.Unrewritten(batch); len(batch) == 0 {
+			continue
+		}
+		retry, err := o.reportEvictions(batch)
 		if err == nil || !retry {
 			if err != nil {
-				o.log.Warn().Err(err).Int("entries", n).Msg("SSD eviction report refused")
+				o.log.Warn().Err(err).Int("entries", len(batch)).Msg("SSD eviction report refused")
 			} else if failing {
-				o.log.Info().Int("entries", len(pending)).Msg("SSD eviction reports reach the master again")
+				o.log.Info().Msg("SSD eviction reports reach the master again")
 			}
-			pending, wait, failing, dropping = pending[n:], evictReportRetry, false, false
+			wait, failing = evictReportRetry, false
 			continue
 		}
 		if !failing {
 			failing = true
-			o.log.Warn().Err(err).Int("entries", len(pending)).Msg("SSD eviction report failed; sending it again")
+			o.log.Warn().Err(err).Int("entries", len(batch)).Msg("SSD eviction report failed; sending it again")
 		}
-		timer := time.NewTimer(wait)
-	collect: // what the ring evicts meanwhile goes with the next try
-		for {
-			select {
-			case batch, ok := <-evs:
-				if !ok {
-					timer.Stop()
-					return
-				}
-				pending = append(pending, batch...)
-			case <-timer.C:
-				break collect
-			}
+		q.putBack(batch)
+		if !q.sleep(wait) {
+			return
 		}
 		wait = min(2*wait, evictReportMaxWait)
-		if over := len(pending) - evictReportMaxPending; over > 0 {
-			if !dropping {
-				dropping = true
-				o.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master is unreachable; dropping the oldest")
-			}
-			pending = pending[over:]
-		}
-		pending = o.store.Unrewritten(pending)
 	}
 }
 

@@ -142,11 +142,17 @@ func (s *State) ssdBehindLocked(length int64, except string) *node {
 // the busy owners' rings dropping values early while another's stays idle. An owner
 // without SSD has the live SSD-capable owner with the most free ring space write them
 // (as its heartbeat reported it, less the persists assigned to it since), ties by node
-// id. nil when no owner has SSD room for length bytes.
+// id. nil when no owner has SSD room for length bytes (an owner whose capacity is not
+// reported yet writes its own values).
 func (s *State) persistNodeLocked(t *node, length int64) *node {
 	if t.ssd.Enabled {
 		behind := s.ssdBehindLocked(length, "")
-		if behind == nil || behind == t || t.ssd.CapacityBytes <= 0 || ringLaps(t)-ringLaps(behind) <= 1.0/ssdBalanceSlack {
+		switch {
+		case t.ssd.CapacityBytes <= 0:
+			return t
+		case t.ssd.CapacityBytes < length:
+			return behind // a ring that holds it, or none
+		case behind == nil || behind == t || ringLaps(t)-ringLaps(behind) <= 1.0/ssdBalanceSlack:
 			return t
 		}
 		return behind
