@@ -1,5 +1,10 @@
 package master
 
+import (
+	"cmp"
+	"slices"
+)
+
 // evictOrder is a node's eviction order: plain keys in a weighted S3-FIFO (Policy),
 // KV pages put with a parent in a pagePolicy. A node holding only plain keys evicts
 // exactly as the S3-FIFO alone would. When it holds both, each draw goes to the class
@@ -75,6 +80,25 @@ func (o *evictOrder) Touch(k string) {
 		return
 	}
 	o.plain.Touch(k)
+}
+
+// TouchAll records a hit on each of keys, in any order: pages are touched parents
+// first (by their depth here), as a get of a prefix meets them. A page's priority is
+// capped at its parent's, and a touch does not pass a raise down to the pages under
+// it, so a child touched before its parent kept the parent's old priority.
+func (o *evictOrder) TouchAll(keys []string) {
+	pages := make([]*pageEntry, 0, len(keys))
+	for _, k := range keys {
+		if e := o.pages.entries[k]; e != nil {
+			pages = append(pages, e)
+		} else {
+			o.Touch(k)
+		}
+	}
+	slices.SortStableFunc(pages, func(a, b *pageEntry) int { return cmp.Compare(a.depth, b.depth) })
+	for _, e := range pages {
+		o.Touch(e.key)
+	}
 }
 
 // RefreshChain moves page k and the pages above it on to now (a page is being put

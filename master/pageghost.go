@@ -51,6 +51,12 @@ func (g *pageGhosts) remember(k string, freq uint32) {
 	g.seq++
 	g.ghost[k] = pageGhost{freq: freq, seq: g.seq}
 	g.queue = append(g.queue, ghostRef{k, g.seq})
+	g.trim()
+}
+
+// trim forgets the oldest pages beyond the bound (after a remember, or once live pages
+// went: a delete, a node detached) and drops the queue's dead refs (amortized O(1)).
+func (g *pageGhosts) trim() {
 	for len(g.ghost) > g.bound() && g.at < len(g.queue) {
 		r := g.queue[g.at]
 		g.at++
@@ -63,8 +69,7 @@ func (g *pageGhosts) remember(k string, freq uint32) {
 		g.at = 0
 	}
 	// Pages taken back (put again) leave their refs behind; while the map stays within
-	// its bound nothing above pops them, so drop them once they outnumber the live refs
-	// (amortized O(1) per remember).
+	// its bound nothing above pops them, so drop them once they outnumber the live refs.
 	if len(g.queue)-g.at > 2*max(len(g.ghost), minGhost) {
 		q := g.queue[:0:0]
 		for _, r := range g.queue[g.at:] {

@@ -102,6 +102,7 @@ func newPagePolicy(ghosts *pageGhosts) *pagePolicy {
 // toward the ghost's length, and what it does from now on stays out of it.
 func (p *pagePolicy) detach() {
 	p.ghosts.live -= len(p.entries)
+	p.ghosts.trim()
 	p.ghosts = newPageGhosts()
 	p.ghosts.live = len(p.entries)
 }
@@ -378,6 +379,7 @@ func (p *pagePolicy) drop(e *pageEntry) {
 	p.notAhead(e)
 	delete(p.entries, e.key)
 	p.ghosts.live--
+	p.ghosts.trim()
 	p.weight -= e.weight
 	if p.newest == e {
 		p.newest = nil

@@ -2,6 +2,7 @@ package master
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -168,7 +169,9 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 			case s.writingBackLocked(r, n):
 				return false
 			case s.heldReplicaLocked(r, n):
-				held = append(held, k)
+				if !slices.Contains(held, k) { // the duplicate search and the sole copies' both meet it
+					held = append(held, k)
+				}
 				return false
 			}
 			return true
@@ -505,11 +508,13 @@ func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64, touched []string)
 	if err != nil {
 		return 0, err
 	}
+	live := touched[:0:0]
 	for _, k := range touched {
 		if r := s.routes[k]; r != nil && r.memoryReplica(n) != nil {
-			n.policy.Touch(k)
+			live = append(live, k)
 		}
 	}
+	n.policy.TouchAll(live)
 	unknown := 0
 	for _, id := range holderIDs {
 		a := n.holders[id]
