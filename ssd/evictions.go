@@ -10,7 +10,10 @@ type Eviction struct {
 }
 
 // report queues evictions for the batcher; if the owner does not keep up they are
-// dropped and counted (a stale SSD route only costs the master a failed read).
+// dropped and counted (Stats.DroppedEvictions). A dropped report leaves the master
+// routing gets to a gone record and counting the version as on SSD (with --ssd-admit
+// evict its memory copy then goes without a write-back): the owner drains Evictions
+// at once into a queue of its own, whatever its reports wait for.
 func (s *Storage) report(evs []Eviction) {
 	for i, ev := range evs {
 		select {
