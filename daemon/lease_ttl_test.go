@@ -29,7 +29,7 @@ func TestLeaseEndsBeforeNodeTTL(t *testing.T) {
 	}
 	// The owner's side of the same registration, sent (and so answered) at t0.
 	st := newOwnerState(stateOptions{nodeID: "n1", generation: 7, segSize: 1 << 20, grace: 10 * time.Second, hotBudget: 64 << 10})
-	st.beginRegister()
+	st.beginRegister(t0, time.Minute)
 	st.endRegister(&mp.RegisterResponse{Code: common.ErrorCode_OK, MasterEpoch: 1,
 		HeartbeatIntervalMs: hb.Milliseconds(), NodeTtlMs: ttl.Milliseconds()}, t0, 0)
 	// The owner is cut off; the master's maintenance tombs it past the TTL.

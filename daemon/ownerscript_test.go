@@ -147,7 +147,7 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 	// --- registration
 	case "register-begin":
 		s.regSent = s.now
-		pins, prev := st.beginRegister()
+		pins, prev := st.beginRegister(s.now, defaultMasterTimes.inflightTTL*5/6)
 		s.prev = prev
 		var b strings.Builder
 		fmt.Fprintf(&b, "prev=%d pins:", prev)
@@ -290,7 +290,8 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		p := &pendingPut{key: key, putID: sInt(d, "put"), offset: sInt(d, "off"), len: sInt(d, "len"), local: sArg(d, "local") != ""}
+		p := &pendingPut{key: key, putID: sInt(d, "put"), offset: sInt(d, "off"), len: sInt(d, "len"), local: sArg(d, "local") != "",
+			copyBy: s.now.Add(defaultMasterTimes.inflightTTL * 5 / 6), gone: s.now.Add(defaultMasterTimes.inflightTTL)}
 		if par := sArg(d, "parent"); par != "" { // parent=- : a chain's first page
 			par = strings.TrimPrefix(par, "-")
 			p.parent = &par
@@ -323,6 +324,10 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		}
 		st.endPut(c, p, outcome)
 		return "outcome: " + code(outcome) + "\n", nil
+
+	case "sweep-puts": // the idle loop's look for puts past their master's TTL
+		st.sweepDeadPuts(s.now, defaultMasterTimes.inflightTTL*5/6)
+		return "", nil
 
 	case "put-source":
 		if err := st.checkPutSource(sInt(d, "put"), sInt(d, "off"), sInt(d, "len")); err != nil {

@@ -48,7 +48,7 @@ func (o *Owner) putStartMany(c *session, items []*external.PutStartItem) []*exte
 			err := callErr
 			if err == nil {
 				var r *external.PutStartResponse
-				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch, sent.Add(o.bounds().putCopy)); err == nil {
+				if r, err = o.acceptStartedPut(c, reqs[j], plans[j], epoch, sent); err == nil {
 					out[i] = r
 				}
 			}
@@ -96,15 +96,17 @@ func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartRespo
 }
 
 // acceptStartedPut records the put the master placed for it (resp, answered to a call
-// sent at registration epoch) in session c; no copy into its range starts after copyBy.
-func (o *Owner) acceptStartedPut(c *session, it *mp.PutStartItem, resp *mp.PutStartResponse, epoch uint64, copyBy time.Time) (*external.PutStartResponse, error) {
+// sent at registration epoch, at sent) in session c; no copy into its range starts
+// after its copy deadline, and it is dropped once the master's TTL ran out.
+func (o *Owner) acceptStartedPut(c *session, it *mp.PutStartItem, resp *mp.PutStartResponse, epoch uint64, sent time.Time) (*external.PutStartResponse, error) {
 	if err := o.master.check(resp.Code, resp.Message, nil); err != nil {
 		return nil, err
 	}
 	// The client writes at the source offset: the target itself, or, for a put the
 	// master placed on another owner, a range of this owner's transfer area that the
 	// target pulls from at PutDone.
-	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, parent: it.Parent, local: resp.TargetNodeId == o.opts.NodeID, copyBy: copyBy}
+	p := &pendingPut{key: it.Key, putID: resp.PutId, offset: resp.SourceOffset, len: it.Len, parent: it.Parent, local: resp.TargetNodeId == o.opts.NodeID,
+		copyBy: sent.Add(o.bounds().putCopy), gone: sent.Add(o.bounds().reack)}
 	if resp.SourceOffset < 0 || resp.SourceOffset > o.seg.Size()-it.Len {
 		o.abandonPut(p)
 		return nil, errCode(common.ErrorCode_INTERNAL, "master placed put %d at [%d,+%d), outside the %d-byte segment", resp.PutId, resp.SourceOffset, it.Len, o.seg.Size())

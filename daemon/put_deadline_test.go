@@ -211,3 +211,38 @@ func testIsolatedCopyStopsAtItsDeadline(t *testing.T, value int, area int64) {
 		t.Fatal("no victim left to check")
 	}
 }
+
+// TestDeadPutLeavesItsSession: a put whose client never ends it leaves its session once
+// the master's in-flight TTL ran out (the master freed its range meanwhile), and its
+// late PutEnd answers UNAVAILABLE.
+func TestDeadPutLeavesItsSession(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 300 * time.Millisecond})
+	filling, done := make(chan struct{}), make(chan error, 1)
+	release := make(chan struct{})
+	go func() {
+		done <- n.c.PutWith("stuck", 4096, fluxkv.PutOptions{}, func(dst []byte) error {
+			close(filling)
+			<-release
+			return nil
+		})
+	}()
+	<-filling
+	pending := func() int {
+		st := n.o.lock()
+		defer n.o.unlock()
+		k := 0
+		for _, c := range st.sessions {
+			k += len(c.puts)
+		}
+		return k
+	}
+	if pending() != 1 {
+		t.Fatalf("%d puts pending, want the one being filled", pending())
+	}
+	waitUntil(t, func() bool { return pending() == 0 })
+	close(release)
+	if err := <-done; !errors.Is(err, fluxkv.ErrUnavailable) {
+		t.Errorf("the put ended after its master's TTL: %v, want UNAVAILABLE", err)
+	}
+}

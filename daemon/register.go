@@ -62,7 +62,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	defer close(settling)
 	sent := time.Now()
 	st := o.lock()
-	pins, prev := st.beginRegister()
+	pins, prev := st.beginRegister(sent, o.bounds().putCopy)
 	o.unlock()
 	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,

@@ -49,12 +49,15 @@ const (
 	registeredTombed                      // the same master tombed this incarnation: every replica is forgotten
 )
 
-// beginRegister collects the pins of a Register call — every range of segmentWrites,
-// marked pinned — and begins a registration: the hot set is emptied (the new master
+// beginRegister collects the pins of a Register call sent at now — every range of
+// segmentWrites, marked pinned, once the puts past their master's TTL went
+// (sweepDeadPuts; putCopy names their deadline in a later PutEnd's answer) — and
+// begins a registration: the hot set is emptied (the new master
 // knows none of its versions; held holdings stay pinned, idle ones nobody holds and the
 // new master never knew them), and calls sent before now are known to straddle it. prev
 // is the master epoch registered with so far, for RegisterRequest.PrevEpoch.
-func (st *ownerState) beginRegister() (pins []*mp.PinnedRange, prev int64) {
+func (st *ownerState) beginRegister(now time.Time, putCopy time.Duration) (pins []*mp.PinnedRange, prev int64) {
+	st.sweepDeadPuts(now, putCopy) // no pin of a range another key may hold by now
 	pins = st.writes.pinAll()
 	st.reg.registering = true
 	st.hot.reset()

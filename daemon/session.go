@@ -62,6 +62,9 @@ type pendingPut struct {
 	// copyBy: no copy into its range starts after it (Options.PutCopyDeadline after
 	// its PutStart was sent): the master may have expired the put and freed the range.
 	copyBy time.Time
+	// gone: the master that answered its PutStart expired it by then (its in-flight
+	// TTL after the call was sent); a put still pending goes (sweepDeadPuts).
+	gone time.Time
 	// copying counts PutWrite copies into the put's range in progress: its range is
 	// not given back (abort, session end) nor published before they finish.
 	copying int
@@ -129,18 +132,50 @@ func (o *Owner) sweepIdle(force bool) {
 // pinTick bounds how late a prefix-lookup pin ends after its time is up.
 const pinTick = 50 * time.Millisecond
 
-// idleLoop ends hot-set grace periods and prefix-lookup pins.
+// deadPutSweep is how often idleLoop looks for puts past their master's TTL.
+const deadPutSweep = time.Second
+
+// idleLoop ends hot-set grace periods and prefix-lookup pins, and drops the puts that
+// outlived their master's TTL.
 func (o *Owner) idleLoop(stop <-chan struct{}) {
 	defer o.wg.Done()
 	t := time.NewTicker(min(max(o.opts.CacheGrace/2, time.Millisecond), pinTick))
 	defer t.Stop()
+	swept := time.Now()
 	for {
 		select {
 		case <-stop:
 			o.sweepIdle(true)
 			return
-		case <-t.C:
+		case now := <-t.C:
 			o.sweepIdle(false)
+			if now.Sub(swept) >= deadPutSweep {
+				swept = now
+				st := o.lock()
+				st.sweepDeadPuts(now, o.bounds().putCopy)
+				o.unlock()
+			}
+		}
+	}
+}
+
+// sweepDeadPuts takes out of their sessions the puts whose master expired them by now
+// (pendingPut.gone) and that no copy or PutEnd is working on: a client that started a
+// put and never ended it. Its range may hold another key since: a registration must
+// not report it as a pin (a new master would keep the range from the pool, or refuse
+// the replica living there), and the session must not keep it forever. A later PutEnd
+// answers UNAVAILABLE; a pin a registration made of it is acked. putCopy names the copy
+// deadline in that answer.
+func (st *ownerState) sweepDeadPuts(now time.Time, putCopy time.Duration) {
+	for _, c := range st.sessions {
+		for id, p := range c.puts {
+			if p.ending != nil || p.copying > 0 || !now.After(p.gone) {
+				continue
+			}
+			delete(c.puts, id)
+			st.writes.remove(p.write)
+			c.ended.add(p.putID, p.key, errPutExpired(p, putCopy))
+			st.ackPin(p)
 		}
 	}
 }
