@@ -134,11 +134,13 @@ type Options struct {
 	// FrameTimeout bounds an RPC frame once its first byte arrived (the rest of the
 	// request must follow within it), and the write of a reply. Default 10s.
 	FrameTimeout time.Duration
-	// FrameMemory bounds the bytes of request frames in progress across all the owner's
-	// RPC and peer connections (wire.FrameBudget): a frame over 8 KiB reserves its size
-	// before its body is read, waits up to FrameTimeout for room, and is refused with a
-	// clear error after that. Default 0: wire.DefaultFrameBudget(DRAM) (an eighth of
-	// DRAM, at most an eighth of RAM, at least 64 MiB).
+	// FrameMemory bounds the bytes of request frames in progress across the owner's RPC
+	// connections (wire.FrameBudget): a frame over 8 KiB reserves its size before its
+	// body is read, waits up to FrameTimeout for room, and is refused with a clear error
+	// after that. The peer port has a budget of its own, a quarter of it (at least
+	// 64 MiB), so local clients cannot stall the cluster's calls. Default 0:
+	// wire.DefaultFrameBudget(DRAM) (an eighth of DRAM, at most an eighth of RAM, at
+	// least 64 MiB).
 	FrameMemory int64
 	// IdleTimeout closes an RPC connection idle this long unless its last call named a
 	// session that is still attached (those idle forever). Default 10s.

@@ -51,7 +51,10 @@ type Owner struct {
 
 	attachLn *net.UnixListener
 	rpc      *framedServer
-	frames   *wire.FrameBudget // the memory of request frames in progress, RPC and peer ports
+	frames   *wire.FrameBudget // the memory of request frames in progress on the RPC socket
+	// peerFrames is the peer port's (the master's and other owners' calls): local
+	// clients that hold the RPC socket's budget must not stall the cluster's calls.
+	peerFrames *wire.FrameBudget
 
 	// mu guards the owner's bookkeeping (ownerState); methods that run with it held are
 	// named ...Locked. No network call runs under it.
@@ -90,6 +93,7 @@ func New(opts Options) (*Owner, error) {
 		generation: randomID(),
 		idleStop:   make(chan struct{}),
 		frames:     wire.NewFrameBudget(opts.FrameMemory),
+		peerFrames: wire.NewFrameBudget(opts.FrameMemory / 4),
 	}
 	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM + opts.LandingReserve,
 		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(), pinBudget: opts.pinBudget(),

@@ -39,7 +39,7 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics, MasterCheck: check})
 	// and every frame is checked before Kitex decodes a byte of it (wire.GuardListener).
 	ln = wire.GuardListener(ln, wire.GuardOptions{Socket: auth.PurposePeer, FrameTimeout: o.opts.FrameTimeout,
-		Budget: o.frames, Logger: o.opts.Logger, Metrics: o.opts.Metrics})
+		Budget: o.peerFrames, Logger: o.opts.Logger, Metrics: o.opts.Metrics})
 	svr := peerservice.NewServer(newPeerHandler(o), append(append(auth.ServerOptions(ln),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
 		server.WithExitWaitTime(500*time.Millisecond),

@@ -61,7 +61,8 @@ type connLimits struct {
 	IdleTimeout  time.Duration
 	// Live reports whether a client id is an attached session; nil: none is.
 	Live func(clientID int64) bool
-	// Budget bounds the memory of frames in progress, shared with the peer port; nil:
+	// Budget bounds the memory of frames in progress (the owner's RPC socket has its own,
+	// apart from the peer port's); nil:
 	// each frame is bounded by wire.MaxFrameBytes alone.
 	Budget *wire.FrameBudget
 	// Lost takes back what a reply the client never read handed out (lostreply.go); nil:
