@@ -27,6 +27,9 @@ type Policy[K comparable] struct {
 	// now is the clock evictOrder stamps inserts and hits with (it orders these keys
 	// against a node's KV pages); it plays no part in the order within the policy.
 	now int64
+	// drawing: a VictimWhere has keys out that it may put back; the ghost is trimmed
+	// once they are back (the live count is short by them meanwhile).
+	drawing bool
 }
 
 const (
@@ -260,6 +263,11 @@ func (p *Policy[K]) VictimWhere(accept func(K) bool, limit int) (K, bool) {
 	var refused []drawn
 	newest := p.newest
 	var victim *policyEntry[K]
+	p.drawing = true
+	defer func() {
+		p.drawing = false
+		p.trimGhost()
+	}()
 	for range limit {
 		e, from := p.victim()
 		if e == nil {
@@ -342,9 +350,10 @@ func (p *Policy[K]) stepMain() (victim *policyEntry[K], ok bool) {
 	return nil, true
 }
 
-// trimGhost forgets the oldest ghosts beyond as many as there are live keys.
+// trimGhost forgets the oldest ghosts beyond as many as there are live keys (not while
+// a VictimWhere has refused keys out: they are live again once it put them back).
 func (p *Policy[K]) trimGhost() {
-	for p.ghost.n > max(p.Len(), minGhost) {
+	for !p.drawing && p.ghost.n > max(p.Len(), minGhost) {
 		g := p.ghost.tail()
 		p.ghost.remove(g)
 		delete(p.entries, g.key)

@@ -603,3 +603,28 @@ func TestPolicyVictimWhere(t *testing.T) {
 		t.Fatal("VictimWhere looked past its limit")
 	}
 }
+
+// TestPolicyRefusedDrawKeepsTheGhost: a VictimWhere that accepts none of the keys it
+// drew (a search for a duplicate, or for a key no holder keeps) leaves the ghost as it
+// was. While it draws, the refused keys are out of the live count: trimming the ghost
+// to that count forgot real ghosts for good.
+func TestPolicyRefusedDrawKeepsTheGhost(t *testing.T) {
+	p := NewPolicy[int]()
+	for k := range 600 {
+		p.Insert(k, 1)
+	}
+	for range 250 {
+		p.Victim()
+	}
+	ghosts := p.ghost.n
+	if ghosts < 200 {
+		t.Fatalf("%d ghosts after 250 evictions", ghosts)
+	}
+	if _, ok := p.VictimWhere(func(int) bool { return false }, 256); ok {
+		t.Fatal("a key was accepted")
+	}
+	if p.ghost.n != ghosts || p.Len() != 350 {
+		t.Fatalf("after a refused draw: %d ghosts (were %d), %d live keys (were 350)", p.ghost.n, ghosts, p.Len())
+	}
+	checkPolicy(t, p)
+}
