@@ -172,7 +172,7 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 			errs[i] = fmt.Errorf("item %d (%q): %w", i, items[i].Key, errs[i])
 			continue
 		}
-		if res.Offset < 0 || res.Offset+items[i].size() > a.reply.SegmentSize {
+		if !inSegment(res.Offset, items[i].size(), a.reply.SegmentSize) {
 			errs[i] = fmt.Errorf("%w: owner returned offset %d for %q outside the segment", ErrUnavailable, res.Offset, items[i].Key)
 			c.abort(a, []*external.PutEndItem{{Key: items[i].Key, PutId: res.PutId}})
 			continue

@@ -136,6 +136,10 @@ type Client struct {
 // Connect attaches to the owner at opts.Socket.
 func Connect(opts Options) (*Client, error) {
 	opts.setDefaults()
+	if opts.MaxIdleConns < 0 || opts.Timeout < 0 || opts.ReleaseDelay < 0 {
+		return nil, fmt.Errorf("%w: MaxIdleConns %d, Timeout %v and ReleaseDelay %v must not be negative",
+			ErrInvalidArgument, opts.MaxIdleConns, opts.Timeout, opts.ReleaseDelay)
+	}
 	a, err := attach(opts)
 	if err != nil {
 		return nil, err
@@ -249,15 +253,22 @@ func (a *attachment) unmap() {
 }
 
 // use counts a user of a's mappings (a holder, a put writing into them); false when
-// they are gone (a was retired by reattach and had no user left).
+// they are gone (a was retired by reattach and had no user left) or the client is
+// closed.
 func (c *Client) use(a *attachment) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if a.unmapped {
+	if a.unmapped || c.closed {
 		return false
 	}
 	a.users++
 	return true
+}
+
+// inSegment reports whether [off, off+n) lies in a segment of size bytes (no overflow:
+// the owner's answers are checked before the client slices its mapping with them).
+func inSegment(off, n, size int64) bool {
+	return off >= 0 && n >= 0 && off <= size && n <= size-off
 }
 
 // unuse ends a use; the last user of a retired attachment unmaps it.
@@ -301,8 +312,9 @@ func (c *Client) PutAreaSize() int64 { return c.current().reply.PutAreaSize }
 // build raw requests for Call.
 func (c *Client) SessionToken() int64 { return c.current().reply.SessionToken }
 
-// Close sends pending releases, ends the session and unmaps the segment. Holders
-// still open become invalid: their Bytes must not be used after Close.
+// Close sends pending releases, ends the session and unmaps the segment once nothing
+// uses it: a put whose fill runs on another goroutine, or a holder still open, keeps
+// it mapped until it ends (a holder's Release); calls made after Close fail.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -318,9 +330,20 @@ func (c *Client) Close() error {
 		c.relTimer.Stop()
 	}
 	all := append(slices.Clone(c.old), c.cur) // a copy: unuse edits c.old
+	var drop []*attachment
+	for _, a := range all {
+		a.retired = true // unmapped by its last user from now on
+		if a.users == 0 && !a.unmapped {
+			a.unmapped = true
+			drop = append(drop, a)
+		}
+	}
 	c.mu.Unlock()
 	for _, a := range all {
-		a.close(true)
+		a.close(false)
+	}
+	for _, a := range drop {
+		a.unmap()
 	}
 	return nil
 }
@@ -484,6 +507,9 @@ func (c *Client) exchange(a *attachment, rc *rpcConn, method string, args, resul
 			return fmt.Errorf("%w: %s: %w", ErrUnavailable, method, err) // keeps errNotSent for invoke's retry
 		}
 		return fmt.Errorf("%w: %w: %s: %v", ErrUnavailable, errNoReply, method, err)
+	}
+	if c.hooks.onReply != nil {
+		c.hooks.onReply(method, result)
 	}
 	a.putIdle(rc)
 	return nil

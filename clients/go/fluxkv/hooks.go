@@ -14,6 +14,9 @@ type hooks struct {
 	// does: the owner acted on the request, the connection is closed with the answer
 	// unread.
 	dropReply func(method string) bool
+	// onReply sees every reply decoded, before the client reads it (a test may change it:
+	// a malformed answer).
+	onReply func(method string, result thrift.FastCodec)
 }
 
 func (h *hooks) sent(method string, args thrift.FastCodec) {

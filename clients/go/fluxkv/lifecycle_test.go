@@ -1,6 +1,8 @@
 package fluxkv
 
 import (
+	"errors"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	"golang.org/x/sys/unix"
 )
 
@@ -157,5 +160,132 @@ func TestOldHolderKeepsMappingUntilRelease(t *testing.T) {
 	h.Release()
 	if got := memfdMaps(t); got != before {
 		t.Fatalf("%d segment mappings after the old holder's release, want %d", got, before)
+	}
+}
+
+// TestCloseDuringFillKeepsTheMapping: Close on one goroutine while another fills a put
+// (or reads a holder) leaves the segment mapped until they end: the fill's writes and
+// the holder's reads go on (Close unmapped it under them: the process died of a fault),
+// the put then fails, and the last of them unmaps the segment.
+func TestCloseDuringFillKeepsTheMapping(t *testing.T) {
+	n := startNode(t, "64MiB")
+	c, err := Connect(Options{Socket: n.socket(), Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put("held", []byte("value")); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Get("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := memfdMaps(t)
+	err = c.PutWith("k", 1<<20, PutOptions{}, func(dst []byte) error {
+		c.Close() // another goroutine's Close, made deterministic
+		for i := range dst {
+			dst[i] = 1
+		}
+		return nil
+	})
+	if err == nil {
+		t.Error("a put whose client closed during its fill succeeded")
+	}
+	if got := string(h.Bytes()); got != "value" {
+		t.Errorf("a holder reads %q after Close", got)
+	}
+	if got := memfdMaps(t); got != before {
+		t.Errorf("%d segment mappings while a holder lives, want %d", got, before)
+	}
+	h.Release()
+	if got := memfdMaps(t); got != 0 {
+		t.Errorf("%d segment mappings after Close and the last release", got)
+	}
+	if _, err := c.Get("held"); err == nil {
+		t.Error("a get after Close succeeded")
+	}
+}
+
+// TestOwnerRangesChecked: a range the owner answers that does not lie in the segment
+// is refused, also where its end overflows int64.
+func TestOwnerRangesChecked(t *testing.T) {
+	const size = 1 << 20
+	for _, r := range [][2]int64{{-1, 10}, {0, -1}, {size - 10, 11}, {size + 1, 0}, {math.MaxInt64 - 10, 100}, {10, math.MaxInt64}} {
+		if inSegment(r[0], r[1], size) {
+			t.Errorf("[%d,+%d) accepted in a %d-byte segment", r[0], r[1], size)
+		}
+	}
+	for _, r := range [][2]int64{{0, 0}, {0, size}, {size - 10, 10}, {size, 0}} {
+		if !inSegment(r[0], r[1], size) {
+			t.Errorf("[%d,+%d) refused in a %d-byte segment", r[0], r[1], size)
+		}
+	}
+}
+
+func TestNegativeOptionsRefused(t *testing.T) {
+	n := startNode(t, "64MiB")
+	for _, o := range []Options{{MaxIdleConns: -1}, {Timeout: -time.Second}, {ReleaseDelay: -time.Millisecond}} {
+		o.Socket = n.socket()
+		if c, err := Connect(o); !errors.Is(err, ErrInvalidArgument) {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("Connect(%+v): %v, want INVALID_ARGUMENT", o, err)
+		}
+	}
+}
+
+// TestBatchGetMalformedAnswerRefused: a BatchGet answer with fewer or more results than
+// keys is an error (not misses for the keys left out, nor holders dropped unseen), and
+// the holders it granted go back.
+func TestBatchGetMalformedAnswerRefused(t *testing.T) {
+	n := startNode(t, "64MiB")
+	c := n.connect(t)
+	for _, k := range []string{"a", "b"} {
+		if err := c.Put(k, []byte("value-"+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func([]*external.GetResponse) []*external.GetResponse
+		left int64 // holders the client cannot give back: the answer lost their ids
+	}{
+		{"more", func(rs []*external.GetResponse) []*external.GetResponse { return append(rs, rs[0]) }, 0},
+		{"fewer", func(rs []*external.GetResponse) []*external.GetResponse { return rs[:1] }, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.hooks.onReply = func(method string, result thrift.FastCodec) {
+				if r, ok := result.(*external.ExternalServiceBatchGetResult); ok && r.Success != nil {
+					r.Success.Results = tc.edit(r.Success.Results)
+				}
+			}
+			hs, _, err := c.BatchGet([]string{"a", "b"})
+			c.hooks.onReply = nil
+			if !errors.Is(err, ErrUnavailable) || hs != nil {
+				t.Fatalf("BatchGet of 2 keys answered with %s results: %v, %v; want UNAVAILABLE", tc.name, hs, err)
+			}
+			c.Flush()
+			waitHolders(t, c, tc.left)
+		})
+	}
+}
+
+// waitHolders waits until the owner counts want holders of c's session.
+func waitHolders(t *testing.T, c *Client, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.ClientHolders == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d holders of this session, want %d", st.ClientHolders, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

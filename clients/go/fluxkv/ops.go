@@ -98,12 +98,13 @@ func (r *getResult) GetSuccess() *external.GetResponse {
 }
 
 func (c *Client) holder(a *attachment, r *external.GetResponse) (*MemHolder, error) {
-	if r.Offset < 0 || r.Len < 0 || r.Offset+r.Len > a.reply.SegmentSize {
+	if !inSegment(r.Offset, r.Len, a.reply.SegmentSize) {
 		c.queueRelease(a, r.HolderId)
 		return nil, fmt.Errorf("%w: owner returned range [%d,+%d) outside the segment", ErrUnavailable, r.Offset, r.Len)
 	}
 	if !c.use(a) {
-		return nil, fmt.Errorf("%w: the session ended (the owner restarted) before the holder arrived", ErrUnavailable)
+		c.queueRelease(a, r.HolderId)
+		return nil, fmt.Errorf("%w: the session ended (the owner restarted, or the client closed) before the holder arrived", ErrUnavailable)
 	}
 	return &MemHolder{c: c, a: a, id: r.HolderId, off: r.Offset, n: r.Len, source: r.Source, remote: r.Remote, putID: r.PutId}, nil
 }
@@ -160,9 +161,19 @@ func (c *Client) BatchGet(keys []string) ([]*MemHolder, []error, error) {
 		if err != nil {
 			return err
 		}
+		if len(r.Results) != len(part) {
+			// A malformed answer: a missing result is no miss. The holders it grants go back.
+			for _, g := range r.Results {
+				if g != nil && g.Code == common.ErrorCode_OK {
+					c.queueRelease(a, g.HolderId)
+				}
+			}
+			return fmt.Errorf("%w: the owner answered %d results for %d keys", ErrUnavailable, len(r.Results), len(part))
+		}
 		for i, g := range r.Results {
-			if i >= len(part) {
-				break
+			if g == nil {
+				errs[base+i] = fmt.Errorf("%w: the owner answered no result for %q", ErrUnavailable, part[i])
+				continue
 			}
 			if g.Code == common.ErrorCode_KEY_NOT_FOUND {
 				continue

@@ -87,7 +87,7 @@ func (c *Client) putOnce(it *PutItem, opts PutOptions) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if start.Offset < 0 || start.Offset+n > a.reply.SegmentSize {
+	if !inSegment(start.Offset, n, a.reply.SegmentSize) {
 		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
 		return 0, fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
 	}
