@@ -152,13 +152,22 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
       } else {
         std::size_t used = 0;
         std::map<std::size_t, std::size_t> at;
+        std::vector<bool> failed(started.size());
         for (std::size_t j = 0; j < started.size(); ++j) {
           const PutItem& it = items[started[j].i];
           if (it.value.size() <= s->area.size() - used) {
             at[j] = used;
             used += it.value.size();
-          } else {
+            continue;
+          }
+          try {
             stream(s, it.key, started[j].put_id, it.value.data(), static_cast<std::int64_t>(it.value.size()), false);
+          } catch (const Error&) {
+            // This item failed (its PutWrite was answered with an error): it is aborted
+            // and answered; the others of the wave, and the later waves, go on.
+            errors[started[j].i] = std::current_exception();
+            failed[j] = true;
+            abort(s, {&ends[j], 1});
           }
         }
         for (auto [j, off] : at) {
@@ -166,10 +175,25 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
           std::memcpy(s->area.data() + off, it.value.data(), it.value.size());
           ends[j].copies.push_back(AreaCopy{0, static_cast<std::int64_t>(off), static_cast<std::int64_t>(it.value.size())});
         }
+        std::size_t k = 0;
+        for (std::size_t j = 0; j < started.size(); ++j) {
+          if (failed[j]) continue;
+          if (k != j) {  // (a self-move would empty the item)
+            started[k] = started[j];
+            ends[k] = std::move(ends[j]);
+          }
+          ++k;
+        }
+        started.resize(k);
+        ends.resize(k);
       }
     } catch (...) {
       abort(s, ends);  // none of them was ended
       throw;
+    }
+    if (ends.empty()) {  // every item of the wave failed while streaming
+      if (s->isolated) s->area_turn.release();
+      return {};
     }
     retried = put_end(s, "BatchPutEnd", [&](Writer& w, const SessionRef& ref) { write_batch_put_end(w, ref, ends); }, r);
   } catch (const OutcomeUnknown& e) {
@@ -218,8 +242,17 @@ std::vector<std::optional<MemHolder>> ClientImpl::batch_get(std::span<const std:
       auto chunk = keys.subspan(lo, std::min(kChunk, keys.size() - lo));
       BatchResponse<GetResponse> r;
       s->call("BatchGet", [&](Writer& w, const SessionRef& ref) { write_keys(w, ref, chunk); }, r);
-      raise_for(r.code, r.message);
-      const auto& res = check_count("BatchGet", r, chunk.size());
+      const std::vector<GetResponse>* checked;
+      try {
+        raise_for(r.code, r.message);
+        checked = &check_count("BatchGet", r, chunk.size());
+      } catch (...) {
+        // A refused or malformed answer: the holders it granted anyway go back.
+        for (const GetResponse& g : r.results)
+          if (g.has_holder && g.holder_id != 0) s->queue_release(g.holder_id);
+        throw;
+      }
+      const auto& res = *checked;
       for (std::size_t j = 0; j < chunk.size(); ++j) {
         try {
           if (res[j].code == kOK) {

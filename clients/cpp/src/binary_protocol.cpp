@@ -44,7 +44,7 @@ bool Reader::field(TType& type, std::int16_t& id) {
   return true;
 }
 
-std::size_t Reader::list_begin(TType want_elem) {
+std::size_t Reader::list_begin(TType want_elem, std::size_t max) {
   auto elem = static_cast<TType>(*take(1));
   std::int32_t n = i32();
   if (n < 0) throw ProtocolError("negative list length");
@@ -52,6 +52,8 @@ std::size_t Reader::list_begin(TType want_elem) {
   // Every element takes at least one byte: a count beyond the frame is malformed, and
   // checking it here bounds the reservations callers make from it.
   if (static_cast<std::size_t>(n) > remaining()) throw ProtocolError("list longer than its message");
+  if (static_cast<std::size_t>(n) > max)
+    throw ProtocolError("list of " + std::to_string(n) + " elements, more than the " + std::to_string(max) + " it may hold");
   return static_cast<std::size_t>(n);
 }
 

@@ -75,7 +75,9 @@ class Reader {
   // The next field's type and id; false at the struct's STOP.
   bool field(TType& type, std::int16_t& id);
   // A list header: its element count, after checking the element type.
-  std::size_t list_begin(TType want_elem);
+  // list_begin reads a list header of elements of want_elem, at most max of them (a count
+  // beyond it, or beyond the bytes left, is malformed: it bounds what callers allocate).
+  std::size_t list_begin(TType want_elem, std::size_t max = SIZE_MAX);
   // Skips a value of the given type (unknown fields).
   void skip(TType type, int depth = 0);
   // Message header: name, type and sequence id (strict or old non-strict form).

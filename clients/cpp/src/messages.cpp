@@ -57,7 +57,7 @@ void ReleaseResponse::read(Reader& r) {
   read_struct(r, [&](TType t, std::int16_t id) {
     if (read_field(r, t, id)) return true;
     if (id != 3 || t != T_LIST) return false;
-    std::size_t n = r.list_begin(T_I32);
+    std::size_t n = r.list_begin(T_I32, kMaxResults);
     results.resize(n);
     for (auto& x : results) x = r.i32();
     return true;
@@ -68,7 +68,7 @@ void BatchExistsResponse::read(Reader& r) {
   read_struct(r, [&](TType t, std::int16_t id) {
     if (read_field(r, t, id)) return true;
     if (id == 3 && t == T_LIST) {
-      std::size_t n = r.list_begin(T_STRUCT);
+      std::size_t n = r.list_begin(T_STRUCT, kMaxResults);
       results.resize(n);
       for (auto& x : results) x.read(r);
       has_results = true;
@@ -116,7 +116,7 @@ void StatResponse::read(Reader& r) {
     switch (id) {
       case 3: {
         if (t != T_LIST) return false;
-        std::size_t n = r.list_begin(T_STRUCT);
+        std::size_t n = r.list_begin(T_STRUCT, kMaxMembers);
         members.resize(n);
         for (auto& m : members) m.read(r);
         return true;

@@ -10,8 +10,14 @@
 #include <vector>
 
 #include "binary_protocol.hpp"
+#include "wire_constants.hpp"
 
 namespace fluxkv::detail {
+
+// The most results an answer holds (one per key of a call of at most MAX_BATCH), and
+// the most members a Stat lists: what a reply's list may announce.
+inline constexpr std::size_t kMaxResults = static_cast<std::size_t>(wire::MAX_BATCH);
+inline constexpr std::size_t kMaxMembers = 1 << 16;
 
 // Session names the caller in every RPC; releases piggybacks holder releases.
 struct SessionRef {
@@ -88,7 +94,7 @@ struct BatchResponse : Status {
     read_struct(r, [&](TType t, std::int16_t id) {
       if (read_field(r, t, id)) return true;
       if (id != 3 || t != T_LIST) return false;
-      std::size_t n = r.list_begin(T_STRUCT);
+      std::size_t n = r.list_begin(T_STRUCT, kMaxResults);
       results.resize(n);
       for (auto& x : results) x.read(r);
       has_results = true;

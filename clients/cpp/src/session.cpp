@@ -98,6 +98,7 @@ void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* re
   if (!idle_.empty()) {
     conn = std::move(idle_.back());
     idle_.pop_back();
+    busy_.insert(conn.get());
   }
   if (releases != nullptr && !pending_.empty()) {
     std::size_t k = std::min(pending_.size(), static_cast<std::size_t>(wire::MAX_RELEASES_PER_CALL));
@@ -121,9 +122,11 @@ void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t
       notify = --in_flight_ == 0;
     }
     if (!failed) rpc_count_.fetch_add(1, std::memory_order_relaxed);
-    if (conn && conn->usable() && live() && static_cast<int>(idle_.size()) < cfg_.max_idle) {
+    if (conn) busy_.erase(conn.get());
+    if (conn && !failed && conn->usable() && live() && static_cast<int>(idle_.size()) < cfg_.max_idle) {
       idle_.push_back(std::move(conn));
-    } else {
+    } else if (conn) {
+      conn->close_copy();  // close(2) now, before a fork could copy it unseen; the object goes below
       drop = std::move(conn);
     }
   }
@@ -204,14 +207,9 @@ void Session::drop_idle() {
   drop.swap(idle_);
 }
 
-void Session::busy(RpcConn* conn, bool on) {
-  if (conn == nullptr) return;
+void Session::busy(RpcConn* conn) {
   std::lock_guard lk(mu_);
-  if (on) {
-    busy_.insert(conn);
-  } else {
-    busy_.erase(conn);
-  }
+  busy_.insert(conn);
 }
 
 void Session::retire(SessionState why) noexcept {

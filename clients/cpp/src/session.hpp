@@ -96,20 +96,21 @@ class Session {
     take(conn, piggyback ? &rel : nullptr);
     SessionRef ref{client_id, session_token, generation, rel};
     try {
-      if (!conn) conn = std::make_unique<RpcConn>(rpc_path, cfg_.timeout);  // Broken(sent=false) on failure
-      busy(conn.get(), true);
+      if (!conn) {
+        // (A fork between the connect and busy leaves the child a copy of this new
+        // connection, with no call on it yet.)
+        conn = std::make_unique<RpcConn>(rpc_path, cfg_.timeout);  // Broken(sent=false) on failure
+        busy(conn.get());
+      }
       conn->call(
           method, [&](Writer& w) { write_req(w, ref); }, [&](Reader& r) { resp.read(r); });
     } catch (const AppException& e) {
-      busy(conn.get(), false);
-      done(nullptr, rel, true);
+      done(std::move(conn), rel, true);
       throw Error(ErrorCode::INTERNAL, std::string("owner failed the call: ") + e.what());
     } catch (...) {
-      busy(conn.get(), false);
-      done(nullptr, rel, true);  // the owner may not have seen them: a repeated release is harmless
+      done(std::move(conn), rel, true);  // the owner may not have seen them: a repeated release is harmless
       throw;
     }
-    busy(conn.get(), false);
     done(std::move(conn), rel, false);
     if (resp.code == static_cast<std::int32_t>(wire::Code::STALE_GENERATION))
       throw Stale(resp.message.empty() ? "stale generation" : resp.message);
@@ -161,9 +162,14 @@ class Session {
   std::mutex& mutex() noexcept { return mu_; }
 
  private:
+  // take hands a call a pooled connection (conn stays null when none is idle), marked
+  // busy in the same hold of mu_ (a fork never sees it neither pooled nor busy), and the
+  // queued releases to piggyback.
   void take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases);
-  // Marks conn as used by a call (on) or no longer (off); nullptr: nothing.
-  void busy(RpcConn* conn, bool on);
+  // busy marks a connection a call just opened as used by it.
+  void busy(RpcConn* conn);
+  // done ends a call: its connection (null: none) is no longer busy and, in the same hold
+  // of mu_, goes back to the pool or is closed (a failed call's always is).
   void done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed);
 
   SessionConfig cfg_;

@@ -4,6 +4,7 @@
 // records every holder id released (piggybacked or by Release).
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -36,13 +37,16 @@ class FakeOwner {
   // reply(call, w) writes the response struct's fields (without the final stop).
   using Reply = std::function<void(const FakeCall&, fluxkv::detail::Writer&)>;
 
-  explicit FakeOwner(Reply reply, std::int64_t seg = 1 << 20) : reply_(std::move(reply)), seg_(seg) {
+  // area > 0: the owner isolates its clients, each with a put area of area bytes.
+  // sealed false: the segment's memfd is not sealed against shrinking (a buggy owner).
+  explicit FakeOwner(Reply reply, std::int64_t seg = 1 << 20, std::int64_t area = 0, bool sealed = true)
+      : reply_(std::move(reply)), seg_(seg), area_(area) {
     char tmpl[] = "/tmp/fkv-fake-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     attach_path_ = dir_ + "/fluxkv.sock";
     rpc_path_ = dir_ + "/fluxkv.sock.rpc";
-    memfd_ = ::memfd_create("fake-seg", MFD_CLOEXEC);
-    if (::ftruncate(memfd_, seg_) != 0) throw std::runtime_error("ftruncate");
+    memfd_ = sealed_memfd("fake-seg", seg_, sealed);
+    if (area_ > 0) area_fd_ = sealed_memfd("fake-area", area_, true);
     attach_ls_ = listen_on(attach_path_);
     rpc_ls_ = listen_on(rpc_path_);
     threads_.emplace_back([this] { attach_loop(); });
@@ -62,6 +66,7 @@ class FakeOwner {
     ::close(attach_ls_);
     ::close(rpc_ls_);
     ::close(memfd_);
+    if (area_fd_ >= 0) ::close(area_fd_);
     ::unlink(attach_path_.c_str());
     ::unlink(rpc_path_.c_str());
     ::rmdir(dir_.c_str());
@@ -85,6 +90,14 @@ class FakeOwner {
   }
 
  private:
+  // sealed_memfd is a memfd of size bytes sealed against shrinking and growing (with
+  // seal), as the owner's are.
+  static int sealed_memfd(const char* name, std::int64_t size, bool seal) {
+    int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ::ftruncate(fd, size) != 0 || (seal && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0))
+      throw std::runtime_error("memfd");
+    return fd;
+  }
   static int listen_on(const std::string& path) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un a{};
@@ -145,10 +158,18 @@ class FakeOwner {
       w.string(rpc_path_);
       w.field(T_STRING, 9);
       w.string("fake");
+      if (area_ > 0) {
+        w.field(T_BOOL, 10);
+        w.boolean(true);
+        w.field(T_I64, 11);
+        w.i64(area_);
+      }
       w.stop();
       frame(out);
       iovec iov{out.data(), out.size()};
-      alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+      int fds[2] = {memfd_, area_fd_};
+      int nfd = area_ > 0 ? 2 : 1;
+      alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
       msghdr msg{};
       msg.msg_iov = &iov;
       msg.msg_iovlen = 1;
@@ -157,8 +178,9 @@ class FakeOwner {
       cmsghdr* cm = CMSG_FIRSTHDR(&msg);
       cm->cmsg_level = SOL_SOCKET;
       cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cm), &memfd_, sizeof(int));
+      msg.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
+      cm->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+      std::memcpy(CMSG_DATA(cm), fds, nfd * sizeof(int));
       ::sendmsg(c, &msg, MSG_NOSIGNAL);
     }
   }
@@ -257,6 +279,8 @@ class FakeOwner {
 
   Reply reply_;
   std::int64_t seg_;
+  std::int64_t area_ = 0;
+  int area_fd_ = -1;
   std::string dir_, attach_path_, rpc_path_;
   int memfd_ = -1, attach_ls_ = -1, rpc_ls_ = -1;
   std::atomic<bool> stop_{false};

@@ -102,6 +102,92 @@ TEST(batch_get_bad_holder_releases_the_other_holders) {
   CHECK(has(rel, 202));
 }
 
+// A BatchGet answer with fewer results than keys is refused as a whole; the holders it
+// carried are released (the client read them: no lost reply gives them back).
+TEST(batch_get_malformed_answer_releases_its_holders) {
+  FakeOwner o(with_release([](const FakeCall& c, Writer& w) {
+    w.field(T_I32, 1);
+    w.i32(0);
+    if (c.method == "BatchGet") {
+      w.field(T_LIST, 3);
+      w.list_begin(T_STRUCT, 1);
+      write_get(w, 0, 300, 0, 10);
+      w.stop();
+    }
+  }));
+  auto c = fluxkv::Client::connect(o.socket());
+  std::string_view keys[] = {"a", "b"};
+  CHECK_THROWS(fluxkv::Error, c.batch_get(keys));
+  c.flush();
+  c.close();
+  CHECK(has(o.released(), 300));
+}
+
+// An owner's segment memfd not sealed against shrinking could be truncated under the
+// client's mapping, and a holder's read would die of SIGBUS: connect refuses it.
+TEST(connect_refuses_an_unsealed_segment) {
+  FakeOwner o([](const FakeCall&, Writer& w) {
+    w.field(T_I32, 1);
+    w.i32(0);
+  }, 1 << 20, 0, false);
+  CHECK_THROWS(fluxkv::Error, fluxkv::Client::connect(o.socket()));
+}
+
+// Under isolation, a batch whose first wave streams an item larger than the put area and
+// whose PutWrite is refused: that item fails, and the later waves still run ("every item
+// is attempted; the first failure is thrown after all of them ran").
+TEST(batch_put_stream_error_leaves_later_waves) {
+  std::atomic<int> starts{0}, ends{0};
+  FakeOwner o(
+      [&](const FakeCall& c, Writer& w) {
+        if (c.method == "PutWrite") {  // NO_SPACE
+          w.field(T_I32, 1);
+          w.i32(static_cast<std::int32_t>(fluxkv::wire::Code::NO_SPACE));
+          return;
+        }
+        w.field(T_I32, 1);
+        w.i32(0);
+        if (c.method == "BatchPutStart" || c.method == "BatchPutEnd") {
+          int n = c.method == "BatchPutStart" ? ++starts : ++ends;
+          w.field(T_LIST, 3);
+          w.list_begin(T_STRUCT, 1);  // each wave holds one item here
+          w.field(T_I32, 1);
+          w.i32(0);
+          if (c.method == "BatchPutStart") {
+            w.field(T_I64, 3);
+            w.i64(10 * n);
+            w.field(T_I64, 4);
+            w.i64(0);
+          }
+          w.stop();
+        }
+      },
+      8 << 20, 1 << 20);
+  auto c = fluxkv::Client::connect(o.socket());
+  CHECK(c.isolated());
+  std::vector<std::byte> big(2 << 20), small(100);
+  fluxkv::PutItem items[] = {{"big", big}, {"small", small}};
+  CHECK_THROWS(fluxkv::NoSpace, c.batch_put(items));
+  CHECK_EQ(starts.load(), 2);
+  CHECK_EQ(ends.load(), 1);  // the small item's wave; the big one was aborted
+}
+
+// A reply whose list announces more results than any call has keys is malformed: the
+// decoder refuses it before allocating them.
+TEST(answer_lists_are_bounded) {
+  std::vector<std::uint8_t> buf;
+  Writer w(buf);
+  w.field(T_I32, 1);
+  w.i32(0);
+  w.field(T_LIST, 3);
+  w.list_begin(T_STRUCT, kMaxResults + 1);
+  for (std::size_t i = 0; i <= kMaxResults; ++i) w.stop();
+  w.stop();
+  Reader r(buf.data(), buf.size());
+  BatchResponse<GetResponse> resp;
+  CHECK_THROWS(ProtocolError, resp.read(r));
+}
+
 // A call carrying queued releases is lost before the owner acts on it (and so is its
 // retry): the call fails and its ids go back to the queue. The flusher stopped watching
 // while they were out (it found the queue empty), so nothing sends them again unless their

@@ -3,7 +3,8 @@
  *
  * Conventions: every function that returns int returns -1 on error and fills *err (err may
  * be NULL); otherwise 0 or, where documented, 1. Keys are byte strings (key, key_len).
- * A client is safe for concurrent use by any number of threads.
+ * A client is safe for concurrent use by any number of threads, except fluxkv_close: it
+ * frees the client, so no other call on it may be running or start.
  *
  *   fluxkv_error err;
  *   fluxkv_client* c = fluxkv_connect(NULL, &err);        // $FLUXKV_SOCKET or the default
@@ -72,8 +73,9 @@ int fluxkv_abi_version(void);
 /* Attaches to the owner at socket_path (a socket or its directory; NULL or "": $FLUXKV_SOCKET,
  * else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock, else /run/fluxkv/fluxkv.sock). NULL on error. */
 fluxkv_client* fluxkv_connect(const char* socket_path, fluxkv_error* err);
-/* Sends queued releases, ends the session and frees the client. Holders stay valid until
- * released. NULL is a no-op. */
+/* Sends queued releases, ends the session and frees the client (once every other thread's
+ * call on it returned: it may not run beside them). Holders stay valid until released.
+ * NULL is a no-op. */
 void fluxkv_close(fluxkv_client* c);
 
 /* Stores len bytes under key (one copy into shared memory). 0 ok. */
