@@ -325,6 +325,10 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		st.endPut(c, p, outcome)
 		return "outcome: " + code(outcome) + "\n", nil
 
+	case "max-holders": // a session's holder cap (maxSessionHolders)
+		st.maxHolders = int(sInt(d, "n"))
+		return "", nil
+
 	case "sweep-puts": // the idle loop's look for puts past their master's TTL
 		st.sweepDeadPuts(s.now, defaultMasterTimes.inflightTTL*5/6)
 		return "", nil

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -29,9 +30,12 @@ type ownerState struct {
 	isolation  bool // client isolation: sessions get put areas
 
 	sessions map[int64]*session
-	nextID   int64 // client ids and external holder ids
-	stopping bool  // Stop began: no new sessions
-	areas    putAreaBudget
+	// maxHolders bounds one session's holders (maxSessionHolders): a client that never
+	// releases what it gets is refused new ones instead of growing the owner's memory.
+	maxHolders int
+	nextID     int64 // client ids and external holder ids
+	stopping   bool  // Stop began: no new sessions
+	areas      putAreaBudget
 	// segUsers counts peer calls using the segment (Owner.useSegment); once segClosed
 	// none start, and Stop unmaps the segment when the count is 0.
 	segUsers  int
@@ -74,12 +78,18 @@ type stateOptions struct {
 	pinBudget  int64         // prefix-lookup pin bytes (0: hotBudget)
 	putArea    int64         // per-session put area
 	areaTotal  int64         // all put areas
+	maxHolders int           // one session's holders (0: maxSessionHolders)
 }
+
+// maxSessionHolders is how many holders one session may keep at once, what a get past it
+// answers NO_SPACE for: far more than an engine holds (its pages being loaded), far
+// fewer than would exhaust the owner's memory (a holder costs about a hundred bytes).
+const maxSessionHolders = 1 << 20
 
 func newOwnerState(o stateOptions) ownerState {
 	return ownerState{
 		nodeID: o.nodeID, generation: o.generation, segSize: o.segSize, isolation: o.isolation,
-		sessions: make(map[int64]*session),
+		sessions: make(map[int64]*session), maxHolders: cmp.Or(o.maxHolders, maxSessionHolders),
 		areas:    putAreaBudget{per: o.putArea, total: o.areaTotal},
 		hot:      newHotSet(o.grace, o.hotBudget, o.pinBudget),
 		replicas: newReplicaIndex(),
@@ -273,6 +283,9 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 func (st *ownerState) cachedGet(c *session, key string, now time.Time, share *holding) (resp *external.GetResponse, seq uint64, err error) {
 	if c.closed { // the session ended while this call waited: nobody would release a holder
 		return nil, 0, errSessionClosed()
+	}
+	if len(c.holders) >= st.maxHolders {
+		return nil, 0, errCode(common.ErrorCode_NO_SPACE, "this session keeps %d holders, the most one session may: release some before getting more", len(c.holders))
 	}
 	if h := st.hot.lookup(key); h != nil && (h.replica || h == share || c.pinsHolding(key, h)) && st.writing[key] == 0 && st.leased(now) {
 		id := st.newHolder(c, h)
