@@ -18,6 +18,7 @@ Segment (and so the mapping) alive: no view ever outlives its mapping.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import threading
@@ -169,12 +170,23 @@ class PutArea:
         _copy_in(self.rw_base, offset, src, length)
 
 
+_SEALED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
 def _check_fd_size(fd: int, size: int, what: str) -> os.stat_result:
+    """The memfd must be sealed against shrinking and growing (the owner's are: one truncated
+    under the mapping would kill a read of it with SIGBUS) and hold exactly size bytes."""
     if size <= 0:
         raise ValueError(f"{what} size {size} must be positive")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as e:
+        raise ValueError(f"the {what} is not a sealable memfd (F_GET_SEALS: {e.strerror})") from None
+    if seals & _SEALED != _SEALED:
+        raise ValueError(f"the {what} memfd is not sealed against shrinking and growing")
     st = os.fstat(fd)
-    if st.st_size < size:
-        raise ValueError(f"memfd holds {st.st_size} bytes, less than the announced {what} size {size}")
+    if st.st_size != size:
+        raise ValueError(f"memfd holds {st.st_size} bytes, not the announced {what} size {size}")
     return st
 
 

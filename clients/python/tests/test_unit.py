@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import fcntl
 import gc
 import os
 import socket
@@ -129,11 +130,14 @@ def test_value_normalization():
 # -- attach framing ------------------------------------------------------------------------
 
 
-def _memfd(size: int, fill: bytes = b"") -> int:
-    fd = os.memfd_create("fluxkv-test", os.MFD_CLOEXEC)
+def _memfd(size: int, fill: bytes = b"", sealed: bool = True) -> int:
+    """A memfd of size bytes, sealed against shrinking and growing as the owner's are."""
+    fd = os.memfd_create("fluxkv-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
     if fill:
         os.pwrite(fd, fill, 0)
+    if sealed:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
     return fd
 
 
@@ -294,6 +298,17 @@ def segment():
         yield Segment(fd, 1 << 20)
     finally:
         os.close(fd)
+
+
+def test_segment_refuses_an_unsealed_or_resized_memfd():
+    """A memfd that could shrink under the mapping would kill a read of it with SIGBUS: the
+    owner seals it against shrinking and growing, and it holds exactly the announced size."""
+    for fd, why in ((_memfd(1 << 20, sealed=False), "not sealed"), (_memfd(2 << 20), "bytes, not the announced")):
+        try:
+            with pytest.raises(ValueError, match=why):
+                Segment(fd, 1 << 20)
+        finally:
+            os.close(fd)
 
 
 def _maps_entry(addr: int) -> str:
