@@ -55,11 +55,11 @@ func (q *evictQueue) wake() {
 }
 
 // take removes and returns up to n of the oldest entries, waiting for some; ok false
-// once the queue closed.
+// once the queue closed and its last entries were taken.
 func (q *evictQueue) take(n int) (evs []ssd.Eviction, ok bool) {
 	for {
 		q.mu.Lock()
-		if q.closed {
+		if q.closed && len(q.pending) == 0 {
 			q.mu.Unlock()
 			return nil, false
 		}
@@ -87,6 +87,9 @@ func (q *evictQueue) putBack(evs []ssd.Eviction) {
 
 // sleep waits d; false once the queue closed meanwhile.
 func (q *evictQueue) sleep(d time.Duration) bool {
+	if q.isClosed() {
+		return false
+	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -94,12 +97,15 @@ func (q *evictQueue) sleep(d time.Duration) bool {
 		case <-timer.C:
 			return true
 		case <-q.ready:
-			q.mu.Lock()
-			closed := q.closed
-			q.mu.Unlock()
-			if closed {
+			if q.isClosed() {
 				return false
 			}
 		}
 	}
+}
+
+func (q *evictQueue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
 }

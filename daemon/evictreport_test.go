@@ -2,13 +2,17 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/cloudwego/kitex/client/callopt"
+	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/master"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // evictHeld holds every BatchSsdReplicaEvict until release closes.
@@ -80,4 +84,32 @@ func TestEvictionReportOfARewrittenRecordLeftOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Release()
+}
+
+// TestEvictQueueHandsOutItsLastReports: once the ring's channel closed (the owner is
+// stopping), the queue still hands out what it holds, then says it is done.
+func TestEvictQueueHandsOutItsLastReports(t *testing.T) {
+	log := zerolog.Nop()
+	q := newEvictQueue(&log)
+	evs := make(chan []ssd.Eviction, 2)
+	evs <- []ssd.Eviction{{Key: "a", PutID: 1}, {Key: "b", PutID: 2}}
+	evs <- []ssd.Eviction{{Key: "c", PutID: 3}}
+	close(evs)
+	q.fill(evs)
+	var got []string
+	for {
+		batch, ok := q.take(2)
+		if !ok {
+			break
+		}
+		for _, e := range batch {
+			got = append(got, e.Key)
+		}
+	}
+	if strings.Join(got, ",") != "a,b,c" {
+		t.Fatalf("the closed queue handed out %v, want a,b,c", got)
+	}
+	if q.sleep(time.Hour) {
+		t.Fatal("a closed queue's sleep waited")
+	}
 }

@@ -322,3 +322,24 @@ func TestPutAreaTotal(t *testing.T) {
 	h.Release()
 	leakCheck(t, cs[1], "big")
 }
+
+// TestExpiredPutWriteAnsweredAgain: a PutWrite past its put's copy deadline answers
+// UNAVAILABLE, and so does the same PutWrite sent again (its reply was lost) and the
+// put's PutEnd: the put expired, it was not unknown (INVALID_ARGUMENT made a client redo
+// the whole put as an outcome it could not know).
+func TestExpiredPutWriteAnsweredAgain(t *testing.T) {
+	t.Parallel()
+	p := startIsolated(t, "--inflight-ttl", "600ms") // copies refused 500 ms after PutStart
+	c := connect(t, p.socket)
+	const n = 1000
+	id := putStartRaw(t, c, "late", n)
+	time.Sleep(700 * time.Millisecond)
+	for i := range 2 {
+		if w := putWriteRaw(t, c, "late", id, area(0, 0, n)); w.Code != common.ErrorCode_UNAVAILABLE {
+			t.Errorf("PutWrite %d past the copy deadline: %v %q, want UNAVAILABLE", i+1, w.Code, w.Message)
+		}
+	}
+	if e := putEndRaw(t, c, "late", id, area(0, 0, n)); e.Code != common.ErrorCode_UNAVAILABLE {
+		t.Errorf("PutEnd of the expired put: %v %q, want UNAVAILABLE", e.Code, e.Message)
+	}
+}

@@ -82,7 +82,9 @@ func (o *Owner) persistMany(items []*peer.SsdReplicaPersistRequest) ([]error, er
 // a slow job of the same group (a pull from another owner may take TransferTimeout,
 // and the group runs its jobs PERSIST_BATCH_IN_FLIGHT at a time).
 func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest, readBy time.Time) []error {
-	epoch := o.regEpoch()
+	st := o.lock()
+	epoch, reports := st.reg.epoch, st.reg.reports
+	o.unlock()
 	errs := make([]error, len(items))
 	pins := make([]ssd.CommitPin, len(items))
 	jobs := o.persistJobs(items, errs)
@@ -115,7 +117,7 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest, readBy time
 			}
 		}
 		if len(at) > 0 {
-			o.commitPersisted(items, errs, pins, at, epoch)
+			o.commitPersisted(items, errs, pins, at, epoch, reports)
 		}
 	}
 	return errs
@@ -126,12 +128,13 @@ func (o *Owner) persistGroup(items []*peer.SsdReplicaPersistRequest, readBy time
 // publish, or whose commit failed, is forgotten (errs[i] says why it failed).
 //
 // A registration's report leaves out the records still pinned (Storage.Settled): the
-// pins of committed records are released under Owner.mu with a look at the
-// registration epoch, so a record is either in the new master's report (its commit
-// returned before the registration began) or forgotten here (the owner registered
-// again while it was out: the master that published it may not be the one the owner
-// follows now).
-func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []error, pins []ssd.CommitPin, at []int, epoch uint64) {
+// pins of committed records are released under Owner.mu with a look at the count of
+// reports (registration.reports, as it was when the persist call came: reports), so a
+// record is either in the new master's report (its commit returned before the report
+// began) or forgotten here (a report or an SSD forget began while it was out: the
+// master that published it may not be the one the owner follows now). epoch is the
+// registration epoch the call came at: the sources were read for that master.
+func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []error, pins []ssd.CommitPin, at []int, epoch, reports uint64) {
 	defer func() {
 		for _, i := range at {
 			pins[i].Release() // a no-op for the pins released below
@@ -143,7 +146,7 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}
 	forget := func(err error) {
 		for _, i := range at {
-			o.store.Forget(items[i].Key, items[i].PutId)
+			pins[i].Forget() // this record, not a rewrite of the version committed since
 			errs[i] = err
 		}
 	}
@@ -169,20 +172,20 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 		return
 	}
 	st := o.lock()
-	same := st.reg.epoch == epoch
+	same := st.reg.reports == reports
 	if same {
 		for j, i := range at {
 			if !resp.Published[j] {
 				// The version died while it was written (deleted, overwritten, node
 				// tombed): the entry must not hold ring space nor count as used.
-				o.store.Forget(items[i].Key, items[i].PutId)
+				pins[i].Forget()
 			}
 			pins[i].Release()
 		}
 	}
 	o.unlock()
 	if !same {
-		forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with another master during the SSD commit"))
+		forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner reported its replicas to a new master during the SSD commit"))
 	}
 }
 
@@ -335,7 +338,9 @@ const (
 // take for now (UNAVAILABLE, NOT_LEADER: a rebuild, a failover), are sent again, with
 // what the ring evicted meanwhile, until a master takes them. Right before each call
 // the keys the ring holds under that put id again are left out (a refresh's rewrite:
-// ssd.Storage.Unrewritten), so a late report does not drop the new record. A master
+// ssd.Storage.Unrewritten), so a report that waited does not drop the new record; a
+// rewrite committed while the call itself is out still can (the master knows a record
+// by key and put id only), until a read of it fails or a report rebuilds it. A master
 // that does not know this incarnation (STALE_GENERATION) has none of its routes; the
 // registration that follows reports what the ring holds.
 func (o *Owner) forwardEvictions() {

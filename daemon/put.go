@@ -255,7 +255,6 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 	}
 	if len(copies) > 0 && time.Now().After(p.copyBy) {
 		err := o.expirePutLocked(st, c, p)
-		c.ended.add(p.putID, p.key, err) // a repeated PutEnd answers the same
 		o.unlock()
 		o.abandonPut(p)
 		return nil, nil, err
@@ -290,7 +289,9 @@ func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error
 	delete(c.puts, p.putID)
 	st.writes.remove(p.write)
 	o.waitCopiesLocked(p)
-	return errPutExpired(p, o.bounds().putCopy)
+	err := errPutExpired(p, o.bounds().putCopy)
+	c.ended.add(p.putID, p.key, err) // a repeated PutEnd or PutWrite answers the same
+	return err
 }
 
 // errPutExpired is the answer to a copy into p past its deadline (d after its PutStart).

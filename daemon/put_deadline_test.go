@@ -189,8 +189,9 @@ func testIsolatedCopyStopsAtItsDeadline(t *testing.T, value int, area int64) {
 	if err := <-slowDone; !errors.Is(err, fluxkv.ErrUnavailable) {
 		t.Errorf("the put whose copy ran past its deadline: %v, want UNAVAILABLE", err)
 	}
-	if got := chunks.Load(); got != 1 {
-		t.Errorf("%d chunks of the expired put were copied, want the 1 copied in time", got)
+	// One chunk, copied in time (none on a machine so slow that the deadline passed first).
+	if got := chunks.Load(); got > 1 {
+		t.Errorf("%d chunks of the expired put were copied, want at most the 1 copied in time", got)
 	}
 	present := 0
 	for _, k := range keys {

@@ -19,6 +19,11 @@ type registration struct {
 	// epoch counts registrations begun; a call sent at one epoch and answered at
 	// another straddled a registration (its ranges were not among the pins reported).
 	epoch uint64
+	// reports counts the replica reports and SSD forgets begun (reportReplicas,
+	// forgetSSD): an SSD record whose commit was out across one is in the report, or
+	// forgotten, by commitPersisted's look at it (a registration that reported nothing,
+	// a retried Register to the same master, changes nothing a commit must undo).
+	reports uint64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64
 	// registering is set from collecting a registration's pins to its answer.

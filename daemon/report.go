@@ -19,6 +19,7 @@ import (
 func (o *Owner) reportReplicas() {
 	t0 := time.Now()
 	st := o.lock()
+	st.reg.reports++ // before the SSD ring's entries are listed (commitPersisted)
 	mem := st.replicas.records()
 	o.unlock()
 	var onSSD []replicaRecord
@@ -105,6 +106,9 @@ func (o *Owner) unreportSSD(entries []*common.KeyVersion) {
 // forgetSSD drops the SSD ring's entries: the master they were registered with forgot
 // them (ownerState.endRegister dropped the replica index already).
 func (o *Owner) forgetSSD(why string) {
+	st := o.lock()
+	st.reg.reports++ // a commit out now forgets its record too (commitPersisted)
+	o.unlock()
 	dropped := 0
 	if o.store != nil {
 		for _, e := range o.store.Committed() {

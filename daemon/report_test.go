@@ -118,10 +118,11 @@ func restartMasterWith(t *testing.T, n *node, opts master.Options) *master.Serve
 }
 
 // commitHeld holds the first BatchSsdReplicaCommit until release closes, then fails it
-// (its master is gone); later ones pass.
+// (its master is gone) or, with pass, sends it on; later ones pass.
 type commitHeld struct {
 	masterservice.Client
 	entered, release chan struct{}
+	pass             bool
 	first            sync.Once
 }
 
@@ -133,6 +134,9 @@ func (h *commitHeld) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsd
 	}
 	close(h.entered)
 	<-h.release
+	if h.pass {
+		return h.Client.BatchSsdReplicaCommit(ctx, req, opts...)
+	}
 	return nil, errors.New("injected: the master that assigned the persist is gone")
 }
 
@@ -175,4 +179,31 @@ func TestReportLeavesCommitsInFlight(t *testing.T) {
 		t.Error("wrong bytes")
 	}
 	h.Release()
+}
+
+// TestCommitKeptAcrossAFailedRegister: a registration that reported nothing (its Register
+// failed; the heartbeat then reached the same master again) does not make an SSD commit
+// that was out meanwhile forget a record the master published.
+func TestCommitKeptAcrossAFailedRegister(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 8<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
+	held := &commitHeld{entered: make(chan struct{}), release: make(chan struct{}), pass: true}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { held.Client = c; return held })
+	if err := n.c.Put("k", value(1, 100_000)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no SSD commit came")
+	}
+	st := n.o.lock()
+	_, prev := st.beginRegister(time.Now(), time.Minute)
+	st.endRegister(nil, time.Now(), prev) // the Register call failed
+	n.o.unlock()
+	close(held.release)
+	n.waitPersisted(t)
+	if master, owner := n.ssdReplicasOf(t, "n1"), len(n.o.store.Committed()); master != 1 || owner != 1 {
+		t.Errorf("the master records %d SSD replicas on the owner, which holds %d; want the one published", master, owner)
+	}
 }

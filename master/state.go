@@ -2,7 +2,6 @@ package master
 
 import (
 	"math"
-	"slices"
 	"sort"
 	"time"
 
@@ -155,6 +154,7 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		// hot set does not overrule the page order; it is passed only when it is still
 		// held after the owner answered.
 		var held []string
+		var heldSeen map[string]bool // held's keys: the duplicate search and the sole copies' both meet one
 		// A dirty page (writeback.go) is skipped, not passed, once its write-back started
 		// (evicted only when no owner can persist it), and so is one being written back
 		// (its range is free once written) and one whose refresh started; a dirty
@@ -169,7 +169,11 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 			case s.writingBackLocked(r, n):
 				return false
 			case s.heldReplicaLocked(r, n):
-				if !slices.Contains(held, k) { // the duplicate search and the sole copies' both meet it
+				if !heldSeen[k] {
+					if heldSeen == nil {
+						heldSeen = make(map[string]bool)
+					}
+					heldSeen[k] = true
 					held = append(held, k)
 				}
 				return false

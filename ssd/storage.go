@@ -186,6 +186,19 @@ type commitPin struct {
 	released atomic.Bool
 }
 
+// Forget drops the entry this pin was taken on, and only it: a rewrite of the same key and
+// put id since (a newer record, committed apart) stays. The owner calls it when the entry's
+// commit failed or went to a master it no longer follows. The pin must still be released.
+func (c CommitPin) Forget() {
+	if c.p == nil {
+		return
+	}
+	s := c.p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dropLocked(c.p.e)
+}
+
 // Release lets the ring reuse the entry's range again.
 func (c CommitPin) Release() {
 	if c.p == nil || !c.p.released.CompareAndSwap(false, true) {

@@ -508,3 +508,35 @@ func TestCommitted(t *testing.T) {
 		t.Fatalf("released: Settled() = %+v", s.Settled())
 	}
 }
+
+// TestCommitPinForgetsItsOwnRecord: a commit that failed forgets the record it pinned,
+// not a rewrite of the same key and put id committed since (a new master's write-back of
+// the version, while the old commit was out).
+func TestCommitPinForgetsItsOwnRecord(t *testing.T) {
+	checkLeaks(t)
+	s := openTest(t, EngineAuto, 64<<10, nil)
+	old, err := s.Persist("k", 5, pattern("k", 3000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	persist(t, s, "k", 5, pattern("k", 3000)) // the rewrite, committed and released
+	old.Forget()
+	old.Release()
+	if !s.Contains("k", 5) {
+		t.Fatal("the old pin's Forget dropped the rewrite")
+	}
+	got := make([]byte, 3000)
+	if err := s.LoadInto("k", 5, got, 3000); err != nil || !bytes.Equal(got, pattern("k", 3000)) {
+		t.Fatalf("the rewrite reads %v", err)
+	}
+	// A pin whose record is still the key's forgets it.
+	pin, err := s.Persist("j", 1, pattern("j", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Forget()
+	pin.Release()
+	if s.Contains("j", 1) {
+		t.Fatal("Forget left the pinned record")
+	}
+}

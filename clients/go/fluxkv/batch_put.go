@@ -179,8 +179,13 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		}
 		ok = append(ok, j)
 	}
-	if len(ok) > 0 && !c.use(a) { // a re-attach retired a meanwhile: its session, and the puts, are gone
+	if len(ok) > 0 && !c.use(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
+		closed := c.isClosed()
 		for _, j := range ok {
+			if closed {
+				errs[idx[j]] = ErrClosed
+				continue
+			}
 			errs[idx[j]] = fmt.Errorf("%w: the session ended before the value was written", errOutcomeUnknown)
 			unknown = append(unknown, idx[j])
 		}

@@ -265,6 +265,12 @@ func (c *Client) use(a *attachment) bool {
 	return true
 }
 
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
 // inSegment reports whether [off, off+n) lies in a segment of size bytes (no overflow:
 // the owner's answers are checked before the client slices its mapping with them).
 func inSegment(off, n, size int64) bool {

@@ -188,8 +188,8 @@ func TestCloseDuringFillKeepsTheMapping(t *testing.T) {
 		}
 		return nil
 	})
-	if err == nil {
-		t.Error("a put whose client closed during its fill succeeded")
+	if !errors.Is(err, ErrClosed) {
+		t.Errorf("a put whose client closed during its fill: %v, want ErrClosed", err)
 	}
 	if got := string(h.Bytes()); got != "value" {
 		t.Errorf("a holder reads %q after Close", got)
