@@ -36,6 +36,7 @@ from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport import TTransport
 
 from fluxkv._gen.external import ExternalService
+from fluxkv._gen.external.constants import MAX_FRAME_BYTES
 from fluxkv._gen.external.ttypes import DeleteResponse, ExistsResponse, GetResponse
 
 try:
@@ -165,13 +166,21 @@ def reply_start(data: bytes) -> int:
     return pos
 
 
+# _MAX_LIST bounds a reply's lists: MAX_BATCH results, or a Stat's members and masters.
+_MAX_LIST = 1 << 16
+
+
 class _Reader:
     """What ``fastbinary.decode_binary`` reads from: a protocol (its ``trans``, the length
     limits) whose transport is a BytesIO over one whole frame (CReadableTransport)."""
 
     __slots__ = ("cstringio_buf", "trans")
-    string_length_limit = None
-    container_length_limit = None
+    # What a reply's string or list may announce before anything is allocated for it: no
+    # more than a frame holds, and no more elements than any answer has (MAX_BATCH results,
+    # a cluster's members). Unbounded, a short malformed reply announcing 2**31 elements
+    # had the decoder allocate 16 GiB.
+    string_length_limit = MAX_FRAME_BYTES
+    container_length_limit = _MAX_LIST
 
     def __init__(self, data: bytes, pos: int):
         buf = io.BytesIO(data)  # shares the bytes object: no copy
@@ -186,9 +195,13 @@ class _Reader:
 def _decode_struct(cls, data: bytes, pos: int):
     obj = cls()
     if fastbinary is not None:
-        fastbinary.decode_binary(obj, _Reader(data, pos), [cls, cls.thrift_spec])
+        try:
+            fastbinary.decode_binary(obj, _Reader(data, pos), [cls, cls.thrift_spec])
+        except OverflowError as e:  # a length past _Reader's limits
+            raise TProtocolException(TProtocolException.SIZE_LIMIT, f"reply: {e}") from None
     else:
-        obj.read(TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(data[pos:])))
+        obj.read(TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(data[pos:]), string_length_limit=MAX_FRAME_BYTES,
+                                                 container_length_limit=_MAX_LIST))
     return obj
 
 

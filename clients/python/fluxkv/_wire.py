@@ -21,6 +21,7 @@ import struct
 from io import BytesIO
 
 from thrift.protocol import TBinaryProtocol
+from thrift.protocol.TProtocol import TProtocolException
 from thrift.transport import TTransport
 
 from fluxkv import _codec
@@ -287,7 +288,7 @@ class RPCConnection:
     before every send and recv. ``client`` is the generated ExternalService client on the
     same socket, for tests and tools (built on first use)."""
 
-    __slots__ = ("sock", "timeout", "_extra", "_client")
+    __slots__ = ("sock", "timeout", "_client")
 
     def __init__(self, path: str, timeout: float):
         handle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -304,7 +305,6 @@ class RPCConnection:
             raise
         self.sock = handle
         self.timeout = timeout
-        self._extra = b""  # bytes received beyond the last frame (never, from a sane owner)
         self._client = None
 
     def call(self, method: str, session: bytes, rest: bytes) -> bytes:
@@ -329,13 +329,9 @@ class RPCConnection:
             raise TimeoutError(f"no reply from the owner within {self.timeout} s") from None
 
     def _read_frame(self, sock) -> bytes:
-        data = self._extra
-        if data:
-            self._extra = b""
-        else:
-            data = sock.recv(_RECV_SIZE)
-            if not data:
-                raise _eof()
+        data = sock.recv(_RECV_SIZE)
+        if not data:
+            raise _eof()
         while len(data) < 4:
             more = sock.recv(_RECV_SIZE)
             if not more:
@@ -350,8 +346,9 @@ class RPCConnection:
         if have == need:
             return data
         if have > need:
-            self._extra = data[need:]
-            return data[:need]
+            # The owner answers each call with one frame: bytes after it would be taken for
+            # the next call's answer (another thread's). The connection is not used again.
+            raise TProtocolException(TProtocolException.INVALID_DATA, f"{have - need} bytes after the reply frame")
         buf = bytearray(need)
         buf[:have] = data
         view = memoryview(buf)

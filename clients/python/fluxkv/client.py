@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import operator
 import os
 import socket as _socketmod
@@ -245,13 +246,20 @@ class _Session:
                 conn = RPCConnection(self.rpc_path, self.timeout)
             except OSError as e:
                 raise _Broken(e, _is_timeout(e), sent=False) from None
-        if piggyback and self.flushes_in_flight:
-            self._await_flushes()
+        # From here until it is back in the pool (or closed) the connection is among the
+        # calls in flight: a fork() in between finds it in one of the two (retire).
+        self.busy.add(conn)
+        try:
+            if piggyback and self.flushes_in_flight:
+                self._await_flushes()
+        except BaseException:
+            self.busy.discard(conn)
+            conn.close()
+            raise
         releases = self.drain() if piggyback and self.pending else None
         if releases:
             token = next(_tokens)
             self.releases_in_flight.add(token)
-        self.busy.add(conn)
         try:
             if type(method) is str:
                 data = conn.call(method, self.sess_head + releases_field(releases) if releases else self.sess_bare, rest)
@@ -274,7 +282,8 @@ class _Session:
                 self.pending.extendleft(reversed(releases))
             raise
         finally:
-            self.busy.discard(conn)
+            if conn.sock is None:  # closed above: no longer in flight
+                self.busy.discard(conn)
             if releases:
                 self._answered(token)
         self.rpc_count += 1
@@ -282,6 +291,7 @@ class _Session:
             self.idle.append(conn)
         else:
             conn.close()
+        self.busy.discard(conn)
         if (resp[decode.code_at] if type(resp) is tuple else resp.code) == _STALE:
             raise _Stale((resp[decode.message_at] if type(resp) is tuple else resp.message) or "stale generation")
         return resp
@@ -460,6 +470,12 @@ class Client:
         self._attach_timeout = float(attach_timeout)
         self._max_idle = int(max_idle_connections)
         self._release_delay = float(release_delay)
+        # (A zero timeout left the socket non-blocking: every call "timed out" after its
+        # request was sent; an infinite one overflowed; a negative delay killed the flusher.)
+        if not (0 < self._timeout < math.inf and 0 < self._attach_timeout < math.inf):
+            raise InvalidArgument(f"timeout {timeout} and attach_timeout {attach_timeout} must be positive and finite (seconds)")
+        if not 0 <= self._release_delay < math.inf or self._max_idle < 0:
+            raise InvalidArgument(f"release_delay {release_delay} and max_idle_connections {max_idle_connections} must not be negative")
         self._populate = None if populate is None else bool(populate)
         self._lock = threading.RLock()  # protects _s replacement, _closed, _flusher
         self._wake = threading.Event()
@@ -913,10 +929,15 @@ class Client:
         try:
             with _area_turn(s):
                 try:
-                    copies = self._write_wave(s, prepared, started)
+                    copies = self._write_wave(s, prepared, started, errors)
                 except BaseException:
                     _abort(s, [(prepared[i][0], pid) for i, pid, _ in started])  # none of them was ended
                     raise
+                # An item whose write failed was aborted and answered: the others go on.
+                kept = [j for j, (i, _, _) in enumerate(started) if errors[i] is None]
+                started, copies = [started[j] for j in kept], [copies[j] for j in kept]
+                if not started:
+                    return []
                 ends = [PutEndItem(prepared[i][0], pid, cps) for (i, pid, _), cps in zip(started, copies)]
                 r, retried = self._put_end(s, "BatchPutEnd", encode_fields(BatchPutEndRequest(None, ends)))
         except _OutcomeUnknown as e:
@@ -940,16 +961,26 @@ class Client:
                 errors[i] = error_for(res.code, f"key {k!r}: {res.message or ''}")
         return unknown
 
-    def _write_wave(self, s: _Session, prepared: list, started: list) -> list:
+    def _write_wave(self, s: _Session, prepared: list, started: list, errors: list) -> list:
         """Write a wave's started items (item index, put_id, offset); returns the put area
         copies each item's PutEndItem carries (None without isolation). Under isolation the
         items that fit the area together get distinct offsets; any other (a wave holds such
         an item alone, unless the area changed with a re-attach) is streamed first, every
-        part by PutWrite. The caller holds ``s.area_lock``."""
+        part by PutWrite. An item whose write fails (a PutWrite answered with an error, a
+        value that changed size) is aborted and its error set in errors; the others go on.
+        The caller holds ``s.area_lock``."""
+
+        def failed(i: int, pid: int, e: Error) -> None:
+            errors[i] = e
+            _abort(s, [(prepared[i][0], pid)])
+
         if s.area is None:
-            for i, _, off in started:
+            for i, pid, off in started:
                 _, obj, n = prepared[i]
-                s.segment.write(off, obj, n)
+                try:
+                    s.segment.write(off, obj, n)
+                except Error as e:
+                    failed(i, pid, e)
             return [None] * len(started)
         copies: list = [None] * len(started)
         at, used = {}, 0
@@ -957,8 +988,11 @@ class Client:
             k, obj, n = prepared[i]
             if n <= s.area.size - used:
                 at[j], used = used, used + n
-            else:
+                continue
+            try:
                 self._stream(s, k, pid, obj, keep_last=False)
+            except Error as e:
+                failed(i, pid, e)
         for j, off in at.items():
             i = started[j][0]
             _, obj, n = prepared[i]
@@ -1048,8 +1082,9 @@ def connect(socket=None, **kwargs) -> Client:
     ``socket`` is the owner's attach socket (``DIR/fluxkv.sock``) or its directory; by
     default ``$FLUXKV_SOCKET``, else ``$XDG_RUNTIME_DIR/fluxkv/fluxkv.sock``, else
     ``/run/fluxkv/fluxkv.sock``. Raises Unavailable when no owner listens there.
-    Keyword arguments: ``name`` (shown by the owner), ``timeout`` (seconds per call),
-    ``attach_timeout``, ``max_idle_connections``, ``release_delay``, ``populate`` (map every
+    Keyword arguments: ``name`` (shown by the owner), ``timeout`` (seconds each send and each
+    receive of a call may take, > 0: a call of several round trips, or one that waits for
+    releases in flight, may take a few), ``attach_timeout``, ``max_idle_connections``, ``release_delay``, ``populate`` (map every
     page of the segment ahead on a background thread, so no put or get takes a first-touch
     page fault: True, False, or None, the default, for segments up to 16 GiB whose owner
     allocated them whole, ``--prefault``)."""
@@ -1224,8 +1259,14 @@ def _batch_get_once(s: _Session, ks: list) -> list:
     try:
         for _, chunk in _chunks(ks):
             code, message, results, _ = s.call("BatchGet", encode_fields(BatchKeysRequest(None, chunk)), _dec_batch_get)
-            raise_for(code, message)
-            _check_count("BatchGet", results, len(chunk))
+            try:
+                raise_for(code, message)
+                _check_count("BatchGet", results, len(chunk))
+            except Error:
+                for res in results or ():  # a refused or malformed answer: what it granted goes back
+                    if res[_G_CODE] == _OK and res[_G_HID]:
+                        s.queue_release(res[_G_HID], wake=True)
+                raise
             i = 0
             try:
                 for i, res in enumerate(results):

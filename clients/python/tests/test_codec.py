@@ -180,6 +180,23 @@ def test_batch_with_one_message_decodes_generically():
     assert _codec.decode_batch("BatchGet", _codec.GET, frame) == (ErrorCode.INVALID_ARGUMENT, "too many keys", None, None)
 
 
+def test_reply_lists_are_bounded_before_allocation():
+    """A short reply whose list announces 2**31 - 1 results is refused at once, not
+    decoded into a list allocated at that length (16 GiB)."""
+    buf = TTransport.TMemoryBuffer()
+    p = TBinaryProtocol.TBinaryProtocol(buf)
+    p.writeMessageBegin("BatchGet", TMessageType.REPLY, 0)
+    p.writeFieldBegin("success", TType.STRUCT, 0)
+    p.writeFieldBegin("code", TType.I32, 1)
+    p.writeI32(0)
+    p.writeFieldBegin("results", TType.LIST, 3)
+    p.writeListBegin(TType.STRUCT, 0x7FFFFFFF)
+    body = buf.getvalue()
+    frame = struct.pack(">I", len(body)) + body
+    with pytest.raises(TProtocolException):
+        _codec.decode_batch("BatchGet", _codec.GET, frame)
+
+
 def test_request_encoding_is_what_the_generated_client_writes():
     """The hand-made request bytes decode, with the generated code, to the same request."""
     sess = _codec.session_head(11, 22, 33)

@@ -97,3 +97,25 @@ def test_threads_share_the_area(iso_client):
     for t in ts:
         t.join()
     assert not errors, errors
+
+
+def test_batch_put_one_stream_failing_leaves_the_others(iso_client, monkeypatch):
+    """An item streamed through the put area whose PutWrite is answered with an error (here
+    injected: an expired put answers UNAVAILABLE) fails alone: its put is aborted, and the
+    wave's other items and the later waves are stored; the error is raised with ``errors``."""
+    real = fluxkv.Client._stream
+
+    def stream(self, s, key, put_id, obj, keep_last):
+        if key == "big-bad":
+            raise fluxkv.Unavailable("injected: PutWrite answered UNAVAILABLE")
+        return real(self, s, key, put_id, obj, keep_last)
+
+    monkeypatch.setattr(fluxkv.Client, "_stream", stream)
+    items = [("big-bad", _value(1, 2 * AREA)), ("big-ok", _value(2, 2 * AREA))] + [(f"small{i}", _value(10 + i, 100)) for i in range(5)]
+    with pytest.raises(fluxkv.Unavailable) as e:
+        iso_client.batch_put(items)
+    assert [x is not None for x in e.value.errors] == [True] + [False] * 6
+    assert not iso_client.exists("big-bad")
+    for k, v in items[1:]:
+        with iso_client.get(k) as h:
+            assert h.bytes() == v

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import fluxkv
-from fluxkv import _dlpack, _wire
+from fluxkv import _codec, _dlpack, _wire
 from fluxkv._gen.common.ttypes import ErrorCode
 from fluxkv._gen.external.constants import PROTOCOL_VERSION
 from fluxkv._gen.external.ttypes import AttachHello, AttachReply
@@ -441,6 +441,29 @@ def test_batch_get_reply_with_a_bad_holder_gives_every_granted_holder_back(segme
     assert sorted(s.acks) == [1, 2, 3]
 
 
+@pytest.mark.parametrize("code, n", [(ErrorCode.OK, 3), (ErrorCode.OK, 1), (ErrorCode.INTERNAL, 2)])
+def test_batch_get_malformed_or_refused_reply_gives_its_holders_back(segment, code, n):
+    """A BatchGet reply with more or fewer results than keys, or refused as a whole, fails
+    the call; the holders it granted go back to the owner (no lost reply returns them)."""
+    from fluxkv import client as fc
+    from fluxkv._codec import GET
+
+    def item(hid):
+        t = [None] * len(GET.index)
+        t[fc._G_CODE], t[fc._G_HID], t[fc._G_OFF], t[fc._G_LEN] = ErrorCode.OK, hid, 64 * hid, 64
+        t[fc._G_SRC], t[fc._G_PID], t[fc._G_REMOTE] = 1, 10, False
+        return tuple(t)
+
+    class Replying(StandInSession):
+        def call(self, method, rest, decode):
+            return code, "refused" if code != ErrorCode.OK else "", [item(i + 1) for i in range(n)], None
+
+    s = Replying(segment)
+    with pytest.raises(fluxkv.Error):
+        fc._batch_get_once(s, ["a", "b"])
+    assert sorted(s.acks) == list(range(1, n + 1))
+
+
 def test_holder_release_without_views_acks_once(segment):
     s = StandInSession(segment)
     h = _holder(s)
@@ -645,3 +668,61 @@ def test_framed_transport_eof():
     with pytest.raises((TTransportException, OSError)):
         cl.Get(GetRequest(Session(1, 2, 3, []), "k"))
     t.close()
+
+
+def test_bytes_after_a_reply_frame_fail_the_call(tmp_path):
+    """The owner answers each call with one frame: bytes after it would be read as the next
+    call's answer (another thread's), so the call fails (and its connection is not reused)."""
+    from thrift.protocol.TProtocol import TProtocolException
+
+    path = str(tmp_path / "rpc.sock")
+    ln = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ln.bind(path)
+    ln.listen(1)
+
+    def serve():
+        c, _ = ln.accept()
+        with c:
+            c.recv(1 << 16)
+            c.sendall(b"\x00\x00\x00\x01A" + b"\x00\x00\x00\x01B")  # two frames for one call
+            c.recv(1)  # until the client closes
+
+    t = threading.Thread(target=serve)
+    t.start()
+    conn = _wire.RPCConnection(path, 5)
+    try:
+        with pytest.raises(TProtocolException, match="after the reply frame"):
+            conn.call("Exists", _codec.session_head(1, 2, 3), b"")
+    finally:
+        conn.close()
+        t.join(5)
+        ln.close()
+
+
+def test_fork_while_a_call_waits_closes_the_childs_copy_of_its_connection():
+    """A call holds its connection in the busy set from the moment it takes it from the pool:
+    a fork() while the call waits (here for a flush of releases in flight) finds it there,
+    and the child closes its copy (the parent's later close then reaches the owner)."""
+    from fluxkv import client as fc
+
+    class FakeConn:
+        sock = object()
+
+        def close(self):
+            self.sock = None
+
+    conn = FakeConn()
+    s = fc._Session.__new__(fc._Session)
+    s.state, s.pending, s.pins, s.attach_sock = None, collections.deque(), 0, None
+    s.idle, s.busy, s.flushes_in_flight = collections.deque([conn]), set(), {1}
+    seen = {}
+
+    def forked_meanwhile():
+        s.retire("forked")  # what the child's at-fork hook does
+        seen["closed"] = conn.sock is None
+        raise RuntimeError("stop the call here")
+
+    s._await_flushes = forked_meanwhile
+    with pytest.raises(RuntimeError):
+        s.call("Exists", b"", piggyback=True)
+    assert seen["closed"], "the child kept its copy of the connection of a call in flight"
