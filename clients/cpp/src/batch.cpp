@@ -188,7 +188,11 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
         ends.resize(k);
       }
     } catch (...) {
-      abort(s, ends);  // none of them was ended
+      // None of them was ended; those that failed alone were aborted already.
+      std::vector<PutEndItem> open;
+      for (std::size_t j = 0; j < started.size(); ++j)
+        if (!errors[started[j].i]) open.push_back(ends[j]);
+      abort(s, open);
       throw;
     }
     if (ends.empty()) {  // every item of the wave failed while streaming
@@ -200,6 +204,7 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
     if (s->isolated) s->area_turn.release();
     std::vector<std::size_t> unknown;
     for (const Started& st : started) {
+      if (errors[st.i]) continue;  // it failed alone: its own error stands
       errors[st.i] = unknown_ptr(e.what());
       unknown.push_back(st.i);
     }

@@ -288,7 +288,7 @@ class RPCConnection:
     before every send and recv. ``client`` is the generated ExternalService client on the
     same socket, for tests and tools (built on first use)."""
 
-    __slots__ = ("sock", "timeout", "_client")
+    __slots__ = ("sock", "timeout", "_client", "__weakref__")
 
     def __init__(self, path: str, timeout: float):
         handle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -360,6 +360,14 @@ class RPCConnection:
                 have += got
         finally:
             view.release()
+        # A frame read in several receives stopped at its end: bytes already behind it are
+        # refused as above (one look, without waiting; a small frame's single receive saw them).
+        try:
+            behind = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            behind = b""
+        if behind:
+            raise TProtocolException(TProtocolException.INVALID_DATA, "bytes after the reply frame")
         return bytes(buf)
 
     @property

@@ -171,8 +171,11 @@ class _Session:
         self.flushes_in_flight: set[int] = set()
         self.flush_waiters = 0
         self.idle: collections.deque[RPCConnection] = collections.deque()
-        # Connections a call is using now: a forked child closes its copies of them too.
+        # Connections a call is using now.
         self.busy: set[RPCConnection] = set()
+        # Every connection this session opened and has not dropped: a forked child closes
+        # its copies of all of them, pooled, in a call, or between the two.
+        self.conns: weakref.WeakSet[RPCConnection] = weakref.WeakSet()
         self.pending: collections.deque[int] = collections.deque()  # holder ids to release
         self.pins: set[int] = set()  # live exports of every holder of this session
         self.state: str | None = None
@@ -246,8 +249,7 @@ class _Session:
                 conn = RPCConnection(self.rpc_path, self.timeout)
             except OSError as e:
                 raise _Broken(e, _is_timeout(e), sent=False) from None
-        # From here until it is back in the pool (or closed) the connection is among the
-        # calls in flight: a fork() in between finds it in one of the two (retire).
+            self.conns.add(conn)
         self.busy.add(conn)
         try:
             if piggyback and self.flushes_in_flight:
@@ -282,8 +284,7 @@ class _Session:
                 self.pending.extendleft(reversed(releases))
             raise
         finally:
-            if conn.sock is None:  # closed above: no longer in flight
-                self.busy.discard(conn)
+            self.busy.discard(conn)
             if releases:
                 self._answered(token)
         self.rpc_count += 1
@@ -291,7 +292,6 @@ class _Session:
             self.idle.append(conn)
         else:
             conn.close()
-        self.busy.discard(conn)
         if (resp[decode.code_at] if type(resp) is tuple else resp.code) == _STALE:
             raise _Stale((resp[decode.message_at] if type(resp) is tuple else resp.message) or "stale generation")
         return resp
@@ -380,10 +380,10 @@ class _Session:
         self.drop_idle()
         if state == "forked":
             # The parent's calls in flight at fork() (on its other threads) have connections
-            # too. The child's copies of them go, so that the parent's close of one (a call
-            # that timed out) closes it at the owner, which then takes back what its reply
-            # handed out, while this child lives on.
-            for conn in list(self.busy):
+            # too, maybe between the pool and the call. The child's copies of every one go,
+            # so that the parent's close of one (a call that timed out) closes it at the
+            # owner, which then takes back what its reply handed out, while this child lives.
+            for conn in list(self.conns):
                 conn.close()
             self.busy.clear()
         if state == "closed" and self.pins:
@@ -449,6 +449,15 @@ def _default_name() -> str:
     return f"python:{argv0 or 'python'}"
 
 
+# _WRITE_ERRORS are what writing one item of a batch may raise that fails that item alone:
+# its PutWrite answered with an error, its value changed size or shape since it was checked.
+_WRITE_ERRORS = (Error, ValueError, TypeError, BufferError)
+
+# _MAX_TIMEOUT is the longest timeout a client takes (seconds; a socket's limit is not far
+# above: settimeout(1e10) overflows).
+_MAX_TIMEOUT = 1e6
+
+
 class Client:
     """A connection to the local fluxkv owner. Thread-safe; use as a context manager or
     call :meth:`close`. See :func:`connect`."""
@@ -472,8 +481,8 @@ class Client:
         self._release_delay = float(release_delay)
         # (A zero timeout left the socket non-blocking: every call "timed out" after its
         # request was sent; an infinite one overflowed; a negative delay killed the flusher.)
-        if not (0 < self._timeout < math.inf and 0 < self._attach_timeout < math.inf):
-            raise InvalidArgument(f"timeout {timeout} and attach_timeout {attach_timeout} must be positive and finite (seconds)")
+        if not (0 < self._timeout <= _MAX_TIMEOUT and 0 < self._attach_timeout <= _MAX_TIMEOUT):
+            raise InvalidArgument(f"timeout {timeout} and attach_timeout {attach_timeout} must be positive seconds, at most {_MAX_TIMEOUT:g}")
         if not 0 <= self._release_delay < math.inf or self._max_idle < 0:
             raise InvalidArgument(f"release_delay {release_delay} and max_idle_connections {max_idle_connections} must not be negative")
         self._populate = None if populate is None else bool(populate)
@@ -931,7 +940,8 @@ class Client:
                 try:
                     copies = self._write_wave(s, prepared, started, errors)
                 except BaseException:
-                    _abort(s, [(prepared[i][0], pid) for i, pid, _ in started])  # none of them was ended
+                    # None of them was ended; those that failed alone were aborted already.
+                    _abort(s, [(prepared[i][0], pid) for i, pid, _ in started if errors[i] is None])
                     raise
                 # An item whose write failed was aborted and answered: the others go on.
                 kept = [j for j, (i, _, _) in enumerate(started) if errors[i] is None]
@@ -941,9 +951,10 @@ class Client:
                 ends = [PutEndItem(prepared[i][0], pid, cps) for (i, pid, _), cps in zip(started, copies)]
                 r, retried = self._put_end(s, "BatchPutEnd", encode_fields(BatchPutEndRequest(None, ends)))
         except _OutcomeUnknown as e:
-            for i, _, _ in started:
+            unknown = [i for i, _, _ in started if errors[i] is None]  # (those that failed alone keep their error)
+            for i in unknown:
                 errors[i] = e
-            return [i for i, _, _ in started]
+            return unknown
         try:
             raise_for(r.code, r.message)
             results = _check_count("BatchPutEnd", r.results, len(ends))
@@ -970,7 +981,9 @@ class Client:
         value that changed size) is aborted and its error set in errors; the others go on.
         The caller holds ``s.area_lock``."""
 
-        def failed(i: int, pid: int, e: Error) -> None:
+        def failed(i: int, pid: int, e: Exception) -> None:
+            if not isinstance(e, Error):  # the value changed size or shape since it was checked
+                e = InvalidArgument(f"key {prepared[i][0]!r}: the value could not be written: {e}")
             errors[i] = e
             _abort(s, [(prepared[i][0], pid)])
 
@@ -979,7 +992,7 @@ class Client:
                 _, obj, n = prepared[i]
                 try:
                     s.segment.write(off, obj, n)
-                except Error as e:
+                except _WRITE_ERRORS as e:
                     failed(i, pid, e)
             return [None] * len(started)
         copies: list = [None] * len(started)
@@ -991,12 +1004,16 @@ class Client:
                 continue
             try:
                 self._stream(s, k, pid, obj, keep_last=False)
-            except Error as e:
+            except _WRITE_ERRORS as e:
                 failed(i, pid, e)
         for j, off in at.items():
-            i = started[j][0]
+            i, pid, _ = started[j]
             _, obj, n = prepared[i]
-            s.area.write(off, obj, n)
+            try:
+                s.area.write(off, obj, n)
+            except _WRITE_ERRORS as e:
+                failed(i, pid, e)
+                continue
             copies[j] = [AreaCopy(0, off, n)]
         return copies
 

@@ -563,3 +563,26 @@ def test_release_rpc_results(client):
     h.release()
     assert client.stat()["client_holders"] == 0
     assert client.release_errors == 0
+
+
+def test_batch_put_one_value_failing_to_write_leaves_the_others(client, monkeypatch):
+    """A value whose write into the segment fails (it changed size since it was checked:
+    here injected) fails alone, InvalidArgument: its put is aborted, the others are stored."""
+    from fluxkv._segment import Segment
+
+    real = Segment.write
+
+    def write(self, offset, src, length):
+        if length == 777:
+            raise ValueError("injected: the buffer changed size")
+        return real(self, offset, src, length)
+
+    monkeypatch.setattr(Segment, "write", write)
+    items = [("w/ok0", b"a" * 100), ("w/bad", b"b" * 777), ("w/ok1", b"c" * 200)]
+    with pytest.raises(fluxkv.InvalidArgument) as e:
+        client.batch_put(items)
+    assert [x is not None for x in e.value.errors] == [False, True, False]
+    assert not client.exists("w/bad")
+    for k, v in (items[0], items[2]):
+        with client.get(k) as h:
+            assert h.bytes() == v

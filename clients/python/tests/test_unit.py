@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -670,9 +671,11 @@ def test_framed_transport_eof():
     t.close()
 
 
-def test_bytes_after_a_reply_frame_fail_the_call(tmp_path):
+@pytest.mark.parametrize("first", [1, 1 << 20])
+def test_bytes_after_a_reply_frame_fail_the_call(tmp_path, first):
     """The owner answers each call with one frame: bytes after it would be read as the next
-    call's answer (another thread's), so the call fails (and its connection is not reused)."""
+    call's answer (another thread's), so the call fails (and its connection is not reused),
+    whether the frame came in one receive (small) or several (large)."""
     from thrift.protocol.TProtocol import TProtocolException
 
     path = str(tmp_path / "rpc.sock")
@@ -684,8 +687,11 @@ def test_bytes_after_a_reply_frame_fail_the_call(tmp_path):
         c, _ = ln.accept()
         with c:
             c.recv(1 << 16)
-            c.sendall(b"\x00\x00\x00\x01A" + b"\x00\x00\x00\x01B")  # two frames for one call
-            c.recv(1)  # until the client closes
+            try:
+                c.sendall(first.to_bytes(4, "big") + b"A" * first + b"\x00\x00\x00\x01B")  # two frames for one call
+                c.recv(1)  # until the client closes
+            except OSError:
+                pass  # the client closed first
 
     t = threading.Thread(target=serve)
     t.start()
@@ -700,9 +706,9 @@ def test_bytes_after_a_reply_frame_fail_the_call(tmp_path):
 
 
 def test_fork_while_a_call_waits_closes_the_childs_copy_of_its_connection():
-    """A call holds its connection in the busy set from the moment it takes it from the pool:
-    a fork() while the call waits (here for a flush of releases in flight) finds it there,
-    and the child closes its copy (the parent's later close then reaches the owner)."""
+    """A fork() while a call holds a connection it took from the pool (here waiting for a
+    flush of releases in flight) finds it among the session's connections, and the child
+    closes its copy (the parent's later close then reaches the owner)."""
     from fluxkv import client as fc
 
     class FakeConn:
@@ -715,6 +721,7 @@ def test_fork_while_a_call_waits_closes_the_childs_copy_of_its_connection():
     s = fc._Session.__new__(fc._Session)
     s.state, s.pending, s.pins, s.attach_sock = None, collections.deque(), 0, None
     s.idle, s.busy, s.flushes_in_flight = collections.deque([conn]), set(), {1}
+    s.conns = weakref.WeakSet([conn])  # it was opened by this session
     seen = {}
 
     def forked_meanwhile():
