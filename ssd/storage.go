@@ -554,22 +554,34 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 	}
 	defer func() { <-d.readSlots }()
 
-	s.mu.Lock()
-	if s.index[key] != e || !e.shard.ring.pinRead(e) {
-		s.mu.Unlock()
+	if !s.pinReading(key, e) {
 		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ErrNotFound)
 	}
-	s.mu.Unlock()
+	pinned := true
 	defer func() {
-		s.mu.Lock()
-		e.shard.ring.unpinRead(e)
-		s.signalLocked()
-		s.mu.Unlock()
+		if pinned {
+			s.unpinReading(e)
+		}
 	}()
 	if e.length != n {
 		return fmt.Errorf("ssd load %q put %d: stored %d bytes, asked for %d", key, putID, e.length, n)
 	}
-	return s.readChunks(ctx, e, n, into)
+	return s.readChunks(ctx, e, n, into, &pinned)
+}
+
+// pinReading read-pins e, still key's entry, committed and not overtaken; false if not.
+func (s *Storage) pinReading(key string, e *entry) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.index[key] == e && e.shard.ring.pinRead(e)
+}
+
+// unpinReading ends a read pin of e (a writer waiting for its range may go on).
+func (s *Storage) unpinReading(e *entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.shard.ring.unpinRead(e)
+	s.signalLocked()
 }
 
 type chunkRead struct {
@@ -585,7 +597,7 @@ const headerTag = -1
 // readChunks runs one load: the value's chunks, the first one read together with the
 // record header (unless SkipVerify) in one vectored IO, delivered in order once the
 // header checked out.
-func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkDest) error {
+func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkDest, pinned *bool) error {
 	sh := e.shard
 	start := sh.fileOffset(e)
 	base := start + headerSize(len(e.key)) // the value's first byte
@@ -651,13 +663,26 @@ func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkD
 			if firstErr != nil || next == len(chunks) {
 				break
 			}
-			// Nothing in flight and no buffer free: wait for one.
+			// Nothing in flight and no buffer free: wait for one, without the read pin
+			// (*pinned false meanwhile): a consumer that pulls slowly, or not at all, must
+			// not hold the ring's writers, which wait BusyWait for a pinned entry and then
+			// fail. The pin is taken again before the next read; an entry overwritten or
+			// dropped meanwhile ends the load (what was delivered was read pinned).
+			s.unpinReading(e)
+			*pinned = false
 			select {
 			case <-into.freed:
 			case <-ctx.Done():
 				firstErr = fmt.Errorf("ssd load %q put %d: waiting for a buffer: %w", e.key, e.putID, ctx.Err())
 			case <-s.closing:
 				firstErr = ErrClosed
+			}
+			if firstErr == nil {
+				if !s.pinReading(e.key, e) {
+					firstErr = fmt.Errorf("ssd load %q put %d: overwritten while waiting for a buffer: %w", e.key, e.putID, ErrNotFound)
+				} else {
+					*pinned = true
+				}
 			}
 			continue
 		}

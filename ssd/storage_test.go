@@ -964,3 +964,45 @@ func countEvictions(t *testing.T, s *Storage) (reported func(Eviction) int, wait
 	}
 	return reported, waitReported
 }
+
+// TestStagedLoadWaitingForABufferLetsWritersPass: a staged load whose consumer holds
+// every buffer (a remote reader that pulls slowly, or died) waits without its read pin:
+// the ring's writers overwrite the entry instead of waiting BusyWait for it and failing
+// ErrBusy, and the load then ends with ErrNotFound, not with bytes of another record.
+func TestStagedLoadWaitingForABufferLetsWritersPass(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		s := openTest(t, kind, 4<<20, func(o *Options) {
+			o.ShardsPerDevice = 1
+			o.BusyWait = 300 * time.Millisecond
+		})
+		const chunk, n = 8192, 10 * 8192
+		persist(t, s, "v", 3, pattern("v", n))
+		stuck := newTestSlots(1, chunk) // its one buffer is never given back
+		waiting := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- s.LoadStaged(context.Background(), "v", 3, n, chunk, 4, stuck, func(i int, _, _ int64, _ []byte) error {
+				if i == 0 {
+					close(waiting)
+				}
+				return nil
+			})
+		}()
+		<-waiting
+		for i := range 80 { // 5 MiB through a 4 MiB ring: over v's range
+			pin, err := s.Persist(fmt.Sprintf("w%d", i), 1, pattern("w", 64<<10))
+			if err != nil {
+				t.Fatalf("persist %d while a staged load of an entry in its way waits for a buffer: %v", i, err)
+			}
+			pin.Release()
+		}
+		if s.Contains("v", 3) {
+			t.Fatal("the ring did not pass over v")
+		}
+		stuck.give(0)
+		if err := <-done; !errors.Is(err, ErrNotFound) {
+			t.Fatalf("the load of the overwritten entry: %v, want ErrNotFound", err)
+		}
+	})
+}
