@@ -389,3 +389,10 @@ func TestIsWildcardAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestPersistWorkersNullIsTheDefault(t *testing.T) {
+	f, err := Parse([]byte("master:\n  persist_workers: null\n"), RoleMaster)
+	if err != nil || f.Master == nil || f.Master.PersistWorkers != 0 {
+		t.Fatalf("persist_workers: null: %+v, %v; want the default (0)", f, err)
+	}
+}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 
 	"gopkg.in/yaml.v3"
 
@@ -19,7 +20,13 @@ func CheckMaster(s string) error {
 		_, err := ha.ParseURL(s, "fluxkv")
 		return err
 	}
-	return CheckAddr(s)
+	if err := CheckAddr(s); err != nil {
+		return err
+	}
+	if _, port, _ := net.SplitHostPort(s); port == "0" {
+		return fmt.Errorf("invalid master address %q: port 0 names no listener (give the master's port)", s)
+	}
+	return nil
 }
 
 // haOwnerKeys are the fluxkv_spec keys for following masters on etcd: only `fluxkv

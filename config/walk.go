@@ -263,6 +263,9 @@ func ParseHotSet(s string) (float64, error) {
 // countField reads a whole number ≥ 0 into dst; zero says what 0 means.
 func countField(key, zero string, dst *int) func(*yaml.Node) error {
 	return func(v *yaml.Node) error {
+		if isNull(v) { // as every other key: the default
+			return nil
+		}
 		n, err := countValue(v)
 		if err != nil {
 			return keyErr(v, key, "%w (%s)", err, zero)

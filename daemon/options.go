@@ -183,13 +183,16 @@ const pageSize = 4096
 // transferGranule aligns the transfer area (the master allocates in 512-byte granules).
 const transferGranule = 512
 
-// Put area sizes under client isolation: the default per session and in total, and
-// the smallest area a session is given when the total is nearly used up.
+// Put area sizes under client isolation: the default per session, and the smallest area
+// a session is given when the total is nearly used up.
 const (
-	defaultPutArea      = 32 << 20
-	defaultPutAreaTotal = 1 << 30
-	minPutArea          = 1 << 20
+	defaultPutArea = 32 << 20
+	minPutArea     = 1 << 20
 )
+
+// DefaultPutAreaTotal is Options.PutAreaTotal's default: the cap on all sessions' put
+// areas together.
+const DefaultPutAreaTotal = 1 << 30
 
 func (o *Options) setDefaults() {
 	if o.Dir == "" {
@@ -277,7 +280,7 @@ func (o *Options) setDefaults() {
 	o.PutArea = min(o.PutArea, o.DRAM)
 	o.PutArea = (o.PutArea + pageSize - 1) / pageSize * pageSize
 	if o.PutAreaTotal == 0 {
-		o.PutAreaTotal = defaultPutAreaTotal
+		o.PutAreaTotal = DefaultPutAreaTotal
 	}
 	if o.Logger == nil {
 		l := zerolog.Nop()

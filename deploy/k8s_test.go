@@ -1568,12 +1568,14 @@ func TestK8sOwnerResources(t *testing.T) {
 	}
 	// The segment, request frames in progress (which the Go heap may hold twice over,
 	// README "Frame memory"), and half a GiB for the rest of the process.
-	need := dram + 2*frame + 512<<20
+	peer := max(frame/4, 64<<20) // the peer port's own frame budget
+	need := dram + 2*(frame+peer) + 512<<20
 	res := owner.c.Resources
 	limit, request := res.Limits.Memory(), res.Requests.Memory()
 	if limit.Value() < need {
-		t.Errorf("owner memory limit %s < dram %s + 2 x frame memory %s + 512Mi = %s: the segment is charged to the pod's memory cgroup",
-			limit, resource.NewQuantity(dram, resource.BinarySI), resource.NewQuantity(frame, resource.BinarySI), resource.NewQuantity(need, resource.BinarySI))
+		t.Errorf("owner memory limit %s < dram %s + 2 x (frame memory %s + the peer port's %s) + 512Mi = %s: the segment is charged to the pod's memory cgroup",
+			limit, resource.NewQuantity(dram, resource.BinarySI), resource.NewQuantity(frame, resource.BinarySI),
+			resource.NewQuantity(peer, resource.BinarySI), resource.NewQuantity(need, resource.BinarySI))
 	}
 	if request.Cmp(*limit) != 0 {
 		t.Errorf("owner memory request %s != limit %s: the scheduler would not reserve what the owner holds", request, limit)

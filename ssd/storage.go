@@ -104,7 +104,8 @@ func Open(opts Options) (_ *Storage, err error) {
 			return nil, fmt.Errorf("ssd: large_file_paths[%d] %s: %w", i, p, err)
 		}
 		if first, dup := seen[dev]; dup {
-			s.log.Info().Str("root", root).Str("kept", first).Msg("ssd: root shares a device with an earlier root; skipped (first wins)")
+			s.log.Warn().Str("root", root).Str("kept", first).Int64("limit_ignored", opts.Limits[i]).
+				Msg("ssd: root shares a device with an earlier root; skipped, its limit ignored (first wins: give one path per device)")
 			continue
 		}
 		seen[dev] = root

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -91,6 +92,13 @@ func loadConfig(c *cli.Context, role config.Role) (*config.File, error) {
 	return f, nil
 }
 
+// maxAllocWait bounds --alloc-wait below the owner's master call bound (15 s) and the
+// oldest plan a batch get carries out (10 s); maxPersistWorkers bounds --persist-workers.
+const (
+	maxAllocWait      = 10 * time.Second
+	maxPersistWorkers = 4096
+)
+
 // masterSettings merges the file's master section under the flags.
 func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 	var fm config.Master
@@ -116,6 +124,13 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 	if ttl <= hb {
 		return s, refuse("%s %v must exceed %s %v (an owner misses a few heartbeats before it is tombed)",
 			t.name(c, "node-ttl", &fm), ttl, t.name(c, "heartbeat-interval", &fm), hb)
+	}
+	if s.AllocWait > maxAllocWait {
+		return s, refuse("%s %v is over %v: an owner's call to the master ends after 15 s, and a batch get's plan older than 10 s is made again (a put waiting longer would be answered UNAVAILABLE, not NO_SPACE, while the master may still place it)",
+			t.name(c, "alloc-wait", &fm), s.AllocWait, maxAllocWait)
+	}
+	if s.PersistWorkers > maxPersistWorkers {
+		return s, refuse("%s %d is over %d (one goroutine each)", t.name(c, "persist-workers", &fm), s.PersistWorkers, maxPersistWorkers)
 	}
 	if !isUp(c) { // up's: upListenClash
 		if err := listenClash(listener{t.name(c, "listen", &fm), s.Listen}, listener{t.name(c, "metrics-addr", &fm), s.MetricsAddr}); err != nil {
@@ -214,6 +229,9 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 			t.name(c, "transfer-reserve", &fo), humanSize(*s.TransferReserve), humanSize(s.DRAM))
 	}
 	if err := ownerSSDFlags(c, &s); err != nil {
+		return s, err
+	}
+	if err := putAreaFlags(c, &fo, &s); err != nil {
 		return s, err
 	}
 	// As --dir: a relative path is the working directory's now, not the one a service
@@ -510,6 +528,31 @@ func ownerListeners(c *cli.Context, fo, s *config.Owner, metrics bool) []listene
 		ls = append(ls, listener{t.name(c, "metrics-addr", fo), s.MetricsAddr})
 	}
 	return ls
+}
+
+// putAreaFlags refuses put area settings that would be ignored (without client
+// isolation) or cut down without a word (an area larger than the cap on all sessions'
+// areas: no session could have it).
+func putAreaFlags(c *cli.Context, fo, s *config.Owner) error {
+	t := ownerTable()
+	if s.ClientIsolation == nil || !*s.ClientIsolation {
+		for _, f := range []struct {
+			name string
+			v    int64
+		}{{"put-area", s.PutArea}, {"put-area-total", s.PutAreaTotal}} {
+			if f.v != 0 {
+				return refuse("%s is set without %s: put areas exist only under client isolation",
+					t.name(c, f.name, fo), t.name(c, "client-isolation", fo))
+			}
+		}
+		return nil
+	}
+	// (A put area larger than the segment is the segment: --put-area's "at most the segment".)
+	if area, total := min(s.PutArea, s.DRAM), cmp.Or(s.PutAreaTotal, daemon.DefaultPutAreaTotal); area > total {
+		return refuse("%s %s is larger than %s %s: no session could have it", t.name(c, "put-area", fo), humanSize(area),
+			t.name(c, "put-area-total", fo), humanSize(total))
+	}
+	return nil
 }
 
 // loopbackListeners refuses a loopback peer or data listener when the owner's master

@@ -78,7 +78,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 		{flag: &cli.StringFlag{Name: "put-area", DefaultText: "32MiB", Usage: "under --client-isolation, each session's put area (larger values stream through it); at most the segment"},
 			key: "put_area", kind: size(func(s *config.Owner) *int64 { return &s.PutArea }, 4096),
 			set: func(o *daemon.Options, s *config.Owner) { o.PutArea = s.PutArea }},
-		{flag: &cli.StringFlag{Name: "frame-memory", DefaultText: "an eighth of --dram (at most of RAM), ≥ 64MiB", Usage: "bound on the bytes of request frames in progress across all RPC and peer connections; a frame that finds no room within --frame-timeout is refused; ≥ 64MiB"},
+		{flag: &cli.StringFlag{Name: "frame-memory", DefaultText: "an eighth of --dram (at most of RAM), ≥ 64MiB", Usage: "bound on the bytes of request frames in progress across the RPC connections (the peer port has its own, a quarter of it, ≥ 64MiB); a frame that finds no room within --frame-timeout is refused; ≥ 64MiB"},
 			key: "frame_memory", kind: size(func(s *config.Owner) *int64 { return &s.FrameMemory }, minFrameMemory),
 			set: func(o *daemon.Options, s *config.Owner) { o.FrameMemory = s.FrameMemory }},
 		{flag: &cli.StringFlag{Name: "put-area-total", DefaultText: "1GiB", Usage: "under --client-isolation, the cap on all sessions' put areas together; ≥ 1MiB"},
@@ -101,7 +101,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			key: "instance_key", kind: text(func(s *config.Owner) *string { return &s.InstanceKey }, nil)}, // its default: ownerSettings
 		{flag: &cli.StringSliceFlag{Name: "large-file-paths", Aliases: []string{"ssd-path"}, Usage: "SSD cache directories, comma-separated or repeated"},
 			key: "large_file_paths", kind: replace(func(s *config.Owner) *[]string { return &s.LargeFilePaths }, stringsFlag)},
-		{flag: &cli.StringSliceFlag{Name: "large-limit-size", Aliases: []string{"ssd-limit"}, Usage: "SSD ring space per --large-file-paths entry (same count; e.g. 4GiB,8GiB; each ≥ 512 bytes); unset = SSD off"},
+		{flag: &cli.StringSliceFlag{Name: "large-limit-size", Aliases: []string{"ssd-limit"}, Usage: "SSD ring space per --large-file-paths entry (same count; e.g. 4GiB,8GiB; each ≥ 512 bytes; a path on the device of an earlier one is skipped with its limit: one path per device); unset = SSD off"},
 			key: "large_limit_size", kind: byHand(func(s *config.Owner) *[]int64 { return &s.LargeLimitSize })}, // ownerSSDFlags
 		// The /metrics server's (stack.metrics).
 		{flag: metricsAddrFlag(), common: true,
@@ -120,7 +120,7 @@ func ownerMasterTable() *table[config.Owner, daemon.Options] {
 				if ha.IsURL(v) {
 					return nil // ownerEtcdSettings checks it
 				}
-				return config.CheckAddr(v)
+				return config.CheckMaster(v)
 			}))},
 	}}
 }
@@ -164,7 +164,7 @@ func masterTable() *table[config.Master, master.Options] {
 			Usage: "concurrent SSD persist calls (each writes one value to an owner's SSD; at most half of them for one owner); too few and a fast put stream overruns the persist queue, leaving values memory-only; ≥ 0, 0 = the default"},
 			key: "persist_workers", kind: replace(func(s *config.Master) *int { return &s.PersistWorkers }, countFlag),
 			set: func(o *master.Options, s *config.Master) { o.PersistWorkers = s.PersistWorkers }},
-		{flag: &cli.DurationFlag{Name: "alloc-wait", DefaultText: "5s", Usage: "how long a put waits for space (eviction, releases) before NO_SPACE; > 0"},
+		{flag: &cli.DurationFlag{Name: "alloc-wait", DefaultText: "5s", Usage: "how long a put waits for space (eviction, releases) before NO_SPACE; > 0, at most 10s"},
 			key: "alloc_wait", kind: duration(func(s *config.Master) *time.Duration { return &s.AllocWait }),
 			set: func(o *master.Options, s *config.Master) { o.AllocWait = s.AllocWait }},
 		{flag: &cli.StringFlag{Name: "placement", Value: "pool",
