@@ -556,10 +556,25 @@ func putAreaFlags(c *cli.Context, fo, s *config.Owner) error {
 }
 
 // loopbackListeners refuses a loopback peer or data listener when the owner's master
-// (a host:port; not etcd://...) is not on loopback, as the owner would once it had bound
-// them (daemon.CheckListenReachable): other owners could not reach it.
+// is not on loopback, as the owner would once it had bound them
+// (daemon.CheckListenReachable): other owners could not reach it. Following masters on
+// etcd (etcd://...), the first etcd endpoint off loopback stands for the masters (they
+// run beside etcd, not beside this owner).
 func loopbackListeners(c *cli.Context, fo, s *config.Owner, master string) error {
-	if master == "" || ha.IsURL(master) {
+	if ha.IsURL(master) {
+		cfg, err := ha.ParseURL(master, "fluxkv")
+		if err != nil {
+			return nil // the etcd settings' check names it
+		}
+		master = ""
+		for _, ep := range cfg.Endpoints {
+			if daemon.CheckListenReachable("", "127.0.0.1:0", ep) != nil { // ep is off loopback
+				master = ep
+				break
+			}
+		}
+	}
+	if master == "" {
 		return nil
 	}
 	peer := s.PeerListen

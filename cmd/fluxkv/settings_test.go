@@ -349,6 +349,8 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--persist-workers 100000 is over 4096"},
 		{name: "master address of port 0", command: "owner", args: []string{"--master", "127.0.0.1:0", "--dir", absentDir},
 			wantErr: "port 0 names no listener"},
+		{name: "loopback peer listener with masters on etcd off loopback", command: "owner",
+			args: []string{"--master", "etcd://10.0.0.1:2379", "--dir", absentDir}, wantErr: "--peer-listen 127.0.0.1:0 is a loopback address"},
 		{name: "ssd path flag over a file whose limits are null", command: "up",
 			yaml: "fluxkv_spec:\n  large_file_paths: [/a]\n  large_limit_size: null\n", args: []string{"--ssd-path", "/d"},
 			wantErr: "--ssd-path (--large-file-paths) needs --ssd-limit"},
