@@ -169,3 +169,54 @@ func TestAcceptPlanOpensItsTarget(t *testing.T) {
 		t.Fatalf("the target's own note %d, want the open's, %d", tg.own, st.replicas.seq)
 	}
 }
+
+// TestPinEndsWhenItsVersionDies: a prefix lookup's pin of a page ends when a delete or
+// an overwrite of the key reaches the owner, not only at its time: it held the dead
+// version's bytes and its share of the hot-set budget for up to pin_ms.
+func TestPinEndsWhenItsVersionDies(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"delete", "overwrite"} {
+		t.Run(end, func(t *testing.T) {
+			n := startNode(t, 8<<20, nil, master.Options{})
+			if err := n.c.Put("k", value(1, 4096)); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := n.c.BatchExistsPrefix([]string{"k"}, 5*time.Second); err != nil || got != 1 {
+				t.Fatalf("pinned lookup: %d, %v", got, err)
+			}
+			pins := func() (int, int64) {
+				st := n.o.lock()
+				defer n.o.unlock()
+				return len(st.pins), st.hot.pinned
+			}
+			if k, b := pins(); k != 1 || b == 0 {
+				t.Fatalf("%d pins of %d bytes after the lookup, want 1", k, b)
+			}
+			c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			if end == "delete" {
+				if _, err := c2.Delete("k"); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := c2.Put("k", value(2, 4096)); err != nil {
+				t.Fatal(err)
+			}
+			if k, b := pins(); k != 0 || b != 0 {
+				t.Errorf("%d pins of %d bytes after the %s, want none", k, b, end)
+			}
+		})
+	}
+}
+
+func TestIdleTick(t *testing.T) {
+	for _, tc := range []struct{ grace, want time.Duration }{
+		{-1, pinTick}, {0, pinTick}, {time.Millisecond, time.Millisecond}, {20 * time.Millisecond, 10 * time.Millisecond}, {time.Hour, pinTick},
+	} {
+		if got := idleTick(tc.grace); got != tc.want {
+			t.Errorf("idleTick(%v) = %v, want %v", tc.grace, got, tc.want)
+		}
+	}
+}

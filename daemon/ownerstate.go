@@ -196,6 +196,7 @@ func (st *ownerState) release(c *session, id int64, now time.Time) bool {
 // bytes), the replica index, and the SSD ring.
 func (st *ownerState) invalidate(key string, upTo int64) {
 	st.ack(st.hot.invalidate(key, upTo))
+	st.unpinDead(key, upTo)
 	st.replicas.drop(key, upTo)
 	if upTo > 0 {
 		st.fx.ssdForget = append(st.fx.ssdForget, &common.KeyVersion{Key: key, PutId: upTo})

@@ -94,6 +94,22 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 	st.release(p.c, p.holder, now)
 }
 
+// unpinDead ends every session's pin of a version of key ≤ upTo, which a put or delete
+// declared dead: it held the dead version's bytes (the master cannot free them) and its
+// share of the hot-set budget until its time was up. (Until this invalidation arrives
+// the pinning session may still load the version its lookup found: docs/hot-set.md.)
+func (st *ownerState) unpinDead(key string, upTo int64) {
+	for _, c := range st.sessions {
+		p := c.pins[key]
+		if p == nil {
+			continue
+		}
+		if h := c.holders[p.holder]; h == nil || h.putID <= upTo {
+			st.unpin(p, time.Now())
+		}
+	}
+}
+
 // takeOverPin ends c's pin of key, if any: the session now holds the key itself
 // through resp, the answer of its get of h. When that get moved nothing (here: its
 // bytes were in this owner's memory) and the pin viewed the same version, resp reports

@@ -132,6 +132,15 @@ func (o *Owner) sweepIdle(force bool) {
 // pinTick bounds how late a prefix-lookup pin ends after its time is up.
 const pinTick = 50 * time.Millisecond
 
+// idleTick is how often idleLoop sweeps: half the cache grace, between 1 ms and pinTick
+// (a grace off, negative, sweeps at pinTick: pins alone need no finer tick).
+func idleTick(grace time.Duration) time.Duration {
+	if grace <= 0 {
+		return pinTick
+	}
+	return min(max(grace/2, time.Millisecond), pinTick)
+}
+
 // deadPutSweep is how often idleLoop looks for puts past their master's TTL.
 const deadPutSweep = time.Second
 
@@ -139,7 +148,7 @@ const deadPutSweep = time.Second
 // outlived their master's TTL.
 func (o *Owner) idleLoop(stop <-chan struct{}) {
 	defer o.wg.Done()
-	t := time.NewTicker(min(max(o.opts.CacheGrace/2, time.Millisecond), pinTick))
+	t := time.NewTicker(idleTick(o.opts.CacheGrace))
 	defer t.Stop()
 	swept := time.Now()
 	for {

@@ -1032,7 +1032,9 @@ class Client:
         one call, and the next MAX_BATCH only when all before were present. ``pin_ms`` > 0
         (prefix only, at most MAX_PIN_MS) also pins the pages counted for that long, so the
         get that follows finds them in the owner's memory; a pin needs no release (it ends
-        with its time, the session, or a get of the key), and a page that cannot be pinned
+        with its time, the session, a get of the key, or an overwrite or delete of it reaching
+        the owner; until then this session's get may read the version the lookup found,
+        docs/hot-set.md), and a page that cannot be pinned
         ends the count like an absent one. Pages the owner does not hold in memory (on another
         owner or on SSD) are brought in only as far as half its landing area takes; the rest
         are counted unpinned, and the load brings them in."""
