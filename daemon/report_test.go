@@ -140,16 +140,12 @@ func (h *commitHeld) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsd
 	return nil, errors.New("injected: the master that assigned the persist is gone")
 }
 
-// TestReportLeavesCommitsInFlight: an SSD record whose commit to the master is still out
-// when the owner registers with a new master is not reported to it. The owner forgets
-// the record once the commit fails or it sees the master changed; a new master that
-// adopted it would route gets to a record the owner no longer has (and, with
-// --ssd-admit evict, drop the page's memory copy as clean). What the new master records
-// on the owner's SSD is what the owner holds.
-func TestReportLeavesCommitsInFlight(t *testing.T) {
-	t.Parallel()
+// nodeWithCommitHeld is a node with SSD whose first SSD commit, of key "k" put here, is
+// out and held (commitHeld, sent on with pass) when it returns.
+func nodeWithCommitHeld(t *testing.T, pass bool) (*node, *commitHeld) {
+	t.Helper()
 	n := startNode(t, 8<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
-	held := &commitHeld{entered: make(chan struct{}), release: make(chan struct{})}
+	held := &commitHeld{entered: make(chan struct{}), release: make(chan struct{}), pass: pass}
 	n.wrapMaster(func(c masterservice.Client) masterservice.Client { held.Client = c; return held })
 	if err := n.c.Put("k", value(1, 100_000)); err != nil {
 		t.Fatal(err)
@@ -159,6 +155,18 @@ func TestReportLeavesCommitsInFlight(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no SSD commit came")
 	}
+	return n, held
+}
+
+// TestReportLeavesCommitsInFlight: an SSD record whose commit to the master is still out
+// when the owner registers with a new master is not reported to it. The owner forgets
+// the record once the commit fails or it sees the master changed; a new master that
+// adopted it would route gets to a record the owner no longer has (and, with
+// --ssd-admit evict, drop the page's memory copy as clean). What the new master records
+// on the owner's SSD is what the owner holds.
+func TestReportLeavesCommitsInFlight(t *testing.T) {
+	t.Parallel()
+	n, held := nodeWithCommitHeld(t, false)
 	n.m = restartMaster(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -186,17 +194,7 @@ func TestReportLeavesCommitsInFlight(t *testing.T) {
 // that was out meanwhile forget a record the master published.
 func TestCommitKeptAcrossAFailedRegister(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 8<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
-	held := &commitHeld{entered: make(chan struct{}), release: make(chan struct{}), pass: true}
-	n.wrapMaster(func(c masterservice.Client) masterservice.Client { held.Client = c; return held })
-	if err := n.c.Put("k", value(1, 100_000)); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-held.entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no SSD commit came")
-	}
+	n, held := nodeWithCommitHeld(t, true)
 	st := n.o.lock()
 	_, prev := st.beginRegister(time.Now(), time.Minute)
 	st.endRegister(nil, time.Now(), prev) // the Register call failed
