@@ -99,6 +99,9 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 // share of the hot-set budget until its time was up. (Until this invalidation arrives
 // the pinning session may still load the version its lookup found: docs/hot-set.md.)
 func (st *ownerState) unpinDead(key string, upTo int64) {
+	if len(st.pins) == 0 { // the common case: every put's publish invalidates its key
+		return
+	}
 	for _, c := range st.sessions {
 		p := c.pins[key]
 		if p == nil {
