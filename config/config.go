@@ -79,6 +79,11 @@ type Owner struct {
 	// the transfer area) that idle hot-set holdings may keep pinned: nil takes the
 	// daemon's default (0.5), a pointer to 0 turns the hot set off ("off" or 0).
 	HotSet *float64
+	// UIDShare (uid_share) is the largest share of each socket's connection cap, the
+	// put areas' total and the frame memory that one client uid other than the owner's
+	// and root may take: a fraction 0 < x ≤ 1; nil takes the daemon's default (0.5),
+	// "off" is 1 (no per-uid bound).
+	UIDShare *float64
 	// MaxConnections (max_connections) caps the open connections of each owner
 	// socket; 0 derives the cap from RLIMIT_NOFILE.
 	MaxConnections int

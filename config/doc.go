@@ -14,5 +14,6 @@
 // large_limit_size key are refused (a forgotten key would silently run without SSD;
 // large_limit_size: null stays the explicit "off"). Durations must be positive,
 // counts non-negative, ports numeric; cache_grace takes a duration ≥ 0 or off, and
-// hot_set a fraction 0 < x ≤ 1 of the memory pool, or 0 or off.
+// hot_set a fraction 0 < x ≤ 1 of the memory pool, or 0 or off; uid_share a fraction
+// 0 < x ≤ 1, or off (1).
 package config

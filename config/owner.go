@@ -58,6 +58,7 @@ func parseOwner(n *yaml.Node, role Role) (*Owner, error) {
 		"log_format":       stringField(k("log_format"), &o.LogFormat, CheckLogFormat),
 		"cache_grace":      offField(k("cache_grace"), "a duration such as \"20ms\", or off", ParseCacheGrace, &o.CacheGrace, "!!str", "!!int"),
 		"hot_set":          offField(k("hot_set"), "a fraction of the memory pool such as 0.5, or off", ParseHotSet, &o.HotSet, "!!str", "!!int", "!!float"),
+		"uid_share":        offField(k("uid_share"), "a fraction of each shared resource such as 0.5, or off", ParseUIDShare, &o.UIDShare, "!!str", "!!int", "!!float"),
 		"hello_timeout":    durationField(k("hello_timeout"), &o.HelloTimeout),
 		"frame_timeout":    durationField(k("frame_timeout"), &o.FrameTimeout),
 		"idle_timeout":     durationField(k("idle_timeout"), &o.IdleTimeout),

@@ -259,6 +259,23 @@ func ParseHotSet(s string) (float64, error) {
 	return f, nil
 }
 
+// ParseUIDShare parses a per-uid share (the owner's uid_share): a fraction 0 < x ≤ 1, or
+// "off" (1: no per-uid bound). 0 is refused: it would admit no client of another uid.
+func ParseUIDShare(s string) (float64, error) {
+	t := strings.TrimSpace(s)
+	if strings.EqualFold(t, "off") {
+		return 1, nil
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || math.IsNaN(f) {
+		return 0, fmt.Errorf("invalid share %q (want a fraction 0 < x ≤ 1 such as 0.5, or off for no per-uid bound)", s)
+	}
+	if f <= 0 || f > 1 {
+		return 0, fmt.Errorf("%v must be a fraction 0 < x ≤ 1 (off: no per-uid bound; unset = the default 0.5)", f)
+	}
+	return f, nil
+}
+
 // countValue is a YAML integer ≥ 0.
 // countField reads a whole number ≥ 0 into dst; zero says what 0 means.
 func countField(key, zero string, dst *int) func(*yaml.Node) error {

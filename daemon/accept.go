@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/shm"
 )
 
 // Accept-loop tuning.
@@ -46,25 +47,31 @@ const (
 // process is out of file descriptors (EMFILE/ENFILE) it closes a spare fd kept for the
 // purpose, accepts the waiting connection and refuses it with a clear error instead of
 // leaving clients hanging in the backlog. It caps the open connections of its socket:
-// one more is accepted and refused at once. Both sockets share it; what differs is
+// one more is accepted and refused at once, and so is one more of a bounded uid that
+// holds its share of the cap (uidshare.go). Both sockets share it; what differs is
 // serve (one connection's protocol) and refuse (how a refusal is told).
 type acceptor struct {
-	ln      *net.UnixListener
-	socket  string // socketAttach or socketRPC: metrics label and log field
-	max     int    // connection cap
+	ln     *net.UnixListener
+	socket string // socketAttach or socketRPC: metrics label and log field
+	max    int    // connection cap
+	// uidMax caps the connections of one bounded uid (0: no per-uid cap); share is the
+	// Options.UIDShare it came from, for the refusal.
+	uidMax  int
+	share   float64
 	nofile  uint64 // RLIMIT_NOFILE at start, for the refusal message
 	log     zerolog.Logger
 	metrics *metrics.Metrics // nil: no metrics
-	// serve runs one accepted connection in its own goroutine; the acceptor closes the
-	// connection when serve returns.
-	serve func(conn *net.UnixConn)
+	// serve runs one accepted connection of the peer uid in its own goroutine; the
+	// acceptor closes the connection when serve returns.
+	serve func(conn *net.UnixConn, uid uint32)
 	// refuse writes a refusal carrying msg to conn before it is closed; nil: close only.
 	refuse func(conn *net.UnixConn, msg string)
 
 	spare *os.File // closed to make room for one accept under fd exhaustion; nil when lost
 
-	mu     sync.Mutex // protects conns, closed
+	mu     sync.Mutex // protects conns, byUID, closed
 	conns  map[*net.UnixConn]struct{}
+	byUID  map[uint32]int // open connections of each bounded uid (with uidMax)
 	closed bool
 
 	lingering atomic.Int32
@@ -72,10 +79,16 @@ type acceptor struct {
 	wg        sync.WaitGroup // serve goroutines and lingering refusals
 }
 
-func newAcceptor(ln *net.UnixListener, socket string, max int, log zerolog.Logger, m *metrics.Metrics,
-	serve func(*net.UnixConn), refuse func(*net.UnixConn, string)) *acceptor {
+// newAcceptor caps ln's connections at max, and those of one bounded uid at its share
+// of max (share ≥ 1: no per-uid cap).
+func newAcceptor(ln *net.UnixListener, socket string, max int, share float64, log zerolog.Logger, m *metrics.Metrics,
+	serve func(*net.UnixConn, uint32), refuse func(*net.UnixConn, string)) *acceptor {
 	a := &acceptor{ln: ln, socket: socket, max: max, nofile: nofileLimit(), metrics: m, serve: serve, refuse: refuse,
-		log: log.With().Str("socket", socket).Logger(), conns: make(map[*net.UnixConn]struct{})}
+		log: log.With().Str("socket", socket).Logger(), conns: make(map[*net.UnixConn]struct{}), share: share}
+	if share < 1 {
+		a.uidMax = int(shareOf(int64(max), share, 1, 1))
+		a.byUID = make(map[uint32]int)
+	}
 	a.reopenSpare()
 	return a
 }
@@ -135,8 +148,16 @@ func (a *acceptor) acceptWithSpare() (closed, handled bool) {
 	return false, true
 }
 
-// admit serves conn, or refuses it when the socket is at its cap or closing.
+// admit serves conn, or refuses it when the socket is at its cap or closing, or its
+// peer's uid is bounded and holds its share of the cap.
 func (a *acceptor) admit(conn *net.UnixConn) {
+	uid, err := shm.PeerUID(conn)
+	if err != nil { // the peer is gone already
+		a.note(metrics.RefuseAccept, "no peer credentials", func(e *zerolog.Event) { e.Err(err) })
+		conn.Close()
+		return
+	}
+	counted := a.uidMax > 0 && boundedUID(uid)
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -148,15 +169,29 @@ func (a *acceptor) admit(conn *net.UnixConn) {
 		a.refuseConn(conn, metrics.RefuseCap, fmt.Sprintf("connection cap %d reached", a.max), true)
 		return
 	}
+	if counted && a.byUID[uid] >= a.uidMax {
+		a.mu.Unlock()
+		a.refuseConn(conn, metrics.RefuseUIDShare, fmt.Sprintf("uid %d holds %d connections, its share of this socket's cap %d (--uid-share %g)",
+			uid, a.uidMax, a.max, a.share), true)
+		return
+	}
 	a.conns[conn] = struct{}{}
+	if counted {
+		a.byUID[uid]++
+	}
 	a.mu.Unlock()
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		a.serve(conn)
+		a.serve(conn, uid)
 		conn.Close()
 		a.mu.Lock()
 		delete(a.conns, conn)
+		if counted {
+			if a.byUID[uid]--; a.byUID[uid] == 0 {
+				delete(a.byUID, uid)
+			}
+		}
 		a.mu.Unlock()
 	}()
 }

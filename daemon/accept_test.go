@@ -131,8 +131,8 @@ func acceptChild(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	log := zerolog.New(os.Stderr)
-	a := newAcceptor(ln, socketAttach, 1<<20, log, nil,
-		func(conn *net.UnixConn) {
+	a := newAcceptor(ln, socketAttach, 1<<20, 1, log, nil,
+		func(conn *net.UnixConn, _ uint32) {
 			conn.Write([]byte("OK\n"))
 			io.Copy(io.Discard, conn)
 		},

@@ -25,8 +25,8 @@ const logNameBytes = 32
 // loop: capped, refusals told with an AttachReply.
 func (o *Owner) newAttachAcceptor() *acceptor {
 	var a *acceptor
-	a = newAcceptor(o.attachLn, socketAttach, o.opts.MaxConnections, o.log, o.opts.Metrics,
-		func(conn *net.UnixConn) { o.serveAttach(a, conn) },
+	a = newAcceptor(o.attachLn, socketAttach, o.opts.MaxConnections, o.opts.UIDShare, o.log, o.opts.Metrics,
+		func(conn *net.UnixConn, _ uint32) { o.serveAttach(a, conn) },
 		func(conn *net.UnixConn, msg string) { o.attachReject(conn, common.ErrorCode_UNAVAILABLE, msg) })
 	return a
 }
@@ -88,10 +88,10 @@ func (o *Owner) serveAttach(a *acceptor, conn *net.UnixConn) {
 		o.attachReject(conn, common.ErrorCode_UNAVAILABLE, "owner shutting down")
 		return
 	}
-	id, size, err := st.reserveSession()
+	id, size, err := st.reserveSession(cred.Uid)
 	var area *shm.Segment
 	if err == nil {
-		area, err = o.newPutAreaLocked(st, id, size)
+		area, err = o.newPutAreaLocked(st, id, cred.Uid, size)
 	}
 	if err != nil {
 		o.unlock()

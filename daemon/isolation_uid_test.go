@@ -41,6 +41,8 @@ func isoHelper(mode string) int {
 	off, _ := strconv.ParseInt(os.Getenv("FLUXKV_TEST_OFF"), 10, 64)
 	n, _ := strconv.Atoi(os.Getenv("FLUXKV_TEST_LEN"))
 	switch mode {
+	case "share":
+		return shareHelper()
 	case "put":
 		c, err := fluxkv.Connect(fluxkv.Options{Socket: socket, Name: "other-uid"})
 		if err != nil {

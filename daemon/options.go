@@ -170,6 +170,12 @@ type Options struct {
 	// would exceed it gets a smaller area (at least minPutArea) or is refused with
 	// NO_SPACE. Default 1 GiB.
 	PutAreaTotal int64
+	// UIDShare is the largest share a client uid other than the owner's and root may
+	// take of each resource the owner's clients compete for: each Unix socket's
+	// connection cap, PutAreaTotal and FrameMemory (uidshare.go), so that one admitted
+	// tenant cannot deny the others service. A fraction 0 < x ≤ 1; 1 lifts the bound.
+	// Default 0 means DefaultUIDShare (one half).
+	UIDShare float64
 	// SSD enables the SSD tier (docs/architecture.md §6) with these storage options; nil = memory only.
 	SSD *ssd.Options
 
@@ -282,6 +288,9 @@ func (o *Options) setDefaults() {
 	if o.PutAreaTotal == 0 {
 		o.PutAreaTotal = DefaultPutAreaTotal
 	}
+	if o.UIDShare == 0 {
+		o.UIDShare = DefaultUIDShare
+	}
 	if o.Logger == nil {
 		l := zerolog.Nop()
 		o.Logger = &l
@@ -327,6 +336,9 @@ func (o *Options) Validate() error {
 	}
 	if o.FrameMemory < 0 {
 		return fmt.Errorf("owner: frame memory %d must not be negative", o.FrameMemory)
+	}
+	if !(o.UIDShare >= 0 && o.UIDShare <= 1) { // NaN too
+		return fmt.Errorf("owner: uid share %v is a fraction: 0 < x ≤ 1 (1: no per-uid bound; 0: the default %v)", o.UIDShare, DefaultUIDShare)
 	}
 	if o.PutAreaTotal != 0 && o.PutAreaTotal < minPutArea {
 		return fmt.Errorf("owner: put area total %d must be at least %d bytes", o.PutAreaTotal, minPutArea)

@@ -97,7 +97,7 @@ func New(opts Options) (*Owner, error) {
 	}
 	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM + opts.LandingReserve,
 		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(), pinBudget: opts.pinBudget(),
-		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal})
+		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal, uidShare: opts.UIDShare})
 	o.copied = sync.NewCond(&o.mu.Mutex)
 	o.inForce.Store(opts.boundsFor(defaultMasterTimes))
 	o.cachedGets = opts.Metrics.Replicas(func() metrics.ReplicaState {
@@ -246,7 +246,8 @@ func (o *Owner) Start(ctx context.Context) error {
 
 	svc := externalservice.NewServiceInfo()
 	o.rpc, err = listenFramed(wire.RPCSocketPath(o.opts.SocketPath()), o.opts.SocketMode, svc, &externalHandler{o: o}, o.log, o.opts.Metrics,
-		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive, Budget: o.frames, Lost: o.lostReply})
+		connLimits{MaxConns: o.opts.MaxConnections, FrameTimeout: o.opts.FrameTimeout, IdleTimeout: o.opts.IdleTimeout, Live: o.sessionLive, Budget: o.frames,
+			UIDShare: o.opts.UIDShare, Lost: o.lostReply})
 	if err != nil {
 		o.failStart()
 		return err

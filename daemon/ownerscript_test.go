@@ -120,7 +120,7 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 		return "", nil
 
 	case "attach":
-		id, _, err := st.reserveSession()
+		id, _, err := st.reserveSession(0)
 		if err != nil {
 			return "", err
 		}

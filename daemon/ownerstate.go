@@ -78,6 +78,7 @@ type stateOptions struct {
 	pinBudget  int64         // prefix-lookup pin bytes (0: hotBudget)
 	putArea    int64         // per-session put area
 	areaTotal  int64         // all put areas
+	uidShare   float64       // Options.UIDShare
 	maxHolders int           // one session's holders (0: maxSessionHolders)
 }
 
@@ -90,7 +91,7 @@ func newOwnerState(o stateOptions) ownerState {
 	return ownerState{
 		nodeID: o.nodeID, generation: o.generation, segSize: o.segSize, isolation: o.isolation,
 		sessions: make(map[int64]*session), maxHolders: cmp.Or(o.maxHolders, maxSessionHolders),
-		areas:    putAreaBudget{per: o.putArea, total: o.areaTotal},
+		areas:    newPutAreaBudget(o.putArea, o.areaTotal, o.uidShare),
 		hot:      newHotSet(o.grace, o.hotBudget, o.pinBudget),
 		replicas: newReplicaIndex(),
 		reg:      registration{period: time.Second},
@@ -135,14 +136,15 @@ func (st *ownerState) live(id int64) bool {
 }
 
 // reserveSession takes the next client id and, under client isolation, the size of
-// its put area (0 without); a refusal is UNAVAILABLE (stopping) or NO_SPACE.
-func (st *ownerState) reserveSession() (id, areaSize int64, err error) {
+// its put area (0 without) for a client of uid; a refusal is UNAVAILABLE (stopping) or
+// NO_SPACE.
+func (st *ownerState) reserveSession(uid uint32) (id, areaSize int64, err error) {
 	if st.stopping {
 		return 0, 0, errCode(common.ErrorCode_UNAVAILABLE, "owner shutting down")
 	}
 	st.nextID++
 	if st.isolation {
-		if areaSize, err = st.areas.reserve(); err != nil {
+		if areaSize, err = st.areas.reserve(uid); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -51,6 +51,7 @@ type framedServer struct {
 	log     zerolog.Logger
 	metrics *metrics.Metrics // nil: no metrics
 	limits  connLimits
+	uids    *uidFrames     // bounded uids' shares of limits.Budget (nil: none)
 	wg      sync.WaitGroup // the accept loop
 }
 
@@ -65,6 +66,9 @@ type connLimits struct {
 	// apart from the peer port's); nil:
 	// each frame is bounded by wire.MaxFrameBytes alone.
 	Budget *wire.FrameBudget
+	// UIDShare is Options.UIDShare: a bounded uid's share of the connection cap and of
+	// Budget (uidshare.go); ≥ 1: none.
+	UIDShare float64
 	// Lost takes back what a reply the client never read handed out (lostreply.go); nil:
 	// nothing is taken back.
 	Lost func(g grant)
@@ -86,7 +90,10 @@ func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, h
 		return nil, err
 	}
 	s := &framedServer{svc: svc, handler: handler, log: log, metrics: m, limits: lim}
-	s.acc = newAcceptor(ln, socketRPC, lim.MaxConns, log, m, s.serve, nil)
+	if lim.Budget != nil {
+		s.uids = newUIDFrames(lim.Budget.Limit(), lim.UIDShare)
+	}
+	s.acc = newAcceptor(ln, socketRPC, lim.MaxConns, lim.UIDShare, log, m, s.serve, nil)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -95,8 +102,10 @@ func listenFramed(path string, mode os.FileMode, svc *serviceinfo.ServiceInfo, h
 	return s, nil
 }
 
-func (s *framedServer) serve(conn *net.UnixConn) {
-	err := s.serveConn(conn)
+func (s *framedServer) serve(conn *net.UnixConn, uid uint32) {
+	own := s.uids.open(uid)
+	defer s.uids.close(uid)
+	err := s.serveConn(conn, uid, own)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errConnDone) {
 		s.log.Debug().Err(err).Msg("rpc connection closed")
 	}
@@ -105,7 +114,9 @@ func (s *framedServer) serve(conn *net.UnixConn) {
 // errConnDone ends a connection whose closing was already counted and logged.
 var errConnDone = errors.New("connection closed by the server")
 
-func (s *framedServer) serveConn(conn *net.UnixConn) error {
+// serveConn serves conn, whose peer is uid; own is the uid's frame budget (nil: it has
+// none apart from the socket's).
+func (s *framedServer) serveConn(conn *net.UnixConn, uid uint32, own *wire.FrameBudget) error {
 	r := bufio.NewReaderSize(conn, connReadBuffer)
 	st := &connState{}
 	var buf, out []byte
@@ -132,9 +143,10 @@ func (s *framedServer) serveConn(conn *net.UnixConn) error {
 			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Uint32("bytes", n) })
 			return fmt.Errorf("frame of %d bytes: not a framed thrift request of at most %d bytes: %w", n, wire.MaxFrameBytes, errConnDone)
 		}
-		// Large frames reserve their memory from the owner's budget first: a frame that
-		// finds no room within FrameTimeout is refused with the budget's message.
-		held, err := s.limits.Budget.Reserve(int(n), time.Now().Add(s.limits.FrameTimeout))
+		// Large frames reserve their memory from the owner's budget first (and the uid's
+		// share of it before): a frame that finds no room within FrameTimeout is refused
+		// with the budget's message.
+		held, err := reserveFrame(uid, own, s.limits.Budget, int(n), time.Now().Add(s.limits.FrameTimeout))
 		if err != nil {
 			s.acc.refused(metrics.RefuseFrameMemory, "rpc frame refused", func(e *zerolog.Event) { e.Uint32("bytes", n).Err(err) })
 			ex := thrift.NewApplicationException(thrift.INTERNAL_ERROR, err.Error())
@@ -144,17 +156,17 @@ func (s *framedServer) serveConn(conn *net.UnixConn) error {
 		}
 		buf, err = wire.ReadFrameBody(r, buf, int(n))
 		if err != nil {
-			s.limits.Budget.Release(held)
+			releaseFrame(own, s.limits.Budget, held)
 			return s.readFailed(err)
 		}
 		method, typ, seq, off, err := thrift.Binary.ReadMessageBegin(buf)
 		if err != nil {
-			s.limits.Budget.Release(held)
+			releaseFrame(own, s.limits.Budget, held)
 			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Err(err) })
 			return fmt.Errorf("garbage frame: %w: %w", err, errConnDone)
 		}
 		reply, fatal := s.dispatch(st, method, typ, seq, buf[off:])
-		s.limits.Budget.Release(held)
+		releaseFrame(own, s.limits.Budget, held)
 		out = appendFrame(out[:0], reply)
 		conn.SetWriteDeadline(time.Now().Add(s.limits.FrameTimeout))
 		if _, err := conn.Write(out); err != nil {

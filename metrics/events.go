@@ -11,7 +11,8 @@ const (
 	RefuseFrame       = "frame"        // a frame over the limit, not a CALL, or announcing sizes its bytes do not hold
 	RefuseFrameMemory = "frame_memory" // a frame that did not fit in the process's frame memory budget in time
 	RefuseAccept      = "accept"       // a temporary accept error (retried with backoff)
-	RefusePutArea     = "put_area"     // client isolation: the put areas' total (--put-area-total) is used up
+	RefusePutArea     = "put_area"     // client isolation: the put areas' total (--put-area-total) or the uid's share of it is used up
+	RefuseUIDShare    = "uid_share"    // a uid other than the owner's and root holds its share (--uid-share) of the socket's connection cap
 	RefuseAuth        = "auth"         // a cluster connection that failed authentication (protocol/auth)
 	RefuseShed        = "shed"         // a cluster connection in its handshake shed for a newer one: too many pending (protocol/auth)
 	RefuseSourceCap   = "source_cap"   // the same, shed because its source address held its share of the pending ones
@@ -32,7 +33,7 @@ const (
 var (
 	sockets       = []string{SocketAttach, SocketRPC, SocketMaster, SocketPeer, SocketData}
 	refuseReasons = []string{RefuseCap, RefuseNoFD, RefuseHello, RefusePerm, RefuseFrame, RefuseFrameMemory,
-		RefuseAccept, RefusePutArea, RefuseAuth, RefuseShed, RefuseSourceCap}
+		RefuseAccept, RefusePutArea, RefuseUIDShare, RefuseAuth, RefuseShed, RefuseSourceCap}
 	timeoutKinds = []string{TimeoutHello, TimeoutFrame, TimeoutIdle, TimeoutAuth}
 )
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -40,16 +41,11 @@ func PeerCred(conn *net.UnixConn) (Cred, error) {
 	if err != nil {
 		return Cred{}, fmt.Errorf("peer cred: %w", err)
 	}
-	var uc *unix.Ucred
+	uc, err := peerUcred(rc)
+	if err != nil {
+		return Cred{}, err
+	}
 	var uerr error
-	if err := rc.Control(func(s uintptr) {
-		uc, uerr = unix.GetsockoptUcred(int(s), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return Cred{}, fmt.Errorf("peer cred: %w", err)
-	}
-	if uerr != nil {
-		return Cred{}, fmt.Errorf("peer cred: getsockopt SO_PEERCRED: %w", uerr)
-	}
 	var groups []uint32
 	if err := rc.Control(func(s uintptr) { groups, uerr = peerGroups(int(s)) }); err != nil {
 		return Cred{}, fmt.Errorf("peer groups: %w", err)
@@ -58,6 +54,33 @@ func PeerCred(conn *net.UnixConn) (Cred, error) {
 		return Cred{}, fmt.Errorf("peer groups: getsockopt SO_PEERGROUPS: %w", uerr)
 	}
 	return Cred{Pid: uc.Pid, Uid: uc.Uid, Gid: uc.Gid, Groups: groups}, nil
+}
+
+// PeerUID returns the uid of conn's peer (SO_PEERCRED alone).
+func PeerUID(conn *net.UnixConn) (uint32, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("peer cred: %w", err)
+	}
+	uc, err := peerUcred(rc)
+	if err != nil {
+		return 0, err
+	}
+	return uc.Uid, nil
+}
+
+func peerUcred(rc syscall.RawConn) (*unix.Ucred, error) {
+	var uc *unix.Ucred
+	var uerr error
+	if err := rc.Control(func(s uintptr) {
+		uc, uerr = unix.GetsockoptUcred(int(s), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, fmt.Errorf("peer cred: %w", err)
+	}
+	if uerr != nil {
+		return nil, fmt.Errorf("peer cred: getsockopt SO_PEERCRED: %w", uerr)
+	}
+	return uc, nil
 }
 
 // maxPeerGroups bounds SO_PEERGROUPS' answer (Linux's NGROUPS_MAX is 65536).

@@ -415,6 +415,12 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: `--hot-set: invalid fraction "50%"`},
 		{name: "hot set above 1 in the file", command: "up", yaml: "fluxkv_spec:\n  hot_set: 2\n",
 			wantErr: "fluxkv_spec.hot_set: 2 must be ≤ 1"},
+		{name: "uid share 0", command: "up", args: []string{"--uid-share", "0"},
+			wantErr: "--uid-share: 0 must be a fraction 0 < x ≤ 1 (off: no per-uid bound"},
+		{name: "uid share above 1 in the file", command: "up", yaml: "fluxkv_spec:\n  uid_share: 1.5\n",
+			wantErr: "fluxkv_spec.uid_share: 1.5 must be a fraction 0 < x ≤ 1"},
+		{name: "uid share not a number", command: "up", args: []string{"--uid-share", "half"},
+			wantErr: `--uid-share: invalid share "half"`},
 		{name: "negative max connections", command: "owner", args: append([]string{"--max-connections", "-1"}, owner...),
 			wantErr: "--max-connections must be ≥ 0, got -1"},
 		{name: "max connections above the open-file limit", command: "up", args: []string{"--max-connections", "2000000000"},
@@ -593,6 +599,24 @@ func TestSettingsEdges(t *testing.T) {
 		{"hot set off in the file, flag wins", "fluxkv_spec:\n  hot_set: 0.75\n", []string{"--hot-set", "off"}, func(o config.Owner) string {
 			if h := ownerOptions(o, "127.0.0.1:1", nil, nil).HotSet; h >= 0 {
 				return fmt.Sprintf("daemon HotSet %v, want negative (disabled)", h)
+			}
+			return ""
+		}},
+		{"uid share unset is the daemon's default", "", nil, func(o config.Owner) string {
+			if u := ownerOptions(o, "127.0.0.1:1", nil, nil).UIDShare; u != 0 {
+				return fmt.Sprintf("daemon UIDShare %v, want 0 (its default)", u)
+			}
+			return ""
+		}},
+		{"uid share from the file, flag wins", "fluxkv_spec:\n  uid_share: 0.75\n", []string{"--uid-share", "off"}, func(o config.Owner) string {
+			if u := ownerOptions(o, "127.0.0.1:1", nil, nil).UIDShare; u != 1 {
+				return fmt.Sprintf("daemon UIDShare %v, want 1 (off)", u)
+			}
+			return ""
+		}},
+		{"uid share from the file", "fluxkv_spec:\n  uid_share: 0.25\n", nil, func(o config.Owner) string {
+			if u := ownerOptions(o, "127.0.0.1:1", nil, nil).UIDShare; u != 0.25 {
+				return fmt.Sprintf("daemon UIDShare %v, want 0.25", u)
 			}
 			return ""
 		}},
@@ -1034,7 +1058,7 @@ func wantRefusal(t *testing.T, err error, want string) {
 // sets them; every field of the sections is a row's or the file's alone.
 func TestSettingTables(t *testing.T) {
 	owner := map[string]string{
-		"socket_dir": "/run/x", "dram": "64MiB", "node_id": "n", "cache_grace": "1s", "hot_set": "0.5", "max_connections": "3",
+		"socket_dir": "/run/x", "dram": "64MiB", "node_id": "n", "cache_grace": "1s", "hot_set": "0.5", "uid_share": "0.25", "max_connections": "3",
 		"hello_timeout": "1s", "frame_timeout": "1s", "idle_timeout": "1s", "allowed_uids": "[7]", "transfer_reserve": "1MiB", "landing_reserve": "32MiB",
 		"client_isolation": "true", "prefault": "true", "huge_pages": "true", "put_area": "8MiB", "frame_memory": "128MiB", "put_area_total": "64MiB", "peer_listen": "127.0.0.1:1",
 		"data_listen": "127.0.0.1:2", "advertise_host": "h", "cluster_name": "c", "instance_key": "i",

@@ -41,6 +41,13 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			Usage: "cap on the open connections of each owner socket (attach and RPC); the next one is accepted and refused with a clear error; 0 = derived from the open-file limit"},
 			key: "max_connections", kind: replace(func(s *config.Owner) *int { return &s.MaxConnections }, intFlag), // checkMaxConnections
 			set: func(o *daemon.Options, s *config.Owner) { o.MaxConnections = s.MaxConnections }},
+		{flag: &cli.StringFlag{Name: "uid-share", DefaultText: "0.5", Usage: "the largest share of each socket's connection cap, of --put-area-total and of --frame-memory that the clients of one uid other than the owner's and root may take: a fraction 0 < x ≤ 1; off = 1 (no per-uid bound)"},
+			key: "uid_share", kind: replace(func(s *config.Owner) **float64 { return &s.UIDShare }, parsedFlag(config.ParseUIDShare)),
+			set: func(o *daemon.Options, s *config.Owner) {
+				if s.UIDShare != nil {
+					o.UIDShare = *s.UIDShare
+				}
+			}},
 		{flag: &cli.DurationFlag{Name: "hello-timeout", DefaultText: "5s", Usage: "close an attach connection whose hello has not arrived within this; > 0"},
 			key: "hello_timeout", kind: duration(func(s *config.Owner) *time.Duration { return &s.HelloTimeout }),
 			set: func(o *daemon.Options, s *config.Owner) { o.HelloTimeout = s.HelloTimeout }},
