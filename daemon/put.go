@@ -269,15 +269,16 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 		st = o.lock()
 		c.copying--
 		o.copied.Broadcast()
-		if !copied { // the deadline passed while PutWrites ran or during the copy
-			err := errPutExpired(p, o.bounds().putCopy)
-			st.endPut(c, p, err)
-			o.unlock()
-			o.abandonPut(p)
-			return nil, nil, err
-		}
+		p.expired = p.expired || !copied // the deadline passed while PutWrites ran or during the copy
 	}
 	o.waitCopiesLocked(p)
+	if p.expired { // a PutWrite's copy, or ours, stopped at the deadline: the value is part-copied
+		err := errPutExpired(p, o.bounds().putCopy)
+		st.endPut(c, p, err)
+		o.unlock()
+		o.abandonPut(p)
+		return nil, nil, err
+	}
 	o.unlock()
 	return p, nil, nil
 }
@@ -288,9 +289,9 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error {
 	delete(c.puts, p.putID)
 	st.writes.remove(p.write)
-	o.waitCopiesLocked(p)
 	err := errPutExpired(p, o.bounds().putCopy)
-	c.ended.add(p.putID, p.key, err) // a repeated PutEnd or PutWrite answers the same
+	c.ended.add(p.putID, p.key, err) // a repeated PutEnd or PutWrite answers the same, also while copies end
+	o.waitCopiesLocked(p)
 	return err
 }
 

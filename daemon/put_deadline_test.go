@@ -12,8 +12,11 @@ import (
 	"github.com/cloudwego/kitex/client/callopt"
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // TestIsolatedCopyAfterPutDeadline: under client isolation the owner copies a put's
@@ -245,5 +248,103 @@ func TestDeadPutLeavesItsSession(t *testing.T) {
 	close(release)
 	if err := <-done; !errors.Is(err, fluxkv.ErrUnavailable) {
 		t.Errorf("the put ended after its master's TTL: %v, want UNAVAILABLE", err)
+	}
+}
+
+// TestPutEndAfterAnExpiredPutWrite: a PutEnd without copies that waits for a PutWrite
+// still copying (a client that overlaps its calls; a batch wave ends a streamed item so)
+// must not publish the value when that copy stopped at the put's deadline: the range
+// holds only the chunks copied in time. Both calls answer UNAVAILABLE and the key stays
+// unpublished.
+func TestPutEndAfterAnExpiredPutWrite(t *testing.T) {
+	t.Parallel()
+	n, c, id, inChunk, release := stalledPutWrite(t)
+	werr, eerr := make(chan error, 1), make(chan error, 1)
+	go func() { werr <- n.o.putWrite(c, "torn", id, []*external.AreaCopy{{Len: 2 << 20}}) }()
+	<-inChunk
+	time.Sleep(400 * time.Millisecond) // past the copy deadline
+	go func() { eerr <- n.o.putEnd(c, "torn", id, nil) }()
+	for { // until the PutEnd waits for the PutWrite's copy
+		n.o.lock()
+		ending := c.puts[id] != nil && c.puts[id].ending != nil
+		n.o.unlock()
+		if ending {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-werr; wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+		t.Errorf("PutWrite stopped at the deadline: %v, want UNAVAILABLE", err)
+	}
+	if err := <-eerr; wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+		t.Errorf("PutEnd after the expired PutWrite: %v, want UNAVAILABLE", err)
+	}
+	if h, err := n.c.Get("torn"); err == nil {
+		t.Errorf("the part-copied value was published: byte 0 %#x, byte 1 MiB %#x", h.Bytes()[0], h.Bytes()[1<<20])
+		h.Release()
+	} else if !errors.Is(err, fluxkv.ErrKeyNotFound) {
+		t.Fatal(err)
+	}
+	if err := n.o.putEnd(c, "torn", id, nil); wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+		t.Errorf("PutEnd repeated: %v, want the first answer, UNAVAILABLE", err)
+	}
+}
+
+// stalledPutWrite starts an isolated node whose put copies stall in the first chunk of
+// key "torn" until release closes (inChunk closes when it is reached), and starts a
+// 2 MiB put of "torn" whose value the session's put area holds.
+func stalledPutWrite(t *testing.T) (n *node, c *session, id int64, inChunk, release chan struct{}) {
+	inChunk, release = make(chan struct{}), make(chan struct{})
+	n = startNode(t, 16<<20, nil, master.Options{InsecureCluster: true, InflightTTL: 10 * time.Second}, func(o *Options) {
+		o.ClientIsolation, o.PutArea, o.PutCopyDeadline = true, 2<<20, 300*time.Millisecond
+		o.testCopyChunk = func(key string, chunk int) {
+			if key == "torn" && chunk == 0 {
+				close(inChunk)
+				<-release
+			}
+		}
+	})
+	st := n.o.lock()
+	c = st.sessions[n.c.ClientID()]
+	n.o.unlock()
+	id, _, err := n.o.putStart(c, "torn", 2<<20, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(c.area.Bytes(), bytes.Repeat([]byte{0xAB}, 2<<20))
+	return n, c, id, inChunk, release
+}
+
+// TestExpiringPutAnsweredWhileCopiesEnd: a PutWrite past the deadline expires the put
+// and waits for a copy still running; a PutEnd retried meanwhile answers the expiry
+// (UNAVAILABLE), not "unknown put".
+func TestExpiringPutAnsweredWhileCopiesEnd(t *testing.T) {
+	t.Parallel()
+	n, c, id, inChunk, release := stalledPutWrite(t)
+	first, second := make(chan error, 1), make(chan error, 1)
+	copies := []*external.AreaCopy{{Len: 2 << 20}}
+	go func() { first <- n.o.putWrite(c, "torn", id, copies) }()
+	<-inChunk
+	time.Sleep(400 * time.Millisecond) // past the copy deadline
+	go func() { second <- n.o.putWrite(c, "torn", id, copies) }()
+	for { // until the second PutWrite took the put out of the session
+		n.o.lock()
+		gone := c.puts[id] == nil
+		n.o.unlock()
+		if gone {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	err := n.o.putEnd(c, "torn", id, nil)
+	close(release)
+	if wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+		t.Errorf("PutEnd while the expired put's copy ends: %v, want UNAVAILABLE", err)
+	}
+	for _, ch := range []chan error{first, second} {
+		if err := <-ch; wire.CodeOf(err) != common.ErrorCode_UNAVAILABLE {
+			t.Errorf("PutWrite: %v, want UNAVAILABLE", err)
+		}
 	}
 }

@@ -146,8 +146,9 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 		o.unlock()
 		return nil
 	}
+	p.expired = true
 	if c.puts[putID] != p || p.ending != nil {
-		// Expired meanwhile, or its PutEnd (waiting for this copy) finds the deadline passed too.
+		// Expired meanwhile, or its PutEnd (waiting for this copy) ends it (p.expired).
 		o.unlock()
 		return errPutExpired(p, o.bounds().putCopy)
 	}

@@ -68,6 +68,9 @@ type pendingPut struct {
 	// copying counts PutWrite copies into the put's range in progress: its range is
 	// not given back (abort, session end) nor published before they finish.
 	copying int
+	// expired: a PutWrite copy stopped at copyBy, its value part-copied; the PutEnd
+	// that waited for it answers UNAVAILABLE instead of publishing.
+	expired bool
 }
 
 // endedPuts remembers the outcome of a session's last putEndMemory ended puts.
