@@ -29,20 +29,29 @@ func newEvictQueue(log *zerolog.Logger) *evictQueue {
 // fill drains evs into q until it closes, then closes q.
 func (q *evictQueue) fill(evs <-chan []ssd.Eviction) {
 	for batch := range evs {
-		q.mu.Lock()
-		q.pending = append(q.pending, batch...)
-		if over := len(q.pending) - evictReportMaxPending; over > 0 {
-			if !q.dropping {
-				q.dropping = true
-				q.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master does not take them; dropping the oldest")
-			}
-			q.pending = q.pending[over:]
-		}
-		q.mu.Unlock()
-		q.wake()
+		q.add(batch)
 	}
 	q.mu.Lock()
 	q.closed = true
+	q.mu.Unlock()
+	q.wake()
+}
+
+// add queues batch behind the entries waiting (also the records the owner forgot while
+// the master may route to them: they go as evictions).
+func (q *evictQueue) add(batch []ssd.Eviction) {
+	if len(batch) == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.pending = append(q.pending, batch...)
+	if over := len(q.pending) - evictReportMaxPending; over > 0 {
+		if !q.dropping {
+			q.dropping = true
+			q.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master does not take them; dropping the oldest")
+		}
+		q.pending = q.pending[over:]
+	}
 	q.mu.Unlock()
 	q.wake()
 }

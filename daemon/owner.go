@@ -31,6 +31,10 @@ type Owner struct {
 	generation int64 // this incarnation; externals must name it in every call
 	seg        *shm.Segment
 	store      *ssd.Storage // nil: no SSD tier
+	// evictQ holds the reports of SSD records gone here until the master took them:
+	// the ring's evictions and the records forgotten with the master possibly
+	// routing to them (forwardEvictions sends them; nil without an SSD tier).
+	evictQ *evictQueue
 	// persistPins bounds the SSD entries written and not committed (persistpins.go).
 	persistPins *pinBudget
 	stager      *stager // other owners' refills from store; nil without it
@@ -209,6 +213,7 @@ func (o *Owner) Start(ctx context.Context) error {
 		}
 		o.stager = newStager(o, stageSessionSlots)
 		o.persistPins = newPinBudget(o.store.RingBytes())
+		o.evictQ = newEvictQueue(&o.log)
 		st := o.store.Stats()
 		o.log.Info().Int64("capacity", st.CapacityBytes).Int("devices", len(st.Devices)).Str("engine", st.Engine).
 			Dur("took", time.Since(t1)).Msg("SSD tier opened")

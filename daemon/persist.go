@@ -145,10 +145,17 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len}
 	}
 	forget := func(err error) {
+		gone := make([]ssd.Eviction, 0, len(at))
 		for _, i := range at {
 			pins[i].Forget() // this record, not a rewrite of the version committed since
 			errs[i] = err
+			gone = append(gone, ssd.Eviction{Key: items[i].Key, PutID: items[i].PutId})
 		}
+		// The commit may have reached a master (this one, whose answer was lost, or
+		// the one a registration reported to meanwhile) that now routes gets to the
+		// records: they go to it as evictions (a master that knows none ignores them;
+		// one rewritten since is left out when sent: Storage.Unrewritten).
+		o.evictQ.add(gone)
 	}
 	if o.regEpoch() != epoch {
 		// The owner registered with another master while the replicas were read: that
@@ -345,7 +352,7 @@ const (
 // registration that follows reports what the ring holds.
 func (o *Owner) forwardEvictions() {
 	defer o.wg.Done()
-	q := newEvictQueue(&o.log)
+	q := o.evictQ
 	filled := make(chan struct{})
 	go func() {
 		defer close(filled)

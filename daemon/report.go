@@ -5,6 +5,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // reportReplicas tells a master that does not know this owner (it restarted) what the
@@ -89,18 +90,11 @@ func (o *Owner) endReport() {
 // unreportSSD tells the master the SSD entries of a report batch whose call failed in
 // transport are gone (they were forgotten here): the batch may have landed and only its
 // answer been lost, and the master would then route gets to (and count) records this
-// owner no longer has. Best effort, as a ring eviction's report: an entry the master
-// did not adopt is ignored.
-func (o *Owner) unreportSSD(entries []*common.KeyVersion) {
-	if len(entries) == 0 {
-		return
-	}
-	ctx, cancel := o.master.ctx()
-	defer cancel()
-	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		o.log.Warn().Err(err).Int("entries", len(entries)).Msg("could not tell the master the SSD entries of a lost report are forgotten")
-	}
+// owner no longer has. They go as a ring's evictions do, through the queue that sends
+// them until the master takes them (it refuses them while the owner reports: its last
+// batch, or endReport, ends that); an entry the master did not adopt is ignored.
+func (o *Owner) unreportSSD(entries []ssd.Eviction) {
+	o.evictQ.add(entries)
 }
 
 // forgetSSD drops the SSD ring's entries: the master they were registered with forgot
@@ -163,11 +157,11 @@ func (r *replicaReport) batches() [][2]int {
 }
 
 // ssdIn is the SSD entries among records [start, end).
-func (r *replicaReport) ssdIn(start, end int) []*common.KeyVersion {
-	var out []*common.KeyVersion
+func (r *replicaReport) ssdIn(start, end int) []ssd.Eviction {
+	var out []ssd.Eviction
 	for i := max(start, len(r.mem)); i < end; i++ {
 		x := r.ssd[i-len(r.mem)]
-		out = append(out, &common.KeyVersion{Key: x.key, PutId: x.putID})
+		out = append(out, ssd.Eviction{Key: x.key, PutID: x.putID})
 	}
 	return out
 }

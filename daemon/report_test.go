@@ -164,9 +164,22 @@ func nodeWithCommitHeld(t *testing.T, pass bool) (*node, *commitHeld) {
 // adopted it would route gets to a record the owner no longer has (and, with
 // --ssd-admit evict, drop the page's memory copy as clean). What the new master records
 // on the owner's SSD is what the owner holds.
+//
+// Whether the held commit then fails or reaches the new master (which publishes it:
+// the node reported the memory replica), the owner that forgets the record tells the
+// master so (an eviction report).
 func TestReportLeavesCommitsInFlight(t *testing.T) {
 	t.Parallel()
-	n, held := nodeWithCommitHeld(t, false)
+	for _, pass := range []bool{false, true} {
+		t.Run(fmt.Sprintf("commit reaches the new master=%t", pass), func(t *testing.T) {
+			t.Parallel()
+			testReportLeavesCommitsInFlight(t, pass)
+		})
+	}
+}
+
+func testReportLeavesCommitsInFlight(t *testing.T, pass bool) {
+	n, held := nodeWithCommitHeld(t, pass)
 	n.m = restartMaster(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -176,9 +189,7 @@ func TestReportLeavesCommitsInFlight(t *testing.T) {
 	close(held.release)
 	waitUntil(t, func() bool { return len(n.o.store.Committed()) == 0 }) // the record whose commit failed
 	n.waitPersisted(t)                                                   // whatever the new master persists again
-	if master, owner := n.ssdReplicasOf(t, "n1"), len(n.o.store.Committed()); master != int64(owner) {
-		t.Errorf("the new master records %d SSD replicas on the owner, which holds %d", master, owner)
-	}
+	waitUntil(t, func() bool { return n.ssdReplicasOf(t, "n1") == int64(len(n.o.store.Committed())) })
 	h, err := n.c.Get("k")
 	if err != nil {
 		t.Fatal(err)
@@ -204,4 +215,85 @@ func TestCommitKeptAcrossAFailedRegister(t *testing.T) {
 	if master, owner := n.ssdReplicasOf(t, "n1"), len(n.o.store.Committed()); master != 1 || owner != 1 {
 		t.Errorf("the master records %d SSD replicas on the owner, which holds %d; want the one published", master, owner)
 	}
+}
+
+// reportHeld holds the first ReportReplicas until release closes, then sends it on.
+type reportHeld struct {
+	masterservice.Client
+	entered, release chan struct{}
+	first            sync.Once
+}
+
+func (h *reportHeld) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequest, opts ...callopt.Option) (*mp.ReportReplicasResponse, error) {
+	held := false
+	h.first.Do(func() { held = true })
+	if held {
+		close(h.entered)
+		<-h.release
+	}
+	return h.Client.ReportReplicas(ctx, req, opts...)
+}
+
+// TestEvictionDuringAReport: SSD records the ring overwrites while the owner reports
+// them to a new master are not adopted there. The eviction reports reach the master
+// before the records' report batch; it refuses them until the report ended (it would
+// otherwise find no route to clear, then adopt the gone records and route gets to them).
+func TestEvictionDuringAReport(t *testing.T) {
+	t.Parallel()
+	const size = 256 << 10
+	n := startNode(t, 16<<20, ssdOptions(t, 4<<20), master.Options{InsecureCluster: true})
+	ids := map[string]int64{}
+	for i := range 6 {
+		k := fmt.Sprintf("k%d", i)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[k] = h.PutID()
+		h.Release()
+	}
+	n.waitPersisted(t)
+	held := &reportHeld{entered: make(chan struct{}), release: make(chan struct{})}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { held.Client = c; return held })
+	n.m = restartMaster(t, n)
+	regDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		regDone <- n.o.master.register(ctx)
+	}()
+	select {
+	case <-held.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no replica report came")
+	}
+	for i := range 20 { // overwrites the six records in the 4 MiB ring
+		pin, err := n.o.store.Persist(fmt.Sprintf("filler%d", i), 1, value(100+i, size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin.Release() // records the master knows nothing of
+	}
+	for k, id := range ids {
+		if n.o.store.Contains(k, id) {
+			t.Fatalf("%s is still on the ring: the test overwrote nothing", k)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the eviction reports go out (and are refused)
+	close(held.release)
+	if err := <-regDone; err != nil {
+		t.Fatal(err)
+	}
+	held6 := func() (c int64) { // of the six, those on the ring (the new master may persist them again)
+		for k, id := range ids {
+			if n.o.store.Contains(k, id) {
+				c++
+			}
+		}
+		return c
+	}
+	waitUntil(t, func() bool { return n.ssdReplicasOf(t, "n1") == held6() })
 }

@@ -568,9 +568,11 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (
 	return true, nil
 }
 
-// BatchSsdReplicaEvict clears SSD replicas the owner's rings overwrote.
+// BatchSsdReplicaEvict clears SSD replicas the owner's rings overwrote. It is refused
+// (UNAVAILABLE: the owner sends it again) while the owner reports its replicas: an
+// eviction of a record not adopted yet would be lost, and the record adopted after it.
 func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion) error {
-	n, err := s.nodeLocked(ref)
+	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
 		return err
 	}
