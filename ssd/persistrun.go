@@ -240,10 +240,7 @@ func (s *Storage) reserveRun(d *device, recs []*record) (n int, pad *entry) {
 		}
 		next.shard, next.call = e.shard, r.call
 		evs = append(evs, s.evictedLocked(evicted, r.key, r.putID)...) // may include the key's previous version
-		if old := s.index[r.key]; old != nil {
-			s.dropLocked(old)
-		}
-		s.index[r.key] = next
+		s.replaceLocked(r.key, r.putID, next)
 		r.e, prev = next, next
 	}
 	if end := prev.begin + prev.size; ring.head == end && d.span(end) > end && ring.fitsBeforeEnd(d.span(end)-end) {

@@ -47,6 +47,9 @@ type entry struct {
 	readPins   int32
 	commitPins int32
 	evicted    bool // the tail passed it: its range may hold other bytes now
+	// superseded: dropped from the index for a rewrite of its own version (a refresh);
+	// its bytes are still the version's until the tail passes it (Storage.pinReading).
+	superseded bool
 	removed    bool // dropped from the index while writing; abort on completion
 
 	shard *shard       // owner bookkeeping, unused by the ring

@@ -285,10 +285,7 @@ func (s *Storage) reserve(d *device, call *persistCall, key string, putID, lengt
 		if err == nil {
 			e.call = call
 			evs := s.evictedLocked(evicted, key, putID) // may include the key's previous version
-			if old := s.index[key]; old != nil {
-				s.dropLocked(old)
-			}
-			s.index[key] = e
+			s.replaceLocked(key, putID, e)
 			return e, evs, nil
 		}
 		if !errors.Is(err, errBlocked) {
@@ -342,6 +339,16 @@ func (s *Storage) allocLocked(d *device, key string, putID, length, size int64) 
 		}
 	}
 	return nil, nil, errBlocked
+}
+
+// replaceLocked makes e, a new record of key's version putID, the key's entry in place
+// of the one indexed (a rewrite of the same version marks that one superseded).
+func (s *Storage) replaceLocked(key string, putID int64, e *entry) {
+	if old := s.index[key]; old != nil {
+		old.superseded = old.putID == putID && old.state == stateCommitted
+		s.dropLocked(old)
+	}
+	s.index[key] = e
 }
 
 // dropLocked takes e (the key's indexed entry) out of the index: a committed entry
@@ -571,10 +578,22 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 }
 
 // pinReading read-pins e, still key's entry, committed and not overtaken; false if not.
+// An entry superseded by a rewrite of its version (a refresh while the load waited for
+// a buffer) is pinned too while that rewrite is the key's entry and the tail has not
+// passed it: its bytes are the version's (a delete, a forget or a newer version fails
+// the load).
 func (s *Storage) pinReading(key string, e *entry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.index[key] == e && e.shard.ring.pinRead(e)
+	cur := s.index[key]
+	if cur == e {
+		return e.shard.ring.pinRead(e)
+	}
+	if !e.superseded || cur == nil || cur.putID != e.putID || e.shard.ring.overtaken(e) {
+		return false
+	}
+	e.readPins++ // a dead entry: its pin holds the tail as a live one's does (busy)
+	return true
 }
 
 // unpinReading ends a read pin of e (a writer waiting for its range may go on).

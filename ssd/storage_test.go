@@ -1006,3 +1006,56 @@ func TestStagedLoadWaitingForABufferLetsWritersPass(t *testing.T) {
 		}
 	})
 }
+
+// TestStagedLoadAcrossARefresh: a staged load waiting for a buffer (without its read pin)
+// while the master's refresh rewrites its record (same key and put id) goes on reading
+// the superseded record, whose bytes are the version's until the tail passes them; it
+// failed ErrNotFound, and the requester then dropped the version's only SSD copy. A
+// forget of the version meanwhile still fails the load.
+func TestStagedLoadAcrossARefresh(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		for _, forget := range []bool{false, true} {
+			t.Run(fmt.Sprintf("forgotten=%t", forget), func(t *testing.T) {
+				checkLeaks(t)
+				s := openTest(t, kind, 4<<20, func(o *Options) { o.ShardsPerDevice = 1 })
+				const chunk, n = 8192, 10 * 8192
+				want := pattern("v", n)
+				persist(t, s, "v", 3, want)
+				slots := newTestSlots(1, chunk)
+				waiting := make(chan struct{})
+				done := make(chan error, 1)
+				got := make([]byte, 0, n)
+				go func() {
+					done <- s.LoadStaged(context.Background(), "v", 3, n, chunk, 4, slots, func(i int, _, _ int64, buf []byte) error {
+						got = append(got, buf...)
+						if i == 0 {
+							close(waiting)
+						} else {
+							slots.give(i)
+						}
+						return nil
+					})
+				}()
+				<-waiting // chunk 0's buffer is out: the load waits without its pin
+				persist(t, s, "v", 3, want) // the refresh
+				if forget && !s.Forget("v", 3) {
+					t.Fatal("nothing to forget")
+				}
+				slots.give(0)
+				err := <-done
+				if forget {
+					if !errors.Is(err, ErrNotFound) {
+						t.Fatalf("the load of a forgotten version: %v, want ErrNotFound", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("the load across a refresh of its record: %v", err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatal("wrong bytes")
+				}
+			})
+		}
+	})
+}
