@@ -1036,7 +1036,7 @@ func TestStagedLoadAcrossARefresh(t *testing.T) {
 						return nil
 					})
 				}()
-				<-waiting // chunk 0's buffer is out: the load waits without its pin
+				<-waiting                   // chunk 0's buffer is out: the load waits without its pin
 				persist(t, s, "v", 3, want) // the refresh
 				if forget && !s.Forget("v", 3) {
 					t.Fatal("nothing to forget")
