@@ -23,7 +23,10 @@ package daemon
 // could reach it leaves that holding to its followers (keepForFollowers): the flight
 // holds it until each of them has looked.
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
 // flight is one get of a key in progress: done closes when it lands, err is its outcome.
 type flight struct {
@@ -79,6 +82,9 @@ func (st *ownerState) endFlight(key string, f *flight, err error) {
 		} else {
 			delete(st.flights, key)
 		}
+	}
+	if errors.As(err, new(holderCapError)) {
+		err = nil // the leader's session is at its cap: the followers plan on their own
 	}
 	f.err = err
 	close(f.done)

@@ -287,8 +287,8 @@ func (st *ownerState) cachedGet(c *session, key string, now time.Time, share *ho
 	if c.closed { // the session ended while this call waited: nobody would release a holder
 		return nil, 0, errSessionClosed()
 	}
-	if len(c.holders) >= st.maxHolders {
-		return nil, 0, errCode(common.ErrorCode_NO_SPACE, "this session keeps %d holders, the most one session may: release some before getting more", len(c.holders))
+	if err := st.holderRoom(c); err != nil {
+		return nil, 0, err
 	}
 	if h := st.hot.lookup(key); h != nil && (h.replica || h == share || c.pinsHolding(key, h)) && st.writing[key] == 0 && st.leased(now) {
 		id := st.newHolder(c, h)
@@ -330,6 +330,10 @@ func (st *ownerState) finishGet(c *session, t *getTarget, h *holding, seq uint64
 		st.ack(h.masterID)
 		return nil, errSessionClosed()
 	}
+	if err := st.holderRoom(c); err != nil { // the keys of a batch, or of calls at once, passed cachedGet together
+		st.ack(h.masterID)
+		return nil, err
+	}
 	h, acks := st.hot.install(h, seq)
 	st.ack(acks...)
 	id := st.newHolder(c, h)
@@ -351,6 +355,22 @@ func (st *ownerState) learnReplica(h *holding, mark, own uint64) {
 }
 
 func errSessionClosed() error { return errCode(common.ErrorCode_UNAVAILABLE, "session closed") }
+
+// holderRoom refuses a new holder of session c past maxHolders (NO_SPACE).
+func (st *ownerState) holderRoom(c *session) error {
+	if len(c.holders) < st.maxHolders {
+		return nil
+	}
+	return holderCapError{errCode(common.ErrorCode_NO_SPACE,
+		"this session keeps %d holders, the most one session may: release some before getting more", len(c.holders))}
+}
+
+// holderCapError is a session's NO_SPACE at its holder cap: its own state, never the
+// answer of a flight to the other sessions' gets that follow it (endFlight).
+type holderCapError struct{ err error }
+
+func (e holderCapError) Error() string { return e.err.Error() }
+func (e holderCapError) Unwrap() error { return e.err }
 
 func holderResponse(id int64, h *holding) *external.GetResponse {
 	return &external.GetResponse{HolderId: id, Offset: h.offset, Len: h.len, Source: h.source, PutId: h.putID, Remote: h.remote}
