@@ -147,6 +147,9 @@ func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*exte
 // returns the new count; holders past it are released at once.
 func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results []*external.ExistsResponse) (found int32) {
 	gets := o.bringIn(c, keys, o.opts.LandingReserve/2)
+	if o.opts.testBeforePin != nil {
+		o.opts.testBeforePin()
+	}
 	st, now := o.lock(), time.Now()
 	defer o.unlock()
 	stopped := false
@@ -176,6 +179,15 @@ func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results [
 			if g.resp != nil {
 				st.release(c, g.resp.HolderId, now)
 			}
+			continue
+		}
+		if cur := st.hot.lookup(keys[j]); cur == nil || cur.putID != g.resp.PutId {
+			// An overwrite or delete of the version reached this owner while the
+			// lookup's other pages landed: a pin would hold the dead bytes (and budget)
+			// for nothing (no load is answered from a version the hot set dropped).
+			stopped = true
+			st.release(c, g.resp.HolderId, now)
+			results[j].Exists = false
 			continue
 		}
 		if !st.pinHolder(c, keys[j], g.resp, now.Add(pin), now) {

@@ -211,6 +211,42 @@ func TestPinEndsWhenItsVersionDies(t *testing.T) {
 	}
 }
 
+// TestNoPinOfAVersionThatDied: an overwrite of a page that reaches the owner after a
+// prefix lookup's get of it and before its pin (while the lookup's other pages land)
+// leaves it unpinned: the pin would hold the dead version's bytes and budget until
+// pin_ms, and no load would read them. The lookup's count stops there.
+func TestNoPinOfAVersionThatDied(t *testing.T) {
+	t.Parallel()
+	var c2 *fluxkv.Client
+	var overwrite func()
+	n := startNode(t, 8<<20, nil, master.Options{}, func(o *Options) {
+		o.testBeforePin = func() { overwrite() }
+	})
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	overwrite = func() {
+		if err := c2.Put("k", value(2, 4096)); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := n.c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.c.BatchExistsPrefix([]string{"k"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := n.o.lock()
+	pins, bytes := len(st.pins), st.hot.pinned
+	n.o.unlock()
+	if pins != 0 || bytes != 0 || got != 0 {
+		t.Errorf("%d pins of %d bytes, lookup count %d after the version died before its pin: want none", pins, bytes, got)
+	}
+}
+
 func TestIdleTick(t *testing.T) {
 	for _, tc := range []struct{ grace, want time.Duration }{
 		{-1, pinTick}, {0, pinTick}, {time.Millisecond, time.Millisecond}, {20 * time.Millisecond, 10 * time.Millisecond}, {time.Hour, pinTick},

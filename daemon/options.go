@@ -182,6 +182,7 @@ type Options struct {
 	testPeerServerOpts []server.Option             // added to the peer service's Kitex options by tests
 	testPuller         func(pullClient) pullClient // wraps the puller, for tests that break a pull
 	testCopyChunk      func(key string, chunk int) // runs after each chunk copyIn copied, for tests that stall it
+	testBeforePin      func()                      // runs in pinFound once the lookup's pages landed, before they are pinned
 }
 
 const pageSize = 4096
