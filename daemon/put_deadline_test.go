@@ -221,7 +221,9 @@ func testIsolatedCopyStopsAtItsDeadline(t *testing.T, value int, area int64) {
 // late PutEnd answers UNAVAILABLE.
 func TestDeadPutLeavesItsSession(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 300 * time.Millisecond})
+	// A TTL long enough that the put is still pending when the test first looks, on a
+	// busy machine too.
+	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 2 * time.Second})
 	filling, done := make(chan struct{}), make(chan error, 1)
 	release := make(chan struct{})
 	go func() {
