@@ -20,10 +20,11 @@ type evictQueue struct {
 	dropping bool
 	ready    chan struct{} // a token: entries came, or the queue closed
 	log      *zerolog.Logger
+	dropped  func(n int) // counts entries dropped (Storage.DroppedEvictions); nil: none
 }
 
-func newEvictQueue(log *zerolog.Logger) *evictQueue {
-	return &evictQueue{ready: make(chan struct{}, 1), log: log}
+func newEvictQueue(log *zerolog.Logger, dropped func(n int)) *evictQueue {
+	return &evictQueue{ready: make(chan struct{}, 1), log: log, dropped: dropped}
 }
 
 // fill drains evs into q until it closes, then closes q.
@@ -51,6 +52,9 @@ func (q *evictQueue) add(batch []ssd.Eviction) {
 			q.log.Warn().Int("dropped", over).Msg("SSD eviction reports pile up while the master does not take them; dropping the oldest")
 		}
 		q.pending = q.pending[over:]
+		if q.dropped != nil {
+			q.dropped(over)
+		}
 	}
 	q.mu.Unlock()
 	q.wake()

@@ -86,11 +86,27 @@ func TestEvictionReportOfARewrittenRecordLeftOut(t *testing.T) {
 	h.Release()
 }
 
+// TestEvictQueueCountsItsDrops: past evictReportMaxPending entries the oldest go, and
+// are counted.
+func TestEvictQueueCountsItsDrops(t *testing.T) {
+	log := zerolog.Nop()
+	dropped := 0
+	q := newEvictQueue(&log, func(n int) { dropped += n })
+	q.add(make([]ssd.Eviction, evictReportMaxPending))
+	q.add([]ssd.Eviction{{Key: "last", PutID: 1}, {Key: "after", PutID: 2}})
+	if dropped != 2 {
+		t.Fatalf("%d drops counted, want 2", dropped)
+	}
+	if batch, _ := q.take(evictReportMaxPending); len(batch) != evictReportMaxPending || batch[len(batch)-1].Key != "after" {
+		t.Fatalf("the queue kept %d entries ending with %q, want the newest %d", len(batch), batch[len(batch)-1].Key, evictReportMaxPending)
+	}
+}
+
 // TestEvictQueueHandsOutItsLastReports: once the ring's channel closed (the owner is
 // stopping), the queue still hands out what it holds, then says it is done.
 func TestEvictQueueHandsOutItsLastReports(t *testing.T) {
 	log := zerolog.Nop()
-	q := newEvictQueue(&log)
+	q := newEvictQueue(&log, nil)
 	evs := make(chan []ssd.Eviction, 2)
 	evs <- []ssd.Eviction{{Key: "a", PutID: 1}, {Key: "b", PutID: 2}}
 	evs <- []ssd.Eviction{{Key: "c", PutID: 3}}

@@ -213,7 +213,7 @@ func (o *Owner) Start(ctx context.Context) error {
 		}
 		o.stager = newStager(o, stageSessionSlots)
 		o.persistPins = newPinBudget(o.store.RingBytes())
-		o.evictQ = newEvictQueue(&o.log)
+		o.evictQ = newEvictQueue(&o.log, o.store.DroppedEvictions)
 		st := o.store.Stats()
 		o.log.Info().Int64("capacity", st.CapacityBytes).Int("devices", len(st.Devices)).Str("engine", st.Engine).
 			Dur("took", time.Since(t1)).Msg("SSD tier opened")

@@ -27,6 +27,10 @@ func (s *Storage) report(evs []Eviction) {
 	}
 }
 
+// DroppedEvictions counts n eviction reports the consumer dropped after it took them
+// (its own queue overflowed): they show in Stats.DroppedEvictions with the ring's own.
+func (s *Storage) DroppedEvictions(n int) { s.evDropped.Add(uint64(n)) }
+
 // Evictions delivers batches of overwritten replicas: a batch is sent when it holds
 // EvictionBatch entries or EvictionDelay after its first entry. The channel is closed
 // by Close. Reports that the consumer does not take in time are dropped

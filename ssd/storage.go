@@ -872,6 +872,8 @@ type Stats struct {
 	CapacityBytes    int64  `json:"capacity_bytes"`
 	UsedBytes        int64  `json:"used_bytes"`
 	Entries          int    `json:"entries"`
+	// DroppedEvictions counts eviction reports dropped before the master took them
+	// (the ring's queue, or the owner's, overflowed): each left a route to a gone record.
 	DroppedEvictions uint64 `json:"dropped_evictions"`
 	// CorruptReads counts loads that found other bytes than the record stored
 	// (ErrCorrupt); each dropped its entry.
