@@ -868,10 +868,10 @@ type DeviceStats struct {
 // overwritten or found corrupt, nor the pads behind write runs or the ring's skipped
 // gaps.
 type Stats struct {
-	Engine           string `json:"engine"`
-	CapacityBytes    int64  `json:"capacity_bytes"`
-	UsedBytes        int64  `json:"used_bytes"`
-	Entries          int    `json:"entries"`
+	Engine        string `json:"engine"`
+	CapacityBytes int64  `json:"capacity_bytes"`
+	UsedBytes     int64  `json:"used_bytes"`
+	Entries       int    `json:"entries"`
 	// DroppedEvictions counts eviction reports dropped before the master took them
 	// (the ring's queue, or the owner's, overflowed): each left a route to a gone record.
 	DroppedEvictions uint64 `json:"dropped_evictions"`
