@@ -217,21 +217,25 @@ func TestPinEndsWhenItsVersionDies(t *testing.T) {
 // pin_ms, and no load would read them. The lookup's count stops there.
 func TestNoPinOfAVersionThatDied(t *testing.T) {
 	t.Parallel()
-	var c2 *fluxkv.Client
-	var overwrite func()
+	var overwrite atomic.Pointer[func()] // set once the second client is up (the race detector sees no socket)
 	n := startNode(t, 8<<20, nil, master.Options{}, func(o *Options) {
-		o.testBeforePin = func() { overwrite() }
+		o.testBeforePin = func() {
+			if f := overwrite.Load(); f != nil {
+				(*f)()
+			}
+		}
 	})
 	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	overwrite = func() {
+	put := func() {
 		if err := c2.Put("k", value(2, 4096)); err != nil {
 			t.Error(err)
 		}
 	}
+	overwrite.Store(&put)
 	if err := n.c.Put("k", value(1, 4096)); err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,7 @@ type ownerState struct {
 	reg      registration
 	flights  map[string]*flight // gets in progress, one per key (flights.go)
 	pins     pinQueue           // prefix-lookup pins by deadline (pins.go)
+	pinKeys  map[string][]*pin  // the same pins by key, every session's
 	// writing counts, per key, this owner's puts and deletes out at the master (PutDone,
 	// Delete: beginWrite .. endWrite). The master does not invalidate a write's requester
 	// (it drops its own records once answered), so from the master's publish or delete to

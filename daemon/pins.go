@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -78,7 +79,21 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	}
 	c.pins[key] = p
 	heap.Push(&st.pins, p)
+	if st.pinKeys == nil {
+		st.pinKeys = make(map[string][]*pin)
+	}
+	st.pinKeys[key] = append(st.pinKeys[key], p)
 	return true
+}
+
+// forgetPinKey takes p out of pinKeys.
+func (st *ownerState) forgetPinKey(p *pin) {
+	ps := slices.DeleteFunc(st.pinKeys[p.key], func(q *pin) bool { return q == p })
+	if len(ps) == 0 {
+		delete(st.pinKeys, p.key)
+	} else {
+		st.pinKeys[p.key] = ps
+	}
 }
 
 // unpin ends p: its bytes leave the budget and its holder is released.
@@ -87,6 +102,7 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 		return
 	}
 	delete(p.c.pins, p.key)
+	st.forgetPinKey(p)
 	if p.index >= 0 {
 		heap.Remove(&st.pins, p.index)
 	}
@@ -99,16 +115,14 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 // share of the hot-set budget until its time was up. (Until this invalidation arrives
 // the pinning session may still load the version its lookup found: docs/hot-set.md.)
 func (st *ownerState) unpinDead(key string, upTo int64) {
-	if len(st.pins) == 0 { // the common case: every put's publish invalidates its key
+	ps := st.pinKeys[key]
+	if len(ps) == 0 { // the common case: every put's publish invalidates its key
 		return
 	}
-	for _, c := range st.sessions {
-		p := c.pins[key]
-		if p == nil {
-			continue
-		}
-		if h := c.holders[p.holder]; h == nil || h.putID <= upTo {
-			st.unpin(p, time.Now())
+	now := time.Now()
+	for _, p := range slices.Clone(ps) {
+		if h := p.c.holders[p.holder]; h == nil || h.putID <= upTo {
+			st.unpin(p, now)
 		}
 	}
 }
@@ -154,6 +168,7 @@ func (st *ownerState) expirePins(now time.Time) {
 // holder of the session).
 func (st *ownerState) dropPins(c *session) {
 	for _, p := range c.pins {
+		st.forgetPinKey(p)
 		if p.index >= 0 {
 			heap.Remove(&st.pins, p.index)
 		}
