@@ -251,6 +251,46 @@ func TestNoPinOfAVersionThatDied(t *testing.T) {
 	}
 }
 
+// TestPinsShareTheBudget: a page two sessions pin counts once against the pin budget,
+// and one session's pins take at most half of it, so another's lookups still pin.
+func TestPinsShareTheBudget(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 8<<20, nil, master.Options{})
+	st := n.o.lock()
+	limit := st.hot.pinLimit()
+	n.o.unlock()
+	const page = 512 << 10
+	mine := int(limit / 2 / page) // the pages one session may pin
+	var keys []string
+	for i := range mine + 1 {
+		k := fmt.Sprintf("p%d", i)
+		if err := n.c.Put(k, value(i, page)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	for _, c := range []*fluxkv.Client{n.c, c2} {
+		got, err := c.BatchExistsPrefix(keys, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != mine {
+			t.Errorf("a session's lookup counted %d of %d pages, want %d (its half of the %d-byte pin budget)", got, len(keys), mine, limit)
+		}
+	}
+	st = n.o.lock()
+	pins, pinned := len(st.pins), st.hot.pinned
+	n.o.unlock()
+	if pins != 2*mine || pinned != int64(mine)*page {
+		t.Errorf("%d pins of %d bytes, want %d pins of the same %d pages (%d bytes)", pins, pinned, 2*mine, mine, mine*page)
+	}
+}
+
 func TestIdleTick(t *testing.T) {
 	for _, tc := range []struct{ grace, want time.Duration }{
 		{-1, pinTick}, {0, pinTick}, {time.Millisecond, time.Millisecond}, {20 * time.Millisecond, 10 * time.Millisecond}, {time.Hour, pinTick},

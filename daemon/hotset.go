@@ -34,6 +34,9 @@ type holding struct {
 	noticesSeq int64
 	// write is its entry in segmentWrites while externals reference it (refs > 0).
 	write *segmentWrite
+	// pins counts the prefix-lookup pins of it, every session's: its bytes count
+	// against the pin budget once while any is in force (pins.go).
+	pins int
 }
 
 // hotSet is the owner's hot set: for each key, the holding of its current version
@@ -167,15 +170,19 @@ func (c *hotSet) trim() (acks []int64) {
 	return acks
 }
 
+// pinLimit is the most bytes the pins may keep: pinBudget, or else the budget.
+func (c *hotSet) pinLimit() int64 {
+	if c.pinBudget > 0 {
+		return c.pinBudget
+	}
+	return c.budget
+}
+
 // reservePin counts n more pinned bytes against the budget, letting idle holdings go
 // to make room (their master ids returned); ok is false, and nothing changes, when the
 // pins alone would exceed it.
 func (c *hotSet) reservePin(n int64) (acks []int64, ok bool) {
-	limit := c.budget
-	if c.pinBudget > 0 {
-		limit = c.pinBudget
-	}
-	if c.pinned+n > limit {
+	if c.pinned+n > c.pinLimit() {
 		return nil, false
 	}
 	c.pinned += n

@@ -20,12 +20,13 @@ import (
 // on another owner): the get that takes it over reports that place, since the lookup
 // moved the bytes for that load.
 
-// pin is one pinned page: holder is the session's external holder id that keeps it.
+// pin is one pinned page: holder is the session's external holder id that keeps it,
+// h the holding it refers to.
 type pin struct {
 	c      *session
 	key    string
 	holder int64
-	len    int64
+	h      *holding
 	until  time.Time
 	index  int // in pinQueue
 	// source and remote: what the lookup's get of the page answered.
@@ -57,23 +58,38 @@ func (q *pinQueue) Pop() any {
 }
 
 // pinHolder pins the page of the get that answered got to c until until. It reports
-// false (and pins nothing) when the hot-set budget has no room for it; the caller
-// releases the holder then. A pin of the same key the session already has is replaced.
+// false (and pins nothing) when the hot-set budget has no room for it, or the session's
+// pins would pass half of it (one client's lookups cannot take every pin: the others'
+// would count nothing); the caller releases the holder then. A page several sessions
+// pin counts once against the budget (the same bytes), and against each session's
+// half. A pin of the same key the session already has is replaced.
 func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
 	id := got.HolderId
 	h := c.holders[id]
 	if h == nil {
 		return false
 	}
-	acks, ok := st.hot.reservePin(h.len)
-	st.ack(acks...)
-	if !ok {
+	old := c.pins[key]
+	mine := c.pinned + h.len
+	if old != nil {
+		mine -= old.h.len
+	}
+	if mine > st.hot.pinLimit()/2 {
 		return false
 	}
-	if old := c.pins[key]; old != nil {
+	if h.pins == 0 {
+		acks, ok := st.hot.reservePin(h.len)
+		st.ack(acks...)
+		if !ok {
+			return false
+		}
+	}
+	h.pins++ // before the old pin's end: when it is of h too, h stays charged
+	if old != nil {
 		st.unpin(old, now)
 	}
-	p := &pin{c: c, key: key, holder: id, len: h.len, until: until, source: got.Source, remote: got.Remote}
+	p := &pin{c: c, key: key, holder: id, h: h, until: until, source: got.Source, remote: got.Remote}
+	c.pinned += h.len
 	if c.pins == nil {
 		c.pins = make(map[string]*pin)
 	}
@@ -102,12 +118,21 @@ func (st *ownerState) unpin(p *pin, now time.Time) {
 		return
 	}
 	delete(p.c.pins, p.key)
+	st.endPin(p)
+	st.release(p.c, p.holder, now)
+}
+
+// endPin takes p out of the queue and the key index, and its bytes out of its
+// session's count and, with the holding's last pin, out of the budget.
+func (st *ownerState) endPin(p *pin) {
 	st.forgetPinKey(p)
 	if p.index >= 0 {
 		heap.Remove(&st.pins, p.index)
 	}
-	st.hot.unpin(p.len)
-	st.release(p.c, p.holder, now)
+	p.c.pinned -= p.h.len
+	if p.h.pins--; p.h.pins == 0 {
+		st.hot.unpin(p.h.len)
+	}
 }
 
 // unpinDead ends every session's pin of a version of key ≤ upTo, which a put or delete
@@ -168,11 +193,7 @@ func (st *ownerState) expirePins(now time.Time) {
 // holder of the session).
 func (st *ownerState) dropPins(c *session) {
 	for _, p := range c.pins {
-		st.forgetPinKey(p)
-		if p.index >= 0 {
-			heap.Remove(&st.pins, p.index)
-		}
-		st.hot.unpin(p.len)
+		st.endPin(p)
 	}
 	c.pins = nil
 }
