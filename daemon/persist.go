@@ -20,7 +20,8 @@ func (o *Owner) ssdInfo() *mp.KvSsdStorageInfo {
 		return &mp.KvSsdStorageInfo{}
 	}
 	st := o.store.Stats()
-	return &mp.KvSsdStorageInfo{Enabled: true, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes}
+	return &mp.KvSsdStorageInfo{Enabled: true, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes,
+		MaxValueBytes: o.store.MaxValueBytes()}
 }
 
 // persistMany serves BatchSsdReplicaPersist (docs/architecture.md §4 put step 3): it writes

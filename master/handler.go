@@ -27,7 +27,7 @@ func ssdInfo(i *mp.KvSsdStorageInfo) SSDInfo {
 	if i == nil {
 		return SSDInfo{}
 	}
-	return SSDInfo{Enabled: i.Enabled, CapacityBytes: i.CapacityBytes, UsedBytes: i.UsedBytes}
+	return SSDInfo{Enabled: i.Enabled, CapacityBytes: i.CapacityBytes, UsedBytes: i.UsedBytes, MaxValueBytes: i.MaxValueBytes}
 }
 
 func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.RegisterResponse, error) {

@@ -12,6 +12,13 @@ type SSDInfo struct {
 	Enabled       bool
 	CapacityBytes int64
 	UsedBytes     int64
+	// MaxValueBytes is the largest value one of its rings holds (0: not reported).
+	MaxValueBytes int64
+}
+
+// holds reports whether an SSD of i has room for a value of length bytes in one ring.
+func (i SSDInfo) holds(length int64) bool {
+	return i.CapacityBytes >= length && (i.MaxValueBytes <= 0 || i.MaxValueBytes >= length)
 }
 
 // Pin is a range an owner still has in use when it registers again (after a master

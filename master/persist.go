@@ -123,7 +123,7 @@ func ringLaps(n *node) float64 { return float64(n.ssdAssigned) / float64(n.ssd.C
 func (s *State) ssdBehindLocked(length int64, except string) *node {
 	var best *node
 	for _, n := range s.nodes {
-		if n.tombed || !n.ssd.Enabled || n.ssd.CapacityBytes <= 0 || n.ssd.CapacityBytes < length || n.id == except {
+		if n.tombed || !n.ssd.Enabled || n.ssd.CapacityBytes <= 0 || !n.ssd.holds(length) || n.id == except {
 			continue
 		}
 		if best == nil || ringLaps(n) < ringLaps(best) || (ringLaps(n) == ringLaps(best) && n.id < best.id) {
@@ -150,7 +150,7 @@ func (s *State) persistNodeLocked(t *node, length int64) *node {
 		switch {
 		case t.ssd.CapacityBytes <= 0:
 			return t
-		case t.ssd.CapacityBytes < length:
+		case !t.ssd.holds(length):
 			return behind // a ring that holds it, or none
 		case behind == nil || behind == t || ringLaps(t)-ringLaps(behind) <= 1.0/ssdBalanceSlack:
 			return t
@@ -160,7 +160,7 @@ func (s *State) persistNodeLocked(t *node, length int64) *node {
 	var best *node
 	var bestFree int64
 	for _, n := range s.nodes {
-		if n.tombed || !n.ssd.Enabled || n.ssd.CapacityBytes < length {
+		if n.tombed || !n.ssd.Enabled || !n.ssd.holds(length) {
 			continue
 		}
 		free := n.ssd.CapacityBytes - n.ssd.UsedBytes - n.ssdPending

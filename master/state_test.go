@@ -206,7 +206,8 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 			}
 			pins = append(pins, p)
 		}
-		ssd := SSDInfo{Enabled: arg(d, "ssd") != "", CapacityBytes: argInt(d, "ssd"), UsedBytes: argInt(d, "ssdused")}
+		ssd := SSDInfo{Enabled: arg(d, "ssd") != "", CapacityBytes: argInt(d, "ssd"), UsedBytes: argInt(d, "ssdused"),
+			MaxValueBytes: argInt(d, "ssdmax")}
 		peer := "peer-" + arg(d, "node")
 		if a := arg(d, "addr"); a != "" {
 			peer = a

@@ -15,6 +15,10 @@ struct KvSsdStorageInfo {
   1: bool enabled,
   2: i64 capacity_bytes,
   3: i64 used_bytes,
+  // The largest value one of the owner's rings holds (a ring is one shard file: a
+  // record lives in one). 0: not reported (an owner of an earlier release); the master
+  // then bounds a value by capacity_bytes alone.
+  4: i64 max_value_bytes,
 }
 
 // A range of the owner's segment that an external still views (a holder) or writes

@@ -136,6 +136,16 @@ func (s *Storage) RecordSpan(key string, n int64) int64 {
 	return most
 }
 
+// MaxValueBytes is the largest value the largest ring holds under any key (a record
+// lives in one ring: its header, the longest key's, and the value, block-aligned).
+func (s *Storage) MaxValueBytes() int64 {
+	var most int64
+	for _, d := range s.devices {
+		most = max(most, alignDown(d.shardSize-headerSize(MaxRecordKey)))
+	}
+	return most
+}
+
 // RingBytes is the size of the smallest ring (shard file): entries pinned for their
 // commit (CommitPin) beyond it would block the persists that must overwrite them.
 func (s *Storage) RingBytes() int64 {

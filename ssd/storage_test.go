@@ -1059,3 +1059,19 @@ func TestStagedLoadAcrossARefresh(t *testing.T) {
 		}
 	})
 }
+
+// TestMaxValueBytes: the largest value the master is told a ring holds fits one under
+// the longest key, and one byte more does not.
+func TestMaxValueBytes(t *testing.T) {
+	s := openTest(t, EnginePsync, 4<<20, func(o *Options) { o.ShardsPerDevice = 2 })
+	most := s.MaxValueBytes()
+	if most <= 0 || most >= s.Stats().CapacityBytes {
+		t.Fatalf("MaxValueBytes %d of a %d-byte tier in two rings", most, s.Stats().CapacityBytes)
+	}
+	key := strings.Repeat("k", MaxRecordKey)
+	persist(t, s, key, 1, pattern("m", most))
+	if pin, err := s.Persist(key, 2, pattern("m", most+1)); err == nil {
+		pin.Release()
+		t.Fatalf("a value of MaxValueBytes+1 (%d) was persisted", most+1)
+	}
+}

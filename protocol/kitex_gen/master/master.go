@@ -58,6 +58,7 @@ type KvSsdStorageInfo struct {
 	Enabled       bool  `thrift:"enabled,1" frugal:"1,default,bool" json:"enabled"`
 	CapacityBytes int64 `thrift:"capacity_bytes,2" frugal:"2,default,i64" json:"capacity_bytes"`
 	UsedBytes     int64 `thrift:"used_bytes,3" frugal:"3,default,i64" json:"used_bytes"`
+	MaxValueBytes int64 `thrift:"max_value_bytes,4" frugal:"4,default,i64" json:"max_value_bytes"`
 }
 
 func NewKvSsdStorageInfo() *KvSsdStorageInfo {
@@ -78,6 +79,10 @@ func (p *KvSsdStorageInfo) GetCapacityBytes() (v int64) {
 func (p *KvSsdStorageInfo) GetUsedBytes() (v int64) {
 	return p.UsedBytes
 }
+
+func (p *KvSsdStorageInfo) GetMaxValueBytes() (v int64) {
+	return p.MaxValueBytes
+}
 func (p *KvSsdStorageInfo) SetEnabled(val bool) {
 	p.Enabled = val
 }
@@ -86,6 +91,9 @@ func (p *KvSsdStorageInfo) SetCapacityBytes(val int64) {
 }
 func (p *KvSsdStorageInfo) SetUsedBytes(val int64) {
 	p.UsedBytes = val
+}
+func (p *KvSsdStorageInfo) SetMaxValueBytes(val int64) {
+	p.MaxValueBytes = val
 }
 
 func (p *KvSsdStorageInfo) String() string {
@@ -99,6 +107,7 @@ var fieldIDToName_KvSsdStorageInfo = map[int16]string{
 	1: "enabled",
 	2: "capacity_bytes",
 	3: "used_bytes",
+	4: "max_value_bytes",
 }
 
 type PinnedRange struct {
