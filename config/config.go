@@ -81,8 +81,8 @@ type Owner struct {
 	HotSet *float64
 	// UIDShare (uid_share) is the largest share of each socket's connection cap, the
 	// put areas' total and the frame memory that one client uid other than the owner's
-	// and root may take: a fraction 0 < x ≤ 1; nil takes the daemon's default (0.5),
-	// "off" is 1 (no per-uid bound).
+	// and root may take: a fraction 0 < x ≤ 1; nil takes the daemon's default (no
+	// per-uid bound), as does "off" (1).
 	UIDShare *float64
 	// MaxConnections (max_connections) caps the open connections of each owner
 	// socket; 0 derives the cap from RLIMIT_NOFILE.

@@ -271,7 +271,7 @@ func ParseUIDShare(s string) (float64, error) {
 		return 0, fmt.Errorf("invalid share %q (want a fraction 0 < x ≤ 1 such as 0.5, or off for no per-uid bound)", s)
 	}
 	if f <= 0 || f > 1 {
-		return 0, fmt.Errorf("%v must be a fraction 0 < x ≤ 1 (off: no per-uid bound; unset = the default 0.5)", f)
+		return 0, fmt.Errorf("%v must be a fraction 0 < x ≤ 1 (off or unset: no per-uid bound)", f)
 	}
 	return f, nil
 }

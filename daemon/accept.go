@@ -61,8 +61,8 @@ type acceptor struct {
 	nofile  uint64 // RLIMIT_NOFILE at start, for the refusal message
 	log     zerolog.Logger
 	metrics *metrics.Metrics // nil: no metrics
-	// serve runs one accepted connection of the peer uid in its own goroutine; the
-	// acceptor closes the connection when serve returns.
+	// serve runs one accepted connection of the peer uid (0 without per-uid shares) in
+	// its own goroutine; the acceptor closes the connection when serve returns.
 	serve func(conn *net.UnixConn, uid uint32)
 	// refuse writes a refusal carrying msg to conn before it is closed; nil: close only.
 	refuse func(conn *net.UnixConn, msg string)
@@ -151,11 +151,14 @@ func (a *acceptor) acceptWithSpare() (closed, handled bool) {
 // admit serves conn, or refuses it when the socket is at its cap or closing, or its
 // peer's uid is bounded and holds its share of the cap.
 func (a *acceptor) admit(conn *net.UnixConn) {
-	uid, err := shm.PeerUID(conn)
-	if err != nil { // the peer is gone already
-		a.note(metrics.RefuseAccept, "no peer credentials", func(e *zerolog.Event) { e.Err(err) })
-		conn.Close()
-		return
+	var uid uint32 // 0 (not bounded) without per-uid shares
+	if a.uidMax > 0 {
+		var err error
+		if uid, err = shm.PeerUID(conn); err != nil { // the peer is gone already
+			a.refused(metrics.RefuseAccept, "no peer credentials", func(e *zerolog.Event) { e.Err(err) })
+			conn.Close()
+			return
+		}
 	}
 	counted := a.uidMax > 0 && boundedUID(uid)
 	a.mu.Lock()

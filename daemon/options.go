@@ -174,7 +174,7 @@ type Options struct {
 	// take of each resource the owner's clients compete for: each Unix socket's
 	// connection cap, PutAreaTotal and FrameMemory (uidshare.go), so that one admitted
 	// tenant cannot deny the others service. A fraction 0 < x ≤ 1; 1 lifts the bound.
-	// Default 0 means DefaultUIDShare (one half).
+	// Default 0 means DefaultUIDShare (1: no per-uid bound).
 	UIDShare float64
 	// SSD enables the SSD tier (docs/architecture.md §6) with these storage options; nil = memory only.
 	SSD *ssd.Options

@@ -15,14 +15,19 @@ import (
 // compete for, so that no admitted tenant can deny the others service: each Unix
 // socket's connection slots (acceptor), the put areas' total under client isolation
 // (putAreaBudget) and the RPC socket's frame memory (uidFrames). The owner's uid and
-// root are not bounded: they can ptrace the owner, and a node's engines usually run as
-// one of them.
+// root are not bounded: they can ptrace the owner. Off by default (a share of 1): an
+// owner whose one tenant runs as a uid of its own (admitted by group or --allow-uid, the
+// usual setup with client isolation) would give it half of everything with nobody else
+// attached; an owner that admits several tenants sets the share.
 
-// DefaultUIDShare is Options.UIDShare's default.
-const DefaultUIDShare = 0.5
+// DefaultUIDShare is Options.UIDShare's default: no per-uid bound.
+const DefaultUIDShare = 1.0
+
+// ownerUID is the owner's uid (not bounded).
+var ownerUID = uint32(os.Getuid())
 
 // boundedUID reports whether uid's clients are held to their share.
-func boundedUID(uid uint32) bool { return uid != 0 && uid != uint32(os.Getuid()) }
+func boundedUID(uid uint32) bool { return uid != 0 && uid != ownerUID }
 
 // shareOf is what one bounded uid may take of total at share: total × share, rounded
 // down to a multiple of unit, at least floor (and at most total); all of it for a share

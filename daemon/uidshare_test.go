@@ -133,7 +133,7 @@ func shareClient(t *testing.T, exe, socket string, n int) []string {
 }
 
 // TestUIDShare: the clients of a uid other than the owner's and root take at most
-// --uid-share (0.5) of each socket's connection cap and of --put-area-total, and while
+// --uid-share (here 0.5) of each socket's connection cap and of --put-area-total, and while
 // that uid holds its share, root's clients still attach up to the socket's cap.
 func TestUIDShare(t *testing.T) {
 	t.Parallel()
@@ -146,7 +146,7 @@ func TestUIDShare(t *testing.T) {
 	exe := proctest.SelfCopy(t)
 
 	t.Run("connections", func(t *testing.T) {
-		p := startUp(t, "16MiB", "--max-connections", "8")
+		p := startUp(t, "16MiB", "--max-connections", "8", "--uid-share", "0.5")
 		reachable(t, p.socket)
 		lines := shareClient(t, exe, p.socket, 6)
 		t.Logf("uid 65534:\n%s", strings.Join(lines, "\n"))
@@ -177,7 +177,7 @@ func TestUIDShare(t *testing.T) {
 	})
 
 	t.Run("put areas", func(t *testing.T) {
-		p := startUp(t, "16MiB", "--client-isolation", "--put-area", "1MiB", "--put-area-total", "4MiB")
+		p := startUp(t, "16MiB", "--client-isolation", "--put-area", "1MiB", "--put-area-total", "4MiB", "--uid-share", "0.5")
 		reachable(t, p.socket)
 		lines := shareClient(t, exe, p.socket, 3)
 		t.Logf("uid 65534:\n%s", strings.Join(lines, "\n"))

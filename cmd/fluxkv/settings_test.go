@@ -416,7 +416,7 @@ func TestSettingsRefusals(t *testing.T) {
 		{name: "hot set above 1 in the file", command: "up", yaml: "fluxkv_spec:\n  hot_set: 2\n",
 			wantErr: "fluxkv_spec.hot_set: 2 must be ≤ 1"},
 		{name: "uid share 0", command: "up", args: []string{"--uid-share", "0"},
-			wantErr: "--uid-share: 0 must be a fraction 0 < x ≤ 1 (off: no per-uid bound"},
+			wantErr: "--uid-share: 0 must be a fraction 0 < x ≤ 1 (off or unset: no per-uid bound"},
 		{name: "uid share above 1 in the file", command: "up", yaml: "fluxkv_spec:\n  uid_share: 1.5\n",
 			wantErr: "fluxkv_spec.uid_share: 1.5 must be a fraction 0 < x ≤ 1"},
 		{name: "uid share not a number", command: "up", args: []string{"--uid-share", "half"},

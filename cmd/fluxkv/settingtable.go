@@ -41,7 +41,7 @@ func ownerTable() *table[config.Owner, daemon.Options] {
 			Usage: "cap on the open connections of each owner socket (attach and RPC); the next one is accepted and refused with a clear error; 0 = derived from the open-file limit"},
 			key: "max_connections", kind: replace(func(s *config.Owner) *int { return &s.MaxConnections }, intFlag), // checkMaxConnections
 			set: func(o *daemon.Options, s *config.Owner) { o.MaxConnections = s.MaxConnections }},
-		{flag: &cli.StringFlag{Name: "uid-share", DefaultText: "0.5", Usage: "the largest share of each socket's connection cap, of --put-area-total and of --frame-memory that the clients of one uid other than the owner's and root may take: a fraction 0 < x ≤ 1; off = 1 (no per-uid bound)"},
+		{flag: &cli.StringFlag{Name: "uid-share", DefaultText: "off", Usage: "the largest share of each socket's connection cap, of --put-area-total and of --frame-memory that the clients of one uid other than the owner's and root may take, for owners that admit several tenants: a fraction 0 < x ≤ 1 such as 0.5; off = 1 (no per-uid bound)"},
 			key: "uid_share", kind: replace(func(s *config.Owner) **float64 { return &s.UIDShare }, parsedFlag(config.ParseUIDShare)),
 			set: func(o *daemon.Options, s *config.Owner) {
 				if s.UIDShare != nil {
