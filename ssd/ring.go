@@ -49,7 +49,10 @@ type entry struct {
 	evicted    bool // the tail passed it: its range may hold other bytes now
 	// superseded: dropped from the index for a rewrite of its own version (a refresh);
 	// its bytes are still the version's until the tail passes it (Storage.pinReading).
+	// supersedes is that entry, on the rewrite, while the rewrite is being written: a
+	// load then reads it (Storage.load).
 	superseded bool
+	supersedes *entry
 	removed    bool // dropped from the index while writing; abort on completion
 
 	shard *shard       // owner bookkeeping, unused by the ring
@@ -173,6 +176,7 @@ func (r *ring) commit(e *entry) {
 		panic(fmt.Sprintf("BUG: commit of %s entry (evicted %v)", e.state, e.evicted))
 	}
 	e.state = stateCommitted
+	e.supersedes = nil
 }
 
 // abort turns a Writing entry Dead: its write failed or it lost its key meanwhile.
@@ -181,6 +185,7 @@ func (r *ring) abort(e *entry) {
 		panic(fmt.Sprintf("BUG: abort of %s entry", e.state))
 	}
 	e.state = stateDead
+	e.supersedes = nil
 }
 
 // kill turns a Committed entry Dead (removed or superseded): it is no longer

@@ -356,6 +356,9 @@ func (s *Storage) allocLocked(d *device, key string, putID, length, size int64) 
 func (s *Storage) replaceLocked(key string, putID int64, e *entry) {
 	if old := s.index[key]; old != nil {
 		old.superseded = old.putID == putID && old.state == stateCommitted
+		if old.superseded {
+			e.supersedes = old
+		}
 		s.dropLocked(old)
 	}
 	s.index[key] = e
@@ -560,6 +563,9 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 	if e == nil || e.putID != putID {
 		s.mu.Unlock()
 		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ErrNotFound)
+	}
+	if old := e.supersedes; old != nil && !old.shard.ring.overtaken(old) {
+		e = old // a refresh is writing the version again: read the record it replaces
 	}
 	d := e.shard.dev
 	s.mu.Unlock()

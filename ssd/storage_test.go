@@ -1075,3 +1075,37 @@ func TestMaxValueBytes(t *testing.T) {
 		t.Fatalf("a value of MaxValueBytes+1 (%d) was persisted", most+1)
 	}
 }
+
+// TestLoadWhileARefreshWrites: a load that comes while the master's refresh is writing
+// its version again reads the record the rewrite replaces (its bytes are the
+// version's); it failed ErrNotFound, and the requester dropped the version's SSD copy.
+func TestLoadWhileARefreshWrites(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		s := openTest(t, kind, 4<<20, func(o *Options) { o.ShardsPerDevice = 1 })
+		const n = 10 * 8192
+		want := pattern("v", n)
+		persist(t, s, "v", 3, want)
+		rec := headerSize(1) + alignUp(n)
+		d, err := s.pickDevice(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _, err := s.reserve(d, nil, "v", 3, n, rec) // the refresh, still writing
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Unlock()
+		got := make([]byte, n)
+		lerr := s.LoadInto("v", 3, got, n)
+		s.mu.Lock()
+		s.dropLocked(e)
+		e.shard.ring.abort(e)
+		s.mu.Unlock()
+		if lerr != nil {
+			t.Fatalf("load while the refresh writes: %v", lerr)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatal("wrong bytes")
+		}
+	})
+}
