@@ -146,11 +146,15 @@ func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*exte
 // cannot be brought in or pinned ends the count, and results[found] says why. It
 // returns the new count; holders past it are released at once.
 func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results []*external.ExistsResponse) (found int32) {
+	st := o.lock()
+	seq := st.hot.invalSeq() // the invalidations from here on may kill what bringIn gets
+	o.unlock()
 	gets := o.bringIn(c, keys, o.opts.LandingReserve/2)
 	if o.opts.testBeforePin != nil {
 		o.opts.testBeforePin()
 	}
-	st, now := o.lock(), time.Now()
+	now := time.Now()
+	st = o.lock()
 	defer o.unlock()
 	stopped := false
 	for j, g := range gets {
@@ -182,12 +186,19 @@ func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results [
 			continue
 		}
 		if cur := st.hot.lookup(keys[j]); cur == nil || cur.putID != g.resp.PutId {
-			// An overwrite or delete of the version reached this owner while the
-			// lookup's other pages landed: a pin would hold the dead bytes (and budget)
-			// for nothing (no load is answered from a version the hot set dropped).
-			stopped = true
+			// Not the hot set's: no load would be answered from the pin, which would
+			// hold the bytes (and budget) for nothing. When an overwrite or delete of
+			// the version reached this owner while the lookup's other pages landed, the
+			// count ends there; else (the hot set did not keep it: it cannot tell what
+			// the invalidations during the get's master trip killed) the page counts
+			// unpinned, as one held elsewhere.
 			st.release(c, g.resp.HolderId, now)
-			results[j].Exists = false
+			if dead, known := st.hot.diedSince(keys[j], g.resp.PutId, seq); (known && dead) || (cur != nil && cur.putID > g.resp.PutId) {
+				stopped = true
+				results[j].Exists = false
+				continue
+			}
+			found++
 			continue
 		}
 		if !st.pinHolder(c, keys[j], g.resp, now.Add(pin), now) {

@@ -251,6 +251,38 @@ func TestNoPinOfAVersionThatDied(t *testing.T) {
 	}
 }
 
+// TestLookupCountsAPageTheHotSetDidNotKeep: a page whose holding the hot set did not
+// keep, where it cannot tell whether an invalidation killed the version (here a reset:
+// it forgot what it knew), is counted unpinned rather than ending the count.
+func TestLookupCountsAPageTheHotSetDidNotKeep(t *testing.T) {
+	t.Parallel()
+	var n *node
+	var ready atomic.Bool
+	n = startNode(t, 8<<20, nil, master.Options{}, func(o *Options) {
+		o.testBeforePin = func() {
+			if ready.Load() {
+				st := n.o.lock()
+				st.hot.reset()
+				n.o.unlock()
+			}
+		}
+	})
+	if err := n.c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	ready.Store(true)
+	got, err := n.c.BatchExistsPrefix([]string{"k"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := n.o.lock()
+	pins := len(st.pins)
+	n.o.unlock()
+	if got != 1 || pins != 0 {
+		t.Errorf("lookup count %d with %d pins, want the page counted unpinned (1, 0)", got, pins)
+	}
+}
+
 // TestPinsShareTheBudget: a page two sessions pin counts once against the pin budget,
 // and one session's pins take at most half of it, so another's lookups still pin.
 func TestPinsShareTheBudget(t *testing.T) {

@@ -112,6 +112,25 @@ func (c *hotSet) invalidatedSince(key string, putID int64, seq uint64) bool {
 	return false
 }
 
+// diedSince reports whether an invalidation after seq declared version putID of key
+// dead; known is false when the hot set cannot tell (it forgot invalidations since, or
+// a reset came).
+func (c *hotSet) diedSince(key string, putID int64, seq uint64) (dead, known bool) {
+	if c.seq-seq >= invalNotes {
+		return false, false
+	}
+	for s := seq + 1; s <= c.seq; s++ {
+		n := c.notes[s%invalNotes]
+		if n.all {
+			return false, false
+		}
+		if n.key == key && n.upTo >= putID {
+			return true, true
+		}
+	}
+	return false, true
+}
+
 func newHotSet(grace time.Duration, budget, pinBudget int64) *hotSet {
 	return &hotSet{grace: grace, budget: budget, pinBudget: pinBudget, byKey: make(map[string]*holding)}
 }
