@@ -420,8 +420,18 @@ func oneFlight(t *testing.T, noPromotion, killLeader, killQueued bool, wantPlans
 // its call was sent: two plans and two pulls in all (four of each before: the followers
 // planned again), every
 // follower's bytes right, and no holder left on either side once they are released.
+// The same when the leader's session is at its holder cap when the value lands.
 func TestFlightFollowersTakeADeadLeadersHolding(t *testing.T) {
 	t.Parallel()
+	for _, capped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("leader at its holder cap=%t", capped), func(t *testing.T) {
+			t.Parallel()
+			testFlightFollowersTakeALeadersHolding(t, capped)
+		})
+	}
+}
+
+func testFlightFollowersTakeALeadersHolding(t *testing.T, capped bool) {
 	mm := metrics.New()
 	n := startNode(t, 64<<20, nil, master.Options{Metrics: mm, Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
 	om := metrics.New()
@@ -433,13 +443,33 @@ func TestFlightFollowersTakeADeadLeadersHolding(t *testing.T) {
 		}
 		return c
 	}
-	c3 := connect("followers")
-	defer c3.Close()
+	const followers = 4
+	var fcs []*fluxkv.Client // a session each: with the cap at 1, each holds one holder
+	for i := range followers {
+		c := connect(fmt.Sprintf("follower-%d", i))
+		defer c.Close()
+		fcs = append(fcs, c)
+	}
 	queuedC := connect("queued")
+	defer queuedC.Close()
 	const key = "orphan"
 	val := value(9, 1<<20+5)
 	if err := n.c.Put(key, val); err != nil {
 		t.Fatal(err)
+	}
+	if capped {
+		if err := c2.Put("here", value(3, 1000)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := c2.Get("here") // into the hot set: the queued leader's get of it asks no master
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+		c2.Flush()
+		st := o2.lock()
+		st.maxHolders = 1
+		o2.unlock()
 	}
 	// Each pull waits (hook) until its turn: the first until the queue behind it has
 	// formed, the queued flight's until its leader's session has ended.
@@ -474,21 +504,33 @@ func TestFlightFollowersTakeADeadLeadersHolding(t *testing.T) {
 	queued := make(chan error, 1)
 	go func() { _, err := queuedC.Get(key); queued <- err }()
 	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key].next != nil })
-	const followers = 4
 	results := make(chan got, followers)
-	for range followers {
-		go func() { h, err := c3.Get(key); results <- got{h, err} }()
+	for _, c := range fcs {
+		go func() { h, err := c.Get(key); results <- got{h, err} }()
 	}
 	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return st.flights[key].next.followers == followers })
 	close(turns[0]) // the first flight lands; the queued one plans and pulls
 	if i := <-pulling; i != 1 {
 		t.Fatalf("pull %d second", i)
 	}
-	queuedC.Close()
-	waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 2 })
+	var here *fluxkv.MemHolder
+	if capped { // the queued leader's session takes its one holder while its pull runs
+		var err error
+		if here, err = queuedC.Get("here"); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		queuedC.Close()
+		waitUntil(t, func() bool { st := o2.lock(); defer o2.unlock(); return len(st.sessions) == 1+followers })
+	}
 	close(turns[1])
 	if err := <-queued; err == nil {
-		t.Error("the queued flight's leader got the value after its session ended")
+		t.Error("the queued flight's leader got the value after its session ended or while at its holder cap")
+	} else if capped && wire.CodeOf(err) != common.ErrorCode_NO_SPACE {
+		t.Errorf("the queued flight's leader at its holder cap: %v, want NO_SPACE", err)
+	}
+	if here != nil {
+		here.Release()
 	}
 	r := <-first
 	if r.err != nil {
@@ -513,7 +555,10 @@ func TestFlightFollowersTakeADeadLeadersHolding(t *testing.T) {
 		t.Errorf("%v master plans and %.1f pulls, want 2 and 2: the followers planned again", calls, moved)
 	}
 	c2.Flush()
-	c3.Flush()
+	queuedC.Flush()
+	for _, c := range fcs {
+		c.Flush()
+	}
 	// Nothing left on the owner (a release the client sent in the background may still
 	// be on its way) nor at the master.
 	waitUntil(t, func() bool {
@@ -522,7 +567,7 @@ func TestFlightFollowersTakeADeadLeadersHolding(t *testing.T) {
 		return len(st.flights) == 0 && st.writes.count(writeHolder) == 0
 	})
 	waitUntil(t, func() bool {
-		st, err := c3.Stat()
+		st, err := fcs[0].Stat()
 		if err != nil {
 			return false
 		}

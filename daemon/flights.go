@@ -90,14 +90,14 @@ func (st *ownerState) endFlight(key string, f *flight, err error) {
 	close(f.done)
 }
 
-// keepForFollowers lands the holding h (target t) of a flight whose leader's session
-// closed before h could reach it, while f has followers: they joined before the
-// leader's call was sent, so they may take their holders of h (follow) rather than plan
-// again. h goes into the hot set as finishGet would put it, with one reference of the
-// flight's until every follower has looked. The leader's own answer is the closed
-// session. (A leader whose session ended before its flight's call was sent brings in
+// keepForFollowers lands the holding h (target t) of a flight whose leader cannot take
+// it (its session closed, or holds its holder cap) while f has followers: they joined
+// before the leader's call was sent, so they may take their holders of h (follow)
+// rather than plan again. h goes into the hot set as finishGet would put it, with one
+// reference of the flight's until every follower has looked. The leader's own answer
+// is own. (A leader whose session ended before its flight's call was sent brings in
 // nothing: leadLanded ends that flight with errSessionClosed(), and its followers plan.)
-func (st *ownerState) keepForFollowers(f *flight, t *getTarget, h *holding, seq uint64) error {
+func (st *ownerState) keepForFollowers(f *flight, t *getTarget, h *holding, seq uint64, own error) error {
 	if st.endGet(t) {
 		st.ack(h.masterID)
 		return errGetMasterChanged()
@@ -106,7 +106,7 @@ func (st *ownerState) keepForFollowers(f *flight, t *getTarget, h *holding, seq 
 	st.ack(acks...)
 	st.refHolding(h)
 	f.h, f.kept = h, f.followers
-	return errSessionClosed()
+	return own
 }
 
 // followerLooked: a follower of f has taken its holder of f.h or decided not to; the

@@ -323,7 +323,9 @@ func (o *Owner) land(c *session, leg getLeg, h *holding, t *getTarget, err error
 	var resp *external.GetResponse
 	switch {
 	case err == nil && c.closed && leg.f != nil && leg.f.followers > 0:
-		err = st.keepForFollowers(leg.f, t, h, leg.seq)
+		err = st.keepForFollowers(leg.f, t, h, leg.seq, errSessionClosed())
+	case err == nil && leg.f != nil && leg.f.followers > 0 && st.holderRoom(c) != nil:
+		err = st.keepForFollowers(leg.f, t, h, leg.seq, st.holderRoom(c)) // the bytes landed: the followers take them
 	case err == nil:
 		resp, err = st.finishGet(c, t, h, leg.seq, time.Now())
 		if err == nil && leg.f != nil {

@@ -283,8 +283,10 @@ func TestLookupCountsAPageTheHotSetDidNotKeep(t *testing.T) {
 	}
 }
 
-// TestPinsShareTheBudget: a page two sessions pin counts once against the pin budget,
-// and one session's pins take at most half of it, so another's lookups still pin.
+// TestPinsShareTheBudget: a page two sessions pin counts once against the pin budget. A
+// session alone may pin past half of the budget; while another session has pins, or
+// found no room within its own half, it pins no more than half, and its pins past half
+// end as they expire (not renewed) so the other's lookups pin again.
 func TestPinsShareTheBudget(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{})
@@ -292,34 +294,59 @@ func TestPinsShareTheBudget(t *testing.T) {
 	limit := st.hot.pinLimit()
 	n.o.unlock()
 	const page = 512 << 10
-	mine := int(limit / 2 / page) // the pages one session may pin
-	var keys []string
-	for i := range mine + 1 {
-		k := fmt.Sprintf("p%d", i)
-		if err := n.c.Put(k, value(i, page)); err != nil {
-			t.Fatal(err)
+	half, all := int(limit/2/page), int(limit/page) // the pages of half the budget, of all of it
+	put := func(prefix string, k int) (keys []string) {
+		for i := range k {
+			key := fmt.Sprintf("%s%d", prefix, i)
+			if err := n.c.Put(key, value(i, page)); err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, key)
 		}
-		keys = append(keys, k)
+		return keys
 	}
+	ps, qs := put("p", half+1), put("q", 1)
 	c2, err := fluxkv.Connect(fluxkv.Options{Socket: n.o.SocketPath(), Name: t.Name() + "-2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	for _, c := range []*fluxkv.Client{n.c, c2} {
-		got, err := c.BatchExistsPrefix(keys, 5*time.Second)
+	lookup := func(c *fluxkv.Client, keys []string, pinMS time.Duration) int {
+		t.Helper()
+		got, err := c.BatchExistsPrefix(keys, pinMS)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != mine {
-			t.Errorf("a session's lookup counted %d of %d pages, want %d (its half of the %d-byte pin budget)", got, len(keys), mine, limit)
-		}
+		return int(got)
 	}
-	st = n.o.lock()
-	pins, pinned := len(st.pins), st.hot.pinned
-	n.o.unlock()
-	if pins != 2*mine || pinned != int64(mine)*page {
-		t.Errorf("%d pins of %d bytes, want %d pins of the same %d pages (%d bytes)", pins, pinned, 2*mine, mine, mine*page)
+	state := func() (pins int, pinned int64) {
+		st := n.o.lock()
+		defer n.o.unlock()
+		return len(st.pins), st.hot.pinned
+	}
+	// Alone, the first session pins past half; the second, pinning the same pages, gets
+	// its half, charged nothing more.
+	if got := lookup(n.c, ps, 5*time.Second); got != half+1 {
+		t.Fatalf("a session alone counted %d of %d pages, want all", got, len(ps))
+	}
+	if got := lookup(c2, ps, 2*time.Second); got != half {
+		t.Errorf("the second session counted %d pages, want %d (its half of the %d-byte budget)", got, half, limit)
+	}
+	if pins, pinned := state(); pins != 2*half+1 || pinned != int64(half+1)*page {
+		t.Errorf("%d pins of %d bytes, want %d pins of the same %d pages", pins, pinned, 2*half+1, half+1)
+	}
+	// The first session takes the whole budget while the second's pins expire; then the
+	// second finds no room within its half, and the first's renewal keeps half.
+	rest := put("r", all-half-1)
+	waitUntil(t, func() bool { pins, _ := state(); return pins == half+1 })
+	if got := lookup(n.c, append(append([]string{}, ps...), rest...), 5*time.Second); got != all {
+		t.Fatalf("the first session, the second's pins left, counted %d, want the whole budget's %d pages", got, all)
+	}
+	if got := lookup(c2, qs, 100*time.Millisecond); got != 0 {
+		t.Fatalf("a page past the full budget was pinned (%d)", got)
+	}
+	if got := lookup(n.c, append(append([]string{}, ps...), rest...), 5*time.Second); got != half {
+		t.Errorf("the first session's renewal after the second found no room counted %d, want its half (%d)", got, half)
 	}
 }
 

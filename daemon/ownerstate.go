@@ -48,6 +48,10 @@ type ownerState struct {
 	flights  map[string]*flight // gets in progress, one per key (flights.go)
 	pins     pinQueue           // prefix-lookup pins by deadline (pins.go)
 	pinKeys  map[string][]*pin  // the same pins by key, every session's
+	// pinSessions counts the sessions with pins; pinContended is when a session within
+	// its half of the pin budget last found no room (pins.go).
+	pinSessions  int
+	pinContended time.Time
 	// writing counts, per key, this owner's puts and deletes out at the master (PutDone,
 	// Delete: beginWrite .. endWrite). The master does not invalidate a write's requester
 	// (it drops its own records once answered), so from the master's publish or delete to

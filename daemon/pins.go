@@ -59,10 +59,12 @@ func (q *pinQueue) Pop() any {
 
 // pinHolder pins the page of the get that answered got to c until until. It reports
 // false (and pins nothing) when the hot-set budget has no room for it, or the session's
-// pins would pass half of it (one client's lookups cannot take every pin: the others'
-// would count nothing); the caller releases the holder then. A page several sessions
-// pin counts once against the budget (the same bytes), and against each session's
-// half. A pin of the same key the session already has is replaced.
+// pins would pass half of it while another session has pins or, within pinContention,
+// found no room within its own half (one client's lookups cannot keep every pin: the
+// others' would count nothing; alone, a session may use the whole budget); the caller
+// releases the holder then. A page several sessions pin counts once against the budget
+// (the same bytes), and against each session's half. A pin of the same key the session
+// already has is replaced.
 func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
 	id := got.HolderId
 	h := c.holders[id]
@@ -74,13 +76,17 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	if old != nil {
 		mine -= old.h.len
 	}
-	if mine > st.hot.pinLimit()/2 {
+	half := mine <= st.hot.pinLimit()/2
+	if !half && (st.othersPin(c) || now.Before(st.pinContended.Add(pinContention))) {
 		return false
 	}
 	if h.pins == 0 {
 		acks, ok := st.hot.reservePin(h.len)
 		st.ack(acks...)
 		if !ok {
+			if half { // a session within its half found no room: the ones past it shrink
+				st.pinContended = now
+			}
 			return false
 		}
 	}
@@ -89,7 +95,7 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 		st.unpin(old, now)
 	}
 	p := &pin{c: c, key: key, holder: id, h: h, until: until, source: got.Source, remote: got.Remote}
-	c.pinned += h.len
+	st.addPinned(c, h.len)
 	if c.pins == nil {
 		c.pins = make(map[string]*pin)
 	}
@@ -100,6 +106,31 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	}
 	st.pinKeys[key] = append(st.pinKeys[key], p)
 	return true
+}
+
+// pinContention is how long after a session within its half of the pin budget found no
+// room the sessions past their half add and renew no pin (their pins end within it:
+// MAX_PIN_MS).
+const pinContention = time.Duration(external.MAX_PIN_MS) * time.Millisecond
+
+// addPinned counts n more bytes of c's pins (n < 0: fewer), and the sessions with pins.
+func (st *ownerState) addPinned(c *session, n int64) {
+	was := c.pinned > 0
+	c.pinned += n
+	switch is := c.pinned > 0; {
+	case is && !was:
+		st.pinSessions++
+	case was && !is:
+		st.pinSessions--
+	}
+}
+
+// othersPin reports whether a session other than c has pins.
+func (st *ownerState) othersPin(c *session) bool {
+	if c.pinned > 0 {
+		return st.pinSessions > 1
+	}
+	return st.pinSessions > 0
 }
 
 // forgetPinKey takes p out of pinKeys.
@@ -129,7 +160,7 @@ func (st *ownerState) endPin(p *pin) {
 	if p.index >= 0 {
 		heap.Remove(&st.pins, p.index)
 	}
-	p.c.pinned -= p.h.len
+	st.addPinned(p.c, -p.h.len)
 	if p.h.pins--; p.h.pins == 0 {
 		st.hot.unpin(p.h.len)
 	}

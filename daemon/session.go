@@ -27,7 +27,7 @@ type session struct {
 	holders map[int64]*holding // external holder id → shared holding
 	puts    map[int64]*pendingPut
 	pins    map[string]*pin // prefix-lookup pins by key (pins.go)
-	pinned  int64           // the bytes of its pins (at most half the pin budget)
+	pinned  int64           // the bytes of its pins (ownerState.addPinned)
 	ended   endedPuts
 	closed  bool
 	// area is the session's put area under client isolation (nil without): the client
