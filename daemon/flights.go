@@ -20,8 +20,8 @@ package daemon
 // shares once it waited roomWaitShared on the flight, and so does a queued flight's
 // leader about the flight it queued behind: planning again would wait another
 // AllocWait under the same pressure. A leader whose session ended before its holding
-// could reach it leaves that holding to its followers (keepForFollowers): the flight
-// holds it until each of them has looked.
+// could reach it, or holds its holder cap, leaves that holding to its followers
+// (keepForFollowers): the flight holds it until each of them has looked.
 
 import (
 	"errors"
@@ -84,7 +84,9 @@ func (st *ownerState) endFlight(key string, f *flight, err error) {
 		}
 	}
 	if errors.As(err, new(holderCapError)) {
-		err = nil // the leader's session is at its cap: the followers plan on their own
+		// The leader's session is at its cap, its own state: the followers take the
+		// holding it left them (keepForFollowers), or else plan on their own.
+		err = nil
 	}
 	f.err = err
 	close(f.done)

@@ -119,16 +119,15 @@ func (c *hotSet) diedSince(key string, putID int64, seq uint64) (dead, known boo
 	if c.seq-seq >= invalNotes {
 		return false, false
 	}
+	known = true
 	for s := seq + 1; s <= c.seq; s++ {
 		n := c.notes[s%invalNotes]
-		if n.all {
-			return false, false
-		}
-		if n.key == key && n.upTo >= putID {
+		if n.key == key && n.upTo >= putID && !n.all {
 			return true, true
 		}
+		known = known && !n.all // a reset: only a kill noted besides tells
 	}
-	return false, true
+	return false, known
 }
 
 func newHotSet(grace time.Duration, budget, pinBudget int64) *hotSet {

@@ -59,12 +59,12 @@ func (q *pinQueue) Pop() any {
 
 // pinHolder pins the page of the get that answered got to c until until. It reports
 // false (and pins nothing) when the hot-set budget has no room for it, or the session's
-// pins would pass half of it while another session has pins or, within pinContention,
-// found no room within its own half (one client's lookups cannot keep every pin: the
-// others' would count nothing; alone, a session may use the whole budget); the caller
-// releases the holder then. A page several sessions pin counts once against the budget
-// (the same bytes), and against each session's half. A pin of the same key the session
-// already has is replaced.
+// pins would pass half of it while, within pinContention, a session within its own half
+// found no room because of the others' pins (one client's lookups cannot keep every
+// pin: the others' would count nothing; while nobody lacks room, a session may use the
+// whole budget); the caller releases the holder then. A page several sessions pin
+// counts once against the budget (the same bytes), and against each session's half. A
+// pin of the same key the session already has is replaced.
 func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
 	id := got.HolderId
 	h := c.holders[id]
@@ -77,20 +77,24 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 		mine -= old.h.len
 	}
 	half := mine <= st.hot.pinLimit()/2
-	if !half && (st.othersPin(c) || now.Before(st.pinContended.Add(pinContention))) {
+	if !half && now.Before(st.pinContended.Add(pinContention)) {
 		return false
+	}
+	if old != nil && old.h != h {
+		st.unpin(old, now) // another version's: its room first
+		old = nil
 	}
 	if h.pins == 0 {
 		acks, ok := st.hot.reservePin(h.len)
 		st.ack(acks...)
 		if !ok {
-			if half { // a session within its half found no room: the ones past it shrink
+			if half && st.othersPin(c) { // others' pins left no room within its half: the ones past theirs shrink
 				st.pinContended = now
 			}
 			return false
 		}
 	}
-	h.pins++ // before the old pin's end: when it is of h too, h stays charged
+	h.pins++ // before the old pin's end: it is of h too, which stays charged
 	if old != nil {
 		st.unpin(old, now)
 	}

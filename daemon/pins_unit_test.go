@@ -1,0 +1,98 @@
+package daemon
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/shm"
+)
+
+// pinState is an owner state with a 1000-byte pin budget and sessions 1 and 2.
+func pinState() (*ownerState, *session, *session) {
+	st := newOwnerState(stateOptions{nodeID: "n", generation: 1, segSize: 1 << 20, grace: time.Minute, hotBudget: 1000, pinBudget: 1000})
+	a := newSession(1, 1, "a", shm.Cred{}, nil, nil)
+	b := newSession(2, 2, "b", shm.Cred{}, nil, nil)
+	st.sessions[1], st.sessions[2] = a, b
+	return &st, a, b
+}
+
+// pinPage gives c a holder of key@putID (len bytes; the hot set's holding of that
+// version, made if new) and pins it for 5 s; false (the holder released) if refused.
+func pinPage(st *ownerState, c *session, key string, putID, length int64, now time.Time) bool {
+	h := st.hot.lookup(key)
+	if h == nil || h.putID != putID {
+		h, _ = st.hot.install(&holding{key: key, putID: putID, len: length, masterID: putID*1000 + length, replica: true}, st.hot.invalSeq())
+	}
+	id := st.newHolder(c, h)
+	if st.pinHolder(c, key, &external.GetResponse{HolderId: id, PutId: putID, Len: length}, now.Add(5*time.Second), now) {
+		return true
+	}
+	st.release(c, id, now)
+	return false
+}
+
+// TestPinReplacedByAnotherVersion: a session alone whose pin of a key is replaced by a
+// pin of the key's next version frees the old one's room first: it neither fails for
+// want of room the old pin held nor locks itself out of the budget past half.
+func TestPinReplacedByAnotherVersion(t *testing.T) {
+	st, a, _ := pinState()
+	now := time.Now()
+	if !pinPage(st, a, "z", 1, 300, now) || !pinPage(st, a, "x", 1, 600, now) {
+		t.Fatal("pins within the budget refused")
+	}
+	if !pinPage(st, a, "x", 2, 200, now) {
+		t.Fatalf("the pin of x's next version (200 bytes, 300 + 600 pinned of 1000) was refused")
+	}
+	if !pinPage(st, a, "y", 1, 400, now) { // 900 of 1000, past half, nobody else pins
+		t.Fatalf("a session alone was held to half of the budget (pinned %d)", st.hot.pinned)
+	}
+	if st.hot.pinned != 900 || a.pinned != 900 {
+		t.Fatalf("pinned %d, the session's %d, want 900", st.hot.pinned, a.pinned)
+	}
+}
+
+// TestPinContention: a session past half of the budget pins no more once another
+// session within its half found no room; pages both pin count once.
+func TestPinContention(t *testing.T) {
+	st, a, b := pinState()
+	now := time.Now()
+	for i, k := range []string{"p0", "p1", "p2", "p3", "p4"} {
+		if !pinPage(st, a, k, 1, 200, now) {
+			t.Fatalf("a, alone, could not pin %s (%d of 1000 pinned)", k, i*200)
+		}
+	}
+	if !pinPage(st, b, "p0", 1, 200, now) || st.hot.pinned != 1000 {
+		t.Fatalf("b's pin of a page a pins: pinned %d, want it charged once (1000)", st.hot.pinned)
+	}
+	if pinPage(st, b, "q", 1, 100, now) {
+		t.Fatal("b pinned past the full budget")
+	}
+	if pinPage(st, a, "p4", 1, 200, now) { // a renewal past half
+		t.Fatal("a renewed a pin past half after b found no room")
+	}
+	later := now.Add(pinContention + time.Millisecond)
+	st.expirePins(now.Add(6 * time.Second))
+	if !pinPage(st, a, "p4", 1, 200, later) || !pinPage(st, a, "p3", 1, 200, later) || !pinPage(st, a, "p2", 1, 200, later) {
+		t.Fatal("a held to half after the contention passed")
+	}
+}
+
+// TestDiedSince: a kill noted after a reset still tells the version died.
+func TestDiedSince(t *testing.T) {
+	c := newHotSet(time.Minute, 1000, 0)
+	seq := c.invalSeq()
+	c.reset()
+	c.invalidate("k", 5)
+	if dead, known := c.diedSince("k", 5, seq); !dead || !known {
+		t.Errorf("reset then kill: dead %v known %v, want dead", dead, known)
+	}
+	if dead, known := c.diedSince("other", 1, seq); dead || known {
+		t.Errorf("reset, no kill of the key: dead %v known %v, want unknown", dead, known)
+	}
+	seq = c.invalSeq()
+	c.invalidate("k", 3)
+	if dead, known := c.diedSince("k", 5, seq); dead || !known {
+		t.Errorf("a kill of older versions: dead %v known %v, want alive, known", dead, known)
+	}
+}
