@@ -143,14 +143,14 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}()
 	commit := make([]*mp.SsdReplicaCommitItem, len(at)) // commit[j] is items[at[j]]
 	for j, i := range at {
-		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len}
+		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len, RecordSeq: pins[i].Seq()}
 	}
 	forget := func(err error) {
 		gone := make([]ssd.Eviction, 0, len(at))
 		for _, i := range at {
 			pins[i].Forget() // this record, not a rewrite of the version committed since
 			errs[i] = err
-			gone = append(gone, ssd.Eviction{Key: items[i].Key, PutID: items[i].PutId})
+			gone = append(gone, ssd.Eviction{Key: items[i].Key, PutID: items[i].PutId, Seq: pins[i].Seq()})
 		}
 		// The commit may have reached a master (this one, whose answer was lost, or
 		// the one a registration reported to meanwhile) that now routes gets to the
@@ -395,14 +395,16 @@ func (o *Owner) forwardEvictions() {
 // (the call failed in transport, or was answered UNAVAILABLE or NOT_LEADER).
 func (o *Owner) reportEvictions(batch []ssd.Eviction) (retry bool, err error) {
 	entries := make([]*common.KeyVersion, len(batch))
+	seqs := make([]int64, len(batch))
 	for i, e := range batch {
 		entries[i] = &common.KeyVersion{Key: e.Key, PutId: e.PutID}
+		seqs[i] = e.Seq
 	}
 	base, cancelBase := o.master.ctx() // ends when the owner follows another master
 	defer cancelBase()
 	ctx, cancel := context.WithTimeout(base, evictReportTimeout)
 	defer cancel()
-	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries})
+	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries, RecordSeqs: seqs})
 	if err != nil {
 		return true, o.master.check(0, "", err)
 	}

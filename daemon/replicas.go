@@ -21,6 +21,8 @@ type replicaRecord struct {
 	// notices: eviction notices up to this bound are older than the replica (learned
 	// from a local hit or a promotion; zero: every notice of its version applies).
 	notices noticeBound
+	// seq: an SSD record's number on the ring (ssd.Entry.Seq), in a report.
+	seq int64
 }
 
 func (r *replicaRecord) end() int64 { return r.offset + ssd.AlignedLen(r.len) }

@@ -26,7 +26,7 @@ func (o *Owner) reportReplicas() {
 	var onSSD []replicaRecord
 	if o.store != nil {
 		for _, e := range o.store.Settled() { // a record whose commit is still out is the commit's (commitPersisted)
-			onSSD = append(onSSD, replicaRecord{key: e.Key, putID: e.PutID, len: e.Length})
+			onSSD = append(onSSD, replicaRecord{key: e.Key, putID: e.PutID, len: e.Length, seq: e.Seq})
 		}
 	}
 	rep := newReplicaReport(mem, onSSD, int(mp.REPORT_BATCH))
@@ -132,7 +132,7 @@ func newReplicaReport(mem, ssd []replicaRecord, batch int) *replicaReport {
 		r.recs = append(r.recs, rec)
 	}
 	for _, x := range ssd {
-		r.recs = append(r.recs, &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Ssd: true})
+		r.recs = append(r.recs, &mp.ReplicaRecord{Key: x.key, PutId: x.putID, Len: x.len, Ssd: true, RecordSeq: x.seq})
 	}
 	return r
 }
@@ -161,7 +161,7 @@ func (r *replicaReport) ssdIn(start, end int) []ssd.Eviction {
 	var out []ssd.Eviction
 	for i := max(start, len(r.mem)); i < end; i++ {
 		x := r.ssd[i-len(r.mem)]
-		out = append(out, ssd.Eviction{Key: x.key, PutID: x.putID})
+		out = append(out, ssd.Eviction{Key: x.key, PutID: x.putID, Seq: x.seq})
 	}
 	return out
 }

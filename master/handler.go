@@ -269,7 +269,7 @@ func (h *handler) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdRep
 			if it == nil {
 				continue
 			}
-			ok, err := st.SsdReplicaCommit(ref(req.Node), it.Key, it.PutId, it.Len)
+			ok, err := st.SsdReplicaCommit(ref(req.Node), it.Key, it.PutId, it.Len, it.RecordSeq)
 			if err != nil {
 				resp.Published = nil
 				return err
@@ -283,7 +283,7 @@ func (h *handler) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdRep
 }
 
 func (h *handler) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdReplicaEvictRequest) (*mp.BatchSsdReplicaEvictResponse, error) {
-	err := h.s.withState(func(st *State) error { return st.BatchSsdReplicaEvict(ref(req.Node), req.Entries) })
+	err := h.s.withState(func(st *State) error { return st.BatchSsdReplicaEvict(ref(req.Node), req.Entries, req.RecordSeqs) })
 	resp := &mp.BatchSsdReplicaEvictResponse{}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
@@ -321,7 +321,7 @@ func (h *handler) ReportReplicas(ctx context.Context, req *mp.ReportReplicasRequ
 	recs := make([]ReplicaRecord, len(req.Records))
 	for i, r := range req.Records {
 		if r != nil {
-			recs[i] = ReplicaRecord{Key: r.Key, PutID: r.PutId, Len: r.Len, Memory: r.Memory, Offset: r.Offset, SSD: r.Ssd, Parent: r.Parent}
+			recs[i] = ReplicaRecord{Key: r.Key, PutID: r.PutId, Len: r.Len, Memory: r.Memory, Offset: r.Offset, SSD: r.Ssd, Parent: r.Parent, Seq: r.RecordSeq}
 		}
 	}
 	var invs []Invalidation

@@ -29,6 +29,7 @@ type ReplicaRecord struct {
 	Offset int64
 	SSD    bool
 	Parent *string // a KV page's parent (nil: a plain key)
+	Seq    int64   // an SSD record's number on its owner (0: not told)
 }
 
 // OpenRebuild opens the rebuild window at now (the master's start).
@@ -171,7 +172,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 		rep = &replica{}
 		r.replicas[n] = rep
 	}
-	rep.ssd, rep.ssdLen = true, rec.Len
+	rep.ssd, rep.ssdLen, rep.ssdSeq = true, rec.Len, rec.Seq
 	s.cleanLocked(rec.Key, r)
 	return true, displaced
 }

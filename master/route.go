@@ -7,6 +7,7 @@ type replica struct {
 	memory *Allocation
 	ssd    bool
 	ssdLen int64
+	ssdSeq int64 // the owner's number of the SSD record (0: not told)
 	// dirty: the memory replica waits for the SSD write-back (writeback.go);
 	// writeBacks counts its failed write-backs. refresh: it was read back from SSD, and
 	// its write-back rewrites the version's SSD record at a ring's head although the
@@ -92,7 +93,7 @@ func (s *State) clearSSDLocked(key string, r *route, n *node) {
 		return
 	}
 	rep.ssd = false
-	rep.ssdLen = 0
+	rep.ssdLen, rep.ssdSeq = 0, 0
 	s.pruneLocked(key, r, n)
 }
 

@@ -537,7 +537,7 @@ func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64, touched []string)
 // pool chose for this put's persist (which is pending); a late or stale commit is
 // ignored, and so is one of a version n was told to forget (an unacked SSD-drop
 // notice). It reports whether the commit was published.
-func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (bool, error) {
+func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq int64) (bool, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return false, err
@@ -563,24 +563,34 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length int64) (
 		r.replicas[n] = rep
 	}
 	rep.ssd = true
-	rep.ssdLen = length
+	rep.ssdLen, rep.ssdSeq = length, seq
 	s.cleanLocked(key, r)
 	return true, nil
 }
 
-// BatchSsdReplicaEvict clears SSD replicas the owner's rings overwrote. It is refused
-// (UNAVAILABLE: the owner sends it again) while the owner reports its replicas: an
-// eviction of a record not adopted yet would be lost, and the record adopted after it.
-func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion) error {
+// BatchSsdReplicaEvict clears SSD replicas the owner's rings overwrote; seqs[i] (0 or
+// missing: unknown) numbers entries[i]'s record, and a replica whose recorded number is
+// another's (a rewrite of the version committed while the report was on its way) stays.
+// It is refused (UNAVAILABLE: the owner sends it again) while the owner reports its
+// replicas: an eviction of a record not adopted yet would be lost, and the record
+// adopted after it.
+func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion, seqs []int64) error {
 	n, err := s.reportedNodeLocked(ref)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
+	for i, e := range entries {
 		if e == nil {
 			continue
 		}
+		var seq int64
+		if i < len(seqs) {
+			seq = seqs[i]
+		}
 		if r := s.routes[e.Key]; r != nil && r.putID == e.PutId {
+			if rep := r.replicas[n]; rep != nil && seq != 0 && rep.ssdSeq != 0 && rep.ssdSeq != seq {
+				continue // a rewrite's record, not the one evicted
+			}
 			s.clearSSDLocked(e.Key, r, n)
 			s.redirtyLocked(e.Key, r)
 		}

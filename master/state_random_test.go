@@ -468,7 +468,7 @@ func (d *randomDriver) step(op byte, arg uint64) {
 		}
 		if ok {
 			// The owner commits before it answers; a refused commit fails the persist.
-			pub, err := st.SsdReplicaCommit(NodeRef{ID: t.NodeID, Generation: t.Generation}, t.Key, t.PutID, t.Len)
+			pub, err := st.SsdReplicaCommit(NodeRef{ID: t.NodeID, Generation: t.Generation}, t.Key, t.PutID, t.Len, 0)
 			d.logf("ssd-commit %s %s@%d -> %v %v", t.NodeID, t.Key, t.PutID, pub, err)
 			ok = err == nil
 		}
@@ -482,7 +482,7 @@ func (d *randomDriver) step(op byte, arg uint64) {
 		}
 		for n, rep := range r.replicas {
 			if rep.ssd {
-				err := st.BatchSsdReplicaEvict(d.refOf(n.id), []*common.KeyVersion{{Key: k, PutId: r.putID}})
+				err := st.BatchSsdReplicaEvict(d.refOf(n.id), []*common.KeyVersion{{Key: k, PutId: r.putID}}, nil)
 				d.logf("ssd-evict %s %s@%d %v", n.id, k, r.putID, err)
 				break // on to the write-backs it started (a page dirty again): taken below
 			}

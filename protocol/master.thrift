@@ -263,6 +263,10 @@ struct SsdReplicaCommitItem {
   1: string key,
   2: i64 put_id,
   3: i64 len,
+  // The owner's number of the record (a rewrite of the same version is another record,
+  // numbered higher): an eviction report names it, so a report of the record a rewrite
+  // replaced leaves the rewrite's route. 0: not told (an owner of an earlier release).
+  4: i64 record_seq,
 }
 
 // The records of one BatchSsdReplicaPersist, committed together (at most
@@ -285,6 +289,10 @@ struct BatchSsdReplicaCommitResponse {
 struct BatchSsdReplicaEvictRequest {
   1: NodeRef node,
   2: list<common.KeyVersion> entries,
+  // record_seqs[i] is the number of entries[i]'s record (SsdReplicaCommitItem.record_seq;
+  // 0 or missing: not told): the master clears a replica only when it names the record
+  // the master last recorded, or either number is unknown.
+  3: list<i64> record_seqs,
 }
 
 struct BatchSsdReplicaEvictResponse {
@@ -320,6 +328,8 @@ struct ReplicaRecord {
   // master ranks it as a page again; unset for a plain key, an SSD record, or a copy
   // the owner did not put itself (those are ranked as plain keys).
   7: optional string parent,
+  // An SSD record's number (SsdReplicaCommitItem.record_seq); 0: not told.
+  8: i64 record_seq,
 }
 
 // After registering with a master that does not know it (a restarted master), an owner

@@ -7,6 +7,9 @@ import "time"
 type Eviction struct {
 	Key   string
 	PutID int64
+	// Seq is the record's number (Entry.Seq): the master keeps a rewrite of the
+	// version committed meanwhile, another record; 0 when unknown.
+	Seq int64
 }
 
 // report queues evictions for the batcher; if the owner does not keep up they are

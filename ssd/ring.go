@@ -39,6 +39,7 @@ func (s entryState) String() string {
 type entry struct {
 	key    string
 	putID  int64
+	seq    int64 // the Storage's number of this record: a rewrite of the version is another
 	length int64 // real payload bytes
 	size   int64 // aligned bytes on disk
 	begin  int64 // logical position

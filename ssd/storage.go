@@ -43,6 +43,7 @@ type Storage struct {
 	evStop    chan struct{}
 	evDone    chan struct{}
 	evDropped atomic.Uint64
+	records   int64 // records reserved (under mu): each one's entry.seq
 
 	directReads, scratchReads atomic.Uint64 // chunks read each way (tests, stats)
 	corruptReads              atomic.Uint64 // loads that failed verification (ErrCorrupt)
@@ -195,6 +196,14 @@ type commitPin struct {
 	s        *Storage
 	e        *entry
 	released atomic.Bool
+}
+
+// Seq is the number of the record this pin was taken on (Entry.Seq); 0 for none.
+func (c CommitPin) Seq() int64 {
+	if c.p == nil {
+		return 0
+	}
+	return c.p.e.seq // set when the record was reserved, before the pin existed
 }
 
 // Forget drops the entry this pin was taken on, and only it: a rewrite of the same key and
@@ -354,6 +363,8 @@ func (s *Storage) allocLocked(d *device, key string, putID, length, size int64) 
 // replaceLocked makes e, a new record of key's version putID, the key's entry in place
 // of the one indexed (a rewrite of the same version marks that one superseded).
 func (s *Storage) replaceLocked(key string, putID int64, e *entry) {
+	s.records++
+	e.seq = s.records
 	if old := s.index[key]; old != nil {
 		old.superseded = old.putID == putID && old.state == stateCommitted
 		if old.superseded {
@@ -396,7 +407,7 @@ func (s *Storage) evictedLocked(evicted []*entry, key string, putID int64) []Evi
 		delete(s.index, e.key)
 		e.shard.dev.used -= e.size
 		if e.key != key || e.putID != putID {
-			evs = append(evs, Eviction{Key: e.key, PutID: e.putID})
+			evs = append(evs, Eviction{Key: e.key, PutID: e.putID, Seq: e.seq})
 		}
 	}
 	return evs
@@ -432,6 +443,9 @@ type Entry struct {
 	Key    string
 	PutID  int64
 	Length int64
+	// Seq numbers the record: a rewrite of the same key and put id is another record,
+	// with a higher number (Eviction.Seq, CommitPin.Seq).
+	Seq int64
 }
 
 // Committed lists the entries that are committed and readable right now, in no
@@ -450,7 +464,7 @@ func (s *Storage) committed(pinned bool) []Entry {
 	out := make([]Entry, 0, len(s.index))
 	for k, e := range s.index {
 		if e.state == stateCommitted && (pinned || e.commitPins == 0) && !e.shard.ring.overtaken(e) {
-			out = append(out, Entry{Key: k, PutID: e.putID, Length: e.length})
+			out = append(out, Entry{Key: k, PutID: e.putID, Length: e.length, Seq: e.seq})
 		}
 	}
 	return out

@@ -219,7 +219,7 @@ func TestEvictionsReportedAndBatched(t *testing.T) {
 			t.Fatalf("batch sizes %v, want [256 256 88]", sizes)
 		}
 		for i, ev := range flat {
-			if ev != (Eviction{Key: fmt.Sprintf("k%04d", i), PutID: 1}) {
+			if ev != (Eviction{Key: fmt.Sprintf("k%04d", i), PutID: 1, Seq: int64(i + 1)}) {
 				t.Fatalf("eviction %d is %+v", i, ev)
 			}
 		}
@@ -243,7 +243,7 @@ func TestEvictionsFlushAfterDelay(t *testing.T) {
 			t.Fatalf("only %v within 5s", got)
 		}
 	}
-	if fmt.Sprint(got) != "[{0 1} {1 1} {2 1}]" {
+	if fmt.Sprint(got) != "[{0 1 1} {1 1 2} {2 1 3}]" { // key, put id, record number
 		t.Fatalf("evictions %v", got)
 	}
 }
@@ -944,6 +944,7 @@ func countEvictions(t *testing.T, s *Storage) (reported func(Eviction) int, wait
 		for b := range s.Evictions() {
 			mu.Lock()
 			for _, ev := range b {
+				ev.Seq = 0 // counted by key and put id
 				reports[ev]++
 			}
 			mu.Unlock()
@@ -1108,4 +1109,37 @@ func TestLoadWhileARefreshWrites(t *testing.T) {
 			t.Fatal("wrong bytes")
 		}
 	})
+}
+
+// TestRecordNumbers: every record gets a number of its own, a rewrite of the same
+// version a higher one, and listings and evictions carry it.
+func TestRecordNumbers(t *testing.T) {
+	s := openTest(t, EnginePsync, 8192, nil) // two 4 KiB records fit
+	first, err := s.Persist("k", 1, pattern("k", 3584))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Release()
+	again, err := s.Persist("k", 1, pattern("k", 3584)) // a refresh
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Release()
+	if first.Seq() <= 0 || again.Seq() <= first.Seq() {
+		t.Fatalf("record numbers %d, then %d for the rewrite: want increasing", first.Seq(), again.Seq())
+	}
+	if es := s.Committed(); len(es) != 1 || es[0].Seq != again.Seq() {
+		t.Fatalf("Committed() = %+v, want the rewrite's number %d", es, again.Seq())
+	}
+	for i := range 3 { // overwrite k's record
+		persist(t, s, fmt.Sprint(i), 1, pattern("x", 3584))
+	}
+	select {
+	case b := <-s.Evictions():
+		if b[0].Key != "k" || b[0].Seq != again.Seq() {
+			t.Fatalf("eviction %+v, want k's record %d", b[0], again.Seq())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no eviction")
+	}
 }

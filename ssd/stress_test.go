@@ -173,7 +173,7 @@ func stressWith(t *testing.T, kind string, align int64, open func(path string, f
 	for k, e := range s.index {
 		if e.state == stateCommitted {
 			used += e.size
-			want = append(want, Entry{k, e.putID, e.length})
+			want = append(want, Entry{k, e.putID, e.length, e.seq})
 		} else {
 			t.Errorf("%s: index holds a %s entry at rest", k, e.state)
 		}

@@ -489,7 +489,7 @@ func TestCommitted(t *testing.T) {
 	for _, e := range s.Committed() {
 		got[e.Key] = e
 	}
-	want := map[string]Entry{"k": {Key: "k", PutID: 7, Length: 2000}, "j": {Key: "j", PutID: 1, Length: 100}}
+	want := map[string]Entry{"k": {Key: "k", PutID: 7, Length: 2000, Seq: 4}, "j": {Key: "j", PutID: 1, Length: 100, Seq: 2}}
 	if len(got) != len(want) || got["k"] != want["k"] || got["j"] != want["j"] {
 		t.Fatalf("Committed() = %+v, want %+v", got, want)
 	}

@@ -1593,9 +1593,10 @@ var fieldIDToName_ExistsResponse = map[int16]string{
 }
 
 type SsdReplicaCommitItem struct {
-	Key   string `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	PutId int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
-	Len   int64  `thrift:"len,3" frugal:"3,default,i64" json:"len"`
+	Key       string `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId     int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Len       int64  `thrift:"len,3" frugal:"3,default,i64" json:"len"`
+	RecordSeq int64  `thrift:"record_seq,4" frugal:"4,default,i64" json:"record_seq"`
 }
 
 func NewSsdReplicaCommitItem() *SsdReplicaCommitItem {
@@ -1616,6 +1617,10 @@ func (p *SsdReplicaCommitItem) GetPutId() (v int64) {
 func (p *SsdReplicaCommitItem) GetLen() (v int64) {
 	return p.Len
 }
+
+func (p *SsdReplicaCommitItem) GetRecordSeq() (v int64) {
+	return p.RecordSeq
+}
 func (p *SsdReplicaCommitItem) SetKey(val string) {
 	p.Key = val
 }
@@ -1624,6 +1629,9 @@ func (p *SsdReplicaCommitItem) SetPutId(val int64) {
 }
 func (p *SsdReplicaCommitItem) SetLen(val int64) {
 	p.Len = val
+}
+func (p *SsdReplicaCommitItem) SetRecordSeq(val int64) {
+	p.RecordSeq = val
 }
 
 func (p *SsdReplicaCommitItem) String() string {
@@ -1637,6 +1645,7 @@ var fieldIDToName_SsdReplicaCommitItem = map[int16]string{
 	1: "key",
 	2: "put_id",
 	3: "len",
+	4: "record_seq",
 }
 
 type BatchSsdReplicaCommitRequest struct {
@@ -1734,8 +1743,9 @@ var fieldIDToName_BatchSsdReplicaCommitResponse = map[int16]string{
 }
 
 type BatchSsdReplicaEvictRequest struct {
-	Node    *NodeRef             `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
-	Entries []*common.KeyVersion `thrift:"entries,2" frugal:"2,default,list<common.KeyVersion>" json:"entries"`
+	Node       *NodeRef             `thrift:"node,1" frugal:"1,default,NodeRef" json:"node"`
+	Entries    []*common.KeyVersion `thrift:"entries,2" frugal:"2,default,list<common.KeyVersion>" json:"entries"`
+	RecordSeqs []int64              `thrift:"record_seqs,3" frugal:"3,default,list<i64>" json:"record_seqs"`
 }
 
 func NewBatchSsdReplicaEvictRequest() *BatchSsdReplicaEvictRequest {
@@ -1757,11 +1767,18 @@ func (p *BatchSsdReplicaEvictRequest) GetNode() (v *NodeRef) {
 func (p *BatchSsdReplicaEvictRequest) GetEntries() (v []*common.KeyVersion) {
 	return p.Entries
 }
+
+func (p *BatchSsdReplicaEvictRequest) GetRecordSeqs() (v []int64) {
+	return p.RecordSeqs
+}
 func (p *BatchSsdReplicaEvictRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
 func (p *BatchSsdReplicaEvictRequest) SetEntries(val []*common.KeyVersion) {
 	p.Entries = val
+}
+func (p *BatchSsdReplicaEvictRequest) SetRecordSeqs(val []int64) {
+	p.RecordSeqs = val
 }
 
 func (p *BatchSsdReplicaEvictRequest) IsSetNode() bool {
@@ -1778,6 +1795,7 @@ func (p *BatchSsdReplicaEvictRequest) String() string {
 var fieldIDToName_BatchSsdReplicaEvictRequest = map[int16]string{
 	1: "node",
 	2: "entries",
+	3: "record_seqs",
 }
 
 type BatchSsdReplicaEvictResponse struct {
@@ -1922,13 +1940,14 @@ var fieldIDToName_BatchDeleteAckResponse = map[int16]string{
 }
 
 type ReplicaRecord struct {
-	Key    string  `thrift:"key,1" frugal:"1,default,string" json:"key"`
-	PutId  int64   `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
-	Len    int64   `thrift:"len,3" frugal:"3,default,i64" json:"len"`
-	Memory bool    `thrift:"memory,4" frugal:"4,default,bool" json:"memory"`
-	Offset int64   `thrift:"offset,5" frugal:"5,default,i64" json:"offset"`
-	Ssd    bool    `thrift:"ssd,6" frugal:"6,default,bool" json:"ssd"`
-	Parent *string `thrift:"parent,7,optional" frugal:"7,optional,string" json:"parent,omitempty"`
+	Key       string  `thrift:"key,1" frugal:"1,default,string" json:"key"`
+	PutId     int64   `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
+	Len       int64   `thrift:"len,3" frugal:"3,default,i64" json:"len"`
+	Memory    bool    `thrift:"memory,4" frugal:"4,default,bool" json:"memory"`
+	Offset    int64   `thrift:"offset,5" frugal:"5,default,i64" json:"offset"`
+	Ssd       bool    `thrift:"ssd,6" frugal:"6,default,bool" json:"ssd"`
+	Parent    *string `thrift:"parent,7,optional" frugal:"7,optional,string" json:"parent,omitempty"`
+	RecordSeq int64   `thrift:"record_seq,8" frugal:"8,default,i64" json:"record_seq"`
 }
 
 func NewReplicaRecord() *ReplicaRecord {
@@ -1970,6 +1989,10 @@ func (p *ReplicaRecord) GetParent() (v string) {
 	}
 	return *p.Parent
 }
+
+func (p *ReplicaRecord) GetRecordSeq() (v int64) {
+	return p.RecordSeq
+}
 func (p *ReplicaRecord) SetKey(val string) {
 	p.Key = val
 }
@@ -1991,6 +2014,9 @@ func (p *ReplicaRecord) SetSsd(val bool) {
 func (p *ReplicaRecord) SetParent(val *string) {
 	p.Parent = val
 }
+func (p *ReplicaRecord) SetRecordSeq(val int64) {
+	p.RecordSeq = val
+}
 
 func (p *ReplicaRecord) IsSetParent() bool {
 	return p.Parent != nil
@@ -2011,6 +2037,7 @@ var fieldIDToName_ReplicaRecord = map[int16]string{
 	5: "offset",
 	6: "ssd",
 	7: "parent",
+	8: "record_seq",
 }
 
 type ReportReplicasRequest struct {
