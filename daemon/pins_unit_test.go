@@ -96,3 +96,29 @@ func TestDiedSince(t *testing.T) {
 		t.Errorf("a kill of older versions: dead %v known %v, want alive, known", dead, known)
 	}
 }
+
+// TestEndedPutsRing: a session remembers the outcome of its last putEndMemory ended puts,
+// the newest answer of a put id winning, and forgets the oldest past that.
+func TestEndedPutsRing(t *testing.T) {
+	var e endedPuts
+	const last = int64(putEndMemory + 10)
+	for i := int64(1); i <= last; i++ {
+		e.add(i, "k", nil)
+	}
+	if _, ok := e.lookup(10, "k"); ok {
+		t.Error("put 10 of the ring's first lap still remembered")
+	}
+	if _, ok := e.lookup(11, "k"); !ok {
+		t.Error("put 11, the oldest of the last putEndMemory, forgotten")
+	}
+	if _, ok := e.lookup(last, "other"); ok {
+		t.Error("a put id answered for another key")
+	}
+	e.add(last, "k", errPutExpired(&pendingPut{key: "k"}, time.Second))
+	if out, ok := e.lookup(last, "k"); !ok || out == nil {
+		t.Errorf("the newest outcome of a put id: %v, %v", out, ok)
+	}
+	if len(e.ring) != putEndMemory {
+		t.Errorf("ring of %d entries, want %d", len(e.ring), putEndMemory)
+	}
+}

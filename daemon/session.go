@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"cmp"
+	"hash/maphash"
 	"net"
 	"slices"
 	"time"
@@ -74,35 +75,44 @@ type pendingPut struct {
 	expired bool
 }
 
-// endedPuts remembers the outcome of a session's last putEndMemory ended puts.
+// endedPuts remembers the outcome of a session's last putEndMemory ended puts (at
+// least two full batches: a lost BatchPutEnd reply is answered again for every item of
+// its wave, with room for the session's other calls meanwhile), in a ring of compact
+// entries that grows as the session ends puts; a lookup, only for a repeated PutEnd or
+// PutWrite, scans it newest first.
 type endedPuts struct {
-	order []int64 // oldest first
-	byID  map[int64]endedPut
+	ring []endedPut
+	next int // the oldest entry once the ring is full
 }
 
 type endedPut struct {
-	key     string
+	putID   int64
+	key     uint64 // the key's hash (endedSeed)
 	outcome error
 }
 
+// endedSeed hashes the keys of ended puts.
+var endedSeed = maphash.MakeSeed()
+
 func (e *endedPuts) add(putID int64, key string, outcome error) {
-	if e.byID == nil {
-		e.byID = make(map[int64]endedPut, putEndMemory)
+	p := endedPut{putID: putID, key: maphash.String(endedSeed, key), outcome: outcome}
+	if len(e.ring) < putEndMemory {
+		e.ring = append(e.ring, p)
+		return
 	}
-	if len(e.order) == putEndMemory {
-		delete(e.byID, e.order[0])
-		e.order = e.order[1:]
-	}
-	e.order = append(e.order, putID)
-	e.byID[putID] = endedPut{key: key, outcome: outcome}
+	e.ring[e.next] = p
+	e.next = (e.next + 1) % len(e.ring)
 }
 
 func (e *endedPuts) lookup(putID int64, key string) (outcome error, ok bool) {
-	p, ok := e.byID[putID]
-	if !ok || p.key != key {
-		return nil, false
+	h := maphash.String(endedSeed, key)
+	for i := range e.ring {
+		p := &e.ring[(e.next-1-i+2*len(e.ring))%len(e.ring)]
+		if p.putID == putID && p.key == h {
+			return p.outcome, true
+		}
 	}
-	return p.outcome, true
+	return nil, false
 }
 
 // pinned reports whether a registration reported p's range as a pin.

@@ -74,8 +74,11 @@ const string NAMESPACE_SEPARATOR = "/"
 //   INVALID_ARGUMENT for that id and does no harm.
 
 // How many ended puts (PutEnd or BatchPutEnd items) per session the owner remembers
-// the outcome of, to answer a repeated PutEnd.
-const i32 PUT_END_MEMORY = 64
+// the outcome of, to answer a repeated PutEnd: two full batches (MAX_BATCH), so a lost
+// BatchPutEnd reply is answered again for every item of its wave, with room for the
+// session's other calls meanwhile (it was 64: the older items of a larger wave were
+// redone).
+const i32 PUT_END_MEMORY = 8192
 // Batch puts go in waves (BatchPutStart, copy, BatchPutEnd) that hold at most
 // segment_size / PUT_WAVE_SEGMENT_DIVISOR bytes started and not yet ended, and at most
 // MAX_BATCH items, so a batch never waits for space only it holds. An item larger than

@@ -114,7 +114,7 @@ func TestBatchPutItemsAndLostEnd(t *testing.T) {
 		t.Fatalf("reject_if_exists batch: %v %v", errs, err)
 	}
 	dropOnce(c, "BatchPutEnd")
-	items := patternItems("lost", 10, 4096)
+	items := patternItems("lost", 100, 4096) // more than the 64 puts the owner remembered before
 	errs, err = c.BatchPut(items, PutOptions{RejectIfExists: true})
 	if err != nil {
 		t.Fatal(err)
