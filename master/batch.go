@@ -47,9 +47,11 @@ func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartReques
 	resp := &mp.BatchGetStartResponse{}
 	err := h.checkBatch(req.Node, len(req.Keys))
 	if err == nil {
+		err = h.applyAcks(req.Node, req.Acks)
+	}
+	if err == nil {
 		ctx, cancel := h.spaceWait(ctx)
 		defer cancel()
-		h.applyAcks(req.Node, req.Acks)
 		resp.Results = make([]*mp.GetStartResponse, len(req.Keys))
 		// The keys the requester has a memory replica of first, under one hold of the
 		// lock: each is reused at once (its holder recorded; no room taken), and held
@@ -162,9 +164,11 @@ func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartReques
 	resp := &mp.BatchPutStartResponse{}
 	err := h.checkBatch(req.Node, len(req.Items))
 	if err == nil {
+		err = h.applyAcks(req.Node, req.Acks)
+	}
+	if err == nil {
 		ctx, cancel := h.spaceWait(ctx)
 		defer cancel()
-		h.applyAcks(req.Node, req.Acks)
 		n := len(req.Items)
 		resp.Results = make([]*mp.PutStartResponse, n)
 		plans, errs := make([]PutPlan, n), make([]error, n)

@@ -71,7 +71,9 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 }
 
 func (h *handler) PutStart(ctx context.Context, req *mp.PutStartRequest) (*mp.PutStartResponse, error) {
-	h.applyAcks(req.Node, req.Acks)
+	if err := h.applyAcks(req.Node, req.Acks); err != nil {
+		return putStartResponse(PutPlan{}, err), nil
+	}
 	return h.putStart(ctx, req.Node, req.Key, req.Len, req.RejectIfExists, req.Parent), nil
 }
 
@@ -144,7 +146,9 @@ func (h *handler) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest) (*mp.
 }
 
 func (h *handler) GetStart(ctx context.Context, req *mp.GetStartRequest) (*mp.GetStartResponse, error) {
-	h.applyAcks(req.Node, req.Acks)
+	if err := h.applyAcks(req.Node, req.Acks); err != nil {
+		return getStartResponse(GetPlan{}, err), nil
+	}
 	return h.getStart(ctx, req.Node, req.Key, req.ExcludeNodes, req.HolderId), nil
 }
 
@@ -300,12 +304,15 @@ func (h *handler) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckRequ
 	return resp, nil
 }
 
-// applyAcks releases holders acked on a PutStart or GetStart before it is planned.
-func (h *handler) applyAcks(n *mp.NodeRef, acks []int64) {
+// applyAcks applies the holder acks a planning call carries. Its error (a shut gate, an
+// unknown owner) answers the whole call: the owner gives acks back only on a call
+// answered NOT_LEADER as a whole (a batch's items answered so, after a gate that shut
+// for a moment between the acks and the items, left the acks applied by nobody).
+func (h *handler) applyAcks(n *mp.NodeRef, acks []int64) error {
 	if len(acks) == 0 {
-		return
+		return nil
 	}
-	h.s.withState(func(st *State) error {
+	return h.s.withState(func(st *State) error {
 		_, err := st.BatchDeleteAck(ref(n), acks, nil)
 		return err
 	})

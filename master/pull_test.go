@@ -360,3 +360,54 @@ func TestPullTargets(t *testing.T) {
 		t.Fatalf("%d pulls to one target: groups of %d and %d", n, len(got[0]), len(got[len(got)-1]))
 	}
 }
+
+// TestAcksOfAShutGateAnswerTheWholeCall: a gate that shuts between a batch's check and
+// its holder acks applies none of them; the call is answered NOT_LEADER as a whole, the
+// answer on which the owner queues the acks again. (Its items were answered NOT_LEADER
+// under an OK call: the owner dropped the acks, and the master kept those holders and
+// their ranges.)
+func TestAcksOfAShutGateAnswerTheWholeCall(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s})
+	a := NodeRef{ID: "a", Generation: 1}
+	if err := srv.withState(func(st *State) error {
+		return st.Register(time.Now(), a, 64<<10, 0, 0, "data-a", startFakePeer(t, s, &fakePeer{}), SSDInfo{}, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h := &handler{s: srv}
+	mref := &mp.NodeRef{NodeId: a.ID, Generation: a.Generation}
+	for _, batch := range []string{"BatchPutStart", "BatchGetStart"} {
+		ps, _ := h.PutStart(context.Background(), &mp.PutStartRequest{Node: mref, Key: "k-" + batch, Len: 4096})
+		if ps.Code != common.ErrorCode_OK {
+			t.Fatal(ps.Message)
+		}
+		if d, _ := h.PutDone(context.Background(), &mp.PutDoneRequest{Node: mref, Key: "k-" + batch, PutId: ps.PutId}); d.Code != common.ErrorCode_OK {
+			t.Fatal(d.Message)
+		}
+		g, _ := h.GetStart(context.Background(), &mp.GetStartRequest{Node: mref, Key: "k-" + batch})
+		if g.Code != common.ErrorCode_OK {
+			t.Fatal(g.Message)
+		}
+		var checks atomic.Int32
+		srv.gate = func() error { // open for the batch's check, shut after
+			if checks.Add(1) > 1 {
+				return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: test")
+			}
+			return nil
+		}
+		var code common.ErrorCode
+		if batch == "BatchPutStart" {
+			r, _ := h.BatchPutStart(context.Background(), &mp.BatchPutStartRequest{Node: mref, Acks: []int64{g.HolderId},
+				Items: []*mp.PutStartItem{{Key: "x", Len: 4096}, {Key: "y", Len: 4096}}})
+			code = r.Code
+		} else {
+			r, _ := h.BatchGetStart(context.Background(), &mp.BatchGetStartRequest{Node: mref, Acks: []int64{g.HolderId}, Keys: []string{"x", "y"}})
+			code = r.Code
+		}
+		srv.gate = nil
+		if code != common.ErrorCode_NOT_LEADER {
+			t.Errorf("%s whose acks a shut gate refused: answered %v, want NOT_LEADER as a whole", batch, code)
+		}
+	}
+}
