@@ -268,10 +268,12 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 		st.release(c, id, now)
 	}
 	for _, p := range sortedPuts(c.puts) {
-		st.writes.remove(p.write)
 		if p.ending == nil {
+			st.writes.remove(p.write)
 			abandon = append(abandon, p)
 		}
+		// An ending put's PutEnd still copies into or publishes its range: its entry
+		// stays (a registration meanwhile reports the range as a pin) until endPut.
 	}
 	c.puts = nil
 	return abandon, holders, true

@@ -152,8 +152,8 @@ func (st *ownerState) endPut(c *session, p *pendingPut, outcome error) {
 	st.ackPin(p) // pinned while its PutDone was out
 	if c.puts[p.putID] == p {
 		delete(c.puts, p.putID)
-		st.writes.remove(p.write)
 	}
+	st.writes.remove(p.write) // also once its session ended meanwhile (endSession left it)
 	c.ended.add(p.putID, p.key, outcome)
 	p.outcome = outcome
 	close(p.ending)

@@ -350,3 +350,31 @@ func TestExpiringPutAnsweredWhileCopiesEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestEndingPutKeepsItsRangeAcrossSessionEnd: a session that ends while a PutEnd still
+// copies into its put's range leaves the range among the owner's segment writes until
+// that PutEnd ends: a registration meanwhile must report it as a pin (the new master
+// would otherwise hand the range out while the copy runs).
+func TestEndingPutKeepsItsRangeAcrossSessionEnd(t *testing.T) {
+	t.Parallel()
+	n, c, id, inChunk, release := stalledPutWrite(t)
+	ended := make(chan error, 1)
+	go func() { ended <- n.o.putEnd(c, "torn", id, []*external.AreaCopy{{Len: 2 << 20}}) }()
+	<-inChunk
+	go n.o.endSession(c, "test: the client went away during its PutEnd")
+	waitUntil(t, func() bool { n.o.lock(); defer n.o.unlock(); return c.closed })
+	st := n.o.lock()
+	kept := st.writes.lookup(writePut, id) != nil
+	n.o.unlock()
+	close(release)
+	<-ended
+	if !kept {
+		t.Fatal("the ending put's range left the segment writes when its session ended, while its copy ran")
+	}
+	st = n.o.lock()
+	left := st.writes.lookup(writePut, id) != nil
+	n.o.unlock()
+	if left {
+		t.Fatal("the put's range is still among the segment writes after its PutEnd ended")
+	}
+}
