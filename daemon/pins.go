@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"container/heap"
+	"maps"
 	"slices"
 	"time"
 
@@ -58,11 +59,13 @@ func (q *pinQueue) Pop() any {
 }
 
 // pinHolder pins the page of the get that answered got to c until until. It reports
-// false (and pins nothing) when the hot-set budget has no room for it, or the session's
-// pins would pass half of it while, within pinContention, a session within its own half
-// found no room because of the others' pins (one client's lookups cannot keep every
-// pin: the others' would count nothing; while nobody lacks room, a session may use the
-// whole budget); the caller releases the holder then. A page several sessions pin
+// false (and pins nothing; a pin of another version of the key the session held is
+// gone too) when the hot-set budget has no room for it, or the session's pins would pass
+// half of it while, within pinContention, a session within its own half found no room
+// because of the others' pins. Such a session first makes the others past their half
+// shrink to it (shedPastHalf): one client's lookups cannot keep every pin and leave the
+// others counting nothing; while nobody lacks room, a session may use the whole budget.
+// The caller releases the holder when it reports false. A page several sessions pin
 // counts once against the budget (the same bytes), and against each session's half. A
 // pin of the same key the session already has is replaced.
 func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
@@ -87,10 +90,16 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	if h.pins == 0 {
 		acks, ok := st.hot.reservePin(h.len)
 		st.ack(acks...)
-		if !ok {
-			if half && st.othersPin(c) { // others' pins left no room within its half: the ones past theirs shrink
-				st.pinContended = now
+		if !ok && half && st.othersPin(c) {
+			// Others' pins left no room within its half: the sessions past theirs
+			// shrink to it now (and pin no more past it for pinContention).
+			st.pinContended = now
+			if st.shedPastHalf(c, now) {
+				acks, ok = st.hot.reservePin(h.len)
+				st.ack(acks...)
 			}
+		}
+		if !ok {
 			return false
 		}
 	}
@@ -116,6 +125,28 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 // room the sessions past their half add and renew no pin (their pins end within it:
 // MAX_PIN_MS).
 const pinContention = time.Duration(external.MAX_PIN_MS) * time.Millisecond
+
+// shedPastHalf ends the pins of every session but c past half of the pin budget, those
+// that expire soonest first, until each holds half; it reports whether any ended.
+func (st *ownerState) shedPastHalf(c *session, now time.Time) bool {
+	half := st.hot.pinLimit() / 2
+	shed := false
+	for _, s := range st.sessions {
+		if s == c || s.pinned <= half {
+			continue
+		}
+		ps := slices.Collect(maps.Values(s.pins))
+		slices.SortFunc(ps, func(a, b *pin) int { return a.until.Compare(b.until) })
+		for _, p := range ps {
+			if s.pinned <= half {
+				break
+			}
+			st.unpin(p, now)
+			shed = true
+		}
+	}
+	return shed
+}
 
 // addPinned counts n more bytes of c's pins (n < 0: fewer), and the sessions with pins.
 func (st *ownerState) addPinned(c *session, n int64) {
