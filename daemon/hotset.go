@@ -113,8 +113,8 @@ func (c *hotSet) invalidatedSince(key string, putID int64, seq uint64) bool {
 }
 
 // diedSince reports whether an invalidation after seq declared version putID of key
-// dead; known is false when the hot set cannot tell (it forgot invalidations since, or
-// a reset came).
+// dead; known is false when the hot set cannot tell: it forgot the invalidations since,
+// or a reset came and no kill of the version is noted.
 func (c *hotSet) diedSince(key string, putID int64, seq uint64) (dead, known bool) {
 	if c.seq-seq >= invalNotes {
 		return false, false
