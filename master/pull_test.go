@@ -368,7 +368,24 @@ func TestPullTargets(t *testing.T) {
 // their ranges.)
 func TestAcksOfAShutGateAnswerTheWholeCall(t *testing.T) {
 	s := authtest.Secrets(t)
-	srv := startPeerFailMaster(t, Options{Secrets: s})
+	srv, err := NewServer(Options{Secrets: s, NodeTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gate is set before the server runs (its maintenance reads it); while armed it
+	// is open for a batch's check and shut after.
+	var armed atomic.Bool
+	var checks atomic.Int32
+	srv.gate = func() error {
+		if armed.Load() && checks.Add(1) > 1 {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: test")
+		}
+		return nil
+	}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
 	a := NodeRef{ID: "a", Generation: 1}
 	if err := srv.withState(func(st *State) error {
 		return st.Register(time.Now(), a, 64<<10, 0, 0, "data-a", startFakePeer(t, s, &fakePeer{}), SSDInfo{}, nil)
@@ -389,13 +406,8 @@ func TestAcksOfAShutGateAnswerTheWholeCall(t *testing.T) {
 		if g.Code != common.ErrorCode_OK {
 			t.Fatal(g.Message)
 		}
-		var checks atomic.Int32
-		srv.gate = func() error { // open for the batch's check, shut after
-			if checks.Add(1) > 1 {
-				return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: test")
-			}
-			return nil
-		}
+		checks.Store(0)
+		armed.Store(true)
 		var code common.ErrorCode
 		if batch == "BatchPutStart" {
 			r, _ := h.BatchPutStart(context.Background(), &mp.BatchPutStartRequest{Node: mref, Acks: []int64{g.HolderId},
@@ -405,7 +417,7 @@ func TestAcksOfAShutGateAnswerTheWholeCall(t *testing.T) {
 			r, _ := h.BatchGetStart(context.Background(), &mp.BatchGetStartRequest{Node: mref, Acks: []int64{g.HolderId}, Keys: []string{"x", "y"}})
 			code = r.Code
 		}
-		srv.gate = nil
+		armed.Store(false)
 		if code != common.ErrorCode_NOT_LEADER {
 			t.Errorf("%s whose acks a shut gate refused: answered %v, want NOT_LEADER as a whole", batch, code)
 		}
