@@ -116,9 +116,11 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 		o.unlock()
 		return errSessionClosed()
 	case p == nil || p.key != key || p.ending != nil:
-		if outcome, ok := c.ended.lookup(putID, key); ok && outcome != nil && p == nil {
-			o.unlock()
-			return outcome // a PutWrite sent again after its reply was lost: the put expired meanwhile
+		if p == nil { // (an ending put, or another key's, is nobody's ended outcome)
+			if outcome, ok := c.ended.lookup(putID, key); ok && outcome != nil {
+				o.unlock()
+				return outcome // a PutWrite sent again after its reply was lost: the put expired meanwhile
+			}
 		}
 		o.unlock()
 		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ending, ended or aborted)", putID)

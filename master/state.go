@@ -569,8 +569,8 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq int
 }
 
 // BatchSsdReplicaEvict clears SSD replicas the owner's rings overwrote; seqs[i] (0 or
-// missing: unknown) numbers entries[i]'s record, and a replica whose recorded number is
-// another's (a rewrite of the version committed while the report was on its way) stays.
+// missing: unknown) numbers entries[i]'s record, and a replica recorded with a higher
+// number (a rewrite of the version committed while the report was on its way) stays.
 // It is refused (UNAVAILABLE: the owner sends it again) while the owner reports its
 // replicas: an eviction of a record not adopted yet would be lost, and the record
 // adopted after it.
@@ -588,8 +588,11 @@ func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion, 
 			seq = seqs[i]
 		}
 		if r := s.routes[e.Key]; r != nil && r.putID == e.PutId {
-			if rep := r.replicas[n]; rep != nil && seq != 0 && rep.ssdSeq != 0 && rep.ssdSeq != seq {
-				continue // a rewrite's record, not the one evicted
+			if rep := r.replicas[n]; rep != nil && seq != 0 && seq < rep.ssdSeq {
+				// An older record than the one recorded: a rewrite's, committed while
+				// this report was on its way, lives on. (A newer one evicted means the
+				// recorded one died too: a rewrite replaces the record it rewrites.)
+				continue
 			}
 			s.clearSSDLocked(e.Key, r, n)
 			s.redirtyLocked(e.Key, r)
