@@ -129,7 +129,7 @@ func (o *Owner) unlock() {
 }
 
 func (o *Owner) apply(fx effects) {
-	if len(fx.acks) == 0 && len(fx.touched) == 0 && len(fx.ssdForget) == 0 {
+	if len(fx.acks) == 0 && len(fx.touched) == 0 && len(fx.ssdForget) == 0 && len(fx.ssdForgetRecords) == 0 {
 		return
 	}
 	if o.acks != nil {
@@ -143,6 +143,9 @@ func (o *Owner) apply(fx effects) {
 	if o.store != nil {
 		for _, e := range fx.ssdForget {
 			o.store.Forget(e.Key, e.PutId)
+		}
+		for _, e := range fx.ssdForgetRecords {
+			o.store.ForgetRecord(e.Key, e.Seq)
 		}
 	}
 }

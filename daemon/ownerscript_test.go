@@ -373,8 +373,8 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 	// --- the replica report after a registration
 	case "report":
 		var onSSD []replicaRecord
-		for _, e := range keyVersions(sArg(d, "ssd")) {
-			onSSD = append(onSSD, replicaRecord{key: e.Key, putID: e.PutId, len: 100})
+		for i, e := range keyVersions(sArg(d, "ssd")) { // numbered in their order
+			onSSD = append(onSSD, replicaRecord{key: e.Key, putID: e.PutId, len: 100, seq: int64(i + 1)})
 		}
 		s.report = newReplicaReport(st.replicas.records(), onSSD, int(sInt(d, "batch")))
 		var b strings.Builder
@@ -437,6 +437,9 @@ func (s *ownerScript) effects() string {
 	}
 	for _, e := range fx.ssdForget {
 		fmt.Fprintf(&b, "> ssd forget %s up to %d\n", e.Key, e.PutId)
+	}
+	for _, e := range fx.ssdForgetRecords {
+		fmt.Fprintf(&b, "> ssd forget %s@%d record %d\n", e.Key, e.PutID, e.Seq)
 	}
 	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/ssd"
 )
 
 // ownerState is the owner's bookkeeping in one place: the attached sessions (their
@@ -68,8 +69,11 @@ type ownerState struct {
 type effects struct {
 	acks    []int64  // master holder ids to ack (BatchDeleteAck)
 	touched []string // keys of gets served from the hot set, for the master's eviction order
-	// ssdForget: SSD entries of dead versions (every version of Key up to PutId).
-	ssdForget []*common.KeyVersion
+	// ssdForget: SSD entries of dead versions (every version of Key up to PutId);
+	// ssdForgetRecords: SSD records by number (ssd.Storage.ForgetRecord), not a
+	// rewrite of their version since.
+	ssdForget        []*common.KeyVersion
+	ssdForgetRecords []ssd.Eviction
 }
 
 // stateOptions are the settings ownerState needs.

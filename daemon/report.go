@@ -174,7 +174,9 @@ func (r *replicaReport) refuse(st *ownerState, i int) {
 		return
 	}
 	x := r.ssd[i-len(r.mem)]
-	st.fx.ssdForget = append(st.fx.ssdForget, &common.KeyVersion{Key: x.key, PutId: x.putID})
+	// That record only: a rewrite of the version since (a write-back the new master
+	// assigned and published before this batch came) lives on, and the master routes to it.
+	st.fx.ssdForgetRecords = append(st.fx.ssdForgetRecords, ssd.Eviction{Key: x.key, PutID: x.putID, Seq: x.seq})
 }
 
 // deref is *s, or "" for nil.

@@ -438,6 +438,19 @@ func (s *Storage) Forget(key string, upTo int64) bool {
 	return true
 }
 
+// ForgetRecord drops key's entry if it is the record numbered seq (Entry.Seq), and
+// nothing else: a rewrite of the version since, another record, stays.
+func (s *Storage) ForgetRecord(key string, seq int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.index[key]
+	if e == nil || e.seq != seq {
+		return false
+	}
+	s.dropLocked(e)
+	return true
+}
+
 // Entry names one value the ring holds.
 type Entry struct {
 	Key    string

@@ -1143,3 +1143,22 @@ func TestRecordNumbers(t *testing.T) {
 		t.Fatal("no eviction")
 	}
 }
+
+// TestForgetRecord: forgetting a record by its number leaves a rewrite of the version
+// since, and forgets the record itself.
+func TestForgetRecord(t *testing.T) {
+	s := openTest(t, EnginePsync, 1<<20, nil)
+	old, err := s.Persist("k", 1, pattern("k", 3000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Release()
+	persist(t, s, "k", 1, pattern("k", 3000)) // a rewrite
+	if s.ForgetRecord("k", old.Seq()) || !s.Contains("k", 1) {
+		t.Fatal("forgetting the replaced record dropped its rewrite")
+	}
+	es := s.Committed()
+	if len(es) != 1 || !s.ForgetRecord("k", es[0].Seq) || s.Contains("k", 1) {
+		t.Fatal("the rewrite's own number did not forget it")
+	}
+}
