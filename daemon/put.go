@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
+	"github.com/fluxkv/fluxkv/internal/workers"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -322,9 +324,11 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		mark := o.replicaMark()
 		results, err := o.askPutDone(ps, part)
 		if err != nil {
-			for _, i := range part {
-				o.abandonPut(ps[i]) // best effort: the master may not have seen PutDone
+			gone := make([]*pendingPut, len(part))
+			for j, i := range part {
+				gone[j] = ps[i]
 			}
+			o.abandonPuts(gone) // best effort: the master may not have seen PutDone
 		}
 		for j, i := range part {
 			if errs[i] = err; err == nil {
@@ -408,15 +412,50 @@ func (o *Owner) putAbort(c *session, key string, putID int64) error {
 
 // abandonPut frees an in-flight put's target at the master (or acks its pin).
 func (o *Owner) abandonPut(p *pendingPut) {
+	if err := o.revokePut(p); err != nil {
+		o.log.Warn().Err(err).Str("key", p.key).Int64("put_id", p.putID).Msg("put revoke failed; the master's TTL will reclaim it")
+	}
+}
+
+// revokePutsParallel bounds the PutRevoke calls of abandonPuts in flight at once.
+const revokePutsParallel = 16
+
+// abandonPuts is abandonPut for many puts (a failed BatchPutDone, a session's end),
+// revokePutsParallel at a time. Once a revoke fails in transport (the master is out of
+// reach) the others are left to the master's in-flight TTL: each would wait out its own
+// call's timeout, serially a batch's hours.
+func (o *Owner) abandonPuts(ps []*pendingPut) {
+	var unreachable atomic.Bool
+	var left atomic.Int32
+	workers.ForEach(len(ps), revokePutsParallel, func(i int) {
+		p := ps[i]
+		if unreachable.Load() {
+			if !o.ackPin(p) {
+				left.Add(1)
+			}
+			return
+		}
+		if err := o.revokePut(p); err != nil {
+			if wire.CodeOf(err) == common.ErrorCode_UNAVAILABLE {
+				unreachable.Store(true)
+			}
+			o.log.Warn().Err(err).Str("key", p.key).Int64("put_id", p.putID).Msg("put revoke failed; the master's TTL will reclaim it")
+		}
+	})
+	if n := left.Load(); n > 0 {
+		o.log.Warn().Int32("puts", n).Msg("the master is out of reach: puts left to its TTL without a revoke")
+	}
+}
+
+// revokePut frees p's target at the master, or acks its pin.
+func (o *Owner) revokePut(p *pendingPut) error {
 	if o.ackPin(p) {
-		return
+		return nil
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	resp, err := o.master.cl().PutRevoke(ctx, &mp.PutRevokeRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
-	if err := o.master.check(respCode(resp, err)); err != nil {
-		o.log.Warn().Err(err).Str("key", p.key).Int64("put_id", p.putID).Msg("put revoke failed; the master's TTL will reclaim it")
-	}
+	return o.master.check(respCode(resp, err))
 }
 
 // ackPin reports whether a registration pinned p's range; the pin is acked the first

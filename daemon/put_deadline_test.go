@@ -378,3 +378,50 @@ func TestEndingPutKeepsItsRangeAcrossSessionEnd(t *testing.T) {
 		t.Fatal("the put's range is still among the segment writes after its PutEnd ended")
 	}
 }
+
+// unreachableAtDone fails the first BatchPutDone in transport, and every PutRevoke while
+// failing, counting them: the master out of reach during a batch's publish.
+type unreachableAtDone struct {
+	masterservice.Client
+	failing atomic.Bool
+	first   atomic.Bool
+	revokes atomic.Int32
+}
+
+func (u *unreachableAtDone) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest, opts ...callopt.Option) (*mp.BatchPutDoneResponse, error) {
+	if u.first.CompareAndSwap(false, true) {
+		u.failing.Store(true)
+		return nil, errors.New("injected: the master is out of reach")
+	}
+	u.failing.Store(false)
+	return u.Client.BatchPutDone(ctx, req, opts...)
+}
+
+func (u *unreachableAtDone) PutRevoke(ctx context.Context, req *mp.PutRevokeRequest, opts ...callopt.Option) (*mp.PutRevokeResponse, error) {
+	if u.failing.Load() {
+		u.revokes.Add(1)
+		return nil, errors.New("injected: the master is out of reach")
+	}
+	return u.Client.PutRevoke(ctx, req, opts...)
+}
+
+// TestFailedBatchPublishRevokesInParallel: a BatchPutDone that failed in transport
+// revokes its puts revokePutsParallel at a time, and leaves the rest to the master's
+// in-flight TTL once a revoke finds the master out of reach (one revoke after the other,
+// each waiting out its call's timeout, a batch took hours).
+func TestFailedBatchPublishRevokesInParallel(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, nil, master.Options{InsecureCluster: true})
+	u := &unreachableAtDone{}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { u.Client = c; return u })
+	var items []fluxkv.PutItem
+	for i := range 64 {
+		items = append(items, fluxkv.PutItem{Key: fmt.Sprintf("far-%d", i), Value: value(i, 1000)})
+	}
+	if _, err := n.c.BatchPut(items, fluxkv.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := u.revokes.Load(); r == 0 || r > revokePutsParallel {
+		t.Fatalf("%d revokes sent to an unreachable master for a wave of 64 puts, want 1..%d", r, revokePutsParallel)
+	}
+}

@@ -217,9 +217,7 @@ func (o *Owner) endSession(c *session, why string) {
 	}
 	o.unlock()
 	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)
-	for _, p := range puts {
-		o.abandonPut(p)
-	}
+	o.abandonPuts(puts)
 	o.closePutArea(c)
 	o.log.Info().Int64("client", c.id).Str("name", c.name).Int32("pid", c.cred.Pid).
 		Int("holders", nh).Int("puts", len(puts)).Str("why", why).Msg("session ended")
