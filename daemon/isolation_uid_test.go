@@ -152,9 +152,22 @@ func segmentAttacks(fd int, size, off int64, n int) []segmentAttack {
 	}
 }
 
-// otherUID runs this test binary as uid/gid 65534 with the socket's group as its only
-// supplementary group, in helper mode, and returns its output.
-func otherUID(t *testing.T, exe, socket, mode string, env ...string) string {
+// otherUIDExe skips t unless it can run clients as other uids (root, setpriv), and
+// returns a copy of this test binary they can run.
+func otherUIDExe(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: needs root to run clients as other uids with setpriv")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("skipped: setpriv not found (util-linux)")
+	}
+	return proctest.SelfCopy(t)
+}
+
+// otherUIDCmd is this test binary as uid/gid 65534 with the socket's group as its only
+// supplementary group, in helper mode.
+func otherUIDCmd(t *testing.T, exe, socket, mode string, env ...string) *exec.Cmd {
 	t.Helper()
 	var st syscall.Stat_t
 	if err := syscall.Stat(socket, &st); err != nil {
@@ -163,7 +176,13 @@ func otherUID(t *testing.T, exe, socket, mode string, env ...string) string {
 	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--groups="+strconv.Itoa(int(st.Gid)), exe)
 	cmd.Env = append(os.Environ(), append(env, isoHelperEnv+"="+mode, "FLUXKV_TEST_SOCKET="+socket)...)
 	cmd.Dir = "/"
-	out, err := cmd.CombinedOutput()
+	return cmd
+}
+
+// otherUID runs otherUIDCmd and returns its output.
+func otherUID(t *testing.T, exe, socket, mode string, env ...string) string {
+	t.Helper()
+	out, err := otherUIDCmd(t, exe, socket, mode, env...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("helper as uid 65534 (%s): %v\n%s", mode, err, out)
 	}
@@ -188,13 +207,7 @@ func reachable(t *testing.T, socket string) {
 // routes succeed and change A's bytes, so the test shows isolation makes the difference.
 func TestIsolationOtherUID(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root to run a client as uid 65534 with setpriv")
-	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("skipped: setpriv not found (util-linux)")
-	}
-	exe := proctest.SelfCopy(t)
+	exe := otherUIDExe(t)
 	for _, isolated := range []bool{true, false} {
 		t.Run(fmt.Sprintf("isolated=%t", isolated), func(t *testing.T) {
 			var extra []string
@@ -279,15 +292,9 @@ func lineOf(out, prefix string) string {
 // neither listed nor in the group is still refused.
 func TestAllowUIDAttaches(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root to run clients as other uids with setpriv")
-	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("skipped: setpriv not found (util-linux)")
-	}
+	exe := otherUIDExe(t)
 	p := startUp(t, "16MiB", "--allow-uid", "65534")
 	reachable(t, p.socket)
-	exe := proctest.SelfCopy(t)
 	run := func(uid int) string {
 		t.Helper()
 		cmd := exec.Command("setpriv", fmt.Sprintf("--reuid=%d", uid), fmt.Sprintf("--regid=%d", uid), "--clear-groups", exe)

@@ -8,14 +8,12 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -97,13 +95,7 @@ func unknownCall(path string) (net.Conn, bool, error) {
 // lines up to "ready"; the helper holds its connections until the test ends.
 func shareClient(t *testing.T, exe, socket string, n int) []string {
 	t.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Stat(socket, &st); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--groups="+strconv.Itoa(int(st.Gid)), exe)
-	cmd.Env = append(os.Environ(), isoHelperEnv+"=share", "FLUXKV_TEST_SOCKET="+socket, "FLUXKV_TEST_LEN="+strconv.Itoa(n))
-	cmd.Dir = "/"
+	cmd := otherUIDCmd(t, exe, socket, "share", "FLUXKV_TEST_LEN="+strconv.Itoa(n))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -137,13 +129,7 @@ func shareClient(t *testing.T, exe, socket string, n int) []string {
 // that uid holds its share, root's clients still attach up to the socket's cap.
 func TestUIDShare(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root to run a client as uid 65534 with setpriv")
-	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("skipped: setpriv not found (util-linux)")
-	}
-	exe := proctest.SelfCopy(t)
+	exe := otherUIDExe(t)
 
 	t.Run("connections", func(t *testing.T) {
 		p := startUp(t, "16MiB", "--max-connections", "8", "--uid-share", "0.5")
