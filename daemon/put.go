@@ -411,11 +411,7 @@ func (o *Owner) putAbort(c *session, key string, putID int64) error {
 }
 
 // abandonPut frees an in-flight put's target at the master (or acks its pin).
-func (o *Owner) abandonPut(p *pendingPut) {
-	if err := o.revokePut(p); err != nil {
-		o.log.Warn().Err(err).Str("key", p.key).Int64("put_id", p.putID).Msg("put revoke failed; the master's TTL will reclaim it")
-	}
-}
+func (o *Owner) abandonPut(p *pendingPut) { o.abandonPuts([]*pendingPut{p}) }
 
 // revokePutsParallel bounds the PutRevoke calls of abandonPuts in flight at once.
 const revokePutsParallel = 16
