@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -100,8 +102,17 @@ func (o *Owner) copyIn(area *shm.Segment, p *pendingPut, copies []*external.Area
 }
 
 // putWrite copies parts of a pending put's value from the session's put area (client
-// isolation streams a value larger than the area this way). Retry safe: the same bytes
-// are copied again. Only a put this session started and has not begun to end qualifies.
+// isolation streams a value larger than the area this way). Only a put this session
+// started and has not begun to end qualifies.
+//
+// A PutWrite is sent again, on another connection, when its reply was lost; the first
+// may still be copying then, or even come later (the owner had not read it from the
+// connection the client gave up). Either would copy the area after the client refilled
+// it with the next part: the wrong bytes, published by the PutEnd. So a PutWrite waits
+// until no other copy into the put runs, and one whose value ranges an earlier PutWrite
+// of the put already copied copies nothing (it is that one's repeat: the bytes are in
+// place), answering OK. Old clients need no change: their parts are PutWrites of
+// disjoint value ranges, and only a repeat names a range again.
 func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external.AreaCopy) error {
 	if !o.opts.ClientIsolation {
 		return errNotIsolated
@@ -110,6 +121,10 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 		return err
 	}
 	st := o.lock()
+	// (Past the copy deadline it expires the put at once: copies into it stop there.)
+	for p := c.puts[putID]; p != nil && !c.closed && p.ending == nil && p.copying > 0 && !time.Now().After(p.copyBy); p = c.puts[putID] {
+		o.copied.Wait()
+	}
 	p := c.puts[putID]
 	switch {
 	case c.closed:
@@ -129,6 +144,10 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 		o.unlock()
 		return err
 	}
+	if p.written.covers(copies) {
+		o.unlock()
+		return nil // a repeat of a PutWrite whose copy landed
+	}
 	if time.Now().After(p.copyBy) {
 		err := o.expirePutLocked(st, c, p)
 		o.unlock()
@@ -145,6 +164,7 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 	c.copying--
 	o.copied.Broadcast()
 	if copied {
+		p.written.add(copies)
 		o.unlock()
 		return nil
 	}
@@ -165,4 +185,49 @@ func (o *Owner) waitCopiesLocked(p *pendingPut) {
 	for p.copying > 0 {
 		o.copied.Wait()
 	}
+}
+
+// valueRanges is the parts of a put's value that its PutWrites copied: sorted, disjoint
+// [start, end) ranges, adjacent ones merged (a streamed value's parts make one). Past
+// maxValueRanges separate ranges it records no more (a repeat of such a copy is copied
+// again, as before: only a client writing scattered parts makes so many).
+type valueRanges []valueRange
+
+type valueRange struct{ start, end int64 }
+
+// maxValueRanges bounds a put's valueRanges.
+const maxValueRanges = 64
+
+// covers reports whether every copy's value range lies inside one recorded range.
+func (r valueRanges) covers(copies []*external.AreaCopy) bool {
+	for _, cp := range copies {
+		end := cp.ValueOffset + cp.Len
+		i := sort.Search(len(r), func(i int) bool { return r[i].end >= end })
+		if i == len(r) || r[i].start > cp.ValueOffset {
+			return false
+		}
+	}
+	return len(copies) > 0
+}
+
+// add records the copies' value ranges (validated: inside the value).
+func (r *valueRanges) add(copies []*external.AreaCopy) {
+	for _, cp := range copies {
+		r.insert(valueRange{cp.ValueOffset, cp.ValueOffset + cp.Len})
+	}
+}
+
+func (r *valueRanges) insert(v valueRange) {
+	x := *r
+	// The ranges that touch or overlap v merge with it.
+	lo := sort.Search(len(x), func(i int) bool { return x[i].end >= v.start })
+	hi := lo
+	for hi < len(x) && x[hi].start <= v.end {
+		v.start, v.end = min(v.start, x[hi].start), max(v.end, x[hi].end)
+		hi++
+	}
+	if hi == lo && len(x) >= maxValueRanges {
+		return
+	}
+	*r = slices.Replace(x, lo, hi, v)
 }

@@ -73,6 +73,8 @@ type pendingPut struct {
 	// expired: a PutWrite copy stopped at copyBy, its value part-copied; the PutEnd
 	// that waited for it answers UNAVAILABLE instead of publishing.
 	expired bool
+	// written: the value ranges its PutWrites copied (a repeat copies nothing again).
+	written valueRanges
 }
 
 // endedPuts remembers the outcome of a session's last putEndMemory ended puts (at

@@ -48,7 +48,9 @@ const string NAMESPACE_SEPARATOR = "/"
 // - RETRY SAFE (Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete, PutAbort,
 //   BatchPutAbort, DeleteNamespace, NamespaceStat): send again after a transport failure, on a fresh RPC connection,
 //   or after STALE_GENERATION once re-attached (the owner restarted).
-// - RETRY ON THE SAME SESSION (PutWrite: simply sent again while the put is pending).
+// - RETRY ON THE SAME SESSION (PutWrite: simply sent again while the put is pending; the
+//   owner copies a value range an earlier PutWrite of the put copied only once, so neither
+//   the repeat nor the first arriving late copies bytes the client put in the area since).
 // - RETRY ON THE SAME SESSION (PutEnd, BatchPutEnd): the owner remembers the outcome of
 //   each session's last PUT_END_MEMORY ended puts and answers a repeated PutEnd with
 //   the same code. After a lost reply the client sends PutEnd again on the same session
