@@ -197,9 +197,47 @@ def test_stores_name_the_chain_parent_in_chunks_of_the_buffers():
     sync.start_at.value = 0.0
     plan = worker.Plan(0, "fake", {}, {}, [(0, 0, (1, 2, 3)), (1, 0, (1, 2, 4, 5, 6))], 64, 2, 1, 0, 0.0, 1, NAMESPACE)
     pc = FakePages()
-    out = worker.serve(plan, sync, pc)
+    out = worker.serve(plan, sync, pc, worker.prepare(plan, pc))
     assert pc.stores == [([1, 2], None), ([3], 2), ([4, 5], 2), ([6], 5)]
     assert [r[1] for r in out["rows"]] == [0, 2]
+
+
+def test_buffers_are_prepared_before_the_process_is_ready(monkeypatch):
+    """The page buffers (written, and registered with a zero-copy client) exist before the
+    process says it is ready: none is made inside the timed window."""
+    events = []
+
+    class Registering(FakePages):
+        def register(self, bufs):
+            events.append(("register", len(bufs)))
+
+        def counters(self):
+            return {}
+
+    class Side:
+        def ssd_counter(self):
+            return None
+
+        def close(self):
+            pass
+
+    class Out:
+        def put(self, msg):
+            events.append(msg[0])
+
+    made = Pages.buffers
+
+    def buffers(self, n):
+        events.append(("buffers", n))
+        return made(self, n)
+
+    monkeypatch.setattr(Pages, "buffers", buffers)
+    monkeypatch.setattr(worker, "open_pages", lambda plan: (Registering(), Side(), None))
+    sync = worker.Sync(mp.get_context("spawn"), 1)
+    sync.go.set()
+    plan = worker.Plan(0, "fake", {}, {}, [(0, 0, (1, 2, 3))], 64, 2, 1, 0, 0.0, 1, NAMESPACE)
+    worker.main(plan, sync, Out())
+    assert events == [("buffers", 2), ("buffers", 2), ("register", 4), "ready", "done"]
 
 
 def test_put_pages_gets_the_parent_only_where_page_store_takes_it(monkeypatch):
@@ -306,7 +344,8 @@ def test_a_load_that_copies_nothing_fails_the_byte_check(client, wrong):
     before the load (the load buffers are poisoned; stores come from buffers of their own)."""
     plan = worker.Plan(index=0, backend="test", endpoint={}, spec={}, requests=[(0, 0, [3, 4, 5]), (1, 0, [3, 4, 5])],
                        block_bytes=2 * 4096, buffer_pages=4, verify_every=1, pin_ms=0, speed=0, window=0, namespace="t")
-    out = worker.serve(plan, worker.Sync(mp.get_context("spawn"), 2), client())
+    pc = client()
+    out = worker.serve(plan, worker.Sync(mp.get_context("spawn"), 2), pc, worker.prepare(plan, pc))
     assert out["loaded"] == 3 and out["verified"] == 3
     assert (out["wrong_bytes"] > 0) == wrong, out
 
