@@ -205,7 +205,7 @@ func (o *Owner) pinFound(c *session, keys []string, pin time.Duration, results [
 			stopped = true
 			st.release(c, g.resp.HolderId, now)
 			results[j].Exists = false
-			results[j].Code, results[j].Message = wire.ToResponse(errCode(common.ErrorCode_NO_SPACE, "no room to pin %q: the hot-set budget is full, or this session's pins hold half of it", keys[j]))
+			results[j].Code, results[j].Message = wire.ToResponse(errCode(common.ErrorCode_NO_SPACE, "no room to pin %q: the hot-set budget is full, or this session's pins hold its share of it", keys[j]))
 			continue
 		}
 		found++

@@ -61,13 +61,13 @@ func (q *pinQueue) Pop() any {
 // pinHolder pins the page of the get that answered got to c until until. It reports
 // false (and pins nothing; a pin of another version of the key the session held is
 // gone too) when the hot-set budget has no room for it, or the session's pins would pass
-// half of it while, within pinContention, a session within its own half found no room
-// because of the others' pins. Such a session first makes the others past their half
-// shrink to it (shedPastHalf): one client's lookups cannot keep every pin and leave the
-// others counting nothing; while nobody lacks room, a session may use the whole budget.
-// The caller releases the holder when it reports false. A page several sessions pin
-// counts once against the budget (the same bytes), and against each session's half. A
-// pin of the same key the session already has is replaced.
+// its share of it (pinShare) while, within pinContention, a session within its own share
+// found no room because of the others' pins. Such a session first makes the others past
+// its share shrink to it (shedPastShare): one client's lookups cannot keep every pin and
+// leave the others counting nothing; while nobody lacks room, a session may use the
+// whole budget. The caller releases the holder when it reports false. A page several
+// sessions pin counts once against the budget (the same bytes), and against each
+// session's share. A pin of the same key the session already has is replaced.
 func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
 	id := got.HolderId
 	h := c.holders[id]
@@ -79,8 +79,9 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	if old != nil {
 		mine -= old.h.len
 	}
-	half := mine <= st.hot.pinLimit()/2
-	if !half && now.Before(st.pinContended.Add(pinContention)) {
+	share := st.pinShare(c)
+	within := mine <= share
+	if !within && now.Before(st.pinContended.Add(pinContention)) {
 		return false
 	}
 	if old != nil && old.h != h {
@@ -90,11 +91,11 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	if h.pins == 0 {
 		acks, ok := st.hot.reservePin(h.len)
 		st.ack(acks...)
-		if !ok && half && st.othersPin(c) {
-			// Others' pins left no room within its half: the sessions past theirs
-			// shrink to it now (and pin no more past it for pinContention).
+		if !ok && within && st.othersPin(c) {
+			// Others' pins left no room within its share: the sessions past it
+			// shrink to it now (and pin no more past theirs for pinContention).
 			st.pinContended = now
-			if st.shedPastHalf(c, now) {
+			if st.shedPastShare(c, share, now) {
 				acks, ok = st.hot.reservePin(h.len)
 				st.ack(acks...)
 			}
@@ -121,24 +122,34 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 	return true
 }
 
-// pinContention is how long after a session within its half of the pin budget found no
-// room the sessions past their half add and renew no pin (their pins end within it:
+// pinContention is how long after a session within its share of the pin budget found
+// no room the sessions past their share add and renew no pin (their pins end within it:
 // MAX_PIN_MS).
 const pinContention = time.Duration(external.MAX_PIN_MS) * time.Millisecond
 
-// shedPastHalf ends the pins of every session but c past half of the pin budget, those
-// that expire soonest first, until each holds half; it reports whether any ended.
-func (st *ownerState) shedPastHalf(c *session, now time.Time) bool {
-	half := st.hot.pinLimit() / 2
+// pinShare is c's share of the pin budget: the budget over the sessions that pin, c
+// counted, and at least two (so a session alone, or one of two, may keep half whoever
+// comes: the rule of two sessions at half, which left a third none).
+func (st *ownerState) pinShare(c *session) int64 {
+	n := st.pinSessions
+	if c.pinned == 0 {
+		n++
+	}
+	return st.hot.pinLimit() / int64(max(2, n))
+}
+
+// shedPastShare ends the pins of every session but c past share bytes, those that
+// expire soonest first, until each holds share; it reports whether any ended.
+func (st *ownerState) shedPastShare(c *session, share int64, now time.Time) bool {
 	shed := false
 	for _, s := range st.sessions {
-		if s == c || s.pinned <= half {
+		if s == c || s.pinned <= share {
 			continue
 		}
 		ps := slices.Collect(maps.Values(s.pins))
 		slices.SortFunc(ps, func(a, b *pin) int { return a.until.Compare(b.until) })
 		for _, p := range ps {
-			if s.pinned <= half {
+			if s.pinned <= share {
 				break
 			}
 			st.unpin(p, now)

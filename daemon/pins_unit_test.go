@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,6 +82,34 @@ func TestPinContention(t *testing.T) {
 	st.expirePins(now.Add(6 * time.Second))
 	if !pinPage(st, a, "p4", 1, 200, later) || !pinPage(st, a, "p3", 1, 200, later) || !pinPage(st, a, "p2", 1, 200, later) {
 		t.Fatal("a held to half after the contention passed")
+	}
+}
+
+// TestPinShareOfThree: two sessions holding half of the pin budget each leave a third
+// that finds no room its share: they shrink to a third each, and it pins.
+func TestPinShareOfThree(t *testing.T) {
+	st, a, b := pinState()
+	c := newSession(3, 3, "c", shm.Cred{}, nil, nil)
+	st.sessions[3] = c
+	now := time.Now()
+	for i := range 5 {
+		if !pinPage(st, a, fmt.Sprintf("a%d", i), 1, 100, now) || !pinPage(st, b, fmt.Sprintf("b%d", i), 1, 100, now) {
+			t.Fatalf("a and b could not pin half each (%d of 1000 pinned)", st.hot.pinned)
+		}
+	}
+	if !pinPage(st, c, "c0", 1, 100, now) {
+		t.Fatalf("c found no room within its share: a %d, b %d of 1000 pinned", a.pinned, b.pinned)
+	}
+	if a.pinned > 333 || b.pinned > 333 {
+		t.Fatalf("a keeps %d, b %d pinned bytes, past a third of 1000", a.pinned, b.pinned)
+	}
+	if pinPage(st, a, "a9", 1, 100, now) && a.pinned > 333 {
+		t.Fatal("a pinned past its share right after c found no room")
+	}
+	for i := 1; i < 3; i++ {
+		if !pinPage(st, c, fmt.Sprintf("c%d", i), 1, 100, now) {
+			t.Fatalf("c refused within its share (%d pinned, budget %d of 1000)", c.pinned, st.hot.pinned)
+		}
 	}
 }
 
