@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"slices"
 	"sort"
 	"time"
@@ -111,8 +112,10 @@ func (o *Owner) copyIn(area *shm.Segment, p *pendingPut, copies []*external.Area
 // it with the next part: the wrong bytes, published by the PutEnd. So a PutWrite waits
 // until no other copy into the put runs, and one whose value ranges an earlier PutWrite
 // of the put already copied copies nothing (it is that one's repeat: the bytes are in
-// place), answering OK. Old clients need no change: their parts are PutWrites of
-// disjoint value ranges, and only a repeat names a range again.
+// place), answering OK. So each value range is named once per put (valueRanges.with):
+// a PutWrite that names a copied range in part, or would leave the put's copied ranges
+// in more than maxValueRanges pieces, is INVALID_ARGUMENT. The clients' parts are
+// PutWrites of disjoint value ranges from offset 0 on, which make one piece.
 func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external.AreaCopy) error {
 	if !o.opts.ClientIsolation {
 		return errNotIsolated
@@ -144,9 +147,14 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 		o.unlock()
 		return err
 	}
-	if p.written.covers(copies) {
+	written, err := p.written.with(copies)
+	switch {
+	case errors.Is(err, errRepeat):
 		o.unlock()
 		return nil // a repeat of a PutWrite whose copy landed
+	case err != nil:
+		o.unlock()
+		return err
 	}
 	if time.Now().After(p.copyBy) {
 		err := o.expirePutLocked(st, c, p)
@@ -164,7 +172,7 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 	c.copying--
 	o.copied.Broadcast()
 	if copied {
-		p.written.add(copies)
+		p.written = written // (PutWrites of p run one at a time: none changed it meanwhile)
 		o.unlock()
 		return nil
 	}
@@ -174,7 +182,7 @@ func (o *Owner) putWrite(c *session, key string, putID int64, copies []*external
 		o.unlock()
 		return errPutExpired(p, o.bounds().putCopy)
 	}
-	err := o.expirePutLocked(st, c, p)
+	err = o.expirePutLocked(st, c, p)
 	o.unlock()
 	o.abandonPut(p)
 	return err
@@ -188,46 +196,59 @@ func (o *Owner) waitCopiesLocked(p *pendingPut) {
 }
 
 // valueRanges is the parts of a put's value that its PutWrites copied: sorted, disjoint
-// [start, end) ranges, adjacent ones merged (a streamed value's parts make one). Past
-// maxValueRanges separate ranges it records no more (a repeat of such a copy is copied
-// again, as before: only a client writing scattered parts makes so many).
+// [start, end) ranges, adjacent ones merged (a streamed value's parts make one).
 type valueRanges []valueRange
 
 type valueRange struct{ start, end int64 }
 
-// maxValueRanges bounds a put's valueRanges.
+// maxValueRanges bounds the separate pieces of a put's copied ranges.
 const maxValueRanges = 64
 
-// covers reports whether every copy's value range lies inside one recorded range.
-func (r valueRanges) covers(copies []*external.AreaCopy) bool {
+// errRepeat is with's answer for copies that all lie inside copied ranges.
+var errRepeat = errors.New("every value range was copied already")
+
+// with returns r with the copies' value ranges (validated: inside the value) added;
+// errRepeat when every copy lies inside one copied range (a repeat: nothing to copy);
+// INVALID_ARGUMENT when a copy overlaps a copied range only in part, or one lies inside
+// while another does not, or the result would be more than maxValueRanges pieces.
+func (r valueRanges) with(copies []*external.AreaCopy) (valueRanges, error) {
+	inside := 0
 	for _, cp := range copies {
-		end := cp.ValueOffset + cp.Len
-		i := sort.Search(len(r), func(i int) bool { return r[i].end >= end })
-		if i == len(r) || r[i].start > cp.ValueOffset {
-			return false
+		start, end := cp.ValueOffset, cp.ValueOffset+cp.Len
+		i := sort.Search(len(r), func(i int) bool { return r[i].end > start })
+		switch {
+		case i < len(r) && r[i].start <= start && end <= r[i].end:
+			inside++
+		case i < len(r) && r[i].start < end:
+			return nil, errCode(common.ErrorCode_INVALID_ARGUMENT,
+				"value range [%d, %d) overlaps [%d, %d), which a PutWrite of this put copied: name each range once", start, end, r[i].start, r[i].end)
 		}
 	}
-	return len(copies) > 0
-}
-
-// add records the copies' value ranges (validated: inside the value).
-func (r *valueRanges) add(copies []*external.AreaCopy) {
-	for _, cp := range copies {
-		r.insert(valueRange{cp.ValueOffset, cp.ValueOffset + cp.Len})
+	switch {
+	case len(copies) > 0 && inside == len(copies):
+		return r, errRepeat
+	case inside > 0:
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT,
+			"%d of the %d value ranges were copied by a PutWrite of this put: name each range once", inside, len(copies))
 	}
+	out := slices.Clone(r)
+	for _, cp := range copies {
+		out = out.insert(valueRange{cp.ValueOffset, cp.ValueOffset + cp.Len})
+	}
+	if len(out) > maxValueRanges {
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT,
+			"the value's copied ranges would be %d separate pieces, more than %d: copy its parts in order", len(out), maxValueRanges)
+	}
+	return out, nil
 }
 
-func (r *valueRanges) insert(v valueRange) {
-	x := *r
-	// The ranges that touch or overlap v merge with it.
-	lo := sort.Search(len(x), func(i int) bool { return x[i].end >= v.start })
+// insert merges v into r: the ranges that touch or overlap it join it.
+func (r valueRanges) insert(v valueRange) valueRanges {
+	lo := sort.Search(len(r), func(i int) bool { return r[i].end >= v.start })
 	hi := lo
-	for hi < len(x) && x[hi].start <= v.end {
-		v.start, v.end = min(v.start, x[hi].start), max(v.end, x[hi].end)
+	for hi < len(r) && r[hi].start <= v.end {
+		v.start, v.end = min(v.start, r[hi].start), max(v.end, r[hi].end)
 		hi++
 	}
-	if hi == lo && len(x) >= maxValueRanges {
-		return
-	}
-	*r = slices.Replace(x, lo, hi, v)
+	return slices.Replace(r, lo, hi, v)
 }

@@ -2,13 +2,16 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // TestRepeatedPutWriteCopiesOnce: a PutWrite sent again after its reply was lost waits
@@ -80,69 +83,95 @@ func TestRepeatedPutWriteCopiesOnce(t *testing.T) {
 	}
 }
 
+// TestValueRanges: each value range is copied once per put: a repeat is errRepeat, a
+// range that overlaps a copied one in part (or a call mixing copied and new ranges) is
+// refused, as is a call that would leave more than maxValueRanges pieces.
 func TestValueRanges(t *testing.T) {
-	cp := func(off, n int64) []*external.AreaCopy { return []*external.AreaCopy{{ValueOffset: off, Len: n}} }
+	cp := func(ranges ...int64) []*external.AreaCopy {
+		var out []*external.AreaCopy
+		for i := 0; i < len(ranges); i += 2 {
+			out = append(out, &external.AreaCopy{ValueOffset: ranges[i], Len: ranges[i+1]})
+		}
+		return out
+	}
+	add := func(r valueRanges, c []*external.AreaCopy) valueRanges {
+		t.Helper()
+		out, err := r.with(c)
+		if err != nil {
+			t.Fatalf("with %v: %v", c[0], err)
+		}
+		return out
+	}
 	var r valueRanges
-	if r.covers(cp(0, 1)) || r.covers(nil) {
-		t.Fatal("an empty record covers nothing")
+	r = add(r, cp(0, 10))
+	r = add(r, cp(20, 10))
+	for _, c := range [][]*external.AreaCopy{cp(0, 10), cp(22, 3), cp(0, 5, 20, 10)} {
+		if _, err := r.with(c); !errors.Is(err, errRepeat) {
+			t.Errorf("copied ranges %v named again: %v, want a repeat", c[0], err)
+		}
 	}
-	r.add(cp(0, 10))
-	r.add(cp(20, 10))
-	if !r.covers(cp(0, 10)) || !r.covers(cp(22, 3)) || r.covers(cp(5, 10)) || r.covers(cp(10, 10)) || r.covers(cp(25, 6)) {
-		t.Fatalf("covers wrong for %v", r)
+	for _, c := range [][]*external.AreaCopy{cp(5, 10), cp(25, 10), cp(0, 40), cp(0, 10, 40, 5)} {
+		if _, err := r.with(c); wire.CodeOf(err) != common.ErrorCode_INVALID_ARGUMENT {
+			t.Errorf("a copied range named in part %v: %v, want INVALID_ARGUMENT", c[0], err)
+		}
 	}
-	r.add(cp(10, 10)) // joins both
-	if len(r) != 1 || r[0] != (valueRange{0, 30}) || !r.covers(cp(5, 20)) {
+	r = add(r, cp(10, 10)) // joins both
+	if len(r) != 1 || r[0] != (valueRange{0, 30}) {
 		t.Fatalf("merged: %v", r)
 	}
-	r.add(cp(40, 5))
-	r.add(cp(35, 20)) // overlaps [40, 45) and extends it
-	if len(r) != 2 || r[1] != (valueRange{35, 55}) {
-		t.Fatalf("overlap merged: %v", r)
+	for i := range int64(maxValueRanges - 1) {
+		r = add(r, cp(1000+10*i, 5))
 	}
-	for i := range int64(2 * maxValueRanges) {
-		r.add(cp(1000+10*i, 5))
+	if _, err := r.with(cp(5000, 1)); wire.CodeOf(err) != common.ErrorCode_INVALID_ARGUMENT {
+		t.Fatalf("a piece past %d: %v, want INVALID_ARGUMENT", maxValueRanges, err)
 	}
-	if len(r) != maxValueRanges {
-		t.Fatalf("%d ranges recorded, want at most %d", len(r), maxValueRanges)
-	}
-	r.add(cp(0, 2000)) // a range that merges others is still recorded
-	if len(r) > maxValueRanges || !r.covers(cp(0, 2000)) {
-		t.Fatalf("a merging range: %d ranges, covers %v", len(r), r.covers(cp(0, 2000)))
+	if r = add(r, cp(30, 970)); len(r) != maxValueRanges-1 { // joins [0, 30) and [1000, 1005)
+		t.Fatalf("a range that merges pieces: %d pieces", len(r))
 	}
 }
 
-// FuzzValueRanges: whatever ranges are added, the record stays sorted, disjoint and
-// merged, within its bound, and never says a range was copied that was not (it may
-// forget one past the bound: that one is copied again).
+// FuzzValueRanges: against a byte map of what was copied, a range all copied is a
+// repeat, one partly copied is refused, and a new one is recorded (unless it would make
+// too many pieces); the record stays sorted, disjoint and merged.
 func FuzzValueRanges(f *testing.F) {
 	f.Add([]byte{0, 10, 20, 10, 10, 10})
 	f.Add([]byte{5, 1, 3, 1, 4, 2, 0, 255})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		var r valueRanges
-		var copied [512]bool
+		var copied [320]bool
 		for i := 0; i+1 < len(ops); i += 2 {
 			off, n := int64(ops[i]), int64(ops[i+1])%64+1
-			r.add([]*external.AreaCopy{{ValueOffset: off, Len: n}})
+			some, all := false, true
 			for j := off; j < off+n; j++ {
-				copied[j] = true
+				some, all = some || copied[j], all && copied[j]
 			}
-			if len(r) > maxValueRanges {
-				t.Fatalf("%d ranges", len(r))
+			out, err := r.with([]*external.AreaCopy{{ValueOffset: off, Len: n}})
+			switch {
+			case all:
+				if !errors.Is(err, errRepeat) {
+					t.Fatalf("[%d, %d) all copied: %v, want a repeat (%v)", off, off+n, err, r)
+				}
+			case some:
+				if wire.CodeOf(err) != common.ErrorCode_INVALID_ARGUMENT {
+					t.Fatalf("[%d, %d) partly copied: %v, want INVALID_ARGUMENT (%v)", off, off+n, err, r)
+				}
+			case err != nil:
+				if wire.CodeOf(err) != common.ErrorCode_INVALID_ARGUMENT || len(r) < maxValueRanges {
+					t.Fatalf("[%d, %d) new: %v (%d pieces)", off, off+n, err, len(r))
+				}
+			default:
+				r = out
+				for j := off; j < off+n; j++ {
+					copied[j] = true
+				}
 			}
 			for k, v := range r {
 				if v.start >= v.end || (k > 0 && r[k-1].end >= v.start) {
 					t.Fatalf("not sorted, disjoint and merged: %v", r)
 				}
-			}
-			for q := 0; q+1 < len(ops); q += 2 {
-				qo, qn := int64(ops[q]), int64(ops[q+1])%64+1
-				if !r.covers([]*external.AreaCopy{{ValueOffset: qo, Len: qn}}) {
-					continue
-				}
-				for j := qo; j < qo+qn; j++ {
+				for j := v.start; j < v.end; j++ {
 					if !copied[j] {
-						t.Fatalf("[%d, %d) covered, but byte %d was never copied: %v", qo, qo+qn, j, r)
+						t.Fatalf("byte %d recorded, never copied: %v", j, r)
 					}
 				}
 			}

@@ -48,9 +48,10 @@ const string NAMESPACE_SEPARATOR = "/"
 // - RETRY SAFE (Get, BatchGet, Exists, BatchExists, Stat, Delete, BatchDelete, PutAbort,
 //   BatchPutAbort, DeleteNamespace, NamespaceStat): send again after a transport failure, on a fresh RPC connection,
 //   or after STALE_GENERATION once re-attached (the owner restarted).
-// - RETRY ON THE SAME SESSION (PutWrite: simply sent again while the put is pending; the
-//   owner copies a value range an earlier PutWrite of the put copied only once, so neither
-//   the repeat nor the first arriving late copies bytes the client put in the area since).
+// - RETRY ON THE SAME SESSION (PutWrite: simply sent again while the put is pending; a
+//   PutWrite naming only value ranges the put's PutWrites copied copies nothing, so
+//   neither the repeat nor the first arriving late copies bytes the client put in the
+//   area since).
 // - RETRY ON THE SAME SESSION (PutEnd, BatchPutEnd): the owner remembers the outcome of
 //   each session's last PUT_END_MEMORY ended puts and answers a repeated PutEnd with
 //   the same code. After a lost reply the client sends PutEnd again on the same session
@@ -170,6 +171,10 @@ struct PutEndRequest {
 // Under isolation, copies part of a value from the put area into a started put, so a
 // value larger than the area is streamed through it: fill the area, PutWrite, repeat,
 // the last part in PutEnd. The client must not change the named area bytes until answered.
+// Each value range is named once per put: a PutWrite whose ranges a PutWrite of the put
+// copied is taken for its repeat (OK, nothing copied); one naming a copied range in part,
+// or mixing copied and new ranges, or leaving the copied ranges in more than 64 separate
+// pieces (parts copied out of order), is INVALID_ARGUMENT.
 struct PutWriteRequest {
   1: Session session,
   2: string key,
@@ -403,8 +408,9 @@ service ExternalService {
   // PUT_END_MEMORY ended puts answers the first outcome, an older one INVALID_ARGUMENT.
   PutEndResponse PutEnd(1: PutEndRequest req),
   // Under isolation: copies parts of a started put's value from the put area. Rule:
-  // RETRY SAFE on the same session (the same bytes are copied again); INVALID_ARGUMENT
-  // without isolation, for an unknown put or a range outside the value or the area.
+  // RETRY ON THE SAME SESSION (a repeat waits for the first and copies nothing again);
+  // INVALID_ARGUMENT without isolation, for an unknown put, a range outside the value or
+  // the area, or a value range named again in part (PutWriteRequest).
   PutWriteResponse PutWrite(1: PutWriteRequest req),
   // Gives a started put back. Rule: RETRY SAFE; an unknown put (already ended, aborted
   // or revoked) answers INVALID_ARGUMENT: treat as done.
