@@ -50,7 +50,7 @@ type ownerState struct {
 	pins     pinQueue           // prefix-lookup pins by deadline (pins.go)
 	pinKeys  map[string][]*pin  // the same pins by key, every session's
 	// pinSessions counts the sessions with pins; pinContended is when a session within
-	// its half of the pin budget last found no room (pins.go).
+	// its share of the pin budget last found no room (pins.go).
 	pinSessions  int
 	pinContended time.Time
 	// writing counts, per key, this owner's puts and deletes out at the master (PutDone,

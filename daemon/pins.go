@@ -62,7 +62,8 @@ func (q *pinQueue) Pop() any {
 // false (and pins nothing; a pin of another version of the key the session held is
 // gone too) when the hot-set budget has no room for it, or the session's pins would pass
 // its share of it (pinShare) while, within pinContention, a session within its own share
-// found no room because of the others' pins. Such a session first makes the others past
+// found no room because of the others' pins (a session's first page is within its share
+// however large: with many sessions a share may be smaller than a page). Such a session first makes the others past
 // its share shrink to it (shedPastShare): one client's lookups cannot keep every pin and
 // leave the others counting nothing; while nobody lacks room, a session may use the
 // whole budget. The caller releases the holder when it reports false. A page several
@@ -75,12 +76,12 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 		return false
 	}
 	old := c.pins[key]
-	mine := c.pinned + h.len
+	held := c.pinned
 	if old != nil {
-		mine -= old.h.len
+		held -= old.h.len
 	}
 	share := st.pinShare(c)
-	within := mine <= share
+	within := held+h.len <= share || held == 0 // (one page, however large, is within)
 	if !within && now.Before(st.pinContended.Add(pinContention)) {
 		return false
 	}

@@ -86,8 +86,15 @@ func TestPinContention(t *testing.T) {
 }
 
 // TestPinShareOfThree: two sessions holding half of the pin budget each leave a third
-// that finds no room its share: they shrink to a third each, and it pins.
+// that finds no room within its share: they shrink to a third each, and it pins, also
+// a page larger than a third.
 func TestPinShareOfThree(t *testing.T) {
+	for _, first := range []int64{100, 340} {
+		t.Run(fmt.Sprint(first), func(t *testing.T) { pinShareOfThree(t, first) })
+	}
+}
+
+func pinShareOfThree(t *testing.T, first int64) {
 	st, a, b := pinState()
 	c := newSession(3, 3, "c", shm.Cred{}, nil, nil)
 	st.sessions[3] = c
@@ -97,8 +104,11 @@ func TestPinShareOfThree(t *testing.T) {
 			t.Fatalf("a and b could not pin half each (%d of 1000 pinned)", st.hot.pinned)
 		}
 	}
-	if !pinPage(st, c, "c0", 1, 100, now) {
-		t.Fatalf("c found no room within its share: a %d, b %d of 1000 pinned", a.pinned, b.pinned)
+	if !pinPage(st, c, "c0", 1, first, now) {
+		t.Fatalf("c found no room for %d bytes within its share: a %d, b %d of 1000 pinned", first, a.pinned, b.pinned)
+	}
+	if first > 333 {
+		return
 	}
 	if a.pinned > 333 || b.pinned > 333 {
 		t.Fatalf("a keeps %d, b %d pinned bytes, past a third of 1000", a.pinned, b.pinned)
