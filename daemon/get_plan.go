@@ -269,9 +269,20 @@ func (o *Owner) ackUnanswered(ids []int64) {
 	})
 }
 
+// acksRefused reports whether a planning call answered code applied none of the holder
+// acks it carried, which go back to the queue: NOT_LEADER (a shut gate, handler.applyAcks)
+// or STALE_GENERATION (a master that does not know this registration yet). The call takes
+// the acks after waiting for a registration in progress, and may wait longer for a flush
+// in flight: acks released after the next registration began, which reported them as
+// pins, can ride it to a master that does not know that registration yet; dropped, those
+// pins stayed held. Sent again, an ack the master does not know does no harm.
+func acksRefused(code common.ErrorCode) bool {
+	return code == common.ErrorCode_NOT_LEADER || code == common.ErrorCode_STALE_GENERATION
+}
+
 // askMaster makes one planning call (call, carrying the queued holder acks, which go
-// back to the queue when the call fails in transport) once no registration is in
-// progress, and returns the call's mark and registration epoch or its error;
+// back to the queue when the call fails in transport or refused them: acksRefused) once
+// no registration is in progress, and returns the call's mark and registration epoch or its error;
 // code reads the answer's code.
 func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, code func() (common.ErrorCode, string)) startedGet {
 	wait, cancel := o.master.waitCtx()
@@ -290,8 +301,8 @@ func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, co
 		return startedGet{err: o.master.check(0, "", err)}
 	}
 	c, msg := code()
-	if c == common.ErrorCode_NOT_LEADER {
-		o.acks.giveBack(acks) // a shut gate applied none of them (handler.applyAcks)
+	if acksRefused(c) {
+		o.acks.giveBack(acks)
 	}
 	if err := o.master.check(c, msg, nil); err != nil {
 		return startedGet{err: err}

@@ -228,9 +228,10 @@ func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, er
 func (o *Owner) gotDone(key string, plan *mp.GetStartResponse, done *mp.GetDoneResponse, err error) (*holding, error) {
 	if wire.CodeOf(err) == common.ErrorCode_UNAVAILABLE {
 		// The reply may be lost after the master recorded the holder, whose id is the
-		// get id: release it (an ack of a holder that does not exist does no harm; an
-		// unfinished get expires with the master's in-flight TTL).
-		o.acks.add(plan.GetId)
+		// get id, or the call may reach the master only after this ack (it waited for the
+		// lock): release it now and again after the in-flight TTL (an ack of a holder
+		// that does not exist does no harm; an unfinished get expires with that TTL).
+		o.ackUnanswered([]int64{plan.GetId})
 	}
 	if wire.CodeOf(err) == common.ErrorCode_INVALID_ARGUMENT {
 		// The master no longer knows the get: it expired (the transfer ended past the

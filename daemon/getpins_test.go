@@ -18,16 +18,22 @@ import (
 // included).
 func nodeHolders(t *testing.T, m *master.Server) int64 {
 	t.Helper()
+	return memberHolders(t, m, "n1")
+}
+
+// memberHolders is the number of holders the master records for owner id.
+func memberHolders(t *testing.T, m *master.Server, id string) int64 {
+	t.Helper()
 	var holders int64 = -1
 	m.Inspect(func(st *master.State) {
 		for _, ms := range st.Members() {
-			if ms.NodeId == "n1" {
+			if ms.NodeId == id {
 				holders = ms.Holders
 			}
 		}
 	})
 	if holders < 0 {
-		t.Fatal("the master does not know n1")
+		t.Fatalf("the master does not know %s", id)
 	}
 	return holders
 }

@@ -85,8 +85,8 @@ func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartRespo
 			code, msg, plans = resp.Code, resp.Message, resp.Results
 		}
 	}
-	if err != nil || code == common.ErrorCode_NOT_LEADER || (len(plans) == 1 && plans[0] != nil && plans[0].Code == common.ErrorCode_NOT_LEADER) {
-		o.acks.giveBack(acks) // unsent, or a shut gate applied none of them (handler.applyAcks)
+	if err != nil || acksRefused(code) || (len(plans) == 1 && plans[0] != nil && acksRefused(plans[0].Code)) {
+		o.acks.giveBack(acks) // unsent, or the master applied none of them
 	}
 	if err := o.master.check(code, msg, err); err != nil {
 		return nil, 0, err

@@ -1,0 +1,193 @@
+package daemon
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/client/callopt"
+
+	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+)
+
+// stallFlushAndRegister holds the next BatchDeleteAck with holder ids (then fails it in
+// transport) and the next Register, and counts the acks of GetStart calls answered
+// STALE_GENERATION.
+type stallFlushAndRegister struct {
+	masterservice.Client
+	holdAck, holdReg atomic.Bool
+	ackIn, ackGo     chan struct{}
+	regIn, regGo     chan struct{}
+	staleCarried     atomic.Int32
+}
+
+func (s *stallFlushAndRegister) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckRequest, o ...callopt.Option) (*mp.BatchDeleteAckResponse, error) {
+	if len(req.HolderIds) > 0 && s.holdAck.CompareAndSwap(true, false) {
+		close(s.ackIn)
+		<-s.ackGo
+		return nil, errReplyLost
+	}
+	return s.Client.BatchDeleteAck(ctx, req, o...)
+}
+
+func (s *stallFlushAndRegister) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	if s.holdReg.CompareAndSwap(true, false) {
+		close(s.regIn)
+		<-s.regGo
+	}
+	return s.Client.Register(ctx, req, o...)
+}
+
+func (s *stallFlushAndRegister) GetStart(ctx context.Context, req *mp.GetStartRequest, o ...callopt.Option) (*mp.GetStartResponse, error) {
+	resp, err := s.Client.GetStart(ctx, req, o...)
+	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
+		s.staleCarried.Add(int32(len(req.Acks)))
+	}
+	return resp, err
+}
+
+// TestPlanningCallKeepsAcksAStaleMasterRefused: a GetStart that waited for an ack flush
+// in flight takes acks released after a registration began (pins it reported) and
+// carries them to a master that does not know the registration yet (STALE_GENERATION).
+// They go back to the queue: dropped, the master held the pin for good (a review).
+func TestPlanningCallKeepsAcksAStaleMasterRefused(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
+	h, err := c.Get("k") // a pin of the coming registration
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put("k2", value(2, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	h2, err := c.Get("k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.Release() // its ack waits in the queue (AckDelay): the flush held in flight below
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	addr := m1.Addr().String()
+	m1.Stop()
+	m2 := ackMaster(t, addr)
+	s := &stallFlushAndRegister{Client: m2.LocalClient(), ackIn: make(chan struct{}), ackGo: make(chan struct{}),
+		regIn: make(chan struct{}), regGo: make(chan struct{})}
+	s.holdAck.Store(true)
+	s.holdReg.Store(true)
+	useMasterClient(o, s)
+
+	go o.acks.sync()
+	<-s.ackIn
+	c2, err := fluxkv.Connect(fluxkv.Options{Socket: o.SocketPath(), Name: t.Name() + "-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	getErr := make(chan error, 1)
+	go func() {
+		g, err := c2.Get("k3") // no registration yet: it waits for the flush in takeForCall
+		if err == nil {
+			g.Release()
+		}
+		getErr <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	regDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		regDone <- o.master.register(ctx)
+	}()
+	<-s.regIn // pins collected (k's holding among them); Register held
+	h.Release()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		o.acks.mu.Lock()
+		n := len(o.acks.pending)
+		o.acks.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(s.ackGo) // the flush fails; the waiting GetStart takes the pin's ack with its own
+	t.Logf("get: %v", <-getErr)
+	close(s.regGo)
+	if err := <-regDone; err != nil {
+		t.Fatal(err)
+	}
+	if s.staleCarried.Load() == 0 {
+		t.Fatal("no GetStart carried acks into a STALE_GENERATION answer: the test missed its interleaving")
+	}
+	waitNoHolders(t, o, m2, "the pin's ack rode a GetStart answered STALE_GENERATION and was dropped")
+}
+
+// lateDone fails the next GetDone on the owner's side at once while the master gets it
+// only after the owner acked the get id (its holder id): a master that was slow to take
+// the call.
+type lateDone struct {
+	masterservice.Client
+	o    *Owner
+	n    atomic.Int32
+	done chan struct{}
+}
+
+func (l *lateDone) GetDone(ctx context.Context, req *mp.GetDoneRequest, o ...callopt.Option) (*mp.GetDoneResponse, error) {
+	if l.n.Add(-1) < 0 {
+		return l.Client.GetDone(ctx, req, o...)
+	}
+	go func() {
+		defer close(l.done)
+		time.Sleep(100 * time.Millisecond)
+		l.o.acks.sync()
+		l.Client.GetDone(context.Background(), req)
+	}()
+	return nil, errReplyLost
+}
+
+// TestLateGetDoneAfterItsAck: a GetDone the owner gave up on (UNAVAILABLE) that reaches
+// the master after the owner acked the get id records a holder nobody holds; the owner
+// acks the id again once the in-flight TTL passed, as for a late GetStart (a review: the
+// master held the range for good).
+func TestLateGetDoneAfterItsAck(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true, InflightTTL: time.Second})
+	o2, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	if err := n.c.Put("k", value(7, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	late := &lateDone{o: o2, done: make(chan struct{})}
+	late.n.Store(1)
+	(&node{o: o2}).wrapMaster(func(c masterservice.Client) masterservice.Client { late.Client = c; return late })
+	if h, err := c2.Get("k"); err == nil {
+		h.Release()
+		t.Fatal("a get whose GetDone failed succeeded")
+	}
+	<-late.done
+	if memberHolders(t, n.m, "n2") == 0 {
+		t.Fatal("the late GetDone recorded no holder")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		o2.acks.sync()
+		h := memberHolders(t, n.m, "n2")
+		if h == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the master holds %d range(s) of n2 that no client uses: the holder a late GetDone recorded under an id already acked", h)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
