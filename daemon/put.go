@@ -320,6 +320,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		for _, i := range part {
 			st.beginWrite(ps[i].key) // no cached answer of the key until it is dropped below
 		}
+		reports := st.reg.reports
 		o.unlock()
 		mark := o.replicaMark()
 		results, err := o.askPutDone(ps, part)
@@ -336,7 +337,15 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 			}
 		}
 		st = o.lock()
+		crossed := st.reg.reports != reports
 		for _, i := range part {
+			if errs[i] == nil && (crossed || ps[i].pinned()) {
+				// The owner registered again while PutDone was out: the new master rebuilt
+				// its routes from a report that does not have this version (it may have
+				// the key's older one), so it was not stored there. The range is the new
+				// master's pin, acked when the put ends.
+				errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "the master changed while this put was published: its outcome is unknown (the new master may not have it); put again")
+			}
 			if err != nil {
 				// It may have published: the older version this owner records, or holds
 				// in its hot set as the key's replica, may be dead. (Its SSD entries are
