@@ -282,8 +282,8 @@ func acksRefused(code common.ErrorCode) bool {
 
 // askMaster makes one planning call (call, carrying the queued holder acks, which go
 // back to the queue when the call fails in transport or refused them: acksRefused) once
-// no registration is in progress, and returns the call's mark and registration epoch or its error;
-// code reads the answer's code.
+// no registration is in progress, and returns the call's mark and registration epoch or
+// its error; code reads the answer's code.
 func (o *Owner) askMaster(call func(ctx context.Context, acks []int64) error, code func() (common.ErrorCode, string)) startedGet {
 	wait, cancel := o.master.waitCtx()
 	defer cancel()

@@ -63,10 +63,10 @@ func (q *pinQueue) Pop() any {
 // gone too) when the hot-set budget has no room for it, or the session's pins would pass
 // its share of it (pinShare) while, within pinContention, a session within its own share
 // found no room because of the others' pins (a session's first page is within its share
-// however large: with many sessions a share may be smaller than a page). Such a session first makes the others past
-// its share shrink to it (shedPastShare): one client's lookups cannot keep every pin and
-// leave the others counting nothing; while nobody lacks room, a session may use the
-// whole budget. The caller releases the holder when it reports false. A page several
+// however large: with many sessions a share may be smaller than a page). Such a session
+// first makes the others past its share shrink to it (shedPastShare): one client's
+// lookups cannot keep every pin and leave the others counting nothing; while nobody
+// lacks room, a session may use the whole budget. The caller releases the holder when it reports false. A page several
 // sessions pin counts once against the budget (the same bytes), and against each
 // session's share. A pin of the same key the session already has is replaced.
 func (st *ownerState) pinHolder(c *session, key string, got *external.GetResponse, until, now time.Time) bool {
