@@ -16,8 +16,8 @@ import (
 )
 
 // stallFlushAndRegister holds the next BatchDeleteAck with holder ids (then fails it in
-// transport) and the next Register, and counts the acks of GetStart calls answered
-// STALE_GENERATION.
+// transport) and the next Register, and counts the acks of GetStart and PutStart calls
+// answered STALE_GENERATION.
 type stallFlushAndRegister struct {
 	masterservice.Client
 	holdAck, holdReg atomic.Bool
@@ -51,11 +51,50 @@ func (s *stallFlushAndRegister) GetStart(ctx context.Context, req *mp.GetStartRe
 	return resp, err
 }
 
-// TestPlanningCallKeepsAcksAStaleMasterRefused: a GetStart that waited for an ack flush
-// in flight takes acks released after a registration began (pins it reported) and
-// carries them to a master that does not know the registration yet (STALE_GENERATION).
-// They go back to the queue: dropped, the master held the pin for good (a review).
+func (s *stallFlushAndRegister) PutStart(ctx context.Context, req *mp.PutStartRequest, o ...callopt.Option) (*mp.PutStartResponse, error) {
+	resp, err := s.Client.PutStart(ctx, req, o...)
+	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
+		s.staleCarried.Add(int32(len(req.Acks)))
+	}
+	return resp, err
+}
+
+func (s *stallFlushAndRegister) BatchPutStart(ctx context.Context, req *mp.BatchPutStartRequest, o ...callopt.Option) (*mp.BatchPutStartResponse, error) {
+	resp, err := s.Client.BatchPutStart(ctx, req, o...)
+	if err == nil && (resp.Code == common.ErrorCode_STALE_GENERATION ||
+		len(resp.Results) == 1 && resp.Results[0] != nil && resp.Results[0].Code == common.ErrorCode_STALE_GENERATION) {
+		s.staleCarried.Add(int32(len(req.Acks)))
+	}
+	return resp, err
+}
+
+// TestPlanningCallKeepsAcksAStaleMasterRefused: a GetStart (or PutStart) that waited for
+// an ack flush in flight takes acks released after a registration began (pins it
+// reported) and carries them to a master that does not know the registration yet
+// (STALE_GENERATION). They go back to the queue: dropped, the master held the pin for
+// good (a review).
 func TestPlanningCallKeepsAcksAStaleMasterRefused(t *testing.T) {
+	calls := map[string]func(c *fluxkv.Client) error{
+		"get": func(c *fluxkv.Client) error {
+			g, err := c.Get("k3")
+			if err == nil {
+				g.Release()
+			}
+			return err
+		},
+		"put": func(c *fluxkv.Client) error { return c.Put("k3", value(3, 4096)) },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			planningCallKeepsAcks(t, call)
+		})
+	}
+}
+
+// planningCallKeepsAcks runs TestPlanningCallKeepsAcksAStaleMasterRefused with call as
+// the planning call that waits for the flush.
+func planningCallKeepsAcks(t *testing.T, call func(c *fluxkv.Client) error) {
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
 	h, err := c.Get("k") // a pin of the coming registration
@@ -90,13 +129,7 @@ func TestPlanningCallKeepsAcksAStaleMasterRefused(t *testing.T) {
 	}
 	defer c2.Close()
 	getErr := make(chan error, 1)
-	go func() {
-		g, err := c2.Get("k3") // no registration yet: it waits for the flush in takeForCall
-		if err == nil {
-			g.Release()
-		}
-		getErr <- err
-	}()
+	go func() { getErr <- call(c2) }() // no registration yet: it waits for the flush in takeForCall
 	time.Sleep(200 * time.Millisecond)
 	regDone := make(chan error, 1)
 	go func() {
@@ -121,16 +154,16 @@ func TestPlanningCallKeepsAcksAStaleMasterRefused(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	close(s.ackGo) // the flush fails; the waiting GetStart takes the pin's ack with its own
-	t.Logf("get: %v", <-getErr)
+	close(s.ackGo) // the flush fails; the waiting call takes the pin's ack with its own
+	t.Logf("planning call: %v", <-getErr)
 	close(s.regGo)
 	if err := <-regDone; err != nil {
 		t.Fatal(err)
 	}
 	if s.staleCarried.Load() == 0 {
-		t.Fatal("no GetStart carried acks into a STALE_GENERATION answer: the test missed its interleaving")
+		t.Fatal("no planning call carried acks into a STALE_GENERATION answer: the test missed its interleaving")
 	}
-	waitNoHolders(t, o, m2, "the pin's ack rode a GetStart answered STALE_GENERATION and was dropped")
+	waitNoHolders(t, o, m2, "the pin's ack rode a planning call answered STALE_GENERATION and was dropped")
 }
 
 // lateDone fails the next GetDone on the owner's side at once while the master gets it
