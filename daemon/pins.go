@@ -64,7 +64,8 @@ func (q *pinQueue) Pop() any {
 // its share of it (pinShare) while, within pinContention, a session within its own share
 // found no room because of the others' pins (a session's first page is within its share
 // however large: with many sessions a share may be smaller than a page). Such a session
-// first makes the others past its share shrink to it (shedPastShare): one client's
+// first makes the others past its share shrink to it (pastShare) where that makes room
+// for its page: one client's
 // lookups cannot keep every pin and leave the others counting nothing; while nobody
 // lacks room, a session may use the whole budget. The caller releases the holder when it reports false. A page several
 // sessions pin counts once against the budget (the same bytes), and against each
@@ -94,9 +95,13 @@ func (st *ownerState) pinHolder(c *session, key string, got *external.GetRespons
 		st.ack(acks...)
 		if !ok && within && st.othersPin(c) {
 			// Others' pins left no room within its share: the sessions past it
-			// shrink to it now (and pin no more past theirs for pinContention).
-			st.pinContended = now
-			if st.shedPastShare(c, share, now) {
+			// shrink to it now (and pin no more past theirs for pinContention), if
+			// that makes room for this page (else nobody sheds for nothing).
+			if shed := st.pastShare(c, share); st.hot.pinned-freedBy(shed)+h.len <= st.hot.pinLimit() {
+				st.pinContended = now
+				for _, p := range shed {
+					st.unpin(p, now)
+				}
 				acks, ok = st.hot.reservePin(h.len)
 				st.ack(acks...)
 			}
@@ -139,25 +144,39 @@ func (st *ownerState) pinShare(c *session) int64 {
 	return st.hot.pinLimit() / int64(max(2, n))
 }
 
-// shedPastShare ends the pins of every session but c past share bytes, those that
-// expire soonest first, until each holds share; it reports whether any ended.
-func (st *ownerState) shedPastShare(c *session, share int64, now time.Time) bool {
-	shed := false
+// pastShare lists the pins of every session but c past share bytes, those that expire
+// soonest first, whose end leaves each of them at share.
+func (st *ownerState) pastShare(c *session, share int64) []*pin {
+	var out []*pin
 	for _, s := range st.sessions {
 		if s == c || s.pinned <= share {
 			continue
 		}
 		ps := slices.Collect(maps.Values(s.pins))
 		slices.SortFunc(ps, func(a, b *pin) int { return a.until.Compare(b.until) })
+		left := s.pinned
 		for _, p := range ps {
-			if s.pinned <= share {
+			if left <= share {
 				break
 			}
-			st.unpin(p, now)
-			shed = true
+			out = append(out, p)
+			left -= p.h.len
 		}
 	}
-	return shed
+	return out
+}
+
+// freedBy is what the end of the pins ps gives back to the pin budget: the bytes of
+// each page all of whose pins are among them (a page another pin keeps stays charged).
+func freedBy(ps []*pin) int64 {
+	ended := make(map[*holding]int, len(ps))
+	var freed int64
+	for _, p := range ps {
+		if ended[p.h]++; ended[p.h] == p.h.pins {
+			freed += p.h.len
+		}
+	}
+	return freed
 }
 
 // addPinned counts n more bytes of c's pins (n < 0: fewer), and the sessions with pins.

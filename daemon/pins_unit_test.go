@@ -123,6 +123,34 @@ func pinShareOfThree(t *testing.T, first int64) {
 	}
 }
 
+// TestNoShedForAPageThatCannotFit: a newcomer's first page, within its share however
+// large, makes the others shed only when that makes room for it: a 700-byte page under a
+// 1000-byte budget that a session holds 900 of would still not fit once that session
+// shrank to its share (500), so nobody sheds and nobody is held to a share (a review:
+// the others lost their pins, and were refused past their share, for nothing).
+func TestNoShedForAPageThatCannotFit(t *testing.T) {
+	st, a, b := pinState()
+	now := time.Now()
+	for i := range 9 {
+		if !pinPage(st, a, fmt.Sprintf("a%d", i), 1, 100, now) {
+			t.Fatal("a alone could not pin")
+		}
+	}
+	if pinPage(st, b, "big", 1, 700, now) {
+		t.Fatalf("b pinned 700 bytes with %d of 1000 pinned", st.hot.pinned)
+	}
+	if a.pinned != 900 {
+		t.Fatalf("a was shed to %d bytes for a page that could not fit anyway", a.pinned)
+	}
+	if !pinPage(st, a, "a9", 1, 100, now) {
+		t.Fatal("a was held to its share though b pinned nothing")
+	}
+	// A page that fits once a sheds: a shrinks to its share, b pins.
+	if !pinPage(st, b, "small", 1, 400, now) || a.pinned > 500 {
+		t.Fatalf("b's 400-byte page: b %d, a %d pinned of 1000", b.pinned, a.pinned)
+	}
+}
+
 // TestDiedSince: a kill noted after a reset still tells the version died.
 func TestDiedSince(t *testing.T) {
 	c := newHotSet(time.Minute, 1000, 0)

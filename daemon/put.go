@@ -320,7 +320,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		for _, i := range part {
 			st.beginWrite(ps[i].key) // no cached answer of the key until it is dropped below
 		}
-		reports := st.reg.reports
+		reports, registered := st.reg.reports, st.reg.registered
 		o.unlock()
 		mark := o.replicaMark()
 		results, err := o.askPutDone(ps, part)
@@ -336,14 +336,17 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 				errs[i] = o.master.check(results[j].Code, results[j].Message, nil)
 			}
 		}
+		settled := o.settledAfter(ps, part)
 		st = o.lock()
-		crossed := st.reg.reports != reports
+		crossed := st.reg.reports != reports || st.reg.registered != registered
 		for _, i := range part {
-			if errs[i] == nil && (crossed || ps[i].pinned()) {
-				// The owner registered again while PutDone was out: the new master rebuilt
-				// its routes from a report that does not have this version (it may have
-				// the key's older one), so it was not stored there. The range is the new
-				// master's pin, acked when the put ends.
+			if errs[i] == nil && (crossed || (ps[i].pinned() && !settled)) {
+				// The owner registered again while PutDone was out (or its registration
+				// begun meanwhile did not end in time): the new master rebuilt its routes
+				// from a report that does not have this version (it may have the key's
+				// older one), so it was not stored there. The range is the new master's
+				// pin, acked when the put ends. A registration begun meanwhile that
+				// failed leaves the master that published it in charge: answered OK.
 				errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "the master changed while this put was published: its outcome is unknown (the new master may not have it); put again")
 			}
 			if err != nil {
@@ -367,6 +370,22 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		o.unlock()
 	}
 	return errs
+}
+
+// settledAfter waits, when a registration began while the PutDone of ps[i], i in part,
+// was out (a put's range was reported as a pin), until it ended; it reports whether
+// none is in progress now. Only then does reg.registered tell a registration that
+// failed (the publishing master is still this owner's) from one that succeeded.
+func (o *Owner) settledAfter(ps []*pendingPut, part []int) bool {
+	o.lock()
+	pinned := slices.ContainsFunc(part, func(i int) bool { return ps[i].pinned() })
+	o.unlock()
+	if !pinned {
+		return true
+	}
+	wait, cancel := o.master.waitCtx()
+	defer cancel()
+	return o.master.settled(wait) == nil
 }
 
 // putDoneParallel is how many items of a BatchPutDone the master publishes at once.

@@ -24,6 +24,9 @@ type registration struct {
 	// forgotten, by commitPersisted's look at it (a registration that reported nothing,
 	// a retried Register to the same master, changes nothing a commit must undo).
 	reports uint64
+	// registered counts the registrations a master answered OK (endRegister): a call
+	// answered across one was answered by a master the owner no longer stands with.
+	registered uint64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64
 	// registering is set from collecting a registration's pins to its answer.
@@ -78,6 +81,7 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 	if resp == nil || resp.Code != common.ErrorCode_OK {
 		return 0, false
 	}
+	st.reg.registered++
 	st.reg.masterEpoch = resp.MasterEpoch // admit judges peer calls by it from now on
 	if resp.HeartbeatIntervalMs > 0 {
 		st.reg.period = time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond
