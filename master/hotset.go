@@ -121,6 +121,12 @@ func (r *releaseAsk) ask(k string) (keep, queued bool) {
 	}
 }
 
+// forget drops k's entry: its replica on this node is gone (evicted, deleted,
+// overwritten), so there is nothing left to ask about. Kept, an entry of a page let go
+// and evicted or deleted since stayed until a later answer named nothing, and
+// maxReleaseAsk of them ended every ask of the node for good.
+func (r *releaseAsk) forget(k string) { delete(r.asked, k) }
+
 // take hands out the keys for the next call (nil while one is in flight).
 func (r *releaseAsk) take() []string {
 	if r.inFlight || len(r.want) == 0 {

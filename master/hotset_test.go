@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,5 +149,86 @@ func TestGetEvictsWhenReleaseNeverComes(t *testing.T) {
 		if len(memory) != 2 {
 			t.Fatalf("batch %v: values in memory: %v; want k1 and k2 (b gave q1 and q2 for the gets' room)", batch, memory)
 		}
+	}
+}
+
+// TestReleaseAskForgetsGonePages: pages the eviction order reached while held, whose
+// owner answered while they were still held, leave the node's release-ask set once they
+// are deleted (or evicted): kept, maxReleaseAsk of them ended every later ask of the node
+// for good, and the hot set, not the page order, decided what stayed (a review).
+func TestReleaseAskForgetsGonePages(t *testing.T) {
+	const held, free = maxReleaseAsk + 104, 100
+	st := NewState(Options{IDBase: 100, Placement: PlacementLocal, SSDAdmit: SSDAdmitPut,
+		NodeTTL: 1000 * time.Hour, HeartbeatInterval: 1000 * time.Hour})
+	now := time.Unix(1000, 0)
+	ref := NodeRef{ID: "n1", Generation: 1}
+	if err := st.Register(now, ref, (held+free)*512, 0, 0, "d1", "p1", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := st.nodes["n1"]
+	root := ""
+	put := func(k string) error {
+		plan, err := st.PutStart(now, ref, k, 512, false, &root)
+		if err != nil {
+			return err
+		}
+		_, err = st.PutDone(now, ref, k, plan.PutID)
+		return err
+	}
+	var holders []int64
+	for i := range held {
+		k := fmt.Sprintf("c/p%d", i)
+		if err := put(k); err != nil {
+			t.Fatal(err)
+		}
+		g, err := st.GetStart(now, ref, k, nil)
+		if err != nil || !g.Done {
+			t.Fatalf("get of %s: %+v, %v", k, g, err)
+		}
+		holders = append(holders, g.HolderID)
+	}
+	for i := range free {
+		if err := put(fmt.Sprintf("c/f%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve := func() (calls int) { // the owner answers, releasing nothing (every page in use, and hit)
+		for _, c := range st.takeReleasesLocked() {
+			calls++
+			n.release.answered(c.keys, func(k string) bool { return st.heldLocked(k, n) })
+			st.BatchDeleteAck(ref, nil, c.keys)
+		}
+		return calls
+	}
+	for i := 0; i < 2*pageFreqBonus; i++ { // the held pages' hit bonus runs out
+		put(fmt.Sprintf("c/age%d", i%free))
+	}
+	for round := 0; round < 40 && len(n.release.asked) < maxReleaseAsk; round++ {
+		st.PutStart(now, ref, fmt.Sprintf("d/q%d", round), 512, false, &root) // NO_SPACE: asks the owner
+		serve()
+	}
+	if len(n.release.asked) < maxReleaseAsk {
+		t.Fatalf("only %d pages asked for: the test did not fill the set", len(n.release.asked))
+	}
+	st.BatchDeleteAck(ref, holders, nil) // the externals end; the prefix is deleted
+	for i := range held {
+		st.Delete(ref, fmt.Sprintf("c/p%d", i))
+	}
+	stale := 0
+	for k := range n.release.asked {
+		if st.routes[k] == nil {
+			stale++
+		}
+	}
+	if err := put("e/p0"); err != nil { // a new page in use, reached by the eviction order
+		t.Fatal(err)
+	}
+	if g, err := st.GetStart(now, ref, "e/p0", nil); err != nil || !g.Done {
+		t.Fatal(err)
+	}
+	st.releasesDue = false
+	st.passHeldLocked(n, []string{"e/p0"})
+	if calls := serve(); calls == 0 {
+		t.Errorf("a held page reached by eviction was not asked for: %d entries in the set, %d of deleted pages", len(n.release.asked), stale)
 	}
 }

@@ -80,6 +80,7 @@ func (s *State) clearMemoryLocked(key string, r *route, n *node) {
 	rep.memory.Release()
 	rep.memory = nil
 	n.policy.Remove(key)
+	n.release.forget(key)
 	s.pruneLocked(key, r, n)
 	if dirty {
 		s.unwrittenLocked(key, r, n)
@@ -116,6 +117,7 @@ func (s *State) dropRouteLocked(key string, r *route) {
 			s.copyChangedLocked(key, r, n, -1)
 			rep.memory.Release()
 			n.policy.Remove(key)
+			n.release.forget(key)
 		}
 		delete(r.replicas, n)
 	}

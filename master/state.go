@@ -307,6 +307,7 @@ func (s *State) evictMemoryLocked(n *node, key string, duplicate bool) {
 	s.copyChangedLocked(key, r, n, -1)
 	rep.memory.Release()
 	rep.memory = nil
+	n.release.forget(key)
 	n.evicted.push(key, r.putID, false)
 	s.pruneLocked(key, r, n)
 	if dirty {
