@@ -84,6 +84,9 @@ type node struct {
 	// count too: a ring that fails every write would otherwise stay behind and draw
 	// every persist of the pool.
 	ssdAssigned int64
+	// ssdReplicas counts the routes with an SSD replica here (setSSDLocked): what
+	// Members reports without a walk of every route under the lock.
+	ssdReplicas int64
 	// evicted holds the eviction notices the owner has not acked (evictnotice.go).
 	evicted evictOutbox
 	// release holds the KV pages the eviction order reached while a holder kept them

@@ -172,7 +172,8 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 		rep = &replica{}
 		r.replicas[n] = rep
 	}
-	rep.ssd, rep.ssdLen, rep.ssdSeq = true, rec.Len, rec.Seq
+	setSSD(n, rep, true)
+	rep.ssdLen, rep.ssdSeq = rec.Len, rec.Seq
 	s.cleanLocked(rec.Key, r)
 	return true, displaced
 }

@@ -93,9 +93,20 @@ func (s *State) clearSSDLocked(key string, r *route, n *node) {
 	if rep == nil || !rep.ssd {
 		return
 	}
-	rep.ssd = false
+	setSSD(n, rep, false)
 	rep.ssdLen, rep.ssdSeq = 0, 0
 	s.pruneLocked(key, r, n)
+}
+
+// setSSD marks whether rep, n's replica of a route, is on n's SSD, and keeps n's count.
+func setSSD(n *node, rep *replica, on bool) {
+	switch {
+	case on && !rep.ssd:
+		n.ssdReplicas++
+	case !on && rep.ssd:
+		n.ssdReplicas--
+	}
+	rep.ssd = on
 }
 
 // pruneLocked removes an entry with neither medium, and a route with no entries.
@@ -119,6 +130,7 @@ func (s *State) dropRouteLocked(key string, r *route) {
 			n.policy.Remove(key)
 			n.release.forget(key)
 		}
+		setSSD(n, rep, false)
 		delete(r.replicas, n)
 	}
 	if s.routes[key] == r {

@@ -563,7 +563,7 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq int
 		rep = &replica{}
 		r.replicas[n] = rep
 	}
-	rep.ssd = true
+	setSSD(n, rep, true)
 	rep.ssdLen, rep.ssdSeq = length, seq
 	s.cleanLocked(key, r)
 	return true, nil
@@ -660,7 +660,7 @@ func (s *State) Members() []*common.MemberStat {
 			DataAddr:           n.dataAddr,
 			PeerAddr:           n.peerAddr,
 			MemoryReplicas:     int64(n.policy.Len()),
-			SsdReplicas:        s.ssdReplicasLocked(n),
+			SsdReplicas:        n.ssdReplicas,
 			Holders:            int64(len(n.holders)),
 			SsdPersists:        s.persistCount(n.id).asked,
 			SsdPersistsDropped: s.persistCount(n.id).dropped,
@@ -678,19 +678,6 @@ func (s *State) Members() []*common.MemberStat {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NodeId < out[j].NodeId })
 	return out
-}
-
-func (s *State) ssdReplicasLocked(n *node) int64 {
-	if !n.ssd.Enabled {
-		return 0
-	}
-	var c int64
-	for _, r := range s.routes {
-		if rep := r.replicas[n]; rep != nil && rep.ssd {
-			c++
-		}
-	}
-	return c
 }
 
 // Keys is the number of routes.

@@ -84,6 +84,24 @@ func dupDrift(st *State) error {
 	return nil
 }
 
+// ssdDrift reports a node whose count of SSD replicas (Members) is not the routes'.
+func ssdDrift(st *State) error {
+	want := map[*node]int64{}
+	for _, r := range st.routes {
+		for n, rep := range r.replicas {
+			if rep.ssd {
+				want[n]++
+			}
+		}
+	}
+	for _, n := range st.nodes {
+		if n.ssdReplicas != want[n] {
+			return fmt.Errorf("node %s counts %d SSD replicas, holds %d", n.id, n.ssdReplicas, want[n])
+		}
+	}
+	return nil
+}
+
 // borrowedDrift reports a node whose set of borrowed keys is not its memory replicas
 // in the transfer area.
 func borrowedDrift(st *State) error {
