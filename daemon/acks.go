@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 )
@@ -16,26 +18,36 @@ import (
 type acker struct {
 	o       *Owner
 	flushMu sync.Mutex // one flush at a time: sync returns only after any flush in flight
-	mu      sync.Mutex // protects pending, touched, flight
+	mu      sync.Mutex // protects pending, queued, dropped, touched, flight
 	pending []int64
-	touched map[string]struct{}
+	// queued counts the ids ever queued, dropped those left unsent (past maxPendingAcks,
+	// or queued before a registration that succeeded): the ids queued at or after a
+	// mark() are the last queued-mark of pending (or all of it).
+	queued, dropped int64
+	touched         map[string]struct{}
 	// flight, while a flush's BatchDeleteAck with holder ids is in flight, is closed when
 	// it returned (its ids acked, or given back to pending).
 	flight chan struct{}
 	kick   chan struct{}
 	done   chan struct{}
+	warn   zerolog.Logger // sampled: a master out of reach fails every flush
 	wg     sync.WaitGroup
 }
 
 // touchDelay is how long hot-set hits may wait for a holder ack to ride with;
-// maxTouched caps the keys of one report.
+// maxTouched caps the keys of one report; maxPendingAcks caps the queue (8 MiB of
+// ids), which only grows while the master is out of reach: past it the oldest go
+// unsent (that master tombs this owner after its node TTL, freeing every holder, and
+// the owner's next registration makes the old ids moot).
 const (
-	touchDelay = 100 * time.Millisecond
-	maxTouched = 1024
+	touchDelay     = 100 * time.Millisecond
+	maxTouched     = 1024
+	maxPendingAcks = 1 << 20
 )
 
 func newAcker(o *Owner) *acker {
-	a := &acker{o: o, kick: make(chan struct{}, 1), done: make(chan struct{}), touched: make(map[string]struct{})}
+	a := &acker{o: o, kick: make(chan struct{}, 1), done: make(chan struct{}), touched: make(map[string]struct{}),
+		warn: o.log.Sample(&zerolog.BurstSampler{Burst: 1, Period: time.Second})}
 	a.wg.Add(1)
 	go a.loop()
 	return a
@@ -45,10 +57,48 @@ func newAcker(o *Owner) *acker {
 func (a *acker) add(id int64) {
 	a.mu.Lock()
 	a.pending = append(a.pending, id)
+	a.queued++
+	a.boundLocked()
 	a.mu.Unlock()
+	a.kickLoop()
+}
+
+func (a *acker) kickLoop() {
 	select {
 	case a.kick <- struct{}{}:
 	default:
+	}
+}
+
+// boundLocked drops the oldest queued ids past maxPendingAcks.
+func (a *acker) boundLocked() {
+	if over := len(a.pending) - maxPendingAcks; over > 0 {
+		a.pending = a.pending[over:]
+		a.dropped += int64(over)
+		a.warn.Warn().Int("dropped", over).Int64("dropped_total", a.dropped).Msg("holder acks pile up while the master is out of reach; dropping the oldest")
+	}
+}
+
+// mark is the position of the next id queued: ids queued before it (released before a
+// registration begins, which reports the ranges still in use as pins) are none of that
+// registration's pins.
+func (a *acker) mark() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.queued
+}
+
+// dropBefore drops the ids queued before mark that are still pending: a registration
+// begun at mark succeeded, and its master holds none of them (it tombed the earlier
+// state, or never had it). Ids a call took meanwhile and gave back count as queued
+// again: sent once more, they do no harm.
+func (a *acker) dropBefore(mark int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	since := a.queued - mark // at the tail
+	if old := int64(len(a.pending)) - since; old > 0 {
+		a.pending = a.pending[old:]
+		a.dropped += old
 	}
 }
 
@@ -64,10 +114,7 @@ func (a *acker) touch(key string) {
 	first := !seen && len(a.touched) == 1 && len(a.pending) == 0
 	a.mu.Unlock()
 	if first {
-		select {
-		case a.kick <- struct{}{}:
-		default:
-		}
+		a.kickLoop()
 	}
 }
 
@@ -90,7 +137,18 @@ func (a *acker) loop() {
 		case <-a.done:
 		case <-time.After(delay):
 		}
-		a.flush()
+		for !a.flush() {
+			// The master is unreachable; if it restarted, re-registration pins only what
+			// is still in use, so these ranges are free there anyway. Kept for a retry
+			// (not under flushMu: a sync meanwhile makes its own try); the hits go
+			// unreported.
+			select {
+			case <-a.done:
+			case <-time.After(100 * time.Millisecond):
+				continue
+			}
+			break
+		}
 	}
 }
 
@@ -107,7 +165,9 @@ func (a *acker) takeTouchedLocked() []string {
 	return out
 }
 
-func (a *acker) flush() {
+// flush sends the queued acks and hits, a batch a call, until none is left (true) or a
+// call fails (false; its acks are back in the queue).
+func (a *acker) flush() bool {
 	a.flushMu.Lock()
 	defer a.flushMu.Unlock()
 	for {
@@ -123,7 +183,7 @@ func (a *acker) flush() {
 		}
 		a.mu.Unlock()
 		if n == 0 && len(touched) == 0 {
-			return
+			return true
 		}
 		wait, cancel := a.o.master.waitCtx()
 		if n > 0 {
@@ -153,15 +213,8 @@ func (a *acker) flush() {
 		}
 		switch {
 		case err != nil:
-			// The master is unreachable; if it restarted, re-registration pins only what
-			// is still in use, so these ranges are free there anyway. Kept for a retry;
-			// the hits go unreported.
-			a.o.log.Warn().Err(err).Int("holders", n).Msg("holder ack failed; will retry")
-			select {
-			case <-a.done:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
+			a.warn.Warn().Err(err).Int("holders", n).Msg("holder ack failed; will retry")
+			return false
 		case resp.Code == common.ErrorCode_STALE_GENERATION:
 			a.o.log.Debug().Int("holders", n).Msg("holder acks for a previous master registration dropped")
 		case resp.Unknown > 0:
@@ -210,27 +263,27 @@ func (a *acker) take() []int64 {
 	}
 	a.mu.Unlock()
 	if left {
-		select {
-		case a.kick <- struct{}{}:
-		default:
-		}
+		a.kickLoop()
 	}
 	return p
 }
 
-// giveBack requeues acks whose carrying call never reached the master.
+// giveBack requeues acks whose carrying call never reached the master (at the tail:
+// their order does not matter, and a queue that grows while the master is out of
+// reach is not copied whole for each failed call).
 func (a *acker) giveBack(ids []int64) {
 	if len(ids) == 0 {
 		return
 	}
 	a.mu.Lock()
-	a.pending = append(ids, a.pending...)
+	a.pending = append(a.pending, ids...)
+	a.queued += int64(len(ids))
+	a.boundLocked()
 	a.mu.Unlock()
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
+	a.kickLoop()
 }
 
-// sync sends every queued ack now (Stat calls it so used bytes reflect releases).
+// sync sends every queued ack now (Stat calls it so used bytes reflect releases); it
+// gives up at the first call that fails (the loop retries), so a Stat while the master
+// is out of reach answers instead of waiting for it.
 func (a *acker) sync() { a.flush() }

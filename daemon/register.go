@@ -66,6 +66,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	sent := time.Now()
 	st := o.lock()
 	pins, prev := st.beginRegister(sent, o.bounds().putCopy)
+	acked := o.acks.mark() // under Owner.mu, as the releases that queue acks
 	o.unlock()
 	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
 		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
@@ -85,6 +86,9 @@ func (m *masterLink) register(ctx context.Context) error {
 	if !ok {
 		return wire.FromResponse(resp.Code, resp.Message)
 	}
+	// The master holds none of the ids released before the registration began (it
+	// tombed that state, or never had it): acks a master out of reach left queued go.
+	o.acks.dropBefore(acked)
 	o.adoptMasterTimes(masterTimesOf(resp))
 	link := "tcp"
 	if o.opts.LocalMaster != nil {

@@ -93,8 +93,9 @@ type Client struct {
 	wg    sync.WaitGroup // dial goroutines
 	stop  chan struct{}  // closed by Close: abandons dials in progress
 
-	mu     sync.Mutex // protects idle, active, gates, closed
+	mu     sync.Mutex // protects idle, swept, active, gates, closed
 	idle   map[string][]idleConn
+	swept  time.Time // the last sweep of every address's idle connections (sweepLocked)
 	active map[*net.TCPConn]struct{}
 	gates  map[string]*gate // per peer address, while a pull holds or waits for a slot
 	closed bool
@@ -386,7 +387,7 @@ func (c *Client) get(ctx context.Context, addr string) (tc *net.TCPConn, reused 
 		c.mu.Unlock()
 		return nil, false, fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
 	}
-	var stale []*net.TCPConn
+	stale := c.sweepLocked(now)
 	for list := c.idle[addr]; len(list) > 0; list = c.idle[addr] {
 		ic := list[len(list)-1]
 		c.idle[addr] = list[:len(list)-1]
@@ -474,6 +475,35 @@ func (c *Client) dial(addr string) (*net.TCPConn, error) {
 	}
 	tc.SetDeadline(time.Time{})
 	return tc, nil
+}
+
+// sweepLocked takes out the connections idle past IdleTimeout at every address, at
+// most once an IdleTimeout, and returns them to close: a peer that went away (restarted
+// on another address) is never pulled from again, and its pooled connections would stay
+// open for the client's life.
+func (c *Client) sweepLocked(now time.Time) []*net.TCPConn {
+	if now.Sub(c.swept) < c.opts.IdleTimeout {
+		return nil
+	}
+	c.swept = now
+	var stale []*net.TCPConn
+	for addr, list := range c.idle {
+		kept := list[:0]
+		for _, ic := range list {
+			if now.Sub(ic.since) > c.opts.IdleTimeout {
+				stale = append(stale, ic.tc)
+			} else {
+				kept = append(kept, ic)
+			}
+		}
+		clear(list[len(kept):])
+		if len(kept) == 0 {
+			delete(c.idle, addr)
+		} else {
+			c.idle[addr] = kept
+		}
+	}
+	return stale
 }
 
 // put returns a connection in step to the pool, or closes it when the pool is full.

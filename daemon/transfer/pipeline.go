@@ -74,6 +74,9 @@ func (c *Client) PullMany(ctx context.Context, addr string, items []PullItem) []
 	if len(staged) > 0 {
 		runs = append(runs, staged)
 	}
+	if len(runs) == 0 {
+		return errs // every item refused
+	}
 	done := make(chan struct{}, len(runs))
 	for _, run := range runs[1:] {
 		go func() {
@@ -81,9 +84,7 @@ func (c *Client) PullMany(ctx context.Context, addr string, items []PullItem) []
 			done <- struct{}{}
 		}()
 	}
-	if len(runs) > 0 {
-		c.pullRun(ctx, addr, items, runs[0], errs)
-	}
+	c.pullRun(ctx, addr, items, runs[0], errs)
 	for range len(runs) - 1 {
 		<-done
 	}

@@ -235,3 +235,58 @@ func TestPullManyStaged(t *testing.T) {
 		})
 	}
 }
+
+// TestPullManyAllRefused: a batch whose every item is refused before any pull fails
+// item by item and dials nothing (it panicked on its empty list of runs).
+func TestPullManyAllRefused(t *testing.T) {
+	cl := newClient(t, ClientOptions{Secrets: secrets(t)})
+	items := []PullItem{{Offset: 0, Dst: nil}, {Offset: -1, Dst: make([]byte, 8)}}
+	errs := cl.PullMany(context.Background(), "127.0.0.1:1", items)
+	for i, err := range errs {
+		if err == nil || errors.Is(err, ErrUnreachable) {
+			t.Errorf("item %d: %v, want an invalid pull", i, err)
+		}
+	}
+	if d := cl.dials.Load(); d != 0 {
+		t.Errorf("%d dials for a batch with nothing to pull", d)
+	}
+}
+
+// TestIdleConnsOfGonePeersClosed: pooled connections to a peer that went away (and is
+// never pulled from again: its successor listens elsewhere) are closed once idle past
+// IdleTimeout, at the next pull from any peer.
+func TestIdleConnsOfGonePeersClosed(t *testing.T) {
+	sec := secrets(t)
+	src := newTestSource(segment(t, mib, true))
+	f := src.retain(1, 0, 8192)
+	cl := newClient(t, ClientOptions{Secrets: sec, IdleTimeout: 100 * time.Millisecond})
+	var gone []string
+	for range 3 {
+		srv := startServer(t, src, ServerOptions{Secrets: sec})
+		addr := srv.Addr().String()
+		if err := cl.Pull(context.Background(), addr, f, 0, make([]byte, 4096)); err != nil {
+			t.Fatal(err)
+		}
+		gone = append(gone, addr)
+		srv.Close()
+	}
+	pooled := func() (n int) {
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		for _, a := range gone {
+			n += len(cl.idle[a])
+		}
+		return n
+	}
+	if pooled() == 0 {
+		t.Fatal("no connection pooled: the test did not reach the fault")
+	}
+	time.Sleep(300 * time.Millisecond)
+	srv := startServer(t, src, ServerOptions{Secrets: sec})
+	if err := cl.Pull(context.Background(), srv.Addr().String(), f, 0, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if n := pooled(); n != 0 {
+		t.Errorf("%d pooled connections to peers gone for 3 idle timeouts", n)
+	}
+}
