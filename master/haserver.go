@@ -29,8 +29,19 @@ type HAOptions struct {
 }
 
 // idEpochShift places a term's epoch in the high bits of its put, get and holder ids:
-// 2^40 ids per term, 2^23 terms.
-const idEpochShift = 40
+// 2^40 ids per term, 2^23 terms. A leader whose next id comes within idMargin of the
+// next epoch's base resigns (checked every idCheck; at 300,000 ids a second a term runs
+// for 42 days): the next term, of a higher epoch, numbers above every id it issued, so
+// no id of a new put falls below an older version's, and no new holder takes the id of
+// one an owner still acks.
+const (
+	idEpochShift = 40
+	idMargin     = 1 << 36
+	idCheck      = 10 * time.Second
+)
+
+// idsRunOut reports whether a term of epoch whose next id is next must end.
+func idsRunOut(next, epoch int64) bool { return next >= (epoch+1)<<idEpochShift-idMargin }
 
 // HA is a master that serves only while it leads: it campaigns on etcd, answers every
 // call NOT_LEADER while another master leads, and starts each leadership (a term, with
@@ -179,12 +190,7 @@ func (h *HA) run() {
 		}
 		h.opts.Metrics.LeadershipChange(metrics.LeadershipWon, t.Epoch)
 		h.opts.Metrics.Leading(true)
-		select {
-		case <-t.Done():
-			h.opts.Logger.Warn().Int64("epoch", t.Epoch).Msg("leadership lost; following")
-		case <-h.ctx.Done():
-			t.Resign(context.Background())
-		}
+		h.lead(t, srv)
 		h.opts.Metrics.Leading(false)
 		h.opts.Metrics.LeadershipChange(metrics.LeadershipLost, t.Epoch)
 		if h.ctx.Err() != nil {
@@ -192,6 +198,28 @@ func (h *HA) run() {
 		}
 		if err := h.swap(h.follower()); err != nil {
 			h.opts.Logger.Error().Err(err).Msg("cannot serve as a follower")
+		}
+	}
+}
+
+// lead serves term t with srv until it ends, or the master stops (it resigns), or its
+// ids run out (it resigns: idsRunOut).
+func (h *HA) lead(t *ha.Term, srv *Server) {
+	tick := time.NewTicker(idCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.Done():
+			h.opts.Logger.Warn().Int64("epoch", t.Epoch).Msg("leadership lost; following")
+			return
+		case <-h.ctx.Done():
+			t.Resign(context.Background())
+			return
+		case <-tick.C:
+			if next := srv.nextID(); idsRunOut(next, t.Epoch) {
+				h.opts.Logger.Error().Int64("epoch", t.Epoch).Int64("next_id", next).Msg("this term's ids are running out; resigning, so that a term of a higher epoch numbers above them")
+				t.Resign(context.Background())
+			}
 		}
 	}
 }

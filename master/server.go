@@ -277,6 +277,12 @@ func (s *Server) writeQuiet(ctx context.Context) {
 	}
 }
 
+// nextID is the state's last issued put, get or holder id.
+func (s *Server) nextID() (id int64) {
+	s.Inspect(func(st *State) { id = st.nextID })
+	return id
+}
+
 // Inspect runs f on the core under the lock: a consistent snapshot for tests, status
 // and metrics.
 func (s *Server) Inspect(f func(st *State)) {
