@@ -200,7 +200,7 @@ func TestReleaseAskForgetsGonePages(t *testing.T) {
 		}
 		return calls
 	}
-	for i := 0; i < 2*pageFreqBonus; i++ { // the held pages' hit bonus runs out
+	for i := 0; i < pageFreqBonus/16; i++ { // the held pages' hit bonus runs out
 		put(fmt.Sprintf("c/age%d", i%free))
 	}
 	for round := 0; round < 40 && len(n.release.asked) < maxReleaseAsk; round++ {
