@@ -45,10 +45,9 @@ func (m *masterLink) heartbeatLoop() {
 		more = resp.Code == common.ErrorCode_OK && resp.EvictionsMore && !reregister
 		ack = resp.Code == common.ErrorCode_OK && !reregister && !acking && len(resp.Evicted)+len(resp.SsdDropped) > 0
 		if reregister {
-			// A master of another epoch knows this owner, or the last Register's answer
-			// was lost: a registration the master may have taken (it may wait for this
-			// owner's report, or have dropped its replicas). Register again.
-			m.o.log.Warn().Int64("master_epoch", resp.MasterEpoch).Bool("register_answer_lost", m.regLost.Load()).Msg("the master may know a registration of this owner whose answer was lost; registering again")
+			// A master of another epoch knows this owner: a registration whose answer
+			// was lost (it may wait for this owner's report). Register again.
+			m.o.log.Warn().Int64("master_epoch", resp.MasterEpoch).Msg("the master's epoch is not the one this owner registered with; registering again")
 			m.reregisterInBackground()
 		}
 		if resp.Code == common.ErrorCode_STALE_GENERATION {
@@ -79,7 +78,7 @@ func (m *masterLink) heartbeat(ctx context.Context) (resp *mp.HeartbeatResponse,
 	st = o.lock()
 	reregister = st.heartbeatAnswered(a, sent, resp)
 	o.unlock()
-	return resp, reregister || m.regLost.Load(), nil
+	return resp, reregister, nil
 }
 
 // heartbeatPeriod is the period the master asked for.

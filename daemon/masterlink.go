@@ -41,11 +41,6 @@ type masterLink struct {
 	peerAddr, dataAddr string
 	stop               chan struct{}
 	regMu              sync.Mutex // serialises (re-)registration
-	// regLost is set while the last Register failed in transport: the master may have
-	// taken it (only the answer was lost) and dropped every replica of this owner, while
-	// the owner keeps its index and answers its heartbeats as before. Until a Register is
-	// answered, heartbeats ask for another one and register skips its heartbeat check.
-	regLost atomic.Bool
 
 	// settling is closed once the registration in progress (and its replica report) is
 	// over; allocating calls wait for it (settled).

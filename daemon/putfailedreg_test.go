@@ -44,11 +44,6 @@ func TestPutAcrossAFailedRegistration(t *testing.T) {
 	if err := o.master.register(ctx); err == nil {
 		t.Fatal("a registration through a cut link succeeded")
 	}
-	// The cut link never carried the Register. The owner cannot know that: it registers
-	// again at its next heartbeat and drops its replicas, as m1 would have on a Register
-	// it took (TestRegisterAnswerLost). This test is of the put's answer: m1 did not take
-	// it.
-	o.master.regLost.Store(false)
 	useMasterClient(o, m1.LocalClient())
 	close(held.release)
 	if err := <-done; err != nil {

@@ -40,10 +40,7 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 // Several callers may ask for it after one master restart (the heartbeat loop, any call
 // answered STALE_GENERATION); one that finds this incarnation already registered with
 // the master it last registered with does nothing: registering again would make the
-// master drop what the first registration's report rebuilt. After a Register whose
-// answer was lost (regLost) it registers whatever the heartbeat says: the master may
-// have taken that one and dropped this owner's replicas, which the owner's index, its
-// reports to a later master and its exists answers would still name.
+// master drop what the first registration's report rebuilt.
 func (m *masterLink) register(ctx context.Context) error {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
@@ -51,7 +48,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	if m.client.Load() == nil {
 		return errCode(common.ErrorCode_UNAVAILABLE, "no master leads on etcd yet")
 	}
-	if epoch := o.masterEpoch(); epoch != 0 && !m.regLost.Load() {
+	if epoch := o.masterEpoch(); epoch != 0 {
 		resp, _, err := m.heartbeat(ctx)
 		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
 			return nil
@@ -79,10 +76,8 @@ func (m *masterLink) register(ctx context.Context) error {
 	next, ok := st.endRegister(resp, sent, prev)
 	o.unlock()
 	if err != nil {
-		m.regLost.Store(true)
 		return err
 	}
-	m.regLost.Store(false) // answered: taken or refused, the master says which
 	if !ok {
 		return wire.FromResponse(resp.Code, resp.Message)
 	}
