@@ -40,8 +40,15 @@ const (
 	idCheck      = 10 * time.Second
 )
 
-// idsRunOut reports whether a term of epoch whose next id is next must end.
-func idsRunOut(next, epoch int64) bool { return next >= (epoch+1)<<idEpochShift-idMargin }
+// idsRunOut reports whether a term of epoch whose next id is next, and whose owners
+// brought ids up to carried from earlier masters, must end. Only ids the term issued
+// count: ones carried past the next epoch's base (a standalone master's, numbered by
+// time, or an epoch counter reset on etcd) would make every later term end too, and
+// the term numbers above them anyway.
+func idsRunOut(next, carried, epoch int64) bool {
+	limit := (epoch+1)<<idEpochShift - idMargin
+	return next >= limit && carried < limit
+}
 
 // HA is a master that serves only while it leads: it campaigns on etcd, answers every
 // call NOT_LEADER while another master leads, and starts each leadership (a term, with
@@ -216,7 +223,7 @@ func (h *HA) lead(t *ha.Term, srv *Server) {
 			t.Resign(context.Background())
 			return
 		case <-tick.C:
-			if next := srv.nextID(); idsRunOut(next, t.Epoch) {
+			if next, carried := srv.ids(); idsRunOut(next, carried, t.Epoch) {
 				h.opts.Logger.Error().Int64("epoch", t.Epoch).Int64("next_id", next).Msg("this term's ids are running out; resigning, so that a term of a higher epoch numbers above them")
 				t.Resign(context.Background())
 			}

@@ -19,17 +19,35 @@ func TestIDsPastPins(t *testing.T) {
 	}
 }
 
-// TestIDsRunOut: a term resigns once its next id comes within idMargin of the next
-// epoch's base, not before.
+// TestIDsRunOut: a term resigns once the ids it issued come within idMargin of the
+// next epoch's base, not before, and not for ids its owners carried from a master
+// numbered otherwise (a standalone master's, by time: every later term would adopt
+// them and resign too, a review).
 func TestIDsRunOut(t *testing.T) {
 	const epoch = 7
 	base, next := int64(epoch)<<idEpochShift, int64(epoch+1)<<idEpochShift
 	for _, c := range []struct {
-		id   int64
-		want bool
-	}{{base, false}, {next - idMargin - 1, false}, {next - idMargin, true}, {next + 1, true}} {
-		if got := idsRunOut(c.id, epoch); got != c.want {
-			t.Errorf("idsRunOut(%d, %d) = %v, want %v", c.id, epoch, got, c.want)
+		id, carried int64
+		want        bool
+	}{
+		{base, 0, false},
+		{next - idMargin - 1, base - 5, false},
+		{next - idMargin, base - 5, true},
+		{next + 1, 0, true},
+		{next + 1, next + 1, false},
+	} {
+		if got := idsRunOut(c.id, c.carried, epoch); got != c.want {
+			t.Errorf("idsRunOut(%d, %d, %d) = %v, want %v", c.id, c.carried, epoch, got, c.want)
+		}
+	}
+	old := time.Now().UnixNano() // a pin a standalone master issued
+	for e := int64(1); e <= 3; e++ {
+		st := NewState(Options{IDBase: e << idEpochShift, Epoch: e})
+		if err := st.Register(time.Unix(1000, 0), NodeRef{ID: "n1", Generation: 1}, 1<<20, 0, 0, "d1", "p1", SSDInfo{}, []Pin{{PinID: old, Offset: 0, Len: 4096}}); err != nil {
+			t.Fatal(err)
+		}
+		if idsRunOut(st.nextID, st.carriedID, e) {
+			t.Errorf("term of epoch %d resigns for a pin a standalone master numbered: every later term would", e)
 		}
 	}
 }

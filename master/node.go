@@ -188,7 +188,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		r := Range{Offset: p.Offset, Size: roundUp(p.Len, AllocGranule)}
 		// Ids issued from now on exceed every pin's: a new holder never takes the id of
 		// one the owner still holds and will ack.
-		s.nextID = max(s.nextID, p.PinID)
+		s.carryID(p.PinID)
 		_, dup := n.holders[p.PinID]
 		// A pin in the transfer area is the source range of a put an external was
 		// writing (or a get's range), one in the landing area a get's range; any other is

@@ -128,7 +128,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	}
 	// Ids issued from now on exceed every reported one (they already do when the new
 	// master's id base, its start time in ns, is later than the old master's last id).
-	s.nextID = max(s.nextID, rec.PutID)
+	s.carryID(rec.PutID)
 	r := s.routes[rec.Key]
 	if r != nil && (r.putID > rec.PutID || (r.putID == rec.PutID && r.len != rec.Len)) {
 		return false, nil

@@ -277,10 +277,11 @@ func (s *Server) writeQuiet(ctx context.Context) {
 	}
 }
 
-// nextID is the state's last issued put, get or holder id.
-func (s *Server) nextID() (id int64) {
-	s.Inspect(func(st *State) { id = st.nextID })
-	return id
+// ids is the state's last issued put, get or holder id, and the highest one owners
+// brought from earlier masters.
+func (s *Server) ids() (next, carried int64) {
+	s.Inspect(func(st *State) { next, carried = st.nextID, st.carriedID })
+	return next, carried
 }
 
 // Inspect runs f on the core under the lock: a consistent snapshot for tests, status

@@ -42,6 +42,7 @@ type State struct {
 	// deadline, so they are freed only after the pull timeout, or at its tomb.
 	quarantine []quarantined
 	nextID     int64 // put, get and holder ids share one increasing counter
+	carriedID  int64 // the highest id owners brought from earlier masters (pins, reported records): carryID
 	// noticeSeq is the highest eviction-notice sequence number any tombed incarnation
 	// used: a new incarnation numbers its notices after it, so an owner's heartbeat
 	// that acks a previous incarnation's numbering (sent before it registered again
@@ -100,6 +101,13 @@ func NewState(opts Options) *State {
 		ghosts:       newPageGhosts(),
 		nextID:       opts.IDBase,
 	}
+}
+
+// carryID raises the id counter past id, one an owner brought from an earlier master:
+// ids issued from now on exceed it.
+func (s *State) carryID(id int64) {
+	s.nextID = max(s.nextID, id)
+	s.carriedID = max(s.carriedID, id)
 }
 
 func (s *State) newID() int64 {
