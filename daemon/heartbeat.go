@@ -76,8 +76,15 @@ func (m *masterLink) heartbeat(ctx context.Context) (resp *mp.HeartbeatResponse,
 		return resp, false, err
 	}
 	st = o.lock()
-	reregister = st.heartbeatAnswered(a, sent, resp)
+	lost := st.lostRegistration(resp, sent)
+	if !lost {
+		reregister = st.heartbeatAnswered(a, sent, resp)
+	}
 	o.unlock()
+	if lost {
+		o.log.Warn().Int64("registration_seq", resp.RegistrationSeq).Msg("the master took a registration whose answer was lost, dropping this owner's replicas; so does the owner")
+		o.forgetSSD("the master took a registration whose answer was lost (it dropped this owner's replicas)")
+	}
 	return resp, reregister, nil
 }
 

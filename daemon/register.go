@@ -63,6 +63,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	sent := time.Now()
 	st := o.lock()
 	pins, prev := st.beginRegister(sent, o.bounds().putCopy)
+	seq := int64(st.reg.epoch)
 	acked := o.acks.mark() // under Owner.mu, as the releases that queue acks
 	o.unlock()
 	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
@@ -71,6 +72,7 @@ func (m *masterLink) register(ctx context.Context) error {
 		LandingReserve:  o.opts.LandingReserve,
 		KvSsdStorage:    o.ssdInfo(), Pinned: pins, PrevEpoch: prev,
 		RemoteRefillHolders: true, // get_remote.go and get_batch_pull.go ack it on every path
+		RegistrationSeq:     seq,
 	})
 	st = o.lock()
 	next, ok := st.endRegister(resp, sent, prev)

@@ -27,6 +27,9 @@ type registration struct {
 	// registered counts the registrations a master answered OK (endRegister): a call
 	// answered across one was answered by a master the owner no longer stands with.
 	registered uint64
+	// seq is the registration_seq of the last Register a master answered OK, or took
+	// without the answer arriving (lostRegistration).
+	seq int64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64
 	// registering is set from collecting a registration's pins to its answer.
@@ -82,6 +85,7 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 		return 0, false
 	}
 	st.reg.registered++
+	st.reg.seq = int64(st.reg.epoch)      // this one's: registrations run one at a time
 	st.reg.masterEpoch = resp.MasterEpoch // admit judges peer calls by it from now on
 	if resp.HeartbeatIntervalMs > 0 {
 		st.reg.period = time.Duration(resp.HeartbeatIntervalMs) * time.Millisecond
@@ -102,6 +106,23 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 	default:
 		return registeredReport, true
 	}
+}
+
+// lostRegistration takes the OK answer to a heartbeat sent at sent that names a
+// registration this owner began after its last answered one and none is in progress:
+// that Register's answer was lost, and the master took it, tombed the owner's earlier
+// incarnation and dropped its replicas. So does the owner, as after such a Register
+// answered (registeredTombed; the caller forgets the SSD ring's entries). Kept, its index
+// named replicas the master no longer had: exists answered from them, and a later
+// master rebuilt from its report. It reports whether it took one.
+func (st *ownerState) lostRegistration(resp *mp.HeartbeatResponse, sent time.Time) bool {
+	if st.reg.registering || resp.RegistrationSeq <= st.reg.seq || resp.RegistrationSeq > int64(st.reg.epoch) ||
+		resp.MasterEpoch != st.reg.masterEpoch {
+		return false
+	}
+	next, _ := st.endRegister(&mp.RegisterResponse{Code: common.ErrorCode_OK, MasterEpoch: resp.MasterEpoch}, sent, st.reg.masterEpoch)
+	st.reg.seq = resp.RegistrationSeq
+	return next == registeredTombed
 }
 
 // renewLease extends the lease after a call sent at sent was answered OK.

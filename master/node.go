@@ -84,6 +84,9 @@ type node struct {
 	// count too: a ring that fails every write would otherwise stay behind and draw
 	// every persist of the pool.
 	ssdAssigned int64
+	// registrationSeq is the owner's number of the Register that made this incarnation
+	// (RegisterRequest.registration_seq), answered in its heartbeats.
+	registrationSeq int64
 	// ssdReplicas counts the routes with an SSD replica here (setSSDLocked): what
 	// Members reports without a walk of every route under the lock.
 	ssdReplicas int64

@@ -56,6 +56,11 @@ struct RegisterRequest {
   // GetStart (GetStartResponse.holder_id) and acks it on every path. An owner of an
   // earlier release leaves it false: its remote SSD refills get their holder at GetDone.
   10: bool remote_refill_holders,
+  // The owner's count of the registrations it began (0: an owner of an earlier release).
+  // The master keeps it for the incarnation this call makes and answers it in every
+  // HeartbeatResponse.registration_seq, so an owner whose Register's answer was lost
+  // learns that the master took it (and dropped every replica of its earlier state).
+  11: i64 registration_seq,
 }
 
 struct RegisterResponse {
@@ -103,6 +108,11 @@ struct HeartbeatResponse {
   6: list<common.KeyVersion> ssd_dropped,
   7: bool evictions_more,
   8: list<i64> evicted_seqs,
+  // The registration_seq of the Register that made the incarnation this heartbeat
+  // reached (0: an earlier master). Above the one of the owner's last answered Register,
+  // it names a Register whose answer was lost: the master took it and dropped the
+  // owner's replicas, and so does the owner.
+  9: i64 registration_seq,
 }
 
 // acks (in PutStart and GetStart) carries holder releases not yet sent with

@@ -168,6 +168,7 @@ type RegisterRequest struct {
 	PrevEpoch           int64             `thrift:"prev_epoch,8" frugal:"8,default,i64" json:"prev_epoch"`
 	LandingReserve      int64             `thrift:"landing_reserve,9" frugal:"9,default,i64" json:"landing_reserve"`
 	RemoteRefillHolders bool              `thrift:"remote_refill_holders,10" frugal:"10,default,bool" json:"remote_refill_holders"`
+	RegistrationSeq     int64             `thrift:"registration_seq,11" frugal:"11,default,i64" json:"registration_seq"`
 }
 
 func NewRegisterRequest() *RegisterRequest {
@@ -226,6 +227,10 @@ func (p *RegisterRequest) GetLandingReserve() (v int64) {
 func (p *RegisterRequest) GetRemoteRefillHolders() (v bool) {
 	return p.RemoteRefillHolders
 }
+
+func (p *RegisterRequest) GetRegistrationSeq() (v int64) {
+	return p.RegistrationSeq
+}
 func (p *RegisterRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -256,6 +261,9 @@ func (p *RegisterRequest) SetLandingReserve(val int64) {
 func (p *RegisterRequest) SetRemoteRefillHolders(val bool) {
 	p.RemoteRefillHolders = val
 }
+func (p *RegisterRequest) SetRegistrationSeq(val int64) {
+	p.RegistrationSeq = val
+}
 
 func (p *RegisterRequest) IsSetNode() bool {
 	return p.Node != nil
@@ -283,6 +291,7 @@ var fieldIDToName_RegisterRequest = map[int16]string{
 	8:  "prev_epoch",
 	9:  "landing_reserve",
 	10: "remote_refill_holders",
+	11: "registration_seq",
 }
 
 type RegisterResponse struct {
@@ -452,14 +461,15 @@ var fieldIDToName_HeartbeatRequest = map[int16]string{
 }
 
 type HeartbeatResponse struct {
-	Code          common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message       string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	MasterEpoch   int64                `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
-	Evicted       []*common.KeyVersion `thrift:"evicted,4" frugal:"4,default,list<common.KeyVersion>" json:"evicted"`
-	EvictionsSeq  int64                `thrift:"evictions_seq,5" frugal:"5,default,i64" json:"evictions_seq"`
-	SsdDropped    []*common.KeyVersion `thrift:"ssd_dropped,6" frugal:"6,default,list<common.KeyVersion>" json:"ssd_dropped"`
-	EvictionsMore bool                 `thrift:"evictions_more,7" frugal:"7,default,bool" json:"evictions_more"`
-	EvictedSeqs   []int64              `thrift:"evicted_seqs,8" frugal:"8,default,list<i64>" json:"evicted_seqs"`
+	Code            common.ErrorCode     `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message         string               `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	MasterEpoch     int64                `thrift:"master_epoch,3" frugal:"3,default,i64" json:"master_epoch"`
+	Evicted         []*common.KeyVersion `thrift:"evicted,4" frugal:"4,default,list<common.KeyVersion>" json:"evicted"`
+	EvictionsSeq    int64                `thrift:"evictions_seq,5" frugal:"5,default,i64" json:"evictions_seq"`
+	SsdDropped      []*common.KeyVersion `thrift:"ssd_dropped,6" frugal:"6,default,list<common.KeyVersion>" json:"ssd_dropped"`
+	EvictionsMore   bool                 `thrift:"evictions_more,7" frugal:"7,default,bool" json:"evictions_more"`
+	EvictedSeqs     []int64              `thrift:"evicted_seqs,8" frugal:"8,default,list<i64>" json:"evicted_seqs"`
+	RegistrationSeq int64                `thrift:"registration_seq,9" frugal:"9,default,i64" json:"registration_seq"`
 }
 
 func NewHeartbeatResponse() *HeartbeatResponse {
@@ -500,6 +510,10 @@ func (p *HeartbeatResponse) GetEvictionsMore() (v bool) {
 func (p *HeartbeatResponse) GetEvictedSeqs() (v []int64) {
 	return p.EvictedSeqs
 }
+
+func (p *HeartbeatResponse) GetRegistrationSeq() (v int64) {
+	return p.RegistrationSeq
+}
 func (p *HeartbeatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -524,6 +538,9 @@ func (p *HeartbeatResponse) SetEvictionsMore(val bool) {
 func (p *HeartbeatResponse) SetEvictedSeqs(val []int64) {
 	p.EvictedSeqs = val
 }
+func (p *HeartbeatResponse) SetRegistrationSeq(val int64) {
+	p.RegistrationSeq = val
+}
 
 func (p *HeartbeatResponse) String() string {
 	if p == nil {
@@ -541,6 +558,7 @@ var fieldIDToName_HeartbeatResponse = map[int16]string{
 	6: "ssd_dropped",
 	7: "evictions_more",
 	8: "evicted_seqs",
+	9: "registration_seq",
 }
 
 type PutStartRequest struct {

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/client/callopt"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+)
+
+// forgetfulLink answers heartbeats STALE_GENERATION (the master tombed this owner)
+// until a Register went through, and loses that Register's answer (the master took it).
+type forgetfulLink struct {
+	masterservice.Client
+	registered atomic.Bool
+	registers  atomic.Int32
+}
+
+func (f *forgetfulLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	if !f.registered.Load() {
+		return &mp.HeartbeatResponse{Code: common.ErrorCode_STALE_GENERATION, Message: "not registered (fault injected by the test)"}, nil
+	}
+	return f.Client.Heartbeat(ctx, req, o...)
+}
+
+func (f *forgetfulLink) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	f.registers.Add(1)
+	resp, err := f.Client.Register(ctx, req, o...)
+	if err != nil || f.registered.Swap(true) {
+		return resp, err
+	}
+	return nil, errReplyLost
+}
+
+// TestRegisterAnswerLost: a Register the master took (dropping every replica of this
+// owner) whose answer was lost leaves the owner's heartbeats answered OK by the same
+// master; their registration_seq names that Register, and the owner forgets its
+// replicas as the master did, without registering again, instead of keeping an index of
+// replicas the master no longer knows (a review: its exists answered true for keys the
+// master had dropped, and a later master rebuilt from its report would route to
+// versions deleted since). Nothing stays held at the master.
+func TestRegisterAnswerLost(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	f := &forgetfulLink{Client: m1.LocalClient()}
+	useMasterClient(o, f)
+	deadline := time.Now().Add(20 * time.Second)
+	for !f.registered.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner did not register again after heartbeats answered STALE_GENERATION")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for {
+		st := o.lock()
+		rec := st.replicas.lookup("k")
+		o.unlock()
+		if rec == nil && !o.master.unsettled() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the owner still records k (%+v) after the master took a registration that dropped it", rec)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ok, err := c.Exists("k"); err != nil || ok {
+		t.Errorf("exists of k: %v %v; the master dropped it with the registration", ok, err)
+	}
+	if _, err := c.Get("k"); err == nil {
+		t.Error("k served after the master dropped this owner's replicas")
+	}
+	if err := c.Put("k", value(2, 4096)); err != nil {
+		t.Fatalf("put after the registrations: %v", err)
+	}
+	if n := f.registers.Load(); n != 1 {
+		t.Errorf("%d Registers sent; want the one whose answer was lost", n)
+	}
+	waitNoHolders(t, o, m1, "a range stays held after the lost registration")
+}
