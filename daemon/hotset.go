@@ -304,12 +304,17 @@ func (c *hotSet) sweep(now time.Time, force bool) []int64 {
 
 // reset empties the hot set without acking: a new master registration knows
 // none of these holders (held ones are reported to it as pins and acked when released).
-func (c *hotSet) reset() {
+// It returns the master ids of the idle holdings it let go: a registration that fails
+// leaves them with the master it had, which must be told (ownerState.endRegister).
+func (c *hotSet) reset() (idle []int64) {
 	c.noteInval(invalNote{all: true})
 	for c.idle.Len() > 0 {
-		c.unidle(c.idle.Front().Value.(*holding))
+		h := c.idle.Front().Value.(*holding)
+		c.unidle(h)
+		idle = append(idle, h.masterID)
 	}
 	clear(c.byKey)
+	return idle
 }
 
 // len is the number of keys in the hot set; idleLen the number of idle holdings.

@@ -320,7 +320,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		for _, i := range part {
 			st.beginWrite(ps[i].key) // no cached answer of the key until it is dropped below
 		}
-		reports, registered := st.reg.reports, st.reg.registered
+		reports, registered, unknown := st.reg.reports, st.reg.registered, st.reg.unknown
 		o.unlock()
 		mark := o.replicaMark()
 		results, err := o.askPutDone(ps, part)
@@ -338,20 +338,24 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		}
 		settled := o.settledAfter(ps, part)
 		st = o.lock()
-		crossed := st.reg.reports != reports || st.reg.registered != registered
+		crossed := st.reg.reports != reports || st.reg.registered != registered || st.reg.unknown != unknown
 		for _, i := range part {
-			if errs[i] == nil && (crossed || (ps[i].pinned() && !settled)) {
+			published := err == nil && errs[i] == nil // by the master the call reached
+			if published && (crossed || (ps[i].pinned() && !settled)) {
 				// The owner registered again while PutDone was out (or its registration
 				// begun meanwhile did not end in time): the new master rebuilt its routes
 				// from a report that does not have this version (it may have the key's
 				// older one), so it was not stored there. The range is the new master's
 				// pin, acked when the put ends. A registration begun meanwhile that
-				// failed leaves the master that published it in charge: answered OK.
+				// failed leaves the master that published it in charge: answered OK,
+				// unless no answer told whether the master took it (reg.unknown).
 				errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "the master changed while this put was published: its outcome is unknown (the new master may not have it); put again")
 			}
-			if err != nil {
-				// It may have published: the older version this owner records, or holds
-				// in its hot set as the key's replica, may be dead. (Its SSD entries are
+			if err != nil || published && errs[i] != nil {
+				// It may have published (or did, at a master this owner may no longer
+				// stand with): the older version this owner records, or holds in its hot
+				// set as the key's replica, may be dead. Kept, a later master rebuilt from
+				// this owner's report would serve it after the put. (Its SSD entries are
 				// kept: a master that did not publish still routes gets to them.)
 				st.ack(st.hot.invalidate(ps[i].key, ps[i].putID-1))
 				st.replicas.drop(ps[i].key, ps[i].putID-1)

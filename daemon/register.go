@@ -78,6 +78,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	next, ok := st.endRegister(resp, sent, prev)
 	o.unlock()
 	if err != nil {
+		m.settleLost()
 		return err
 	}
 	if !ok {
@@ -104,6 +105,24 @@ func (m *masterLink) register(ctx context.Context) error {
 		o.reportReplicas()
 	}
 	return nil
+}
+
+// settleLost resolves a Register that failed in transport before the registration ends
+// (allocating calls and answers across it still wait): one heartbeat tells whether the
+// master took it (lostRegistration: it answers that Register's registration_seq) or not
+// (an earlier one's, or STALE_GENERATION). Without an answer, or from a master that
+// does not answer registration_seq, the outcome stays unknown (registration.unknown).
+func (m *masterLink) settleLost() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, _, err := m.heartbeat(ctx)
+	if err == nil && (resp.Code == common.ErrorCode_STALE_GENERATION || resp.Code == common.ErrorCode_OK && resp.RegistrationSeq != 0) {
+		return
+	}
+	o := m.o
+	st := o.lock()
+	st.reg.unknown++
+	o.unlock()
 }
 
 // reregisterInBackground registers again in a goroutine the owner's wait group joins;

@@ -30,6 +30,13 @@ type registration struct {
 	// seq is the registration_seq of the last Register a master answered OK, or took
 	// without the answer arriving (lostRegistration).
 	seq int64
+	// idle holds, from beginRegister to endRegister, the master ids of the idle hot-set
+	// holdings the registration let go unacked.
+	idle []int64
+	// unknown counts the Registers whose outcome stayed unknown (no answer, and no
+	// heartbeat then to tell whether the master took it): a put answered across one
+	// cannot tell whether the master that published it still has it.
+	unknown uint64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64
 	// registering is set from collecting a registration's pins to its answer.
@@ -71,7 +78,7 @@ func (st *ownerState) beginRegister(now time.Time, putCopy time.Duration) (pins 
 	st.sweepDeadPuts(now, putCopy) // no pin of a range another key may hold by now
 	pins = st.writes.pinAll()
 	st.reg.registering = true
-	st.hot.reset()
+	st.reg.idle = st.hot.reset()
 	st.reg.epoch++
 	return pins, st.reg.masterEpoch
 }
@@ -81,7 +88,12 @@ func (st *ownerState) beginRegister(now time.Time, putCopy time.Duration) (pins 
 // master's epoch and heartbeat period, renews the lease, and says what follows.
 func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, prev int64) (afterRegister, bool) {
 	st.reg.registering = false
+	idle := st.reg.idle
+	st.reg.idle = nil
 	if resp == nil || resp.Code != common.ErrorCode_OK {
+		// The master this owner had may still hold the idle holdings' holders: ack them
+		// (one the master took this Register and dropped is unknown there: no harm).
+		st.ack(idle...)
 		return 0, false
 	}
 	st.reg.registered++

@@ -82,3 +82,44 @@ func TestRegisterAnswerLost(t *testing.T) {
 	}
 	waitNoHolders(t, o, m1, "a range stays held after the lost registration")
 }
+
+// TestFailedRegisterAcksIdleHolders: a registration lets the hot set's idle holdings go
+// unacked (the new master never knew them); one that fails before reaching the master
+// acks them, or the master it still has kept their holders for good (a review).
+func TestFailedRegisterAcksIdleHolders(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace = time.Minute })
+	h, err := c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		st := o.lock()
+		idle := st.hot.idleLen()
+		o.unlock()
+		if idle == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("k never idle in the hot set")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := nodeHolders(t, m1); n == 0 {
+		t.Fatal("the idle holding holds no holder at the master: the test did not reach the fault")
+	}
+	l := &flakyLink{Client: m1.LocalClient()}
+	l.failHeartbeats.Store(1) // register's check; the Register itself never reaches m1
+	useMasterClient(o, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.master.register(ctx); err == nil {
+		t.Fatal("a registration through a cut link succeeded")
+	}
+	useMasterClient(o, m1.LocalClient())
+	waitNoHolders(t, o, m1, "the idle hot-set holding's holder, let go unacked by a Register that never reached the master")
+}

@@ -51,3 +51,26 @@ func TestIDsRunOut(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnPinKeepsTheResign: an owner that registers again with a term past its margin
+// pins a holder the term issued itself: that id counts as the term's, not as one
+// carried from an earlier master, and the term still resigns (a review).
+func TestOwnPinKeepsTheResign(t *testing.T) {
+	const epoch = 7
+	limit := int64(epoch+1)<<idEpochShift - idMargin
+	st := NewState(Options{IDBase: limit - 10, Epoch: epoch})
+	ref := NodeRef{ID: "n1", Generation: 1}
+	if err := st.Register(time.Unix(1000, 0), ref, 1<<20, 0, 0, "d1", "p1", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var own int64
+	for own < limit+5 {
+		own = st.newID()
+	}
+	if err := st.Register(time.Unix(1001, 0), ref, 1<<20, 0, 0, "d1", "p1", SSDInfo{}, []Pin{{PinID: own, Offset: 0, Len: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	if !idsRunOut(st.nextID, st.carriedID, epoch) {
+		t.Errorf("a term past its margin no longer resigns after an owner pinned one of its own ids (next %d, carried %d, limit %d)", st.nextID, st.carriedID, limit)
+	}
+}

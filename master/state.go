@@ -103,11 +103,15 @@ func NewState(opts Options) *State {
 	}
 }
 
-// carryID raises the id counter past id, one an owner brought from an earlier master:
-// ids issued from now on exceed it.
+// carryID raises the id counter past id, one an owner reported (a pin, a record): ids
+// issued from now on exceed it. One above the counter came from an earlier master
+// (carriedID); one at most the counter may be this master's own (an owner that
+// registered again pins a holder it issued), which counts as issued.
 func (s *State) carryID(id int64) {
-	s.nextID = max(s.nextID, id)
-	s.carriedID = max(s.carriedID, id)
+	if id > s.nextID {
+		s.nextID = id
+		s.carriedID = max(s.carriedID, id)
+	}
 }
 
 func (s *State) newID() int64 {
