@@ -346,16 +346,21 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 				// begun meanwhile did not end in time): the new master rebuilt its routes
 				// from a report that does not have this version (it may have the key's
 				// older one), so it was not stored there. The range is the new master's
-				// pin, acked when the put ends. A registration begun meanwhile that
-				// failed leaves the master that published it in charge: answered OK,
-				// unless no answer told whether the master took it (reg.unknown).
-				errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "the master changed while this put was published: its outcome is unknown (the new master may not have it); put again")
+				// pin, acked when the put ends. A registration begun meanwhile whose
+				// Register failed in transport may have been taken by the master that
+				// published, or may still be (reg.unknown): answered the same.
+				errs[i] = errCode(common.ErrorCode_UNAVAILABLE, "the owner registered with the master while this put was published: its outcome is unknown (the master may not have it); put again")
 			}
-			if err != nil || published && errs[i] != nil {
-				// It may have published (or did, at a master this owner may no longer
-				// stand with): the older version this owner records, or holds in its hot
-				// set as the key's replica, may be dead. Kept, a later master rebuilt from
-				// this owner's report would serve it after the put. (Its SSD entries are
+			switch {
+			case published && errs[i] != nil:
+				// Published, at a master this owner may no longer stand with: the older
+				// versions are dead there, and go here as after an answered put (kept,
+				// a later master rebuilt from this owner's report would serve one after
+				// the put).
+				st.invalidate(ps[i].key, ps[i].putID-1)
+			case err != nil:
+				// It may have published: the older version this owner records, or holds
+				// in its hot set as the key's replica, may be dead. (Its SSD entries are
 				// kept: a master that did not publish still routes gets to them.)
 				st.ack(st.hot.invalidate(ps[i].key, ps[i].putID-1))
 				st.replicas.drop(ps[i].key, ps[i].putID-1)

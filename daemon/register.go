@@ -107,22 +107,19 @@ func (m *masterLink) register(ctx context.Context) error {
 	return nil
 }
 
-// settleLost resolves a Register that failed in transport before the registration ends
-// (allocating calls and answers across it still wait): one heartbeat tells whether the
-// master took it (lostRegistration: it answers that Register's registration_seq) or not
-// (an earlier one's, or STALE_GENERATION). Without an answer, or from a master that
-// does not answer registration_seq, the outcome stays unknown (registration.unknown).
+// settleLost ends a registration whose Register failed in transport (allocating calls
+// and answers across it still wait): its outcome is unknown (registration.unknown; a
+// Register still in flight may land after any answer), and one heartbeat learns at once
+// whether the master took it already (lostRegistration: it answers that Register's
+// registration_seq).
 func (m *masterLink) settleLost() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	resp, _, err := m.heartbeat(ctx)
-	if err == nil && (resp.Code == common.ErrorCode_STALE_GENERATION || resp.Code == common.ErrorCode_OK && resp.RegistrationSeq != 0) {
-		return
-	}
 	o := m.o
 	st := o.lock()
 	st.reg.unknown++
 	o.unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m.heartbeat(ctx)
 }
 
 // reregisterInBackground registers again in a goroutine the owner's wait group joins;
