@@ -24,6 +24,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/fluxkv/fluxkv/internal/proctest"
 )
 
 // Options configure a cluster; the zero value is one member on 127.0.0.1.
@@ -170,18 +172,23 @@ func (c *Cluster) configure() {
 	}
 }
 
-// freePorts returns n distinct ports that were free on host. All listeners are
-// held open until the end so that the kernel does not hand out a port twice.
+// freePorts returns n distinct ports that were free on host, below the ephemeral range
+// (proctest.FreePortOn: an outgoing connection cannot take one before etcd binds it).
 func freePorts(t testing.TB, host string, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	seen := make(map[int]bool, n)
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		addr, err := proctest.FreePortOn(host)
 		if err != nil {
 			t.Fatalf("etcdtest: no free port on %s: %v", host, err)
 		}
-		defer l.Close()
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+		_, p, _ := net.SplitHostPort(addr)
+		port, _ := strconv.Atoi(p)
+		if !seen[port] {
+			seen[port] = true
+			ports = append(ports, port)
+		}
 	}
 	return ports
 }

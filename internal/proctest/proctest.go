@@ -15,10 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -347,14 +349,52 @@ func Accepts(network, addr string) bool {
 	return true
 }
 
-// FreePort returns a loopback address whose port is free right now.
-func FreePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("pick a port: %w", err)
+// FreePort returns a loopback address whose port is free right now, below the kernel's
+// ephemeral range: a port from that range (what listening on port 0 gives) may be
+// taken by any outgoing connection's local port before the process it is meant for
+// binds it, and on a busy machine running tests in parallel it was.
+func FreePort() (string, error) { return FreePortOn("127.0.0.1") }
+
+// FreePortOn is FreePort on host's address.
+func FreePortOn(host string) (string, error) {
+	low := ephemeralLow()
+	const first = 10000
+	if low-first < 1000 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return "", fmt.Errorf("pick a port: %w", err)
+		}
+		defer l.Close()
+		return l.Addr().String(), nil
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	var err error
+	for range 200 {
+		var l net.Listener
+		addr := net.JoinHostPort(host, strconv.Itoa(first+rand.IntN(low-first)))
+		if l, err = net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("pick a port below %d: %w", low, err)
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 where it
+// cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
 
 // Tail is the end of s, at most n bytes, for a failure message.
