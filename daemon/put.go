@@ -383,8 +383,9 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 
 // settledAfter waits, when a registration began while the PutDone of ps[i], i in part,
 // was out (a put's range was reported as a pin), until it ended; it reports whether
-// none is in progress now. Only then does reg.registered tell a registration that
-// failed (the publishing master is still this owner's) from one that succeeded.
+// none is in progress now. Only then do reg.registered and reg.unknown tell a
+// registration the master refused (the publishing master is still this owner's) from
+// one it took or may take.
 func (o *Owner) settledAfter(ps []*pendingPut, part []int) bool {
 	o.lock()
 	pinned := slices.ContainsFunc(part, func(i int) bool { return ps[i].pinned() })

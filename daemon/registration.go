@@ -33,9 +33,9 @@ type registration struct {
 	// idle holds, from beginRegister to endRegister, the master ids of the idle hot-set
 	// holdings the registration let go unacked.
 	idle []int64
-	// unknown counts the Registers whose outcome stayed unknown (no answer, and no
-	// heartbeat then to tell whether the master took it): a put answered across one
-	// cannot tell whether the master that published it still has it.
+	// unknown counts the Registers that failed in transport (settleLost): the master
+	// may have taken one, or take it later, so a put answered across one cannot tell
+	// whether the master that published it still has it.
 	unknown uint64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64

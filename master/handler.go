@@ -46,7 +46,7 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 			st.RefillHoldersAtDone(ref(req.Node))
 		}
 		if err == nil {
-			st.nodes[req.Node.NodeId].registrationSeq = req.RegistrationSeq
+			st.SetRegistrationSeq(ref(req.Node), req.RegistrationSeq)
 		}
 		return err
 	})
@@ -67,9 +67,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 	err := h.s.withState(func(st *State) error {
 		ns, err := st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage), ack)
 		resp.Evicted, resp.EvictedSeqs, resp.SsdDropped, resp.EvictionsSeq, resp.EvictionsMore = ns.Evicted, ns.EvictedSeqs, ns.SSDDropped, ns.Seq, ns.More
-		if err == nil {
-			resp.RegistrationSeq = st.nodes[req.Node.NodeId].registrationSeq
-		}
+		resp.RegistrationSeq = ns.RegistrationSeq
 		return err
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)

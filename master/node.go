@@ -263,6 +263,8 @@ type Notices struct {
 	SSDDropped  []*common.KeyVersion // SSD entries no longer routed to
 	Seq         int64                // the last notice's sequence number
 	More        bool                 // more wait: the owner heartbeats again at once
+	// RegistrationSeq is the owner's number of the Register that made this incarnation.
+	RegistrationSeq int64
 }
 
 // Heartbeat refreshes an owner's liveness and SSD figures, takes its ack of the
@@ -276,7 +278,18 @@ func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo, evictAck int6
 	n.lastSeen = now
 	n.ssd = ssd
 	n.evicted.ack(evictAck)
-	return n.evicted.pending(), nil
+	ns := n.evicted.pending()
+	ns.RegistrationSeq = n.registrationSeq
+	return ns, nil
+}
+
+// SetRegistrationSeq records the owner's number of the Register that made the
+// incarnation ref names (RegisterRequest.registration_seq), answered in its heartbeats
+// (Notices.RegistrationSeq).
+func (s *State) SetRegistrationSeq(ref NodeRef, seq int64) {
+	if n, err := s.nodeLocked(ref); err == nil {
+		n.registrationSeq = seq
+	}
 }
 
 // nodeLocked finds the live incarnation ref names, or STALE_GENERATION.
