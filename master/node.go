@@ -87,6 +87,9 @@ type node struct {
 	// registrationSeq is the owner's number of the Register that made this incarnation
 	// (RegisterRequest.registration_seq), answered in its heartbeats.
 	registrationSeq int64
+	// keys is the keys whose route has a replica here (replicaOn, dropReplica): what a
+	// tomb walks instead of every route.
+	keys map[string]struct{}
 	// ssdReplicas counts the routes with an SSD replica here (setSSDLocked): what
 	// Members reports without a walk of every route under the lock.
 	ssdReplicas int64
@@ -166,6 +169,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		alloc:   NewAllocator(end - reserve),
 		policy:  newEvictOrder(&s.clock, s.ghosts),
 		holders: make(map[int64]*Allocation),
+		keys:    make(map[string]struct{}),
 		// Numbered after every earlier incarnation's notices (State.noticeSeq).
 		evicted: evictOutbox{lastSeq: s.noticeSeq},
 	}
@@ -320,14 +324,21 @@ func (s *State) tombLocked(n *node) {
 	s.noticeSeq = max(s.noticeSeq, n.evicted.lastSeq)
 	delete(s.nodes, n.id)
 	n.policy.Detach()
-	for key, r := range s.routes {
+	// The node's own keys, not every route: a master of millions of routes tombed an
+	// owner (a re-registration, a missed TTL) in seconds under its lock, past the
+	// owner's bound on Register, which then failed at every attempt.
+	for key := range n.keys {
+		r := s.routes[key]
+		if r == nil {
+			continue // never: keysDrift checks it
+		}
 		if rep := r.replicas[n]; rep != nil {
 			writingBack := rep.memory != nil && s.writingBackLocked(r, n)
 			if rep.memory != nil {
 				s.copyChangedLocked(key, r, n, -1)
 				rep.memory.Release()
 			}
-			delete(r.replicas, n)
+			dropReplica(key, r, n)
 			if len(r.replicas) == 0 {
 				s.unsetRouteLocked(key)
 				s.tombstoneLocked(key, r.putID)

@@ -167,11 +167,7 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 		}
 		return true, displaced
 	}
-	rep := r.replicas[n]
-	if rep == nil {
-		rep = &replica{}
-		r.replicas[n] = rep
-	}
+	rep := replicaOn(rec.Key, r, n)
 	setSSD(n, rep, true)
 	rep.ssdLen, rep.ssdSeq = rec.Len, rec.Seq
 	s.cleanLocked(rec.Key, r)

@@ -38,11 +38,7 @@ func (r *route) memoryReplica(n *node) *Allocation {
 // reference). An evictable replica enters n's eviction policy at once; one waiting for
 // its SSD persist enters it when the persist returns (PersistDone).
 func (s *State) setMemoryLocked(key string, r *route, n *node, a *Allocation, evictable bool) {
-	rep := r.replicas[n]
-	if rep == nil {
-		rep = &replica{}
-		r.replicas[n] = rep
-	}
+	rep := replicaOn(key, r, n)
 	if rep.memory != nil {
 		panic("BUG: memory replica set twice")
 	}
@@ -98,6 +94,24 @@ func (s *State) clearSSDLocked(key string, r *route, n *node) {
 	s.pruneLocked(key, r, n)
 }
 
+// replicaOn returns n's entry in route r of key, made (and recorded among n's keys) if
+// it has none.
+func replicaOn(key string, r *route, n *node) *replica {
+	rep := r.replicas[n]
+	if rep == nil {
+		rep = &replica{}
+		r.replicas[n] = rep
+		n.keys[key] = struct{}{}
+	}
+	return rep
+}
+
+// dropReplica removes n's entry in route r of key.
+func dropReplica(key string, r *route, n *node) {
+	delete(r.replicas, n)
+	delete(n.keys, key)
+}
+
 // setSSD marks whether rep, n's replica of a route, is on n's SSD, and keeps n's count.
 func setSSD(n *node, rep *replica, on bool) {
 	switch {
@@ -112,7 +126,7 @@ func setSSD(n *node, rep *replica, on bool) {
 // pruneLocked removes an entry with neither medium, and a route with no entries.
 func (s *State) pruneLocked(key string, r *route, n *node) {
 	if rep := r.replicas[n]; rep != nil && rep.memory == nil && !rep.ssd {
-		delete(r.replicas, n)
+		dropReplica(key, r, n)
 	}
 	if len(r.replicas) == 0 && s.routes[key] == r {
 		s.unsetRouteLocked(key)
@@ -131,7 +145,7 @@ func (s *State) dropRouteLocked(key string, r *route) {
 			n.release.forget(key)
 		}
 		setSSD(n, rep, false)
-		delete(r.replicas, n)
+		dropReplica(key, r, n)
 	}
 	if s.routes[key] == r {
 		s.unsetRouteLocked(key)

@@ -570,11 +570,7 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq int
 		// new record too. Unpublished, n forgets it now.
 		return false, nil
 	}
-	rep := r.replicas[n]
-	if rep == nil {
-		rep = &replica{}
-		r.replicas[n] = rep
-	}
+	rep := replicaOn(key, r, n)
 	setSSD(n, rep, true)
 	rep.ssdLen, rep.ssdSeq = length, seq
 	s.cleanLocked(key, r)

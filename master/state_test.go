@@ -102,6 +102,26 @@ func ssdDrift(st *State) error {
 	return nil
 }
 
+// keysDrift reports a node whose set of keys (what a tomb walks) is not the keys of the
+// routes with a replica on it.
+func keysDrift(st *State) error {
+	want := map[*node]int{}
+	for key, r := range st.routes {
+		for n := range r.replicas {
+			if _, ok := n.keys[key]; !ok {
+				return fmt.Errorf("node %s holds a replica of %s its keys lack", n.id, key)
+			}
+			want[n]++
+		}
+	}
+	for _, n := range st.nodes {
+		if len(n.keys) != want[n] {
+			return fmt.Errorf("node %s has %d keys, holds replicas of %d", n.id, len(n.keys), want[n])
+		}
+	}
+	return nil
+}
+
 // borrowedDrift reports a node whose set of borrowed keys is not its memory replicas
 // in the transfer area.
 func borrowedDrift(st *State) error {
