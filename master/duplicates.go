@@ -26,7 +26,9 @@ func (s *State) duplicateLocked(key string, n *node) bool {
 // countCopyLocked keeps the nodes' duplicate counts as n's memory replica of route r
 // comes (delta +1, just after it is set) or goes (delta -1, just before it is cleared):
 // n's replica is a duplicate while another live node holds one, and the other's
-// becomes (or stops being) one when it is the only other. A new duplicate does not end
+// becomes (or stops being) one when it is the only other. The pool's counts of values
+// and duplicate bytes (MemoryValues) follow: a first copy is a value, every other one
+// duplicate bytes (the copies of a version are of one size). A new duplicate does not end
 // a node's rest from searching (dupQuiet): a copy a get makes is the newest key in its
 // new owner's order, and the get touched its source, so neither is near the oldest
 // candidates a search draws (ending the rest at every promotion had the 3-owner trace
@@ -42,8 +44,10 @@ func (s *State) countCopyLocked(r *route, n *node, delta int) {
 		}
 	}
 	if others == 0 {
+		s.memoryValues += int64(delta)
 		return
 	}
+	s.duplicateBytes += int64(delta) * r.replicas[n].memory.Size()
 	n.dups += delta
 	if others == 1 {
 		other.dups += delta

@@ -24,9 +24,13 @@ type State struct {
 	log         zerolog.Logger
 	nodes       map[string]*node
 	routes      map[string]*route
-	puts        map[int64]*inflightPut
-	gets        map[int64]*inflightGet
-	persists    map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	// memoryValues counts the routes with a live memory replica, duplicateBytes the bytes
+	// of their other memory replicas (countCopyLocked): what MemoryValues reports
+	// without a walk of every route under the lock.
+	memoryValues, duplicateBytes int64
+	puts                         map[int64]*inflightPut
+	gets                         map[int64]*inflightGet
+	persists                     map[int64]*pendingPersist // put id → replica waiting for its SSD persist
 	// writeBacks are the write-back persists started under the lock, for the server to
 	// submit after it (writeback.go).
 	writeBacks []*PersistTask
@@ -701,19 +705,5 @@ func (s *State) GetsInFlight() int { return len(s.gets) }
 // values the pool holds) and the bytes of their other memory replicas (duplicates:
 // promoted copies), by segment bytes.
 func (s *State) MemoryValues() (values, duplicateBytes int64) {
-	for _, r := range s.routes {
-		copies := 0
-		for m, rep := range r.replicas {
-			if m.tombed || rep.memory == nil {
-				continue
-			}
-			if copies++; copies > 1 {
-				duplicateBytes += rep.memory.Size()
-			}
-		}
-		if copies > 0 {
-			values++
-		}
-	}
-	return values, duplicateBytes
+	return s.memoryValues, s.duplicateBytes
 }

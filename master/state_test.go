@@ -102,6 +102,36 @@ func ssdDrift(st *State) error {
 	return nil
 }
 
+// valuesDrift reports counts of values and duplicate bytes (MemoryValues) that are not
+// the routes'.
+func valuesDrift(st *State) error {
+	var values, dupBytes int64
+	for key, r := range st.routes {
+		copies := 0
+		var size int64
+		for m, rep := range r.replicas {
+			if m.tombed || rep.memory == nil {
+				continue
+			}
+			if copies++; copies == 1 {
+				size = rep.memory.Size()
+			} else {
+				if rep.memory.Size() != size {
+					return fmt.Errorf("copies of %s of %d and %d bytes", key, size, rep.memory.Size())
+				}
+				dupBytes += size
+			}
+		}
+		if copies > 0 {
+			values++
+		}
+	}
+	if v, d := st.MemoryValues(); v != values || d != dupBytes {
+		return fmt.Errorf("counted %d values and %d duplicate bytes, the routes hold %d and %d", v, d, values, dupBytes)
+	}
+	return nil
+}
+
 // keysDrift reports a node whose set of keys (what a tomb walks) is not the keys of the
 // routes with a replica on it.
 func keysDrift(st *State) error {

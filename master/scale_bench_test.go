@@ -1,0 +1,86 @@
+package master
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// The master's calls that hold its lock should not grow with the routes of other owners
+// (a million routes is 64 GiB of 64 KiB pages). Compare each benchmark's ns/op across
+// its sub-benchmarks' route counts: flat.
+//
+//	go test ./master/ -run '^$' -bench AmongRoutes -benchtime 200x
+var routeCounts = []int{10_000, 100_000, 400_000}
+
+// scaleState is a state with owner "big" holding routes keys of AllocGranule bytes
+// (local placement) and put, a put through PutStart and PutDone.
+func scaleState(b *testing.B, routes int) (st *State, now time.Time, put func(NodeRef, string)) {
+	st = NewState(Options{IDBase: 1, NodeTTL: time.Hour, Placement: PlacementLocal})
+	now = time.Unix(1, 0)
+	big := NodeRef{ID: "big", Generation: 1}
+	if err := st.Register(now, big, int64(routes+1)*AllocGranule, 0, 0, "d-big:1", "p-big:1", SSDInfo{}, nil); err != nil {
+		b.Fatal(err)
+	}
+	put = func(ref NodeRef, key string) {
+		p, err := st.PutStart(now, ref, key, AllocGranule, false, nil)
+		if err == nil {
+			_, err = st.PutDone(now, ref, key, p.PutID)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range routes {
+		put(big, fmt.Sprintf("big/%d", i))
+	}
+	return st, now, put
+}
+
+// BenchmarkTombAmongRoutes: a re-registration of an owner holding 8 keys while owner
+// "big" holds many: the tomb of the old incarnation walks its own keys.
+func BenchmarkTombAmongRoutes(b *testing.B) {
+	for _, routes := range routeCounts {
+		b.Run(fmt.Sprintf("routes=%d", routes), func(b *testing.B) {
+			st, now, put := scaleState(b, routes)
+			small := NodeRef{ID: "small", Generation: 1}
+			register := func() {
+				if err := st.Register(now, small, 64*AllocGranule, 0, 0, "d-small:1", "p-small:1", SSDInfo{}, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			register()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for k := range 8 {
+					put(small, fmt.Sprintf("small/%d", k))
+				}
+				small.Generation++
+				register()
+			}
+			b.StopTimer()
+			if got := len(st.routes); got != routes {
+				b.Fatalf("%d routes after the re-registrations, want %d", got, routes)
+			}
+		})
+	}
+}
+
+// BenchmarkStatAmongRoutes: what a Stat (each owner's metrics scrape, each client
+// stat) reads under the lock: the members and the pool's values.
+func BenchmarkStatAmongRoutes(b *testing.B) {
+	for _, routes := range routeCounts {
+		b.Run(fmt.Sprintf("routes=%d", routes), func(b *testing.B) {
+			st, _, _ := scaleState(b, routes)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if len(st.Members()) != 1 {
+					b.Fatal("members")
+				}
+				if v, _ := st.MemoryValues(); v != int64(routes) {
+					b.Fatalf("%d values, want %d", v, routes)
+				}
+			}
+		})
+	}
+}
