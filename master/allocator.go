@@ -113,6 +113,42 @@ func (a *Allocator) LargestFree() int64 {
 	return largest * AllocGranule
 }
 
+// Fits reports whether Alloc(n) would succeed: O(1) when a larger size class has a
+// range, else a search of n's own class up to the first range that fits (LargestFree
+// scans the whole largest class).
+func (a *Allocator) Fits(n int64) bool {
+	if n <= 0 || n > a.capacity*AllocGranule {
+		return false
+	}
+	g := (n + AllocGranule - 1) / AllocGranule
+	if g > a.free {
+		return false
+	}
+	fl, sl := classOf(g)
+	if _, _, ok := a.findClass(fl, sl+1); ok {
+		return true
+	}
+	for f := a.classes[fl][sl]; f != nil; f = f.cnext {
+		if f.size >= g {
+			return true
+		}
+	}
+	return false
+}
+
+// FreeAround is the size in bytes of the free range that holds segment offset off (0
+// when off is allocated or outside the segment): O(log ranges).
+func (a *Allocator) FreeAround(off int64) int64 {
+	if off < 0 || off >= a.capacity*AllocGranule {
+		return 0
+	}
+	g := off / AllocGranule
+	if f := a.byEnd.ceil(g + 1); f != nil && f.start <= g {
+		return f.size * AllocGranule
+	}
+	return 0
+}
+
 // Alloc reserves n bytes rounded up to AllocGranule. It reports false when n <= 0 or
 // no free range is large enough.
 func (a *Allocator) Alloc(n int64) (Range, bool) {

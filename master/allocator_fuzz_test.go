@@ -32,6 +32,23 @@ func (s allocShadow) free(r Range) bool {
 	return true
 }
 
+// runAt is the length in granules of the free run holding byte offset off (0: used or
+// outside).
+func (s allocShadow) runAt(off int64) int64 {
+	g := off / AllocGranule
+	if off < 0 || g >= int64(len(s)) || s[g] {
+		return 0
+	}
+	lo, hi := g, g
+	for lo > 0 && !s[lo-1] {
+		lo--
+	}
+	for hi+1 < int64(len(s)) && !s[hi+1] {
+		hi++
+	}
+	return hi - lo + 1
+}
+
 // runs is the number of maximal free runs, the largest in granules, and the used total.
 func (s allocShadow) runs() (n int, largest, used int64) {
 	var cur int64
@@ -107,6 +124,9 @@ func fuzzAllocator(t *testing.T, capSeed uint16, ops []byte) {
 			n := x<<(y%6) - 8 // includes ≤ 0 and sizes past the capacity
 			_, largest, _ := shadow.runs()
 			want := n > 0 && (n+AllocGranule-1)/AllocGranule <= largest
+			if a.Fits(n) != want {
+				t.Fatalf("Fits(%d) = %v; largest free run %d granules", n, !want, largest)
+			}
 			r, ok := a.Alloc(n)
 			if ok != want {
 				t.Fatalf("Alloc(%d) = %+v %v; largest free run %d granules", n, r, ok, largest)
@@ -129,6 +149,11 @@ func fuzzAllocator(t *testing.T, capSeed uint16, ops []byte) {
 			i := int(x) % len(live)
 			a.Free(live[i])
 			shadow.mark(t, live[i], false)
+			for _, off := range []int64{live[i].Offset, live[i].Offset - AllocGranule, live[i].End()} {
+				if got, want := a.FreeAround(off), shadow.runAt(off)*AllocGranule; got != want {
+					t.Fatalf("FreeAround(%d) = %d after a free of %+v; model %d", off, got, live[i], want)
+				}
+			}
 			live[i] = live[len(live)-1]
 			live = live[:len(live)-1]
 			check("Free")

@@ -100,7 +100,7 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 		return newAllocation(n, r, length), nil
 	}
 	others := s.poolCandidatesLocked(now, n, length, nil)
-	if slices.ContainsFunc(others, func(m *node) bool { return m.alloc.LargestFree() >= roundUp(length, AllocGranule) }) {
+	if slices.ContainsFunc(others, func(m *node) bool { return m.alloc.Fits(length) }) {
 		if source = s.allocSourceLocked(n, length, true); source == nil {
 			return s.allocateLocked(n, length), nil
 		}

@@ -2,6 +2,7 @@ package master
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -80,6 +81,42 @@ func BenchmarkStatAmongRoutes(b *testing.B) {
 				if v, _ := st.MemoryValues(); v != int64(routes) {
 					b.Fatalf("%d values, want %d", v, routes)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkMixedPutAmongRoutes: puts of plain values of 1 to 16 granules into owner
+// "big"'s full pool of about routes values of such sizes, as a cache of mixed values in
+// steady state evicts: each put evicts until a free range holds it.
+func BenchmarkMixedPutAmongRoutes(b *testing.B) {
+	for _, routes := range routeCounts {
+		b.Run(fmt.Sprintf("routes=%d", routes), func(b *testing.B) {
+			st := NewState(Options{IDBase: 1, NodeTTL: time.Hour, Placement: PlacementLocal})
+			now := time.Unix(1, 0)
+			big := NodeRef{ID: "big", Generation: 1}
+			if err := st.Register(now, big, int64(routes)*17/2*AllocGranule, 0, 0, "d-big:1", "p-big:1", SSDInfo{}, nil); err != nil {
+				b.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			seq := 0
+			put := func() {
+				key := fmt.Sprintf("v/%d", seq)
+				seq++
+				p, err := st.PutStart(now, big, key, (1+rng.Int64N(16))*AllocGranule, false, nil)
+				if err == nil {
+					_, err = st.PutDone(now, big, key, p.PutID)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range 2 * routes {
+				put()
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				put()
 			}
 		})
 	}

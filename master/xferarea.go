@@ -72,7 +72,7 @@ func (s *State) takeBackFitsLocked(n *node, length int64) bool {
 		freed = append(freed, rg)
 		return true
 	})
-	fits := n.xfer.LargestFree() >= roundUp(length, AllocGranule)
+	fits := n.xfer.Fits(length)
 	for _, rg := range freed {
 		if !n.xfer.Reserve(rg) {
 			panic("BUG: a borrowed range freed for a take-back check cannot be reserved again")
