@@ -21,6 +21,8 @@ type Allocation struct {
 	r    Range      // in segment offsets
 	len  int64      // real payload length (≤ r.Size)
 	refs int
+	// holds counts the holder records (node.holders) naming it: node.hold, node.unhold.
+	holds int
 	// lent: a range of the transfer area taken for the pool (xferarea.go), counted in
 	// node.lent until it is freed.
 	lent bool
@@ -65,16 +67,24 @@ func (a *Allocation) Retain() *Allocation {
 	if a.refs <= 0 {
 		panic(fmt.Sprintf("BUG: retain of released allocation %+v", a.r))
 	}
+	was := a.soleHeld()
 	a.refs++
+	a.node.soleChanged(was, a)
 	return a
 }
+
+// soleHeld reports whether a holder record alone keeps a (a get's range that was not
+// promoted, a replica's range after its eviction): what a get's first attempt spares.
+func (a *Allocation) soleHeld() bool { return a.refs == 1 && a.holds > 0 }
 
 // Release drops a reference; the last one frees the range.
 func (a *Allocation) Release() {
 	if a.refs <= 0 {
 		panic(fmt.Sprintf("BUG: double release of allocation %+v", a.r))
 	}
+	was := a.soleHeld()
 	a.refs--
+	a.node.soleChanged(was, a)
 	if a.refs > 0 {
 		return
 	}

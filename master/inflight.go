@@ -77,10 +77,7 @@ func (s *State) dropGetLocked(id int64, g *inflightGet, revoked bool) {
 	g.target.Release()
 	s.unsourceLocked(g)
 	if revoked && g.holderID != 0 {
-		if a := g.node.holders[g.holderID]; a != nil {
-			delete(g.node.holders, g.holderID)
-			a.Release()
-		}
+		g.node.unhold(g.holderID)
 	}
 }
 
@@ -196,7 +193,7 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 	}
 	if a := r.memoryReplica(n); a != nil {
 		id := s.requestedHolderIDLocked(n, holderID)
-		n.holders[id] = a.Retain()
+		n.hold(id, a.Retain())
 		n.policy.Touch(key)
 		return GetPlan{PutID: r.putID, Len: r.len, Source: common.Source_MEMORY, SourceNode: n.id,
 			SourceOffset: a.Offset(), TargetOffset: a.Offset(), Done: true, HolderID: id, NoticesSeq: n.evicted.lastSeq}, nil
@@ -251,7 +248,7 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 		// keeps its holder, dropGetLocked): the requester hands the value out once it
 		// is read and verified, and GetDone only confirms (and may promote it).
 		g.holderID = s.requestedHolderIDLocked(n, holderID)
-		n.holders[g.holderID] = target.Retain()
+		n.hold(g.holderID, target.Retain())
 		plan.HolderID = g.holderID
 	}
 	if src != n {
@@ -294,7 +291,7 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (GetDoneResult, er
 		// holder_id == get_id: a requester that lost this reply still knows the id, and
 		// releases it (BatchDeleteAck) instead of leaking the holder.
 		res.HolderID = getID
-		g.node.holders[res.HolderID] = g.target.Retain()
+		g.node.hold(res.HolderID, g.target.Retain())
 	}
 	if r := s.routes[key]; r != nil && !g.noPromotion && r.putID == g.putID && r.memoryReplica(g.node) == nil && r.promotions < s.opts.maxPromotions() {
 		r.promotions++

@@ -58,9 +58,15 @@ type node struct {
 	landing     *Allocator
 	landingBase int64
 	policy      *evictOrder           // keys whose memory replica lives here, in eviction order
-	holders     map[int64]*Allocation // holder id → the range it keeps alive
-	allocs      int                   // live Allocations in this segment (leak checks)
-	lent        int                   // live Allocations of the transfer area lent to the pool
+	holders     map[int64]*Allocation // holder id → the range it keeps alive (hold, unhold)
+	// heldAt is the allocations holders keep, by segment offset (an allocation's range
+	// is its own while it lives): a registration's pins and a report's records find the
+	// pin holding their range without a walk of every holder.
+	heldAt map[int64]*Allocation
+	// soleHeld counts the allocations only holders keep (Allocation.soleHeld).
+	soleHeld int
+	allocs   int // live Allocations in this segment (leak checks)
+	lent     int // live Allocations of the transfer area lent to the pool
 	// borrowed is the keys whose memory replica here lies in the transfer area, in the
 	// order they came (a take-back's candidates: takeBackVictimLocked).
 	borrowed keyOrder
@@ -117,12 +123,50 @@ type NodeRef struct {
 // samePin returns the holder of n (a pin registered just before) whose range in area
 // is exactly r, or nil.
 func samePin(n *node, area *Allocator, r Range) *Allocation {
-	for _, h := range n.holders {
-		if h.area == area && h.r == r {
-			return h
-		}
+	if h := n.heldAt[r.Offset]; h != nil && h.area == area && h.r == r {
+		return h
 	}
 	return nil
+}
+
+// hold records holder id of n keeping a, taking over a reference the caller made.
+func (n *node) hold(id int64, a *Allocation) {
+	if n.holders[id] != nil {
+		n.unhold(id) // (ids are never reused while held)
+	}
+	n.holders[id] = a
+	was := a.soleHeld()
+	if a.holds++; a.holds == 1 {
+		n.heldAt[a.r.Offset] = a
+	}
+	n.soleChanged(was, a)
+}
+
+// unhold drops holder id of n and its reference; it reports whether n had it.
+func (n *node) unhold(id int64) bool {
+	a := n.holders[id]
+	if a == nil {
+		return false
+	}
+	delete(n.holders, id)
+	was := a.soleHeld()
+	if a.holds--; a.holds == 0 {
+		delete(n.heldAt, a.r.Offset)
+	}
+	n.soleChanged(was, a)
+	a.Release()
+	return true
+}
+
+// soleChanged counts a in soleHeld as it became (or stopped being) held by holders
+// alone; was is what it was before the change.
+func (n *node) soleChanged(was bool, a *Allocation) {
+	switch now := a.soleHeld(); {
+	case now && !was:
+		n.soleHeld++
+	case was && !now:
+		n.soleHeld--
+	}
 }
 
 // Register admits an owner incarnation. A previous incarnation under the same id is
@@ -169,6 +213,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		alloc:   NewAllocator(end - reserve),
 		policy:  newEvictOrder(&s.clock, s.ghosts),
 		holders: make(map[int64]*Allocation),
+		heldAt:  make(map[int64]*Allocation),
 		keys:    make(map[string]struct{}),
 		// Numbered after every earlier incarnation's notices (State.noticeSeq).
 		evicted: evictOutbox{lastSeq: s.noticeSeq},
@@ -205,12 +250,12 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		case dup:
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pin id reported twice; ignored")
 		case area.Reserve(rr):
-			n.holders[p.PinID] = newAreaAllocation(n, area, base, rr, p.Len)
+			n.hold(p.PinID, newAreaAllocation(n, area, base, rr, p.Len))
 		case samePin(n, area, r) != nil:
 			// Exactly another pin's range: two holdings of one range (a holding kept
 			// across an earlier registration, and a local hit of the same replica made
 			// after it). Each id holds the range until it is acked.
-			n.holders[p.PinID] = samePin(n, area, r).Retain()
+			n.hold(p.PinID, samePin(n, area, r).Retain())
 		default:
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Int64("offset", p.Offset).Msg("pinned range overlaps another; ignored")
 		}
@@ -357,9 +402,8 @@ func (s *State) tombLocked(n *node) {
 			}
 		}
 	}
-	for id, a := range n.holders {
-		a.Release()
-		delete(n.holders, id)
+	for id := range n.holders {
+		n.unhold(id)
 	}
 	for id, p := range s.puts {
 		if p.node == n {

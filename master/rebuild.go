@@ -245,15 +245,13 @@ func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation
 		lend(a)
 		return a
 	}
-	for _, h := range n.holders {
-		if h.area == area && h.r == r && h.len == length {
-			if area == n.xfer && !h.lent {
-				// The replica the pool borrowed the area for: lent like one reported on
-				// its own, or a take-back would find nothing lent and never evict it.
-				lend(h)
-			}
-			return h.Retain()
+	if h := samePin(n, area, r); h != nil && h.len == length {
+		if area == n.xfer && !h.lent {
+			// The replica the pool borrowed the area for: lent like one reported on
+			// its own, or a take-back would find nothing lent and never evict it.
+			lend(h)
 		}
+		return h.Retain()
 	}
 	return nil
 }

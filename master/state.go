@@ -542,13 +542,9 @@ func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64, touched []string)
 	n.policy.TouchAll(live)
 	unknown := 0
 	for _, id := range holderIDs {
-		a := n.holders[id]
-		if a == nil {
+		if !n.unhold(id) {
 			unknown++
-			continue
 		}
-		delete(n.holders, id)
-		a.Release()
 	}
 	return unknown, nil
 }

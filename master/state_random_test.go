@@ -225,7 +225,7 @@ func checkStateInvariants(st *State) error {
 			return fmt.Errorf("node %s: order holds %d keys, %d evictable replicas", n.id, got, len(want))
 		}
 	}
-	for _, f := range []func(*State) error{ghostDrift, dupDrift, borrowedDrift, ssdDrift, keysDrift, valuesDrift} {
+	for _, f := range []func(*State) error{ghostDrift, dupDrift, borrowedDrift, ssdDrift, keysDrift, valuesDrift, holdsDrift} {
 		if err := f(st); err != nil {
 			return err
 		}

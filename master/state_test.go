@@ -132,6 +132,33 @@ func valuesDrift(st *State) error {
 	return nil
 }
 
+// holdsDrift reports a node whose count of allocations only holders keep, or whose
+// index of held allocations by offset, is not its holders'.
+func holdsDrift(st *State) error {
+	for _, n := range st.nodes {
+		holds := map[*Allocation]int{}
+		for _, a := range n.holders {
+			holds[a]++
+		}
+		sole := 0
+		for a, c := range holds {
+			if a.holds != c {
+				return fmt.Errorf("node %s: allocation at %d counts %d holds, %d holders name it", n.id, a.r.Offset, a.holds, c)
+			}
+			if n.heldAt[a.r.Offset] != a {
+				return fmt.Errorf("node %s: held allocation at %d not indexed", n.id, a.r.Offset)
+			}
+			if a.refs == 1 {
+				sole++
+			}
+		}
+		if len(n.heldAt) != len(holds) || n.soleHeld != sole {
+			return fmt.Errorf("node %s: %d indexed and %d sole holdings counted, holders keep %d and %d", n.id, len(n.heldAt), n.soleHeld, len(holds), sole)
+		}
+	}
+	return nil
+}
+
 // keysDrift reports a node whose set of keys (what a tomb walks) is not the keys of the
 // routes with a replica on it.
 func keysDrift(st *State) error {

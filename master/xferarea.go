@@ -199,11 +199,4 @@ func (s *State) getTargetLocked(n *node, r *route, kind common.Source) (target *
 
 // soleHoldingsLocked reports whether a holder of n keeps a range no replica shares
 // (a get's target that was not promoted, or a replica's range after its eviction).
-func (s *State) soleHoldingsLocked(n *node) bool {
-	for _, a := range n.holders {
-		if a.refs == 1 {
-			return true
-		}
-	}
-	return false
-}
+func (s *State) soleHoldingsLocked(n *node) bool { return n.soleHeld > 0 }
