@@ -8,6 +8,13 @@ The keepalive object is held in a module table until the consumer calls the tens
 ``deleter`` (numpy and torch do so when the imported array is freed) or, if the capsule is
 never consumed, until the capsule itself is destroyed.
 
+A tensor may outlive this module: one kept by a module imported before fluxkv is freed at
+interpreter exit after this module's dict was cleared. The table and the two C callbacks are
+therefore never freed (one extra reference each), the callbacks reach the table through
+their own default arguments, not the module's globals, and a deleter called while the
+interpreter finalizes frees nothing (it crashed the process at exit: the struct it read the
+deleter from, and the deleter's code, were gone).
+
 DLPack (v0.x ABI) has no read-only flag: consumers see a writable tensor. The memory behind
 it is mapped PROT_READ, so a write through it faults in the writing process; nothing else is
 corrupted.
@@ -16,6 +23,7 @@ corrupted.
 from __future__ import annotations
 
 import ctypes
+import sys
 
 __all__ = ["KDL_CPU", "make_capsule", "live_exports"]
 
@@ -72,13 +80,16 @@ _PyCapsule_GetPointer.restype = ctypes.c_void_p
 _PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
-def _free(addr: int) -> None:
-    # Dropping the entry drops the struct, the shape array and the keepalive object.
-    _LIVE.pop(addr, None)
+def _free(addr: int, _live=_LIVE, _finalizing=sys.is_finalizing) -> None:
+    # Dropping the entry drops the struct, the shape array and the keepalive object. While
+    # the interpreter finalizes nothing is dropped: the keepalive's release would run
+    # client code whose modules may be cleared already (the process is exiting).
+    if not _finalizing():
+        _live.pop(addr, None)
 
 
 @_Deleter
-def _deleter(addr):
+def _deleter(addr, _free=_free):
     # Called by the consumer (numpy, torch) when it is done with the tensor; ctypes takes
     # the GIL for us, whichever thread calls.
     if addr:
@@ -86,13 +97,21 @@ def _deleter(addr):
 
 
 @_CapsuleDestructor
-def _capsule_destructor(capsule):
+def _capsule_destructor(
+    capsule, _free=_free, _valid=_PyCapsule_IsValid, _pointer=_PyCapsule_GetPointer, _name=_NAME
+):
     # A consumer renames the capsule to "used_dltensor" and owns the deleter call from then
     # on; a capsule still named "dltensor" was never consumed, so free it here.
-    if capsule and _PyCapsule_IsValid(capsule, _NAME):
-        addr = _PyCapsule_GetPointer(capsule, _NAME)
+    if capsule and _valid(capsule, _name):
+        addr = _pointer(capsule, _name)
         if addr:
             _free(addr)
+
+
+# Never freed: a tensor's deleter may be called after this module's dict was cleared.
+for _immortal in (_LIVE, _deleter, _capsule_destructor, _PyCapsule_IsValid, _PyCapsule_GetPointer):
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_immortal))
+del _immortal
 
 
 def make_capsule(data_address: int, nbytes: int, keepalive) -> object:

@@ -161,6 +161,45 @@ def test_dlpack_torch(client):
     assert client.stat()["client_holders"] == 0
 
 
+_EXIT_CHILD = r"""
+import json, sys
+import numpy as np
+import fluxkv
+c = fluxkv.connect(sys.argv[1])
+# Kept by a module imported before fluxkv: at exit its dict is cleared after fluxkv's, so
+# numpy calls the tensor's deleter once fluxkv's module state is gone.
+json._kept = np.from_dlpack(c.get(sys.argv[2]))
+if sys.argv[3] == "torch":
+    import torch
+    json._kept_torch = torch.utils.dlpack.from_dlpack(c.get(sys.argv[2]))
+print(int(json._kept[0]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["numpy", "torch"])
+def test_dlpack_tensor_alive_at_exit(client, daemon, how):
+    """A DLPack tensor a module keeps until the interpreter exits is freed after the
+    client's module was cleared: its deleter must still be there (it crashed)."""
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    if how == "torch":
+        pytest.importorskip("torch")
+    client.put("atexit", bytes([7]) * 4096)
+    for _ in range(3):
+        r = subprocess.run(
+            [sys.executable, "-c", _EXIT_CHILD, daemon.socket, "atexit", how],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0 and r.stdout.strip() == "7", (r.returncode, r.stdout, r.stderr)
+        assert "Exception ignored" not in r.stderr, r.stderr
+
+
 _FAULT_CHILD = r"""
 import ctypes, sys
 import numpy as np
