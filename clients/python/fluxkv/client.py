@@ -96,6 +96,10 @@ _E_FLAG, _E_CODE, _E_MSG = (EXISTS.index[n] for n in ("exists", "code", "message
 assert (_E_FLAG, _E_CODE, _E_MSG) == tuple(DELETE.index[n] for n in ("deleted", "code", "message"))  # one reader for both
 
 _CLIENTS: "weakref.WeakSet[Client]" = weakref.WeakSet()
+# Every session of this process whose attach connection may be open, whether a client names
+# it or not (one closed while a view of it lives, one left by a client collected while a
+# holder lives): a forked child closes its copies of them all (_Session.forked).
+_SESSIONS: "weakref.WeakSet[_Session]" = weakref.WeakSet()
 
 
 class _Broken(Exception):
@@ -147,6 +151,7 @@ class _Session:
         # until the PutWrite / PutEnd that copies it is answered.
         self.area_lock = threading.Lock()
         self.attach_sock = sock
+        _SESSIONS.add(self)
         self.path = path
         self.client_id = reply.client_id
         self.session_token = reply.session_token
@@ -375,21 +380,33 @@ class _Session:
         bytes) until the last exported view is gone; other ends close it now."""
         if self.state is not None:
             return
+        if state == "forked":
+            self.forked()
+            return
         self.state = state
         self.pending.clear()
         self.drop_idle()
-        if state == "forked":
-            # The parent's calls in flight at fork() (on its other threads) have connections
-            # too, maybe between the pool and the call. The child's copies of every one go,
-            # so that the parent's close of one (a call that timed out) closes it at the
-            # owner, which then takes back what its reply handed out, while this child lives.
-            for conn in list(self.conns):
-                conn.close()
-            self.busy.clear()
         if state == "closed" and self.pins:
             self.closing = True
             if self.pins:
                 return
+        self._close_attach()
+
+    def forked(self) -> None:
+        """In a forked child: the session is the parent's, whatever its state (a user's close
+        waiting for its last view included). The child's copies of its connections close now,
+        the attach connection's too, so that the parent's closes reach the owner while the
+        child lives; its holders raise. The parent's calls in flight at fork() (on its other
+        threads) have connections too, maybe between the pool and the call: they go as well,
+        so the parent's close of one (a call that timed out) closes it at the owner, which
+        then takes back what its reply handed out."""
+        self.state = "forked"
+        self.closing = False
+        self.pending.clear()
+        self.drop_idle()
+        for conn in list(self.conns):
+            conn.close()
+        self.busy.clear()
         self._close_attach()
 
     def _close_attach(self) -> None:
@@ -1450,6 +1467,11 @@ def _flush_loop(client_ref, wake: threading.Event, delay: float) -> None:
 
 
 def _after_fork_in_child() -> None:
+    for s in list(_SESSIONS):
+        try:
+            s.forked()
+        except Exception:
+            pass
     for c in list(_CLIENTS):
         try:
             c._after_fork_in_child()

@@ -149,6 +149,44 @@ def test_fork_child_closes_connections_of_calls_in_flight(client):
     assert seen[0] not in s.busy
 
 
+@pytest.mark.parametrize("how", ["closed", "collected"])
+def test_fork_child_closes_sessions_it_does_not_know(client, daemon, how):
+    """A session no client names any more (closed by the user while a view of it lives, or
+    left by a client collected while a holder lives) keeps its attach connection until its
+    last view goes. A child forked meanwhile closes its copy at once: else the owner kept
+    the session (and its holders' bytes) until the child exited, after the parent let go."""
+    base = client.stat()["clients"]
+    client.put("fork/unknown", b"v" * 4096)
+    c = fluxkv.connect(daemon.socket)
+    h = c.get("fork/unknown")
+    view = h.memoryview()
+    if how == "closed":
+        c.close()
+    else:
+        del c
+    import gc
+
+    gc.collect()
+    assert client.stat()["clients"] == base + 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: wait for the parent's word, never return into pytest
+        try:
+            os.close(w)
+            os.read(r, 1)
+        finally:
+            os._exit(0)
+    os.close(r)
+    try:
+        view.release()
+        del view, h
+        gc.collect()
+        assert wait_until(lambda: client.stat()["clients"] == base, 5.0), client.stat()["clients"]
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
 def test_fork_with_multiprocessing(client):
     import multiprocessing as mp
 
