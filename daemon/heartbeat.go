@@ -72,6 +72,14 @@ func (m *masterLink) heartbeat(ctx context.Context) (resp *mp.HeartbeatResponse,
 	sent := time.Now()
 	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
+	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
+		st = o.lock()
+		tombed := st.tombedBy(resp)
+		o.unlock()
+		if tombed {
+			o.forgetSSD("the master this owner registered with tombed it (it dropped this owner's replicas)")
+		}
+	}
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		return resp, false, err
 	}

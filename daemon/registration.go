@@ -39,6 +39,9 @@ type registration struct {
 	unknown uint64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64
+	// tombedIn is the master epoch whose STALE_GENERATION answer made the owner drop its
+	// index since its last successful registration (tombedBy; 0: none).
+	tombedIn int64
 	// registering is set from collecting a registration's pins to its answer.
 	registering bool
 	period      time.Duration // heartbeat period, from Register replies
@@ -97,6 +100,7 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 		return 0, false
 	}
 	st.reg.registered++
+	st.reg.tombedIn = 0
 	st.reg.seq = int64(st.reg.epoch)      // this one's: registrations run one at a time
 	st.reg.masterEpoch = resp.MasterEpoch // admit judges peer calls by it from now on
 	if resp.HeartbeatIntervalMs > 0 {
@@ -135,6 +139,23 @@ func (st *ownerState) lostRegistration(resp *mp.HeartbeatResponse, sent time.Tim
 	next, _ := st.endRegister(&mp.RegisterResponse{Code: common.ErrorCode_OK, MasterEpoch: resp.MasterEpoch}, sent, st.reg.masterEpoch)
 	st.reg.seq = resp.RegistrationSeq
 	return next == registeredTombed
+}
+
+// tombedBy takes a heartbeat answered STALE_GENERATION by the master epoch this owner
+// registered with: that master tombed this incarnation (silent past its TTL), dropped its
+// replicas, and may have answered deletes and overwrites of their keys since. The index
+// goes now, not at the next Register that master answers: if that master is deposed
+// first, the Register reaches the next term with this epoch as PrevEpoch, a report, and
+// that term adopted the versions the last one had deleted (a review). It reports whether
+// it dropped the index (the caller forgets the SSD ring's entries too).
+func (st *ownerState) tombedBy(resp *mp.HeartbeatResponse) bool {
+	if resp.Code != common.ErrorCode_STALE_GENERATION || resp.MasterEpoch == 0 ||
+		resp.MasterEpoch != st.reg.masterEpoch || st.reg.tombedIn == resp.MasterEpoch {
+		return false
+	}
+	st.reg.tombedIn = resp.MasterEpoch
+	st.replicas.reset()
+	return true
 }
 
 // renewLease extends the lease after a call sent at sent was answered OK.

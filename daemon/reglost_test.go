@@ -123,3 +123,60 @@ func TestFailedRegisterAcksIdleHolders(t *testing.T) {
 	useMasterClient(o, m1.LocalClient())
 	waitNoHolders(t, o, m1, "the idle hot-set holding's holder, let go unacked by a Register that never reached the master")
 }
+
+// deposedLink answers heartbeats STALE_GENERATION from the master epoch the owner
+// registered with (that master tombed it) and fails every Register: the master is
+// deposed before the owner registers with it again.
+type deposedLink struct {
+	masterservice.Client
+	epoch int64
+}
+
+func (d *deposedLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	return &mp.HeartbeatResponse{Code: common.ErrorCode_STALE_GENERATION, Message: "unknown owner incarnation (fault injected by the test)", MasterEpoch: d.epoch}, nil
+}
+
+func (d *deposedLink) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	return nil, errReplyLost
+}
+
+// TestTombedThenDeposed: the master this owner registered with tombed it (heartbeats
+// answered STALE_GENERATION under that master's epoch: it dropped the owner's replicas,
+// and may have answered deletes of their keys since), and was deposed before the owner
+// registered with it again. The owner drops its index and SSD entries at that answer:
+// kept until a Register answered by the same master, they were reported to the next
+// master instead (PrevEpoch the old epoch), which adopted k and served it (a review).
+func TestTombedThenDeposed(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	useMasterClient(o, &deposedLink{Client: m1.LocalClient(), epoch: m1.Epoch()})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st := o.lock()
+		rec := st.replicas.lookup("k")
+		o.unlock()
+		if rec == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the owner still records k after its master answered that it tombed this owner")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m1.Stop()
+	m2 := ackMaster(t, "127.0.0.1:0")
+	useMasterClient(o, m2.LocalClient())
+	for o.masterEpoch() != m2.Epoch() {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner did not register with the next master")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ok, err := c.Exists("k"); err != nil || ok {
+		t.Errorf("exists of k at the next master: %v %v; the master before it had dropped it", ok, err)
+	}
+	if h, err := c.Get("k"); err == nil {
+		h.Release()
+		t.Error("k served by the next master, rebuilt from the report of an owner the master before it had tombed")
+	}
+}
