@@ -244,46 +244,70 @@ func (t *Term) extend(sent time.Duration) {
 	}
 }
 
-// keepAlive renews the lease every TTL/4 (each call bounded by TTL/4) and moves the
-// fence; etcd answering that it does not know the lease ends the term.
+// keepAlive renews the lease every TTL/4 and moves the fence; etcd answering that it
+// does not know the lease ends the term. Each renewal is sent on schedule, whether the
+// ones before it were answered or not, and waits for its answer as long as that answer
+// can still move the fence (TTL less the margin): with each call bounded by TTL/4 and
+// sent after the one before it ended, a leader whose round trip to etcd took longer
+// than TTL/4 fenced itself for good while those calls, reaching etcd, kept its lease
+// alive, so no master served (a review).
 func (t *Term) keepAlive() {
 	defer t.wg.Done()
-	every := t.ttl / 4
-	failing := false
+	every, bound := t.ttl/4, t.ttl-Margin(t.ttl)
+	ctx, cancel := context.WithCancel(context.Background())
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	defer cancel()
+	var failing atomic.Bool
 	for {
 		select {
 		case <-t.stop:
 			return
+		case <-t.done:
+			return
 		case <-time.After(every):
 		}
 		sent := time.Since(t.base)
-		ctx, cancel := context.WithTimeout(context.Background(), every)
-		_, err := t.e.cli.KeepAliveOnce(ctx, t.lease)
-		cancel()
-		switch {
-		case err == nil:
-			t.extend(sent)
-			failing = false
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			t.e.log.Warn().Int64("lease", int64(t.lease)).Msg("leadership lease expired at etcd; the term is over")
-			t.close()
-			return
-		case !failing:
-			failing = true
-			t.e.log.Warn().Err(err).Int64("lease", int64(t.lease)).Msg("etcd keepalive failed; retrying")
-		}
+		calls.Add(1)
+		go func() {
+			defer calls.Done()
+			cctx, ccancel := context.WithTimeout(ctx, bound)
+			_, err := t.e.cli.KeepAliveOnce(cctx, t.lease)
+			ccancel()
+			switch {
+			case err == nil:
+				t.extend(sent)
+				failing.Store(false)
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				t.e.log.Warn().Int64("lease", int64(t.lease)).Msg("leadership lease expired at etcd; the term is over")
+				t.close()
+			case ctx.Err() != nil:
+			case !failing.Swap(true):
+				t.e.log.Warn().Err(err).Int64("lease", int64(t.lease)).Msg("etcd keepalive failed; retrying")
+			}
+		}()
 	}
 }
 
 // watchFence logs the moment the term stops serving for want of an acknowledged
 // keepalive (its fence: Leading turns false by itself then), and the moment a late
-// acknowledgement lifts it. It logs only: Leading is what fences.
+// acknowledgement lifts it; Leading is what fences. A term fenced for longer than the
+// lease's TTL gives the lease up (end: the session stops renewing it, and it is
+// revoked): the renewals that reach etcd too late to move the fence, and the etcd
+// session's own, would otherwise keep it alive, and no other master could lead while
+// this one serves nothing.
 func (t *Term) watchFence() {
 	defer t.wg.Done()
 	fenced := false
 	for {
 		left := time.Duration(t.validUntil.Load()) - time.Since(t.base)
 		switch {
+		case left < -t.ttl:
+			t.e.log.Error().Int64("lease", int64(t.lease)).Dur("fenced", -left).
+				Msg("fenced for longer than the lease's TTL; giving the lease up so that another master can lead")
+			t.close()
+			go t.end(context.Background()) // (it waits for this goroutine)
+			return
 		case left <= 0 && !fenced:
 			fenced = true
 			t.e.log.Warn().Int64("lease", int64(t.lease)).Dur("unacked", t.ttl-Margin(t.ttl)-left).
