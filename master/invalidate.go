@@ -308,15 +308,20 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 		if err == nil || s.inval.ctx.Err() != nil {
 			return
 		}
-		var live, silent bool
+		var live, silent, gaveUp bool
 		var lastSeen time.Time
 		s.locked(func(st *State) error {
+			// While the gate is shut the owner cannot heartbeat: its silence is not its
+			// own, and it is forgiven once the gate opens (gateOpenLocked). Judged on
+			// the silence a shut gate made, a healthy owner whose one call failed was
+			// tombed, and forgot its whole cache when it registered again (a review).
+			open := s.gateOpenLocked(time.Now())
 			n := st.nodes[k.nodeID]
 			live = n != nil && n.generation == gen && n.peerAddr == k.addr
 			if live {
 				lastSeen = n.lastSeen
-				silent = time.Since(n.lastSeen) > 2*s.opts.HeartbeatInterval
-				if silent || time.Now().After(deadline) {
+				silent = open && time.Since(n.lastSeen) > 2*s.opts.HeartbeatInterval
+				if gaveUp = silent || (open && time.Now().After(deadline)); gaveUp {
 					st.tombLocked(n)
 				}
 			}
@@ -333,7 +338,7 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 			case <-time.After(2 * s.opts.HeartbeatInterval):
 			}
 			return
-		case silent || time.Now().After(deadline):
+		case gaveUp:
 			s.opts.Logger.Warn().Err(err).Str("node", k.nodeID).Str("peer", k.addr).Int("entries", len(entries)).Int("tries", tries).Bool("silent", silent).
 				Msg("a replica holder did not confirm an invalidation; tombed (it drops its replica index when it registers again)")
 			// It may still answer gets from its cached holdings until its lease, two

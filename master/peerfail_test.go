@@ -28,6 +28,7 @@ type fakePeer struct {
 	persistDelay time.Duration    // each BatchSsdReplicaPersist call takes this long
 	invalDelay   time.Duration    // each InvalidateCachedInfo takes this long
 	invalCode    common.ErrorCode // what each InvalidateCachedInfo answers (zero: OK)
+	invalFails   atomic.Int64     // while positive, InvalidateCachedInfo answers UNAVAILABLE (counted down)
 	block        chan struct{}    // when set, BatchSsdReplicaPersist waits until it is closed
 	// pull, when set, answers PullPut; else PullPut answers OK at once. Set it before
 	// the server runs, or later with setPull.
@@ -139,6 +140,9 @@ func (f *fakePeer) InvalidateCachedInfo(ctx context.Context, req *peer.Invalidat
 		}
 	}
 	f.mu.Unlock()
+	if f.invalFails.Add(-1) >= 0 {
+		return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_UNAVAILABLE}, nil
+	}
 	return &peer.InvalidateCachedInfoResponse{Code: f.invalCode}, nil
 }
 
@@ -526,6 +530,52 @@ func TestSyncInvalidationRefusedIsNotConfirmed(t *testing.T) {
 	srv.Inspect(func(st *State) { n := st.nodes["refusing"]; tombed = n == nil || n.tombed })
 	if calls := refusing.invalCalls.Load(); calls < 2 || !tombed {
 		t.Fatalf("%d calls, owner tombed %v: a refused invalidation was taken for a confirmation", calls, tombed)
+	}
+}
+
+// TestSilenceWhileTheGateIsShut: an owner cannot heartbeat while an HA leader's gate is
+// shut (its fence, for a moment); an invalidation whose call failed then must not take
+// that silence for the owner's and tomb it (a review: it forgot its whole cache when it
+// registered again). The owner confirms the retry and stays.
+func TestSilenceWhileTheGateIsShut(t *testing.T) {
+	flaky := &fakePeer{invalDelay: 400 * time.Millisecond}
+	flaky.invalFails.Store(1)
+	srv, addr := startWithOwner(t, Options{HeartbeatInterval: 100 * time.Millisecond}, "flaky", flaky)
+	var shut atomic.Bool
+	srv.mu.Lock()
+	srv.gate = func() error {
+		if shut.Load() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: fenced for a moment (test)")
+		}
+		return nil
+	}
+	srv.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // the owner heartbeats every 50 ms; refused while the gate is shut
+		c := srv.LocalClient()
+		for ctx.Err() == nil {
+			c.Heartbeat(ctx, &mp.HeartbeatRequest{Node: &mp.NodeRef{NodeId: "flaky", Generation: 1}})
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		done <- srv.invalidate([]Invalidation{{NodeID: "flaky", PeerAddr: addr, Generation: 1, Key: "k", PutID: 1, Sync: true}})
+	}()
+	time.Sleep(50 * time.Millisecond) // the first call fails after 400 ms: shut the gate across it
+	shut.Store(true)
+	time.Sleep(600 * time.Millisecond)
+	shut.Store(false)
+	<-done
+	var tombed bool
+	srv.Inspect(func(st *State) { n := st.nodes["flaky"]; tombed = n == nil || n.tombed })
+	if tombed {
+		t.Fatalf("the owner was tombed for the silence of a shut gate (%d invalidation calls)", flaky.invalCalls.Load())
+	}
+	if calls := flaky.invalCalls.Load(); calls < 2 {
+		t.Fatalf("%d invalidation calls: the failed one was not retried", calls)
 	}
 }
 

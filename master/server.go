@@ -30,6 +30,8 @@ type Server struct {
 	// gate, when set (a term of an HA master), says whether the master may serve now:
 	// every use of the state checks it and fails with its error (NOT_LEADER).
 	gate func() error
+	// gateShut: the gate was found shut and not open since (gateOpenLocked).
+	gateShut bool
 	// masters lists the masters for Stat; nil: this one alone, the leader.
 	masters func(ctx context.Context) []*common.MasterInfo
 	// quietUntil: deletes and publishes answer no earlier (Options.WriteQuiet).
@@ -150,26 +152,34 @@ func (s *Server) maintainLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.HeartbeatInterval / 2)
 	defer t.Stop()
-	shut := false
 	for {
 		select {
 		case <-s.stop:
 			return
 		case now := <-t.C:
 			s.mu.Lock()
-			switch open := s.gate == nil || s.gate() == nil; {
-			case !open:
-				shut = true
-			case shut:
-				shut = false
-				s.st.Forgive(now)
-				fallthrough
-			default:
+			if s.gateOpenLocked(now) {
 				s.st.Maintain(now) // tombs: write-backs pass to other copies
 			}
 			s.unlock()
 		}
 	}
+}
+
+// gateOpenLocked reports whether the gate is open at now. The first look that finds it
+// open after one found it shut forgives every owner's silence meanwhile (it could not
+// heartbeat): whoever judges an owner silent (maintainLoop, an invalidation given up
+// on) looks here first.
+func (s *Server) gateOpenLocked(now time.Time) bool {
+	open := s.gate == nil || s.gate() == nil
+	switch {
+	case !open:
+		s.gateShut = true
+	case s.gateShut:
+		s.gateShut = false
+		s.st.Forgive(now)
+	}
+	return open
 }
 
 // locked runs f under the lock whether or not the gate is open: the master's own
