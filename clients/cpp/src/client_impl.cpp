@@ -229,18 +229,18 @@ void ClientImpl::flush_loop() {
 void ClientImpl::fork_prepare() noexcept {
   kicker_->mu.lock();
   mu_.lock();
-  if (cur_) cur_->mutex().lock();
+  // (Its sessions' locks are taken next, with every other session's: Session::fork_prepare_all.)
 }
 
 void ClientImpl::fork_parent() noexcept {
-  if (cur_) cur_->mutex().unlock();
   mu_.unlock();
   kicker_->mu.unlock();
 }
 
 void ClientImpl::fork_child() noexcept {
+  // Every session, this one too, is forked already (Session::fork_child_all): its
+  // connections' copies here are closed.
   std::shared_ptr<Session> s = std::move(cur_);
-  if (s) s->mutex().unlock();
   // The flusher thread does not exist here: forget it; the next attach starts one.
   flusher_running_ = false;
   mu_.unlock();
@@ -256,12 +256,7 @@ void ClientImpl::fork_child() noexcept {
   } catch (...) {
     kicker_.reset();  // out of memory: renew() fails cleanly instead
   }
-  if (s) {
-    // Close the inherited connections in this process only (close(2), never shutdown(2)):
-    // the parent keeps using them.
-    s->retire(SessionState::forked);
-    keep_forever(std::move(s));
-  }
+  if (s) keep_forever(std::move(s));
 }
 
 // -- calls ----------------------------------------------------------------------------------

@@ -23,17 +23,21 @@ std::set<ClientImpl*>& clients() {
   return *s;
 }
 
+// Clients before sessions: a client's lock is taken before its session's everywhere.
 void prepare() {
   registry_mu().lock();
   for (ClientImpl* c : clients()) c->fork_prepare();
+  Session::fork_prepare_all();
 }
 
 void parent() {
+  Session::fork_parent_all();
   for (auto it = clients().rbegin(); it != clients().rend(); ++it) (*it)->fork_parent();
   registry_mu().unlock();
 }
 
 void child() {
+  Session::fork_child_all();
   for (auto it = clients().rbegin(); it != clients().rend(); ++it) (*it)->fork_child();
   registry_mu().unlock();
 }

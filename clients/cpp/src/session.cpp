@@ -4,12 +4,24 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "unix_socket.hpp"
 
 namespace fluxkv::detail {
 
 namespace {
+
+// Intentionally leaked: sessions may be destroyed from static destructors.
+std::mutex& sessions_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+std::set<Session*>& sessions() {
+  static auto* s = new std::set<Session*>();
+  return *s;
+}
 
 // The attach handshake: AttachHello out, AttachReply back with the segment's memfd (and,
 // under isolation, the put area's) as SCM_RIGHTS.
@@ -74,9 +86,34 @@ Session::Session(const SessionConfig& cfg, std::shared_ptr<ReleaseKicker> kicker
   node_id = reply.node_id;
   isolated = reply.isolated;
   attach_fd_ = std::move(sock);
+  // (A fork between the connect in handshake and here leaves the child a copy of the new
+  // attach connection.)
+  std::lock_guard lk(sessions_mu());
+  sessions().insert(this);
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  std::lock_guard lk(sessions_mu());
+  sessions().erase(this);
+}
+
+void Session::fork_prepare_all() noexcept {
+  sessions_mu().lock();
+  for (Session* s : sessions()) s->mu_.lock();
+}
+
+void Session::fork_parent_all() noexcept {
+  for (auto it = sessions().rbegin(); it != sessions().rend(); ++it) (*it)->mu_.unlock();
+  sessions_mu().unlock();
+}
+
+void Session::fork_child_all() noexcept {
+  for (Session* s : sessions()) {
+    s->mu_.unlock();
+    s->retire(SessionState::forked);
+  }
+  sessions_mu().unlock();
+}
 
 std::string Session::unusable_reason() const {
   switch (state()) {
@@ -216,7 +253,11 @@ void Session::retire(SessionState why) noexcept {
   std::vector<std::unique_ptr<RpcConn>> drop;
   std::lock_guard lk(mu_);
   SessionState expect = SessionState::live;
-  if (!state_.compare_exchange_strong(expect, why)) return;
+  // A forked child ends every session, a closed one (its attach connection kept for its
+  // holders) too; any other end only a live one.
+  if (!state_.compare_exchange_strong(expect, why) && (why != SessionState::forked || expect == SessionState::forked))
+    return;
+  if (why == SessionState::forked) state_.store(why);
   pending_.clear();
   drop.swap(idle_);
   if (why == SessionState::forked) {

@@ -135,8 +135,9 @@ class Session {
   // False once the owner closed the attach connection (it exited or restarted).
   bool attach_alive();
   void drop_idle();
-  // Ends the session. closed: the attach connection stays open until the last holder
-  // goes (so their bytes stay valid); replaced or forked: it closes now.
+  // Ends a live session (forked: any session not forked yet, a closed one too). closed:
+  // the attach connection stays open until the last holder goes (so their bytes stay
+  // valid); replaced or forked: it closes now.
   void retire(SessionState why) noexcept;
 
   std::uint64_t rpc_count() const noexcept { return rpc_count_.load(std::memory_order_relaxed); }
@@ -158,8 +159,15 @@ class Session {
   // the PutWrite / PutEnd that copies it is answered.
   AreaTurn area_turn;
 
-  // Locks for fork(): the prepare handler takes mu_ so no other thread holds it in the child.
-  std::mutex& mutex() noexcept { return mu_; }
+  // fork(): every session of the process, whatever its client or state (one closed while
+  // a holder lives keeps its attach connection, one whose client was destroyed too). The
+  // prepare handler takes each one's mu_ so no other thread holds it in the child; in the
+  // child each session becomes forked: its copies of the attach connection and of every
+  // RPC connection close there (close(2) only), so the parent's closes reach the owner
+  // while the child lives. ForkRegistry calls them after the clients' own handlers.
+  static void fork_prepare_all() noexcept;
+  static void fork_parent_all() noexcept;
+  static void fork_child_all() noexcept;
 
  private:
   // take hands a call a pooled connection (conn stays null when none is idle), marked

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -144,4 +145,41 @@ TEST(fork_child_closes_connections_of_calls_in_flight) {
   fluxkv::detail::drop_reply_hook = nullptr;
   CHECK_EQ(fork_in_call_result.load(), 0);
   CHECK(json_number(st, "clients") >= 1);
+}
+
+// A session no client names any more (closed while a holder of it lives, or left by a
+// destroyed client) keeps its attach connection until its last holder goes. A child
+// forked meanwhile closes its copy at once: else the owner kept the session (and the
+// holder's bytes) until the child exited, after the parent let go (a review).
+TEST(fork_child_closes_sessions_it_does_not_know) {
+  auto watcher = fluxkv::Client::connect(plain_owner().socket());
+  watcher.put("fork/unknown", pattern(4, 4096));
+  const std::int64_t base = json_number(watcher.stat_json(), "clients");
+  for (bool destroy : {false, true}) {
+    std::optional<fluxkv::Client> c(fluxkv::Client::connect(plain_owner().socket()));
+    fluxkv::MemHolder h = c->get("fork/unknown");
+    if (destroy) {
+      c.reset();
+    } else {
+      c->close();
+    }
+    CHECK_EQ(json_number(watcher.stat_json(), "clients"), base + 1);
+    int fds[2];
+    CHECK(::pipe(fds) == 0);
+    pid_t pid = ::fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {  // waits for the parent's word, then exits
+      ::close(fds[1]);
+      char b;
+      (void)!::read(fds[0], &b, 1);
+      ::_exit(0);
+    }
+    ::close(fds[0]);
+    h.release();
+    bool gone = eventually([&] { return json_number(watcher.stat_json(), "clients") == base; });
+    ::close(fds[1]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK(gone);
+  }
 }
