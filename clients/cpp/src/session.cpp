@@ -93,7 +93,11 @@ Session::Session(const SessionConfig& cfg, std::shared_ptr<ReleaseKicker> kicker
 }
 
 Session::~Session() {
+  // Its connections close while it is still registered: a fork in between would leave
+  // the child copies no fork handler knows of.
   std::lock_guard lk(sessions_mu());
+  attach_fd_.reset();
+  idle_.clear();
   sessions().erase(this);
 }
 

@@ -137,12 +137,17 @@ class _Session:
                  populate: bool | None = None):
         self.pid = os.getpid()
         sock, reply, fds = attach(path, name, self.pid, attach_timeout)
+        # Known to a forked child from here on (forked() copes with a session half built;
+        # a fork inside attach() leaves the child a copy of that one connection).
+        self.attach_sock = sock
+        _SESSIONS.add(self)
         try:
             # Under client isolation the segment is write-sealed: never mapped writable.
             self.segment = Segment(fds[0], reply.segment_size, writable=not reply.isolated, populate=populate)
             self.area = PutArea(fds[1], reply.put_area_size) if reply.isolated else None
         except BaseException:
-            sock.close()
+            _SESSIONS.discard(self)
+            self._close_attach()
             raise
         finally:
             for fd in fds:
@@ -150,8 +155,6 @@ class _Session:
         # Serializes the puts that use the put area, from the first byte written into it
         # until the PutWrite / PutEnd that copies it is answered.
         self.area_lock = threading.Lock()
-        self.attach_sock = sock
-        _SESSIONS.add(self)
         self.path = path
         self.client_id = reply.client_id
         self.session_token = reply.session_token
@@ -399,15 +402,18 @@ class _Session:
         child lives; its holders raise. The parent's calls in flight at fork() (on its other
         threads) have connections too, maybe between the pool and the call: they go as well,
         so the parent's close of one (a call that timed out) closes it at the owner, which
-        then takes back what its reply handed out."""
+        then takes back what its reply handed out. A session another thread was building at
+        fork() has only its attach connection yet: that goes first."""
         self.state = "forked"
         self.closing = False
+        self._close_attach()
+        if not hasattr(self, "pending"):  # (set after idle, busy and conns)
+            return  # half built: nothing else is open
         self.pending.clear()
         self.drop_idle()
         for conn in list(self.conns):
             conn.close()
         self.busy.clear()
-        self._close_attach()
 
     def _close_attach(self) -> None:
         sock, self.attach_sock = self.attach_sock, None

@@ -187,6 +187,51 @@ def test_fork_child_closes_sessions_it_does_not_know(client, daemon, how):
         os.waitpid(pid, 0)
 
 
+def test_fork_while_a_session_is_built(daemon, monkeypatch):
+    """A fork while another thread builds a session (attached, the rest of its fields not
+    set yet) closes the child's copy of its attach connection too (a review: the child's
+    fork handler failed on the half-built session and kept it open)."""
+    import fluxkv.client as fc
+
+    building, go_on = threading.Event(), threading.Event()
+    real = fc._codec.session_head
+
+    def blocking_head(*a):
+        building.set()
+        go_on.wait(30)
+        return real(*a)
+
+    monkeypatch.setattr(fc._codec, "session_head", blocking_head)
+    made = []
+    t = threading.Thread(target=lambda: made.append(fluxkv.connect(daemon.socket)))
+    t.start()
+    try:
+        assert building.wait(30)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                still = [s for s in list(fc._SESSIONS) if s.attach_sock is not None]
+                os.write(w, b"ok" if not still else f"{len(still)} attach connection(s) open".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            report = f.read().decode()
+        os.waitpid(pid, 0)
+        assert report == "ok"
+    finally:
+        go_on.set()
+        t.join(30)
+    monkeypatch.undo()
+    assert made, "the client being built did not attach"
+    made[0].put("fork/built", b"x")  # the parent's session is whole and serves
+    made[0].close()
+
+
 def test_fork_with_multiprocessing(client):
     import multiprocessing as mp
 
