@@ -277,7 +277,7 @@ func heartbeatNow(t testing.TB, o *Owner) *mp.HeartbeatResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, _, err := o.master.heartbeat(ctx)
+	resp, _, err := o.master.heartbeat(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func (m *masterLink) heartbeatLoop() {
 		case <-time.After(wait):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, reregister, err := m.heartbeat(ctx)
+		resp, reregister, err := m.heartbeat(ctx, false)
 		cancel()
 		more, ack = false, false
 		if err != nil {
@@ -63,8 +63,14 @@ func (m *masterLink) heartbeatLoop() {
 
 // heartbeat makes one Heartbeat call: it acks the eviction notices applied so far,
 // applies the new ones, and renews the lease when the master answers OK. reregister:
-// the master answered OK with an epoch this owner did not register with.
-func (m *masterLink) heartbeat(ctx context.Context) (resp *mp.HeartbeatResponse, reregister bool, err error) {
+// the master answered OK with an epoch this owner did not register with. regHeld: the
+// caller holds regMu (a registration's own check), so no registration can begin or end
+// between the call and its answer: only then does an answer STALE_GENERATION from the
+// epoch registered with drop the index (tombedBy). The loop's heartbeats run beside
+// registrations, and a late such answer, to a heartbeat sent before a registration that
+// has succeeded since, wiped an index and SSD ring the master had just adopted (a
+// review); the loop registers after that answer, and the registration's check applies it.
+func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.HeartbeatResponse, reregister bool, err error) {
 	o := m.o
 	st := o.lock()
 	a := st.reg.acked
@@ -72,7 +78,7 @@ func (m *masterLink) heartbeat(ctx context.Context) (resp *mp.HeartbeatResponse,
 	sent := time.Now()
 	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
-	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
+	if regHeld && err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
 		st = o.lock()
 		tombed := st.tombedBy(resp)
 		o.unlock()

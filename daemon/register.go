@@ -49,7 +49,7 @@ func (m *masterLink) register(ctx context.Context) error {
 		return errCode(common.ErrorCode_UNAVAILABLE, "no master leads on etcd yet")
 	}
 	if epoch := o.masterEpoch(); epoch != 0 {
-		resp, _, err := m.heartbeat(ctx)
+		resp, _, err := m.heartbeat(ctx, true)
 		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
 			return nil
 		}
@@ -119,7 +119,7 @@ func (m *masterLink) settleLost() {
 	o.unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	m.heartbeat(ctx)
+	m.heartbeat(ctx, true)
 }
 
 // reregisterInBackground registers again in a goroutine the owner's wait group joins;

@@ -141,7 +141,8 @@ func (st *ownerState) lostRegistration(resp *mp.HeartbeatResponse, sent time.Tim
 	return next == registeredTombed
 }
 
-// tombedBy takes a heartbeat answered STALE_GENERATION by the master epoch this owner
+// tombedBy takes a heartbeat a registration sent first (under regMu: see
+// masterLink.heartbeat) answered STALE_GENERATION by the master epoch this owner
 // registered with: that master tombed this incarnation (silent past its TTL), dropped its
 // replicas, and may have answered deletes and overwrites of their keys since. The index
 // goes now, not at the next Register that master answers: if that master is deposed

@@ -180,3 +180,73 @@ func TestTombedThenDeposed(t *testing.T) {
 		t.Error("k served by the next master, rebuilt from the report of an owner the master before it had tombed")
 	}
 }
+
+type heldHeartbeat struct{}
+
+// lateStaleLink answers the heartbeat whose context carries heldHeartbeat from the
+// master, and delivers that answer (STALE_GENERATION: the master did not know this
+// incarnation yet) only once release is closed; Registers go through only after that
+// heartbeat was answered: the heartbeat reached the master before the Register did, its
+// answer came back late.
+type lateStaleLink struct {
+	masterservice.Client
+	answered, release chan struct{}
+	once              atomic.Bool
+}
+
+func (l *lateStaleLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	resp, err := l.Client.Heartbeat(ctx, req, o...)
+	if ctx.Value(heldHeartbeat{}) != nil && l.once.CompareAndSwap(false, true) {
+		close(l.answered)
+		if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
+			<-l.release
+		}
+	}
+	return resp, err
+}
+
+func (l *lateStaleLink) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	<-l.answered
+	return l.Client.Register(ctx, req, o...)
+}
+
+// TestLateStaleHeartbeatKeepsTheIndex: the heartbeat loop's answer STALE_GENERATION,
+// from the master the owner has registered with since the heartbeat was sent, names
+// that master's epoch but not a tomb of this registration: the index and SSD entries
+// the master adopted from the report stay (a review: they were wiped, and the master
+// went on routing to them; a later master rebuilt nothing of them).
+func TestLateStaleHeartbeatKeepsTheIndex(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	m1.Stop()
+	m2 := ackMaster(t, "127.0.0.1:0")
+	l := &lateStaleLink{Client: m2.LocalClient(), answered: make(chan struct{}), release: make(chan struct{})}
+	useMasterClient(o, l)
+	hb := make(chan error, 1)
+	go func() { // a heartbeat of the loop (regMu not held)
+		_, _, err := o.master.heartbeat(context.WithValue(context.Background(), heldHeartbeat{}, true), false)
+		hb <- err
+	}()
+	<-l.answered
+	for deadline := time.Now().Add(20 * time.Second); o.masterEpoch() != m2.Epoch() || o.master.unsettled(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner did not register with m2")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(l.release)
+	if err := <-hb; err != nil {
+		t.Fatal(err)
+	}
+	st := o.lock()
+	rec := st.replicas.lookup("k")
+	o.unlock()
+	if rec == nil {
+		t.Fatal("a late STALE_GENERATION answer dropped k from the index m2 adopted")
+	}
+	if h, err := c.Get("k"); err != nil {
+		t.Fatalf("k at m2 after the late answer: %v", err)
+	} else {
+		h.Release()
+	}
+}
