@@ -70,11 +70,15 @@ type Term struct {
 	// validUntil (since base, monotonic): the send time of the last keepalive etcd
 	// acknowledged + the granted TTL − the margin.
 	validUntil atomic.Int64
-	done       chan struct{}
-	stop       chan struct{}
-	doneOnce   sync.Once
-	stopOnce   sync.Once
-	wg         sync.WaitGroup
+	// lateSince (since base; 0: none): when the first acknowledgement arrived, since the
+	// last one in time, that came too late to move the fence: etcd is reachable, slowly
+	// (watchFence gives the lease up on it).
+	lateSince atomic.Int64
+	done      chan struct{}
+	stop      chan struct{}
+	doneOnce  sync.Once
+	stopOnce  sync.Once
+	wg        sync.WaitGroup
 }
 
 // Margin is how long before its lease could expire at etcd a leader stops serving: it
@@ -246,14 +250,15 @@ func (t *Term) extend(sent time.Duration) {
 
 // keepAlive renews the lease every TTL/4 and moves the fence; etcd answering that it
 // does not know the lease ends the term. Each renewal is sent on schedule, whether the
-// ones before it were answered or not, and waits for its answer as long as that answer
-// can still move the fence (TTL less the margin): with each call bounded by TTL/4 and
-// sent after the one before it ended, a leader whose round trip to etcd took longer
-// than TTL/4 fenced itself for good while those calls, reaching etcd, kept its lease
-// alive, so no master served (a review).
+// ones before it were answered or not: with each call bounded by TTL/4 and sent after
+// the one before it ended, a leader whose round trip to etcd took longer than TTL/4
+// fenced itself for good while those calls, reaching etcd, kept its lease alive, so no
+// master served (a review). A renewal waits for its answer up to twice the TTL: one
+// answered too late to move the fence (past TTL less the margin) is recorded
+// (lateSince), the evidence on which watchFence gives the lease up.
 func (t *Term) keepAlive() {
 	defer t.wg.Done()
-	every, bound := t.ttl/4, t.ttl-Margin(t.ttl)
+	every, bound := t.ttl/4, 2*t.ttl
 	ctx, cancel := context.WithCancel(context.Background())
 	var calls sync.WaitGroup
 	defer calls.Wait()
@@ -275,9 +280,12 @@ func (t *Term) keepAlive() {
 			_, err := t.e.cli.KeepAliveOnce(cctx, t.lease)
 			ccancel()
 			switch {
-			case err == nil:
+			case err == nil && time.Since(t.base) < sent+t.ttl-Margin(t.ttl):
 				t.extend(sent)
+				t.lateSince.Store(0)
 				failing.Store(false)
+			case err == nil:
+				t.lateSince.CompareAndSwap(0, int64(time.Since(t.base)))
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
 				t.e.log.Warn().Int64("lease", int64(t.lease)).Msg("leadership lease expired at etcd; the term is over")
 				t.close()
@@ -292,17 +300,20 @@ func (t *Term) keepAlive() {
 // watchFence logs the moment the term stops serving for want of an acknowledged
 // keepalive (its fence: Leading turns false by itself then), and the moment a late
 // acknowledgement lifts it; Leading is what fences. A term fenced for longer than the
-// lease's TTL gives the lease up (end: the session stops renewing it, and it is
-// revoked): the renewals that reach etcd too late to move the fence, and the etcd
-// session's own, would otherwise keep it alive, and no other master could lead while
-// this one serves nothing.
+// lease's TTL whose renewals etcd answers, too late to move the fence, for TTL/4 or more
+// (lateSince) gives the lease up (end: the session stops renewing it, and it is
+// revoked): those renewals, and the etcd session's own, would otherwise keep it alive,
+// and no other master could lead while this one serves nothing. A term whose renewals
+// get no answer at all (etcd down or paused) keeps its lease: etcd restarted on its
+// data keeps it too, and the term serves again at once.
 func (t *Term) watchFence() {
 	defer t.wg.Done()
 	fenced := false
 	for {
 		left := time.Duration(t.validUntil.Load()) - time.Since(t.base)
+		late := time.Duration(t.lateSince.Load())
 		switch {
-		case left < -t.ttl:
+		case left < -t.ttl && late > 0 && time.Since(t.base)-late >= t.ttl/4:
 			t.e.log.Error().Int64("lease", int64(t.lease)).Dur("fenced", -left).
 				Msg("fenced for longer than the lease's TTL; giving the lease up so that another master can lead")
 			t.close()
