@@ -579,6 +579,53 @@ func TestSilenceWhileTheGateIsShut(t *testing.T) {
 	}
 }
 
+// TestDeadOwnerTombedWhileTheGateFlaps: a leader with a slow path to etcd shuts its gate
+// for moments; each reopening forgives the owners the time it was shut, not their whole
+// silence, so a dead owner is still tombed (a review: forgiven from scratch at every
+// reopening, it never was while the gate flapped within two heartbeat intervals).
+func TestDeadOwnerTombedWhileTheGateFlaps(t *testing.T) {
+	srv, err := NewServer(Options{Secrets: authtest.Secrets(t), HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	var shut atomic.Bool
+	srv.mu.Lock()
+	srv.gate = func() error {
+		if shut.Load() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: fenced for a moment (test)")
+		}
+		return nil
+	}
+	srv.mu.Unlock()
+	registerOwner(t, srv, "dead", "127.0.0.1:1") // never heartbeats
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // shut 60 ms of every 160
+		for ctx.Err() == nil {
+			shut.Store(true)
+			time.Sleep(60 * time.Millisecond)
+			shut.Store(false)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var tombed bool
+		srv.Inspect(func(st *State) { n := st.nodes["dead"]; tombed = n == nil || n.tombed })
+		if tombed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a dead owner not tombed in 10 s (node TTL 0.5 s) while the gate flapped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // A write's synchronous invalidations may take long; an HA leader whose term lapsed
 // meanwhile (its fence shut) must not answer the write OK: the next leader may undo it.
 // invalidate then returns the gate's error, which the write answers.

@@ -30,8 +30,10 @@ type Server struct {
 	// gate, when set (a term of an HA master), says whether the master may serve now:
 	// every use of the state checks it and fails with its error (NOT_LEADER).
 	gate func() error
-	// gateShut: the gate was found shut and not open since (gateOpenLocked).
-	gateShut bool
+	// gateShut: the gate was found shut and not open since; gateOpenSeen: the last look
+	// that found it open (gateOpenLocked).
+	gateShut     bool
+	gateOpenSeen time.Time
 	// masters lists the masters for Stat; nil: this one alone, the leader.
 	masters func(ctx context.Context) []*common.MasterInfo
 	// quietUntil: deletes and publishes answer no earlier (Options.WriteQuiet).
@@ -167,19 +169,24 @@ func (s *Server) maintainLoop() {
 }
 
 // gateOpenLocked reports whether the gate is open at now. The first look that finds it
-// open after one found it shut forgives every owner's silence meanwhile (it could not
-// heartbeat): whoever judges an owner silent (maintainLoop, an invalidation given up
-// on) looks here first.
+// open after one found it shut forgives every owner the silence of the time between the
+// last look that found it open and now (it could not heartbeat while the gate was shut):
+// whoever judges an owner silent (maintainLoop, an invalidation given up on) looks here
+// first. Only that time: forgiven from scratch, an owner that died was never judged
+// silent while the gate of a leader with a slow path to etcd shut and opened again
+// within two heartbeat intervals (a review).
 func (s *Server) gateOpenLocked(now time.Time) bool {
 	open := s.gate == nil || s.gate() == nil
 	switch {
 	case !open:
 		s.gateShut = true
+		return false
 	case s.gateShut:
 		s.gateShut = false
-		s.st.Forgive(now)
+		s.st.Forgive(now.Sub(s.gateOpenSeen), now)
 	}
-	return open
+	s.gateOpenSeen = now
+	return true
 }
 
 // locked runs f under the lock whether or not the gate is open: the master's own

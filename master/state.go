@@ -614,15 +614,19 @@ func (s *State) BatchSsdReplicaEvict(ref NodeRef, entries []*common.KeyVersion, 
 	return nil
 }
 
-// Maintain tombs owners silent for longer than the node TTL and revokes in-flight
-// operations past their deadline. It returns the ids of the tombed owners.
-// Forgive restarts the silence clock of every registered owner at now: they could not
-// reach a master whose gate was shut (an HA leader cut off from etcd).
-func (s *State) Forgive(now time.Time) {
+// Forgive moves the silence clock of every registered owner on by shut, up to now: they
+// could not reach a master whose gate was shut that long (an HA leader cut off from
+// etcd).
+func (s *State) Forgive(shut time.Duration, now time.Time) {
 	for _, n := range s.nodes {
-		n.lastSeen = now
+		if n.lastSeen = n.lastSeen.Add(shut); n.lastSeen.After(now) {
+			n.lastSeen = now
+		}
 	}
 }
+
+// Maintain tombs owners silent for longer than the node TTL and revokes in-flight
+// operations past their deadline. It returns the ids of the tombed owners.
 
 func (s *State) Maintain(now time.Time) []string {
 	var tombed []string
