@@ -64,27 +64,18 @@ func (m *masterLink) heartbeatLoop() {
 // heartbeat makes one Heartbeat call: it acks the eviction notices applied so far,
 // applies the new ones, and renews the lease when the master answers OK. reregister:
 // the master answered OK with an epoch this owner did not register with. regHeld: the
-// caller holds regMu (a registration's own check), so no registration can begin or end
-// between the call and its answer: only then does an answer STALE_GENERATION from the
-// epoch registered with drop the index (tombedBy). The loop's heartbeats run beside
-// registrations, and a late such answer, to a heartbeat sent before a registration that
-// has succeeded since, wiped an index and SSD ring the master had just adopted (a
-// review); the loop registers after that answer, and the registration's check applies it.
+// caller holds regMu (a registration's own check).
 func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.HeartbeatResponse, reregister bool, err error) {
 	o := m.o
 	st := o.lock()
 	a := st.reg.acked
+	regs := st.reg.marks()
 	o.unlock()
 	sent := time.Now()
 	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
-	if regHeld && err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
-		st = o.lock()
-		tombed := st.tombedBy(resp)
-		o.unlock()
-		if tombed {
-			o.forgetSSD("the master this owner registered with tombed it (it dropped this owner's replicas)")
-		}
+	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
+		m.staleAnswer(resp, regs, regHeld)
 	}
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		return resp, false, err
@@ -100,6 +91,26 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 		o.forgetSSD("the master took a registration whose answer was lost (it dropped this owner's replicas)")
 	}
 	return resp, reregister, nil
+}
+
+// staleAnswer takes a heartbeat's answer STALE_GENERATION (ownerState.tombedBy: the
+// master registered with tombed this incarnation) unless a registration began or ended
+// since the heartbeat was sent (regs: registration.marks then): a late such answer, to
+// a heartbeat sent before a registration that succeeded since, wiped the index and SSD
+// ring the master had just adopted (a review). It runs under regMu (taken here unless
+// regHeld), so no registration reports the SSD entries it forgets meanwhile.
+func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs registrationMarks, regHeld bool) {
+	if !regHeld {
+		m.regMu.Lock()
+		defer m.regMu.Unlock()
+	}
+	o := m.o
+	st := o.lock()
+	tombed := st.reg.marks() == regs && st.tombedBy(resp)
+	o.unlock()
+	if tombed {
+		o.forgetSSD("the master this owner registered with tombed it (it dropped this owner's replicas)")
+	}
 }
 
 // heartbeatPeriod is the period the master asked for.

@@ -141,9 +141,17 @@ func (st *ownerState) lostRegistration(resp *mp.HeartbeatResponse, sent time.Tim
 	return next == registeredTombed
 }
 
-// tombedBy takes a heartbeat a registration sent first (under regMu: see
-// masterLink.heartbeat) answered STALE_GENERATION by the master epoch this owner
-// registered with: that master tombed this incarnation (silent past its TTL), dropped its
+// registrationMarks are the counts of registrations begun and answered OK: a call sent
+// under one set of marks and answered under another straddled a registration.
+type registrationMarks struct{ begun, registered uint64 }
+
+func (r *registration) marks() registrationMarks {
+	return registrationMarks{begun: r.epoch, registered: r.registered}
+}
+
+// tombedBy takes a heartbeat answered STALE_GENERATION (by a heartbeat sent under the
+// same marks: masterLink.staleAnswer) by the master epoch this owner registered with:
+// that master tombed this incarnation (silent past its TTL), dropped its
 // replicas, and may have answered deletes and overwrites of their keys since. The index
 // goes now, not at the next Register that master answers: if that master is deposed
 // first, the Register reaches the next term with this epoch as PrevEpoch, a report, and

@@ -250,3 +250,48 @@ func TestLateStaleHeartbeatKeepsTheIndex(t *testing.T) {
 		h.Release()
 	}
 }
+
+// tombThenSwitchLink answers the first heartbeat STALE_GENERATION under the epoch the
+// owner registered with (that master tombed it), after switching the owner's master
+// client to next: the master was deposed right after, and the registration the answer
+// starts goes to the next master.
+type tombThenSwitchLink struct {
+	masterservice.Client
+	o     *Owner
+	epoch int64
+	next  masterservice.Client
+	once  atomic.Bool
+}
+
+func (l *tombThenSwitchLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	if !l.once.CompareAndSwap(false, true) {
+		return l.Client.Heartbeat(ctx, req, o...)
+	}
+	useMasterClient(l.o, l.next)
+	return &mp.HeartbeatResponse{Code: common.ErrorCode_STALE_GENERATION, Message: "unknown owner incarnation (fault injected by the test)", MasterEpoch: l.epoch}, nil
+}
+
+// TestTombAnswerThenSwitch: the heartbeat loop learns that its master tombed it, and the
+// registration that follows goes to the next master (the leader changed in between):
+// the index goes at that answer, before the registration's own check (which reaches the
+// next master, who answers STALE_GENERATION under its own epoch) (a review: it was
+// reported to the next master, which served k).
+func TestTombAnswerThenSwitch(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	m2 := ackMaster(t, "127.0.0.1:0")
+	useMasterClient(o, &tombThenSwitchLink{Client: m1.LocalClient(), o: o, epoch: m1.Epoch(), next: m2.LocalClient()})
+	for deadline := time.Now().Add(20 * time.Second); o.masterEpoch() != m2.Epoch() || o.master.unsettled(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner did not register with the next master")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ok, err := c.Exists("k"); err != nil || ok {
+		t.Errorf("exists of k at the next master: %v %v; the master before it had tombed this owner", ok, err)
+	}
+	if h, err := c.Get("k"); err == nil {
+		h.Release()
+		t.Error("k served by the next master, rebuilt from the report of an owner the master before it had tombed")
+	}
+}
