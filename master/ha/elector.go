@@ -70,15 +70,15 @@ type Term struct {
 	// validUntil (since base, monotonic): the send time of the last keepalive etcd
 	// acknowledged + the granted TTL − the margin.
 	validUntil atomic.Int64
-	// lateSince (since base; 0: none): when the first acknowledgement arrived, since the
-	// last one in time, that came too late to move the fence: etcd is reachable, slowly
-	// (watchFence gives the lease up on it).
-	lateSince atomic.Int64
-	done      chan struct{}
-	stop      chan struct{}
-	doneOnce  sync.Once
-	stopOnce  sync.Once
-	wg        sync.WaitGroup
+	// lastLate (since base; 0: none): when the latest acknowledgement that came too late
+	// to move the fence arrived: etcd is reachable, slowly (watchFence gives the lease up
+	// on it).
+	lastLate atomic.Int64
+	done     chan struct{}
+	stop     chan struct{}
+	doneOnce sync.Once
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 }
 
 // Margin is how long before its lease could expire at etcd a leader stops serving: it
@@ -255,7 +255,7 @@ func (t *Term) extend(sent time.Duration) {
 // fenced itself for good while those calls, reaching etcd, kept its lease alive, so no
 // master served (a review). A renewal waits for its answer up to twice the TTL: one
 // answered too late to move the fence (past TTL less the margin) is recorded
-// (lateSince), the evidence on which watchFence gives the lease up.
+// (lastLate), the evidence on which watchFence gives the lease up.
 func (t *Term) keepAlive() {
 	defer t.wg.Done()
 	every, bound := t.ttl/4, 2*t.ttl
@@ -282,10 +282,9 @@ func (t *Term) keepAlive() {
 			switch {
 			case err == nil && time.Since(t.base) < sent+t.ttl-Margin(t.ttl):
 				t.extend(sent)
-				t.lateSince.Store(0)
 				failing.Store(false)
 			case err == nil:
-				t.lateSince.CompareAndSwap(0, int64(time.Since(t.base)))
+				t.lastLate.Store(int64(time.Since(t.base)))
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
 				t.e.log.Warn().Int64("lease", int64(t.lease)).Msg("leadership lease expired at etcd; the term is over")
 				t.close()
@@ -299,23 +298,33 @@ func (t *Term) keepAlive() {
 
 // watchFence logs the moment the term stops serving for want of an acknowledged
 // keepalive (its fence: Leading turns false by itself then), and the moment a late
-// acknowledgement lifts it; Leading is what fences. A term fenced for longer than the
-// lease's TTL whose renewals etcd answers, too late to move the fence, for TTL/4 or more
-// (lateSince) gives the lease up (end: the session stops renewing it, and it is
-// revoked): those renewals, and the etcd session's own, would otherwise keep it alive,
-// and no other master could lead while this one serves nothing. A term whose renewals
-// get no answer at all (etcd down or paused) keeps its lease: etcd restarted on its
+// acknowledgement lifts it; Leading is what fences. A term that etcd goes on answering,
+// too late to move the fence, after it has been fenced for the lease's TTL (lastLate),
+// with no answer in time for two renewal periods, gives the lease up (end: the session stops renewing it, and it is revoked): those renewals,
+// and the etcd session's own, would otherwise keep it alive, and no other master could
+// lead while this one serves nothing. A term whose renewals get no answer by then (etcd
+// down or paused, after a slow spell or not) keeps its lease: etcd restarted on its
 // data keeps it too, and the term serves again at once.
 func (t *Term) watchFence() {
 	defer t.wg.Done()
 	fenced := false
+	var slowSince time.Duration // the first look that saw late answers after a TTL fenced
 	for {
-		left := time.Duration(t.validUntil.Load()) - time.Since(t.base)
-		late := time.Duration(t.lateSince.Load())
+		now := time.Since(t.base)
+		left := time.Duration(t.validUntil.Load()) - now
+		lastLate := time.Duration(t.lastLate.Load())
+		if left >= -t.ttl || lastLate <= now+left+t.ttl {
+			slowSince = 0
+		} else if slowSince == 0 {
+			slowSince = now
+		}
 		switch {
-		case left < -t.ttl && late > 0 && time.Since(t.base)-late >= t.ttl/4:
+		case slowSince > 0 && now-slowSince >= t.ttl/2 && lastLate > slowSince:
+			// Late answers still come, and none in time for two renewal periods (etcd
+			// back after an outage answers the renewals queued meanwhile late, and the
+			// next one in time).
 			t.e.log.Error().Int64("lease", int64(t.lease)).Dur("fenced", -left).
-				Msg("fenced for longer than the lease's TTL; giving the lease up so that another master can lead")
+				Msg("fenced for longer than the lease's TTL while etcd answers too late; giving the lease up so that another master can lead")
 			t.close()
 			go t.end(context.Background()) // (it waits for this goroutine)
 			return
