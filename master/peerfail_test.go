@@ -584,38 +584,56 @@ func TestSilenceWhileTheGateIsShut(t *testing.T) {
 // silence, so a dead owner is still tombed (a review: forgiven from scratch at every
 // reopening, it never was while the gate flapped within two heartbeat intervals).
 func TestDeadOwnerTombedWhileTheGateFlaps(t *testing.T) {
+	t.Run("timed", func(t *testing.T) { // shut 60 ms of every 160
+		var shut atomic.Bool
+		srv := flappingGateMaster(t, func() bool { return shut.Load() })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			for ctx.Err() == nil {
+				shut.Store(true)
+				time.Sleep(60 * time.Millisecond)
+				shut.Store(false)
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		waitTombed(t, srv, "dead")
+	})
+	t.Run("every-other-look", func(t *testing.T) { // (nothing but the TTL check looks)
+		var looks atomic.Int64
+		srv := flappingGateMaster(t, func() bool { return looks.Add(1)%2 == 0 })
+		waitTombed(t, srv, "dead")
+	})
+}
+
+// flappingGateMaster starts a master (heartbeats 100 ms, node TTL 0.5 s) whose gate is
+// shut while shut says so, with owner "dead" registered, which never heartbeats.
+func flappingGateMaster(t *testing.T, shut func() bool) *Server {
 	srv, err := NewServer(Options{Secrets: authtest.Secrets(t), HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
+	}
+	registerOwner(t, srv, "dead", "127.0.0.1:1")
+	srv.gate = func() error {
+		if shut() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: fenced for a moment (test)")
+		}
+		return nil
 	}
 	if err := srv.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Stop() })
-	var shut atomic.Bool
-	srv.mu.Lock()
-	srv.gate = func() error {
-		if shut.Load() {
-			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: fenced for a moment (test)")
-		}
-		return nil
-	}
-	srv.mu.Unlock()
-	registerOwner(t, srv, "dead", "127.0.0.1:1") // never heartbeats
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { // shut 60 ms of every 160
-		for ctx.Err() == nil {
-			shut.Store(true)
-			time.Sleep(60 * time.Millisecond)
-			shut.Store(false)
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
+	return srv
+}
+
+// waitTombed waits up to 10 s for owner id to be tombed.
+func waitTombed(t *testing.T, srv *Server, id string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var tombed bool
-		srv.Inspect(func(st *State) { n := st.nodes["dead"]; tombed = n == nil || n.tombed })
+		srv.Inspect(func(st *State) { n := st.nodes[id]; tombed = n == nil || n.tombed })
 		if tombed {
 			return
 		}

@@ -31,9 +31,10 @@ type Server struct {
 	// every use of the state checks it and fails with its error (NOT_LEADER).
 	gate func() error
 	// gateShut: the gate was found shut and not open since; gateOpenSeen: the last look
-	// that found it open (gateOpenLocked).
-	gateShut     bool
-	gateOpenSeen time.Time
+	// that found it open; gateShutFirst, gateShutLast: the first and the last looks that
+	// found it shut since (gateOpenLocked).
+	gateShut                                  bool
+	gateOpenSeen, gateShutFirst, gateShutLast time.Time
 	// masters lists the masters for Stat; nil: this one alone, the leader.
 	masters func(ctx context.Context) []*common.MasterInfo
 	// quietUntil: deletes and publishes answer no earlier (Options.WriteQuiet).
@@ -169,21 +170,30 @@ func (s *Server) maintainLoop() {
 }
 
 // gateOpenLocked reports whether the gate is open at now. The first look that finds it
-// open after one found it shut forgives every owner the silence of the time between the
-// last look that found it open and now (it could not heartbeat while the gate was shut):
-// whoever judges an owner silent (maintainLoop, an invalidation given up on) looks here
-// first. Only that time: forgiven from scratch, an owner that died was never judged
-// silent while the gate of a leader with a slow path to etcd shut and opened again
-// within two heartbeat intervals (a review).
+// open after one found it shut forgives every owner the silence of the time the gate
+// was shut (it could not heartbeat): whoever judges an owner silent (maintainLoop, an
+// invalidation given up on) looks here first. That time is estimated from the looks: the
+// shut began halfway between the last look that found the gate open and the first that
+// found it shut, and ended halfway between the last that found it shut and now. Forgiven
+// from scratch at each reopening, an owner that died was never judged silent while the
+// gate of a leader with a slow path to etcd shut and opened again within two heartbeat
+// intervals (a review), nor when forgiven all the time since the last open look.
 func (s *Server) gateOpenLocked(now time.Time) bool {
 	open := s.gate == nil || s.gate() == nil
 	switch {
 	case !open:
-		s.gateShut = true
+		if !s.gateShut {
+			s.gateShut, s.gateShutFirst = true, now
+		}
+		s.gateShutLast = now
 		return false
 	case s.gateShut:
 		s.gateShut = false
-		s.st.Forgive(now.Sub(s.gateOpenSeen), now)
+		shut := s.gateShutLast.Sub(s.gateShutFirst) + s.gateShutFirst.Sub(s.gateOpenSeen)/2 + now.Sub(s.gateShutLast)/2
+		if s.gateOpenSeen.IsZero() {
+			shut = now.Sub(s.gateShutFirst) // shut from the start: all of it
+		}
+		s.st.Forgive(max(shut, 0), now)
 	}
 	s.gateOpenSeen = now
 	return true

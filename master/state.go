@@ -627,7 +627,6 @@ func (s *State) Forgive(shut time.Duration, now time.Time) {
 
 // Maintain tombs owners silent for longer than the node TTL and revokes in-flight
 // operations past their deadline. It returns the ids of the tombed owners.
-
 func (s *State) Maintain(now time.Time) []string {
 	var tombed []string
 	for _, n := range s.nodes {
