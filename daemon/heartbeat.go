@@ -69,7 +69,7 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	o := m.o
 	st := o.lock()
 	a := st.reg.acked
-	regs := st.reg.marks()
+	regs := st.reg.registered
 	o.unlock()
 	sent := time.Now()
 	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(),
@@ -94,19 +94,22 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 }
 
 // staleAnswer takes a heartbeat's answer STALE_GENERATION (ownerState.tombedBy: the
-// master registered with tombed this incarnation) unless a registration began or ended
-// since the heartbeat was sent (regs: registration.marks then): a late such answer, to
-// a heartbeat sent before a registration that succeeded since, wiped the index and SSD
-// ring the master had just adopted (a review). It runs under regMu (taken here unless
-// regHeld), so no registration reports the SSD entries it forgets meanwhile.
-func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs registrationMarks, regHeld bool) {
+// master registered with tombed this incarnation) unless a registration succeeded since
+// the heartbeat was sent (regs: registration.registered then): a late such answer, to a
+// heartbeat sent before a registration that succeeded since, wiped the index and SSD
+// ring the master had just adopted (a review). One that failed changes nothing: it
+// reported nothing, and a Register the tombing master took tombs this incarnation again
+// (ignoring the answer across it let the next term adopt the index: a review). It runs
+// under regMu (taken here unless regHeld): a registration in progress ends first, and
+// none reports the SSD entries it forgets meanwhile.
+func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs uint64, regHeld bool) {
 	if !regHeld {
 		m.regMu.Lock()
 		defer m.regMu.Unlock()
 	}
 	o := m.o
 	st := o.lock()
-	tombed := st.reg.marks() == regs && st.tombedBy(resp)
+	tombed := st.reg.registered == regs && st.tombedBy(resp)
 	o.unlock()
 	if tombed {
 		o.forgetSSD("the master this owner registered with tombed it (it dropped this owner's replicas)")

