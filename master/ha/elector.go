@@ -306,9 +306,10 @@ func (t *Term) keepAlive() {
 // keepalive (its fence: Leading turns false by itself then), and the moment a late
 // acknowledgement lifts it; Leading is what fences. A term that etcd goes on answering,
 // too late to move the fence, after it has been fenced for the lease's TTL (lastLate),
-// with no answer in time for two renewal periods, gives the lease up (end: the session stops renewing it, and it is revoked): those renewals,
-// and the etcd session's own, would otherwise keep it alive, and no other master could
-// lead while this one serves nothing. A term whose renewals get no answer by then (etcd
+// with no answer in time for two renewal periods, gives the lease up (end: the session
+// stops renewing it, and it is revoked): those renewals, and the etcd session's own,
+// would otherwise keep it alive, and no other master could lead while this one serves
+// nothing. A term whose renewals get no answer by then (etcd
 // down or paused, after a slow spell or not) keeps its lease: etcd restarted on its
 // data keeps it too, and the term serves again at once.
 func (t *Term) watchFence() {
