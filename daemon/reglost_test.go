@@ -8,6 +8,7 @@ import (
 
 	"github.com/cloudwego/kitex/client/callopt"
 
+	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
@@ -124,6 +125,17 @@ func TestFailedRegisterAcksIdleHolders(t *testing.T) {
 	waitNoHolders(t, o, m1, "the idle hot-set holding's holder, let go unacked by a Register that never reached the master")
 }
 
+// waitRegisteredWith waits up to 20 s for o to have registered with m and settled.
+func waitRegisteredWith(t *testing.T, o *Owner, m *master.Server) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); o.masterEpoch() != m.Epoch() || o.master.unsettled(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner did not register with the next master")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // deposedLink answers heartbeats STALE_GENERATION from the master epoch the owner
 // registered with (that master tombed it) and fails every Register: the master is
 // deposed before the owner registers with it again.
@@ -166,12 +178,7 @@ func TestTombedThenDeposed(t *testing.T) {
 	m1.Stop()
 	m2 := ackMaster(t, "127.0.0.1:0")
 	useMasterClient(o, m2.LocalClient())
-	for o.masterEpoch() != m2.Epoch() {
-		if time.Now().After(deadline) {
-			t.Fatal("the owner did not register with the next master")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRegisteredWith(t, o, m2)
 	if ok, err := c.Exists("k"); err != nil || ok {
 		t.Errorf("exists of k at the next master: %v %v; the master before it had dropped it", ok, err)
 	}
@@ -228,12 +235,7 @@ func TestLateStaleHeartbeatKeepsTheIndex(t *testing.T) {
 		hb <- err
 	}()
 	<-l.answered
-	for deadline := time.Now().Add(20 * time.Second); o.masterEpoch() != m2.Epoch() || o.master.unsettled(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the owner did not register with m2")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRegisteredWith(t, o, m2)
 	close(l.release)
 	if err := <-hb; err != nil {
 		t.Fatal(err)
@@ -281,12 +283,7 @@ func TestTombAnswerThenSwitch(t *testing.T) {
 	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	m2 := ackMaster(t, "127.0.0.1:0")
 	useMasterClient(o, &tombThenSwitchLink{Client: m1.LocalClient(), o: o, epoch: m1.Epoch(), next: m2.LocalClient()})
-	for deadline := time.Now().Add(20 * time.Second); o.masterEpoch() != m2.Epoch() || o.master.unsettled(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the owner did not register with the next master")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRegisteredWith(t, o, m2)
 	if ok, err := c.Exists("k"); err != nil || ok {
 		t.Errorf("exists of k at the next master: %v %v; the master before it had tombed this owner", ok, err)
 	}

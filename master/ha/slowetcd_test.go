@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fluxkv/fluxkv/internal/etcdtest"
 	"github.com/fluxkv/fluxkv/master/ha"
 )
 
@@ -62,6 +63,36 @@ func startDelayProxy(t *testing.T, target string) *delayProxy {
 	return p
 }
 
+// client is an etcd client whose connections go through p, closed when t ends.
+func (p *delayProxy) client(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// servesAgain restarts etcd member 0 and waits up to 15 s for term ta, which must not
+// end, to serve again.
+func servesAgain(t *testing.T, etcd *etcdtest.Cluster, ta *ha.Term) {
+	t.Helper()
+	etcd.Restart(0)
+	deadline := time.Now().Add(15 * time.Second)
+	for !ta.Leading() {
+		select {
+		case <-ta.Done():
+			t.Fatal("the term ended after etcd came back")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the term does not serve 15 s after etcd came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 type chunk struct {
 	due  time.Time
 	data []byte
@@ -106,11 +137,7 @@ func TestLeaderOnASlowPathToEtcd(t *testing.T) {
 	etcd, cfg, cli, ctx := startEtcd(t)
 	const ttl = 2 * time.Second
 	p := startDelayProxy(t, strings.TrimPrefix(etcd.Endpoints()[0], "http://"))
-	slow, err := clientv3.New(clientv3.Config{Endpoints: []string{p.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { slow.Close() })
+	slow := p.client(t)
 	a := ha.NewElector(slow, cfg, ha.ElectorOptions{Addr: "a:1", TTL: ttl})
 	ta := <-campaign(t, ctx, a)
 	if ta == nil {
@@ -182,19 +209,7 @@ func TestTermSurvivesAnEtcdOutage(t *testing.T) {
 		t.Fatal("the term ended while etcd was down")
 	default:
 	}
-	etcd.Restart(0)
-	deadline := time.Now().Add(15 * time.Second)
-	for !ta.Leading() {
-		select {
-		case <-ta.Done():
-			t.Fatal("the term ended after etcd came back")
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the term does not serve 15 s after etcd came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	servesAgain(t, etcd, ta)
 }
 
 // TestTermSurvivesAnOutageAfterASlowSpell: renewals answered too late for a moment, then
@@ -204,11 +219,7 @@ func TestTermSurvivesAnEtcdOutage(t *testing.T) {
 func TestTermSurvivesAnOutageAfterASlowSpell(t *testing.T) {
 	etcd, cfg, _, ctx := startEtcd(t)
 	p := startDelayProxy(t, strings.TrimPrefix(etcd.Endpoints()[0], "http://"))
-	slow, err := clientv3.New(clientv3.Config{Endpoints: []string{p.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { slow.Close() })
+	slow := p.client(t)
 	a := ha.NewElector(slow, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
 	ta := <-campaign(t, ctx, a)
 	if ta == nil {
@@ -225,17 +236,5 @@ func TestTermSurvivesAnOutageAfterASlowSpell(t *testing.T) {
 		t.Fatal("the term ended during the outage that followed a slow spell")
 	default:
 	}
-	etcd.Restart(0)
-	deadline := time.Now().Add(15 * time.Second)
-	for !ta.Leading() {
-		select {
-		case <-ta.Done():
-			t.Fatal("the term ended after etcd came back")
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the term does not serve 15 s after etcd came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	servesAgain(t, etcd, ta)
 }
