@@ -81,6 +81,14 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 		return resp, false, err
 	}
 	st = o.lock()
+	if !regHeld && st.namesLostRegistration(resp) {
+		// Taken as in staleAnswer: a registration that began meanwhile would report the
+		// SSD entries forgotten below, and the next master route gets to them.
+		o.unlock()
+		m.regMu.Lock()
+		defer m.regMu.Unlock()
+		st = o.lock()
+	}
 	lost := st.lostRegistration(resp, sent)
 	if !lost {
 		reregister = st.heartbeatAnswered(a, sent, resp)

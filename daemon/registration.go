@@ -132,8 +132,7 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 // named replicas the master no longer had: exists answered from them, and a later
 // master rebuilt from its report. It reports whether it took one.
 func (st *ownerState) lostRegistration(resp *mp.HeartbeatResponse, sent time.Time) bool {
-	if st.reg.registering || resp.RegistrationSeq <= st.reg.seq || resp.RegistrationSeq > int64(st.reg.epoch) ||
-		resp.MasterEpoch != st.reg.masterEpoch {
+	if !st.namesLostRegistration(resp) {
 		return false
 	}
 	next, _ := st.endRegister(&mp.RegisterResponse{Code: common.ErrorCode_OK, MasterEpoch: resp.MasterEpoch}, sent, st.reg.masterEpoch)
@@ -157,6 +156,13 @@ func (st *ownerState) tombedBy(resp *mp.HeartbeatResponse) bool {
 	st.reg.tombedIn = resp.MasterEpoch
 	st.replicas.reset()
 	return true
+}
+
+// namesLostRegistration reports whether resp, an OK heartbeat answer, names a
+// registration whose answer was lost (lostRegistration takes it).
+func (st *ownerState) namesLostRegistration(resp *mp.HeartbeatResponse) bool {
+	return !st.reg.registering && resp.RegistrationSeq > st.reg.seq && resp.RegistrationSeq <= int64(st.reg.epoch) &&
+		resp.MasterEpoch == st.reg.masterEpoch
 }
 
 // renewLease extends the lease after a call sent at sent was answered OK.

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -347,5 +348,92 @@ func TestTombAnswerAcrossAFailedRegistration(t *testing.T) {
 	o.unlock()
 	if rec != nil {
 		t.Fatal("the owner still records k after its master answered that it tombed this owner")
+	}
+}
+
+// lostRegisterLink loses the answer of the first Register it forwards (the master took
+// it) and fails every heartbeat while failHeartbeats is set.
+type lostRegisterLink struct {
+	masterservice.Client
+	lost, failHeartbeats atomic.Bool
+}
+
+func (l *lostRegisterLink) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	resp, err := l.Client.Register(ctx, req, o...)
+	if err == nil && l.lost.CompareAndSwap(false, true) {
+		return nil, errReplyLost
+	}
+	return resp, err
+}
+
+func (l *lostRegisterLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	if l.failHeartbeats.Load() {
+		return nil, errReplyLost
+	}
+	return l.Client.Heartbeat(ctx, req, o...)
+}
+
+// TestLostRegistrationWaitsForRegistrations: a registration whose answer was lost,
+// learnt from a later heartbeat of the loop (the one the failed Register sent failed
+// too), forgets the SSD ring's entries under regMu, as a registration's outcome: forgotten
+// while another registration ran (the leader follower's, a background one), they were
+// in that registration's report, and the next master routed gets to entries this owner
+// no longer had (a review).
+func TestLostRegistrationWaitsForRegistrations(t *testing.T) {
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
+	for i := range 12 {
+		if err := n.c.Put(fmt.Sprintf("lr-%d", i), value(i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	onSSD := len(n.o.store.Committed())
+	if onSSD == 0 {
+		t.Fatal("nothing reached SSD")
+	}
+	l := &lostRegisterLink{Client: n.o.master.cl()}
+	l.failHeartbeats.Store(true)
+	useMasterClient(n.o, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Its check heartbeat fails, so it registers; the master takes the Register (the
+	// same epoch: it drops this owner's replicas) and its answer is lost.
+	if err := n.o.master.register(ctx); err == nil || !l.lost.Load() {
+		t.Fatalf("register: %v (answer lost: %v); want the Register's answer lost", err, l.lost.Load())
+	}
+	if got := len(n.o.store.Committed()); got != onSSD {
+		t.Fatalf("%d SSD entries of %d left before any heartbeat named the lost registration", got, onSSD)
+	}
+	n.o.master.regMu.Lock() // a registration in progress
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			n.o.master.regMu.Unlock()
+		}
+	}
+	defer unlock()
+	l.failHeartbeats.Store(false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.o.master.heartbeat(ctx, false)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+	}
+	if got := len(n.o.store.Committed()); got != onSSD {
+		unlock()
+		t.Fatalf("%d SSD entries of %d left while a registration held regMu: a lost registration forgot them beside it", got, onSSD)
+	}
+	unlock()
+	<-done
+	waitUntil(t, func() bool { return len(n.o.store.Committed()) == 0 })
+	st := n.o.lock()
+	rec := st.replicas.lookup("lr-11")
+	n.o.unlock()
+	if rec != nil {
+		t.Errorf("lr-11 still indexed (%+v) after the lost registration was learnt", rec)
 	}
 }
