@@ -542,10 +542,10 @@ def test_close_leaves_no_session_behind(lmc, daemon, client, tmp_path, monkeypat
     entered, opened, done = threading.Event(), threading.Event(), threading.Event()
     storable = c._storable
 
-    def held(obj):  # the put's worker, before it looks up its page store
+    def held(obj, lay):  # the put's worker, before it looks up its page store
         entered.set()
         opened.wait(60)
-        return storable(obj)
+        return storable(obj, lay)
 
     monkeypatch.setattr(c, "_storable", held)
     obj = chunk(lmc, cpu, 95)
@@ -681,6 +681,37 @@ def test_chunks_of_several_kv_groups_round_trip(lmc, daemon, client, tmp_path):
     assert run(c.get(ks[1])) is None
     assert c.remove_sync(ks[0]) and not c.exists_sync(ks[0])
     release(*objs, *got)
+    run(c.close())
+    assert cpu.live == 0
+
+
+def test_kv_groups_built_after_the_connector(lmc, daemon, client, tmp_path):
+    """LMCache builds a model's KV groups (register_kv_caches) after it made the connectors: a
+    connector made while the metadata said one group stores and loads every group once they
+    are there, and before, a chunk of two groups is not stored as one (read once at
+    construction, only group 0 of every chunk was stored, and loads gave the engine chunks
+    without their second group: a review)."""
+    cfg = tmp_path / "lmcache-late.yaml"
+    cfg.write_text(ISSUE_CONFIG.format(chunk=CHUNK_TOKENS, socket=daemon.socket))
+    config = lmc.config.LMCacheEngineConfig.from_file(str(cfg))
+    md = lmc.metadata.LMCacheMetadata("tiny", 1, 0, torch.float32, (LAYERS, 2, CHUNK_TOKENS, 2, 16), False, CHUNK_TOKENS)
+    cpu = lmc.cpu.LocalCPUBackend(64 << 20)
+    c = lmc.storage.CreateRemoteConnectors(config, md, None, cpu)["RemoteBackend-fluxkv"]
+    early = grouped_chunk(cpu, 50)
+    run(c.batched_put([key(lmc, 0x7A0)], [early]))  # the model's groups are not known yet
+    assert c.stats()["unstorable"] == 1 and c.batched_contains([key(lmc, 0x7A0)]) == 0
+    md.group_shapes, md.group_dtypes = GROUPS["group_shapes"], GROUPS["group_dtypes"]  # register_kv_caches
+    ks = [key(lmc, 0x7A1 + i) for i in range(2)]
+    objs = [grouped_chunk(cpu, 51), grouped_chunk(cpu, 52)]
+    run(c.batched_put(ks, objs))
+    ns = "kv1/tiny/tp0of1/pp0of1/float32/KV_2LTD/lmcache/1x4x8+1x4x24"
+    assert client.exists(f"{ns}/{0x7A1:x}") and client.exists(f"{ns}/{0x7A1:x}#1")
+    assert c.batched_contains(ks) == 2
+    got = run(c.batched_get(ks))
+    for want, have in zip(objs, got):
+        assert have.get_shapes() == want.get_shapes() and have.get_dtypes() == want.get_dtypes()
+        assert all(torch.equal(have.get_tensor(i), want.get_tensor(i)) for i in range(2))
+    release(early, *objs, *got)
     run(c.close())
     assert cpu.live == 0
 

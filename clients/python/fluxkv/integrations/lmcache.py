@@ -64,7 +64,8 @@ The 0.4/0.5 interface (LMCache's v1 storage backend: ``CacheEngineKey`` without 
   ``get_memory_format()``, ``byte_array``, ``ref_count_up/down()``. A model with several KV
   groups (``metadata.get_num_groups()``; e.g. a uint8 rope part and a bf16 latent) keeps them
   back to back in one object: ``get_shapes()``, ``get_dtypes()``, ``get_tensor(i)``, and
-  ``tensor`` is group 0 only. A serde that encodes (``remote_serde: cachegen``) hands the
+  ``tensor`` is group 0 only. The metadata learns the groups (``register_kv_caches``) after
+  the connectors are made: until then it says one group. A serde that encodes (``remote_serde: cachegen``) hands the
   connector ``BytesBufferMemoryObj`` chunks (BINARY_BUFFER, ``tensor`` None, the bytes in
   ``byte_array``, allocated back with shape ``[n, 0, 0, 0]``, dtype None); ``naive`` and
   ``kivi`` pass KV chunks through. Some allocators (a fork's ``LayerPageMemoryObj``) keep a
@@ -133,7 +134,7 @@ import logging
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Optional
 from urllib.parse import urlparse
 
 import fluxkv
@@ -301,11 +302,13 @@ class FluxKVConnector(RemoteConnector):
     owner socket ``socket_path`` (with ``timeout=timeout_s`` when given); a worker normally
     uses one. Results of ``get`` are allocated from ``local_cpu_backend``.
 
-    What a chunk is stored as, decided once from the engine metadata and the config: a KV
-    chunk of one group is one page (its tensor); a chunk of a model with several KV groups
+    What a chunk is stored as, from the engine metadata and the config: a KV chunk of one
+    group is one page (its tensor); a chunk of a model with several KV groups
     (``metadata.get_num_groups()``) is one page per group, ``<hash>``, ``<hash>#1``, ...,
     each of its group's dtype and shape; with a ``remote_serde`` that serializes (cachegen)
-    a chunk is its bytes (a BINARY_BUFFER object) as one uint8 page."""
+    a chunk is its bytes (a BINARY_BUFFER object) as one uint8 page. The metadata is read
+    at each call (:meth:`_layout`), not once: LMCache builds a model's KV groups after it
+    made the connectors."""
 
     def __init__(self, socket_path: str, local_cpu_backend, config, metadata, *, timeout_s: Optional[float] = None):
         if metadata is None and MemoryFormat is not None:
@@ -318,12 +321,9 @@ class FluxKVConnector(RemoteConnector):
         self._serialized = serde not in _KV_SERDES
         # The format of the chunks this connector stores and loads: the engine's.
         self._fmt = MemoryFormat.BINARY_BUFFER if self._serialized else _engine_fmt(config, self.meta_fmt)
-        self._chunk_bytes = _chunk_bytes(metadata)  # of a full chunk; None: not known
-        self._geometry = _geometry(metadata)  # the namespace's last part
-        get_groups = getattr(metadata, "get_num_groups", None)
-        self._groups = 1 if self._serialized or get_groups is None else int(get_groups())
-        if self._groups < 1:
-            raise ValueError(f"fluxkv's LMCache connector: the engine metadata says {self._groups} KV groups")
+        self._metadata = metadata
+        self._layout_memo: Optional[tuple] = None  # (the metadata's shapes, dtypes and groups, their _Layout)
+        self._layout()  # metadata that cannot be read fails here, not at the first call
         self.socket_path = socket_path
         self.local_cpu_backend = local_cpu_backend
         self._store_options = {} if timeout_s is None else {"timeout": timeout_s}
@@ -339,9 +339,26 @@ class FluxKVConnector(RemoteConnector):
     def __repr__(self) -> str:
         return f"<FluxKVConnector {self.socket_path}>"
 
+    def _layout(self) -> "_Layout":
+        """What a chunk is stored as by the engine metadata now. Each call that stores, loads
+        or looks up takes it once: LMCache builds a model's KV groups (``register_kv_caches``)
+        after it made the connectors (upstream's base reads the shapes lazily for that), and
+        read at construction they were the single legacy group's, so only group 0 of every
+        chunk was stored (a review). Computed again only when the metadata changes."""
+        md = self._metadata
+        memo_key = tuple(_call(md, name) for name in ("get_shapes", "get_dtypes", "get_num_groups"))
+        memo = self._layout_memo
+        if memo is None or memo[0] != memo_key:
+            groups = 1 if self._serialized or memo_key[2] is None else int(memo_key[2])
+            if groups < 1:
+                raise ValueError(f"fluxkv's LMCache connector: the engine metadata says {groups} KV groups")
+            memo = (memo_key, _Layout(groups, _geometry(md), _chunk_bytes(md)))
+            self._layout_memo = memo
+        return memo[1]
+
     # -- keys ------------------------------------------------------------------------------
 
-    def _store(self, key) -> kv.PageStore:
+    def _store(self, key, lay: "_Layout") -> kv.PageStore:
         fmt = self._fmt.name
         ns = kv.namespace(
             key.model_name,
@@ -349,7 +366,7 @@ class FluxKVConnector(RemoteConnector):
             tp_size=key.world_size,
             dtype=str(key.dtype).removeprefix("torch."),
             layout=fmt,
-            extra=f"{_NAMESPACE_TAG}/{self._geometry}",
+            extra=f"{_NAMESPACE_TAG}/{lay.geometry}",
         )
         with self._lock:
             store = self._stores.get(ns)
@@ -361,23 +378,23 @@ class FluxKVConnector(RemoteConnector):
                     self._stores[ns] = store
             return store
 
-    def _pages_of(self, key) -> list:
+    def _pages_of(self, key, lay: "_Layout") -> list:
         """The page hashes of one chunk: one per KV group."""
         page = _page_hash(key)
-        return [page] + [f"{page}{_GROUP_SEP}{g}" for g in range(1, self._groups)]
+        return [page] + [f"{page}{_GROUP_SEP}{g}" for g in range(1, lay.groups)]
 
-    def _runs(self, keys: list) -> Iterator[tuple[kv.PageStore, int, list]]:
+    def _runs(self, keys: list, lay: "_Layout") -> Iterator[tuple[kv.PageStore, int, list]]:
         """(store, index of the first key, page hashes) for each run of consecutive keys that
         share a store: one run, so one batch call, unless keys of several namespaces mix.
         The hashes are the pages of every key of the run, a key's groups together."""
         run_store, start, hashes = None, 0, []
         for i, key in enumerate(keys):
-            store = self._store(key)
+            store = self._store(key, lay)
             if store is not run_store and hashes:
                 yield run_store, start, hashes
                 start, hashes = i, []
             run_store = store
-            hashes.extend(self._pages_of(key))
+            hashes.extend(self._pages_of(key, lay))
         if hashes:
             yield run_store, start, hashes
 
@@ -415,8 +432,9 @@ class FluxKVConnector(RemoteConnector):
             n = self._prefix(keys, pin=False)
             return [True] * n + [False] * (len(keys) - n)
         found: list = []
-        for store, _, hashes in self._runs(keys):
-            found.extend(_per_chunk(store.contains(hashes), self._groups))
+        lay = self._layout()
+        for store, _, hashes in self._runs(keys, lay):
+            found.extend(_per_chunk(store.contains(hashes), lay.groups))
         return found
 
     def support_batched_async_contains(self) -> bool:
@@ -432,9 +450,10 @@ class FluxKVConnector(RemoteConnector):
 
     def _prefix(self, keys: list, pin: bool) -> int:
         n = 0
-        for store, _, hashes in self._runs(keys):
+        lay = self._layout()
+        for store, _, hashes in self._runs(keys, lay):
             found = store.contains_prefix(hashes, pin=pin)
-            n += found // self._groups
+            n += found // lay.groups
             if found < len(hashes):
                 break
         return n
@@ -477,18 +496,19 @@ class FluxKVConnector(RemoteConnector):
         the metadata does not say), copied out before the next call, so a load of more than
         the owner's memory (its pages refilled from SSD) never needs all of it at once."""
         out: list = [None] * len(keys)
-        g = self._groups
-        first = max(1, _LOAD_BYTES // self._chunk_bytes) if self._chunk_bytes else 1
+        lay = self._layout()
+        g = lay.groups
+        first = max(1, _LOAD_BYTES // lay.chunk_bytes) if lay.chunk_bytes else 1
         try:
-            for store, start, hashes in self._runs(keys):
+            for store, start, hashes in self._runs(keys, lay):
                 n, at, per_call = len(hashes) // g, 0, first
                 while at < n:
                     take = min(per_call, n - at)
-                    views, whole = self._views(store, hashes[at * g : (at + take) * g])
+                    views, whole = self._views(store, hashes[at * g : (at + take) * g], g)
                     chunks = [views[i : i + g] for i in range(0, len(views), g)]
                     views.clear()
                     largest = max(sum(_nbytes(v) for v in c) for c in chunks)
-                    out[start + at : start + at + take] = self._copy_all(chunks)
+                    out[start + at : start + at + take] = self._copy_all(chunks, lay)
                     chunks.clear()
                     if not whole:  # a page of another layout: the chunks after it miss
                         break
@@ -499,7 +519,7 @@ class FluxKVConnector(RemoteConnector):
             raise
         return out
 
-    def _views(self, store: kv.PageStore, hashes: list) -> tuple:
+    def _views(self, store: kv.PageStore, hashes: list, groups: int) -> tuple:
         """(the pages' views, None for a miss; False when a page of another layout cut them
         short). Such a page is a miss, and so is every chunk from its own on (LMCache uses
         the leading chunks found): the chunks before it are loaded again without it."""
@@ -511,26 +531,26 @@ class FluxKVConnector(RemoteConnector):
                 self._count("layout_mismatches")
                 self._log_mismatch("fluxkv: a page of another layout in %s, answered as a miss: %s", store.namespace, e)
                 bad = e.index if e.index is not None and e.index < n else 0
-                n = bad - bad % self._groups  # the whole chunks before it
+                n = bad - bad % groups  # the whole chunks before it
         return [None] * len(hashes), False
 
-    def _copy_all(self, chunks: list) -> list:
+    def _copy_all(self, chunks: list, lay: "_Layout") -> list:
         """Copies of the chunks, each from the views of its pages (they, and so the pages, go
         when this returns); None for a chunk with a page missing."""
         out: list = []
         try:
             for views in chunks:
-                out.append(None if any(v is None for v in views) else self._copy_out(views))
+                out.append(None if any(v is None for v in views) else self._copy_out(views, lay))
         except BaseException:
             _release(out)
             raise
         return out
 
-    def _copy_out(self, views: list):
+    def _copy_out(self, views: list, lay: "_Layout"):
         if self._serialized:  # the serialized bytes: LMCache's byte buffer objects
             (view,) = views
             obj = self.local_cpu_backend.allocate(_size((view.numel(), 0, 0, 0)), None, self._fmt)
-        elif self._groups == 1:
+        elif lay.groups == 1:
             (view,) = views
             obj = self.local_cpu_backend.allocate(view.shape, view.dtype, self._fmt)
         else:
@@ -541,7 +561,7 @@ class FluxKVConnector(RemoteConnector):
                          " + ".join(f"{v.dtype} {tuple(v.shape)}" for v in views))
             return None
         try:
-            for target, view in zip(self._targets(obj), views):
+            for target, view in zip(self._targets(obj, lay), views):
                 target.copy_(view)
         except BaseException:
             obj.ref_count_down()
@@ -550,18 +570,18 @@ class FluxKVConnector(RemoteConnector):
 
     # -- what a chunk's pages are ------------------------------------------------------------
 
-    def _targets(self, obj) -> list:
+    def _targets(self, obj, lay: "_Layout") -> list:
         """The tensors of a chunk, one per page: its serialized bytes (uint8), each KV group's
         tensor, or the one tensor. Of a chunk whose ``tensor`` is not to be had (a layer-page
         object: its KV is in per-layer pages), the bytes of the object viewed as its dtype and
         shape, when they are exactly that much; ValueError otherwise."""
         if self._serialized:
             return [_bytes_of(obj)]
-        if self._groups > 1:
-            shapes = obj.get_shapes() if hasattr(obj, "get_shapes") else [obj.get_shape()]
-            if len(shapes) != self._groups:
-                raise ValueError(f"a chunk of {len(shapes)} KV groups where the model has {self._groups}")
-            return [obj.get_tensor(g) for g in range(self._groups)]
+        shapes = obj.get_shapes() if hasattr(obj, "get_shapes") else [obj.get_shape()]
+        if len(shapes) != lay.groups:  # stored as one group, the others would be dropped unseen
+            raise ValueError(f"a chunk of {len(shapes)} KV groups where the engine metadata says {lay.groups}")
+        if lay.groups > 1:
+            return [obj.get_tensor(g) for g in range(lay.groups)]
         try:
             t = obj.tensor
         except Exception:  # e.g. LayerPageMemoryObj: "Layer page requires layer_tensor(layer_id)"
@@ -611,17 +631,18 @@ class FluxKVConnector(RemoteConnector):
         walk them by chunk or by layer is not known here), and a batch with a chunk left out
         (not storable: the next chunk's parent would never be stored)."""
         try:
-            tensors = {i: t for i, t in ((i, self._storable(o)) for i, o in enumerate(objs)) if t is not None}
+            lay = self._layout()
+            tensors = {i: t for i, t in ((i, self._storable(o, lay)) for i, o in enumerate(objs)) if t is not None}
             kept = sorted(tensors)
             chain = len(kept) == len(objs) and all(getattr(k, "layer_id", None) is None for k in keys)
-            for store, start, hashes in self._runs([keys[i] for i in kept]):
-                n = len(hashes) // self._groups
+            for store, start, hashes in self._runs([keys[i] for i in kept], lay):
+                n = len(hashes) // lay.groups
                 pages = [t for i in kept[start : start + n] for t in tensors[i]]
                 store.put_pages(hashes, pages, chain=chain)
         finally:
             _release(objs)
 
-    def _storable(self, obj) -> Optional[list]:
+    def _storable(self, obj, lay: "_Layout") -> Optional[list]:
         """The chunk's page tensors, or None (counted and logged) where it cannot be stored:
         a chunk of another format than this connector's, or one whose data is not to be had."""
         fmt = obj.get_memory_format()
@@ -630,7 +651,7 @@ class FluxKVConnector(RemoteConnector):
             self._log_format("fluxkv: a %s chunk where this connector stores %s: not stored", fmt.name, self._fmt.name)
             return None
         try:
-            pages = [t if t.is_contiguous() else t.contiguous() for t in self._targets(obj)]
+            pages = [t if t.is_contiguous() else t.contiguous() for t in self._targets(obj, lay)]
             for t in pages:  # a dtype without page format, an empty chunk: this chunk alone is left out
                 kv.tensors.describe(t, writable=False, what="the chunk's tensor")
             return pages
@@ -640,7 +661,8 @@ class FluxKVConnector(RemoteConnector):
             return None
 
     def remove_sync(self, key) -> bool:
-        return all(self._store(key).delete_pages(self._pages_of(key)))
+        lay = self._layout()
+        return all(self._store(key, lay).delete_pages(self._pages_of(key, lay)))
 
     # -- the rest --------------------------------------------------------------------------
 
@@ -691,6 +713,24 @@ def _size(dims):
     import torch
 
     return torch.Size(dims)
+
+
+class _Layout(NamedTuple):
+    """What a chunk is stored as (FluxKVConnector._layout): its pages (one per KV group), the
+    namespace's geometry part and a full chunk's bytes (None: the metadata does not say)."""
+
+    groups: int
+    geometry: str
+    chunk_bytes: Optional[int]
+
+
+def _call(obj, name: str):
+    """obj.name() as a tuple where it is a sequence, None where obj has no such method."""
+    fn = getattr(obj, name, None)
+    if fn is None:
+        return None
+    v = fn()
+    return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
 def _geometry(metadata) -> str:
