@@ -643,6 +643,31 @@ def test_prefill_from_fluxkv_matches_recompute(sg, node, dtype, layout, interfac
     b.backend.close()
 
 
+def test_backups_chain_to_the_pages_before_them(sg, node, monkeypatch):
+    """SGLang backs a radix node's pages up in batches, each with the hashes of the pages
+    before it (``prefix_keys``: the node's ancestors', extended by every batch backed up):
+    each batch is put as one chain under the last page before it, so eviction keeps a
+    prompt's pages from its front across batches and nodes; a node under the root, whose
+    prefix_keys is None, starts a chain of its own."""
+    n = sg.storage.STORAGE_BATCH_SIZE + 3
+    pool = make_pool(sg, False, "layer_first", torch.float32, pages=n, fill_seed=5)
+    c = engine(sg, pool, "prefix-chain", node.socket)
+    parents: list = []
+    put_pages = kv.PageStore.put_pages
+
+    def spy(self, hashes, tensors, *, parent=None, chain=True):
+        parents.append((hashes[0], parent))
+        return put_pages(self, hashes, tensors, parent=parent, chain=chain)
+
+    monkeypatch.setattr(kv.PageStore, "put_pages", spy)
+    hashes = [f"pc{i}" for i in range(n)]
+    assert c.backup(hashes[:1], slots(0)) == 1  # the node under the root
+    assert c.backup(hashes[1:], slots(*range(PAGE, n * PAGE, PAGE)), prefix_keys=hashes[:1]) == n - 1
+    # an MHA page is K then V: a batch's first K follows the page before's V
+    assert parents == [("pc0.k", None), ("pc1.k", "pc0.v"), (f"pc{n - 2}.k", f"pc{n - 3}.v")]
+    assert c.hit_pages(hashes) == n
+
+
 def test_sglang_get_stats_does_not_wait_for_an_attach(tmp_path):
     """get_stats() runs on SGLang's scheduler thread and "never waits on fluxkv". But it reads
     PageStore.counters(), which takes the store's lock, and PageStore._connected() holds
@@ -676,3 +701,4 @@ def test_sglang_get_stats_does_not_wait_for_an_attach(tmp_path):
         assert waited < 0.5, f"get_stats() waited {waited:.2f} s for another thread's attach"
     finally:
         hung.close()
+

@@ -6,7 +6,7 @@ hit prefix batch by batch, load pages into the host pool and back them up."""
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -60,17 +60,23 @@ class StorageController:
             self.host_pool.set_from_flat_data_page(slots[i * self.page_size], page)
         return len(batch)
 
-    def backup(self, hashes: List[str], host_indices: torch.Tensor) -> int:
-        """Back up pages of the host pool at host_indices; the leading pages backed up."""
+    def backup(self, hashes: List[str], host_indices: torch.Tensor, prefix_keys: Optional[List[str]] = None) -> int:
+        """Back up pages of the host pool at host_indices; the leading pages backed up.
+        ``prefix_keys``: the hashes of the radix node's ancestors' pages (None under the
+        root), handed to every batch's zero-copy call and, when there are any, extended by
+        each batch backed up, as upstream's ``_page_backup`` does (the same list, mutated
+        after the call)."""
         done = 0
         for lo in range(0, len(hashes), STORAGE_BATCH_SIZE):
             batch = hashes[lo : lo + STORAGE_BATCH_SIZE]
             slots = host_indices[lo * self.page_size : (lo + len(batch)) * self.page_size]
             if self.zero_copy:
-                ok = all(self.backend.batch_set_v1(batch, slots, HiCacheStorageExtraInfo()))
+                ok = all(self.backend.batch_set_v1(batch, slots, HiCacheStorageExtraInfo(prefix_keys=prefix_keys)))
             else:
                 ok = self.backend.batch_set(batch, [self.host_pool.get_data_page(slots[i * self.page_size]) for i in range(len(batch))])
             if not ok:
                 break
+            if prefix_keys and len(prefix_keys) > 0:
+                prefix_keys += batch
             done += len(batch)
         return done
