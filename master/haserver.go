@@ -33,12 +33,18 @@ type HAOptions struct {
 // next epoch's base resigns (checked every idCheck; at 300,000 ids a second a term runs
 // for 42 days): the next term, of a higher epoch, numbers above every id it issued, so
 // no id of a new put falls below an older version's, and no new holder takes the id of
-// one an owner still acks.
+// one an owner still acks. A term whose ids went past its range without running out
+// (ids its owners carried from a master numbered otherwise: a standalone master's, by
+// time) raises the epoch counter on etcd past them instead (idMark), within idCheck.
 const (
 	idEpochShift = 40
 	idMargin     = 1 << 36
-	idCheck      = 10 * time.Second
+	idCheck      = time.Second
 )
+
+// idMark is the epoch counter that makes the next term number above next and idMargin
+// more ids: its epoch, the counter plus one, has its base above them.
+func idMark(next int64) int64 { return (next + idMargin) >> idEpochShift }
 
 // idsRunOut reports whether a term of epoch whose next id is next, and whose owners
 // brought ids up to carried from earlier masters, must end. Only ids the term issued
@@ -210,10 +216,12 @@ func (h *HA) run() {
 }
 
 // lead serves term t with srv until it ends, or the master stops (it resigns), or its
-// ids run out (it resigns: idsRunOut).
+// ids run out (it resigns: idsRunOut). Ids past its epoch's range are recorded on etcd
+// (idMark) as they come.
 func (h *HA) lead(t *ha.Term, srv *Server) {
 	tick := time.NewTicker(idCheck)
 	defer tick.Stop()
+	marked := t.Epoch
 	for {
 		select {
 		case <-t.Done():
@@ -223,7 +231,18 @@ func (h *HA) lead(t *ha.Term, srv *Server) {
 			t.Resign(context.Background())
 			return
 		case <-tick.C:
-			if next, carried := srv.ids(); idsRunOut(next, carried, t.Epoch) {
+			next, carried := srv.ids()
+			if mark := idMark(next); mark > marked {
+				ctx, cancel := context.WithTimeout(h.ctx, h.ha.LeaderTTL)
+				if err := t.RaiseEpoch(ctx, mark); err != nil {
+					h.opts.Logger.Warn().Err(err).Int64("epoch", t.Epoch).Int64("next_id", next).Msg("cannot record on etcd how far this term's ids went; retrying")
+				} else {
+					h.opts.Logger.Info().Int64("epoch", t.Epoch).Int64("next_id", next).Int64("epoch_counter", mark).Msg("this term's ids went past its epoch's range: the epoch counter raised past them")
+					marked = mark
+				}
+				cancel()
+			}
+			if idsRunOut(next, carried, t.Epoch) {
 				h.opts.Logger.Error().Int64("epoch", t.Epoch).Int64("next_id", next).Msg("this term's ids are running out; resigning, so that a term of a higher epoch numbers above them")
 				t.Resign(context.Background())
 			}

@@ -187,6 +187,22 @@ func (t *Term) Publish(ctx context.Context) error {
 // nextEpoch raises the cluster's epoch counter by one, in a transaction that holds only
 // while this candidate's election key still leads, and returns the new value.
 func (t *Term) nextEpoch(ctx context.Context) (int64, error) {
+	return t.setEpoch(ctx, func(cur int64) int64 { return cur + 1 })
+}
+
+// RaiseEpoch raises the cluster's epoch counter to at least to, while this term leads:
+// the next term's epoch is above it. A term whose ids went past its epoch's range (ids
+// its owners carried from a master numbered otherwise, adopted from their reports)
+// records so how far they went, and the next term numbers above them. A counter at or
+// above to is left as it is.
+func (t *Term) RaiseEpoch(ctx context.Context, to int64) error {
+	_, err := t.setEpoch(ctx, func(cur int64) int64 { return max(cur, to) })
+	return err
+}
+
+// setEpoch sets the cluster's epoch counter to next(its value), in a transaction that
+// holds only while this term's election key still leads, and returns the value set.
+func (t *Term) setEpoch(ctx context.Context, next func(cur int64) int64) (int64, error) {
 	key := t.e.cfg.epochKey()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, t.ttl)
@@ -202,18 +218,21 @@ func (t *Term) nextEpoch(ctx context.Context) (int64, error) {
 			}
 			modRev = resp.Kvs[0].ModRevision
 		}
-		next := cur + 1
+		value := next(cur)
+		if value == cur && modRev != 0 {
+			return cur, nil
+		}
 		cctx, cancel = context.WithTimeout(ctx, t.ttl)
 		tx, err := t.e.cli.Txn(cctx).If(
 			clientv3.Compare(clientv3.CreateRevision(t.election.Key()), "=", t.election.Rev()),
 			clientv3.Compare(clientv3.ModRevision(key), "=", modRev),
-		).Then(clientv3.OpPut(key, strconv.FormatInt(next, 10))).Else(clientv3.OpGet(t.election.Key())).Commit()
+		).Then(clientv3.OpPut(key, strconv.FormatInt(value, 10))).Else(clientv3.OpGet(t.election.Key())).Commit()
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("raise the epoch: %w", err)
 		}
 		if tx.Succeeded {
-			return next, nil
+			return value, nil
 		}
 		if len(tx.Responses) == 0 || len(tx.Responses[0].GetResponseRange().Kvs) == 0 {
 			return 0, errors.New("the election key vanished before taking office (lease lapsed)")

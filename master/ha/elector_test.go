@@ -91,6 +91,36 @@ func TestElectionHandover(t *testing.T) {
 	tb.Resign(ctx)
 }
 
+// TestRaiseEpoch: a term raises the epoch counter past ids that went past its range, and
+// the next term's epoch is above the raised counter; a raise below the counter leaves it.
+func TestRaiseEpoch(t *testing.T) {
+	_, cfg, cli, ctx := startEtcd(t)
+	a := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
+	ta := <-campaign(t, ctx, a)
+	if ta == nil {
+		t.Fatal("no term")
+	}
+	if err := ta.RaiseEpoch(ctx, ta.Epoch+100); err != nil {
+		t.Fatal(err)
+	}
+	if err := ta.RaiseEpoch(ctx, ta.Epoch+50); err != nil {
+		t.Fatal(err)
+	}
+	ta.Resign(ctx)
+	b := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "b:1", TTL: 2 * time.Second})
+	tb := <-campaign(t, ctx, b)
+	if tb == nil {
+		t.Fatal("no term")
+	}
+	defer tb.Resign(context.Background())
+	if tb.Epoch != ta.Epoch+101 {
+		t.Fatalf("the term after one that raised the counter to %d has epoch %d", ta.Epoch+100, tb.Epoch)
+	}
+	if err := ta.RaiseEpoch(ctx, tb.Epoch+5); err == nil {
+		t.Error("a resigned term raised the epoch counter")
+	}
+}
+
 // A leader whose etcd stops answering stops leading within the TTL (its fence), long
 // before etcd could let another candidate win; when etcd answers again the term either
 // resumes (its lease survived) or is over.

@@ -1,0 +1,106 @@
+package master
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fluxkv/fluxkv/internal/etcdtest"
+	"github.com/fluxkv/fluxkv/master/ha"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+)
+
+// TestIDMark: the counter idMark gives numbers the next term above next and idMargin
+// more ids; a term's own ids short of its margin ask for no raise.
+func TestIDMark(t *testing.T) {
+	const epoch = 7
+	base, next := int64(epoch)<<idEpochShift, int64(epoch+1)<<idEpochShift
+	for _, c := range []struct{ id, want int64 }{
+		{base, epoch},
+		{next - idMargin - 1, epoch},
+		{next - idMargin, epoch + 1},
+	} {
+		if got := idMark(c.id); got != c.want {
+			t.Errorf("idMark(%d) = %d, want %d", c.id, got, c.want)
+		}
+	}
+	old := time.Now().UnixNano() // an id a standalone master issued
+	if (idMark(old)+1)<<idEpochShift <= old+idMargin {
+		t.Errorf("the term after counter %d numbers from %d, not above %d", idMark(old), (idMark(old)+1)<<idEpochShift, old)
+	}
+}
+
+// TestHATermRecordsCarriedIDs: after a standalone→HA migration the owners bring ids a
+// standalone master numbered by time, far past any term's epoch range; the term numbers
+// above them, and raises the epoch counter on etcd past them, so the next term numbers
+// above every id this one issued too, whether or not an owner reports it (without,
+// the next term started at its own epoch's base, and could hand a new holder the id of
+// one an owner still acked, or a new put an id below an older version's: a review).
+func TestHATermRecordsCarriedIDs(t *testing.T) {
+	etcd := etcdtest.Start(t, etcdtest.Options{})
+	cfg := ha.Config{Endpoints: etcd.Endpoints(), Prefix: ha.DefaultPrefix("ids")}
+	log := zerolog.Nop()
+	start := func() *HA {
+		h, err := NewHA(Options{InsecureCluster: true, Logger: &log}, HAOptions{Etcd: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Start("127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Stop() })
+		return h
+	}
+	leading := func(h *HA) *Server {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			h.mu.Lock()
+			srv := h.cur
+			h.mu.Unlock()
+			if srv != nil && srv.gate != nil && srv.gate() == nil {
+				return srv
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the master does not lead")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	h1 := start()
+	srv := leading(h1)
+	carried := time.Now().UnixNano()
+	reg, err := srv.LocalClient().Register(context.Background(), &mp.RegisterRequest{
+		Node: &mp.NodeRef{NodeId: "n1", Generation: 1}, SegmentSize: 1 << 20, PeerAddr: "127.0.0.1:1", DataAddr: "127.0.0.1:2",
+		Pinned: []*mp.PinnedRange{{PinId: carried, Offset: 0, Len: 4096}},
+	})
+	if err != nil || reg.Code != common.ErrorCode_OK {
+		t.Fatalf("register: %v %v", reg, err)
+	}
+	cli := etcd.Client(t)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		resp, err := cli.Get(context.Background(), cfg.Prefix+"epoch")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) > 0 {
+			if v, _ := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); v >= idMark(carried) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the epoch counter %v is not raised past id %d (counter %d) 10 s after a registration brought it", resp.Kvs, carried, idMark(carried))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := h1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := leading(start())
+	if base := srv2.Epoch() << idEpochShift; base <= carried+idMargin {
+		t.Errorf("the next term (epoch %d) numbers from %d, not above the ids %d and on the term before issued", srv2.Epoch(), base, carried)
+	}
+}
