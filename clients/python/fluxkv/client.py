@@ -298,6 +298,8 @@ class _Session:
         self.rpc_count += 1
         if len(self.idle) < self.max_idle and self.state is None:
             self.idle.append(conn)
+            if self.state is not None:  # retired meanwhile: its drop_idle may have run before the append
+                self.drop_idle()
         else:
             conn.close()
         if (resp[decode.code_at] if type(resp) is tuple else resp.code) == _STALE:

@@ -149,6 +149,37 @@ def test_fork_child_closes_connections_of_calls_in_flight(client):
     assert seen[0] not in s.busy
 
 
+def test_a_connection_returned_as_its_session_retires_is_closed(client):
+    """A call's connection goes back to the idle pool unless its session retired. A retire
+    on another thread (the client replaced the session, or closed) between that check and
+    the append dropped the pool before the connection was in it: it stayed open for the
+    client's life, a connection the owner kept."""
+    import collections
+
+    from fluxkv._gen.external.ttypes import StatRequest
+
+    client.put("retire/k", b"x")
+    s = client._s
+    used = []
+
+    class RetiredFirst(collections.deque):
+        def append(self, conn):  # the call checked the session's state; another thread retires it now
+            s.retire("replaced")
+            super().append(conn)
+
+    s.idle = RetiredFirst(s.idle)
+
+    def stat(c, sess):
+        used.append(next(iter(s.busy)))
+        return c.Stat(StatRequest(sess, False))
+
+    s.call(stat, piggyback=False)
+    assert s.state == "replaced" and not s.idle
+    assert used[0].sock is None, "the connection returned to a retired session's pool stayed open"
+    with client.get("retire/k") as h:  # the client goes on with a new session
+        assert h.read(0, 1) == b"x"
+
+
 @pytest.mark.parametrize("how", ["closed", "collected"])
 def test_fork_child_closes_sessions_it_does_not_know(client, daemon, how):
     """A session no client names any more (closed by the user while a view of it lives, or
