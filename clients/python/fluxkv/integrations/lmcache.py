@@ -561,7 +561,7 @@ class FluxKVConnector(RemoteConnector):
                          " + ".join(f"{v.dtype} {tuple(v.shape)}" for v in views))
             return None
         try:
-            for target, view in zip(self._targets(obj, lay), views):
+            for target, view in zip(self._targets(obj, lay, check_groups=False), views):
                 target.copy_(view)
         except BaseException:
             obj.ref_count_down()
@@ -570,16 +570,20 @@ class FluxKVConnector(RemoteConnector):
 
     # -- what a chunk's pages are ------------------------------------------------------------
 
-    def _targets(self, obj, lay: "_Layout") -> list:
+    def _targets(self, obj, lay: "_Layout", check_groups: bool = True) -> list:
         """The tensors of a chunk, one per page: its serialized bytes (uint8), each KV group's
         tensor, or the one tensor. Of a chunk whose ``tensor`` is not to be had (a layer-page
         object: its KV is in per-layer pages), the bytes of the object viewed as its dtype and
-        shape, when they are exactly that much; ValueError otherwise."""
+        shape, when they are exactly that much; ValueError otherwise. ``check_groups`` (a chunk
+        to store; a load's object is allocated by this layout): ValueError for a chunk of
+        another number of KV groups than the layout's, which would be stored short. Not for a
+        layer-page object: its get_shapes() lists its layers' pages, not KV groups."""
         if self._serialized:
             return [_bytes_of(obj)]
-        shapes = obj.get_shapes() if hasattr(obj, "get_shapes") else [obj.get_shape()]
-        if len(shapes) != lay.groups:  # stored as one group, the others would be dropped unseen
-            raise ValueError(f"a chunk of {len(shapes)} KV groups where the engine metadata says {lay.groups}")
+        if check_groups and not hasattr(obj, "layer_tensor"):
+            shapes = obj.get_shapes() if hasattr(obj, "get_shapes") else [obj.get_shape()]
+            if len(shapes) != lay.groups:  # stored as one group, the others would be dropped unseen
+                raise ValueError(f"a chunk of {len(shapes)} KV groups where the engine metadata says {lay.groups}")
         if lay.groups > 1:
             return [obj.get_tensor(g) for g in range(lay.groups)]
         try:

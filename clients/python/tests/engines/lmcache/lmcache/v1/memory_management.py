@@ -13,7 +13,8 @@ drops to zero. As upstream (0.4 series):
   a bytearray; its reference count does nothing.
 - ``LayerPageMemoryObj`` (seen in a fork's memory_management, not upstream's) keeps a chunk
   as one page per layer: ``tensor`` raises, ``layer_tensor(i)`` is layer i's
-  (2, tokens, hidden) page, ``byte_array`` every byte.
+  (2, tokens, hidden) page, ``get_shapes()`` lists those pages' shapes (as the fork's, which
+  keeps them in the metadata's shapes), ``byte_array`` every byte.
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ class LayerPageMemoryObj(MemoryObj):
     @property
     def num_layers(self) -> int:
         return self.meta.shape[1]
+
+    def get_shapes(self) -> List[torch.Size]:
+        two, layers, tokens, hidden = self.meta.shape
+        return [torch.Size([two, tokens, hidden])] * layers
 
     def layer_tensor(self, layer: int) -> torch.Tensor:
         two, layers, tokens, hidden = self.meta.shape
