@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pressure.backends import fluxkv as fx
+from pressure.backends import mooncake as mc
 from pressure.backends import load as load_backend
 from pressure.backends.base import CaseSpec
 from pressure.procs import fs_type
@@ -102,7 +103,8 @@ class Running:
 
     def stop(self) -> None:
         """What the server does before its process group is stopped (Mooncake: its master as a
-        process group, since pip's ``mooncake_master`` is a wrapper around the real binary)."""
+        process group, since pip's ``mooncake_master`` of v0.3.12.post1 is a wrapper that runs the
+        real binary as its child; a newer one execs it)."""
         self.server.stop()
 
     def settle(self) -> None:
@@ -158,8 +160,30 @@ def shmem_thp(path: str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled") -
     return next((w[1:-1] for w in words if len(w) > 2 and w[0] == "[" and w[-1] == "]"), "")
 
 
-def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ratio: float, procs: int, distinct: int) -> Running:
-    """The server and case for ``target`` at ``capacity_blocks`` blocks of ``block_bytes``."""
+# The slowest a replay process's batch_get_into is taken to read at (8 processes sharing TCP
+# loopback on a busy machine): what sizes Mooncake's lease to its longest call.
+MOONCAKE_LEASE_READ_RATE = 256 << 20
+
+
+def mooncake_lease_ms(call_bytes: int | None) -> int:
+    """Mooncake's lease for a replay whose load calls move at most ``call_bytes``: long enough
+    for the longest to finish at MOONCAKE_LEASE_READ_RATE (upstream fails every key of a
+    batch whose lease ran out since its query began, LEASE_EXPIRED), at least the pressure
+    harness's 500 ms and at most Mooncake's default 10 s (None: the default). Not longer: a
+    leased object cannot be evicted, and at the quick preset's 64 KiB blocks a 10 s lease
+    kept most of what the run read unevictable for the whole run. Cutting the batches
+    instead would change the calls an engine's connector makes."""
+    if call_bytes is None:
+        return mc.DEFAULT_LEASE_TTL_MS
+    need = math.ceil(call_bytes / MOONCAKE_LEASE_READ_RATE * 1000)
+    return min(mc.DEFAULT_LEASE_TTL_MS, max(mc.LEASE_TTL_MS, need))
+
+
+def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ratio: float, procs: int, distinct: int,
+            call_bytes: int | None = None) -> Running:
+    """The server and case for ``target`` at ``capacity_blocks`` blocks of ``block_bytes``;
+    ``call_bytes``: the most one load call of the replay moves (None: not known), which sizes
+    Mooncake's lease (mooncake_lease_ms)."""
     dram = capacity_blocks * block_bytes
     ssd = int(ssd_ratio * dram) if target.ssd else 0
     fluxkv = target.backend == "fluxkv"
@@ -190,6 +214,8 @@ def prepare(target: Target, opts, capacity_blocks: int, block_bytes: int, ssd_ra
             o.fluxkv_up_args = f"{o.fluxkv_up_args or ''} --transfer-reserve off".strip()
         elif target.owners != 1:
             raise ValueError(f"{target.backend} runs as one server, not {target.owners}")
+        if target.backend == "mooncake":
+            o.mooncake_lease_ttl_ms = mooncake_lease_ms(call_bytes)
         server = load_backend(target.backend).Server(o)
         per_server_dram, per_server_ssd = _round_page(dram) if fluxkv else dram, ssd
     variant = MOONCAKE_VARIANT if target.backend == "mooncake" else None

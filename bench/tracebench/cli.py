@@ -204,10 +204,12 @@ def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
     cfg = ReplayConfig(procs=a.procs, window=a.window, speed=a.speed, verify_every=a.verify_every, pin_ms=a.pin_ms,
                        buffer_bytes=a.buffer_bytes, route=a.route, byte_access=a.byte_access)
     interrupted = False
+    longest = max((len(r.hash_ids) for r in trace.requests), default=1)
+    call_bytes = min(a.buffer_bytes, longest * a.block_bytes)
     try:
         for cap in caps:
             for t in tgs:
-                r = tb.prepare(t, a, cap, a.block_bytes, a.ssd_ratio, a.procs, trace.distinct)
+                r = tb.prepare(t, a, cap, a.block_bytes, a.ssd_ratio, a.procs, trace.distinct, call_bytes)
                 why = r.unavailable()
                 if why:
                     rows.append(report.unavailable_row(r, trace, cap, why, context))

@@ -101,7 +101,8 @@ class MooncakePages:
     not move it are memory hits, and those of a call that did are ``unknown`` (how many came from
     flash it cannot say): such a row's sources are incomplete (report.sources), never a count of
     calls passed off as one of pages. A lookup or load error (a negative code other
-    than OBJECT_NOT_FOUND) ends the prefix there, as a miss would, and is counted."""
+    than OBJECT_NOT_FOUND or REPLICA_IS_NOT_READY, another process's put still in flight, which
+    upstream's client also takes for a miss) ends the prefix there, as a miss would, and is counted."""
 
     def __init__(self, store, prefix: str, block_bytes: int, ssd: bool, put_retries: int, sleep=None):
         import time
@@ -151,7 +152,7 @@ class MooncakePages:
         n = 0
         while n < len(found) and found[n] == 1:
             n += 1
-        if n < len(found) and found[n] < 0:
+        if n < len(found) and found[n] < 0 and found[n] not in self.mc.MISS_CODES:
             self._error(found[n])
         return n
 
@@ -170,7 +171,7 @@ class MooncakePages:
                 self.wrong_bytes += self.block_bytes
             self.tally[place] += 1
             n += 1
-        if n < len(got) and got[n] != self.mc.OBJECT_NOT_FOUND:
+        if n < len(got) and got[n] not in self.mc.MISS_CODES:
             self._error(got[n])
         return n
 

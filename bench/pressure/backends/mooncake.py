@@ -19,9 +19,12 @@ Clients: one ``MooncakeDistributedStore`` per process, shared by its threads, se
 ``setup("127.0.0.1", "http://127.0.0.1:P/metadata", segment, local_buffer, "tcp", "",
 "127.0.0.1:R")``; a storage process with SSD on adds ``enable_ssd_offload=True,
 ssd_offload_path=DIR`` (its own directory, an absolute path) and its flash share in
-``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``, ``MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE`` and
-``MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES`` (the default bucket backend obeys the last two; the
-first alone leaves it 90 % of the file system). A case is unavailable when a client's non-zero
+``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` and ``MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE``, the
+share's size on disk in ``MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES`` (``physical_cap``: the
+default bucket backend obeys the last two; the first alone leaves it 90 % of the file system) and
+``MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION=false`` (else it keeps flash 80-90 % full).
+Variables of the caller's shell that would change Mooncake's results (``CLEARED_ENV``) are removed
+in every Mooncake process. A case is unavailable when a client's non-zero
 segment is under one 16 MiB slab (setup() refuses it) or a value exceeds the local buffer. Environment, applied before ``setup()`` and recorded
 per case (``server.master_env``, ``client_env``, ``owner_env_at_setup``; ``client.env_at_setup``):
 ``MC_TCP_ENABLE_CONNECTION_POOL=1`` in every Mooncake process (master, owner, benchmark processes;
@@ -87,6 +90,10 @@ ERROR_NAMES = {
 }
 NO_AVAILABLE_HANDLE = -200
 OBJECT_NOT_FOUND = -704  # a batch_get_into of a key that is not there
+# A key whose put (another process's) is still in flight: upstream's batch_get_into_internal
+# (real_client.cpp at 3b5a594, ~5102-5106) logs it as it does OBJECT_NOT_FOUND, not as a failure.
+REPLICA_IS_NOT_READY = -703
+MISS_CODES = (OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY)  # answers to a get that are misses, not errors
 # A put the client's local buffer has no room for (every put and get first takes the whole value
 # from it): not a refusal for space in the store, so not retried; counted apart (PutStats).
 INVALID_PARAMS = -600
@@ -99,11 +106,18 @@ SSD_SLICE_MAX = 0xFFFFF0
 # slabs, and setup() fails (INVALID_PARAMS) below one.
 SEGMENT_MIN = 16 * 1024 * 1024
 # The flash share: TOTAL_SIZE_LIMIT only gates offloading without an eviction policy; the default
-# bucket backend obeys BUCKET_MAX_TOTAL_SIZE (0: 90 % of the file system) and, for the bytes its
-# bucket files keep on disk, BUCKET_MAX_PHYSICAL_BYTES. All three are set to the share.
+# bucket backend obeys BUCKET_MAX_TOTAL_SIZE (0: 90 % of the file system; counts keys, values and
+# .meta bytes) and, for the blocks its files take on disk (st_blocks), BUCKET_MAX_PHYSICAL_BYTES
+# (storage_backend.cpp at 3b5a594, ~127-134, ~2915-2960, ~3034-3046). The first two are set to the
+# share, the third to the share's size on disk (physical_cap).
 ENV_SSD_LIMIT = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"
 ENV_SSD_BUCKET_TOTAL = "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE"
 ENV_SSD_BUCKET_PHYSICAL = "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES"
+# Since 9c6125f (in v0.3.12.post1) a flash holder's heartbeat evicts from 90 % of
+# BUCKET_MAX_TOTAL_SIZE down to 80 % (include/storage_backend.h ~367-369, storage_backend.cpp
+# ~3303-3330 at 3b5a594): flash would hold 10-20 % less than the share the others get. "false"
+# turns it off (file_storage.cpp ~60-66, ~141: true/false, 1/0, any case); eviction at the cap stays.
+ENV_SSD_WATERMARK = "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION"
 ENV_SSD_PATH = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
 ENV_HEARTBEAT = "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"
 ENV_BUCKET_KEYS = "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT"
@@ -112,14 +126,42 @@ ENV_BUCKET_BYTES = "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES"
 # this is set; a long run then runs out of ephemeral ports (TIME_WAIT) and decays to TRANSFER_FAIL.
 ENV_TCP_POOL = "MC_TCP_ENABLE_CONNECTION_POOL"
 TCP_POOL_ENV = {ENV_TCP_POOL: "1"}  # every Mooncake process of every case: the master and every client
+# Variables a caller's shell may hold that change Mooncake's results: removed (None) in every
+# Mooncake process of every case (the master and every client; at 3b5a594): a local hot cache
+# outside the segment (client_service.cpp ~4979: DRAM beyond the case's), local memcpy instead of
+# the transport (transfer_task.cpp ~962), huge pages for the segment (real_client.cpp ~720), the
+# bucket backend's eviction policy (storage_backend.cpp ~138-148, with its older name; anything but
+# fifo / lru turns eviction off), another offload storage backend (file_storage.cpp ~90), a config
+# file (master.cpp ~84; the wheel's mooncake_config.py).
+CLEARED_ENV = {k: None for k in ("MC_STORE_LOCAL_HOT_CACHE_SIZE", "MC_STORE_MEMCPY", "MC_STORE_USE_HUGEPAGE",
+                                 "MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", "MOONCAKE_BUCKET_EVICTION_POLICY",
+                                 "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR", "MOONCAKE_CONFIG_PATH")}
+BASE_ENV = {**CLEARED_ENV, **TCP_POOL_ENV}  # every Mooncake process of every case
 OFFLOAD_ENV_KEYS = (ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT)
 # What each process's summary reports as seen in its environment at setup().
 TRACKED_ENV = (ENV_TCP_POOL, ENV_BUCKET_KEYS, ENV_BUCKET_BYTES, ENV_HEARTBEAT, ENV_SSD_LIMIT, ENV_SSD_BUCKET_TOTAL,
-               ENV_SSD_BUCKET_PHYSICAL, ENV_SSD_PATH)
+               ENV_SSD_BUCKET_PHYSICAL, ENV_SSD_PATH, ENV_SSD_WATERMARK) + tuple(CLEARED_ENV)
 DEFAULT_HEARTBEAT_S = 10  # Mooncake's default offload heartbeat: how often clients offload to SSD
 DEFAULT_BUCKET_KEYS = 500  # Mooncake's default bucket: written when one heartbeat's batch fills it
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 TUNED_HEARTBEAT_S = 1
+# One key per bucket costs two files, NAME.bucket (key + value) and NAME.meta (a few hundred bytes),
+# each a whole number of file-system blocks on disk: at 64 KiB values a physical cap equal to the
+# share would hold ~89 % of it. physical_cap sizes the cap so that the share's values fit.
+FS_BLOCK = 4096
+KEY_BYTES_MAX = 128  # the adapter's keys are far shorter (pressure-0000123, kv1/tracebench/123)
+# The master's lease on an object just read (--default_kv_lease_ttl, ms; it cannot be evicted
+# meanwhile). The pressure harness's gets are one key each: 500 ms covers them and lets eviction
+# catch up. tracebench sizes it to its longest batch_get_into (tracebench.backends.mooncake_lease_ms:
+# up to --buffer-bytes, 1 GiB, per call), up to Mooncake's default, 10 s (master.cpp at 3b5a594,
+# kDefaultKvLeaseTtlFlagValue): upstream fails every key of a BatchGet whose lease ran out since
+# its BatchQuery began (client_service.cpp ~1800-1808, LEASE_EXPIRED; no refresh).
+LEASE_TTL_MS = 500
+DEFAULT_LEASE_TTL_MS = 10000
+# DRAM eviction: from 95 % of the segments down by 1 % of them (Mooncake's default ratio, 5 %,
+# would swing occupancy between 90 and 95 %).
+EVICTION_HIGH_WATERMARK = 0.95
+EVICTION_RATIO = 0.01
 BENCH_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -131,6 +173,10 @@ def add_arguments(g) -> None:
                    f"(default {DEFAULT_LOCAL_BUFFER})")
     g.add_argument("--mooncake-put-retries", type=int, default=DEFAULT_PUT_RETRIES,
                    help=f"retries of a put refused for space (NO_AVAILABLE_HANDLE) before it counts as failed (default {DEFAULT_PUT_RETRIES})")
+    g.add_argument("--mooncake-offload-on-evict", action="store_true",
+                   help="SSD on: start the master with --offload_on_evict=true --promotion_on_hit=true (flash holds what DRAM "
+                   "evicted, a flash hit is promoted back) instead of Mooncake's default (every object written to flash at put, "
+                   "none promoted)")
 
 
 # -- the master ------------------------------------------------------------------------------------
@@ -157,7 +203,12 @@ def pick_ports(free=free_port) -> Ports:
 MASTER_FLAGS_AFTER_RELEASE = ("metrics_host",)
 
 
-def master_args(binary: str, ports: Ports, ssd: bool) -> list[str]:
+def master_args(binary: str, ports: Ports, ssd: bool, lease_ttl_ms: int = LEASE_TTL_MS, offload_on_evict: bool = False) -> list[str]:
+    """The master's command line. ``lease_ttl_ms``: ``LEASE_TTL_MS`` (the pressure harness) or
+    tracebench's, sized to its longest load call (tracebench.backends.mooncake_lease_ms). ``offload_on_evict`` (SSD on,
+    ``--mooncake-offload-on-evict``): flash holds what DRAM evicted and hits are promoted
+    (master.cpp ~188, ~226 at 3b5a594; both flags also in v0.3.12.post1), as fluxkv's tiers do;
+    off, Mooncake's default writes every object to flash at put and promotes none."""
     args = [
         binary,
         "--enable_http_metadata_server=true",
@@ -167,8 +218,10 @@ def master_args(binary: str, ports: Ports, ssd: bool) -> list[str]:
         f"--rpc_address={HOST}",
         f"--metrics_port={ports.metrics}",
         f"--metrics_host={HOST}",
-        "--eviction_high_watermark_ratio=0.95",
-        "--default_kv_lease_ttl=500",
+        f"--eviction_high_watermark_ratio={EVICTION_HIGH_WATERMARK}",
+        # defined in v0.3.12.post1 too (master.cpp there ~132), so not in --undefok
+        f"--eviction_ratio={EVICTION_RATIO}",
+        f"--default_kv_lease_ttl={int(lease_ttl_ms)}",
         # gflags aborts on an unknown flag; --metrics_host came after the latest release
         # (mooncake-store/src/master.cpp: defined at 3b5a594, absent at v0.3.12.post1): that
         # release, pip's, ignores it instead of refusing to start (its metrics then listen on 0.0.0.0).
@@ -176,6 +229,8 @@ def master_args(binary: str, ports: Ports, ssd: bool) -> list[str]:
     ]
     if ssd:
         args.append("--enable_offload=true")
+        if offload_on_evict:
+            args += ["--offload_on_evict=true", "--promotion_on_hit=true"]
     return args
 
 
@@ -211,6 +266,16 @@ def split_evenly(total: int, n: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(n)]
 
 
+def physical_cap(share: int, payload: int) -> int:
+    """``MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES`` for a flash share of ``share`` bytes of
+    ``payload``-byte values, one per bucket: the blocks their files take (a .bucket of key and
+    value, a .meta of one block each), so that the physical cap does not bind before the share."""
+    payload = max(1, int(payload))
+    values = -(-int(share) // payload)
+    per_value = -(-(payload + KEY_BYTES_MAX) // FS_BLOCK) * FS_BLOCK + FS_BLOCK
+    return values * per_value
+
+
 def offload_env(case: CaseSpec) -> dict:
     """The bucket-offload settings of a flash-holding process (before its ``setup()``). Mooncake's
     default bucket backend writes a bucket only when one heartbeat's batch fills it (500 keys or
@@ -226,14 +291,15 @@ def offload_env(case: CaseSpec) -> dict:
 
 def client_config(case: CaseSpec, role: str, index: int, segment_bytes: int, ssd_bytes: int, workdir, ports: Ports, local_buffer: int) -> dict:
     """How one Mooncake client is set up: ``setup(*args, **kwargs)`` after ``env`` is applied to its
-    environment (a None value: unset). Every client gets the TCP connection pool; only a process
-    that contributes flash (SSD on, a share > 0) gets the SSD arguments and the offload settings."""
+    environment (a None value: unset). Every client gets the TCP connection pool and ``CLEARED_ENV``
+    removed; only a process that contributes flash (SSD on, a share > 0) gets the SSD arguments and
+    the offload settings."""
     cfg = {
         "role": role,
         "index": index,
         "args": [HOST, metadata_url(ports), int(segment_bytes), int(local_buffer), PROTOCOL, "", master_address(ports)],
         "kwargs": {},
-        "env": dict(TCP_POOL_ENV),
+        "env": dict(BASE_ENV),
         "segment_bytes": int(segment_bytes),
         "ssd_bytes": 0,
         "ssd_dir": None,
@@ -242,7 +308,9 @@ def client_config(case: CaseSpec, role: str, index: int, segment_bytes: int, ssd
         d = str(Path(workdir).resolve() / f"ssd-{role}-{index}")  # Mooncake takes only an absolute path
         cfg["kwargs"] = {"enable_ssd_offload": True, "ssd_offload_path": d}
         share = str(int(ssd_bytes))
-        cfg["env"].update({ENV_SSD_LIMIT: share, ENV_SSD_BUCKET_TOTAL: share, ENV_SSD_BUCKET_PHYSICAL: share, ENV_SSD_PATH: d})
+        cfg["env"].update({ENV_SSD_LIMIT: share, ENV_SSD_BUCKET_TOTAL: share,
+                           ENV_SSD_BUCKET_PHYSICAL: str(physical_cap(ssd_bytes, case.payload_bytes)), ENV_SSD_PATH: d,
+                           ENV_SSD_WATERMARK: "false"})
         cfg["env"].update(offload_env(case))
         cfg["ssd_bytes"] = int(ssd_bytes)
         cfg["ssd_dir"] = d
@@ -328,7 +396,9 @@ class PutStats:
 
 def backoff_s(attempt: int) -> float:
     """Pause before retry ``attempt`` (0-based): 10 ms doubling to 0.5 s; eight retries span ~1.6 s,
-    a few times the 500 ms lease that keeps a just-read object from being evicted."""
+    a few times the pressure harness's 500 ms lease that keeps a just-read object from being
+    evicted. Under tracebench's longer leases (up to 10 s for its largest calls) a refusal that
+    lasts longer counts as a failed store, as an engine skips a store it cannot make."""
     return min(0.5, 0.01 * (2 ** attempt))
 
 
@@ -646,6 +716,8 @@ class Server(_Server):
         self.master_flag = getattr(opts, "mooncake_master", None)
         self.local_buffer = parse_size(str(getattr(opts, "mooncake_local_buffer", None) or DEFAULT_LOCAL_BUFFER))
         self.put_retries = int(getattr(opts, "mooncake_put_retries", DEFAULT_PUT_RETRIES))
+        self.lease_ttl_ms = int(getattr(opts, "mooncake_lease_ttl_ms", None) or LEASE_TTL_MS)  # tracebench: mooncake_lease_ms
+        self.offload_on_evict = bool(getattr(opts, "mooncake_offload_on_evict", False))
         self.case: CaseSpec | None = None
         self.ports: Ports | None = None
         self.owner_socket: str | None = None
@@ -703,8 +775,8 @@ class Server(_Server):
         self.case = case
         self.stats_dir = Path(workdir)
         self.ports = ports = pick_ports()
-        self.cmdline = master_args(self.master_binary(), ports, case.ssd)
-        self.master_env = dict(TCP_POOL_ENV)
+        self.cmdline = master_args(self.master_binary(), ports, case.ssd, self.lease_ttl_ms, self.offload_on_evict)
+        self.master_env = dict(BASE_ENV)
         menv = dict(os.environ)
         apply_env(self.master_env, menv)
         self.master_proc = master = group.start("mooncake_master", self.cmdline, workdir / "mooncake_master.log", env=menv)
@@ -797,6 +869,7 @@ class Server(_Server):
         if self.case.ssd:
             out["ssd_files_bytes"] = dir_bytes(self.ssd_dirs)
             out["offload_heartbeat_s"] = self.heartbeat_s()
+            out["offload_on_evict"] = self.offload_on_evict  # --mooncake-offload-on-evict (with promotion_on_hit)
             out["settled"] = self.settled
         if self.owner_socket:
             try:
@@ -828,8 +901,10 @@ class Server(_Server):
 
     def stop(self) -> None:
         """The owner first (its client says goodbye to a live master), then the master as a process
-        group: pip's ``mooncake_master`` is a Python wrapper that runs the real binary as its child
-        (``subprocess.call``), which a signal to the wrapper alone would leave running. The harness's
+        group: pip's ``mooncake_master`` is a Python wrapper (mooncake-wheel/mooncake/cli.py) that in
+        v0.3.12.post1 runs the real binary as its child (``subprocess.call``), which a signal to the
+        wrapper alone would leave running; since 11357fb (2026-08-13, on main) it ``os.execv``s the
+        binary, which then leads the group itself. Stopping the group is right for both. The harness's
         group then finds both gone (and still stops the benchmark processes, and everything on error)."""
         if self.owner_proc is not None:
             self.owner_proc.stop()

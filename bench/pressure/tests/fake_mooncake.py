@@ -380,7 +380,7 @@ class _Rpc(socketserver.StreamRequestHandler):
 MASTER_FLAGS_RELEASE = frozenset({
     "enable_http_metadata_server", "http_metadata_server_host", "http_metadata_server_port", "rpc_port", "rpc_address",
     "port", "metrics_port", "eviction_high_watermark_ratio", "eviction_ratio", "default_kv_lease_ttl", "enable_offload",
-    "offload_on_evict", "rpc_thread_num", "enable_metric_reporting", "config_path", "undefok",
+    "offload_on_evict", "promotion_on_hit", "rpc_thread_num", "enable_metric_reporting", "config_path", "undefok",
 })
 MASTER_FLAGS_MAIN = MASTER_FLAGS_RELEASE | {"metrics_host"}
 

@@ -36,7 +36,11 @@ def spec(variant, ssd, procs=1, threads=2, mode="bytes", dram=2 * GiB, ssd_bytes
 
 
 PORTS = mc.Ports(http=18080, rpc=15051, metrics=19003)
-POOL = {"MC_TCP_ENABLE_CONNECTION_POOL": "1"}
+# Caller's variables that change Mooncake's results: removed in every Mooncake process.
+CLEARED = {k: None for k in ("MC_STORE_LOCAL_HOT_CACHE_SIZE", "MC_STORE_MEMCPY", "MC_STORE_USE_HUGEPAGE",
+                             "MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", "MOONCAKE_BUCKET_EVICTION_POLICY",
+                             "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR", "MOONCAKE_CONFIG_PATH")}
+POOL = {"MC_TCP_ENABLE_CONNECTION_POOL": "1", **CLEARED}
 BUCKET_VARS = ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES", "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS")
 
 
@@ -54,11 +58,19 @@ def test_master_command_line_ssd_off_and_on():
         "--metrics_port=19003",
         "--metrics_host=127.0.0.1",
         "--eviction_high_watermark_ratio=0.95",
+        "--eviction_ratio=0.01",  # evict 1 % at the watermark, not Mooncake's 5 %
         "--default_kv_lease_ttl=500",
         "--undefok=metrics_host",
     ]
     assert mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=False) == want
     assert mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=True) == want + ["--enable_offload=true"]
+    # tracebench: Mooncake's default 10 s lease (its batches may take longer than 500 ms)
+    ten = mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=False, lease_ttl_ms=mc.DEFAULT_LEASE_TTL_MS)
+    assert ten == [a if a != "--default_kv_lease_ttl=500" else "--default_kv_lease_ttl=10000" for a in want]
+    # --mooncake-offload-on-evict: only with SSD on
+    on_evict = ["--enable_offload=true", "--offload_on_evict=true", "--promotion_on_hit=true"]
+    assert mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=True, offload_on_evict=True) == want + on_evict
+    assert mc.master_args("/opt/mc/bin/mooncake_master", PORTS, ssd=False, offload_on_evict=True) == want
     assert mc.metadata_url(PORTS) == "http://127.0.0.1:18080/metadata"
     assert mc.master_address(PORTS) == "127.0.0.1:15051"
 
@@ -72,7 +84,7 @@ def test_master_flags_start_the_latest_release_and_main(tmp_path, monkeypatch, v
 
     monkeypatch.setenv("FAKE_MOONCAKE_MASTER_VERSION", version)
     ports = mc.pick_ports(free_port)
-    args = mc.master_args(sys.executable, ports, ssd=True)
+    args = mc.master_args(sys.executable, ports, ssd=True, lease_ttl_ms=mc.DEFAULT_LEASE_TTL_MS, offload_on_evict=True)
     bad = [a for a in args if not a.startswith("--undefok=")]
     if version != "main":
         out = subprocess.run([sys.executable, str(FAKE)] + bad[1:], capture_output=True, text=True, timeout=30)
@@ -106,6 +118,19 @@ def test_split_evenly_adds_up():
         mc.split_evenly(1, 0)
 
 
+def test_physical_cap_fits_the_share():
+    """One key per bucket costs a .bucket (key and value) and a .meta file, each whole 4 KiB blocks:
+    a physical cap equal to the share would hold ~89 % of it at 64 KiB values. The cap the adapter
+    sets holds the whole share."""
+    share = 64 * MiB
+    assert mc.physical_cap(share, 64 * KiB) == 1024 * (68 * KiB + 4 * KiB)
+    assert 1024 * 64 * KiB / mc.physical_cap(share, 64 * KiB) == pytest.approx(0.889, abs=0.001)  # what a cap = share held
+    for payload in (4 * KiB, 64 * KiB, 1 * MiB - 128, 16 * MiB - 128, 28 * MiB, 1000):
+        values = -(-share // payload)
+        on_disk = -(-(payload + len("kv1/tracebench/123456789")) // 4096) * 4096 + 4096
+        assert mc.physical_cap(share, payload) >= values * on_disk >= share
+
+
 def test_setup_arguments_dedicated_owner(tmp_path):
     buf = 512 * MiB
     owner, bench = mc.plan_clients(spec("dedicated_owner", True, procs=4), tmp_path, PORTS, buf)
@@ -115,10 +140,14 @@ def test_setup_arguments_dedicated_owner(tmp_path):
     # the flash share where the bucket backend obeys it (BUCKET_MAX_*), not only TOTAL_SIZE_LIMIT
     assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
                             "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB),
-                            "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16 * GiB),
+                            # the share's files on disk: 16387 values of 1 MiB - 128 B (rounded up), each a .bucket
+                            # of one 1 MiB (value and key) and a .meta of one 4 KiB block
+                            "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16387 * (1 * MiB + 4 * KiB)),
+                            # no proactive eviction at 90 % of the share down to 80 %
+                            "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION": "false",
                             # the flash holder writes one value per bucket, on a 1 s heartbeat (issue 14 item 5)
                             "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "1", "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": str(1 * MiB - 128),
-                            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "1"}
+                            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "1", **CLEARED}
     assert len(bench) == 4
     for i, b in enumerate(bench):  # requesters only: no segment, no flash, but the TCP connection pool
         assert b["args"] == ["127.0.0.1", "http://127.0.0.1:18080/metadata", 0, buf, "tcp", "", "127.0.0.1:15051"]
@@ -136,19 +165,22 @@ def test_setup_arguments_default_offload_variant(tmp_path):
     d = str(tmp_path / "ssd-owner-0")
     assert owner["args"][2] == 2 * GiB and owner["kwargs"] == {"enable_ssd_offload": True, "ssd_offload_path": d}
     # the flash share where the bucket backend obeys it (BUCKET_MAX_*), not only TOTAL_SIZE_LIMIT
+    phys = str(mc.physical_cap(16 * GiB, 1 * MiB - 128))
     assert owner["env"] == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
                             "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB),
-                            "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16 * GiB),
+                            "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": phys,
+                            "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION": "false",  # the share, as in the tuned variants
                             "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": None, "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": None,
-                            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": None, "MC_TCP_ENABLE_CONNECTION_POOL": "1"}
+                            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": None, "MC_TCP_ENABLE_CONNECTION_POOL": "1", **CLEARED}
     assert [b["args"][2] for b in bench] == [0, 0] and all(b["env"] == POOL for b in bench)
     assert mc.topology(spec(mc.DEFAULT_OFFLOAD, True)) == "dedicated_owner"
     # applied to an environment that had them, they are gone; set values replace
-    env = {"MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "7", "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "0", "X": "y"}
+    env = {"MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": "7", "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1", "MC_TCP_ENABLE_CONNECTION_POOL": "0", "X": "y",
+           "MC_STORE_LOCAL_HOT_CACHE_SIZE": str(GiB), "MOONCAKE_CONFIG_PATH": "/etc/mc.json"}
     mc.apply_env(owner["env"], env)
     assert env == {"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * GiB), "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": d,
-                   "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB), "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": str(16 * GiB),
-                   "MC_TCP_ENABLE_CONNECTION_POOL": "1", "X": "y"}
+                   "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(16 * GiB), "MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES": phys,
+                   "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION": "false", "MC_TCP_ENABLE_CONNECTION_POOL": "1", "X": "y"}
     # the bucket holds the value: its size limit follows the payload
     big, _ = mc.plan_clients(CaseSpec("mooncake", "dedicated_owner", True, "bytes", 16 * MiB - 128, 160, GiB, 8 * GiB, 1, 2), tmp_path, PORTS, buf)
     assert big["env"]["MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES"] == str(16 * MiB - 128)
@@ -417,6 +449,9 @@ def setup_calls(log: Path) -> list[dict]:
 
 def test_both_topologies_on_the_fake(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("FAKE_MOONCAKE_REFUSE_PUTS", "3")  # each master refuses its first 3 puts: retried
+    # the caller's shell: a local hot cache, a config file; no Mooncake process of the case may see them
+    monkeypatch.setenv("MC_STORE_LOCAL_HOT_CACHE_SIZE", str(GiB))
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(tmp_path / "mooncake.json"))
     opts = opts_for(tmp_path, "--mooncake-master", str(fake.master), "--mooncake-pythonpath", str(fake.pythonpath))
     cases = [
         Case("mooncake", False, "bytes", "none", "random", PAYLOAD, 1, 2, "dedicated_owner"),
@@ -457,6 +492,16 @@ def test_both_topologies_on_the_fake(tmp_path, fake, monkeypatch):
     assert all(c["env"].get("MC_TCP_ENABLE_CONNECTION_POOL") == "1" for c in calls)
     masters = fake_log(fake.log, "master")
     assert len(masters) == 4 and all(m["env"].get("MC_TCP_ENABLE_CONNECTION_POOL") == "1" for m in masters)
+    # the caller's variables that change Mooncake's results reach no Mooncake process, and are recorded as removed
+    assert not any(k in c["env"] for c in calls + masters for k in CLEARED), [c["env"] for c in calls + masters]
+    for r in recs:
+        assert all(r["client"]["env_at_setup"][k] is None for k in CLEARED) and r["server"]["master_env"] == POOL
+    assert all(on["server"]["owner_env_at_setup"][k] is None for k in CLEARED)
+    # flash kept to the share, not 80-90 % of it: no proactive disk watermark eviction where the flash is
+    for c in calls:
+        assert c["env"].get("MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION") == ("false" if c["enable_ssd_offload"] else None), c
+    assert on["server"]["owner_env_at_setup"]["MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION"] == "false"
+    assert "--eviction_ratio=0.01" in off["server"]["cmd"] and on["server"]["offload_on_evict"] is False
     # the bucket settings only where the flash is, as the summary says
     for c in calls:
         want = {BUCKET_VARS[0]: "1", BUCKET_VARS[1]: str(PAYLOAD), BUCKET_VARS[2]: "1"} if c["enable_ssd_offload"] else \
@@ -569,6 +614,8 @@ def test_matrix_runs_both_topologies_and_the_default_offload_with_ssd_on():
 def test_flags(tmp_path):
     a = opts_for(tmp_path)
     assert a.mooncake_master is None and a.mooncake_pythonpath is None and a.mooncake_local_buffer == "512MiB" and a.mooncake_put_retries == 8
+    assert a.mooncake_offload_on_evict is False and mc.Server(a).offload_on_evict is False and mc.Server(a).lease_ttl_ms == 500
+    assert mc.Server(opts_for(tmp_path, "--mooncake-offload-on-evict")).offload_on_evict is True
     d = cli.resolve(cli.build_parser().parse_args(["run", "--out", str(tmp_path), "--work-dir", str(tmp_path)]))
     assert "mooncake" in d.backend_list
     s = mc.Server(opts_for(tmp_path, "--mooncake-local-buffer", "256MiB", "--mooncake-put-retries", "2", "--mooncake-pythonpath", "rel"))

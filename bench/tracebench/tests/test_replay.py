@@ -427,7 +427,39 @@ def test_replay_through_mooncake_batch_calls_on_the_fake(tmp_path, monkeypatch):
     assert mk["hit_rate"] == ideal["hit_rate"] > 0 and mk["access"] == "batch"
     assert mk["verified_pages"] == mk["hits"] and mk["wrong_bytes"] == 0 and mk["put_failed"] == 0 and mk["errors"] == 0
     assert mk["hits_by_source"]["memory_remote"] == mk["hits"] and mk["held_blocks"] == t.distinct
+    # a lease sized to the replay's longest load call (tiny blocks here: 500 ms), 1 % evicted at the watermark
+    assert "--default_kv_lease_ttl=500" in mk["server_cmd"] and "--eviction_ratio=0.01" in mk["server_cmd"], mk["server_cmd"]
+    assert "--offload_on_evict" not in mk["server_cmd"]
     assert _fake_masters() - before == set()
+
+
+def test_mooncake_master_gets_a_lease_for_its_longest_call_and_the_opt_in_offload_on_evict():
+    """tracebench starts Mooncake's master with a lease long enough for the replay's longest load
+    call (upstream fails every key of a batch_get_into whose lease ran out since its query began; a
+    batch is up to 1 GiB), between the pressure harness's 500 ms and Mooncake's default 10 s (a
+    leased object cannot be evicted); --mooncake-offload-on-evict (SSD on only) asks for flash to
+    hold what DRAM evicted and for hits to be promoted. Nothing is started."""
+    from pressure.backends import mooncake as mc
+
+    assert tb.mooncake_lease_ms(247 * (64 << 10)) == 500  # the quick preset's longest request
+    assert tb.mooncake_lease_ms(1 << 30) == 4000  # a full-preset call of 1 GiB
+    assert tb.mooncake_lease_ms(8 << 30) == tb.mooncake_lease_ms(None) == 10000
+    ports = mc.Ports(1, 2, 3)
+    plain = tb.prepare(tb.Target("mooncake", 1, True), options("fluxkv"), 100, BLOCK, 5, 2, 1000, 1 << 30).server
+    assert plain.lease_ttl_ms == 4000 and plain.offload_on_evict is False
+    plain = tb.prepare(tb.Target("mooncake", 1, True), options("fluxkv"), 100, BLOCK, 5, 2, 1000).server
+    assert plain.lease_ttl_ms == mc.DEFAULT_LEASE_TTL_MS == 10000 and plain.offload_on_evict is False
+    cmd = mc.master_args("mm", ports, True, plain.lease_ttl_ms, plain.offload_on_evict)
+    assert "--default_kv_lease_ttl=10000" in cmd and cmd[-1] == "--enable_offload=true"
+    ap = argparse.ArgumentParser()
+    tb.add_arguments(ap)
+    o = ap.parse_args(["--mooncake-offload-on-evict"])
+    on = tb.prepare(tb.Target("mooncake", 1, True), o, 100, BLOCK, 5, 2, 1000).server
+    assert on.offload_on_evict is True
+    assert mc.master_args("mm", ports, True, on.lease_ttl_ms, on.offload_on_evict)[-3:] == [
+        "--enable_offload=true", "--offload_on_evict=true", "--promotion_on_hit=true"]
+    assert mc.Server(argparse.Namespace()).lease_ttl_ms == mc.LEASE_TTL_MS == 500  # the pressure harness
+    assert not hasattr(o, "mooncake_lease_ttl_ms")  # prepare set it on its own copy of the options
 
 
 def test_mooncake_pages_count_errors_and_retry_refusals():
@@ -438,15 +470,17 @@ def test_mooncake_pages_count_errors_and_retry_refusals():
     class Store:
         def __init__(self):
             self.puts = []
+            self.got = [BLOCK, -704, BLOCK]
+            self.exist = [1, 1, -900, 1]
 
         def register_buffer(self, ptr, size):
             return 0
 
         def batch_is_exist(self, keys):
-            return [1, 1, -900, 1][: len(keys)]
+            return self.exist[: len(keys)]
 
         def batch_get_into(self, keys, ptrs, sizes):
-            return [BLOCK, -704, BLOCK][: len(keys)]
+            return self.got[: len(keys)]
 
         def batch_put_from(self, keys, ptrs, sizes):
             self.puts.append(list(keys))
@@ -464,6 +498,14 @@ def test_mooncake_pages_count_errors_and_retry_refusals():
     with pytest.raises(RuntimeError, match="not registered"):
         pc.load([1], Pages(BLOCK).buffers(1))
     assert pc.counters()["sources"] == {"memory_remote": 1}
+    # REPLICA_IS_NOT_READY (-703: another process's put still in flight) is a miss, as upstream's
+    # client takes it (real_client.cpp at 3b5a594), not an error; LEASE_EXPIRED (-707) is one
+    st.got = [BLOCK, -703, BLOCK]
+    assert pc.load([1, 2, 3], bufs) == 1 and pc.errors == {"RPC_FAIL": 1}
+    st.exist = [1, -703, 1]
+    assert pc.lookup([1, 2, 3]) == 1 and pc.errors == {"RPC_FAIL": 1}
+    st.got = [-707, BLOCK, BLOCK]
+    assert pc.load([1, 2, 3], bufs) == 0 and pc.errors == {"RPC_FAIL": 1, "LEASE_EXPIRED": 1}
 
 
 def test_mooncake_pages_ssd_on_count_batches_not_pages():
