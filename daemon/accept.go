@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -118,7 +117,7 @@ func (a *acceptor) run() {
 				continue
 			}
 		}
-		a.metrics.ConnRefused(a.socket, metrics.RefuseAccept)
+		a.metrics.ConnRefused(a.socket, metrics.AcceptRefusal(err))
 		delay = min(max(2*delay, acceptBackoffMin), acceptBackoffMax)
 		a.note(metrics.RefuseAccept, "accept failed; retrying", func(e *zerolog.Event) { e.Err(err).Dur("backoff", delay) })
 		time.Sleep(delay)
@@ -291,9 +290,7 @@ func (a *acceptor) closeSpare() {
 }
 
 // isFDExhaustion reports an accept that failed for want of a file descriptor.
-func isFDExhaustion(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
-}
+func isFDExhaustion(err error) bool { return metrics.AcceptRefusal(err) == metrics.RefuseNoFD }
 
 // logLimiter lets one log line through per refusalLogPeriod and counts the rest.
 type logLimiter struct {

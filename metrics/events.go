@@ -1,11 +1,16 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Reasons a socket refuses a connection (the reason label of fluxkv_conn_refused_total).
 const (
 	RefuseCap         = "cap"          // the socket's connection cap (--max-connections) was reached
-	RefuseNoFD        = "no_fd"        // accept failed with EMFILE/ENFILE: the spare fd accepted and closed it
+	RefuseNoFD        = "no_fd"        // accept failed with EMFILE/ENFILE (an owner's Unix sockets: the spare fd accepted and closed it; TCP: retried with backoff)
 	RefuseHello       = "hello"        // an attach hello that was malformed, too large or refused
 	RefusePerm        = "permission"   // an attach by a uid or group the owner does not admit
 	RefuseFrame       = "frame"        // a frame over the limit, not a CALL, or announcing sizes its bytes do not hold
@@ -60,7 +65,7 @@ func newEvents() *events {
 	e := &events{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_refused_total",
-			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer, data) and reason (cap, no_fd, hello, permission, frame, frame_memory, accept, put_area, auth, shed, source_cap).",
+			Help: "Connections refused or closed early, by socket (attach, rpc, master, peer, data) and reason (cap, no_fd, hello, permission, frame, frame_memory, accept, put_area, uid_share, auth, shed, source_cap).",
 		}, []string{"socket", "reason"}),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fluxkv_conn_timeouts_total",
@@ -120,4 +125,13 @@ func (m *Metrics) LostReply() {
 		return
 	}
 	m.events.lostReply.Inc()
+}
+
+// AcceptRefusal is the reason an accept that failed with err counts as: RefuseNoFD for
+// want of a file descriptor (EMFILE, ENFILE), else RefuseAccept.
+func AcceptRefusal(err error) string {
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+		return RefuseNoFD
+	}
+	return RefuseAccept
 }

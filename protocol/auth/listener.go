@@ -129,7 +129,7 @@ func (l *listener) Accept() (net.Conn, error) {
 				return nil, err
 			}
 			delay = min(max(2*delay, acceptBackoffMin), acceptBackoffMax)
-			l.opts.Metrics.ConnRefused(l.purpose, metrics.RefuseAccept)
+			l.opts.Metrics.ConnRefused(l.purpose, metrics.AcceptRefusal(err))
 			l.log.Warn().Err(err).Dur("backoff", delay).Msg("accept failed; retrying")
 			time.Sleep(delay)
 			continue
