@@ -93,3 +93,21 @@ func shardBytes(root string) int64 {
 	}
 	return n
 }
+
+// CheckDirectIO reports, before anything is created, a path whose file system cannot
+// hold the tier: the nearest existing directory of its cache root must take a file
+// written and read back with O_DIRECT (ProbeDirectIO; tmpfs on older kernels and ramfs
+// refuse it). Found only when the tier opened, the owner exited 1 after the master
+// started, and a service manager restarted it for good.
+func CheckDirectIO(opts Options) error {
+	for _, p := range opts.Paths {
+		dir, err := existingAncestor(cacheRoot(&opts, p))
+		if err != nil {
+			return fmt.Errorf("ssd path %s: %w", p, err)
+		}
+		if err := ProbeDirectIO(dir); err != nil {
+			return fmt.Errorf("ssd path %s: %w", p, err)
+		}
+	}
+	return nil
+}

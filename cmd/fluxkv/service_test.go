@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"golang.org/x/sys/unix"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/internal/proctest"
@@ -552,6 +553,10 @@ func TestFlagRefusalsExit2(t *testing.T) {
 		{"dram above memory", []string{"--dram", strconv.FormatInt(mem+1, 10)}, "exceeds this machine's memory"},
 		{"negative cache grace", []string{"--cache-grace", "-1s"}, "--cache-grace: -1s must be ≥ 0"},
 		{"negative max connections", []string{"--max-connections", "-3"}, "--max-connections must be ≥ 0, got -3"},
+		// Found only when the tier opened, exit status 1 after the master started: a
+		// service manager restarted the owner for good.
+		{"ssd path where no file can be made", []string{"--ssd-path", "/proc/fluxkv-ssd", "--ssd-limit", "64MiB"},
+			"ssd path /proc/fluxkv-ssd: probe O_DIRECT in /proc"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := startService(t, append([]string{"up", "--dir", sockDir}, tt.args...)...)
@@ -565,6 +570,32 @@ func TestFlagRefusalsExit2(t *testing.T) {
 				t.Errorf("socket created by a refused start")
 			}
 		})
+	}
+}
+
+// An SSD path on a file system that refuses O_DIRECT (ramfs, here; tmpfs before Linux
+// 6.6) is refused at start, exit status 2: found when the tier opened, the owner exited 1
+// after its master started and a service manager restarted it for good (a review).
+func TestSSDPathWithoutDirectIOExit2(t *testing.T) {
+	dir := t.TempDir()
+	ram := filepath.Join(dir, "ramfs")
+	if err := os.Mkdir(ram, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("ramfs", ram, "ramfs", 0, ""); err != nil {
+		t.Skipf("cannot mount a ramfs (not root?): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(ram, unix.MNT_DETACH) })
+	sockDir := filepath.Join(dir, "run")
+	s := startService(t, "up", "--dir", sockDir, "--ssd-path", filepath.Join(ram, "ssd"), "--ssd-limit", "16MiB")
+	if code := s.wait(startBudget); code != 2 {
+		t.Errorf("exit status %d, want 2:\n%s", code, s.log())
+	}
+	if want := "does not support O_DIRECT"; !strings.Contains(s.log(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, s.log())
+	}
+	if _, err := os.Stat(filepath.Join(sockDir, "fluxkv.sock")); err == nil {
+		t.Errorf("socket created by a refused start")
 	}
 }
 

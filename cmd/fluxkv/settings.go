@@ -366,8 +366,12 @@ func checkSSDSpace(oc config.Owner) error {
 		}
 	}
 	// The options the owner will open the tier with.
-	if err := ssd.CheckSpace(*ownerOptions(oc, "", nil, nil).SSD); errors.Is(err, ssd.ErrLimit) {
+	so := *ownerOptions(oc, "", nil, nil).SSD
+	if err := ssd.CheckSpace(so); errors.Is(err, ssd.ErrLimit) {
 		return refuse("%v", err)
+	}
+	if err := ssd.CheckDirectIO(so); err != nil {
+		return refuse("%v (--ssd-path, large_file_paths: a directory on a file system that takes O_DIRECT)", err)
 	}
 	return nil // any other error is the start's to report
 }
