@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -34,14 +35,23 @@ func clusterFlags() []cli.Flag {
 
 // clusterSettings merges --cluster-secret-file and --insecure-cluster over the file's
 // values: each flag given on the command line replaces the file's (--insecure-cluster=false
-// turns the file's insecure_cluster off).
+// turns the file's insecure_cluster off), and one that chooses a mode replaces the file's
+// other setting too: secret files on the command line over a file's insecure_cluster,
+// --insecure-cluster over its cluster_secret_files (make install's units always pass
+// --cluster-secret-file; a file saying insecure_cluster: true refused every start).
 func clusterSettings(c *cli.Context, fileFiles []string, fileInsecure bool) ([]string, bool) {
 	files, insecure := fileFiles, fileInsecure
 	if c.IsSet("cluster-secret-file") {
 		files = c.StringSlice("cluster-secret-file")
+		if !c.IsSet("insecure-cluster") {
+			insecure = false
+		}
 	}
 	if c.IsSet("insecure-cluster") {
 		insecure = c.Bool("insecure-cluster")
+		if insecure && !c.IsSet("cluster-secret-file") {
+			files = nil
+		}
 	}
 	return files, insecure
 }
@@ -59,7 +69,9 @@ func clusterSecrets(c *cli.Context, role, key string, files []string, insecure b
 	name := settingName(c, "cluster-secret-file", key, true)
 	switch {
 	case len(files) > 0 && insecure:
-		return nil, refuse("%s and --insecure-cluster contradict each other: give one", name)
+		// Only both from the command line, or both from the file (clusterSettings).
+		return nil, refuse("%s and %s contradict each other: give one", name,
+			settingName(c, "insecure-cluster", strings.TrimSuffix(key, "cluster_secret_files")+"insecure_cluster", true))
 	case insecure:
 		logger.Warn().Str("role", role).Msg("running WITHOUT cluster authentication (--insecure-cluster): anyone who can reach this node's " +
 			"master or peer port can call it; use --cluster-secret-file on every node")

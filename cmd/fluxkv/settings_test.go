@@ -307,6 +307,16 @@ func TestSettingsSwitchFlagOverridesFile(t *testing.T) {
 		{name: "owner insecure off over the file", command: "owner", yaml: "fluxkv_spec:\n  insecure_cluster: true\n",
 			args: []string{"--insecure-cluster=false", "--master", "127.0.0.1:1", "--dir", absentDir},
 			want: func(o config.Owner, _ config.Master) bool { return !o.InsecureCluster }},
+		// The units pass --cluster-secret-file: a file's insecure_cluster refused every
+		// start ("contradict each other", naming a flag not given: a review).
+		{name: "secret flag over the file's insecure", command: "master", yaml: "master:\n  insecure_cluster: true\n",
+			args: []string{"--cluster-secret-file", "/s"},
+			want: func(_ config.Owner, m config.Master) bool {
+				return !m.InsecureCluster && slices.Equal(m.ClusterSecretFiles, []string{"/s"})
+			}},
+		{name: "insecure flag over the file's secrets", command: "owner", yaml: "fluxkv_spec:\n  cluster_secret_files: [/s]\n",
+			args: []string{"--insecure-cluster", "--master", "127.0.0.1:1", "--dir", absentDir},
+			want: func(o config.Owner, _ config.Master) bool { return o.InsecureCluster && len(o.ClusterSecretFiles) == 0 }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			oc, mc, err := runSettings(t, tt.command, tt.yaml, tt.args...)
