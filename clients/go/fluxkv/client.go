@@ -140,6 +140,11 @@ func Connect(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("%w: MaxIdleConns %d, Timeout %v and ReleaseDelay %v must not be negative",
 			ErrInvalidArgument, opts.MaxIdleConns, opts.Timeout, opts.ReleaseDelay)
 	}
+	if n := len(opts.Socket); n == 0 || n > shm.MaxSocketPath {
+		// connect(2) answers EINVAL, which says nothing of the path.
+		return nil, fmt.Errorf("%w: socket path %q is %d bytes: a Unix socket path holds 1 to %d",
+			ErrInvalidArgument, opts.Socket, n, shm.MaxSocketPath)
+	}
 	a, err := attach(opts)
 	if err != nil {
 		return nil, err

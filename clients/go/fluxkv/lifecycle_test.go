@@ -11,6 +11,7 @@ import (
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
+	"github.com/fluxkv/fluxkv/shm"
 	"golang.org/x/sys/unix"
 )
 
@@ -222,8 +223,14 @@ func TestOwnerRangesChecked(t *testing.T) {
 	}
 }
 
+// TestNegativeOptionsRefused: options that cannot work are refused at Connect as
+// INVALID_ARGUMENT: negative bounds, and a socket path sun_path cannot hold.
 func TestNegativeOptionsRefused(t *testing.T) {
 	n := startNode(t, "64MiB")
+	long := "/tmp/" + strings.Repeat("d", shm.MaxSocketPath) + "/fluxkv.sock" // connect(2): EINVAL, naming nothing
+	if _, err := Connect(Options{Socket: long}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "a Unix socket path holds 1 to 107") {
+		t.Errorf("Connect of a %d-byte socket path: %v, want INVALID_ARGUMENT naming the limit", len(long), err)
+	}
 	for _, o := range []Options{{MaxIdleConns: -1}, {Timeout: -time.Second}, {ReleaseDelay: -time.Millisecond}} {
 		o.Socket = n.socket()
 		if c, err := Connect(o); !errors.Is(err, ErrInvalidArgument) {
