@@ -44,9 +44,13 @@ void child() {
 
 }  // namespace
 
-void ForkRegistry::add(ClientImpl* c) {
+void ForkRegistry::install() {
   static std::once_flag once;
   std::call_once(once, [] { pthread_atfork(&prepare, &parent, &child); });
+}
+
+void ForkRegistry::add(ClientImpl* c) {
+  install();
   std::lock_guard lk(registry_mu());
   clients().insert(c);
 }

@@ -10,6 +10,8 @@ namespace fluxkv::detail {
 class ClientImpl;
 
 struct ForkRegistry {
+  // Installs the pthread_atfork handlers (once): before a session's first socket exists.
+  static void install();
   static void add(ClientImpl* c);
   static void remove(ClientImpl* c) noexcept;
 };

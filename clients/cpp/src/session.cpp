@@ -6,6 +6,7 @@
 #include <cstring>
 #include <set>
 
+#include "fork_registry.hpp"
 #include "unix_socket.hpp"
 
 namespace fluxkv::detail {
@@ -23,10 +24,17 @@ std::set<Session*>& sessions() {
   return *s;
 }
 
+// The attach connections of sessions being built (under sessions_mu): made and recorded
+// under the lock, so a fork never copies one a forked child does not close.
+std::set<int>& attaching() {
+  static auto* s = new std::set<int>();
+  return *s;
+}
+
 // The attach handshake: AttachHello out, AttachReply back with the segment's memfd (and,
 // under isolation, the put area's) as SCM_RIGHTS.
-AttachReply handshake(const SessionConfig& cfg, UniqueFd& sock, std::vector<UniqueFd>& fds) {
-  sock = connect_unix(cfg.path, cfg.attach_timeout, "attach socket");
+AttachReply handshake(const SessionConfig& cfg, const UniqueFd& sock, std::vector<UniqueFd>& fds) {
+  connect_unix(sock, cfg.path, cfg.attach_timeout, "attach socket");
   std::vector<std::uint8_t> hello(4);
   Writer w(hello);
   std::string_view name(cfg.name);
@@ -67,15 +75,31 @@ AttachReply handshake(const SessionConfig& cfg, UniqueFd& sock, std::vector<Uniq
 }  // namespace
 
 Session::Session(const SessionConfig& cfg, std::shared_ptr<ReleaseKicker> kicker) : cfg_(cfg), kicker_(std::move(kicker)) {
+  ForkRegistry::install();  // the first client's session is built before the client registers
   UniqueFd sock;
-  std::vector<UniqueFd> fds;  // closed at return: the mappings outlive them
-  AttachReply reply = handshake(cfg, sock, fds);
-  ro = Mapping(fds[0].get(), reply.segment_size, false, "segment");
-  if (reply.isolated) {
-    // The segment is write-sealed: never mapped writable; puts go through the area.
-    area = Mapping(fds[1].get(), reply.put_area_size, true, "put area");
-  } else {
-    rw = Mapping(fds[0].get(), reply.segment_size, true, "segment");
+  {
+    std::lock_guard lk(sessions_mu());
+    sock = unix_stream_socket();
+    attaching().insert(sock.get());
+  }
+  // Until it is registered below, a forked child closes its copy; on failure it is
+  // closed under the lock, before its number can be reused.
+  AttachReply reply;
+  try {
+    std::vector<UniqueFd> fds;  // closed here: the mappings outlive them
+    reply = handshake(cfg, sock, fds);
+    ro = Mapping(fds[0].get(), reply.segment_size, false, "segment");
+    if (reply.isolated) {
+      // The segment is write-sealed: never mapped writable; puts go through the area.
+      area = Mapping(fds[1].get(), reply.put_area_size, true, "put area");
+    } else {
+      rw = Mapping(fds[0].get(), reply.segment_size, true, "segment");
+    }
+  } catch (...) {
+    std::lock_guard lk(sessions_mu());
+    attaching().erase(sock.get());
+    sock.reset();
+    throw;
   }
   set_timeouts(sock.get(), std::chrono::milliseconds(0));
   client_id = reply.client_id;
@@ -85,10 +109,9 @@ Session::Session(const SessionConfig& cfg, std::shared_ptr<ReleaseKicker> kicker
   rpc_path = reply.rpc_socket.empty() ? cfg.path + ".rpc" : reply.rpc_socket;
   node_id = reply.node_id;
   isolated = reply.isolated;
-  attach_fd_ = std::move(sock);
-  // (A fork between the connect in handshake and here leaves the child a copy of the new
-  // attach connection.)
   std::lock_guard lk(sessions_mu());
+  attaching().erase(sock.get());
+  attach_fd_ = std::move(sock);
   sessions().insert(this);
 }
 
@@ -116,6 +139,9 @@ void Session::fork_child_all() noexcept {
     s->mu_.unlock();
     s->retire(SessionState::forked);
   }
+  // Sessions another thread was attaching: that thread is not in this child.
+  for (int fd : attaching()) ::close(fd);
+  attaching().clear();
   sessions_mu().unlock();
 }
 

@@ -24,18 +24,28 @@ void set_timeouts(int fd, std::chrono::milliseconds timeout) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
+UniqueFd unix_stream_socket() {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) {
+    int e = errno;
+    throw Unavailable(ErrorCode::UNAVAILABLE, std::string("socket: ") + err_text(e), e);
+  }
+  return fd;
+}
+
 UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout, const char* what) {
+  UniqueFd fd = unix_stream_socket();
+  connect_unix(fd, path, timeout, what);
+  return fd;
+}
+
+void connect_unix(const UniqueFd& fd, const std::string& path, std::chrono::milliseconds timeout, const char* what) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path)
     throw InvalidArgument(ErrorCode::INVALID_ARGUMENT,
                           std::string(what) + " path \"" + path + "\" must be 1.." + std::to_string(sizeof addr.sun_path - 1) + " bytes");
   std::memcpy(addr.sun_path, path.data(), path.size());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) {
-    int e = errno;
-    throw Unavailable(ErrorCode::UNAVAILABLE, std::string("socket: ") + err_text(e), e);
-  }
   set_timeouts(fd.get(), timeout);
   int rc;
   do {
@@ -53,7 +63,6 @@ UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout
       throw Unavailable(ErrorCode::UNAVAILABLE, std::string("connect to ") + what + " " + path + " timed out", e);
     throw Unavailable(ErrorCode::UNAVAILABLE, std::string("no fluxkv owner at ") + path + ": " + err_text(e), e);
   }
-  return fd;
 }
 
 int send_all(int fd, const std::uint8_t* buf, std::size_t n, std::size_t* written) {

@@ -16,6 +16,11 @@ namespace fluxkv::detail {
 // PermissionDenied (EACCES: the socket's permissions refused us); what names the socket.
 UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout, const char* what);
 
+// The same in two steps: a SOCK_STREAM Unix socket (close-on-exec; throws Unavailable), then
+// connecting it (a caller that must record the socket before it connects: Session).
+UniqueFd unix_stream_socket();
+void connect_unix(const UniqueFd& fd, const std::string& path, std::chrono::milliseconds timeout, const char* what);
+
 // Sets SO_RCVTIMEO and SO_SNDTIMEO (0: none).
 void set_timeouts(int fd, std::chrono::milliseconds timeout);
 

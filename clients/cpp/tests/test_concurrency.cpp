@@ -132,6 +132,44 @@ bool fork_in_call(std::string_view method) {
 
 }  // namespace
 
+// A fork while another thread attaches (connected, its hello sent, the owner's reply not
+// come) closes the child's copy of that attach connection: the session being built is
+// known to the fork handlers from before its socket exists (the copy kept the owner's
+// session, and its holders' bytes, until the child exited).
+TEST(fork_child_closes_an_attach_in_progress) {
+  char tmpl[] = "/tmp/fkv-attach-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::string path = dir + "/fluxkv.sock";
+  int ls = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(ls, 4) == 0);
+  fluxkv::Options o;
+  o.attach_timeout = std::chrono::milliseconds(3000);
+  std::thread t([&] {
+    try {
+      fluxkv::Client::connect(path, o);  // an owner that never answers: times out
+    } catch (const fluxkv::Error&) {
+    }
+  });
+  int s = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
+  CHECK(s >= 0);
+  std::uint8_t head[4];
+  CHECK(::recv(s, head, sizeof head, MSG_WAITALL) == 4);  // its hello: the client waits for the reply
+  owner_dir_for_fork = dir;
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(owner_sockets() == 0 ? 0 : 20);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(s);  // the attach fails at once
+  t.join();
+  ::close(ls);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);  // the child held no copy of the connection
+}
+
 // A connection a call of the parent is using at fork() is closed in the child, as idle
 // ones are: else the child's copy kept the socket open after the parent closed it (a call
 // that timed out), and the owner, never seeing the close, kept what the lost reply handed

@@ -133,12 +133,16 @@ def recv_frame_with_fds(sock: socket.socket, max_frame: int = MAX_ATTACH_FRAME) 
     return bytes(data[4:]), fds
 
 
-def attach(path: str, name: str, pid: int, timeout: float):
+def attach(path: str, name: str, pid: int, timeout: float, on_socket=None):
     """Attach to the owner at ``path``. Returns (attach socket, AttachReply, fds): the
     segment's memfd, and under client isolation (``reply.isolated``) the session's put area
-    second. Raises Unavailable when nobody listens there, the matching Error for a refusal."""
+    second. Raises Unavailable when nobody listens there, the matching Error for a refusal.
+    ``on_socket`` gets the socket as soon as it exists (a session keeps it from there, so
+    that a fork during the attach closes the child's copy); it is closed on failure."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        if on_socket is not None:
+            on_socket(sock)
         sock.settimeout(timeout)
         try:
             sock.connect(path)

@@ -136,11 +136,16 @@ class _Session:
     def __init__(self, client: "Client", path: str, name: str, attach_timeout: float, timeout: float, max_idle: int,
                  populate: bool | None = None):
         self.pid = os.getpid()
-        sock, reply, fds = attach(path, name, self.pid, attach_timeout)
-        # Known to a forked child from here on (forked() copes with a session half built;
-        # a fork inside attach() leaves the child a copy of that one connection).
-        self.attach_sock = sock
+        # Known to a forked child from before the attach connection exists (forked() copes
+        # with a session half built): a fork during attach() closes the child's copy too.
+        self.attach_sock = None
         _SESSIONS.add(self)
+        try:
+            sock, reply, fds = attach(path, name, self.pid, attach_timeout, on_socket=self._attaching)
+        except BaseException:
+            _SESSIONS.discard(self)
+            self.attach_sock = None  # attach() closed it
+            raise
         try:
             # Under client isolation the segment is write-sealed: never mapped writable.
             self.segment = Segment(fds[0], reply.segment_size, writable=not reply.isolated, populate=populate)
@@ -416,6 +421,9 @@ class _Session:
         for conn in list(self.conns):
             conn.close()
         self.busy.clear()
+
+    def _attaching(self, sock: _socketmod.socket) -> None:
+        self.attach_sock = sock
 
     def _close_attach(self) -> None:
         sock, self.attach_sock = self.attach_sock, None

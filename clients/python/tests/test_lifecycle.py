@@ -263,6 +263,60 @@ def test_fork_while_a_session_is_built(daemon, monkeypatch):
     made[0].close()
 
 
+def test_fork_during_attach(daemon, monkeypatch):
+    """A fork while another thread is inside attach() (connected, waiting for the owner's
+    reply) closes the child's copy of that attach connection: the session is known to the
+    fork handler from before the connection exists (its copy kept the owner's session, and
+    its holders' bytes, until the child exited)."""
+    import fluxkv._wire as fw
+    import fluxkv.client as fc
+
+    waiting, go_on = threading.Event(), threading.Event()
+    real = fw.recv_frame_with_fds
+    fds = []
+
+    def blocking_recv(sock, *a, **kw):
+        fds.append(sock.fileno())
+        waiting.set()
+        go_on.wait(30)
+        return real(sock, *a, **kw)
+
+    monkeypatch.setattr(fw, "recv_frame_with_fds", blocking_recv)
+    made = []
+    t = threading.Thread(target=lambda: made.append(fluxkv.connect(daemon.socket)))
+    t.start()
+    try:
+        assert waiting.wait(30)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                try:
+                    os.fstat(fds[0])
+                    report = b"the attach connection being made stayed open in the child"
+                except OSError:
+                    report = b"ok"
+                os.write(w, report)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            report = f.read().decode()
+        os.waitpid(pid, 0)
+        assert report == "ok"
+    finally:
+        go_on.set()
+        t.join(30)
+    monkeypatch.undo()
+    assert made, "the client being attached did not attach"
+    made[0].put("fork/attach", b"x")  # the parent's session serves
+    made[0].close()
+    assert not any(s.state is None and s.attach_sock is None for s in list(fc._SESSIONS))
+
+
 def test_fork_with_multiprocessing(client):
     import multiprocessing as mp
 
