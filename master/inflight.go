@@ -68,6 +68,11 @@ type inflightGet struct {
 	// noPromotion: the target is for this get alone (the transfer area, or room a
 	// duplicate may not take: getTargetLocked); GetDone does not promote it.
 	noPromotion bool
+	// sourceLost: the memory replica it pulls from went with its owner's tomb
+	// (tombLocked). That owner may be alive and register again, its pull fence unchanged
+	// (the same process), and its new pool may hand the range to another value: what
+	// the pull copied cannot be trusted, and GetDone refuses it.
+	sourceLost bool
 }
 
 // dropGetLocked ends an in-flight get, dropping its pre-recorded holder too when the
@@ -283,6 +288,11 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (GetDoneResult, er
 	g := s.gets[getID]
 	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
 		return GetDoneResult{}, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key (expired, revoked or never started)", getID)
+	}
+	if g.sourceLost {
+		// Its pulls have ended (the requester calls GetDone after them): the target goes.
+		s.dropGetLocked(getID, g, true)
+		return GetDoneResult{}, wire.Errorf(common.ErrorCode_UNAVAILABLE, "the owner get %d pulled %q from was lost (tombed) before the get ended; retry", getID, key)
 	}
 	delete(s.gets, getID)
 	s.unsourceLocked(g)

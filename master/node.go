@@ -423,7 +423,9 @@ func (s *State) tombLocked(n *node) {
 		case g.sourceNode == n:
 			// The requester lives and may still be pulling into its target: the target
 			// stays allocated until the requester revokes (its pull fails, the source
-			// is gone) or completes the get. Only the dead source's range goes.
+			// is gone) or completes the get. Only the dead source's range goes, and a
+			// memory pull's bytes are not trusted any more (sourceLost).
+			g.sourceLost = g.source != nil
 			s.unsourceLocked(g)
 		}
 	}
