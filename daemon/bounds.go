@@ -87,6 +87,15 @@ func (b *bounds) stageDeadline(n int64) time.Duration {
 	return min(stageBase+time.Duration(n)*time.Second/stageRate, b.stageMax)
 }
 
+// pullDeadline is how long a get's pull of n bytes from another owner's memory may
+// take: proportional to its length, as a refill's, at most the bound's transfer. A
+// source that trickles (sends, so the data plane's progress timeout never fires) kept
+// a small value's get for the whole TransferTimeout, the clients' own default call
+// timeout, before the next replica was tried (a review: 30 s for 256 KiB).
+func (b *bounds) pullDeadline(n int64) time.Duration {
+	return min(stageBase+time.Duration(n)*time.Second/stageRate, b.transfer)
+}
+
 // adoptMasterTimes puts in force the bounds under the master's times m, and logs the
 // options they lower.
 func (o *Owner) adoptMasterTimes(m masterTimes) {

@@ -67,7 +67,7 @@ type batchSource struct {
 // source has at least two of them; pre[j] is set for each key it brought in. A target
 // outside the segment, a plan too old (bounds.planAge), an SSD value of more than one
 // staging chunk and a source's lone value are left to planGet. A source's pulls share
-// one deadline: bounds.transfer from memory, the refills' stageDeadline from SSD.
+// one deadline: pullDeadline of their bytes from memory, stageDeadline from SSD.
 func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []*prePulled) {
 	pre = make([]*prePulled, len(starts))
 	groups := make(map[batchSource][]int)
@@ -181,7 +181,11 @@ func chunkInts(s []int, n int) func(yield func([]int) bool) {
 
 // pullGroup pulls the values js of one source's memory with one PullMany.
 func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
-	ctx, cancel := context.WithTimeout(context.Background(), o.bounds().transfer)
+	var total int64
+	for _, j := range js {
+		total += starts[j].plan.Len
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.bounds().pullDeadline(total))
 	defer cancel()
 	seg := o.seg.Bytes()
 	items := make([]transfer.PullItem, len(js))

@@ -79,7 +79,8 @@ type Options struct {
 	// Default 0: none.
 	LandingReserve int64
 	// TransferTimeout bounds one pull from another owner, well under the master's
-	// in-flight TTL (a stalled one fails sooner: no byte for a second). Default 30s.
+	// in-flight TTL (a stalled one fails sooner: no byte for a second; a get's pull of
+	// memory, by 5 s plus its bytes at 32 MiB/s when that is shorter). Default 30s.
 	// The master sends its in-flight TTL and pull timeout at registration; the owner
 	// lowers this bound to half the TTL for gets and 6/7 of the pull timeout for pooled
 	// puts when they are shorter (daemon/bounds.go), and logs so.

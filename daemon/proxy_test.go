@@ -17,6 +17,7 @@ type tcpProxy struct {
 	ln     net.Listener
 	target string
 	rate   atomic.Int64
+	chunk  atomic.Int64 // the most bytes a throttled read takes (0: 64 KiB): small ones trickle
 	frozen atomic.Bool
 
 	mu    sync.Mutex
@@ -86,7 +87,11 @@ func (p *tcpProxy) pipe(src, dst net.Conn, throttled bool) {
 	buf := make([]byte, 64<<10)
 	for {
 		p.waitThawed()
-		n, err := src.Read(buf)
+		b := buf
+		if c := p.chunk.Load(); throttled && c > 0 && c < int64(len(buf)) {
+			b = buf[:c]
+		}
+		n, err := src.Read(b)
 		p.waitThawed()
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
