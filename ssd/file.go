@@ -1,9 +1,11 @@
 package ssd
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"os"
 	"sync"
 	"unsafe"
@@ -173,11 +175,11 @@ func ProbeDirectIO(dir string) error {
 		buf[i] = byte(i * 7)
 	}
 	if n, err := unix.Pwrite(fd, buf, 0); err != nil || n != len(buf) {
-		return fmt.Errorf("%s: O_DIRECT write failed (n=%d): %v", dir, n, err)
+		return fmt.Errorf("%s: O_DIRECT write failed (n=%d): %w", dir, n, cmp.Or(err, io.ErrShortWrite))
 	}
 	got := alignedAlloc(4096)
 	if n, err := unix.Pread(fd, got, 0); err != nil || n != len(got) {
-		return fmt.Errorf("%s: O_DIRECT read failed (n=%d): %v", dir, n, err)
+		return fmt.Errorf("%s: O_DIRECT read failed (n=%d): %w", dir, n, cmp.Or(err, io.ErrUnexpectedEOF))
 	}
 	if string(got) != string(buf) {
 		return errors.New(dir + ": O_DIRECT read back different bytes")

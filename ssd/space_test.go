@@ -2,9 +2,12 @@ package ssd
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCheckSpace: a limit beyond the free space is refused before anything is created,
@@ -48,5 +51,37 @@ func TestCheckSpace(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCheckDirectIOLeavesAFullDiskToOpen: the start's O_DIRECT probe writes a 4 KiB
+// file; on a disk the last run's shard files filled (which Open truncates, and
+// CheckSpace counts as free), its ENOSPC is not a refusal: refused (exit 2), the owner
+// never started again (a review). A file system without O_DIRECT still is.
+func TestCheckDirectIOLeavesAFullDiskToOpen(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Skipf("cannot mount a tmpfs (not root?): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := ProbeDirectIO(dir); err != nil {
+		t.Skipf("this kernel's tmpfs takes no O_DIRECT: %v", err)
+	}
+	fill, err := os.Create(filepath.Join(dir, "shard-0.dat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := fill.Write(make([]byte, 4096)); err != nil {
+			break // full
+		}
+	}
+	fill.Close()
+	opts := Options{Cluster: "c", InstanceKey: "n1", Paths: []string{filepath.Join(dir, "ssd")}, Limits: []int64{32 << 10}}
+	if err := ProbeDirectIO(dir); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("probe on the full disk: %v; want ENOSPC (the test did not fill it)", err)
+	}
+	if err := CheckDirectIO(opts); err != nil {
+		t.Errorf("CheckDirectIO on a full disk: %v; want nil (left to Open)", err)
 	}
 }
