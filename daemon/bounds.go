@@ -88,7 +88,9 @@ func (b *bounds) stageDeadline(n int64) time.Duration {
 }
 
 // pullDeadline is how long a get's pull of n bytes from another owner's memory may
-// take: proportional to its length, as a refill's, at most the bound's transfer. A
+// take once it holds one of the peer's slots (transfer.WithBudget; the wait for the
+// slot counts in the bound's transfer): proportional to its length, as a refill's, at
+// most the bound's transfer. A
 // source that trickles (sends, so the data plane's progress timeout never fires) kept
 // a small value's get for the whole TransferTimeout, the clients' own default call
 // timeout, before the next replica was tried (a review: 30 s for 256 KiB).

@@ -67,7 +67,8 @@ type batchSource struct {
 // source has at least two of them; pre[j] is set for each key it brought in. A target
 // outside the segment, a plan too old (bounds.planAge), an SSD value of more than one
 // staging chunk and a source's lone value are left to planGet. A source's pulls share
-// one deadline: pullDeadline of their bytes from memory, stageDeadline from SSD.
+// one deadline: the transfer bound from memory, each run of their pulls pullDeadline of
+// their bytes once it holds a slot of the peer's; stageDeadline from SSD.
 func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []*prePulled) {
 	pre = make([]*prePulled, len(starts))
 	groups := make(map[batchSource][]int)
@@ -185,8 +186,10 @@ func (o *Owner) pullGroup(starts []startedGet, js []int, pre []*prePulled) {
 	for _, j := range js {
 		total += starts[j].plan.Len
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), o.bounds().pullDeadline(total))
+	b := o.bounds()
+	ctx, cancel := context.WithTimeout(context.Background(), b.transfer)
 	defer cancel()
+	ctx = transfer.WithBudget(ctx, b.pullDeadline(total))
 	seg := o.seg.Bytes()
 	items := make([]transfer.PullItem, len(js))
 	for k, j := range js {

@@ -194,8 +194,9 @@ func (o *Owner) checkTarget(key string, plan *mp.GetStartResponse) error {
 func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64) (*holding, error) {
 	dst := o.seg.Bytes()[plan.TargetOffset : plan.TargetOffset+plan.Len]
 	f := transfer.Fence{SourceNode: plan.SourceNodeId, SourceGeneration: plan.SourceGeneration, TransferID: plan.GetId}
-	ctx, cancel := context.WithTimeout(context.Background(), o.bounds().pullDeadline(plan.Len))
-	err := o.puller.Pull(ctx, plan.SourceDataAddr, f, srcOffset, dst)
+	b := o.bounds()
+	ctx, cancel := context.WithTimeout(context.Background(), b.transfer)
+	err := o.puller.Pull(transfer.WithBudget(ctx, b.pullDeadline(plan.Len)), plan.SourceDataAddr, f, srcOffset, dst)
 	cancel()
 	return o.pulled(key, plan, err)
 }

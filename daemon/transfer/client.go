@@ -163,6 +163,8 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 		return fmt.Errorf("transfer: pull from %s: %w", addr, err)
 	}
 	if f.Staged {
+		ctx, cancel := budgeted(ctx)
+		defer cancel()
 		_, err := c.pull(ctx, addr, f, offset, dst)
 		return err
 	}
@@ -170,7 +172,9 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 	if err != nil {
 		return err
 	}
+	ctx, cancel := budgeted(ctx)
 	kind, err := c.pull(ctx, addr, f, offset, dst)
+	cancel()
 	c.leave(addr, g, kind, err)
 	return err
 }

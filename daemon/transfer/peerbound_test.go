@@ -224,3 +224,45 @@ func TestPullsPerPeerDown(t *testing.T) {
 		t.Fatalf("pull after the failure: %v", err)
 	}
 }
+
+// TestBudgetCountsFromTheSlot: a pull's budget (WithBudget) counts from when it holds
+// one of its peer's slots, not from before its wait for one (the slots are shared with
+// the owner's other pulls from that peer: a small get queued behind large pulls failed
+// at its budget having moved no byte, a review); a pull whose transfer outlasts its
+// budget fails, for all its context's time left, and leaves its slot.
+func TestBudgetCountsFromTheSlot(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	src := newGatedSource(newTestSource(segment(t, mib, true)))
+	f := src.retain(1, 0, mib)
+	srv := startServer(t, src, ServerOptions{Secrets: sec})
+	t.Cleanup(src.release)
+	cl := newClient(t, ClientOptions{Secrets: sec, MaxPullsPerPeer: 1, ProgressTimeout: time.Minute})
+	addr := srv.Addr().String()
+	const budget = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// A pull whose transfer waits at the source past its budget fails, and leaves its slot.
+	if err := cl.Pull(WithBudget(ctx, budget), addr, f, 0, make([]byte, 4096)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a pull held at the source past its budget: %v; want its deadline", err)
+	}
+	<-src.entered
+	waitFor(t, "the slot given back", func() bool { users, _ := cl.gateState(addr); return users == 0 })
+	// The slot's holder (no budget) waits at the source; the next pull waits for the slot
+	// longer than its budget, then moves its bytes.
+	held := make(chan error, 1)
+	go func() { held <- cl.Pull(ctx, addr, f, 0, make([]byte, 4096)) }()
+	<-src.entered
+	next := make(chan error, 1)
+	go func() { next <- cl.Pull(WithBudget(ctx, budget), addr, f, 4096, make([]byte, 4096)) }()
+	waitFor(t, "the second pull waiting for the slot", func() bool { users, _ := cl.gateState(addr); return users == 2 })
+	time.Sleep(2 * budget) // the waiter has now waited past a budget counted from its call
+	src.release()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-next; err != nil {
+		t.Fatalf("a pull that waited for the slot past its budget: %v; want it served (the budget counts from the slot)", err)
+	}
+}

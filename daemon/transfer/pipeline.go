@@ -134,6 +134,8 @@ func (c *Client) pullRun(ctx context.Context, addr string, items []PullItem, run
 			c.leave(addr, g, kind, err)
 		}
 	}()
+	ctx, cancel := budgeted(ctx)
+	defer cancel()
 	for attempt := 0; ; attempt++ {
 		if err = ctx.Err(); err != nil {
 			kind, err = metrics.TransferErrCanceled, fmt.Errorf("pull from %s (node %q): %w", addr, items[run[0]].Fence.SourceNode, err)
