@@ -990,3 +990,41 @@ func TestWriteQuiet(t *testing.T) {
 		t.Fatalf("a delete after the quiet period took %v", d)
 	}
 }
+
+// TestPersistOfATombedSourceNotSent: a persist queued while the owner holding the
+// value's memory replica is tombed is not sent to the SSD owner: that owner, tombed
+// while alive, registers again with its generation unchanged (the data plane's fence
+// still matches), and its new pool may give the range the task names to another value,
+// which the SSD owner would write under the key with a checksum of those bytes (a
+// review). The SSD owner gets no call; the persist ends as skipped.
+func TestPersistOfATombedSourceNotSent(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, PersistWorkers: 2})
+	ssdPeer := &fakePeer{}
+	registerOwner(t, srv, "ssd", startFakePeer(t, s, ssdPeer))
+	src := NodeRef{ID: "src", Generation: 1}
+	srcAddr := startFakePeer(t, s, &fakePeer{})
+	register := func() {
+		t.Helper()
+		if err := srv.withState(func(st *State) error {
+			return st.Register(time.Now(), src, 64<<20, 0, 0, "d-src", srcAddr, SSDInfo{}, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register()
+	task := putPersisted(t, srv, src, "k")
+	if task.NodeID != "ssd" || task.SourceNodeID != "src" {
+		t.Fatalf("persist task %+v; want ssd pulling from src", task)
+	}
+	register() // tombed, alive, registered again: its persists end
+	log := watchPersists(srv, 1)
+	srv.persist.submit(task)
+	ended := log.wait(t, 5*time.Second)
+	if e := ended[task.PutID]; !errors.Is(e.err, errPersistGone) {
+		t.Errorf("the persist of a tombed source ended with %v; want it skipped", e.err)
+	}
+	if n := ssdPeer.persistCalls.Load(); n != 0 {
+		t.Errorf("the SSD owner got %d persist calls for a value whose source was tombed", n)
+	}
+}

@@ -203,6 +203,8 @@ var (
 	// errNodeGone ends a persist whose owner incarnation was tombed (or re-registered)
 	// before or while it ran.
 	errNodeGone = errors.New("owner tombed or re-registered: SSD persist skipped")
+	// errPersistGone ends a queued task whose pending persist ended meanwhile.
+	errPersistGone = errors.New("the persist ended while queued (its source owner tombed, or the key overwritten): SSD persist skipped")
 	// errPersistQueueFull ends a persist that found the queue full.
 	errPersistQueueFull = errors.New("SSD persist queue full")
 	// errMasterStopping ends the persists still queued or running when the master stops.
@@ -384,14 +386,40 @@ func (p *persister) dropIfIdleLocked(k persistNodeKey) {
 }
 
 // run makes one BatchSsdReplicaPersist call for tasks (all of one owner incarnation),
-// unless that incarnation is gone; it returns each task's outcome.
+// unless that incarnation is gone; it returns each task's outcome. A task whose pending
+// persist ended while it was queued (its source owner was tombed, the key overwritten)
+// is not sent: an owner tombed while alive registers again with its generation
+// unchanged, and its new pool may give the range the task names to another value,
+// which the SSD owner would then have written under this key (a review).
 func (p *persister) run(ctx context.Context, tasks []*PersistTask) []error {
 	all := func(err error) []error { return sameErr(len(tasks), err) }
 	t := tasks[0]
 	live := false
-	p.s.locked(func(st *State) error { live = liveOwnerLocked(st, t.NodeID, t.Generation, ""); return nil })
+	var current []int // the tasks still their pending persist's
+	p.s.locked(func(st *State) error {
+		live = liveOwnerLocked(st, t.NodeID, t.Generation, "")
+		for i, t := range tasks {
+			if pp := st.persists[t.PutID]; pp != nil && pp.task == t {
+				current = append(current, i)
+			}
+		}
+		return nil
+	})
 	if !live {
 		return all(errNodeGone)
+	}
+	if len(current) < len(tasks) {
+		errs := all(errPersistGone)
+		if len(current) > 0 {
+			sent := make([]*PersistTask, len(current))
+			for k, i := range current {
+				sent[k] = tasks[i]
+			}
+			for k, err := range p.run(ctx, sent) {
+				errs[current[k]] = err
+			}
+		}
+		return errs
 	}
 	c, callOpts, err := p.s.peers.GetNode(t.NodeID, t.PeerAddr)
 	if err != nil {
@@ -443,7 +471,7 @@ func (p *persister) end(tasks []*PersistTask, errs []error) {
 	for i, t := range tasks {
 		switch err := errs[i]; {
 		case err == nil:
-		case errors.Is(err, errNodeGone) || errors.Is(err, errMasterStopping):
+		case errors.Is(err, errNodeGone) || errors.Is(err, errMasterStopping) || errors.Is(err, errPersistGone):
 			p.log.Debug().Err(err).Str("key", t.Key).Int64("put_id", t.PutID).Str("node", t.NodeID).Msg("SSD persist skipped")
 		case errors.Is(err, errPersistQueueFull):
 			full++
