@@ -301,7 +301,7 @@ func (o *Owner) leadNow(c *session, legs []getLeg, out []getResult) {
 		leg, s, p := legs[j], starts[j], pre[j]
 		if p == nil && !s.plan.Done && time.Since(s.at) > planAge {
 			// Its target may be freed at the master before a transfer could end.
-			o.revokePlan(leg.key, s.plan, false, "the plan waited too long in its batch")
+			o.revokePlan(leg.key, s.plan, false, errors.New("the plan waited too long in its batch"))
 			if err := o.endGet(s.t); err != nil {
 				o.land(c, leg, nil, nil, err, false, out)
 				return

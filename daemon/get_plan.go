@@ -117,7 +117,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 				return nil, nil, errCode(common.ErrorCode_UNAVAILABLE, "SSD read failed %d times: %v", failures, err)
 			}
 		default:
-			o.revokePlan(key, plan, false, "unknown plan")
+			o.revokePlan(key, plan, false, errors.New("unknown plan"))
 			if err := o.endGet(t); err != nil {
 				return nil, nil, err
 			}
@@ -143,10 +143,7 @@ func (o *Owner) learnFresh(t *getTarget, h *holding, mark, own uint64) {
 // maxPullFailures such sources the get is UNAVAILABLE. Any other failure (the master
 // refused GetDone) is returned as is.
 func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []string, err error) ([]string, error) {
-	// A transfer that ran out of its deadline (TransferTimeout, a refill's
-	// stageDeadline) fails with the context's error: the source is too slow, as
-	// unreachable as one that stalled past the data plane's progress timeout.
-	if !errors.Is(err, transfer.ErrFenced) && !errors.Is(err, transfer.ErrUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
+	if !sourceFailure(err) {
 		return exclude, err
 	}
 	exclude = append(exclude, plan.SourceNodeId)
@@ -155,6 +152,15 @@ func (o *Owner) excludeSource(key string, plan *mp.GetStartResponse, exclude []s
 		return exclude, errCode(common.ErrorCode_UNAVAILABLE, "%d transfers from other owners failed, the last: %v", len(exclude), err)
 	}
 	return exclude, nil
+}
+
+// sourceFailure reports whether a transfer from another owner failed for that owner's
+// part: unreachable, fenced (another incarnation), or out of its deadline (a transfer
+// that ran out of its budget, a refill's stageDeadline, fails with the context's error:
+// the source is too slow, as unreachable as one that stalled past the data plane's
+// progress timeout).
+func sourceFailure(err error) bool {
+	return errors.Is(err, transfer.ErrFenced) || errors.Is(err, transfer.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // startedGet is one key's answer to GetStart (or its item of BatchGetStart), accepted:
@@ -338,11 +344,12 @@ func (o *Owner) acceptPlans(keys []string, plans []*mp.GetStartResponse, s start
 }
 
 // revokePlan tells the master a planned get will not complete, and why (dropSSD: its
-// SSD source failed and must be forgotten). A failure is logged: the master's in-flight
+// SSD source failed and must be forgotten; a cause that is the source's failure,
+// sourceFailure, makes the master prefer other replicas for a while). A failure is logged: the master's in-flight
 // TTL reclaims the get, but not the holder it recorded at GetStart for a refill from
 // this owner's SSD (the owner may have handed that one out before its GetDone), which
 // the owner then releases itself (an ack of a holder the master dropped does no harm).
-func (o *Owner) revokePlan(key string, plan *mp.GetStartResponse, dropSSD bool, reason string) {
+func (o *Owner) revokePlan(key string, plan *mp.GetStartResponse, dropSSD bool, cause error) {
 	if o.getPinned(plan.GetId) {
 		// The master that planned it is gone; the new one holds the target as a pin,
 		// acked when the get ends (ownerState.endGet).
@@ -350,7 +357,8 @@ func (o *Owner) revokePlan(key string, plan *mp.GetStartResponse, dropSSD bool, 
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: plan.GetId, DropSsdSource: dropSSD, Reason: reason})
+	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: plan.GetId, DropSsdSource: dropSSD,
+		Reason: cause.Error(), SourceFailed: plan.SourceNodeId != o.opts.NodeID && sourceFailure(cause)})
 	if err := o.master.check(respCode(r, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")
 		if plan.HolderId != 0 {

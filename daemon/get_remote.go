@@ -53,7 +53,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 	c, callOpts, err := o.peers.Get(plan.SourcePeerAddr)
 	if err != nil {
 		err = fmt.Errorf("%w: stage read on node %q (%s): %v", transfer.ErrUnreachable, plan.SourceNodeId, plan.SourcePeerAddr, err)
-		o.revokePlan(key, plan, false, err.Error())
+		o.revokePlan(key, plan, false, err)
 		return nil, err
 	}
 	verdict := make(chan error, 1) // the SSD owner's answer: nil, errRemoteSSD or unreachable
@@ -127,7 +127,7 @@ func refillOutcome(answer, pull error) error {
 // refillFailed revokes a remote SSD refill that ended with stageErr, dropping the SSD
 // source when its read failed (errRemoteSSD), and returns stageErr.
 func (o *Owner) refillFailed(key string, plan *mp.GetStartResponse, stageErr error) error {
-	o.revokePlan(key, plan, errors.Is(stageErr, errRemoteSSD), stageErr.Error())
+	o.revokePlan(key, plan, errors.Is(stageErr, errRemoteSSD), stageErr)
 	return stageErr
 }
 
@@ -183,7 +183,7 @@ func (o *Owner) pullStaged(ctx context.Context, plan *mp.GetStartResponse) error
 func (o *Owner) checkTarget(key string, plan *mp.GetStartResponse) error {
 	if plan.TargetOffset < 0 || plan.Len <= 0 || plan.TargetOffset > o.seg.Size()-plan.Len {
 		err := errCode(common.ErrorCode_INTERNAL, "pull target [%d,+%d) outside the segment", plan.TargetOffset, plan.Len)
-		o.revokePlan(key, plan, false, err.Error())
+		o.revokePlan(key, plan, false, err)
 		return err
 	}
 	return nil
@@ -206,7 +206,7 @@ func (o *Owner) pullInto(key string, plan *mp.GetStartResponse, srcOffset int64)
 func (o *Owner) pulled(key string, plan *mp.GetStartResponse, err error) (*holding, error) {
 	if err != nil {
 		err = fmt.Errorf("pull from node %q (%s): %w", plan.SourceNodeId, plan.SourceDataAddr, err)
-		o.revokePlan(key, plan, false, err.Error())
+		o.revokePlan(key, plan, false, err)
 		return nil, err
 	}
 	return o.completeGet(key, plan)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -48,7 +49,7 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark
 		}
 	}
 	if err != nil {
-		o.revokePlan(key, plan, drop, "SSD read: "+err.Error())
+		o.revokePlan(key, plan, drop, fmt.Errorf("SSD read: %w", err))
 		return nil, err
 	}
 	if plan.HolderId != 0 {

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"errors"
+
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 )
@@ -65,7 +67,7 @@ func (st *ownerState) acceptPlan(plan *mp.GetStartResponse, epoch uint64) (*getT
 // revokes of ids a master does not know do no harm (ids never repeat across masters).
 func (o *Owner) dropPlan(key string, plan *mp.GetStartResponse) {
 	if !plan.Done && plan.GetId != 0 {
-		o.revokePlan(key, plan, false, "the master changed during GetStart") // its holder too
+		o.revokePlan(key, plan, false, errors.New("the master changed during GetStart")) // its holder too
 	} else if plan.HolderId != 0 {
 		o.acks.add(plan.HolderId)
 	}

@@ -13,7 +13,9 @@ import (
 // fires) holds a get only as long as the value's pull deadline (5 s plus its bytes at
 // 32 MiB/s); the get is then planned again from the other replica. The whole
 // TransferTimeout, the clients' own default call timeout, was spent on it before (a
-// review: 30 s for 256 KiB; here the get took the trickle's 16 s).
+// review: 30 s for 256 KiB; here the get took the trickle's 16 s). The failed pull is
+// reported (GetRevoke source_failed), and the next get, through another owner, goes to
+// another replica first.
 func TestTricklingSourceLeftForAnotherReplica(t *testing.T) {
 	m := startMaster(t, "")
 	own := func(id string, extra ...string) *proc {
@@ -31,8 +33,8 @@ func TestTricklingSourceLeftForAnotherReplica(t *testing.T) {
 	bMetrics := freePort(t)
 	a := own("a", "--data-listen", dataPort, "--advertise-host", "127.0.0.2")
 	b := own("b", "--metrics-addr", bMetrics)
-	c := own("c")
-	ca, cb, cc := connect(t, a.socket), connect(t, b.socket), connect(t, c.socket)
+	c, d := own("c"), own("d")
+	ca, cb, cc, cd := connect(t, a.socket), connect(t, b.socket), connect(t, c.socket), connect(t, d.socket)
 	const size = 64 << 10 // within the kernel's socket buffers: a's send ends at once, no deadline of a's cuts it
 	val := clusterValue(7, size)
 	if err := ca.Put("trickle", val); err != nil {
@@ -60,5 +62,20 @@ func TestTricklingSourceLeftForAnotherReplica(t *testing.T) {
 	t.Logf("get through c took %v", took)
 	if now := scrape(t, bMetrics, `fluxkv_transfer_bytes_total{dir="serve"}`); now-served < size {
 		t.Errorf("b served %v bytes for c's get; want the value (%d) from b, not the whole trickle from a", now-served, size)
+	}
+	// c's revoke told the master a's pull failed: d's get goes to another replica first,
+	// not through a's trickle again (a wins ties by id).
+	began = time.Now()
+	h2, err := cd.Get("trickle")
+	took = time.Since(began)
+	if err != nil {
+		t.Fatalf("get through d: %v", err)
+	}
+	defer h2.Release()
+	if !bytes.Equal(h2.Bytes(), val) {
+		t.Fatal("get through d: wrong bytes")
+	}
+	if took > 3*time.Second {
+		t.Errorf("get through d took %v: planned from a, whose pull had just failed, again", took)
 	}
 }

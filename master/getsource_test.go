@@ -67,3 +67,63 @@ func TestGetDoneOfALostSource(t *testing.T) {
 		t.Errorf("k still routed (%d replicas) after its only copy's owner was tombed", len(r.replicas))
 	}
 }
+
+// TestFailedSourceAvoided: a requester that revokes a get because its pull from the
+// source failed for the source's part (source_failed) makes the next plans prefer the
+// key's other replicas for a node TTL: a source whose data plane is cut while its
+// master link is healthy was every get's first choice again (it wins ties by id), and
+// each get paid a failed pull for it (a review). With no other replica the suspect
+// source is still planned; a revoke for another reason changes nothing.
+func TestFailedSourceAvoided(t *testing.T) {
+	st := NewState(Options{IDBase: 1, NodeTTL: 5 * time.Second, Placement: PlacementLocal})
+	now := time.Unix(1000, 0)
+	refs := map[string]NodeRef{}
+	for _, id := range []string{"a", "b", "c"} {
+		refs[id] = NodeRef{ID: id, Generation: 1}
+		if err := st.Register(now, refs[id], 16*AllocGranule, 0, 0, "d-"+id, "p-"+id, SSDInfo{}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := st.PutStart(now, refs["a"], "k", AllocGranule, false, nil)
+	if err == nil {
+		_, err = st.PutDone(now, refs["a"], "k", p.PutID)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := st.GetStart(now, refs["b"], "k", nil) // promoted on b: a second replica
+	if err == nil {
+		_, err = st.GetDone(refs["b"], "k", g.GetID)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := func(at time.Time) GetPlan {
+		t.Helper()
+		g, err := st.GetStart(at, refs["c"], "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	first := plan(now)
+	if first.SourceNode != "a" {
+		t.Fatalf("first plan from %s; want a (ties go to the lower id)", first.SourceNode)
+	}
+	if err := st.GetRevoke(now, refs["c"], "k", first.GetID, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if again := plan(now); again.SourceNode != "a" {
+		t.Fatalf("after a revoke for another reason, plan from %s; want a", again.SourceNode)
+	} else if err := st.GetRevoke(now, refs["c"], "k", again.GetID, false, true); err != nil {
+		t.Fatal(err)
+	}
+	next := plan(now.Add(time.Second))
+	if next.SourceNode != "b" {
+		t.Errorf("after a's pull failed, plan from %s; want b", next.SourceNode)
+	}
+	st.GetRevoke(now, refs["c"], "k", next.GetID, false, false)
+	if later := plan(now.Add(6 * time.Second)); later.SourceNode != "a" {
+		t.Errorf("a node TTL after a's pull failed, plan from %s; want a again", later.SourceNode)
+	}
+}

@@ -191,7 +191,7 @@ func (h *handler) getDone(node *mp.NodeRef, key string, getID int64) *mp.GetDone
 
 func (h *handler) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest) (*mp.GetRevokeResponse, error) {
 	err := h.s.withState(func(st *State) error {
-		return st.GetRevoke(ref(req.Node), req.Key, req.GetId, req.DropSsdSource)
+		return st.GetRevoke(time.Now(), ref(req.Node), req.Key, req.GetId, req.DropSsdSource, req.SourceFailed)
 	})
 	if req.Reason != "" && req.Node != nil {
 		h.s.opts.Logger.Info().Str("node", req.Node.NodeId).Str("key", req.Key).Int64("get_id", req.GetId).

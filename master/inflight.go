@@ -100,15 +100,19 @@ func (s *State) unsourceLocked(g *inflightGet) {
 }
 
 // pickSourceLocked chooses among the live, not excluded nodes that ok accepts the one
-// serving the fewest transfers, ties broken by node id: a deterministic plan.
-func pickSourceLocked(r *route, exclude []string, ok func(*replica) bool) *node {
+// not suspect at now (node.suspectUntil) serving the fewest transfers, ties broken by
+// node id: a deterministic plan. A suspect node is chosen only when no other is.
+func pickSourceLocked(now time.Time, r *route, exclude []string, ok func(*replica) bool) *node {
 	var best *node
+	bestSuspect := false
 	for m, rep := range r.replicas {
 		if m.tombed || !ok(rep) || slices.Contains(exclude, m.id) {
 			continue
 		}
-		if best == nil || m.sourcing < best.sourcing || (m.sourcing == best.sourcing && m.id < best.id) {
-			best = m
+		suspect := now.Before(m.suspectUntil)
+		if best == nil || (!suspect && bestSuspect) || (suspect == bestSuspect &&
+			(m.sourcing < best.sourcing || (m.sourcing == best.sourcing && m.id < best.id))) {
+			best, bestSuspect = m, suspect
 		}
 	}
 	return best
@@ -204,14 +208,14 @@ func (s *State) GetStartAs(now time.Time, ref NodeRef, key string, exclude []str
 			SourceOffset: a.Offset(), TargetOffset: a.Offset(), Done: true, HolderID: id, NoticesSeq: n.evicted.lastSeq}, nil
 	}
 	kind := common.Source_MEMORY
-	src := pickSourceLocked(r, exclude, func(rep *replica) bool { return rep.memory != nil })
+	src := pickSourceLocked(now, r, exclude, func(rep *replica) bool { return rep.memory != nil })
 	if src == nil {
 		kind = common.Source_SSD
 		// Prefer the requester's own SSD, then any other.
 		if rep := r.replicas[n]; rep != nil && rep.ssd && !slices.Contains(exclude, n.id) {
 			src = n
 		} else {
-			src = pickSourceLocked(r, exclude, func(rep *replica) bool { return rep.ssd })
+			src = pickSourceLocked(now, r, exclude, func(rep *replica) bool { return rep.ssd })
 		}
 	}
 	if src == nil {
@@ -317,7 +321,10 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (GetDoneResult, er
 
 // GetRevoke abandons an in-flight get. With dropSSDSource the SSD replica it tried to
 // read is dropped from the route (a failed SSD read).
-func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bool) error {
+//
+// sourceFailed (a requester's revoke): the pull from the source failed for the
+// source's part; gets prefer other replicas over it for a node TTL.
+func (s *State) GetRevoke(now time.Time, ref NodeRef, key string, getID int64, dropSSDSource, sourceFailed bool) error {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return err
@@ -327,6 +334,9 @@ func (s *State) GetRevoke(ref NodeRef, key string, getID int64, dropSSDSource bo
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key", getID)
 	}
 	src := g.sourceNode // nil once the source was tombed
+	if sourceFailed && g.node == n && src != nil && src != n {
+		src.suspectUntil = now.Add(s.opts.NodeTTL)
+	}
 	// The holder recorded at GetStart is the requester's: the requester may have handed
 	// it out, and a source's revoke leaves it to the requester's own revoke or ack.
 	s.dropGetLocked(getID, g, g.node == n)

@@ -73,6 +73,10 @@ type node struct {
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.
 	sourcing int
+	// suspectUntil: a requester's pull from this node failed for the node's part
+	// (GetRevoke source_failed) this recently; the planner prefers other replicas until
+	// then (its data plane may be cut while its master link is healthy).
+	suspectUntil time.Time
 	// dups counts the memory replicas here whose key has a memory replica on another
 	// live node too (duplicates.go): an eviction looks for a duplicate to evict first
 	// only while there is one; dupQuiet counts down the evictions before it looks

@@ -430,7 +430,7 @@ func (d *randomDriver) step(op byte, arg uint64) {
 		}
 		ref := d.refOf(g.node.id)
 		if arg2%4 == 0 {
-			err := st.GetRevoke(ref, g.key, id, arg2%8 == 0)
+			err := st.GetRevoke(d.now, ref, g.key, id, arg2%8 == 0, arg2%16 == 4)
 			d.logf("get-revoke %d %v", id, err)
 			return
 		}

@@ -548,7 +548,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 		}
 		return fmt.Sprintf("holder=%d promoted=%v\n", res.HolderID, res.Promoted), nil
 	case "get-revoke":
-		return "ok\n", st.GetRevoke(nref(st, d), key, argInt(d, "id"), arg(d, "drop-ssd") != "")
+		return "ok\n", st.GetRevoke(*now, nref(st, d), key, argInt(d, "id"), arg(d, "drop-ssd") != "", arg(d, "source-failed") != "")
 	case "ack":
 		var ids []int64
 		for _, f := range strings.Split(arg(d, "ids"), ",") {
@@ -777,7 +777,7 @@ func TestValidation(t *testing.T) {
 		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
 		{"negative transfer reserve", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, -1, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"transfer reserve = segment", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, 1<<20, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
-		{"unknown get", st.GetRevoke(ref, "k", 12345, false), common.ErrorCode_INVALID_ARGUMENT},
+		{"unknown get", st.GetRevoke(now, ref, "k", 12345, false, false), common.ErrorCode_INVALID_ARGUMENT},
 		{"miss", second(st.GetStart(now, ref, "k", nil)), common.ErrorCode_KEY_NOT_FOUND},
 		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, 0, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"tiny segment", st.Register(now, NodeRef{ID: "n2", Generation: 1}, 10, 0, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},

@@ -236,6 +236,10 @@ struct GetRevokeRequest {
   4: bool drop_ssd_source,
   // Why the get was given up (logged by the master), e.g. "pull from n2: unreachable".
   5: string reason,
+  // The pull from the plan's source failed for the source's part (unreachable, fenced,
+  // too slow): the master prefers other replicas over that source for a while, or every
+  // get would try a source whose data plane is cut first again.
+  6: bool source_failed,
 }
 
 struct GetRevokeResponse {

@@ -1307,6 +1307,7 @@ type GetRevokeRequest struct {
 	GetId         int64    `thrift:"get_id,3" frugal:"3,default,i64" json:"get_id"`
 	DropSsdSource bool     `thrift:"drop_ssd_source,4" frugal:"4,default,bool" json:"drop_ssd_source"`
 	Reason        string   `thrift:"reason,5" frugal:"5,default,string" json:"reason"`
+	SourceFailed  bool     `thrift:"source_failed,6" frugal:"6,default,bool" json:"source_failed"`
 }
 
 func NewGetRevokeRequest() *GetRevokeRequest {
@@ -1340,6 +1341,10 @@ func (p *GetRevokeRequest) GetDropSsdSource() (v bool) {
 func (p *GetRevokeRequest) GetReason() (v string) {
 	return p.Reason
 }
+
+func (p *GetRevokeRequest) GetSourceFailed() (v bool) {
+	return p.SourceFailed
+}
 func (p *GetRevokeRequest) SetNode(val *NodeRef) {
 	p.Node = val
 }
@@ -1354,6 +1359,9 @@ func (p *GetRevokeRequest) SetDropSsdSource(val bool) {
 }
 func (p *GetRevokeRequest) SetReason(val string) {
 	p.Reason = val
+}
+func (p *GetRevokeRequest) SetSourceFailed(val bool) {
+	p.SourceFailed = val
 }
 
 func (p *GetRevokeRequest) IsSetNode() bool {
@@ -1373,6 +1381,7 @@ var fieldIDToName_GetRevokeRequest = map[int16]string{
 	3: "get_id",
 	4: "drop_ssd_source",
 	5: "reason",
+	6: "source_failed",
 }
 
 type GetRevokeResponse struct {
