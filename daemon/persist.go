@@ -143,7 +143,8 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}()
 	commit := make([]*mp.SsdReplicaCommitItem, len(at)) // commit[j] is items[at[j]]
 	for j, i := range at {
-		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len, RecordSeq: pins[i].Seq()}
+		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len, RecordSeq: pins[i].Seq(),
+			PersistId: items[i].PersistId}
 	}
 	forget := func(err error) {
 		gone := make([]ssd.Eviction, 0, len(at))

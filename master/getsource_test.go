@@ -127,3 +127,51 @@ func TestFailedSourceAvoided(t *testing.T) {
 		t.Errorf("a node TTL after a's pull failed, plan from %s; want a again", later.SourceNode)
 	}
 }
+
+// TestPersistCommitOfATombedSource: an SSD persist sent before its source owner was
+// tombed, committed after: the source, alive, may have registered again and given the
+// range read to another value. The commit names its persist, which ended at the tomb:
+// it is refused even though the SSD owner holds a memory copy of the key (the shortcut
+// published it, with the other value's bytes and a checksum of them: a review). A
+// commit of the pending persist is published.
+func TestPersistCommitOfATombedSource(t *testing.T) {
+	st := NewState(Options{IDBase: 1, NodeTTL: time.Hour, Placement: PlacementLocal})
+	now := time.Unix(1000, 0)
+	src, ssdOwner := NodeRef{ID: "a", Generation: 1}, NodeRef{ID: "s", Generation: 1}
+	register := func(ref NodeRef, ssd SSDInfo) {
+		t.Helper()
+		if err := st.Register(now, ref, 16*AllocGranule, 0, 0, "d-"+ref.ID, "p-"+ref.ID, ssd, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put := func(key string) *PersistTask {
+		t.Helper()
+		p, err := st.PutStart(now, src, key, AllocGranule, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := st.PutDone(now, src, key, p.PutID)
+		if err != nil || res.Persist == nil || res.Persist.NodeID != "s" {
+			t.Fatalf("put %s: %+v, %v; want a persist on s", key, res.Persist, err)
+		}
+		return res.Persist
+	}
+	register(src, SSDInfo{})
+	register(ssdOwner, SSDInfo{Enabled: true, CapacityBytes: 1 << 30})
+	task := put("k")
+	g, err := st.GetStart(now, ssdOwner, "k", nil) // s holds a memory copy of k too
+	if err == nil {
+		_, err = st.GetDone(ssdOwner, "k", g.GetID)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	register(src, SSDInfo{}) // tombed while alive, registered again: k's persist ended
+	if ok, err := st.SsdReplicaCommit(ssdOwner, "k", task.PutID, task.Len, 0, task.ID); err != nil || ok {
+		t.Fatalf("commit of a persist whose source was tombed: published %v, %v; want refused", ok, err)
+	}
+	next := put("k2")
+	if ok, err := st.SsdReplicaCommit(ssdOwner, "k2", next.PutID, next.Len, 0, next.ID); err != nil || !ok {
+		t.Fatalf("commit of the pending persist: published %v, %v; want published", ok, err)
+	}
+}

@@ -277,7 +277,7 @@ func (h *handler) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdRep
 			if it == nil {
 				continue
 			}
-			ok, err := st.SsdReplicaCommit(ref(req.Node), it.Key, it.PutId, it.Len, it.RecordSeq)
+			ok, err := st.SsdReplicaCommit(ref(req.Node), it.Key, it.PutId, it.Len, it.RecordSeq, it.PersistId)
 			if err != nil {
 				resp.Published = nil
 				return err

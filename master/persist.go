@@ -41,6 +41,9 @@ type pendingPersist struct {
 // NodeID persists the value whose memory replica is at Offset of SourceNodeID's
 // segment (empty: its own).
 type PersistTask struct {
+	// ID numbers this persist (SsdReplicaPersistRequest.persist_id): its commit is
+	// published only while it is the version's pending persist (SsdReplicaCommit).
+	ID               int64
 	NodeID           string
 	PeerAddr         string
 	Generation       int64
@@ -187,7 +190,8 @@ func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocatio
 	sn.ssdPending += a.Len()
 	sn.ssdAssigned += a.Len()
 	s.persistCount(sn.id).asked++
-	task := &PersistTask{NodeID: sn.id, PeerAddr: sn.peerAddr, Generation: sn.generation, Key: key, PutID: putID,
+	s.persistSeq++
+	task := &PersistTask{ID: s.persistSeq, NodeID: sn.id, PeerAddr: sn.peerAddr, Generation: sn.generation, Key: key, PutID: putID,
 		Offset: a.Offset(), Len: a.Len()}
 	if sn != t {
 		task.SourceNodeID, task.SourceGeneration, task.SourceDataAddr = t.id, t.generation, t.dataAddr
@@ -429,7 +433,7 @@ func (p *persister) run(ctx context.Context, tasks []*PersistTask) []error {
 	for i, t := range tasks {
 		req.Items[i] = &peer.SsdReplicaPersistRequest{Key: t.Key, PutId: t.PutID, Offset: t.Offset, Len: t.Len,
 			Generation: t.Generation, SourceNodeId: t.SourceNodeID, SourceGeneration: t.SourceGeneration,
-			SourceDataAddr: t.SourceDataAddr, MasterEpoch: p.s.epoch}
+			SourceDataAddr: t.SourceDataAddr, MasterEpoch: p.s.epoch, PersistId: t.ID}
 	}
 	resp, err := c.BatchSsdReplicaPersist(ctx, req, callOpts...)
 	if err != nil {

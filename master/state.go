@@ -31,6 +31,7 @@ type State struct {
 	puts                         map[int64]*inflightPut
 	gets                         map[int64]*inflightGet
 	persists                     map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	persistSeq                   int64                     // numbers the persist tasks (PersistTask.ID)
 	// writeBacks are the write-back persists started under the lock, for the server to
 	// submit after it (writeback.go).
 	writeBacks []*PersistTask
@@ -553,8 +554,11 @@ func (s *State) BatchDeleteAck(ref NodeRef, holderIDs []int64, touched []string)
 // the node is live and either still holds the memory replica or is the owner the SSD
 // pool chose for this put's persist (which is pending); a late or stale commit is
 // ignored, and so is one of a version n was told to forget (an unacked SSD-drop
-// notice). It reports whether the commit was published.
-func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq int64) (bool, error) {
+// notice). A commit that names its persist (persistID, not 0) is published only while
+// that persist is the version's pending one, memory copy or not: a persist ended at its
+// source's tomb read a range that source, alive and registered again, may have given to
+// another value (a review). It reports whether the commit was published.
+func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq, persistID int64) (bool, error) {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
 		return false, err
@@ -563,7 +567,11 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq int
 	if r == nil || r.putID != putID || length != r.len {
 		return false, nil
 	}
-	if r.memoryReplica(n) == nil {
+	if persistID != 0 {
+		if pp := s.persists[putID]; pp == nil || pp.task == nil || pp.task.ID != persistID || pp.ssdNode != n || pp.key != key {
+			return false, nil
+		}
+	} else if r.memoryReplica(n) == nil {
 		if pp := s.persists[putID]; pp == nil || pp.ssdNode != n || pp.key != key {
 			return false, nil
 		}

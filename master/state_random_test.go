@@ -468,7 +468,7 @@ func (d *randomDriver) step(op byte, arg uint64) {
 		}
 		if ok {
 			// The owner commits before it answers; a refused commit fails the persist.
-			pub, err := st.SsdReplicaCommit(NodeRef{ID: t.NodeID, Generation: t.Generation}, t.Key, t.PutID, t.Len, 0)
+			pub, err := st.SsdReplicaCommit(NodeRef{ID: t.NodeID, Generation: t.Generation}, t.Key, t.PutID, t.Len, 0, t.ID)
 			d.logf("ssd-commit %s %s@%d -> %v %v", t.NodeID, t.Key, t.PutID, pub, err)
 			ok = err == nil
 		}

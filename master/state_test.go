@@ -583,7 +583,7 @@ func runCmd(st *State, now *time.Time, d *datadriven.TestData) (string, error) {
 	case "namespaces":
 		return dumpNamespaces(st)
 	case "ssd-commit":
-		ok, err := st.SsdReplicaCommit(nref(st, d), key, argInt(d, "put"), argInt(d, "len"), argInt(d, "rec"))
+		ok, err := st.SsdReplicaCommit(nref(st, d), key, argInt(d, "put"), argInt(d, "len"), argInt(d, "rec"), argInt(d, "persist"))
 		return fmt.Sprintf("published=%v\n", ok), err
 	case "ssd-evict":
 		return "ok\n", st.BatchSsdReplicaEvict(nref(st, d), []*common.KeyVersion{{Key: key, PutId: argInt(d, "put")}}, []int64{argInt(d, "rec")})

@@ -21,6 +21,10 @@ struct SsdReplicaPersistRequest {
   7: i64 source_generation,
   8: string source_data_addr,
   9: i64 master_epoch,
+  // Names this persist (the master's task): its commit (SsdReplicaCommitItem.persist_id)
+  // is published only while it is the key version's pending persist. 0: not told (a
+  // master of an earlier release).
+  10: i64 persist_id,
 }
 
 struct SsdReplicaPersistResponse {

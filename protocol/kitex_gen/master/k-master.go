@@ -6515,6 +6515,20 @@ func (p *SsdReplicaCommitItem) FastRead(buf []byte) (int, error) {
 					goto SkipFieldError
 				}
 			}
+		case 5:
+			if fieldTypeId == thrift.I64 {
+				l, err = p.FastReadField5(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
 		default:
 			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
 			offset += l
@@ -6589,6 +6603,20 @@ func (p *SsdReplicaCommitItem) FastReadField4(buf []byte) (int, error) {
 	return offset, nil
 }
 
+func (p *SsdReplicaCommitItem) FastReadField5(buf []byte) (int, error) {
+	offset := 0
+
+	var _field int64
+	if v, l, err := thrift.Binary.ReadI64(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = v
+	}
+	p.PersistId = _field
+	return offset, nil
+}
+
 func (p *SsdReplicaCommitItem) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
@@ -6599,6 +6627,7 @@ func (p *SsdReplicaCommitItem) FastWriteNocopy(buf []byte, w thrift.NocopyWriter
 		offset += p.fastWriteField2(buf[offset:], w)
 		offset += p.fastWriteField3(buf[offset:], w)
 		offset += p.fastWriteField4(buf[offset:], w)
+		offset += p.fastWriteField5(buf[offset:], w)
 		offset += p.fastWriteField1(buf[offset:], w)
 	}
 	offset += thrift.Binary.WriteFieldStop(buf[offset:])
@@ -6612,6 +6641,7 @@ func (p *SsdReplicaCommitItem) BLength() int {
 		l += p.field2Length()
 		l += p.field3Length()
 		l += p.field4Length()
+		l += p.field5Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
@@ -6645,6 +6675,13 @@ func (p *SsdReplicaCommitItem) fastWriteField4(buf []byte, w thrift.NocopyWriter
 	return offset
 }
 
+func (p *SsdReplicaCommitItem) fastWriteField5(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I64, 5)
+	offset += thrift.Binary.WriteI64(buf[offset:], p.PersistId)
+	return offset
+}
+
 func (p *SsdReplicaCommitItem) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
@@ -6667,6 +6704,13 @@ func (p *SsdReplicaCommitItem) field3Length() int {
 }
 
 func (p *SsdReplicaCommitItem) field4Length() int {
+	l := 0
+	l += thrift.Binary.FieldBeginLength()
+	l += thrift.Binary.I64Length()
+	return l
+}
+
+func (p *SsdReplicaCommitItem) field5Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.I64Length()

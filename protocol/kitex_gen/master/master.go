@@ -1624,6 +1624,7 @@ type SsdReplicaCommitItem struct {
 	PutId     int64  `thrift:"put_id,2" frugal:"2,default,i64" json:"put_id"`
 	Len       int64  `thrift:"len,3" frugal:"3,default,i64" json:"len"`
 	RecordSeq int64  `thrift:"record_seq,4" frugal:"4,default,i64" json:"record_seq"`
+	PersistId int64  `thrift:"persist_id,5" frugal:"5,default,i64" json:"persist_id"`
 }
 
 func NewSsdReplicaCommitItem() *SsdReplicaCommitItem {
@@ -1648,6 +1649,10 @@ func (p *SsdReplicaCommitItem) GetLen() (v int64) {
 func (p *SsdReplicaCommitItem) GetRecordSeq() (v int64) {
 	return p.RecordSeq
 }
+
+func (p *SsdReplicaCommitItem) GetPersistId() (v int64) {
+	return p.PersistId
+}
 func (p *SsdReplicaCommitItem) SetKey(val string) {
 	p.Key = val
 }
@@ -1659,6 +1664,9 @@ func (p *SsdReplicaCommitItem) SetLen(val int64) {
 }
 func (p *SsdReplicaCommitItem) SetRecordSeq(val int64) {
 	p.RecordSeq = val
+}
+func (p *SsdReplicaCommitItem) SetPersistId(val int64) {
+	p.PersistId = val
 }
 
 func (p *SsdReplicaCommitItem) String() string {
@@ -1673,6 +1681,7 @@ var fieldIDToName_SsdReplicaCommitItem = map[int16]string{
 	2: "put_id",
 	3: "len",
 	4: "record_seq",
+	5: "persist_id",
 }
 
 type BatchSsdReplicaCommitRequest struct {

@@ -38,6 +38,7 @@ type SsdReplicaPersistRequest struct {
 	SourceGeneration int64  `thrift:"source_generation,7" frugal:"7,default,i64" json:"source_generation"`
 	SourceDataAddr   string `thrift:"source_data_addr,8" frugal:"8,default,string" json:"source_data_addr"`
 	MasterEpoch      int64  `thrift:"master_epoch,9" frugal:"9,default,i64" json:"master_epoch"`
+	PersistId        int64  `thrift:"persist_id,10" frugal:"10,default,i64" json:"persist_id"`
 }
 
 func NewSsdReplicaPersistRequest() *SsdReplicaPersistRequest {
@@ -82,6 +83,10 @@ func (p *SsdReplicaPersistRequest) GetSourceDataAddr() (v string) {
 func (p *SsdReplicaPersistRequest) GetMasterEpoch() (v int64) {
 	return p.MasterEpoch
 }
+
+func (p *SsdReplicaPersistRequest) GetPersistId() (v int64) {
+	return p.PersistId
+}
 func (p *SsdReplicaPersistRequest) SetKey(val string) {
 	p.Key = val
 }
@@ -109,6 +114,9 @@ func (p *SsdReplicaPersistRequest) SetSourceDataAddr(val string) {
 func (p *SsdReplicaPersistRequest) SetMasterEpoch(val int64) {
 	p.MasterEpoch = val
 }
+func (p *SsdReplicaPersistRequest) SetPersistId(val int64) {
+	p.PersistId = val
+}
 
 func (p *SsdReplicaPersistRequest) String() string {
 	if p == nil {
@@ -118,15 +126,16 @@ func (p *SsdReplicaPersistRequest) String() string {
 }
 
 var fieldIDToName_SsdReplicaPersistRequest = map[int16]string{
-	1: "key",
-	2: "put_id",
-	3: "offset",
-	4: "len",
-	5: "generation",
-	6: "source_node_id",
-	7: "source_generation",
-	8: "source_data_addr",
-	9: "master_epoch",
+	1:  "key",
+	2:  "put_id",
+	3:  "offset",
+	4:  "len",
+	5:  "generation",
+	6:  "source_node_id",
+	7:  "source_generation",
+	8:  "source_data_addr",
+	9:  "master_epoch",
+	10: "persist_id",
 }
 
 type SsdReplicaPersistResponse struct {
