@@ -143,8 +143,12 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}()
 	commit := make([]*mp.SsdReplicaCommitItem, len(at)) // commit[j] is items[at[j]]
 	for j, i := range at {
-		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len, RecordSeq: pins[i].Seq(),
-			PersistId: items[i].PersistId}
+		commit[j] = &mp.SsdReplicaCommitItem{Key: items[i].Key, PutId: items[i].PutId, Len: items[i].Len, RecordSeq: pins[i].Seq()}
+		if src := items[i].SourceNodeId; src != "" && src != o.opts.NodeID {
+			// Pulled from another owner: published only while this persist is pending
+			// (a late commit of this owner's own memory keeps the older rule).
+			commit[j].PersistId = items[i].PersistId
+		}
 	}
 	forget := func(err error) {
 		gone := make([]ssd.Eviction, 0, len(at))

@@ -281,11 +281,12 @@ struct SsdReplicaCommitItem {
   // numbered higher): an eviction report names it, so a report of the record a rewrite
   // replaced leaves the rewrite's route. 0: not told (an owner of an earlier release).
   4: i64 record_seq,
-  // The persist that wrote it (SsdReplicaPersistRequest.persist_id): published only
-  // while that persist is still pending. A persist that ended (its source owner was
-  // tombed; alive, that owner may have registered again and given the range read to
-  // another value) is refused even where this owner holds a memory copy of the key. 0:
-  // not told (an owner or master of an earlier release).
+  // The persist that wrote it (SsdReplicaPersistRequest.persist_id) when it pulled the
+  // value from another owner: published only while that persist is still pending. A
+  // persist that ended (its source owner was tombed; alive, that owner may have
+  // registered again and given the range read to another value) is refused even where
+  // this owner holds a memory copy of the key. 0: a persist of this owner's own memory,
+  // or not told (an owner or master of an earlier release).
   5: i64 persist_id,
 }
 
