@@ -73,7 +73,8 @@ func TestGetDoneOfALostSource(t *testing.T) {
 // key's other replicas for a node TTL: a source whose data plane is cut while its
 // master link is healthy was every get's first choice again (it wins ties by id), and
 // each get paid a failed pull for it (a review). With no other replica the suspect
-// source is still planned; a revoke for another reason changes nothing.
+// source is still planned; a revoke for another reason changes nothing, and so does a
+// requester's blame of a second source within a node TTL (the fault may be its own).
 func TestFailedSourceAvoided(t *testing.T) {
 	st := NewState(Options{IDBase: 1, NodeTTL: 5 * time.Second, Placement: PlacementLocal})
 	now := time.Unix(1000, 0)
@@ -122,7 +123,15 @@ func TestFailedSourceAvoided(t *testing.T) {
 	if next.SourceNode != "b" {
 		t.Errorf("after a's pull failed, plan from %s; want b", next.SourceNode)
 	}
-	st.GetRevoke(now, refs["c"], "k", next.GetID, false, false)
+	// c now blames b too, within a node TTL of blaming a: c may be the one at fault (its
+	// own data plane cut), and b is not marked (a review: such a requester steered every
+	// get away from healthy sources).
+	st.GetRevoke(now.Add(time.Second), refs["c"], "k", next.GetID, false, true)
+	if again := plan(now.Add(2 * time.Second)); again.SourceNode != "b" {
+		t.Errorf("after c blamed a second source, plan from %s; want b, not marked", again.SourceNode)
+	} else {
+		st.GetRevoke(now, refs["c"], "k", again.GetID, false, false)
+	}
 	if later := plan(now.Add(6 * time.Second)); later.SourceNode != "a" {
 		t.Errorf("a node TTL after a's pull failed, plan from %s; want a again", later.SourceNode)
 	}

@@ -323,7 +323,8 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (GetDoneResult, er
 // read is dropped from the route (a failed SSD read).
 //
 // sourceFailed (a requester's revoke): the pull from the source failed for the
-// source's part; gets prefer other replicas over it for a node TTL.
+// source's part; gets prefer other replicas over it for a node TTL, unless the same
+// requester blamed another source within a node TTL.
 func (s *State) GetRevoke(now time.Time, ref NodeRef, key string, getID int64, dropSSDSource, sourceFailed bool) error {
 	n, err := s.nodeLocked(ref)
 	if err != nil {
@@ -335,7 +336,13 @@ func (s *State) GetRevoke(now time.Time, ref NodeRef, key string, getID int64, d
 	}
 	src := g.sourceNode // nil once the source was tombed
 	if sourceFailed && g.node == n && src != nil && src != n {
-		src.suspectUntil = now.Add(s.opts.NodeTTL)
+		// A requester that blames another source than the last within a node TTL may be
+		// at fault itself (its own data plane cut, its own budgets blown): it marks none,
+		// or it would steer every get away from healthy sources (a review).
+		if n.blamed == nil || n.blamed == src || !now.Before(n.blamedAt.Add(s.opts.NodeTTL)) {
+			src.suspectUntil = now.Add(s.opts.NodeTTL)
+		}
+		n.blamed, n.blamedAt = src, now
 	}
 	// The holder recorded at GetStart is the requester's: the requester may have handed
 	// it out, and a source's revoke leaves it to the requester's own revoke or ack.

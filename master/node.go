@@ -75,8 +75,11 @@ type node struct {
 	sourcing int
 	// suspectUntil: a requester's pull from this node failed for the node's part
 	// (GetRevoke source_failed) this recently; the planner prefers other replicas until
-	// then (its data plane may be cut while its master link is healthy).
+	// then (its data plane may be cut while its master link is healthy). blamed and
+	// blamedAt: the last source this node, as a requester, said failed, and when.
 	suspectUntil time.Time
+	blamed       *node
+	blamedAt     time.Time
 	// dups counts the memory replicas here whose key has a memory replica on another
 	// live node too (duplicates.go): an eviction looks for a duplicate to evict first
 	// only while there is one; dupQuiet counts down the evictions before it looks
