@@ -183,18 +183,24 @@ func TestPullsPerPeerClose(t *testing.T) {
 	}
 }
 
-// TestPullsPerPeerDown: a pull that waited while another pull from the same peer failed
-// as unreachable fails at once without reaching the peer; a pull that starts afterwards
-// tries the peer again.
-func TestPullsPerPeerDown(t *testing.T) {
+// oneSlotPeer is a gated source served at addr (held pulls wait in Open until released:
+// the test ends it) and a client that pulls at most one value at a time from it.
+func oneSlotPeer(t *testing.T) (*gatedSource, Fence, *Client, string) {
+	t.Helper()
 	checkLeaks(t)
 	sec := secrets(t)
 	src := newGatedSource(newTestSource(segment(t, mib, true)))
 	f := src.retain(1, 0, mib)
 	srv := startServer(t, src, ServerOptions{Secrets: sec})
 	t.Cleanup(src.release)
-	cl := newClient(t, ClientOptions{Secrets: sec, MaxPullsPerPeer: 1, ProgressTimeout: time.Minute})
-	addr := srv.Addr().String()
+	return src, f, newClient(t, ClientOptions{Secrets: sec, MaxPullsPerPeer: 1, ProgressTimeout: time.Minute}), srv.Addr().String()
+}
+
+// TestPullsPerPeerDown: a pull that waited while another pull from the same peer failed
+// as unreachable fails at once without reaching the peer; a pull that starts afterwards
+// tries the peer again.
+func TestPullsPerPeerDown(t *testing.T) {
+	src, f, cl, addr := oneSlotPeer(t)
 	first := make(chan error, 1)
 	go func() { first <- cl.Pull(context.Background(), addr, f, 0, make([]byte, 10)) }()
 	<-src.entered
@@ -231,14 +237,7 @@ func TestPullsPerPeerDown(t *testing.T) {
 // at its budget having moved no byte, a review); a pull whose transfer outlasts its
 // budget fails, for all its context's time left, and leaves its slot.
 func TestBudgetCountsFromTheSlot(t *testing.T) {
-	checkLeaks(t)
-	sec := secrets(t)
-	src := newGatedSource(newTestSource(segment(t, mib, true)))
-	f := src.retain(1, 0, mib)
-	srv := startServer(t, src, ServerOptions{Secrets: sec})
-	t.Cleanup(src.release)
-	cl := newClient(t, ClientOptions{Secrets: sec, MaxPullsPerPeer: 1, ProgressTimeout: time.Minute})
-	addr := srv.Addr().String()
+	src, f, cl, addr := oneSlotPeer(t)
 	const budget = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

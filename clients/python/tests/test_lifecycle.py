@@ -218,87 +218,33 @@ def test_fork_child_closes_sessions_it_does_not_know(client, daemon, how):
         os.waitpid(pid, 0)
 
 
-def test_fork_while_a_session_is_built(daemon, monkeypatch):
-    """A fork while another thread builds a session (attached, the rest of its fields not
-    set yet) closes the child's copy of its attach connection too (a review: the child's
-    fork handler failed on the half-built session and kept it open)."""
-    import fluxkv.client as fc
+def _fork_while_attaching(daemon, monkeypatch, module, name: str, probe) -> "fluxkv.Client":
+    """Forks while another thread's fluxkv.connect() is held inside module.name (patched to
+    wait); the child runs probe(the held call's arguments), which answers "ok" or what is
+    wrong, and the parent asserts "ok". Returns the client once its attach went on."""
+    held, go_on = threading.Event(), threading.Event()
+    real = getattr(module, name)
+    calls = []
 
-    building, go_on = threading.Event(), threading.Event()
-    real = fc._codec.session_head
-
-    def blocking_head(*a):
-        building.set()
+    def blocking(*a, **kw):
+        calls.append(a)
+        held.set()
         go_on.wait(30)
-        return real(*a)
+        return real(*a, **kw)
 
-    monkeypatch.setattr(fc._codec, "session_head", blocking_head)
+    monkeypatch.setattr(module, name, blocking)
     made = []
     t = threading.Thread(target=lambda: made.append(fluxkv.connect(daemon.socket)))
     t.start()
     try:
-        assert building.wait(30)
+        assert held.wait(30)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 os.close(r)
-                still = [s for s in list(fc._SESSIONS) if s.attach_sock is not None]
-                os.write(w, b"ok" if not still else f"{len(still)} attach connection(s) open".encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            report = f.read().decode()
-        os.waitpid(pid, 0)
-        assert report == "ok"
-    finally:
-        go_on.set()
-        t.join(30)
-    monkeypatch.undo()
-    assert made, "the client being built did not attach"
-    made[0].put("fork/built", b"x")  # the parent's session is whole and serves
-    made[0].close()
-
-
-def test_fork_during_attach(daemon, monkeypatch):
-    """A fork while another thread is inside attach() (connected, waiting for the owner's
-    reply) closes the child's copy of that attach connection: the session is known to the
-    fork handler from before the connection exists (its copy kept the owner's session, and
-    its holders' bytes, until the child exited)."""
-    import fluxkv._wire as fw
-    import fluxkv.client as fc
-
-    waiting, go_on = threading.Event(), threading.Event()
-    real = fw.recv_frame_with_fds
-    fds = []
-
-    def blocking_recv(sock, *a, **kw):
-        fds.append(sock.fileno())
-        waiting.set()
-        go_on.wait(30)
-        return real(sock, *a, **kw)
-
-    monkeypatch.setattr(fw, "recv_frame_with_fds", blocking_recv)
-    made = []
-    t = threading.Thread(target=lambda: made.append(fluxkv.connect(daemon.socket)))
-    t.start()
-    try:
-        assert waiting.wait(30)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(r)
-                try:
-                    os.fstat(fds[0])
-                    report = b"the attach connection being made stayed open in the child"
-                except OSError:
-                    report = b"ok"
-                os.write(w, report)
+                os.write(w, probe(calls[0]).encode())
                 code = 0
             finally:
                 os._exit(code)
@@ -312,8 +258,42 @@ def test_fork_during_attach(daemon, monkeypatch):
         t.join(30)
     monkeypatch.undo()
     assert made, "the client being attached did not attach"
-    made[0].put("fork/attach", b"x")  # the parent's session serves
-    made[0].close()
+    return made[0]
+
+
+def test_fork_while_a_session_is_built(daemon, monkeypatch):
+    """A fork while another thread builds a session (attached, the rest of its fields not
+    set yet) closes the child's copy of its attach connection too (a review: the child's
+    fork handler failed on the half-built session and kept it open)."""
+    import fluxkv.client as fc
+
+    def probe(_):
+        still = [s for s in list(fc._SESSIONS) if s.attach_sock is not None]
+        return "ok" if not still else f"{len(still)} attach connection(s) open"
+
+    c = _fork_while_attaching(daemon, monkeypatch, fc._codec, "session_head", probe)
+    c.put("fork/built", b"x")  # the parent's session is whole and serves
+    c.close()
+
+
+def test_fork_during_attach(daemon, monkeypatch):
+    """A fork while another thread is inside attach() (connected, waiting for the owner's
+    reply) closes the child's copy of that attach connection: the session is known to the
+    fork handler from before the connection exists (its copy kept the owner's session, and
+    its holders' bytes, until the child exited)."""
+    import fluxkv._wire as fw
+    import fluxkv.client as fc
+
+    def probe(args):
+        try:
+            os.fstat(args[0].fileno())  # the socket recv_frame_with_fds was waiting on
+        except OSError:
+            return "ok"
+        return "the attach connection being made stayed open in the child"
+
+    c = _fork_while_attaching(daemon, monkeypatch, fw, "recv_frame_with_fds", probe)
+    c.put("fork/attach", b"x")  # the parent's session serves
+    c.close()
     assert not any(s.state is None and s.attach_sock is None for s in list(fc._SESSIONS))
 
 
