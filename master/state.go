@@ -105,6 +105,7 @@ func NewState(opts Options) *State {
 		children:     make(map[string]childKeys),
 		ghosts:       newPageGhosts(),
 		nextID:       opts.IDBase,
+		persistSeq:   opts.IDBase, // each term's apart, as its ids: an old term's commit never names a new term's persist
 	}
 }
 
