@@ -194,7 +194,7 @@ func (a *acker) flush() bool {
 			// before it began are no pins of it: dropping them is harmless).
 			_ = a.o.master.settled(wait)
 		}
-		resp, err := a.o.master.cl().BatchDeleteAck(a.o.master.callCtx(wait), &mp.BatchDeleteAckRequest{Node: a.o.master.ref, HolderIds: batch, Touched: touched})
+		resp, err := a.o.master.cl().BatchDeleteAck(a.o.master.callCtx(wait), &mp.BatchDeleteAckRequest{Node: a.o.master.ref(), HolderIds: batch, Touched: touched})
 		cancel()
 		if err == nil && resp.Code == common.ErrorCode_NOT_LEADER {
 			// A leader whose gate is shut (its etcd lease lapsed for a moment) applied

@@ -97,7 +97,7 @@ func (o *Owner) closeSegmentUsers() {
 }
 
 // segmentSource serves other owners' pulls from this owner's segment: the fence must
-// name this incarnation, and the range must lie in the segment. The master retains the
+// name this owner's registration (Owner.nodeGen), and the range must lie in the segment. The master retains the
 // range for the transfer (until its GetDone or GetRevoke), so it holds the value. A
 // staged pull (Fence.Staged) is served from the stager instead.
 type segmentSource struct{ o *Owner }
@@ -112,9 +112,9 @@ func (s segmentSource) Open(f transfer.Fence, offset, length int64) ([]byte, fun
 // the serving goroutine, calling alive every transfer.WaitInterval (nil: never).
 func (s segmentSource) OpenWaiting(f transfer.Fence, offset, length int64, alive func() error) ([]byte, func(), error) {
 	o := s.o
-	if f.SourceNode != o.opts.NodeID || f.SourceGeneration != o.generation {
+	if gen := o.nodeGen(); f.SourceNode != o.opts.NodeID || f.SourceGeneration != gen {
 		return nil, nil, fmt.Errorf("%w: pull for node %q generation %d reached node %q generation %d",
-			transfer.ErrFenced, f.SourceNode, f.SourceGeneration, o.opts.NodeID, o.generation)
+			transfer.ErrFenced, f.SourceNode, f.SourceGeneration, o.opts.NodeID, gen)
 	}
 	if f.Staged {
 		if o.stager == nil {

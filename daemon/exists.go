@@ -45,7 +45,7 @@ func (o *Owner) exists(key string) (bool, error) {
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.cl().Exists(ctx, &mp.ExistsRequest{Node: o.master.ref, Key: key})
+	resp, err := o.master.cl().Exists(ctx, &mp.ExistsRequest{Node: o.master.ref(), Key: key})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return false, err
 	}
@@ -114,7 +114,7 @@ func (o *Owner) askExists(keys []string, ask []int, prefix bool, results []*exte
 			names[j] = keys[i]
 		}
 		ctx, cancel := o.master.ctx()
-		resp, err := o.master.cl().BatchExists(ctx, &mp.BatchExistsRequest{Node: o.master.ref, Keys: names, Prefix: prefix})
+		resp, err := o.master.cl().BatchExists(ctx, &mp.BatchExistsRequest{Node: o.master.ref(), Keys: names, Prefix: prefix})
 		cancel()
 		err = o.master.check(respCode(resp, err))
 		all := true

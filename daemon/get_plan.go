@@ -183,7 +183,7 @@ func (o *Owner) getStart(key string, exclude []string) startedGet {
 	var plan *mp.GetStartResponse
 	ids := o.newHolderIDs(1)
 	s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
-		plan, err = o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref, Key: key, Acks: acks, ExcludeNodes: exclude,
+		plan, err = o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref(), Key: key, Acks: acks, ExcludeNodes: exclude,
 			HolderId: ids[0]})
 		return err
 	}, func() (common.ErrorCode, string) { return plan.Code, plan.Message })
@@ -211,7 +211,7 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 		var resp *mp.BatchGetStartResponse
 		ids := o.newHolderIDs(len(part))
 		s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
-			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref, Keys: part, Acks: acks, HolderIds: ids,
+			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref(), Keys: part, Acks: acks, HolderIds: ids,
 				HeldBytes: held})
 			return err
 		}, func() (common.ErrorCode, string) { return resp.Code, resp.Message })
@@ -357,7 +357,7 @@ func (o *Owner) revokePlan(key string, plan *mp.GetStartResponse, dropSSD bool, 
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref, Key: key, GetId: plan.GetId, DropSsdSource: dropSSD,
+	r, err := o.master.cl().GetRevoke(ctx, &mp.GetRevokeRequest{Node: o.master.ref(), Key: key, GetId: plan.GetId, DropSsdSource: dropSSD,
 		Reason: cause.Error(), SourceFailed: plan.SourceNodeId != o.opts.NodeID && sourceFailure(cause)})
 	if err := o.master.check(respCode(r, err)); err != nil {
 		o.log.Warn().Err(err).Str("key", key).Msg("get revoke failed; the master's TTL will reclaim it")

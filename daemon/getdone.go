@@ -108,7 +108,7 @@ func (o *Owner) sendGetDones(calls []*getDoneCall) {
 	}()
 	if len(calls) == 1 {
 		c := calls[0]
-		resp, err := o.master.cl().GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref, Key: c.key, GetId: c.getID})
+		resp, err := o.master.cl().GetDone(ctx, &mp.GetDoneRequest{Node: o.master.ref(), Key: c.key, GetId: c.getID})
 		c.resp, c.err = resp, o.master.check(respCode(resp, err))
 		return
 	}
@@ -116,7 +116,7 @@ func (o *Owner) sendGetDones(calls []*getDoneCall) {
 	for i, c := range calls {
 		items[i] = &mp.GetDoneItem{Key: c.key, GetId: c.getID}
 	}
-	resp, err := o.master.cl().BatchGetDone(ctx, &mp.BatchGetDoneRequest{Node: o.master.ref, Items: items})
+	resp, err := o.master.cl().BatchGetDone(ctx, &mp.BatchGetDoneRequest{Node: o.master.ref(), Items: items})
 	err = o.master.check(respCode(resp, err))
 	if err == nil && (len(resp.Results) != len(calls) || slices.Contains(resp.Results, nil)) {
 		err = errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d gets of a BatchGetDone", len(resp.Results), len(calls))

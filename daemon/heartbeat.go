@@ -72,7 +72,7 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	regs := st.reg.registered
 	o.unlock()
 	sent := time.Now()
-	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref, KvSsdStorage: o.ssdInfo(),
+	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref(), KvSsdStorage: o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
 	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
 		m.staleAnswer(resp, regs, regHeld)

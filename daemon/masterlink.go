@@ -31,8 +31,7 @@ import (
 type masterLink struct {
 	o      *Owner
 	client atomic.Pointer[masterClient] // nil: no leader known yet (etcd)
-	ref    *mp.NodeRef
-	etcd   *clientv3.Client // nil without MasterEtcd
+	etcd   *clientv3.Client             // nil without MasterEtcd
 	// follow runs the leader watch; cancelled by close, joined by release.
 	followCtx    context.Context
 	followCancel context.CancelFunc
@@ -41,6 +40,9 @@ type masterLink struct {
 	peerAddr, dataAddr string
 	stop               chan struct{}
 	regMu              sync.Mutex // serialises (re-)registration
+	// registers counts the Register calls sent (under regMu): each after the first names
+	// a new registration generation (register).
+	registers int
 
 	// settling is closed once the registration in progress (and its replica report) is
 	// over; allocating calls wait for it (settled).
@@ -74,8 +76,7 @@ func (c *masterClient) stop() {
 }
 
 func newMasterLink(o *Owner) (*masterLink, error) {
-	m := &masterLink{o: o, stop: make(chan struct{}), peerAddr: o.peerAddr, dataAddr: o.dataAddr,
-		ref: &mp.NodeRef{NodeId: o.opts.NodeID, Generation: o.generation}}
+	m := &masterLink{o: o, stop: make(chan struct{}), peerAddr: o.peerAddr, dataAddr: o.dataAddr}
 	m.followCtx, m.followCancel = context.WithCancel(context.Background())
 	if o.opts.MasterEtcd == nil {
 		if err := m.dial(o.opts.MasterAddr); err != nil {
@@ -125,6 +126,11 @@ func (m *masterLink) use(c masterservice.Client, addr string, d *auth.Dialer) {
 // cl is the client of the current master. Only register runs before the first
 // registration, and it checks that a master (the leader on etcd) is known.
 func (m *masterLink) cl() masterservice.Client { return m.client.Load() }
+
+// ref names this owner in a master call: its node id and registration (Owner.nodeGen).
+func (m *masterLink) ref() *mp.NodeRef {
+	return &mp.NodeRef{NodeId: m.o.opts.NodeID, Generation: m.o.nodeGen()}
+}
 
 // addr names the master for logs: its address, or the etcd endpoints it is followed on.
 func (m *masterLink) addr() string {

@@ -262,7 +262,7 @@ func TestMasterBatchPutItemErrorsAreErrors(t *testing.T) {
 	// A BatchPutDone with an item the master does not know (expired or revoked) failed.
 	ctx, cancel := n.o.master.ctx()
 	defer cancel()
-	resp, err := n.o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: n.o.master.ref, Items: []*mp.PutDoneItem{{Key: "gone", PutId: 12345}}})
+	resp, err := n.o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: n.o.master.ref(), Items: []*mp.PutDoneItem{{Key: "gone", PutId: 12345}}})
 	if err != nil || resp.Code != common.ErrorCode_OK || len(resp.Results) != 1 || resp.Results[0].Code == common.ErrorCode_OK {
 		t.Fatalf("BatchPutDone of an unknown put: %+v, %v; want its item refused", resp, err)
 	}

@@ -23,7 +23,7 @@ func (o *Owner) deleteNamespace(name string) (int64, error) {
 	// keys put meanwhile may survive, and a stream of puts never keeps this looping.
 	for call, calls := int64(0), int64(1); call < calls; call++ {
 		ctx, cancel := o.master.ctx()
-		resp, err := o.master.cl().NamespaceDelete(ctx, &mp.NamespaceRequest{Node: o.master.ref, Name: name})
+		resp, err := o.master.cl().NamespaceDelete(ctx, &mp.NamespaceRequest{Node: o.master.ref(), Name: name})
 		cancel()
 		if err := o.master.check(respCode(resp, err)); err != nil {
 			return deleted, err
@@ -46,7 +46,7 @@ func (o *Owner) namespaceStat(name string) (keys, bytes int64, err error) {
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.cl().NamespaceStat(ctx, &mp.NamespaceRequest{Node: o.master.ref, Name: name})
+	resp, err := o.master.cl().NamespaceStat(ctx, &mp.NamespaceRequest{Node: o.master.ref(), Name: name})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return 0, 0, err
 	}

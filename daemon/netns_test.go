@@ -93,8 +93,9 @@ func (ns *netns) startOwnerIn(t *testing.T, i int, masterAddr, dram string) *pro
 // wildcard, never loopback); remote gets are byte-exact across hosts; with one host's
 // link cut under load, gets through the others never return wrong bytes and resolve
 // (hit, miss or UNAVAILABLE) promptly, and once the master tombed it a get finds a
-// promoted copy or misses; the healed host registers again (same generation: the
-// master makes a fresh record for it, and it forgets its replicas) and serves again.
+// promoted copy or misses; the healed host registers again (a new registration
+// generation: the master makes a fresh record for it, and it forgets its replicas) and
+// serves again.
 func TestNetnsCluster(t *testing.T) {
 	t.Parallel()
 	ns := newNetns(t, 3)
@@ -181,8 +182,8 @@ func TestNetnsCluster(t *testing.T) {
 		}
 	}
 	// Heal: the master answers h0's next call STALE_GENERATION; h0 registers again under
-	// the same generation (a fresh record at the master; h0 drops its replica index) and
-	// serves again.
+	// a new registration generation (a fresh record at the master; h0 drops its replica
+	// index) and serves again; its clients' generation stays.
 	ns.ip("link", "set", ns.veths[0], "up")
 	waitFor(t, 20*time.Second, "h0 serves again after the link came back", func() bool {
 		return clients[0].Put("healed", []byte("v")) == nil

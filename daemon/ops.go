@@ -74,13 +74,13 @@ func (o *Owner) askDelete(keys []string) ([]*mp.DeleteResponse, error) {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
 	if len(keys) == 1 {
-		resp, err := o.master.cl().Delete(ctx, &mp.DeleteRequest{Node: o.master.ref, Key: keys[0]})
+		resp, err := o.master.cl().Delete(ctx, &mp.DeleteRequest{Node: o.master.ref(), Key: keys[0]})
 		if err != nil {
 			return nil, o.master.check(0, "", err)
 		}
 		return []*mp.DeleteResponse{resp}, nil
 	}
-	resp, err := o.master.cl().BatchDelete(ctx, &mp.BatchDeleteRequest{Node: o.master.ref, Keys: keys})
+	resp, err := o.master.cl().BatchDelete(ctx, &mp.BatchDeleteRequest{Node: o.master.ref(), Keys: keys})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return nil, err
 	}

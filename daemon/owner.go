@@ -29,8 +29,13 @@ type Owner struct {
 	opts       Options
 	log        zerolog.Logger
 	generation int64 // this incarnation; externals must name it in every call
-	seg        *shm.Segment
-	store      *ssd.Storage // nil: no SSD tier
+	// regGen is the generation of this owner's registration with the master (nodeGen):
+	// the one its master calls name, and the master's plans name for its peer calls and
+	// the pulls from its segment. It starts at generation, and each Register after the
+	// first names a new one (masterLink.register).
+	regGen atomic.Int64
+	seg    *shm.Segment
+	store  *ssd.Storage // nil: no SSD tier
 	// evictQ holds the reports of SSD records gone here until the master took them:
 	// the ring's evictions and the records forgotten with the master possibly
 	// routing to them (forwardEvictions sends them; nil without an SSD tier).
@@ -99,6 +104,7 @@ func New(opts Options) (*Owner, error) {
 		frames:     wire.NewFrameBudget(opts.FrameMemory),
 		peerFrames: wire.NewFrameBudget(opts.FrameMemory / 4),
 	}
+	o.regGen.Store(o.generation)
 	o.mu.st = newOwnerState(stateOptions{nodeID: opts.NodeID, generation: o.generation, segSize: opts.DRAM + opts.LandingReserve,
 		isolation: opts.ClientIsolation, grace: opts.CacheGrace, hotBudget: opts.hotSetBudget(), pinBudget: opts.pinBudget(),
 		putArea: opts.PutArea, areaTotal: opts.PutAreaTotal, uidShare: opts.UIDShare})
@@ -285,8 +291,25 @@ func (o *Owner) Start(ctx context.Context) error {
 	return nil
 }
 
-// Generation is this incarnation's id.
+// Generation is this incarnation's id: the one its externals name.
 func (o *Owner) Generation() int64 { return o.generation }
+
+// nodeGen is the generation of this owner's registration with the master: the master
+// plans the pulls from this owner, and its calls to it, under the registration they name,
+// and each registration tombs the one before it at the master (its in-flight gets, puts
+// and persists end there). A pull or a call naming an earlier one is refused
+// (STALE_GENERATION, or the data plane's fence): an owner tombed while alive keeps its
+// process and segment, and the range such a pull names may hold another value by now.
+func (o *Owner) nodeGen() int64 { return o.regGen.Load() }
+
+// checkNodeGen refuses what, a call of the master or another owner naming the
+// registration gen, unless gen is this owner's registration (nodeGen).
+func (o *Owner) checkNodeGen(what string, gen int64) error {
+	if cur := o.nodeGen(); gen != cur {
+		return errCode(common.ErrorCode_STALE_GENERATION, "%s for generation %d reached generation %d of node %q", what, gen, cur, o.opts.NodeID)
+	}
+	return nil
+}
 
 // SocketPath is the attach socket.
 func (o *Owner) SocketPath() string { return o.opts.SocketPath() }

@@ -179,9 +179,10 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 		resp.Code, resp.Message = wire.ToResponse(err)
 		return resp, nil
 	}
-	if req.Generation != o.generation {
-		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_STALE_GENERATION,
-			Message: fmt.Sprintf("ReleaseHotSet for generation %d reached generation %d", req.Generation, o.generation)}, nil
+	if err := o.checkNodeGen("ReleaseHotSet", req.Generation); err != nil {
+		resp := &peer.ReleaseHotSetResponse{}
+		resp.Code, resp.Message = wire.ToResponse(err)
+		return resp, nil
 	}
 	if err := o.admit(req.MasterEpoch); err != nil {
 		resp := &peer.ReleaseHotSetResponse{}

@@ -172,7 +172,7 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.cl().BatchSsdReplicaCommit(ctx, &mp.BatchSsdReplicaCommitRequest{Node: o.master.ref, Items: commit})
+	resp, err := o.master.cl().BatchSsdReplicaCommit(ctx, &mp.BatchSsdReplicaCommitRequest{Node: o.master.ref(), Items: commit})
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		// The master may not know these entries: keep none it might not know (a later
 		// delete would not reach it, and a restarted master would adopt them). If the
@@ -243,8 +243,8 @@ func (o *Owner) checkPersist(req *peer.SsdReplicaPersistRequest) error {
 	if req == nil {
 		return errCode(common.ErrorCode_INVALID_ARGUMENT, "batch persist: an item is empty")
 	}
-	if req.Generation != o.generation {
-		return errCode(common.ErrorCode_STALE_GENERATION, "persist for generation %d, this owner is %d", req.Generation, o.generation)
+	if err := o.checkNodeGen("persist", req.Generation); err != nil {
+		return err
 	}
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return err
@@ -409,7 +409,7 @@ func (o *Owner) reportEvictions(batch []ssd.Eviction) (retry bool, err error) {
 	defer cancelBase()
 	ctx, cancel := context.WithTimeout(base, evictReportTimeout)
 	defer cancel()
-	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref, Entries: entries, RecordSeqs: seqs})
+	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref(), Entries: entries, RecordSeqs: seqs})
 	if err != nil {
 		return true, o.master.check(0, "", err)
 	}

@@ -33,6 +33,7 @@ func TestPersistJobsAreWriteRuns(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	o := &Owner{generation: 1, seg: seg, store: store}
+	o.regGen.Store(1)
 	o.opts.NodeID = "n1"
 
 	var items []*peer.SsdReplicaPersistRequest

@@ -76,12 +76,12 @@ func (o *Owner) askPutStart(items []*mp.PutStartItem) (plans []*mp.PutStartRespo
 	if len(items) == 1 {
 		it := items[0]
 		var resp *mp.PutStartResponse
-		if resp, err = o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref, Key: it.Key, Len: it.Len, RejectIfExists: it.RejectIfExists, Parent: it.Parent, Acks: acks}); err == nil {
+		if resp, err = o.master.cl().PutStart(ctx, &mp.PutStartRequest{Node: o.master.ref(), Key: it.Key, Len: it.Len, RejectIfExists: it.RejectIfExists, Parent: it.Parent, Acks: acks}); err == nil {
 			plans = []*mp.PutStartResponse{resp}
 		}
 	} else {
 		var resp *mp.BatchPutStartResponse
-		if resp, err = o.master.cl().BatchPutStart(ctx, &mp.BatchPutStartRequest{Node: o.master.ref, Items: items, Acks: acks}); err == nil {
+		if resp, err = o.master.cl().BatchPutStart(ctx, &mp.BatchPutStartRequest{Node: o.master.ref(), Items: items, Acks: acks}); err == nil {
 			code, msg, plans = resp.Code, resp.Message, resp.Results
 		}
 	}
@@ -413,7 +413,7 @@ func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse,
 	defer cancel()
 	if len(part) == 1 {
 		p := ps[part[0]]
-		resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref, Key: p.key, PutId: p.putID}, opts...)
+		resp, err := o.master.cl().PutDone(ctx, &mp.PutDoneRequest{Node: o.master.ref(), Key: p.key, PutId: p.putID}, opts...)
 		if err != nil {
 			return nil, o.master.check(0, "", err)
 		}
@@ -423,7 +423,7 @@ func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse,
 	for j, i := range part {
 		items[j] = &mp.PutDoneItem{Key: ps[i].key, PutId: ps[i].putID}
 	}
-	resp, err := o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: o.master.ref, Items: items}, opts...)
+	resp, err := o.master.cl().BatchPutDone(ctx, &mp.BatchPutDoneRequest{Node: o.master.ref(), Items: items}, opts...)
 	if err := o.master.check(respCode(resp, err)); err != nil {
 		return nil, err
 	}
@@ -488,7 +488,7 @@ func (o *Owner) revokePut(p *pendingPut) error {
 	}
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.cl().PutRevoke(ctx, &mp.PutRevokeRequest{Node: o.master.ref, Key: p.key, PutId: p.putID})
+	resp, err := o.master.cl().PutRevoke(ctx, &mp.PutRevokeRequest{Node: o.master.ref(), Key: p.key, PutId: p.putID})
 	return o.master.check(respCode(resp, err))
 }
 

@@ -20,11 +20,13 @@ import (
 func (o *Owner) pullPuts(ctx context.Context, reqs []*peer.PullPutRequest) (errs []error) {
 	errs = make([]error, len(reqs))
 	for i, req := range reqs {
+		if req != nil {
+			errs[i] = o.checkNodeGen("PullPut", req.Generation)
+		}
 		switch {
+		case errs[i] != nil:
 		case req == nil:
 			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "null PullPut item")
-		case req.Generation != o.generation:
-			errs[i] = errCode(common.ErrorCode_STALE_GENERATION, "PullPut for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
 		case req.Len <= 0 || req.TargetOffset < 0 || req.TargetOffset > o.seg.Size()-req.Len:
 			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "PullPut target [%d,+%d) outside the %d-byte segment", req.TargetOffset, req.Len, o.seg.Size())
 		}

@@ -60,6 +60,21 @@ func (m *masterLink) register(ctx context.Context) error {
 	settling := make(chan struct{})
 	m.settling.Store(&settling)
 	defer close(settling)
+	prevGen := o.nodeGen()
+	if m.registers > 0 {
+		// The master tombs the registration this owner had (if it still had it) when it
+		// takes this one: what it planned under that one (pulls from this segment, peer
+		// calls) is refused here from now on, not served from ranges the next
+		// registration's pool may give to other values (an owner tombed while alive keeps
+		// its process and segment). A Register failed in transport keeps its generation:
+		// the master may have taken it (settleLost asks under it).
+		gen := randomID()
+		for gen == o.nodeGen() {
+			gen = randomID()
+		}
+		o.regGen.Store(gen)
+	}
+	m.registers++
 	sent := time.Now()
 	st := o.lock()
 	pins, prev := st.beginRegister(sent, o.bounds().putCopy)
@@ -67,7 +82,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	acked := o.acks.mark() // under Owner.mu, as the releases that queue acks
 	o.unlock()
 	resp, err := m.cl().Register(ctx, &mp.RegisterRequest{
-		Node: m.ref, SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
+		Node: m.ref(), SegmentSize: o.seg.Size(), PeerAddr: m.peerAddr, DataAddr: m.dataAddr,
 		TransferReserve: o.opts.TransferReserve,
 		LandingReserve:  o.opts.LandingReserve,
 		KvSsdStorage:    o.ssdInfo(), Pinned: pins, PrevEpoch: prev,
@@ -82,6 +97,10 @@ func (m *masterLink) register(ctx context.Context) error {
 		return err
 	}
 	if !ok {
+		// Refused: the master took nothing of it, and still knows the registration before
+		// it if it knew it (one of its heartbeats under the new generation would have
+		// answered STALE_GENERATION, dropping this owner's index).
+		o.regGen.Store(prevGen)
 		return wire.FromResponse(resp.Code, resp.Message)
 	}
 	// The master holds none of the ids released before the registration began (it
@@ -92,7 +111,7 @@ func (m *masterLink) register(ctx context.Context) error {
 	if o.opts.LocalMaster != nil {
 		link = "in-process"
 	}
-	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Str("master", m.addr()).Str("master_link", link).Int("pinned", len(pins)).Msg("registered with master")
+	o.log.Info().Int64("master_epoch", resp.MasterEpoch).Int64("registration_generation", o.nodeGen()).Str("master", m.addr()).Str("master_link", link).Int("pinned", len(pins)).Msg("registered with master")
 	if prev != 0 {
 		o.opts.Metrics.Reregistered()
 	}

@@ -36,7 +36,7 @@ func (o *Owner) reportReplicas() {
 	for _, b := range rep.batches() {
 		start, end := b[0], b[1]
 		ctx, cancel := o.master.ctx()
-		resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Records: recs[start:end], Last: end == total})
+		resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref(), Records: recs[start:end], Last: end == total})
 		cancel()
 		if err == nil && resp.Code != common.ErrorCode_OK {
 			err = errCode(resp.Code, "%s", resp.Message)
@@ -78,7 +78,7 @@ func (o *Owner) reportReplicas() {
 func (o *Owner) endReport() {
 	ctx, cancel := o.master.ctx()
 	defer cancel()
-	resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref, Last: true})
+	resp, err := o.master.cl().ReportReplicas(ctx, &mp.ReportReplicasRequest{Node: o.master.ref(), Last: true})
 	if err == nil && resp.Code != common.ErrorCode_OK {
 		err = errCode(resp.Code, "%s", resp.Message)
 	}

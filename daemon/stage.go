@@ -439,10 +439,11 @@ func (o *Owner) beginStage(parent context.Context, req *peer.SsdStageReadRequest
 	switch {
 	case o.store == nil || o.stager == nil:
 		return nil, errCode(common.ErrorCode_UNAVAILABLE, "node %q has no SSD tier", o.opts.NodeID)
-	case req.Generation != o.generation:
-		return nil, errCode(common.ErrorCode_STALE_GENERATION, "stage read for generation %d reached generation %d of node %q", req.Generation, o.generation, o.opts.NodeID)
 	case req.Len <= 0:
 		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "stage read of %d bytes", req.Len)
+	}
+	if err := o.checkNodeGen("stage read", req.Generation); err != nil {
+		return nil, err
 	}
 	if err := wire.ValidateKey(req.Key); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -13,32 +14,37 @@ import (
 )
 
 // heldPull holds the first Pull until release is closed (held is closed when it
-// arrives), then makes it.
+// arrives), then makes it; its outcome goes to first (buffered).
 type heldPull struct {
 	pullClient
 	held, release chan struct{}
+	first         chan error
 	once          sync.Once
 }
 
 func (p *heldPull) Pull(ctx context.Context, addr string, f transfer.Fence, offset int64, dst []byte) error {
 	first := false
 	p.once.Do(func() { first = true; close(p.held) })
-	if first {
-		<-p.release
+	if !first {
+		return p.pullClient.Pull(ctx, addr, f, offset, dst)
 	}
-	return p.pullClient.Pull(ctx, addr, f, offset, dst)
+	<-p.release
+	err := p.pullClient.Pull(ctx, addr, f, offset, dst)
+	p.first <- err
+	return err
 }
 
 // TestStalePullOfATombedSourceNotServed: n2 plans a get of k from n1's memory and its
 // pull is held; meanwhile the master tombs n1 (its heartbeats lost past the TTL) and
-// n1, alive, registers again: same process, same generation, so the pull's fence
-// still matches, and its new pool gives k's range to l. The pull then copies l's
-// bytes: the get must not hand them out (a review: n2 served l's bytes as k's, and the
-// master promoted them to a replica of k).
+// n1, alive, registers again: same process and segment, and its new pool gives k's
+// range to l. The pull must not copy l's bytes (n1's fence names its registration: the
+// pull's names the one before), and the get must not hand out bytes of that range
+// (a review: n2 served l's bytes as k's, and the master promoted them to a replica of
+// k; the master refuses the GetDone of a tombed source too).
 func TestStalePullOfATombedSourceNotServed(t *testing.T) {
 	n := startNode(t, 4<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal,
 		NodeTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond})
-	p := &heldPull{held: make(chan struct{}), release: make(chan struct{})}
+	p := &heldPull{held: make(chan struct{}), release: make(chan struct{}), first: make(chan error, 1)}
 	_, c2 := n.addOwner(t, "n2", 4<<20, nil, func(o *Options) {
 		o.CacheGrace = -1
 		o.testPuller = func(c pullClient) pullClient { p.pullClient = c; return p }
@@ -85,6 +91,12 @@ func TestStalePullOfATombedSourceNotServed(t *testing.T) {
 		t.Fatalf("l landed at %+v, not on k's old range %d: the test did not reach the fault", rec, at)
 	}
 	close(p.release)
+	if gen := n.o.nodeGen(); gen == n.o.Generation() {
+		t.Errorf("n1 registered again under its first registration's generation %d", gen)
+	}
+	if err := <-p.first; !errors.Is(err, transfer.ErrFenced) {
+		t.Errorf("the pull planned before n1's tomb: %v, want refused by n1's fence", err)
+	}
 	var r result
 	select {
 	case r = <-got:

@@ -9,8 +9,10 @@ import (
 )
 
 // TestGetDoneOfALostSource: a remote get whose source owner was tombed before the get
-// ended, and which registered again still alive (same process, same generation: its
-// pull fence still matches), is refused at GetDone: the new incarnation's pool may have
+// ended, and which registered again still alive (same process and segment; an owner of
+// an earlier release registered under the same generation, so its pull fence still
+// matched, and a pull already being served streams on across a new one), is refused
+// at GetDone: the new incarnation's pool may have
 // handed the range pulled from to another value, whose bytes the pull then copied. Else
 // the requester handed out, and the master promoted to a replica, another key's bytes
 // (a review reproduced it: heartbeats lost past the TTL, the owner registered again, a
@@ -44,8 +46,8 @@ func TestGetDoneOfALostSource(t *testing.T) {
 	if err != nil || plan.Source != common.Source_MEMORY || plan.SourceNode != "a" || plan.SourceOffset != at {
 		t.Fatalf("plan %+v, %v; want a pull of k from a at %d", plan, err, at)
 	}
-	// a is tombed and registers again, alive (its generation unchanged); a new value takes
-	// the range the plan names.
+	// a is tombed and registers again, alive (its generation unchanged, as owners of
+	// earlier releases did); a new value takes the range the plan names.
 	register(a)
 	if off := put(a, "other"); off != at {
 		t.Fatalf("the new value landed at %d, not the planned source range %d: the test did not reach the fault", off, at)

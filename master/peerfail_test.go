@@ -993,8 +993,8 @@ func TestWriteQuiet(t *testing.T) {
 
 // TestPersistOfATombedSourceNotSent: a persist queued while the owner holding the
 // value's memory replica is tombed is not sent to the SSD owner: that owner, tombed
-// while alive, registers again with its generation unchanged (the data plane's fence
-// still matches), and its new pool may give the range the task names to another value,
+// while alive, registers again (an owner of an earlier release with its generation
+// unchanged: the data plane's fence still matches), and its new pool may give the range the task names to another value,
 // which the SSD owner would write under the key with a checksum of those bytes (a
 // review). The SSD owner gets no call; the persist ends as skipped.
 func TestPersistOfATombedSourceNotSent(t *testing.T) {

@@ -392,8 +392,8 @@ func (p *persister) dropIfIdleLocked(k persistNodeKey) {
 // run makes one BatchSsdReplicaPersist call for tasks (all of one owner incarnation),
 // unless that incarnation is gone; it returns each task's outcome. A task whose pending
 // persist ended while it was queued (its source owner was tombed, the key overwritten)
-// is not sent: an owner tombed while alive registers again with its generation
-// unchanged, and its new pool may give the range the task names to another value,
+// is not sent: an owner tombed while alive registers again (one of an earlier release
+// with its generation unchanged, so its pull fence still matches), and its new pool may give the range the task names to another value,
 // which the SSD owner would then have written under this key (a review).
 func (p *persister) run(ctx context.Context, tasks []*PersistTask) []error {
 	all := func(err error) []error { return sameErr(len(tasks), err) }
