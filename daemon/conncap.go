@@ -43,6 +43,22 @@ func defaultMaxConnections(nofile uint64, so *ssd.Options) int {
 	return int(min((nofile-reserve)/2, maxDerivedConnections))
 }
 
+// Bounds of the data plane's connection cap (dataPlaneConnections).
+const (
+	minDataPlaneConnections = 256
+	maxDataPlaneConnections = 8192
+)
+
+// dataPlaneConnections caps the data plane's connections (transfer.ServerOptions.MaxConns,
+// pooled ones included) at nofile/32, half of the nofile/16 the derived socket caps keep
+// in reserve, within [256, 8192]. Each other owner keeps up to 4 connections to it
+// (transfer.ClientOptions.MaxPullsPerPeer, and as many idle), more while it stages SSD
+// refills from it: a fixed 256 refused the pulls of the 65th busy peer, so gets of its
+// replicas failed over or missed in clusters of more than 64 owners.
+func dataPlaneConnections(nofile uint64) int {
+	return int(min(max(nofile/32, minDataPlaneConnections), maxDataPlaneConnections))
+}
+
 // nofileLimit is the soft RLIMIT_NOFILE (Go raises it to the hard limit at start).
 func nofileLimit() uint64 {
 	var rl unix.Rlimit

@@ -36,7 +36,7 @@ func (o *Owner) startDataPlane() error {
 		return err
 	}
 	o.data, err = transfer.Listen(o.opts.DataListen, segmentSource{o}, transfer.ServerOptions{
-		Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
+		Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics, MaxConns: dataPlaneConnections(nofileLimit())})
 	if err != nil {
 		return fmt.Errorf("data plane: %w", err)
 	}

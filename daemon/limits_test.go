@@ -508,7 +508,7 @@ func TestHelloBounds(t *testing.T) {
 }
 
 // TestDefaultMaxConnections: the derived cap leaves the reserve free with both sockets
-// full, and stays within its bounds.
+// full, and stays within its bounds; so does the data plane's.
 func TestDefaultMaxConnections(t *testing.T) {
 	for _, tc := range []struct {
 		nofile uint64
@@ -529,6 +529,16 @@ func TestDefaultMaxConnections(t *testing.T) {
 		}
 		if tc.nofile >= 256 && uint64(2*got) > tc.nofile-fdReserveBase {
 			t.Errorf("nofile %d: two sockets of %d leave less than the reserve", tc.nofile, got)
+		}
+	}
+	// The data plane's cap: 4 connections for each of over 64 busy peers, more with the
+	// open-file limit, never past the memory of 8,192 idle connections.
+	for _, tc := range []struct {
+		nofile uint64
+		want   int
+	}{{256, 256}, {1024, 256}, {65536, 2048}, {1 << 20, 8192}} {
+		if got := dataPlaneConnections(tc.nofile); got != tc.want {
+			t.Errorf("nofile %d: data plane cap %d, want %d", tc.nofile, got, tc.want)
 		}
 	}
 	o := Options{MasterAddr: "x:1"}
