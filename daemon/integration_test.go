@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
@@ -372,6 +373,56 @@ func TestExternalKilled(t *testing.T) {
 	hold.Wait()
 	mid.Wait()
 	waitUsage(t, c, 0, 0, 2*time.Second)
+}
+
+// TestExternalKilledMidBatchIsolated: under client isolation, a client killed with
+// SIGKILL in the middle of a BatchPut (two values copied from its put area into their
+// targets, the third being written) leaves nothing: no value published, no byte or
+// holder of the segment held, and its put area back in --put-area-total for the next
+// session.
+func TestExternalKilledMidBatchIsolated(t *testing.T) {
+	t.Parallel()
+	p := startUp(t, "16MiB", "--client-isolation", "--put-area", "1MiB", "--put-area-total", "2MiB")
+	c := connect(t, p.socket)
+	mid := startChild(t, p.socket, "midbatch")
+	if used, _, _ := usage(t, c); used < 3*300000 {
+		t.Fatalf("the child's batch holds %d bytes of the segment, want its three started values", used)
+	}
+	if _, err := fluxkv.Connect(fluxkv.Options{Socket: p.socket, Name: t.Name()}); !errors.Is(err, fluxkv.ErrNoSpace) {
+		t.Fatalf("a third session while the child holds its put area: %v, want ErrNoSpace", err)
+	}
+	mid.Process.Kill()
+	mid.Wait()
+	waitUsage(t, c, 0, 0, 2*time.Second)
+	for i := range 4 {
+		k := fmt.Sprintf("midbatch-%d", i)
+		if h, err := c.Get(k); !errors.Is(err, fluxkv.ErrKeyNotFound) {
+			if err == nil {
+				h.Release()
+			}
+			t.Fatalf("%s after the child was killed mid-batch: %v, want not found", k, err)
+		}
+	}
+	var c2 *fluxkv.Client
+	proctest.WaitUntil(t, func() bool {
+		var err error
+		c2, err = fluxkv.Connect(fluxkv.Options{Socket: p.socket, Name: t.Name()})
+		return err == nil
+	})
+	defer c2.Close()
+	if c2.PutAreaSize() != 1<<20 {
+		t.Fatalf("the next session's put area: %d, want the killed child's 1 MiB", c2.PutAreaSize())
+	}
+	v := payload(2, 300000)
+	if err := c2.Put("midbatch-2", v); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Get("midbatch-2")
+	if err != nil || !bytes.Equal(h.Bytes(), v) {
+		t.Fatalf("midbatch-2 put again: %v", err)
+	}
+	h.Release()
+	leakCheck(t, c, "midbatch-2")
 }
 
 // TestConcurrentClients: many goroutines on one client and several clients, under load.

@@ -336,6 +336,23 @@ func runChild(mode string) int {
 		})
 		fmt.Println("put:", err)
 		return 1
+	case "midbatch":
+		// A batch whose third value never gets written: under client isolation the first
+		// two went through the put area into their targets.
+		items := make([]fluxkv.PutItem, 4)
+		for i := range items {
+			items[i] = fluxkv.PutItem{Key: fmt.Sprintf("midbatch-%d", i), Len: 300000, Fill: func(_ int64, dst []byte) error {
+				if i == 2 {
+					fmt.Println("ready")
+					select {}
+				}
+				copy(dst, payload(int64(i), len(dst)))
+				return nil
+			}}
+		}
+		_, err := c.BatchPut(items, fluxkv.PutOptions{})
+		fmt.Println("batch put:", err)
+		return 1
 	}
 	fmt.Println("ready")
 	select {}
