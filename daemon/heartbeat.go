@@ -72,15 +72,19 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	regs := st.reg.registered
 	o.unlock()
 	sent := time.Now()
-	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: m.ref(), KvSsdStorage: o.ssdInfo(),
+	ref := m.ref()
+	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: ref, KvSsdStorage: o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
 	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
-		m.staleAnswer(resp, regs, regHeld)
+		m.staleAnswer(resp, regs, ref.Generation, regHeld)
 	}
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		return resp, false, err
 	}
 	st = o.lock()
+	if ref.Generation == o.nodeGen() {
+		st.reg.takenGen = ref.Generation
+	}
 	if !regHeld && st.namesLostRegistration(resp) {
 		// Taken as in staleAnswer: a registration that began meanwhile would report the
 		// SSD entries forgotten below, and the next master route gets to them.
@@ -110,14 +114,31 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 // (ignoring the answer across it let the next term adopt the index: a review). It runs
 // under regMu (taken here unless regHeld): a registration in progress ends first, and
 // none reports the SSD entries it forgets meanwhile.
-func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs uint64, regHeld bool) {
+//
+// gen is the registration generation the heartbeat named. Only an answer under the last
+// one a master took (registration.takenGen) says that master tombed this owner. One
+// under a generation no master took says nothing of the registration that stands when
+// the owner gave it up since (a Register the master refused); when it is still the
+// owner's (its Register failed in transport and this master does not have it), the
+// owner goes back to the last one a master took: a master that still has that one keeps
+// it (registering again under the new one would have tombed it, every replica dropped,
+// a review), and one that took the new one since answers the next heartbeat
+// STALE_GENERATION under the old one, which drops the index.
+func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs uint64, gen int64, regHeld bool) {
 	if !regHeld {
 		m.regMu.Lock()
 		defer m.regMu.Unlock()
 	}
 	o := m.o
 	st := o.lock()
-	tombed := st.reg.registered == regs && st.tombedBy(resp)
+	tombed := false
+	switch taken := st.reg.takenGen; {
+	case gen == taken:
+		tombed = st.reg.registered == regs && st.tombedBy(resp)
+	case gen == o.nodeGen() && taken != 0:
+		o.regGen.Store(taken)
+		o.log.Warn().Int64("generation", gen).Int64("back_to", taken).Msg("the master does not have the registration whose Register failed in transport; going back to the last one a master took")
+	}
 	o.unlock()
 	if tombed {
 		o.forgetSSD("the master this owner registered with tombed it (it dropped this owner's replicas)")

@@ -20,11 +20,7 @@ import (
 func (o *Owner) pullPuts(ctx context.Context, reqs []*peer.PullPutRequest) (errs []error) {
 	errs = make([]error, len(reqs))
 	for i, req := range reqs {
-		if req != nil {
-			errs[i] = o.checkNodeGen("PullPut", req.Generation)
-		}
 		switch {
-		case errs[i] != nil:
 		case req == nil:
 			errs[i] = errCode(common.ErrorCode_INVALID_ARGUMENT, "null PullPut item")
 		case req.Len <= 0 || req.TargetOffset < 0 || req.TargetOffset > o.seg.Size()-req.Len:
@@ -44,6 +40,11 @@ func (o *Owner) pullPuts(ctx context.Context, reqs []*peer.PullPutRequest) (errs
 	bySource := make(map[string][]int)
 	st := o.lock()
 	for i, req := range reqs {
+		if errs[i] == nil {
+			// Under the lock, as a registration switches the generation: a pull begun
+			// before it is among the ranges that registration pins.
+			errs[i] = o.checkNodeGen("PullPut", req.Generation)
+		}
 		if errs[i] == nil {
 			if writes[i], errs[i] = st.beginPull(req); errs[i] == nil {
 				bySource[req.SourceDataAddr] = append(bySource[req.SourceDataAddr], i)

@@ -41,7 +41,15 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 // answered STALE_GENERATION); one that finds this incarnation already registered with
 // the master it last registered with does nothing: registering again would make the
 // master drop what the first registration's report rebuilt.
-func (m *masterLink) register(ctx context.Context) error {
+func (m *masterLink) register(ctx context.Context) error { return m.registerAgain(ctx, false) }
+
+// registerAgain is register; hearsay: the caller only heard that the master may have
+// lost this owner (a call answered STALE_GENERATION, which one sent under a registration
+// and answered after the next one does too; a heartbeat answered under another epoch).
+// Then a check heartbeat that fails in transport leaves it to the heartbeat loop, which
+// registers on STALE_GENERATION: registering again would tomb a registration the master
+// may still have (every replica there dropped).
+func (m *masterLink) registerAgain(ctx context.Context, hearsay bool) error {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	o := m.o
@@ -50,6 +58,9 @@ func (m *masterLink) register(ctx context.Context) error {
 	}
 	if epoch := o.masterEpoch(); epoch != 0 {
 		resp, _, err := m.heartbeat(ctx, true)
+		if err != nil && hearsay {
+			return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable before registering again: %v", err)
+		}
 		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
 			return nil
 		}
@@ -60,23 +71,25 @@ func (m *masterLink) register(ctx context.Context) error {
 	settling := make(chan struct{})
 	m.settling.Store(&settling)
 	defer close(settling)
+	sent := time.Now()
+	st := o.lock()
 	prevGen := o.nodeGen()
 	if m.registers > 0 {
 		// The master tombs the registration this owner had (if it still had it) when it
 		// takes this one: what it planned under that one (pulls from this segment, peer
 		// calls) is refused here from now on, not served from ranges the next
 		// registration's pool may give to other values (an owner tombed while alive keeps
-		// its process and segment). A Register failed in transport keeps its generation:
-		// the master may have taken it (settleLost asks under it).
+		// its process and segment). Switched under the lock with the pins collected: a
+		// PullPut begun under the old one is among them (pullPuts checks under it). A
+		// Register failed in transport keeps its generation: the master may have taken
+		// it (settleLost asks under it; staleAnswer goes back if it did not).
 		gen := randomID()
-		for gen == o.nodeGen() {
+		for gen == prevGen {
 			gen = randomID()
 		}
 		o.regGen.Store(gen)
 	}
 	m.registers++
-	sent := time.Now()
-	st := o.lock()
 	pins, prev := st.beginRegister(sent, o.bounds().putCopy)
 	seq := int64(st.reg.epoch)
 	acked := o.acks.mark() // under Owner.mu, as the releases that queue acks
@@ -91,16 +104,20 @@ func (m *masterLink) register(ctx context.Context) error {
 	})
 	st = o.lock()
 	next, ok := st.endRegister(resp, sent, prev)
+	switch {
+	case ok:
+		st.reg.takenGen = o.nodeGen()
+	case err == nil:
+		// Refused: the master took nothing of it, and still knows the registration before
+		// it if it knew it (staleAnswer passes over answers under the new generation).
+		o.regGen.Store(prevGen)
+	}
 	o.unlock()
 	if err != nil {
 		m.settleLost()
 		return err
 	}
 	if !ok {
-		// Refused: the master took nothing of it, and still knows the registration before
-		// it if it knew it (one of its heartbeats under the new generation would have
-		// answered STALE_GENERATION, dropping this owner's index).
-		o.regGen.Store(prevGen)
 		return wire.FromResponse(resp.Code, resp.Message)
 	}
 	// The master holds none of the ids released before the registration began (it
@@ -160,7 +177,7 @@ func (m *masterLink) reregisterInBackground() {
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := m.register(ctx); err != nil {
+		if err := m.registerAgain(ctx, true); err != nil {
 			m.o.log.Warn().Err(err).Msg("re-register failed")
 		}
 	}()

@@ -39,6 +39,9 @@ type registration struct {
 	unknown uint64
 	// masterEpoch is the master epoch of the last successful registration (0: none).
 	masterEpoch int64
+	// takenGen is the last registration generation (Owner.nodeGen) a master took: its
+	// Register answered OK, or a heartbeat under it did (0: none yet).
+	takenGen int64
 	// tombedIn is the master epoch whose STALE_GENERATION answer made the owner drop its
 	// index since its last successful registration (tombedBy; 0: none).
 	tombedIn int64
