@@ -194,13 +194,21 @@ func (a *acker) flush() bool {
 			// before it began are no pins of it: dropping them is harmless).
 			_ = a.o.master.settled(wait)
 		}
-		resp, err := a.o.master.cl().BatchDeleteAck(a.o.master.callCtx(wait), &mp.BatchDeleteAckRequest{Node: a.o.master.ref(), HolderIds: batch, Touched: touched})
+		ref := a.o.master.ref()
+		resp, err := a.o.master.cl().BatchDeleteAck(a.o.master.callCtx(wait), &mp.BatchDeleteAckRequest{Node: ref, HolderIds: batch, Touched: touched})
 		cancel()
-		if err == nil && resp.Code == common.ErrorCode_NOT_LEADER {
+		switch {
+		case err != nil:
+		case resp.Code == common.ErrorCode_NOT_LEADER:
 			// A leader whose gate is shut (its etcd lease lapsed for a moment) applied
 			// none of them and may serve on under the same term: keep them for a retry
 			// (a new leader does not know them, which does no harm).
 			err = errCode(common.ErrorCode_UNAVAILABLE, "holder acks answered NOT_LEADER: %s", resp.Message)
+		case resp.Code == common.ErrorCode_STALE_GENERATION && !a.o.masterTook(ref.Generation):
+			// Sent under a registration no master took (its Register failed in transport):
+			// the master may still have the one before, holding these ids; the owner goes
+			// back to it at its next heartbeat (staleAnswer).
+			err = errCode(common.ErrorCode_UNAVAILABLE, "holder acks answered STALE_GENERATION under a registration no master took: %s", resp.Message)
 		}
 		if err != nil {
 			a.giveBack(batch) // before the flight ends: a call waiting for it carries them

@@ -53,7 +53,7 @@ func (m *masterLink) heartbeatLoop() {
 		if resp.Code == common.ErrorCode_STALE_GENERATION {
 			m.o.log.Warn().Str("why", resp.Message).Msg("master does not know this owner (master restarted?); registering again")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := m.register(ctx); err != nil {
+			if err := m.registerAgain(ctx, true); err != nil {
 				m.o.log.Warn().Err(err).Msg("re-register failed")
 			}
 			cancel()
@@ -84,6 +84,9 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	st = o.lock()
 	if ref.Generation == o.nodeGen() {
 		st.reg.takenGen = ref.Generation
+		if resp.MasterEpoch == st.reg.unsureIn {
+			st.reg.unsureIn = 0
+		}
 	}
 	if !regHeld && st.namesLostRegistration(resp) {
 		// Taken as in staleAnswer: a registration that began meanwhile would report the
@@ -137,6 +140,9 @@ func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs uint64, gen in
 		tombed = st.reg.registered == regs && st.tombedBy(resp)
 	case gen == o.nodeGen() && taken != 0:
 		o.regGen.Store(taken)
+		if resp.MasterEpoch == st.reg.masterEpoch {
+			st.reg.unsureIn = resp.MasterEpoch
+		}
 		o.log.Warn().Int64("generation", gen).Int64("back_to", taken).Msg("the master does not have the registration whose Register failed in transport; going back to the last one a master took")
 	}
 	o.unlock()

@@ -302,6 +302,14 @@ func (o *Owner) Generation() int64 { return o.generation }
 // process and segment, and the range such a pull names may hold another value by now.
 func (o *Owner) nodeGen() int64 { return o.regGen.Load() }
 
+// masterTook reports whether gen is the last registration generation a master took
+// (registration.takenGen).
+func (o *Owner) masterTook(gen int64) bool {
+	st := o.lock()
+	defer o.unlock()
+	return st.reg.takenGen == gen
+}
+
 // checkNodeGen refuses what, a call of the master or another owner naming the
 // registration gen, unless gen is this owner's registration (nodeGen).
 func (o *Owner) checkNodeGen(what string, gen int64) error {

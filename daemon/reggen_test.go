@@ -157,3 +157,112 @@ func TestHearsayLeavesRegistrationToTheLoop(t *testing.T) {
 		t.Fatalf("the master lists n1 at generation %d with %d replicas, the owner names %d; want %d with k's on both sides", gen, replicas, o.nodeGen(), g1)
 	}
 }
+
+// askedLink fails every Register in transport, and every heartbeat whose context does
+// not carry heldHeartbeat (the heartbeat loop's, settleLost's) once cut is set.
+type askedLink struct {
+	masterservice.Client
+	cut       atomic.Bool
+	registers atomic.Int32
+}
+
+func (l *askedLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	if l.cut.Load() && ctx.Value(heldHeartbeat{}) == nil {
+		return nil, errors.New("link cut (fault injected by the test)")
+	}
+	return l.Client.Heartbeat(ctx, req, o...)
+}
+
+func (l *askedLink) Register(context.Context, *mp.RegisterRequest, ...callopt.Option) (*mp.RegisterResponse, error) {
+	l.registers.Add(1)
+	return nil, errors.New("connection reset (fault injected by the test: the Register never reached the master)")
+}
+
+// TestHearsayAfterAFailedRegistration: an owner whose Register and the heartbeat after it
+// failed in transport names a generation the master never took, while the master still
+// has the one before. A re-registration by hearsay (a client call answered
+// STALE_GENERATION under the new one) checks with a heartbeat: answered
+// STALE_GENERATION, the owner goes back to the generation the master has, and asks
+// again under it, answered OK: no Register (one would tomb the registration the master
+// still has: a review).
+func TestHearsayAfterAFailedRegistration(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, _ := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	g1 := o.nodeGen()
+	l := &askedLink{Client: m1.LocalClient()}
+	l.cut.Store(true)
+	useMasterClient(o, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.master.register(ctx); err == nil {
+		t.Fatal("a registration through a cut link succeeded")
+	}
+	if o.nodeGen() == g1 {
+		t.Fatal("the owner did not name a new generation: the test did not reach the fault")
+	}
+	asked := context.WithValue(ctx, heldHeartbeat{}, true)
+	if err := o.master.registerAgain(asked, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.registers.Load(); n != 1 {
+		t.Errorf("%d Registers sent, want only the one that failed", n)
+	}
+	if gen, replicas := memberGen(m1, "n1"); gen != g1 || replicas != 1 || o.nodeGen() != g1 {
+		t.Fatalf("the master lists n1 at generation %d with %d replicas, the owner names %d; want %d with k's on both sides", gen, replicas, o.nodeGen(), g1)
+	}
+}
+
+// tombingLink answers the heartbeats whose context carries heldHeartbeat
+// STALE_GENERATION from the master epoch given (that master tombed this owner, or does
+// not know the generation named) and fails every other heartbeat, and every Register,
+// in transport.
+type tombingLink struct {
+	masterservice.Client
+	epoch int64
+}
+
+func (l *tombingLink) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	if ctx.Value(heldHeartbeat{}) == nil {
+		return nil, errors.New("link cut (fault injected by the test)")
+	}
+	return &mp.HeartbeatResponse{Code: common.ErrorCode_STALE_GENERATION, Message: "unknown owner registration (fault injected by the test)", MasterEpoch: l.epoch}, nil
+}
+
+func (l *tombingLink) Register(context.Context, *mp.RegisterRequest, ...callopt.Option) (*mp.RegisterResponse, error) {
+	return nil, errors.New("connection reset (fault injected by the test: the Register never reached the master)")
+}
+
+// TestUnsureRegistrationNotReported: an owner names a generation no master took (its
+// Register and the heartbeat after it failed in transport), and its master answers a
+// heartbeat under it STALE_GENERATION: the owner goes back to the generation before,
+// keeping its index (the master may still have that registration), but that master may
+// as well have tombed it and answered deletes of its keys since. Deposed before it
+// answered under the generation gone back to, it leaves the next master without the
+// owner's report: that master does not serve k (a review).
+func TestUnsureRegistrationNotReported(t *testing.T) {
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	g1 := o.nodeGen()
+	useMasterClient(o, &tombingLink{Client: m1.LocalClient(), epoch: m1.Epoch()})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.master.register(ctx); err == nil {
+		t.Fatal("a registration through a cut link succeeded")
+	}
+	if _, _, err := o.master.heartbeat(context.WithValue(ctx, heldHeartbeat{}, true), false); err != nil {
+		t.Fatal(err)
+	}
+	st := o.lock()
+	rec := st.replicas.lookup("k")
+	o.unlock()
+	if o.nodeGen() != g1 || rec == nil {
+		t.Fatalf("the owner names %d (want %d, gone back) and records k: %v", o.nodeGen(), g1, rec != nil)
+	}
+	m1.Stop()
+	m2 := ackMaster(t, "127.0.0.1:0")
+	useMasterClient(o, m2.LocalClient())
+	waitRegisteredWith(t, o, m2)
+	if ok, err := c.Exists("k"); err != nil || ok {
+		t.Errorf("exists of k at the next master: %v %v; the master before it may have deleted it", ok, err)
+	}
+}

@@ -44,11 +44,13 @@ func (m *masterLink) registerUntil(ctx context.Context) error {
 func (m *masterLink) register(ctx context.Context) error { return m.registerAgain(ctx, false) }
 
 // registerAgain is register; hearsay: the caller only heard that the master may have
-// lost this owner (a call answered STALE_GENERATION, which one sent under a registration
-// and answered after the next one does too; a heartbeat answered under another epoch).
-// Then a check heartbeat that fails in transport leaves it to the heartbeat loop, which
-// registers on STALE_GENERATION: registering again would tomb a registration the master
-// may still have (every replica there dropped).
+// lost this owner (a call or a heartbeat answered STALE_GENERATION, which one sent under
+// a registration and answered after the next one is too, or one under a registration no
+// master took; a heartbeat answered under another epoch). Then a check heartbeat that
+// fails in transport leaves it to the heartbeat loop's next period: registering again
+// would tomb a registration the master may still have (every replica there dropped).
+// A check answered under a generation no master took, which the owner went back from
+// (staleAnswer), is asked again under the one it went back to.
 func (m *masterLink) registerAgain(ctx context.Context, hearsay bool) error {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
@@ -57,12 +59,18 @@ func (m *masterLink) registerAgain(ctx context.Context, hearsay bool) error {
 		return errCode(common.ErrorCode_UNAVAILABLE, "no master leads on etcd yet")
 	}
 	if epoch := o.masterEpoch(); epoch != 0 {
-		resp, _, err := m.heartbeat(ctx, true)
-		if err != nil && hearsay {
-			return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable before registering again: %v", err)
-		}
-		if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
-			return nil
+		for {
+			gen := o.nodeGen()
+			resp, _, err := m.heartbeat(ctx, true)
+			if err != nil && hearsay {
+				return errCode(common.ErrorCode_UNAVAILABLE, "master unreachable before registering again: %v", err)
+			}
+			if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
+				return nil
+			}
+			if err != nil || o.nodeGen() == gen {
+				break
+			}
 		}
 	}
 	// Until the new master adopted this owner's report it does not know which ranges of
@@ -103,10 +111,16 @@ func (m *masterLink) registerAgain(ctx context.Context, hearsay bool) error {
 		RegistrationSeq:     seq,
 	})
 	st = o.lock()
+	unsure := st.reg.unsureIn != 0
 	next, ok := st.endRegister(resp, sent, prev)
 	switch {
 	case ok:
 		st.reg.takenGen = o.nodeGen()
+		if next == registeredReport && unsure {
+			// The master before may have tombed this owner and answered deletes of
+			// its keys since: the new one must not adopt them from the report.
+			st.replicas.reset()
+		}
 	case err == nil:
 		// Refused: the master took nothing of it, and still knows the registration before
 		// it if it knew it (staleAnswer passes over answers under the new generation).
@@ -138,6 +152,9 @@ func (m *masterLink) registerAgain(ctx context.Context, hearsay bool) error {
 	case registeredTombed:
 		o.forgetSSD("this master dropped this owner's replicas (tombed)")
 	case registeredReport:
+		if unsure {
+			o.forgetSSD("the master before this one may have tombed this owner (it answered under a registration it never took)")
+		}
 		o.reportReplicas()
 	}
 	return nil

@@ -42,6 +42,13 @@ type registration struct {
 	// takenGen is the last registration generation (Owner.nodeGen) a master took: its
 	// Register answered OK, or a heartbeat under it did (0: none yet).
 	takenGen int64
+	// unsureIn is the master epoch whose STALE_GENERATION answer under a generation no
+	// master took made the owner go back to takenGen (masterLink.staleAnswer): whether
+	// that master still has the registration gone back to (or tombed it, and may have
+	// answered deletes of its keys since) is unknown until it answers under it (OK, or
+	// tombedBy). A registration with another master meanwhile reports no replica (0:
+	// none unsure).
+	unsureIn int64
 	// tombedIn is the master epoch whose STALE_GENERATION answer made the owner drop its
 	// index since its last successful registration (tombedBy; 0: none).
 	tombedIn int64
@@ -103,7 +110,7 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 		return 0, false
 	}
 	st.reg.registered++
-	st.reg.tombedIn = 0
+	st.reg.tombedIn, st.reg.unsureIn = 0, 0
 	st.reg.seq = int64(st.reg.epoch)      // this one's: registrations run one at a time
 	st.reg.masterEpoch = resp.MasterEpoch // admit judges peer calls by it from now on
 	if resp.HeartbeatIntervalMs > 0 {
@@ -157,6 +164,7 @@ func (st *ownerState) tombedBy(resp *mp.HeartbeatResponse) bool {
 		return false
 	}
 	st.reg.tombedIn = resp.MasterEpoch
+	st.reg.unsureIn = 0
 	st.replicas.reset()
 	return true
 }

@@ -87,7 +87,12 @@ func TestRegisterAnswerLost(t *testing.T) {
 
 // TestFailedRegisterAcksIdleHolders: a registration lets the hot set's idle holdings go
 // unacked (the new master never knew them); one that fails before reaching the master
-// acks them, or the master it still has kept their holders for good (a review).
+// acks them, or the master it still has kept their holders for good (a review). The
+// heartbeat after the Register fails too, so the owner names the failed registration's
+// generation, which the master never took: acks answered STALE_GENERATION under it are
+// kept for the one the owner goes back to at its next heartbeat, and that heartbeat's
+// STALE_GENERATION sends no Register (which would tomb the registration the master
+// still has; reviews): the master still lists n1 at its generation, with k's replica.
 func TestFailedRegisterAcksIdleHolders(t *testing.T) {
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace = time.Minute })
@@ -114,8 +119,9 @@ func TestFailedRegisterAcksIdleHolders(t *testing.T) {
 	if n := nodeHolders(t, m1); n == 0 {
 		t.Fatal("the idle holding holds no holder at the master: the test did not reach the fault")
 	}
+	g1 := o.nodeGen()
 	l := &flakyLink{Client: m1.LocalClient()}
-	l.failHeartbeats.Store(1) // register's check; the Register itself never reaches m1
+	l.failHeartbeats.Store(2) // register's check and settleLost's; the Register itself never reaches m1
 	useMasterClient(o, l)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -124,6 +130,9 @@ func TestFailedRegisterAcksIdleHolders(t *testing.T) {
 	}
 	useMasterClient(o, m1.LocalClient())
 	waitNoHolders(t, o, m1, "the idle hot-set holding's holder, let go unacked by a Register that never reached the master")
+	if gen, replicas := memberGen(m1, "n1"); gen != g1 || replicas != 1 || o.nodeGen() != g1 {
+		t.Fatalf("the master lists n1 at generation %d with %d replicas, the owner names %d; want %d with k's on both sides", gen, replicas, o.nodeGen(), g1)
+	}
 }
 
 // waitRegisteredWith waits up to 20 s for o to have registered with m and settled.
