@@ -70,9 +70,10 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	st := o.lock()
 	a := st.reg.acked
 	regs := st.reg.registered
+	backs := st.reg.backs
+	ref := m.ref()
 	o.unlock()
 	sent := time.Now()
-	ref := m.ref()
 	resp, err = m.cl().Heartbeat(ctx, &mp.HeartbeatRequest{Node: ref, KvSsdStorage: o.ssdInfo(),
 		EvictionsAck: a.seq, EvictionsEpoch: a.epoch})
 	if err == nil && resp.Code == common.ErrorCode_STALE_GENERATION {
@@ -84,8 +85,8 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	st = o.lock()
 	if ref.Generation == o.nodeGen() {
 		st.reg.takenGen = ref.Generation
-		if resp.MasterEpoch == st.reg.unsureIn {
-			st.reg.unsureIn = 0
+		if resp.MasterEpoch == st.reg.unsureIn && backs == st.reg.backs {
+			st.reg.unsureIn = 0 // (an answer to a heartbeat sent before the owner went back says nothing of it)
 		}
 	}
 	if !regHeld && st.namesLostRegistration(resp) {
@@ -140,6 +141,7 @@ func (m *masterLink) staleAnswer(resp *mp.HeartbeatResponse, regs uint64, gen in
 		tombed = st.reg.registered == regs && st.tombedBy(resp)
 	case gen == o.nodeGen() && taken != 0:
 		o.regGen.Store(taken)
+		st.reg.backs++
 		if resp.MasterEpoch == st.reg.masterEpoch {
 			st.reg.unsureIn = resp.MasterEpoch
 		}

@@ -49,6 +49,8 @@ type registration struct {
 	// tombedBy). A registration with another master meanwhile reports no replica (0:
 	// none unsure).
 	unsureIn int64
+	// backs counts the owner's goings back to takenGen (staleAnswer).
+	backs uint64
 	// tombedIn is the master epoch whose STALE_GENERATION answer made the owner drop its
 	// index since its last successful registration (tombedBy; 0: none).
 	tombedIn int64
