@@ -144,6 +144,7 @@ func (heartbeatCutLink) Heartbeat(context.Context, *mp.HeartbeatRequest, ...call
 // dropping n1's replicas. The heartbeat loop registers once the master says it lost
 // this owner.
 func TestHearsayLeavesRegistrationToTheLoop(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, _ := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	g1 := o.nodeGen()
@@ -186,6 +187,7 @@ func (l *askedLink) Register(context.Context, *mp.RegisterRequest, ...callopt.Op
 // again under it, answered OK: no Register (one would tomb the registration the master
 // still has: a review).
 func TestHearsayAfterAFailedRegistration(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, _ := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	g1 := o.nodeGen()
@@ -240,6 +242,7 @@ func (l *tombingLink) Register(context.Context, *mp.RegisterRequest, ...callopt.
 // answered under the generation gone back to, it leaves the next master without the
 // owner's report: that master does not serve k (a review).
 func TestUnsureRegistrationNotReported(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	g1 := o.nodeGen()
