@@ -32,7 +32,7 @@ type Owner struct {
 	// regGen is the generation of this owner's registration with the master (nodeGen):
 	// the one its master calls name, and the master's plans name for its peer calls and
 	// the pulls from its segment. It starts at generation, and each Register after the
-	// first names a new one (masterLink.register); stored under mu, read anywhere.
+	// first names a new one (masterLink.registerAgain); stored under mu, read anywhere.
 	regGen atomic.Int64
 	seg    *shm.Segment
 	store  *ssd.Storage // nil: no SSD tier
