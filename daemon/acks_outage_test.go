@@ -16,6 +16,7 @@ import (
 // oldest go), and a registration that succeeded drops the ids queued before it began,
 // also when calls took some of them and gave them back meanwhile.
 func TestAckQueueBounds(t *testing.T) {
+	t.Parallel()
 	a := &acker{kick: make(chan struct{}, 1), warn: zerolog.Nop()}
 	for i := range maxPendingAcks + 10 {
 		a.add(int64(i))
@@ -44,6 +45,7 @@ func TestAckQueueBounds(t *testing.T) {
 // Stop waited for it for good; a review), and the owner registers with the next master
 // and stops.
 func TestMasterOutageAcks(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil)
 	addr := m1.Addr().String()

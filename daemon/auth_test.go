@@ -78,6 +78,7 @@ func TestPeerRefusesUnauthenticated(t *testing.T) {
 // An owner whose secret the master does not accept fails to start at once with a
 // clear error; rotation (master [new, old], owner [old]) works.
 func TestOwnerClusterSecrets(t *testing.T) {
+	t.Parallel()
 	key := func(c byte) []byte { return []byte(strings.Repeat(string(c), 40)) }
 	secrets := func(keys ...[]byte) *auth.Secrets {
 		s, err := auth.NewSecrets(keys...)

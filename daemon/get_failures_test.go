@@ -40,6 +40,7 @@ func (b *badFirstSource) GetStart(ctx context.Context, req *mp.GetStartRequest, 
 // source: the get must not answer KEY_NOT_FOUND, as the key exists (a second get
 // reads it from n1 at once).
 func TestFailedPullIsNotAMiss(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{})
 	o2, c2 := n.addOwner(t, "n2", 8<<20, nil)
 	val := value(7, 64<<10)
@@ -74,6 +75,7 @@ func TestFailedPullIsNotAMiss(t *testing.T) {
 // ErrUnreachable nor ErrFenced: planGet must treat it as an unreachable source (it
 // neither re-planned nor answered UNAVAILABLE, and the client saw INTERNAL).
 func TestTimedOutPullReplans(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{})
 	_, c2 := n.addOwner(t, "n2", 8<<20, nil, func(o *Options) { o.TransferTimeout = time.Nanosecond })
 	if err := n.c.Put("k", value(7, 64<<10)); err != nil {
@@ -93,6 +95,7 @@ func TestTimedOutPullReplans(t *testing.T) {
 // master's in-flight TTL (its GetDone finds the get expired) must fail retryably
 // (or re-plan), not answer the client INVALID_ARGUMENT as if it had sent a bad request.
 func TestExpiredGetNotInvalidArgument(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{InflightTTL: 200 * time.Millisecond})
 	o2, c2 := n.addOwner(t, "n2", 8<<20, nil)
 	if err := n.c.Put("k", value(7, 64<<10)); err != nil {

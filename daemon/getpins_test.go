@@ -44,6 +44,7 @@ func memberHolders(t *testing.T, m *master.Server, id string) int64 {
 // master never published, and the pin is acked: the new master holds nothing of n1
 // once the acks are flushed. The owner serves on.
 func TestGetPinAcrossRegister(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{InsecureCluster: true})
 	var keys []string

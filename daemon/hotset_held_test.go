@@ -85,6 +85,7 @@ func TestHeldPullNotServedAfterOverwrite(t *testing.T) {
 // the idle holdings go first, so holder counts are exact. Every Stat emptied the hot
 // set, and a monitor polling status sent every cached key's next get to the master.
 func TestStatKeepHotSet(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{})
 	for _, k := range []string{"a", "b", "c"} {
 		if err := n.c.Put(k, bytes.Repeat([]byte(k), 4096)); err != nil {

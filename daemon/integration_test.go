@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand"
 	"net"
 	"os"
 	"os/exec"
@@ -17,15 +16,13 @@ import (
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
 	"github.com/fluxkv/fluxkv/internal/proctest"
+	"github.com/fluxkv/fluxkv/internal/testbytes"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
 
-func payload(seed int64, n int) []byte {
-	b := make([]byte, n)
-	rand.New(rand.NewSource(seed)).Read(b)
-	return b
-}
+// payload is the test value of seed: n bytes.
+func payload(seed int64, n int) []byte { return testbytes.Value(int(seed), n) }
 
 // TestRoundTripSizes: put/get/overwrite/exists/delete over the socket, byte-exact at
 // sizes from 1 B to 16 MiB + 1, with the holder viewing the shared mapping.

@@ -23,6 +23,7 @@ import (
 // never used; the in-flight get then expired (InflightTTL), which keeps the holder, and
 // the target range stayed held for good.
 func TestLostGetStartReplyOfLocalSSDRefill(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{InsecureCluster: true, InflightTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond})
 	var keys []string
@@ -70,6 +71,7 @@ func (l *lostCommit) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsd
 // left, the key was routed to a record nowhere. Every master SSD record of n1 must be
 // one its store holds.
 func TestLostSsdCommitReplyLeavesNoPhantomRecord(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{InsecureCluster: true})
 	lost := &lostCommit{Client: n.o.master.cl()}
@@ -131,6 +133,7 @@ func ssdReplicasAt(m *master.Server) (n int64) {
 // gets to them and counted them for good (until each key was read, deleted or
 // overwritten).
 func TestLostReportReplyLeavesNoPhantomRecord(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 64<<20)
 	n := startNode(t, 4<<20, so, master.Options{InsecureCluster: true})
 	for i := range 12 {
@@ -198,6 +201,7 @@ func (l *lateStart) GetStart(ctx context.Context, req *mp.GetStartRequest, o ...
 // master then recorded a holder under an id already acked, which nothing acks again:
 // the local replica stayed held for good.
 func TestLateGetStartAfterItsAck(t *testing.T) {
+	t.Parallel()
 	log := zerolog.Nop()
 	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log, InflightTTL: time.Second})
 	if err != nil {
@@ -249,6 +253,7 @@ func (l *lostDelete) BatchDelete(ctx context.Context, req *mp.BatchDeleteRequest
 // reply was lost left the requester's hot-set holding of the key: gets through that
 // owner went on serving the deleted value without the master (and Exists said true).
 func TestLostDeleteReplyDropsTheHotSet(t *testing.T) {
+	t.Parallel()
 	m := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m, nil)
 	if err := c.Put("k2", value(2, 4096)); err != nil {
@@ -306,6 +311,7 @@ func (l *lostEvict) BatchSsdReplicaEvict(ctx context.Context, req *mp.BatchSsdRe
 // until the master takes it (two sends lost and one answered UNAVAILABLE here: the
 // first form gave up after three sends, and at once on an answer).
 func TestLostEvictionReportIsSentAgain(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 4<<20, ssdOptions(t, 16<<20), master.Options{InsecureCluster: true})
 	lost := &lostEvict{Client: n.o.master.cl(), lastUnavailable: true}
 	useMasterClient(n.o, lost)

@@ -52,6 +52,7 @@ func TestPersistBatchLargerThanRing(t *testing.T) {
 // behind a pinned record, every writer waits for it, up to BusyWait, and fails; the pin
 // budget bounds the bytes pinned, not for how long.
 func TestPersistGroupCommitsAsJobsEnd(t *testing.T) {
+	t.Parallel()
 	so := ssdOptions(t, 1<<20)
 	so.ShardsPerDevice = 1
 	so.BusyWait = 1500 * time.Millisecond
@@ -134,6 +135,7 @@ func TestPersistGroupCommitsAsJobsEnd(t *testing.T) {
 // left at the default window (20 s) lowers it to fit a master whose persist timeout,
 // sent at registration, is shorter than its default.
 func TestPersistReadWindow(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		window time.Duration

@@ -11,7 +11,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
 )
 
-// TestClusterPool: three owners of 128 MiB are one memory pool. 300 values of
+// TestClusterPool: three owners of 64 MiB are one memory pool. 150 values of
 // 1 MiB − 128 B (more than any one segment holds) put through one owner are placed
 // across the pool (the requester first, then the owner with the most free bytes, the
 // target pulling each value from the requester's transfer area); every key then reads
@@ -20,8 +20,8 @@ import (
 // the other gets land in free room or the reader's transfer area, so no value is lost.
 func TestClusterPool(t *testing.T) {
 	t.Parallel()
-	cl := startCluster(t, 3, "128MiB")
-	const n, size = 300, 1<<20 - 128
+	cl := startCluster(t, 3, "64MiB")
+	const n, size = 150, 1<<20 - 128
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("pool-%d", i)

@@ -17,6 +17,7 @@ import (
 // not hand the range out; its end fails the call (its master is gone) and acks the pin.
 // A PullPut arriving while a registration is out is refused before it writes a byte.
 func TestPullPutAcrossRegister(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 4<<20, nil, master.Options{InsecureCluster: true})
 	o := n.o
 	// A source that accepts and never answers: the pull waits until its deadline.

@@ -29,6 +29,7 @@ import (
 // its TTL at registration: an owner left at the default deadline (50 s, below the
 // master's default TTL) lowers it to fit a master with a shorter one.
 func TestIsolatedCopyAfterPutDeadline(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		deadline time.Duration
@@ -108,6 +109,7 @@ func (r *putDoneReplyLost) PutDone(ctx context.Context, req *mp.PutDoneRequest, 
 // its replica index: its gets must not answer the old bytes from the hot set (with no
 // master call, for the whole cache grace) while every other owner reads the new one.
 func TestPutDoneReplyLostHotSet(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{})
 	_, c2 := n.addOwner(t, "n2", 8<<20, nil)
 	v1, v2 := bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)
@@ -146,6 +148,7 @@ func TestPutDoneReplyLostHotSet(t *testing.T) {
 // in bytes another key published there since. The value is copied at its PutEnd (it
 // fits the put area) or streamed through PutWrites (twice the area).
 func TestIsolatedCopyStopsAtItsDeadline(t *testing.T) {
+	t.Parallel()
 	const value = 4 << 20
 	for _, tc := range []struct {
 		name string

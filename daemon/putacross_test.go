@@ -35,6 +35,7 @@ func (h *heldPutDone) PutDone(ctx context.Context, req *mp.PutDoneRequest, o ...
 // record of it (a review: the client was told stored, the new master served the old
 // bytes or none).
 func TestPutAnsweredAcrossARegistration(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"k2", "k"} {
 		t.Run(key, func(t *testing.T) { putAnsweredAcrossARegistration(t, key) })
 	}

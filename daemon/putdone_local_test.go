@@ -32,6 +32,7 @@ func (p *putDoneDeadline) PutDone(ctx context.Context, req *mp.PutDoneRequest, o
 // MasterTimeout plus TransferTimeout, as it did before master calls were bounded by
 // their connections.
 func TestLocalPutDoneAllowsForThePull(t *testing.T) {
+	t.Parallel()
 	m := ackMaster(t, "127.0.0.1:0")
 	o, _ := ackOwner(t, m, nil)
 	rec := &putDoneDeadline{Client: m.LocalClient(), left: make(chan time.Duration, 1)}

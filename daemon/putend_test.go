@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -77,15 +79,26 @@ func TestPutEndRepeated(t *testing.T) {
 		}
 	}
 
-	// The memory is bounded: after putEndMemory more puts the first is forgotten.
-	for i := 0; i < putEndMemory; i++ {
-		p := rawPutStart(t, c, "filler", 100)
-		if r := rawPutEnd(t, c, "filler", p.PutId); r.Code != common.ErrorCode_OK {
-			t.Fatal(r.Message)
-		}
+	// The memory is bounded: k's is forgotten at the putEndMemory-th put ended after it
+	// (k2 was the first; the rest are puts of this session in batches).
+	fillers := make([]fluxkv.PutItem, putEndMemory-1)
+	keys := []string{"k", "k2"}
+	for i := range fillers {
+		fillers[i] = fluxkv.PutItem{Key: fmt.Sprintf("filler/%d", i), Value: []byte{byte(i)}}
+		keys = append(keys, fillers[i].Key)
+	}
+	last := len(fillers) - 1
+	if errs, err := c.BatchPut(fillers[:last], fluxkv.PutOptions{}); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("filler puts: %v %v", err, errors.Join(errs...))
+	}
+	if r := rawPutEnd(t, c, "k", s.PutId); r.Code != common.ErrorCode_OK {
+		t.Fatalf("PutEnd within the memory: %v %s, want the first outcome (OK)", r.Code, r.Message)
+	}
+	if err := c.Put(fillers[last].Key, fillers[last].Value); err != nil {
+		t.Fatal(err)
 	}
 	if r := rawPutEnd(t, c, "k", s.PutId); r.Code != common.ErrorCode_INVALID_ARGUMENT {
 		t.Fatalf("PutEnd older than the memory: %v, want INVALID_ARGUMENT", r.Code)
 	}
-	n.drain(t, []string{"k", "k2", "filler"})
+	n.drain(t, keys)
 }

@@ -41,6 +41,7 @@ func (h *heldRegister) Register(ctx context.Context, req *mp.RegisterRequest, o 
 // STALE_GENERATION and the acker dropped it, and the new master held the range for good
 // (a replica sharing it never evictable). The acker now waits for the registration.
 func TestPinAckDuringRegister(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil)
 	h, err := c.Get("k") // reported as a pin at the next registration
@@ -95,6 +96,7 @@ func (l *lapsedAcks) BatchDeleteAck(ctx context.Context, req *mp.BatchDeleteAckR
 // moment) was applied by nobody: it is sent again (the acker dropped it like a
 // STALE_GENERATION answer, and the master held the range for good).
 func TestAckNotLeaderKept(t *testing.T) {
+	t.Parallel()
 	m := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace = -1 })
 	lapsed := &lapsedAcks{Client: m.LocalClient()}
@@ -130,6 +132,7 @@ func (l *lapsedStart) GetStart(ctx context.Context, req *mp.GetStartRequest, o .
 // when the call is answered NOT_LEADER (askMaster gave them back only on a transport
 // error, and they were lost).
 func TestGetStartNotLeaderKeepsAcks(t *testing.T) {
+	t.Parallel()
 	m := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
 	lapsed := &lapsedStart{Client: m.LocalClient()}
@@ -240,6 +243,7 @@ func (l *lostStart) BatchGetStart(ctx context.Context, req *mp.BatchGetStartRequ
 // now names the holder id in its request and acks it when the call fails, for one key
 // and for a batch.
 func TestLostGetStartReplyReleasesItsHolder(t *testing.T) {
+	t.Parallel()
 	m := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace = -1 })
 	if err := c.Put("k2", value(2, 4096)); err != nil {

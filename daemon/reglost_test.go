@@ -47,6 +47,7 @@ func (f *forgetfulLink) Register(ctx context.Context, req *mp.RegisterRequest, o
 // master had dropped, and a later master rebuilt from its report would route to
 // versions deleted since). Nothing stays held at the master.
 func TestRegisterAnswerLost(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	f := &forgetfulLink{Client: m1.LocalClient()}
@@ -94,6 +95,7 @@ func TestRegisterAnswerLost(t *testing.T) {
 // STALE_GENERATION sends no Register (which would tomb the registration the master
 // still has; reviews): the master still lists n1 at its generation, with k's replica.
 func TestFailedRegisterAcksIdleHolders(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace = time.Minute })
 	h, err := c.Get("k")
@@ -169,6 +171,7 @@ func (d *deposedLink) Register(ctx context.Context, req *mp.RegisterRequest, o .
 // kept until a Register answered by the same master, they were reported to the next
 // master instead (PrevEpoch the old epoch), which adopted k and served it (a review).
 func TestTombedThenDeposed(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	useMasterClient(o, &deposedLink{Client: m1.LocalClient(), epoch: m1.Epoch()})
@@ -233,6 +236,7 @@ func (l *lateStaleLink) Register(ctx context.Context, req *mp.RegisterRequest, o
 // the master adopted from the report stay (a review: they were wiped, and the master
 // went on routing to them; a later master rebuilt nothing of them).
 func TestLateStaleHeartbeatKeepsTheIndex(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	m1.Stop()
@@ -289,6 +293,7 @@ func (l *tombThenSwitchLink) Heartbeat(ctx context.Context, req *mp.HeartbeatReq
 // next master, who answers STALE_GENERATION under its own epoch) (a review: it was
 // reported to the next master, which served k).
 func TestTombAnswerThenSwitch(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	m2 := ackMaster(t, "127.0.0.1:0")
@@ -334,6 +339,7 @@ func (l *failedRegisterLink) Register(ctx context.Context, req *mp.RegisterReque
 // index still goes (a review: ignored across any registration begun, it was reported to
 // the next master).
 func TestTombAnswerAcrossAFailedRegistration(t *testing.T) {
+	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, _ := ackOwner(t, m1, nil) // k holds value(1, 4096)
 	l := &failedRegisterLink{Client: m1.LocalClient(), epoch: m1.Epoch(), sent: make(chan struct{}), failed: make(chan struct{})}
@@ -389,6 +395,7 @@ func (l *lostRegisterLink) Heartbeat(ctx context.Context, req *mp.HeartbeatReque
 // in that registration's report, and the next master routed gets to entries this owner
 // no longer had (a review).
 func TestLostRegistrationWaitsForRegistrations(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
 	for i := range 12 {
 		if err := n.c.Put(fmt.Sprintf("lr-%d", i), value(i, 1<<20)); err != nil {

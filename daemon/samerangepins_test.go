@@ -19,6 +19,7 @@ import (
 // (and the key deleted) the range is free while the other holder still reads it, and a
 // later put overwrites its bytes.
 func TestSameRangeHoldingsSurviveTwoMasterRestarts(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true})
 	const size = 64 << 10
 	want := value(1, size)

@@ -16,6 +16,7 @@ import (
 // is still joined, and only then is the segment unmapped: Stop returns in a few
 // seconds, not minutes.
 func TestStopBoundedByShutdownTimeout(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) {
 		o.MasterTimeout = 60 * time.Second
 		o.ShutdownTimeout = 300 * time.Millisecond

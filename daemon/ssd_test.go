@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/internal/testbytes"
 	"github.com/rs/zerolog"
 
 	"github.com/fluxkv/fluxkv/clients/go/fluxkv"
@@ -86,18 +87,15 @@ func startOwnerClient(t testing.TB, opts Options, name string) (*Owner, *fluxkv.
 	return o, c
 }
 
+// value is the test value of seed: n bytes.
+func value(seed, n int) []byte { return testbytes.Value(seed, n) }
+
 func ssdOptions(t testing.TB, limit int64) *ssd.Options {
 	dir := t.TempDir()
 	if err := ssd.ProbeDirectIO(dir); err != nil {
 		t.Skipf("no O_DIRECT under %s: %v", dir, err)
 	}
 	return &ssd.Options{Cluster: "test", InstanceKey: "n1", Paths: []string{dir}, Limits: []int64{limit}}
-}
-
-func value(seed, n int) []byte {
-	b := make([]byte, n)
-	rand.New(rand.NewSource(int64(seed))).Read(b)
-	return b
 }
 
 // waitPersisted waits until no put is waiting for its SSD persist.
@@ -147,10 +145,8 @@ func (n *node) usage(t testing.TB) (memUsed, holders, ssdReplicas int64) {
 // drain deletes keys and requires memory back to empty and no SSD replica left.
 func (n *node) drain(t testing.TB, keys []string) {
 	t.Helper()
-	for _, k := range keys {
-		if _, err := n.c.Delete(k); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := n.c.BatchDelete(keys); err != nil {
+		t.Fatal(err)
 	}
 	n.waitPersisted(t)
 	deadline := time.Now().Add(3 * time.Second)

@@ -42,6 +42,7 @@ func (p *heldPull) Pull(ctx context.Context, addr string, f transfer.Fence, offs
 // (a review: n2 served l's bytes as k's, and the master promoted them to a replica of
 // k; the master refuses the GetDone of a tombed source too).
 func TestStalePullOfATombedSourceNotServed(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, 4<<20, nil, master.Options{InsecureCluster: true, Placement: master.PlacementLocal,
 		NodeTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	p := &heldPull{held: make(chan struct{}), release: make(chan struct{}), first: make(chan error, 1)}

@@ -17,6 +17,7 @@ import (
 // reported (GetRevoke source_failed), and the next get, through another owner, goes to
 // another replica first.
 func TestTricklingSourceLeftForAnotherReplica(t *testing.T) {
+	t.Parallel()
 	m := startMaster(t, "")
 	own := func(id string, extra ...string) *proc {
 		dir := filepath.Join(t.TempDir(), id)
