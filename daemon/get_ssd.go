@@ -46,6 +46,8 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark
 			o.log.Error().Err(err).Str("key", key).Int64("put_id", plan.PutId).Msg("corrupt SSD record dropped")
 		case errors.Is(err, ssd.ErrClosed):
 			err, drop = errStoreClosed, false
+		case errors.Is(err, ssd.ErrMoved): // rewritten again and again meanwhile: still stored
+			err, drop = errCode(common.ErrorCode_UNAVAILABLE, "SSD read of %q put %d: %v", key, plan.PutId, err), false
 		}
 	}
 	if err != nil {

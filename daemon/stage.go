@@ -512,10 +512,11 @@ func stageAnswer(ctx context.Context, req *peer.SsdStageReadRequest, node string
 		err = fmt.Errorf("%w (%v)", err, cause)
 	}
 	// KEY_NOT_FOUND says the read failed (the requester drops this SSD replica); a
-	// refill that ended otherwise (unpulled, abandoned, timed out, owner stopping) says
-	// nothing about the record.
+	// refill that ended otherwise (unpulled, abandoned, timed out, owner stopping, the
+	// record moved by a refresh of its version) says nothing about the record.
 	code := common.ErrorCode_KEY_NOT_FOUND
-	if errors.Is(err, errStageEnded) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ssd.ErrClosed) {
+	if errors.Is(err, errStageEnded) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, ssd.ErrClosed) || errors.Is(err, ssd.ErrMoved) {
 		code = common.ErrorCode_UNAVAILABLE
 	}
 	return errCode(code, "SSD refill of %q put %d from node %q: %v", req.Key, req.PutId, node, err)

@@ -15,6 +15,11 @@ var (
 	// ErrStale: a persist lost to a newer put id of the same key (or a persist of the
 	// same one still writing), or the key was removed while its bytes were being written.
 	ErrStale = errors.New("ssd: put id superseded")
+	// ErrMoved: a staged load lost its record to a rewrite of the same version (the
+	// master's refresh) while it waited for a buffer, and the ring's tail then passed
+	// the record it had begun: the version is still stored (at the rewrite), so load it
+	// again. Not a failed read: the replica stays.
+	ErrMoved = errors.New("ssd: record moved by a rewrite of its version")
 	// ErrBusy: ring space stayed held by writing or pinned entries for BusyWait.
 	ErrBusy = errors.New("ssd: ring space busy")
 	// ErrCorrupt: a load read other bytes than the record stored (checksum, key, put

@@ -552,7 +552,8 @@ type Slots interface {
 // rest), then fn(i, off, n, buf) hands it over, in order. The bytes are
 // provisional until LoadStaged returns nil (the value's CRC is checked after the
 // last chunk). ctx ends a load waiting for a buffer; no IO is in flight when it
-// returns.
+// returns. A record the tail passed while the load waited for a buffer fails it:
+// ErrMoved when the version was rewritten meanwhile (load it again), else ErrNotFound.
 func (s *Storage) LoadStaged(ctx context.Context, key string, putID int64, n, chunkSize int64, inflight int, slots Slots,
 	fn func(i int, off, n int64, buf []byte) error) error {
 	if n <= 0 || chunkSize <= 0 || chunkSize%Align != 0 || chunkSize > maxIOSize || inflight <= 0 {
@@ -586,13 +587,10 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 	defer s.leave()
 
 	s.mu.Lock()
-	e := s.index[key]
-	if e == nil || e.putID != putID {
+	e := s.toReadLocked(key, putID)
+	if e == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ErrNotFound)
-	}
-	if old := e.supersedes; old != nil && !old.shard.ring.overtaken(old) {
-		e = old // a refresh is writing the version again: read the record it replaces
 	}
 	d := e.shard.dev
 	s.mu.Unlock()
@@ -605,8 +603,20 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 	}
 	defer func() { <-d.readSlots }()
 
-	if !s.pinReading(key, e) {
-		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ErrNotFound)
+	// While the load waited for the queue, a refresh may have rewritten the version
+	// and the tail passed the record found above: read the rewrite (a few times at
+	// most; the queue slot taken stays that of the first device).
+	for tries := 0; !s.pinReading(key, e); tries++ {
+		s.mu.Lock()
+		next := s.toReadLocked(key, putID)
+		s.mu.Unlock()
+		switch {
+		case next == nil || next == e:
+			return fmt.Errorf("ssd load %q put %d: %w", key, putID, ErrNotFound)
+		case tries == maxRepins:
+			return fmt.Errorf("ssd load %q put %d: rewritten %d times while the load waited: %w", key, putID, tries+1, ErrMoved)
+		}
+		e = next
 	}
 	pinned := true
 	defer func() {
@@ -618,6 +628,37 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 		return fmt.Errorf("ssd load %q put %d: stored %d bytes, asked for %d", key, putID, e.length, n)
 	}
 	return s.readChunks(ctx, e, n, into, &pinned)
+}
+
+// maxRepins is how many rewrites of its version a load follows before it gives up
+// (ErrMoved): each one means the ring's tail passed a record while the load waited.
+const maxRepins = 3
+
+// toReadLocked is the entry a load of key's putID reads (nil: none): the indexed one,
+// or the record a refresh writing the version again replaces while the tail has not
+// passed it.
+func (s *Storage) toReadLocked(key string, putID int64) *entry {
+	e := s.index[key]
+	if e == nil || e.putID != putID {
+		return nil
+	}
+	if old := e.supersedes; old != nil && !old.shard.ring.overtaken(old) {
+		return old
+	}
+	return e
+}
+
+// lostPin is why a load could not pin e again: ErrMoved when key's entry is now a
+// rewrite of e's version (the refresh; the tail passed e), else ErrNotFound (deleted,
+// forgotten, overwritten by another version, or evicted).
+func (s *Storage) lostPin(e *entry) error {
+	s.mu.Lock()
+	cur := s.index[e.key]
+	s.mu.Unlock()
+	if cur != nil && cur != e && cur.putID == e.putID {
+		return ErrMoved
+	}
+	return ErrNotFound
 }
 
 // pinReading read-pins e, still key's entry, committed and not overtaken; false if not.
@@ -742,7 +783,9 @@ func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkD
 			}
 			if firstErr == nil {
 				if !s.pinReading(e.key, e) {
-					firstErr = fmt.Errorf("ssd load %q put %d: overwritten while waiting for a buffer: %w", e.key, e.putID, ErrNotFound)
+					// (The chunks delivered came from e: the load cannot go on in the
+					// rewrite's record; its caller loads again.)
+					firstErr = fmt.Errorf("ssd load %q put %d: overwritten while waiting for a buffer: %w", e.key, e.putID, s.lostPin(e))
 				} else {
 					*pinned = true
 				}
