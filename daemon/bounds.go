@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"time"
 
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
@@ -84,7 +85,17 @@ func (o *Owner) bounds() *bounds { return o.inForce.Load() }
 // stageDeadline is how long a remote SSD refill of n bytes may take, end to end:
 // proportional to its length, at most the bound's stageMax.
 func (b *bounds) stageDeadline(n int64) time.Duration {
-	return min(stageBase+time.Duration(n)*time.Second/stageRate, b.stageMax)
+	return min(byLength(n), b.stageMax)
+}
+
+// byLength is stageBase and n bytes at stageRate, without overflow: n·1e9 passes int64
+// from 9.2 GB (a value of 9 GiB got a negative deadline, and every refill of it failed).
+func byLength(n int64) time.Duration {
+	whole := n / stageRate
+	if whole >= 1<<32 { // over a century: as good as none
+		return time.Duration(math.MaxInt64)
+	}
+	return stageBase + time.Duration(whole)*time.Second + time.Duration(n%stageRate)*time.Second/stageRate
 }
 
 // pullDeadline is how long a get's pull of n bytes from another owner's memory may
@@ -95,7 +106,7 @@ func (b *bounds) stageDeadline(n int64) time.Duration {
 // a small value's get for the whole TransferTimeout, the clients' own default call
 // timeout, before the next replica was tried (a review: 30 s for 256 KiB).
 func (b *bounds) pullDeadline(n int64) time.Duration {
-	return min(stageBase+time.Duration(n)*time.Second/stageRate, b.transfer)
+	return min(byLength(n), b.transfer)
 }
 
 // adoptMasterTimes puts in force the bounds under the master's times m, and logs the

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestBoundsInsideMasterTimes(t *testing.T) {
 				if b.putCopy >= ttl || b.planAge+b.transfer >= ttl || b.persistRead >= timeout || b.pullPut >= timeout || b.reack < ttl {
 					t.Errorf("options %v/%v/%v, master %+v: bounds %+v end past the master's", o.PutCopyDeadline, o.PersistReadWindow, o.TransferTimeout, m, *b)
 				}
-				for _, n := range []int64{1 << 20, 1 << 30, 8 << 30} {
+				for _, n := range []int64{1 << 20, 1 << 30, 8 << 30, 9 << 30, 1 << 40} {
 					if d := b.stageDeadline(n); b.planAge+d >= ttl {
 						t.Errorf("master %+v: a remote SSD refill of %d bytes may write its target %v after its plan", m, n, b.planAge+d)
 					}
@@ -55,5 +56,29 @@ func TestOwnerAdoptsMasterTimes(t *testing.T) {
 		transfer: 3 * time.Second, stageMax: 4500 * time.Millisecond, pullPut: 6 * time.Second, reack: 6 * time.Second}
 	if *b != want {
 		t.Errorf("bounds in force %+v, want %+v", *b, want)
+	}
+}
+
+// TestDeadlinesOfHugeValues: a refill's and a pull's deadline grow with the value up to
+// their bound, also past 9.2 GB, where n bytes in nanoseconds overflowed int64 (a value
+// of 9 GiB got a negative deadline: every remote get of it failed at once).
+func TestDeadlinesOfHugeValues(t *testing.T) {
+	var o Options
+	o.setDefaults()
+	o.TransferTimeout = time.Hour // (the pull's bound, under the master's TTL/2, is 30 s)
+	b := o.boundsFor(defaultMasterTimes)
+	for _, n := range []int64{1, 64 << 10, 1 << 30, 8 << 30, 9 << 30, 16 << 30, 1 << 40, math.MaxInt64} {
+		for _, d := range []struct {
+			name     string
+			got, max time.Duration
+		}{{"refill", b.stageDeadline(n), b.stageMax}, {"pull", b.pullDeadline(n), b.transfer}} {
+			want := d.max
+			if secs := stageBase.Seconds() + float64(n)/stageRate; secs < d.max.Seconds() {
+				want = time.Duration(secs * float64(time.Second))
+			}
+			if diff := d.got - want; diff < -time.Millisecond || diff > time.Millisecond {
+				t.Errorf("%s deadline of %d bytes: %v, want %v", d.name, n, d.got, want)
+			}
+		}
 	}
 }
