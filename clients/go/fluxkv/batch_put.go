@@ -179,7 +179,7 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		}
 		ok = append(ok, j)
 	}
-	if len(ok) > 0 && !c.use(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
+	if len(ok) > 0 && !c.useWriting(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
 		closed := c.isClosed()
 		for _, j := range ok {
 			if closed {
@@ -192,7 +192,7 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		return unknown
 	}
 	if len(ok) > 0 {
-		defer c.unuse(a)
+		defer c.unuseWriting(a)
 	}
 	copies := make([][]*external.AreaCopy, len(idx))
 	werrs := make([]error, len(idx))

@@ -101,6 +101,12 @@ type attachment struct {
 	users    int
 	retired  bool
 	unmapped bool
+	// Under Client.mu: writers counts the puts among users, between their PutStart's
+	// answer and their end; a Close while one writes leaves the attach connection to
+	// the last (endAfterWrites): the session's end frees the puts' ranges at the owner,
+	// which may then place another client's value there under the write.
+	writers        int
+	endAfterWrites bool
 }
 
 // Client is an attached external. Safe for concurrent use. It follows the retry rules
@@ -260,14 +266,37 @@ func (a *attachment) unmap() {
 // use counts a user of a's mappings (a holder, a put writing into them); false when
 // they are gone (a was retired by reattach and had no user left) or the client is
 // closed.
-func (c *Client) use(a *attachment) bool {
+func (c *Client) use(a *attachment) bool { return c.useAs(a, false) }
+
+// useWriting is use for a put that writes into a's mappings; unuseWriting ends it.
+func (c *Client) useWriting(a *attachment) bool { return c.useAs(a, true) }
+
+func (c *Client) useAs(a *attachment, writing bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if a.unmapped || c.closed {
 		return false
 	}
 	a.users++
+	if writing {
+		a.writers++
+	}
 	return true
+}
+
+// unuseWriting ends a put's use; the last put writing when Close ran ends the session.
+func (c *Client) unuseWriting(a *attachment) {
+	c.mu.Lock()
+	a.writers--
+	end := a.endAfterWrites && a.writers == 0
+	if end {
+		a.endAfterWrites = false
+	}
+	c.mu.Unlock()
+	if end {
+		a.close(false)
+	}
+	c.unuse(a)
 }
 
 func (c *Client) isClosed() bool {
@@ -325,7 +354,9 @@ func (c *Client) SessionToken() int64 { return c.current().reply.SessionToken }
 
 // Close sends pending releases, ends the session and unmaps the segment once nothing
 // uses it: a put whose fill runs on another goroutine, or a holder still open, keeps
-// it mapped until it ends (a holder's Release); calls made after Close fail.
+// it mapped until it ends (a holder's Release); calls made after Close fail. A put
+// writing its value keeps the session too, until it ends (failing ErrClosed): the
+// session's end frees the put's range at the owner, for another client's value.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -341,16 +372,21 @@ func (c *Client) Close() error {
 		c.relTimer.Stop()
 	}
 	all := append(slices.Clone(c.old), c.cur) // a copy: unuse edits c.old
-	var drop []*attachment
+	var drop, end []*attachment
 	for _, a := range all {
 		a.retired = true // unmapped by its last user from now on
 		if a.users == 0 && !a.unmapped {
 			a.unmapped = true
 			drop = append(drop, a)
 		}
+		if a.writers > 0 {
+			a.endAfterWrites = true // ended by the last put writing (unuseWriting)
+		} else {
+			end = append(end, a)
+		}
 	}
 	c.mu.Unlock()
-	for _, a := range all {
+	for _, a := range end {
 		a.close(false)
 	}
 	for _, a := range drop {

@@ -1,6 +1,7 @@
 package fluxkv
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"os"
@@ -204,6 +205,46 @@ func TestCloseDuringFillKeepsTheMapping(t *testing.T) {
 	}
 	if _, err := c.Get("held"); err == nil {
 		t.Error("a get after Close succeeded")
+	}
+}
+
+// TestCloseDuringFillKeepsItsRange: Close while a put fills its range keeps the session
+// until the fill ends, so the owner keeps the put's range meanwhile. Ended at once, the
+// owner freed the range, another client's value was placed there, and the fill wrote
+// over that value (a review of the Python client, whose close did the same).
+func TestCloseDuringFillKeepsItsRange(t *testing.T) {
+	n := startNode(t, "64MiB")
+	a, b := n.connect(t), n.connect(t)
+	const size = 16 << 20
+	victim := bytes.Repeat([]byte{0x11}, size)
+	victims := []string{"victim/0", "victim/1"}
+	err := a.PutWith("mine", size, PutOptions{}, func(dst []byte) error {
+		a.Close() // another goroutine's Close, made deterministic
+		for _, k := range victims {
+			if err := b.Put(k, victim); err != nil {
+				t.Errorf("put %s beside the fill: %v", k, err)
+			}
+		}
+		for i := range dst {
+			dst[i] = 0xaa
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrClosed) {
+		t.Errorf("a put whose client closed during its fill: %v, want ErrClosed", err)
+	}
+	for _, k := range victims {
+		h, err := b.Get(k)
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if !bytes.Equal(h.Bytes(), victim) {
+			t.Errorf("%s was overwritten by the closed client's fill", k)
+		}
+		h.Release()
+	}
+	if ok, err := b.Exists("mine"); err != nil || ok {
+		t.Errorf("the closed client's put: exists %v, %v", ok, err)
 	}
 }
 

@@ -91,13 +91,13 @@ func (c *Client) putOnce(it *PutItem, opts PutOptions) (int64, error) {
 		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
 		return 0, fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
 	}
-	if !c.use(a) { // a re-attach retired a meanwhile (its session, and the put, are gone), or Close ran
+	if !c.useWriting(a) { // a re-attach retired a meanwhile (its session, and the put, are gone), or Close ran
 		if c.isClosed() {
 			return start.PutId, ErrClosed
 		}
 		return start.PutId, fmt.Errorf("%w: the session ended before the value was written", errOutcomeUnknown)
 	}
-	defer c.unuse(a)
+	defer c.unuseWriting(a)
 	var copies []*external.AreaCopy
 	if a.area != nil {
 		a.areaMu.Lock()

@@ -18,6 +18,7 @@ thread sends the ones no call picked up within ``release_delay`` seconds.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import math
 import operator
@@ -65,7 +66,7 @@ from fluxkv._gather import Gather
 from fluxkv._segment import PutArea, Segment
 from fluxkv._wire import RPCConnection, attach, resolve_socket
 from fluxkv.errors import Error, InvalidArgument, Unavailable, error_for, raise_for
-from fluxkv.holder import MemHolder, writable_nbytes
+from fluxkv.holder import MemHolder, next_pin_token, writable_nbytes
 
 __all__ = ["Client", "connect"]
 
@@ -221,6 +222,22 @@ class _Session:
         self.pins.discard(token)
         if self.closing and not self.pins:
             self._close_attach()
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Pin the session, as an exported view does, while this thread writes a started
+        put's range: a user's close meanwhile keeps the attach connection (so the owner keeps
+        the put and its range) until the write is over. Closed at once, the owner would have
+        freed the range, given it to another value, and this write would overwrite that one.
+        Raises when the session already ended (the range may be another's now)."""
+        token = next_pin_token()
+        self.pins.add(token)  # pin first, then check: a close either sees the pin or is seen
+        try:
+            if self.state is not None:
+                raise Error(f"session unusable: {self.unusable_reason()}")
+            yield
+        finally:
+            self.unpin(token)
 
     # -- RPC ------------------------------------------------------------------------------------------
 
@@ -791,7 +808,8 @@ class Client:
                                 f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
                                 ErrorCode.INTERNAL,
                             )
-                        copies = write(s, put_id, off)
+                        with s.writing():
+                            copies = write(s, put_id, off)
                     except BaseException:
                         _abort(s, [(k, put_id)])
                         raise
@@ -971,7 +989,8 @@ class Client:
         try:
             with _area_turn(s):
                 try:
-                    copies = self._write_wave(s, prepared, started, errors)
+                    with s.writing():
+                        copies = self._write_wave(s, prepared, started, errors)
                 except BaseException:
                     # None of them was ended; those that failed alone were aborted already.
                     _abort(s, [(prepared[i][0], pid) for i, pid, _ in started if errors[i] is None])

@@ -32,6 +32,11 @@ _SOURCES = {1: "memory", 2: "ssd"}
 _tokens = itertools.count(1)  # next() is atomic under the GIL
 
 
+def next_pin_token() -> int:
+    """A token for the session's pins, distinct from every holder's."""
+    return next(_tokens)
+
+
 class _Pin:
     """Owned by one exported view's backing array; its finalization unpins the holder."""
 

@@ -441,3 +441,44 @@ def test_calls_wait_for_a_release_flush_in_flight(client):
     reader.join(10)
     assert got == [b"value"]
     assert client.release_errors == 0
+
+
+def test_close_while_a_put_writes_keeps_its_range_until_the_write_ends(daemon):
+    """A user's close while another thread fills a started put (put_with): the attach
+    connection stays until the fill is over, so the owner keeps the put's range meanwhile.
+    Closed at once, the owner freed the range, another client's value was placed there, and
+    the fill overwrote that value (a review: every byte of it read back as the fill's)."""
+    a, b = fluxkv.connect(daemon.socket), fluxkv.connect(daemon.socket)
+    n = 16 << 20
+    filling, go_on = threading.Event(), threading.Event()
+    outcome = []
+
+    def fill(put_id, view):
+        filling.set()
+        go_on.wait(30)
+        view[:] = b"\xaa" * n
+
+    def put():
+        try:
+            a.put_with("mine", n, fill)
+            outcome.append(None)
+        except fluxkv.Error as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=put)
+    t.start()
+    try:
+        assert filling.wait(30)
+        a.close()  # returns at once; the attach connection waits for the fill
+        victims = [f"victim{i}" for i in range(2)]
+        for k in victims:
+            b.put(k, b"\x11" * n)
+    finally:
+        go_on.set()
+        t.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], fluxkv.Error), outcome  # PutEnd on a closed client
+    for k in victims:
+        with b.get(k) as h:
+            assert h.bytes() == b"\x11" * n, f"{k} was overwritten by the closed client's fill"
+    assert not b.exists("mine")
+    b.close()
