@@ -132,6 +132,8 @@ class Segment:
         :class:`~fluxkv._gather.Gather`."""
         if length <= _SMALL_COPY and not isinstance(src, Gather):
             with memoryview(src) as mv:
+                if mv.nbytes != length:  # (mmap's own error would be an IndexError)
+                    raise ValueError(f"the value is {mv.nbytes} bytes now, {length} when the put began")
                 self.rw[offset : offset + length] = mv.cast("B")
             return
         _copy_in(self.rw_base, offset, src, length)

@@ -29,7 +29,7 @@ from fluxkv._gen.common.ttypes import ErrorCode
 from fluxkv._gen.external import ExternalService
 from fluxkv._gen.external.constants import MAX_ATTACH_FRAME_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION
 from fluxkv._gen.external.ttypes import AttachHello, AttachReply
-from fluxkv.errors import Error, PermissionDenied, Unavailable, error_for
+from fluxkv.errors import Error, InvalidArgument, PermissionDenied, Unavailable, error_for
 
 __all__ = [
     "SOCKET_NAME",
@@ -315,14 +315,12 @@ class RPCConnection:
         """Send one call of ``method``: its request struct is ``session`` (field 1, encoded)
         then ``rest`` (the other fields and the struct's stop). Returns the reply frame, its
         4-byte length included (fluxkv._codec decodes it). Raises TTransportException
-        (closed, EOF, size), TimeoutError, OSError."""
+        (closed, EOF, reply size), TimeoutError, OSError; InvalidArgument for a request larger
+        than a frame (nothing is sent: the connection stays good)."""
         head = _codec.call_head(method)
         n = len(head) + len(session) + len(rest) + 1
         if 4 + n > MAX_FRAME_BYTES:
-            raise TTransport.TTransportException(
-                TTransport.TTransportException.SIZE_LIMIT,
-                f"request frame of {4 + n} bytes exceeds the limit of {MAX_FRAME_BYTES}",
-            )
+            raise InvalidArgument(f"{method}: a request frame of {4 + n} bytes exceeds the limit of {MAX_FRAME_BYTES}")
         sock = self.sock
         if sock is None:
             raise TTransport.TTransportException(TTransport.TTransportException.NOT_OPEN, "connection closed")

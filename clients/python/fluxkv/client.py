@@ -308,7 +308,7 @@ class _Session:
             if releases:
                 self.pending.extendleft(reversed(releases))
             raise Error(f"owner failed the call: {e}", ErrorCode.INTERNAL) from None
-        except BaseException:
+        except BaseException:  # InvalidArgument (a request over a frame, not sent) among them
             conn.close()  # the frame may be half written
             if releases:
                 self.pending.extendleft(reversed(releases))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -261,6 +263,30 @@ def test_fail_open_while_the_owner_is_away(cluster, caplog):
     assert store.get_pages_into(["a"], [torch.empty_like(p)]) == [False]
     store.close()
     strict.close()
+
+
+def test_fork_during_the_first_attach_leaves_the_child_a_working_store(daemon):
+    """A fork while another thread of the parent attaches the store (it holds the store's
+    connect lock for up to the attach timeout): the child's calls attach on their own and
+    answer, instead of waiting for good on a lock no thread of the child will release."""
+    store = kv.PageStore(daemon.socket, "fork/ns")
+    p = pages(1)[0]
+    store._connect_lock.acquire()  # as an attach in progress on another thread holds it
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if its calls answer, 3 if they hang
+            signal.alarm(20)
+            try:
+                ok = store.put_pages(["c"], [p]) == [True] and store.contains_prefix(["c"]) == 1
+                os._exit(0 if ok else 1)
+            except BaseException:
+                os._exit(2)
+    finally:
+        store._connect_lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the child's store: exit {os.waitstatus_to_exitcode(status)}"
+    assert store.contains_prefix(["c"]) == 1  # the parent's store attaches too and sees the child's page
+    store.close()
 
 
 def test_bad_inputs(store):

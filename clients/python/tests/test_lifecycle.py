@@ -482,3 +482,17 @@ def test_close_while_a_put_writes_keeps_its_range_until_the_write_ends(daemon):
             assert h.bytes() == b"\x11" * n, f"{k} was overwritten by the closed client's fill"
     assert not b.exists("mine")
     b.close()
+
+
+def test_a_request_over_a_frame_is_invalid_not_a_lost_connection(client):
+    """A request larger than a frame (a 33 MiB key) is refused before it is sent:
+    InvalidArgument, not a retried call on a "broken" connection reported Unavailable (a
+    put's reply lost), and the client goes on."""
+    huge = "k" * (33 << 20)
+    with pytest.raises(fluxkv.InvalidArgument):
+        client.get(huge)
+    with pytest.raises(fluxkv.InvalidArgument):
+        client.put(huge, b"v")
+    client.put("k", b"v")
+    with client.get("k") as h:
+        assert h.bytes() == b"v"

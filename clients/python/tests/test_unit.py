@@ -335,6 +335,19 @@ def test_segment_mappings(segment):
     assert buffer_address(segment.ro) == segment.ro_base
 
 
+def test_segment_write_of_a_value_whose_size_changed_is_a_value_error(segment):
+    """A value that is not the length its put began with (another thread resized it) fails
+    with ValueError at every size, as batch_put fails one item alone with; the small copy
+    raised mmap's IndexError, which escaped it and ended the whole batch."""
+    for n in (100, 1 << 15):
+        with pytest.raises(ValueError):
+            segment.write(0, bytearray(n - 1), n)
+        with pytest.raises(ValueError):
+            segment.write(0, bytearray(n + 1), n)
+    segment.write(0, b"ok", 2)
+    assert segment.read_bytes(0, 2) == b"ok"
+
+
 def test_export_view_is_readonly_and_pins(segment):
     released = []
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import threading
 import time
+import weakref
 
 import fluxkv
 from fluxkv._gen.external.constants import MAX_PIN_MS
@@ -35,6 +37,19 @@ _LOG_EVERY_S = 10.0
 _COUNTERS = ("hits", "misses", "stored", "skipped", "errors")
 # The most header kinds (dtype, shape, size) a store keeps packed; a store sees a few.
 _HEADER_KINDS = 64
+
+
+# Every PageStore of this process, for the fork hook below.
+_stores: "weakref.WeakSet[PageStore]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_stores):
+        store._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class PageStore:
@@ -93,6 +108,15 @@ class PageStore:
         self._unlogged = 0
         self._closed = False
         self._headers: dict = {}  # (dtype, shape, nbytes) -> (packed header, its address)
+        _stores.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """Fresh locks in a forked child: a lock another thread of the parent held at fork()
+        (an attach in progress holds _connect_lock for up to attach_timeout) would be held
+        for good there, and every call of the child would wait on it. The client itself
+        attaches again on its own (fluxkv.Client's fork handling)."""
+        self._lock = threading.Lock()
+        self._connect_lock = threading.Lock()
 
     # -- keys --------------------------------------------------------------------------------
 
