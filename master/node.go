@@ -199,7 +199,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	usable := segmentSize / AllocGranule * AllocGranule
 	reserve := transferReserve / AllocGranule * AllocGranule
 	landing := landingReserve / AllocGranule * AllocGranule
-	if transferReserve < 0 || landingReserve < 0 || usable-reserve-landing < AllocGranule {
+	if transferReserve < 0 || landingReserve < 0 || reserve > usable || landing > usable-reserve || usable-reserve-landing < AllocGranule {
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "transfer reserve %d and landing reserve %d leave less than %d bytes of the %d-byte segment for the memory pool",
 			transferReserve, landingReserve, AllocGranule, segmentSize)
 	}

@@ -3,6 +3,7 @@ package master
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -777,6 +778,9 @@ func TestValidation(t *testing.T) {
 		{"unknown put", second(st.PutDone(now, ref, "k", 12345)), common.ErrorCode_INVALID_ARGUMENT},
 		{"negative transfer reserve", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, -1, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"transfer reserve = segment", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, 1<<20, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		// Reserves whose sum wraps int64 (a pool past the segment's end; a review).
+		{"reserves past int64", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, math.MaxInt64-511, math.MaxInt64-511, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
+		{"landing reserve past int64", st.Register(now, NodeRef{ID: "n3", Generation: 1}, 1<<20, 0, math.MaxInt64, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
 		{"unknown get", st.GetRevoke(now, ref, "k", 12345, false, false), common.ErrorCode_INVALID_ARGUMENT},
 		{"miss", second(st.GetStart(now, ref, "k", nil)), common.ErrorCode_KEY_NOT_FOUND},
 		{"zero generation", st.Register(now, NodeRef{ID: "n2"}, 1<<20, 0, 0, "", "", SSDInfo{}, nil), common.ErrorCode_INVALID_ARGUMENT},
