@@ -682,7 +682,8 @@ class Client:
 
     def close(self) -> None:
         """Flush releases and end the attach session. Idempotent. Views still exported keep
-        the session (and their bytes) until they go; holders raise from now on."""
+        the session (and their bytes) until they go, and so does a put another thread is
+        writing (the put then fails); holders raise from now on."""
         with self._lock:
             if self._closed:
                 return
