@@ -52,9 +52,11 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 					upTo = math.MaxInt64
 				}
 				st.invalidate(keys[i], upTo)
-			} else if callErr != nil {
-				// The call failed: the delete may have happened and only its reply been
-				// lost, and the master invalidates every owner but the requester. What
+			} else if callErr != nil || results[j].Code == common.ErrorCode_NOT_LEADER {
+				// The call failed, or an HA leader answered NOT_LEADER (it may have deleted,
+				// then lost its fence before the answer): the delete may have happened and
+				// only its reply been lost, and the master invalidates every owner but the
+				// requester. What
 				// this owner keeps of the key goes (its hot set would go on serving it
 				// without the master; its SSD entries, unknown to the master, would come
 				// back in a report to a restarted one); a master that did not delete it

@@ -339,8 +339,12 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		settled := o.settledAfter(ps, part)
 		st = o.lock()
 		crossed := st.reg.reports != reports || st.reg.registered != registered || st.reg.unknown != unknown
-		for _, i := range part {
+		for j, i := range part {
 			published := err == nil && errs[i] == nil // by the master the call reached
+			// NOT_LEADER: an HA leader that published may have lost its fence before the
+			// answer (its synchronous invalidations unconfirmed): the outcome is unknown,
+			// as when the call failed.
+			unknown := err != nil || results[j].Code == common.ErrorCode_NOT_LEADER
 			if published && (crossed || (ps[i].pinned() && !settled)) {
 				// The owner registered again while PutDone was out (or its registration
 				// begun meanwhile did not end in time): the new master rebuilt its routes
@@ -358,7 +362,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 				// a later master rebuilt from this owner's report would serve one after
 				// the put).
 				st.invalidate(ps[i].key, ps[i].putID-1)
-			case err != nil:
+			case unknown:
 				// It may have published: the older version this owner records, or holds
 				// in its hot set as the key's replica, may be dead. (Its SSD entries are
 				// kept: a master that did not publish still routes gets to them.)
