@@ -146,6 +146,7 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
     // offsets; any other (a wave holds such an item alone, unless the area changed with a
     // re-attach) is streamed first, every part by PutWrite.
     try {
+      settle_area(s);
       if (!s->isolated) {
         for (const Started& st : started)
           std::memcpy(s->rw.data() + st.offset, items[st.i].value.data(), items[st.i].value.size());

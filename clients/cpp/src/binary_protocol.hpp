@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <span>
 #include <vector>
 
 namespace fluxkv::detail {
@@ -52,6 +53,8 @@ class Writer {
     i16(id);
   }
   void stop() { out_.push_back(T_STOP); }
+  // Bytes another Writer wrote (a request kept to be sent again).
+  void raw(std::span<const std::uint8_t> b) { out_.insert(out_.end(), b.begin(), b.end()); }
   void list_begin(TType elem, std::size_t n);
   void message_begin(std::string_view name, MessageType type, std::int32_t seq);
 

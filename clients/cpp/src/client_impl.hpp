@@ -122,9 +122,16 @@ class ClientImpl {
           throw OutcomeUnknown(std::string("the owner closed the session before ") + std::string(method) +
                                " was answered (" + e.what() + ")");
         }
-        if (attempt + 1 == kPutEndTries)
+        if (attempt + 1 == kPutEndTries) {
+          if (s->isolated) {  // (the area turn held) the owner may still copy from the area
+            Session::OwedCall owed{std::string(method), {}};
+            Writer w(owed.body);
+            write_req(w, SessionRef{s->client_id, s->session_token, s->generation, {}});
+            s->area_owed = std::move(owed);
+          }
           throw OutcomeUnknown(std::string(method) + " sent " + std::to_string(kPutEndTries) + " times without an answer (" +
                                e.what() + ")");
+        }
         put_end_retries.fetch_add(1, std::memory_order_relaxed);
         s->drop_idle();
         resp = Resp{};
@@ -135,6 +142,10 @@ class ClientImpl {
   // Best effort PutAbort / BatchPutAbort of started puts; the owner also revokes them when
   // the session ends.
   void abort(const std::shared_ptr<Session>& s, std::span<const PutEndItem> puts) noexcept;
+  // Before a put writes the put area (its turn held): sends again a call that named the
+  // area and went unanswered (Session::area_owed); throws Unavailable while it stays
+  // unanswered on the live session (the owner may still copy the area into that put).
+  void settle_area(const std::shared_ptr<Session>& s);
   // Streams a value larger than the put area through it (isolation), each area-full part
   // copied by a PutWrite; with keep_last the last part's copy is returned for PutEnd.
   std::vector<AreaCopy> stream(const std::shared_ptr<Session>& s, std::string_view key, std::int64_t put_id,

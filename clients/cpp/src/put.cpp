@@ -35,7 +35,31 @@ PutTxn::PutTxn(ClientImpl& c, std::string_view key, std::size_t len, bool reject
   if (s_->isolated) {
     s_->area_turn.acquire();
     turn_ = true;
+    try {
+      c.settle_area(s_);
+    } catch (...) {
+      abort();  // (ends the turn; no destructor runs for a constructor that throws)
+      throw;
+    }
   }
+}
+
+void ClientImpl::settle_area(const std::shared_ptr<Session>& s) {
+  if (!s->isolated || !s->area_owed) return;
+  const Session::OwedCall& owed = *s->area_owed;
+  PlainResponse r;  // (any answer will do; the fields past code and message are skipped)
+  try {
+    s->call(owed.method, [&](Writer& w, const SessionRef&) { w.raw(owed.body); }, r, false);
+  } catch (const Broken& e) {
+    if (s->attach_alive())
+      throw Unavailable(ErrorCode::UNAVAILABLE,
+                        std::string("the put area waits for the owner's answer to an earlier put (") + e.what() + ")");
+  } catch (const Stale&) {
+    // The session ended, its area with it.
+  } catch (const Error&) {
+    // An answer (the owner failed the call) or a session no longer usable: either ends it.
+  }
+  s->area_owed.reset();
 }
 
 PutTxn::~PutTxn() {

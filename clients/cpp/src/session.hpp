@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -158,6 +159,15 @@ class Session {
   // Serializes the puts that use the put area, from the first byte written into it until
   // the PutWrite / PutEnd that copies it is answered.
   AreaTurn area_turn;
+  // Under area_turn: a PutEnd, BatchPutEnd or PutWrite that named the put area and went
+  // unanswered on this live session (its method and request fields): the owner may still
+  // copy from the area, so no put writes it until that call is answered
+  // (ClientImpl::settle_area).
+  struct OwedCall {
+    std::string method;
+    std::vector<std::uint8_t> body;
+  };
+  std::optional<OwedCall> area_owed;
 
   // fork(): every session of the process, whatever its client or state (one closed while
   // a holder lives keeps its attach connection, one whose client was destroyed too). The

@@ -3,9 +3,14 @@
 // timeout): retry-safe calls are sent again, a lost PutEnd is resent on the same session, a
 // lost PutStart fails, a put whose outcome stays unknown is redone. The owner takes back what
 // a lost reply handed out (the first Get's holder).
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "client_impl.hpp"
 #include "shared_owner.hpp"
@@ -162,4 +167,48 @@ TEST(batch_remove_retries_only_the_chunk_whose_reply_was_lost) {
   for (std::size_t i = 0; i < chunk; ++i) first_chunk_deleted += deleted[i] ? 1 : 0;
   CHECK_EQ(first_chunk_deleted, chunk);
   CHECK(!c.exists(keys.back()));
+}
+
+// Under isolation a put whose PutEnd went unanswered (the owner stalled past three call
+// timeouts) leaves the put area to no other put until the owner answers it: the owner may
+// still copy the area into the first put's range. Another put wrote the area at once, and
+// the first key was published with its bytes (a review).
+TEST(isolated_area_waits_for_an_unanswered_put_end) {
+  Owner o({"--client-isolation"}, "64MiB");
+  fluxkv::Options opts;
+  opts.timeout = std::chrono::milliseconds(300);
+  auto c = fluxkv::Client::connect(o.socket(), opts);
+  const std::size_t n = 64 << 10;
+  std::vector<std::byte> va(n, std::byte{'A'}), vb(n, std::byte{'B'});
+  std::thread tb;
+  bool stopped = false;
+  try {
+    c.put_with("a", n, [&](std::span<std::byte> dst) {
+      std::memcpy(dst.data(), va.data(), n);
+      if (tb.joinable()) return;  // (a redo)
+      tb = std::thread([&] {
+        try {
+          c.put_with("b", n, [&](std::span<std::byte> d) { std::memcpy(d.data(), vb.data(), n); });
+        } catch (const fluxkv::Error&) {
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // b's PutStart answered: b waits for the area
+      ::kill(o.pid(), SIGSTOP);  // the owner stalls before a's PutEnd
+      stopped = true;
+    });
+  } catch (const fluxkv::Error&) {
+  }
+  if (tb.joinable()) tb.join();
+  if (stopped) ::kill(o.pid(), SIGCONT);
+  auto c2 = fluxkv::Client::connect(o.socket());
+  std::optional<fluxkv::MemHolder> h;
+  eventually([&] {  // the owner catches up with the calls queued while it was stopped
+    try {
+      h.emplace(c2.get("a"));
+      return true;
+    } catch (const fluxkv::KeyNotFound&) {
+      return false;
+    }
+  });
+  if (h) CHECK(same(*h, va));  // never b's bytes (not published is fine)
 }

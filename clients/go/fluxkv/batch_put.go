@@ -179,7 +179,7 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		}
 		ok = append(ok, j)
 	}
-	if len(ok) > 0 && !c.useWriting(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
+	if len(ok) > 0 && !c.use(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
 		closed := c.isClosed()
 		for _, j := range ok {
 			if closed {
@@ -192,14 +192,20 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		return unknown
 	}
 	if len(ok) > 0 {
-		defer c.unuseWriting(a)
+		defer c.unuse(a)
 	}
 	copies := make([][]*external.AreaCopy, len(idx))
 	werrs := make([]error, len(idx))
 	if a.area != nil {
 		a.areaMu.Lock()
 		defer a.areaMu.Unlock() // held until BatchPutEnd is answered
-		c.writeWaveToArea(a, items, idx, r.Results, ok, copies, werrs)
+		if err := settleArea(a); err != nil {
+			for _, j := range ok {
+				werrs[j] = err // each aborted below
+			}
+		} else {
+			c.writeWaveToArea(a, items, idx, r.Results, ok, copies, werrs)
+		}
 	} else {
 		for _, j := range ok {
 			it, res := &items[idx[j]], r.Results[j]

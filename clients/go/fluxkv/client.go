@@ -91,7 +91,11 @@ type attachment struct {
 	// areaMu serializes the puts that use area, from the first byte written into it
 	// until the PutWrite / PutEnd that copies it is answered.
 	areaMu sync.Mutex
-	idle   chan *rpcConn
+	// areaOwed (under areaMu), when set, resends a PutEnd, BatchPutEnd or PutWrite that
+	// named the area and went unanswered on this live session: the owner may still copy
+	// from the area, so no put writes it until that call is answered (settleArea).
+	areaOwed func() error
+	idle     chan *rpcConn
 	// closed is set by close: a connection given back afterwards (a call that was in
 	// flight) is closed instead of pooled.
 	closed atomic.Bool
@@ -101,12 +105,11 @@ type attachment struct {
 	users    int
 	retired  bool
 	unmapped bool
-	// Under Client.mu: writers counts the puts among users, between their PutStart's
-	// answer and their end; a Close while one writes leaves the attach connection to
-	// the last (endAfterWrites): the session's end frees the puts' ranges at the owner,
-	// which may then place another client's value there under the write.
-	writers        int
-	endAfterWrites bool
+	// Under Client.mu: endAtLastUse is set by a Close while users > 0 (holders, puts
+	// writing): the last of them ends the session (closes the attach connection). Ended
+	// at once, the owner would free their ranges and may place other values there, under
+	// a holder's reads or a put's writes.
+	endAtLastUse bool
 }
 
 // Client is an attached external. Safe for concurrent use. It follows the retry rules
@@ -266,37 +269,14 @@ func (a *attachment) unmap() {
 // use counts a user of a's mappings (a holder, a put writing into them); false when
 // they are gone (a was retired by reattach and had no user left) or the client is
 // closed.
-func (c *Client) use(a *attachment) bool { return c.useAs(a, false) }
-
-// useWriting is use for a put that writes into a's mappings; unuseWriting ends it.
-func (c *Client) useWriting(a *attachment) bool { return c.useAs(a, true) }
-
-func (c *Client) useAs(a *attachment, writing bool) bool {
+func (c *Client) use(a *attachment) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if a.unmapped || c.closed {
 		return false
 	}
 	a.users++
-	if writing {
-		a.writers++
-	}
 	return true
-}
-
-// unuseWriting ends a put's use; the last put writing when Close ran ends the session.
-func (c *Client) unuseWriting(a *attachment) {
-	c.mu.Lock()
-	a.writers--
-	end := a.endAfterWrites && a.writers == 0
-	if end {
-		a.endAfterWrites = false
-	}
-	c.mu.Unlock()
-	if end {
-		a.close(false)
-	}
-	c.unuse(a)
 }
 
 func (c *Client) isClosed() bool {
@@ -311,7 +291,8 @@ func inSegment(off, n, size int64) bool {
 	return off >= 0 && n >= 0 && off <= size && n <= size-off
 }
 
-// unuse ends a use; the last user of a retired attachment unmaps it.
+// unuse ends a use; the last user of a retired attachment unmaps it, and ends its
+// session when Close left that to it.
 func (c *Client) unuse(a *attachment) {
 	c.mu.Lock()
 	a.users--
@@ -320,7 +301,14 @@ func (c *Client) unuse(a *attachment) {
 		a.unmapped = true
 		c.old = slices.DeleteFunc(c.old, func(x *attachment) bool { return x == a })
 	}
+	end := a.endAtLastUse && a.users == 0
+	if end {
+		a.endAtLastUse = false
+	}
 	c.mu.Unlock()
+	if end {
+		a.close(false)
+	}
 	if drop {
 		a.unmap()
 	}
@@ -354,9 +342,8 @@ func (c *Client) SessionToken() int64 { return c.current().reply.SessionToken }
 
 // Close sends pending releases, ends the session and unmaps the segment once nothing
 // uses it: a put whose fill runs on another goroutine, or a holder still open, keeps
-// it mapped until it ends (a holder's Release); calls made after Close fail. A put
-// writing its value keeps the session too, until it ends (failing ErrClosed): the
-// session's end frees the put's range at the owner, for another client's value.
+// the session and the mapping until it ends (a holder's Release; the put fails
+// ErrClosed), so the owner keeps their bytes; calls made after Close fail.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -379,8 +366,8 @@ func (c *Client) Close() error {
 			a.unmapped = true
 			drop = append(drop, a)
 		}
-		if a.writers > 0 {
-			a.endAfterWrites = true // ended by the last put writing (unuseWriting)
+		if a.users > 0 {
+			a.endAtLastUse = true // ended by its last holder or put (unuse)
 		} else {
 			end = append(end, a)
 		}
@@ -548,6 +535,9 @@ func (c *Client) exchange(a *attachment, rc *rpcConn, method string, args, resul
 		rc.close()
 		var ex *thrift.ApplicationException
 		if errors.As(err, &ex) {
+			return fmt.Errorf("%s: %w", method, err)
+		}
+		if errors.Is(err, ErrInvalidArgument) { // a request over a frame: not sent, not to retry
 			return fmt.Errorf("%s: %w", method, err)
 		}
 		if errors.Is(err, errNotSent) {

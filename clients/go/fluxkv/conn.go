@@ -177,14 +177,15 @@ var errEOF = errors.New("EOF")
 
 // call sends one CALL message and decodes the REPLY into result. A transport or
 // framing error leaves the connection unusable (the caller closes it); an error that
-// wraps errNotSent means no byte of the request left. drop, when set (tests), may
+// wraps errNotSent means no byte of the request left (ErrInvalidArgument: a request
+// larger than a frame, never sent). drop, when set (tests), may
 // lose a reply as a call that timed out loses it: once the reply has arrived, the call
 // fails without reading it (the caller closes the connection with the reply unread).
 func (rc *rpcConn) call(method string, args, result thrift.FastCodec, timeout time.Duration, drop func(method string) bool) error {
 	rc.seq++
 	n := thrift.Binary.MessageBeginLength(method) + args.BLength()
 	if 4+n > wire.MaxFrameBytes {
-		return fmt.Errorf("%w: request frame of %d bytes exceeds the limit of %d", errNotSent, 4+n, wire.MaxFrameBytes)
+		return fmt.Errorf("%w: request frame of %d bytes exceeds the limit of %d", ErrInvalidArgument, 4+n, wire.MaxFrameBytes)
 	}
 	if cap(rc.out) < 4+n {
 		rc.out = make([]byte, 4+n)

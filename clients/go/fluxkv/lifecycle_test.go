@@ -3,10 +3,12 @@ package fluxkv
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -245,6 +247,97 @@ func TestCloseDuringFillKeepsItsRange(t *testing.T) {
 	}
 	if ok, err := b.Exists("mine"); err != nil || ok {
 		t.Errorf("the closed client's put: exists %v, %v", ok, err)
+	}
+}
+
+// TestHolderAcrossCloseKeepsItsBytes: a holder still open when its client closes keeps
+// the session, so the owner keeps its bytes until the holder's Release: another client's
+// delete and puts do not reuse its range (Close ended the session at once, and the
+// holder read the values put there since).
+func TestHolderAcrossCloseKeepsItsBytes(t *testing.T) {
+	n := startNode(t, "16MiB")
+	a, b := n.connect(t), n.connect(t)
+	want := bytes.Repeat([]byte{0x5a}, 1<<20)
+	if err := a.Put("held", want); err != nil {
+		t.Fatal(err)
+	}
+	h, err := a.Get("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if _, err := b.Delete("held"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 { // twice the pool
+		if err := b.Put(fmt.Sprintf("filler/%d", i), bytes.Repeat([]byte{byte(i)}, 1<<20)); err != nil && !errors.Is(err, ErrNoSpace) {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(h.Bytes(), want) {
+		t.Error("a holder open across its client's Close reads other bytes")
+	}
+	h.Release()
+}
+
+// TestIsolatedAreaWaitsForAnUnansweredPutEnd: under client isolation, a put whose PutEnd
+// went unanswered (the owner stalled past three call timeouts) leaves the put area to
+// no other put until the owner answers it: the owner may still copy the area into the
+// first put's range. Another put wrote the area at once, and the first key was published
+// with its bytes (a review).
+func TestIsolatedAreaWaitsForAnUnansweredPutEnd(t *testing.T) {
+	n := startNode(t, "64MiB", "--client-isolation")
+	c, err := Connect(Options{Socket: n.socket(), Name: t.Name(), Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	const size = 64 << 10
+	va, vb := bytes.Repeat([]byte{'A'}, size), bytes.Repeat([]byte{'B'}, size)
+	stopped := false
+	defer func() {
+		if stopped {
+			n.p.Cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	var errB error
+	doneB := make(chan struct{})
+	errA := c.PutWith("a", size, PutOptions{}, func(dst []byte) error {
+		copy(dst, va)
+		go func() {
+			defer close(doneB)
+			errB = c.PutWith("b", size, PutOptions{}, func(dst []byte) error { copy(dst, vb); return nil })
+		}()
+		time.Sleep(300 * time.Millisecond) // b's PutStart is answered; b waits for the area
+		if err := n.p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		stopped = true // the owner stalls before a's PutEnd
+		return nil
+	})
+	<-doneB
+	t.Logf("put a: %v; put b: %v", errA, errB)
+	if err := n.p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	c2 := n.connect(t)
+	var h *MemHolder
+	deadline := time.Now().Add(20 * time.Second)
+	for { // the owner catches up with the calls queued while it was stopped
+		h, err = c2.Get("a")
+		if err == nil || !errors.Is(err, ErrKeyNotFound) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Logf("get a: %v (not published: fine)", err)
+		return
+	}
+	defer h.Release()
+	if !bytes.Equal(h.Bytes(), va) {
+		t.Errorf("a was published with other bytes (first byte %q): the area was written before its PutEnd was answered", h.Bytes()[0])
 	}
 }
 

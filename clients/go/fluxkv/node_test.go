@@ -31,18 +31,20 @@ func TestMain(m *testing.M) {
 // node is a `fluxkv up` process started by a test, one incarnation at a time on one
 // directory; the test's cleanup stops it with SIGTERM and requires a clean exit.
 type node struct {
-	t    testing.TB
-	dir  string
-	dram string
-	p    *proctest.Proc // the running incarnation
+	t     testing.TB
+	dir   string
+	dram  string
+	extra []string       // more flags of `fluxkv up`
+	p     *proctest.Proc // the running incarnation
 }
 
 func (n *node) socket() string { return filepath.Join(n.dir, "fluxkv.sock") }
 
-// startNode runs `fluxkv up --dram dram` in a fresh directory and waits for its socket.
-func startNode(t testing.TB, dram string) *node {
+// startNode runs `fluxkv up --dram dram [extra flags]` in a fresh directory and waits
+// for its socket.
+func startNode(t testing.TB, dram string, extra ...string) *node {
 	t.Helper()
-	n := &node{t: t, dir: t.TempDir(), dram: dram}
+	n := &node{t: t, dir: t.TempDir(), dram: dram, extra: extra}
 	n.start()
 	t.Cleanup(n.stop)
 	return n
@@ -52,7 +54,7 @@ func (n *node) start() {
 	n.t.Helper()
 	p, err := proctest.Start(proctest.Options{
 		Name: "fluxkv up",
-		Args: []string{bin, "up", "--dir", n.dir, "--dram", n.dram},
+		Args: append([]string{bin, "up", "--dir", n.dir, "--dram", n.dram}, n.extra...),
 		Env:  []string{proctest.RaceEnv},
 	})
 	if err != nil {

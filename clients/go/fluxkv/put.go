@@ -91,17 +91,21 @@ func (c *Client) putOnce(it *PutItem, opts PutOptions) (int64, error) {
 		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
 		return 0, fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
 	}
-	if !c.useWriting(a) { // a re-attach retired a meanwhile (its session, and the put, are gone), or Close ran
+	if !c.use(a) { // a re-attach retired a meanwhile (its session, and the put, are gone), or Close ran
 		if c.isClosed() {
 			return start.PutId, ErrClosed
 		}
 		return start.PutId, fmt.Errorf("%w: the session ended before the value was written", errOutcomeUnknown)
 	}
-	defer c.unuseWriting(a)
+	defer c.unuse(a)
 	var copies []*external.AreaCopy
 	if a.area != nil {
 		a.areaMu.Lock()
 		defer a.areaMu.Unlock()
+		if err := settleArea(a); err != nil {
+			c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
+			return 0, err
+		}
 		var cp *external.AreaCopy
 		if a.areaFits(0, n) {
 			cp, err = stage(a, it, start.PutId, 0)
@@ -144,6 +148,9 @@ func putEnd[R coded](c *Client, a *attachment, k call, res resultOf[R]) (r R, re
 			c.stats.putEndRetries.Add(1)
 			continue
 		case lost:
+			if a.area != nil { // (areaMu held) the owner may still copy from the area
+				a.areaOwed = func() error { _, err := invokeOn(c, a, k, res); return err }
+			}
 			return r, retried, fmt.Errorf("%w: %s sent %d times without an answer (%v)", errOutcomeUnknown, k.method, try+1, err)
 		case retried && errors.Is(err, ErrInvalidArgument):
 			return r, retried, fmt.Errorf("%w: the owner no longer knows the put (%v)", errOutcomeUnknown, err)
@@ -168,4 +175,20 @@ func (c *Client) abort(a *attachment, items []*external.PutEndItem) {
 	invokeOn(c, a, call{method: "BatchPutAbort", args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceBatchPutAbortArgs{Req: &external.BatchPutAbortRequest{Session: s, Items: items}}
 	}}, &external.ExternalServiceBatchPutAbortResult{})
+}
+
+// settleArea runs, under a.areaMu, before a put writes the area: an earlier call that
+// named the area and went unanswered (areaOwed) is sent again; until it is answered, or
+// the session ends, the area is not written (the owner may still copy from it into the
+// earlier put's range: that put would be published with this one's bytes).
+func settleArea(a *attachment) error {
+	if a.areaOwed == nil {
+		return nil
+	}
+	err := a.areaOwed()
+	if (errors.Is(err, errNotSent) || errors.Is(err, errNoReply)) && a.alive() {
+		return fmt.Errorf("%w: the put area waits for the owner's answer to an earlier put (%v)", ErrUnavailable, err)
+	}
+	a.areaOwed = nil // answered (any answer), or the session is gone with its area
+	return nil
 }

@@ -205,3 +205,23 @@ func TestLostReplyRetryRules(t *testing.T) {
 		t.Fatal("a put whose PutStart reply was lost was published")
 	}
 }
+
+// TestRequestOverAFrameIsInvalid: a request larger than a frame (a put's 40 MiB parent)
+// is refused before it is sent, ErrInvalidArgument, and not retried: it was taken for a
+// connection lost before sending (Unavailable, "request not sent") and sent again.
+func TestRequestOverAFrameIsInvalid(t *testing.T) {
+	n := startNode(t, "16MiB")
+	c := n.connect(t)
+	parent := string(bytes.Repeat([]byte{'p'}, 40<<20))
+	before := c.stats.retries.Load()
+	err := c.PutWith("k", 10, PutOptions{Parent: &parent}, func(dst []byte) error { return nil })
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a put whose request exceeds a frame: %v, want ErrInvalidArgument", err)
+	}
+	if n := c.stats.retries.Load() - before; n != 0 {
+		t.Errorf("%d retries of a request that was never sent", n)
+	}
+	if err := c.Put("k", []byte("v")); err != nil {
+		t.Fatalf("the client after it: %v", err)
+	}
+}

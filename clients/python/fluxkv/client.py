@@ -161,6 +161,9 @@ class _Session:
         # Serializes the puts that use the put area, from the first byte written into it
         # until the PutWrite / PutEnd that copies it is answered.
         self.area_lock = threading.Lock()
+        # Under area_lock: (method, request fields) of a PutEnd, BatchPutEnd or PutWrite that
+        # named the area and went unanswered on this live session (_settle_area).
+        self.area_owed: tuple | None = None
         self.path = path
         self.client_id = reply.client_id
         self.session_token = reply.session_token
@@ -809,6 +812,7 @@ class Client:
                                 f"PutStart({k!r}, len={n}) returned offset {off} outside the {s.segment.size}-byte segment",
                                 ErrorCode.INTERNAL,
                             )
+                        _settle_area(s)
                         with s.writing():
                             copies = write(s, put_id, off)
                     except BaseException:
@@ -841,6 +845,8 @@ class Client:
                     self._renew(s)
                     raise _OutcomeUnknown(f"the owner closed the session before PutEnd was answered ({e})") from None
                 if attempt + 1 == PUT_END_TRIES:
+                    if s.area is not None:  # (area_lock held) the owner may still copy from the area
+                        s.area_owed = (method, rest)
                     raise _OutcomeUnknown(f"PutEnd sent {PUT_END_TRIES} times without an answer ({e})") from None
                 self._stats["put_end_retries"] += 1
                 s.drop_idle()
@@ -990,6 +996,7 @@ class Client:
         try:
             with _area_turn(s):
                 try:
+                    _settle_area(s)
                     with s.writing():
                         copies = self._write_wave(s, prepared, started, errors)
                 except BaseException:
@@ -1212,6 +1219,24 @@ class _NoTurn:
 
 
 _NO_TURN = _NoTurn()
+
+
+def _settle_area(s: _Session) -> None:
+    """Before a put writes the put area (``s.area_lock`` held): an earlier PutEnd, BatchPutEnd
+    or PutWrite that named the area and went unanswered is sent again; until it is answered, or
+    the session ends, the area is not written (the owner may still copy it into the earlier
+    put's range, which would then be published with this put's bytes)."""
+    if s.area is None or s.area_owed is None:
+        return
+    method, rest = s.area_owed
+    try:
+        s.call(method, rest)
+    except _Broken as e:
+        if s.attach_alive():
+            raise Unavailable(f"the put area waits for the owner's answer to an earlier put ({e})") from None
+    except (_Stale, Error):
+        pass  # the session ended, its area with it
+    s.area_owed = None
 
 
 def _area_turn(s: _Session):

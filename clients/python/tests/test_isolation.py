@@ -3,7 +3,10 @@ is mapped read-only only, values go through the session's put area (streamed whe
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -119,3 +122,56 @@ def test_batch_put_one_stream_failing_leaves_the_others(iso_client, monkeypatch)
     for k, v in items[1:]:
         with iso_client.get(k) as h:
             assert h.bytes() == v
+
+
+def test_the_area_waits_for_an_unanswered_put_end(cluster):
+    """Under isolation, a put whose PutEnd went unanswered (the owner stalled past three call
+    timeouts) leaves the put area to no other put until the owner answers it: the owner may
+    still copy the area into the first put's range. Another put wrote the area at once, and
+    the first key was published with its bytes (a review)."""
+    p = cluster.up("64MiB", "stall", "--client-isolation")
+    c = fluxkv.connect(p.socket, timeout=0.3)
+    n = 64 << 10
+    va, vb = b"A" * n, b"B" * n
+    outcome = {}
+
+    def put_b():
+        try:
+            c.put_with("b", n, lambda pid, view: view.__setitem__(slice(None), vb))
+            outcome["b"] = None
+        except fluxkv.Error as e:
+            outcome["b"] = e
+
+    tb = threading.Thread(target=put_b)
+    stopped = False
+
+    def fill_a(pid, view):
+        nonlocal stopped
+        view[:] = va
+        tb.start()
+        time.sleep(0.3)  # b's PutStart is answered; b waits for the area
+        os.kill(p.pid, signal.SIGSTOP)  # the owner stalls before a's PutEnd
+        stopped = True
+
+    try:
+        try:
+            c.put_with("a", n, fill_a)
+        except fluxkv.Error as e:
+            outcome["a"] = e
+        tb.join(30)
+    finally:
+        if stopped:
+            os.kill(p.pid, signal.SIGCONT)
+    c2 = fluxkv.connect(p.socket)
+    got = None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the owner catches up with the calls queued meanwhile
+        try:
+            with c2.get("a") as h:
+                got = h.bytes()
+            break
+        except fluxkv.KeyNotFound:
+            time.sleep(0.05)
+    assert got is None or got == va, f"a was published with other bytes ({got[:1]!r}...): {outcome}"
+    c2.close()
+    c.close()
