@@ -45,7 +45,7 @@ func (m *masterLink) follow() {
 				m.o.log.Info().Str("master", r.Addr).Int64("epoch", r.Epoch).Msg("following the master leader")
 			}
 			ctx, cancel := context.WithTimeout(m.followCtx, 5*time.Second)
-			err := m.register(ctx)
+			err := m.registerFollowing(ctx, r.Epoch)
 			cancel()
 			if err == nil && m.o.masterEpoch() == r.Epoch {
 				continue // registered with this leader

@@ -159,6 +159,32 @@ func TestHearsayLeavesRegistrationToTheLoop(t *testing.T) {
 	}
 }
 
+// TestFollowingRegistersOncePerLeader: the follow loop's registration with a leader the
+// owner registered with meanwhile (the heartbeat loop, told STALE_GENERATION by it, went
+// first while the follow loop waited for regMu) sends nothing: through a check heartbeat
+// failing in transport it sent a second Register, which tombed the registration the
+// first one's report had rebuilt (a review).
+func TestFollowingRegistersOncePerLeader(t *testing.T) {
+	t.Parallel()
+	m1 := ackMaster(t, "127.0.0.1:0")
+	o, _ := ackOwner(t, m1, nil) // k holds value(1, 4096)
+	g1 := o.nodeGen()
+	l := &askedLink{Client: m1.LocalClient()}
+	l.cut.Store(true)
+	useMasterClient(o, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.master.registerFollowing(ctx, o.masterEpoch()); err != nil {
+		t.Fatalf("following the leader this owner is registered with: %v", err)
+	}
+	if n := l.registers.Load(); n != 0 {
+		t.Errorf("%d Registers sent to the leader this owner was registered with", n)
+	}
+	if gen, replicas := memberGen(m1, "n1"); gen != g1 || replicas != 1 {
+		t.Fatalf("the master lists n1 at generation %d with %d replicas; want %d with k's", gen, replicas, g1)
+	}
+}
+
 // askedLink fails every Register in transport, and every heartbeat whose context does
 // not carry heldHeartbeat (the heartbeat loop's, settleLost's) once cut is set.
 type askedLink struct {

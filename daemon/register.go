@@ -52,11 +52,29 @@ func (m *masterLink) register(ctx context.Context) error { return m.registerAgai
 // A check answered under a generation no master took, which the owner went back from
 // (staleAnswer), is asked again under the one it went back to.
 func (m *masterLink) registerAgain(ctx context.Context, hearsay bool) error {
+	return m.registerTo(ctx, hearsay, 0)
+}
+
+// registerFollowing is the follow loop's register with the leader of epoch: nothing once
+// this owner is registered with it. Another caller (the heartbeat loop, told
+// STALE_GENERATION by that leader) may have registered while this one waited for regMu,
+// and the check heartbeat failing in transport would lead to a second Register, which
+// tombs what the first one's report rebuilt: every replica of the owner dropped.
+func (m *masterLink) registerFollowing(ctx context.Context, epoch int64) error {
+	return m.registerTo(ctx, false, epoch)
+}
+
+// registerTo is registerAgain, doing nothing when leader is not 0 and this owner is
+// registered with the master of that epoch already.
+func (m *masterLink) registerTo(ctx context.Context, hearsay bool, leader int64) error {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	o := m.o
 	if m.client.Load() == nil {
 		return errCode(common.ErrorCode_UNAVAILABLE, "no master leads on etcd yet")
+	}
+	if leader != 0 && o.masterEpoch() == leader {
+		return nil
 	}
 	if epoch := o.masterEpoch(); epoch != 0 {
 		for {
