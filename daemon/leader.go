@@ -37,21 +37,27 @@ func (m *masterLink) follow() {
 		}
 		r := latest.Load()
 		for attempt := 1; latest.Load() == r && m.o.masterEpoch() != r.Epoch; attempt++ {
+			var err error
 			if c := m.client.Load(); c == nil || c.addr != r.Addr {
-				if err := m.dial(r.Addr); err != nil {
-					m.o.log.Error().Err(err).Str("master", r.Addr).Msg("cannot make a client of the new leader")
-					break
+				// A failed dial (the leader's name does not resolve yet) is tried again
+				// like a failed registration: waiting for the next leader record left the
+				// owner unregistered for as long as this leader led.
+				if err = m.dial(r.Addr); err == nil {
+					m.o.log.Info().Str("master", r.Addr).Int64("epoch", r.Epoch).Msg("following the master leader")
+				} else if attempt%10 == 1 {
+					m.o.log.Error().Err(err).Str("master", r.Addr).Int("attempt", attempt).Msg("cannot make a client of the new leader; retrying")
 				}
-				m.o.log.Info().Str("master", r.Addr).Int64("epoch", r.Epoch).Msg("following the master leader")
 			}
-			ctx, cancel := context.WithTimeout(m.followCtx, 5*time.Second)
-			err := m.registerFollowing(ctx, r.Epoch)
-			cancel()
-			if err == nil && m.o.masterEpoch() == r.Epoch {
-				continue // registered with this leader
-			}
-			if err != nil && attempt%10 == 1 {
-				m.o.log.Warn().Err(err).Str("master", r.Addr).Int("attempt", attempt).Msg("registering with the new leader failed; retrying")
+			if err == nil {
+				ctx, cancel := context.WithTimeout(m.followCtx, 5*time.Second)
+				err = m.registerFollowing(ctx, r.Epoch)
+				cancel()
+				if err == nil && m.o.masterEpoch() == r.Epoch {
+					continue // registered with this leader
+				}
+				if err != nil && attempt%10 == 1 {
+					m.o.log.Warn().Err(err).Str("master", r.Addr).Int("attempt", attempt).Msg("registering with the new leader failed; retrying")
+				}
 			}
 			select {
 			case <-m.followCtx.Done():

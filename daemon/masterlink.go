@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,6 +101,11 @@ func (m *masterLink) dial(addr string) error {
 	if c := m.o.opts.LocalMaster; c != nil {
 		m.use(c, addr, nil)
 		return nil
+	}
+	// Kitex resolves a host name once, when the client is made, and takes one that does
+	// not resolve for a Unix socket path: every call would fail for the client's life.
+	if _, err := net.ResolveTCPAddr("tcp", addr); err != nil {
+		return fmt.Errorf("master address %q: %w", addr, err)
 	}
 	d := auth.NewDialer(m.o.opts.Secrets, auth.PurposeMaster).BoundCalls(m.o.opts.MasterTimeout)
 	c, err := masterservice.NewClient("fluxkv-master", append(auth.DialerOptions(d),
