@@ -23,6 +23,7 @@ func (m *masterLink) follow() {
 				return
 			}
 			latest.Store(&r)
+			m.cutDeposed(r.Addr)
 			select {
 			case wake <- struct{}{}:
 			default:
@@ -65,5 +66,16 @@ func (m *masterLink) follow() {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
+	}
+}
+
+// cutDeposed ends the calls waiting on the current master when the leader on etcd is
+// now at another address: a registration's call to a leader cut off without a reset
+// waits MasterTimeout (15 s) before it fails, and the follow loop, which turns to the new
+// leader only after the registration returns, sat out a report batch and its end (about
+// 30 s) while the new leader waited. Calls made on the cut client meanwhile fail at once.
+func (m *masterLink) cutDeposed(addr string) {
+	if c := m.client.Load(); c != nil && c.addr != addr {
+		c.stop()
 	}
 }
