@@ -1,12 +1,11 @@
 package daemon
 
 import (
-	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 )
 
@@ -37,28 +36,7 @@ func TestLeaderChangeCutsCallsToTheDeposed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() { // a master that takes calls and never answers
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go io.Copy(io.Discard, c)
-		}
-	}()
-	defer func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
+	authtest.Silent(t, ln) // a master that takes calls and never answers
 	m := &masterLink{o: &Owner{opts: Options{MasterTimeout: time.Minute, InsecureCluster: true}}}
 	if err := m.dial(ln.Addr().String()); err != nil {
 		t.Fatal(err)

@@ -1082,6 +1082,27 @@ func passTail(t *testing.T, s *Storage, key string, putID int64, e *entry) {
 	}
 }
 
+// stalledStagedLoad starts a staged load of key's putID (n bytes in chunks of chunk, one
+// buffer) and returns once chunk 0 is delivered and its buffer kept: the load then waits
+// for a buffer (slots.give(0) lets it go on) without its read pin. Its error comes on done.
+func stalledStagedLoad(s *Storage, key string, putID, n, chunk int64) (slots *testSlots, done chan error) {
+	slots = newTestSlots(1, chunk)
+	waiting := make(chan struct{})
+	done = make(chan error, 1)
+	go func() {
+		done <- s.LoadStaged(context.Background(), key, putID, n, chunk, 4, slots, func(i int, _, _ int64, _ []byte) error {
+			if i == 0 {
+				close(waiting)
+			} else {
+				slots.give(i)
+			}
+			return nil
+		})
+	}()
+	<-waiting
+	return slots, done
+}
+
 // TestStagedLoadOvertakenAcrossARefresh: a staged load waiting for a buffer while the
 // refresh rewrites its record and the tail then passes the record it began fails
 // ErrMoved, not ErrNotFound (its caller dropped the version's SSD replica, the rewrite
@@ -1096,21 +1117,9 @@ func TestStagedLoadOvertakenAcrossARefresh(t *testing.T) {
 		s.mu.Lock()
 		first := s.index["v"]
 		s.mu.Unlock()
-		slots := newTestSlots(1, chunk)
-		waiting := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			done <- s.LoadStaged(context.Background(), "v", 3, n, chunk, 4, slots, func(i int, _, _ int64, _ []byte) error {
-				if i == 0 {
-					close(waiting)
-				} else {
-					slots.give(i)
-				}
-				return nil
-			})
-		}()
-		<-waiting                   // chunk 0's buffer is out: the load waits without its pin
-		persist(t, s, "v", 3, want) // the refresh
+		// Chunk 0's buffer is out: the load waits without its pin while the refresh rewrites.
+		slots, done := stalledStagedLoad(s, "v", 3, n, chunk)
+		persist(t, s, "v", 3, want)
 		passTail(t, s, "v", 3, first)
 		slots.give(0)
 		if err := <-done; !errors.Is(err, ErrMoved) {
@@ -1138,20 +1147,7 @@ func TestQueuedLoadReadsTheRewrite(t *testing.T) {
 		first := s.index["v"]
 		s.mu.Unlock()
 		// A staged load of w holds the device's one reader place while it waits for a buffer.
-		slots := newTestSlots(1, chunk)
-		waiting := make(chan struct{})
-		staged := make(chan error, 1)
-		go func() {
-			staged <- s.LoadStaged(context.Background(), "w", 1, n, chunk, 4, slots, func(i int, _, _ int64, _ []byte) error {
-				if i == 0 {
-					close(waiting)
-				} else {
-					slots.give(i)
-				}
-				return nil
-			})
-		}()
-		<-waiting
+		slots, staged := stalledStagedLoad(s, "w", 1, n, chunk)
 		got := make([]byte, AlignedLen(n))
 		queued := make(chan error, 1)
 		go func() { queued <- s.LoadInto("v", 3, got, n) }()
