@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -199,14 +200,44 @@ def test_checksum_catches_a_wrong_payload(client):
         store.get_pages_into(["bad"], [torch.empty_like(p)])
     with pytest.raises(kv.PageCorrupt):
         store.get_pages(["bad"])
-    # a page put by a store without checksum carries no CRC: refused, before any copy
-    kv.PageStore(client, "ns/crc").put_pages(["plain"], [p])
+
+
+def test_a_checksum_store_replaces_pages_without_a_crc(client):
+    """A page put by a store without checksum (another deployment sharing the namespace)
+    carries no CRC: a checksum store loads it as a miss, copies nothing, and deletes it, so
+    its next put stores the page with a CRC. Before, lookups counted it cached, puts skipped
+    it, and every load failed for as long as it stayed."""
+    store = kv.PageStore(client, "ns/crc", checksum=True)
+    plain = kv.PageStore(client, "ns/crc")
+    p, q = pages(2)
+    assert plain.put_pages(["plain", "plain2"], [p, q]) == [True, True]
+    assert store.contains_prefix(["plain"], pin=False) == 1
     dst = torch.full_like(p, 7.0)
-    with pytest.raises(kv.PageCorrupt, match="no CRC"):
-        store.get_pages_into(["plain"], [dst])
+    assert store.get_pages_into(["plain"], [dst]) == [False]
     assert bool((dst == 7.0).all())
-    with pytest.raises(kv.PageCorrupt, match="no CRC"):
-        store.get_pages(["plain"])
+    assert store.contains(["plain"]) == [False]  # gone: the next put rewrites it
+    assert store.get_pages(["plain2"]) == [None]
+    assert store.contains(["plain2"]) == [False]
+    assert store.counters()["errors"] == 0
+    assert store.put_pages(["plain"], [p]) == [True]
+    assert store.counters()["stored"] == 1
+    assert store.get_pages_into(["plain"], [dst]) == [True] and torch.equal(dst, p)
+    assert plain.get_pages_into(["plain"], [dst]) == [True]  # the CRC is checked there too
+
+
+def test_a_put_error_carries_every_pages_outcome(client):
+    """Not failing open, put_pages raises the first real failure with ``errors`` (each
+    page's outcome), also when an AlreadyExists came before it in the batch."""
+    store = kv.PageStore(client, "ns/errors")
+    p = pages(1)[0]
+    assert store.put_pages(["a"], [p]) == [True]
+    # the third page's parent is its own key (the second page's): the owner refuses it alone
+    with pytest.raises(fluxkv.InvalidArgument) as e:
+        store.put_pages(["a", "b", "b"], [p, p, p])
+    outcomes = e.value.errors
+    assert len(outcomes) == 3 and isinstance(outcomes[0], fluxkv.AlreadyExists)
+    assert outcomes[1] is None and outcomes[2] is e.value
+    assert store.contains(["a", "b"]) == [True, True]
 
 
 def test_pin_ms_out_of_range_is_refused_at_once(client):
@@ -272,6 +303,7 @@ def test_fork_during_the_first_attach_leaves_the_child_a_working_store(daemon):
     store = kv.PageStore(daemon.socket, "fork/ns")
     p = pages(1)[0]
     store._connect_lock.acquire()  # as an attach in progress on another thread holds it
+    store._next_try = time.monotonic() + 60  # which set the next try ahead before connecting
     try:
         pid = os.fork()
         if pid == 0:  # the child: exit 0 only if its calls answer, 3 if they hang
@@ -282,6 +314,7 @@ def test_fork_during_the_first_attach_leaves_the_child_a_working_store(daemon):
             except BaseException:
                 os._exit(2)
     finally:
+        store._next_try = 0.0  # (the parent's attach would have ended)
         store._connect_lock.release()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"the child's store: exit {os.waitstatus_to_exitcode(status)}"

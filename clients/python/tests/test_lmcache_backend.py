@@ -510,6 +510,14 @@ def test_key_layout_and_namespaces(lmc, conn, client, calls):
     got = run(c.batched_get([base, tagged, layer]))
     for g, o in zip(got, [obj, t_obj, l_obj]):
         assert torch.equal(g.tensor, o.tensor)
+    # Tag sets LMCache tells apart are other pages, whatever their text holds.
+    joined = key(lmc, h, tags={"lmcache.tag.user": "a@team%x"})  # (the tags drop "lmcache.tag.")
+    split = key(lmc, h, tags={"lmcache.tag.user": "a", "lmcache.tag.team": "x"})
+    assert joined != split
+    j_obj = chunk(lmc, cpu, 24)
+    run(c.put(joined, j_obj))
+    assert c.exists_sync(joined) and not c.exists_sync(split)
+    release(j_obj)
 
     # Keys of two namespaces in one batch: one call per run of each, the prefix across both.
     b0, b1 = key(lmc, 1, model="other"), key(lmc, 2, model="other")

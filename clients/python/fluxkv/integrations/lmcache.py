@@ -130,6 +130,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
+import json
 import logging
 import threading
 import time
@@ -813,13 +814,16 @@ def _release(objs: list) -> None:
 
 def _page_hash(key) -> str:
     """The page hash text of a key: its chunk hash, then ``.<layer>`` for a layer key and
-    ``~<digest of the tags>`` for a tagged one (tags are free text; a page hash holds no '/')."""
+    ``~<digest of the tags>`` for a tagged one (tags are free text; a page hash holds no '/').
+    The digest is of the tags' JSON, so no two tag sets LMCache tells apart share one: a
+    joined text (``k%v`` joined by ``@``) made ``(("user", "a@b%c"),)`` and ``(("user",
+    "a"), ("b", "c"))`` one page, and a tenant's tags could load another's KV."""
     text = kv.hash_text(key.chunk_hash)
     layer = getattr(key, "layer_id", None)
     if layer is not None:
         text += f".{layer}"
     if key.tags:
-        tags = "@".join(f"{k}%{v}" for k, v in key.tags)
+        tags = json.dumps([[str(k), str(v)] for k, v in key.tags], separators=(",", ":"))
         text += "~" + hashlib.sha256(tags.encode()).hexdigest()[:16]
     return text
 

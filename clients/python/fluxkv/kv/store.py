@@ -114,9 +114,14 @@ class PageStore:
         """Fresh locks in a forked child: a lock another thread of the parent held at fork()
         (an attach in progress holds _connect_lock for up to attach_timeout) would be held
         for good there, and every call of the child would wait on it. The client itself
-        attaches again on its own (fluxkv.Client's fork handling)."""
+        attaches again on its own (fluxkv.Client's fork handling); a child of a store not
+        attached yet tries at once."""
         self._lock = threading.Lock()
         self._connect_lock = threading.Lock()
+        if self._client is None:
+            # An attach in progress set the next try ahead before it connected: the
+            # child, which never saw its outcome, would refuse to attach until then.
+            self._next_try = 0.0
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -186,6 +191,9 @@ class PageStore:
             failed = [err for err in errors if err is not None and not isinstance(err, AlreadyExists)]
             if failed:
                 if not self.fail_open:
+                    # The batch's first error carried every item's outcome; this one may
+                    # not be it (an AlreadyExists came first): it carries them now.
+                    failed[0].errors = errors
                     raise failed[0]
                 self._failed(failed[0], "put_pages")
             return [err is None or isinstance(err, AlreadyExists) for err in errors], [err is None for err in errors]
@@ -225,7 +233,8 @@ class PageStore:
         of the first such page in ``hashes``); True where it was copied,
         False for a miss. A tensor of a miss is left as it was. With ``checksum`` a payload
         that does not match its CRC raises PageCorrupt (failing open: its batch answers False)
-        after the copy: the tensors of that batch then hold bytes to ignore."""
+        after the copy: the tensors of that batch then hold bytes to ignore. With ``checksum``
+        a page that carries no CRC is a miss (see _unchecked)."""
         ks = self.keys(hashes)
         ts = list(tensors)
         _same_length(ks, ts, "tensors")
@@ -236,15 +245,29 @@ class PageStore:
             out += _at(lo, lambda: self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)])))
         return out
 
-    def _require_crc(self, key: str, hdr) -> None:
-        """With ``checksum``, every page loaded must carry a CRC-32 (a page put by a store
-        without it is refused, before anything is copied); a page that carries one is
-        checked either way."""
-        if self.checksum and hdr.crc32 is None:
-            raise PageCorrupt(f"page {key!r} carries no CRC-32, and this store checks every page's")
+    def _unchecked(self, hdr) -> bool:
+        """Whether this store must not load a page of header ``hdr``: with ``checksum`` every
+        page loaded carries a CRC-32, and one put by a store without it (another deployment
+        sharing the namespace, or this one before checksum was switched on) is a miss; the
+        caller deletes it (_drop_unchecked), so the next put stores it again with a CRC.
+        Without that, lookups kept counting the page cached and puts skipped it, and every
+        load of it failed for as long as it stayed. A page that carries a CRC is checked
+        either way."""
+        return self.checksum and hdr.crc32 is None
+
+    def _drop_unchecked(self, c, ks: list) -> None:
+        """Delete the pages _unchecked refused (best effort: a failed delete leaves them to
+        the next load)."""
+        if not ks:
+            return
+        try:
+            c.batch_delete(ks)
+        except (Error, OSError) as e:
+            _log.debug("fluxkv page store %s: deleting %d pages without a CRC-32 failed: %s", self.namespace, len(ks), e)
 
     def _load_into(self, c, ks: list, bufs: list) -> list:
         holders = c.batch_get(ks)
+        unchecked = []
         try:
             headers = []
             for i, (k, h, b) in enumerate(zip(ks, holders, bufs)):
@@ -254,19 +277,22 @@ class PageStore:
                 with _page_at(i):
                     hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
                     hdr.expect(key=k, dtype=b.dtype, shape=b.shape, layout=self.layout, value_len=len(h))
-                    self._require_crc(k, hdr)
+                if self._unchecked(hdr):
+                    unchecked.append(k)
+                    hdr = None
                 headers.append(hdr)
             found = []
             for k, h, b, hdr in zip(ks, holders, bufs, headers):
-                if h is not None:
+                if hdr is not None:
                     h.copy_range_to(b.address, PAGE_HEADER_BYTES, hdr.nbytes)
                     if hdr.crc32 is not None and crc32_of(b.address, hdr.nbytes) != hdr.crc32:
                         raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
-                found.append(h is not None)
+                found.append(hdr is not None)
         finally:
             for h in holders:
                 if h is not None:
                     h.release()
+        self._drop_unchecked(c, unchecked)
         n = sum(found)
         self._count(hits=n, misses=len(found) - n)
         return found
@@ -290,6 +316,7 @@ class PageStore:
     def _views(self, c, ks: list, numpy: bool) -> list:
         holders = c.batch_get(ks)
         views: list = []
+        unchecked = []
         v = None
         try:
             for i, (k, h) in enumerate(zip(ks, holders)):
@@ -299,7 +326,10 @@ class PageStore:
                 with _page_at(i):
                     hdr = PageHeader.unpack(h.read(0, min(len(h), PAGE_HEADER_BYTES)), k)
                     hdr.expect(key=k, dtype=None, shape=None, layout=self.layout, value_len=len(h))
-                    self._require_crc(k, hdr)
+                if self._unchecked(hdr):
+                    unchecked.append(k)
+                    views.append(None)
+                    continue
                 v = tensor_view(h, hdr.dtype, hdr.shape, numpy)
                 if hdr.crc32 is not None and crc32_of(h.address + PAGE_HEADER_BYTES, hdr.nbytes) != hdr.crc32:
                     raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
@@ -312,6 +342,7 @@ class PageStore:
             for h in holders:
                 if h is not None:
                     h.release()  # acked once its view is gone
+        self._drop_unchecked(c, unchecked)
         n = sum(v is not None for v in views)
         self._count(hits=n, misses=len(views) - n)
         return views
