@@ -2,8 +2,10 @@ package daemon_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -329,6 +331,22 @@ func TestBadRequestsRaw(t *testing.T) {
 			conn.Close()
 		}
 	}
+	// A call of a method name as long as a frame holds: no reply, which would repeat the
+	// name twice (four times the frame, held while the client does not read it).
+	name := strings.Repeat("m", 1<<20)
+	msg := binary.BigEndian.AppendUint32(nil, 0x80010001) // strict binary, CALL
+	msg = binary.BigEndian.AppendUint32(msg, uint32(len(name)))
+	msg = append(binary.BigEndian.AppendUint32(append(msg, name...), 1), 0) // seq 1, empty struct
+	conn, err := net.Dial("unix", p.socket+".rpc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(msg))), msg...))
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got, err := io.Copy(io.Discard, conn); err != nil || got != 0 {
+		t.Fatalf("a call of a %d-byte method name: %d bytes back (%v), want none and the connection closed", len(name), got, err)
+	}
+	conn.Close()
 	// Still serving, and nothing leaked.
 	if err := c.Put("after-garbage", []byte("ok")); err != nil {
 		t.Fatalf("node stopped serving after bad requests: %v", err)

@@ -343,3 +343,25 @@ func TestExpiredPutWriteAnsweredAgain(t *testing.T) {
 		t.Errorf("PutEnd of the expired put: %v %q, want UNAVAILABLE", e.Code, e.Message)
 	}
 }
+
+// TestIsolatedOwnerWithTheLongestNodeID: an owner whose node id is as long as ids go
+// (wire.MaxNodeIDBytes) starts and attaches isolated clients. The segment's and put
+// areas' memfd names carried the whole id, over memfd_create's 249 bytes: the owner did
+// not start, or (an id a few bytes shorter) every isolated attach failed NO_SPACE.
+func TestIsolatedOwnerWithTheLongestNodeID(t *testing.T) {
+	t.Parallel()
+	p := startIsolated(t, "--node-id", strings.Repeat("n", wire.MaxNodeIDBytes))
+	c := connect(t, p.socket)
+	v := payload(7, 5000)
+	if err := c.Put("long-node", v); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Get("long-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if !bytes.Equal(h.Bytes(), v) {
+		t.Fatal("the value came back changed")
+	}
+}

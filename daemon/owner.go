@@ -191,7 +191,7 @@ func (o *Owner) Start(ctx context.Context) error {
 	if o.opts.Prefault {
 		segOpts.Progress = o.prefaultProgress(t0)
 	}
-	seg, err := shm.CreateSegment("fluxkv-"+o.opts.NodeID, o.opts.DRAM+o.opts.LandingReserve, segOpts)
+	seg, err := shm.CreateSegment(shm.MemfdName("fluxkv-", o.opts.NodeID, ""), o.opts.DRAM+o.opts.LandingReserve, segOpts)
 	if err != nil {
 		return fmt.Errorf("create segment: %w", err)
 	}

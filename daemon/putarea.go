@@ -75,7 +75,7 @@ func (o *Owner) newPutAreaLocked(st *ownerState, clientID int64, uid uint32, siz
 	if size == 0 {
 		return nil, nil
 	}
-	area, err := shm.CreatePutArea(fmt.Sprintf("fluxkv-%s-put-%d", o.opts.NodeID, clientID), size)
+	area, err := shm.CreatePutArea(shm.MemfdName("fluxkv-", o.opts.NodeID, fmt.Sprintf("-put-%d", clientID)), size)
 	if err != nil {
 		st.areas.release(uid, size)
 		return nil, errCode(common.ErrorCode_NO_SPACE, "create the session's put area of %d bytes: %v", size, err)

@@ -165,6 +165,12 @@ func (s *framedServer) serveConn(conn *net.UnixConn, uid uint32, own *wire.Frame
 			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Err(err) })
 			return fmt.Errorf("garbage frame: %w: %w", err, errConnDone)
 		}
+		if len(method) > wire.MaxMethodNameBytes {
+			// (No reply: it would repeat the name, and no method is named so.)
+			releaseFrame(own, s.limits.Budget, held)
+			s.acc.refused(metrics.RefuseFrame, "rpc frame refused", func(e *zerolog.Event) { e.Int("method_bytes", len(method)) })
+			return fmt.Errorf("garbage frame: a method name of %d bytes: %w", len(method), errConnDone)
+		}
 		reply, fatal := s.dispatch(st, method, typ, seq, buf[off:])
 		releaseFrame(own, s.limits.Budget, held)
 		out = appendFrame(out[:0], reply)

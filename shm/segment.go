@@ -19,6 +19,16 @@ const requiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
 // "memfd:" prefix the kernel adds).
 const maxMemfdName = 249
 
+// MemfdName joins prefix, middle and suffix into a memfd name (a label in
+// /proc/PID/fd, nothing looks it up), shortening middle from its end so the name fits
+// memfd_create's limit: a node id may be 256 bytes, longer than a name allows.
+func MemfdName(prefix, middle, suffix string) string {
+	if over := len(prefix) + len(middle) + len(suffix) - maxMemfdName; over > 0 {
+		middle = middle[:max(len(middle)-over, 0)]
+	}
+	return prefix + middle + suffix
+}
+
 // Segment is the owner's shared memory: a sealed memfd mapped read-write in the owner.
 //
 // The Segment owns both its fd and its mapping; Close releases both. Mappings made from

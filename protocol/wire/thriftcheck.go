@@ -25,6 +25,11 @@ const (
 	ClusterMaxElems = 1 << 20
 	// maxDepth bounds nesting (our IDL nests four deep at most).
 	maxDepth = 16
+	// MaxMethodNameBytes bounds a request's method name on the owner's RPC socket (the
+	// longest is 20 bytes): a reply to an unknown method repeats its name twice, so a
+	// frame-long name made a reply four times the frame, held outside the frame budget
+	// for as long as the client did not read it.
+	MaxMethodNameBytes = 128
 )
 
 var errTruncated = errors.New("truncated")
@@ -38,7 +43,7 @@ func CheckMessage(msg []byte, maxElems int) error {
 	if err != nil {
 		return fmt.Errorf("malformed thrift message header: %w", err)
 	}
-	return checkStruct(msg[off:], maxElems)
+	return checkStruct(msg[off:], maxElems, 0)
 }
 
 // fixedSize is the wire size of thrift's fixed-size types, 0 for the others.
@@ -57,19 +62,27 @@ func fixedSize(t thrift.TType) int {
 }
 
 // CheckStruct walks a binary-thrift struct without decoding it, before FastRead does:
-// every string and container must fit in the bytes present, containers of
-// variable-size elements hold at most maxVarElems, nesting is at most maxDepth and
+// every string and container must fit in the bytes present, the containers of
+// variable-size elements hold at most maxVarElems together, nesting is at most maxDepth and
 // every type byte is known. Decoding a struct that passes allocates in proportion to
 // its bytes (the generated code sizes slices by the announced count: 2^31 ids in a
 // 60-byte frame would be a 16 GiB slice). Every port runs it before decoding: the
 // owner's RPC socket in its framed server, the Kitex-served master and peer ports
 // through GuardListener, their clients' replies through GuardReader.
+//
+// The bound is on the whole struct, not on each container: a request's items may each
+// hold a list (PutEndItem.copies), and 2,000 items of 16,000 empty structs each (one
+// byte apiece on the wire) passed a bound per container and decoded a 31 MiB frame into
+// about 1 GiB. Every request of the owner's RPC socket holds at most two batches of
+// elements (items, and at most MAX_BATCH copies over all of them).
 func CheckStruct(body []byte) error {
-	return checkStruct(body, maxVarElems)
+	return checkStruct(body, maxVarElems, maxVarElems)
 }
 
-func checkStruct(body []byte, maxElems int) error {
-	w := sizeWalker{b: body, maxElems: maxElems}
+// checkStruct is CheckStruct with at most maxElems variable-size elements in one
+// container and, when maxTotal > 0, at most maxTotal in all of them.
+func checkStruct(body []byte, maxElems, maxTotal int) error {
+	w := sizeWalker{b: body, maxElems: maxElems, maxTotal: maxTotal}
 	if err := w.value(thrift.STRUCT, maxDepth); err != nil {
 		return fmt.Errorf("malformed thrift at byte %d: %w", w.off, err)
 	}
@@ -90,7 +103,9 @@ func LengthOffsets(body []byte) ([]int, error) {
 type sizeWalker struct {
 	b        []byte
 	off      int
-	maxElems int   // elements of a variable-size type in one container
+	maxElems int // elements of a variable-size type in one container
+	maxTotal int // in all containers (0: no bound)
+	total    int
 	marks    []int // non-nil: record the offset of every length (LengthOffsets)
 }
 
@@ -121,6 +136,9 @@ func (w *sizeWalker) count(n int32, elemTypes ...thrift.TType) (int, error) {
 		if s == 0 {
 			if int(n) > w.maxElems {
 				return 0, fmt.Errorf("container of %d elements exceeds %d", n, w.maxElems)
+			}
+			if w.total += int(n); w.maxTotal > 0 && w.total > w.maxTotal {
+				return 0, fmt.Errorf("containers of more than %d elements of a variable-size type in all", w.maxTotal)
 			}
 			s = 1 // at least one byte each (an empty struct's STOP)
 		}

@@ -27,7 +27,20 @@ func TestCheckStruct(t *testing.T) {
 	for i := range items {
 		items[i] = &external.PutStartItem{Key: "k", Len: 10, Opts: &external.PutOptions{}}
 	}
+	// A batch of puts ended with the most copies a call carries, one per item, and all in one item.
+	copies := func(items, each int) []*external.PutEndItem {
+		out := make([]*external.PutEndItem, items)
+		for i := range out {
+			out[i] = &external.PutEndItem{Key: "k", PutId: int64(i)}
+			for range each {
+				out[i].Copies = append(out[i].Copies, &external.AreaCopy{})
+			}
+		}
+		return out
+	}
 	for _, args := range []thrift.FastCodec{
+		&external.ExternalServiceBatchPutEndArgs{Req: &external.BatchPutEndRequest{Session: s, Items: copies(MaxBatch, 1)}},
+		&external.ExternalServiceBatchPutEndArgs{Req: &external.BatchPutEndRequest{Session: s, Items: append(copies(1, MaxBatch), copies(MaxBatch-1, 0)...)}},
 		&external.ExternalServiceGetArgs{Req: &external.GetRequest{Session: s, Key: "k"}},
 		&external.ExternalServiceBatchGetArgs{Req: &external.BatchKeysRequest{Session: s, Keys: keys(MaxBatch + 1)}},
 		&external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s, HolderIds: make([]int64, 5000)}},
@@ -69,6 +82,9 @@ func TestCheckStruct(t *testing.T) {
 		{"deep nesting", cat(deep, stops(21))},
 		{"no STOP", field(thrift.I32, 1)},
 		{"empty", nil},
+		// Each list under the bound, all of them far over it: it decoded 1-byte elements
+		// into 32-byte structs (2,000 such items of 16,000 made 1 GiB of a 31 MiB frame).
+		{"3 items of 8000 copies each", thrift.FastMarshal(&external.ExternalServiceBatchPutEndArgs{Req: &external.BatchPutEndRequest{Session: s, Items: copies(3, 8000)}})},
 	} {
 		if err := CheckStruct(tc.b); err == nil {
 			t.Errorf("%s: accepted", tc.name)
