@@ -23,6 +23,13 @@ const (
 	// stageSessionSlots bounds one refill's staging: its reads in flight plus the read
 	// chunks waiting for their pull.
 	stageSessionSlots = peer.STAGE_READS_IN_FLIGHT + peer.STAGE_READY_CHUNKS
+	// stageSessionHeld is what one refill holds of the area's stageSessionSlots at most:
+	// a requester that stopped pulling (stalled, gone, or its call late) leaves its slots
+	// held until the watchdog fails the refill (stageUnpulled after its last pull), and
+	// one that held every slot made every other refill from this owner fail meanwhile
+	// (each pull refused after stageChunkWait). The rest, a session's reads in flight,
+	// stays for others.
+	stageSessionHeld = stageSessionSlots - peer.STAGE_READS_IN_FLIGHT
 	// stageReadsInFlight is the reads one refill keeps in flight: 2 of the 4 the
 	// protocol allows, so the first chunks complete early and their pulls overlap the
 	// later reads (all 4 at once finish together: store and forward). Measured on this
@@ -63,7 +70,7 @@ var errStageCompleted = fmt.Errorf("%w: the get completed", errStageEnded)
 // each SsdStageRead is a session that reads the value in 4 MiB chunks into slots of a
 // fixed staging area of this process's own memory (not the segment: the master never
 // allocates or frees it, so no write can land in a range it reused), at most 4 reads
-// in flight and 12 slots per session (a small chunk in a sub-slot: stage_slots.go), and
+// in flight and 8 of the 12 slots per session (a small chunk in a sub-slot: stage_slots.go), and
 // hands each read chunk to the requester's staged pull (transfer.Fence.Staged), which
 // gives the slot back.
 type stager struct {
@@ -266,12 +273,12 @@ func (s *stageSession) freeSlotLocked(c *stagedChunk) {
 }
 
 // Take implements ssd.Slots: a free slot for chunk i while the session holds fewer
-// than stageSessionSlots.
+// than stageSessionHeld.
 func (s *stageSession) Take(i int, n int64) []byte {
 	st := s.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if s.err != nil || s.held >= stageSessionSlots || n > stageChunk {
+	if s.err != nil || s.held >= stageSessionHeld || n > stageChunk {
 		return nil
 	}
 	slot, class, buf, ok := st.takeSlotLocked(n)

@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/fluxkv/fluxkv/metrics"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
 
 // TestStageSubSlots: chunks that fit a sub-slot split a slot into sub-slots of the
@@ -174,5 +177,41 @@ func TestStageSubSlotsFullestFirst(t *testing.T) {
 	st.giveSlotLocked(b[1], 1)
 	if _, class, _, ok := st.takeSlotLocked(stageChunk); !ok || class != 0 {
 		t.Fatal("no whole slot once the emptier split slot's pages were freed")
+	}
+}
+
+// TestStageRefillLeavesSlotsForOthers: one refill of a large value whose requester
+// stopped pulling reads ahead until it holds stageSessionHeld slots, not the whole area,
+// so another requester's refill still gets slots. (It held all 12: every other refill
+// from the owner failed until the watchdog ended the first, about 6 s.)
+func TestStageRefillLeavesSlotsForOthers(t *testing.T) {
+	st := newStager(&Owner{}, stageSessionSlots)
+	begin := func(id int64, n int64) *stageSession {
+		_, cancel := context.WithCancelCause(context.Background())
+		s, err := st.begin(&peer.SsdStageReadRequest{GetId: id, Key: fmt.Sprint("k", id), Len: n}, cancel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := begin(1, 64<<20)
+	held := 0
+	for i := range a.chunks { // the load reads ahead; nobody pulls
+		if a.Take(i, stageChunk) == nil {
+			break
+		}
+		if err := a.deliver(i, 0, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		held++
+	}
+	if held != stageSessionHeld || held >= stageSessionSlots {
+		t.Fatalf("one refill holds %d of %d slots, want %d", held, stageSessionSlots, stageSessionHeld)
+	}
+	b := begin(2, 16<<20)
+	for i := range peer.STAGE_READS_IN_FLIGHT {
+		if b.Take(int(i), stageChunk) == nil {
+			t.Fatalf("another refill got %d slots beside the stalled one, want %d", i, peer.STAGE_READS_IN_FLIGHT)
+		}
 	}
 }
