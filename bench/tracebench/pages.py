@@ -9,6 +9,7 @@ import numpy as np
 __all__ = ["Pages", "STRIDE"]
 
 STRIDE = 4096  # bytes between the copies of the id in a page
+_CHECK_WORDS = 1 << 15  # words compared at once by wrong_bytes (256 KiB of each page)
 _SALT = 0x9E3779B97F4A7C15  # ids 0 and 1 do not leave the words they replace near zero
 _POISON = _SALT ^ 0xFFFFFFFFFFFFFFFF  # the id words of block 2**64 - 1: of no block of a trace
 
@@ -21,7 +22,8 @@ class Pages:
             raise ValueError(f"block bytes {block_bytes} must be a positive multiple of 8")
         self.block_bytes = block_bytes
         self.base = np.random.default_rng(seed).integers(0, 256, block_bytes, dtype=np.uint8)
-        self._scratch = np.empty(block_bytes, dtype=np.uint8)
+        self._scratch = self.base.copy()  # the common bytes: stamp makes it any block's page
+        self._equal = np.empty(min(_CHECK_WORDS, block_bytes // 8), dtype=bool)
 
     def buffers(self, n: int) -> list:
         """``n`` page buffers, each written (its memory really there before the replay times
@@ -58,6 +60,18 @@ class Pages:
         buf.view(np.uint64)[:: STRIDE // 8] = _POISON
 
     def wrong_bytes(self, buf: np.ndarray, block: int) -> int:
-        """How many bytes of ``buf`` differ from block ``block``'s page."""
-        self.fill(self._scratch, block)
-        return int(np.count_nonzero(buf != self._scratch))
+        """How many bytes of ``buf`` differ from block ``block``'s page. Every byte is
+        compared, a word at a time in runs of _CHECK_WORDS (no page-sized temporary: at
+        28 MiB pages a check cost 3.6 times the page's copy, inside the timed window of
+        every backend, and most for the one with the most hits); the bytes are counted only
+        when some differ."""
+        if buf.shape != self.base.shape:
+            return self.block_bytes
+        self.stamp(self._scratch, block)
+        got, want, eq = buf.view(np.uint64), self._scratch.view(np.uint64), self._equal
+        for lo in range(0, len(want), len(eq)):
+            n = min(len(eq), len(want) - lo)
+            np.equal(got[lo : lo + n], want[lo : lo + n], out=eq[:n])
+            if not eq[:n].all():
+                return int(np.count_nonzero(buf != self._scratch))
+        return 0

@@ -70,6 +70,14 @@ def test_small_pages_are_noted():
     assert goals.lines(off)[-1] == "note: fluxkv's segments were on 4 KiB pages (shmem_enabled never, unknown): docs/running.md, Huge pages"
 
 
+def test_flash_read_through_the_page_cache_is_noted():
+    rows = [row("fluxkv", 1, True, 0.30, 0.5), row("memcached", 1, True, 0.19, 0.7), row("memcached", 1, False, 0.11, 0.9)]
+    assert goals.lines(rows)[-1].startswith("note: memcached's extstore reads its flash file through the page cache")
+    assert "SSD-on GiB/s and latencies of memcached are" in goals.lines(rows)[-1]
+    assert not any("page cache" in line for line in goals.lines(rows[:1] + rows[2:]))
+    assert not any("page cache" in line for line in goals.lines([rows[0], row("memcached", 1, True, 0, status="unavailable")]))
+
+
 def test_shmem_policy_read(tmp_path):
     from tracebench.backends import shmem_thp
 

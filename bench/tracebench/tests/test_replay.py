@@ -305,6 +305,16 @@ def test_pages_are_a_function_of_the_id_and_wrong_bytes_count():
     assert p.wrong_bytes(a, 2) == 3  # ids 1 and 2 differ in one byte of each 4 KiB's id word
     a[5000] ^= 0xFF
     assert p.wrong_bytes(a, 1) == 1
+    # A page of several runs of the check (1 MiB: four): a byte of the last run counts,
+    # the check leaves nothing behind (the next page checks afresh), a short buffer is all wrong.
+    big = Pages(1 << 20)
+    c, d = big.buffers(2)
+    big.fill(c, 7)
+    big.fill(d, 8)
+    assert big.wrong_bytes(c, 7) == 0 and big.wrong_bytes(d, 8) == 0
+    c[-1] ^= 1
+    assert big.wrong_bytes(c, 7) == 1 and big.wrong_bytes(d, 7) == 256 and big.wrong_bytes(d, 8) == 0
+    assert big.wrong_bytes(c[:4096], 7) == 1 << 20
 
 
 class _DictPages:
