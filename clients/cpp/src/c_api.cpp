@@ -143,6 +143,10 @@ int fluxkv_put_commit(fluxkv_pending_put* put, fluxkv_error* err) {
       if (p->reject)
         throw fluxkv::Unavailable(fluxkv::ErrorCode::UNAVAILABLE, "put " + fluxkv::detail::quote(p->key) +
                                                                       ": the outcome is unknown: " + e.what());
+      if (!p->txn->kept())
+        throw fluxkv::Unavailable(fluxkv::ErrorCode::UNAVAILABLE,
+                                  "put " + fluxkv::detail::quote(p->key) + ": the outcome is unknown (" + e.what() +
+                                      ") and the bytes written in place may be another value's by now: put it again");
       p->impl->put_redos.fetch_add(1, std::memory_order_relaxed);
       std::span<std::byte> w = p->txn->writable();
       p->impl->put(p->key, w.size(), false, w.data(), nullptr);

@@ -223,6 +223,10 @@ class PutTxn {
   // Publishes the value: copied from src first when given, else as written into
   // writable(). Throws OutcomeUnknown when the outcome became unknown, else the put's error.
   void commit(const std::byte* src);
+  // After commit threw OutcomeUnknown: whether writable() still holds the value (a redo
+  // may copy from it). Not for a value written in place in the segment whose put the
+  // owner forgot: the owner may have given its range to another value.
+  bool kept() const noexcept;
   void abort() noexcept;
   std::int64_t put_id() const noexcept { return put_id_; }
   std::int64_t size() const noexcept { return n_; }

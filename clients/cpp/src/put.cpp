@@ -75,6 +75,10 @@ std::span<std::byte> PutTxn::writable() {
   return {scratch_.data(), n};
 }
 
+bool PutTxn::kept() const noexcept {
+  return saved_ || (s_->isolated && n_ > static_cast<std::int64_t>(s_->area.size()) && scratch_.size() == static_cast<std::size_t>(n_));
+}
+
 void PutTxn::end_turn() noexcept {
   if (turn_) {
     turn_ = false;
@@ -109,16 +113,13 @@ void PutTxn::commit(const std::byte* src) {
     throw;
   }
   done_ = true;  // from here on the put is ended (or its outcome unknown), never aborted
-  PlainResponse r;
-  bool retried;
-  try {
-    retried = c_.put_end(
-        s_, "PutEnd", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key_, put_id_, &copies); }, r);
-  } catch (const OutcomeUnknown&) {
-    // The put may be redone from writable() (fluxkv_put_commit): keep the bytes in this
-    // process before giving the put area back (another put of the session overwrites it
-    // as soon as it has the turn) and before the segment range can be reused.
-    if (src == nullptr && !(s_->isolated && n > s_->area.size())) {
+  // An unknown outcome: the put may be redone from writable() (fluxkv_put_commit). Keep
+  // the bytes in this process before giving the put area back (another put of the session
+  // overwrites it as soon as it has the turn) and before the segment range can be reused;
+  // a value streamed from scratch_ stays there. in_range: the segment range still holds
+  // them (the owner may not have freed it yet).
+  auto keep_for_redo = [&](bool in_range) noexcept {
+    if (src == nullptr && !(s_->isolated && n > s_->area.size()) && (s_->isolated || in_range)) {
       try {
         std::span<std::byte> at = writable();
         std::vector<std::byte> keep(at.begin(), at.end());
@@ -129,14 +130,30 @@ void PutTxn::commit(const std::byte* src) {
       }
     }
     end_turn();
+  };
+  PlainResponse r;
+  bool retried;
+  try {
+    retried = c_.put_end(
+        s_, "PutEnd", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key_, put_id_, &copies); }, r);
+  } catch (const OutcomeUnknown&) {
+    keep_for_redo(true);
     throw;
   } catch (...) {
     end_turn();
     throw;
   }
+  if (retried && r.code == kInvalid) {
+    // The repeat of a PutEnd whose reply was lost, answered by an owner that forgot the
+    // put (expired, or its outcome out of PUT_END_MEMORY), so it may have given the
+    // segment range to another value already: kept() says whether writable() still holds
+    // this put's bytes. (They were given up before this: the redo published zeros, or
+    // the area's or the range's next value, as this put's.)
+    keep_for_redo(false);
+    throw OutcomeUnknown("the owner no longer knows the put (" + r.message + ")");
+  }
   end_turn();
   scratch_ = {};
-  if (retried && r.code == kInvalid) throw OutcomeUnknown("the owner no longer knows the put (" + r.message + ")");
   raise_for(r.code, r.message);
 }
 

@@ -73,6 +73,7 @@ class FakeOwner {
   }
   const std::string& socket() const { return attach_path_; }
   int memfd() const { return memfd_; }
+  int area_fd() const { return area_fd_; }  // the put area's (isolated), else -1
   std::vector<std::int64_t> released() {
     std::lock_guard lk(mu_);
     return released_;

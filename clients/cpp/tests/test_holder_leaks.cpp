@@ -306,6 +306,88 @@ TEST(c_abi_redo_keeps_its_own_bytes_under_isolation) {
   CHECK(ok);
 }
 
+namespace {
+std::atomic<int> g_first_put_end_drops{0};
+bool drop_first_put_end(std::string_view m) {
+  if (m != "PutEnd") return false;
+  for (int n = g_first_put_end_drops.load(); n > 0;)
+    if (g_first_put_end_drops.compare_exchange_weak(n, n - 1)) return true;
+  return false;
+}
+}  // namespace
+
+// A C ABI zero-copy put whose first PutEnd reply is lost, and whose repeat the owner
+// answers INVALID_ARGUMENT (it forgot the put: expired, or its outcome out of its memory).
+// Isolated, the bytes are the client's own (put area, scratch buffer): the redo publishes
+// them. Written in place in the segment, the owner may have given their range to another
+// value already: the commit fails UNAVAILABLE ("put it again") and nothing is redone.
+// Before, the redo streamed zeros (a value larger than the area) or published the range's
+// next value as this put's, and fluxkv_put_commit answered success.
+TEST(c_abi_redo_after_a_forgotten_put_publishes_its_own_bytes_or_fails) {
+  for (bool isolated : {false, true}) {
+    const std::int64_t area = isolated ? (1 << 20) : 0;
+    const std::size_t n = isolated ? (1 << 20) + (1 << 19) : 4096;
+    std::atomic<int> put_starts{0}, put_ends{0};
+    std::vector<std::uint8_t> redone;  // the redo's first bytes, where the owner copies from
+    FakeOwner* op = nullptr;
+    FakeOwner o(
+        [&](const FakeCall& c, Writer& w) {
+          if (c.method == "PutStart") {
+            int k = ++put_starts;
+            w.field(T_I32, 1);
+            w.i32(0);
+            w.field(T_I64, 3);
+            w.i64(k);
+            w.field(T_I64, 4);
+            w.i64(k == 1 ? 0 : 65536);
+            return;
+          }
+          bool redo = put_starts.load() == 2;
+          if (c.method == "PutEnd" && ++put_ends == 2) {  // the repeat: forgotten, its range reused
+            std::vector<std::uint8_t> other(4096, 0xEE);
+            if (::pwrite(op->memfd(), other.data(), other.size(), 0) != 4096) throw std::runtime_error("pwrite");
+            w.field(T_I32, 1);
+            w.i32(static_cast<std::int32_t>(fluxkv::wire::Code::INVALID_ARGUMENT));
+            w.field(T_STRING, 2);
+            w.string("unknown put");
+            return;
+          }
+          if (redo && redone.empty() && (c.method == "PutWrite" || c.method == "PutEnd")) {
+            redone.resize(64);
+            int fd = isolated ? op->area_fd() : op->memfd();
+            if (::pread(fd, redone.data(), redone.size(), isolated ? 0 : 65536) != 64) throw std::runtime_error("pread");
+          }
+          w.field(T_I32, 1);
+          w.i32(0);
+        },
+        8 << 20, area);
+    op = &o;
+    fluxkv_error err;
+    fluxkv_client* c = fluxkv_connect(o.socket().c_str(), &err);
+    CHECK(c != nullptr);
+    fluxkv_pending_put* p = nullptr;
+    fluxkv_span span{};
+    CHECK_EQ(fluxkv_put_begin(c, "k", 1, n, 0, &p, &span, &err), 0);
+    std::memset(span.data, 0xAB, n);
+    g_first_put_end_drops = 1;
+    drop_reply_hook = &drop_first_put_end;
+    int rc = fluxkv_put_commit(p, &err);
+    drop_reply_hook = nullptr;
+    fluxkv_close(c);
+    if (!isolated) {
+      CHECK_EQ(rc, -1);
+      CHECK_EQ(err.code, FLUXKV_UNAVAILABLE);
+      CHECK(std::string(err.message).find("put it again") != std::string::npos);
+      CHECK_EQ(put_starts.load(), 1);  // not redone from a range another value may hold
+      continue;
+    }
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(put_starts.load(), 2);  // redone
+    CHECK_EQ(redone.size(), std::size_t{64});
+    CHECK(std::all_of(redone.begin(), redone.end(), [](std::uint8_t b) { return b == 0xAB; }));
+  }
+}
+
 // Exploratory (passes): threads share a client across an owner restart (run under TSan/ASan).
 TEST(threads_across_owner_restart) {
   Owner o;
