@@ -397,7 +397,11 @@ func (o *Owner) forwardEvictions() {
 }
 
 // reportEvictions sends one BatchSsdReplicaEvict; retry: the master did not take it
-// (the call failed in transport, or was answered UNAVAILABLE or NOT_LEADER).
+// (the call failed in transport, or was answered UNAVAILABLE or NOT_LEADER), or it was
+// sent under a registration no master took (STALE_GENERATION: its Register failed in
+// transport or was refused): the owner goes back to the registration before (staleAnswer),
+// whose master still has the replicas these records were, as holder acks do (acks.go).
+// Dropped, the master kept SSD replicas of records the ring had overwritten.
 func (o *Owner) reportEvictions(batch []ssd.Eviction) (retry bool, err error) {
 	entries := make([]*common.KeyVersion, len(batch))
 	seqs := make([]int64, len(batch))
@@ -409,10 +413,12 @@ func (o *Owner) reportEvictions(batch []ssd.Eviction) (retry bool, err error) {
 	defer cancelBase()
 	ctx, cancel := context.WithTimeout(base, evictReportTimeout)
 	defer cancel()
-	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: o.master.ref(), Entries: entries, RecordSeqs: seqs})
+	ref := o.master.ref()
+	resp, err := o.master.cl().BatchSsdReplicaEvict(ctx, &mp.BatchSsdReplicaEvictRequest{Node: ref, Entries: entries, RecordSeqs: seqs})
 	if err != nil {
 		return true, o.master.check(0, "", err)
 	}
-	retry = resp.Code == common.ErrorCode_UNAVAILABLE || resp.Code == common.ErrorCode_NOT_LEADER
+	retry = resp.Code == common.ErrorCode_UNAVAILABLE || resp.Code == common.ErrorCode_NOT_LEADER ||
+		(resp.Code == common.ErrorCode_STALE_GENERATION && !o.masterTook(ref.Generation))
 	return retry, o.master.check(resp.Code, resp.Message, nil)
 }

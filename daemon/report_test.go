@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,4 +297,91 @@ func TestEvictionDuringAReport(t *testing.T) {
 		return c
 	}
 	waitUntil(t, func() bool { return n.ssdReplicasOf(t, "n1") == held6() })
+}
+
+// registerLost holds the first Register until release, then fails it in transport (the
+// master never took it); while cut is set every heartbeat fails in transport, so the
+// registration's check heartbeat does not spare it.
+type registerLost struct {
+	masterservice.Client
+	cut              atomic.Bool
+	entered, release chan struct{}
+	first            sync.Once
+}
+
+func (l *registerLost) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest, o ...callopt.Option) (*mp.HeartbeatResponse, error) {
+	if l.cut.Load() {
+		return nil, errors.New("link cut (fault injected by the test)")
+	}
+	return l.Client.Heartbeat(ctx, req, o...)
+}
+
+func (l *registerLost) Register(ctx context.Context, req *mp.RegisterRequest, o ...callopt.Option) (*mp.RegisterResponse, error) {
+	l.first.Do(func() {
+		close(l.entered)
+		<-l.release
+	})
+	l.cut.Store(false)
+	return nil, errors.New("connection reset (fault injected by the test: the Register never reached the master)")
+}
+
+// TestEvictionReportsUnderARegistrationNotTaken: SSD records the ring overwrites while a
+// Register is out that the master never takes are reported under the registration's new
+// generation, which the master does not know (STALE_GENERATION); the owner goes back to
+// the generation before, and the reports reach the master under it. They were dropped
+// for good: the master kept SSD replicas of records the ring had overwritten (a review).
+func TestEvictionReportsUnderARegistrationNotTaken(t *testing.T) {
+	t.Parallel()
+	const size = 256 << 10
+	n := startNode(t, 16<<20, ssdOptions(t, 4<<20), master.Options{InsecureCluster: true})
+	ids := map[string]int64{}
+	for i := range 6 {
+		k := fmt.Sprintf("k%d", i)
+		if err := n.c.Put(k, value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[k] = h.PutID()
+		h.Release()
+	}
+	n.waitPersisted(t)
+	g1 := n.o.nodeGen()
+	l := &registerLost{entered: make(chan struct{}), release: make(chan struct{})}
+	l.cut.Store(true)
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { l.Client = c; return l })
+	regDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		regDone <- n.o.master.register(ctx)
+	}()
+	select {
+	case <-l.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no Register came")
+	}
+	for i := range 20 { // overwrites the six records in the 4 MiB ring
+		pin, err := n.o.store.Persist(fmt.Sprintf("filler%d", i), 1, value(100+i, size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin.Release() // records the master knows nothing of
+	}
+	for k, id := range ids {
+		if n.o.store.Contains(k, id) {
+			t.Fatalf("%s is still on the ring: the test overwrote nothing", k)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the eviction reports go out under the new generation
+	close(l.release)
+	if err := <-regDone; err == nil {
+		t.Fatal("a registration the master never took succeeded")
+	}
+	if g := n.o.nodeGen(); g != g1 {
+		t.Fatalf("the owner names generation %d, want %d: the one the master still has", g, g1)
+	}
+	waitUntil(t, func() bool { return n.ssdReplicasOf(t, "n1") == 0 })
 }
