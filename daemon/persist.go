@@ -186,17 +186,29 @@ func (o *Owner) commitPersisted(items []*peer.SsdReplicaPersistRequest, errs []e
 	}
 	st := o.lock()
 	same := st.reg.reports == reports
+	var gone []ssd.Eviction
 	if same {
 		for j, i := range at {
-			if !resp.Published[j] {
+			switch {
+			case !resp.Published[j]:
 				// The version died while it was written (deleted, overwritten, node
 				// tombed): the entry must not hold ring space nor count as used.
 				pins[i].Forget()
+			case !pins[i].Alive():
+				// Forgotten while the commit was out: an SSD-drop notice of the version
+				// (the master gave up on this persist), applied and acked before the
+				// commit arrived, which the master then published (the memory copy is
+				// still here). The master learns the record is gone as an eviction;
+				// unreported, it routed gets to it and evicted the memory copy as clean.
+				gone = append(gone, ssd.Eviction{Key: items[i].Key, PutID: items[i].PutId, Seq: pins[i].Seq()})
 			}
 			pins[i].Release()
 		}
 	}
 	o.unlock()
+	if len(gone) > 0 {
+		o.evictQ.add(gone)
+	}
 	if !same {
 		forget(errCode(common.ErrorCode_UNAVAILABLE, "the owner reported its replicas to a new master during the SSD commit"))
 	}

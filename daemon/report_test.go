@@ -385,3 +385,50 @@ func TestEvictionReportsUnderARegistrationNotTaken(t *testing.T) {
 	}
 	waitUntil(t, func() bool { return n.ssdReplicasOf(t, "n1") == 0 })
 }
+
+// forgetBeforeCommit applies, to the records of the first BatchSsdReplicaCommit, what an
+// SSD-drop notice of their versions does (Storage.Forget), before it reaches the master.
+type forgetBeforeCommit struct {
+	masterservice.Client
+	o     *Owner
+	calls atomic.Int32
+}
+
+func (f *forgetBeforeCommit) BatchSsdReplicaCommit(ctx context.Context, req *mp.BatchSsdReplicaCommitRequest, o ...callopt.Option) (*mp.BatchSsdReplicaCommitResponse, error) {
+	if f.calls.Add(1) == 1 {
+		for _, it := range req.Items {
+			f.o.store.Forget(it.Key, it.PutId)
+		}
+	}
+	return f.Client.BatchSsdReplicaCommit(ctx, req, o...)
+}
+
+// TestCommitOfAForgottenRecordIsReported: a record forgotten while its commit is out (an
+// SSD-drop notice of the version, applied and acked before the late commit arrived, which
+// the master publishes since the owner still holds the memory copy) is reported to the
+// master as evicted. The master counted an SSD replica that no longer existed, routed
+// gets to it and evicted the memory copy as clean (a review).
+func TestCommitOfAForgottenRecordIsReported(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 16<<20, ssdOptions(t, 64<<20), master.Options{InsecureCluster: true})
+	f := &forgetBeforeCommit{o: n.o}
+	n.wrapMaster(func(c masterservice.Client) masterservice.Client { f.Client = c; return f })
+	if err := n.c.Put("k", value(1, 256<<10)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := n.c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := h.PutID()
+	h.Release()
+	waitUntil(t, func() bool { return f.calls.Load() > 0 })
+	n.waitPersisted(t)
+	waitUntil(t, func() bool {
+		on := int64(0)
+		if n.o.store.Contains("k", id) { // (the master may persist it again)
+			on = 1
+		}
+		return n.ssdReplicasOf(t, "n1") == on
+	})
+}

@@ -219,6 +219,18 @@ func (c CommitPin) Forget() {
 	s.dropLocked(c.p.e)
 }
 
+// Alive reports whether the entry this pin was taken on is still indexed: not forgotten
+// (Forget, Storage.Forget of its version) nor replaced by a rewrite.
+func (c CommitPin) Alive() bool {
+	if c.p == nil {
+		return false
+	}
+	s := c.p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.index[c.p.e.key] == c.p.e
+}
+
 // Release lets the ring reuse the entry's range again.
 func (c CommitPin) Release() {
 	if c.p == nil || !c.p.released.CompareAndSwap(false, true) {
