@@ -210,6 +210,14 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
       unknown.push_back(st.i);
     }
     return unknown;
+  } catch (const Error&) {
+    // The wave's call failed (an application exception, or the put area still owed to an
+    // unanswered call): its items fail with it, the later waves go on (every item is
+    // attempted). It left batch_put at once, the earlier waves' errors dropped.
+    if (s->isolated) s->area_turn.release();
+    for (const Started& st : started)
+      if (!errors[st.i]) errors[st.i] = std::current_exception();
+    return {};
   } catch (...) {
     if (s->isolated) s->area_turn.release();
     throw;

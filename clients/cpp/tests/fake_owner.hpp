@@ -89,6 +89,12 @@ class FakeOwner {
     std::lock_guard lk(mu_);
     lose_ = std::move(lose);
   }
+  // When raise(call) returns true the owner answers the call with a TApplicationException
+  // (as a server that could not run it) instead of a reply.
+  void set_raise(std::function<bool(const FakeCall&)> raise) {
+    std::lock_guard lk(mu_);
+    raise_ = std::move(raise);
+  }
 
  private:
   // sealed_memfd is a memfd of size bytes sealed against shrinking and growing (with
@@ -264,13 +270,27 @@ class FakeOwner {
         released_.insert(released_.end(), call.releases.begin(), call.releases.end());
         released_.insert(released_.end(), call.holder_ids.begin(), call.holder_ids.end());
       }
+      std::function<bool(const FakeCall&)> raise;
+      {
+        std::lock_guard lk(mu_);
+        raise = raise_;
+      }
       std::vector<std::uint8_t> out(4);
       Writer w(out);
-      w.message_begin(name, M_REPLY, seq);
-      w.field(T_STRUCT, 0);
-      reply_(call, w);
-      w.stop();  // response struct
-      w.stop();  // result struct
+      if (raise && raise(call)) {
+        w.message_begin(name, M_EXCEPTION, seq);
+        w.field(T_STRING, 1);
+        w.string("internal error (fault injected by the test)");
+        w.field(T_I32, 2);
+        w.i32(6);  // INTERNAL_ERROR
+        w.stop();
+      } else {
+        w.message_begin(name, M_REPLY, seq);
+        w.field(T_STRUCT, 0);
+        reply_(call, w);
+        w.stop();  // response struct
+        w.stop();  // result struct
+      }
       frame(out);
       std::size_t written;
       (void)written;
@@ -292,6 +312,7 @@ class FakeOwner {
   std::vector<std::int64_t> released_;
   std::vector<std::string> methods_;
   std::function<bool(const FakeCall&)> lose_;
+  std::function<bool(const FakeCall&)> raise_;
 };
 
 // Writes a GetResponse's fields (a holder of len bytes at offset) into w.

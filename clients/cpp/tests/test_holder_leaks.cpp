@@ -420,3 +420,46 @@ TEST(threads_across_owner_restart) {
   for (auto& t : ts) t.join();
   CHECK_EQ(c.release_errors(), 0);
 }
+
+// batch_put attempts every wave: a wave whose BatchPutEnd the owner fails (an application
+// exception) fails its items, and the later waves are still put; the first failure is
+// thrown after all of them ran. It left batch_put at once: the third wave never went out.
+TEST(batch_put_attempts_every_wave_after_a_failed_one) {
+  std::atomic<int> starts{0}, ends{0};
+  FakeOwner o(
+      [&](const FakeCall& c, Writer& w) {
+        if (c.method == "BatchPutStart" || c.method == "BatchPutEnd") {  // one item a wave
+          int k = c.method == "BatchPutStart" ? ++starts : ++ends;
+          w.field(T_I32, 1);
+          w.i32(0);
+          w.field(T_LIST, 3);
+          w.list_begin(T_STRUCT, 1);
+          w.field(T_I32, 1);
+          w.i32(0);
+          if (c.method == "BatchPutStart") {
+            w.field(T_I64, 3);
+            w.i64(k);
+            w.field(T_I64, 4);
+            w.i64(0);
+          }
+          w.stop();
+          return;
+        }
+        w.field(T_I32, 1);
+        w.i32(0);
+      },
+      8 << 20);
+  std::atomic<int> put_ends{0};
+  o.set_raise([&](const FakeCall& c) { return c.method == "BatchPutEnd" && ++put_ends == 2; });
+  auto c = fluxkv::Client::connect(o.socket());
+  std::vector<std::byte> v(3 << 20, std::byte{7});  // 3 MiB: a wave each (half the segment)
+  std::vector<fluxkv::PutItem> items{{"a", v}, {"b", v}, {"c", v}};
+  try {
+    c.batch_put(items);
+    CHECK(!"a batch with a failed wave must throw");
+  } catch (const fluxkv::Error& e) {
+    CHECK(std::string(e.what()).find("owner failed the call") != std::string::npos);
+  }
+  CHECK_EQ(starts.load(), 3);
+  CHECK_EQ(put_ends.load(), 3);
+}

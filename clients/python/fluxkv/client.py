@@ -1015,6 +1015,14 @@ class Client:
             for i in unknown:
                 errors[i] = e
             return unknown
+        except Error as e:
+            # The wave's call failed (the owner could not run it, or the put area is still
+            # owed to an unanswered call): its items fail with it, the later waves go on
+            # (every item is attempted; it left batch_put at once, the earlier errors lost).
+            for i, _, _ in started:
+                if errors[i] is None:
+                    errors[i] = e
+            return []
         try:
             raise_for(r.code, r.message)
             results = _check_count("BatchPutEnd", r.results, len(ends))

@@ -604,6 +604,33 @@ def test_release_rpc_results(client):
     assert client.release_errors == 0
 
 
+def test_batch_put_attempts_every_wave_after_a_failed_one(client, monkeypatch):
+    """A wave that fails as a whole (here its put area is still owed to an unanswered call:
+    injected) fails its items; the later waves are still put, and the first failure is
+    raised with every item's outcome. It left batch_put at once, without ``errors``."""
+    import fluxkv.client as fc
+
+    real, waves = fc._settle_area, []
+
+    def settle(s):
+        waves.append(s)
+        if len(waves) == 2:
+            raise fluxkv.Unavailable("injected: the put area waits for an earlier put")
+        return real(s)
+
+    monkeypatch.setattr(fc, "_settle_area", settle)
+    n = client.segment_size // 2 - 4096  # a wave each
+    items = [(f"waves/{i}", bytes([i + 1]) * n) for i in range(3)]
+    with pytest.raises(fluxkv.Unavailable) as e:
+        client.batch_put(items)
+    assert len(waves) == 3
+    assert [x is not None for x in e.value.errors] == [False, True, False]
+    for i in (0, 2):
+        with client.get(items[i][0]) as h:
+            assert h.bytes() == items[i][1]
+    client.batch_delete([k for k, _ in items])
+
+
 def test_batch_put_one_value_failing_to_write_leaves_the_others(client, monkeypatch):
     """A value whose write into the segment fails (it changed size since it was checked:
     here injected) fails alone, InvalidArgument: its put is aborted, the others are stored."""
