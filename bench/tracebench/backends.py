@@ -123,7 +123,10 @@ class Running:
         d = self.server.describe()
         b = self.target.backend
         if b == "fluxkv":
-            return {"memory": d.get("memory_replicas"), "ssd": d.get("ssd_replicas") if self.target.ssd else 0}
+            # Distinct values in memory (a value copied to a second owner is one block held).
+            memory = d.get("memory_values")
+            return {"memory": d.get("memory_replicas") if memory is None else memory,
+                    "ssd": d.get("ssd_replicas") if self.target.ssd else 0}
         if b == "redis":
             return {"memory": d.get("keys"), "ssd": 0}
         if b == "memcached":

@@ -388,7 +388,9 @@ class Cluster(Server):
                 "ssd_capacity_bytes": ssd.get("capacity_bytes"), "ssd_used_bytes": ssd.get("used_bytes"),
                 "memory_replicas": m.get("memory_replicas"), "ssd_replicas": m.get("ssd_replicas"), "holders": m.get("holders"),
             })
-        out = {"keys": st.get("keys"), "members": members, "topology": self.topo.to_json()}
+        # memory_values: distinct keys with a memory copy (the members' memory_replicas count a
+        # value pulled to another owner once per copy).
+        out = {"keys": st.get("keys"), "memory_values": st.get("memory_values"), "members": members, "topology": self.topo.to_json()}
         for k in ("memory_replicas", "ssd_replicas", "memory_used_bytes", "ssd_used_bytes"):
             out[k] = sum(m[k] or 0 for m in members)
         return out
