@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import backends
-from .backends.base import CaseSpec
+from .backends.base import PAGE_CACHED_FLASH, CaseSpec
 from .matrix import Case
 from .procs import Group, Interrupted, fs_type
 from .sizes import format_size
@@ -182,6 +182,9 @@ def prepare(case: Case, ctx: Context, srv, spec: CaseSpec, rec: dict) -> bool:
         return False
     if case.ssd and fs_type(opts.work_dir) in ("tmpfs", "ramfs"):
         rec["notes"].append(f"work dir {opts.work_dir} is on {fs_type(opts.work_dir)}: the 'SSD' tier is RAM here")
+    if case.ssd and case.backend in PAGE_CACHED_FLASH:
+        rec["notes"].append(PAGE_CACHED_FLASH[case.backend] + " through the page cache (fluxkv reads its own with O_DIRECT): "
+                            "its SSD hits are memory the machine had spare, not its flash, and its GiB/s and latencies with them")
     if case.mode == "cuda":
         rec["cuda"] = {"baseline": ctx.cuda_baseline(case.payload_bytes), "device": ctx.cuda().get("device_name")}
     return True
@@ -328,7 +331,8 @@ def account(rec: dict, case: Case, srv, results: list[dict], samples: list, skew
         hits=hits,
         misses=misses,
         errors=tally.errors,
-        hit_rate=(hits / (hits + misses)) if hits + misses else None,
+        # (an error is no hit: a backend whose gets fail does not keep its rate)
+        hit_rate=(hits / (hits + misses + tally.errors)) if hits + misses + tally.errors else None,
         memory_hits=att.memory,
         ssd_hits=att.ssd,
         unknown_hits=att.unknown,

@@ -147,6 +147,11 @@ def split_all_remote(hits: int, memory: int | None, ssd: int | None, unknown: in
     return PlaceSplit({"memory_local": 0, "memory_remote": memory, "ssd_local": 0, "ssd_remote": ssd}, True, "topology")
 
 
+def split_unplaced(why: str) -> PlaceSplit:
+    """A topology whose hits may be local or remote, and a backend that does not say which."""
+    return PlaceSplit({p: None for p in PLACES}, False, "none", why)
+
+
 # -- per-thread tallies ----------------------------------------------------------------------------
 
 

@@ -9,10 +9,13 @@ so a GPU box on another Python and no numpy draws the same keys as this one.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import hashlib
 import itertools
 import random
 import struct
+
+import numpy as np
 
 from .sizes import MiB
 
@@ -129,6 +132,20 @@ def pause_after_put_s(payload_bytes: int, scale: float = 1.0) -> float:
 _STAMP = struct.Struct("<QQ")
 _MAGIC = 0x666C75786B762121  # "fluxkv!!"
 STAMP_BYTES = _STAMP.size
+# Between the end stamps, the 8-byte word at every 4 KiB names the key too: values share one
+# body, so a value only stamped at its ends passed the check with any middle (zeros, another
+# key's bytes, a transfer that skipped its middle).
+_STRIDE_WORDS = 4096 // 8
+_SALT = 0x9E3779B97F4A7C15
+
+
+def _key_word(index: int) -> int:
+    return (index ^ _SALT) & 0xFFFFFFFFFFFFFFFF
+
+
+def _inner_words(words: np.ndarray) -> np.ndarray:
+    """The words at every 4 KiB of a value's words, its stamps left out."""
+    return words[_STRIDE_WORDS : len(words) - (STAMP_BYTES + 7) // 8 : _STRIDE_WORDS]
 
 
 def stamp(index: int) -> bytes:
@@ -149,20 +166,34 @@ class ValueMaker:
     def __init__(self, body: bytes):
         self.buf = bytearray(body)
         self.view = memoryview(self.buf)
+        self.words = _inner_words(np.frombuffer(self.buf, dtype=np.uint64, count=len(self.buf) // 8))
 
     def value(self, index: int) -> memoryview:
         s = stamp(index)
         self.buf[:STAMP_BYTES] = s
         self.buf[-STAMP_BYTES:] = s
+        self.words[:] = _key_word(index)
         return self.view
 
 
 def check_value(data, index: int, payload_bytes: int) -> bool:
-    """A full value read back: right length, both stamps name ``index``."""
+    """A full value read back: right length, both stamps and the word at every 4 KiB name
+    ``index``."""
     if len(data) != payload_bytes:
         return False
     s = stamp(index)
-    return data[:STAMP_BYTES] == s and data[-STAMP_BYTES:] == s
+    if data[:STAMP_BYTES] != s or data[-STAMP_BYTES:] != s:
+        return False
+    return bool((_inner_words(np.frombuffer(data, dtype=np.uint64, count=payload_bytes // 8)) == _key_word(index)).all())
+
+
+def check_at(address: int, index: int, payload_bytes: int) -> bool:
+    """check_value of the payload_bytes at ``address`` (a holder's bytes, read in place)."""
+    s = stamp(index)
+    if ctypes.string_at(address, STAMP_BYTES) != s or ctypes.string_at(address + payload_bytes - STAMP_BYTES, STAMP_BYTES) != s:
+        return False
+    words = np.ctypeslib.as_array((ctypes.c_uint64 * (payload_bytes // 8)).from_address(address))
+    return bool((_inner_words(words) == _key_word(index)).all())
 
 
 def expected_hit_rate(n: int, resident: set[int] | list[int], theta: float = ZIPF_THETA) -> float:

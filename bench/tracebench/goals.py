@@ -15,6 +15,8 @@ A goal whose rows did not run (or failed) is left out."""
 
 from __future__ import annotations
 
+from pressure.backends.base import PAGE_CACHED_FLASH
+
 from .report import trouble
 
 __all__ = ["lines"]
@@ -154,11 +156,3 @@ def lines(rows: list) -> list:
                    f"{', '.join(cached)} are those of memory the machine had spare, not of its flash (hit rates are not affected)")
     return out
 
-
-# The backends whose flash reads go through the kernel's page cache (the harness has no
-# memory cgroup to bound it), and why: extstore opens its file without O_DIRECT, and
-# Mooncake's storage backend reads with O_DIRECT only with use_uring, off by default.
-PAGE_CACHED_FLASH = {
-    "memcached": "memcached's extstore reads its flash file",
-    "mooncake": "Mooncake (use_uring off) reads its SSD files",
-}

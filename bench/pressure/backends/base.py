@@ -234,3 +234,12 @@ def settle_by_polling(sample, timeout: float, interval: float = 0.25, stable_for
             last, same = v, 0
         time.sleep(interval)
     return False
+
+
+# The backends whose flash reads go through the kernel's page cache (the harnesses bound no
+# page cache): extstore opens its file without O_DIRECT, and Mooncake's storage backend reads
+# with O_DIRECT only with use_uring, off by default. fluxkv reads its own with O_DIRECT.
+PAGE_CACHED_FLASH = {
+    "memcached": "memcached's extstore reads its flash file",
+    "mooncake": "Mooncake (use_uring off) reads its SSD files",
+}

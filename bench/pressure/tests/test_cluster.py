@@ -62,7 +62,8 @@ def test_quick_preset_matrix_and_topologies(tmp_path):
     assert flux == [("mixed", False, "none", "bytes"), ("mixed", True, "none", "bytes"), ("mixed", False, "put", "bytes"),
                     ("remote-memory", False, "none", "holder"), ("remote-ssd", True, "none", "holder")]
     moon = [(c.path, c.variant) for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "mooncake"]
-    assert moon and {v for _, v in moon} == {"dedicated_owner"} and "remote-ssd" not in {p for p, _ in moon}
+    # like for like: its own local hits on the mixed path (every process stores and requests)
+    assert moon and {(p, v) for p, v in moon} == {("mixed", "per_process"), ("remote-memory", "dedicated_owner")}
     by = {c.path: cluster.topology_for(c, o) for c in cases if not isinstance(c, cluster.TcpRaw) and c.backend == "fluxkv"}
     assert by["mixed"].attach == (0, 1, 2) and by["mixed"].put_via == (0, 1, 2) and not by["mixed"].no_promotion
     # the mixed path's landing areas: twice the gets in flight through one owner (c2 over 3 owners: one)
@@ -135,26 +136,44 @@ def test_ratios_goals_table_and_chart(tmp_path):
     assert gs["fluxkv >= 2x Mooncake"]["value"] == pytest.approx(3.2) and gs["fluxkv >= 2x Mooncake"]["met"]
     lines = [cluster.fmt_row(r) for r in rows]
     assert "UNAVAILABLE" in lines[-1] and "0.80" in lines[1]
+    # A remote-memory row whose hits were local moved nothing over the network; a row with
+    # errors, or a hit rate under Mooncake's, meets no goal (they were not checked).
+    local = [dict(rows[0]), dict(rows[1], memory_local_hits=100, memory_remote_hits=0)]
+    cluster.add_ratios(local)
+    assert not {g["goal"]: g for g in cluster.goals(local)}["remote-memory >= 0.7x tcp-raw"]["met"]
+    failing = [dict(rows[0]), dict(rows[1], errors=500), dict(rows[5])]
+    cluster.add_ratios(failing)
+    gs = {g["goal"]: g for g in cluster.goals(failing)}
+    assert not gs["remote-memory >= 0.7x tcp-raw"]["met"] and not gs["fluxkv >= 2x Mooncake"]["met"]
+    mixed = [dict(rows[4], ssd=True, misses=0, hit_rate=1.0, errors=5000)]
+    assert not cluster.goals(mixed)[0]["met"] and cluster.goals([dict(mixed[0], errors=0)])[0]["met"]
+    lower = [dict(rows[1], hit_rate=0.8), dict(rows[5], hit_rate=0.9)]
+    assert not {g["goal"]: g for g in cluster.goals(lower)}["fluxkv >= 2x Mooncake"]["met"]
     assert len({cluster_series(r) for r in rows}) == len(rows)
     assert render_cluster(rows, tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_mooncake_rows_through_the_pressure_backend(tmp_path, fake):  # noqa: F811
-    """Against the TEST FAKE of Mooncake (never a live one): its dedicated_owner topology gets the
-    cluster's total DRAM, and every hit counts as remote (its benchmark processes store nothing)."""
+    """Against the TEST FAKE of Mooncake (never a live one): each topology gets the cluster's total
+    DRAM; on the remote path (dedicated_owner) every hit counts as remote (its benchmark processes
+    store nothing), on the mixed path (per_process) where a hit came from is not known."""
     o = parse(tmp_path, "--backends", "mooncake", "--owner-dram", "64KiB", "--payloads", "4KiB", "--paths", "remote-memory,mixed",
               "--ssd", "off", "--on-miss", "none", "--warmup", "0.05", "--window", "0.3", "--pace-scale", "0", "--no-tcp-raw",
               "--mooncake-pythonpath", str(fake.pythonpath), "--mooncake-master", str(fake.master))
     cases = [c for c in cluster.cases_for(o) if not isinstance(c, cluster.TcpRaw)]
     assert [(c.backend, c.variant, c.path, c.ssd) for c in cases] == [("mooncake", "dedicated_owner", "remote-memory", False),
-                                                                     ("mooncake", "dedicated_owner", "mixed", False)]
+                                                                     ("mooncake", "per_process", "mixed", False)]
     ctx = cluster.harness.Context(o)
     for c in cases:
         r = cluster.run_mooncake(c, ctx)
-        assert r["status"] == "ok", r
         assert r["path"] == c.path and r["owners"] == 1 and r["kind"] == "measured" and r["dram_bytes"] == 3 * 64 * 1024
-        assert r["memory_remote_hits"] == r["hits"] > 0 and r["memory_local_hits"] == r["ssd_local_hits"] == 0 and r["place_method"] == "topology"
-        assert set(cluster.SCHEMA) <= set(r)
+        assert r["variant"] == c.variant and r["hits"] > 0 and set(cluster.SCHEMA) <= set(r)
+        if c.variant == "dedicated_owner":
+            assert r["status"] == "ok", r
+            assert r["memory_remote_hits"] == r["hits"] and r["memory_local_hits"] == r["ssd_local_hits"] == 0 and r["place_method"] == "topology"
+        else:
+            assert r["status"] == "incomplete", r
+            assert r["memory_remote_hits"] is None and r["memory_local_hits"] is None and r["place_method"] == "none"
         if c.path == "remote-memory":  # a dataset that fits one owner's DRAM
             assert r["keys"] == int(0.75 * 64 * 1024) // 4096
 

@@ -126,3 +126,23 @@ def test_cli_sizes_keep_the_seed_ratios(tmp_path):
     assert (q.dram, q.ssd_size, q.dataset) == (1 << 30, 8 << 30, int(1.25 * (1 << 30)))
     with pytest.raises(SystemExit):
         cli.resolve(cli.build_parser().parse_args(["run", "--out", str(tmp_path), "--work-dir", str(tmp_path), "--modes", "gpu"]))
+
+
+def test_errors_are_no_hits_in_the_hit_rate():
+    """A get that failed counts in the hit rate's denominator: 10 hits and 990 errors are a 1 %
+    hit rate, not 100 % (errors were left out, while a backend that answers a failure as a miss,
+    as Mooncake's binding does, lost them)."""
+    from types import SimpleNamespace
+
+    from pressure.stats import Tally
+
+    case = Case("fluxkv", False, "bytes", "none", "random", 1 << 20, 1, 2)
+    opts = SimpleNamespace(dram=1, ssd_size=1, warmup=1, window=1, zipf_theta=0.99, seed=1)
+    t = Tally()
+    for _ in range(10):
+        t.hit("memory", 0.001)
+    for _ in range(990):
+        t.error("injected")
+    rec = harness.base_record(case, opts, 10)
+    harness.account(rec, case, SimpleNamespace(source_method="per-get"), [{"tally": t.to_json()}], [], 0, 1.0)
+    assert rec["errors"] == 990 and rec["hit_rate"] == pytest.approx(0.01)

@@ -4,7 +4,7 @@ import pytest
 
 from pressure.sizes import GiB, MiB, format_size, parse_size
 from pressure.workload import (
-    ValueMaker, ZipfSequence, bootstrap_order, check_value, expected_hit_rate, key_count, key_name, pause_after_put_s,
+    ValueMaker, ZipfSequence, bootstrap_order, check_at, check_value, expected_hit_rate, key_count, key_name, pause_after_put_s,
     stamp, value_body, zipf_cdf, zipf_pmf,
 )
 
@@ -97,6 +97,18 @@ def test_values_carry_their_key_and_check():
     assert not check_value(v[:-1], 42, 4096)
     assert v[:16] == stamp(42) and v[-16:] == stamp(42)
     assert bytes(vm.value(7))[:16] == stamp(7)  # the buffer is reused
+    # The words at every 4 KiB name the key too: a middle of zeros or of another key's value fails.
+    big = ValueMaker(value_body(MiB - 128, seed=1))
+    a, b = bytes(big.value(5)), bytes(big.value(6))
+    assert check_value(a, 5, MiB - 128) and check_value(b, 6, MiB - 128)
+    zeroed = a[:16] + bytes(len(a) - 32) + a[-16:]
+    torn = a[: 512 << 10] + b[512 << 10 : -16] + a[-16:]
+    assert not check_value(zeroed, 5, MiB - 128) and not check_value(torn, 5, MiB - 128)
+    import ctypes
+
+    for v, want in ((a, True), (zeroed, False), (torn, False)):
+        buf = ctypes.create_string_buffer(v, len(v))
+        assert check_at(ctypes.addressof(buf), 5, MiB - 128) is want
     with pytest.raises(ValueError):
         value_body(16, seed=1)
 
