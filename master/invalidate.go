@@ -323,6 +323,10 @@ func (s *Server) invalidateOwner(k ownerKey, gen int64, entries []*common.KeyVer
 				silent = open && time.Since(n.lastSeen) > 2*s.opts.HeartbeatInterval
 				if gaveUp = silent || (open && time.Now().After(deadline)); gaveUp {
 					st.tombLocked(n)
+					// Writes the tomb hides it from (no invalidation for it is computed
+					// any more) answer no earlier than its lease, as this one does: it may
+					// serve its hot set's holdings until then. They answered at once.
+					s.quietAtLeast(lastSeen.Add(2 * s.opts.HeartbeatInterval))
 				}
 			}
 			return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 
+	"github.com/fluxkv/fluxkv/internal/proctest"
 	"github.com/fluxkv/fluxkv/protocol/auth"
 	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -1026,5 +1027,76 @@ func TestPersistOfATombedSourceNotSent(t *testing.T) {
 	}
 	if n := ssdPeer.persistCalls.Load(); n != 0 {
 		t.Errorf("the SSD owner got %d persist calls for a value whose source was tombed", n)
+	}
+}
+
+// TestWritesAfterAGiveUpTombWaitForTheLease: an owner that keeps heartbeating but never
+// confirms invalidations is tombed by the first write that gives up on it (after the
+// node TTL); that write waits out the owner's lease, and so do the writes after it, which
+// the tomb hides the owner from (no invalidation for it is computed any more) while its
+// hot set may still serve their keys. They answered at once (a review).
+func TestWritesAfterAGiveUpTombWaitForTheLease(t *testing.T) {
+	s := authtest.Secrets(t)
+	hb := 400 * time.Millisecond
+	srv, err := NewServer(Options{Secrets: s, HeartbeatInterval: hb, NodeTTL: 3 * hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	deaf := registerOwner(t, srv, "deaf", startFakePeer(t, s, &fakePeer{invalCode: common.ErrorCode_UNAVAILABLE}))
+	other := registerOwner(t, srv, "other", startFakePeer(t, s, &fakePeer{}))
+	for _, k := range []string{"k1", "k2"} {
+		if err := srv.withState(func(st *State) error {
+			plan, err := st.PutStart(time.Now(), deaf, k, 4096, false, nil)
+			if err == nil {
+				_, err = st.PutDone(time.Now(), deaf, k, plan.PutID)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lastSent atomic.Int64 // the send time of deaf's last heartbeat the master took
+	stop := make(chan struct{})
+	beats := make(chan struct{})
+	go func() {
+		defer close(beats)
+		for {
+			for _, r := range []NodeRef{deaf, other} {
+				sent := time.Now()
+				if err := srv.withState(func(st *State) error { _, err := st.Heartbeat(sent, r, SSDInfo{}, 0); return err }); err == nil && r == deaf {
+					lastSent.Store(sent.UnixNano())
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(hb / 4):
+			}
+		}
+	}()
+	defer func() { close(stop); <-beats }()
+	h := &handler{s: srv}
+	del := func(k string) {
+		resp, err := h.Delete(context.Background(), &mp.DeleteRequest{Node: &mp.NodeRef{NodeId: other.ID, Generation: other.Generation}, Key: k})
+		if err != nil || resp.Code != common.ErrorCode_OK {
+			t.Errorf("delete %s: %v %v", k, err, resp)
+		}
+	}
+	first := make(chan struct{})
+	go func() { defer close(first); del("k1") }() // gives up on deaf after the node TTL and tombs it
+	proctest.WaitUntil(t, func() (gone bool) {
+		srv.Inspect(func(st *State) { gone = st.nodes["deaf"] == nil })
+		return gone
+	})
+	del("k2")
+	answered := time.Now()
+	<-first
+	// deaf's hot set serves until its lease ends, 1.75 intervals after its last heartbeat's send.
+	if lease := time.Unix(0, lastSent.Load()).Add(7 * hb / 4); answered.Before(lease) {
+		t.Fatalf("the delete of k2 answered %v before the tombed owner's lease ended: its hot set may still serve k2", lease.Sub(answered))
 	}
 }

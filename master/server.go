@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudwego/kitex/pkg/endpoint"
@@ -37,8 +38,9 @@ type Server struct {
 	gateOpenSeen, gateShutFirst, gateShutLast time.Time
 	// masters lists the masters for Stat; nil: this one alone, the leader.
 	masters func(ctx context.Context) []*common.MasterInfo
-	// quietUntil: deletes and publishes answer no earlier (Options.WriteQuiet).
-	quietUntil time.Time
+	// quietUntil (Unix nanoseconds): deletes and publishes answer no earlier
+	// (Options.WriteQuiet; raised by quietAtLeast).
+	quietUntil atomic.Int64
 
 	mu sync.Mutex // protects st
 	st *State
@@ -62,7 +64,8 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	opts.setDefaults()
 	now := time.Now()
-	s := &Server{opts: opts, epoch: cmp.Or(opts.Epoch, now.UnixNano()), st: NewState(opts), stop: make(chan struct{}), quietUntil: now.Add(opts.WriteQuiet)}
+	s := &Server{opts: opts, epoch: cmp.Or(opts.Epoch, now.UnixNano()), st: NewState(opts), stop: make(chan struct{})}
+	s.quietUntil.Store(now.Add(opts.WriteQuiet).UnixNano())
 	s.st.OpenRebuild(now)
 	return s, nil
 }
@@ -294,12 +297,23 @@ func (s *Server) withSpare(spare bool, f func(st *State) error) error {
 // hotSetAskInterval spaces the ReleaseHotSet rounds of one allocation.
 const hotSetAskInterval = 100 * time.Millisecond
 
-// writeQuiet waits out the write quiet period after the master's start.
+// writeQuiet waits out the write quiet period (after the master's start, or after an
+// owner tombed while its hot set may still serve: quietAtLeast).
 func (s *Server) writeQuiet(ctx context.Context) {
-	if d := time.Until(s.quietUntil); d > 0 {
+	if d := time.Until(time.Unix(0, s.quietUntil.Load())); d > 0 {
 		select {
 		case <-waitContext(ctx).Done():
 		case <-time.After(d):
+		}
+	}
+}
+
+// quietAtLeast makes deletes and publishes answer no earlier than t.
+func (s *Server) quietAtLeast(t time.Time) {
+	for v := t.UnixNano(); ; {
+		cur := s.quietUntil.Load()
+		if cur >= v || s.quietUntil.CompareAndSwap(cur, v) {
+			return
 		}
 	}
 }
