@@ -31,7 +31,7 @@ type inflightPut struct {
 
 // dropPutLocked forgets an in-flight put that is not being pulled and frees its ranges.
 func (s *State) dropPutLocked(id int64, p *inflightPut) {
-	delete(s.puts, id)
+	s.forgetPutLocked(id, p)
 	p.target.Release()
 	if p.source != nil {
 		p.source.Release()

@@ -47,6 +47,7 @@ func (s *State) unsetRouteLocked(key string) {
 		return
 	}
 	delete(s.routes, key)
+	s.routeDroppedLocked(key, r.putID)
 	s.unlinkChainLocked(key, r)
 	name, ok := wire.KeyNamespace(key)
 	if !ok {

@@ -67,10 +67,10 @@ func (s *State) PutStart(now time.Time, ref NodeRef, key string, length int64, r
 	}
 	id := s.newID()
 	t := target.node
-	s.puts[id] = &inflightPut{
+	s.addPutLocked(id, &inflightPut{
 		key: key, node: n, target: target, source: source, deadline: now.Add(s.opts.InflightTTL),
 		rejectIfExists: rejectIfExists, page: parent != nil, parent: deref(parent),
-	}
+	})
 	plan := PutPlan{PutID: id, TargetNode: t.id, TargetAddr: t.dataAddr,
 		TargetOffset: target.Offset(), SourceOffset: target.Offset(), PersistToSSD: s.persistNodeLocked(t, length) != nil}
 	if source != nil {
@@ -295,7 +295,7 @@ func (s *State) PullDone(now time.Time, putID int64, pullErr error, answered boo
 		}
 	}
 	if p.revoked {
-		delete(s.puts, putID)
+		s.forgetPutLocked(putID, p)
 		s.releaseTargetLocked(now, p.target, answered)
 		p.source.Release()
 		return PutResult{}, wire.Errorf(common.ErrorCode_UNAVAILABLE, "put %d was revoked while node %q pulled it", putID, t.id)
@@ -321,7 +321,7 @@ func (s *State) replaceLocked(now time.Time, putID int64, p *inflightPut, cause 
 		s.log.Info().Str("key", p.key).Int64("put_id", putID).Str("failed", failed.id).Str("target", t.node.id).Msg("pooled put placed again")
 		return PutResult{Pull: s.pullTaskLocked(putID, p)}, nil
 	}
-	delete(s.puts, putID)
+	s.forgetPutLocked(putID, p)
 	p.source.Release()
 	return PutResult{}, wire.Errorf(common.ErrorCode_UNAVAILABLE, "target node %q failed: %v; no other owner has room", failed.id, cause)
 }
@@ -338,7 +338,8 @@ func (s *State) releaseTargetLocked(now time.Time, a *Allocation, answered bool)
 
 // publishLocked makes the put's target the key's memory replica on the target owner.
 func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
-	delete(s.puts, putID)
+	newer := s.newerPutIDLocked(p.key, putID) // (before this put leaves the records)
+	s.forgetPutLocked(putID, p)
 	if p.source != nil {
 		p.source.Release()
 	}
@@ -348,9 +349,10 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		p.target.Release()
 		return PutResult{}, wire.Errorf(common.ErrorCode_ALREADY_EXISTS, "key exists")
 	}
-	if old != nil && old.putID > putID {
-		// A put of the key that started later was published first: concurrent puts
-		// serialize in put_id order, so this one is already overwritten. It is not
+	if newer != 0 {
+		// A put of the key that started later was published first (its route may be
+		// gone since: deleted, evicted; putorder.go): concurrent puts serialize in
+		// put_id order, so this one is already overwritten. It is not
 		// published (a key's put_id never moves backwards, docs/architecture.md §5: owners forget
 		// cached and SSD versions "up to" a put_id) and its target goes back.
 		// The requester records a put placed on it in its replica index when PutDone
@@ -359,13 +361,13 @@ func (s *State) publishLocked(putID int64, p *inflightPut) (PutResult, error) {
 		// to a new master.
 		t := p.target.node
 		p.target.Release()
-		// Answered now, this put is ordered right before old: an owner that may still
-		// serve a version older than old (a Sync invalidation of the key it has not
-		// confirmed yet: old's own, or a delete's before it) must have dropped it
-		// before this put returns, as before old's; the requester too, which drops
-		// only the versions up to this put's own once answered.
+		// Answered now, this put is ordered right before the newer one: an owner that
+		// may still serve a version older than it (a Sync invalidation of the key it has
+		// not confirmed yet: its own, or a delete's before it) must have dropped it
+		// before this put returns, as before the newer one's; the requester too, which
+		// drops only the versions up to this put's own once answered.
 		var res PutResult
-		for _, iv := range s.invalidationsLocked(nil, key, old.putID-1, nil) {
+		for _, iv := range s.invalidationsLocked(nil, key, newer-1, nil) {
 			if iv.Sync {
 				res.Invalidations = append(res.Invalidations, iv)
 			}

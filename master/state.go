@@ -29,6 +29,10 @@ type State struct {
 	// without a walk of every route under the lock.
 	memoryValues, duplicateBytes int64
 	puts                         map[int64]*inflightPut
+	// putsOfKey counts the puts in flight of each key; droppedPutID is, for those keys,
+	// the highest put_id whose route was dropped meanwhile (putorder.go).
+	putsOfKey    map[string]int32
+	droppedPutID map[string]int64
 	gets                         map[int64]*inflightGet
 	persists                     map[int64]*pendingPersist // put id → replica waiting for its SSD persist
 	persistSeq                   int64                     // numbers the persist tasks (PersistTask.ID)
@@ -99,6 +103,8 @@ func NewState(opts Options) *State {
 		routes:       make(map[string]*route),
 		namespaces:   make(map[string]*namespace),
 		puts:         make(map[int64]*inflightPut),
+		putsOfKey:    make(map[string]int32),
+		droppedPutID: make(map[string]int64),
 		gets:         make(map[int64]*inflightGet),
 		persists:     make(map[int64]*pendingPersist),
 		persistStats: make(map[string]*persistCounts),

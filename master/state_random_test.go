@@ -3,6 +3,7 @@ package master
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -21,6 +22,19 @@ import (
 // eviction order holds exactly the node's evictable memory replicas; and the scenario
 // drift checks (ghost, duplicates, borrowed keys) hold.
 func checkStateInvariants(st *State) error {
+	// --- puts in flight per key (putorder.go), and the put_ids dropped under them.
+	perKey := map[string]int32{}
+	for _, p := range st.puts {
+		perKey[p.key]++
+	}
+	if !maps.Equal(perKey, st.putsOfKey) {
+		return fmt.Errorf("puts in flight per key %v, counted %v", perKey, st.putsOfKey)
+	}
+	for k := range st.droppedPutID {
+		if perKey[k] == 0 {
+			return fmt.Errorf("a dropped put_id kept for %q, which has no put in flight", k)
+		}
+	}
 	// --- allocations: references and overlaps.
 	refs := map[*Allocation]int{}
 	add := func(a *Allocation) {
