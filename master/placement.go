@@ -128,7 +128,10 @@ func (s *State) placeLocked(now time.Time, n *node, length int64) (target, sourc
 	if target = s.allocateLocked(n, length); target != nil || len(others) == 0 {
 		return target, nil
 	}
-	if source = s.allocSourceLocked(n, length, true); source == nil {
+	// (Not in the attempt that spares held duplicates, which the server makes first: a
+	// take-back evicts a sole copy the pool borrowed, and the other owners may have no
+	// room for it either: it was lost for a NO_SPACE. The attempt after it takes back.)
+	if source = s.allocSourceLocked(n, length, !s.spareHeld); source == nil {
 		return nil, nil
 	}
 	if target = s.placeAmongLocked(others, length); target == nil {
