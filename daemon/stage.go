@@ -210,10 +210,10 @@ func (st *stager) end(s *stageSession, err error) {
 	st.broadcastLocked()
 }
 
-// endedStages remembers the refills that ended in the last stageSessionWait, so a pull
+// endedStages remembers the refills that ended in the last stageEndedKept, so a pull
 // that arrives after its refill ended (a batch's item whose read failed before its
-// turn in the requester's pipeline) is answered at once instead of waiting as long for
-// a session that will not come.
+// turn in the requester's pipeline) is answered at once instead of waiting
+// stageSessionWait for a session that will not come.
 type endedStages struct {
 	errs  map[int64]error // get id → why it ended
 	order []endedStage    // oldest first
@@ -224,11 +224,18 @@ type endedStage struct {
 	at    time.Time
 }
 
+// stageEndedKept is how long an ended refill is remembered: as long as a pipeline's
+// pull of it may come late while the pulls before it waited for their chunks (each up
+// to stageChunkWait) and nothing pulled (stageUnpulled). Kept stageSessionWait, a pull
+// later than that (another refill ending meanwhile pruned it) waited 2 s for nothing,
+// and every pull behind it on its pipeline with it.
+const stageEndedKept = stageUnpulled
+
 // add records get id's end (err) at now and forgets the ends older than
-// stageSessionWait.
+// stageEndedKept.
 func (e *endedStages) add(getID int64, err error, now time.Time) {
 	n := 0
-	for n < len(e.order) && now.Sub(e.order[n].at) > stageSessionWait {
+	for n < len(e.order) && now.Sub(e.order[n].at) > stageEndedKept {
 		delete(e.errs, e.order[n].getID)
 		n++
 	}

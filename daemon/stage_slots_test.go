@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
@@ -213,5 +214,23 @@ func TestStageRefillLeavesSlotsForOthers(t *testing.T) {
 		if b.Take(int(i), stageChunk) == nil {
 			t.Fatalf("another refill got %d slots beside the stalled one, want %d", i, peer.STAGE_READS_IN_FLIGHT)
 		}
+	}
+}
+
+// TestStageEndsKeptForLatePulls: an ended refill is remembered stageEndedKept, across
+// other refills ending, so a pull of it that comes late (the pulls before it on its
+// pipeline waited for their chunks) is answered at once; then it is forgotten. It was
+// forgotten after 2 s, and the late pull waited 2 s for a session that would not come.
+func TestStageEndsKeptForLatePulls(t *testing.T) {
+	e := endedStages{errs: make(map[int64]error)}
+	t0 := time.Now()
+	e.add(1, errStageCompleted, t0)
+	e.add(2, errStageCompleted, t0.Add(stageSessionWait+stageChunkWait/2))
+	if e.errs[1] == nil {
+		t.Fatalf("a refill ended %v before another one was forgotten", stageSessionWait+stageChunkWait/2)
+	}
+	e.add(3, errStageCompleted, t0.Add(stageEndedKept+time.Second))
+	if e.errs[1] != nil || e.errs[2] == nil || len(e.order) != 2 {
+		t.Fatalf("after %v: ends %v (%d kept), want 2 and 3", stageEndedKept+time.Second, e.errs, len(e.order))
 	}
 }
