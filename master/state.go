@@ -33,9 +33,9 @@ type State struct {
 	// the highest put_id whose route was dropped meanwhile (putorder.go).
 	putsOfKey    map[string]int32
 	droppedPutID map[string]int64
-	gets                         map[int64]*inflightGet
-	persists                     map[int64]*pendingPersist // put id → replica waiting for its SSD persist
-	persistSeq                   int64                     // numbers the persist tasks (PersistTask.ID)
+	gets         map[int64]*inflightGet
+	persists     map[int64]*pendingPersist // put id → replica waiting for its SSD persist
+	persistSeq   int64                     // numbers the persist tasks (PersistTask.ID)
 	// writeBacks are the write-back persists started under the lock, for the server to
 	// submit after it (writeback.go).
 	writeBacks []*PersistTask
