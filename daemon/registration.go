@@ -122,6 +122,11 @@ func (st *ownerState) endRegister(resp *mp.RegisterResponse, sent time.Time, pre
 		st.reg.nodeTTL = time.Duration(resp.NodeTtlMs) * time.Millisecond
 	}
 	st.reg.acked = evictAck{epoch: resp.MasterEpoch, reg: st.reg.epoch}
+	// The lease is this master's, on its heartbeat period: one earned under the master
+	// before, with a longer period, outlasted the new master's tomb and write timing, and
+	// the hot set served a version it had deleted since (a review). (The hot set was
+	// emptied when the registration began.)
+	st.reg.leaseUntil = time.Time{}
 	st.renewLease(sent)
 	switch {
 	case prev == 0:
@@ -204,7 +209,11 @@ func (st *ownerState) leased(now time.Time) bool { return now.Before(st.reg.leas
 // master's epoch is not the one this owner registered with (register again: a
 // registration whose answer was lost).
 func (st *ownerState) heartbeatAnswered(a evictAck, sent time.Time, resp *mp.HeartbeatResponse) (reregister bool) {
-	st.renewLease(sent)
+	if resp.MasterEpoch == st.reg.masterEpoch {
+		// (A master of another epoch, which this owner is not registered with, extends
+		// nothing: its period is not the one the lease was earned under.)
+		st.renewLease(sent)
+	}
 	if resp.MasterEpoch == a.epoch && resp.EvictionsSeq > a.seq {
 		st.applyEvictions(resp.Evicted, resp.EvictedSeqs, a.reg)
 		for _, e := range resp.SsdDropped {
