@@ -293,5 +293,6 @@ func (a *acker) giveBack(ids []int64) {
 
 // sync sends every queued ack now (Stat calls it so used bytes reflect releases); it
 // gives up at the first call that fails (the loop retries), so a Stat while the master
-// is out of reach answers instead of waiting for it.
-func (a *acker) sync() { a.flush() }
+// is out of reach answers instead of waiting for it. It reports whether every ack
+// queued went out.
+func (a *acker) sync() bool { return a.flush() }

@@ -189,16 +189,29 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 		resp.Code, resp.Message = wire.ToResponse(err)
 		return resp, nil
 	}
+	return o.releaseHotSet(req.Keys, req.Bytes), nil
+}
+
+// releaseHotSet gives the master back idle hot-set holdings (of keys, else bytes' worth)
+// and acks them with every holder released since the last ack batch.
+func (o *Owner) releaseHotSet(keys []string, bytes int64) *peer.ReleaseHotSetResponse {
 	st := o.lock()
-	n, released := st.releaseHotSet(req.Keys, req.Bytes)
+	n, released := st.releaseHotSet(keys, bytes)
 	o.unlock()
 	// The master asks because it is short of room: holders released since the last
-	// ack batch are room too, so they are acked now, with the hot set's.
-	o.acks.sync()
+	// ack batch are room too, so they are acked now, with the hot set's. Acks that did
+	// not go out (the call failed; they wait for a retry) are no room the master has:
+	// answered OK, it stopped sparing held duplicates and evicted a sole copy for room
+	// still held (a review).
+	sent := o.acks.sync()
 	if n > 0 {
-		o.log.Debug().Int("holdings", n).Int64("bytes", released).Msg("hot set given back to the master")
+		o.log.Debug().Int("holdings", n).Int64("bytes", released).Bool("acked", sent).Msg("hot set given back to the master")
 	}
-	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK, ReleasedBytes: released}, nil
+	if !sent {
+		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "the released holders' acks did not reach the master (sent again later)",
+			ReleasedBytes: released}
+	}
+	return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK, ReleasedBytes: released}
 }
 
 // InvalidateCachedInfo drops from the hot set the keys another owner overwrote or deleted.

@@ -276,3 +276,31 @@ func TestLostGetStartReplyReleasesItsHolder(t *testing.T) {
 	c.Flush()
 	waitNoHolders(t, o, m, "the holders of a batch get released")
 }
+
+// TestReleaseHotSetAnswersWhetherTheAcksWentOut: a ReleaseHotSet whose holder acks did
+// not reach the master (answered NOT_LEADER: sent again later) is not answered OK. The
+// master, told the room was given back, stops sparing held duplicates and may evict a
+// sole copy for room that is still held (a review).
+func TestReleaseHotSetAnswersWhetherTheAcksWentOut(t *testing.T) {
+	t.Parallel()
+	m := ackMaster(t, "127.0.0.1:0")
+	o, c := ackOwner(t, m, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
+	lapsed := &lapsedAcks{Client: m.LocalClient()}
+	lapsed.n.Store(1)
+	useMasterClient(o, lapsed)
+	h, err := c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	if err := c.Flush(); err != nil { // the owner has the release; its ack waits (AckDelay)
+		t.Fatal(err)
+	}
+	if r := o.releaseHotSet(nil, 1<<20); r.Code != common.ErrorCode_UNAVAILABLE {
+		t.Fatalf("ReleaseHotSet with its acks answered NOT_LEADER: %v %q, want UNAVAILABLE", r.Code, r.Message)
+	}
+	if r := o.releaseHotSet(nil, 1<<20); r.Code != common.ErrorCode_OK {
+		t.Fatalf("ReleaseHotSet once the acks went out: %v %q", r.Code, r.Message)
+	}
+	waitNoHolders(t, o, m, "the acks were not sent again")
+}
