@@ -86,6 +86,20 @@ func (c *Counters) add(o *Counters) {
 	}
 }
 
+// failedOps counts the errors of c that say an operation could not run: all but the
+// answers (KEY_NOT_FOUND, ALREADY_EXISTS) and NO_SPACE (a full cache).
+func failedOps(c Counters) int64 {
+	var n int64
+	for code, v := range c.Errors {
+		switch code {
+		case "KEY_NOT_FOUND", "ALREADY_EXISTS", "NO_SPACE":
+		default:
+			n += v
+		}
+	}
+	return n
+}
+
 // errorsString renders the error counts in name order: "NO_SPACE=3 UNAVAILABLE=1".
 func (c *Counters) errorsString() string {
 	var b strings.Builder

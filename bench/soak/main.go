@@ -357,6 +357,17 @@ func run(cfg config) int {
 	if t.Ops() == 0 || t.BytesVerified == 0 {
 		fail("the workload did nothing: ops=%d bytes_verified=%d", t.Ops(), t.BytesVerified)
 	}
+	// Every language's workers read values, and the run was mostly answered: allowed codes
+	// in any number passed a run whose every call failed UNAVAILABLE (a client that never
+	// attached again after a restart), or whose Python workers never read a byte.
+	for lang, lt := range pool.byLang() {
+		if lt.Ops() == 0 || lt.BytesVerified == 0 {
+			fail("the %s workers did nothing: ops=%d bytes_verified=%d", lang, lt.Ops(), lt.BytesVerified)
+		}
+	}
+	if failed := failedOps(t); failed > t.Ops()/2 {
+		fail("%d of %d operations failed (%s): the run tested little", failed, t.Ops(), t.errorsString())
+	}
 
 	fmt.Printf("%s: hits=%d ssd_hits=%d misses=%d batch_items=%d never_released=%d slowest=%s %.0fms errors: %s\n", mode,
 		t.Hits, t.SSDHits, t.Misses, t.BatchItems, t.NeverReleased, t.SlowestOp, t.SlowestMs, t.errorsString())

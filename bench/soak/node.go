@@ -192,16 +192,22 @@ func (c *cluster) crashed() []string {
 	return out
 }
 
-// stop ends every daemon: owners first (SIGTERM, a graceful stop), then the master.
+// stop ends every daemon: owners first (SIGTERM, a graceful stop), then the master. A
+// daemon that exited by itself since the last look (crashed) is a failure too: it was
+// passed over, and a crash while the keys were deleted or the owners settled went unseen.
 func (c *cluster) stop() []string {
 	var bad []string
-	for _, o := range c.owners {
-		if !o.p.exited() && !o.p.stop(15*time.Second) {
-			bad = append(bad, "owner did not stop cleanly on SIGTERM: "+o.p.describe())
+	end := func(what string, p *proc) {
+		switch {
+		case p.unexpected():
+			bad = append(bad, what+" exited by itself before the end: "+p.describe())
+		case !p.exited() && !p.stop(15*time.Second):
+			bad = append(bad, what+" did not stop cleanly on SIGTERM: "+p.describe())
 		}
 	}
-	if !c.master.exited() && !c.master.stop(15*time.Second) {
-		bad = append(bad, "master did not stop cleanly on SIGTERM: "+c.master.describe())
+	for _, o := range c.owners {
+		end("owner", o.p)
 	}
+	end("master", c.master)
 	return bad
 }

@@ -78,10 +78,13 @@ func workerMain(argv []string) int {
 		return 1
 	}
 	rep.emit(false) // running: the driver waits for this line before a SIGTERM
+	session := c.ClientID()
 	var wg sync.WaitGroup
 	var held atomic.Int64
+	var gs []*goWorker
 	for t := 0; t < w.Threads; t++ {
-		g := &goWorker{cfg: w, c: c, rep: rep, held: &held, rng: rand.New(rand.NewPCG(w.Seed, uint64(t)))}
+		g := &goWorker{cfg: w, c: c, rep: rep, held: &held, rng: rand.New(rand.NewPCG(w.Seed, uint64(t))), floor: map[string]int64{}}
+		gs = append(gs, g)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -99,9 +102,38 @@ func workerMain(argv []string) int {
 	}
 	tick.Stop()
 	wg.Wait()
+	checkHolders(c, session, gs, rep)
 	c.Close()
 	rep.emit(true)
 	return 0
+}
+
+// checkHolders compares, before the client closes (which frees everything), the owner's
+// count of this session's holders with the holders the goroutines never released: a
+// release lost on its way (a dropped queued release, a lost ack) shows only here. Skipped
+// when the client attached again meanwhile (an owner restart: the holders of the session
+// before are not counted).
+func checkHolders(c *fluxkv.Client, session int64, gs []*goWorker, rep *reporter) {
+	if c.ClientID() != session {
+		return
+	}
+	var kept int64
+	for _, g := range gs {
+		for _, h := range g.mine {
+			if h.until.IsZero() { // (the timed ones went at the loop's end)
+				kept++
+			}
+		}
+	}
+	st, err := c.Stat() // (carries the queued releases first)
+	if err != nil || c.ClientID() != session {
+		return
+	}
+	if st.ClientHolders != kept {
+		rep.update(func(ct *Counters) {
+			ct.Failures = append(ct.Failures, fmt.Sprintf("the owner counts %d holders of this session at its end, %d never released: releases lost", st.ClientHolders, kept))
+		})
+	}
 }
 
 // connectRetry attaches, retrying while the owner is (re)starting, for up to 30 s.
@@ -121,8 +153,25 @@ func connectRetry(ctx context.Context, socket, name string) (*fluxkv.Client, err
 
 // heldHolder is a holder kept for a while (or, with no deadline, until the kill).
 type heldHolder struct {
+	key   string
 	h     *fluxkv.MemHolder
 	until time.Time
+}
+
+// recheck reads a held holder's bytes again before it is released: a holder keeps its
+// value's bytes however long it is held, through overwrites, deletes and evictions of
+// the key (a range freed and reused under it shows another value's bytes). They were
+// checked once, right after the get.
+func (g *goWorker) recheck(h heldHolder) {
+	if bad := wrongBytes(h.key, h.h.PutID(), h.h.Bytes()); bad > 0 {
+		g.rep.update(func(c *Counters) {
+			c.WrongBytes += bad
+			if len(c.Failures) < 8 {
+				c.Failures = append(c.Failures, fmt.Sprintf("%d wrong bytes in a held holder of %q put_id=%d len=%d", bad, h.key, h.h.PutID(), h.h.Len()))
+			}
+		})
+		g.rep.emit(false)
+	}
 }
 
 // goWorker is one goroutine's loop over random operations; the client and the hold
@@ -134,6 +183,21 @@ type goWorker struct {
 	held *atomic.Int64 // bytes held by every goroutine of the process
 	rng  *rand.Rand
 	mine []heldHolder // holders this goroutine keeps
+	// floor is, per key, the lowest put_id a get this goroutine starts may answer: its
+	// last answered put of the key, or one more once it deleted the key since (an older
+	// version is dead, and a holder of one is stale: its bytes are its own version's,
+	// which the byte check alone passes).
+	floor map[string]int64
+}
+
+// acked records this goroutine's answered put of key under putID.
+func (g *goWorker) acked(key string, putID int64) { g.floor[key] = max(g.floor[key], putID) }
+
+// deleted records this goroutine's answered delete of key: every version it knew is dead.
+func (g *goWorker) deleted(key string) {
+	if f, ok := g.floor[key]; ok {
+		g.floor[key] = f + 1
+	}
 }
 
 func (g *goWorker) loop(ctx context.Context) {
@@ -169,6 +233,7 @@ func (g *goWorker) loop(ctx context.Context) {
 		g.expire(time.Now())
 	}
 	for _, h := range g.mine {
+		g.recheck(h) // (those never released too: their bytes stay until the process ends)
 		if !h.until.IsZero() {
 			h.h.Release()
 		}
@@ -208,7 +273,10 @@ func fillFor(key string) func(putID int64, dst []byte) error {
 
 func (g *goWorker) put() error {
 	k, n := g.key(), g.size()
-	_, err := g.c.PutWithID(k, n, fluxkv.PutOptions{RejectIfExists: g.rng.IntN(10) == 0}, fillFor(k))
+	id, err := g.c.PutWithID(k, n, fluxkv.PutOptions{RejectIfExists: g.rng.IntN(10) == 0}, fillFor(k))
+	if err == nil {
+		g.acked(k, id)
+	}
 	g.rep.update(func(c *Counters) {
 		c.Puts++
 		if err == nil {
@@ -220,6 +288,7 @@ func (g *goWorker) put() error {
 
 func (g *goWorker) get() error {
 	k := g.key()
+	floor := g.floor[k]
 	h, err := g.c.Get(k)
 	g.rep.update(func(c *Counters) {
 		c.Gets++
@@ -233,12 +302,16 @@ func (g *goWorker) get() error {
 	if err != nil {
 		return err
 	}
-	g.got(k, h)
+	g.got(k, h, floor)
 	return nil
 }
 
 func (g *goWorker) del() error {
-	_, err := g.c.Delete(g.key())
+	k := g.key()
+	_, err := g.c.Delete(k)
+	if err == nil {
+		g.deleted(k)
+	}
 	g.rep.update(func(c *Counters) { c.Deletes++ })
 	return err
 }
@@ -261,18 +334,28 @@ func (g *goWorker) distinctKeys(n int) []string {
 func (g *goWorker) batchPut() error {
 	var items []fluxkv.PutItem
 	var total int64
+	ids := map[string]int64{} // key → the put_id its fill wrote
 	for _, k := range g.distinctKeys(2 + g.rng.IntN(5)) {
 		n := g.size()
 		if total+n > g.cfg.BatchMaxBytes {
 			continue
 		}
 		total += n
-		items = append(items, fluxkv.PutItem{Key: k, Len: n, Fill: fillFor(k)})
+		fill := fillFor(k)
+		items = append(items, fluxkv.PutItem{Key: k, Len: n, Fill: func(putID int64, dst []byte) error {
+			ids[k] = putID // (a redo fills again, under its own put_id)
+			return fill(putID, dst)
+		}})
 	}
 	if len(items) == 0 {
 		return nil
 	}
 	errs, err := g.c.BatchPut(items, fluxkv.PutOptions{})
+	for i, it := range items {
+		if err == nil && i < len(errs) && errs[i] == nil {
+			g.acked(it.Key, ids[it.Key])
+		}
+	}
 	g.rep.update(func(c *Counters) {
 		c.BatchPuts++
 		c.BatchItems += int64(len(items))
@@ -295,6 +378,10 @@ func (g *goWorker) batchPut() error {
 
 func (g *goWorker) batchGet() error {
 	keys := g.distinctKeys(2 + g.rng.IntN(7))
+	floors := make([]int64, len(keys))
+	for i, k := range keys {
+		floors[i] = g.floor[k]
+	}
 	hs, errs, err := g.c.BatchGet(keys)
 	misses := 0
 	for i := range hs {
@@ -315,7 +402,7 @@ func (g *goWorker) batchGet() error {
 			g.countErr(errs[i])
 		}
 		if h != nil {
-			g.got(keys[i], h)
+			g.got(keys[i], h, floors[i])
 		}
 	}
 	return nil
@@ -323,7 +410,12 @@ func (g *goWorker) batchGet() error {
 
 func (g *goWorker) batchDelete() error {
 	keys := g.distinctKeys(2 + g.rng.IntN(4))
-	_, err := g.c.BatchDelete(keys)
+	found, err := g.c.BatchDelete(keys)
+	if err == nil && len(found) == len(keys) {
+		for _, k := range keys {
+			g.deleted(k)
+		}
+	}
 	g.rep.update(func(c *Counters) {
 		c.BatchDeletes++
 		c.BatchItems += int64(len(keys))
@@ -331,15 +423,16 @@ func (g *goWorker) batchDelete() error {
 	return err
 }
 
-// got verifies a holder against its own put_id and length, then releases it at once,
-// keeps it for a while, or keeps it until the process is killed, within the hold cap.
-func (g *goWorker) got(key string, h *fluxkv.MemHolder) {
+// got verifies a holder against its own put_id and length, and against floor (the
+// lowest put_id the get could answer: stale below), then releases it at once, keeps it
+// for a while, or keeps it until the process is killed, within the hold cap.
+func (g *goWorker) got(key string, h *fluxkv.MemHolder, floor int64) {
 	n := h.Len()
-	if h.PutID() <= 0 || n <= 0 {
+	if h.PutID() <= 0 || n <= 0 || h.PutID() < floor {
 		g.rep.update(func(c *Counters) {
 			c.BadHolders++
 			if len(c.Failures) < 8 {
-				c.Failures = append(c.Failures, fmt.Sprintf("holder of %q: put_id=%d len=%d", key, h.PutID(), n))
+				c.Failures = append(c.Failures, fmt.Sprintf("holder of %q: put_id=%d len=%d (this worker's last answered write of it: put_id %d, or a delete after it)", key, h.PutID(), n, floor))
 			}
 		})
 		g.rep.emit(false)
@@ -367,10 +460,10 @@ func (g *goWorker) got(key string, h *fluxkv.MemHolder) {
 		h.Release()
 	case r < 0.9:
 		g.held.Add(n)
-		g.mine = append(g.mine, heldHolder{h: h, until: time.Now().Add(time.Duration(50+g.rng.IntN(1950)) * time.Millisecond)})
+		g.mine = append(g.mine, heldHolder{key: key, h: h, until: time.Now().Add(time.Duration(50+g.rng.IntN(1950)) * time.Millisecond)})
 	default:
 		g.held.Add(n)
-		g.mine = append(g.mine, heldHolder{h: h})
+		g.mine = append(g.mine, heldHolder{key: key, h: h})
 		g.rep.update(func(c *Counters) { c.NeverReleased++ })
 	}
 }
@@ -380,6 +473,7 @@ func (g *goWorker) expire(now time.Time) {
 	keep := g.mine[:0]
 	for _, h := range g.mine {
 		if !h.until.IsZero() && !now.Before(h.until) {
+			g.recheck(h)
 			h.h.Release()
 			g.held.Add(-h.h.Len())
 			continue

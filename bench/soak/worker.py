@@ -159,6 +159,7 @@ class Worker:
         self.held: list[tuple[float, int, object]] = []  # (release deadline, bytes, holder)
         self.held_bytes = 0
         self.kept: list[object] = []  # never released: the kill ends them
+        self.floor: dict[str, int] = {}
         self.c = None
 
     # -- sizes, keys, values ---------------------------------------------------------------------
@@ -170,18 +171,31 @@ class Worker:
     def key(self) -> str:
         return self.rng.choice(self.keys)
 
-    def fill(self, key: str, n: int):
+    def fill(self, key: str, n: int, ids: dict | None = None):
         def f(put_id: int, dst) -> None:
+            if ids is not None:
+                ids[key] = put_id  # (a redo fills again, under its own put_id)
             np.frombuffer(dst, dtype=np.uint8)[:] = value_bytes(key, put_id, n)
         return f
 
+    # The lowest put_id a get may answer, per key: this worker's last answered put of it,
+    # or one more once it deleted the key since (an older version is dead, and a holder of
+    # one is stale: its bytes are its own version's, which the byte check alone passes).
+    def acked(self, key: str, put_id: int) -> None:
+        self.floor[key] = max(self.floor.get(key, 0), put_id)
+
+    def deleted(self, key: str) -> None:
+        if key in self.floor:
+            self.floor[key] += 1
+
     # -- holders ----------------------------------------------------------------------------------
 
-    def verify(self, key: str, h) -> None:
+    def verify(self, key: str, h, floor: int = 0) -> None:
         n = len(h)
-        if h.put_id <= 0 or n <= 0:
+        if h.put_id <= 0 or n <= 0 or h.put_id < floor:
             self.n.add("bad_holders")
-            self.n.fail(f"holder of {key!r}: put_id={h.put_id} len={n}")
+            self.n.fail(f"holder of {key!r}: put_id={h.put_id} len={n} (this worker's last answered write of it: "
+                        f"put_id {floor}, or a delete after it)")
             self.n.emit()
             return
         got = h.numpy()
@@ -196,70 +210,106 @@ class Worker:
             self.n.fail(f"{bad} wrong bytes in {key!r} put_id={h.put_id} len={n} source={h.source}")
             self.n.emit()
 
-    def keep_or_release(self, h) -> None:
+    def keep_or_release(self, key: str, h) -> None:
         """Release at once, hold for a while, or never release, within the hold cap."""
         n = len(h)
         r = self.rng.random()
         if r < 0.5 or self.held_bytes + n > self.a.hold_cap:
             h.release()
         elif r < 0.9:
-            self.held.append((time.monotonic() + self.rng.uniform(0.05, 2.0), n, h))
+            self.held.append((time.monotonic() + self.rng.uniform(0.05, 2.0), n, key, h))
             self.held_bytes += n
         else:
-            self.kept.append(h)
+            self.kept.append((key, h))
             self.held_bytes += n
             self.n.add("never_released")
+
+    def check_holders(self, session: int) -> None:
+        """Before the client closes (which frees everything): the owner's count of this
+        session's holders against those never released, so a release lost on its way shows.
+        Skipped when the client attached again meanwhile (an owner restart)."""
+        try:
+            if self.c.client_id != session:
+                return
+            n = self.c.stat()["client_holders"]  # (carries the queued releases first)
+            if self.c.client_id != session:
+                return
+        except Error as e:
+            self.n.error(e)
+            return
+        if n != len(self.kept):
+            self.n.fail(f"the owner counts {n} holders of this session at its end, {len(self.kept)} never released: releases lost")
+
+    def recheck(self, key: str, h) -> None:
+        """Read a held holder's bytes again before it goes: a holder keeps its value's bytes
+        however long it is held, through overwrites, deletes and evictions of the key. They
+        were checked once, right after the get."""
+        try:
+            got = h.numpy()
+            bad = int(np.count_nonzero(got != value_bytes(key, h.put_id, len(h))))
+            del got
+        except Error as e:  # the owner restarted meanwhile: the holder is void
+            self.n.error(e, "HOLDER_VOID" if e.code is None else None)
+            return
+        if bad:
+            self.n.add("wrong_bytes", bad)
+            self.n.fail(f"{bad} wrong bytes in a held holder of {key!r} put_id={h.put_id} len={len(h)}")
+            self.n.emit()
 
     def expire(self) -> None:
         now = time.monotonic()
         keep = []
-        for t, n, h in self.held:
+        for t, n, key, h in self.held:
             if t <= now:
+                self.recheck(key, h)
                 h.release()
                 self.held_bytes -= n
             else:
-                keep.append((t, n, h))
+                keep.append((t, n, key, h))
         self.held = keep
 
-    def got(self, key: str, h) -> None:
+    def got(self, key: str, h, floor: int = 0) -> None:
         try:
-            self.verify(key, h)
+            self.verify(key, h, floor)
         except Error as e:  # the owner restarted between the get and the read: the holder is void
             self.n.error(e, "HOLDER_VOID" if e.code is None else None)
             h.release()
             return
-        self.keep_or_release(h)
+        self.keep_or_release(key, h)
 
     # -- operations -------------------------------------------------------------------------------
 
     def op_put(self) -> None:
         k, n = self.key(), self.size()
         rie = self.rng.random() < 0.1
-        self.c.put_with(k, n, self.fill(k, n), reject_if_exists=rie)
+        self.acked(k, self.c.put_with(k, n, self.fill(k, n), reject_if_exists=rie))
         self.n.add("puts")
         self.n.add("bytes_written", n)
 
     def op_get(self) -> None:
         k = self.key()
         self.n.add("gets")
+        floor = self.floor.get(k, 0)
         try:
             h = self.c.get(k)
         except fluxkv.KeyNotFound:
             self.n.add("misses")
             return
-        self.got(k, h)
+        self.got(k, h, floor)
 
     def op_delete(self) -> None:
-        self.c.delete(self.key())
+        k = self.key()
+        self.c.delete(k)
+        self.deleted(k)
         self.n.add("deletes")
 
     def op_batch_put(self) -> None:
-        items, total = [], 0
+        items, total, ids = [], 0, {}
         for _ in range(self.rng.randint(2, 6)):
             k, n = self.key(), self.size()
             if total + n > self.a.batch_max_bytes or any(k == i[0] for i in items):
                 continue
-            items.append((k, n, self.fill(k, n)))
+            items.append((k, n, self.fill(k, n, ids)))
             total += n
         if not items:
             return
@@ -274,6 +324,7 @@ class Worker:
         for (k, n, _), e in zip(items, errors):
             if e is None:
                 self.n.add("bytes_written", n)
+                self.acked(k, ids[k])
             else:
                 self.n.error(e)
 
@@ -281,18 +332,21 @@ class Worker:
         ks = self.rng.sample(self.keys, min(len(self.keys), self.rng.randint(2, 8)))
         self.n.add("batch_gets")
         self.n.add("batch_items", len(ks))
+        floors = [self.floor.get(k, 0) for k in ks]
         hs = self.c.batch_get(ks)
-        for k, h in zip(ks, hs):
+        for k, h, floor in zip(ks, hs, floors):
             if h is None:
                 self.n.add("misses")
             else:
-                self.got(k, h)
+                self.got(k, h, floor)
 
     def op_batch_delete(self) -> None:
         ks = self.rng.sample(self.keys, min(len(self.keys), self.rng.randint(2, 5)))
         self.n.add("batch_deletes")
         self.n.add("batch_items", len(ks))
         self.c.batch_delete(ks)
+        for k in ks:
+            self.deleted(k)
 
     @property
     def stop(self) -> bool:
@@ -319,6 +373,7 @@ class Worker:
             self.n.emit(final=True)
             return 0 if self.stop else 1
         _OP[0] = None
+        session = self.c.client_id
         self.n.emit()  # running: the driver waits for this line before a SIGTERM
         ops = [
             (0.22, self.op_put), (0.30, self.op_get), (0.10, self.op_delete), (0.12, self.op_batch_put),
@@ -347,9 +402,13 @@ class Worker:
                 last = now
                 self.n.emit()
         _OP[0], _OP[1] = "close", time.monotonic()
-        for _, _, h in self.held:
+        for _, _, key, h in self.held:
+            self.recheck(key, h)
             h.release()
         self.held.clear()
+        for key, h in self.kept:  # (never released: their bytes stay until the process ends)
+            self.recheck(key, h)
+        self.check_holders(session)
         try:
             self.c.close()
         except Error as e:

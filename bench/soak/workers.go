@@ -103,9 +103,18 @@ func (w *workerPool) stopAll(grace time.Duration) {
 			if s.lang == "python" {
 				dump = syscall.SIGUSR1
 			}
-			if !s.p.exited() && !s.p.stopOrDump(grace, dump) {
+			var failure string
+			switch {
+			case s.p.unexpected():
+				// (The loop's last look at the workers came before: a crash since, the
+				// last chaos restart's say, went unseen.)
+				failure = "worker exited by itself before the end: " + s.p.describe()
+			case !s.p.exited() && !s.p.stopOrDump(grace, dump):
+				failure = "worker did not stop cleanly on SIGTERM: " + s.p.describe()
+			}
+			if failure != "" {
 				w.mu.Lock()
-				w.failures = append(w.failures, "worker did not stop cleanly on SIGTERM: "+s.p.describe())
+				w.failures = append(w.failures, failure)
 				w.mu.Unlock()
 			}
 		}()
@@ -129,4 +138,22 @@ func (w *workerPool) totals() Counters {
 		t.add(c)
 	}
 	return t
+}
+
+// byLang sums the last line of every incarnation per worker language.
+func (w *workerPool) byLang() map[string]*Counters {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]*Counters{}
+	for _, s := range w.slots {
+		if out[s.lang] == nil {
+			out[s.lang] = &Counters{}
+		}
+	}
+	for _, c := range w.last {
+		if t := out[c.Lang]; t != nil {
+			t.add(c)
+		}
+	}
+	return out
 }
