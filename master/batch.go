@@ -151,7 +151,7 @@ func (h *handler) BatchDelete(ctx context.Context, req *mp.BatchDeleteRequest) (
 		for i, k := range req.Keys {
 			resp.Results[i] = h.delete(req.Node, k)
 		}
-		h.s.writeQuiet(ctx)
+		err = h.s.writeQuiet(ctx)
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
@@ -308,7 +308,7 @@ func (h *handler) BatchPutDone(ctx context.Context, req *mp.BatchPutDoneRequest)
 			slices.Sort(again)
 			pulls = again
 		}
-		h.s.writeQuiet(ctx)
+		err = h.s.writeQuiet(ctx)
 	}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil

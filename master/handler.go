@@ -101,7 +101,7 @@ func putStartResponse(plan PutPlan, err error) *mp.PutStartResponse {
 // (Server.pull, outside the lock), and placed again on another one while pulls fail.
 func (h *handler) PutDone(ctx context.Context, req *mp.PutDoneRequest) (*mp.PutDoneResponse, error) {
 	resp := h.putDone(req.Node, req.Key, req.PutId)
-	h.s.writeQuiet(ctx)
+	answerWrite(&resp.Code, &resp.Message, h.s.writeQuiet(ctx))
 	return resp, nil
 }
 
@@ -204,7 +204,7 @@ func (h *handler) GetRevoke(ctx context.Context, req *mp.GetRevokeRequest) (*mp.
 
 func (h *handler) Delete(ctx context.Context, req *mp.DeleteRequest) (*mp.DeleteResponse, error) {
 	resp := h.delete(req.Node, req.Key)
-	h.s.writeQuiet(ctx)
+	answerWrite(&resp.Code, &resp.Message, h.s.writeQuiet(ctx))
 	return resp, nil
 }
 
@@ -237,7 +237,9 @@ func (h *handler) NamespaceDelete(ctx context.Context, req *mp.NamespaceRequest)
 	if ierr := h.s.invalidate(invs); err == nil {
 		err = ierr
 	}
-	h.s.writeQuiet(ctx)
+	if qerr := h.s.writeQuiet(ctx); err == nil {
+		err = qerr
+	}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

@@ -1100,3 +1100,32 @@ func TestWritesAfterAGiveUpTombWaitForTheLease(t *testing.T) {
 		t.Fatalf("the delete of k2 answered %v before the tombed owner's lease ended: its hot set may still serve k2", lease.Sub(answered))
 	}
 }
+
+// TestWriteAnsweredAfterTheGateShutIsNotLeader: a delete or publish that waits out the
+// write quiet period answers NOT_LEADER when its term's fence lapsed meanwhile, as one
+// whose synchronous invalidations outlast the fence does. It answered OK: an owner that
+// could not register with the lapsed term reported the deleted version to the next
+// one, which adopted it (a review).
+func TestWriteAnsweredAfterTheGateShutIsNotLeader(t *testing.T) {
+	s := authtest.Secrets(t)
+	srv := startPeerFailMaster(t, Options{Secrets: s, WriteQuiet: 800 * time.Millisecond})
+	var shut atomic.Bool
+	srv.gate = func() error {
+		if shut.Load() {
+			return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: the leadership lapsed (injected)")
+		}
+		return nil
+	}
+	n := registerOwner(t, srv, "n1", closedPeer(t))
+	h := &handler{s: srv}
+	node := &mp.NodeRef{NodeId: n.ID, Generation: n.Generation}
+	time.AfterFunc(200*time.Millisecond, func() { shut.Store(true) })
+	del, err := h.Delete(context.Background(), &mp.DeleteRequest{Node: node, Key: "k"})
+	if err != nil || del.Code != common.ErrorCode_NOT_LEADER {
+		t.Fatalf("a delete whose term lapsed during its quiet period: %v %v, want NOT_LEADER", err, del)
+	}
+	batch, err := h.BatchDelete(context.Background(), &mp.BatchDeleteRequest{Node: node, Keys: []string{"k"}})
+	if err != nil || batch.Code != common.ErrorCode_NOT_LEADER {
+		t.Fatalf("a batch delete with the gate shut: %v %v, want NOT_LEADER", err, batch)
+	}
+}

@@ -298,13 +298,29 @@ func (s *Server) withSpare(spare bool, f func(st *State) error) error {
 const hotSetAskInterval = 100 * time.Millisecond
 
 // writeQuiet waits out the write quiet period (after the master's start, or after an
-// owner tombed while its hot set may still serve: quietAtLeast).
-func (s *Server) writeQuiet(ctx context.Context) {
+// owner tombed while its hot set may still serve: quietAtLeast) before a write answers,
+// and then looks at the gate again: a term whose fence lapsed meanwhile answers the
+// write NOT_LEADER, as one that lapsed during its synchronous invalidations does. It
+// answered OK, and an owner that could not register with the lapsed term reported the
+// deleted or replaced version to the next one, which adopted it (a review).
+func (s *Server) writeQuiet(ctx context.Context) error {
 	if d := time.Until(time.Unix(0, s.quietUntil.Load())); d > 0 {
 		select {
 		case <-waitContext(ctx).Done():
 		case <-time.After(d):
 		}
+	}
+	if s.gate != nil {
+		return s.gate()
+	}
+	return nil
+}
+
+// answerWrite sets a write's answer code to err (the gate's, after writeQuiet) unless
+// the write failed already.
+func answerWrite(code *common.ErrorCode, msg *string, err error) {
+	if err != nil && *code == common.ErrorCode_OK {
+		*code, *msg = wire.ToResponse(err)
 	}
 }
 
