@@ -18,8 +18,12 @@ import (
 type acker struct {
 	o       *Owner
 	flushMu sync.Mutex // one flush at a time: sync returns only after any flush in flight
-	mu      sync.Mutex // protects pending, queued, dropped, touched, flight
+	mu      sync.Mutex // protects pending, queued, dropped, touched, flight, syncing
 	pending []int64
+	// syncing counts the hot-set releases (holdForSync) that queue acks and sync them:
+	// master calls carry no acks meanwhile (take), so the released ids go in the sync's
+	// own BatchDeleteAck, and its answer says they reached the master.
+	syncing int
 	// queued counts the ids ever queued, dropped those left unsent (past maxPendingAcks,
 	// or queued before a registration that succeeded): the ids queued at or after a
 	// mark() are the last queued-mark of pending (or all of it).
@@ -259,9 +263,14 @@ func (a *acker) takeForCall(ctx context.Context) []int64 {
 }
 
 // take removes and returns the queued acks, at most masterCallAcks of them (the rest
-// wait for the next call or flush), for a master call that carries them.
+// wait for the next call or flush), for a master call that carries them; none while a
+// hot-set release syncs its own (holdForSync).
 func (a *acker) take() []int64 {
 	a.mu.Lock()
+	if a.syncing > 0 {
+		a.mu.Unlock()
+		return nil
+	}
 	n := min(len(a.pending), masterCallAcks)
 	p := a.pending[:n:n]
 	a.pending = a.pending[n:]
@@ -289,6 +298,23 @@ func (a *acker) giveBack(ids []int64) {
 	a.boundLocked()
 	a.mu.Unlock()
 	a.kickLoop()
+}
+
+// holdForSync keeps the queued acks from master calls (take) until the returned func
+// runs: a hot-set release queues the acks of what it released and syncs them, and
+// answers the master that they reached it. A GetStart or PutStart that took them
+// between the two carried them instead; the sync found nothing left and answered at
+// once while that call was still on its way, and the master, told the room was given
+// back, evicted a sole copy for room still held (a review).
+func (a *acker) holdForSync() (release func()) {
+	a.mu.Lock()
+	a.syncing++
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		a.syncing--
+		a.mu.Unlock()
+	}
 }
 
 // sync sends every queued ack now (Stat calls it so used bytes reflect releases); it

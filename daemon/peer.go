@@ -195,6 +195,7 @@ func (h *peerHandler) ReleaseHotSet(ctx context.Context, req *peer.ReleaseHotSet
 // releaseHotSet gives the master back idle hot-set holdings (of keys, else bytes' worth)
 // and acks them with every holder released since the last ack batch.
 func (o *Owner) releaseHotSet(keys []string, bytes int64) *peer.ReleaseHotSetResponse {
+	defer o.acks.holdForSync()()
 	st := o.lock()
 	n, released := st.releaseHotSet(keys, bytes)
 	o.unlock()

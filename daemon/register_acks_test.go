@@ -304,3 +304,21 @@ func TestReleaseHotSetAnswersWhetherTheAcksWentOut(t *testing.T) {
 	}
 	waitNoHolders(t, o, m, "the acks were not sent again")
 }
+
+// TestReleaseHotSetKeepsItsAcksFromCalls: while a hot-set release syncs the acks of what
+// it released, master calls carry none of them (take): they go in the release's own
+// BatchDeleteAck, whose answer is the release's. A GetStart or PutStart that took them
+// carried them instead, and the release answered OK while they were on their way.
+func TestReleaseHotSetKeepsItsAcksFromCalls(t *testing.T) {
+	t.Parallel()
+	a := &acker{}
+	done := a.holdForSync()
+	a.add(7)
+	if ids := a.take(); len(ids) != 0 {
+		t.Fatalf("a master call took %v while a hot-set release synced them", ids)
+	}
+	done()
+	if ids := a.take(); len(ids) != 1 || ids[0] != 7 {
+		t.Fatalf("after the release a call takes %v, want [7]", ids)
+	}
+}
