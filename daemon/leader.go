@@ -23,6 +23,7 @@ func (m *masterLink) follow() {
 				return
 			}
 			latest.Store(&r)
+			m.o.sawLeaderEpoch(r.Epoch)
 			m.cutDeposed(r.Addr)
 			select {
 			case wake <- struct{}{}:

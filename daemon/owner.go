@@ -495,6 +495,13 @@ func (o *Owner) admit(epoch int64) error {
 }
 
 // masterEpoch is the epoch of the master this owner last registered with (0: none).
+// sawLeaderEpoch records an HA leader's epoch seen on etcd (registration.seenEpochs).
+func (o *Owner) sawLeaderEpoch(e int64) {
+	st := o.lock()
+	defer o.unlock()
+	st.sawLeaderEpoch(e)
+}
+
 func (o *Owner) masterEpoch() int64 {
 	st := o.lock()
 	defer o.unlock()

@@ -134,9 +134,12 @@ func (m *masterLink) registerTo(ctx context.Context, hearsay bool, leader int64)
 	switch {
 	case ok:
 		st.reg.takenGen = o.nodeGen()
-		if next == registeredReport && unsure {
+		skipped := st.skippedTerm(prev, resp.MasterEpoch)
+		if next == registeredReport && (unsure || skipped) {
 			// The master before may have tombed this owner and answered deletes of
-			// its keys since: the new one must not adopt them from the report.
+			// its keys since, or a term between them did (it led while this owner
+			// could not register with it): the new one must not adopt them from the
+			// report.
 			st.replicas.reset()
 		}
 	case err == nil:

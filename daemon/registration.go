@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -51,6 +52,10 @@ type registration struct {
 	unsureIn int64
 	// backs counts the owner's goings back to takenGen (staleAnswer).
 	backs uint64
+	// seenEpochs are the epochs of HA leaders seen on etcd that this owner has not
+	// registered with (at most maxSeenEpochs, the newest): a registration with a later
+	// one whose PrevEpoch is older than one of them skipped that term (sawLeaderEpoch).
+	seenEpochs []int64
 	// tombedIn is the master epoch whose STALE_GENERATION answer made the owner drop its
 	// index since its last successful registration (tombedBy; 0: none).
 	tombedIn int64
@@ -71,6 +76,31 @@ type registration struct {
 type evictAck struct {
 	epoch, seq int64
 	reg        uint64
+}
+
+// maxSeenEpochs bounds registration.seenEpochs.
+const maxSeenEpochs = 16
+
+// sawLeaderEpoch records an HA leader's epoch seen on etcd (the follow loop's watch).
+func (st *ownerState) sawLeaderEpoch(e int64) {
+	if e <= st.reg.masterEpoch || slices.Contains(st.reg.seenEpochs, e) {
+		return
+	}
+	st.reg.seenEpochs = append(st.reg.seenEpochs, e)
+	if len(st.reg.seenEpochs) > maxSeenEpochs {
+		slices.Sort(st.reg.seenEpochs)
+		st.reg.seenEpochs = st.reg.seenEpochs[len(st.reg.seenEpochs)-maxSeenEpochs:]
+	}
+}
+
+// skippedTerm reports whether a registration with the master of epoch now, after the
+// one of epoch prev, skipped a term this owner saw lead in between, and forgets the
+// epochs up to now. That term's deletes and overwrites are in no report the new master
+// gets from this owner, which would bring the versions they dropped back (a review).
+func (st *ownerState) skippedTerm(prev, now int64) bool {
+	skipped := prev != 0 && slices.ContainsFunc(st.reg.seenEpochs, func(e int64) bool { return prev < e && e < now })
+	st.reg.seenEpochs = slices.DeleteFunc(st.reg.seenEpochs, func(e int64) bool { return e <= now })
+	return skipped
 }
 
 // afterRegister is what follows a successful registration.

@@ -432,3 +432,30 @@ func TestCommitOfAForgottenRecordIsReported(t *testing.T) {
 		return n.ssdReplicasOf(t, "n1") == on
 	})
 }
+
+// TestRegistrationAfterASkippedTermReportsNothing: an owner that saw an HA leader's term
+// on etcd and never registered with it (cut off while it led), then registers with the
+// next, reports no replica: the skipped term's deletes and overwrites are in no report,
+// and the next master adopted the versions they dropped (a review).
+func TestRegistrationAfterASkippedTermReportsNothing(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, 8<<20, nil, master.Options{InsecureCluster: true})
+	if err := n.c.Put("k", value(1, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	e1 := n.o.masterEpoch()
+	n.o.sawLeaderEpoch(e1 + 1) // a term that led while this owner could not register with it
+	n.m = restartMasterWith(t, n, master.Options{InsecureCluster: true, Epoch: e1 + 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n.o.master.register(ctx); err != nil && n.o.masterEpoch() != e1+2 {
+		t.Fatal(err) // (the heartbeat loop may have registered first)
+	}
+	waitUntil(t, func() bool { return n.o.masterEpoch() == e1+2 })
+	if gen, replicas := memberGen(n.m, "n1"); replicas != 0 {
+		t.Fatalf("the master after a skipped term lists n1 (generation %d) with %d replicas: it adopted the owner's report", gen, replicas)
+	}
+	if ok, err := n.c.Exists("k"); err != nil || ok {
+		t.Fatalf("exists k after a skipped term: %v %v, want a miss", ok, err)
+	}
+}
