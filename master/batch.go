@@ -39,8 +39,17 @@ func (h *handler) checkBatch(node *mp.NodeRef, n int) error {
 // spaceWait bounds the waits for space of a whole batch by one Options.AllocWait, as
 // for one per-key call: past it, the items still short of space fail NO_SPACE at once
 // instead of each waiting its own AllocWait (the owner's call would time out first).
+//
+// The bound goes on the context the waits end with (waitContext): an in-process call's
+// is its caller's, which the handler's context only carries, so a bound on the handler's
+// alone was never read there, and each short key waited its own AllocWait until the
+// owner's call timed out (a review).
 func (h *handler) spaceWait(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, h.s.opts.AllocWait)
+	bounded, cancel := context.WithTimeout(waitContext(ctx), h.s.opts.AllocWait)
+	if waitContext(ctx) != ctx {
+		return context.WithValue(ctx, callerKey{}, bounded), cancel
+	}
+	return bounded, cancel
 }
 
 func (h *handler) BatchGetStart(ctx context.Context, req *mp.BatchGetStartRequest) (*mp.BatchGetStartResponse, error) {

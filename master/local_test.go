@@ -66,3 +66,71 @@ func TestLocalClient(t *testing.T) {
 		t.Fatalf("stat after Stop: %v; want an error", err)
 	}
 }
+
+// TestLocalBatchWaitsOneAllocWait: an in-process batch waits for space one AllocWait in
+// all, as over the network: each key short of space waited its own (the batch's bound was
+// on the handler's context, and the in-process waits end with the caller's), until the
+// owner's call timed out (a review).
+func TestLocalBatchWaitsOneAllocWait(t *testing.T) {
+	wait := time.Second
+	srv := startPeerFailMaster(t, Options{Secrets: authtest.Secrets(t), AllocWait: wait, WriteQuiet: -1})
+	c := srv.LocalClient()
+	ctx := context.Background()
+	node := &mp.NodeRef{NodeId: "n1", Generation: 1}
+	if reg, err := c.Register(ctx, &mp.RegisterRequest{Node: node, SegmentSize: 4096, DataAddr: "127.0.0.1:1", PeerAddr: "127.0.0.1:2"}); err != nil || reg.Code != common.ErrorCode_OK {
+		t.Fatalf("register: %+v, %v", reg, err)
+	}
+	ps, err := c.PutStart(ctx, &mp.PutStartRequest{Node: node, Key: "k", Len: 4096})
+	if err == nil && ps.Code == common.ErrorCode_OK {
+		_, err = c.PutDone(ctx, &mp.PutDoneRequest{Node: node, Key: "k", PutId: ps.PutId})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs, err := c.GetStart(ctx, &mp.GetStartRequest{Node: node, Key: "k"}); err != nil || gs.Code != common.ErrorCode_OK {
+		t.Fatalf("get start: %+v, %v", gs, err) // k is held: no key of the batch finds room
+	}
+	var items []*mp.PutStartItem
+	for _, k := range []string{"a", "b", "c", "d"} {
+		items = append(items, &mp.PutStartItem{Key: k, Len: 4096})
+	}
+	long, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	r, err := c.BatchPutStart(long, &mp.BatchPutStartRequest{Node: node, Items: items})
+	took := time.Since(t0)
+	if err != nil || r.Code != common.ErrorCode_OK || len(r.Results) != len(items) {
+		t.Fatalf("batch put start: %+v, %v", r, err)
+	}
+	for i, res := range r.Results {
+		if res.Code != common.ErrorCode_NO_SPACE {
+			t.Errorf("item %d: %v, want NO_SPACE", i, res.Code)
+		}
+	}
+	if took > 3*wait {
+		t.Fatalf("the batch waited %v for space, %d AllocWaits of %v: want one in all", took, took/wait, wait)
+	}
+}
+
+// TestLocalWriteEndedWithinTheQuietIsUnknown: an in-process write whose caller gives up
+// within the write quiet period answers UNAVAILABLE (its outcome unknown), as a caller
+// over the network sees it: it answered OK before the quiet ended (a review).
+func TestLocalWriteEndedWithinTheQuietIsUnknown(t *testing.T) {
+	srv := startPeerFailMaster(t, Options{Secrets: authtest.Secrets(t), WriteQuiet: 2 * time.Second})
+	c := srv.LocalClient()
+	ctx := context.Background()
+	node := &mp.NodeRef{NodeId: "n1", Generation: 1}
+	if reg, err := c.Register(ctx, &mp.RegisterRequest{Node: node, SegmentSize: 4096, DataAddr: "127.0.0.1:1", PeerAddr: "127.0.0.1:2"}); err != nil || reg.Code != common.ErrorCode_OK {
+		t.Fatalf("register: %+v, %v", reg, err)
+	}
+	ps, err := c.PutStart(ctx, &mp.PutStartRequest{Node: node, Key: "k", Len: 4096})
+	if err != nil || ps.Code != common.ErrorCode_OK {
+		t.Fatalf("put start: %+v, %v", ps, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	pd, err := c.PutDone(short, &mp.PutDoneRequest{Node: node, Key: "k", PutId: ps.PutId})
+	if err != nil || pd.Code != common.ErrorCode_UNAVAILABLE {
+		t.Fatalf("put done ended within the quiet period: %+v, %v; want UNAVAILABLE", pd, err)
+	}
+}

@@ -304,9 +304,17 @@ const hotSetAskInterval = 100 * time.Millisecond
 // answered OK, and an owner that could not register with the lapsed term reported the
 // deleted or replaced version to the next one, which adopted it (a review).
 func (s *Server) writeQuiet(ctx context.Context) error {
-	if d := time.Until(time.Unix(0, s.quietUntil.Load())); d > 0 {
+	until := time.Unix(0, s.quietUntil.Load())
+	if d := time.Until(until); d > 0 {
 		select {
 		case <-waitContext(ctx).Done():
+			if time.Now().Before(until) {
+				// The caller gave up first (an in-process call's context ends with the
+				// owner's): the write stands, its answer may not come before the quiet
+				// ends. It answered OK early, while an owner's hot set could still serve
+				// the version it replaced (a review).
+				return wire.Errorf(common.ErrorCode_UNAVAILABLE, "the call ended within the write quiet period: the write's outcome is unknown")
+			}
 		case <-time.After(d):
 		}
 	}
