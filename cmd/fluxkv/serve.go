@@ -198,8 +198,14 @@ func upCommand() *cli.Command {
 			// endpoint would count a client's put twice. The owner's are what clients
 			// see. Its listener's refusals and timeouts (other owners reach it over TCP)
 			// are counted as any master's.
-			// Its owner restarts with it (a new, empty incarnation): no write quiet period.
-			srv, err := st.master(mc, m, secrets, -1, true)
+			// Its owner restarts with it (a new, empty incarnation): no write quiet period,
+			// unless it listens on a fixed port, which other owners may reach it at again
+			// after a restart with hot sets of the incarnation before (a review).
+			quiet := time.Duration(-1)
+			if _, port, err := net.SplitHostPort(mc.Listen); err == nil && port != "0" {
+				quiet = 0 // the master's default
+			}
+			srv, err := st.master(mc, m, secrets, quiet, true)
 			if err != nil {
 				return st.fail(ctx, err)
 			}
@@ -351,7 +357,9 @@ func (s *stack) master(mc config.Master, m *metrics.Metrics, secrets *auth.Secre
 	if len(mc.EtcdEndpoints) > 0 {
 		ev = ev.Strs("etcd_endpoints", mc.EtcdEndpoints).Str("etcd_prefix", mc.EtcdPrefix).Str("advertise_addr", mc.AdvertiseAddr)
 	}
-	ev.Dur("took", time.Since(t0)).Msg("master started")
+	// write_quiet: deletes and publishes wait out a quiet period after the start (off for
+	// `up` on an ephemeral port: no owner but its own reaches that master after a restart).
+	ev.Bool("write_quiet", writeQuiet >= 0).Dur("took", time.Since(t0)).Msg("master started")
 	return srv, nil
 }
 

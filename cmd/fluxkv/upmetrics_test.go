@@ -41,3 +41,31 @@ func TestUpCountsMasterRefusals(t *testing.T) {
 		t.Errorf("%s = %v after one refused handshake, want %v", sample, got, before+1)
 	}
 }
+
+// TestUpWriteQuietOnAFixedPort: `fluxkv up` keeps the master's write quiet period when it
+// listens on a fixed port, where owners of other hosts reach it again after a restart,
+// with hot sets of the incarnation before; on an ephemeral port (the default) only its
+// own owner, restarted with it, reaches it, and writes answer at once. The quiet period
+// was off either way (a review).
+func TestUpWriteQuietOnAFixedPort(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := l.Addr().String()
+	l.Close()
+	for _, tc := range []struct {
+		listen string
+		quiet  bool
+	}{{"127.0.0.1:0", false}, {fixed, true}} {
+		dir := t.TempDir()
+		s := startService(t, "up", "--dir", dir, "--dram", "32MiB", "--listen", tc.listen)
+		m, _ := s.waitLog("master started")
+		if q, _ := m["write_quiet"].(bool); q != tc.quiet {
+			t.Errorf("up --listen %s: write_quiet %v, want %v", tc.listen, m["write_quiet"], tc.quiet)
+		}
+		sock := filepath.Join(dir, "fluxkv.sock")
+		waitSocket(t, s, sock)
+		s.stop(sock)
+	}
+}
