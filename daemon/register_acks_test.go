@@ -103,14 +103,7 @@ func TestAckNotLeaderKept(t *testing.T) {
 	lapsed.n.Store(1)
 	useMasterClient(o, lapsed)
 
-	h, err := c.Get("k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.Release()
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	getAndRelease(t, c)
 	waitNoHolders(t, o, m, "the ack answered NOT_LEADER was dropped")
 }
 
@@ -139,14 +132,7 @@ func TestGetStartNotLeaderKeepsAcks(t *testing.T) {
 	lapsed.n.Store(1)
 	useMasterClient(o, lapsed)
 
-	h, err := c.Get("k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.Release() // its ack waits in the queue (AckDelay)
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	getAndRelease(t, c) // its ack waits in the queue (AckDelay)
 	time.Sleep(20 * time.Millisecond)
 	if _, err := c.Get("k"); err == nil { // carries the ack; answered NOT_LEADER
 		t.Fatal("the lapsed GetStart succeeded")
@@ -288,14 +274,7 @@ func TestReleaseHotSetAnswersWhetherTheAcksWentOut(t *testing.T) {
 	lapsed := &lapsedAcks{Client: m.LocalClient()}
 	lapsed.n.Store(1)
 	useMasterClient(o, lapsed)
-	h, err := c.Get("k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.Release()
-	if err := c.Flush(); err != nil { // the owner has the release; its ack waits (AckDelay)
-		t.Fatal(err)
-	}
+	getAndRelease(t, c) // the owner has the release; its ack waits (AckDelay)
 	if r := o.releaseHotSet(nil, 1<<20); r.Code != common.ErrorCode_UNAVAILABLE {
 		t.Fatalf("ReleaseHotSet with its acks answered NOT_LEADER: %v %q, want UNAVAILABLE", r.Code, r.Message)
 	}
@@ -320,5 +299,19 @@ func TestReleaseHotSetKeepsItsAcksFromCalls(t *testing.T) {
 	done()
 	if ids := a.take(); len(ids) != 1 || ids[0] != 7 {
 		t.Fatalf("after the release a call takes %v, want [7]", ids)
+	}
+}
+
+// getAndRelease gets k through c, releases the holder and flushes the release to the
+// owner (which queues its ack).
+func getAndRelease(t *testing.T, c *fluxkv.Client) {
+	t.Helper()
+	h, err := c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Release()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
 	}
 }

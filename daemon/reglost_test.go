@@ -98,14 +98,7 @@ func TestFailedRegisterAcksIdleHolders(t *testing.T) {
 	t.Parallel()
 	m1 := ackMaster(t, "127.0.0.1:0")
 	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace = time.Minute })
-	h, err := c.Get("k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.Release()
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	getAndRelease(t, c)
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		st := o.lock()
 		idle := st.hot.idleLen()

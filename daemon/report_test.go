@@ -241,22 +241,7 @@ func (h *reportHeld) ReportReplicas(ctx context.Context, req *mp.ReportReplicasR
 // otherwise find no route to clear, then adopt the gone records and route gets to them).
 func TestEvictionDuringAReport(t *testing.T) {
 	t.Parallel()
-	const size = 256 << 10
-	n := startNode(t, 16<<20, ssdOptions(t, 4<<20), master.Options{InsecureCluster: true})
-	ids := map[string]int64{}
-	for i := range 6 {
-		k := fmt.Sprintf("k%d", i)
-		if err := n.c.Put(k, value(i, size)); err != nil {
-			t.Fatal(err)
-		}
-		h, err := n.c.Get(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[k] = h.PutID()
-		h.Release()
-	}
-	n.waitPersisted(t)
+	n, ids := persistedOnASmallRing(t)
 	held := &reportHeld{entered: make(chan struct{}), release: make(chan struct{})}
 	n.wrapMaster(func(c masterservice.Client) masterservice.Client { held.Client = c; return held })
 	n.m = restartMaster(t, n)
@@ -271,18 +256,7 @@ func TestEvictionDuringAReport(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no replica report came")
 	}
-	for i := range 20 { // overwrites the six records in the 4 MiB ring
-		pin, err := n.o.store.Persist(fmt.Sprintf("filler%d", i), 1, value(100+i, size))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pin.Release() // records the master knows nothing of
-	}
-	for k, id := range ids {
-		if n.o.store.Contains(k, id) {
-			t.Fatalf("%s is still on the ring: the test overwrote nothing", k)
-		}
-	}
+	overwriteRing(t, n, ids)
 	time.Sleep(300 * time.Millisecond) // the eviction reports go out (and are refused)
 	close(held.release)
 	if err := <-regDone; err != nil {
@@ -332,22 +306,7 @@ func (l *registerLost) Register(ctx context.Context, req *mp.RegisterRequest, o 
 // for good: the master kept SSD replicas of records the ring had overwritten (a review).
 func TestEvictionReportsUnderARegistrationNotTaken(t *testing.T) {
 	t.Parallel()
-	const size = 256 << 10
-	n := startNode(t, 16<<20, ssdOptions(t, 4<<20), master.Options{InsecureCluster: true})
-	ids := map[string]int64{}
-	for i := range 6 {
-		k := fmt.Sprintf("k%d", i)
-		if err := n.c.Put(k, value(i, size)); err != nil {
-			t.Fatal(err)
-		}
-		h, err := n.c.Get(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[k] = h.PutID()
-		h.Release()
-	}
-	n.waitPersisted(t)
+	n, ids := persistedOnASmallRing(t)
 	g1 := n.o.nodeGen()
 	l := &registerLost{entered: make(chan struct{}), release: make(chan struct{})}
 	l.cut.Store(true)
@@ -363,18 +322,7 @@ func TestEvictionReportsUnderARegistrationNotTaken(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no Register came")
 	}
-	for i := range 20 { // overwrites the six records in the 4 MiB ring
-		pin, err := n.o.store.Persist(fmt.Sprintf("filler%d", i), 1, value(100+i, size))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pin.Release() // records the master knows nothing of
-	}
-	for k, id := range ids {
-		if n.o.store.Contains(k, id) {
-			t.Fatalf("%s is still on the ring: the test overwrote nothing", k)
-		}
-	}
+	overwriteRing(t, n, ids)
 	time.Sleep(300 * time.Millisecond) // the eviction reports go out under the new generation
 	close(l.release)
 	if err := <-regDone; err == nil {
@@ -457,5 +405,48 @@ func TestRegistrationAfterASkippedTermReportsNothing(t *testing.T) {
 	}
 	if ok, err := n.c.Exists("k"); err != nil || ok {
 		t.Fatalf("exists k after a skipped term: %v %v, want a miss", ok, err)
+	}
+}
+
+// ringValueSize is the size of persistedOnASmallRing's values and overwriteRing's fillers.
+const ringValueSize = 256 << 10
+
+// persistedOnASmallRing starts node n1 with a 4 MiB SSD ring and six values k0..k5 of
+// ringValueSize persisted there; ids are their put ids.
+func persistedOnASmallRing(t *testing.T) (*node, map[string]int64) {
+	t.Helper()
+	n := startNode(t, 16<<20, ssdOptions(t, 4<<20), master.Options{InsecureCluster: true})
+	ids := map[string]int64{}
+	for i := range 6 {
+		k := fmt.Sprintf("k%d", i)
+		if err := n.c.Put(k, value(i, ringValueSize)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.c.Get(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[k] = h.PutID()
+		h.Release()
+	}
+	n.waitPersisted(t)
+	return n, ids
+}
+
+// overwriteRing persists fillers the master knows nothing of until the ring holds none
+// of the records ids names.
+func overwriteRing(t *testing.T, n *node, ids map[string]int64) {
+	t.Helper()
+	for i := range 20 { // over the 4 MiB ring
+		pin, err := n.o.store.Persist(fmt.Sprintf("filler%d", i), 1, value(100+i, ringValueSize))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin.Release()
+	}
+	for k, id := range ids {
+		if n.o.store.Contains(k, id) {
+			t.Fatalf("%s is still on the ring: the test overwrote nothing", k)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
 )
 
 // TestLocalClient: the in-process client (fluxkv up's owner) runs the handlers: a
@@ -74,12 +75,8 @@ func TestLocalClient(t *testing.T) {
 func TestLocalBatchWaitsOneAllocWait(t *testing.T) {
 	wait := time.Second
 	srv := startPeerFailMaster(t, Options{Secrets: authtest.Secrets(t), AllocWait: wait, WriteQuiet: -1})
-	c := srv.LocalClient()
+	c, node := registerLocal(t, srv)
 	ctx := context.Background()
-	node := &mp.NodeRef{NodeId: "n1", Generation: 1}
-	if reg, err := c.Register(ctx, &mp.RegisterRequest{Node: node, SegmentSize: 4096, DataAddr: "127.0.0.1:1", PeerAddr: "127.0.0.1:2"}); err != nil || reg.Code != common.ErrorCode_OK {
-		t.Fatalf("register: %+v, %v", reg, err)
-	}
 	ps, err := c.PutStart(ctx, &mp.PutStartRequest{Node: node, Key: "k", Len: 4096})
 	if err == nil && ps.Code == common.ErrorCode_OK {
 		_, err = c.PutDone(ctx, &mp.PutDoneRequest{Node: node, Key: "k", PutId: ps.PutId})
@@ -117,12 +114,8 @@ func TestLocalBatchWaitsOneAllocWait(t *testing.T) {
 // over the network sees it: it answered OK before the quiet ended (a review).
 func TestLocalWriteEndedWithinTheQuietIsUnknown(t *testing.T) {
 	srv := startPeerFailMaster(t, Options{Secrets: authtest.Secrets(t), WriteQuiet: 2 * time.Second})
-	c := srv.LocalClient()
+	c, node := registerLocal(t, srv)
 	ctx := context.Background()
-	node := &mp.NodeRef{NodeId: "n1", Generation: 1}
-	if reg, err := c.Register(ctx, &mp.RegisterRequest{Node: node, SegmentSize: 4096, DataAddr: "127.0.0.1:1", PeerAddr: "127.0.0.1:2"}); err != nil || reg.Code != common.ErrorCode_OK {
-		t.Fatalf("register: %+v, %v", reg, err)
-	}
 	ps, err := c.PutStart(ctx, &mp.PutStartRequest{Node: node, Key: "k", Len: 4096})
 	if err != nil || ps.Code != common.ErrorCode_OK {
 		t.Fatalf("put start: %+v, %v", ps, err)
@@ -133,4 +126,15 @@ func TestLocalWriteEndedWithinTheQuietIsUnknown(t *testing.T) {
 	if err != nil || pd.Code != common.ErrorCode_UNAVAILABLE {
 		t.Fatalf("put done ended within the quiet period: %+v, %v; want UNAVAILABLE", pd, err)
 	}
+}
+
+// registerLocal registers owner n1 (a 4 KiB segment) through srv's in-process client.
+func registerLocal(t *testing.T, srv *Server) (masterservice.Client, *mp.NodeRef) {
+	t.Helper()
+	c := srv.LocalClient()
+	node := &mp.NodeRef{NodeId: "n1", Generation: 1}
+	if reg, err := c.Register(context.Background(), &mp.RegisterRequest{Node: node, SegmentSize: 4096, DataAddr: "127.0.0.1:1", PeerAddr: "127.0.0.1:2"}); err != nil || reg.Code != common.ErrorCode_OK {
+		t.Fatalf("register: %+v, %v", reg, err)
+	}
+	return c, node
 }
