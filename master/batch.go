@@ -45,8 +45,9 @@ func (h *handler) checkBatch(node *mp.NodeRef, n int) error {
 // alone was never read there, and each short key waited its own AllocWait until the
 // owner's call timed out (a review).
 func (h *handler) spaceWait(ctx context.Context) (context.Context, context.CancelFunc) {
-	bounded, cancel := context.WithTimeout(waitContext(ctx), h.s.opts.AllocWait)
-	if waitContext(ctx) != ctx {
+	wait := waitContext(ctx)
+	bounded, cancel := context.WithTimeout(wait, h.s.opts.AllocWait)
+	if wait != ctx {
 		return context.WithValue(ctx, callerKey{}, bounded), cancel
 	}
 	return bounded, cancel
