@@ -17,6 +17,7 @@ import (
 	"github.com/cloudwego/kitex/pkg/serviceinfo"
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/internal/rawsock"
 	"github.com/fluxkv/fluxkv/metrics"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/wire"
@@ -117,7 +118,8 @@ var errConnDone = errors.New("connection closed by the server")
 // serveConn serves conn, whose peer is uid; own is the uid's frame budget (nil: it has
 // none apart from the socket's).
 func (s *framedServer) serveConn(conn *net.UnixConn, uid uint32, own *wire.FrameBudget) error {
-	r := bufio.NewReaderSize(conn, connReadBuffer)
+	rs := rawsock.New(conn) // (no sysmon wake-up per call: see the package)
+	r := bufio.NewReaderSize(rs, connReadBuffer)
 	st := &connState{}
 	var buf, out []byte
 	for {
@@ -175,7 +177,7 @@ func (s *framedServer) serveConn(conn *net.UnixConn, uid uint32, own *wire.Frame
 		releaseFrame(own, s.limits.Budget, held)
 		out = appendFrame(out[:0], reply)
 		conn.SetWriteDeadline(time.Now().Add(s.limits.FrameTimeout))
-		if _, err := conn.Write(out); err != nil {
+		if _, err := rs.Write(out); err != nil {
 			if isTimeout(err) {
 				s.acc.timedOut(metrics.TimeoutFrame)
 			}

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -81,9 +82,10 @@ func (b *callBound) remove(c *clientConn) {
 }
 
 // boundWriter is the raw side a bound connection's buffered writer flushes to: each
-// write must finish within the bound.
+// write (to w, conn's writes) must finish within the bound.
 type boundWriter struct {
 	conn    net.Conn
+	w       io.Writer
 	timeout time.Duration
 }
 
@@ -91,5 +93,5 @@ func (w boundWriter) Write(p []byte) (int, error) {
 	if err := w.conn.SetWriteDeadline(time.Now().Add(w.timeout)); err != nil {
 		return 0, err
 	}
-	return w.conn.Write(p)
+	return w.w.Write(p)
 }

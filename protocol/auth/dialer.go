@@ -3,6 +3,7 @@ package auth
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"github.com/cloudwego/gopkg/bufiox"
 	"github.com/cloudwego/kitex/pkg/remote"
 
+	"github.com/fluxkv/fluxkv/internal/rawsock"
 	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
@@ -47,9 +49,9 @@ func (d *Dialer) DialTimeout(network, address string, timeout time.Duration) (ne
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	var rd interface{ Read([]byte) (int, error) } = raw
+	var rd io.Reader = rawsock.New(raw)
 	if d.secrets == nil {
-		rd = &insecureReader{conn: raw, addr: address}
+		rd = &insecureReader{r: rd, addr: address}
 	} else if err := clientHandshakeConn(raw, d.secrets, d.purpose, address, timeout, d.master); err != nil {
 		raw.Close()
 		return nil, err
@@ -99,13 +101,13 @@ func clientHandshakeConn(conn net.Conn, s *Secrets, purpose, address string, hel
 // authentication speaks first with its hello, which no thrift reply starts with (as
 // a framed length its first byte "F" means over 1 GiB), so the first byte tells.
 type insecureReader struct {
-	conn    net.Conn
+	r       io.Reader
 	addr    string
 	checked bool
 }
 
 func (r *insecureReader) Read(b []byte) (int, error) {
-	n, err := r.conn.Read(b)
+	n, err := r.r.Read(b)
 	if !r.checked && n > 0 {
 		r.checked = true
 		if b[0] == magic[0] {
@@ -131,13 +133,14 @@ var (
 	errConnClosed = errors.New("connection has been closed")
 )
 
-func newClientConn(conn net.Conn, rd interface{ Read([]byte) (int, error) }, bound *callBound) *clientConn {
+func newClientConn(conn net.Conn, rd io.Reader, bound *callBound) *clientConn {
 	// Replies are checked before Kitex decodes them, like the calls servers read.
 	c := &clientConn{Conn: conn, r: bufiox.NewDefaultReader(wire.GuardReader(rd, 0)), bound: bound}
+	wr := rawsock.New(conn)
 	if bound != nil {
-		c.w = bufiox.NewDefaultWriter(boundWriter{conn: conn, timeout: bound.timeout})
+		c.w = bufiox.NewDefaultWriter(boundWriter{conn: conn, w: wr, timeout: bound.timeout})
 	} else {
-		c.w = bufiox.NewDefaultWriter(conn)
+		c.w = bufiox.NewDefaultWriter(wr)
 	}
 	return c
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/fluxkv/fluxkv/internal/rawsock"
 	"github.com/fluxkv/fluxkv/metrics"
 )
 
@@ -150,7 +151,7 @@ func (l *listener) admit(raw net.Conn) *serverConn {
 		raw.Close()
 		return nil
 	}
-	c := &serverConn{Conn: raw, l: l}
+	c := &serverConn{Conn: raw, raw: rawsock.New(raw), l: l}
 	var victim *serverConn
 	var reason string
 	var busy bool
@@ -325,7 +326,8 @@ func (h handshakeIO) Read(b []byte) (int, error) {
 // applied once it is done.
 type serverConn struct {
 	net.Conn
-	l *listener
+	raw io.ReadWriter // Conn's reads and writes after the handshake (rawsock)
+	l   *listener
 
 	// Protected by l.mu:
 	pe    pendingEntry // in l.pending while the handshake runs (secure listeners)
@@ -382,7 +384,7 @@ func (c *serverConn) Read(b []byte) (int, error) {
 	if c.handshake() != nil {
 		return 0, io.EOF
 	}
-	n, err := c.Conn.Read(b)
+	n, err := c.raw.Read(b)
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.isDraining() {
 		err = io.EOF
 	}
@@ -394,7 +396,7 @@ func (c *serverConn) Write(b []byte) (int, error) {
 	if c.handshake() != nil {
 		return 0, net.ErrClosed
 	}
-	return c.Conn.Write(b)
+	return c.raw.Write(b)
 }
 
 // SetReadDeadline applies t, after the handshake when one is running; a draining
