@@ -12,11 +12,11 @@ APT_TEST := python3-thrift python3-numpy python3-pytest python3-matplotlib memca
 APT_TORCH := python3-torch
 APT_GEN := thrift-compiler
 # Packages whose tests exercise concurrency run under the race detector.
-RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cmd/... ./metrics/... ./protocol/...
+RACE_PKGS := ./master/... ./daemon/... ./shm/... ./ssd/... ./clients/go/... ./cmd/... ./metrics/... ./protocol/... ./internal/rawsock/...
 # Tests that start fluxkv processes: FLUXKV_BIN is the -race build (functional tests),
 # FLUXKV_BIN_NORACE the plain one (limits, soak, benchmarks). A -race child stops at its
 # first race with exit status 66, which fails the test that started it. The packages
-# tested without -race (bench/soak, config, deploy, internal) get the plain binary as both.
+# tested without -race (bench/soak, config, deploy, internal but rawsock) get the plain binary as both.
 # atexit_sleep_ms=0: a -race process (test binary or child) exits at once instead of
 # sleeping the race runtime's default second first; halt_on_error already ends one at
 # its first report, and a second per process was minutes of `make test`.
@@ -60,7 +60,7 @@ test: deps-test vet build build-race test-go test-python test-cpp
 test-go: build build-race
 	$(TEST_ENV) $(GO) test -race -timeout 20m -parallel 4 $(RACE_PKGS)
 	FLUXKV_BIN=$(CURDIR)/$(BIN) FLUXKV_BIN_NORACE=$(CURDIR)/$(BIN) \
-	  $(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e /master -e /daemon -e /shm -e /ssd -e /clients/go -e /cmd/ -e /metrics -e /protocol/)
+	  $(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e /master -e /daemon -e /shm -e /ssd -e /clients/go -e /cmd/ -e /metrics -e /protocol/ -e /internal/rawsock)
 
 # test-python: the Python client against real (-race) daemons; the layers above the client
 # (fluxkv.kv and the engine backends: KV pages of real models, many MiB each) against the

@@ -7,8 +7,12 @@
 // runtime's sysmon thread out of its deep sleep: a futex wake and a context switch on
 // another CPU per call. In the owner's loop of 4 KiB gets that was 40 % of its CPU
 // (docs/benchmarks.md, "Sockets without sysmon's wake-ups"). A read or write of a
-// non-blocking socket never blocks, so it needs no system-call state; a write is cut
-// into pieces of at most MaxWrite bytes so that no raw call holds its P for long.
+// non-blocking socket never blocks, so it needs no system-call state; reads and writes
+// are cut into pieces of at most MaxIO bytes so that no raw call holds its P for long.
+//
+// Under the race detector the calls are syscall.Read and syscall.Write, whose
+// annotations tell the detector that a write on a socket happens before the read of it
+// (sys_race.go).
 package rawsock
 
 import (
@@ -16,11 +20,11 @@ import (
 	"net"
 	"os"
 	"syscall"
-	"unsafe"
 )
 
-// MaxWrite is the most one raw write(2) is given: a larger write is several calls.
-const MaxWrite = 256 << 10
+// MaxIO is the most one raw read(2) or write(2) is given: a larger write is several
+// calls, a larger read returns at most this much.
+const MaxIO = 256 << 10
 
 // Conn is the raw read and write side of a socket; deadlines, Close and the addresses
 // stay the net.Conn's. It is safe for one reader and one writer at a time, as a
@@ -50,16 +54,17 @@ func (s *Conn) Read(p []byte) (int, error) {
 	}
 	var n int
 	var errno syscall.Errno
+	p = p[:min(len(p), MaxIO)]
 	err := s.rc.Read(func(fd uintptr) bool {
 		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			r, e := read(fd, p)
 			switch e {
 			case syscall.EINTR:
 				continue
 			case syscall.EAGAIN:
 				return false // wait for the poller (or the read deadline)
 			}
-			n, errno = int(r), e
+			n, errno = r, e
 			return true
 		}
 	})
@@ -81,11 +86,14 @@ func (s *Conn) Write(p []byte) (n int, err error) {
 	var errno syscall.Errno
 	err = s.rc.Write(func(fd uintptr) bool {
 		for n < len(p) {
-			m := min(len(p)-n, MaxWrite)
-			r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[n])), uintptr(m))
+			r, e := write(fd, p[n:min(len(p), n+MaxIO)])
 			switch e {
 			case 0:
-				n += int(r)
+				if r == 0 { // (not from a socket; a loop otherwise)
+					errno = syscall.EIO
+					return true
+				}
+				n += r
 			case syscall.EINTR:
 			case syscall.EAGAIN:
 				return false // wait for room

@@ -136,11 +136,12 @@ var (
 func newClientConn(conn net.Conn, rd io.Reader, bound *callBound) *clientConn {
 	// Replies are checked before Kitex decodes them, like the calls servers read.
 	c := &clientConn{Conn: conn, r: bufiox.NewDefaultReader(wire.GuardReader(rd, 0)), bound: bound}
-	wr := rawsock.New(conn)
 	if bound != nil {
-		c.w = bufiox.NewDefaultWriter(boundWriter{conn: conn, w: wr, timeout: bound.timeout})
+		// (The calls to the master: raw writes, see rawsock. An unbound client writes to
+		// conn itself, whose requests of several buffers go out in one writev.)
+		c.w = bufiox.NewDefaultWriter(boundWriter{conn: conn, w: rawsock.New(conn), timeout: bound.timeout})
 	} else {
-		c.w = bufiox.NewDefaultWriter(wr)
+		c.w = bufiox.NewDefaultWriter(conn)
 	}
 	return c
 }
