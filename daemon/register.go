@@ -130,11 +130,12 @@ func (m *masterLink) registerTo(ctx context.Context, hearsay bool, leader int64)
 	})
 	st = o.lock()
 	unsure := st.reg.unsureIn != 0
+	skipped := false
 	next, ok := st.endRegister(resp, sent, prev)
 	switch {
 	case ok:
 		st.reg.takenGen = o.nodeGen()
-		skipped := st.skippedTerm(prev, resp.MasterEpoch)
+		skipped = st.skippedTerm(prev, resp.MasterEpoch, resp.LastTermEpoch)
 		if next == registeredReport && (unsure || skipped) {
 			// The master before may have tombed this owner and answered deletes of
 			// its keys since, or a term between them did (it led while this owner
@@ -173,8 +174,13 @@ func (m *masterLink) registerTo(ctx context.Context, hearsay bool, leader int64)
 	case registeredTombed:
 		o.forgetSSD("this master dropped this owner's replicas (tombed)")
 	case registeredReport:
-		if unsure {
+		switch {
+		case unsure:
 			o.forgetSSD("the master before this one may have tombed this owner (it answered under a registration it never took)")
+		case skipped:
+			// (The SSD ring's records too: they were reported, and the new master
+			// served from SSD versions the skipped term had deleted.)
+			o.forgetSSD("an HA term served between the master before and this one, and this owner never registered with it")
 		}
 		o.reportReplicas()
 	}

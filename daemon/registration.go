@@ -94,11 +94,15 @@ func (st *ownerState) sawLeaderEpoch(e int64) {
 }
 
 // skippedTerm reports whether a registration with the master of epoch now, after the
-// one of epoch prev, skipped a term this owner saw lead in between, and forgets the
-// epochs up to now. That term's deletes and overwrites are in no report the new master
-// gets from this owner, which would bring the versions they dropped back (a review).
-func (st *ownerState) skippedTerm(prev, now int64) bool {
-	skipped := prev != 0 && slices.ContainsFunc(st.reg.seenEpochs, func(e int64) bool { return prev < e && e < now })
+// one of epoch prev, skipped a term in between: one this owner saw lead on etcd, or the
+// term that served last before the new master if that is not prev's (lastTerm, its
+// RegisterResponse.last_term_epoch, 0 when it knows none: a term this owner's watch may
+// never have seen). It forgets the epochs up to now. That term's deletes and overwrites
+// are in no report the new master gets from this owner, which would bring the versions
+// they dropped back (a review).
+func (st *ownerState) skippedTerm(prev, now, lastTerm int64) bool {
+	named := lastTerm != 0 && prev != lastTerm && prev != now
+	skipped := prev != 0 && (named || slices.ContainsFunc(st.reg.seenEpochs, func(e int64) bool { return prev < e && e < now }))
 	st.reg.seenEpochs = slices.DeleteFunc(st.reg.seenEpochs, func(e int64) bool { return e <= now })
 	return skipped
 }

@@ -53,7 +53,8 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 	o := &h.s.opts
 	resp := &mp.RegisterResponse{MasterEpoch: h.s.epoch,
 		HeartbeatIntervalMs: o.HeartbeatInterval.Milliseconds(), NodeTtlMs: o.NodeTTL.Milliseconds(),
-		InflightTtlMs: o.InflightTTL.Milliseconds(), PersistTimeoutMs: o.PersistTimeout.Milliseconds(), PullTimeoutMs: o.PullTimeout.Milliseconds()}
+		InflightTtlMs: o.InflightTTL.Milliseconds(), PersistTimeoutMs: o.PersistTimeout.Milliseconds(), PullTimeoutMs: o.PullTimeout.Milliseconds(),
+		LastTermEpoch: o.LastTermEpoch}
 	resp.Code, resp.Message = wire.ToResponse(err)
 	return resp, nil
 }

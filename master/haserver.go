@@ -181,7 +181,11 @@ func (h *HA) run() {
 		if err != nil {
 			return // stopping
 		}
-		srv, err := h.term(t)
+		last, err := t.MarkServing(h.ctx)
+		var srv *Server
+		if err == nil {
+			srv, err = h.term(t, last)
+		}
 		if err == nil {
 			err = h.swap(srv)
 		}
@@ -251,13 +255,14 @@ func (h *HA) lead(t *ha.Term, srv *Server) {
 }
 
 // term is the Server of one leadership: its epoch numbers its state and ids, and it
-// serves only while the term may (ha.Term.Leading).
-func (h *HA) term(t *ha.Term) (*Server, error) {
+// serves only while the term may (ha.Term.Leading); last is the epoch of the term that
+// served before it (ha.Term.MarkServing).
+func (h *HA) term(t *ha.Term, last int64) (*Server, error) {
 	if t.Epoch >= 1<<(63-idEpochShift) {
 		return nil, fmt.Errorf("epoch %d: past the %d epochs ids can carry; reset %s on etcd with every master stopped", t.Epoch, int64(1)<<(63-idEpochShift), h.ha.Etcd.Prefix+"epoch")
 	}
 	opts := h.opts
-	opts.Epoch, opts.IDBase = t.Epoch, t.Epoch<<idEpochShift
+	opts.Epoch, opts.IDBase, opts.LastTermEpoch = t.Epoch, t.Epoch<<idEpochShift, last
 	// Owners answer gets from their hot sets until their lease, 2 heartbeat intervals
 	// less a quarter after the last heartbeat the previous leader answered, and that
 	// leader answered none after it stopped serving, at least Margin before this term:

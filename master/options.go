@@ -103,6 +103,11 @@ type Options struct {
 	// the master_epoch of its peer calls); 0 means the current time in nanoseconds. An
 	// HA term sets its leadership's epoch (and IDBase from it).
 	Epoch int64
+	// LastTermEpoch is the epoch of the last HA term that served before this one
+	// (ha.Term.MarkServing; 0: none, or not HA), answered at every registration
+	// (RegisterResponse.last_term_epoch): an owner registered last with an older master
+	// missed that term, and forgets its replicas instead of reporting them.
+	LastTermEpoch int64
 	// IDBase seeds put, get and holder ids; 0 means the current time in nanoseconds, so
 	// ids of a restarted master never collide with ids owners still hold.
 	IDBase int64

@@ -77,6 +77,11 @@ struct RegisterResponse {
   6: i64 inflight_ttl_ms,
   7: i64 persist_timeout_ms,
   8: i64 pull_timeout_ms,
+  // The epoch of the last HA term that served before this master's (0: none, or not
+  // HA). An owner whose prev_epoch is older missed that term (never registered with
+  // it): its replica index and SSD ring may hold versions that term deleted or
+  // overwrote, so it reports nothing and forgets them.
+  9: i64 last_term_epoch,
 }
 
 // evictions_ack: the sequence number of the last eviction notice the owner applied

@@ -153,3 +153,4 @@ func (c *TLS) config() (*tls.Config, error) {
 // Keys under the prefix.
 func (c *Config) electionPrefix() string { return c.Prefix + "leader" }
 func (c *Config) epochKey() string       { return c.Prefix + "epoch" }
+func (c *Config) servedKey() string      { return c.Prefix + "served" }

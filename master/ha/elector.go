@@ -200,21 +200,42 @@ func (t *Term) RaiseEpoch(ctx context.Context, to int64) error {
 	return err
 }
 
+// MarkServing records on etcd, before the term serves, that it served, and returns the
+// epoch of the last term that recorded so before it (0: none). An owner registered last
+// with another master missed a term that served: it may hold versions that term
+// deleted, and reports none (RegisterResponse.last_term_epoch). The key carries no
+// lease: a term whose leader died long ago still counts. (It is set, not raised: after
+// the epoch counter was reset by hand, the next term's records go on from there.)
+func (t *Term) MarkServing(ctx context.Context) (last int64, err error) {
+	var got int64
+	_, err = t.swapCounter(ctx, t.e.cfg.servedKey(), func(cur int64) int64 {
+		got = cur
+		return t.Epoch
+	})
+	return got, err
+}
+
 // setEpoch sets the cluster's epoch counter to next(its value), in a transaction that
 // holds only while this term's election key still leads, and returns the value set.
 func (t *Term) setEpoch(ctx context.Context, next func(cur int64) int64) (int64, error) {
-	key := t.e.cfg.epochKey()
+	return t.swapCounter(ctx, t.e.cfg.epochKey(), next)
+}
+
+// swapCounter sets the counter at key to next(its value; 0 when absent), in a
+// transaction that holds only while this term's election key still leads, and returns
+// the value set. next may run more than once (the key changed meanwhile).
+func (t *Term) swapCounter(ctx context.Context, key string, next func(cur int64) int64) (int64, error) {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, t.ttl)
 		resp, err := t.e.cli.Get(cctx, key)
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("read the epoch: %w", err)
+			return 0, fmt.Errorf("read %s: %w", key, err)
 		}
 		var cur, modRev int64
 		if len(resp.Kvs) > 0 {
 			if cur, err = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err != nil {
-				return 0, fmt.Errorf("epoch key %s holds %q: %w", key, resp.Kvs[0].Value, err)
+				return 0, fmt.Errorf("key %s holds %q: %w", key, resp.Kvs[0].Value, err)
 			}
 			modRev = resp.Kvs[0].ModRevision
 		}
@@ -229,7 +250,7 @@ func (t *Term) setEpoch(ctx context.Context, next func(cur int64) int64) (int64,
 		).Then(clientv3.OpPut(key, strconv.FormatInt(value, 10))).Else(clientv3.OpGet(t.election.Key())).Commit()
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("raise the epoch: %w", err)
+			return 0, fmt.Errorf("set %s: %w", key, err)
 		}
 		if tx.Succeeded {
 			return value, nil

@@ -242,3 +242,56 @@ func TestCampaignCancelWhileEtcdPaused(t *testing.T) {
 		t.Fatalf("b's Campaign still blocked 6s after its ctx was cancelled (etcd paused); returned %v after, once etcd resumed", time.Since(t0))
 	}
 }
+
+// Each term records on etcd that it serves and learns the last term that did: the
+// first none, the next the first's epoch, a term that never marked itself (it won and
+// died before serving) is passed over, and a deposed term cannot mark itself. After the
+// epoch counter was reset by hand, the next term still learns the last one's epoch and
+// records its own lower one.
+func TestMarkServing(t *testing.T) {
+	_, cfg, cli, ctx := startEtcd(t)
+	el := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
+	t1 := <-campaign(t, ctx, el)
+	if last, err := t1.MarkServing(ctx); err != nil || last != 0 {
+		t.Fatalf("the first term's MarkServing: %d, %v; want 0", last, err)
+	}
+	t1.Resign(ctx)
+	t2 := <-campaign(t, ctx, el) // wins, never serves
+	t2.Resign(ctx)
+	t3 := <-campaign(t, ctx, el)
+	if t3 == nil || t3.Epoch != t1.Epoch+2 {
+		t.Fatalf("third term %+v after epoch %d", t3, t1.Epoch)
+	}
+	if last, err := t3.MarkServing(ctx); err != nil || last != t1.Epoch {
+		t.Fatalf("the third term's MarkServing: %d, %v; want the first's epoch %d", last, err, t1.Epoch)
+	}
+	if last, err := t3.MarkServing(ctx); err != nil || last != t3.Epoch {
+		t.Fatalf("MarkServing again: %d, %v; want its own epoch %d", last, err, t3.Epoch)
+	}
+	t3.Resign(ctx)
+	t4 := <-campaign(t, ctx, el)
+	t4.Resign(ctx)
+	if _, err := t4.MarkServing(ctx); err == nil {
+		t.Fatal("a resigned term marked itself serving")
+	}
+	t5 := <-campaign(t, ctx, el)
+	if last, err := t5.MarkServing(ctx); err != nil || last != t3.Epoch {
+		t.Fatalf("the term after a resigned one's MarkServing: %d, %v; want %d", last, err, t3.Epoch)
+	}
+	t5.Resign(ctx)
+	if _, err := cli.Put(ctx, cfg.Prefix+"epoch", "0"); err != nil {
+		t.Fatal(err)
+	}
+	t6 := <-campaign(t, ctx, el)
+	if t6 == nil || t6.Epoch != 1 {
+		t.Fatalf("the term after a reset: %+v, want epoch 1", t6)
+	}
+	if last, err := t6.MarkServing(ctx); err != nil || last != t5.Epoch {
+		t.Fatalf("the term after a reset's MarkServing: %d, %v; want %d", last, err, t5.Epoch)
+	}
+	t6.Resign(ctx)
+	t7 := <-campaign(t, ctx, el)
+	if last, err := t7.MarkServing(ctx); err != nil || last != 1 {
+		t.Fatalf("the second term after a reset's MarkServing: %d, %v; want 1", last, err)
+	}
+}

@@ -303,6 +303,7 @@ type RegisterResponse struct {
 	InflightTtlMs       int64            `thrift:"inflight_ttl_ms,6" frugal:"6,default,i64" json:"inflight_ttl_ms"`
 	PersistTimeoutMs    int64            `thrift:"persist_timeout_ms,7" frugal:"7,default,i64" json:"persist_timeout_ms"`
 	PullTimeoutMs       int64            `thrift:"pull_timeout_ms,8" frugal:"8,default,i64" json:"pull_timeout_ms"`
+	LastTermEpoch       int64            `thrift:"last_term_epoch,9" frugal:"9,default,i64" json:"last_term_epoch"`
 }
 
 func NewRegisterResponse() *RegisterResponse {
@@ -343,6 +344,10 @@ func (p *RegisterResponse) GetPersistTimeoutMs() (v int64) {
 func (p *RegisterResponse) GetPullTimeoutMs() (v int64) {
 	return p.PullTimeoutMs
 }
+
+func (p *RegisterResponse) GetLastTermEpoch() (v int64) {
+	return p.LastTermEpoch
+}
 func (p *RegisterResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -367,6 +372,9 @@ func (p *RegisterResponse) SetPersistTimeoutMs(val int64) {
 func (p *RegisterResponse) SetPullTimeoutMs(val int64) {
 	p.PullTimeoutMs = val
 }
+func (p *RegisterResponse) SetLastTermEpoch(val int64) {
+	p.LastTermEpoch = val
+}
 
 func (p *RegisterResponse) String() string {
 	if p == nil {
@@ -384,6 +392,7 @@ var fieldIDToName_RegisterResponse = map[int16]string{
 	6: "inflight_ttl_ms",
 	7: "persist_timeout_ms",
 	8: "pull_timeout_ms",
+	9: "last_term_epoch",
 }
 
 type HeartbeatRequest struct {
