@@ -104,3 +104,27 @@ func TestHATermRecordsCarriedIDs(t *testing.T) {
 		t.Errorf("the next term (epoch %d) numbers from %d, not above the ids %d and on the term before issued", srv2.Epoch(), base, carried)
 	}
 }
+
+// A new term's write quiet period outlasts the hot-set leases of the term before, on
+// that term's timing when it is known: a group whose masters disagree on
+// --heartbeat-interval or --leader-ttl waits for the longer.
+func TestTermQuiet(t *testing.T) {
+	own := termQuiet(time.Second, 2*time.Second, ha.Served{})
+	if want := 2*time.Second - time.Second/4 - ha.Margin(2*time.Second); own != want {
+		t.Fatalf("quiet with no term before: %v, want %v", own, want)
+	}
+	if q := termQuiet(time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 2 * time.Second}); q != own {
+		t.Fatalf("quiet after a term of the same timing: %v, want %v", q, own)
+	}
+	longer := ha.Served{Epoch: 3, Heartbeat: 4 * time.Second, TTL: 2 * time.Second}
+	if q, want := termQuiet(time.Second, 2*time.Second, longer), 8*time.Second-time.Second-ha.Margin(2*time.Second); q != want {
+		t.Fatalf("quiet after a term of a longer heartbeat: %v, want %v", q, want)
+	}
+	shorterTTL := ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 400 * time.Millisecond}
+	if q, want := termQuiet(time.Second, 2*time.Second, shorterTTL), 2*time.Second-time.Second/4-ha.Margin(400*time.Millisecond); q != want {
+		t.Fatalf("quiet after a term of a shorter TTL: %v, want %v", q, want)
+	}
+	if q := termQuiet(time.Millisecond, time.Second, ha.Served{}); q != time.Millisecond {
+		t.Fatalf("quiet of a term whose margin passes its leases: %v, want the 1 ms floor", q)
+	}
+}

@@ -181,7 +181,7 @@ func (h *HA) run() {
 		if err != nil {
 			return // stopping
 		}
-		last, err := t.MarkServing(h.ctx)
+		last, err := t.MarkServing(h.ctx, ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL})
 		var srv *Server
 		if err == nil {
 			srv, err = h.term(t, last)
@@ -255,20 +255,22 @@ func (h *HA) lead(t *ha.Term, srv *Server) {
 }
 
 // term is the Server of one leadership: its epoch numbers its state and ids, and it
-// serves only while the term may (ha.Term.Leading); last is the epoch of the term that
+// serves only while the term may (ha.Term.Leading); last is the record of the term that
 // served before it (ha.Term.MarkServing).
-func (h *HA) term(t *ha.Term, last int64) (*Server, error) {
+func (h *HA) term(t *ha.Term, last ha.Served) (*Server, error) {
 	if t.Epoch >= 1<<(63-idEpochShift) {
 		return nil, fmt.Errorf("epoch %d: past the %d epochs ids can carry; reset %s on etcd with every master stopped", t.Epoch, int64(1)<<(63-idEpochShift), h.ha.Etcd.Prefix+"epoch")
 	}
 	opts := h.opts
-	opts.Epoch, opts.IDBase, opts.LastTermEpoch = t.Epoch, t.Epoch<<idEpochShift, last
-	// Owners answer gets from their hot sets until their lease, 2 heartbeat intervals
-	// less a quarter after the last heartbeat the previous leader answered, and that
-	// leader answered none after it stopped serving, at least Margin before this term:
-	// deletes and publishes wait out the rest (WriteQuiet).
+	opts.Epoch, opts.IDBase, opts.LastTermEpoch = t.Epoch, t.Epoch<<idEpochShift, last.Epoch
 	if opts.WriteQuiet > 0 {
-		opts.WriteQuiet = max(time.Millisecond, 2*opts.HeartbeatInterval-opts.HeartbeatInterval/4-ha.Margin(h.ha.LeaderTTL))
+		opts.WriteQuiet = termQuiet(opts.HeartbeatInterval, h.ha.LeaderTTL, last)
+		if last.Heartbeat > 0 && (last.Heartbeat != opts.HeartbeatInterval || last.TTL != h.ha.LeaderTTL) {
+			h.opts.Logger.Warn().Int64("epoch", t.Epoch).Int64("last_epoch", last.Epoch).
+				Dur("heartbeat_interval", opts.HeartbeatInterval).Dur("leader_ttl", h.ha.LeaderTTL).
+				Dur("last_heartbeat_interval", last.Heartbeat).Dur("last_leader_ttl", last.TTL).Dur("write_quiet", opts.WriteQuiet).
+				Msg("the term before ran with another --heartbeat-interval or --leader-ttl: the masters of one group should share them (the write quiet period covers both)")
+		}
 	}
 	s, err := NewServer(opts)
 	if err != nil {
@@ -400,3 +402,17 @@ func (l *handoff) Close() error {
 }
 
 func (l *handoff) Addr() net.Addr { return l.addr }
+
+// termQuiet is a new term's write quiet period. Owners answer gets from their hot sets
+// until their lease, 2 heartbeat intervals less a quarter after the last heartbeat the
+// previous leader answered, and that leader answered none after it stopped serving, at
+// least Margin of its TTL before this term: deletes and publishes wait out the rest. The
+// leases are the previous term's, on its timing (last; none known: this master's own);
+// the longer of the two is waited, so a group whose masters disagree stays safe.
+func termQuiet(heartbeat, ttl time.Duration, last ha.Served) time.Duration {
+	q := 2*heartbeat - heartbeat/4 - ha.Margin(ttl)
+	if last.Heartbeat > 0 {
+		q = max(q, 2*last.Heartbeat-last.Heartbeat/4-ha.Margin(last.TTL))
+	}
+	return max(time.Millisecond, q)
+}

@@ -200,46 +200,82 @@ func (t *Term) RaiseEpoch(ctx context.Context, to int64) error {
 	return err
 }
 
-// MarkServing records on etcd, before the term serves, that it served, and returns the
-// epoch of the last term that recorded so before it (0: none). An owner registered last
-// with another master missed a term that served: it may hold versions that term
-// deleted, and reports none (RegisterResponse.last_term_epoch). The key carries no
-// lease: a term whose leader died long ago still counts. (It is set, not raised: after
-// the epoch counter was reset by hand, the next term's records go on from there.)
-func (t *Term) MarkServing(ctx context.Context) (last int64, err error) {
-	var got int64
-	_, err = t.swapCounter(ctx, t.e.cfg.servedKey(), func(cur int64) int64 {
-		got = cur
-		return t.Epoch
+// Served is what a term records on etcd before it serves (MarkServing): its epoch, and
+// the timing its owners' hot-set leases follow (the master's --heartbeat-interval and
+// --leader-ttl), which the next term's write quiet period must outlast.
+type Served struct {
+	Epoch     int64         `json:"epoch"`
+	Heartbeat time.Duration `json:"heartbeat_ns"`
+	TTL       time.Duration `json:"leader_ttl_ns"`
+}
+
+// MarkServing records on etcd, before the term serves, that it served with timing
+// rec (rec.Epoch is the term's), and returns the record of the last term that did so
+// before it (zero: none). An owner registered last with another master missed a term
+// that served: it may hold versions that term deleted, and reports none
+// (RegisterResponse.last_term_epoch). The key carries no lease: a term whose leader
+// died long ago still counts. (It is set, not raised: after the epoch counter was reset
+// by hand, the next term's records go on from there.) A record that does not parse is
+// logged and taken as none.
+func (t *Term) MarkServing(ctx context.Context, rec Served) (last Served, err error) {
+	rec.Epoch = t.Epoch
+	mine, _ := json.Marshal(rec)
+	var prev string
+	_, err = t.swapValue(ctx, t.e.cfg.servedKey(), func(cur string) (string, error) {
+		prev = cur
+		return string(mine), nil
 	})
-	return got, err
+	if err != nil || prev == "" {
+		return Served{}, err
+	}
+	if jerr := json.Unmarshal([]byte(prev), &last); jerr != nil {
+		t.e.log.Error().Err(jerr).Str("key", t.e.cfg.servedKey()).Str("value", prev).
+			Msg("the last serving term's record does not parse: taken as none (owners that missed a term may report it)")
+		return Served{}, nil
+	}
+	return last, nil
 }
 
 // setEpoch sets the cluster's epoch counter to next(its value), in a transaction that
 // holds only while this term's election key still leads, and returns the value set.
 func (t *Term) setEpoch(ctx context.Context, next func(cur int64) int64) (int64, error) {
-	return t.swapCounter(ctx, t.e.cfg.epochKey(), next)
+	key := t.e.cfg.epochKey()
+	v, err := t.swapValue(ctx, key, func(cur string) (string, error) {
+		var n int64
+		if cur != "" {
+			var err error
+			if n, err = strconv.ParseInt(cur, 10, 64); err != nil {
+				return "", fmt.Errorf("epoch key %s holds %q: %w", key, cur, err)
+			}
+		}
+		return strconv.FormatInt(next(n), 10), nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(v, 10, 64)
 }
 
-// swapCounter sets the counter at key to next(its value; 0 when absent), in a
-// transaction that holds only while this term's election key still leads, and returns
-// the value set. next may run more than once (the key changed meanwhile).
-func (t *Term) swapCounter(ctx context.Context, key string, next func(cur int64) int64) (int64, error) {
+// swapValue sets the value at key to next(its value; "" when absent), in a transaction
+// that holds only while this term's election key still leads, and returns the value
+// set. next may run more than once (the key changed meanwhile).
+func (t *Term) swapValue(ctx context.Context, key string, next func(cur string) (string, error)) (string, error) {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, t.ttl)
 		resp, err := t.e.cli.Get(cctx, key)
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("read %s: %w", key, err)
+			return "", fmt.Errorf("read %s: %w", key, err)
 		}
-		var cur, modRev int64
+		var cur string
+		var modRev int64
 		if len(resp.Kvs) > 0 {
-			if cur, err = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err != nil {
-				return 0, fmt.Errorf("key %s holds %q: %w", key, resp.Kvs[0].Value, err)
-			}
-			modRev = resp.Kvs[0].ModRevision
+			cur, modRev = string(resp.Kvs[0].Value), resp.Kvs[0].ModRevision
 		}
-		value := next(cur)
+		value, err := next(cur)
+		if err != nil {
+			return "", err
+		}
 		if value == cur && modRev != 0 {
 			return cur, nil
 		}
@@ -247,19 +283,19 @@ func (t *Term) swapCounter(ctx context.Context, key string, next func(cur int64)
 		tx, err := t.e.cli.Txn(cctx).If(
 			clientv3.Compare(clientv3.CreateRevision(t.election.Key()), "=", t.election.Rev()),
 			clientv3.Compare(clientv3.ModRevision(key), "=", modRev),
-		).Then(clientv3.OpPut(key, strconv.FormatInt(value, 10))).Else(clientv3.OpGet(t.election.Key())).Commit()
+		).Then(clientv3.OpPut(key, value)).Else(clientv3.OpGet(t.election.Key())).Commit()
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("set %s: %w", key, err)
+			return "", fmt.Errorf("set %s: %w", key, err)
 		}
 		if tx.Succeeded {
 			return value, nil
 		}
 		if len(tx.Responses) == 0 || len(tx.Responses[0].GetResponseRange().Kvs) == 0 {
-			return 0, errors.New("the election key vanished before taking office (lease lapsed)")
+			return "", errors.New("the election key vanished before taking office (lease lapsed)")
 		}
-		// Someone raised the counter meanwhile (a deposed leader cannot: its key is
-		// gone); read it again.
+		// Someone changed the key meanwhile (a deposed leader cannot: its key is gone);
+		// read it again.
 	}
 }
 

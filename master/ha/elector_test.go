@@ -243,18 +243,31 @@ func TestCampaignCancelWhileEtcdPaused(t *testing.T) {
 	}
 }
 
-// Each term records on etcd that it serves and learns the last term that did: the
-// first none, the next the first's epoch, a term that never marked itself (it won and
-// died before serving) is passed over, and a deposed term cannot mark itself. After the
-// epoch counter was reset by hand, the next term still learns the last one's epoch and
-// records its own lower one.
+// Each term records on etcd that it serves, with its timing, and learns the last term
+// that did: the first none, the next the first's record, a term that never marked
+// itself (it won and died before serving) is passed over, and a deposed term cannot
+// mark itself. After the epoch counter was reset by hand, the next term still learns
+// the last one's record and records its own lower epoch.
 func TestMarkServing(t *testing.T) {
 	_, cfg, cli, ctx := startEtcd(t)
 	el := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
-	t1 := <-campaign(t, ctx, el)
-	if last, err := t1.MarkServing(ctx); err != nil || last != 0 {
-		t.Fatalf("the first term's MarkServing: %d, %v; want 0", last, err)
+	timing := func(i int) ha.Served {
+		return ha.Served{Heartbeat: time.Duration(i) * time.Second, TTL: time.Duration(10+i) * time.Second}
 	}
+	mark := func(tm *ha.Term, i int, want ha.Served) {
+		t.Helper()
+		last, err := tm.MarkServing(ctx, timing(i))
+		if err != nil || last != want {
+			t.Fatalf("term %d's MarkServing: %+v, %v; want %+v", i, last, err, want)
+		}
+	}
+	mine := func(tm *ha.Term, i int) ha.Served {
+		s := timing(i)
+		s.Epoch = tm.Epoch
+		return s
+	}
+	t1 := <-campaign(t, ctx, el)
+	mark(t1, 1, ha.Served{})
 	t1.Resign(ctx)
 	t2 := <-campaign(t, ctx, el) // wins, never serves
 	t2.Resign(ctx)
@@ -262,22 +275,16 @@ func TestMarkServing(t *testing.T) {
 	if t3 == nil || t3.Epoch != t1.Epoch+2 {
 		t.Fatalf("third term %+v after epoch %d", t3, t1.Epoch)
 	}
-	if last, err := t3.MarkServing(ctx); err != nil || last != t1.Epoch {
-		t.Fatalf("the third term's MarkServing: %d, %v; want the first's epoch %d", last, err, t1.Epoch)
-	}
-	if last, err := t3.MarkServing(ctx); err != nil || last != t3.Epoch {
-		t.Fatalf("MarkServing again: %d, %v; want its own epoch %d", last, err, t3.Epoch)
-	}
+	mark(t3, 3, mine(t1, 1))
+	mark(t3, 3, mine(t3, 3)) // again: its own
 	t3.Resign(ctx)
 	t4 := <-campaign(t, ctx, el)
 	t4.Resign(ctx)
-	if _, err := t4.MarkServing(ctx); err == nil {
+	if _, err := t4.MarkServing(ctx, timing(4)); err == nil {
 		t.Fatal("a resigned term marked itself serving")
 	}
 	t5 := <-campaign(t, ctx, el)
-	if last, err := t5.MarkServing(ctx); err != nil || last != t3.Epoch {
-		t.Fatalf("the term after a resigned one's MarkServing: %d, %v; want %d", last, err, t3.Epoch)
-	}
+	mark(t5, 5, mine(t3, 3))
 	t5.Resign(ctx)
 	if _, err := cli.Put(ctx, cfg.Prefix+"epoch", "0"); err != nil {
 		t.Fatal(err)
@@ -286,12 +293,14 @@ func TestMarkServing(t *testing.T) {
 	if t6 == nil || t6.Epoch != 1 {
 		t.Fatalf("the term after a reset: %+v, want epoch 1", t6)
 	}
-	if last, err := t6.MarkServing(ctx); err != nil || last != t5.Epoch {
-		t.Fatalf("the term after a reset's MarkServing: %d, %v; want %d", last, err, t5.Epoch)
-	}
+	mark(t6, 6, mine(t5, 5))
 	t6.Resign(ctx)
-	t7 := <-campaign(t, ctx, el)
-	if last, err := t7.MarkServing(ctx); err != nil || last != 1 {
-		t.Fatalf("the second term after a reset's MarkServing: %d, %v; want 1", last, err)
+	if _, err := cli.Put(ctx, cfg.Prefix+"served", "garbage"); err != nil {
+		t.Fatal(err)
 	}
+	t7 := <-campaign(t, ctx, el)
+	mark(t7, 7, ha.Served{}) // a record that does not parse is none
+	t7.Resign(ctx)
+	t8 := <-campaign(t, ctx, el)
+	mark(t8, 8, mine(t7, 7))
 }
