@@ -7,6 +7,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // registration is the owner's standing with the master, inside ownerState.
@@ -101,8 +102,8 @@ func (st *ownerState) sawLeaderEpoch(e int64) {
 // are in no report the new master gets from this owner, which would bring the versions
 // they dropped back (a review).
 func (st *ownerState) skippedTerm(prev, now, lastTerm int64) bool {
-	named := lastTerm != 0 && prev != lastTerm && prev != now
-	skipped := prev != 0 && (named || slices.ContainsFunc(st.reg.seenEpochs, func(e int64) bool { return prev < e && e < now }))
+	skipped := wire.SkippedTerm(prev, now, lastTerm) ||
+		prev != 0 && slices.ContainsFunc(st.reg.seenEpochs, func(e int64) bool { return prev < e && e < now })
 	st.reg.seenEpochs = slices.DeleteFunc(st.reg.seenEpochs, func(e int64) bool { return e <= now })
 	return skipped
 }

@@ -106,7 +106,9 @@ func (o *Owner) forgetSSD(why string) {
 	dropped := 0
 	if o.store != nil {
 		for _, e := range o.store.Committed() {
-			if o.store.Forget(e.Key, e.PutID) {
+			// (The record listed, not the key's: a record of the version committed
+			// since, which the new master may have asked for, stays.)
+			if o.store.ForgetRecord(e.Key, e.Seq) {
 				dropped++
 			}
 		}

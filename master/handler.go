@@ -41,6 +41,9 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		err := st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.LandingReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
 		if err == nil && req.PrevEpoch != 0 && req.PrevEpoch != h.s.epoch {
 			st.ExpectReport(ref(req.Node))
+			if wire.SkippedTerm(req.PrevEpoch, h.s.epoch, h.s.opts.LastTermEpoch) {
+				st.RefuseReport(ref(req.Node))
+			}
 		}
 		if err == nil && !req.RemoteRefillHolders {
 			st.RefillHoldersAtDone(ref(req.Node))

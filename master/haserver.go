@@ -259,7 +259,7 @@ func (h *HA) lead(t *ha.Term, srv *Server) {
 // served before it (ha.Term.MarkServing).
 func (h *HA) term(t *ha.Term, last ha.Served) (*Server, error) {
 	if t.Epoch >= 1<<(63-idEpochShift) {
-		return nil, fmt.Errorf("epoch %d: past the %d epochs ids can carry; reset %s on etcd with every master stopped", t.Epoch, int64(1)<<(63-idEpochShift), h.ha.Etcd.Prefix+"epoch")
+		return nil, fmt.Errorf("epoch %d: past the %d epochs ids can carry; reset %s and delete %s on etcd with every master stopped", t.Epoch, int64(1)<<(63-idEpochShift), h.ha.Etcd.Prefix+"epoch", h.ha.Etcd.Prefix+"served")
 	}
 	opts := h.opts
 	opts.Epoch, opts.IDBase, opts.LastTermEpoch = t.Epoch, t.Epoch<<idEpochShift, last.Epoch

@@ -119,6 +119,11 @@ type node struct {
 	// its report's last batch (during the rebuild window): no other owner's put is
 	// placed on it, since any range of its pool may still hold an unreported replica.
 	reporting bool
+	// skippedTerm: this incarnation registered from a master before the last HA term
+	// that served (Options.LastTermEpoch), which it never registered with: every record
+	// it reports is refused, since that term may have deleted or overwritten it. (An
+	// owner of this release reports none then; one of an earlier release does.)
+	skippedTerm bool
 }
 
 // NodeRef names an owner incarnation in a request.

@@ -70,6 +70,16 @@ func (s *State) ExpectReport(ref NodeRef) {
 	}
 }
 
+// RefuseReport marks the owner ref, registered just now, as one that missed the HA term
+// before this master's (wire.SkippedTerm): its report is refused whole, as its own rule
+// has it forget the records (daemon/registration.go), so that an owner of an earlier
+// release cannot bring back what that term deleted.
+func (s *State) RefuseReport(ref NodeRef) {
+	if n, err := s.nodeLocked(ref); err == nil {
+		n.skippedTerm = true
+	}
+}
+
 // RefillHoldersAtDone marks the owner ref, registered just now, as one of an earlier
 // release: its refills from another owner's SSD get their holder at GetDone, as a
 // pull's, not at GetStart (it would not ack one recorded there when the get failed).
@@ -94,7 +104,7 @@ func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord,
 	}
 	n.lastSeen = now // a long report stands for the heartbeats it holds up
 	s.closeRebuildLocked(now)
-	if s.tombstones == nil {
+	if s.tombstones == nil || n.skippedTerm {
 		rejected = make([]int32, len(recs))
 		for i := range recs {
 			rejected[i] = int32(i)
