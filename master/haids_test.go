@@ -128,6 +128,16 @@ func TestTermQuiet(t *testing.T) {
 	if q := termQuiet(time.Millisecond, time.Second, ha.Served{}); q != time.Millisecond {
 		t.Fatalf("quiet of a term whose margin passes its leases: %v, want the 1 ms floor", q)
 	}
+	// Its own timing longer than the last term's: its own.
+	if q, want := termQuiet(4*time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 2 * time.Second}), 8*time.Second-time.Second-ha.Margin(2*time.Second); q != want {
+		t.Fatalf("quiet longer on its own timing: %v, want %v", q, want)
+	}
+	// The last term ended within its quiet period, which covered a term before it of a
+	// 10 s heartbeat: those leases may still run, and the next term waits them out too.
+	twoBack := ha.Served{Epoch: 4, Heartbeat: time.Second, TTL: 2 * time.Second, Quiet: termQuiet(time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: 10 * time.Second, TTL: 2 * time.Second})}
+	if q, want := termQuiet(time.Second, 2*time.Second, twoBack), 20*time.Second-10*time.Second/4-ha.Margin(2*time.Second); q != want {
+		t.Fatalf("quiet after a term that ended within its quiet period: %v, want %v", q, want)
+	}
 }
 
 // An owner registered last with a master before the HA term that served last (not that

@@ -181,10 +181,13 @@ func (h *HA) run() {
 		if err != nil {
 			return // stopping
 		}
-		last, err := t.MarkServing(h.ctx, ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL})
+		last, rec, err := t.MarkServing(h.ctx, func(last ha.Served) ha.Served {
+			return ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL,
+				Quiet: termQuiet(h.opts.HeartbeatInterval, h.ha.LeaderTTL, last)}
+		})
 		var srv *Server
 		if err == nil {
-			srv, err = h.term(t, last)
+			srv, err = h.term(t, last, rec.Quiet)
 		}
 		if err == nil {
 			err = h.swap(srv)
@@ -256,15 +259,16 @@ func (h *HA) lead(t *ha.Term, srv *Server) {
 
 // term is the Server of one leadership: its epoch numbers its state and ids, and it
 // serves only while the term may (ha.Term.Leading); last is the record of the term that
-// served before it (ha.Term.MarkServing).
-func (h *HA) term(t *ha.Term, last ha.Served) (*Server, error) {
+// served before it, and quiet the write quiet period this term recorded
+// (ha.Term.MarkServing, termQuiet).
+func (h *HA) term(t *ha.Term, last ha.Served, quiet time.Duration) (*Server, error) {
 	if t.Epoch >= 1<<(63-idEpochShift) {
 		return nil, fmt.Errorf("epoch %d: past the %d epochs ids can carry; reset %s and delete %s on etcd with every master stopped", t.Epoch, int64(1)<<(63-idEpochShift), h.ha.Etcd.Prefix+"epoch", h.ha.Etcd.Prefix+"served")
 	}
 	opts := h.opts
 	opts.Epoch, opts.IDBase, opts.LastTermEpoch = t.Epoch, t.Epoch<<idEpochShift, last.Epoch
 	if opts.WriteQuiet > 0 {
-		opts.WriteQuiet = termQuiet(opts.HeartbeatInterval, h.ha.LeaderTTL, last)
+		opts.WriteQuiet = quiet
 		if last.Heartbeat > 0 && (last.Heartbeat != opts.HeartbeatInterval || last.TTL != h.ha.LeaderTTL) {
 			h.opts.Logger.Warn().Int64("epoch", t.Epoch).Int64("last_epoch", last.Epoch).
 				Dur("heartbeat_interval", opts.HeartbeatInterval).Dur("leader_ttl", h.ha.LeaderTTL).
@@ -407,10 +411,12 @@ func (l *handoff) Addr() net.Addr { return l.addr }
 // until their lease, 2 heartbeat intervals less a quarter after the last heartbeat the
 // previous leader answered, and that leader answered none after it stopped serving, at
 // least Margin of its TTL before this term: deletes and publishes wait out the rest. The
-// leases are the previous term's, on its timing (last; none known: this master's own);
-// the longer of the two is waited, so a group whose masters disagree stays safe.
+// leases are the previous term's, on its timing (last; none known: this master's own),
+// and, when that term ended within its own quiet period, those of the terms before it,
+// which its quiet period outlasted (last.Quiet): the longest is waited, so a group whose
+// masters disagree stays safe.
 func termQuiet(heartbeat, ttl time.Duration, last ha.Served) time.Duration {
-	q := 2*heartbeat - heartbeat/4 - ha.Margin(ttl)
+	q := max(2*heartbeat-heartbeat/4-ha.Margin(ttl), last.Quiet)
 	if last.Heartbeat > 0 {
 		q = max(q, 2*last.Heartbeat-last.Heartbeat/4-ha.Margin(last.TTL))
 	}

@@ -200,40 +200,56 @@ func (t *Term) RaiseEpoch(ctx context.Context, to int64) error {
 	return err
 }
 
-// Served is what a term records on etcd before it serves (MarkServing): its epoch, and
-// the timing its owners' hot-set leases follow (the master's --heartbeat-interval and
-// --leader-ttl), which the next term's write quiet period must outlast.
+// Served is what a term records on etcd before it serves (MarkServing): its epoch, the
+// timing its owners' hot-set leases follow (the master's --heartbeat-interval and
+// --leader-ttl), and the write quiet period it waits, which covered the leases of the
+// terms before it; the next term's quiet period must outlast both.
 type Served struct {
 	Epoch     int64         `json:"epoch"`
 	Heartbeat time.Duration `json:"heartbeat_ns"`
 	TTL       time.Duration `json:"leader_ttl_ns"`
+	Quiet     time.Duration `json:"quiet_ns"`
 }
 
-// MarkServing records on etcd, before the term serves, that it served with timing
-// rec (rec.Epoch is the term's), and returns the record of the last term that did so
-// before it (zero: none). An owner registered last with another master missed a term
-// that served: it may hold versions that term deleted, and reports none
-// (RegisterResponse.last_term_epoch). The key carries no lease: a term whose leader
-// died long ago still counts. (It is set, not raised: after the epoch counter was reset
-// by hand, the next term's records go on from there.) A record that does not parse is
-// logged and taken as none.
-func (t *Term) MarkServing(ctx context.Context, rec Served) (last Served, err error) {
-	rec.Epoch = t.Epoch
-	mine, _ := json.Marshal(rec)
-	var prev string
-	_, err = t.swapValue(ctx, t.e.cfg.servedKey(), func(cur string) (string, error) {
-		prev = cur
-		return string(mine), nil
+// MarkServing records on etcd, before the term serves, that it served: the record
+// mine(last) with the term's epoch, where last is the record of the last term that did
+// so before it (zero: none), which it also returns. An owner registered last with
+// another master missed a term that served: it may hold versions that term deleted, and
+// reports none (RegisterResponse.last_term_epoch). The key carries no lease: a term
+// whose leader died long ago still counts. (It is set, not raised: after the epoch
+// counter was reset by hand, the next term's records go on from there.) A record that
+// does not parse is logged and taken as none; a bare epoch (a record of a development
+// build) as that epoch alone.
+func (t *Term) MarkServing(ctx context.Context, mine func(last Served) Served) (last, rec Served, err error) {
+	key := t.e.cfg.servedKey()
+	_, err = t.swapValue(ctx, key, func(cur string) (string, error) {
+		last = parseServed(cur, key, &t.e.log)
+		rec = mine(last)
+		rec.Epoch = t.Epoch
+		b, _ := json.Marshal(rec)
+		return string(b), nil
 	})
-	if err != nil || prev == "" {
-		return Served{}, err
+	if err != nil {
+		return Served{}, Served{}, err
 	}
-	if jerr := json.Unmarshal([]byte(prev), &last); jerr != nil {
-		t.e.log.Error().Err(jerr).Str("key", t.e.cfg.servedKey()).Str("value", prev).
+	return last, rec, nil
+}
+
+// parseServed reads a record of MarkServing ("": none).
+func parseServed(v, key string, log *zerolog.Logger) Served {
+	var s Served
+	if v == "" {
+		return s
+	}
+	if err := json.Unmarshal([]byte(v), &s); err == nil {
+		return s
+	} else if n, perr := strconv.ParseInt(v, 10, 64); perr == nil {
+		return Served{Epoch: n}
+	} else {
+		log.Error().Err(err).Str("key", key).Str("value", v).
 			Msg("the last serving term's record does not parse: taken as none (owners that missed a term may report it)")
-		return Served{}, nil
+		return Served{}
 	}
-	return last, nil
 }
 
 // setEpoch sets the cluster's epoch counter to next(its value), in a transaction that

@@ -252,13 +252,17 @@ func TestMarkServing(t *testing.T) {
 	_, cfg, cli, ctx := startEtcd(t)
 	el := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
 	timing := func(i int) ha.Served {
-		return ha.Served{Heartbeat: time.Duration(i) * time.Second, TTL: time.Duration(10+i) * time.Second}
+		return ha.Served{Heartbeat: time.Duration(i) * time.Second, TTL: time.Duration(10+i) * time.Second, Quiet: time.Duration(20+i) * time.Second}
 	}
 	mark := func(tm *ha.Term, i int, want ha.Served) {
 		t.Helper()
-		last, err := tm.MarkServing(ctx, timing(i))
-		if err != nil || last != want {
-			t.Fatalf("term %d's MarkServing: %+v, %v; want %+v", i, last, err, want)
+		var seen ha.Served
+		last, rec, err := tm.MarkServing(ctx, func(l ha.Served) ha.Served { seen = l; return timing(i) })
+		if err != nil || last != want || seen != want {
+			t.Fatalf("term %d's MarkServing: %+v (its record made from %+v), %v; want %+v", i, last, seen, err, want)
+		}
+		if mine := timing(i); rec.Epoch != tm.Epoch || rec.Heartbeat != mine.Heartbeat || rec.Quiet != mine.Quiet {
+			t.Fatalf("term %d recorded %+v", i, rec)
 		}
 	}
 	mine := func(tm *ha.Term, i int) ha.Served {
@@ -280,7 +284,7 @@ func TestMarkServing(t *testing.T) {
 	t3.Resign(ctx)
 	t4 := <-campaign(t, ctx, el)
 	t4.Resign(ctx)
-	if _, err := t4.MarkServing(ctx, timing(4)); err == nil {
+	if _, _, err := t4.MarkServing(ctx, func(ha.Served) ha.Served { return timing(4) }); err == nil {
 		t.Fatal("a resigned term marked itself serving")
 	}
 	t5 := <-campaign(t, ctx, el)
@@ -303,4 +307,10 @@ func TestMarkServing(t *testing.T) {
 	t7.Resign(ctx)
 	t8 := <-campaign(t, ctx, el)
 	mark(t8, 8, mine(t7, 7))
+	t8.Resign(ctx)
+	if _, err := cli.Put(ctx, cfg.Prefix+"served", "5"); err != nil { // a bare epoch
+		t.Fatal(err)
+	}
+	t9 := <-campaign(t, ctx, el)
+	mark(t9, 9, ha.Served{Epoch: 5})
 }
