@@ -108,35 +108,43 @@ func TestHATermRecordsCarriedIDs(t *testing.T) {
 
 // A new term's write quiet period outlasts the hot-set leases of the term before, on
 // that term's timing when it is known: a group whose masters disagree on
-// --heartbeat-interval or --leader-ttl waits for the longer.
+// --heartbeat-interval or --leader-ttl waits for the longer; and it outlasts what is
+// left of the last term's own quiet period, which covered the terms before it.
 func TestTermQuiet(t *testing.T) {
-	own := termQuiet(time.Second, 2*time.Second, ha.Served{})
+	now := time.Unix(1000, 0)
+	q := func(hb, ttl time.Duration, last ha.Served) time.Duration { return termQuiet(hb, ttl, last, now) }
+	own := q(time.Second, 2*time.Second, ha.Served{})
 	if want := 2*time.Second - time.Second/4 - ha.Margin(2*time.Second); own != want {
 		t.Fatalf("quiet with no term before: %v, want %v", own, want)
 	}
-	if q := termQuiet(time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 2 * time.Second}); q != own {
-		t.Fatalf("quiet after a term of the same timing: %v, want %v", q, own)
+	if got := q(time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 2 * time.Second}); got != own {
+		t.Fatalf("quiet after a term of the same timing: %v, want %v", got, own)
 	}
 	longer := ha.Served{Epoch: 3, Heartbeat: 4 * time.Second, TTL: 2 * time.Second}
-	if q, want := termQuiet(time.Second, 2*time.Second, longer), 8*time.Second-time.Second-ha.Margin(2*time.Second); q != want {
-		t.Fatalf("quiet after a term of a longer heartbeat: %v, want %v", q, want)
+	if got, want := q(time.Second, 2*time.Second, longer), 8*time.Second-time.Second-ha.Margin(2*time.Second); got != want {
+		t.Fatalf("quiet after a term of a longer heartbeat: %v, want %v", got, want)
 	}
 	shorterTTL := ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 400 * time.Millisecond}
-	if q, want := termQuiet(time.Second, 2*time.Second, shorterTTL), 2*time.Second-time.Second/4-ha.Margin(400*time.Millisecond); q != want {
-		t.Fatalf("quiet after a term of a shorter TTL: %v, want %v", q, want)
+	if got, want := q(time.Second, 2*time.Second, shorterTTL), 2*time.Second-time.Second/4-ha.Margin(400*time.Millisecond); got != want {
+		t.Fatalf("quiet after a term of a shorter TTL: %v, want %v", got, want)
 	}
-	if q := termQuiet(time.Millisecond, time.Second, ha.Served{}); q != time.Millisecond {
-		t.Fatalf("quiet of a term whose margin passes its leases: %v, want the 1 ms floor", q)
+	if got := q(time.Millisecond, time.Second, ha.Served{}); got != time.Millisecond {
+		t.Fatalf("quiet of a term whose margin passes its leases: %v, want the 1 ms floor", got)
 	}
 	// Its own timing longer than the last term's: its own.
-	if q, want := termQuiet(4*time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 2 * time.Second}), 8*time.Second-time.Second-ha.Margin(2*time.Second); q != want {
-		t.Fatalf("quiet longer on its own timing: %v, want %v", q, want)
+	if got, want := q(4*time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: time.Second, TTL: 2 * time.Second}), 8*time.Second-time.Second-ha.Margin(2*time.Second); got != want {
+		t.Fatalf("quiet longer on its own timing: %v, want %v", got, want)
 	}
-	// The last term ended within its quiet period, which covered a term before it of a
-	// 10 s heartbeat: those leases may still run, and the next term waits them out too.
-	twoBack := ha.Served{Epoch: 4, Heartbeat: time.Second, TTL: 2 * time.Second, Quiet: termQuiet(time.Second, 2*time.Second, ha.Served{Epoch: 3, Heartbeat: 10 * time.Second, TTL: 2 * time.Second})}
-	if q, want := termQuiet(time.Second, 2*time.Second, twoBack), 20*time.Second-10*time.Second/4-ha.Margin(2*time.Second); q != want {
-		t.Fatalf("quiet after a term that ended within its quiet period: %v, want %v", q, want)
+	// The last term ended within its quiet period, which runs 10 s more (it covered a
+	// term before it of a long heartbeat): those leases may still run.
+	within := ha.Served{Epoch: 4, Heartbeat: time.Second, TTL: 2 * time.Second, QuietUntil: now.Add(10 * time.Second).UnixNano()}
+	if got := q(time.Second, 2*time.Second, within); got != 10*time.Second {
+		t.Fatalf("quiet after a term that ended within its quiet period: %v, want the 10 s left of it", got)
+	}
+	// One long over adds nothing: a long heartbeat once in the group is not waited forever.
+	over := ha.Served{Epoch: 4, Heartbeat: time.Second, TTL: 2 * time.Second, QuietUntil: now.Add(-time.Hour).UnixNano()}
+	if got := q(time.Second, 2*time.Second, over); got != own {
+		t.Fatalf("quiet after a term whose quiet period ended long ago: %v, want %v", got, own)
 	}
 }
 

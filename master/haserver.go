@@ -181,13 +181,15 @@ func (h *HA) run() {
 		if err != nil {
 			return // stopping
 		}
-		last, rec, err := t.MarkServing(h.ctx, func(last ha.Served) ha.Served {
-			return ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL,
-				Quiet: termQuiet(h.opts.HeartbeatInterval, h.ha.LeaderTTL, last)}
+		var quiet time.Duration
+		last, _, err := t.MarkServing(h.ctx, func(last ha.Served) ha.Served {
+			now := time.Now()
+			quiet = termQuiet(h.opts.HeartbeatInterval, h.ha.LeaderTTL, last, now)
+			return ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL, QuietUntil: now.Add(quiet).UnixNano()}
 		})
 		var srv *Server
 		if err == nil {
-			srv, err = h.term(t, last, rec.Quiet)
+			srv, err = h.term(t, last, quiet)
 		}
 		if err == nil {
 			err = h.swap(srv)
@@ -407,18 +409,22 @@ func (l *handoff) Close() error {
 
 func (l *handoff) Addr() net.Addr { return l.addr }
 
-// termQuiet is a new term's write quiet period. Owners answer gets from their hot sets
-// until their lease, 2 heartbeat intervals less a quarter after the last heartbeat the
-// previous leader answered, and that leader answered none after it stopped serving, at
-// least Margin of its TTL before this term: deletes and publishes wait out the rest. The
-// leases are the previous term's, on its timing (last; none known: this master's own),
-// and, when that term ended within its own quiet period, those of the terms before it,
-// which its quiet period outlasted (last.Quiet): the longest is waited, so a group whose
-// masters disagree stays safe.
-func termQuiet(heartbeat, ttl time.Duration, last ha.Served) time.Duration {
-	q := max(2*heartbeat-heartbeat/4-ha.Margin(ttl), last.Quiet)
+// termQuiet is the write quiet period of a term starting at now. Owners answer gets from
+// their hot sets until their lease, 2 heartbeat intervals less a quarter after the last
+// heartbeat the previous leader answered, and that leader answered none after it stopped
+// serving, at least Margin of its TTL before this term: deletes and publishes wait out
+// the rest. The leases are the previous term's, on its timing (last; none known: this
+// master's own), and, when that term ended within its own quiet period, those of the
+// terms before it, which that quiet period outlasted (until last.QuietUntil, on the
+// masters' clocks: one running ahead of the last term's waits less by its lead). The
+// longest is waited, so a group whose masters disagree stays safe.
+func termQuiet(heartbeat, ttl time.Duration, last ha.Served, now time.Time) time.Duration {
+	q := 2*heartbeat - heartbeat/4 - ha.Margin(ttl)
 	if last.Heartbeat > 0 {
 		q = max(q, 2*last.Heartbeat-last.Heartbeat/4-ha.Margin(last.TTL))
+	}
+	if last.QuietUntil != 0 {
+		q = max(q, time.Unix(0, last.QuietUntil).Sub(now))
 	}
 	return max(time.Millisecond, q)
 }

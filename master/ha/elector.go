@@ -202,13 +202,14 @@ func (t *Term) RaiseEpoch(ctx context.Context, to int64) error {
 
 // Served is what a term records on etcd before it serves (MarkServing): its epoch, the
 // timing its owners' hot-set leases follow (the master's --heartbeat-interval and
-// --leader-ttl), and the write quiet period it waits, which covered the leases of the
-// terms before it; the next term's quiet period must outlast both.
+// --leader-ttl), and when the write quiet period it waits ends (wall clock, Unix
+// nanoseconds: until then the leases of the terms before it may run); the next term's
+// quiet period must outlast both.
 type Served struct {
-	Epoch     int64         `json:"epoch"`
-	Heartbeat time.Duration `json:"heartbeat_ns"`
-	TTL       time.Duration `json:"leader_ttl_ns"`
-	Quiet     time.Duration `json:"quiet_ns"`
+	Epoch      int64         `json:"epoch"`
+	Heartbeat  time.Duration `json:"heartbeat_ns"`
+	TTL        time.Duration `json:"leader_ttl_ns"`
+	QuietUntil int64         `json:"quiet_until_unix_ns"`
 }
 
 // MarkServing records on etcd, before the term serves, that it served: the record

@@ -252,7 +252,7 @@ func TestMarkServing(t *testing.T) {
 	_, cfg, cli, ctx := startEtcd(t)
 	el := ha.NewElector(cli, cfg, ha.ElectorOptions{Addr: "a:1", TTL: 2 * time.Second})
 	timing := func(i int) ha.Served {
-		return ha.Served{Heartbeat: time.Duration(i) * time.Second, TTL: time.Duration(10+i) * time.Second, Quiet: time.Duration(20+i) * time.Second}
+		return ha.Served{Heartbeat: time.Duration(i) * time.Second, TTL: time.Duration(10+i) * time.Second, QuietUntil: int64(1000 + i)}
 	}
 	mark := func(tm *ha.Term, i int, want ha.Served) {
 		t.Helper()
@@ -261,7 +261,7 @@ func TestMarkServing(t *testing.T) {
 		if err != nil || last != want || seen != want {
 			t.Fatalf("term %d's MarkServing: %+v (its record made from %+v), %v; want %+v", i, last, seen, err, want)
 		}
-		if mine := timing(i); rec.Epoch != tm.Epoch || rec.Heartbeat != mine.Heartbeat || rec.Quiet != mine.Quiet {
+		if mine := timing(i); rec.Epoch != tm.Epoch || rec.Heartbeat != mine.Heartbeat || rec.QuietUntil != mine.QuietUntil {
 			t.Fatalf("term %d recorded %+v", i, rec)
 		}
 	}
