@@ -81,19 +81,16 @@ func putCommand() *cli.Command {
 				if err != nil {
 					return cli.Exit(err.Error(), 2)
 				}
-				if fi.Mode().IsRegular() {
+				if fi.Mode().IsRegular() && fi.Size() > 0 {
 					// Read the file straight into the shared segment: no intermediate buffer.
-					err = cl.PutWith(a[0], fi.Size(), opts, func(dst []byte) error {
-						_, err := io.ReadFull(f, dst)
-						return err
-					})
+					err = cl.PutWith(a[0], fi.Size(), opts, fileFill(f, a[1]))
 					if err != nil {
 						return failure(err)
 					}
 					return nil
 				}
-				// A FIFO, a shell's <(command), a device: its size is no length; read it
-				// to its end as standard input.
+				// A FIFO, a shell's <(command), a device, a /proc or /sys file (regular,
+				// of size 0): its size is no length; read it to its end as standard input.
 				in = f
 			}
 			data, err := io.ReadAll(in)
@@ -106,6 +103,22 @@ func putCommand() *cli.Command {
 			}
 			return nil
 		})
+}
+
+// fileFill is a put's fill from the regular file f (named name): the file's bytes from
+// its start, at every run (the client runs fill again when it redoes a put whose
+// outcome became unknown: reading on from where the first run stopped failed with EOF).
+func fileFill(f *os.File, name string) func(dst []byte) error {
+	return func(dst []byte) error {
+		n, err := f.ReadAt(dst, 0)
+		if n == len(dst) {
+			return nil
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF // (it shrank since its size was read)
+		}
+		return fmt.Errorf("read %s: %w", name, err)
+	}
 }
 
 func getCommand() *cli.Command {
@@ -128,6 +141,12 @@ func getCommand() *cli.Command {
 			}
 			if _, err := out.Write(h.Bytes()); err != nil {
 				return cli.Exit(err.Error(), 2)
+			}
+			if out != os.Stdout {
+				// (A write error the file system reports only at close: NFS, quotas.)
+				if err := out.Close(); err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
 			}
 			return nil
 		})

@@ -793,7 +793,42 @@ func TestPutFromPipe(t *testing.T) {
 	if err != nil || string(out) != value {
 		t.Errorf("get: %q, %v; want %q", out, err, value)
 	}
+	// A /proc file is regular with a size of 0: read to its end as a pipe (it was
+	// refused: "value length 0").
+	if out, err := exec.Command(fluxkvBin(t), "put", "--socket", socket, "proc", "/proc/self/status").CombinedOutput(); err != nil {
+		t.Fatalf("put from /proc/self/status: %v\n%s", err, out)
+	}
+	out, err = exec.Command(fluxkvBin(t), "get", "--socket", socket, "proc").Output()
+	if err != nil || !strings.HasPrefix(string(out), "Name:") {
+		t.Errorf("get of a /proc file put: %q, %v", out, err)
+	}
 	s.stop(socket)
+}
+
+// A regular file's fill reads it from its start at every run: the client runs fill again
+// when it redoes a put whose outcome became unknown, and a second run that read on from
+// the first's end failed with a bare EOF after the first had published the value.
+func TestFileFillRunsTwice(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "v")
+	want := []byte("0123456789abcdef")
+	if err := os.WriteFile(p, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fill := fileFill(f, p)
+	for run := range 2 {
+		dst := make([]byte, len(want))
+		if err := fill(dst); err != nil || string(dst) != string(want) {
+			t.Fatalf("run %d: %q, %v", run, dst, err)
+		}
+	}
+	if err := fill(make([]byte, len(want)+1)); !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), p) {
+		t.Fatalf("a fill past the file's end: %v; want an unexpected EOF naming the file", err)
+	}
 }
 
 // TLS files towards etcd that cannot be read are refused at start with exit status 2,

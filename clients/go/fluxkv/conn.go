@@ -22,8 +22,9 @@ import (
 // costs a failed read, an epoll_wait and two goroutine switches more (the Unix-socket
 // echo the get benchmark compares with pays them too). The price is one OS thread per
 // call in flight, which Go's runtime adds and parks as it does for any blocking system
-// call. SO_RCVTIMEO and SO_SNDTIMEO (set once, to the call timeout) bound each system
-// call; the call's deadline bounds the whole.
+// call. SO_RCVTIMEO (set once, to the call timeout, and lowered for a read that must end
+// sooner) bounds each read; a send never blocks in sendmsg but waits for room in poll,
+// within the call's deadline; the call's deadline bounds the whole.
 type rpcConn struct {
 	fd      int
 	timeout time.Duration // SO_RCVTIMEO / SO_SNDTIMEO as set at dial; 0: none
@@ -99,27 +100,58 @@ func (rc *rpcConn) fit(deadline time.Time) error {
 	return nil
 }
 
-// write sends b whole. sent is how many bytes left (a failure after any byte was sent
-// means the owner may have read the request).
+// write sends b whole, by the call's deadline (zero: within the connection's timeout
+// per wait for room). sent is how many bytes left (a failure after any byte was sent
+// means the owner may have read the request). It never blocks in sendmsg: a blocking
+// send gets the whole SO_SNDTIMEO afresh for each buffer it waits for, so an owner
+// draining a large request slowly held the call long past its deadline; it waits for
+// room in poll, bounded by what is left.
 func (rc *rpcConn) write(b []byte, deadline time.Time) (sent int, err error) {
 	for sent < len(b) {
-		n, err := unix.SendmsgN(rc.fd, b[sent:], nil, nil, unix.MSG_NOSIGNAL) // a closed peer: EPIPE, no SIGPIPE
+		n, err := unix.SendmsgN(rc.fd, b[sent:], nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT) // a closed peer: EPIPE, no SIGPIPE
 		if n > 0 {
 			sent += n
 		}
 		switch {
 		case err == unix.EINTR:
 		case err == unix.EAGAIN:
-			return sent, errCallTimeout
-		case err != nil:
-			return sent, os.NewSyscallError("sendmsg", err)
-		case sent < len(b):
-			if err := rc.fit(deadline); err != nil {
+			if err := rc.waitRoom(deadline); err != nil {
 				return sent, err
 			}
+		case err != nil:
+			return sent, os.NewSyscallError("sendmsg", err)
 		}
 	}
 	return sent, nil
+}
+
+// waitRoom waits until the socket can take more of a request: until deadline, or for
+// the connection's timeout when there is none (0: without limit).
+func (rc *rpcConn) waitRoom(deadline time.Time) error {
+	wait := rc.timeout
+	if !deadline.IsZero() {
+		wait = time.Until(deadline)
+		if wait <= 0 {
+			return errCallTimeout
+		}
+	}
+	ms := -1
+	if wait > 0 {
+		ms = int(max(1, (wait+time.Millisecond-1)/time.Millisecond))
+	}
+	fds := []unix.PollFd{{Fd: int32(rc.fd), Events: unix.POLLOUT}}
+	for {
+		n, err := unix.Poll(fds, ms)
+		switch {
+		case err == unix.EINTR:
+			continue // (the wait starts over: a signal storm could stretch it, nothing else)
+		case err != nil:
+			return os.NewSyscallError("poll", err)
+		case n == 0:
+			return errCallTimeout
+		}
+		return nil // writable, or an error the next sendmsg reports
+	}
 }
 
 // readReply reads one reply frame into rc.in and returns its body.
@@ -130,7 +162,11 @@ func (rc *rpcConn) readReply(deadline time.Time) ([]byte, error) {
 	buf := rc.in[:cap(rc.in)]
 	got, want := 0, 4
 	for got < want {
-		if got > 0 {
+		// Fitted before a read that follows a slow send, or a part of the reply: the
+		// read gets what is left of the deadline, not SO_RCVTIMEO's whole (a call whose
+		// send took most of its timeout waited that long again for its reply). A quick
+		// send leaves the first read as it is: one setsockopt less per call.
+		if got > 0 || !deadline.IsZero() && time.Until(deadline) < rc.timeout-time.Millisecond {
 			if err := rc.fit(deadline); err != nil {
 				return nil, err
 			}

@@ -148,3 +148,66 @@ func TestDecodeReply(t *testing.T) {
 		t.Fatal("a truncated reply decoded")
 	}
 }
+
+// slowOwner reads requests at about 64 KiB per pause and never answers.
+func slowOwner(t *testing.T, pause time.Duration) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rpc.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(pause):
+			}
+		}
+	}()
+	return path
+}
+
+// A call's deadline bounds the send of a large request to an owner that reads it slowly
+// (a blocking send got the whole socket timeout afresh for each buffer it waited for:
+// seconds past a 300 ms deadline), and the wait for the reply after a slow send (it got
+// the socket's whole timeout again).
+func TestCallDeadlineBoundsASlowSend(t *testing.T) {
+	bigCall := func(rc *rpcConn, size int, timeout time.Duration) error {
+		args := &external.ExternalServiceExistsArgs{Req: &external.ExistsRequest{Session: &external.Session{}, Key: strings.Repeat("k", size)}}
+		return rc.call("Exists", args, &external.ExternalServiceExistsResult{}, timeout, nil)
+	}
+	rc, err := dialRPC(slowOwner(t, 50*time.Millisecond), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = bigCall(rc, 8<<20, 300*time.Millisecond) // ~6 s to drain
+	if took := time.Since(start); !errors.Is(err, os.ErrDeadlineExceeded) || took > 3*time.Second {
+		t.Fatalf("an 8 MiB request drained slowly: %v after %v; want a timeout at about 300ms", err, took)
+	}
+	rc.close()
+
+	rc, err = dialRPC(slowOwner(t, 10*time.Millisecond), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	err = bigCall(rc, 2<<20, time.Second) // sent within ~0.3 s on an idle machine, never answered
+	if took := time.Since(start); !errors.Is(err, os.ErrDeadlineExceeded) || took > 4*time.Second {
+		t.Fatalf("a slow send then no reply: %v after %v; want a timeout at about 1s, not the socket's 10s", err, took)
+	}
+	rc.close()
+}
