@@ -57,10 +57,13 @@ const string NAMESPACE_SEPARATOR = "/"
 //   the same code. After a lost reply the client sends PutEnd again on the same session
 //   (same attach connection, any RPC connection), never the whole put. If the session
 //   itself is gone (STALE_GENERATION, or the owner closed the attach connection), or a
-//   repeated PutEnd is answered INVALID_ARGUMENT (the put is no longer remembered), the
-//   put's outcome is unknown: without reject_if_exists the client redoes the whole put
-//   on the current session (the same bytes: harmless); with reject_if_exists it reports
-//   UNAVAILABLE saying the outcome is unknown, never ALREADY_EXISTS for its own put.
+//   repeated PutEnd is answered INVALID_ARGUMENT (the put is no longer remembered), or
+//   the clients' PutEnd tries (3) all went unanswered on a live session, the put's
+//   outcome is unknown: without reject_if_exists the client redoes the whole put on the
+//   current session (the same bytes: harmless; a put of the tries that never arrived
+//   keeps its range until the owner's in-flight TTL frees it); with reject_if_exists it
+//   reports UNAVAILABLE saying the outcome is unknown, never ALREADY_EXISTS for its own
+//   put.
 // - RETRY WHEN UNSENT (PutStart, BatchPutStart): sent again only when the request never
 //   left (the connection could not be opened) or the session is gone (its end revoked
 //   any put the lost request started). A lost reply on a live session: the client
