@@ -131,7 +131,9 @@ struct AreaCopy {
 }
 
 // Session names the caller in every RPC. releases piggybacks holder releases
-// (processed after the call itself) so a get + release loop costs one round trip.
+// (processed before the call itself: they may free the room a put needs; a client that
+// has releases in flight on another connection waits for them before a call that
+// depends on them) so a get + release loop costs one round trip.
 struct Session {
   1: i64 client_id,
   2: i64 session_token,
