@@ -273,18 +273,6 @@ func TestLateSSDDropNoticeKeepsRewrittenRecord(t *testing.T) {
 
 // heartbeatNow sends one heartbeat of owner o, which applies the eviction notices its
 // answer carries (the next heartbeat acks them).
-// ackAllNotices heartbeats until an answer brings no eviction notice: the owner has
-// applied and acked every one the master had queued for it before.
-func ackAllNotices(t testing.TB, o *Owner) {
-	t.Helper()
-	for range 100 {
-		if r := heartbeatNow(t, o); len(r.Evicted) == 0 && len(r.SsdDropped) == 0 {
-			return
-		}
-	}
-	t.Fatal("eviction notices still came after 100 heartbeats")
-}
-
 func heartbeatNow(t testing.TB, o *Owner) *mp.HeartbeatResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

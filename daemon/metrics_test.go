@@ -34,9 +34,9 @@ func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
 	}
 	n.waitPersisted(t)
 	// The master promotes no refill of a version whose eviction notice the owner has yet
-	// to ack: deliver the notices, then ack them (a heartbeat that brings none found
-	// every earlier one acked; two in a row were not always enough on a busy machine).
-	ackAllNotices(t, n.o)
+	// to ack: deliver the notices, then ack them.
+	heartbeatNow(t, n.o)
+	heartbeatNow(t, n.o)
 	key := keys[0] // written first: evicted from memory, on SSD only
 	h, err := n.c.Get(key)
 	if err != nil {
