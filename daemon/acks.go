@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -32,10 +33,13 @@ type acker struct {
 	// flight, while a flush's BatchDeleteAck with holder ids is in flight, is closed when
 	// it returned (its ids acked, or given back to pending).
 	flight chan struct{}
-	kick   chan struct{}
-	done   chan struct{}
-	warn   zerolog.Logger // sampled: a master out of reach fails every flush
-	wg     sync.WaitGroup
+	// flightWaiters counts the master calls waiting in takeForCall for that flush (tests
+	// wait for one to be there rather than sleep).
+	flightWaiters atomic.Int32
+	kick          chan struct{}
+	done          chan struct{}
+	warn          zerolog.Logger // sampled: a master out of reach fails every flush
+	wg            sync.WaitGroup
 }
 
 // touchDelay is how long hot-set hits may wait for a holder ack to ride with;
@@ -254,10 +258,12 @@ func (a *acker) takeForCall(ctx context.Context) []int64 {
 	f := a.flight
 	a.mu.Unlock()
 	if f != nil {
+		a.flightWaiters.Add(1)
 		select {
 		case <-f:
 		case <-ctx.Done():
 		}
+		a.flightWaiters.Add(-1)
 	}
 	return a.take()
 }

@@ -130,7 +130,9 @@ func planningCallKeepsAcks(t *testing.T, call func(c *fluxkv.Client) error) {
 	defer c2.Close()
 	getErr := make(chan error, 1)
 	go func() { getErr <- call(c2) }() // no registration yet: it waits for the flush in takeForCall
-	time.Sleep(200 * time.Millisecond)
+	// (Waited for, not slept on: a call that came later, slowed on a busy machine, met
+	// the registration below and waited for it, which waits for this call.)
+	waitUntil(t, func() bool { return o.acks.flightWaiters.Load() > 0 })
 	regDone := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
