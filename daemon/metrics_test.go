@@ -33,11 +33,19 @@ func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
 		}
 	}
 	n.waitPersisted(t)
-	// The master promotes no refill of a version whose eviction notice the owner has yet
-	// to ack: deliver the notices, then ack them.
-	heartbeatNow(t, n.o)
-	heartbeatNow(t, n.o)
 	key := keys[0] // written first: evicted from memory, on SSD only
+	// Deliver the eviction notices (then ack them), so that the owner's replica index
+	// no longer lists the key's evicted memory replica.
+	heartbeatNow(t, n.o)
+	heartbeatNow(t, n.o)
+	indexed := func() bool {
+		st := n.o.lock()
+		defer n.o.unlock()
+		return st.replicas.lookup(key) != nil
+	}
+	if indexed() {
+		t.Fatalf("%s: still in the owner's replica index after its eviction notice", key)
+	}
 	h, err := n.c.Get(key)
 	if err != nil {
 		t.Fatal(err)
@@ -53,8 +61,10 @@ func TestHotSetHitOfRefillIsMemoryHit(t *testing.T) {
 	if v := ssdHits(); v != 1 {
 		t.Fatalf("after one refill: %v SSD hits, want 1", v)
 	}
-	// Get the key again until the hot set answers (the refill's promotion is confirmed
-	// in the background).
+	// The refill's promotion is confirmed in the background (confirmRefills): a get
+	// planned before its GetDone reached the master would read the SSD again.
+	waitUntil(t, indexed)
+	// Get the key again until the hot set answers.
 	cached := func() float64 { return counter(t, om, "fluxkv_cached_gets_total", nil) }
 	for i := 0; ; i++ {
 		before := cached()
