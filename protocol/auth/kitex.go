@@ -11,10 +11,11 @@ import (
 
 // ServerOptions serve ln (from Listener) with Kitex's gonet transport, which reads
 // through the listener's connections; netpoll would take their raw fds and skip the
-// handshake. Handlers find the role their connection proved with ConnRole.
+// handshake. Handlers find the role their connection proved with ConnRole. A server's
+// Stop returns once its connections are gone (promptShutdown).
 func ServerOptions(ln net.Listener) []server.Option {
 	return []server.Option{
-		server.WithTransServerFactory(gonet.NewTransServerFactory()),
+		server.WithTransServerFactory(promptShutdown{gonet.NewTransServerFactory()}),
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
 		server.WithBoundHandler(roleHandler{}),
 		server.WithListener(ln),
