@@ -325,8 +325,16 @@ func (c *Client) NodeID() string     { return c.current().reply.NodeId }
 func (c *Client) Generation() int64  { return c.current().reply.OwnerGeneration }
 func (c *Client) SegmentSize() int64 { return c.current().reply.SegmentSize }
 func (c *Client) ClientID() int64    { return c.current().reply.ClientId }
-func (c *Client) Segment() []byte    { return c.current().ro.Bytes() }
-func (c *Client) Options() Options   { return c.opts }
+
+// Segment is the current mapping of the owner's segment, read-only. It stays mapped
+// only while this attachment does: a re-attach (after the owner restarted, or the
+// session was lost) or Close unmaps it once nothing uses it (an open holder of it, a
+// put in flight), and reading the slice after that faults. Read values through holders
+// (Holder.Bytes), which keep their mapping; Segment is for checks such as whether a
+// holder views shared memory.
+func (c *Client) Segment() []byte { return c.current().ro.Bytes() }
+
+func (c *Client) Options() Options { return c.opts }
 
 // Isolated reports whether the owner isolates its clients (docs/architecture.md §11): the segment is
 // mapped read-only only and puts go through the session's put area.
