@@ -40,7 +40,8 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 	// and every frame is checked before Kitex decodes a byte of it (wire.GuardListener).
 	ln = wire.GuardListener(ln, wire.GuardOptions{Socket: auth.PurposePeer, FrameTimeout: o.opts.FrameTimeout,
 		Budget: o.peerFrames, Logger: o.opts.Logger, Metrics: o.opts.Metrics})
-	svr := peerservice.NewServer(newPeerHandler(o), append(append(auth.ServerOptions(ln),
+	opts, started := auth.ServerOptionsStarted(ln)
+	svr := peerservice.NewServer(newPeerHandler(o), append(append(opts,
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-owner"}),
 		server.WithExitWaitTime(500*time.Millisecond),
 	), o.opts.testPeerServerOpts...)...)
@@ -52,7 +53,7 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 	select {
 	case err := <-errc:
 		return nil, fmt.Errorf("peer serve: %w", err)
-	case <-time.After(20 * time.Millisecond):
+	case <-started:
 	}
 	return &peerServer{ln: ln, svr: svr, check: check, ran: ran}, nil
 }

@@ -95,7 +95,8 @@ func (s *Server) serve(raw net.Listener) error {
 	s.peers = peerclient.NewMaster(s.opts.Secrets, s.opts.MasterKey, s.opts.PeerConnectTimeout)
 	s.inval = newInvalidator(*s.opts.Logger, s.peers, s.opts.InvalidateTimeout, s.opts.InvalidateQueue, s.epoch, s.liveOwner)
 	s.persist = newPersister(s)
-	opts := append(auth.ServerOptions(ln),
+	opts, started := auth.ServerOptionsStarted(ln)
+	opts = append(opts,
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "fluxkv-master"}),
 		server.WithExitWaitTime(time.Second))
 	if !s.opts.NoCallMetrics {
@@ -107,7 +108,7 @@ func (s *Server) serve(raw net.Listener) error {
 	select {
 	case err := <-errc:
 		return fmt.Errorf("master serve: %w", err)
-	case <-time.After(50 * time.Millisecond):
+	case <-started:
 	}
 	s.wg.Add(1)
 	go s.maintainLoop()

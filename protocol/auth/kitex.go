@@ -12,15 +12,24 @@ import (
 // ServerOptions serve ln (from Listener) with Kitex's gonet transport, which reads
 // through the listener's connections; netpoll would take their raw fds and skip the
 // handshake. Handlers find the role their connection proved with ConnRole. A server's
-// Stop returns once its connections are gone (promptShutdown).
+// Stop returns once its connections are gone (served).
 func ServerOptions(ln net.Listener) []server.Option {
+	opts, _ := ServerOptionsStarted(ln)
+	return opts
+}
+
+// ServerOptionsStarted is ServerOptions and a channel closed once the server built
+// with them serves ln: its Run got past every check that fails at once, so a caller
+// that waits for this or for Run's error knows whether it started.
+func ServerOptionsStarted(ln net.Listener) ([]server.Option, <-chan struct{}) {
+	f := served{TransServerFactory: gonet.NewTransServerFactory(), started: newSignal()}
 	return []server.Option{
-		server.WithTransServerFactory(promptShutdown{gonet.NewTransServerFactory()}),
+		server.WithTransServerFactory(f),
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
 		server.WithBoundHandler(roleHandler{}),
 		server.WithListener(ln),
 		server.WithServiceAddr(ln.Addr()),
-	}
+	}, f.started.c
 }
 
 // ClientOptions make a Kitex client authenticate with s for purpose (nil s: insecure)

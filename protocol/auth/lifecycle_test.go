@@ -45,9 +45,10 @@ func TestPromptShutdown(t *testing.T) {
 		}
 		inner := &slowShutdown{release: make(chan struct{}), served: make(chan struct{})}
 		inner.conns.Store(left)
-		s := &promptServer{TransServer: inner, closed: make(chan struct{})}
+		s := &servedServer{TransServer: inner, started: newSignal(), closed: newSignal()}
 		go s.BootstrapServer(raw)
 		<-inner.served
+		<-s.started.c
 		stopped := make(chan error, 1)
 		go func() { stopped <- s.Shutdown() }()
 		if left != 0 {

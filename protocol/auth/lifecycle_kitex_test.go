@@ -1,0 +1,83 @@
+package auth_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/cloudwego/kitex/server"
+
+	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/auth/authtest"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer/peerservice"
+)
+
+// heldStub answers InvalidateCachedInfo after release is closed, saying so on entered.
+type heldStub struct {
+	peerStub
+	entered, release chan struct{}
+}
+
+func (h *heldStub) InvalidateCachedInfo(context.Context, *peer.InvalidateCachedInfoRequest) (*peer.InvalidateCachedInfoResponse, error) {
+	h.entered <- struct{}{}
+	<-h.release
+	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
+}
+
+// A server built with ServerOptionsStarted says when it serves; its Stop waits for a
+// call in flight, which gets its reply, but not for an idle pooled connection.
+func TestKitexStopWaitsForCallsInFlight(t *testing.T) {
+	s := authtest.Secrets(t)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{})
+	stub := &heldStub{entered: make(chan struct{}, 2), release: make(chan struct{})}
+	opts, started := auth.ServerOptionsStarted(ln)
+	svr := peerservice.NewServer(stub, append(opts, server.WithExitWaitTime(30*time.Second))...)
+	ran := make(chan error, 1)
+	go func() { ran <- svr.Run() }()
+	select {
+	case <-started:
+	case err := <-ran:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not say it serves")
+	}
+	t.Cleanup(func() { svr.Stop() })
+
+	idle := dial(t, raw.Addr().String(), s, auth.PurposePeer)
+	go invalidate(idle)
+	<-stub.entered
+	stub.release <- struct{}{} // the first call ends; its connection stays pooled, idle
+	busy := dial(t, raw.Addr().String(), s, auth.PurposePeer)
+	answered := make(chan error, 1)
+	go func() { answered <- invalidate(busy) }()
+	<-stub.entered
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- svr.Stop() }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while a call was in flight")
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(stub.release)
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("the call in flight during Stop: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call in flight got no answer")
+	}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return after the call in flight ended (an idle pooled connection kept it?)")
+	}
+}
