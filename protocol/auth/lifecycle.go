@@ -12,7 +12,8 @@ import (
 const shutdownPoll = time.Millisecond
 
 // served wraps the gonet transport's servers: they say when they start serving
-// (started), and they stop as soon as their last connection is gone. gonet's Shutdown
+// (started; a server built with options that replace the factory never says it), and
+// they stop as soon as their last connection is gone. gonet's Shutdown
 // closes the listener (Listener's Close drains the connections: an idle one closes at
 // once, one in a call after its reply) and then checks the connection count every
 // 100 ms until it is zero or the server's exit wait passed, so every stop took at
@@ -34,9 +35,9 @@ type servedServer struct {
 	closed  *signal // once the server closed its listener
 }
 
-// BootstrapServer serves ln, noting when the server closes it.
+// BootstrapServer serves ln, noting when the server first accepts from it (it has
+// recorded the listener, which its Shutdown closes) and when it closes it.
 func (s *servedServer) BootstrapServer(ln net.Listener) error {
-	s.started.fire()
 	return s.TransServer.BootstrapServer(&noteClose{Listener: ln, s: s})
 }
 
@@ -65,10 +66,18 @@ func (s *servedServer) Shutdown() error {
 	}
 }
 
-// noteClose is a served listener whose Close tells its servedServer.
+// noteClose is a served listener whose Accept and Close tell its servedServer.
 type noteClose struct {
 	net.Listener
 	s *servedServer
+}
+
+// Accept says the server serves: gonet accepts only once it recorded the listener, so
+// a Stop from then on closes it (before, Stop would leave it open and return while it
+// still served).
+func (l *noteClose) Accept() (net.Conn, error) {
+	l.s.started.fire()
+	return l.Listener.Accept()
 }
 
 func (l *noteClose) Close() error {
