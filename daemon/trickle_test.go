@@ -61,7 +61,14 @@ func TestTricklingSourceLeftForAnotherReplica(t *testing.T) {
 		t.Fatal("get through c: wrong bytes")
 	}
 	t.Logf("get through c took %v", took)
-	if now := scrape(t, bMetrics, `fluxkv_transfer_bytes_total{dir="serve"}`); now-served < size {
+	// b counts the bytes once its writes returned, which may be after c has them.
+	var now float64
+	deadline := time.Now().Add(10 * time.Second)
+	for now = scrape(t, bMetrics, `fluxkv_transfer_bytes_total{dir="serve"}`); now-served < size && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		now = scrape(t, bMetrics, `fluxkv_transfer_bytes_total{dir="serve"}`)
+	}
+	if now-served < size {
 		t.Errorf("b served %v bytes for c's get; want the value (%d) from b, not the whole trickle from a", now-served, size)
 	}
 	// c's revoke told the master a's pull failed: d's get goes to another replica first,
