@@ -203,18 +203,21 @@ func (p *proc) waitFor(what string, cond func() bool) {
 
 // stop sends SIGTERM and requires a clean exit within stopBudget with the sockets
 // removed; a race the race detector found in the process fails the test.
-func (p *proc) stop() {
+func (p *proc) stop() { p.stopWith(syscall.SIGTERM) }
+
+// stopWith is stop with signal sig.
+func (p *proc) stopWith(sig syscall.Signal) {
 	if p.exited {
 		return
 	}
 	p.exited = true
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.cmd.Process.Signal(sig)
 	select {
 	case err := <-p.done:
 		if msg := p.raced(err); msg != "" {
 			p.t.Error(msg)
 		} else if err != nil {
-			p.t.Errorf("%s exited with %v after SIGTERM:\n%s", p.name(), err, tail(p.stderr.String()))
+			p.t.Errorf("%s exited with %v after %v:\n%s", p.name(), err, sig, tail(p.stderr.String()))
 		}
 	case <-time.After(stopBudget):
 		p.cmd.Process.Kill()
@@ -222,12 +225,12 @@ func (p *proc) stop() {
 		if msg := p.raced(nil); msg != "" {
 			p.t.Error(msg)
 		}
-		p.t.Errorf("%s did not exit within %v of SIGTERM:\n%s", p.name(), stopBudget, tail(p.stderr.String()))
+		p.t.Errorf("%s did not exit within %v of %v:\n%s", p.name(), stopBudget, sig, tail(p.stderr.String()))
 	}
 	if p.socket != "" {
 		for _, s := range []string{p.socket, p.socket + ".rpc"} {
 			if _, err := os.Stat(s); err == nil {
-				p.t.Errorf("socket %s left behind after SIGTERM", s)
+				p.t.Errorf("socket %s left behind after %v", s, sig)
 			}
 		}
 	}

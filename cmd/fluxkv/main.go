@@ -15,9 +15,11 @@ import (
 var stopProfile = func() {}
 
 func main() {
-	// Kitex logs through klog; keep it to warnings. Set before any Kitex goroutine can
-	// read the level.
-	klog.SetLevel(klog.LevelWarn)
+	// Kitex logs through klog, in plain text whatever --log-format says; keep it to
+	// errors: its warnings repeat what the process logs itself (a master that does not
+	// answer gave some 60 lines of "auto retry" a second). Set before any Kitex goroutine
+	// can read the level.
+	klog.SetLevel(klog.LevelError)
 	app := &cli.App{
 		Name:  "fluxkv",
 		Usage: "distributed DRAM + SSD key-value cache for AI inference",

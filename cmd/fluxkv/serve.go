@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -277,7 +278,7 @@ func (s *stack) stop() error {
 // already carries one). A start cut short by SIGTERM/SIGINT is a clean stop: exit 0.
 func (s *stack) fail(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		logger.Info().Err(err).Msg("signal received during start-up; stopping")
+		logger.Info().Err(err).Str("signal", signalName(ctx)).Msg("signal received during start-up; stopping")
 		return s.stop()
 	}
 	s.stop()
@@ -479,14 +480,45 @@ func componentLogger(role string) zerolog.Logger {
 	return logger.With().Str("role", role).Logger()
 }
 
-// signalContext is cancelled by SIGINT or SIGTERM. It is set up before anything starts,
-// so a signal during start-up also stops the process cleanly.
+// signalContext is cancelled by SIGINT, SIGTERM or SIGHUP (a hangup of the terminal
+// that started the process: it stops cleanly rather than die with its sockets left
+// behind), the signal its cause (stopSignal). It is set up before anything starts, so
+// a signal during start-up also stops the process cleanly. After the first signal the
+// default handling is back: a second one ends a stop that takes too long at once.
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, stopSignals...)
+	go func() {
+		defer signal.Stop(sigs)
+		select {
+		case sig := <-sigs:
+			cancel(stopSignal{sig})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
 }
 
-// waitStop blocks until the signal context ends.
+// stopSignals stop a serving process (signalContext).
+var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+
+// stopSignal is the cause of a signal context's end.
+type stopSignal struct{ os.Signal }
+
+func (s stopSignal) Error() string { return "signal " + s.String() }
+
+// waitStop blocks until the signal context ends and logs the signal.
 func waitStop(ctx context.Context) {
 	<-ctx.Done()
-	logger.Info().Msg("signal received; stopping")
+	logger.Info().Str("signal", signalName(ctx)).Msg("signal received; stopping (a second one ends the process at once)")
+}
+
+// signalName is the signal that ended ctx (signalContext).
+func signalName(ctx context.Context) string {
+	var s stopSignal
+	if errors.As(context.Cause(ctx), &s) {
+		return s.String()
+	}
+	return "none"
 }

@@ -12,7 +12,7 @@ import (
 // ServerOptions serve ln (from Listener) with Kitex's gonet transport, which reads
 // through the listener's connections; netpoll would take their raw fds and skip the
 // handshake. Handlers find the role their connection proved with ConnRole. A server's
-// Stop returns once its connections are gone (served).
+// Stop returns once its connections are gone (served); signals do not stop it.
 func ServerOptions(ln net.Listener) []server.Option {
 	opts, _ := ServerOptionsStarted(ln)
 	return opts
@@ -29,8 +29,16 @@ func ServerOptionsStarted(ln net.Listener) ([]server.Option, <-chan struct{}) {
 		server.WithBoundHandler(roleHandler{}),
 		server.WithListener(ln),
 		server.WithServiceAddr(ln.Addr()),
+		// Kitex's default stops the server on SIGINT, SIGTERM and SIGHUP by itself: a
+		// hangup closed the master's and the peer service's ports while the process
+		// stayed up and ready, and a SIGTERM stopped them before the owner drained.
+		// The process's own signal handling stops its servers, in order.
+		server.WithExitSignal(noExitSignal),
 	}, f.started.c
 }
+
+// noExitSignal is an exit signal that never fires.
+func noExitSignal() <-chan error { return nil }
 
 // ClientOptions make a Kitex client authenticate with s for purpose (nil s: insecure)
 // and speak framed binary thrift, the only transport cluster servers accept (their

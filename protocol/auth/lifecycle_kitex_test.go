@@ -3,6 +3,9 @@ package auth_test
 import (
 	"context"
 	"net"
+	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,5 +82,41 @@ func TestKitexStopWaitsForCallsInFlight(t *testing.T) {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Stop did not return after the call in flight ended (an idle pooled connection kept it?)")
+	}
+}
+
+// A server of ServerOptions keeps serving through a signal to the process: the process
+// decides when to stop it. Kitex's default stopped it on SIGHUP, SIGINT and SIGTERM by
+// itself, leaving the process up with its port closed.
+func TestKitexServerIgnoresSignals(t *testing.T) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGHUP) // this test process's own: it must not die of it
+	defer signal.Stop(sigs)
+	s := authtest.Secrets(t)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, started := auth.ServerOptionsStarted(auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{}))
+	svr := peerservice.NewServer(&peerStub{}, opts...)
+	ran := make(chan error, 1)
+	go func() { ran <- svr.Run() }()
+	select {
+	case <-started:
+	case err := <-ran:
+		t.Fatalf("Run: %v", err)
+	}
+	t.Cleanup(func() { svr.Stop() })
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	<-sigs
+	select {
+	case err := <-ran:
+		t.Fatalf("the server stopped on SIGHUP (Run: %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := invalidate(dial(t, raw.Addr().String(), s, auth.PurposePeer)); err != nil {
+		t.Fatalf("a call after SIGHUP: %v", err)
 	}
 }

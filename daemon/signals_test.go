@@ -1,0 +1,32 @@
+package daemon_test
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestSignalsStopCleanly: SIGHUP and SIGINT stop an owner and a master as SIGTERM does
+// (exit 0, sockets removed, the signal logged). Kitex's servers had signal handlers of
+// their own: a hangup closed the master's port and the owner's peer service while both
+// processes stayed up and ready.
+func TestSignalsStopCleanly(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			m := startMaster(t, "")
+			o := startOwner(t, t.TempDir(), m.addr, "16MiB", "signalled")
+			c := connect(t, o.socket)
+			if err := c.Put("k", payload(1, 4096)); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range []*proc{o, m} {
+				p.stopWith(sig)
+				if log := p.stderr.String(); !strings.Contains(log, "signal received") || !strings.Contains(log, sig.String()) {
+					t.Errorf("%s: no log line names %v:\n%s", p.name(), sig, tail(log))
+				}
+			}
+		})
+	}
+}
