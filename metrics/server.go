@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,10 +32,21 @@ type Options struct {
 	Ready func() error
 	// Logger receives the server's errors. Default: none.
 	Logger *zerolog.Logger
+	// ReadTimeout bounds reading a request, body included; WriteTimeout writing its
+	// answer. A client that declares a body and never sends it, or never reads the
+	// answer, otherwise holds its connection and a goroutine for good (file
+	// descriptors the owner's sockets and SSD files need). Defaults 10 s and 30 s
+	// (more than a scrape's own 10 s timeout).
+	ReadTimeout, WriteTimeout time.Duration
 }
 
-// shutdownTimeout bounds how long Close waits for scrapes in progress.
-const shutdownTimeout = 2 * time.Second
+const (
+	// shutdownTimeout bounds how long Close waits for scrapes in progress.
+	shutdownTimeout = 2 * time.Second
+	// scrapesInFlight bounds the /metrics requests served at once (each takes the
+	// owner's lock for its gauges); more wait their turn, then get 503.
+	scrapesInFlight = 4
+)
 
 // Serve listens on addr (host:port; port 0 picks a free one) before it returns, so
 // the endpoints are reachable as soon as Serve succeeds, then serves in the background
@@ -58,9 +70,10 @@ func Serve(addr string, m *Metrics, opts Options) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.InstrumentMetricHandler(m.reg,
 		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
-			ErrorLog:      promLogger{log},
-			ErrorHandling: promhttp.ContinueOnError,
-			Timeout:       10 * time.Second,
+			ErrorLog:            promLogger{log},
+			ErrorHandling:       promhttp.ContinueOnError,
+			Timeout:             10 * time.Second,
+			MaxRequestsInFlight: scrapesInFlight,
 		})))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusOK, "ok")
@@ -86,6 +99,8 @@ func Serve(addr string, m *Metrics, opts Options) (*Server, error) {
 		srv: &http.Server{
 			Handler:           mux,
 			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       cmp.Or(opts.ReadTimeout, 10*time.Second),
+			WriteTimeout:      cmp.Or(opts.WriteTimeout, 30*time.Second),
 			IdleTimeout:       60 * time.Second,
 		},
 		done: make(chan struct{}),

@@ -3,10 +3,12 @@ package metrics
 import (
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // get fetches path from srv and returns the status and the body.
@@ -69,5 +71,31 @@ func TestReadyWithoutCheck(t *testing.T) {
 	}
 	if code, body := get(t, srv, "/"); code != http.StatusOK || !strings.Contains(body, "/readyz") {
 		t.Errorf("/ = %d %q, want the index naming the endpoints", code, body)
+	}
+}
+
+// A client that declares a request body and never sends it loses its connection after
+// ReadTimeout, as one that stops in its headers does after theirs: it holds no
+// connection and goroutine of the server for good.
+func TestStalledRequestClosed(t *testing.T) {
+	checkGoroutines(t)
+	srv, err := Serve("127.0.0.1:0", New(), Options{ReadTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	c, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// The answer may come (the handler does not read the body); then the server, which
+	// must read the body before the next request, closes the connection at ReadTimeout.
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("the stalled connection was not closed by the server: %v", err)
 	}
 }
