@@ -44,7 +44,7 @@ const (
 	// shutdownTimeout bounds how long Close waits for scrapes in progress.
 	shutdownTimeout = 2 * time.Second
 	// scrapesInFlight bounds the /metrics requests served at once (each takes the
-	// owner's lock for its gauges); more wait their turn, then get 503.
+	// owner's lock for its gauges); another gets 503 at once.
 	scrapesInFlight = 4
 )
 
