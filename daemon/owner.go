@@ -187,6 +187,12 @@ func (o *Owner) Start(ctx context.Context) error {
 	if err := os.MkdirAll(o.opts.Dir, 0o755); err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}
+	switch shared, err := wire.CheckDir(o.opts.Dir); {
+	case err != nil:
+		return fmt.Errorf("socket dir: %w", err)
+	case shared:
+		o.log.Warn().Str("dir", o.opts.Dir).Msg("the socket directory is writable by others, who could replace its sockets: give the node a directory of its own")
+	}
 	segOpts := shm.SegmentOptions{SealWrites: o.opts.ClientIsolation, Populate: o.opts.Prefault, HugePages: o.opts.HugePages}
 	if o.opts.Prefault {
 		segOpts.Progress = o.prefaultProgress(t0)

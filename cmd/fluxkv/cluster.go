@@ -11,6 +11,7 @@ import (
 
 	"github.com/fluxkv/fluxkv/config"
 	"github.com/fluxkv/fluxkv/protocol/auth"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // Cluster authentication (docs/architecture.md §11): master, owner and up take the shared secret
@@ -113,6 +114,9 @@ func upSecrets(c *cli.Context, f *config.File, dir string) (*auth.Secrets, error
 	if len(files) == 0 && !insecure {
 		p := filepath.Join(dir, upSecretName)
 		err := os.MkdirAll(dir, 0o755) // as the owner makes it
+		if err == nil {
+			_, err = wire.CheckDir(dir) // before a secret goes in it (the owner warns of a shared one)
+		}
 		if err == nil {
 			err = auth.GenerateSecretFile(p)
 		}

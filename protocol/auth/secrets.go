@@ -112,10 +112,19 @@ func checkMode(path string, fi os.FileInfo) error {
 }
 
 // checkWritable refuses a file (what names it in errors) anyone may write: whoever
-// rewrites a secret or a key chooses whom this node trusts from its next start.
+// rewrites a secret or a key chooses whom this node trusts from its next start. So
+// does its owner, whatever its mode: it must be this process's user or root.
 func checkWritable(what, path string, fi os.FileInfo) error {
 	if perm := fi.Mode().Perm(); perm&0o002 != 0 {
 		return fmt.Errorf("%s %s is writable by others (mode %04o): chmod o-w %s", what, path, perm, path)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s %s: cannot read its owner", what, path)
+	}
+	if uid := int(st.Uid); uid != 0 && uid != os.Geteuid() {
+		return fmt.Errorf("%s %s is owned by uid %d, neither root nor this process's user (uid %d), who could rewrite it: chown it",
+			what, path, uid, os.Geteuid())
 	}
 	return nil
 }

@@ -130,3 +130,40 @@ func TestTrustFilesWritableByOthers(t *testing.T) {
 		})
 	}
 }
+
+// TestTrustFilesOwnedByOthers: a secret or key file owned by another user than this
+// process's (or root) is refused whatever its mode: its owner may rewrite it (a
+// directory under /tmp another user made first, with its own files in it).
+func TestTrustFilesOwnedByOthers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving a file to another user takes root")
+	}
+	const nobody = 65534
+	d := t.TempDir()
+	key, pub := filepath.Join(d, "master.key"), filepath.Join(d, "master.pub")
+	if err := GenerateMasterKeyFiles(key, pub); err != nil {
+		t.Fatal(err)
+	}
+	secret := writeFile(t, "secret", strings.Repeat("s", 40), 0o600)
+	for _, tc := range []struct {
+		name, path string
+		load       func(string) error
+	}{
+		{"cluster secret", secret, func(p string) error { _, err := LoadSecrets([]string{p}); return err }},
+		{"master key", key, func(p string) error { _, err := LoadMasterKey(p); return err }},
+		{"master public key", pub, func(p string) error { _, err := LoadMasterPubKeys([]string{p}); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.load(tc.path); err != nil {
+				t.Fatalf("owned by this process's user: %v", err)
+			}
+			if err := os.Chown(tc.path, nobody, -1); err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf("is owned by uid %d", nobody)
+			if err := tc.load(tc.path); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("owned by uid %d: got %v, want %q", nobody, err, want)
+			}
+		})
+	}
+}

@@ -1,8 +1,10 @@
 package wire
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // SocketName is the one path users and configs name: DIR/fluxkv.sock, the attach socket.
@@ -26,4 +28,28 @@ func DefaultSocket() string {
 		return s
 	}
 	return filepath.Join(DefaultDir(), SocketName)
+}
+
+// CheckDir refuses dir as a node's directory (its sockets, and for `up` its cluster
+// secret and master key) when it is owned by another user than this process's or root
+// (a directory under /tmp another user made first), who could replace what is in it.
+// shared reports a directory others may write (/tmp, a Kubernetes emptyDir): they
+// could replace its sockets too, which the caller warns about.
+func CheckDir(dir string) (shared bool, err error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return false, err
+	}
+	if !fi.IsDir() {
+		return false, fmt.Errorf("%s is not a directory", dir)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false, fmt.Errorf("directory %s: cannot read its owner", dir)
+	}
+	if uid := int(st.Uid); uid != 0 && uid != os.Geteuid() {
+		return false, fmt.Errorf("directory %s is owned by uid %d, neither root nor this process's user (uid %d), who could replace its sockets and files: use a directory of this user's",
+			dir, uid, os.Geteuid())
+	}
+	return fi.Mode().Perm()&0o002 != 0, nil
 }
