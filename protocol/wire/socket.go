@@ -22,12 +22,25 @@ func DefaultDir() string {
 	return "/run/fluxkv"
 }
 
-// DefaultSocket is DefaultDir()/fluxkv.sock, overridden by $FLUXKV_SOCKET.
+// DefaultSocket is the socket clients attach to by default: $FLUXKV_SOCKET, else
+// $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock when it exists (a node this user runs), else
+// /run/fluxkv/fluxkv.sock (the system's node: a login sets XDG_RUNTIME_DIR, and the
+// systemd owner listens in /run/fluxkv).
 func DefaultSocket() string {
 	if s := os.Getenv("FLUXKV_SOCKET"); s != "" {
 		return s
 	}
-	return filepath.Join(DefaultDir(), SocketName)
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		if p := filepath.Join(d, "fluxkv", SocketName); exists(p) {
+			return p
+		}
+	}
+	return filepath.Join("/run/fluxkv", SocketName)
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // CheckDir refuses dir as a node's directory (its sockets, and for `up` its cluster

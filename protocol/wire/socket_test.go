@@ -45,3 +45,29 @@ func TestCheckDir(t *testing.T) {
 		t.Fatalf("another user's directory: %v", err)
 	}
 }
+
+// The default socket is $FLUXKV_SOCKET, else this user's node's under
+// $XDG_RUNTIME_DIR when there is one, else the system's in /run/fluxkv (a login sets
+// XDG_RUNTIME_DIR whether or not the user runs a node).
+func TestDefaultSocket(t *testing.T) {
+	runtime := t.TempDir()
+	t.Setenv("FLUXKV_SOCKET", "")
+	t.Setenv("XDG_RUNTIME_DIR", runtime)
+	if got := DefaultSocket(); got != "/run/fluxkv/fluxkv.sock" {
+		t.Errorf("no node under XDG_RUNTIME_DIR: %s", got)
+	}
+	own := filepath.Join(runtime, "fluxkv", SocketName)
+	if err := os.MkdirAll(filepath.Dir(own), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(own, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := DefaultSocket(); got != own {
+		t.Errorf("a node under XDG_RUNTIME_DIR: %s, want %s", got, own)
+	}
+	t.Setenv("FLUXKV_SOCKET", "/x/y.sock")
+	if got := DefaultSocket(); got != "/x/y.sock" {
+		t.Errorf("FLUXKV_SOCKET set: %s", got)
+	}
+}

@@ -1,5 +1,6 @@
 // fluxkv::Client: the public API, forwarding to ClientImpl.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -26,9 +27,13 @@ detail::ClientImpl& live(const std::shared_ptr<detail::ClientImpl>& impl) {
 
 std::string default_socket() {
   if (const char* env = std::getenv("FLUXKV_SOCKET"); env != nullptr && *env != '\0') return env;
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  std::string base = runtime != nullptr && *runtime != '\0' ? std::string(runtime) + "/fluxkv" : "/run/fluxkv";
-  return base + "/" + kSocketName;
+  // A node this user runs, else the system's (a login sets XDG_RUNTIME_DIR, and the
+  // systemd owner listens in /run/fluxkv).
+  if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime != '\0') {
+    std::string own = std::string(runtime) + "/fluxkv/" + kSocketName;
+    if (::access(own.c_str(), F_OK) == 0) return own;
+  }
+  return std::string("/run/fluxkv/") + kSocketName;
 }
 
 Client Client::connect(const std::string& socket_path, const Options& opts) {

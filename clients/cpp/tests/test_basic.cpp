@@ -1,5 +1,7 @@
 // Put, get, exists, remove and the batch forms against a real owner, byte for byte.
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -127,8 +129,24 @@ TEST(connect_resolves_env_default_and_directory) {
     CHECK(!c.node_id().empty());
   }
   ::unsetenv("FLUXKV_SOCKET");
-  ::setenv("XDG_RUNTIME_DIR", "/nonexistent-run", 1);
-  CHECK_EQ(fluxkv::default_socket(), std::string("/nonexistent-run/fluxkv/fluxkv.sock"));
+  ::setenv("XDG_RUNTIME_DIR", "/nonexistent-run", 1);  // no node of this user's there
+  CHECK_EQ(fluxkv::default_socket(), std::string("/run/fluxkv/fluxkv.sock"));
+  {
+    // plain_owner's socket is DIR/fluxkv.sock: as $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock
+    // when DIR's parent is the runtime dir and DIR is named fluxkv; else a link to it.
+    char tmpl[] = "/tmp/fluxkv-xdg-XXXXXX";
+    const char* runtime = ::mkdtemp(tmpl);
+    CHECK(runtime != nullptr);
+    const std::string dir = std::string(runtime) + "/fluxkv";
+    CHECK_EQ(::mkdir(dir.c_str(), 0700), 0);
+    const std::string own = dir + "/fluxkv.sock";
+    CHECK_EQ(::symlink(sock.c_str(), own.c_str()), 0);
+    ::setenv("XDG_RUNTIME_DIR", runtime, 1);
+    CHECK_EQ(fluxkv::default_socket(), own);
+    ::unlink(own.c_str());
+    ::rmdir(dir.c_str());
+    ::rmdir(runtime);
+  }
   ::unsetenv("XDG_RUNTIME_DIR");
   CHECK_EQ(fluxkv::default_socket(), std::string("/run/fluxkv/fluxkv.sock"));
   auto c = fluxkv::Client::connect(plain_owner().dir());  // a directory: DIR/fluxkv.sock

@@ -58,13 +58,18 @@ ACCELERATED = _codec.ACCELERATED  # the fastbinary C extension is present
 
 def default_socket() -> str:
     """The daemon's default attach socket: $FLUXKV_SOCKET, else
-    $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock, else /run/fluxkv/fluxkv.sock."""
+    $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock when it exists (a node this user runs), else
+    /run/fluxkv/fluxkv.sock (the system's node: a login sets XDG_RUNTIME_DIR, and the
+    systemd owner listens in /run/fluxkv)."""
     env = os.environ.get("FLUXKV_SOCKET")
     if env:
         return env
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = os.path.join(runtime, "fluxkv") if runtime else "/run/fluxkv"
-    return os.path.join(base, SOCKET_NAME)
+    if runtime:
+        own = os.path.join(runtime, "fluxkv", SOCKET_NAME)
+        if os.path.exists(own):
+            return own
+    return os.path.join("/run/fluxkv", SOCKET_NAME)
 
 
 def resolve_socket(sock) -> str:

@@ -1167,7 +1167,7 @@ def connect(socket=None, **kwargs) -> Client:
     """Attach to the local fluxkv owner and return a :class:`Client`.
 
     ``socket`` is the owner's attach socket (``DIR/fluxkv.sock``) or its directory; by
-    default ``$FLUXKV_SOCKET``, else ``$XDG_RUNTIME_DIR/fluxkv/fluxkv.sock``, else
+    default ``$FLUXKV_SOCKET``, else ``$XDG_RUNTIME_DIR/fluxkv/fluxkv.sock`` if it exists, else
     ``/run/fluxkv/fluxkv.sock``. Raises Unavailable when no owner listens there.
     Keyword arguments: ``name`` (shown by the owner), ``timeout`` (seconds each send and each
     receive of a call may take, > 0: a call of several round trips, or one that waits for

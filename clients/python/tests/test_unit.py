@@ -77,8 +77,11 @@ def test_default_socket(monkeypatch, tmp_path):
     monkeypatch.delenv("FLUXKV_SOCKET", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     assert fluxkv.default_socket() == "/run/fluxkv/fluxkv.sock"
-    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
-    assert fluxkv.default_socket() == "/run/user/1000/fluxkv/fluxkv.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert fluxkv.default_socket() == "/run/fluxkv/fluxkv.sock"  # no node of this user's
+    (tmp_path / "fluxkv").mkdir()
+    (tmp_path / "fluxkv" / "fluxkv.sock").touch()
+    assert fluxkv.default_socket() == str(tmp_path / "fluxkv" / "fluxkv.sock")
     monkeypatch.setenv("FLUXKV_SOCKET", "/x/y.sock")
     assert fluxkv.default_socket() == "/x/y.sock"
     assert _wire.resolve_socket(None) == "/x/y.sock"

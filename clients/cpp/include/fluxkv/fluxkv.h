@@ -71,7 +71,7 @@ typedef struct {
 int fluxkv_abi_version(void);
 
 /* Attaches to the owner at socket_path (a socket or its directory; NULL or "": $FLUXKV_SOCKET,
- * else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock, else /run/fluxkv/fluxkv.sock). NULL on error. */
+ * else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock if it exists, else /run/fluxkv/fluxkv.sock). NULL on error. */
 fluxkv_client* fluxkv_connect(const char* socket_path, fluxkv_error* err);
 /* Sends queued releases, ends the session and frees the client (once every other thread's
  * call on it returned: it may not run beside them). Holders stay valid until released.

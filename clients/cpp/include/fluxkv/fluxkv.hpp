@@ -163,7 +163,7 @@ struct PutItem {
 class Client {
  public:
   // Attaches to the owner at socket_path (a socket or its directory). Empty: $FLUXKV_SOCKET,
-  // else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock, else /run/fluxkv/fluxkv.sock. Throws
+  // else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock if it exists, else /run/fluxkv/fluxkv.sock. Throws
   // Unavailable when no owner listens there, PermissionDenied when refused.
   static Client connect(const std::string& socket_path = "", const Options& opts = {});
 
@@ -243,7 +243,7 @@ class Client {
 // against the IDL when the library is built).
 inline constexpr std::chrono::milliseconds kMaxPin{5000};
 
-// The default attach socket: $FLUXKV_SOCKET, else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock,
+// The default attach socket: $FLUXKV_SOCKET, else $XDG_RUNTIME_DIR/fluxkv/fluxkv.sock if it exists,
 // else /run/fluxkv/fluxkv.sock.
 std::string default_socket();
 
