@@ -61,6 +61,8 @@ func TestSystemdUnits(t *testing.T) {
 			if role == "owner" {
 				// The socket directory of fluxkv_spec.socket_dir in the example config.
 				want["RuntimeDirectory"] = "fluxkv"
+				// Kept across a restart: a client container bind-mounting it keeps seeing it.
+				want["RuntimeDirectoryPreserve"] = "restart"
 			}
 			for k, v := range want {
 				if got := d[k]; len(got) != 1 || got[0] != v {

@@ -168,7 +168,7 @@ func (c *Client) Pull(ctx context.Context, addr string, f Fence, offset int64, d
 		_, err := c.pull(ctx, addr, f, offset, dst)
 		return err
 	}
-	g, err := c.enter(ctx, addr, f)
+	g, _, err := c.enter(ctx, addr, f)
 	if err != nil {
 		return err
 	}
@@ -242,14 +242,15 @@ func peerDown(kind string) bool {
 
 // enter takes one of addr's MaxPullsPerPeer slots, waiting while they are all held;
 // leave gives it back. It fails when ctx ends or the client closes first, or when a
-// pull from the peer failed as down (peerDown) while it waited.
-func (c *Client) enter(ctx context.Context, addr string, f Fence) (*gate, error) {
+// pull from the peer failed as down (peerDown) while it waited; kind is the metrics
+// kind it counted that failure as, once ("" for a closed client's: not counted).
+func (c *Client) enter(ctx context.Context, addr string, f Fence) (g *gate, kind string, err error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+		return nil, "", fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
 	}
-	g := c.gates[addr]
+	g = c.gates[addr]
 	if g == nil {
 		g = &gate{slots: make(chan struct{}, c.opts.MaxPullsPerPeer)}
 		c.gates[addr] = g
@@ -259,7 +260,7 @@ func (c *Client) enter(ctx context.Context, addr string, f Fence) (*gate, error)
 	c.mu.Unlock()
 	select {
 	case g.slots <- struct{}{}:
-		return g, nil // no wait: nothing failed meanwhile
+		return g, "", nil // no wait: nothing failed meanwhile
 	default:
 	}
 	select {
@@ -267,11 +268,11 @@ func (c *Client) enter(ctx context.Context, addr string, f Fence) (*gate, error)
 	case <-ctx.Done():
 		c.drop(addr, g)
 		c.tm.Error(metrics.TransferPull, metrics.TransferErrCanceled)
-		return nil, fmt.Errorf("pull from %s (node %q): waiting for one of the %d pulls in flight to end: %w",
+		return nil, metrics.TransferErrCanceled, fmt.Errorf("pull from %s (node %q): waiting for one of the %d pulls in flight to end: %w",
 			addr, f.SourceNode, c.opts.MaxPullsPerPeer, ctx.Err())
 	case <-c.stop:
 		c.drop(addr, g)
-		return nil, fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
+		return nil, "", fmt.Errorf("%w: pull from %s: the transfer client is closed: %w", ErrUnreachable, addr, net.ErrClosed)
 	}
 	c.mu.Lock()
 	down := g.down
@@ -281,10 +282,10 @@ func (c *Client) enter(ctx context.Context, addr string, f Fence) (*gate, error)
 		<-g.slots
 		c.drop(addr, g)
 		c.tm.Error(metrics.TransferPull, metrics.TransferErrUnreachable)
-		return nil, fmt.Errorf("%w: pull from %s (node %q) not tried: a pull from it failed while this one waited: %w",
+		return nil, metrics.TransferErrUnreachable, fmt.Errorf("%w: pull from %s (node %q) not tried: a pull from it failed while this one waited: %w",
 			ErrUnreachable, addr, f.SourceNode, down)
 	}
-	return g, nil
+	return g, "", nil
 }
 
 // leave gives back g's slot after a pull that ended with err (of metrics kind kind).

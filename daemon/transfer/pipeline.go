@@ -121,9 +121,13 @@ func (c *Client) pullRun(ctx context.Context, addr string, items []PullItem, run
 	var g *gate
 	var err error
 	if !allStaged(items, run) {
-		if g, err = c.enter(ctx, addr, items[run[0]].Fence); err != nil {
-			for _, i := range run {
+		var kind string
+		if g, kind, err = c.enter(ctx, addr, items[run[0]].Fence); err != nil {
+			for k, i := range run {
 				errs[i] = err
+				if k > 0 && kind != "" { // enter counted the first: one error an item, as failRun
+					c.tm.Error(metrics.TransferPull, kind)
+				}
 			}
 			return
 		}

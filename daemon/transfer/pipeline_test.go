@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/fluxkv/fluxkv/metrics"
 )
 
 // TestPullMany: a batch of more values than pipelineDepth, some refused, comes over
@@ -212,7 +214,7 @@ func TestPullManyStaged(t *testing.T) {
 			cl := newClient(t, ClientOptions{Secrets: sec, ProgressTimeout: waitInterval * 5 / 4, MaxPullsPerPeer: 1})
 			addr := srv.Addr().String()
 			// A memory pull holds the peer's only slot meanwhile.
-			g, err := cl.enter(context.Background(), addr, Fence{SourceNode: src.node})
+			g, _, err := cl.enter(context.Background(), addr, Fence{SourceNode: src.node})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -288,5 +290,62 @@ func TestIdleConnsOfGonePeersClosed(t *testing.T) {
 	}
 	if n := pooled(); n != 0 {
 		t.Errorf("%d pooled connections to peers gone for 3 idle timeouts", n)
+	}
+}
+
+// TestPullManyWaitCanceledCountsEachItem: a run of a batch that waited for a slot of
+// the peer until its context ended counts one error for each of its items, as every
+// other failure of a run does (it counted one for the whole run).
+func TestPullManyWaitCanceledCountsEachItem(t *testing.T) {
+	checkLeaks(t)
+	sec := secrets(t)
+	m := metrics.New()
+	src := newTestSource(segment(t, mib, true))
+	srv := startServer(t, src, ServerOptions{Secrets: sec})
+	cl := newClient(t, ClientOptions{Secrets: sec, Metrics: m, MaxPullsPerPeer: 1})
+	addr := srv.Addr().String()
+	g, _, err := cl.enter(context.Background(), addr, Fence{SourceNode: src.node}) // the only slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.leave(addr, g, "", nil)
+	var items []PullItem
+	for i := range 3 {
+		off := int64(i) * 10_000
+		items = append(items, PullItem{Fence: src.retain(int64(i+1), off, 9000), Offset: off, Dst: make([]byte, 9000)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	for i, err := range cl.PullMany(ctx, addr, items) {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("item %d: %v, want the wait's deadline", i, err)
+		}
+	}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var canceled float64
+	for _, mf := range mfs {
+		if mf.GetName() != "fluxkv_transfer_errors_total" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			dir, kind := "", ""
+			for _, l := range mt.GetLabel() {
+				switch l.GetName() {
+				case "dir":
+					dir = l.GetValue()
+				case "kind":
+					kind = l.GetValue()
+				}
+			}
+			if dir == metrics.TransferPull && kind == metrics.TransferErrCanceled {
+				canceled += mt.GetCounter().GetValue()
+			}
+		}
+	}
+	if canceled != float64(len(items)) {
+		t.Errorf("%v pull errors of kind canceled, want %d (one an item)", canceled, len(items))
 	}
 }
