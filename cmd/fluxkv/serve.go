@@ -186,8 +186,12 @@ func upCommand() *cli.Command {
 				return err
 			}
 			addr := oc.MetricsAddr
-			if addr == "" {
+			switch {
+			case addr == "":
 				addr = mc.MetricsAddr
+			case mc.MetricsAddr != "" && mc.MetricsAddr != addr:
+				logger.Warn().Str("serving", addr).Str("unused", mc.MetricsAddr).
+					Msg("up serves one /metrics: the owner's metrics address; the master's is not used")
 			}
 			st := stack{masterKey: masterKey, masterPubKeys: pubKeys}
 			m, err := st.metrics(addr, "master", "owner")
