@@ -30,34 +30,42 @@ func (h *heldStub) InvalidateCachedInfo(context.Context, *peer.InvalidateCachedI
 	return &peer.InvalidateCachedInfoResponse{Code: common.ErrorCode_OK}, nil
 }
 
-// A server built with ServerOptionsStarted says when it serves; its Stop waits for a
-// call in flight, which gets its reply, but not for an idle pooled connection.
-func TestKitexStopWaitsForCallsInFlight(t *testing.T) {
-	s := authtest.Secrets(t)
+// serveStarted serves h with ServerOptionsStarted (and extra) on a loopback port and
+// waits until it says it serves; the server stops at the test's end. ran gets Run's
+// answer.
+func serveStarted(t *testing.T, h peer.PeerService, extra ...server.Option) (svr server.Server, addr string, s *auth.Secrets, ran <-chan error) {
+	t.Helper()
+	s = authtest.Secrets(t)
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{})
-	stub := &heldStub{entered: make(chan struct{}, 2), release: make(chan struct{})}
-	opts, started := auth.ServerOptionsStarted(ln)
-	svr := peerservice.NewServer(stub, append(opts, server.WithExitWaitTime(30*time.Second))...)
-	ran := make(chan error, 1)
-	go func() { ran <- svr.Run() }()
+	opts, started := auth.ServerOptionsStarted(auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{}))
+	svr = peerservice.NewServer(h, append(opts, extra...)...)
+	done := make(chan error, 1)
+	go func() { done <- svr.Run() }()
 	select {
 	case <-started:
-	case err := <-ran:
+	case err := <-done:
 		t.Fatalf("Run: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server did not say it serves")
 	}
 	t.Cleanup(func() { svr.Stop() })
+	return svr, raw.Addr().String(), s, done
+}
 
-	idle := dial(t, raw.Addr().String(), s, auth.PurposePeer)
+// A server built with ServerOptionsStarted says when it serves; its Stop waits for a
+// call in flight, which gets its reply, but not for an idle pooled connection.
+func TestKitexStopWaitsForCallsInFlight(t *testing.T) {
+	stub := &heldStub{entered: make(chan struct{}, 2), release: make(chan struct{})}
+	svr, addr, s, _ := serveStarted(t, stub, server.WithExitWaitTime(30*time.Second))
+
+	idle := dial(t, addr, s, auth.PurposePeer)
 	go invalidate(idle)
 	<-stub.entered
 	stub.release <- struct{}{} // the first call ends; its connection stays pooled, idle
-	busy := dial(t, raw.Addr().String(), s, auth.PurposePeer)
+	busy := dial(t, addr, s, auth.PurposePeer)
 	answered := make(chan error, 1)
 	go func() { answered <- invalidate(busy) }()
 	<-stub.entered
@@ -92,21 +100,7 @@ func TestKitexServerIgnoresSignals(t *testing.T) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGHUP) // this test process's own: it must not die of it
 	defer signal.Stop(sigs)
-	s := authtest.Secrets(t)
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts, started := auth.ServerOptionsStarted(auth.Listener(raw, s, auth.PurposePeer, auth.ListenerOptions{}))
-	svr := peerservice.NewServer(&peerStub{}, opts...)
-	ran := make(chan error, 1)
-	go func() { ran <- svr.Run() }()
-	select {
-	case <-started:
-	case err := <-ran:
-		t.Fatalf("Run: %v", err)
-	}
-	t.Cleanup(func() { svr.Stop() })
+	_, addr, s, ran := serveStarted(t, &peerStub{})
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +110,7 @@ func TestKitexServerIgnoresSignals(t *testing.T) {
 		t.Fatalf("the server stopped on SIGHUP (Run: %v)", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := invalidate(dial(t, raw.Addr().String(), s, auth.PurposePeer)); err != nil {
+	if err := invalidate(dial(t, addr, s, auth.PurposePeer)); err != nil {
 		t.Fatalf("a call after SIGHUP: %v", err)
 	}
 }

@@ -99,33 +99,43 @@ func TestGenerateSecretFile(t *testing.T) {
 	}
 }
 
-// TestTrustFilesWritableByOthers: a file anyone may write is refused, whatever it
-// holds: whoever rewrites a cluster secret, a master key or an accepted master public
-// key chooses who this node trusts from its next start (a public key file is public,
-// but it is the anchor of the master proof).
-func TestTrustFilesWritableByOthers(t *testing.T) {
+// trustFile is a file of whom a node trusts, and how it is loaded.
+type trustFile struct {
+	name, path string
+	load       func(string) error
+}
+
+// trustFiles writes a cluster secret and a master key pair (mode 0600, 0600, 0644).
+func trustFiles(t *testing.T) []trustFile {
+	t.Helper()
 	d := t.TempDir()
 	key, pub := filepath.Join(d, "master.key"), filepath.Join(d, "master.pub")
 	if err := GenerateMasterKeyFiles(key, pub); err != nil {
 		t.Fatal(err)
 	}
 	secret := writeFile(t, "secret", strings.Repeat("s", 40), 0o600)
-	for _, tc := range []struct {
-		name, path string
-		mode       os.FileMode
-		load       func(string) error
-	}{
-		{"cluster secret", secret, 0o602, func(p string) error { _, err := LoadSecrets([]string{p}); return err }},
-		{"master key", key, 0o602, func(p string) error { _, err := LoadMasterKey(p); return err }},
-		{"master public key", pub, 0o646, func(p string) error { _, err := LoadMasterPubKeys([]string{p}); return err }},
-	} {
+	return []trustFile{
+		{name: "cluster secret", path: secret, load: func(p string) error { _, err := LoadSecrets([]string{p}); return err }},
+		{name: "master key", path: key, load: func(p string) error { _, err := LoadMasterKey(p); return err }},
+		{name: "master public key", path: pub, load: func(p string) error { _, err := LoadMasterPubKeys([]string{p}); return err }},
+	}
+}
+
+// TestTrustFilesWritableByOthers: a file anyone may write is refused, whatever it
+// holds: whoever rewrites a cluster secret, a master key or an accepted master public
+// key chooses who this node trusts from its next start (a public key file is public,
+// but it is the anchor of the master proof).
+func TestTrustFilesWritableByOthers(t *testing.T) {
+	modes := map[string]os.FileMode{"cluster secret": 0o602, "master key": 0o602, "master public key": 0o646}
+	for _, tc := range trustFiles(t) {
+		mode := modes[tc.name]
 		t.Run(tc.name, func(t *testing.T) {
-			if err := os.Chmod(tc.path, tc.mode); err != nil {
+			if err := os.Chmod(tc.path, mode); err != nil {
 				t.Fatal(err)
 			}
-			want := fmt.Sprintf("is writable by others (mode %04o)", tc.mode)
+			want := fmt.Sprintf("is writable by others (mode %04o)", mode)
 			if err := tc.load(tc.path); err == nil || !strings.Contains(err.Error(), want) {
-				t.Fatalf("mode %04o: got %v, want %q", tc.mode, err, want)
+				t.Fatalf("mode %04o: got %v, want %q", mode, err, want)
 			}
 		})
 	}
@@ -139,20 +149,7 @@ func TestTrustFilesOwnedByOthers(t *testing.T) {
 		t.Skip("giving a file to another user takes root")
 	}
 	const nobody = 65534
-	d := t.TempDir()
-	key, pub := filepath.Join(d, "master.key"), filepath.Join(d, "master.pub")
-	if err := GenerateMasterKeyFiles(key, pub); err != nil {
-		t.Fatal(err)
-	}
-	secret := writeFile(t, "secret", strings.Repeat("s", 40), 0o600)
-	for _, tc := range []struct {
-		name, path string
-		load       func(string) error
-	}{
-		{"cluster secret", secret, func(p string) error { _, err := LoadSecrets([]string{p}); return err }},
-		{"master key", key, func(p string) error { _, err := LoadMasterKey(p); return err }},
-		{"master public key", pub, func(p string) error { _, err := LoadMasterPubKeys([]string{p}); return err }},
-	} {
+	for _, tc := range trustFiles(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.load(tc.path); err != nil {
 				t.Fatalf("owned by this process's user: %v", err)
