@@ -1,9 +1,11 @@
 package daemon_test
 
 import (
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestSignalsStopCleanly: SIGHUP and SIGINT stop an owner and a master as SIGTERM does
@@ -29,4 +31,26 @@ func TestSignalsStopCleanly(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHangupIgnoredUnderNohup: a node started with SIGHUP ignored (nohup) keeps it
+// ignored (Go's signal.Notify would have installed a handler) and serves on; SIGTERM
+// still stops it cleanly.
+func TestHangupIgnoredUnderNohup(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := startWrapped(t, []string{"nohup"}, "up", "--dir", dir, "--dram", "16MiB")
+	p.socket = filepath.Join(dir, "fluxkv.sock")
+	p.waitSocket()
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	p.checkAlive()
+	c := connect(t, p.socket)
+	if err := c.Put("k", payload(2, 4096)); err != nil {
+		t.Fatalf("a put after SIGHUP: %v", err)
+	}
+	c.Close()
+	p.stop()
 }

@@ -279,7 +279,7 @@ func (s *stack) stop() error {
 }
 
 // fail stops what started and returns the start error err (exit status 1 unless err
-// already carries one). A start cut short by SIGTERM/SIGINT is a clean stop: exit 0.
+// already carries one). A start cut short by a stop signal (signalContext) is a clean stop: exit 0.
 func (s *stack) fail(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		logger.Info().Err(err).Str("signal", signalName(ctx)).Msg("signal received during start-up; stopping")
@@ -486,13 +486,20 @@ func componentLogger(role string) zerolog.Logger {
 
 // signalContext is cancelled by SIGINT, SIGTERM or SIGHUP (a hangup of the terminal
 // that started the process: it stops cleanly rather than die with its sockets left
-// behind), the signal its cause (stopSignal). It is set up before anything starts, so
+// behind), the signal its cause (stopSignal); a signal ignored at start (nohup) stays
+// ignored. It is set up before anything starts, so
 // a signal during start-up also stops the process cleanly. After the first signal the
 // default handling is back: a second one ends a stop that takes too long at once.
 func signalContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, stopSignals...)
+	for _, sig := range stopSignals {
+		// One the process was started with ignored stays so: Notify would install a
+		// handler (nohup's SIGHUP, a background job's SIGINT would stop it).
+		if !signal.Ignored(sig) {
+			signal.Notify(sigs, sig)
+		}
+	}
 	go func() {
 		defer signal.Stop(sigs)
 		select {
