@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,32 +18,48 @@ import (
 // The machine's limits that owner settings are checked against at start.
 
 // memTotal is the machine's memory in bytes (MemTotal in /proc/meminfo).
-func memTotal() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
+func memTotal() (int64, error) { return meminfo("MemTotal") }
+
+// memAvailable is the memory the kernel estimates it can give without swapping, in
+// bytes (MemAvailable in /proc/meminfo).
+func memAvailable() (int64, error) { return meminfo("MemAvailable") }
+
+// meminfoFile is where the machine's memory figures are read.
+var meminfoFile = "/proc/meminfo"
+
+// meminfo is the field of /proc/meminfo called name, in bytes.
+func meminfo(name string) (int64, error) {
+	f, err := os.Open(meminfoFile)
 	if err != nil {
-		return 0, fmt.Errorf("read memory size: %w", err)
+		return 0, fmt.Errorf("read %s: %w", name, err)
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return meminfoField(f, name)
+}
+
+// meminfoField reads the field called name from r, in /proc/meminfo's format
+// ("MemTotal:       24590548 kB"), in bytes.
+func meminfoField(r io.Reader, name string) (int64, error) {
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:")
+		rest, ok := strings.CutPrefix(sc.Text(), name+":")
 		if !ok {
 			continue
 		}
 		fields := strings.Fields(rest)
 		if len(fields) != 2 || fields[1] != "kB" {
-			return 0, fmt.Errorf("read memory size: unexpected /proc/meminfo line %q", sc.Text())
+			return 0, fmt.Errorf("read %s: unexpected /proc/meminfo line %q", name, sc.Text())
 		}
 		kb, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("read memory size: %q: %w", sc.Text(), err)
+		if err != nil || kb < 0 || kb > math.MaxInt64>>10 {
+			return 0, fmt.Errorf("read %s: /proc/meminfo line %q: not a size in kB", name, sc.Text())
 		}
 		return kb << 10, nil
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("read memory size: %w", err)
+		return 0, fmt.Errorf("read %s: %w", name, err)
 	}
-	return 0, fmt.Errorf("read memory size: no MemTotal in /proc/meminfo")
+	return 0, fmt.Errorf("read %s: not in /proc/meminfo", name)
 }
 
 // openFileLimit is this process's RLIMIT_NOFILE soft limit (the Go runtime raises it

@@ -430,6 +430,14 @@ func checkDRAM(name string, dram, landing int64) error {
 			"(the container's, or MemoryMax= of the unit) above the segment and the owner's own memory, or lower the size",
 			name, humanSize(dram), with, approxSize(limit), file)
 	}
+	// Memory others hold now is no reason to refuse (it may be freed, and the segment
+	// is faulted in only as it fills), but a segment that cannot fit in what is free
+	// now ends, once full, in swapping or the OOM killer.
+	if avail, err := memAvailable(); err == nil && segmentSize(dram)+segmentSize(landing) > avail {
+		logger.Warn().Str("setting", name).Int64("bytes", segmentSize(dram)+segmentSize(landing)).Int64("mem_available", avail).
+			Msgf("%s %s%s exceeds the memory available now (%s, MemAvailable): once the cache fills, the machine may swap or its OOM killer end the owner or a client",
+				name, humanSize(dram), with, approxSize(avail))
+	}
 	return nil
 }
 
