@@ -82,6 +82,10 @@ func (m *masterLink) heartbeat(ctx context.Context, regHeld bool) (resp *mp.Hear
 	if err != nil || resp.Code != common.ErrorCode_OK {
 		return resp, false, err
 	}
+	if resp.MemorySegment != nil {
+		o.segUse.Store(resp.MemorySegment)
+		o.segBeat.Store(time.Now().UnixNano())
+	}
 	st = o.lock()
 	if ref.Generation == o.nodeGen() {
 		st.reg.takenGen = ref.Generation

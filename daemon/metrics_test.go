@@ -104,15 +104,55 @@ func TestCapacityKeptWhileMasterAway(t *testing.T) {
 	if err := n.c.Put("cap-1", value(1, 3<<20)); err != nil {
 		t.Fatal(err)
 	}
-	before := n.o.Capacity()
-	if before.SegmentUsed < 3<<20 || before.SegmentCapacity >= dram {
-		t.Fatalf("with the master: %+v, want ≥ 3 MiB used of a pool below the %d-byte segment", before, dram)
+	before := capacityOnceUsed(t, n.o, 3<<20)
+	if before.SegmentCapacity >= dram {
+		t.Fatalf("with the master: %+v, want a pool below the %d-byte segment", before, dram)
 	}
 	if err := n.m.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	if after := n.o.Capacity(); after != before {
 		t.Errorf("with the master stopped: %+v, want the last reading %+v", after, before)
+	}
+}
+
+// capacityOnceUsed polls the owner's capacity until its segment figures show at least
+// used bytes (a heartbeat's answer brings them), up to 10 s.
+func capacityOnceUsed(t *testing.T, o *Owner, used int64) metrics.Capacity {
+	t.Helper()
+	var c metrics.Capacity
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c = o.Capacity(); !c.SegmentUnknown && c.SegmentUsed >= used {
+			return c
+		}
+	}
+	t.Fatalf("capacity %+v, want ≥ %d segment bytes used", c, used)
+	return c
+}
+
+// TestCapacityFromHeartbeats: an owner's scrape takes its pool's figures from the
+// master's heartbeat answers, not a Stat call of its own (which under HA also reads
+// etcd, and came once a scrape from every owner).
+func TestCapacityFromHeartbeats(t *testing.T) {
+	t.Parallel()
+	mm := metrics.New()
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Metrics: mm, HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 5 * time.Second},
+		func(o *Options) { o.TransferReserve = 8 << 20 })
+	if err := n.c.Put("cap-1", value(1, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	capacityOnceUsed(t, n.o, 3<<20)
+	stats := func() float64 {
+		return counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "Stat", "result": metrics.ResultOK})
+	}
+	before := stats()
+	for range 5 {
+		if c := n.o.Capacity(); c.SegmentUnknown || c.SegmentUsed < 3<<20 {
+			t.Fatalf("capacity %+v, want ≥ 3 MiB used", c)
+		}
+	}
+	if after := stats(); after != before {
+		t.Errorf("5 scrapes made %v master Stat calls, want none (the heartbeats carry the pool)", after-before)
 	}
 }
 
@@ -361,8 +401,10 @@ func TestRejectedPutStartIsNotError(t *testing.T) {
 // segment with 0 bytes used; the SSD gauges, known locally, are there.
 func TestCapacityUnknownBeforeMasterAnswers(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true}, func(o *Options) { o.TransferReserve = 8 << 20 })
-	if err := n.m.Stop(); err != nil { // before any Capacity call asked it
+	// No heartbeat before the stop: the first comes a period after registering.
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, HeartbeatInterval: 30 * time.Second, NodeTTL: time.Minute},
+		func(o *Options) { o.TransferReserve = 8 << 20 })
+	if err := n.m.Stop(); err != nil { // before any Capacity call or heartbeat asked it
 		t.Fatal(err)
 	}
 	c := n.o.Capacity()

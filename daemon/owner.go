@@ -79,7 +79,9 @@ type Owner struct {
 	cachedGets prometheus.Counter
 	// segUse is the master's last answer about this owner's memory pool (Capacity):
 	// what the gauges keep while the master does not answer. Nil before the first.
+	// segBeat is when a heartbeat's answer last brought it (unix ns; 0: never).
 	segUse   atomic.Pointer[common.CapacityStat]
+	segBeat  atomic.Int64
 	idleStop chan struct{}
 	idleOnce sync.Once
 
@@ -447,31 +449,41 @@ func (o *Owner) closeResources() {
 	}
 }
 
-// Capacity reports segment and SSD capacity and use for metrics; the segment's used
-// bytes come from the master (it owns allocation), so this makes one master call.
-// While the master does not answer (or does not list this owner) the segment figures
-// are its last answer; before the first they are unknown (their gauges left out).
+// Capacity reports segment and SSD capacity and use for metrics. The segment's used
+// bytes come from the master (it owns allocation): its heartbeat answers carry them,
+// at most two heartbeat periods old here; without such an answer that recent (an
+// earlier master, or one that does not answer) this makes a Stat call. While the
+// master does not answer (or does not list this owner) the segment figures are its
+// last answer; before the first they are unknown (their gauges left out).
 func (o *Owner) Capacity() metrics.Capacity {
 	c := metrics.Capacity{SegmentUnknown: true}
 	if o.store != nil {
 		st := o.store.Stats()
 		c.SSDCapacity, c.SSDUsed = st.CapacityBytes, st.UsedBytes
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	r, err := o.master.cl().Stat(ctx, &mp.StatRequest{})
-	if err == nil && r.Code == common.ErrorCode_OK {
-		for _, m := range r.Members {
-			if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {
-				// The memory pool: the segment less the transfer and landing areas.
-				o.segUse.Store(m.MemorySegment)
-			}
-		}
+	if time.Since(time.Unix(0, o.segBeat.Load())) > 2*o.heartbeatPeriod() {
+		o.statPool()
 	}
 	if seg := o.segUse.Load(); seg != nil {
 		c.SegmentCapacity, c.SegmentUsed, c.SegmentUnknown = seg.CapacityBytes, seg.UsedBytes, false
 	}
 	return c
+}
+
+// statPool asks the master's Stat for this owner's memory pool (the segment less the
+// transfer and landing areas) and keeps it in segUse.
+func (o *Owner) statPool() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := o.master.cl().Stat(ctx, &mp.StatRequest{})
+	if err != nil || r.Code != common.ErrorCode_OK {
+		return
+	}
+	for _, m := range r.Members {
+		if m.NodeId == o.opts.NodeID && m.MemorySegment != nil {
+			o.segUse.Store(m.MemorySegment)
+		}
+	}
 }
 
 func errCode(code common.ErrorCode, format string, args ...any) error {

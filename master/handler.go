@@ -71,7 +71,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *mp.HeartbeatRequest) (*mp.
 	err := h.s.withState(func(st *State) error {
 		ns, err := st.Heartbeat(time.Now(), ref(req.Node), ssdInfo(req.KvSsdStorage), ack)
 		resp.Evicted, resp.EvictedSeqs, resp.SsdDropped, resp.EvictionsSeq, resp.EvictionsMore = ns.Evicted, ns.EvictedSeqs, ns.SSDDropped, ns.Seq, ns.More
-		resp.RegistrationSeq = ns.RegistrationSeq
+		resp.RegistrationSeq, resp.MemorySegment = ns.RegistrationSeq, ns.Pool
 		return err
 	})
 	resp.Code, resp.Message = wire.ToResponse(err)

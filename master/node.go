@@ -326,6 +326,9 @@ type Notices struct {
 	More        bool                 // more wait: the owner heartbeats again at once
 	// RegistrationSeq is the owner's number of the Register that made this incarnation.
 	RegistrationSeq int64
+	// Pool is the owner's memory pool (Members' MemorySegment), which Heartbeat sends
+	// along so the owner's metrics need no call of their own.
+	Pool *common.CapacityStat
 }
 
 // Heartbeat refreshes an owner's liveness and SSD figures, takes its ack of the
@@ -341,6 +344,7 @@ func (s *State) Heartbeat(now time.Time, ref NodeRef, ssd SSDInfo, evictAck int6
 	n.evicted.ack(evictAck)
 	ns := n.evicted.pending()
 	ns.RegistrationSeq = n.registrationSeq
+	ns.Pool = n.poolStat()
 	return ns, nil
 }
 

@@ -671,6 +671,11 @@ func (s *State) Maintain(now time.Time) []string {
 	return tombed
 }
 
+// poolStat is the node's memory pool's capacity and use (MemberStat.MemorySegment).
+func (n *node) poolStat() *common.CapacityStat {
+	return &common.CapacityStat{CapacityBytes: n.alloc.Capacity(), UsedBytes: n.alloc.Used()}
+}
+
 // Members describes every live owner. MemorySegment is the owner's memory pool (its
 // segment less the transfer and landing areas, which hold values on their way
 // elsewhere, and what the pool borrows of the transfer area).
@@ -684,7 +689,7 @@ func (s *State) Members() []*common.MemberStat {
 		out = append(out, &common.MemberStat{
 			NodeId:             n.id,
 			Generation:         n.generation,
-			MemorySegment:      &common.CapacityStat{CapacityBytes: n.alloc.Capacity(), UsedBytes: n.alloc.Used()},
+			MemorySegment:      n.poolStat(),
 			KvSsd:              &common.CapacityStat{CapacityBytes: n.ssd.CapacityBytes, UsedBytes: n.ssd.UsedBytes},
 			Alive:              true,
 			DataAddr:           n.dataAddr,

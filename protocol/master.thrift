@@ -118,6 +118,11 @@ struct HeartbeatResponse {
   // it names a Register whose answer was lost: the master took it and dropped the
   // owner's replicas, and so does the owner.
   9: i64 registration_seq,
+  // This owner's memory pool as the master accounts it (the segment less the transfer
+  // and landing areas; the master owns allocation), for the owner's metrics: a scrape
+  // reads the last heartbeat's figures instead of calling the master. Unset from an
+  // earlier master.
+  10: optional common.CapacityStat memory_segment,
 }
 
 // acks (in PutStart and GetStart) carries holder releases not yet sent with

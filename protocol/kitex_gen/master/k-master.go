@@ -1966,6 +1966,20 @@ func (p *HeartbeatResponse) FastRead(buf []byte) (int, error) {
 					goto SkipFieldError
 				}
 			}
+		case 10:
+			if fieldTypeId == thrift.STRUCT {
+				l, err = p.FastReadField10(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
 		default:
 			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
 			offset += l
@@ -2143,6 +2157,18 @@ func (p *HeartbeatResponse) FastReadField9(buf []byte) (int, error) {
 	return offset, nil
 }
 
+func (p *HeartbeatResponse) FastReadField10(buf []byte) (int, error) {
+	offset := 0
+	_field := common.NewCapacityStat()
+	if l, err := _field.FastRead(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+	}
+	p.MemorySegment = _field
+	return offset, nil
+}
+
 func (p *HeartbeatResponse) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
@@ -2159,6 +2185,7 @@ func (p *HeartbeatResponse) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) i
 		offset += p.fastWriteField4(buf[offset:], w)
 		offset += p.fastWriteField6(buf[offset:], w)
 		offset += p.fastWriteField8(buf[offset:], w)
+		offset += p.fastWriteField10(buf[offset:], w)
 	}
 	offset += thrift.Binary.WriteFieldStop(buf[offset:])
 	return offset
@@ -2176,6 +2203,7 @@ func (p *HeartbeatResponse) BLength() int {
 		l += p.field7Length()
 		l += p.field8Length()
 		l += p.field9Length()
+		l += p.field10Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
@@ -2265,6 +2293,15 @@ func (p *HeartbeatResponse) fastWriteField9(buf []byte, w thrift.NocopyWriter) i
 	return offset
 }
 
+func (p *HeartbeatResponse) fastWriteField10(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	if p.IsSetMemorySegment() {
+		offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRUCT, 10)
+		offset += p.MemorySegment.FastWriteNocopy(buf[offset:], w)
+	}
+	return offset
+}
+
 func (p *HeartbeatResponse) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
@@ -2335,6 +2372,15 @@ func (p *HeartbeatResponse) field9Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.I64Length()
+	return l
+}
+
+func (p *HeartbeatResponse) field10Length() int {
+	l := 0
+	if p.IsSetMemorySegment() {
+		l += thrift.Binary.FieldBeginLength()
+		l += p.MemorySegment.BLength()
+	}
 	return l
 }
 

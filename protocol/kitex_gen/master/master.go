@@ -479,6 +479,7 @@ type HeartbeatResponse struct {
 	EvictionsMore   bool                 `thrift:"evictions_more,7" frugal:"7,default,bool" json:"evictions_more"`
 	EvictedSeqs     []int64              `thrift:"evicted_seqs,8" frugal:"8,default,list<i64>" json:"evicted_seqs"`
 	RegistrationSeq int64                `thrift:"registration_seq,9" frugal:"9,default,i64" json:"registration_seq"`
+	MemorySegment   *common.CapacityStat `thrift:"memory_segment,10,optional" frugal:"10,optional,common.CapacityStat" json:"memory_segment,omitempty"`
 }
 
 func NewHeartbeatResponse() *HeartbeatResponse {
@@ -523,6 +524,15 @@ func (p *HeartbeatResponse) GetEvictedSeqs() (v []int64) {
 func (p *HeartbeatResponse) GetRegistrationSeq() (v int64) {
 	return p.RegistrationSeq
 }
+
+var HeartbeatResponse_MemorySegment_DEFAULT *common.CapacityStat
+
+func (p *HeartbeatResponse) GetMemorySegment() (v *common.CapacityStat) {
+	if !p.IsSetMemorySegment() {
+		return HeartbeatResponse_MemorySegment_DEFAULT
+	}
+	return p.MemorySegment
+}
 func (p *HeartbeatResponse) SetCode(val common.ErrorCode) {
 	p.Code = val
 }
@@ -550,6 +560,13 @@ func (p *HeartbeatResponse) SetEvictedSeqs(val []int64) {
 func (p *HeartbeatResponse) SetRegistrationSeq(val int64) {
 	p.RegistrationSeq = val
 }
+func (p *HeartbeatResponse) SetMemorySegment(val *common.CapacityStat) {
+	p.MemorySegment = val
+}
+
+func (p *HeartbeatResponse) IsSetMemorySegment() bool {
+	return p.MemorySegment != nil
+}
 
 func (p *HeartbeatResponse) String() string {
 	if p == nil {
@@ -559,15 +576,16 @@ func (p *HeartbeatResponse) String() string {
 }
 
 var fieldIDToName_HeartbeatResponse = map[int16]string{
-	1: "code",
-	2: "message",
-	3: "master_epoch",
-	4: "evicted",
-	5: "evictions_seq",
-	6: "ssd_dropped",
-	7: "evictions_more",
-	8: "evicted_seqs",
-	9: "registration_seq",
+	1:  "code",
+	2:  "message",
+	3:  "master_epoch",
+	4:  "evicted",
+	5:  "evictions_seq",
+	6:  "ssd_dropped",
+	7:  "evictions_more",
+	8:  "evicted_seqs",
+	9:  "registration_seq",
+	10: "memory_segment",
 }
 
 type PutStartRequest struct {
