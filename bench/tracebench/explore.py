@@ -14,10 +14,13 @@ semantics of :mod:`tracebench.sim` through
 * ``belady`` (the offline optimum of :class:`tracebench.sim.Belady`),
 
 and splits each one's hits by how often the block was used before (1: a block's first reuse,
-on the conversation trace the first follow-up of a conversation). Run from the repository
-root::
+on the conversation trace the first follow-up of a conversation). ``--owners 3`` runs each
+policy split over 3 owners as well (:class:`Split`: a third of the capacity each, requests
+routed as the replay's ``--route`` does, a block stored by the owner that missed it, the page
+order's clock and ghost shared as the master's pool shares them): what partitioning alone
+costs, beside the replay's 3-owner rows. Run from the repository root::
 
-    PYTHONPATH=bench python3 -m tracebench.explore [--trace FILE] [--requests N] [--capacities 18279,4000]
+    PYTHONPATH=bench python3 -m tracebench.explore [--trace FILE] [--requests N] [--capacities 18279,4000] [--owners 1,3]
 
 The whole conversation trace takes about a minute per policy and capacity."""
 
@@ -31,10 +34,10 @@ import random
 import sys
 import time
 
-from . import sim
+from . import route, sim
 from .trace import DEFAULT_TRACE, Trace, load
 
-__all__ = ["PageOrder", "OracleLHD", "lhd_table", "replay", "Result", "POLICIES", "main"]
+__all__ = ["PageOrder", "OracleLHD", "Split", "lhd_table", "replay", "Result", "POLICIES", "main"]
 
 BONUS = 1 << 14  # master/pagepolicy.go pageFreqBonus
 GHOST_FACTOR = 4  # master/pagepolicy.go pageGhostFactor
@@ -71,18 +74,35 @@ class _Chains:
         self.kids.pop(block, None)
 
 
-class PageOrder:
-    """The master's page order over ``capacity`` blocks, one node (module docstring). Every
-    insert or hit ticks the clock, as the pool's access clock does."""
+class Pool:
+    """What the owners of one pool share in the master: the access clock and the ghost of
+    evicted pages (master/pageghost.go), ``ghost_factor`` times the pool's ``capacity``."""
 
-    def __init__(self, capacity: int, bonus: int = BONUS, ghost_factor: int = GHOST_FACTOR):
-        self.capacity, self.bonus, self.ghost_factor = capacity, bonus, ghost_factor
+    def __init__(self, capacity: int, ghost_factor: int = GHOST_FACTOR):
         self.clock = 0
+        self.ghost: collections.OrderedDict = collections.OrderedDict()
+        self.ghost_len = ghost_factor * capacity
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+
+class PageOrder:
+    """The master's page order over ``capacity`` blocks of one node (module docstring). Every
+    insert or hit ticks the clock of ``pool`` (its own when none is given: one node), as the
+    pool's access clock does."""
+
+    def __init__(self, capacity: int, bonus: int = BONUS, ghost_factor: int = GHOST_FACTOR, pool: Pool | None = None):
+        self.capacity, self.bonus = capacity, bonus
+        self.pool = pool or Pool(capacity, ghost_factor)
         self.freq: dict = {}
         self.last: dict = {}
         self.chains = _Chains()
         self.heap: list = []  # (own priority, -depth, block); stale entries are skipped
-        self.ghost: collections.OrderedDict = collections.OrderedDict()
+
+    def __contains__(self, block) -> bool:
+        return block in self.freq
 
     def _own(self, b) -> float:
         return self.last[b] + self.bonus * math.log2(self.freq[b])
@@ -93,25 +113,24 @@ class PageOrder:
     def hit(self, block, parent, now) -> bool:
         if block not in self.freq:
             return False
-        self.clock += 1
         self.freq[block] += 1
-        self.last[block] = self.clock
+        self.last[block] = self.pool.tick()
         self._push(block)
         return True
 
     def insert(self, block, parent, now) -> None:
-        self.clock += 1
+        now = self.pool.tick()
         if block in self.freq:  # offered again after a miss before it: a use
             self.freq[block] += 1
-            self.last[block] = self.clock
+            self.last[block] = now
             self._push(block)
             return
-        self.freq[block] = self.ghost.pop(block, 0) + 1
-        self.last[block] = self.clock
+        self.freq[block] = self.pool.ghost.pop(block, 0) + 1
+        self.last[block] = now
         self.chains.add(block, parent)
         up, n = parent, 0
         while up is not None and up in self.freq and n < REFRESH_DEPTH:  # the refresh
-            self.last[up] = self.clock
+            self.last[up] = now
             self._push(up)
             up, n = self.chains.parent.get(up), n + 1
         self._push(block)
@@ -127,9 +146,10 @@ class PageOrder:
         if v != b:
             heapq.heappush(self.heap, (own, d, b))
         self.chains.remove(v)
-        self.ghost[v] = self.freq[v]
-        while len(self.ghost) > self.ghost_factor * self.capacity:
-            self.ghost.popitem(last=False)
+        ghost = self.pool.ghost
+        ghost[v] = self.freq[v]
+        while len(ghost) > self.pool.ghost_len:
+            ghost.popitem(last=False)
         del self.freq[v], self.last[v]
 
 
@@ -192,6 +212,9 @@ class OracleLHD:
         self.uses[block] = self.uses.get(block, 0) + 1
         self.last[block] = self.clock
 
+    def __contains__(self, block) -> bool:
+        return block in self.index
+
     def hit(self, block, parent, now) -> bool:
         if block not in self.index:
             return False
@@ -227,11 +250,52 @@ class _Plain:
     def __init__(self, policy):
         self.policy = policy
 
+    def __contains__(self, block) -> bool:
+        return block in self.policy
+
     def hit(self, block, parent, now) -> bool:
         return self.policy.hit(block, now)
 
     def insert(self, block, parent, now) -> None:
         self.policy.insert(block, now)
+
+
+class Split:
+    """``owners`` instances of a policy, one per owner of a cluster, each over a share of the
+    capacity: request i is served by owner ``route[i]``, which finds a block on whichever owner
+    holds it (a hit counts there) and puts the blocks it missed in its own share, unless another
+    owner holds one already (as a put's reject_if_exists). ``make(capacity)`` builds one
+    owner's policy; each must answer ``block in policy``. One owner's policy sees the parents
+    held elsewhere as absent, as the master's page order caps and refreshes only through pages
+    on the same node (orphans, pages whose parent another owner evicted, are not modelled)."""
+
+    def __init__(self, make, capacity: int, owners: int, route: list):
+        if capacity < owners:
+            raise ValueError(f"capacity {capacity} is below one block an owner ({owners} owners)")
+        self.parts = [make(capacity // owners + (i < capacity % owners)) for i in range(owners)]
+        self.route = route
+        self.owner = 0
+        self.where: dict = {}  # block -> the owner that last stored it (it may have evicted it since)
+
+    def begin(self, request: int) -> None:
+        self.owner = self.route[request]
+
+    def _holder(self, block):
+        p = self.where.get(block)
+        if p is not None and block not in self.parts[p]:
+            del self.where[block]
+            return None
+        return p
+
+    def hit(self, block, parent, now) -> bool:
+        p = self._holder(block)
+        return p is not None and self.parts[p].hit(block, parent, now)
+
+    def insert(self, block, parent, now) -> None:
+        p = self._holder(block)
+        if p is None:
+            p = self.where[block] = self.owner
+        self.parts[p].insert(block, parent, now)
 
 
 class Result:
@@ -256,7 +320,10 @@ def replay(trace: Trace, policy, name: str, capacity: int) -> Result:
     t0 = time.perf_counter()
     uses: collections.Counter = collections.Counter()
     now = 0
-    for r in trace.requests:
+    begin = getattr(policy, "begin", None)
+    for i, r in enumerate(trace.requests):
+        if begin:
+            begin(i)
         ids = r.hash_ids
         n, h = len(ids), 0
         while h < n and policy.hit(ids[h], ids[h - 1] if h else None, now + h):
@@ -276,7 +343,7 @@ def replay(trace: Trace, policy, name: str, capacity: int) -> Result:
 # name -> constructor(capacity, trace, shared state): the policies main() runs, in order
 POLICIES = {
     "lru": lambda cap, trace, memo: _Plain(sim.LRU(cap)),
-    "page-order": lambda cap, trace, memo: PageOrder(cap),
+    "page-order": lambda cap, trace, memo: PageOrder(cap, pool=memo.get("pool")),
     "oracle-lhd": lambda cap, trace, memo: OracleLHD(cap, memo.setdefault("lhd", lhd_table(trace))),
     "belady": lambda cap, trace, memo: _Plain(sim.Belady(cap, memo.setdefault("next", sim.next_uses(trace)))),
 }
@@ -288,6 +355,9 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=0, help="replay the first N requests (default 0: all)")
     ap.add_argument("--capacities", default="0.1,4000", help="capacities in blocks, or fractions (< 1) of the distinct blocks (default 0.1,4000)")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"of {', '.join(POLICIES)} (default: all)")
+    ap.add_argument("--owners", default="1", help="comma-separated owner counts: each policy split over that many owners, "
+                    "a share of the capacity each (Split; default 1)")
+    ap.add_argument("--route", default="rr", choices=route.ROUTES, help="which owner serves each request when split (default rr)")
     a = ap.parse_args(argv)
     trace = load(a.trace)
     if a.requests:
@@ -296,17 +366,28 @@ def main(argv=None) -> int:
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
         ap.error(f"unknown policies {', '.join(unknown)}: want {', '.join(POLICIES)}")
+    owner_counts = [int(x) for x in a.owners.split(",") if x]
+    if not owner_counts or min(owner_counts) < 1:
+        ap.error(f"--owners {a.owners!r}: want counts of 1 or more")
     caps = []
     for c in a.capacities.split(","):
         v = float(c)
         caps.append(max(1, int(v * trace.distinct)) if v < 1 else int(v))
     print(f"{trace.path}: {len(trace.requests)} requests, {trace.accesses} block accesses, {trace.distinct} distinct blocks", flush=True)
-    print(f"{'policy':<11} {'capacity':>9} {'hit %':>6} " + " ".join(f"{f'uses {i + 1}' + ('+' if i == USE_CLASSES - 1 else ''):>8}" for i in range(USE_CLASSES)) + "  seconds")
+    print(f"{'policy':<13} {'capacity':>9} {'hit %':>6} {'hits':>7} " + " ".join(f"{f'uses {i + 1}' + ('+' if i == USE_CLASSES - 1 else ''):>8}" for i in range(USE_CLASSES)) + "  seconds")
     memo: dict = {}
-    for cap in caps:
-        for name in names:
-            r = replay(trace, POLICIES[name](cap, trace, memo), name, cap)
-            print(f"{name:<11} {cap:>9} {100 * r.hit_rate:>6.1f} " + " ".join(f"{h:>8}" for h in r.by_uses) + f"  {r.seconds:7.1f}", flush=True)
+    for owners in owner_counts:
+        routed = route.assign([r.hash_ids for r in trace.requests], owners, a.route)
+        for cap in caps:
+            for name in names:
+                if owners == 1:
+                    p, label = POLICIES[name](cap, trace, memo), name
+                else:
+                    shared = dict(memo, pool=Pool(cap))  # the owners share the pool's clock and ghost
+                    p, label = Split(lambda c: POLICIES[name](c, trace, shared), cap, owners, routed), f"{name}/{owners}"
+                r = replay(trace, p, label, cap)
+                print(f"{label:<13} {cap:>9} {100 * r.hit_rate:>6.1f} {r.hits:>7} " + " ".join(f"{h:>8}" for h in r.by_uses) +
+                      f"  {r.seconds:7.1f}", flush=True)
     return 0
 
 

@@ -59,6 +59,9 @@ class LRU:
         self.capacity = capacity
         self.order: OrderedDict = OrderedDict()
 
+    def __contains__(self, block: int) -> bool:
+        return block in self.order
+
     def hit(self, block: int, now: int) -> bool:
         if block in self.order:
             self.order.move_to_end(block)

@@ -56,6 +56,30 @@ def test_oracle_lhd_evicts_the_lowest_density():
     assert served(explore._Plain(sim.LRU(2)), *reqs).hits == 1
 
 
+def test_split_finds_a_block_on_any_owner_and_stores_misses_on_its_own():
+    split = explore.Split(lambda c: explore._Plain(sim.LRU(c)), 4, 2, [0, 1, 1])
+    # owner 1 finds 1 and 2 on owner 0 and stores only 3; then its [3, 4] hits 3 and stores 4 with it
+    r = explore.replay(trace_of([1, 2], [1, 2, 3], [3, 4]), split, "p", 4)
+    assert r.hits == 3
+    assert (sorted(split.parts[0].policy.order), sorted(split.parts[1].policy.order)) == ([1, 2], [3, 4])
+
+
+def test_split_shares_of_a_capacity_add_up():
+    split = explore.Split(lambda c: sim.LRU(c), 7, 3, [])
+    assert [p.capacity for p in split.parts] == [3, 2, 2]
+    with pytest.raises(ValueError):
+        explore.Split(lambda c: sim.LRU(c), 2, 3, [])
+
+
+def test_split_page_order_owners_share_the_pool_clock_and_ghost():
+    pool = explore.Pool(4)
+    split = explore.Split(lambda c: explore.PageOrder(c, pool=pool), 4, 2, [0, 1, 0, 0, 0])
+    # 1 is evicted from owner 0 (two more blocks there), and put again later keeps its use
+    explore.replay(trace_of([1], [9], [2], [3], [1]), split, "p", 4)
+    assert pool.clock == 5
+    assert split.parts[0].freq[1] == 2 and 1 not in pool.ghost
+
+
 def test_main_prints_every_policy_and_capacity(tmp_path, capsys):
     f = tmp_path / "t.jsonl"
     rows = [[1, 2], [1, 2, 3], [4], [1, 2, 3, 5]]
@@ -68,3 +92,6 @@ def test_main_prints_every_policy_and_capacity(tmp_path, capsys):
     assert [(r[0], r[1]) for r in table] == [(p, c) for c in ("2", "3") for p in explore.POLICIES]
     with pytest.raises(SystemExit):
         explore.main(["--trace", str(f), "--policies", "lru,mru"])
+    assert explore.main(["--trace", str(f), "--capacities", "4", "--policies", "lru,page-order", "--owners", "1,2"]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in table] == ["lru", "page-order", "lru/2", "page-order/2"]
