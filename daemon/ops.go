@@ -52,15 +52,14 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 					upTo = math.MaxInt64
 				}
 				st.invalidate(keys[i], upTo)
-			} else if callErr != nil || results[j].Code == common.ErrorCode_NOT_LEADER {
-				// The call failed, or an HA leader answered NOT_LEADER (it may have deleted,
-				// then lost its fence before the answer): the delete may have happened and
-				// only its reply been lost, and the master invalidates every owner but the
-				// requester. What
-				// this owner keeps of the key goes (its hot set would go on serving it
-				// without the master; its SSD entries, unknown to the master, would come
-				// back in a report to a restarted one); a master that did not delete it
-				// finds this owner's SSD entry gone at the next read and drops it.
+			} else if callErr != nil || outcomeUnknown(results[j].Code) {
+				// The call failed, or its answer leaves the outcome unknown: the delete
+				// may have happened and only its reply been lost, and the master
+				// invalidates every owner but the requester. What this owner keeps of the
+				// key goes (its hot set would go on serving it without the master; its
+				// SSD entries, unknown to the master, would come back in a report to a
+				// restarted one); a master that did not delete it finds this owner's SSD
+				// entry gone at the next read and drops it.
 				st.invalidate(keys[i], math.MaxInt64)
 			}
 			st.endWrite(keys[i])
@@ -69,6 +68,18 @@ func (o *Owner) deleteMany(keys []string) []*external.DeleteResponse {
 		o.unlock()
 	}
 	return out
+}
+
+// outcomeUnknown reports whether a write (PutDone, Delete) the master answered with
+// code may have been applied all the same: NOT_LEADER (an HA leader that applied it
+// may have lost its fence before the answer, its synchronous invalidations
+// unconfirmed) and UNAVAILABLE (among others, a write applied whose caller gave up
+// within the master's write quiet period, or whose invalidations could not be sent).
+// The master invalidates every owner but the requester, so the requester drops what it
+// keeps of the key's older versions itself: at worst a miss for a write that did not
+// happen.
+func outcomeUnknown(code common.ErrorCode) bool {
+	return code == common.ErrorCode_NOT_LEADER || code == common.ErrorCode_UNAVAILABLE
 }
 
 // askDelete is one Delete (one key) or BatchDelete call; results[i] answers keys[i].

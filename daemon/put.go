@@ -341,10 +341,7 @@ func (o *Owner) publish(ps []*pendingPut) []error {
 		crossed := st.reg.reports != reports || st.reg.registered != registered || st.reg.unknown != unknown
 		for j, i := range part {
 			published := err == nil && errs[i] == nil // by the master the call reached
-			// NOT_LEADER: an HA leader that published may have lost its fence before the
-			// answer (its synchronous invalidations unconfirmed): the outcome is unknown,
-			// as when the call failed.
-			unknown := err != nil || results[j].Code == common.ErrorCode_NOT_LEADER
+			unknown := err != nil || outcomeUnknown(results[j].Code)
 			if published && (crossed || (ps[i].pinned() && !settled)) {
 				// The owner registered again while PutDone was out (or its registration
 				// begun meanwhile did not end in time): the new master rebuilt its routes
