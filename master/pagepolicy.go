@@ -19,6 +19,13 @@ import (
 // pages are remembered, with their hit counts, in the pool's ghost (pageghost.go), so
 // a page put again soon after its eviction, through any owner, keeps its history.
 //
+// A page an eviction drew but could not take (a holder keeps it) is passed over: its
+// priority is at least the clock of that pass from then on, whatever caps it (passed),
+// and the pages under it are still capped by what it would rank without the lift
+// (base). Without the lift a held orphan, or a held chain longer than an eviction's
+// draw, stayed the lowest however often it was passed, and once victimScanLimit such
+// pages were the lowest no eviction found a page it could take.
+//
 // A page put under a parent (and its put's start, before the allocation evicts
 // anything) moves the parent and the pages above it on to now without counting hits
 // (refresh): the prefix was just used, and the hits that say so may reach the master
@@ -74,7 +81,9 @@ type pageEntry struct {
 	weight    int64
 	freq      uint32
 	own       int64 // the clock at the last insert or hit, plus the hit bonus
-	prio      int64 // own capped by the parent's here; zero for an orphan or under one
+	base      int64 // own capped by the parent's base here; zero for an orphan or under one
+	passed    int64 // the clock when an eviction last passed over it held (0: never)
+	prio      int64 // base, or passed if later: the heap's order
 	depth     int32 // on this node: 1 + the parent's when the parent is a page here
 	seq       uint64
 	pass      uint64
@@ -206,10 +215,14 @@ func (p *pagePolicy) touch(k string, now int64) {
 	}
 }
 
-// passOver moves live page k on to now without counting a hit (eviction passed over it).
+// passOver moves live page k on to now without counting a hit (eviction passed over it
+// held), its parent's cap and an orphan's zero notwithstanding.
 func (p *pagePolicy) passOver(k string, now int64) {
 	if e := p.entries[k]; e != nil {
-		p.moveOn(e, now)
+		p.notAhead(e)
+		e.own = max(e.own, p.own(e, now))
+		e.passed = now
+		p.update(e)
 	}
 }
 
@@ -229,16 +242,17 @@ func (p *pagePolicy) own(e *pageEntry, now int64) int64 {
 	return now + int64(pageFreqBonus*math.Log2(float64(e.freq)))
 }
 
-// rank is e's priority and depth from its own priority, its orphan mark and its parent.
-func (p *pagePolicy) rank(e *pageEntry) (prio int64, depth int32) {
-	prio = e.own
+// rank is e's priority, base and depth from its own priority, its orphan mark, its
+// last pass and its parent.
+func (p *pagePolicy) rank(e *pageEntry) (prio, base int64, depth int32) {
+	base = e.own
 	if e.orphan {
-		prio = 0
+		base = 0
 	}
 	if par := p.parentOf(e); par != nil {
-		return min(prio, par.prio), par.depth + 1
+		base, depth = min(base, par.base), par.depth+1
 	}
-	return prio, 0
+	return max(base, e.passed), base, depth
 }
 
 // parentOf is e's parent when it is a live page here.
@@ -275,10 +289,10 @@ func (p *pagePolicy) update(e *pageEntry) {
 // rerank sets e's priority and depth and its place in the heap; it reports whether the
 // pages under e must be ranked again.
 func (p *pagePolicy) rerank(e *pageEntry) bool {
-	prio, depth := p.rank(e)
+	prio, base, depth := p.rank(e)
 	fresh := e.index < 0 && !e.away
-	carry := fresh || prio < e.prio || depth != e.depth || (e.prio == 0 && prio != 0)
-	e.prio, e.depth = prio, depth
+	carry := fresh || base < e.base || depth != e.depth || (e.base == 0 && base != 0)
+	e.prio, e.base, e.depth = prio, base, depth
 	switch {
 	case e.away:
 		// Ranked, out of the heap until stepBack.

@@ -32,9 +32,15 @@ func checkPagePolicy(t testing.TB, p *pagePolicy, ownGhost bool) {
 		if _, ghost := p.ghosts.ghost[e.key]; ghost && ownGhost {
 			t.Fatalf("live page %q is in the ghost", e.key)
 		}
-		if par := p.entries[e.parent]; e.hasParent && par != nil && !inCycle(p, e) && !ranksBefore(e, par) {
-			t.Fatalf("page %q (priority %d, depth %d) ranks after its parent %q (priority %d, depth %d)",
+		if e.prio != max(e.base, e.passed) {
+			t.Fatalf("page %q: priority %d, base %d, passed at %d", e.key, e.prio, e.base, e.passed)
+		}
+		if par := p.entries[e.parent]; e.hasParent && par != nil && !inCycle(p, e) && !ranksBefore(e, par) && e.prio != e.passed {
+			t.Fatalf("page %q (priority %d, depth %d) ranks after its parent %q (priority %d, depth %d), not lifted by a pass",
 				e.key, e.prio, e.depth, par.key, par.prio, par.depth)
+		}
+		if par := p.entries[e.parent]; e.hasParent && par != nil && !inCycle(p, e) && e.base > par.base {
+			t.Fatalf("page %q: base %d above its parent %q's %d", e.key, e.base, par.key, par.base)
 		}
 	}
 	if w != p.weight {
@@ -117,6 +123,7 @@ type modelKey struct {
 	page      bool
 	parent    string
 	hasParent bool
+	passed    bool // a page eviction passed over held (Pass): it outranks its cap
 }
 
 func newOrderModel(t *testing.T) *orderModel {
@@ -227,7 +234,7 @@ func (m *orderModel) victim(refuse func(string) bool) bool {
 			continue
 		}
 		candidates++
-		if v.page && m.stranded(c) {
+		if v.page && m.stranded(c) && !v.passed {
 			stranded++
 		}
 	}
@@ -251,7 +258,7 @@ func (m *orderModel) victim(refuse func(string) bool) bool {
 	}
 	if v.page && !m.cyclic(k) {
 		for c, cv := range m.live {
-			if cv.page && cv.hasParent && cv.parent == k && c != k && !refuse(c) && !(m.hasNew && c == m.newest) {
+			if cv.page && cv.hasParent && cv.parent == k && c != k && !refuse(c) && !(m.hasNew && c == m.newest) && !cv.passed {
 				m.t.Fatalf("victim %q leaves its child page %q behind", k, c)
 			}
 		}
@@ -276,22 +283,23 @@ func (m *orderModel) check(what string) {
 		if v.page != m.o.pages.has(k) || !v.page != m.o.plain.has(k) {
 			m.t.Fatalf("after %s: %q (page %v) is in the wrong class", what, k, v.page)
 		}
-		if e := m.o.pages.entries[k]; e != nil && (e.prio == 0) != m.stranded(k) {
-			m.t.Fatalf("after %s: page %q has priority %d, stranded %v", what, k, e.prio, m.stranded(k))
+		if e := m.o.pages.entries[k]; e != nil && (e.base == 0) != m.stranded(k) {
+			m.t.Fatalf("after %s: page %q has base priority %d, stranded %v", what, k, e.base, m.stranded(k))
 		}
 	}
 }
 
 // FuzzPagePolicy replays random State-like sequences on one node's evictOrder: puts of
 // pages (a parent chosen among the keys, or a chain's first page) and of plain keys,
-// hits, deletes, replicas dropped while their route lives on (an SSD copy), route
-// losses, and victims with some keys refused. After every step the structure and the
+// hits, passes of held pages, deletes, replicas dropped while their route lives on (an
+// SSD copy), route losses, and victims with some keys refused. After every step the structure and the
 // model agree (no key lost or duplicated, weights add up, each page ranks no later
 // than its parent on the node, the write-back's dirty heap and ahead weight are
 // consistent: the high nibble of a step's weight byte marks, takes, cleans or unaheads
-// dirty pages); every victim is live and accepted, never the newest
-// while another key is a candidate, leaves no child page behind (unless puts made their parents a cycle), and is an orphan (or under one)
-// whenever one is a candidate. A final drain returns every live key once.
+// dirty pages); every victim is live and accepted, never the newest while another key
+// is a candidate, leaves no child page behind (unless puts made their parents a cycle,
+// or a pass lifted the child), and is an orphan (or under one) whenever one not lifted
+// by a pass is a candidate. A final drain returns every live key once.
 func FuzzPagePolicy(f *testing.F) {
 	// A chain a-b-c, a plain key, hits, then victims; a child put before its parent.
 	f.Add([]byte{0, 0, 8, 99, 0, 1, 8, 0, 0, 2, 8, 1, 1, 9, 8, 0, 2, 2, 0, 0, 6, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0})
@@ -320,8 +328,16 @@ func runPageOps(t *testing.T, ops []byte) {
 			m.put(k, w, true, parent)
 		case 2:
 			m.put(k, w, false, "")
-		case 3:
-			m.o.Touch(k)
+		case 3: // arg odd: eviction passed over k held
+			if arg%2 == 0 {
+				m.o.Touch(k)
+				break
+			}
+			m.o.Pass(k)
+			if v, ok := m.live[k]; ok && v.page {
+				v.passed = true
+				m.live[k] = v
+			}
 		case 4:
 			m.victim(func(string) bool { return false })
 		case 5: // refuse the keys whose number shares a bit with arg (held replicas)
@@ -520,7 +536,7 @@ func TestPageStepAway(t *testing.T) {
 				t.Fatalf("round %d: %q stepped away: entry %+v", round, k, e)
 			}
 			// (A parent's raise is not carried down: a page may rank below its rank.)
-			if prio, depth := p.rank(e); e.prio > prio || e.depth != depth {
+			if prio, _, depth := p.rank(e); e.prio > prio || e.depth != depth {
 				t.Fatalf("round %d: %q stepped away ranks %d at depth %d, want at most %d at %d", round, k, e.prio, e.depth, prio, depth)
 			}
 			p.stepBack(k)

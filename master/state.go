@@ -163,6 +163,11 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 	// the order, and a full pool allocates with evictions all the time.
 	dups := n.dups > 0 && n.dupQuiet == 0
 	fitChecked := false
+	passRounds := 0
+	// The held replicas met so far: each is asked about or passed once an allocation,
+	// though the duplicate search and the sole copies' both meet it, and the draws after
+	// an eviction or a pass meet it again.
+	var heldSeen map[string]bool
 	for {
 		if r, ok := n.alloc.Alloc(length); ok {
 			return newAllocation(n, r, length)
@@ -178,7 +183,6 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		// hot set does not overrule the page order; it is passed only when it is still
 		// held after the owner answered.
 		var held []string
-		var heldSeen map[string]bool // held's keys: the duplicate search and the sole copies' both meet one
 		// A dirty page (writeback.go) is skipped, not passed, once its write-back started
 		// (evicted only when no owner can persist it), and so is one being written back
 		// (its range is free once written) and one whose refresh started; a dirty
@@ -246,8 +250,13 @@ func (s *State) allocateEvictingLocked(n *node, length int64, depth evictDepth) 
 		if !ok && soleCopies {
 			key, ok = n.policy.VictimWhere(free, victimScanLimit)
 		}
-		s.passHeldLocked(n, held)
+		passed := s.passHeldLocked(n, held)
 		if !ok {
+			if passed > 0 && soleCopies && passRounds < maxPassRounds {
+				// The held replicas drawn moved on: the next draw reaches past them.
+				passRounds++
+				continue
+			}
 			return nil
 		}
 		s.evictMemoryLocked(n, key, dups)
@@ -308,7 +317,8 @@ func (s *State) poolFitsLocked(n *node, length int64) bool {
 
 // passHeldLocked lets the eviction order move on past the held replicas an eviction
 // drew (see allocateEvictingLocked); a KV page's owner is asked to release it first.
-func (s *State) passHeldLocked(n *node, held []string) {
+// It returns how many it passed (the others wait for their owner's answer).
+func (s *State) passHeldLocked(n *node, held []string) (passed int) {
 	for _, k := range held {
 		keep := false
 		if n.policy.IsPage(k) {
@@ -318,9 +328,16 @@ func (s *State) passHeldLocked(n *node, held []string) {
 		}
 		if !keep {
 			n.policy.Pass(k)
+			passed++
 		}
 	}
+	return passed
 }
+
+// maxPassRounds bounds the draws again of one allocation after a draw found only held
+// replicas and passed them (each draw takes at most victimScanLimit): past it, the
+// allocation fails for its caller to retry, as when every replica is held.
+const maxPassRounds = 4
 
 // evictMemoryLocked drops n's memory replica of key, which the eviction order has just
 // handed out as its victim.
