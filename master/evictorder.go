@@ -148,7 +148,7 @@ func (o *evictOrder) Rank(k string) (rank int64, ok bool) {
 }
 
 // Evict evicts the live key k out of turn (a take-back of transfer area room chooses
-// its own victims: takeBackVictimLocked), as if it had been drawn.
+// its own victims: takeBackVictimsLocked), as if it had been drawn.
 func (o *evictOrder) Evict(k string) bool {
 	return o.pages.evict(k) || o.plain.Evict(k)
 }

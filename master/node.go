@@ -68,7 +68,7 @@ type node struct {
 	allocs   int // live Allocations in this segment (leak checks)
 	lent     int // live Allocations of the transfer area lent to the pool
 	// borrowed is the keys whose memory replica here lies in the transfer area, in the
-	// order they came (a take-back's candidates: takeBackVictimLocked).
+	// order they came (a take-back's candidates: takeBackVictimsLocked).
 	borrowed keyOrder
 	// sourcing counts in-flight gets that pull from this node for another one: the
 	// planner prefers the replica whose owner sources the fewest.

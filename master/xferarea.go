@@ -1,6 +1,11 @@
 package master
 
-import "github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+import (
+	"cmp"
+	"slices"
+
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+)
 
 // The transfer area (docs/architecture.md §10 "Placement (one pool)"): the last bytes of an owner's
 // segment, where its clients write the values of puts placed on other owners, which
@@ -35,6 +40,7 @@ func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocatio
 	if n.xfer == nil || roundUp(length, AllocGranule) > n.xfer.Capacity() {
 		return nil
 	}
+	var victims []takeBackVictim // ranked once: each rescan cost O(borrowed), O(borrowed²) a take-back
 	for checked := false; ; checked = true {
 		if r, ok := n.xfer.Alloc(length); ok {
 			return newXferAllocation(n, r, length)
@@ -42,31 +48,51 @@ func (s *State) allocXferLocked(n *node, length int64, takeBack bool) *Allocatio
 		if !takeBack || n.lent == 0 {
 			return nil
 		}
-		if !checked && !s.takeBackFitsLocked(n, length) {
-			return nil // evicting every borrowed replica it may take would make no room
+		if !checked {
+			if !s.takeBackFitsLocked(n, length) {
+				return nil // evicting every borrowed replica it may take would make no room
+			}
+			victims = s.takeBackVictimsLocked(n)
 		}
-		key, dup, ok := s.takeBackVictimLocked(n)
-		if !ok {
+		var key string
+		for key == "" && len(victims) > 0 {
+			if v := victims[0].key; s.takeBackMayLocked(n, v) {
+				key = v
+			}
+			victims = victims[1:]
+		}
+		if key == "" {
 			return nil
 		}
 		if !n.policy.Evict(key) {
 			panic("BUG: a take-back's victim is not in the eviction order")
 		}
-		s.evictMemoryLocked(n, key, dup)
+		s.evictMemoryLocked(n, key, n.dups > 0 && s.duplicateLocked(key, n))
 	}
 }
 
+// takeBackMayLocked reports whether a take-back may evict key's replica on n: it is
+// borrowed, in the eviction order (an SSD persist may still read one that is not), and
+// neither held nor being written back.
+func (s *State) takeBackMayLocked(n *node, key string) bool {
+	if !n.borrowed.has(key) {
+		return false
+	}
+	_, in := n.policy.Rank(key)
+	r := s.routes[key]
+	return in && !s.heldReplicaLocked(r, n) && !s.writingBackLocked(r, n)
+}
+
 // takeBackFitsLocked reports whether evicting every borrowed replica of n's transfer
-// area that a take-back may evict (takeBackVictimLocked's filter) leaves a free range
-// of length bytes: when transfers in flight split the area, they would go for nothing.
+// area that a take-back may evict (takeBackMayLocked) leaves a free range of length
+// bytes: when transfers in flight split the area, they would go for nothing.
 func (s *State) takeBackFitsLocked(n *node, length int64) bool {
 	var freed []Range
 	n.borrowed.each(func(k string) bool {
-		r := s.routes[k]
-		if _, in := n.policy.Rank(k); !in || s.heldReplicaLocked(r, n) || s.writingBackLocked(r, n) {
+		if !s.takeBackMayLocked(n, k) {
 			return true
 		}
-		a := r.replicas[n].memory
+		a := s.routes[k].replicas[n].memory
 		rg := Range{Offset: a.r.Offset - a.base, Size: a.r.Size}
 		n.xfer.Free(rg)
 		freed = append(freed, rg)
@@ -122,32 +148,51 @@ func (n *node) areaCapacity() int64 {
 	return n.xfer.Capacity()
 }
 
-// takeBackVictimLocked picks the borrowed replica a take-back evicts: of those no
-// holder keeps, the one the eviction order would evict first (Rank; the oldest borrowed
-// on a tie), a duplicate before a sole copy, a clean page before a dirty one (SSD
-// write-back: writeback.go); whether it was a duplicate comes back too. One that an SSD
-// persist still reads (not in the order yet, or being written back) is not taken. The
-// node keeps its borrowed keys (node.borrowed), so the search costs the area's
-// replicas, not the node's: drawing them from the eviction order instead cost the trace
-// replay's master a third of its time (a put of a full pool whose transfers are in
-// flight searched the order to its end, to find nothing free).
-func (s *State) takeBackVictimLocked(n *node) (key string, dup, ok bool) {
-	var best int64
-	var bestClean bool
+// takeBackVictim is a borrowed replica a take-back may evict, with what ranks it.
+type takeBackVictim struct {
+	key        string
+	dup, clean bool
+	rank       int64
+}
+
+// takeBackVictimsLocked lists the borrowed replicas a take-back may evict
+// (takeBackMayLocked) in the order it evicts them: a duplicate before a sole copy, a
+// clean page before a dirty one (SSD write-back: writeback.go), then the one the
+// eviction order would evict first (Rank; the oldest borrowed on a tie). The node keeps
+// its borrowed keys (node.borrowed), so this costs the area's replicas, not the node's:
+// drawing them from the eviction order instead cost the trace replay's master a third
+// of its time (a put of a full pool whose transfers are in flight searched the order to
+// its end, to find nothing free). The take-back checks each again as it comes to it:
+// what it evicted before may have changed it.
+func (s *State) takeBackVictimsLocked(n *node) []takeBackVictim {
+	var out []takeBackVictim
 	n.borrowed.each(func(k string) bool {
-		rank, in := n.policy.Rank(k)
-		r := s.routes[k]
-		if !in || s.heldReplicaLocked(r, n) || s.writingBackLocked(r, n) {
+		if !s.takeBackMayLocked(n, k) {
 			return true
 		}
+		rank, _ := n.policy.Rank(k)
 		d := n.dups > 0 && s.duplicateLocked(k, n)
-		clean := !r.replicas[n].dirty || d
-		if !ok || (d && !dup) || (d == dup && clean && !bestClean) || (d == dup && clean == bestClean && rank < best) {
-			key, dup, ok, best, bestClean = k, d, true, rank, clean
-		}
+		out = append(out, takeBackVictim{key: k, dup: d, clean: !s.routes[k].replicas[n].dirty || d, rank: rank})
 		return true
 	})
-	return key, dup, ok
+	slices.SortStableFunc(out, func(a, b takeBackVictim) int {
+		switch {
+		case a.dup != b.dup:
+			return boolOrder(a.dup)
+		case a.clean != b.clean:
+			return boolOrder(a.clean)
+		}
+		return cmp.Compare(a.rank, b.rank)
+	})
+	return out
+}
+
+// boolOrder sorts true first: -1 for a true a (b is then false), else 1.
+func boolOrder(a bool) int {
+	if a {
+		return -1
+	}
+	return 1
 }
 
 // getTargetLocked finds the range a get's bytes land in, in the requester n's segment,
