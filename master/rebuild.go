@@ -114,12 +114,15 @@ func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord,
 	adopted := 0
 	for i, rec := range recs {
 		ok, displaced := s.adoptLocked(n, rec)
+		// A record refused after it displaced an older version (its range could not be
+		// reserved) leaves the key without a route: the older version is dead all the
+		// same, and its owners must hear so.
+		invs = append(invs, displaced...)
 		if !ok {
 			rejected = append(rejected, int32(i))
 			continue
 		}
 		adopted++
-		invs = append(invs, displaced...)
 	}
 	s.log.Debug().Str("node", n.id).Int("records", len(recs)).Int("adopted", adopted).Msg("replica report")
 	return rejected, invs, nil
@@ -239,8 +242,9 @@ func (s *rangeSet) overlaps(r Range) bool {
 
 // reserveReportedLocked takes the reported range [offset, +length) of n's pool, or of
 // its transfer area (a replica the pool borrowed it for): free, or exactly the range
-// of a pin (a holder the owner reported at Register), which the replica then shares.
-// nil when it overlaps anything else or lies outside both.
+// of a pin (a holder the owner reported at Register), which the replica then shares
+// unless another record took it already (references beyond its holders'). nil when it
+// overlaps anything else or lies outside both.
 func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation {
 	r := Range{Offset: offset, Size: roundUp(length, AllocGranule)}
 	area, base := n.regionOf(offset)
@@ -256,7 +260,7 @@ func (s *State) reserveReportedLocked(n *node, offset, length int64) *Allocation
 		lend(a)
 		return a
 	}
-	if h := samePin(n, area, r); h != nil && h.len == length {
+	if h := samePin(n, area, r); h != nil && h.len == length && h.refs == h.holds {
 		if area == n.xfer && !h.lent {
 			// The replica the pool borrowed the area for: lent like one reported on
 			// its own, or a take-back would find nothing lent and never evict it.
