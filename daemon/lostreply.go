@@ -65,14 +65,17 @@ func (o *Owner) lostReply(g grant) {
 			released++
 		}
 	}
-	o.unlock()
-	aborted := 0
-	for _, p := range g.puts {
-		if o.putAbort(c, p.key, p.putID) == nil {
-			aborted++
+	var aborted []*pendingPut
+	for _, gp := range g.puts {
+		if p, err := o.takePutLocked(st, c, gp.key, gp.putID); err == nil {
+			aborted = append(aborted, p)
 		}
 	}
+	o.unlock()
+	// Revoked as a failed batch's puts are (a lost BatchPutStart reply may have granted
+	// thousands): in parallel, and left to the master's TTL once it is out of reach.
+	o.abandonPuts(aborted)
 	o.opts.Metrics.LostReply()
-	o.log.Info().Int64("client", g.client).Str("name", c.name).Int("holders_released", released).Int("puts_aborted", aborted).
+	o.log.Info().Int64("client", g.client).Str("name", c.name).Int("holders_released", released).Int("puts_aborted", len(aborted)).
 		Msg("a reply was lost (the client closed the connection before reading it): what it handed out is taken back")
 }

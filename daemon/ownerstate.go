@@ -253,7 +253,8 @@ func (st *ownerState) releaseHotSet(keys []string, bytes int64) (n int, released
 }
 
 // endSession closes c: its holders are released and its puts leave it. It returns
-// the puts to abandon (a PutEnd in progress finishes or revokes by itself) and the
+// the puts to abandon (a PutEnd in progress finishes or revokes by itself), whose
+// ranges the caller unregisters (segmentWrites) once no copy into them runs, and the
 // number of holders it had; ok is false when c was already closed.
 func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingPut, holders int, ok bool) {
 	if c.closed {
@@ -273,7 +274,6 @@ func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingP
 	}
 	for _, p := range sortedPuts(c.puts) {
 		if p.ending == nil {
-			st.writes.remove(p.write)
 			abandon = append(abandon, p)
 		}
 		// An ending put's PutEnd still copies into or publishes its range: its entry

@@ -290,10 +290,10 @@ func (o *Owner) endingPut(c *session, key string, putID int64, copies []*externa
 // abandons p once it released Owner.mu.
 func (o *Owner) expirePutLocked(st *ownerState, c *session, p *pendingPut) error {
 	delete(c.puts, p.putID)
-	st.writes.remove(p.write)
 	err := errPutExpired(p, o.bounds().putCopy)
 	c.ended.add(p.putID, p.key, err) // a repeated PutEnd or PutWrite answers the same, also while copies end
 	o.waitCopiesLocked(p)
+	st.writes.remove(p.write) // (registered while a copy runs: a registration meanwhile pins the range)
 	return err
 }
 
@@ -436,17 +436,31 @@ func (o *Owner) askPutDone(ps []*pendingPut, part []int) ([]*mp.PutDoneResponse,
 
 func (o *Owner) putAbort(c *session, key string, putID int64) error {
 	st := o.lock()
-	p := c.puts[putID]
-	if p == nil || p.key != key || p.ending != nil {
-		o.unlock()
-		return errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ended or aborted)", putID)
-	}
-	delete(c.puts, putID)
-	st.writes.remove(p.write)
-	o.waitCopiesLocked(p) // a PutWrite still copying must not land in a freed range
+	p, err := o.takePutLocked(st, c, key, putID)
 	o.unlock()
+	if err != nil {
+		return err
+	}
 	o.abandonPut(p)
 	return nil
+}
+
+// takePutLocked takes session c's put putID of key out of the session, for the caller
+// to abandon, once no PutWrite copies into it.
+func (o *Owner) takePutLocked(st *ownerState, c *session, key string, putID int64) (*pendingPut, error) {
+	p := c.puts[putID]
+	switch {
+	case p == nil || p.key != key:
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "unknown put %d for this key (never started, ended or aborted)", putID)
+	case p.ending != nil:
+		return nil, errCode(common.ErrorCode_INVALID_ARGUMENT, "put %d is ending (its PutEnd is in progress): it cannot be aborted", putID)
+	}
+	delete(c.puts, putID)
+	// A PutWrite still copying must not land in a freed range: the range stays
+	// registered until it ends, so a registration meanwhile pins it.
+	o.waitCopiesLocked(p)
+	st.writes.remove(p.write)
+	return p, nil
 }
 
 // abandonPut frees an in-flight put's target at the master (or acks its pin).

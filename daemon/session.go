@@ -217,6 +217,11 @@ func (o *Owner) endSession(c *session, why string) {
 	for c.copying > 0 { // copies into its puts' ranges, from its area
 		o.copied.Wait()
 	}
+	// Registered until no copy runs: a registration meanwhile pins their ranges, else a
+	// new master could hand one to another value while a copy still wrote it.
+	for _, p := range puts {
+		st.writes.remove(p.write)
+	}
 	o.unlock()
 	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)
 	o.abandonPuts(puts)
