@@ -239,7 +239,7 @@ func checkStateInvariants(st *State) error {
 			return fmt.Errorf("node %s: order holds %d keys, %d evictable replicas", n.id, got, len(want))
 		}
 	}
-	for _, f := range []func(*State) error{ghostDrift, dupDrift, borrowedDrift, ssdDrift, keysDrift, valuesDrift, holdsDrift} {
+	for _, f := range []func(*State) error{ghostDrift, dupDrift, borrowedDrift, ssdDrift, keysDrift, valuesDrift, holdsDrift, chainDrift} {
 		if err := f(st); err != nil {
 			return err
 		}
