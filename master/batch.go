@@ -182,7 +182,7 @@ func (h *handler) BatchPutStart(ctx context.Context, req *mp.BatchPutStartReques
 		n := len(req.Items)
 		resp.Results = make([]*mp.PutStartResponse, n)
 		plans, errs := make([]PutPlan, n), make([]error, n)
-		gateErr := h.s.withSpare(true, func(st *State) error { // withSpace's first attempt
+		_, gateErr := h.s.withSpare(true, func(st *State) error { // withSpace's first attempt
 			now := time.Now()
 			for i, it := range req.Items {
 				if it != nil {

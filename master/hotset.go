@@ -28,9 +28,10 @@ import (
 // contiguous ranges). The calls run in parallel, each bounded by InvalidateTimeout. It
 // reports whether every owner asked answered in time. One that did not, though it
 // heartbeated within the last two intervals (a loaded machine, not a dead owner), may
-// still have acks of released holders on their way; an answer other than OK, a refused
-// connection, or an owner not heard from for longer counts as answered: nothing is
-// coming from it.
+// still have acks of released holders on their way, and so has one that answered
+// UNAVAILABLE (its acks did not reach the master: daemon releaseHotSet); another answer
+// other than OK, a refused connection, or an owner not heard from for longer counts as
+// answered: nothing is coming from it.
 func (s *Server) releaseHotSets(ctx context.Context, short shortage) (answered bool) {
 	type owner struct {
 		id, addr string
@@ -67,8 +68,11 @@ func (s *Server) releaseHotSets(ctx context.Context, short shortage) (answered b
 				s.opts.Logger.Debug().Err(err).Str("peer", o.addr).Msg("release hot set failed")
 			}
 			timedOut := errors.Is(err, kerrors.ErrRPCTimeout) || (err != nil && cctx.Err() != nil)
-			if timedOut && ctx.Err() == nil && o.alive {
-				late.Add(1) // no answer within the timeout
+			// UNAVAILABLE: the owner released, but the acks of what it released did not
+			// reach this master yet (they are sent again).
+			pending := err == nil && resp.Code == common.ErrorCode_UNAVAILABLE
+			if (timedOut || pending) && ctx.Err() == nil && o.alive {
+				late.Add(1) // no answer within the timeout, or acks still on their way
 			}
 		}()
 	}

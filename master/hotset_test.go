@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,12 +26,18 @@ type fullOwner struct {
 }
 
 func startFullOwner(t *testing.T, allocWait time.Duration, ack bool) *fullOwner {
+	return startFullOwnerAnswering(t, allocWait, ack, common.ErrorCode_OK)
+}
+
+// startFullOwnerAnswering is startFullOwner whose owner b answers ReleaseHotSet with
+// code: OK after its ack (150 ms, past the master's timeout), or UNAVAILABLE at once
+// (the acks of what it released did not reach the master), its ack 150 ms later.
+func startFullOwnerAnswering(t *testing.T, allocWait time.Duration, ack bool, code common.ErrorCode) *fullOwner {
 	t.Helper()
 	s := authtest.Secrets(t)
 	f := &fullOwner{b: NodeRef{ID: "b", Generation: 1}}
 	f.srv = startPeerFailMaster(t, Options{Secrets: s, InvalidateTimeout: 20 * time.Millisecond, AllocWait: allocWait})
-	owner := &fakePeer{hotSet: func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse {
-		f.asked.Add(1)
+	sendAck := func() {
 		time.Sleep(150 * time.Millisecond)
 		if id := f.held.Load(); ack && id != 0 && f.held.CompareAndSwap(id, 0) {
 			f.srv.withState(func(st *State) error {
@@ -38,7 +45,15 @@ func startFullOwner(t *testing.T, allocWait time.Duration, ack bool) *fullOwner 
 				return err
 			})
 		}
-		return &peer.ReleaseHotSetResponse{Code: common.ErrorCode_OK}
+	}
+	owner := &fakePeer{hotSet: func(ctx context.Context, req *peer.ReleaseHotSetRequest) *peer.ReleaseHotSetResponse {
+		f.asked.Add(1)
+		if code == common.ErrorCode_OK {
+			sendAck()
+		} else {
+			go sendAck()
+		}
+		return &peer.ReleaseHotSetResponse{Code: code}
 	}}
 	addr := startFakePeer(t, s, owner)
 	a := NodeRef{ID: "a", Generation: 1}
@@ -125,6 +140,63 @@ func TestGetWaitsForUnansweredRelease(t *testing.T) {
 	}
 	if len(memory) != 3 {
 		t.Fatalf("values in memory after two gets through full b: %v; want k1, k2 and one of b's (the first get's room)", memory)
+	}
+}
+
+// TestGetWaitsForAcksOnTheirWay: an owner that answers ReleaseHotSet UNAVAILABLE has
+// released holdings whose acks did not reach the master yet: the get waits for them as
+// for an owner that did not answer in time, instead of evicting a sole copy (a review:
+// the master took the answer as final).
+func TestGetWaitsForAcksOnTheirWay(t *testing.T) {
+	f := startFullOwnerAnswering(t, 5*time.Second, true, common.ErrorCode_UNAVAILABLE)
+	f.get(t, "k1", true)
+	f.get(t, "k2", false)
+	if memory := f.inMemory(); len(memory) != 3 {
+		t.Fatalf("values in memory after two gets through full b: %v; want k1, k2 and one of b's", memory)
+	}
+}
+
+// TestGetAsksItsOwnShortage: a get's ReleaseHotSet round asks the owner its own
+// allocation found short, though other allocations fail NO_SPACE meanwhile (c's gets
+// here, its pool held full): the shortage was read under another hold of the lock, where
+// theirs had replaced it, and the get asked c, which answered at once, and stopped
+// sparing b's sole copies (a review).
+func TestGetAsksItsOwnShortage(t *testing.T) {
+	f := startFullOwner(t, 5*time.Second, true)
+	caddr := startFakePeer(t, f.srv.opts.Secrets, &fakePeer{}) // answers ReleaseHotSet OK at once
+	c := NodeRef{ID: "c", Generation: 1}
+	f.must(t, f.srv.withState(func(st *State) error {
+		if err := st.Register(time.Now(), c, 1024, 0, 0, "", caddr, SSDInfo{}, nil); err != nil {
+			return err
+		}
+		plan, err := st.PutStart(time.Now(), c, "r1", 1024, false, nil)
+		if err != nil {
+			return err
+		}
+		if _, err = st.PutDone(time.Now(), c, "r1", plan.PutID); err != nil {
+			return err
+		}
+		_, err = st.GetStart(time.Now(), c, "r1", nil) // held for good: c cannot evict it
+		return err
+	}))
+	f.get(t, "k1", true)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { // c's gets of k2 fail NO_SPACE, one after another
+			for !stop.Load() {
+				f.srv.withState(func(st *State) error {
+					_, err := st.GetStart(time.Now(), c, "k2", nil)
+					return err
+				})
+			}
+		})
+	}
+	f.get(t, "k2", false)
+	stop.Store(true)
+	wg.Wait()
+	if memory := f.inMemory(); len(memory) != 3 {
+		t.Fatalf("values in memory after two gets through full b: %v; want k1, k2 and one of b's", memory)
 	}
 }
 

@@ -261,7 +261,7 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	var asked time.Time
 	spare := true
 	for {
-		err := s.withSpare(spare, f)
+		short, err := s.withSpare(spare, f)
 		if !errors.Is(err, wire.ErrNoSpace) {
 			return err
 		}
@@ -274,8 +274,6 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 		}
 		if time.Since(asked) >= hotSetAskInterval {
 			asked = time.Now()
-			var short shortage
-			s.withState(func(st *State) error { short = st.short; return nil })
 			spare = !s.releaseHotSets(ctx, short)
 			continue
 		}
@@ -286,13 +284,19 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 	}
 }
 
-// withSpare runs f under the lock with State.spareHeld set to spare for its length.
-func (s *Server) withSpare(spare bool, f func(st *State) error) error {
-	return s.withState(func(st *State) error {
-		st.spareHeld = spare
+// withSpare runs f under the lock with State.spareHeld set to spare for its length. It
+// returns f's error and the shortage f's NO_SPACE recorded, read in the same hold of the
+// lock: another allocation failing meanwhile records its own (its node may be another,
+// whose owner would be asked in this one's stead).
+func (s *Server) withSpare(spare bool, f func(st *State) error) (short shortage, err error) {
+	err = s.withState(func(st *State) error {
+		st.spareHeld, st.short = spare, shortage{}
 		defer func() { st.spareHeld = false }()
-		return f(st)
+		err := f(st)
+		short = st.short
+		return err
 	})
+	return short, err
 }
 
 // hotSetAskInterval spaces the ReleaseHotSet rounds of one allocation.
