@@ -290,8 +290,10 @@ func (s *State) GetDone(ref NodeRef, key string, getID int64) (GetDoneResult, er
 		return GetDoneResult{}, err
 	}
 	g := s.gets[getID]
-	if g == nil || g.key != key || (g.node != n && g.sourceNode != n) {
-		return GetDoneResult{}, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key (expired, revoked or never started)", getID)
+	if g == nil || g.key != key || g.node != n {
+		// (Only the requester ends its get: a source's GetDone would make the
+		// requester's target, written or not, a replica there.)
+		return GetDoneResult{}, wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d of this owner for this key (expired, revoked or never started)", getID)
 	}
 	if g.sourceLost {
 		// Its pulls have ended (the requester calls GetDone after them): the target goes.
