@@ -182,13 +182,15 @@ type startedGet struct {
 func (o *Owner) getStart(key string, exclude []string) startedGet {
 	var plan *mp.GetStartResponse
 	ids := o.newHolderIDs(1)
+	sent := false // (a call never sent, a registration in progress past its wait, recorded no holder)
 	s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
+		sent = true
 		plan, err = o.master.cl().GetStart(ctx, &mp.GetStartRequest{Node: o.master.ref(), Key: key, Acks: acks, ExcludeNodes: exclude,
 			HolderId: ids[0]})
 		return err
 	}, func() (common.ErrorCode, string) { return plan.Code, plan.Message })
 	if s.err != nil {
-		if plan == nil {
+		if plan == nil && sent {
 			o.ackUnanswered(ids)
 		}
 		return s
@@ -210,7 +212,9 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 	for part := range masterParts(keys, func(k string) int { return len(k) }) {
 		var resp *mp.BatchGetStartResponse
 		ids := o.newHolderIDs(len(part))
+		sent := false
 		s := o.askMaster(func(ctx context.Context, acks []int64) (err error) {
+			sent = true
 			resp, err = o.master.cl().BatchGetStart(ctx, &mp.BatchGetStartRequest{Node: o.master.ref(), Keys: part, Acks: acks, HolderIds: ids,
 				HeldBytes: held})
 			return err
@@ -219,7 +223,7 @@ func (o *Owner) startGets(keys []string, held int64) []startedGet {
 			s.err = errCode(common.ErrorCode_INTERNAL, "the master answered %d of %d keys of a BatchGetStart", len(resp.Results), len(part))
 		}
 		if s.err != nil {
-			if resp == nil {
+			if resp == nil && sent {
 				o.ackUnanswered(ids)
 			}
 			for range part {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	mp "github.com/fluxkv/fluxkv/protocol/kitex_gen/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/master/masterservice"
+	"github.com/fluxkv/fluxkv/protocol/wire"
 )
 
 // heldRegister is a master client whose next Register waits, once armed, until release
@@ -313,5 +315,36 @@ func getAndRelease(t *testing.T, c *fluxkv.Client) {
 	h.Release()
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUnsentPlanningCallQueuesNoAcks: planning calls that never left the owner (a
+// registration in progress outlasted their wait) recorded no holder at the master, so
+// their holder ids are not queued as acks: queued, now and again after the in-flight
+// TTL, each such batch's 4,096 ids pushed real acks out of the bounded queue (a review).
+func TestUnsentPlanningCallQueuesNoAcks(t *testing.T) {
+	t.Parallel()
+	m := ackMaster(t, "127.0.0.1:0")
+	o, _ := ackOwner(t, m, func(o *Options) { o.AckDelay, o.MasterTimeout = time.Hour, 500*time.Millisecond })
+	ch := make(chan struct{}) // a registration that does not end
+	o.master.settling.Store(&ch)
+	defer close(ch)
+	pending := func() int {
+		o.acks.mu.Lock()
+		defer o.acks.mu.Unlock()
+		return len(o.acks.pending)
+	}
+	before := pending()
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	for _, ks := range [][]string{keys[:1], keys} { // a GetStart, a BatchGetStart
+		if res := o.startGets(ks, 0); wire.CodeOf(res[0].err) != common.ErrorCode_UNAVAILABLE {
+			t.Fatalf("%d gets planned during a registration: %v, want UNAVAILABLE", len(ks), res[0].err)
+		}
+	}
+	if after := pending(); after != before {
+		t.Errorf("%d holder ids of calls never sent were queued as acks", after-before)
 	}
 }
