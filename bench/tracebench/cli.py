@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="emulate hosts: each fluxkv owner with its client processes, the master, and a one-server backend "
                          "with its clients get a cgroup of this many CPUs (tracebench/hosts.py; root); 0: share the machine")
     ap.add_argument("--out", help="write summary.jsonl and trace.png here")
+    ap.add_argument("--request-hits", action="store_true",
+                    help="keep each request's hits in its row (request_hits, in trace order), the simulations' too: "
+                         "which requests two rows differ on")
     ap.add_argument("--work-dir", help="where each case's temp dir goes (sockets, logs, SSD files); default: the system temp dir")
     tb.add_arguments(ap)
     return ap
@@ -163,6 +166,8 @@ def run_case(run: tb.Running, trace, cap: int, a, cfg: ReplayConfig, context: di
                 samples.append((0, res.ssd_counter_delta))
             row = report.replay_row(run, trace, cap, res, a.block_bytes, run.held(), samples, context)
             row.update(hs.layout() if hs else {"cpus_per_host": None})
+            if a.request_hits:
+                row["request_hits"] = list(res.hits)
         finally:
             run.stop()
             if hs:
@@ -201,6 +206,8 @@ def run(a: argparse.Namespace, trace, caps: list, tgs: list) -> int:
     progress(f"simulations: {', '.join(a.sims) or 'none'}")
     for s in sim.run_sims(trace, caps, a.sims):
         rows.append(report.sim_row(s, trace, s.capacity_blocks, context))
+        if a.request_hits:
+            rows[-1]["request_hits"] = list(s.per_request)
     cfg = ReplayConfig(procs=a.procs, window=a.window, speed=a.speed, verify_every=a.verify_every, pin_ms=a.pin_ms,
                        buffer_bytes=a.buffer_bytes, route=a.route, byte_access=a.byte_access)
     interrupted = False

@@ -152,7 +152,7 @@ def test_cli_writes_summary_rows_and_chart(fluxkv_bin, tmp_path):
     ample = 2 * load(f).distinct
     out = tmp_path / "out"
     rc = cli.main(["--trace", f, "--backends", "fluxkv", "--ssd", "off", "--capacity", "2.0,8b", "--procs", "2", "--window", "1",
-                   "--block-bytes", "4KiB", "--out", str(out), "--fluxkv-bin", fluxkv_bin, "--work-dir", str(tmp_path)])
+                   "--block-bytes", "4KiB", "--out", str(out), "--fluxkv-bin", fluxkv_bin, "--work-dir", str(tmp_path), "--request-hits"])
     assert rc == 0
     rows = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
     assert {(r["backend"], r["capacity_blocks"]) for r in rows} == {(b, c) for b in ("fluxkv", *sim.POLICIES) for c in (ample, 8)}
@@ -168,6 +168,8 @@ def test_cli_writes_summary_rows_and_chart(fluxkv_bin, tmp_path):
     for k in ("p50_ms", "p99_ms", "gib_per_s", "hits_by_source", "wrong_bytes", "held_blocks"):
         assert fx[8][k] is not None, k
     assert (out / "trace.png").stat().st_size > 10_000
+    for r in rows:  # --request-hits: each request's, in trace order, adding up to the row's hits
+        assert len(r["request_hits"]) == len(load(f).requests) and sum(r["request_hits"]) == r["hits"], r["backend"]
 
 
 class FakePages:
