@@ -22,7 +22,7 @@ func ServerOptions(ln net.Listener) []server.Option {
 // with them serves ln: its Run got past every check that fails at once, so a caller
 // that waits for this or for Run's error knows whether it started.
 func ServerOptionsStarted(ln net.Listener) ([]server.Option, <-chan struct{}) {
-	f := served{TransServerFactory: gonet.NewTransServerFactory(), started: newSignal()}
+	f := served{TransServerFactory: gonet.NewTransServerFactory(), started: newStartSignal()}
 	return []server.Option{
 		server.WithTransServerFactory(f),
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
@@ -33,12 +33,13 @@ func ServerOptionsStarted(ln net.Listener) ([]server.Option, <-chan struct{}) {
 		// hangup closed the master's and the peer service's ports while the process
 		// stayed up and ready, and a SIGTERM stopped them before the owner drained.
 		// The process's own signal handling stops its servers, in order.
-		server.WithExitSignal(noExitSignal),
-	}, f.started.c
+		// Run asks for it once past its start (startSignal).
+		server.WithExitSignal(func() <-chan error {
+			f.started.running()
+			return nil // never fires
+		}),
+	}, f.started.s.c
 }
-
-// noExitSignal is an exit signal that never fires.
-func noExitSignal() <-chan error { return nil }
 
 // ClientOptions make a Kitex client authenticate with s for purpose (nil s: insecure)
 // and speak framed binary thrift, the only transport cluster servers accept (their

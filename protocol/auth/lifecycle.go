@@ -3,6 +3,7 @@ package auth
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudwego/kitex/pkg/remote"
@@ -20,7 +21,7 @@ const shutdownPoll = time.Millisecond
 // least 100 ms: an owner's, a master's, each test's.
 type served struct {
 	remote.TransServerFactory
-	started *signal // when the first server built with the factory serves
+	started *startSignal // when the first server built with the factory serves
 }
 
 func (f served) NewTransServer(opt *remote.ServerOption, h remote.ServerTransHandler) remote.TransServer {
@@ -31,7 +32,7 @@ func (f served) NewTransServer(opt *remote.ServerOption, h remote.ServerTransHan
 // servedServer is one server of served.
 type servedServer struct {
 	remote.TransServer
-	started *signal
+	started *startSignal
 	closed  *signal // once the server closed its listener
 }
 
@@ -76,7 +77,7 @@ type noteClose struct {
 // a Stop from then on closes it (before, Stop would leave it open and return while it
 // still served).
 func (l *noteClose) Accept() (net.Conn, error) {
-	l.s.started.fire()
+	l.s.started.accepting()
 	return l.Listener.Accept()
 }
 
@@ -84,6 +85,27 @@ func (l *noteClose) Close() error {
 	err := l.Listener.Close()
 	l.s.closed.fire()
 	return err
+}
+
+// startSignal says a Kitex server serves (its channel closes) once both have happened:
+// its transport accepts (gonet recorded the listener, which Stop then closes) and Run
+// asked for its exit signal (it is past its check of the transport's first result: a
+// Stop before then made the transport return nil there, and Run panicked logging it).
+type startSignal struct {
+	accept, run sync.Once
+	n           atomic.Int32
+	s           *signal
+}
+
+func newStartSignal() *startSignal { return &startSignal{s: newSignal()} }
+
+func (b *startSignal) accepting() { b.accept.Do(b.one) }
+func (b *startSignal) running()   { b.run.Do(b.one) }
+
+func (b *startSignal) one() {
+	if b.n.Add(1) == 2 {
+		b.s.fire()
+	}
 }
 
 // signal is a channel closed once, by the first fire.

@@ -114,3 +114,22 @@ func TestKitexServerIgnoresSignals(t *testing.T) {
 		t.Fatalf("a call after SIGHUP: %v", err)
 	}
 }
+
+// A server stopped as soon as it says it serves stops cleanly, Run answering nil (it
+// panicked when the Stop came before Run checked the transport's first result).
+func TestKitexStopAtOnce(t *testing.T) {
+	for range 20 {
+		svr, _, _, ran := serveStarted(t, &peerStub{})
+		if err := svr.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Fatalf("Run after a Stop at once: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after Stop")
+		}
+	}
+}

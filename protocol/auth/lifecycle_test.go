@@ -60,13 +60,14 @@ func TestPromptShutdown(t *testing.T) {
 		}
 		inner := &slowShutdown{release: make(chan struct{})}
 		inner.conns.Store(left)
-		s := &servedServer{TransServer: inner, started: newSignal(), closed: newSignal()}
+		s := &servedServer{TransServer: inner, started: newStartSignal(), closed: newSignal()}
+		s.started.running() // (Kitex's Run would, asking for its exit signal)
 		served := make(chan struct{})
 		go func() {
 			defer close(served)
 			s.BootstrapServer(raw)
 		}()
-		within(t, s.started.c, "the server's first accept")
+		within(t, s.started.s.c, "the server's first accept")
 		stopped := make(chan struct{})
 		go func() {
 			defer close(stopped)
@@ -102,14 +103,15 @@ func TestServedWrapsGonet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := served{TransServerFactory: gonet.NewTransServerFactory(), started: newSignal()}
+	f := served{TransServerFactory: gonet.NewTransServerFactory(), started: newStartSignal()}
 	s := f.NewTransServer(&remote.ServerOption{ExitWaitTime: time.Minute}, closeAware{}).(*servedServer)
+	f.started.running()
 	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
 		s.BootstrapServer(raw)
 	}()
-	within(t, f.started.c, "the server's first accept")
+	within(t, f.started.s.c, "the server's first accept")
 	if err := s.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +121,33 @@ func TestServedWrapsGonet(t *testing.T) {
 		t.Fatal("Shutdown returned without gonet closing the listener through noteClose")
 	}
 	within(t, ran, "the accept loop's end")
+}
+
+// A server says it serves only once both its transport accepts and Kitex's Run asked
+// for its exit signal, in either order: Run checks the transport's first result after
+// starting it, and a Stop before that check made the transport return nil there, which
+// Run's log of it dereferenced (a fresh-clone CI run: an owner stopped at once after
+// it started panicked).
+func TestStartSignalNeedsBoth(t *testing.T) {
+	for _, order := range [][]string{{"accept", "run"}, {"run", "accept"}} {
+		b := newStartSignal()
+		for i, ev := range order {
+			if ev == "accept" {
+				b.accepting()
+				b.accepting() // (every Accept says so)
+			} else {
+				b.running()
+			}
+			select {
+			case <-b.s.c:
+				if i == 0 {
+					t.Fatalf("%v: the signal fired after %s alone", order, ev)
+				}
+			default:
+				if i == 1 {
+					t.Fatalf("%v: the signal did not fire after both", order)
+				}
+			}
+		}
+	}
 }
