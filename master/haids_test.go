@@ -146,6 +146,18 @@ func TestTermQuiet(t *testing.T) {
 	if got := q(time.Second, 2*time.Second, over); got != own {
 		t.Fatalf("quiet after a term whose quiet period ended long ago: %v, want %v", got, own)
 	}
+	// A term whose master's clock ran an hour ahead recorded an end an hour ahead: no
+	// more than its whole quiet period (10 s) is waited of it (an hour held every delete
+	// and publish, at this failover and every one after it in that hour; a review).
+	within.Quiet = 10 * time.Second
+	ahead := within
+	ahead.QuietUntil = now.Add(time.Hour + 10*time.Second).UnixNano()
+	if got := q(time.Second, 2*time.Second, ahead); got != 10*time.Second {
+		t.Fatalf("quiet after a term whose clock ran an hour ahead: %v, want its 10 s", got)
+	}
+	if got := q(time.Second, 2*time.Second, within); got != 10*time.Second {
+		t.Fatalf("quiet after a term that recorded its length and ended within its quiet period: %v, want the 10 s left", got)
+	}
 }
 
 // An owner registered last with a master before the HA term that served last (not that

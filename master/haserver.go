@@ -185,7 +185,7 @@ func (h *HA) run() {
 		last, _, err := t.MarkServing(h.ctx, func(last ha.Served) ha.Served {
 			now := time.Now()
 			quiet = termQuiet(h.opts.HeartbeatInterval, h.ha.LeaderTTL, last, now)
-			return ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL, QuietUntil: now.Add(quiet).UnixNano()}
+			return ha.Served{Heartbeat: h.opts.HeartbeatInterval, TTL: h.ha.LeaderTTL, QuietUntil: now.Add(quiet).UnixNano(), Quiet: quiet}
 		})
 		var srv *Server
 		if err == nil {
@@ -286,7 +286,7 @@ func (h *HA) term(t *ha.Term, last ha.Served, quiet time.Duration) (*Server, err
 		if t.Leading() {
 			return nil
 		}
-		return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: the leadership of epoch %d lapsed (etcd unreachable)", t.Epoch)
+		return wire.Errorf(common.ErrorCode_NOT_LEADER, "not the leader: the leadership of epoch %d ended (resigned, its lease lost, or no renewal answered in time by etcd)", t.Epoch)
 	}
 	s.masters = h.masters
 	return s, nil
@@ -416,15 +416,23 @@ func (l *handoff) Addr() net.Addr { return l.addr }
 // the rest. The leases are the previous term's, on its timing (last; none known: this
 // master's own), and, when that term ended within its own quiet period, those of the
 // terms before it, which that quiet period outlasted (until last.QuietUntil, on the
-// masters' clocks: one running ahead of the last term's waits less by its lead). The
-// longest is waited, so a group whose masters disagree stays safe.
+// masters' clocks: one running ahead of the last term's waits less by its lead, and
+// none waits more than that term's whole quiet period). The longest is waited, so a
+// group whose masters disagree stays safe.
 func termQuiet(heartbeat, ttl time.Duration, last ha.Served, now time.Time) time.Duration {
 	q := 2*heartbeat - heartbeat/4 - ha.Margin(ttl)
 	if last.Heartbeat > 0 {
 		q = max(q, 2*last.Heartbeat-last.Heartbeat/4-ha.Margin(last.TTL))
 	}
 	if last.QuietUntil != 0 {
-		q = max(q, time.Unix(0, last.QuietUntil).Sub(now))
+		rest := time.Unix(0, last.QuietUntil).Sub(now)
+		if last.Quiet > 0 {
+			// A master whose clock ran ahead recorded a later end, and one whose clock
+			// runs behind reads one: no more than the whole period is left of it (an
+			// hour ahead held every delete and publish for an hour, at every failover).
+			rest = min(rest, last.Quiet)
+		}
+		q = max(q, rest)
 	}
 	return max(time.Millisecond, q)
 }

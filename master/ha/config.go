@@ -99,7 +99,13 @@ func (c *Config) Client() (*clientv3.Client, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	cfg := clientv3.Config{Endpoints: c.Endpoints, DialTimeout: c.DialTimeout}
+	// Keepalive pings find a member that hangs, or whose host vanished, with its TCP
+	// connection up: without them a watch on it (a standby's election, an owner's leader
+	// watch) waited for good for events it would never send, while the other members
+	// held quorum. 5 s is etcd's --grpc-keepalive-min-time: pinging more often gets the
+	// connection closed.
+	cfg := clientv3.Config{Endpoints: c.Endpoints, DialTimeout: c.DialTimeout,
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 2 * time.Second
 	}

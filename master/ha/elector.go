@@ -135,8 +135,9 @@ func (e *Elector) campaignOnce(ctx context.Context) (*Term, error) {
 	t.election = concurrency.NewElection(t.session, e.cfg.electionPrefix())
 	waiting, _ := json.Marshal(Record{Addr: e.opts.Addr})
 	// Campaign returns once every earlier candidate's key is gone, or fails when the
-	// lease lapsed; stop waiting when this term's lease is lost.
-	cctx, cancel = context.WithCancel(ctx)
+	// lease lapsed; stop waiting when this term's lease is lost. Its watch requires the
+	// member to have a leader: one cut off in a minority would not deliver the delete.
+	cctx, cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
 	go func() {
 		select {
 		case <-t.done:
@@ -210,6 +211,10 @@ type Served struct {
 	Heartbeat  time.Duration `json:"heartbeat_ns"`
 	TTL        time.Duration `json:"leader_ttl_ns"`
 	QuietUntil int64         `json:"quiet_until_unix_ns"`
+	// Quiet is the length of the term's write quiet period (0 from an earlier build):
+	// a later term waits at most that much of it, whatever QuietUntil says on a clock
+	// that ran ahead.
+	Quiet time.Duration `json:"quiet_ns,omitempty"`
 }
 
 // MarkServing records on etcd, before the term serves, that it served: the record
@@ -475,8 +480,8 @@ func (t *Term) end(ctx context.Context) {
 // promise by revoking its lease only then, so the next leader's quiet period
 // (master.Options.WriteQuiet, which counts on it) covers the owners' leases.
 func (t *Term) Resign(ctx context.Context) {
+	t.close() // (first: a gate check between reading the time and closing would serve after it)
 	stopped := min(time.Since(t.base), time.Duration(t.validUntil.Load()))
-	t.close()
 	if wait := stopped + Margin(t.ttl) - time.Since(t.base); wait > 0 {
 		select {
 		case <-time.After(wait):
