@@ -134,6 +134,7 @@ func (s *ownerScript) run(d *datadriven.TestData) (string, error) {
 			return "", err
 		}
 		puts, holders, ok := st.endSession(c, s.now)
+		st.unregisterPuts(puts) // (the owner does once no copy into them runs)
 		var ids []string
 		for _, p := range puts {
 			ids = append(ids, strconv.FormatInt(p.putID, 10))

@@ -252,9 +252,17 @@ func (st *ownerState) releaseHotSet(keys []string, bytes int64) (n int, released
 	return len(acks), released
 }
 
+// unregisterPuts takes the ranges of puts out of segmentWrites: a registration from
+// then on does not report them as pins.
+func (st *ownerState) unregisterPuts(puts []*pendingPut) {
+	for _, p := range puts {
+		st.writes.remove(p.write)
+	}
+}
+
 // endSession closes c: its holders are released and its puts leave it. It returns
 // the puts to abandon (a PutEnd in progress finishes or revokes by itself), whose
-// ranges the caller unregisters (segmentWrites) once no copy into them runs, and the
+// ranges the caller unregisters (unregisterPuts) once no copy into them runs, and the
 // number of holders it had; ok is false when c was already closed.
 func (st *ownerState) endSession(c *session, now time.Time) (abandon []*pendingPut, holders int, ok bool) {
 	if c.closed {

@@ -219,9 +219,7 @@ func (o *Owner) endSession(c *session, why string) {
 	}
 	// Registered until no copy runs: a registration meanwhile pins their ranges, else a
 	// new master could hand one to another value while a copy still wrote it.
-	for _, p := range puts {
-		st.writes.remove(p.write)
-	}
+	st.unregisterPuts(puts)
 	o.unlock()
 	c.conn.Close() // wakes serveAttach when the owner ends the session (shutdown)
 	o.abandonPuts(puts)
