@@ -32,13 +32,7 @@ func TestAbortedPutStaysRegisteredWhileItsCopyRuns(t *testing.T) {
 			})
 			unstall := func() { rel.Do(func() { close(release) }) }
 			t.Cleanup(unstall)
-			st := n.o.lock()
-			c := st.sessions[n.c.ClientID()]
-			n.o.unlock()
-			id, _, err := n.o.putStart(c, "k", size, nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, id := startSessionPut(t, n, "k", size)
 			wrote := make(chan error, 1)
 			go func() { wrote <- n.o.putWrite(c, "k", id, []*external.AreaCopy{{Len: size}}) }()
 			<-inChunk
@@ -52,7 +46,7 @@ func TestAbortedPutStaysRegisteredWhileItsCopyRuns(t *testing.T) {
 				}
 			}()
 			time.Sleep(100 * time.Millisecond) // the abort waits for the copy
-			st = n.o.lock()
+			st := n.o.lock()
 			registered := st.writes.lookup(writePut, id) != nil
 			n.o.unlock()
 			unstall()

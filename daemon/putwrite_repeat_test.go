@@ -36,13 +36,7 @@ func TestRepeatedPutWriteCopiesOnce(t *testing.T) {
 	var once sync.Once
 	unstall := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unstall) // before the node stops (a failed check must not leave the copy stalled)
-	st := n.o.lock()
-	c := st.sessions[n.c.ClientID()]
-	n.o.unlock()
-	id, _, err := n.o.putStart(c, "late", size, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, id := startSessionPut(t, n, "late", size)
 	want := bytes.Repeat([]byte{0xAB}, size)
 	copy(c.area.Bytes(), want)
 	part := []*external.AreaCopy{{Len: size}}
@@ -177,4 +171,18 @@ func FuzzValueRanges(f *testing.F) {
 			}
 		}
 	})
+}
+
+// startSessionPut starts a put of key (size bytes) for n's client on the owner directly,
+// and returns the client's session and the put's id.
+func startSessionPut(t *testing.T, n *node, key string, size int64) (*session, int64) {
+	t.Helper()
+	st := n.o.lock()
+	c := st.sessions[n.c.ClientID()]
+	n.o.unlock()
+	id, _, err := n.o.putStart(c, key, size, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, id
 }
