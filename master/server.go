@@ -285,8 +285,8 @@ func (s *Server) withSpace(ctx context.Context, f func(st *State) error) error {
 }
 
 // withSpare runs f under the lock with State.spareHeld set to spare for its length. It
-// returns f's error and the shortage f's NO_SPACE recorded, read in the same hold of the
-// lock: another allocation failing meanwhile records its own (its node may be another,
+// returns the shortage f's NO_SPACE recorded, read in the same hold of the lock, and f's
+// error: another allocation failing meanwhile records its own (its node may be another,
 // whose owner would be asked in this one's stead).
 func (s *Server) withSpare(spare bool, f func(st *State) error) (short shortage, err error) {
 	err = s.withState(func(st *State) error {
