@@ -227,21 +227,27 @@ func (o *Owner) completeGet(key string, plan *mp.GetStartResponse) (*holding, er
 
 // gotDone turns the master's answer to a get's GetDone into its holder.
 func (o *Owner) gotDone(key string, plan *mp.GetStartResponse, done *mp.GetDoneResponse, err error) (*holding, error) {
-	if wire.CodeOf(err) == common.ErrorCode_UNAVAILABLE {
+	if err != nil {
+		return nil, o.getDoneFailed(key, plan, err)
+	}
+	return &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,
+		masterID: done.HolderId, replica: done.Promoted, noticesSeq: done.NoticesSeq, remote: true}, nil
+}
+
+// getDoneFailed is what a get whose GetDone failed with err answers, once the holder
+// that GetDone may have recorded is let go.
+func (o *Owner) getDoneFailed(key string, plan *mp.GetStartResponse, err error) error {
+	switch wire.CodeOf(err) {
+	case common.ErrorCode_UNAVAILABLE:
 		// The reply may be lost after the master recorded the holder, whose id is the
 		// get id, or the call may reach the master only after this ack (it waited for the
 		// lock): release it now and again after the in-flight TTL (an ack of a holder
 		// that does not exist does no harm; an unfinished get expires with that TTL).
 		o.ackUnanswered([]int64{plan.GetId})
-	}
-	if wire.CodeOf(err) == common.ErrorCode_INVALID_ARGUMENT {
+	case common.ErrorCode_INVALID_ARGUMENT:
 		// The master no longer knows the get: it expired (the transfer ended past the
 		// in-flight TTL) or was dropped. Nothing was published; the client may retry.
-		return nil, errCode(common.ErrorCode_UNAVAILABLE, "get of %q ended after the master dropped it; retry: %v", key, err)
+		return errCode(common.ErrorCode_UNAVAILABLE, "get of %q ended after the master dropped it; retry: %v", key, err)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &holding{key: key, putID: plan.PutId, len: plan.Len, source: plan.Source, offset: plan.TargetOffset,
-		masterID: done.HolderId, replica: done.Promoted, noticesSeq: done.NoticesSeq, remote: true}, nil
+	return err
 }

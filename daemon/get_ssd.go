@@ -60,10 +60,11 @@ func (o *Owner) refill(key string, plan *mp.GetStartResponse, t *getTarget, mark
 	if err := o.refillWritten(plan); err != nil {
 		return nil, err
 	}
-	// A master that did not pre-record the holder: confirm before handing out.
+	// A master that did not pre-record the holder (an earlier release): confirm before
+	// handing out.
 	done, err := o.getDone(key, plan.GetId)
 	if err != nil {
-		return nil, err
+		return nil, o.getDoneFailed(key, plan, err)
 	}
 	h.masterID, h.replica, h.noticesSeq = done.HolderId, done.Promoted, done.NoticesSeq
 	return h, nil
