@@ -28,7 +28,7 @@ type earlierRefills struct {
 	masterservice.Client
 	mu      sync.Mutex
 	holders map[int64]int64 // get id -> the holder the master recorded at GetStart
-	lose    atomic.Bool // the next GetDone's reply is lost
+	lose    atomic.Bool     // the next GetDone's reply is lost
 	lost    atomic.Int64
 }
 
