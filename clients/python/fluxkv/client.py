@@ -119,6 +119,12 @@ class _OutcomeUnknown(Exception):
     to its PutEnd came back: whether the value was published is unknown."""
 
 
+class _NotWritten(_OutcomeUnknown):
+    """The session that started a put ended (closed, or replaced by another thread) before
+    the value was written: the owner revoked the put with the session, so nothing was
+    published, and a redo is safe with reject_if_exists too."""
+
+
 class _Stale(Exception):
     """The owner answered STALE_GENERATION: it restarted since this session attached."""
 
@@ -232,12 +238,12 @@ class _Session:
         put's range: a user's close meanwhile keeps the attach connection (so the owner keeps
         the put and its range) until the write is over. Closed at once, the owner would have
         freed the range, given it to another value, and this write would overwrite that one.
-        Raises when the session already ended (the range may be another's now)."""
+        Raises _NotWritten when the session already ended (the range may be another's now)."""
         token = next_pin_token()
         self.pins.add(token)  # pin first, then check: a close either sees the pin or is seen
         try:
             if self.state is not None:
-                raise Error(f"session unusable: {self.unusable_reason()}")
+                raise _NotWritten(f"the session ended before the value was written: {self.unusable_reason()}")
             yield
         finally:
             self.unpin(token)
@@ -821,6 +827,11 @@ class Client:
                     r, retried = self._put_end(s, "PutEnd", encode_fields(PutEndRequest(None, k, put_id, copies)))
                 if retried and r.code == _INVALID:
                     raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
+            except _NotWritten as e:
+                if redo:
+                    raise Unavailable(f"put {k!r} (put_id {put_id}): not stored: {e}") from None
+                self._stats["put_redos"] += 1
+                continue
             except _OutcomeUnknown as e:
                 if reject or redo:
                     raise Unavailable(f"put {k!r} (put_id {put_id}): the outcome is unknown: {e}") from None
@@ -941,17 +952,27 @@ class Client:
     def _put_wave(self, prepared: list, parents: list, idx: list, opts: PutOptions, errors: list) -> None:
         """Put prepared[i] (under parents[i]) for i in idx as one wave; items whose outcome
         became unknown are redone once as a new wave without reject_if_exists, reported
-        Unavailable with it."""
+        Unavailable with it; items whose session ended before they were written
+        (_NotWritten) are redone once either way."""
         for redo in (False, True):
             unknown = self._put_wave_once(prepared, parents, idx, opts, errors)
             if not unknown:
                 return
-            if opts.reject_if_exists or redo:
-                for i in unknown:
-                    errors[i] = Unavailable(f"key {prepared[i][0]!r}: the outcome is unknown: {errors[i]}")
+            again = []
+            for i in unknown:
+                e = errors[i]
+                if isinstance(e, _NotWritten) and not redo:
+                    again.append(i)
+                elif isinstance(e, _NotWritten):
+                    errors[i] = Unavailable(f"key {prepared[i][0]!r}: not stored: {e}")
+                elif opts.reject_if_exists or redo:
+                    errors[i] = Unavailable(f"key {prepared[i][0]!r}: the outcome is unknown: {e}")
+                else:
+                    again.append(i)
+            if not again:
                 return
-            self._stats["put_redos"] += len(unknown)
-            idx = unknown
+            self._stats["put_redos"] += len(again)
+            idx = again
 
     def _put_wave_once(self, prepared: list, parents: list, idx: list, opts: PutOptions, errors: list) -> list:
         """One BatchPutStart, the copies, one BatchPutEnd (resent on the same session after a
@@ -1085,13 +1106,24 @@ class Client:
             copies[j] = [AreaCopy(0, off, n)]
         return copies
 
-    def batch_get(self, keys) -> list:
-        """One holder (or None for a miss) per key. Any other per-key error releases the
-        holders obtained and raises."""
+    def batch_get(self, keys, errors: list | None = None) -> list:
+        """One holder (or None for a miss) per key, MAX_BATCH keys per call (each call with
+        its own recovery, as :meth:`get`'s). A key that failed on its own (NO_SPACE: its
+        target did not fit the pool; UNAVAILABLE: its source failed) releases the holders
+        obtained and raises, unless ``errors`` is a list: then that key answers None, the
+        keys served keep their holders, and (index, exception) of each such key is appended
+        to ``errors``. A failed call raises either way, the holders obtained released."""
         ks = [_norm_key(k) for k in keys]
-        if not ks:
-            return []
-        return self._run(_batch_get_once, ks)
+        out: list = []
+        try:
+            for base, chunk in _chunks(ks):
+                out += self._run(_batch_get_once, chunk, base, errors)
+        except BaseException:
+            for h in out:
+                if h is not None:
+                    h.release()
+            raise
+        return out
 
     def batch_exists(self, keys, prefix: bool = False, pin_ms: int = 0):
         """Without ``prefix``: one bool per key (present or not). With ``prefix`` (the keys
@@ -1120,11 +1152,20 @@ class Client:
             return 0 if prefix else []
         if prefix:
             return self._run(_prefix_count, ks, pin)
-        return self._run(_batch_flags, ks, "BatchExists", _dec_batch_exists)
+        return self._batch_flags(ks, "BatchExists", _dec_batch_exists)
 
     def batch_delete(self, keys) -> list:
-        ks = [_norm_key(k) for k in keys]
-        return self._run(_batch_flags, ks, "BatchDelete", _dec_batch_delete) if ks else []
+        """One flag per key: deleted (True) or absent (False), MAX_BATCH keys per call, each
+        call with its own recovery (a retried call, after a lost reply, may answer False for
+        a key it deleted). A key the owner could not delete raises, as :meth:`delete`: the
+        keys of its call may or may not be deleted."""
+        return self._batch_flags([_norm_key(k) for k in keys], "BatchDelete", _dec_batch_delete)
+
+    def _batch_flags(self, ks: list, method: str, decode) -> list:
+        out: list = []
+        for _, chunk in _chunks(ks):
+            out += self._run(_batch_flags, chunk, method, decode)
+        return out
 
     def delete_namespace(self, namespace) -> int:
         """Delete every key of ``namespace`` cluster-wide and return how many existed. A key's
@@ -1359,8 +1400,10 @@ def _check_count(name: str, results, want: int):
     return results
 
 
-def _batch_get_once(s: _Session, ks: list) -> list:
+def _batch_get_once(s: _Session, ks: list, base: int = 0, errors: list | None = None) -> list:
+    """BatchGet of ks (keys base.. of the caller's); see Client.batch_get for ``errors``."""
     out: list = []
+    failed: list = []
     try:
         for _, chunk in _chunks(ks):
             code, message, results, _ = s.call("BatchGet", encode_fields(BatchKeysRequest(None, chunk)), _dec_batch_get)
@@ -1380,6 +1423,9 @@ def _batch_get_once(s: _Session, ks: list) -> list:
                         out.append(_holder(s, chunk[i], res))  # (a holder it refuses, it releases)
                     elif c == _KEY_NOT_FOUND:
                         out.append(None)
+                    elif errors is not None:
+                        failed.append((base + len(out), error_for(c, f"key {chunk[i]!r}: {res[_G_MSG] or ''}")))
+                        out.append(None)
                     else:
                         raise error_for(c, f"key {chunk[i]!r}: {res[_G_MSG] or ''}")
             except BaseException:
@@ -1392,6 +1438,8 @@ def _batch_get_once(s: _Session, ks: list) -> list:
             if h is not None:
                 h.release()
         raise
+    if failed:
+        errors.extend(failed)
     return out
 
 
@@ -1414,16 +1462,14 @@ def _batch_flags(s: _Session, ks: list, method: str, decode) -> list:
     return out
 
 
-# A prefix lookup's count ends at a key that is absent, or that the owner could not pin.
-_ENDS_PREFIX = (ErrorCode.KEY_NOT_FOUND, ErrorCode.NO_SPACE)
-
-
 def _prefix_count(s: _Session, ks: list, pin_ms: int) -> int:
     """BatchExists with prefix: the count of leading keys present, the owner evaluating each
     chunk of MAX_BATCH keys in one call; a chunk is sent only when every key before it was
     present. The count is the response's ``found`` when the owner stopped early (results
     shorter than the keys) or counted something; else the leading present results (an
-    owner that answers every key and leaves ``found`` out)."""
+    owner that answers every key and leaves ``found`` out). The key that ended the count
+    may have failed (absent, unpinnable, its pull or refill failed, the master out of
+    reach): the count is what was found before it, as the Go and C++ clients answer."""
     total = 0
     for _, chunk in _chunks(ks):
         req = BatchExistsRequest(None, chunk, True, pin_ms if pin_ms > 0 else None)
@@ -1441,11 +1487,6 @@ def _prefix_count(s: _Session, ks: list, pin_ms: int) -> int:
         n = found if (len(results) < len(chunk) or found > 0) else lead
         if n < 0 or n > len(chunk) or n > len(results):
             raise Error(f"BatchExists: found {found} of {len(chunk)} keys with {len(results)} results", ErrorCode.INTERNAL)
-        if n < len(results):
-            res = results[n]  # the key that ended the count: absent, unpinnable, or failed
-            c = res[_E_CODE]
-            if c != _OK and c not in _ENDS_PREFIX:
-                raise error_for(c, f"key {chunk[n]!r}: {res[_E_MSG] or ''}")
         total += n
         if n < len(chunk):
             break

@@ -41,10 +41,10 @@ def check_value(c: fluxkv.Client, key: str, n: int) -> int:
         return h.put_id
 
 
-def drop_reply(monkeypatch, method: str, times: int = 1, before=None) -> list:
-    """Lose the reply of the next ``times`` calls to ``method`` as a timed-out call loses it (the
-    owner acted on the call, the connection is closed with its answer unread); returns the list
-    of drops."""
+def drop_reply(monkeypatch, method: str, times: int = 1, before=None, skip: int = 0) -> list:
+    """Lose the reply of the next ``times`` calls to ``method`` (after ``skip`` answered ones) as a
+    timed-out call loses it (the owner acted on the call, the connection is closed with its answer
+    unread); returns the list of drops."""
     orig = _wire.RPCConnection.call
     orig_read = _wire.RPCConnection._read_frame
     dropped: list = []
@@ -53,8 +53,12 @@ def drop_reply(monkeypatch, method: str, times: int = 1, before=None) -> list:
         select.select([sock], [], [], 10)  # the answer arrived...
         return b""
 
+    passed = [0]
+
     def call(self, name, session, rest):
-        if name == method and len(dropped) < times:
+        if name == method and passed[0] < skip:
+            passed[0] += 1
+        elif name == method and len(dropped) < times:
             dropped.append(method)
             monkeypatch.setattr(_wire.RPCConnection, "_read_frame", unread)
             try:
@@ -180,6 +184,49 @@ def test_lost_get_reply_is_retried(client, monkeypatch):
         # The retry's holder only: the owner released the one the lost reply named.
         assert eventually(lambda: client.stat()["client_holders"] == 1)
     assert client._stats["retries"] == 1
+
+
+def test_lost_batch_delete_reply_retries_its_call_only(client, monkeypatch):
+    """A batch delete of several calls whose second reply was lost sends that call again,
+    not the whole batch: the keys the first call deleted answer True (retried from the
+    first call, the whole batch answered absent)."""
+    monkeypatch.setattr(fc, "BATCH_CHUNK", 2)
+    keys = [f"bd/{i}" for i in range(4)]
+    for k in keys:
+        client.put(k, b"v")
+    dropped = drop_reply(monkeypatch, "BatchDelete", skip=1)
+    got = client.batch_delete(keys)
+    assert dropped == ["BatchDelete"] and client._stats["retries"] == 1
+    assert got[:2] == [True, True], got  # the retry may answer its own keys absent
+    assert client.batch_exists(keys) == [False] * 4
+
+
+@pytest.mark.parametrize("batch", [False, True])
+@pytest.mark.parametrize("reject", [False, True])
+def test_put_whose_session_was_replaced_before_its_write_is_redone(client, monkeypatch, batch, reject):
+    """Another thread replaced the session (the owner restarted, it saw STALE_GENERATION)
+    between a put's start and its write: the owner revoked the put with the session, so
+    nothing was stored; the put is redone on the new session, with reject_if_exists too
+    (it was answered a bare Error)."""
+    orig = fc._settle_area
+    replaced: list = []
+
+    def settle(s):
+        if not replaced:
+            replaced.append(s)
+            client._renew(s)
+        return orig(s)
+
+    monkeypatch.setattr(fc, "_settle_area", settle)
+    v = pattern("sr", 0, 10_000)
+    if batch:
+        client.batch_put([("sr", v), ("sr2", v)], reject_if_exists=reject)
+    else:
+        client.put("sr", v, reject_if_exists=reject)
+    assert len(replaced) == 1 and replaced[0] is not client._s
+    assert client._stats["put_redos"] == (2 if batch else 1)
+    with client.get("sr") as h:
+        assert h.bytes() == v
 
 
 def test_batch_put_larger_than_segment_goes_in_waves(cluster):

@@ -166,6 +166,39 @@ def test_not_a_page_is_refused(store, client):
         lenient.get_pages(["plain"])
 
 
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_a_page_failing_alone_leaves_the_others_loaded(client, monkeypatch, fail_open):
+    """A page of a batch get that failed alone (the owner answered it NO_SPACE: its target
+    did not fit the pool) is a miss when failing open, and the pages served are loaded
+    (the whole batch answered as missed); without failing open, the load raises it."""
+    st = kv.PageStore(client, kv.namespace("test-model", dtype="float32"), layout="LHD", fail_open=fail_open)
+    ps = pages(3)
+    hashes = ["fa0", "fa1", "fa2"]
+    assert st.put_pages(hashes, ps) == [True] * 3
+    orig = client.batch_get
+
+    def last_fails(keys, errors=None):
+        hs = orig(keys, errors=errors)
+        hs[-1].release()
+        hs[-1] = None
+        if errors is None:
+            raise AssertionError("the page store asked for a batch get that fails every key with one")
+        errors.append((len(keys) - 1, fluxkv.NoSpace(f"key {keys[-1]!r}: does not fit")))
+        return hs
+
+    monkeypatch.setattr(client, "batch_get", last_fails)
+    dest = [torch.zeros_like(p) for p in ps]
+    if not fail_open:
+        with pytest.raises(fluxkv.NoSpace, match="fa2"):
+            st.get_pages_into(hashes, dest)
+        return
+    assert st.get_pages_into(hashes, dest) == [True, True, False]
+    assert raw(dest[0]) == raw(ps[0]) and raw(dest[1]) == raw(ps[1]) and not dest[2].any()
+    views = st.get_pages(hashes)
+    assert [v is not None for v in views] == [True, True, False]
+    assert st.stats()["errors"] == 2
+
+
 def test_malformed_headers_are_refused(store, client):
     """A header is never trusted for sizes: one whose payload length disagrees with its dtype x
     shape (written by a bad writer: any process of the node may put any key) is refused

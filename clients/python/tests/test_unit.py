@@ -481,6 +481,42 @@ def test_batch_get_malformed_or_refused_reply_gives_its_holders_back(segment, co
     assert sorted(s.acks) == list(range(1, n + 1))
 
 
+@pytest.mark.parametrize("collect", [False, True])
+def test_batch_get_key_failing_alone(segment, collect):
+    """A key of a BatchGet that failed alone (NO_SPACE: its target did not fit the pool):
+    without ``errors`` the call raises and gives back every holder it granted; with it, the
+    key answers None, the keys served keep their holders, and the failure is named with
+    its index (base + position)."""
+    from fluxkv import client as fc
+    from fluxkv._codec import GET
+
+    def item(code, hid):
+        t = [None] * len(GET.index)
+        t[fc._G_CODE], t[fc._G_HID], t[fc._G_OFF], t[fc._G_LEN] = code, hid, 64 * hid, 64
+        t[fc._G_SRC], t[fc._G_PID], t[fc._G_REMOTE] = 1, 10, False
+        t[fc._G_MSG] = "" if code == ErrorCode.OK else "does not fit"
+        return tuple(t)
+
+    class Replying(StandInSession):
+        def call(self, method, rest, decode):
+            return ErrorCode.OK, "", [item(ErrorCode.OK, 1), item(ErrorCode.NO_SPACE, 0), item(ErrorCode.OK, 2)], None
+
+    s = Replying(segment)
+    if not collect:
+        with pytest.raises(fluxkv.NoSpace, match="'b'"):
+            fc._batch_get_once(s, ["a", "b", "c"])
+        assert sorted(s.acks) == [1, 2]
+        return
+    errors: list = []
+    hs = fc._batch_get_once(s, ["a", "b", "c"], 10, errors)
+    assert [h is not None for h in hs] == [True, False, True] and not s.acks
+    assert [(i, type(e)) for i, e in errors] == [(11, fluxkv.NoSpace)]
+    for h in hs:
+        if h is not None:
+            h.release()
+    assert sorted(s.acks) == [1, 2]
+
+
 def test_holder_release_without_views_acks_once(segment):
     s = StandInSession(segment)
     h = _holder(s)

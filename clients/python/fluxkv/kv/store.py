@@ -265,8 +265,23 @@ class PageStore:
         except (Error, OSError) as e:
             _log.debug("fluxkv page store %s: deleting %d pages without a CRC-32 failed: %s", self.namespace, len(ks), e)
 
+    def _batch_get(self, c, ks: list) -> list:
+        """c.batch_get(ks), keeping the pages served when some keys fail on their own (a
+        target that did not fit the pool, a failed pull): failing open, those answer as
+        misses (counted and logged as failures); else the first raises."""
+        errors: list = []
+        holders = c.batch_get(ks, errors=errors)
+        if errors:
+            if not self.fail_open:
+                for h in holders:
+                    if h is not None:
+                        h.release()
+                raise errors[0][1]
+            self._failed(errors[0][1], f"getting {len(errors)} of {len(ks)} pages")
+        return holders
+
     def _load_into(self, c, ks: list, bufs: list) -> list:
-        holders = c.batch_get(ks)
+        holders = self._batch_get(c, ks)
         unchecked = []
         try:
             headers = []
@@ -314,7 +329,7 @@ class PageStore:
         return out
 
     def _views(self, c, ks: list, numpy: bool) -> list:
-        holders = c.batch_get(ks)
+        holders = self._batch_get(c, ks)
         views: list = []
         unchecked = []
         v = None
