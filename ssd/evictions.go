@@ -12,20 +12,23 @@ type Eviction struct {
 	Seq int64
 }
 
-// report queues evictions for the batcher; if the owner does not keep up they are
-// dropped and counted (Stats.DroppedEvictions). A dropped report leaves the master
-// routing gets to a gone record and counting the version as on SSD (with --ssd-admit
-// evict its memory copy then goes without a write-back): the owner drains Evictions
-// at once into a queue of its own, whatever its reports wait for.
+// report queues one allocation's evictions, together, for the batcher: however many
+// records one persist overwrote (a 24 MiB value over 1 KiB records: tens of thousands),
+// they take one place in the queue, so they are dropped only when the owner does not
+// keep up (and counted: Stats.DroppedEvictions; a review found a large persist's reports
+// dropped one by one past the queue's 8,192 entries while the owner kept up). A dropped
+// report leaves the master routing gets to a gone record and counting the version as on
+// SSD (with --ssd-admit evict its memory copy then goes without a write-back): the owner
+// drains Evictions at once into a queue of its own, whatever its reports wait for.
 func (s *Storage) report(evs []Eviction) {
-	for i, ev := range evs {
-		select {
-		case s.evq <- ev:
-		default:
-			if s.evDropped.Add(uint64(len(evs)-i)) == uint64(len(evs)-i) {
-				s.log.Warn().Msg("ssd: eviction queue full, dropping eviction reports (is Evictions() consumed?)")
-			}
-			return
+	if len(evs) == 0 {
+		return
+	}
+	select {
+	case s.evq <- evs:
+	default:
+		if s.evDropped.Add(uint64(len(evs))) == uint64(len(evs)) {
+			s.log.Warn().Msg("ssd: eviction queue full, dropping eviction reports (is Evictions() consumed?)")
 		}
 	}
 }
@@ -47,51 +50,65 @@ func (s *Storage) batchEvictions() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	flush := func() {
-		batch = s.Unrewritten(batch)
-		if len(batch) == 0 {
-			timer.Stop()
-			return
-		}
+	// flush sends what is batched, EvictionBatch entries per batch; it returns false when
+	// Close began meanwhile (what is left is batch's).
+	flush := func() bool {
 		timer.Stop()
-		select {
-		case s.evOut <- batch:
-			batch = nil
-		case <-s.evStop:
+		batch = s.Unrewritten(batch)
+		for len(batch) > 0 {
+			k := min(len(batch), s.opts.EvictionBatch)
+			select {
+			case s.evOut <- batch[:k:k]:
+				batch = batch[k:]
+			case <-s.evStop:
+				return false
+			}
 		}
+		batch = nil
+		return true
 	}
 	for {
 		select {
-		case ev := <-s.evq:
-			batch = append(batch, ev)
-			if len(batch) == 1 {
+		case evs := <-s.evq:
+			if len(batch) == 0 {
 				timer.Reset(s.opts.EvictionDelay)
 			}
-			if len(batch) >= s.opts.EvictionBatch {
-				flush()
+			batch = append(batch, evs...)
+			if len(batch) >= s.opts.EvictionBatch && !flush() {
+				s.closeEvictions(batch)
+				return
 			}
 		case <-timer.C:
-			flush()
+			if !flush() {
+				s.closeEvictions(batch)
+				return
+			}
 		case <-s.evStop:
-		drain:
-			for {
-				select {
-				case ev := <-s.evq:
-					batch = append(batch, ev)
-				default:
-					break drain
-				}
-			}
-			for len(batch) > 0 {
-				k := min(len(batch), s.opts.EvictionBatch)
-				select {
-				case s.evOut <- batch[:k:k]:
-					batch = batch[k:]
-				default:
-					s.evDropped.Add(uint64(len(batch)))
-					batch = nil
-				}
-			}
+			s.closeEvictions(batch)
+			return
+		}
+	}
+}
+
+// closeEvictions hands the consumer, at Close, what batch holds and the queue still
+// has, as far as evOut takes it without waiting; the rest is counted dropped.
+func (s *Storage) closeEvictions(batch []Eviction) {
+drain:
+	for {
+		select {
+		case evs := <-s.evq:
+			batch = append(batch, evs...)
+		default:
+			break drain
+		}
+	}
+	for len(batch) > 0 {
+		k := min(len(batch), s.opts.EvictionBatch)
+		select {
+		case s.evOut <- batch[:k:k]:
+			batch = batch[k:]
+		default:
+			s.evDropped.Add(uint64(len(batch)))
 			return
 		}
 	}

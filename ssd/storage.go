@@ -38,7 +38,7 @@ type Storage struct {
 	budgetCtx    context.Context     // cancelled when Close begins
 	budgetCancel context.CancelFunc
 
-	evq       chan Eviction   // to the batcher; full → dropped and counted
+	evq       chan []Eviction // to the batcher, one allocation's together; full → dropped and counted
 	evOut     chan []Eviction // batches for the owner
 	evStop    chan struct{}
 	evDone    chan struct{}
@@ -63,7 +63,7 @@ func Open(opts Options) (_ *Storage, err error) {
 		log:     opts.Logger.With().Str("component", "ssd").Logger(),
 		index:   make(map[string]*entry),
 		closing: make(chan struct{}),
-		evq:     make(chan Eviction, 32*opts.EvictionBatch),
+		evq:     make(chan []Eviction, 32*opts.EvictionBatch),
 		evOut:   make(chan []Eviction, 64),
 		evStop:  make(chan struct{}),
 		evDone:  make(chan struct{}),
