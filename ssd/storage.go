@@ -604,16 +604,12 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 		s.mu.Unlock()
 		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ErrNotFound)
 	}
-	d := e.shard.dev
+	slot := &readerSlot{ch: e.shard.dev.readSlots}
 	s.mu.Unlock()
-	select { // the device's reader queue
-	case d.readSlots <- struct{}{}:
-	case <-s.closing:
-		return ErrClosed
-	case <-ctx.Done():
-		return fmt.Errorf("ssd load %q put %d: %w", key, putID, ctx.Err())
+	if err := slot.take(ctx, s.closing); err != nil { // the device's reader queue
+		return fmt.Errorf("ssd load %q put %d: %w", key, putID, err)
 	}
-	defer func() { <-d.readSlots }()
+	defer slot.release()
 
 	// While the load waited for the queue, a refresh may have rewritten the version
 	// and the tail passed the record found above: read the rewrite (a few times at
@@ -639,7 +635,37 @@ func (s *Storage) load(ctx context.Context, key string, putID int64, n int64, in
 	if e.length != n {
 		return fmt.Errorf("ssd load %q put %d: stored %d bytes, asked for %d", key, putID, e.length, n)
 	}
-	return s.readChunks(ctx, e, n, into, &pinned)
+	return s.readChunks(ctx, e, n, into, &pinned, slot)
+}
+
+// readerSlot is a load's place in its device's reader queue (device.readSlots): taken
+// to read, given back while the load waits for a buffer (so that a consumer slow to free
+// one holds no other load of the device: a local refill queued behind staged loads
+// waited for their staging slots, a review).
+type readerSlot struct {
+	ch   chan struct{}
+	held bool
+}
+
+// take waits for a place in the queue: an error when ctx ends (its cause) or the
+// storage closes (ErrClosed).
+func (r *readerSlot) take(ctx context.Context, closing <-chan struct{}) error {
+	select {
+	case r.ch <- struct{}{}:
+		r.held = true
+		return nil
+	case <-closing:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *readerSlot) release() {
+	if r.held {
+		<-r.ch
+		r.held = false
+	}
 }
 
 // maxRepins is how many rewrites of its version a load follows before it gives up
@@ -713,7 +739,7 @@ const headerTag = -1
 // readChunks runs one load: the value's chunks, the first one read together with the
 // record header (unless SkipVerify) in one vectored IO, delivered in order once the
 // header checked out.
-func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkDest, pinned *bool) error {
+func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkDest, pinned *bool, slot *readerSlot) error {
 	sh := e.shard
 	start := sh.fileOffset(e)
 	base := start + headerSize(len(e.key)) // the value's first byte
@@ -780,18 +806,25 @@ func (s *Storage) readChunks(ctx context.Context, e *entry, n int64, into chunkD
 				break
 			}
 			// Nothing in flight and no buffer free: wait for one, without the read pin
-			// (*pinned false meanwhile): a consumer that pulls slowly, or not at all, must
-			// not hold the ring's writers, which wait BusyWait for a pinned entry and then
-			// fail. The pin is taken again before the next read; an entry overwritten or
-			// dropped meanwhile ends the load (what was delivered was read pinned).
+			// (*pinned false meanwhile) or the reader slot: a consumer that pulls slowly, or
+			// not at all, must not hold the ring's writers, which wait BusyWait for a
+			// pinned entry and then fail, nor the device's other loads. Slot and pin are
+			// taken again before the next read; an entry overwritten or dropped meanwhile
+			// ends the load (what was delivered was read pinned).
 			s.unpinReading(e)
 			*pinned = false
+			slot.release()
 			select {
 			case <-into.freed:
 			case <-ctx.Done():
 				firstErr = fmt.Errorf("ssd load %q put %d: waiting for a buffer: %w", e.key, e.putID, ctx.Err())
 			case <-s.closing:
 				firstErr = ErrClosed
+			}
+			if firstErr == nil {
+				if err := slot.take(ctx, s.closing); err != nil {
+					firstErr = fmt.Errorf("ssd load %q put %d: waiting for the device's reader queue: %w", e.key, e.putID, err)
+				}
 			}
 			if firstErr == nil {
 				if !s.pinReading(e.key, e) {

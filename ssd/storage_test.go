@@ -883,6 +883,50 @@ func TestLoadStaged(t *testing.T) {
 	})
 }
 
+// TestStagedLoadWaitingForABufferHoldsNoReaderSlot: a staged load whose consumer has no
+// buffer free gives its device's reader slot back while it waits, so a local load of the
+// device queues behind no such wait (a review: a refill waited for the staged load's
+// whole deadline).
+func TestStagedLoadWaitingForABufferHoldsNoReaderSlot(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind string) {
+		checkLeaks(t)
+		const chunk, n = 8192, 4 * 8192
+		s := openTest(t, kind, 64<<20, func(o *Options) { o.ReadInflight = 1 })
+		persist(t, s, "a", 1, pattern("a", n))
+		want := pattern("b", 5000)
+		persist(t, s, "b", 1, want)
+		stuck := newTestSlots(1, chunk) // one buffer, never given back
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		delivered := make(chan struct{})
+		staged := make(chan error, 1)
+		go func() {
+			staged <- s.LoadStaged(ctx, "a", 1, n, chunk, 2, stuck, func(i int, _, _ int64, _ []byte) error {
+				if i == 0 {
+					close(delivered)
+				}
+				return nil
+			})
+		}()
+		<-delivered // the staged load holds its one buffer and waits for another
+		got := AllocAligned(AlignedLen(5000))
+		loaded := make(chan error, 1)
+		go func() { loaded <- s.LoadInto("b", 1, got, 5000) }()
+		select {
+		case err := <-loaded:
+			if err != nil || !bytes.Equal(got[:5000], want) {
+				t.Fatalf("LoadInto beside a staged load waiting for a buffer: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a load of the device waits behind a staged load waiting for a buffer")
+		}
+		cancel()
+		if err := <-staged; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the staged load: %v, want its context's end", err)
+		}
+	})
+}
+
 // TestRewriteOfOverwrittenRecordNotReported: a committed record the ring overwrites
 // just before its own put id is rewritten (the master's refresh; in one PersistMany
 // run the record before it takes the old record's room, or another writer did an
