@@ -352,17 +352,21 @@ func (o *Owner) Stop() error {
 		st := o.lock()
 		st.stopping = true
 		o.unlock()
-		if o.rpc != nil {
-			o.rpc.close() // joins the calls in progress (gets writing into the segment)
-		}
-		st = o.lock()
-		ss := make([]*session, 0, len(st.sessions))
-		for _, s := range st.sessions {
-			ss = append(ss, s)
-		}
-		o.unlock()
 		done := make(chan struct{})
 		go func() {
+			// The calls in progress (gets writing into the segment) are joined within
+			// the bound too: a get pulling from a slow peer held Stop for its transfer
+			// timeout before the bound began (a review); past the bound the puller is
+			// closed below, and its pull fails at once.
+			if o.rpc != nil {
+				o.rpc.close()
+			}
+			st := o.lock()
+			ss := make([]*session, 0, len(st.sessions))
+			for _, s := range st.sessions {
+				ss = append(ss, s)
+			}
+			o.unlock()
 			for _, s := range ss {
 				o.endSession(s, "owner shutting down")
 			}
