@@ -36,7 +36,7 @@ func startPeerServer(o *Owner, addr string) (*peerServer, error) {
 	// Every connection authenticates before Kitex reads a call from it (docs/architecture.md §11).
 	// A master's connection also proves it is one (masteronly.go).
 	ln := auth.Listener(raw, o.opts.Secrets, auth.PurposePeer,
-		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics, MasterCheck: check})
+		auth.ListenerOptions{Logger: o.opts.Logger, Metrics: o.opts.Metrics, MasterCheck: check, MaxPending: peerPendingHandshakes(nofileLimit())})
 	// and every frame is checked before Kitex decodes a byte of it (wire.GuardListener).
 	ln = wire.GuardListener(ln, wire.GuardOptions{Socket: auth.PurposePeer, FrameTimeout: o.opts.FrameTimeout,
 		Budget: o.peerFrames, Logger: o.opts.Logger, Metrics: o.opts.Metrics})
