@@ -58,8 +58,10 @@ func (o *Owner) finishPulled(key string, plan *mp.GetStartResponse, pre *prePull
 
 // batchSource is one source owner's share of a batch: its memory or its SSD.
 type batchSource struct {
-	node string
-	ssd  bool
+	node           string
+	gen            int64  // the source's registration (plans of two fail its fence apart)
+	data, peerAddr string // where its values are pulled and its staging asked for
+	ssd            bool
 }
 
 // pullBatch brings in, per source owner and tier (sources concurrently), the values of
@@ -79,11 +81,16 @@ func (o *Owner) pullBatch(keys []string, starts []startedGet, run []int) (pre []
 			p.TargetOffset > o.seg.Size()-p.Len || time.Since(starts[j].at) > planAge {
 			continue
 		}
+		// By registration and addresses too: a batch planned over several calls may name
+		// a source that registered again elsewhere between them (a review: its plans were
+		// all pulled from the first one's address).
+		src := batchSource{node: p.SourceNodeId, gen: p.SourceGeneration, data: p.SourceDataAddr, peerAddr: p.SourcePeerAddr}
 		switch {
 		case p.Source == common.Source_MEMORY:
-			groups[batchSource{p.SourceNodeId, false}] = append(groups[batchSource{p.SourceNodeId, false}], j)
+			groups[src] = append(groups[src], j)
 		case p.Source == common.Source_SSD && p.Len <= stageChunk:
-			groups[batchSource{p.SourceNodeId, true}] = append(groups[batchSource{p.SourceNodeId, true}], j)
+			src.ssd = true
+			groups[src] = append(groups[src], j)
 		}
 	}
 	for src, js := range groups {
