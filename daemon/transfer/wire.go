@@ -182,6 +182,9 @@ func appendResponse(b []byte, status byte, length int64, msg string) []byte {
 
 // parseResponseFixed checks the fixed part of a status header.
 func parseResponseFixed(h []byte) (status byte, length int64, msgLen int, err error) {
+	if len(h) < responseFixedLen {
+		return 0, 0, 0, fmt.Errorf("a reply header of %d bytes, want %d", len(h), responseFixedLen)
+	}
 	if string(h[:len(frameMagic)]) != frameMagic {
 		if string(h[:len(frameMagic)]) == "FXKA" {
 			return 0, 0, 0, errors.New("it requires cluster authentication and this node runs with --insecure-cluster: give it --cluster-secret-file")
