@@ -89,6 +89,7 @@ fuzz: build
 	FLUXKV_BIN=$(CURDIR)/$(BIN) $(GO) test ./daemon/ -run '^$$' -fuzz '^FuzzPeerFrames$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./protocol/wire/ -run '^$$' -fuzz '^FuzzCheckMessage$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./daemon/transfer/ -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./daemon/transfer/ -run '^$$' -fuzz '^FuzzReplyStream$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./protocol/auth/ -run '^$$' -fuzz '^FuzzServerHandshake$$' -fuzztime $(FUZZTIME)
 
 # gen: regenerate the committed Kitex (Go) and thrift (Python) code from protocol/*.thrift.
