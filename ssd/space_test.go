@@ -85,3 +85,25 @@ func TestCheckDirectIOLeavesAFullDiskToOpen(t *testing.T) {
 		t.Errorf("CheckDirectIO on a full disk: %v; want nil (left to Open)", err)
 	}
 }
+
+// TestProbeDirectIORefusesFourKiBSectors: a device of 4 KiB logical sectors (reads off a
+// 4 KiB granule fail EINVAL) is refused before the tier opens, with the reason: on kernels
+// before 6.1, which do not report direct IO's alignment, the tier opened and then failed
+// every read of a record at a 512-byte step (a review).
+func TestProbeDirectIORefusesFourKiBSectors(t *testing.T) {
+	dir := t.TempDir()
+	if err := ProbeDirectIO(dir); err != nil {
+		t.Skipf("no O_DIRECT under %s: %v", dir, err)
+	}
+	defer func(orig func(int, []byte, int64) (int, error)) { probePread = orig }(probePread)
+	probePread = func(fd int, p []byte, off int64) (int, error) {
+		if off%4096 != 0 || len(p)%4096 != 0 {
+			return 0, unix.EINVAL
+		}
+		return unix.Pread(fd, p, off)
+	}
+	opts := Options{Cluster: "c", InstanceKey: "n1", Paths: []string{filepath.Join(dir, "ssd")}, Limits: []int64{1 << 20}}
+	if err := CheckDirectIO(opts); err == nil || !strings.Contains(err.Error(), "4 KiB logical sectors") {
+		t.Fatalf("CheckDirectIO on a device of 4 KiB sectors: %v", err)
+	}
+}
