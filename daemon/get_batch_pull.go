@@ -312,15 +312,18 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 	}
 	close(answered)
 	watch.Wait() // the pulls ended: nothing writes the targets any more
+	var refused error // the call refused as a whole: each value fails with it
 	switch {
 	case err == nil && resp.Code == common.ErrorCode_OK && len(resp.Results) != len(js):
 		err = fmt.Errorf("it answered %d of %d values", len(resp.Results), len(js))
 	case err == nil && resp.Code != common.ErrorCode_OK:
-		err = fmt.Errorf("%s: %s", resp.Code, resp.Message)
+		refused = stageRefused("batch stage read", first.SourceNodeId, resp.Code, resp.Message)
 	}
 	for k, j := range js {
-		var answer error // nil, errRemoteSSD or unreachable
+		var answer error // nil, errRemoteSSD, errRemoteSSDNotNow or unreachable
 		switch {
+		case refused != nil:
+			answer = refused
 		case err != nil:
 			answer = fmt.Errorf("%w: batch stage read on node %q (%s): %v", transfer.ErrUnreachable, first.SourceNodeId, first.SourcePeerAddr, err)
 		case resp.Results[k] == nil:
@@ -328,7 +331,7 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 		case resp.Results[k].Code == common.ErrorCode_KEY_NOT_FOUND: // the read failed (stageAnswer)
 			answer = fmt.Errorf("%w: %s", errRemoteSSD, resp.Results[k].Message)
 		case resp.Results[k].Code != common.ErrorCode_OK:
-			answer = fmt.Errorf("%w: batch stage read on node %q: %s: %s", transfer.ErrUnreachable, first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
+			answer = stageRefused("batch stage read", first.SourceNodeId, resp.Results[k].Code, resp.Results[k].Message)
 		}
 		pre[j].err = refillOutcome(answer, pulls[k])
 	}

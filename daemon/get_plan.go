@@ -89,7 +89,7 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			if err := o.endGet(t); err != nil {
 				return nil, nil, err
 			}
-			if errors.Is(err, errRemoteSSD) {
+			if errors.Is(err, errRemoteSSD) || errors.Is(err, errRemoteSSDNotNow) {
 				failures++
 				o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("remote SSD refill failed; re-planning")
 				if failures >= maxSSDFailures {

@@ -30,6 +30,23 @@ func (o *Owner) pullRemote(key string, plan *mp.GetStartResponse) (*holding, err
 // revoked with drop_ssd_source and re-planned, as a local SSD failure is.
 var errRemoteSSD = errors.New("SSD read on the source owner failed")
 
+// errRemoteSSDNotNow marks a refill the source owner answered UNAVAILABLE: its read
+// could not run now and says nothing about the record (a refresh moved it, its staging
+// was full, its disk too slow for the deadline, it is stopping). The get is revoked,
+// keeping the replica, and re-planned as after a local read that failed (at most
+// maxSSDFailures times), the source not excluded nor reported failed: a key whose only
+// copy is on that owner's SSD failed UNAVAILABLE after one such answer (a review).
+var errRemoteSSDNotNow = errors.New("the source owner could not read the SSD value now")
+
+// stageRefused is the error of a stage read the source owner (node) answered code,
+// neither OK nor KEY_NOT_FOUND: errRemoteSSDNotNow for UNAVAILABLE, else unreachable.
+func stageRefused(what, node string, code common.ErrorCode, msg string) error {
+	if code == common.ErrorCode_UNAVAILABLE {
+		return fmt.Errorf("%w: %s on node %q: %s", errRemoteSSDNotNow, what, node, msg)
+	}
+	return fmt.Errorf("%w: %s on node %q: %s: %s", transfer.ErrUnreachable, what, node, code, msg)
+}
+
 // stageVerdictWait bounds the wait for the SSD owner's answer after a staged pull
 // failed: it says whether its read failed (drop the SSD replica) or not (exclude it).
 const stageVerdictWait = 500 * time.Millisecond
@@ -56,7 +73,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 		o.revokePlan(key, plan, false, err)
 		return nil, err
 	}
-	verdict := make(chan error, 1) // the SSD owner's answer: nil, errRemoteSSD or unreachable
+	verdict := make(chan error, 1) // the SSD owner's answer: nil, errRemoteSSD, errRemoteSSDNotNow or unreachable
 	go func() {
 		resp, err := c.SsdStageRead(ctx, &peer.SsdStageReadRequest{Key: key, PutId: plan.PutId, GetId: plan.GetId,
 			TargetNodeId: o.opts.NodeID, TargetDataAddr: o.dataAddr, TargetOffset: plan.TargetOffset, Len: plan.Len,
@@ -67,7 +84,7 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 		case resp.Code == common.ErrorCode_KEY_NOT_FOUND: // the read failed (stageAnswer)
 			err = fmt.Errorf("%w: %s", errRemoteSSD, resp.Message)
 		case resp.Code != common.ErrorCode_OK:
-			err = fmt.Errorf("%w: stage read on node %q: %s: %s", transfer.ErrUnreachable, plan.SourceNodeId, resp.Code, resp.Message)
+			err = stageRefused("stage read", plan.SourceNodeId, resp.Code, resp.Message)
 		}
 		if err != nil {
 			// The get fails with this answer whatever its pulls do (a refused call's
@@ -107,13 +124,15 @@ func (o *Owner) refillRemote(key string, plan *mp.GetStartResponse, t *getTarget
 
 // refillOutcome is a remote SSD refill's outcome for one value from the source's answer
 // and this owner's pull (nil: the value landed and its bytes were verified). A read
-// that failed at the source decides (the SSD replica is dropped); else a pull that
+// that failed at the source decides (the SSD replica is dropped), as does one it could
+// not run now (the source is alive: its answer came; the pulls failed because its
+// session ended, or ran out of time with it); else a pull that
 // failed does, except one cancelled because the answer failed, which says why. A pull
 // that failed never ends as a success: the source counts a chunk served once its send
 // ended, so it may answer OK for bytes a cancelled pull never took in.
 func refillOutcome(answer, pull error) error {
 	switch {
-	case pull == nil || errors.Is(answer, errRemoteSSD):
+	case pull == nil || errors.Is(answer, errRemoteSSD) || errors.Is(answer, errRemoteSSDNotNow):
 		return answer
 	case !errors.Is(pull, context.Canceled):
 		return pull

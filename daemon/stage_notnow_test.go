@@ -1,0 +1,93 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cloudwego/kitex/pkg/endpoint"
+	"github.com/cloudwego/kitex/server"
+
+	"github.com/fluxkv/fluxkv/master"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
+	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
+)
+
+// stageNotNow answers the next n stage reads (one or a batch) UNAVAILABLE, as an owner
+// whose record a refresh moved answers, without reading.
+func stageNotNow(n *atomic.Int64) []server.Option {
+	return []server.Option{server.WithMiddleware(func(next endpoint.Endpoint) endpoint.Endpoint {
+		return func(ctx context.Context, req, resp any) error {
+			switch r := resp.(type) {
+			case *peer.PeerServiceSsdStageReadResult:
+				if n.Add(-1) >= 0 {
+					r.Success = &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "rewritten while the load waited (moved)"}
+					return nil
+				}
+			case *peer.PeerServiceBatchSsdStageReadResult:
+				if n.Add(-1) >= 0 {
+					items := req.(*peer.PeerServiceBatchSsdStageReadArgs).Req.Items
+					out := &peer.BatchSsdStageReadResponse{Code: common.ErrorCode_OK}
+					for range items {
+						out.Results = append(out.Results, &peer.SsdStageReadResponse{Code: common.ErrorCode_UNAVAILABLE, Message: "moved"})
+					}
+					r.Success = out
+					return nil
+				}
+			}
+			return next(ctx, req, resp)
+		}
+	})}
+}
+
+// TestRemoteRefillNotNowPlansAgain: an owner whose SSD holds the only copy answers a
+// stage read UNAVAILABLE (it could not read now: a refresh moved the record); the
+// requester plans the get again, that owner not excluded nor reported failed, and
+// serves the value from it (a review: the get failed, "every replica on an excluded
+// node"). A lone get and a batch's.
+func TestRemoteRefillNotNowPlansAgain(t *testing.T) {
+	t.Parallel()
+	var notNow atomic.Int64
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true},
+		func(o *Options) { o.testPeerServerOpts = stageNotNow(&notNow) })
+	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
+	var keys []string
+	for i := range 6 {
+		k := fmt.Sprintf("page-%d", i)
+		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	for i := range 12 { // 3x n1's DRAM: the pages are on its SSD only
+		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPersisted(t)
+	notNow.Store(1)
+	h, err := c2.Get(keys[0])
+	if err != nil {
+		t.Fatalf("a lone get whose stage read was answered UNAVAILABLE once: %v", err)
+	}
+	if !bytes.Equal(h.Bytes(), value(0, 64<<10)) || notNow.Load() >= 0 {
+		t.Fatalf("lone get: bytes equal %v, answers left %d (want one taken)", bytes.Equal(h.Bytes(), value(0, 64<<10)), notNow.Load())
+	}
+	h.Release()
+	notNow.Store(1)
+	hs, errs, err := c2.BatchGet(keys[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hs {
+		if errs[i] != nil || h == nil || !bytes.Equal(h.Bytes(), value(i+1, 64<<10+i+1)) {
+			t.Fatalf("%s of a batch whose stage read was answered UNAVAILABLE once: %v", keys[i+1], errs[i])
+		}
+		h.Release()
+	}
+	if notNow.Load() >= 0 {
+		t.Fatal("the batch made no stage read (the test's premise)")
+	}
+}
