@@ -312,6 +312,7 @@ func (o *Owner) refillGroup(keys []string, starts []startedGet, js []int, pre []
 	}
 	close(answered)
 	watch.Wait() // the pulls ended: nothing writes the targets any more
+
 	var refused error // the call refused as a whole: each value fails with it
 	switch {
 	case err == nil && resp.Code == common.ErrorCode_OK && len(resp.Results) != len(js):
