@@ -52,8 +52,8 @@ class FluxkvPages:
         self._places: dict = {}  # key -> place of the holder batch_get returned, for load's prefix
         inner = client.batch_get
 
-        def batch_get(keys):
-            holders = inner(keys)
+        def batch_get(keys, **kw):
+            holders = inner(keys, **kw)
             for k, h in zip(keys, holders):
                 if h is not None:
                     self._places[k] = _source_key(h.source, getattr(h, "remote", None))
