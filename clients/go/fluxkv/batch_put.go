@@ -119,7 +119,8 @@ func waveLen(items []PutItem, budget int64) int {
 }
 
 // putWave puts items[lo:hi], filling errs; items whose outcome became unknown are redone
-// once (without RejectIfExists) as a new wave on the current session.
+// once (without RejectIfExists) as a new wave on the current session, and so are items
+// not ended because their session ended (errNotWritten, with RejectIfExists too).
 func (c *Client) putWave(items []PutItem, lo, hi int, opts PutOptions, errs []error) {
 	idx := make([]int, 0, hi-lo)
 	for i := lo; i < hi; i++ {
@@ -127,17 +128,16 @@ func (c *Client) putWave(items []PutItem, lo, hi int, opts PutOptions, errs []er
 	}
 	for redo := 0; len(idx) > 0; redo++ {
 		unknown := c.putWaveOnce(items, idx, opts, errs)
-		if len(unknown) == 0 {
-			return
-		}
-		if opts.RejectIfExists || redo > 0 {
-			for _, i := range unknown {
+		var again []int
+		for _, i := range unknown {
+			if redo > 0 || (opts.RejectIfExists && !errors.Is(errs[i], errNotWritten)) {
 				errs[i] = fmt.Errorf("%w: put %q: %v", ErrUnavailable, items[i].Key, errs[i])
+				continue
 			}
-			return
+			again = append(again, i)
 		}
-		c.stats.putRedos.Add(int64(len(unknown)))
-		idx = unknown
+		c.stats.putRedos.Add(int64(len(again)))
+		idx = again
 	}
 }
 
@@ -179,14 +179,14 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		}
 		ok = append(ok, j)
 	}
-	if len(ok) > 0 && !c.use(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
+	if len(ok) > 0 && !c.useLive(a) { // a re-attach retired a meanwhile (its session, and the puts, are gone), or Close ran
 		closed := c.isClosed()
 		for _, j := range ok {
 			if closed {
 				errs[idx[j]] = ErrClosed
 				continue
 			}
-			errs[idx[j]] = fmt.Errorf("%w: the session ended before the value was written", errOutcomeUnknown)
+			errs[idx[j]] = errNotWritten
 			unknown = append(unknown, idx[j])
 		}
 		return unknown
@@ -218,13 +218,16 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 		i, res := idx[j], r.Results[j]
 		if errs[i] = werrs[j]; errs[i] != nil {
 			c.abort(a, []*external.PutEndItem{{Key: items[i].Key, PutId: res.PutId}})
+			if errors.Is(errs[i], errNotWritten) { // a streamed part's PutWrite found the session gone
+				unknown = append(unknown, i)
+			}
 			continue
 		}
 		ends = append(ends, &external.PutEndItem{Key: items[i].Key, PutId: res.PutId, Copies: copies[j]})
 		ended = append(ended, i)
 	}
 	if len(ends) == 0 {
-		return nil
+		return unknown
 	}
 	er, retried, err := putEnd(c, a, call{method: "BatchPutEnd", args: func(s *external.Session) thrift.FastCodec {
 		return &external.ExternalServiceBatchPutEndArgs{Req: &external.BatchPutEndRequest{Session: s, Items: ends}}
@@ -237,9 +240,9 @@ func (c *Client) putWaveOnce(items []PutItem, idx []int, opts PutOptions, errs [
 			errs[i] = err
 		}
 		if errors.Is(err, errOutcomeUnknown) {
-			return ended
+			return append(unknown, ended...)
 		}
-		return nil
+		return unknown
 	}
 	for j, i := range ended {
 		res := er.Results[j]

@@ -29,6 +29,10 @@ var (
 	ErrAlreadyExists   = wire.ErrAlreadyExists
 	ErrStaleGeneration = wire.ErrStaleGeneration
 	ErrUnavailable     = wire.ErrUnavailable
+	// ErrBusy and ErrInternal: the owner was too busy (BUSY), or failed in a way it did
+	// not expect (INTERNAL: its message says how).
+	ErrBusy     = wire.ErrBusy
+	ErrInternal = wire.ErrInternal
 	// ErrPermissionDenied: the owner does not admit this process (PERMISSION_DENIED),
 	// or the socket's permissions refused the connect (EACCES).
 	ErrPermissionDenied = wire.ErrPermissionDenied
@@ -118,7 +122,7 @@ type attachment struct {
 // where that is safe, a lost reply of a retry-safe call is retried on a fresh
 // connection, a lost PutEnd reply is retried on the same session (see PutWithID).
 // Holders of a previous incarnation keep viewing their old mapping until released (the
-// last one unmaps it) or Close; their Release sends nothing.
+// last one unmaps it, also after Close); their Release sends nothing.
 type Client struct {
 	opts Options
 
@@ -127,7 +131,7 @@ type Client struct {
 
 	mu       sync.Mutex // protects cur, old, releases, timerSet, relTimer, relFlights, relIdle, closed
 	cur      *attachment
-	old      []*attachment // previous incarnations still in use, unmapped by their last user or at Close
+	old      []*attachment // previous incarnations still in use, unmapped by their last user
 	releases []int64       // holder ids of cur waiting to ride on a call
 	timerSet bool          // relTimer is armed
 	relTimer *time.Timer   // sends releases no call carried within ReleaseDelay; reused
@@ -137,6 +141,10 @@ type Client struct {
 	// (a put, a get's target) that those releases were about to free.
 	relFlights int
 	relIdle    chan struct{}
+	// carrying holds a done channel per call in flight that carries releases (session):
+	// Flush waits for those it finds (their releases reach the owner, or come back to
+	// the queue), as the wire's rules ask of a call that depends on them.
+	carrying   map[chan struct{}]struct{}
 	relBackoff time.Duration // grows while the release timer's Flush fails; 0 after a success
 	closed     bool
 	closing    atomic.Bool // set with closed: the check a call makes before it dials, lock-free
@@ -173,14 +181,16 @@ func attach(opts Options) (*attachment, error) {
 	conn := c.(*net.UnixConn)
 	hello := &external.AttachHello{ProtocolVersion: external.PROTOCOL_VERSION, Name: opts.Name, Pid: int32(os.Getpid())}
 	conn.SetDeadline(time.Now().Add(opts.Timeout))
+	// An owner that accepts and drops the connection (stopping, out of file descriptors)
+	// or stalls is unavailable, as one that refuses the connect.
 	if err := shm.WriteFrame(conn, thrift.FastMarshal(hello)); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("attach hello: %w", err)
+		return nil, fmt.Errorf("%w: attach hello to %s: %w", ErrUnavailable, opts.Socket, err)
 	}
 	body, fds, err := shm.RecvFrameWithFds(conn, wire.MaxAttachFrameBytes)
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("attach reply: %w", err)
+		return nil, fmt.Errorf("%w: attach reply from %s: %w", ErrUnavailable, opts.Socket, err)
 	}
 	defer func() {
 		for _, fd := range fds {
@@ -269,10 +279,17 @@ func (a *attachment) unmap() {
 // use counts a user of a's mappings (a holder, a put writing into them); false when
 // they are gone (a was retired by reattach and had no user left) or the client is
 // closed.
-func (c *Client) use(a *attachment) bool {
+func (c *Client) use(a *attachment) bool { return c.useIf(a, false) }
+
+// useLive is use for a put about to write into a's mappings: false also when a was
+// retired (its session, and the put, are gone: the write would be wasted, and its
+// PutEnd refused).
+func (c *Client) useLive(a *attachment) bool { return c.useIf(a, true) }
+
+func (c *Client) useIf(a *attachment, live bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if a.unmapped || c.closed {
+	if a.unmapped || c.closed || (live && a.retired) {
 		return false
 	}
 	a.users++
@@ -442,7 +459,7 @@ func (c *Client) reattach(a *attachment) error {
 	if unmap {
 		a.unmapped = true // nothing views it: the dead owner's segment can go now
 	} else {
-		c.old = append(c.old, a) // unmapped by its last user, or at Close
+		c.old = append(c.old, a) // unmapped by its last user
 	}
 	c.cur = n
 	c.releases = nil // the old owner's holders are gone with it
@@ -464,7 +481,13 @@ func (c *Client) session(a *attachment, rc *rpcConn) (*external.Session, error) 
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
+	rc.carrying = nil
 	if a == c.cur && len(c.releases) > 0 {
+		rc.carrying = make(chan struct{})
+		if c.carrying == nil {
+			c.carrying = make(map[chan struct{}]struct{})
+		}
+		c.carrying[rc.carrying] = struct{}{}
 		k := min(len(c.releases), wire.MaxReleasesPerCall)
 		rel = append(rel, c.releases[:k]...)
 		if k == len(c.releases) && cap(c.releases) <= wire.MaxReleasesPerCall {
@@ -484,6 +507,17 @@ func (c *Client) session(a *attachment, rc *rpcConn) (*external.Session, error) 
 		rc.sess.Releases = nil
 	}
 	return &rc.sess, nil
+}
+
+// carried ends a call that carried releases (session's done channel; nil: none).
+func (c *Client) carried(done chan struct{}) {
+	if done == nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.carrying, done)
+	c.mu.Unlock()
+	close(done)
 }
 
 // requeue puts back releases of a request that never reached the owner.
@@ -648,8 +682,13 @@ func invokeOn[R coded](c *Client, a *attachment, k call, res resultOf[R]) (R, er
 		rc.close()
 		return zero, err
 	}
-	if err := c.exchange(a, rc, k.method, k.build(s), res); err != nil {
+	carrying := rc.carrying // (rc goes back to the pool in exchange)
+	err = c.exchange(a, rc, k.method, k.build(s), res)
+	if err != nil {
 		c.requeue(s, a) // the owner may not have seen them: a repeated release is harmless
+	}
+	c.carried(carrying)
+	if err != nil {
 		return zero, err
 	}
 	if !res.IsSetSuccess() {

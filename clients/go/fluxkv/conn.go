@@ -35,6 +35,9 @@ type rpcConn struct {
 	// The Session of the call being sent and its releases (Client.session), reused.
 	sess external.Session
 	rel  []int64
+	// carrying is closed when the call carrying rel ended (Client.carried); nil when rel
+	// is empty.
+	carrying chan struct{}
 }
 
 // rpcReadBuffer is the read buffer of a connection: a get's reply is under 100 bytes, a

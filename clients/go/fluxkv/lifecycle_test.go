@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -428,5 +430,30 @@ func waitHolders(t *testing.T, c *Client, want int64) {
 			t.Fatalf("%d holders of this session, want %d", st.ClientHolders, want)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestConnectDroppedIsUnavailable: an owner that accepts the attach connection and drops
+// it (stopping, out of file descriptors) fails Connect with ErrUnavailable, as one that
+// refuses the connect (a review: the error matched no sentinel).
+func TestConnectDroppedIsUnavailable(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "drop.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	_, err = Connect(Options{Socket: sock, Name: t.Name(), Timeout: 5 * time.Second})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Connect to an owner that drops the connection: %v, want ErrUnavailable", err)
 	}
 }

@@ -434,8 +434,20 @@ func (c *Client) releaseDue() {
 	c.mu.Unlock()
 }
 
-// Flush sends queued releases now (they ride on the session of empty Releases).
+// Flush sends queued releases now (they ride on the session of empty Releases), after
+// the calls of other goroutines in flight that carry releases (a call that follows Flush
+// finds the owner has them: Stat counts the holders released, a put finds the room they
+// freed; one of those calls that fails gives its releases back, and Flush sends them).
 func (c *Client) Flush() error {
+	c.mu.Lock()
+	carrying := make([]chan struct{}, 0, len(c.carrying))
+	for ch := range c.carrying {
+		carrying = append(carrying, ch)
+	}
+	c.mu.Unlock()
+	for _, ch := range carrying { // (each bounded by the call timeout)
+		<-ch
+	}
 	// Each call carries at most wire.MaxReleasesPerCall ids: loop until the queue is
 	// empty, stopping at the first failure (the ids stay queued for a later call).
 	for {

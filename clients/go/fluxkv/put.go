@@ -30,6 +30,13 @@ const putEndTries = 3
 // before the answer to its PutEnd came back, so whether the value was published is unknown.
 var errOutcomeUnknown = errors.New("the put's outcome is unknown")
 
+// errNotWritten: the session that started a put ended (re-attached by another goroutine,
+// or gone while a PutWrite of a streamed value was out) before the put was ended: the
+// owner revoked it with the session, or the client aborted it, and nothing was
+// published. It is redone once, RejectIfExists or not (a put of an item whose
+// PutWrite failed otherwise, an answer, is not).
+var errNotWritten = errors.New("the put was not ended: its session ended before the value was written")
+
 // Put stores value under key: one copy, into the shared segment (under client
 // isolation into the session's put area, which the owner copies from).
 func (c *Client) Put(key string, value []byte) error {
@@ -49,10 +56,13 @@ func (c *Client) PutWith(key string, n int64, opts PutOptions, fill func(dst []b
 
 // PutWithID is PutWith whose fill also learns the put_id the value will have (the
 // version a later Get reports in MemHolder.PutID), so values can be derived from
-// (key, put_id). It returns that put_id. fill may run twice: when the session ends
-// before the PutEnd answer arrives (the owner restarted) and RejectIfExists is not
-// set, the whole put is redone on the new session, with a new put_id; with
-// RejectIfExists the put fails with ErrUnavailable saying its outcome is unknown.
+// (key, put_id). It returns that put_id. fill may run twice: when the outcome became
+// unknown (the session ended before the PutEnd answer arrived, the owner restarted; or
+// PutEnd went unanswered three times) and RejectIfExists is not set, the whole put is
+// redone on the new session, with a new put_id; with RejectIfExists the put fails with
+// ErrUnavailable saying its outcome is unknown. A put whose session ended before it was
+// ended (another goroutine re-attached first; a streamed value's PutWrite found the
+// session gone) published nothing and is redone either way.
 func (c *Client) PutWithID(key string, n int64, opts PutOptions, fill func(putID int64, dst []byte) error) (int64, error) {
 	return c.put(&PutItem{Key: key, Len: n, Fill: fill, Parent: opts.Parent}, opts)
 }
@@ -67,10 +77,10 @@ func (c *Client) put(it *PutItem, opts PutOptions) (int64, error) {
 	}
 	for redo := 0; ; redo++ {
 		id, err := c.putOnce(it, opts)
-		if !errors.Is(err, errOutcomeUnknown) {
+		if !errors.Is(err, errOutcomeUnknown) && !errors.Is(err, errNotWritten) {
 			return id, err
 		}
-		if opts.RejectIfExists || redo > 0 {
+		if redo > 0 || (opts.RejectIfExists && !errors.Is(err, errNotWritten)) {
 			return 0, fmt.Errorf("%w: put %q (put_id %d): %v", ErrUnavailable, it.Key, id, err)
 		}
 		c.stats.putRedos.Add(1)
@@ -91,11 +101,11 @@ func (c *Client) putOnce(it *PutItem, opts PutOptions) (int64, error) {
 		c.abort(a, []*external.PutEndItem{{Key: key, PutId: start.PutId}})
 		return 0, fmt.Errorf("%w: owner returned offset %d outside the segment", ErrUnavailable, start.Offset)
 	}
-	if !c.use(a) { // a re-attach retired a meanwhile (its session, and the put, are gone), or Close ran
+	if !c.useLive(a) { // a re-attach retired a meanwhile (its session, and the put, are gone), or Close ran
 		if c.isClosed() {
 			return start.PutId, ErrClosed
 		}
-		return start.PutId, fmt.Errorf("%w: the session ended before the value was written", errOutcomeUnknown)
+		return start.PutId, errNotWritten
 	}
 	defer c.unuse(a)
 	var copies []*external.AreaCopy

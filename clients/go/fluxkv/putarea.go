@@ -1,6 +1,9 @@
 package fluxkv
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/external"
@@ -51,7 +54,10 @@ func (c *Client) stream(a *attachment, it *PutItem, putID int64, keepLast bool) 
 		if off == n && keepLast {
 			return cp, nil
 		}
-		if err := c.putWrite(a, it.Key, putID, cp); err != nil {
+		if err := c.putWrite(a, it.Key, putID, cp); errors.Is(err, errOutcomeUnknown) {
+			// A part of a put never ended: the put is aborted, and nothing was published.
+			return nil, fmt.Errorf("%w (%v)", errNotWritten, err)
+		} else if err != nil {
 			return nil, err
 		}
 	}
