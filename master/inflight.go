@@ -337,7 +337,18 @@ func (s *State) GetRevoke(now time.Time, ref NodeRef, key string, getID int64, d
 		return wire.Errorf(common.ErrorCode_INVALID_ARGUMENT, "unknown get %d for this key", getID)
 	}
 	src := g.sourceNode // nil once the source was tombed
-	if sourceFailed && g.node == n && src != nil && src != n {
+	if g.node != n {
+		// The source's revoke (an SSD owner of an earlier release whose stage read
+		// failed): the requester may still be pulling into its target, which stays
+		// until the requester's own revoke, its GetDone or the in-flight TTL (a review:
+		// it went back to the requester's pool while a pull could write it). Only the
+		// source's part applies: a failed read's SSD replica.
+		if dropSSDSource {
+			s.dropFailedSSDSourceLocked(key, g, src)
+		}
+		return nil
+	}
+	if sourceFailed && src != nil && src != n {
 		// A requester that blames another source than the last within a node TTL may be
 		// at fault itself (its own data plane cut, its own budgets blown): it marks none,
 		// or it would steer every get away from healthy sources (a review).
@@ -346,19 +357,26 @@ func (s *State) GetRevoke(now time.Time, ref NodeRef, key string, getID int64, d
 		}
 		n.blamed, n.blamedAt = src, now
 	}
-	// The holder recorded at GetStart is the requester's: the requester may have handed
-	// it out, and a source's revoke leaves it to the requester's own revoke or ack.
-	s.dropGetLocked(getID, g, g.node == n)
-	if dropSSDSource && g.kind == common.Source_SSD && src != nil {
-		if r := s.routes[key]; r != nil && r.putID == g.putID && r.replicas[src] != nil && r.replicas[src].ssd {
-			s.clearSSDLocked(key, r, src)
-			// The entry may still be on src's ring (a read that failed for another
-			// reason than the record): src must forget it, and counts as its holder
-			// until it has. (Queued first: the write-back redirtyLocked may start does
-			// not go to src before src acked it, persistTaskLocked.)
-			src.evicted.push(key, g.putID, true)
-			s.redirtyLocked(key, r) // memory may hold the version, now without an SSD copy
-		}
+	s.dropGetLocked(getID, g, true)
+	if dropSSDSource {
+		s.dropFailedSSDSourceLocked(key, g, src)
 	}
 	return nil
+}
+
+// dropFailedSSDSourceLocked drops the SSD replica on src that get g failed to read
+// (GetRevoke's drop_ssd_source), if the route still has it.
+func (s *State) dropFailedSSDSourceLocked(key string, g *inflightGet, src *node) {
+	if g.kind != common.Source_SSD || src == nil {
+		return
+	}
+	if r := s.routes[key]; r != nil && r.putID == g.putID && r.replicas[src] != nil && r.replicas[src].ssd {
+		s.clearSSDLocked(key, r, src)
+		// The entry may still be on src's ring (a read that failed for another reason
+		// than the record): src must forget it, and counts as its holder until it has.
+		// (Queued first: the write-back redirtyLocked may start does not go to src
+		// before src acked it, persistTaskLocked.)
+		src.evicted.push(key, g.putID, true)
+		s.redirtyLocked(key, r) // memory may hold the version, now without an SSD copy
+	}
 }
