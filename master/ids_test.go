@@ -1,6 +1,7 @@
 package master
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -72,5 +73,42 @@ func TestOwnPinKeepsTheResign(t *testing.T) {
 	}
 	if !idsRunOut(st.nextID, st.carriedID, epoch) {
 		t.Errorf("a term past its margin no longer resigns after an owner pinned one of its own ids (next %d, carried %d, limit %d)", st.nextID, st.carriedID, limit)
+	}
+}
+
+// TestIDsPastTheBoundRefused: a pin or a reported record whose id leaves the master less
+// than a term's range of ids is refused: the counter stays, and a later overwrite is
+// published (a review: a pin of MaxInt64 wrapped the counter, the next put id was
+// negative and each overwrite was dropped as older).
+func TestIDsPastTheBoundRefused(t *testing.T) {
+	st := NewState(Options{IDBase: 1000})
+	a, b := NodeRef{ID: "a", Generation: 1}, NodeRef{ID: "b", Generation: 1}
+	now := time.Unix(1000, 0)
+	if err := st.Register(now, a, 1<<20, 0, 0, "da", "pa", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string) int64 {
+		t.Helper()
+		p, err := st.PutStart(now, a, key, 100, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.PutDone(now, a, key, p.PutID); err != nil {
+			t.Fatal(err)
+		}
+		return p.PutID
+	}
+	first := put("k")
+	if err := st.Register(now, b, 1<<20, 0, 0, "db", "pb", SSDInfo{}, []Pin{{PinID: math.MaxInt64, Offset: 0, Len: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	if st.nextID > maxCarriedID {
+		t.Fatalf("the counter took a pin of id MaxInt64: %d", st.nextID)
+	}
+	if second := put("k"); second <= first || st.routes["k"].putID != second {
+		t.Fatalf("an overwrite after a pin of id MaxInt64: put id %d, route %d (first %d)", second, st.routes["k"].putID, first)
+	}
+	if ok, _ := st.adoptLocked(st.nodes["b"], ReplicaRecord{Key: "r", Len: 100, PutID: math.MaxInt64, Memory: true}); ok {
+		t.Error("a record of put id MaxInt64 was adopted")
 	}
 }

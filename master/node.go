@@ -245,7 +245,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	}
 	s.nodes[ref.ID] = n
 	for _, p := range pinned {
-		if p.Len <= 0 || p.Offset < 0 || p.Offset%AllocGranule != 0 {
+		if p.Len <= 0 || p.Offset < 0 || p.Offset%AllocGranule != 0 || p.PinID > maxCarriedID {
 			s.log.Warn().Str("node", ref.ID).Int64("pin", p.PinID).Msg("ignoring malformed pinned range")
 			continue
 		}

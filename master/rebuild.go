@@ -130,7 +130,7 @@ func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord,
 
 // adoptLocked adds one reported record to the routes, or refuses it.
 func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []Invalidation) {
-	if wire.ValidateKey(rec.Key) != nil || rec.Len <= 0 || rec.PutID <= 0 || rec.Memory == rec.SSD ||
+	if wire.ValidateKey(rec.Key) != nil || rec.Len <= 0 || rec.PutID <= 0 || rec.PutID > maxCarriedID || rec.Memory == rec.SSD ||
 		rec.PutID <= s.tombstones[rec.Key] || (rec.SSD && (!n.ssd.Enabled || n.ssd.CapacityBytes > 0 && !n.ssd.holds(rec.Len))) || (rec.Memory && rec.Len > n.segmentSize) ||
 		validateParent(rec.Key, rec.Parent) != nil {
 		return false, nil // (a length past what the owner holds would defeat every size check of a get)

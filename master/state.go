@@ -115,6 +115,12 @@ func NewState(opts Options) *State {
 	}
 }
 
+// maxCarriedID bounds the ids an owner may report (a pin, a record): above it the
+// counter would leave the master less than a term's range of ids to issue (a review: one
+// pin of MaxInt64 wrapped it, every later put id was negative, and each overwrite was
+// taken for an older version and dropped). A pin or record past it is refused.
+const maxCarriedID = math.MaxInt64 - 1<<idEpochShift
+
 // carryID raises the id counter past id, one an owner reported (a pin, a record): ids
 // issued from now on exceed it. One above the counter came from an earlier master
 // (carriedID); one at most the counter may be this master's own (an owner that
