@@ -197,7 +197,8 @@ func boolOrder(a bool) int {
 
 // getTargetLocked finds the range a get's bytes land in, in the requester n's segment,
 // and whether it may become a memory replica at GetDone. An SSD refill becomes the
-// key's only memory copy, so it takes room as a put does. A copy of a value another
+// key's only memory copy, so it takes room as a put does, or, when the pool has none
+// even by eviction, lands as a get that is not promoted. A copy of a value another
 // owner holds in memory (kind MEMORY) would be a duplicate, which must cost no other
 // value: it is promoted into free room only while the pool keeps free room of the
 // transfer area's size beside it (headroom for gets in flight), else by evicting
@@ -210,7 +211,15 @@ func boolOrder(a bool) int {
 func (s *State) getTargetLocked(n *node, r *route, kind common.Source) (target *Allocation, promotable bool) {
 	promotable = r.promotions < s.opts.maxPromotions()
 	if kind == common.Source_SSD && promotable {
-		return s.allocateLocked(n, r.len), true
+		if r.len <= n.alloc.Capacity() {
+			if target = s.allocateLocked(n, r.len); target != nil {
+				return target, true
+			}
+		}
+		// No room in the pool, even by eviction (held ranges fill it, or the value is
+		// larger than the pool): the refill lands where a get that is not promoted
+		// does (a review: it waited and failed NO_SPACE with the landing area empty).
+		promotable = false
 	}
 	size := roundUp(r.len, AllocGranule)
 	if promotable && n.alloc.FreeBytes()-size >= n.areaCapacity() {
