@@ -95,7 +95,12 @@ func TestPlanningCallKeepsAcksAStaleMasterRefused(t *testing.T) {
 // planningCallKeepsAcks runs TestPlanningCallKeepsAcksAStaleMasterRefused with call as
 // the planning call that waits for the flush.
 func planningCallKeepsAcks(t *testing.T, call func(c *fluxkv.Client) error) {
-	m1 := ackMaster(t, "127.0.0.1:0")
+	// Heartbeats far apart: one to the new master (STALE_GENERATION) registers the owner
+	// again on its own, and the planning call then waits for that registration (held
+	// below) instead of the flush: the test missed its interleaving and hung (1 run in
+	// 5 or so).
+	slow := master.Options{HeartbeatInterval: time.Minute, NodeTTL: 5 * time.Minute, WriteQuiet: -1}
+	m1 := ackMasterWith(t, "127.0.0.1:0", slow)
 	o, c := ackOwner(t, m1, func(o *Options) { o.CacheGrace, o.AckDelay = -1, time.Hour })
 	h, err := c.Get("k") // a pin of the coming registration
 	if err != nil {
@@ -114,9 +119,18 @@ func planningCallKeepsAcks(t *testing.T, call func(c *fluxkv.Client) error) {
 	}
 	addr := m1.Addr().String()
 	m1.Stop()
-	m2 := ackMaster(t, addr)
+	m2 := ackMasterWith(t, addr, slow)
 	s := &stallFlushAndRegister{Client: m2.LocalClient(), ackIn: make(chan struct{}), ackGo: make(chan struct{}),
 		regIn: make(chan struct{}), regGo: make(chan struct{})}
+	var ackGone, regGone bool
+	defer func() { // a failure lets the held calls go, or the owner's Stop waits for them
+		if !ackGone {
+			close(s.ackGo)
+		}
+		if !regGone {
+			close(s.regGo)
+		}
+	}()
 	s.holdAck.Store(true)
 	s.holdReg.Store(true)
 	useMasterClient(o, s)
@@ -157,8 +171,10 @@ func planningCallKeepsAcks(t *testing.T, call func(c *fluxkv.Client) error) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(s.ackGo) // the flush fails; the waiting call takes the pin's ack with its own
+	ackGone = true
 	t.Logf("planning call: %v", <-getErr)
 	close(s.regGo)
+	regGone = true
 	if err := <-regDone; err != nil {
 		t.Fatal(err)
 	}

@@ -146,8 +146,15 @@ func TestGetStartNotLeaderKeepsAcks(t *testing.T) {
 // stops it at its end unless it stops it first.
 func ackMaster(t *testing.T, addr string) *master.Server {
 	t.Helper()
+	return ackMasterWith(t, addr, master.Options{})
+}
+
+// ackMasterWith is ackMaster with opts (insecure, logging nowhere).
+func ackMasterWith(t *testing.T, addr string, opts master.Options) *master.Server {
+	t.Helper()
 	log := zerolog.Nop()
-	m, err := master.NewServer(master.Options{InsecureCluster: true, Logger: &log})
+	opts.InsecureCluster, opts.Logger = true, &log
+	m, err := master.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
