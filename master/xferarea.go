@@ -211,9 +211,16 @@ func boolOrder(a bool) int {
 func (s *State) getTargetLocked(n *node, r *route, kind common.Source) (target *Allocation, promotable bool) {
 	promotable = r.promotions < s.opts.maxPromotions()
 	if kind == common.Source_SSD && promotable {
-		if r.len <= n.alloc.Capacity() {
+		fits := r.len <= n.alloc.Capacity()
+		if fits {
 			if target = s.allocateLocked(n, r.len); target != nil {
 				return target, true
+			}
+			if s.spareHeld {
+				// The first attempt, which spares held duplicates: the server asks the
+				// owners for their idle hot-set holdings and tries again, which may
+				// promote the refill.
+				return nil, false
 			}
 		}
 		// No room in the pool, even by eviction (held ranges fill it, or the value is
