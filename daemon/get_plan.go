@@ -40,6 +40,7 @@ const (
 // (pullBatch): its outcome known.
 func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *getTarget, error) {
 	var exclude []string
+	notNow := "" // the source that last answered a refill UNAVAILABLE (errRemoteSSDNotNow)
 	for failures := 0; ; s, pre = o.getStart(key, exclude), nil {
 		if s.err != nil {
 			return nil, nil, s.err
@@ -89,7 +90,15 @@ func (o *Owner) planGet(key string, s startedGet, pre *prePulled) (*holding, *ge
 			if err := o.endGet(t); err != nil {
 				return nil, nil, err
 			}
+			if errors.Is(err, errRemoteSSDNotNow) && notNow == plan.SourceNodeId {
+				// Twice in a row: the source itself may be out (stopping, its tier
+				// closed), not only the record: another replica, if any, goes next.
+				exclude = append(exclude, plan.SourceNodeId)
+			}
 			if errors.Is(err, errRemoteSSD) || errors.Is(err, errRemoteSSDNotNow) {
+				if errors.Is(err, errRemoteSSDNotNow) {
+					notNow = plan.SourceNodeId
+				}
 				failures++
 				o.log.Warn().Err(err).Str("key", key).Int("failures", failures).Msg("remote SSD refill failed; re-planning")
 				if failures >= maxSSDFailures {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -89,5 +90,15 @@ func TestRemoteRefillNotNowPlansAgain(t *testing.T) {
 	}
 	if notNow.Load() >= 0 {
 		t.Fatal("the batch made no stage read (the test's premise)")
+	}
+	// Twice in a row from the same source: it may be out itself (stopping, its tier
+	// closed): the next plan excludes it, and with no other replica the get is
+	// UNAVAILABLE, not planned on it a third time.
+	notNow.Store(2)
+	if h, err := c2.Get(keys[0]); err == nil {
+		h.Release()
+		t.Fatal("a get served after its only source answered UNAVAILABLE twice (the test's premise: 2 answers)")
+	} else if !strings.Contains(err.Error(), "excluded") || notNow.Load() != 0 {
+		t.Fatalf("a get whose only source answered UNAVAILABLE twice: %v (answers left %d), want it excluded after two", err, notNow.Load())
 	}
 }
