@@ -792,9 +792,15 @@ class Client:
                 off += part
                 if off == n and keep_last:
                     return [cp]
-                r, retried = self._put_end(s, "PutWrite", encode_fields(PutWriteRequest(None, k, put_id, [cp])))
+                # A part's outcome unknown leaves the put never ended: the owner revoked it
+                # with the session (or forgot it), and the caller aborts it: nothing was
+                # published, so it is redone whatever reject_if_exists says (_NotWritten).
+                try:
+                    r, retried = self._put_end(s, "PutWrite", encode_fields(PutWriteRequest(None, k, put_id, [cp])))
+                except _OutcomeUnknown as e:
+                    raise _NotWritten(f"a part of the value was not written: {e}") from None
                 if retried and r.code == _INVALID:
-                    raise _OutcomeUnknown(f"the owner no longer knows the put ({r.message})")
+                    raise _NotWritten(f"the owner no longer knows the put ({r.message})")
                 raise_for(r.code, r.message)
         return None
 

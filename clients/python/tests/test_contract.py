@@ -168,6 +168,32 @@ def test_owner_restart_before_put_end_reply(cluster, monkeypatch, reject):
         c.close()
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_streamed_put_whose_owner_restarted_on_a_put_write_is_redone(cluster, monkeypatch, batch):
+    """Under client isolation, the owner restarts on a PutWrite of a value larger than the
+    put area: the put was never ended (nothing published), so it is redone on the new
+    session, with reject_if_exists too (it was reported Unavailable, outcome unknown)."""
+    node = cluster.up("64MiB", "stream-restart", "--client-isolation", "--put-area", "64KiB")
+    c = fluxkv.connect(node.socket)
+    try:
+
+        def crash():
+            node.kill()
+            cluster.up("64MiB", "stream-restart", "--client-isolation", "--put-area", "64KiB")
+
+        dropped = drop_reply(monkeypatch, "PutWrite", before=crash)
+        v = pattern("streamed", 0, 200_000)
+        if batch:
+            c.batch_put([("streamed", v)], reject_if_exists=True)
+        else:
+            c.put("streamed", v, reject_if_exists=True)
+        assert dropped == ["PutWrite"] and c._stats["put_redos"] == 1
+        with c.get("streamed") as h:
+            assert h.bytes() == v
+    finally:
+        c.close()
+
+
 def test_lost_put_start_reply_is_not_retried(client, monkeypatch):
     dropped = drop_reply(monkeypatch, "PutStart")
     with pytest.raises(fluxkv.Unavailable):
