@@ -23,6 +23,18 @@ const std::vector<T>& check_count(const char* method, const BatchResponse<T>& r,
 
 std::exception_ptr unknown_ptr(const std::string& why) { return std::make_exception_ptr(OutcomeUnknown(why)); }
 
+// not_written reports whether e is a NotWritten: a put never ended, redone once whatever
+// reject_if_exists says.
+bool not_written(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const NotWritten&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::string what_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -78,16 +90,21 @@ void ClientImpl::put_wave(std::span<const PutItem> items, std::vector<std::size_
                           std::vector<std::exception_ptr>& errors) {
   for (int redo = 0;; ++redo) {
     std::vector<std::size_t> unknown = put_wave_once(items, idx, reject, errors);
-    if (unknown.empty()) return;
-    if (reject || redo > 0) {
-      for (std::size_t i : unknown)
-        errors[i] = std::make_exception_ptr(Unavailable(
-            ErrorCode::UNAVAILABLE, "key " + quote(items[i].key) + ": the outcome is unknown: " + what_of(errors[i])));
-      return;
+    std::vector<std::size_t> again;
+    for (std::size_t i : unknown) {
+      bool nw = not_written(errors[i]);
+      if (redo > 0 || (reject && !nw)) {
+        errors[i] = std::make_exception_ptr(Unavailable(ErrorCode::UNAVAILABLE, "key " + quote(items[i].key) + ": " +
+                                                                                    (nw ? "not stored: " : "the outcome is unknown: ") +
+                                                                                    what_of(errors[i])));
+        continue;
+      }
+      errors[i] = nullptr;
+      again.push_back(i);
     }
-    put_redos.fetch_add(static_cast<std::int64_t>(unknown.size()), std::memory_order_relaxed);
-    for (std::size_t i : unknown) errors[i] = nullptr;
-    idx = std::move(unknown);
+    if (again.empty()) return;
+    put_redos.fetch_add(static_cast<std::int64_t>(again.size()), std::memory_order_relaxed);
+    idx = std::move(again);
   }
 }
 
@@ -203,10 +220,14 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
     retried = put_end(s, "BatchPutEnd", [&](Writer& w, const SessionRef& ref) { write_batch_put_end(w, ref, ends); }, r);
   } catch (const OutcomeUnknown& e) {
     if (s->isolated) s->area_turn.release();
+    // NotWritten: none of the wave was ended (a streamed item's PutWrite, or the session
+    // replaced before BatchPutEnd was sent), each item aborted: redone whatever
+    // reject_if_exists says.
+    bool nw = dynamic_cast<const NotWritten*>(&e) != nullptr;
     std::vector<std::size_t> unknown;
     for (const Started& st : started) {
       if (errors[st.i]) continue;  // it failed alone: its own error stands
-      errors[st.i] = unknown_ptr(e.what());
+      errors[st.i] = nw ? std::make_exception_ptr(NotWritten(e.what())) : unknown_ptr(e.what());
       unknown.push_back(st.i);
     }
     return unknown;
@@ -249,11 +270,16 @@ std::vector<std::size_t> ClientImpl::put_wave_once(std::span<const PutItem> item
 std::vector<std::optional<MemHolder>> ClientImpl::batch_get(std::span<const std::string_view> keys) {
   for (std::string_view k : keys) validate_key(k);
   if (keys.empty()) return {};
-  return run([&](std::shared_ptr<Session>& s) {
-    std::vector<std::optional<MemHolder>> out;  // a throw releases the holders obtained (RAII)
-    out.reserve(keys.size());
-    for (std::size_t lo = 0; lo < keys.size(); lo += kChunk) {
-      auto chunk = keys.subspan(lo, std::min(kChunk, keys.size() - lo));
+  std::vector<std::optional<MemHolder>> out;  // a throw releases the holders obtained (RAII)
+  out.reserve(keys.size());
+  // Each chunk under its own retry, as batch_flags: a lost reply sends again only its
+  // chunk, never the chunks already answered (two chunks that each lost one reply
+  // failed the whole batch).
+  for (std::size_t lo = 0; lo < keys.size(); lo += kChunk) {
+    auto chunk = keys.subspan(lo, std::min(kChunk, keys.size() - lo));
+    std::size_t mark = out.size();
+    run([&](std::shared_ptr<Session>& s) {
+      out.resize(mark);  // a retry answers the chunk afresh (what the failed try held goes back: RAII)
       BatchResponse<GetResponse> r;
       s->call("BatchGet", [&](Writer& w, const SessionRef& ref) { write_keys(w, ref, chunk); }, r);
       const std::vector<GetResponse>* checked;
@@ -285,9 +311,10 @@ std::vector<std::optional<MemHolder>> ClientImpl::batch_get(std::span<const std:
           throw;
         }
       }
-    }
-    return out;
-  });
+      return 0;
+    });
+  }
+  return out;
 }
 
 std::vector<bool> ClientImpl::batch_flags(std::string_view method, std::span<const std::string_view> keys) {

@@ -139,8 +139,8 @@ int fluxkv_put_commit(fluxkv_pending_put* put, fluxkv_error* err) {
       // The owner restarted before the put was published. The bytes are still in this
       // process (the old session's mapping or the scratch buffer): without reject_if_exists
       // put them again on the new session, as the protocol's rule says; with it the outcome
-      // stays unknown.
-      if (p->reject)
+      // stays unknown, unless the put was never ended (NotWritten: nothing was published).
+      if (p->reject && dynamic_cast<const fluxkv::detail::NotWritten*>(&e) == nullptr)
         throw fluxkv::Unavailable(fluxkv::ErrorCode::UNAVAILABLE, "put " + fluxkv::detail::quote(p->key) +
                                                                       ": the outcome is unknown: " + e.what());
       if (!p->txn->kept())
@@ -149,7 +149,7 @@ int fluxkv_put_commit(fluxkv_pending_put* put, fluxkv_error* err) {
                                       ") and the bytes written in place may be another value's by now: put it again");
       p->impl->put_redos.fetch_add(1, std::memory_order_relaxed);
       std::span<std::byte> w = p->txn->writable();
-      p->impl->put(p->key, w.size(), false, w.data(), nullptr);
+      p->impl->put(p->key, w.size(), p->reject, w.data(), nullptr);
     }
     return 0;
   });

@@ -20,7 +20,7 @@ std::string resolve_socket(const std::string& path) {
 }
 
 detail::ClientImpl& live(const std::shared_ptr<detail::ClientImpl>& impl) {
-  if (!impl) throw Error(ErrorCode::UNAVAILABLE, "the client was moved from");
+  if (!impl) throw Unavailable(ErrorCode::UNAVAILABLE, "the client was moved from");
   return *impl;
 }
 }  // namespace

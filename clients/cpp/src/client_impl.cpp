@@ -87,7 +87,7 @@ std::shared_ptr<Session> ClientImpl::current() {
 
 std::shared_ptr<Session> ClientImpl::renew(const std::shared_ptr<Session>& old) {
   std::lock_guard lk(mu_);
-  if (closed_) throw Error(ErrorCode::UNAVAILABLE, "the client is closed");
+  if (closed_) throw Unavailable(ErrorCode::UNAVAILABLE, "the client is closed");
   if (cur_ && cur_ != old && cur_->live()) return cur_;
   if (cur_) {
     retired_release_errors_ += cur_->release_errors();

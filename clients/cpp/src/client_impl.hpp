@@ -113,6 +113,12 @@ class ClientImpl {
       try {
         s->call(method, write_req, resp);
         return attempt > 0;
+      } catch (const Replaced& e) {
+        renew_quietly(s);
+        if (attempt == 0)  // never sent: the put was not ended
+          throw NotWritten(std::string(method) + " was not sent: " + e.what());
+        throw OutcomeUnknown(std::string("the session was replaced before ") + std::string(method) + " was answered (" +
+                             e.what() + ")");
       } catch (const Stale& e) {
         renew_quietly(s);
         throw OutcomeUnknown(std::string("the owner restarted before ") + std::string(method) + " was answered (" + e.what() + ")");

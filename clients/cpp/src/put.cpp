@@ -167,9 +167,15 @@ std::vector<AreaCopy> ClientImpl::stream(const std::shared_ptr<Session>& s, std:
     off += part;
     if (off == n && keep_last) return cp;
     PlainResponse r;
-    bool retried = put_end(
-        s, "PutWrite", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key, put_id, &cp); }, r);
-    if (retried && r.code == kInvalid) throw OutcomeUnknown("the owner no longer knows the put (" + r.message + ")");
+    bool retried;
+    try {
+      retried = put_end(
+          s, "PutWrite", [&](Writer& w, const SessionRef& ref) { write_put_ref(w, ref, key, put_id, &cp); }, r);
+    } catch (const OutcomeUnknown& e) {
+      // A part's outcome unknown leaves the put never ended: the caller aborts it.
+      throw NotWritten(std::string("a part of the value was not written: ") + e.what());
+    }
+    if (retried && r.code == kInvalid) throw NotWritten("the owner no longer knows the put (" + r.message + ")");
     raise_for(r.code, r.message);
   }
   return {};
@@ -186,9 +192,10 @@ std::int64_t ClientImpl::put(std::string_view key, std::size_t n, bool reject, c
       t.commit(src);
       return put_id;
     } catch (const OutcomeUnknown& e) {
-      if (reject || redo > 0)
-        throw Unavailable(ErrorCode::UNAVAILABLE,
-                          "put " + quote(key) + " (put_id " + std::to_string(put_id) + "): the outcome is unknown: " + e.what());
+      bool not_written = dynamic_cast<const NotWritten*>(&e) != nullptr;
+      if (redo > 0 || (reject && !not_written))
+        throw Unavailable(ErrorCode::UNAVAILABLE, "put " + quote(key) + " (put_id " + std::to_string(put_id) + "): " +
+                                                      (not_written ? "not stored: " : "the outcome is unknown: ") + e.what());
       put_redos.fetch_add(1, std::memory_order_relaxed);
     }
   }

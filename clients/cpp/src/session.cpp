@@ -159,8 +159,8 @@ void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* re
   std::unique_lock lk(mu_);
   if (releases != nullptr && flushes_ > 0) flushed_.wait_for(lk, cfg_.timeout, [&] { return flushes_ == 0; });
   if (!live()) {
-    if (state() == SessionState::replaced) throw Stale("the session was replaced by another thread");
-    throw Error(ErrorCode::UNAVAILABLE, "session unusable: " + unusable_reason());
+    if (state() == SessionState::replaced) throw Replaced("the session was replaced by another thread");
+    throw Unavailable(ErrorCode::UNAVAILABLE, "session unusable: " + unusable_reason());
   }
   if (!idle_.empty()) {
     conn = std::move(idle_.back());

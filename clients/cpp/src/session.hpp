@@ -37,11 +37,26 @@ class Stale : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Another thread replaced the session (the owner restarted) before this call was sent.
+class Replaced : public Stale {
+ public:
+  using Stale::Stale;
+};
+
 // The put's outcome is unknown: its session ended, or the owner forgot the put, before
 // the answer to its PutEnd came back.
 class OutcomeUnknown : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// The put was never ended: its session ended before its PutEnd was sent (another thread
+// replaced it), or a PutWrite of its streamed value found the session gone. The owner
+// revoked it (or the client aborted it) and nothing was published: it is redone once,
+// with reject_if_exists too.
+class NotWritten : public OutcomeUnknown {
+ public:
+  using OutcomeUnknown::OutcomeUnknown;
 };
 
 enum class SessionState { live, closed, replaced, forked };

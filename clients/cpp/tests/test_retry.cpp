@@ -212,3 +212,74 @@ TEST(isolated_area_waits_for_an_unanswered_put_end) {
   });
   if (h) CHECK(same(*h, va));  // never b's bytes (not published is fine)
 }
+
+// A put whose session another thread replaced (the owner restarted) before its PutEnd
+// was sent, or before a PutWrite of its streamed value, was never ended: nothing was
+// published, so it is redone on the new session, with reject_if_exists too (it was
+// reported Unavailable, "the outcome is unknown"; a review).
+TEST(put_whose_session_was_replaced_before_it_was_ended_is_redone) {
+  for (bool isolated : {false, true}) {
+    auto c = fluxkv::Client::connect(isolated ? isolated_owner().socket() : plain_owner().socket());
+    auto& impl = fluxkv::detail::ClientImpl::of(c);
+    auto v = pattern(isolated ? 7 : 6, isolated ? (3 << 20) + 5 : 10000);  // streamed through the 1 MiB area
+    std::string key = isolated ? "retry/replaced-streamed" : "retry/replaced";
+    int fills = 0;
+    c.put_with(
+        key, v.size(),
+        [&](std::span<std::byte> dst) {
+          if (++fills == 1) impl.renew(impl.current());  // another thread's re-attach
+          std::memcpy(dst.data(), v.data(), v.size());
+        },
+        fluxkv::PutOptions{true});
+    CHECK_EQ(fills, 2);
+    CHECK_EQ(impl.put_redos.load(), 1);
+    CHECK(same(c.get(key), v));
+    c.remove(key);
+  }
+}
+
+namespace {
+std::atomic<int> g_batch_gets{0};
+// Drops the replies of the first and the third BatchGet.
+bool drop_first_and_third_batch_get(std::string_view method) {
+  if (method != "BatchGet") return false;
+  int n = ++g_batch_gets;
+  return n == 1 || n == 3;
+}
+}  // namespace
+
+// A batch_get of two chunks each of whose first reply is lost retries each chunk once,
+// never the chunks already answered (one retry for the whole batch failed it Unavailable;
+// a review).
+TEST(batch_get_retries_only_the_chunk_whose_reply_was_lost) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  c.put("retry/bg/0", pattern(8, 100));
+  const std::size_t chunk = static_cast<std::size_t>(fluxkv::wire::MAX_BATCH);
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i < chunk + 1; ++i) keys.push_back("retry/bg/" + std::to_string(i));
+  std::vector<std::string_view> views(keys.begin(), keys.end());
+  g_batch_gets = 0;
+  fluxkv::detail::drop_reply_hook = &drop_first_and_third_batch_get;
+  std::vector<std::optional<fluxkv::MemHolder>> got;
+  try {
+    got = c.batch_get(views);
+  } catch (...) {
+    fluxkv::detail::drop_reply_hook = nullptr;
+    throw;
+  }
+  fluxkv::detail::drop_reply_hook = nullptr;
+  CHECK_EQ(g_batch_gets.load(), 4);  // each chunk twice
+  CHECK_EQ(got.size(), keys.size());
+  CHECK(got[0].has_value() && same(*got[0], pattern(8, 100)));
+  CHECK(!got[1].has_value());
+  got.clear();
+  c.remove("retry/bg/0");
+}
+
+// A call on a closed client throws Unavailable, as its code says (a plain Error was thrown;
+// a review).
+TEST(calls_after_close_throw_unavailable) {
+  auto c = fluxkv::Client::connect(plain_owner().socket());
+  c.close();
+  CHECK_THROWS(fluxkv::Unavailable, c.get("retry/closed"));
+}
