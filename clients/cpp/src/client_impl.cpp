@@ -119,7 +119,7 @@ void ClientImpl::close() noexcept {
   stop_flusher();
   if (!s) return;
   try {
-    if (s->live() && s->has_pending()) s->flush_releases();
+    if (s->live()) s->flush_releases();
   } catch (...) {
     // The owner is gone: the end of the attach session releases everything.
   }
@@ -312,7 +312,7 @@ void ClientImpl::flush() noexcept {
     std::lock_guard lk(mu_);
     s = cur_;
   }
-  if (!s || !s->live() || !s->has_pending()) return;
+  if (!s || !s->live()) return;  // (with nothing queued it still waits for calls carrying releases)
   try {
     s->flush_releases();
   } catch (...) {

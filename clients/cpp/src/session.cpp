@@ -155,7 +155,7 @@ std::string Session::unusable_reason() const {
   return "unknown";
 }
 
-void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases) {
+void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases, std::uint64_t* carry) {
   std::unique_lock lk(mu_);
   if (releases != nullptr && flushes_ > 0) flushed_.wait_for(lk, cfg_.timeout, [&] { return flushes_ == 0; });
   if (!live()) {
@@ -171,11 +171,13 @@ void Session::take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* re
     std::size_t k = std::min(pending_.size(), static_cast<std::size_t>(wire::MAX_RELEASES_PER_CALL));
     releases->assign(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
-    ++in_flight_;
+    *carry = ++carry_seq_;
+    carrying_.insert(*carry);
   }
 }
 
-void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed) {
+void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed,
+                   std::uint64_t carry) {
   std::unique_ptr<RpcConn> drop;  // closed outside the lock
   bool notify = false;
   bool requeued = false;
@@ -186,7 +188,8 @@ void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t
         pending_.insert(pending_.begin(), releases.begin(), releases.end());
         requeued = true;
       }
-      notify = --in_flight_ == 0;
+      carrying_.erase(carry);
+      notify = true;
     }
     if (!failed) rpc_count_.fetch_add(1, std::memory_order_relaxed);
     if (conn) busy_.erase(conn.get());
@@ -221,15 +224,31 @@ bool Session::has_pending() {
 }
 
 void Session::flush_releases() {
+  // Twice at most: a call carrying releases that fails while this one waits gives them
+  // back to the queue, and the second round sends them.
+  for (int round = 0; round < 2; ++round) {
+    send_pending_releases();
+    // The calls carrying releases that began before now have their answers (or gave them
+    // back): not those begun later, each of which a steady load keeps going.
+    std::unique_lock lk(mu_);
+    std::uint64_t upto = carry_seq_;
+    released_.wait_for(lk, cfg_.timeout, [&] { return carrying_.empty() || *carrying_.begin() > upto; });
+    if (pending_.empty() || !live()) return;
+  }
+}
+
+void Session::send_pending_releases() {
   for (;;) {
     std::vector<std::int64_t> ids;
+    std::uint64_t carry = 0;
     {
       std::lock_guard lk(mu_);
       if (pending_.empty()) break;
       std::size_t k = std::min(pending_.size(), static_cast<std::size_t>(wire::MAX_RELEASES_PER_CALL));
       ids.assign(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
       pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(k));
-      ++in_flight_;
+      carry = ++carry_seq_;
+      carrying_.insert(carry);
       ++flushes_;
     }
     auto flushed = [&] {
@@ -244,11 +263,11 @@ void Session::flush_releases() {
     try {
       call("Release", [&](Writer& w, const SessionRef& s) { write_release(w, s, ids); }, r, false);
     } catch (...) {
-      done(nullptr, ids, true);  // never retried: the ids stay queued for a later call
+      done(nullptr, ids, true, carry);  // never retried: the ids stay queued for a later call
       flushed();
       throw;
     }
-    done(nullptr, ids, false);
+    done(nullptr, ids, false, carry);
     flushed();
     if (r.results.size() != ids.size()) {
       if (r.code != static_cast<std::int32_t>(wire::Code::OK)) release_errors_.fetch_add(static_cast<std::int64_t>(ids.size()));
@@ -259,8 +278,6 @@ void Session::flush_releases() {
     for (std::int32_t c : r.results)
       if (c != static_cast<std::int32_t>(wire::Code::OK)) release_errors_.fetch_add(1);
   }
-  std::unique_lock lk(mu_);
-  released_.wait_for(lk, cfg_.timeout, [&] { return in_flight_ == 0; });
 }
 
 bool Session::attach_alive() {

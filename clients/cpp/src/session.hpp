@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -109,7 +110,8 @@ class Session {
     if (auto hook = call_hook_for_tests.load(std::memory_order_acquire)) hook(method);
     std::unique_ptr<RpcConn> conn;
     std::vector<std::int64_t> rel;
-    take(conn, piggyback ? &rel : nullptr);
+    std::uint64_t carry = 0;
+    take(conn, piggyback ? &rel : nullptr, &carry);
     SessionRef ref{client_id, session_token, generation, rel};
     try {
       if (!conn) {
@@ -121,13 +123,13 @@ class Session {
       conn->call(
           method, [&](Writer& w) { write_req(w, ref); }, [&](Reader& r) { resp.read(r); });
     } catch (const AppException& e) {
-      done(std::move(conn), rel, true);
+      done(std::move(conn), rel, true, carry);
       throw Error(ErrorCode::INTERNAL, std::string("owner failed the call: ") + e.what());
     } catch (...) {
-      done(std::move(conn), rel, true);  // the owner may not have seen them: a repeated release is harmless
+      done(std::move(conn), rel, true, carry);  // the owner may not have seen them: a repeated release is harmless
       throw;
     }
-    done(std::move(conn), rel, false);
+    done(std::move(conn), rel, false, carry);
     if (resp.code == static_cast<std::int32_t>(wire::Code::STALE_GENERATION))
       throw Stale(resp.message.empty() ? "stale generation" : resp.message);
   }
@@ -145,9 +147,12 @@ class Session {
   // released everything). Never blocks on I/O.
   void queue_release(std::int64_t holder_id) noexcept;
   bool has_pending();
-  // Sends every queued release with Release, then waits (up to the call timeout) for
-  // releases other threads are sending right now.
+  // Sends every queued release with Release, then waits (up to the call timeout) for the
+  // calls of other threads carrying releases that began before it ended; what a failed one
+  // gave back meanwhile it sends once more.
   void flush_releases();
+  // Sends every queued release with Release calls (flush_releases' first half).
+  void send_pending_releases();
   // False once the owner closed the attach connection (it exited or restarted).
   bool attach_alive();
   void drop_idle();
@@ -197,13 +202,13 @@ class Session {
  private:
   // take hands a call a pooled connection (conn stays null when none is idle), marked
   // busy in the same hold of mu_ (a fork never sees it neither pooled nor busy), and the
-  // queued releases to piggyback.
-  void take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases);
+  // queued releases to piggyback, numbered *carry when there are some.
+  void take(std::unique_ptr<RpcConn>& conn, std::vector<std::int64_t>* releases, std::uint64_t* carry);
   // busy marks a connection a call just opened as used by it.
   void busy(RpcConn* conn);
   // done ends a call: its connection (null: none) is no longer busy and, in the same hold
   // of mu_, goes back to the pool or is closed (a failed call's always is).
-  void done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed);
+  void done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t>& releases, bool failed, std::uint64_t carry);
 
   SessionConfig cfg_;
   std::shared_ptr<ReleaseKicker> kicker_;
@@ -211,8 +216,8 @@ class Session {
   std::atomic<std::uint64_t> rpc_count_{0};
   std::atomic<std::int64_t> release_errors_{0};
 
-  std::mutex mu_;  // protects idle_, busy_, pending_, in_flight_, flushes_, attach_fd_
-  std::condition_variable released_;  // in_flight_ reached 0
+  std::mutex mu_;  // protects idle_, busy_, pending_, carry_seq_, carrying_, flushes_, attach_fd_
+  std::condition_variable released_;  // a call carrying releases ended
   std::condition_variable flushed_;   // flushes_ reached 0
   std::vector<std::unique_ptr<RpcConn>> idle_;
   // The connections calls are using now: a forked child closes its copies of them too
@@ -220,7 +225,11 @@ class Session {
   // which then takes back what the lost reply handed out.
   std::unordered_set<RpcConn*> busy_;
   std::deque<std::int64_t> pending_;
-  int in_flight_ = 0;  // calls carrying releases, not yet answered
+  // The calls carrying releases, not yet answered, each numbered when it took them
+  // (carry_seq_): flush_releases waits for those numbered before it ended, not for calls
+  // begun after it (under steady traffic it waited the whole call timeout; a review).
+  std::uint64_t carry_seq_ = 0;
+  std::set<std::uint64_t> carrying_;
   // Release calls of flush_releases not yet answered: every piggybacking call waits for
   // them first (take). On another connection it could reach the owner before the releases
   // it follows and plan room (a get's target, a put) they were about to free: a full owner

@@ -283,3 +283,41 @@ TEST(calls_after_close_throw_unavailable) {
   c.close();
   CHECK_THROWS(fluxkv::Unavailable, c.get("retry/closed"));
 }
+
+namespace {
+std::atomic<bool> g_hold_exists{false};
+std::atomic<bool> g_exists_sent{false};
+// Holds an Exists after its send (its releases are on their way) for half a second.
+bool hold_exists(std::string_view method) {
+  if (method == "Exists" && g_hold_exists.exchange(false)) {
+    g_exists_sent = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  return false;
+}
+}  // namespace
+
+// flush() waits for another thread's call that carries a release, though nothing is left
+// in the queue: the owner has the release when flush returns (it returned at once; a
+// review).
+TEST(flush_waits_for_releases_riding_on_calls_in_flight) {
+  fluxkv::Options o;
+  o.release_delay = std::chrono::microseconds(5000000);  // the release waits to ride on a call
+  auto c = fluxkv::Client::connect(plain_owner().socket(), o);
+  c.put("retry/flush", pattern(9, 100));
+  {
+    auto h = c.get("retry/flush");
+  }  // released: queued
+  g_exists_sent = false;
+  g_hold_exists = true;
+  fluxkv::detail::drop_reply_hook = &hold_exists;
+  std::thread a([&] { c.exists("retry/flush"); });
+  while (!g_exists_sent) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto t0 = std::chrono::steady_clock::now();
+  c.flush();
+  auto took = std::chrono::steady_clock::now() - t0;
+  a.join();
+  fluxkv::detail::drop_reply_hook = nullptr;
+  CHECK(took >= std::chrono::milliseconds(300));  // it waited for the Exists held 500 ms after its send
+  c.remove("retry/flush");
+}

@@ -222,7 +222,9 @@ class Client {
   // clients, members[...] with memory_segment / kv_ssd capacity and used bytes). Queued
   // releases are sent first, so it reflects them.
   std::string stat_json();
-  // Sends the queued holder releases now.
+  // Sends the queued holder releases now, and waits for the calls of other threads in
+  // flight that carry releases (each bounded by the call timeout): the owner has them all
+  // when it returns.
   void flush();
 
   std::string node_id();
