@@ -231,8 +231,34 @@ def test_checksum_catches_a_wrong_payload(client):
     client.put(store.key("bad"), hdr + raw(p))
     with pytest.raises(kv.PageCorrupt):
         store.get_pages_into(["bad"], [torch.empty_like(p)])
+    assert not client.exists(store.key("bad")), "a corrupt page outlived its load"
+    client.put(store.key("bad"), hdr + raw(p))
     with pytest.raises(kv.PageCorrupt):
         store.get_pages(["bad"])
+    assert not client.exists(store.key("bad"))
+
+
+def test_a_corrupt_page_misses_alone_and_is_replaced(client):
+    """Failing open, a page whose payload fails its CRC is a miss, the pages before and after
+    it in its batch load, and it is deleted: the next put stores it again and a load finds
+    it (its batch missed whole, and, never deleted, every later load of it too: lookups
+    counted it and puts skipped it; a review)."""
+    store = kv.PageStore(client, "ns/crc-open", checksum=True, fail_open=True)
+    ps = pages(3)
+    assert store.put_pages(["a", "c"], [ps[0], ps[2]]) == [True, True]
+    hdr = PageHeader("float32", tuple(ps[1].shape), "", ps[1].numel() * 4, crc32=12345).pack()
+    client.put(store.key("b"), hdr + raw(ps[1]))
+    dest = [torch.empty_like(p) for p in ps]
+    assert store.get_pages_into(["a", "b", "c"], dest) == [True, False, True]
+    assert raw(dest[0]) == raw(ps[0]) and raw(dest[2]) == raw(ps[2])
+    assert store.counters()["errors"] == 1
+    assert store.contains_prefix(["a", "b", "c"]) == 1
+    assert store.put_pages(["a", "b", "c"], ps) == [True, True, True]
+    assert store.get_pages_into(["a", "b", "c"], dest) == [True, True, True]
+    assert raw(dest[1]) == raw(ps[1])
+    client.put(store.key("b"), hdr + raw(ps[1]))
+    views = store.get_pages(["a", "b", "c"])
+    assert [v is not None for v in views] == [True, False, True]
 
 
 def test_a_checksum_store_replaces_pages_without_a_crc(client):

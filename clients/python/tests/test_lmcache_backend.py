@@ -390,7 +390,13 @@ def test_a_page_of_another_layout_is_a_miss(lmc, conn, daemon, caplog):
     assert len(logged) == 1
     got = run(c.get(k_ok))
     assert torch.equal(got.tensor, ok.tensor)
-    release(ok, got)
+    # The chunks after the odd page miss, those of another namespace (model) too: the
+    # loop over namespaces went on and loaded them (a review).
+    k_other = key(lmc, 0xB12, model="other")
+    other = chunk(lmc, cpu, 93)
+    run(c.put(k_other, other))
+    assert run(c.batched_get([k_odd, k_other])) == [None, None]
+    release(ok, got, other)
 
 
 # -- cancelled calls (LMCache's RemoteBackend cancels a call that passes its timeout) --------
@@ -538,6 +544,21 @@ def test_remove_list_close(lmc, conn):
     assert c.remove_sync(k) is False and not c.exists_sync(k)
     with pytest.raises(NotImplementedError, match="cannot list"):
         run(c.list())
+    release(obj)
+
+
+def test_calls_after_close_miss(lmc, conn):
+    """Every call after close() ends as a miss (a put stores nothing), as the module says:
+    they raised RuntimeError, the worker threads taking no more work (a review)."""
+    c, cpu = conn
+    k = key(lmc, 0xC10)
+    obj = chunk(lmc, cpu, 31)
+    run(c.put(k, obj))
+    run(c.close())
+    assert run(c.batched_get([k])) == [None]
+    assert run(c.get(k)) is None
+    assert run(c.exists(k)) is False
+    run(c.batched_put([k], [obj]))  # stores nothing, raises nothing
     release(obj)
 
 

@@ -408,7 +408,25 @@ class FluxKVConnector(RemoteConnector):
     async def _off_loop(self, fn: Callable, *args, abandoned: Optional[Callable] = None):
         """fn(*args) on a worker thread. Cancelling the await does not stop the worker: its
         work runs to the end, and then ``abandoned`` gets its result (to release it)."""
-        return await _wait(self._workers.submit(fn, *args), abandoned)
+        return await _wait(self._submit(fn, *args), abandoned)
+
+    def _submit(self, fn: Callable, *args) -> concurrent.futures.Future:
+        """The worker threads' future of fn(*args). After close() they take no more work: fn
+        runs here, where on the closed stores it ends as a miss at once (it raised
+        RuntimeError, "cannot schedule new futures after shutdown"; a review)."""
+        try:
+            return self._workers.submit(fn, *args)
+        except RuntimeError:
+            with self._lock:
+                closed = self._closed
+            if not closed:
+                raise
+        f: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:
+            f.set_exception(e)
+        return f
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -503,6 +521,7 @@ class FluxKVConnector(RemoteConnector):
         try:
             for store, start, hashes in self._runs(keys, lay):
                 n, at, per_call = len(hashes) // g, 0, first
+                cut = False
                 while at < n:
                     take = min(per_call, n - at)
                     views, whole = self._views(store, hashes[at * g : (at + take) * g], g)
@@ -511,10 +530,13 @@ class FluxKVConnector(RemoteConnector):
                     largest = max(sum(_nbytes(v) for v in c) for c in chunks)
                     out[start + at : start + at + take] = self._copy_all(chunks, lay)
                     chunks.clear()
-                    if not whole:  # a page of another layout: the chunks after it miss
+                    if not whole:  # a page of another layout: the chunks after it miss,
+                        cut = True  # those of the later runs (other namespaces) too
                         break
                     at += take
                     per_call = max(1, _LOAD_BYTES // largest) if largest else per_call
+                if cut:
+                    break
         except BaseException:
             _release(out)
             raise
@@ -617,7 +639,7 @@ class FluxKVConnector(RemoteConnector):
         for o in objs:
             o.ref_count_up()
         try:
-            work = self._workers.submit(self._store_all, keys, objs)
+            work = self._submit(self._store_all, keys, objs)
         except BaseException:
             _release(objs)
             raise

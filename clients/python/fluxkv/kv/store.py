@@ -231,10 +231,11 @@ class PageStore:
         """Copy each cached page into its tensor (same dtype, shape and layout as stored, else
         PageLayoutMismatch before anything of that batch is copied, its ``index`` the position
         of the first such page in ``hashes``); True where it was copied,
-        False for a miss. A tensor of a miss is left as it was. With ``checksum`` a payload
-        that does not match its CRC raises PageCorrupt (failing open: its batch answers False)
-        after the copy: the tensors of that batch then hold bytes to ignore. With ``checksum``
-        a page that carries no CRC is a miss (see _unchecked)."""
+        False for a miss. A tensor of a miss is left as it was. A payload that does not match
+        its CRC is deleted (the next put stores it again) and raises PageCorrupt after the
+        batch; failing open, that page alone answers False and the others of its batch load
+        (its tensor then holds bytes to ignore). With ``checksum`` a page that carries no CRC
+        is a miss (see _unchecked)."""
         ks = self.keys(hashes)
         ts = list(tensors)
         _same_length(ks, ts, "tensors")
@@ -256,8 +257,8 @@ class PageStore:
         return self.checksum and hdr.crc32 is None
 
     def _drop_unchecked(self, c, ks: list) -> None:
-        """Delete the pages _unchecked refused (best effort: a failed delete leaves them to
-        the next load)."""
+        """Delete the pages _unchecked refused, and those whose payload failed its CRC (best
+        effort: a failed delete leaves them to the next load)."""
         if not ks:
             return
         try:
@@ -280,9 +281,22 @@ class PageStore:
             self._failed(errors[0][1], f"getting {len(errors)} of {len(ks)} pages")
         return holders
 
+    def _corrupt(self, ks: list) -> None:
+        """Report pages whose payload did not match its CRC (deleted by the caller): raised
+        unless failing open, where each is a miss and the rest of its batch loads (one
+        corrupt page made its whole batch miss, and, never deleted, every later load of it
+        too: lookups counted it and puts skipped it; a review)."""
+        if not ks:
+            return
+        more = f" ({len(ks) - 1} more pages of this batch)" if len(ks) > 1 else ""
+        e = PageCorrupt(f"page {ks[0]!r}: its payload does not match the CRC-32 in its header{more}; deleted")
+        if not self.fail_open:
+            raise e
+        self._failed(e, "loading pages")
+
     def _load_into(self, c, ks: list, bufs: list) -> list:
         holders = self._batch_get(c, ks)
-        unchecked = []
+        unchecked, corrupt = [], []
         try:
             headers = []
             for i, (k, h, b) in enumerate(zip(ks, holders, bufs)):
@@ -301,15 +315,17 @@ class PageStore:
                 if hdr is not None:
                     h.copy_range_to(b.address, PAGE_HEADER_BYTES, hdr.nbytes)
                     if hdr.crc32 is not None and crc32_of(b.address, hdr.nbytes) != hdr.crc32:
-                        raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
+                        corrupt.append(k)
+                        hdr = None
                 found.append(hdr is not None)
         finally:
             for h in holders:
                 if h is not None:
                     h.release()
-        self._drop_unchecked(c, unchecked)
+        self._drop_unchecked(c, unchecked + corrupt)
         n = sum(found)
         self._count(hits=n, misses=len(found) - n)
+        self._corrupt(corrupt)
         return found
 
     def get_pages(self, hashes, *, numpy: bool = False) -> list:
@@ -331,7 +347,7 @@ class PageStore:
     def _views(self, c, ks: list, numpy: bool) -> list:
         holders = self._batch_get(c, ks)
         views: list = []
-        unchecked = []
+        unchecked, corrupt = [], []
         v = None
         try:
             for i, (k, h) in enumerate(zip(ks, holders)):
@@ -345,9 +361,11 @@ class PageStore:
                     unchecked.append(k)
                     views.append(None)
                     continue
-                v = tensor_view(h, hdr.dtype, hdr.shape, numpy)
                 if hdr.crc32 is not None and crc32_of(h.address + PAGE_HEADER_BYTES, hdr.nbytes) != hdr.crc32:
-                    raise PageCorrupt(f"page {k!r}: its payload does not match the CRC-32 in its header")
+                    corrupt.append(k)
+                    views.append(None)
+                    continue
+                v = tensor_view(h, hdr.dtype, hdr.shape, numpy)
                 views.append(v)
         except BaseException:
             views.clear()  # the views go first, so each holder's bytes are handed back below
@@ -357,9 +375,16 @@ class PageStore:
             for h in holders:
                 if h is not None:
                     h.release()  # acked once its view is gone
-        self._drop_unchecked(c, unchecked)
+        v = None
+        self._drop_unchecked(c, unchecked + corrupt)
         n = sum(v is not None for v in views)
         self._count(hits=n, misses=len(views) - n)
+        if corrupt:
+            try:
+                self._corrupt(corrupt)
+            except BaseException:
+                views.clear()  # no view outlives the raise
+                raise
         return views
 
     # -- removal and status --------------------------------------------------------------------
