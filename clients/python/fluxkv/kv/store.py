@@ -241,9 +241,12 @@ class PageStore:
         _same_length(ks, ts, "tensors")
         bufs = [describe(t, writable=True, what=lambda i=i, k=k: f"buffer {i} ({k!r})") for i, (k, t) in enumerate(zip(ks, ts))]
         out: list = []
+        tally = [0, 0]  # hits, misses: counted once the call returns (a caller that loads again after
+        # a PageLayoutMismatch of a later batch counted the earlier batches twice; a review)
         for lo in range(0, len(ks), self.batch):
             chunk = ks[lo : lo + self.batch]
-            out += _at(lo, lambda: self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)])))
+            out += _at(lo, lambda: self._guard([False] * len(chunk), lambda c: self._load_into(c, chunk, bufs[lo : lo + len(chunk)], tally)))
+        self._count(hits=tally[0], misses=tally[1])
         return out
 
     def _unchecked(self, hdr) -> bool:
@@ -294,7 +297,7 @@ class PageStore:
             raise e
         self._failed(e, "loading pages")
 
-    def _load_into(self, c, ks: list, bufs: list) -> list:
+    def _load_into(self, c, ks: list, bufs: list, tally: list) -> list:
         holders = self._batch_get(c, ks)
         unchecked, corrupt = [], []
         try:
@@ -324,7 +327,8 @@ class PageStore:
                     h.release()
         self._drop_unchecked(c, unchecked + corrupt)
         n = sum(found)
-        self._count(hits=n, misses=len(found) - n)
+        tally[0] += n
+        tally[1] += len(found) - n
         self._corrupt(corrupt)
         return found
 
@@ -335,16 +339,18 @@ class PageStore:
         read-only). Layout: as :meth:`get_pages_into` (a PageLayoutMismatch leaves no view)."""
         ks = self.keys(hashes)
         out: list = []
+        tally = [0, 0]  # hits, misses: counted once the call returns (as get_pages_into's)
         try:
             for lo in range(0, len(ks), self.batch):
                 chunk = ks[lo : lo + self.batch]
-                out += _at(lo, lambda: self._guard([None] * len(chunk), lambda c: self._views(c, chunk, numpy)))
+                out += _at(lo, lambda: self._guard([None] * len(chunk), lambda c: self._views(c, chunk, numpy, tally)))
         except BaseException:
             out.clear()  # no view outlives the call in this frame (a traceback keeps it)
             raise
+        self._count(hits=tally[0], misses=tally[1])
         return out
 
-    def _views(self, c, ks: list, numpy: bool) -> list:
+    def _views(self, c, ks: list, numpy: bool, tally: list) -> list:
         holders = self._batch_get(c, ks)
         views: list = []
         unchecked, corrupt = [], []
@@ -378,7 +384,8 @@ class PageStore:
         v = None
         self._drop_unchecked(c, unchecked + corrupt)
         n = sum(v is not None for v in views)
-        self._count(hits=n, misses=len(views) - n)
+        tally[0] += n
+        tally[1] += len(views) - n
         if corrupt:
             try:
                 self._corrupt(corrupt)
