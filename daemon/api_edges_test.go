@@ -550,19 +550,7 @@ func TestBatchGetLostReplyLeaksNoReusedHolder(t *testing.T) {
 	}
 	other.Release()
 	time.Sleep(time.Until(start.Add(allocWait + time.Second))) // the master's call ended
-	holders := func() int64 {
-		st, err := c2.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range st.Members {
-			if m.NodeId == "n2" {
-				return m.Holders
-			}
-		}
-		t.Fatal("n2 not a member")
-		return 0
-	}
+	holders := func() int64 { return memberHolders(t, n.m, "n2") }
 	deadline := time.Now().Add(5 * time.Second)
 	for h := holders(); h != 0; h = holders() {
 		if time.Now().After(deadline) {

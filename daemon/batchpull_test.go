@@ -448,7 +448,17 @@ func TestBatchRefillStageCallRefused(t *testing.T) {
 // returns n1's node, n2's client and the pages' keys. tweaks apply to n2's options.
 func ssdOnlyPages(t *testing.T, pages int, tweaks ...func(*Options)) (*node, *fluxkv.Client, []string) {
 	t.Helper()
-	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true})
+	return ssdOnlyPagesOn(t, pages, nil, tweaks...)
+}
+
+// ssdOnlyPagesOn is ssdOnlyPages with tweak1 applied to n1's options (nil: none).
+func ssdOnlyPagesOn(t *testing.T, pages int, tweak1 func(*Options), tweaks ...func(*Options)) (*node, *fluxkv.Client, []string) {
+	t.Helper()
+	var n1 []func(*Options)
+	if tweak1 != nil {
+		n1 = append(n1, tweak1)
+	}
+	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true}, n1...)
 	_, c2 := n.addOwner(t, "n2", 16<<20, nil, append([]func(*Options){func(o *Options) { o.CacheGrace = -1 }}, tweaks...)...)
 	var keys []string
 	for i := range pages {

@@ -107,19 +107,7 @@ func TestRefillLostGetDoneOfAnEarlierMaster(t *testing.T) {
 		}
 	}
 	n.waitPersisted(t)
-	holders := func() int64 {
-		st, err := c.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mem := range st.Members {
-			if mem.NodeId == "n1" {
-				return mem.Holders
-			}
-		}
-		t.Fatal("n1 not a member")
-		return 0
-	}
+	holders := func() int64 { return memberHolders(t, m, "n1") }
 	// A refill whose GetDone is answered: the master's holder is the client's.
 	h, err := c.Get("k")
 	if err != nil || !bytes.Equal(h.Bytes(), want) || mc.planned() != 1 {

@@ -3,7 +3,6 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/cloudwego/kitex/pkg/endpoint"
 	"github.com/cloudwego/kitex/server"
 
-	"github.com/fluxkv/fluxkv/master"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/peer"
 )
@@ -51,23 +49,7 @@ func stageNotNow(n *atomic.Int64) []server.Option {
 func TestRemoteRefillNotNowPlansAgain(t *testing.T) {
 	t.Parallel()
 	var notNow atomic.Int64
-	n := startNode(t, 4<<20, ssdOptions(t, 64<<20), master.Options{Placement: master.PlacementLocal, InsecureCluster: true, NoPromotion: true},
-		func(o *Options) { o.testPeerServerOpts = stageNotNow(&notNow) })
-	_, c2 := n.addOwner(t, "n2", 16<<20, nil, func(o *Options) { o.CacheGrace = -1 })
-	var keys []string
-	for i := range 6 {
-		k := fmt.Sprintf("page-%d", i)
-		if err := n.c.Put(k, value(i, 64<<10+i)); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	for i := range 12 { // 3x n1's DRAM: the pages are on its SSD only
-		if err := n.c.Put(fmt.Sprintf("filler-%d", i), value(100+i, 1<<20)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n.waitPersisted(t)
+	_, c2, keys := ssdOnlyPagesOn(t, 6, func(o *Options) { o.testPeerServerOpts = stageNotNow(&notNow) })
 	notNow.Store(1)
 	h, err := c2.Get(keys[0])
 	if err != nil {
