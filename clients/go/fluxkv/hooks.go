@@ -17,6 +17,8 @@ type hooks struct {
 	// onReply sees every reply decoded, before the client reads it (a test may change it:
 	// a malformed answer).
 	onReply func(method string, result thrift.FastCodec)
+	// flushing runs as Flush begins, before it looks at the queue.
+	flushing func()
 }
 
 func (h *hooks) sent(method string, args thrift.FastCodec) {

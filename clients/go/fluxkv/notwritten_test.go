@@ -127,3 +127,54 @@ func TestFlushWaitsForReleasesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFlushWaitsForReleasesTakenWhileItSends: ids another call takes after Flush began
+// reach the owner before Flush returns (CI: the release timer's Flush took the ids just
+// after a test's Flush began, and the test's returned at once, finding the queue empty,
+// while the owner had not yet seen those releases).
+func TestFlushWaitsForReleasesTakenWhileItSends(t *testing.T) {
+	n := startNode(t, "64MiB")
+	c, err := Connect(Options{Socket: n.socket(), Name: t.Name(), ReleaseDelay: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.Put("k", []byte("value")); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitHolders(t, c, 1)
+	var answered atomic.Int64
+	sending := make(chan struct{})
+	c.hooks.onSend = func(m string, _ thrift.FastCodec) {
+		if m == "Exists" {
+			close(sending)
+			time.Sleep(time.Second) // the release rides on this call, slow to go out
+		}
+	}
+	c.hooks.onReply = func(m string, _ thrift.FastCodec) {
+		if m == "Exists" {
+			answered.Add(1)
+		}
+	}
+	done := make(chan error, 1)
+	c.hooks.flushing = func() {
+		go func() { _, err := c.Exists("k"); done <- err }()
+		<-sending // the Exists took the release
+	}
+	h.Release()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if answered.Load() != 1 {
+		t.Errorf("Flush returned before the call that took the release was answered")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.hooks.onSend, c.hooks.onReply, c.hooks.flushing = nil, nil, nil
+	waitHolders(t, c, 0)
+}

@@ -434,36 +434,56 @@ func (c *Client) releaseDue() {
 	c.mu.Unlock()
 }
 
-// Flush sends queued releases now (they ride on the session of empty Releases), after
-// the calls of other goroutines in flight that carry releases (a call that follows Flush
-// finds the owner has them: Stat counts the holders released, a put finds the room they
-// freed; one of those calls that fails gives its releases back, and Flush sends them).
+// Flush sends queued releases now (they ride on the session of empty Releases), then
+// waits for the calls of other goroutines in flight that carry releases, the release
+// timer's included (a call that follows Flush finds the owner has them: Stat counts the
+// holders released, a put finds the room they freed; one of those calls that fails gives
+// its releases back, and Flush sends them).
 func (c *Client) Flush() error {
-	c.mu.Lock()
-	carrying := make([]chan struct{}, 0, len(c.carrying))
-	for ch := range c.carrying {
-		carrying = append(carrying, ch)
+	if c.hooks.flushing != nil {
+		c.hooks.flushing()
 	}
-	c.mu.Unlock()
-	for _, ch := range carrying { // (each bounded by the call timeout)
-		<-ch
-	}
-	// Each call carries at most wire.MaxReleasesPerCall ids: loop until the queue is
-	// empty, stopping at the first failure (the ids stay queued for a later call).
-	for {
+	// Twice at most: a call waited for that fails gives its ids back to the queue, and the
+	// second round sends them (more rounds would chase the releases of a steady load).
+	for round := 0; ; round++ {
+		// Each call carries at most wire.MaxReleasesPerCall ids: loop until the queue is
+		// empty, stopping at the first failure (the ids stay queued for a later call).
+		for {
+			c.mu.Lock()
+			pending := len(c.releases) > 0 && !c.closed
+			c.mu.Unlock()
+			if !pending {
+				break
+			}
+			c.releaseFlight(+1)
+			_, _, err := invoke(c, call{method: releaseMethod, retry: retryNever, args: func(s *external.Session) thrift.FastCodec {
+				return &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s}}
+			}}, &external.ExternalServiceReleaseResult{})
+			c.releaseFlight(-1)
+			if err != nil {
+				return err
+			}
+		}
+		// The queue is empty, but a call that took the last ids (another goroutine's, or
+		// the release timer's Flush) may still be on its way: wait for those in flight now
+		// (each bounded by the call timeout; calls begun later are not waited for).
 		c.mu.Lock()
-		pending := len(c.releases) > 0 && !c.closed
+		carrying := make([]chan struct{}, 0, len(c.carrying))
+		for ch := range c.carrying {
+			carrying = append(carrying, ch)
+		}
 		c.mu.Unlock()
-		if !pending {
+		if len(carrying) == 0 {
 			return nil
 		}
-		c.releaseFlight(+1)
-		_, _, err := invoke(c, call{method: releaseMethod, retry: retryNever, args: func(s *external.Session) thrift.FastCodec {
-			return &external.ExternalServiceReleaseArgs{Req: &external.ReleaseRequest{Session: s}}
-		}}, &external.ExternalServiceReleaseResult{})
-		c.releaseFlight(-1)
-		if err != nil {
-			return err
+		for _, ch := range carrying {
+			<-ch
+		}
+		c.mu.Lock()
+		again := len(c.releases) > 0 && !c.closed
+		c.mu.Unlock()
+		if !again || round == 1 {
+			return nil
 		}
 	}
 }
