@@ -15,7 +15,8 @@ import (
 //	network  nofile/8 in four equal parts: the data plane's authenticated connections
 //	         (dataPlaneConnections), those in their handshake (as many: auth.Listener's
 //	         MaxPending), the peer service's handshakes (peerPendingHandshakes), and the
-//	         owner's own pulls from the other owners
+//	         owner's own connections to the other owners (idle ones capped as the data
+//	         plane's; those carrying a pull are at most 4 per peer, and transient)
 //	sockets  the rest, half to the attach socket and half to the RPC socket
 //	         (defaultMaxConnections)
 //
@@ -67,7 +68,8 @@ const (
 )
 
 // dataPlaneConnections caps the data plane's connections (transfer.ServerOptions.MaxConns,
-// pooled ones included; as many may be in their handshake) at nofile/32, within
+// pooled ones included; as many may be in their handshake), and the owner's own idle
+// ones to the other owners (transfer.ClientOptions.MaxIdle), each at nofile/32, within
 // [8, 8192]. Each other owner keeps up to 4 connections to it
 // (transfer.ClientOptions.MaxPullsPerPeer, and as many idle), more while it stages SSD
 // refills from it: a fixed 256 refused the pulls of the 65th busy peer, so gets of its

@@ -47,7 +47,8 @@ func (o *Owner) startDataPlane() error {
 	if err := checkReachable("--data-listen", o.opts.DataListen, o.dataAddr, o.opts.MasterAddr); err != nil {
 		return err
 	}
-	o.puller = transfer.NewClient(transfer.ClientOptions{Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics})
+	o.puller = transfer.NewClient(transfer.ClientOptions{Secrets: o.opts.Secrets, Logger: &o.log, Metrics: o.opts.Metrics,
+		MaxIdle: dataPlaneConnections(nofileLimit())})
 	if o.opts.testPuller != nil {
 		o.puller = o.opts.testPuller(o.puller)
 	}

@@ -46,6 +46,11 @@ type ClientOptions struct {
 	// MaxIdlePerPeer caps the pooled idle connections per peer address. Default
 	// MaxPullsPerPeer.
 	MaxIdlePerPeer int
+	// MaxIdle caps the pooled idle connections to all peers together: a connection a
+	// pull ends with past it is closed, not pooled (in a large cluster the idle ones,
+	// MaxIdlePerPeer to each peer pulled from within IdleTimeout, would otherwise take
+	// file descriptors by the thousand). Default 1,024.
+	MaxIdle int
 	// IdleTimeout: a pooled connection idle longer is closed, not reused (keep it
 	// under the server's IdleTimeout). Default 1 minute.
 	IdleTimeout time.Duration
@@ -74,6 +79,9 @@ func (o *ClientOptions) fill() {
 	if o.MaxIdlePerPeer <= 0 {
 		o.MaxIdlePerPeer = o.MaxPullsPerPeer
 	}
+	if o.MaxIdle <= 0 {
+		o.MaxIdle = 1024
+	}
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = time.Minute
 	}
@@ -93,8 +101,9 @@ type Client struct {
 	wg    sync.WaitGroup // dial goroutines
 	stop  chan struct{}  // closed by Close: abandons dials in progress
 
-	mu     sync.Mutex // protects idle, swept, active, gates, closed
+	mu     sync.Mutex // protects idle, nIdle, swept, active, gates, closed
 	idle   map[string][]idleConn
+	nIdle  int       // the connections in idle, all addresses together
 	swept  time.Time // the last sweep of every address's idle connections (sweepLocked)
 	active map[*net.TCPConn]struct{}
 	gates  map[string]*gate // per peer address, while a pull holds or waits for a slot
@@ -142,7 +151,7 @@ func (c *Client) Close() error {
 			conns = append(conns, ic.tc)
 		}
 	}
-	c.idle = nil
+	c.idle, c.nIdle = nil, 0
 	for tc := range c.active {
 		conns = append(conns, tc)
 	}
@@ -396,6 +405,7 @@ func (c *Client) get(ctx context.Context, addr string) (tc *net.TCPConn, reused 
 	for list := c.idle[addr]; len(list) > 0; list = c.idle[addr] {
 		ic := list[len(list)-1]
 		c.idle[addr] = list[:len(list)-1]
+		c.nIdle--
 		if now.Sub(ic.since) > c.opts.IdleTimeout || !alive(ic.tc) {
 			stale = append(stale, ic.tc)
 			continue
@@ -497,6 +507,7 @@ func (c *Client) sweepLocked(now time.Time) []*net.TCPConn {
 		for _, ic := range list {
 			if now.Sub(ic.since) > c.opts.IdleTimeout {
 				stale = append(stale, ic.tc)
+				c.nIdle--
 			} else {
 				kept = append(kept, ic)
 			}
@@ -516,12 +527,13 @@ func (c *Client) put(addr string, tc *net.TCPConn) {
 	tc.SetDeadline(time.Time{})
 	c.mu.Lock()
 	delete(c.active, tc)
-	if c.closed || len(c.idle[addr]) >= c.opts.MaxIdlePerPeer {
+	if c.closed || len(c.idle[addr]) >= c.opts.MaxIdlePerPeer || c.nIdle >= c.opts.MaxIdle {
 		c.mu.Unlock()
 		tc.Close()
 		return
 	}
 	c.idle[addr] = append(c.idle[addr], idleConn{tc: tc, since: time.Now()})
+	c.nIdle++
 	c.mu.Unlock()
 }
 

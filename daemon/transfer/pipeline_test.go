@@ -293,6 +293,48 @@ func TestIdleConnsOfGonePeersClosed(t *testing.T) {
 	}
 }
 
+// TestIdleConnsCappedAcrossPeers: the pool keeps at most MaxIdle idle connections to all
+// peers together; one a pull ends with past the cap is closed (a review: 4 to each peer
+// pulled from within a minute, uncounted by the owner's file descriptor budget).
+func TestIdleConnsCappedAcrossPeers(t *testing.T) {
+	sec := secrets(t)
+	src := newTestSource(segment(t, mib, true))
+	f := src.retain(1, 0, 8192)
+	cl := newClient(t, ClientOptions{Secrets: sec, MaxIdle: 2})
+	var addrs []string
+	for range 4 {
+		srv := startServer(t, src, ServerOptions{Secrets: sec})
+		addrs = append(addrs, srv.Addr().String())
+		if err := cl.Pull(context.Background(), addrs[len(addrs)-1], f, 0, make([]byte, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pooled := func() (n, counted int) {
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		for _, list := range cl.idle {
+			n += len(list)
+		}
+		return n, cl.nIdle
+	}
+	if n, counted := pooled(); n != 2 || counted != 2 {
+		t.Fatalf("%d idle connections pooled (counted %d) after pulls from 4 peers, want MaxIdle 2", n, counted)
+	}
+	// A pull that reuses a pooled connection frees its place for the next one.
+	if err := cl.Pull(context.Background(), addrs[0], f, 0, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Pull(context.Background(), addrs[3], f, 0, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if d := cl.dials.Load(); d != 5 {
+		t.Errorf("%d dials, want 5 (4 peers, then the fourth again, whose connection was closed; the first's was reused)", d)
+	}
+	if n, counted := pooled(); n != 2 || counted != 2 {
+		t.Errorf("%d idle connections pooled (counted %d), want 2", n, counted)
+	}
+}
+
 // TestPullManyWaitCanceledCountsEachItem: a run of a batch that waited for a slot of
 // the peer until its context ended counts one error for each of its items, as every
 // other failure of a run does (it counted one for the whole run).
