@@ -133,9 +133,10 @@ func (m *masterLink) use(c masterservice.Client, addr string, d *auth.Dialer) {
 // registration, and it checks that a master (the leader on etcd) is known.
 func (m *masterLink) cl() masterservice.Client { return m.client.Load() }
 
-// ref names this owner in a master call: its node id and registration (Owner.nodeGen).
+// ref names this owner in a master call: its node id, registration (Owner.nodeGen) and
+// token.
 func (m *masterLink) ref() *mp.NodeRef {
-	return &mp.NodeRef{NodeId: m.o.opts.NodeID, Generation: m.o.nodeGen()}
+	return &mp.NodeRef{NodeId: m.o.opts.NodeID, Generation: m.o.nodeGen(), Token: m.o.token}
 }
 
 // addr names the master for logs: its address, or the etcd endpoints it is followed on.

@@ -34,8 +34,11 @@ type Owner struct {
 	// the pulls from its segment. It starts at generation, and each Register after the
 	// first names a new one (masterLink.registerAgain); stored under mu, read anywhere.
 	regGen atomic.Int64
-	seg    *shm.Segment
-	store  *ssd.Storage // nil: no SSD tier
+	// token rides with every master call (masterLink.ref): only this process and the
+	// master know it, so no other member can act as this owner (NodeRef.token).
+	token int64
+	seg   *shm.Segment
+	store *ssd.Storage // nil: no SSD tier
 	// evictQ holds the reports of SSD records gone here until the master took them:
 	// the ring's evictions and the records forgotten with the master possibly
 	// routing to them (forwardEvictions sends them; nil without an SSD tier).
@@ -102,6 +105,7 @@ func New(opts Options) (*Owner, error) {
 	o := &Owner{
 		opts: opts, log: opts.Logger.With().Str("node", opts.NodeID).Logger(),
 		generation: randomID(),
+		token:      randomID(),
 		idleStop:   make(chan struct{}),
 		frames:     wire.NewFrameBudget(opts.FrameMemory),
 		peerFrames: wire.NewFrameBudget(opts.FrameMemory / 4),

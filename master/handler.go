@@ -20,7 +20,7 @@ func ref(n *mp.NodeRef) NodeRef {
 	if n == nil {
 		return NodeRef{}
 	}
-	return NodeRef{ID: n.NodeId, Generation: n.Generation}
+	return NodeRef{ID: n.NodeId, Generation: n.Generation, Token: n.Token}
 }
 
 func ssdInfo(i *mp.KvSsdStorageInfo) SSDInfo {

@@ -35,6 +35,7 @@ type Pin struct {
 type node struct {
 	id          string
 	generation  int64
+	token       int64 // NodeRef.Token of its Register: every call naming it must carry it
 	segmentSize int64
 	dataAddr    string
 	peerAddr    string
@@ -130,6 +131,9 @@ type node struct {
 type NodeRef struct {
 	ID         string
 	Generation int64
+	// Token is the owner's secret of the incarnation (mp.NodeRef.token): a call must
+	// carry the one its Register carried (0 for an owner of an earlier release).
+	Token int64
 }
 
 // samePin returns the holder of n (a pin registered just before) whose range in area
@@ -220,7 +224,7 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		s.tombLocked(old)
 	}
 	n := &node{
-		id: ref.ID, generation: ref.Generation, segmentSize: segmentSize,
+		id: ref.ID, generation: ref.Generation, token: ref.Token, segmentSize: segmentSize,
 		dataAddr: dataAddr, peerAddr: peerAddr, ssd: ssd, lastSeen: now,
 		alloc:   NewAllocator(end - reserve),
 		policy:  newEvictOrder(&s.clock, s.ghosts),
@@ -360,7 +364,8 @@ func (s *State) SetRegistrationSeq(ref NodeRef, seq int64) {
 // nodeLocked finds the live incarnation ref names, or STALE_GENERATION.
 func (s *State) nodeLocked(ref NodeRef) (*node, error) {
 	n := s.nodes[ref.ID]
-	if n == nil || n.generation != ref.Generation {
+	// A wrong token is answered as an unknown generation: it tells the sender nothing.
+	if n == nil || n.generation != ref.Generation || n.token != ref.Token {
 		return nil, wire.Errorf(common.ErrorCode_STALE_GENERATION, "node %q generation %d is not registered with this master: register again", ref.ID, ref.Generation)
 	}
 	return n, nil

@@ -820,6 +820,55 @@ func TestRegisterAddrTaken(t *testing.T) {
 	}
 }
 
+// TestCallsNeedTheRegistrationToken: a call naming an owner's id and generation (both
+// public: Stat, fences) with another token than its Register's is refused as a stale
+// generation and changes nothing; a review acked a live owner's holders from a process
+// holding only the cluster secret, and the range a client held was handed to another
+// value.
+func TestCallsNeedTheRegistrationToken(t *testing.T) {
+	st := NewState(Options{IDBase: 1})
+	now := time.Unix(1, 0)
+	ref := NodeRef{ID: "n1", Generation: 1, Token: 0x5ec2e7}
+	if err := st.Register(now, ref, 64<<20, 0, 0, "", "", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := st.PutStart(now, ref, "k", 1<<20, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutDone(now, ref, "k", p.PutID); err != nil {
+		t.Fatal(err)
+	}
+	g, err := st.GetStart(now, ref, "k", nil)
+	if err != nil || !g.Done {
+		t.Fatalf("get: %+v %v", g, err)
+	}
+	n := st.nodes["n1"]
+	for _, token := range []int64{0, ref.Token + 1} {
+		forged := NodeRef{ID: ref.ID, Generation: ref.Generation, Token: token}
+		if _, err := st.BatchDeleteAck(forged, []int64{g.HolderID}, nil); wire.CodeOf(err) != common.ErrorCode_STALE_GENERATION {
+			t.Fatalf("ack with token %d: %v, want STALE_GENERATION", token, err)
+		}
+		if _, err := st.PutStart(now, forged, "other", 1<<20, false, nil); wire.CodeOf(err) != common.ErrorCode_STALE_GENERATION {
+			t.Fatalf("put with token %d: %v, want STALE_GENERATION", token, err)
+		}
+	}
+	if len(n.holders) != 1 {
+		t.Fatalf("%d holders after the forged acks, want the get's 1", len(n.holders))
+	}
+	if unknown, err := st.BatchDeleteAck(ref, []int64{g.HolderID}, nil); err != nil || unknown != 0 || len(n.holders) != 0 {
+		t.Fatalf("the owner's own ack: unknown %d, %v, %d holders left", unknown, err, len(n.holders))
+	}
+	// An owner of an earlier release sends no token: its calls go on its generation.
+	old := NodeRef{ID: "n2", Generation: 1}
+	if err := st.Register(now, old, 64<<20, 0, 0, "", "", SSDInfo{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutStart(now, old, "k2", 1<<20, false, nil); err != nil {
+		t.Fatalf("a tokenless owner's put: %v", err)
+	}
+}
+
 func second[T any](_ T, err error) error { return err }
 
 // TestFillBeforeEviction: with 1 MiB − 128 B values the segment is fully used before

@@ -9,6 +9,13 @@ include "common.thrift"
 struct NodeRef {
   1: string node_id,
   2: i64 generation,
+  // token: a random number the owner process chose, sent with its Register and with every
+  // later call. The generation is public (Stat, fences); the token is known only to the
+  // owner and the master, which answers a call whose token differs from the one its
+  // registration gave STALE_GENERATION: a member holding the cluster secret cannot act as
+  // another owner (ack its holders, revoke its puts). 0: an owner of an earlier release,
+  // whose calls are taken on its generation alone.
+  3: i64 token,
 }
 
 struct KvSsdStorageInfo {

@@ -21,9 +21,10 @@ const maxSecretFile = 4096
 const makeSecretHint = "make one with: (umask 077; head -c 32 /dev/urandom | base64 > FILE)"
 
 // Secrets are the cluster secrets of a process: the first signs this process's
-// handshakes, any of them is accepted from a peer (rotation: run with the new file
-// first and the old one second until every node has the new one). A nil *Secrets
-// means the process runs without cluster authentication (--insecure-cluster).
+// handshakes, any of them is accepted from a peer. Rotation thus takes three rolling
+// restarts: old then new everywhere, new then old everywhere, new alone (a node that
+// signs with new is refused by one that holds old alone). A nil *Secrets means the
+// process runs without cluster authentication (--insecure-cluster).
 type Secrets struct {
 	keys  [][]byte
 	paths []string // where each key came from; empty for NewSecrets

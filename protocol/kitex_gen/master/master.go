@@ -19,6 +19,7 @@ const (
 type NodeRef struct {
 	NodeId     string `thrift:"node_id,1" frugal:"1,default,string" json:"node_id"`
 	Generation int64  `thrift:"generation,2" frugal:"2,default,i64" json:"generation"`
+	Token      int64  `thrift:"token,3" frugal:"3,default,i64" json:"token"`
 }
 
 func NewNodeRef() *NodeRef {
@@ -35,11 +36,18 @@ func (p *NodeRef) GetNodeId() (v string) {
 func (p *NodeRef) GetGeneration() (v int64) {
 	return p.Generation
 }
+
+func (p *NodeRef) GetToken() (v int64) {
+	return p.Token
+}
 func (p *NodeRef) SetNodeId(val string) {
 	p.NodeId = val
 }
 func (p *NodeRef) SetGeneration(val int64) {
 	p.Generation = val
+}
+func (p *NodeRef) SetToken(val int64) {
+	p.Token = val
 }
 
 func (p *NodeRef) String() string {
@@ -52,6 +60,7 @@ func (p *NodeRef) String() string {
 var fieldIDToName_NodeRef = map[int16]string{
 	1: "node_id",
 	2: "generation",
+	3: "token",
 }
 
 type KvSsdStorageInfo struct {
