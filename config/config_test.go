@@ -267,7 +267,7 @@ master:
 		{name: "negative persist workers", role: RoleMaster, yaml: "master: {persist_workers: -2}",
 			wantErr: "master.persist_workers: -2 must be ≥ 0 (0 = the default)"},
 		{name: "negative duration", role: RoleMaster, yaml: "master: {alloc_wait: -1s}", wantErr: `master.alloc_wait: invalid duration "-1s": must be positive`},
-		{name: "ttl below heartbeat", role: RoleMaster, yaml: "master: {node_ttl: 1s, heartbeat_interval: 2s}", wantErr: "master.node_ttl: 1s must exceed master.heartbeat_interval 2s"},
+		{name: "ttl below heartbeat", role: RoleMaster, yaml: "master: {node_ttl: 1s, heartbeat_interval: 2s}", wantErr: "master.node_ttl: 1s must be at least twice master.heartbeat_interval 2s"},
 		{name: "section not a mapping", role: RoleOwner, yaml: "fluxkv_spec: [1, 2]", wantErr: "fluxkv_spec: want a mapping of settings, got a list"},
 		{name: "top level not a mapping", role: RoleOwner, yaml: "- 1\n", wantErr: "want a mapping of sections (fluxkv_spec, master), got a list"},
 		{name: "two documents", role: RoleOwner, yaml: "fluxkv_spec: {dram: 1GiB}\n---\nfluxkv_spec: {dram: 2GiB}\n", wantErr: "more than one YAML document"},

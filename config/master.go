@@ -135,8 +135,8 @@ func parseMaster(n *yaml.Node, role Role) (*Master, error) {
 	if err := walkMapping(n, sec, handlers); err != nil {
 		return nil, err
 	}
-	if m.NodeTTL != 0 && m.HeartbeatInterval != 0 && m.NodeTTL <= m.HeartbeatInterval {
-		return nil, keyErr(ttlNode, k("node_ttl"), "%v must exceed %s %v (an owner misses a few heartbeats before it is tombed)",
+	if m.NodeTTL != 0 && m.HeartbeatInterval != 0 && m.NodeTTL < 2*m.HeartbeatInterval {
+		return nil, keyErr(ttlNode, k("node_ttl"), "%v must be at least twice %s %v (an owner's lease ends a quarter heartbeat before the TTL: one heartbeat late or lost must not end it)",
 			m.NodeTTL, k("heartbeat_interval"), m.HeartbeatInterval)
 	}
 	return m, nil

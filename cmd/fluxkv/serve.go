@@ -424,7 +424,7 @@ func (s *stack) owner(ctx context.Context, oc config.Owner, masterAddr string, m
 	seg := segmentSize(oc.DRAM) + segmentSize(oc.LandingReserve)
 	ev := logger.Info().Str("component", "owner").EmbedObject(currentBuild()).Str("socket", o.SocketPath()).
 		Int64("segment_bytes", seg).Str("segment", humanSize(seg))
-	if seg != oc.DRAM {
+	if segmentSize(oc.DRAM) != oc.DRAM {
 		ev = ev.Int64("dram_requested_bytes", oc.DRAM)
 	}
 	if oc.LandingReserve > 0 {

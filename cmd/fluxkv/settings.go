@@ -35,7 +35,13 @@ import (
 const (
 	defaultNodeTTL           = 5 * time.Second
 	defaultHeartbeatInterval = time.Second
+	defaultInflightTTL       = time.Minute
+	defaultAllocWait         = 5 * time.Second
 )
+
+// minMasterTime is the shortest node TTL, heartbeat interval and in-flight TTL: owners
+// get them in whole milliseconds (RegisterResponse), and take 0 for their defaults.
+const minMasterTime = time.Millisecond
 
 // minFrameMemory is the smallest --frame-memory: two frames of the largest size.
 const minFrameMemory = 2 * int64(wire.MaxFrameBytes)
@@ -77,8 +83,14 @@ func hasFlag(c *cli.Context, name string) bool {
 	return false
 }
 
-// loadConfig reads --config for role; without --config it is an empty file.
+// loadConfig reads --config for role; without --config it is an empty file. A word
+// left after the flags is refused: the flags after it were never read (`--dram 64 GiB`
+// ran a 64-byte cache with every later flag dropped).
 func loadConfig(c *cli.Context, role config.Role) (*config.File, error) {
+	if c.NArg() > 0 {
+		return nil, refuse("fluxkv %s takes no arguments, got %q: flags after it were not read (a size takes no space before its unit: --dram 64GiB)",
+			c.Command.Name, c.Args().First())
+	}
 	path := c.String("config")
 	if path == "" {
 		return &config.File{}, nil
@@ -114,20 +126,28 @@ func masterSettings(c *cli.Context, f *config.File) (config.Master, error) {
 	if err := t.check(c, &fm, &s); err != nil {
 		return s, err
 	}
-	ttl, hb := s.NodeTTL, s.HeartbeatInterval
-	if ttl == 0 {
-		ttl = defaultNodeTTL
+	ttl, hb, inflight := cmp.Or(s.NodeTTL, defaultNodeTTL), cmp.Or(s.HeartbeatInterval, defaultHeartbeatInterval), cmp.Or(s.InflightTTL, defaultInflightTTL)
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"node-ttl", ttl}, {"heartbeat-interval", hb}, {"inflight-ttl", inflight}} {
+		if d.v < minMasterTime {
+			return s, refuse("%s %v is under %v: owners are told it in whole milliseconds", t.name(c, d.flag, &fm), d.v, minMasterTime)
+		}
 	}
-	if hb == 0 {
-		hb = defaultHeartbeatInterval
-	}
-	if ttl <= hb {
-		return s, refuse("%s %v must exceed %s %v (an owner misses a few heartbeats before it is tombed)",
+	if ttl < 2*hb {
+		return s, refuse("%s %v must be at least twice %s %v (an owner's lease ends a quarter heartbeat before the TTL: one heartbeat late or lost must not end it)",
 			t.name(c, "node-ttl", &fm), ttl, t.name(c, "heartbeat-interval", &fm), hb)
 	}
-	if s.AllocWait > maxAllocWait {
-		return s, refuse("%s %v is over %v: an owner's call to the master ends after 15 s, and a batch get's plan older than 10 s is made again (a put waiting longer would be answered UNAVAILABLE, not NO_SPACE, while the master may still place it)",
-			t.name(c, "alloc-wait", &fm), s.AllocWait, maxAllocWait)
+	// A batch get's plan older than min(10 s, in-flight TTL/6) is revoked and made again
+	// (the owner's planAge): a wait for room as long would double such a batch's wait.
+	planAge := min(maxAllocWait, inflight/6)
+	switch {
+	case s.AllocWait > planAge:
+		return s, refuse("%s %v is over %v, the oldest plan an owner still carries out (at most 10 s, and a sixth of %s %v): an owner's call to the master ends after 15 s, and a batch whose plans waited longer is planned again (a put waiting longer would be answered UNAVAILABLE, not NO_SPACE, while the master may still place it)",
+			t.name(c, "alloc-wait", &fm), s.AllocWait, planAge, t.name(c, "inflight-ttl", &fm), inflight)
+	case s.AllocWait == 0 && defaultAllocWait > planAge:
+		s.AllocWait = planAge / 2 // a short in-flight TTL lowers the default
 	}
 	if s.PersistWorkers > maxPersistWorkers {
 		return s, refuse("%s %d is over %d (one goroutine each)", t.name(c, "persist-workers", &fm), s.PersistWorkers, maxPersistWorkers)
@@ -261,6 +281,11 @@ func ownerSettings(c *cli.Context, f *config.File) (config.Owner, error) {
 	s.SocketDir = dir
 	if err := dirOrCreatable(dir); err != nil {
 		return s, refuse("%s %s: %v", t.name(c, "dir", &fo), dir, err)
+	}
+	// One owned by another user is refused at the start too, but with exit status 1,
+	// which a service manager restarts for good (RestartPreventExitStatus=2).
+	if _, err := wire.CheckDir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return s, refuse("%s: %v", t.name(c, "dir", &fo), err)
 	}
 	// The longer of the owner's two sockets must fit sun_path: the owner would find it
 	// only when it listens, after the master has started.

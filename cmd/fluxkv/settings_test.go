@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -461,12 +462,27 @@ func TestSettingsRefusals(t *testing.T) {
 			wantErr: "--alloc-wait must be positive, got -1s"},
 		{name: "negative inflight ttl", command: "master", args: []string{"--inflight-ttl=-5s"},
 			wantErr: "--inflight-ttl must be positive, got -5s"},
+		// A review: a word left after the flags dropped every flag after it, silently.
+		{name: "a size's unit apart", command: "up", args: []string{"--dram", "64", "GiB", "--dir", absentDir},
+			wantErr: `fluxkv up takes no arguments, got "GiB": flags after it were not read`},
+		{name: "a stray word", command: "owner", args: append([]string{"extra"}, owner...),
+			wantErr: `fluxkv owner takes no arguments, got "extra"`},
+		{name: "a stray word on the master", command: "master", args: []string{"--insecure-cluster", "extra"},
+			wantErr: `fluxkv master takes no arguments, got "extra"`},
+		{name: "ttl barely above the heartbeat", command: "master", args: []string{"--heartbeat-interval", "1s", "--node-ttl", "1100ms"},
+			wantErr: "--node-ttl 1.1s must be at least twice --heartbeat-interval 1s"},
+		{name: "an in-flight ttl under a millisecond", command: "master", args: []string{"--inflight-ttl", "900us"},
+			wantErr: "--inflight-ttl 900µs is under 1ms: owners are told it in whole milliseconds"},
+		{name: "a heartbeat under a millisecond", command: "master", args: []string{"--heartbeat-interval", "500us", "--node-ttl", "2s"},
+			wantErr: "--heartbeat-interval 500µs is under 1ms"},
+		{name: "alloc wait past a short in-flight ttl's plan age", command: "master", args: []string{"--inflight-ttl", "24s", "--alloc-wait", "5s"},
+			wantErr: "--alloc-wait 5s is over 4s, the oldest plan an owner still carries out (at most 10 s, and a sixth of --inflight-ttl 24s)"},
 		{name: "heartbeat flag above the default ttl", command: "master", args: []string{"--heartbeat-interval", "6s"},
-			wantErr: "--node-ttl 5s must exceed --heartbeat-interval 6s"},
+			wantErr: "--node-ttl 5s must be at least twice --heartbeat-interval 6s"},
 		{name: "flag ttl below the file's heartbeat", command: "up", yaml: "master:\n  heartbeat_interval: 3s\n",
-			args: []string{"--node-ttl", "2s"}, wantErr: "--node-ttl 2s must exceed master.heartbeat_interval (--heartbeat-interval) 3s"},
+			args: []string{"--node-ttl", "2s"}, wantErr: "--node-ttl 2s must be at least twice master.heartbeat_interval (--heartbeat-interval) 3s"},
 		{name: "file ttl at the default heartbeat", command: "master", yaml: "master:\n  node_ttl: 1s\n",
-			wantErr: "master.node_ttl (--node-ttl) 1s must exceed --heartbeat-interval 1s"},
+			wantErr: "master.node_ttl (--node-ttl) 1s must be at least twice --heartbeat-interval 1s"},
 		{name: "port out of range", command: "owner", args: append([]string{"--peer-listen", "127.0.0.1:65536"}, owner...),
 			wantErr: `--peer-listen: invalid address "127.0.0.1:65536": port "65536" is not a number from 0 to 65535`},
 		{name: "bad metrics address in the file", command: "master", yaml: "master:\n  metrics_addr: \"127.0.0.1:http\"\n",
@@ -1266,6 +1282,52 @@ func TestUpHelpTransferReserveDefault(t *testing.T) {
 			if got := f.(*cli.StringFlag).DefaultText; got != tt.want {
 				t.Errorf("fluxkv %s: --transfer-reserve default %q, want %q", tt.cmd.Name, got, tt.want)
 			}
+		}
+	}
+}
+
+// TestShortInflightTTLLowersTheAllocWait: left out, --alloc-wait stays under the oldest
+// plan an owner carries out (a sixth of a short --inflight-ttl), where the default 5s
+// would have every plan of a batch that waited for room made again (a review).
+func TestShortInflightTTLLowersTheAllocWait(t *testing.T) {
+	for _, tt := range []struct {
+		ttl  string
+		want time.Duration
+	}{{"24s", 2 * time.Second}, {"600ms", 50 * time.Millisecond}, {"1m", 0}} {
+		_, mc, err := runSettings(t, "master", "", "--insecure-cluster", "--inflight-ttl", tt.ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mc.AllocWait != tt.want {
+			t.Errorf("--inflight-ttl %s: alloc wait %v, want %v (0: the master's default 5s)", tt.ttl, mc.AllocWait, tt.want)
+		}
+	}
+}
+
+// TestSocketDirOfAnotherUserRefused: a --dir owned by another user than this process's
+// or root is refused with the settings (exit status 2), as `up` refused it already; the
+// owner found it only at its start, with exit status 1, which systemd restarts forever
+// (a review).
+func TestSocketDirOfAnotherUserRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to hand a directory to another user")
+	}
+	dir := filepath.Join(t.TempDir(), "theirs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"owner", "up"} {
+		args := []string{"--dir", dir, "--insecure-cluster"}
+		if cmd == "owner" {
+			args = append(args, "--master", "127.0.0.1:1")
+		}
+		_, _, err := runSettings(t, cmd, "", args...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "is owned by uid 65534") {
+			t.Errorf("%s --dir %s (uid 65534): %v, want exit status 2 naming the owner", cmd, dir, err)
 		}
 	}
 }
