@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fluxkv/fluxkv/internal/etcddial"
 	"github.com/fluxkv/fluxkv/internal/proctest"
 )
 
@@ -258,7 +259,8 @@ func (c *Cluster) Client(t testing.TB, members ...int) *clientv3.Client {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   eps,
 		DialTimeout: 2 * time.Second,
-		Logger:      zap.NewNop(), // members going away is what these tests are about
+		DialOptions: etcddial.Options(), // as the masters' (ha.Config.Client)
+		Logger:      zap.NewNop(),       // members going away is what these tests are about
 	})
 	if err != nil {
 		t.Fatalf("etcdtest: %v", err)

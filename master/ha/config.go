@@ -20,6 +20,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fluxkv/fluxkv/internal/etcddial"
 )
 
 // Scheme prefixes an owner's --master that names etcd instead of one master.
@@ -105,7 +107,7 @@ func (c *Config) Client() (*clientv3.Client, error) {
 	// held quorum. 5 s is etcd's --grpc-keepalive-min-time: pinging more often gets the
 	// connection closed.
 	cfg := clientv3.Config{Endpoints: c.Endpoints, DialTimeout: c.DialTimeout,
-		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second}
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second, DialOptions: etcddial.Options()}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 2 * time.Second
 	}
