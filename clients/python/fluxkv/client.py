@@ -297,10 +297,15 @@ class _Session:
             self.busy.discard(conn)
             conn.close()
             raise
-        releases = self.drain() if piggyback and self.pending else None
-        if releases:
+        releases = None
+        if piggyback and self.pending:
+            # In flight before the ids leave the queue: a flush between the two would find
+            # neither and return before they reach the owner.
             token = next(_tokens)
             self.releases_in_flight.add(token)
+            releases = self.drain()
+            if not releases:
+                self._answered(token)
         try:
             if type(method) is str:
                 data = conn.call(method, self.sess_head + releases_field(releases) if releases else self.sess_bare, rest)
@@ -362,12 +367,13 @@ class _Session:
         """Send every queued release with the plain Release call, then wait (up to the call
         timeout) for releases other threads are sending right now."""
         while self.pending:
-            ids = self.drain()
-            if not ids:
-                break
-            token = next(_tokens)
+            token = next(_tokens)  # in flight before the ids leave the queue (see call)
             self.releases_in_flight.add(token)
             self.flushes_in_flight.add(token)
+            ids = self.drain()
+            if not ids:
+                self._answered(token)
+                break
             try:
                 resp = self.call("Release", encode_fields(ReleaseRequest(None, ids)), piggyback=False)
             except _Stale:
@@ -680,9 +686,10 @@ class Client:
         return self._released_errors_retired + (s.release_errors if s is not None else 0)
 
     def flush(self) -> None:
-        """Send the queued holder releases now."""
+        """Send the queued holder releases now, and wait (up to the call timeout) for those
+        other threads' calls are carrying: a call after it finds the owner has them."""
         s = self._s
-        if s is None or s.state is not None or not s.pending:
+        if s is None or s.state is not None:
             return
         try:
             s.flush_releases()

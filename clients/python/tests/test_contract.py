@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import select
+import threading
 import time
 
 import pytest
@@ -362,7 +363,6 @@ def test_failed_release_call_keeps_its_ids_queued(client, monkeypatch):
     (and its bytes, unevictable) until the session ends."""
     client.put("rel-fail", b"z" * 4096)
     h = client.get("rel-fail")
-    h.release()
     orig = _wire.RPCConnection.call
     failed: list = []
 
@@ -374,7 +374,43 @@ def test_failed_release_call_keeps_its_ids_queued(client, monkeypatch):
         return orig(self, name, session, rest)
 
     monkeypatch.setattr(_wire.RPCConnection, "call", call)
+    # Released once the patch is in: the release thread's own Release (2 ms later) may
+    # be the one that fails (a review of flaky tests: it went out unpatched first).
+    h.release()
     client.flush()  # the Release call fails; the owner is alive
     assert failed == ["Release"]
     client.exists("rel-fail")  # a later call carries what is still queued
     assert client.stat()["client_holders"] == 0, "the holder's release was lost with the failed Release call"
+
+
+def test_flush_waits_for_releases_another_thread_carries(daemon, monkeypatch):
+    """flush() with nothing queued still waits for the releases another thread's call is
+    carrying (as stat() does): a call after it finds the owner has them. It returned at
+    once (a review: the Go client's defect of the same kind)."""
+    client = fluxkv.connect(daemon.socket, release_delay=3600)  # the release rides on the Exists
+    client.put("flush-rides", b"r" * 100)
+    h = client.get("flush-rides")
+    orig = _wire.RPCConnection.call
+    sending = threading.Event()
+
+    def call(self, name, session, rest):
+        if name == "Exists" and not sending.is_set():
+            sending.set()
+            time.sleep(0.5)  # the release rides on this call, slow to go out
+        return orig(self, name, session, rest)
+
+    monkeypatch.setattr(_wire.RPCConnection, "call", call)
+    h.release()
+    t = threading.Thread(target=client.exists, args=("flush-rides",))
+    t.start()
+    assert sending.wait(10)
+    t0 = time.monotonic()
+    client.flush()
+    took = time.monotonic() - t0
+    t.join(10)
+    monkeypatch.undo()
+    try:
+        assert took >= 0.3, f"flush returned after {took:.3f} s, while the Exists carrying the release was held 0.5 s"
+        assert client.stat()["client_holders"] == 0
+    finally:
+        client.close()

@@ -131,6 +131,9 @@ def test_the_area_waits_for_an_unanswered_put_end(cluster):
     the first key was published with its bytes (a review)."""
     p = cluster.up("64MiB", "stall", "--client-isolation")
     c = fluxkv.connect(p.socket, timeout=0.3)
+    # A connection is up before the timed puts: a's PutStart, not retried once sent, must
+    # not spend its 0.3 s on connecting (a review of flaky tests).
+    c.put("warm", b"1")
     n = 64 << 10
     va, vb = b"A" * n, b"B" * n
     outcome = {}
@@ -158,6 +161,8 @@ def test_the_area_waits_for_an_unanswered_put_end(cluster):
             c.put_with("a", n, fill_a)
         except fluxkv.Error as e:
             outcome["a"] = e
+        # (b is started by a's fill)
+        assert tb.ident is not None, f"put a failed before its value was written, within its 0.3 s timeout: {outcome.get('a')}"
         tb.join(30)
     finally:
         if stopped:
