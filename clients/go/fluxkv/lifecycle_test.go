@@ -131,13 +131,20 @@ func TestFailedReleaseResent(t *testing.T) {
 	unix.Shutdown(rc.fd, unix.SHUT_WR)
 	a.idle <- rc
 	h.Release()
-	time.Sleep(500 * time.Millisecond) // 100 × ReleaseDelay
-	c.mu.Lock()
-	queued, armed := len(c.releases), c.timerSet
-	c.mu.Unlock()
-	if queued != 0 {
-		t.Fatalf("500ms after Release, %d id(s) still queued (timer armed: %v): a failed Release is never retried on its own", queued, armed)
+	// The failed send, its retry about 10 ms later and a new connection: well within
+	// 10 s (2,000 × ReleaseDelay) on a loaded machine, never without a retry.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		queued, armed := len(c.releases), c.timerSet
+		c.mu.Unlock()
+		if queued == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after Release, %d id(s) still queued (timer armed: %v): a failed Release is never retried on its own", queued, armed)
+		}
 	}
+	waitHolders(t, c, 0)
 }
 
 // TestOldHolderKeepsMappingUntilRelease: a holder of the old incarnation keeps its
@@ -302,9 +309,16 @@ func TestIsolatedAreaWaitsForAnUnansweredPutEnd(t *testing.T) {
 			n.p.Cmd.Process.Signal(syscall.SIGCONT)
 		}
 	}()
+	// The session and a connection are up before the timed puts: a's PutStart, not
+	// retried once sent, must not spend its 300 ms on the dial (a review of flaky tests).
+	if err := c.Put("warm", []byte{1}); err != nil {
+		t.Fatal(err)
+	}
 	var errB error
 	doneB := make(chan struct{})
+	filled := false
 	errA := c.PutWith("a", size, PutOptions{}, func(dst []byte) error {
+		filled = true
 		copy(dst, va)
 		go func() {
 			defer close(doneB)
@@ -317,6 +331,9 @@ func TestIsolatedAreaWaitsForAnUnansweredPutEnd(t *testing.T) {
 		stopped = true // the owner stalls before a's PutEnd
 		return nil
 	})
+	if !filled { // (b is started by a's fill: waiting for it would hang the package)
+		t.Fatalf("put a failed before its value was written, within its 300 ms call timeout: %v", errA)
+	}
 	<-doneB
 	t.Logf("put a: %v; put b: %v", errA, errB)
 	if err := n.p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -383,7 +400,13 @@ func TestNegativeOptionsRefused(t *testing.T) {
 // the holders it granted go back.
 func TestBatchGetMalformedAnswerRefused(t *testing.T) {
 	n := startNode(t, "64MiB")
-	c := n.connect(t)
+	// The releases go with the Flush below, not the release timer's, which would read
+	// the hooks while the test sets them (a review of flaky tests: a race report).
+	c, err := Connect(Options{Socket: n.socket(), Name: t.Name(), ReleaseDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 	for _, k := range []string{"a", "b"} {
 		if err := c.Put(k, []byte("value-"+k)); err != nil {
 			t.Fatal(err)
