@@ -136,7 +136,10 @@ func capacityOnceUsed(t *testing.T, o *Owner, used int64) metrics.Capacity {
 func TestCapacityFromHeartbeats(t *testing.T) {
 	t.Parallel()
 	mm := metrics.New()
-	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Metrics: mm, HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 5 * time.Second},
+	// Heartbeats a second apart: a scrape asks the master itself only when the last
+	// answer is two periods old, which at 100 ms a loaded CI machine reached between two
+	// scrapes (CI: "5 scrapes made 2 master Stat calls").
+	n := startNode(t, 32<<20, nil, master.Options{InsecureCluster: true, Metrics: mm, HeartbeatInterval: time.Second, NodeTTL: 5 * time.Second},
 		func(o *Options) { o.TransferReserve = 8 << 20 })
 	if err := n.c.Put("cap-1", value(1, 3<<20)); err != nil {
 		t.Fatal(err)
@@ -145,6 +148,7 @@ func TestCapacityFromHeartbeats(t *testing.T) {
 	stats := func() float64 {
 		return counter(t, mm, "fluxkv_ops_total", map[string]string{"op": "Stat", "result": metrics.ResultOK})
 	}
+	heartbeatNow(t, n.o) // the pool's figures just came with a heartbeat's answer
 	before := stats()
 	for range 5 {
 		if c := n.o.Capacity(); c.SegmentUnknown || c.SegmentUsed < 3<<20 {
