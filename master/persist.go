@@ -31,6 +31,11 @@ type pendingPersist struct {
 	// (refreshLocked).
 	lost    bool
 	refresh bool
+	// committed: its SSD owner's commit was published (SsdReplicaCommit). The record
+	// is then counted on though the persist ends failed (its source tombed before the
+	// owner's batch call returned, the call's answer lost): an owner that forgets a
+	// record whose commit it did not see answered reports it as an eviction.
+	committed bool
 	// task is the call made for it: a write-back passed to another copy (its owner
 	// died) has the put id of the one it replaces, whose task still ends later.
 	task *PersistTask
@@ -100,7 +105,7 @@ func (s *State) persistDoneLocked(putID int64, t *PersistTask, ok bool) {
 func (s *State) endPersistLocked(putID int64, pp *pendingPersist, ok bool) {
 	delete(s.persists, putID)
 	pp.ssdNode.ssdPending -= pp.alloc.Len()
-	if !ok {
+	if !ok && !pp.committed {
 		s.persistCount(pp.ssdNode.id).dropped++
 	}
 }

@@ -615,6 +615,9 @@ func (s *State) SsdReplicaCommit(ref NodeRef, key string, putID, length, seq, pe
 	rep := replicaOn(key, r, n)
 	setSSD(n, rep, true)
 	rep.ssdLen, rep.ssdSeq = length, seq
+	if pp := s.persists[putID]; pp != nil && pp.ssdNode == n && pp.key == key && (persistID == 0 || pp.task != nil && pp.task.ID == persistID) {
+		pp.committed = true
+	}
 	s.cleanLocked(key, r)
 	return true, nil
 }

@@ -153,6 +153,13 @@ func (s *State) beginWriteBackLocked(key string, r *route, n *node, refresh bool
 // (GetRevoke), and counts as its holder until it acked that, so that a delete waits
 // for it and no write-back goes there before.
 func (s *State) unpersistLocked(putID int64, pp *pendingPersist, r *route) {
+	if pp.committed {
+		// Its commit was published: the record was written from the source's bytes while
+		// the source was registered, and it lives on even with its memory copy gone (a
+		// review: a write-back's source tombed before the call returned dropped the
+		// page's last copy).
+		return
+	}
 	if rep := r.replicas[pp.ssdNode]; rep != nil && rep.ssd && !pp.ssdNode.tombed {
 		s.clearSSDLocked(pp.key, r, pp.ssdNode)
 		pp.ssdNode.evicted.push(pp.key, putID, true)
