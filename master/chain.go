@@ -44,12 +44,24 @@ func deref(s *string) string {
 // linkChainLocked records a new route: under its parent, and as the parent of its
 // routed children, which are adopted where they were orphans.
 func (s *State) linkChainLocked(key string, r *route) {
-	if r.parent != "" {
-		c := s.children[r.parent]
-		c.add(key)
-		s.children[r.parent] = c
-	}
+	s.addChildLocked(r.parent, key)
 	s.eachChildReplicaLocked(key, func(child string, n *node) { n.policy.Adopt(child) })
+}
+
+// becomePageLocked makes r, key's route with no memory replica in any eviction order,
+// a KV page under parent.
+func (s *State) becomePageLocked(key string, r *route, parent string) {
+	r.page, r.parent = true, parent
+	s.addChildLocked(parent, key)
+}
+
+// addChildLocked records key under parent ("": a chain's first page, under none).
+func (s *State) addChildLocked(parent, key string) {
+	if parent != "" {
+		c := s.children[parent]
+		c.add(key)
+		s.children[parent] = c
+	}
 }
 
 // unlinkChainLocked forgets a removed route under its parent and orphans its children.

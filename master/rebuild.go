@@ -164,9 +164,15 @@ func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []In
 	}
 	if r == nil {
 		// The first record of a version decides whether it is a KV page (a copy
-		// reported by an owner that did not put it carries no parent).
+		// reported by an owner that did not put it carries no parent)...
 		r = &route{putID: rec.PutID, len: rec.Len, replicas: make(map[*node]*replica), page: rec.Parent != nil, parent: deref(rec.Parent)}
 		s.setRouteLocked(rec.Key, r)
+	} else if rec.Parent != nil && !r.page && !r.inMemory() {
+		// ...unless only SSD records came before, which carry none either: the page's
+		// memory record, reported after its SSD record by another owner, made it a plain
+		// key, never dirty again, evicted unwritten once the ring overwrote the record
+		// (a review).
+		s.becomePageLocked(rec.Key, r, *rec.Parent)
 	}
 	if a != nil {
 		s.setMemoryLocked(rec.Key, r, n, a, true)

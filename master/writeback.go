@@ -297,6 +297,16 @@ func (s *State) takeWriteBacksLocked() []*PersistTask {
 	return t
 }
 
+// inMemory reports whether some replica of r is in memory.
+func (r *route) inMemory() bool {
+	for _, rep := range r.replicas {
+		if rep.memory != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // hasSSD reports whether some replica of r is on SSD.
 func (r *route) hasSSD() bool {
 	for _, rep := range r.replicas {
