@@ -165,10 +165,17 @@ func (s *State) persistNodeLocked(t *node, length int64) *node {
 		}
 		return behind
 	}
+	return s.mostFreeRingLocked(length, nil)
+}
+
+// mostFreeRingLocked is the live SSD-capable owner other than but with the most free
+// ring space for length bytes (as its heartbeat reported it, less the persists
+// assigned to it since), ties by node id; nil when there is none.
+func (s *State) mostFreeRingLocked(length int64, but *node) *node {
 	var best *node
 	var bestFree int64
 	for _, n := range s.nodes {
-		if n.tombed || !n.ssd.Enabled || !n.ssd.holds(length) {
+		if n == but || n.tombed || !n.ssd.Enabled || !n.ssd.holds(length) {
 			continue
 		}
 		free := n.ssd.CapacityBytes - n.ssd.UsedBytes - n.ssdPending
@@ -181,13 +188,20 @@ func (s *State) persistNodeLocked(t *node, length int64) *node {
 
 // persistTaskLocked records a persist of key@putID, whose memory replica is a on t,
 // and returns the call for the server to make; nil when no owner can persist it (or
-// the one chosen has yet to ack a notice to forget that version's SSD entry).
+// those that can have yet to ack a notice to forget that version's SSD entry).
 func (s *State) persistTaskLocked(key string, putID int64, t *node, a *Allocation) *PersistTask {
 	sn := s.persistNodeLocked(t, a.Len())
-	if sn == nil || sn.evicted.names(key, putID, true) {
-		// Not while a notice to forget the version's SSD entry waits for sn's ack (a
-		// write-back after a failed read there): applied after this persist, it would
-		// drop the new record while the master counts it.
+	if sn != nil && sn.evicted.names(key, putID, true) {
+		// Not there while a notice to forget the version's SSD entry waits for sn's ack
+		// (a write-back after a failed read there): applied after this persist, it would
+		// drop the new record while the master counts it. Another ring takes it (the
+		// page waited, dirty, at the head of its owner's write-ahead, which stopped there:
+		// a review found it evicted unwritten while another ring had room).
+		if sn = s.mostFreeRingLocked(a.Len(), sn); sn != nil && sn.evicted.names(key, putID, true) {
+			sn = nil
+		}
+	}
+	if sn == nil {
 		return nil
 	}
 	pp := &pendingPersist{key: key, node: t, alloc: a.Retain(), ssdNode: sn}
