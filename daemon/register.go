@@ -86,6 +86,12 @@ func (m *masterLink) registerTo(ctx context.Context, hearsay bool, leader int64)
 			if err == nil && resp.Code == common.ErrorCode_OK && resp.MasterEpoch == epoch {
 				return nil
 			}
+			if hearsay && err == nil && resp.Code != common.ErrorCode_OK && resp.Code != common.ErrorCode_STALE_GENERATION {
+				// NOT_LEADER (a leader whose gate is shut a moment, serving on under the
+				// same term after it) or the like says nothing of this registration: a
+				// Register now would tomb it if it is live (a review).
+				return errCode(common.ErrorCode_UNAVAILABLE, "master answered %v before registering again: %s", resp.Code, resp.Message)
+			}
 			if err != nil || o.nodeGen() == gen {
 				break
 			}

@@ -38,7 +38,13 @@ func (h *handler) Register(ctx context.Context, req *mp.RegisterRequest) (*mp.Re
 		}
 	}
 	err := h.s.withState(func(st *State) error {
-		err := st.Register(time.Now(), ref(req.Node), req.SegmentSize, req.TransferReserve, req.LandingReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+		now := time.Now()
+		serving, servingOK := st.servingLeaseLocked(now, ref(req.Node))
+		err := st.Register(now, ref(req.Node), req.SegmentSize, req.TransferReserve, req.LandingReserve, req.DataAddr, req.PeerAddr, ssdInfo(req.KvSsdStorage), pins)
+		if err == nil && servingOK {
+			// Under the lock: no write after this tomb is answered before it.
+			h.s.quietAtLeast(serving)
+		}
 		if err == nil && req.PrevEpoch != 0 && req.PrevEpoch != h.s.epoch {
 			st.ExpectReport(ref(req.Node))
 			if wire.SkippedTerm(req.PrevEpoch, h.s.epoch, h.s.opts.LastTermEpoch) {

@@ -286,6 +286,24 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	return nil
 }
 
+// servingLeaseLocked is, when a Register by ref would tomb an incarnation of the same
+// owner process (its token; an owner of an earlier release sends none) heard from within
+// two heartbeat intervals, when that incarnation's hot-set lease ends at the latest. Such
+// a Register may have been sent before the owner went back to the registration it
+// tombs and served from its hot set again (its first try failed in transport, and
+// landed late): writes wait out that lease, as after an invalidation given up on
+// (a review: an overwrite answered at once, and the owner answered the old bytes). A
+// Register from another process (a restart on the same addresses) waits for nothing:
+// the one before it is gone.
+func (s *State) servingLeaseLocked(now time.Time, ref NodeRef) (until time.Time, ok bool) {
+	old := s.nodes[ref.ID]
+	if old == nil || old.tombed || old.token != ref.Token {
+		return time.Time{}, false
+	}
+	until = old.lastSeen.Add(2 * s.opts.HeartbeatInterval)
+	return until, until.After(now)
+}
+
 // checkIDTakenLocked refuses a registration under the id of an incarnation that still
 // heartbeats (within two intervals) at other addresses: two owners given the same id
 // (by default both are named after the host) would otherwise tomb each other on every
