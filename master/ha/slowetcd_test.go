@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fluxkv/fluxkv/internal/etcddial"
 	"github.com/fluxkv/fluxkv/internal/etcdtest"
 	"github.com/fluxkv/fluxkv/master/ha"
 )
@@ -66,7 +67,8 @@ func startDelayProxy(t *testing.T, target string) *delayProxy {
 // client is an etcd client whose connections go through p, closed when t ends.
 func (p *delayProxy) client(t *testing.T) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: etcddial.Options()}) // as the masters' (Config.Client): see TestTermSurvivesAnOutageAfterASlowSpell
 	if err != nil {
 		t.Fatal(err)
 	}
