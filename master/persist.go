@@ -168,7 +168,7 @@ func (s *State) persistNodeLocked(t *node, length int64) *node {
 	return s.mostFreeRingLocked(length, nil)
 }
 
-// mostFreeRingLocked is the live SSD-capable owner other than but with the most free
+// mostFreeRingLocked is the live SSD-capable owner, but excepted, with the most free
 // ring space for length bytes (as its heartbeat reported it, less the persists
 // assigned to it since), ties by node id; nil when there is none.
 func (s *State) mostFreeRingLocked(length int64, but *node) *node {

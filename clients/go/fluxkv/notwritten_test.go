@@ -82,10 +82,10 @@ func TestBatchStreamedItemSessionGone(t *testing.T) {
 	checkValue(t, c, "big", size)
 }
 
-// TestFlushWaitsForReleasesInFlight: a release riding on another goroutine's call still
-// in flight reaches the owner before Flush returns (a review: Flush returned at once, and
-// the Stat after it still counted the holder).
-func TestFlushWaitsForReleasesInFlight(t *testing.T) {
+// heldWithSlowReleases connects to a new node with releases that wait 5 s for a call to
+// ride on, and returns the client and its holder of key "k" (the owner counts it).
+func heldWithSlowReleases(t *testing.T) (*Client, *MemHolder) {
+	t.Helper()
 	n := startNode(t, "64MiB")
 	c, err := Connect(Options{Socket: n.socket(), Name: t.Name(), ReleaseDelay: 5 * time.Second})
 	if err != nil {
@@ -100,6 +100,14 @@ func TestFlushWaitsForReleasesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHolders(t, c, 1)
+	return c, h
+}
+
+// TestFlushWaitsForReleasesInFlight: a release riding on another goroutine's call still
+// in flight reaches the owner before Flush returns (a review: Flush returned at once, and
+// the Stat after it still counted the holder).
+func TestFlushWaitsForReleasesInFlight(t *testing.T) {
+	c, h := heldWithSlowReleases(t)
 	var slowed atomic.Int64
 	sending := make(chan struct{})
 	c.hooks.onSend = func(m string, _ thrift.FastCodec) {
@@ -133,20 +141,7 @@ func TestFlushWaitsForReleasesInFlight(t *testing.T) {
 // after a test's Flush began, and the test's returned at once, finding the queue empty,
 // while the owner had not yet seen those releases).
 func TestFlushWaitsForReleasesTakenWhileItSends(t *testing.T) {
-	n := startNode(t, "64MiB")
-	c, err := Connect(Options{Socket: n.socket(), Name: t.Name(), ReleaseDelay: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	if err := c.Put("k", []byte("value")); err != nil {
-		t.Fatal(err)
-	}
-	h, err := c.Get("k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitHolders(t, c, 1)
+	c, h := heldWithSlowReleases(t)
 	var answered atomic.Int64
 	sending := make(chan struct{})
 	c.hooks.onSend = func(m string, _ thrift.FastCodec) {
