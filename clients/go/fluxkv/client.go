@@ -144,7 +144,10 @@ type Client struct {
 	// carrying holds a done channel per call in flight that carries releases (session):
 	// Flush waits for those it finds (their releases reach the owner, or come back to
 	// the queue), as the wire's rules ask of a call that depends on them.
-	carrying   map[chan struct{}]struct{}
+	carrying map[chan struct{}]struct{}
+	// requeues counts the calls that failed and gave the releases they carried back to
+	// the queue (requeue): Flush looks again when one did while it waited.
+	requeues   int64
 	relBackoff time.Duration // grows while the release timer's Flush fails; 0 after a success
 	closed     bool
 	closing    atomic.Bool // set with closed: the check a call makes before it dials, lock-free
@@ -529,6 +532,7 @@ func (c *Client) requeue(s *external.Session, a *attachment) {
 	if c.cur == a {
 		// A copy: s.Releases is the connection's buffer.
 		c.releases = append(append(make([]int64, 0, len(s.Releases)+len(c.releases)), s.Releases...), c.releases...)
+		c.requeues++
 		c.armReleaseLocked(c.releaseRetryDelayLocked()) // sent again on their own, not only with a later call
 	}
 	c.mu.Unlock()

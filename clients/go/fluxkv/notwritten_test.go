@@ -3,6 +3,7 @@ package fluxkv
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,5 +172,54 @@ func TestFlushWaitsForReleasesTakenWhileItSends(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.hooks.onSend, c.hooks.onReply, c.hooks.flushing = nil, nil, nil
+	waitHolders(t, c, 0)
+}
+
+// TestFlushReportsReleasesItCouldNotDeliver: Flush returns nil only once the releases it
+// found queued or in flight reached the owner. A call carrying them that loses its reply
+// gives them back, and its retry may take them again: Flush returned nil while they were
+// queued or still riding on that retry (a review).
+func TestFlushReportsReleasesItCouldNotDeliver(t *testing.T) {
+	n := startNode(t, "64MiB")
+	c, err := Connect(Options{Socket: n.socket(), Name: t.Name(), ReleaseDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.Put("k", []byte("value")); err != nil {
+		t.Fatal(err)
+	}
+	c.hooks.dropReply = func(m string) bool { return m == "Exists" }
+	for i := range 30 {
+		h, err := c.Get("k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sending := make(chan struct{})
+		var once sync.Once
+		c.hooks.onSend = func(m string, _ thrift.FastCodec) {
+			if m == "Exists" {
+				once.Do(func() { close(sending) })
+			}
+		}
+		done := make(chan struct{})
+		c.hooks.flushing = func() {
+			go func() { c.Exists("k"); close(done) }() // every try loses its reply
+			<-sending                                  // the Exists took the release
+		}
+		h.Release()
+		err = c.Flush()
+		c.mu.Lock()
+		queued, carrying := len(c.releases), len(c.carrying)
+		c.mu.Unlock()
+		<-done
+		c.hooks.flushing, c.hooks.onSend = nil, nil
+		if err == nil && queued+carrying > 0 {
+			t.Fatalf("round %d: Flush returned nil with %d releases queued and %d calls carrying some in flight", i, queued, carrying)
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	waitHolders(t, c, 0)
 }

@@ -438,13 +438,15 @@ func (c *Client) releaseDue() {
 // waits for the calls of other goroutines in flight that carry releases, the release
 // timer's included (a call that follows Flush finds the owner has them: Stat counts the
 // holders released, a put finds the room they freed; one of those calls that fails gives
-// its releases back, and Flush sends them).
+// its releases back, and Flush sends them). It fails when a call carrying releases failed
+// again in its second round: they stay queued for a later call.
 func (c *Client) Flush() error {
 	if c.hooks.flushing != nil {
 		c.hooks.flushing()
 	}
-	// Twice at most: a call waited for that fails gives its ids back to the queue, and the
-	// second round sends them (more rounds would chase the releases of a steady load).
+	// Twice at most: a call waited for that fails gives its ids back to the queue (or to
+	// its own retry, which takes them again), and the second round sends them or waits for
+	// that retry (more rounds would chase the releases of a steady load).
 	for round := 0; ; round++ {
 		// Each call carries at most wire.MaxReleasesPerCall ids: loop until the queue is
 		// empty, stopping at the first failure (the ids stay queued for a later call).
@@ -472,6 +474,7 @@ func (c *Client) Flush() error {
 		for ch := range c.carrying {
 			carrying = append(carrying, ch)
 		}
+		requeues := c.requeues
 		c.mu.Unlock()
 		if len(carrying) == 0 {
 			return nil
@@ -480,10 +483,14 @@ func (c *Client) Flush() error {
 			<-ch
 		}
 		c.mu.Lock()
-		again := len(c.releases) > 0 && !c.closed
+		failed := c.requeues != requeues && !c.closed
+		queued := len(c.releases) > 0 && !c.closed
 		c.mu.Unlock()
-		if !again || round == 1 {
-			return nil
+		switch {
+		case failed && round == 1:
+			return fmt.Errorf("%w: a call carrying releases failed twice; they stay queued for a later call", ErrUnavailable)
+		case !failed && (!queued || round == 1):
+			return nil // (round 1: what is queued now came after Flush began)
 		}
 	}
 }
