@@ -187,6 +187,7 @@ class _Session:
         # the lock off the call path; releases_cond is taken only while a flush waits.
         self.releases_cond = threading.Condition()
         self.releases_in_flight: set[int] = set()
+        self.requeues = 0  # calls that failed and gave their releases back (_give_back)
         # The Release calls of flush_releases in flight (tokens): every other call waits for
         # them first (_await_flushes). On another connection it could reach the owner before
         # the releases it follows and plan room (a get's target, a put) they were about to
@@ -314,18 +315,15 @@ class _Session:
                 resp = method(conn.client, Session(self.client_id, self.session_token, self.generation, releases or []))
         except (TTransportException, TProtocolException, OSError, EOFError) as e:
             conn.close()
-            if releases:
-                self.pending.extendleft(reversed(releases))
+            self._give_back(releases)
             raise _Broken(e, _is_timeout(e)) from None
         except TApplicationException as e:
             conn.close()
-            if releases:
-                self.pending.extendleft(reversed(releases))
+            self._give_back(releases)
             raise Error(f"owner failed the call: {e}", ErrorCode.INTERNAL) from None
         except BaseException:  # InvalidArgument (a request over a frame, not sent) among them
             conn.close()  # the frame may be half written
-            if releases:
-                self.pending.extendleft(reversed(releases))
+            self._give_back(releases)
             raise
         finally:
             self.busy.discard(conn)
@@ -341,6 +339,13 @@ class _Session:
         if (resp[decode.code_at] if type(resp) is tuple else resp.code) == _STALE:
             raise _Stale((resp[decode.message_at] if type(resp) is tuple else resp.message) or "stale generation")
         return resp
+
+    def _give_back(self, releases) -> None:
+        """Queue again the releases a failed call carried (first: they were queued first),
+        counted in ``requeues`` for flush_releases."""
+        if releases:
+            self.pending.extendleft(reversed(releases))
+            self.requeues += 1
 
     def _answered(self, token: int) -> None:
         self.releases_in_flight.discard(token)
@@ -365,7 +370,20 @@ class _Session:
 
     def flush_releases(self) -> None:
         """Send every queued release with the plain Release call, then wait (up to the call
-        timeout) for releases other threads are sending right now."""
+        timeout) for releases other threads are sending right now. A call of theirs that
+        fails gives its releases back: they are sent once more, and if a call carrying
+        them fails again meanwhile, Unavailable says they are still queued."""
+        for again in (False, True):
+            self._send_queued_releases()
+            requeues = self.requeues
+            self._wait_answered(lambda: not self.releases_in_flight)
+            if self.requeues == requeues or not self.pending:
+                return  # (what is queued now came after the flush began)
+            if again:
+                raise Unavailable("a call carrying releases failed twice: they stay queued for a later call")
+
+    def _send_queued_releases(self) -> None:
+        """flush_releases' sends: Release calls until the queue is empty."""
         while self.pending:
             token = next(_tokens)  # in flight before the ids leave the queue (see call)
             self.releases_in_flight.add(token)
@@ -382,7 +400,7 @@ class _Session:
                 # NEVER RETRIED (external.thrift): the ids of a failed Release stay queued
                 # and ride on later calls (a repeat of one the owner did get answers
                 # INVALID_ARGUMENT for it, harmlessly).
-                self.pending.extendleft(reversed(ids))
+                self._give_back(ids)
                 raise
             finally:
                 self._answered(token)
@@ -393,7 +411,6 @@ class _Session:
             # results[i] is INVALID_ARGUMENT for an unknown or double release: a client bug
             # (or a daemon one), counted so tests can assert there is none.
             self.release_errors += sum(1 for code in resp.results if code != _OK)
-        self._wait_answered(lambda: not self.releases_in_flight)
 
     def attach_alive(self) -> bool:
         """False once the owner closed the attach connection (it exited or restarted)."""
@@ -687,7 +704,8 @@ class Client:
 
     def flush(self) -> None:
         """Send the queued holder releases now, and wait (up to the call timeout) for those
-        other threads' calls are carrying: a call after it finds the owner has them."""
+        other threads' calls are carrying: a call after it finds the owner has them. Raises
+        Unavailable when calls carrying them failed twice (they stay queued)."""
         s = self._s
         if s is None or s.state is not None:
             return

@@ -383,6 +383,45 @@ def test_failed_release_call_keeps_its_ids_queued(client, monkeypatch):
     assert client.stat()["client_holders"] == 0, "the holder's release was lost with the failed Release call"
 
 
+def test_flush_sends_releases_a_failed_call_gave_back(daemon, monkeypatch):
+    """A call of another thread carrying releases fails (and its retry too) while flush()
+    waits for it: its releases go back to the queue, and flush sends them instead of
+    returning with them queued (a review: the Go client's defect of the same kind)."""
+    client = fluxkv.connect(daemon.socket, release_delay=3600)
+    client.put("flush-gave-back", b"g" * 100)
+    h = client.get("flush-gave-back")
+    orig = _wire.RPCConnection.call
+    sending = threading.Event()
+
+    def call(self, name, session, rest):
+        if name == "Exists":
+            sending.set()
+            time.sleep(0.2)
+            raise OSError("the connection broke")
+        return orig(self, name, session, rest)
+
+    monkeypatch.setattr(_wire.RPCConnection, "call", call)
+    h.release()
+
+    def exists():
+        with pytest.raises(fluxkv.Error):
+            client.exists("flush-gave-back")
+
+    t = threading.Thread(target=exists)
+    t.start()
+    assert sending.wait(10)
+    try:
+        client.flush()
+        assert not client._s.pending, "flush returned with the releases queued"
+        t.join(10)
+        monkeypatch.undo()
+        assert client.stat()["client_holders"] == 0
+    finally:
+        monkeypatch.undo()
+        t.join(10)
+        client.close()
+
+
 def test_flush_waits_for_releases_another_thread_carries(daemon, monkeypatch):
     """flush() with nothing queued still waits for the releases another thread's call is
     carrying (as stat() does): a call after it finds the owner has them. It returned at
