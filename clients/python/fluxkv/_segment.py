@@ -26,7 +26,18 @@ import weakref
 
 from fluxkv._gather import Gather
 
-__all__ = ["Segment", "PutArea", "buffer_address", "POPULATE_AUTO_MAX"]
+__all__ = ["Segment", "PutArea", "buffer_address", "in_read_only_mapping", "POPULATE_AUTO_MAX"]
+
+# The segments of this process still mapped (weakly: a mapping goes with its Segment), for
+# in_read_only_mapping.
+_MAPPED: "weakref.WeakSet[Segment]" = weakref.WeakSet()
+
+
+def in_read_only_mapping(address: int, nbytes: int) -> bool:
+    """Whether [address, address + nbytes) overlaps the read-only mapping of a segment this
+    process maps: memory a copy into faults (SIGSEGV) instead of failing, as a holder's view
+    handed back as a load target would."""
+    return any(address < s.ro_base + s.size and s.ro_base < address + nbytes for s in list(_MAPPED))
 
 # POPULATE_AUTO_MAX: the largest segment a client maps ahead by default (Segment's
 # populate=None): its page tables then take at most 64 MiB of this process (8 bytes per
@@ -102,6 +113,7 @@ class Segment:
         self.size = size
         self.ro = mmap.mmap(fd, size, access=mmap.ACCESS_READ)  # MAP_SHARED, PROT_READ
         self.ro_base = buffer_address(self.ro)
+        _MAPPED.add(self)
         self.rw = self.rw_base = None
         if writable:
             self.rw = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)  # MAP_SHARED, PROT_READ|PROT_WRITE

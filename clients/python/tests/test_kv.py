@@ -66,6 +66,44 @@ def test_numpy_round_trip(store):
     assert all((a == v).all() and not v.flags.writeable for a, v in zip(arrs, views))
 
 
+def test_a_read_only_view_is_refused_as_a_load_target(store):
+    """A page of get_pages (a torch tensor over the read-only mapping) passed back as a load
+    target is refused: torch has no read-only flag, and the copy into it killed the process
+    with SIGSEGV (a review)."""
+    assert store.put_pages(["ro-a", "ro-b"], pages(2)) == [True, True]
+    view = store.get_pages(["ro-a"])[0]
+    with pytest.raises(fluxkv.InvalidArgument, match="read-only view"):
+        store.get_pages_into(["ro-b"], [view])
+    dest = torch.empty_like(view)
+    assert store.get_pages_into(["ro-b"], [dest]) == [True]
+
+
+def test_a_page_of_more_dimensions_than_a_header_holds_is_invalid():
+    """A 7-D tensor is InvalidArgument, as every other tensor no page can hold (the header's
+    ValueError escaped fail_open and LMCache's unstorable count; a review)."""
+    from fluxkv.kv.tensors import describe
+
+    with pytest.raises(fluxkv.InvalidArgument, match="at most 6 dimensions"):
+        describe(torch.ones([1] * 7), writable=False, what="page")
+
+
+def test_a_page_numpy_cannot_type_misses_alone(client):
+    """get_pages(numpy=True) failing open: a bfloat16 page (no numpy type) is a miss alone and
+    the rest of its batch is viewed (the whole batch missed; a review); not failing open,
+    it raises."""
+    ns = kv.namespace("test-model", dtype="mixed")
+    lenient = kv.PageStore(client, ns, fail_open=True)
+    f32, bf16 = torch.ones(4), torch.ones(4, dtype=torch.bfloat16)
+    assert lenient.put_pages(["np-f32", "np-bf16"], [f32, bf16], chain=False) == [True, True]
+    got = lenient.get_pages(["np-f32", "np-bf16"], numpy=True)
+    assert isinstance(got[0], np.ndarray) and (got[0] == 1).all()
+    assert got[1] is None
+    assert lenient.counters()["errors"] == 1
+    del got
+    with pytest.raises(fluxkv.InvalidArgument, match="numpy has no type"):
+        kv.PageStore(client, ns).get_pages(["np-f32", "np-bf16"], numpy=True)
+
+
 def test_present_pages_are_not_rewritten(store, client):
     ps = pages(4)
     assert store.put_pages(["a", "b"], ps[:2]) == [True, True]

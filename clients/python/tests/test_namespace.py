@@ -4,9 +4,12 @@ those keys. Namespaces do not nest, and other namespaces and plain keys are unto
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 import fluxkv
+from fluxkv import kv
 from fluxkv._gen.external import constants as C
 
 NS = "kv1/tiny/tp0of1"
@@ -51,3 +54,29 @@ def test_namespace_ending_in_separator(client):
     assert client.namespace_stat("trail/") == {"keys": 1, "bytes": 10}
     assert client.delete_namespace("trail/") == 1
     assert not client.exists("trail//x")
+
+
+def test_namespaces_of_other_configurations_differ():
+    """dtype and layout are one part each, and no model name part reads as the TP part: two
+    configurations made one namespace (a review)."""
+    with pytest.raises(ValueError, match="dtype"):
+        kv.namespace("m", dtype="a/b")
+    with pytest.raises(ValueError, match="layout"):
+        kv.namespace("m", dtype="a", layout="b/-")
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        kv.namespace("m/tp0of1/pp0of1/x/y")
+    assert kv.namespace("Qwen/Qwen3-8B", extra="lmcache/2x32") == "kv1/Qwen/Qwen3-8B/tp0of1/pp0of1/-/-/lmcache/2x32"
+
+
+def test_a_namespace_at_the_limit_leaves_room_for_suffixed_hashes(client):
+    """A namespace at its limit still takes SGLang's 66-byte page keys ("<64 hex>.k"): with
+    room for 64 bytes only, the owner refused them and nothing was cached (a review)."""
+    limit = importlib.import_module("fluxkv.kv.namespace").MAX_NAMESPACE_BYTES
+    ns = kv.namespace("m" * (limit - len(kv.namespace("m")) + 1))
+    assert len(ns.encode()) == limit
+    with pytest.raises(ValueError):
+        kv.namespace("m" * (limit - len(kv.namespace("m")) + 2))
+    key = f"{ns}/{'ab' * 32}.k"
+    client.put(key, b"page")
+    with client.get(key) as h:
+        assert h.read(0, len(h)) == b"page"

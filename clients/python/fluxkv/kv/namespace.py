@@ -8,13 +8,20 @@ rather than the whole cache; so a namespace may contain ``/`` but a page hash's 
 
 from __future__ import annotations
 
+import re
+
 from fluxkv._gen.external.constants import MAX_KEY_BYTES
 
 __all__ = ["namespace", "hash_text", "check_namespace"]
 
-# The most bytes a namespace may take: room is left for a 64-byte hash text (hex SHA-256).
-MAX_NAMESPACE_BYTES = MAX_KEY_BYTES - 65
+# The most bytes a namespace may take: room is left for a 128-byte hash text (a hex SHA-256
+# with a suffix, as SGLang's "<64 hex>.k" keys: 64 bytes of room made a namespace near
+# the limit give keys the owner refuses, and nothing was cached; a review).
+MAX_NAMESPACE_BYTES = MAX_KEY_BYTES - 129
 _VERSION = "kv1"
+# A tensor-parallel part of a namespace: a model name holding one could end where another
+# model's namespace (with a longer extra) goes on.
+_TP_PART = re.compile(r"tp(\d+of\d+|\*)")
 
 
 def namespace(
@@ -34,6 +41,14 @@ def namespace(
     ranks, dtypes or layouts never share a namespace, so never a page."""
     if not model:
         raise ValueError("namespace: the model name is empty")
+    # The parts between the model and the extra are one each: with a '/' in dtype or layout,
+    # or a model name holding a part of its own, two configurations made one namespace
+    # (dtype "a/b" and dtype "a" with layout "b/-"; a review).
+    if any(_TP_PART.fullmatch(p) for p in model.split("/")):
+        raise ValueError(f"namespace: model name {model!r} holds a part read as the tensor-parallel one")
+    for what, v in (("dtype", dtype), ("layout", layout)):
+        if "/" in v:
+            raise ValueError(f"namespace: {what} {v!r} must hold no '/'")
     tp = "tp*" if tp_rank is None else f"tp{int(tp_rank)}of{int(tp_size or 1)}"
     parts = [_VERSION, model, tp, f"pp{int(pp_rank)}of{int(pp_size)}", dtype or "-", layout or "-"]
     if extra:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from fluxkv._segment import in_read_only_mapping
 from fluxkv.errors import InvalidArgument
 
-from fluxkv.kv.header import DTYPES, PAGE_HEADER_BYTES
+from fluxkv.kv.header import DTYPES, MAX_DIMS, PAGE_HEADER_BYTES
 
 __all__ = ["Buffer", "describe", "tensor_view"]
 
@@ -81,6 +82,14 @@ def describe(t, *, writable: bool, what: str) -> Buffer:
         raise InvalidArgument(f"{_what(what)}: dtype {name} has no page format (known: {', '.join(DTYPES)})")
     if nbytes == 0:
         raise InvalidArgument(f"{_what(what)}: an empty tensor is not a page")
+    if len(t.shape) > MAX_DIMS:
+        # (the header's ValueError escaped fail_open: a 7-D chunk made LMCache's whole
+        # batched_put raise; a review)
+        raise InvalidArgument(f"{_what(what)}: a page has at most {MAX_DIMS} dimensions, not {len(t.shape)}")
+    if writable and in_read_only_mapping(address, nbytes):
+        # (torch has no read-only flag: a page of get_pages taken for a load target was
+        # copied into, and the process died of SIGSEGV; a review.)
+        raise InvalidArgument(f"{_what(what)}: a read-only view of cached bytes (a page of get_pages); load into writable memory")
     return Buffer(t, name, tuple(t.shape), address, nbytes)
 
 
