@@ -262,7 +262,7 @@ def figure(records: list[dict], title: str | None = None):
     sub = (
         f"every backend: DRAM {format_size(r0['dram_bytes'])}, SSD {format_size(ssd_max) if ssd_max else '-'} when on · dataset {approx_size(r0['dataset_bytes'])} "
         f"({r0['dataset_bytes'] / r0['dram_bytes']:.2f}x DRAM) · Zipf θ {r0['zipf_theta']} · warmup {r0['warmup_s']:g} s, window {r0['window_s']:g} s\n"
-        f"bars: hit payload GiB/s over the window (light = memory hits, dark = SSD hits) · red dots: hit rate = hits / (hits + misses)"
+        f"bars: hit payload GiB/s over the window (light = memory hits, dark = SSD hits) · red dots: hit rate = hits / (hits + misses + errors)"
     )
     fig.suptitle((title or "fluxkv pressure benchmark") + "\n" + sub, fontsize=9)
     fig.tight_layout(rect=(0, (foot + 0.15 + 0.22 * legend_rows) / fig_h, 1, 1 - 0.6 / fig_h))

@@ -307,10 +307,7 @@ def run_fluxkv(case: ClusterCase, ctx: harness.Context) -> list[dict]:
         r.update(dropped_persists=dropped, persists=persists, distinct_values=end.get("values"), duplicate_bytes=end.get("duplicate_bytes"))
         if tally is not None:
             finish_split(r, split_by_place(tally.hits, tally.by_place))
-        if rec.get("servers_died"):  # the counts stay, but they are not the path's
-            r.update(status="failed", complete=False, reason=f"{', '.join(rec['servers_died'])} died during the case (notes: its log tail)")
-            if r is not rec:
-                r["notes"] += [n for n in rec["notes"] if n.startswith("servers died")]
+        harness.fail_if_servers_died(r, rec)
     if ref is not None and ref["hit_gib_s"]:
         rec["x_local_ssd"] = rec["hit_gib_s"] / ref["hit_gib_s"] if rec["hit_gib_s"] is not None else None
     return records

@@ -304,7 +304,15 @@ def stop_servers(srv, group: Group, rec: dict) -> None:
 
 def account(rec: dict, case: Case, srv, results: list[dict], samples: list, skew: float, window: float) -> Tally | None:
     """Turn the workers' results into the record's counts, rates and latencies; returns the
-    merged tally (None when a worker thread crashed: the case failed)."""
+    merged tally (None when a worker thread crashed: the case failed). A server that died
+    during the case fails it (fail_if_servers_died)."""
+    try:
+        return _account(rec, case, srv, results, samples, skew, window)
+    finally:
+        fail_if_servers_died(rec, rec)
+
+
+def _account(rec: dict, case: Case, srv, results: list[dict], samples: list, skew: float, window: float) -> Tally | None:
     tally = Tally()
     crashes = []
     samples = list(samples)
@@ -404,6 +412,17 @@ def run_case(case: Case, ctx: Context) -> dict:
 
     account(rec, case, srv, results, samples, skew, opts.window)
     return rec
+
+
+def fail_if_servers_died(r: dict, rec: dict) -> None:
+    """Fail record r (rec or one of its windows) when a server of rec's case died during it:
+    its counts stay, but they are not the backend's (a dead owner's failed gets would read as
+    a low hit rate; a review: such a case was reported ok)."""
+    if not rec.get("servers_died"):
+        return
+    r.update(status="failed", complete=False, reason=f"{', '.join(rec['servers_died'])} died during the case (notes: its log tail)")
+    if r is not rec:
+        r["notes"] += [n for n in rec["notes"] if n.startswith("servers died")]
 
 
 def _sleep_until(t: float) -> None:

@@ -6,9 +6,9 @@ Redis and memcached on Unix sockets, Mooncake Store where it is installed.
 Sizes. Every backend gets the same cache memory for a capacity of C blocks: C x block bytes
 (the pressure harness's rule: every peer gets the same DRAM and flash, and its defaults
 otherwise), and with SSD on ``--ssd-ratio`` times that in flash. A fluxkv owner's transfer
-reserve lies outside its memory pool: one node runs without one (``--transfer-reserve off``:
-it has nobody to place values on), each owner of a cluster gets min(pool/7, 256 MiB) on top of
-its share of the pool (the owner's default, an eighth of its segment). What each backend really
+reserve is inside its segment: one node runs without one (``--transfer-reserve off``: it has
+nobody to place values on), each owner of a cluster gets min(segment/8, 256 MiB) of its share
+(the owner's default; the master lends its idle room to the pool). What each backend really
 holds is read back at the end of the replay (:meth:`Running.held`): per-value overheads (fluxkv's
 64-byte page header and 512-byte granule, memcached's slab classes, Redis's allocator classes)
 make it fewer blocks than C, and the summary says how many."""
@@ -100,6 +100,45 @@ class Running:
         self.endpoint = self.server.start(self.spec, workdir, group)
         self.workdir = workdir
         return self.endpoint
+
+    def warm(self, block_bytes: int) -> int:
+        """Touch the memory a byte store caches in before the timed window, as fluxkv's owners
+        do at start (their prefault) and its clients before they report ready (their
+        populate): write a little more than the capacity in values of ``block_bytes`` (the
+        replay's own slab class in memcached) and delete them. A fresh memcached filled 64 KiB
+        values about a third slower at its first touch of each page than once its slabs were
+        there (a review). Memcached keeps its slab pages; Redis frees the values to its
+        allocator, which keeps the pages for a while. Only with SSD off: with it, memcached
+        would also push the fillers to flash. Returns how many values it wrote."""
+        b = self.target.backend
+        if b not in ("memcached", "redis") or self.target.ssd or self.endpoint is None:
+            return 0
+        n, chunk = self.dram_bytes * 9 // 8 // block_bytes + 1, max(1, (4 << 20) // block_bytes)
+        value = bytes(block_bytes)
+        keys = [f"tracebench-warm/{i}" for i in range(n)]
+        if b == "memcached":
+            from pymemcache.client.base import Client
+
+            c = Client(self.endpoint["socket"])
+            try:
+                for lo in range(0, n, chunk):
+                    c.set_many(dict.fromkeys(keys[lo : lo + chunk], value), noreply=False)
+                for lo in range(0, n, chunk):
+                    c.delete_many(keys[lo : lo + chunk], noreply=False)
+            finally:
+                c.close()
+            return n
+        import redis
+
+        r = redis.Redis(unix_socket_path=self.endpoint["socket"])
+        try:
+            for lo in range(0, n, chunk):
+                r.mset(dict.fromkeys(keys[lo : lo + chunk], value))
+            for lo in range(0, n, chunk):
+                r.delete(*keys[lo : lo + chunk])
+        finally:
+            r.close()
+        return n
 
     def stop(self) -> None:
         """What the server does before its process group is stopped (Mooncake: its master as a

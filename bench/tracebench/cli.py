@@ -152,6 +152,8 @@ def run_case(run: tb.Running, trace, cap: int, a, cfg: ReplayConfig, context: di
             progress(f"{label}: warning: {warn}")
         try:
             run.start(wd, g)
+            if warmed := run.warm(a.block_bytes):
+                progress(f"{label}: its memory touched ({warmed:,} values written and deleted)")
             place = mark = None
             if hs:
                 hs.place_servers(g.procs, run.target.owners)

@@ -44,6 +44,9 @@ def _caveats(mine: dict, other: dict, name: str) -> str:
     notes = []
     if other.get("access") and other["access"] != "batch":
         notes.append(f"{name} {other['access']}")
+    if name == "mooncake":
+        # (backends.MOONCAKE_VARIANT: the cluster benchmark runs it per process instead; a review)
+        notes.append("mooncake as one dedicated store: its every hit crosses TCP loopback, fluxkv's local hits are shared-memory copies")
     for who, r in (("fluxkv", mine), (name, other)):
         if t := trouble(r):
             notes.append(f"{who}: {t}")

@@ -100,13 +100,16 @@ class Buffers:
 
 def prepare(plan: Plan, pc) -> Buffers:
     """The process's page buffers, written (their memory really there) and registered with a
-    client that loads into and stores from registered memory (Mooncake). A process prepares
+    client that loads into and stores from registered memory (Mooncake), once the client's
+    own set-up is done (fluxkv's mapping of the segment ahead). A process prepares
     them before it says it is ready: at real block sizes they are gigabytes, and their first
     touch inside the timed window would be the replay's own work in every backend's figures."""
     pages = Pages(plan.block_bytes)
     b = Buffers(pages, pages.buffers(plan.buffer_pages), pages.store_buffers(plan.buffer_pages))
     if hasattr(pc, "register"):
         pc.register(b.load + b.store)
+    if hasattr(pc, "settle"):
+        pc.settle()
     return b
 
 

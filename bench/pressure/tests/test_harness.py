@@ -146,3 +146,25 @@ def test_errors_are_no_hits_in_the_hit_rate():
     rec = harness.base_record(case, opts, 10)
     harness.account(rec, case, SimpleNamespace(source_method="per-get"), [{"tally": t.to_json()}], [], 0, 1.0)
     assert rec["errors"] == 990 and rec["hit_rate"] == pytest.approx(0.01)
+
+
+def test_a_case_whose_server_died_fails():
+    """A server that exited during the case fails it, though its workers' counts look like a
+    run (a review: the case was reported ok, a dead owner's failed gets a low hit rate)."""
+    from types import SimpleNamespace
+
+    from pressure.procs import Group
+    from pressure.stats import Tally
+
+    case = Case("fluxkv", False, "bytes", "none", "random", 1 << 20, 1, 2)
+    opts = SimpleNamespace(dram=1, ssd_size=1, warmup=1, window=1, zipf_theta=0.99, seed=1)
+    rec = harness.base_record(case, opts, 10)
+    g = Group()
+    g.start("memcached", ["sh", "-c", "exit 3"], None)
+    g.procs[0].p.wait()
+    harness.stop_servers(SimpleNamespace(stop=lambda: None), g, rec)
+    assert rec["servers_died"] == ["memcached"]
+    t = Tally()
+    t.hit("memory", 0.001)
+    harness.account(rec, case, SimpleNamespace(source_method="per-get"), [{"tally": t.to_json()}], [], 0, 1.0)
+    assert rec["status"] == "failed" and "memcached died" in rec["reason"], rec

@@ -60,6 +60,7 @@ def test_mooncake_rows():
     rows = [row("fluxkv", 3, True, 0.29, 0.30), row("mooncake", 3, True, 0.25, 0.10)]
     text = "\n".join(goals.lines(rows))
     assert "goal 5  3 owner(s), SSD on: fluxkv 0.30 GiB/s = 3.00x mooncake's 0.10 (goal >= 2x: met)" in text
+    assert "every hit crosses TCP loopback" in text  # the pairing's caveat (a review)
     assert "goal 5  3 owner(s), SSD on: fluxkv hit 29.0 % against mooncake's 25.0 % (goal >=: met)" in text
 
 

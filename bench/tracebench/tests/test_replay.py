@@ -205,13 +205,17 @@ def test_stores_name_the_chain_parent_in_chunks_of_the_buffers():
 
 
 def test_buffers_are_prepared_before_the_process_is_ready(monkeypatch):
-    """The page buffers (written, and registered with a zero-copy client) exist before the
-    process says it is ready: none is made inside the timed window."""
+    """The page buffers (written, and registered with a zero-copy client) exist, and the
+    client's own set-up is done (fluxkv's segment mapped ahead), before the process says it is
+    ready: none of it runs inside the timed window."""
     events = []
 
     class Registering(FakePages):
         def register(self, bufs):
             events.append(("register", len(bufs)))
+
+        def settle(self):
+            events.append("settle")
 
         def counters(self):
             return {}
@@ -239,7 +243,7 @@ def test_buffers_are_prepared_before_the_process_is_ready(monkeypatch):
     sync.go.set()
     plan = worker.Plan(0, "fake", {}, {}, [(0, 0, (1, 2, 3))], 64, 2, 1, 0, 0.0, 1, NAMESPACE)
     worker.main(plan, sync, Out())
-    assert events == [("buffers", 2), ("buffers", 2), ("register", 4), "ready", "done"]
+    assert events == [("buffers", 2), ("buffers", 2), ("register", 4), "settle", "ready", "done"]
 
 
 def test_put_pages_gets_the_parent_only_where_page_store_takes_it(monkeypatch):
@@ -360,6 +364,39 @@ def test_a_load_that_copies_nothing_fails_the_byte_check(client, wrong):
     out = worker.serve(plan, worker.Sync(mp.get_context("spawn"), 2), pc, worker.prepare(plan, pc))
     assert out["loaded"] == 3 and out["verified"] == 3
     assert (out["wrong_bytes"] > 0) == wrong, out
+
+
+def test_batched_byte_loads_ask_for_a_bounded_reply_and_stop_at_the_first_miss():
+    """--byte-access batch multi-gets at most BATCH_REPLY_BYTES of pages per call (Redis evicts
+    cached keys for a large reply waiting in its output buffer; a review), and asks for none
+    past the call that met the first miss."""
+    from tracebench.clients import BATCH_REPLY_BYTES, BytePages
+
+    block = BATCH_REPLY_BYTES // 2
+    calls = []
+
+    class Got:
+        source = "memory"
+
+        def __init__(self, data):
+            self.data = data
+
+        def materialize(self):
+            return self.data
+
+        def release(self):
+            pass
+
+    class Store:
+        def get_many(self, keys):
+            calls.append(list(keys))
+            return [None if k.endswith("/3") else Got(bytes(block)) for k in keys]
+
+    pages = BytePages(Store(), "p", block, batch=True)
+    bufs = [np.empty(block, dtype=np.uint8) for _ in range(7)]
+    assert pages.load(list(range(7)), bufs) == 3
+    assert calls == [["p/0", "p/1"], ["p/2", "p/3"]]
+    assert pages.tally["memory_local"] == 3 and pages.wrong_bytes == 0
 
 
 def test_store_buffers_stamped_are_the_pages():
@@ -553,6 +590,18 @@ def test_mooncake_pages_ssd_on_count_batches_not_pages():
     res = SimpleNamespace(loaded=2, sources={"memory_remote": 2})
     out = report.sources(run, res, [(0, 0)])
     assert out["sources_complete"] is True and out["hits_by_source"]["memory_remote"] == 2 and out["hits_by_source"]["ssd_remote"] == 0
+
+
+def test_byte_store_multi_gets_with_ssd_leave_the_split_open():
+    """memcached's flash-read counter also counts the pages a multi-get read past a request's
+    first miss: with --byte-access batch and SSD on, the row's sources are incomplete instead
+    of that count taken for SSD hits (a review); per key, the counter splits them."""
+    run = SimpleNamespace(target=SimpleNamespace(backend="memcached", ssd=True))
+    res = SimpleNamespace(loaded=10, sources={"unattributed": 10})
+    out = report.sources(run, res, [(0, 4)], batch=True)
+    assert out["sources_complete"] is False and out["hits_by_source"]["ssd_local"] is None and "multi-gets" in out["sources_note"]
+    out = report.sources(run, res, [(0, 4)])
+    assert out["hits_by_source"]["ssd_local"] == 4 and out["hits_by_source"]["memory_local"] == 6
 
 
 def test_replay_through_mooncake_ssd_on_the_fake(tmp_path, monkeypatch):
