@@ -17,7 +17,7 @@ import pytest
 from pressure.backends.base import module_available, which
 from pressure.procs import Group
 from tracebench import backends as tb
-from tracebench import cli, report, sim, worker
+from tracebench import cli, cpu, report, sim, worker
 from tracebench.clients import FluxkvPages
 from tracebench.pages import Pages
 from tracebench.replay import ReplayConfig, replay
@@ -54,8 +54,11 @@ def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_b
     run = tb.prepare(tb.Target("fluxkv", 1, False), options(fluxkv_bin), 2 * t.distinct, BLOCK, 5, 2, t.distinct)
     with Group() as g:
         run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
-        res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=2, window=1, verify_every=1))
+        assert run.warm(BLOCK) == 0  # fluxkv's owner touches its memory at start, its clients before they are ready
+        res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=2, window=1, verify_every=1),
+                     server_cpu=lambda: cpu.tree_cpu_s([p.pid for p in g.procs]))
         held = run.held()
+    assert res.server_cpu_s > 0 and res.client_cpu_s > 0  # (neither was checked: a review)
     ideal = sim.simulate(t, sim.Infinite())
     assert res.hits == ideal.per_request
     assert res.loaded == res.verified == sum(ideal.per_request) > 0
@@ -83,6 +86,8 @@ def test_byte_stores_per_key_and_batched_hit_the_infinite_cache_with_room_for_ev
         run = tb.prepare(tb.Target(backend, 1, False), options(fluxkv_bin), room, BLOCK, 5, 2, t.distinct)
         with Group() as g:
             run.start(g.mkdtemp(str(tmp_path), "tb-"), g)
+            assert run.warm(BLOCK) > room  # its memory touched, and nothing of it left
+            assert run.held()["memory"] == 0, access
             res = replay(t, backend, run.endpoint, run.spec, BLOCK,
                          ReplayConfig(procs=2, window=1, verify_every=1, buffer_bytes=2 * BLOCK, byte_access=access))
         assert res.hits == ideal.per_request, access
