@@ -1,6 +1,7 @@
 package master
 
 import (
+	"math"
 	"time"
 
 	"github.com/fluxkv/fluxkv/protocol/kitex_gen/common"
@@ -17,6 +18,26 @@ type SSDInfo struct {
 }
 
 // holds reports whether an SSD of i has room for a value of length bytes in one ring.
+// checkPullsIntoLocked refuses a registration under the generation of a registration a
+// pull is writing into. Owners of earlier releases keep their generation when they
+// register again, so a PullPut sent to the previous registration still passes the
+// owner's fence: its new pool would give the target range to another value, whose bytes
+// the pull then overwrote (a review). The owner registers again once the pull ended, at
+// most the pull timeout later. Owners of this release register with a new generation.
+func (s *State) checkPullsIntoLocked(ref NodeRef) error {
+	for _, p := range s.puts {
+		if t := p.pull; t != nil && t.TargetNode == ref.ID && t.TargetGeneration == ref.Generation {
+			return wire.Errorf(common.ErrorCode_UNAVAILABLE, "node %q registers again under generation %d while the master's pull of %q into its previous registration runs; register again once it ended",
+				ref.ID, ref.Generation, t.Key)
+		}
+	}
+	return nil
+}
+
+// maxLevelStart caps the bytes a new ring starts its share of persists at (Register): a
+// sixteenth of MaxInt64, far beyond any ring's writes within one master's life.
+const maxLevelStart = float64(math.MaxInt64 / 16)
+
 func (i SSDInfo) holds(length int64) bool {
 	return i.CapacityBytes >= length && (i.MaxValueBytes <= 0 || i.MaxValueBytes >= length)
 }
@@ -220,6 +241,9 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		if err := s.checkIDTakenLocked(now, old, dataAddr, peerAddr); err != nil {
 			return err
 		}
+		if err := s.checkPullsIntoLocked(ref); err != nil {
+			return err
+		}
 		s.log.Info().Str("node", ref.ID).Int64("old_generation", old.generation).Int64("generation", ref.Generation).Msg("owner re-registered; tombing the previous incarnation")
 		s.tombLocked(old)
 	}
@@ -238,7 +262,9 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		// A new ring starts level with the ring furthest behind: it takes its share of
 		// the persists from now on, not every persist until it has caught up.
 		if behind := s.ssdBehindLocked(0, ref.ID); behind != nil {
-			n.ssdAssigned = int64(ringLaps(behind) * float64(ssd.CapacityBytes))
+			// (Saturated: rings far ahead and a large newcomer overflowed int64, and a
+			// negative start drew every persist to the new ring; a review.)
+			n.ssdAssigned = int64(min(ringLaps(behind)*float64(ssd.CapacityBytes), maxLevelStart))
 		}
 	}
 	if landing > 0 {

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"math"
 	"time"
 
 	gbtree "github.com/google/btree"
@@ -128,11 +129,17 @@ func (s *State) ReportReplicas(now time.Time, ref NodeRef, recs []ReplicaRecord,
 	return rejected, invs, nil
 }
 
+// maxRecordLen bounds a reported SSD record whose owner did not say its capacity: far
+// beyond any value, far enough from MaxInt64 that rounding it to granules, or adding a
+// few of them, cannot wrap (a wrapped length passed every size check of a get, which then
+// evicted every sole copy of the requester for nothing).
+const maxRecordLen = math.MaxInt64 / 4
+
 // adoptLocked adds one reported record to the routes, or refuses it.
 func (s *State) adoptLocked(n *node, rec ReplicaRecord) (ok bool, displaced []Invalidation) {
 	if wire.ValidateKey(rec.Key) != nil || rec.Len <= 0 || rec.PutID <= 0 || rec.PutID > maxCarriedID || rec.Memory == rec.SSD ||
-		rec.PutID <= s.tombstones[rec.Key] || (rec.SSD && (!n.ssd.Enabled || n.ssd.CapacityBytes > 0 && !n.ssd.holds(rec.Len))) || (rec.Memory && rec.Len > n.segmentSize) ||
-		validateParent(rec.Key, rec.Parent) != nil {
+		rec.PutID <= s.tombstones[rec.Key] || (rec.SSD && (!n.ssd.Enabled || n.ssd.CapacityBytes > 0 && !n.ssd.holds(rec.Len) || rec.Len > maxRecordLen)) ||
+		(rec.Memory && rec.Len > n.segmentSize) || validateParent(rec.Key, rec.Parent) != nil {
 		return false, nil // (a length past what the owner holds would defeat every size check of a get)
 	}
 	if len(s.nsTombstones) > 0 {

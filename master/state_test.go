@@ -933,3 +933,22 @@ func scriptParent(d *datadriven.TestData) *string {
 	}
 	return &p
 }
+
+// TestNewRingLevelStartSaturates: a ring registered level with rings far ahead starts at a
+// share of persists that fits int64. 40,000 laps of 64 GiB rings (2.5 PiB written) and a
+// 256 TiB newcomer wrapped its bytes to MinInt64: -32,768 laps, and every persist of every
+// owner went to it for the rest of the master's life (a review).
+func TestNewRingLevelStartSaturates(t *testing.T) {
+	st := NewState(Options{IDBase: 1})
+	now := time.Unix(1, 0)
+	if err := st.Register(now, NodeRef{ID: "a", Generation: 1}, 64<<20, 0, 0, "", "", SSDInfo{Enabled: true, CapacityBytes: 64 << 30}, nil); err != nil {
+		t.Fatal(err)
+	}
+	st.nodes["a"].ssdAssigned = 40000 * (64 << 30)
+	if err := st.Register(now, NodeRef{ID: "b", Generation: 1}, 64<<20, 0, 0, "", "", SSDInfo{Enabled: true, CapacityBytes: 256 << 40}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b := st.nodes["b"]; b.ssdAssigned <= 0 || ringLaps(b) <= 0 {
+		t.Errorf("the new ring starts at %d bytes assigned, %g laps", b.ssdAssigned, ringLaps(b))
+	}
+}
