@@ -57,12 +57,18 @@ ClientImpl::ClientImpl(std::string path, const Options& opts)
       opts.release_delay.count() <= 0)
     throw InvalidArgument(ErrorCode::INVALID_ARGUMENT,
                           "options: timeouts and release_delay must be positive, max_idle_connections at least 0");
-  {
+  // Registered for fork() before it attaches and starts its flusher: a fork in between
+  // left the child a client the handlers skipped, its flusher counted as running and the
+  // parent's kicker, which can block it (a review). fork_child copes with a half-built one.
+  ForkRegistry::add(this);
+  try {
     std::lock_guard lk(mu_);
     cur_ = attach_locked();
     start_flusher_locked();
+  } catch (...) {
+    ForkRegistry::remove(this);
+    throw;
   }
-  ForkRegistry::add(this);
 }
 
 ClientImpl::~ClientImpl() {
@@ -188,12 +194,15 @@ void ClientImpl::flush_loop() {
       }
       std::uint64_t seen = s->rpc_count();
       if (k.cv.wait_for(lk, opts_.release_delay, [&] { return k.stop; })) return;
-      if (s->rpc_count() != seen || !s->live()) continue;  // calls are flowing: they carry the releases
+      if (!s->live()) continue;
       if (!s->has_pending()) {
-        // A release queued after this check kicks again (it takes k.mu after us).
+        // Nothing queued, whatever the calls did (a busy client's flusher woke every
+        // release_delay with an empty queue; a review). A release queued after this check
+        // kicks again (it takes k.mu after us).
         k.armed = false;
         break;
       }
+      if (s->rpc_count() != seen) continue;  // calls are flowing: they carry the releases
       lk.unlock();
       bool failed = false;
       bool gone = false;
@@ -306,7 +315,7 @@ void ClientImpl::abort(const std::shared_ptr<Session>& s, std::span<const PutEnd
   }
 }
 
-void ClientImpl::flush() noexcept {
+void ClientImpl::flush() {
   std::shared_ptr<Session> s;
   {
     std::lock_guard lk(mu_);
@@ -315,9 +324,12 @@ void ClientImpl::flush() noexcept {
   if (!s || !s->live()) return;  // (with nothing queued it still waits for calls carrying releases)
   try {
     s->flush_releases();
-  } catch (...) {
+  } catch (const Broken&) {
     // The owner is gone; its end of the session released them.
+  } catch (const Stale&) {
   }
+  // (Any other failure is the caller's: Unavailable when calls carrying releases failed
+  // twice, as Go's Flush and Python's flush() report it; it was swallowed.)
 }
 
 std::int64_t ClientImpl::release_errors() const noexcept {

@@ -167,7 +167,7 @@ class ClientImpl {
   std::vector<bool> batch_flags(std::string_view method, std::span<const std::string_view> keys);
   std::size_t batch_exists_prefix(std::span<const std::string_view> keys, std::int64_t pin_ms);
   std::string stat_json();
-  void flush() noexcept;
+  void flush();
   std::int64_t release_errors() const noexcept;
 
   const std::string& path() const noexcept { return path_; }

@@ -27,13 +27,23 @@ Broken io_error(const char* what, int e, bool sent) {
 }
 }  // namespace
 
-RpcConn::RpcConn(const std::string& path, std::chrono::milliseconds timeout) {
+RpcConn::RpcConn(const std::string& path, std::chrono::milliseconds timeout) : timeout_(timeout) {
   try {
     fd_ = connect_unix(path, timeout, "RPC socket");
   } catch (const Error& e) {
     throw Broken(e.message(), false, false, e.sys_errno());
   }
   in_.resize(kRecvSize);
+}
+
+void RpcConn::fit_to_deadline() {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now());
+  if (left.count() <= 0) {
+    broken_ = true;
+    throw Broken("receive: timed out (the reply did not come whole within the call timeout)", true, true, EAGAIN);
+  }
+  set_timeouts(fd_.get(), left);
+  lowered_ = true;
 }
 
 void RpcConn::await_reply() {
@@ -43,6 +53,7 @@ void RpcConn::await_reply() {
 }
 
 Writer RpcConn::begin(std::string_view method) {
+  deadline_ = std::chrono::steady_clock::now() + timeout_;
   out_.clear();
   out_.resize(4);  // the frame length, patched by send()
   Writer w(out_);
@@ -93,10 +104,15 @@ Reader RpcConn::receive(std::string_view method) {
       need = 4 + std::size_t{body};
       if (in_.size() < need) in_.resize(need);
     }
+    if (have < need) fit_to_deadline();  // (not on the usual path: a whole frame in one read)
   }
   if (have > need) {
     broken_ = true;
     throw Broken("the owner sent more than one reply frame", true, false);
+  }
+  if (lowered_) {
+    set_timeouts(fd_.get(), timeout_);
+    lowered_ = false;
   }
   Reader r(in_.data() + 4, need - 4);
   std::string name;

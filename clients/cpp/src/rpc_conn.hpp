@@ -96,7 +96,15 @@ class RpcConn {
   Reader receive(std::string_view method);
   void await_reply();  // the drop hook's: waits (up to 10 s) until reply bytes can be read
 
+  // Lowers SO_RCVTIMEO to what is left of the call (receive, after a partial read): the
+  // socket's timeout bounds each recv, and an owner trickling its reply held a call of a
+  // 300 ms timeout for 3.3 s (a review). Throws Broken(timed_out) when nothing is left.
+  void fit_to_deadline();
+
   UniqueFd fd_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point deadline_{};  // of the call in progress: begin() + timeout_
+  bool lowered_ = false;  // SO_RCVTIMEO is below timeout_ (restored when the reply is in)
   std::vector<std::uint8_t> out_;
   std::vector<std::uint8_t> in_;
   std::int32_t seq_ = 0;

@@ -186,6 +186,7 @@ void Session::done(std::unique_ptr<RpcConn> conn, const std::vector<std::int64_t
     if (!releases.empty()) {
       if (failed && live()) {
         pending_.insert(pending_.begin(), releases.begin(), releases.end());
+        ++requeues_;
         requeued = true;
       }
       carrying_.erase(carry);
@@ -232,8 +233,13 @@ void Session::flush_releases() {
     // back): not those begun later, each of which a steady load keeps going.
     std::unique_lock lk(mu_);
     std::uint64_t upto = carry_seq_;
+    std::uint64_t requeues = requeues_;
     released_.wait_for(lk, cfg_.timeout, [&] { return carrying_.empty() || *carrying_.begin() > upto; });
-    if (pending_.empty() || !live()) return;
+    if (!live()) return;
+    bool failed = requeues_ != requeues;
+    if (!failed) return;  // (what is queued now came after the flush began)
+    if (round == 1)
+      throw Unavailable(ErrorCode::UNAVAILABLE, "a call carrying releases failed twice: they stay queued for a later call");
   }
 }
 

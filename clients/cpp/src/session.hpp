@@ -230,6 +230,7 @@ class Session {
   // begun after it (under steady traffic it waited the whole call timeout; a review).
   std::uint64_t carry_seq_ = 0;
   std::set<std::uint64_t> carrying_;
+  std::uint64_t requeues_ = 0;  // calls that failed and gave their releases back (done)
   // Release calls of flush_releases not yet answered: every piggybacking call waits for
   // them first (take). On another connection it could reach the owner before the releases
   // it follows and plan room (a get's target, a put) they were about to free: a full owner

@@ -463,3 +463,96 @@ TEST(batch_put_attempts_every_wave_after_a_failed_one) {
   CHECK_EQ(starts.load(), 3);
   CHECK_EQ(put_ends.load(), 3);
 }
+
+namespace {
+// A one-shot gate the fake owner's connection threads wait on.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  void set() {
+    {
+      std::lock_guard lk(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+  bool wait(std::chrono::milliseconds d = std::chrono::seconds(10)) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, d, [&] { return open; });
+  }
+};
+}  // namespace
+
+// flush() returns only once the releases it waits for reached the owner, or throws: a call
+// carrying release 300 is lost while flush waits for it, and its retry takes 300 back off
+// the queue under a carry number past flush's; flush returned when another waited-for call
+// ended, 300 undelivered and riding on a retry that failed too (a review; the Go client's
+// TestFlushReportsReleasesItCouldNotDeliver).
+TEST(flush_waits_for_the_retry_of_a_failed_call_carrying_releases) {
+  std::atomic<std::int64_t> next_holder{300};
+  Gate t1_lost, t1_retry_in, go_lose_retry, t2_in, go_t2;
+  std::atomic<int> seen300{0};
+  FakeOwner o(with_release([&](const FakeCall& c, Writer& w) {
+    if (c.method == "Get") {
+      write_get(w, 0, next_holder++, 0, 10);
+      return;
+    }
+    w.field(T_I32, 1);
+    w.i32(0);
+  }));
+  o.set_lose([&](const FakeCall& c) {
+    if (c.method != "Exists") return false;
+    if (has(c.releases, 300)) {
+      if (++seen300 == 1) {
+        t1_lost.wait();  // the first try: lost when the test says
+        return true;
+      }
+      t1_retry_in.set();
+      go_lose_retry.wait();
+      return true;  // the retry: lost too
+    }
+    if (has(c.releases, 301)) {
+      t2_in.set();
+      go_t2.wait();
+    }
+    return false;
+  });
+  fluxkv::Options opts;
+  opts.release_delay = std::chrono::hours(1);  // only calls and flush send releases
+  auto c = fluxkv::Client::connect(o.socket(), opts);
+  fluxkv::MemHolder h300 = c.get("a"), h301 = c.get("b");
+  h300.release();
+  auto exists = [&](const char* k) {
+    try {
+      c.exists(k);
+    } catch (const fluxkv::Error&) {
+    }
+  };
+  std::thread t1(exists, "a");
+  CHECK(eventually([&] { return seen300.load() > 0; }));
+  h301.release();
+  std::thread t2(exists, "b");
+  CHECK(t2_in.wait());
+  std::atomic<bool> flushed{false}, threw{false};
+  std::thread f([&] {
+    try {
+      c.flush();
+      flushed = true;
+    } catch (const fluxkv::Unavailable&) {
+      threw = true;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // flush waits for carries 1 and 2
+  t1_lost.set();                                                // carry 1 fails; its retry takes 300
+  CHECK(t1_retry_in.wait());
+  go_t2.set();  // carry 2 answered
+  bool returned = eventually([&] { return flushed.load(); }, std::chrono::milliseconds(1000));
+  bool delivered = has(o.released(), 300);
+  go_lose_retry.set();
+  f.join();
+  t1.join();
+  t2.join();
+  CHECK(!(returned && !delivered));
+  CHECK(threw.load() || has(o.released(), 300));  // the retry was lost too: flush says so
+}

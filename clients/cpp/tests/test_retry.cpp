@@ -4,6 +4,9 @@
 // lost PutStart fails, a put whose outcome stays unknown is redone. The owner takes back what
 // a lost reply handed out (the first Get's holder).
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -13,6 +16,8 @@
 #include <thread>
 
 #include "client_impl.hpp"
+#include "messages.hpp"
+#include "rpc_conn.hpp"
 #include "shared_owner.hpp"
 #include "testing.hpp"
 
@@ -320,4 +325,54 @@ TEST(flush_waits_for_releases_riding_on_calls_in_flight) {
   fluxkv::detail::drop_reply_hook = nullptr;
   CHECK(took >= std::chrono::milliseconds(300));  // it waited for the Exists held 500 ms after its send
   c.remove("retry/flush");
+}
+
+// Options::timeout bounds a whole call, not each read of it: an owner trickling its reply
+// (a byte every 100 ms, about 3 s in all) fails a call of a 300 ms timeout as timed out.
+// SO_RCVTIMEO restarted with every recv, and the call succeeded after 11 times its timeout
+// (a review).
+TEST(call_timeout_bounds_a_trickled_reply) {
+  using namespace fluxkv::detail;
+  char tmpl[] = "/tmp/fkv-trickle-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::string path = dir + "/rpc.sock";
+  int ls = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(ls, 4) == 0);
+  std::thread srv([&] {
+    int c = ::accept(ls, nullptr, nullptr);
+    if (c < 0) return;
+    std::uint8_t buf[4096];
+    (void)::recv(c, buf, sizeof buf, 0);  // the request (small: one recv)
+    std::vector<std::uint8_t> out(4);
+    Writer w(out);
+    w.message_begin("Exists", M_REPLY, 1);
+    w.field(T_STRUCT, 0);
+    w.field(T_I32, 1);
+    w.i32(0);
+    w.stop();
+    w.stop();
+    auto n = static_cast<std::uint32_t>(out.size() - 4);
+    for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(n >> (24 - 8 * i));
+    for (std::uint8_t b : out) {  // until the client hangs up
+      if (::send(c, &b, 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::close(c);
+  });
+  bool timed_out = false;
+  try {
+    RpcConn conn(path, std::chrono::milliseconds(300));
+    FlagResponse r;
+    conn.call("Exists", [](Writer& w) { w.stop(); }, [&](Reader& rd) { r.read(rd); });
+  } catch (const Broken& e) {
+    timed_out = e.timed_out;
+  }
+  srv.join();
+  ::close(ls);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+  CHECK(timed_out);
 }

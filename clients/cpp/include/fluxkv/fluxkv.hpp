@@ -224,7 +224,8 @@ class Client {
   std::string stat_json();
   // Sends the queued holder releases now, and waits for the calls of other threads in
   // flight that carry releases (each bounded by the call timeout): the owner has them all
-  // when it returns.
+  // when it returns. Throws Unavailable when calls carrying them failed twice (they stay
+  // queued for a later call).
   void flush();
 
   std::string node_id();
