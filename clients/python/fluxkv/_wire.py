@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import os
 import socket
+import time
 import struct
 from io import BytesIO
 
@@ -297,7 +298,7 @@ class RPCConnection:
     before every send and recv. ``client`` is the generated ExternalService client on the
     same socket, for tests and tools (built on first use)."""
 
-    __slots__ = ("sock", "timeout", "_client", "__weakref__")
+    __slots__ = ("sock", "timeout", "_client", "_lowered", "__weakref__")
 
     def __init__(self, path: str, timeout: float):
         handle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -315,6 +316,7 @@ class RPCConnection:
         self.sock = handle
         self.timeout = timeout
         self._client = None
+        self._lowered = False  # SO_RCVTIMEO is below timeout (_fit)
 
     def call(self, method: str, session: bytes, rest: bytes) -> bytes:
         """Send one call of ``method``: its request struct is ``session`` (field 1, encoded)
@@ -329,17 +331,40 @@ class RPCConnection:
         sock = self.sock
         if sock is None:
             raise TTransport.TTransportException(TTransport.TTransportException.NOT_OPEN, "connection closed")
+        deadline = None if not self.timeout or self.timeout <= 0 else time.monotonic() + self.timeout
         try:
             sock.sendall(b"".join((_LEN.pack(n), head, session, rest, b"\x00")))
-            return self._read_frame(sock)
+            return self._read_frame(sock, deadline)
         except BlockingIOError:  # SO_RCVTIMEO / SO_SNDTIMEO ran out
             raise TimeoutError(f"no reply from the owner within {self.timeout} s") from None
 
-    def _read_frame(self, sock) -> bytes:
+    def _fit(self, sock, deadline) -> None:
+        """Lower SO_RCVTIMEO to what is left of the call, after a read that did not bring the
+        whole reply: the socket's timeout bounds each receive, and an owner trickling its
+        reply held a call far past its timeout (a review). Restored once the reply is in."""
+        if deadline is None:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0.0005:
+            raise TimeoutError(f"no whole reply from the owner within {self.timeout} s")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(left))
+        self._lowered = True
+
+    def _read_frame(self, sock, deadline=None) -> bytes:
+        try:
+            return self._read_frame_within(sock, deadline)
+        finally:
+            if self._lowered:
+                self._lowered = False
+                if self.sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(self.timeout))
+
+    def _read_frame_within(self, sock, deadline) -> bytes:
         data = sock.recv(_RECV_SIZE)
         if not data:
             raise _eof()
         while len(data) < 4:
+            self._fit(sock, deadline)
             more = sock.recv(_RECV_SIZE)
             if not more:
                 raise _eof()
@@ -361,6 +386,7 @@ class RPCConnection:
         view = memoryview(buf)
         try:
             while have < need:
+                self._fit(sock, deadline)
                 got = sock.recv_into(view[have:])
                 if not got:
                     raise _eof()

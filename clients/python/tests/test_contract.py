@@ -50,7 +50,7 @@ def drop_reply(monkeypatch, method: str, times: int = 1, before=None, skip: int 
     orig_read = _wire.RPCConnection._read_frame
     dropped: list = []
 
-    def unread(self, sock):
+    def unread(self, sock, deadline=None):
         select.select([sock], [], [], 10)  # the answer arrived...
         return b""
 

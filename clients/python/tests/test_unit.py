@@ -785,3 +785,38 @@ def test_fork_while_a_call_waits_closes_the_childs_copy_of_its_connection():
     with pytest.raises(RuntimeError):
         s.call("Exists", b"", piggyback=True)
     assert seen["closed"], "the child kept its copy of the connection of a call in flight"
+
+
+def test_call_timeout_bounds_a_trickled_reply(tmp_path):
+    """The call timeout bounds a whole call, not each receive of it: an owner trickling its
+    reply (a byte every 100 ms, seconds in all) fails a call of a 0.3 s timeout as timed out.
+    SO_RCVTIMEO restarted with every receive, and the call waited the whole reply out (a
+    review)."""
+    path = str(tmp_path / "rpc.sock")
+    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ls.bind(path)
+    ls.listen(1)
+    reply = _codec.call_head("Exists") + b"\x00" * 40  # any bytes: the frame never completes in time
+    frame = struct.pack(">I", len(reply)) + reply
+
+    def serve():
+        c, _ = ls.accept()
+        with c:
+            c.recv(4096)
+            for b in frame:
+                try:
+                    c.send(bytes([b]))
+                except OSError:
+                    return
+                threading.Event().wait(0.1)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    conn = _wire.RPCConnection(path, 0.3)
+    try:
+        with pytest.raises(TimeoutError):
+            conn.call("Exists", b"", b"\x00")
+    finally:
+        conn.close()
+        t.join(10)
+        ls.close()
