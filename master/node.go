@@ -34,9 +34,19 @@ func (s *State) checkPullsIntoLocked(ref NodeRef) error {
 	return nil
 }
 
-// maxLevelStart caps the bytes a new ring starts its share of persists at (Register): a
-// sixteenth of MaxInt64, far beyond any ring's writes within one master's life.
-const maxLevelStart = float64(math.MaxInt64 / 16)
+// rebaseRingsLocked takes laps whole laps off every live ring's persists assigned
+// (laps: at most the fewest any ring made), so that their counts stay small; ringLaps
+// differences, all that placement compares, are unchanged.
+func (s *State) rebaseRingsLocked(laps float64) {
+	if laps < 1 {
+		return
+	}
+	for _, m := range s.nodes {
+		if !m.tombed && m.ssd.Enabled && m.ssd.CapacityBytes > 0 {
+			m.ssdAssigned -= int64(laps) * m.ssd.CapacityBytes
+		}
+	}
+}
 
 func (i SSDInfo) holds(length int64) bool {
 	return i.CapacityBytes >= length && (i.MaxValueBytes <= 0 || i.MaxValueBytes >= length)
@@ -241,9 +251,11 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 		if err := s.checkIDTakenLocked(now, old, dataAddr, peerAddr); err != nil {
 			return err
 		}
-		if err := s.checkPullsIntoLocked(ref); err != nil {
-			return err
-		}
+	}
+	if err := s.checkPullsIntoLocked(ref); err != nil {
+		return err // (also after a tomb: its pull runs until the server's watch cancels it; a review)
+	}
+	if old := s.nodes[ref.ID]; old != nil {
 		s.log.Info().Str("node", ref.ID).Int64("old_generation", old.generation).Int64("generation", ref.Generation).Msg("owner re-registered; tombing the previous incarnation")
 		s.tombLocked(old)
 	}
@@ -260,11 +272,13 @@ func (s *State) Register(now time.Time, ref NodeRef, segmentSize, transferReserv
 	}
 	if ssd.Enabled && ssd.CapacityBytes > 0 {
 		// A new ring starts level with the ring furthest behind: it takes its share of
-		// the persists from now on, not every persist until it has caught up.
+		// the persists from now on, not every persist until it has caught up. The rings'
+		// whole laps they all made are taken off first, which keeps their order and
+		// differences: rings far ahead and a large newcomer overflowed int64, and a
+		// negative start drew every persist to the new ring (a review).
 		if behind := s.ssdBehindLocked(0, ref.ID); behind != nil {
-			// (Saturated: rings far ahead and a large newcomer overflowed int64, and a
-			// negative start drew every persist to the new ring; a review.)
-			n.ssdAssigned = int64(min(ringLaps(behind)*float64(ssd.CapacityBytes), maxLevelStart))
+			s.rebaseRingsLocked(math.Floor(ringLaps(behind)))
+			n.ssdAssigned = int64(ringLaps(behind) * float64(ssd.CapacityBytes))
 		}
 	}
 	if landing > 0 {

@@ -935,7 +935,7 @@ func scriptParent(d *datadriven.TestData) *string {
 }
 
 // TestNewRingLevelStartSaturates: a ring registered level with rings far ahead starts at a
-// share of persists that fits int64. 40,000 laps of 64 GiB rings (2.5 PiB written) and a
+// share of persists that fits int64, level with them (their whole laps are taken off). 40,000 laps of 64 GiB rings (2.5 PiB written) and a
 // 256 TiB newcomer wrapped its bytes to MinInt64: -32,768 laps, and every persist of every
 // owner went to it for the rest of the master's life (a review).
 func TestNewRingLevelStartSaturates(t *testing.T) {
@@ -948,7 +948,12 @@ func TestNewRingLevelStartSaturates(t *testing.T) {
 	if err := st.Register(now, NodeRef{ID: "b", Generation: 1}, 64<<20, 0, 0, "", "", SSDInfo{Enabled: true, CapacityBytes: 256 << 40}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if b := st.nodes["b"]; b.ssdAssigned <= 0 || ringLaps(b) <= 0 {
-		t.Errorf("the new ring starts at %d bytes assigned, %g laps", b.ssdAssigned, ringLaps(b))
+	a, b := st.nodes["a"], st.nodes["b"]
+	if b.ssdAssigned < 0 || math.Abs(ringLaps(a)-ringLaps(b)) > 1e-9 {
+		t.Errorf("the new ring starts at %d bytes assigned, %g laps, level with a ring of %g laps", b.ssdAssigned, ringLaps(b), ringLaps(a))
+	}
+	// Level: a's persists stay on a's own ring (a start far behind drew them all to b).
+	if got := st.persistNodeLocked(a, 64<<10); got != a {
+		t.Errorf("a's persist goes to %s", got.id)
 	}
 }

@@ -78,20 +78,22 @@ func startCluster(wg *sync.WaitGroup, cfg nodeConfig) (*cluster, error) {
 	if err := c.startMaster(); err != nil {
 		return nil, err
 	}
+	// From here a failure returns c, for the caller to stop what runs (it returned nil,
+	// and the driver waited for the master's reaper for ever; a review).
 	for i := 0; i < cfg.Owners; i++ {
 		o := &ownerProc{idx: i, nodeID: fmt.Sprintf("soak-%d", i),
 			sockDir: filepath.Join(cfg.Dir, fmt.Sprintf("owner%d", i)), ssdDir: filepath.Join(cfg.Dir, fmt.Sprintf("ssd%d", i))}
 		if o.metricsAddr, err = proctest.FreePort(); err != nil {
-			return nil, err
+			return c, err
 		}
 		for _, d := range []string{o.sockDir, o.ssdDir} {
 			if err := os.MkdirAll(d, 0o755); err != nil {
-				return nil, fmt.Errorf("owner dir: %w", err)
+				return c, fmt.Errorf("owner dir: %w", err)
 			}
 		}
 		c.owners = append(c.owners, o)
 		if err := c.startOwner(o); err != nil {
-			return nil, err
+			return c, err
 		}
 	}
 	return c, nil
@@ -199,6 +201,7 @@ func (c *cluster) stop() []string {
 	var bad []string
 	end := func(what string, p *proc) {
 		switch {
+		case p == nil: // (never started: startCluster failed on it)
 		case p.unexpected():
 			bad = append(bad, what+" exited by itself before the end: "+p.describe())
 		case !p.exited() && !p.stop(15*time.Second):

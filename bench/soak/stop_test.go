@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -56,5 +57,33 @@ func TestFailedOpsLeaveOutAnswers(t *testing.T) {
 	c := Counters{Errors: map[string]int64{"KEY_NOT_FOUND": 50, "ALREADY_EXISTS": 7, "NO_SPACE": 3, "UNAVAILABLE": 11, "CLIENT": 2}}
 	if n := failedOps(c); n != 13 {
 		t.Fatalf("failedOps = %d, want 13 (UNAVAILABLE and CLIENT)", n)
+	}
+}
+
+// TestStartFailureStopsTheMaster: an owner that fails to start returns the cluster begun,
+// so the driver stops its master. It returned nothing, and the driver waited for the
+// master's reaper for ever (a review).
+func TestStartFailureStopsTheMaster(t *testing.T) {
+	bin := os.Getenv("FLUXKV_BIN")
+	if bin == "" {
+		t.Skip("FLUXKV_BIN is not set")
+	}
+	wrap := filepath.Join(t.TempDir(), "fluxkv")
+	script := "#!/bin/sh\nif [ \"$1\" = owner ]; then exit 3; fi\nexec " + bin + " \"$@\"\n"
+	if err := os.WriteFile(wrap, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	c, err := startCluster(&wg, nodeConfig{Bin: wrap, Dir: t.TempDir(), Owners: 1, DRAM: 16 << 20})
+	if err == nil || c == nil || c.master == nil {
+		t.Fatalf("startCluster with an owner that exits: %v, %v", c, err)
+	}
+	c.stop()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a child process still runs after the stop")
 	}
 }

@@ -39,7 +39,11 @@ void json_capacity(std::string& out, const CapacityStat& c) {
 
 std::string ClientImpl::stat_json() {
   StatResponse r = run([&](std::shared_ptr<Session>& s) {
-    s->flush_releases();
+    try {
+      s->flush_releases();
+    } catch (const Unavailable&) {
+      // Releases a failed call gave back (flush_releases): the status is asked for all the same.
+    }
     StatResponse resp;
     s->call("Stat", [&](Writer& w, const SessionRef& ref) { write_stat(w, ref); }, resp, false);
     raise_for(resp.code, resp.message);

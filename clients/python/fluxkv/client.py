@@ -377,9 +377,11 @@ class _Session:
             self._send_queued_releases()
             requeues = self.requeues
             self._wait_answered(lambda: not self.releases_in_flight)
-            if self.requeues == requeues or not self.pending:
+            if self.requeues == requeues:
                 return  # (what is queued now came after the flush began)
-            if again:
+            # A call failed: its releases are queued again, or riding on its retry, which may
+            # have taken them since the wait ended (a review): round 2 sends or waits for them.
+            if again and self.pending:
                 raise Unavailable("a call carrying releases failed twice: they stay queued for a later call")
 
     def _send_queued_releases(self) -> None:
@@ -1227,7 +1229,10 @@ class Client:
         rest = encode_fields(StatRequest(None, True)) if keep_hot_set else _STOP
 
         def op(s):
-            s.flush_releases()
+            try:
+                s.flush_releases()
+            except Unavailable:
+                pass  # (releases a failed call gave back: the status is asked for all the same)
             r = s.call("Stat", rest, piggyback=False)
             raise_for(r.code, r.message)
             return _stat_dict(r)
