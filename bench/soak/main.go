@@ -365,6 +365,13 @@ func run(cfg config) int {
 			fail("the %s workers did nothing: ops=%d bytes_verified=%d", lang, lt.Ops(), lt.BytesVerified)
 		}
 	}
+	// With an SSD tier and data four times the DRAM, gets are served from SSD within
+	// seconds: none in a run of 30 s or more means that path went untested, or lost
+	// every value it held (every SSD read failed, the gets missed, and the soak passed;
+	// a review).
+	if cfg.SSDLimit > 0 && cfg.Duration >= 30*time.Second && t.SSDHits == 0 {
+		fail("no get was served from SSD in %v with an SSD tier: the refill path went untested, or lost what it held", cfg.Duration)
+	}
 	if failed := failedOps(t); failed > t.Ops()/2 {
 		fail("%d of %d operations failed (%s): the run tested little", failed, t.Ops(), t.errorsString())
 	}
