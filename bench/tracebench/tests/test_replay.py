@@ -58,7 +58,9 @@ def test_replay_hits_equal_the_infinite_cache_with_room_for_every_block(fluxkv_b
         res = replay(t, "fluxkv", run.endpoint, run.spec, BLOCK, ReplayConfig(procs=2, window=1, verify_every=1),
                      server_cpu=lambda: cpu.tree_cpu_s([p.pid for p in g.procs]))
         held = run.held()
-    assert res.server_cpu_s > 0 and res.client_cpu_s > 0  # (neither was checked: a review)
+    # Both measured (neither was checked: a review). The servers' CPU is read from /proc in
+    # clock ticks: a replay this short may take none of them.
+    assert res.server_cpu_s is not None and res.server_cpu_s >= 0 and res.client_cpu_s > 0
     ideal = sim.simulate(t, sim.Infinite())
     assert res.hits == ideal.per_request
     assert res.loaded == res.verified == sum(ideal.per_request) > 0
